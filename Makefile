@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+# kvxfer build. `make help` lists the targets. Every target installs what it needs first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+GO ?= go
+BUILD ?= build
+export CGO_ENABLED := 1
+
+# Fragments in mk/ add their own targets to these lists.
+TEST_TARGETS := go-vet go-test c-test
+BENCH_TARGETS :=
+-include mk/*.mk
+
+.DEFAULT_GOAL := help
+.PHONY: help deps build test bench go-vet go-test c-test
+
+help: ## List the targets.
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort -u | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+deps: ## Install Debian packages (libucx-dev, cmake, pkg-config, ...) and Go modules when missing.
+	@scripts/deps.sh
+
+build: deps ## Build the Go packages, kvxbench and the C library.
+	$(GO) build ./...
+	cmake -S . -B $(BUILD)/release -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD)/release -j2
+
+test: deps ## Everything a change must pass: go vet, Go tests with -race, C tests under ASan/UBSan, kernel compile check.
+	@$(MAKE) --no-print-directory $(TEST_TARGETS)
+
+go-vet:
+	$(GO) vet ./...
+
+go-test:
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+c-test: ## C tests (ctest) built with AddressSanitizer and UndefinedBehaviorSanitizer.
+	cmake -S . -B $(BUILD)/asan -DCMAKE_BUILD_TYPE=Debug -DKVX_SANITIZE=ON >/dev/null
+	cmake --build $(BUILD)/asan -j2
+	cd $(BUILD)/asan && ctest --output-on-failure --timeout 300
+
+bench: deps ## The main job: the loopback transfer benchmark with its embedded default configuration.
+	@$(MAKE) --no-print-directory $(BENCH_TARGETS)

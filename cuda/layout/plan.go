@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package layout
+
+import (
+	"fmt"
+	"math"
+)
+
+// Plan maps one request's blocks, through a Selection of a pool's layers and heads, to a
+// contiguous byte stream. It is immutable once built.
+type Plan struct {
+	layout Layout
+	sel    Selection
+	blocks []int32
+}
+
+// Shape is what a plan's stream is made of, independent of the pool's strides. Two plans move
+// the same bytes exactly when their shapes are equal.
+type Shape struct {
+	Layers         int64
+	KVFactor       int64
+	Blocks         int64
+	Heads          int64
+	TokensPerBlock int64
+	HeadDim        int64
+	ElemSize       int64
+}
+
+// Bytes is the stream size of the shape.
+func (s Shape) Bytes() int64 {
+	return s.Layers * s.KVFactor * s.Blocks * s.Heads * s.TokensPerBlock * s.HeadDim * s.ElemSize
+}
+
+// Chunk is a byte range [Offset, Offset+Length) of a plan's stream.
+type Chunk struct {
+	Offset int64
+	Length int64
+}
+
+// NewPlan validates the layout, the selection and the block ids, and builds a plan. Block ids
+// must be in [0, NumBlocks) and distinct. The block list is copied.
+func NewPlan(l Layout, sel Selection, blocks []int32) (*Plan, error) {
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	if l.NumBlocks > math.MaxInt32 {
+		return nil, invalid("NumBlocks", l.NumBlocks, "block ids are int32: at most 2^31-1 blocks")
+	}
+	if err := sel.validate(l); err != nil {
+		return nil, err
+	}
+	if len(blocks) == 0 {
+		return nil, rangeErr("Blocks", 0, "a plan needs at least one block")
+	}
+	if int64(len(blocks)) > l.NumBlocks {
+		return nil, rangeErr("Blocks", int64(len(blocks)), fmt.Sprintf("more blocks than the pool's %d", l.NumBlocks))
+	}
+	seen := make(map[int32]int, len(blocks))
+	for i, b := range blocks {
+		if b < 0 || int64(b) >= l.NumBlocks {
+			return nil, rangeErr(fmt.Sprintf("Blocks[%d]", i), int64(b), fmt.Sprintf("must be in [0, %d)", l.NumBlocks))
+		}
+		if j, dup := seen[b]; dup {
+			return nil, &FieldError{Field: fmt.Sprintf("Blocks[%d]", i), Value: int64(b),
+				Reason: fmt.Sprintf("already listed at Blocks[%d]", j), Err: ErrDuplicateBlock}
+		}
+		seen[b] = i
+	}
+	return &Plan{layout: l, sel: sel, blocks: append([]int32(nil), blocks...)}, nil
+}
+
+// Layout returns the pool layout the plan reads or writes.
+func (p *Plan) Layout() Layout { return p.layout }
+
+// Selection returns the plan's layer and head ranges.
+func (p *Plan) Selection() Selection { return p.sel }
+
+// Blocks returns the plan's block ids in stream order. The slice is shared: do not modify it.
+func (p *Plan) Blocks() []int32 { return p.blocks }
+
+// Shape returns what the plan's stream is made of.
+func (p *Plan) Shape() Shape {
+	return Shape{
+		Layers: p.sel.Layers(), KVFactor: p.layout.KVFactor, Blocks: int64(len(p.blocks)),
+		Heads: p.sel.Heads(), TokensPerBlock: p.layout.TokensPerBlock,
+		HeadDim: p.layout.HeadDim, ElemSize: p.layout.ElemSize,
+	}
+}
+
+// Bytes is the size of the plan's stream.
+func (p *Plan) Bytes() int64 { return p.Shape().Bytes() }
+
+// Units is the number of token rows in the stream.
+func (p *Plan) Units() int64 { return p.Bytes() / p.layout.RowBytes() }
+
+// RunUnits is how many consecutive stream units lie back to back in the pool (see
+// kvx_run_units): the length, in rows, of the contiguous copies a gather or scatter makes.
+func (p *Plan) RunUnits() int64 {
+	l, s := p.layout, p.sel
+	row := l.RowBytes()
+	if l.TokensPerBlock > 1 && l.StrideToken != row {
+		return 1
+	}
+	if s.Heads() > 1 && l.StrideHead != row*l.TokensPerBlock {
+		return l.TokensPerBlock
+	}
+	return s.Heads() * l.TokensPerBlock
+}
+
+// UnitOffset is the byte offset in the pool of stream unit u (see kvx_unit_offset).
+func (p *Plan) UnitOffset(u int64) int64 {
+	l, s := p.layout, p.sel
+	t := u % l.TokensPerBlock
+	u /= l.TokensPerBlock
+	h := u % s.Heads()
+	u /= s.Heads()
+	b := u % int64(len(p.blocks))
+	u /= int64(len(p.blocks))
+	k := u % l.KVFactor
+	layer := u / l.KVFactor
+	return int64(p.blocks[b])*l.StrideBlock + (s.LayerBegin+layer)*l.StrideLayer +
+		k*l.StrideKV + (s.HeadBegin+h)*l.StrideHead + t*l.StrideToken
+}
+
+// Chunks splits the stream into consecutive ranges of at most maxBytes, cut on element
+// boundaries. maxBytes is rounded down to a whole number of elements and must hold at least
+// one element.
+func (p *Plan) Chunks(maxBytes int64) ([]Chunk, error) {
+	elem := p.layout.ElemSize
+	size := maxBytes - maxBytes%elem
+	if size <= 0 {
+		return nil, rangeErr("maxBytes", maxBytes, fmt.Sprintf("must hold at least one %d-byte element", elem))
+	}
+	total := p.Bytes()
+	chunks := make([]Chunk, 0, (total+size-1)/size)
+	for off := int64(0); off < total; off += size {
+		chunks = append(chunks, Chunk{Offset: off, Length: min(size, total-off)})
+	}
+	return chunks, nil
+}
+
+// LayerRange returns the stream bytes that hold selected layers [begin, end) of the plan,
+// counted from the selection's first layer. Layers are outermost in the stream, so a layer
+// range is one contiguous chunk.
+func (p *Plan) LayerRange(begin, end int64) (Chunk, error) {
+	if begin < 0 || end <= begin || end > p.sel.Layers() {
+		return Chunk{}, rangeErr("layers", end, fmt.Sprintf("range [%d, %d) must lie in [0, %d)", begin, end, p.sel.Layers()))
+	}
+	perLayer := p.Bytes() / p.sel.Layers()
+	return Chunk{Offset: begin * perLayer, Length: (end - begin) * perLayer}, nil
+}
+
+// CheckRange verifies that [off, off+n) lies within the stream.
+func (p *Plan) CheckRange(off, n int64) error {
+	if off < 0 || n < 0 || off > p.Bytes() || n > p.Bytes()-off {
+		return rangeErr("range", off, fmt.Sprintf("[%d, +%d) is outside the %d-byte stream", off, n, p.Bytes()))
+	}
+	return nil
+}
+
+// Compatible reports whether a sender's plan and a receiver's plan describe the same byte
+// stream, so that scattering what one gathered puts every element where it belongs. The error
+// names the first dimension that differs and matches ErrIncompatible.
+func Compatible(src, dst *Plan) error {
+	a, b := src.Shape(), dst.Shape()
+	diffs := []struct {
+		name string
+		x, y int64
+	}{
+		{"Layers", a.Layers, b.Layers}, {"KVFactor", a.KVFactor, b.KVFactor},
+		{"Blocks", a.Blocks, b.Blocks}, {"Heads", a.Heads, b.Heads},
+		{"TokensPerBlock", a.TokensPerBlock, b.TokensPerBlock},
+		{"HeadDim", a.HeadDim, b.HeadDim}, {"ElemSize", a.ElemSize, b.ElemSize},
+	}
+	for _, d := range diffs {
+		if d.x != d.y {
+			return &FieldError{Field: d.name, Value: d.y,
+				Reason: fmt.Sprintf("receiver has %d, sender has %d", d.y, d.x), Err: ErrIncompatible}
+		}
+	}
+	return nil
+}
