@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"time"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// peerEnv marks a process started as run's peer. The real binary ignores it; the test binary
+// uses it to run Main instead of the tests, so run can be tested end to end without a build.
+const peerEnv = "KVXBENCH_PEER"
+
+func envTLS() string { return os.Getenv("UCX_TLS") }
+
+func cmdRun(ctx context.Context, args []string, out *outputs) error {
+	var f transferFlags
+	fs := newFlagSet("run", "run [flags]", out)
+	f.register(fs, 2*time.Second)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("run takes no arguments, got %q", fs.Args())
+	}
+	cfg, err := f.resolve(envTLS)
+	if err != nil {
+		return err
+	}
+	perftest, err := baselineBinary(fs, f.out.baseline, out)
+	if err != nil {
+		return err
+	}
+	return runLoopback(ctx, cfg, f.out, perftest, out)
+}
+
+// baselineBinary finds ucx_perftest when the baseline is on. Missing, it is an error only
+// when --baseline was given explicitly; by default the run goes on without it, with a note.
+func baselineBinary(fs *flagSet, want bool, out *outputs) (string, error) {
+	if !want {
+		return "", nil
+	}
+	path, err := findPerftest()
+	if err == nil {
+		return path, nil
+	}
+	explicit := false
+	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "baseline" })
+	if explicit {
+		return "", fmt.Errorf("--baseline: %w", err)
+	}
+	fmt.Fprintf(out.stderr, "kvxbench: note: no baseline: %v\n", err)
+	return "", nil
+}
+
+// runBudget bounds a whole run: every scenario for its duration (three times over, for the
+// baseline and set-up), plus the peers' start and the pools' first touch.
+func runBudget(c runConfig) time.Duration {
+	n := time.Duration(len(c.Prompts) * len(c.Concurrency))
+	return n*(3*c.Duration+15*time.Second) + 2*c.ConnectTimeout + time.Minute
+}
+
+// runLoopback is `kvxbench run`: this process is the decode end; it starts --prefill-tp
+// prefill peers by re-executing itself, meets them on a control connection, measures the
+// baseline and the transfers, and ends the peers.
+func runLoopback(ctx context.Context, cfg runConfig, o outputFlags, perftest string, out *outputs) error {
+	ctx, cancel := context.WithTimeout(ctx, runBudget(cfg))
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("open the control port: %w", err)
+	}
+	defer ln.Close()
+
+	peers, err := startPeers(ctx, cfg, ln.Addr().String())
+	defer peers.stop()
+	if err != nil {
+		return err
+	}
+	ctrls, err := acceptPeers(ln.(*net.TCPListener), cfg, peers)
+	defer func() {
+		for _, c := range ctrls {
+			_ = c.send(message{Bye: true})
+			c.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	return measureTransfers(ctx, cfg, o, perftest, ctrls, out)
+}
+
+// measureTransfers runs every scenario against the connected prefill ends, with the
+// ucx_perftest baseline at each scenario's message size.
+func measureTransfers(ctx context.Context, cfg runConfig, o outputFlags, perftest string, ctrls []*control, out *outputs) error {
+	_ = ctx
+	_ = o
+	_ = perftest
+	_ = ctrls
+	_ = out
+	return errEngineMissing
+}
+
+// peerProcs are run's prefill processes.
+type peerProcs struct {
+	cmds   []*exec.Cmd
+	stderr []*limitedBuffer
+	exited chan int // rank of a peer that exited
+	waited []chan struct{}
+}
+
+// startPeers re-executes this binary once per prefill rank as the hidden peer subcommand. Each
+// peer runs in its own process group, killed by stop, so none outlives the run.
+func startPeers(ctx context.Context, cfg runConfig, controlAddr string) (*peerProcs, error) {
+	p := &peerProcs{exited: make(chan int, cfg.PrefillTP)}
+	exe, err := os.Executable()
+	if err != nil {
+		return p, fmt.Errorf("find this binary to start the peer: %w", err)
+	}
+	conf, err := cfg.encode()
+	if err != nil {
+		return p, fmt.Errorf("encode the peer's configuration: %w", err)
+	}
+	for rank := 0; rank < cfg.PrefillTP; rank++ {
+		cmd := groupCommand(ctx, exe, "peer", "--control", controlAddr, "--rank", strconv.Itoa(rank),
+			"--timeout", runBudget(cfg).String(), "--config", conf)
+		cmd.Env = append(os.Environ(), peerEnv+"=1")
+		if cfg.TLS != "" {
+			cmd.Env = append(cmd.Env, "UCX_TLS="+cfg.TLS)
+		}
+		var stderr limitedBuffer
+		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		if err := cmd.Start(); err != nil {
+			return p, fmt.Errorf("start prefill peer %d: %w", rank, err)
+		}
+		done := make(chan struct{})
+		p.cmds, p.stderr, p.waited = append(p.cmds, cmd), append(p.stderr, &stderr), append(p.waited, done)
+		go func() {
+			_ = cmd.Wait()
+			close(done)
+			p.exited <- rank
+		}()
+	}
+	return p, nil
+}
+
+// stop gives each peer a moment to exit after its bye, then kills its process group, and
+// waits for it.
+func (p *peerProcs) stop() {
+	for i, cmd := range p.cmds {
+		select {
+		case <-p.waited[i]:
+		case <-time.After(2 * time.Second):
+			_ = killGroup(cmd)
+			<-p.waited[i]
+		}
+	}
+}
+
+// acceptPeers waits, within the connect timeout, for every prefill peer to connect and
+// exchanges hellos. A peer that dies first is reported with the last lines it printed.
+func acceptPeers(ln *net.TCPListener, cfg runConfig, peers *peerProcs) ([]*control, error) {
+	deadline := time.Now().Add(cfg.ConnectTimeout)
+	var ctrls []*control
+	for len(ctrls) < cfg.PrefillTP {
+		if err := ln.SetDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+			return ctrls, err
+		}
+		conn, err := ln.Accept()
+		if err == nil {
+			c := newControl(conn, cfg.ConnectTimeout)
+			ctrls = append(ctrls, c)
+			if _, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1}); err != nil {
+				return ctrls, fmt.Errorf("prefill peer: %w", err)
+			}
+			continue
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return ctrls, fmt.Errorf("accept a peer: %w", err)
+		}
+		select {
+		case rank := <-peers.exited:
+			return ctrls, fmt.Errorf("%w: prefill peer %d exited before connecting: %s", errPeerUnreachable, rank, lastLines(peers.stderr[rank].String(), 3))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return ctrls, fmt.Errorf("%w: %d of %d prefill peers connected within --connect-timeout %v", errPeerUnreachable, len(ctrls), cfg.PrefillTP, cfg.ConnectTimeout)
+		}
+	}
+	return ctrls, nil
+}
+
+// cmdPeer is the hidden subcommand run starts: a prefill end that connects back to its parent.
+func cmdPeer(ctx context.Context, args []string, out *outputs) error {
+	fs := newFlagSet("peer", "peer --control ADDR --rank N --config JSON (started by run)", out)
+	controlAddr := fs.String("control", "", "the parent's control address")
+	rank := fs.Int("rank", 0, "this prefill rank")
+	conf := fs.String("config", "", "the run's configuration, as JSON")
+	timeout := fs.Duration("timeout", 10*time.Minute, "the most this peer lives")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *controlAddr == "" || *conf == "" {
+		return usagef("peer is started by `kvxbench run`; it needs --control and --config")
+	}
+	if *timeout <= 0 {
+		return usagef("--timeout = %v: must be positive", *timeout)
+	}
+	cfg, err := decodeRunConfig(*conf)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	c, err := dialControl(*controlAddr, cfg.ConnectTimeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.exchangeHello(hello{Role: rolePrefill, Layout: cfg.Prefill, Rank: *rank, TP: cfg.PrefillTP}); err != nil {
+		return err
+	}
+	return servePrefill(ctx, c, cfg.Prefill, cfg.Seed)
+}
+
+// servePrefill is the prefill end's loop after the hello, shared by peer and serve: it
+// answers the decode end's requests until bye, an error, or ctx's end.
+func servePrefill(ctx context.Context, c *control, pool layout.Layout, seed uint64) error {
+	_ = pool
+	_ = seed
+	for {
+		wait := time.Second
+		if dl, ok := ctx.Deadline(); ok {
+			wait = min(wait, time.Until(dl))
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("prefill end stopped: %w", ctx.Err())
+		}
+		m, err := c.recvMessage(max(wait, time.Millisecond))
+		switch {
+		case err != nil && isIdle(err):
+			continue // nothing yet; check ctx and wait again
+		case err != nil:
+			return err
+		case m.Bye:
+			return nil
+		}
+	}
+}
