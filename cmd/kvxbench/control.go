@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
@@ -53,34 +54,50 @@ type hello struct {
 	// receives rank r's into its heads [r*H/2, (r+1)*H/2).
 	Rank int `json:"rank"`
 	TP   int `json:"tp"`
-	// Engine is the transport's address blob (empty until the engine is part of the build).
-	Engine []byte `json:"engine,omitempty"`
 }
 
-// message is every control message after the hello: one of its pointer fields is set.
+// message is every control message after the hello: one of its fields is set.
 type message struct {
+	// Error: the sender stops, and says why.
 	Error *string `json:"error,omitempty"`
-	// Params carries one request's ContextParams blob from prefill to decode.
-	Params *paramsMsg `json:"params,omitempty"`
-	// Done reports the checksum of what one end moved, so the other can compare.
-	Done *doneMsg `json:"done,omitempty"`
+	// Addr carries the sender's transfer-engine address, once, after the hello.
+	Addr []byte `json:"addr,omitempty"`
+	// Scenario (decode to prefill) starts a scenario; the prefill end answers Ready.
+	Scenario *scenarioMsg `json:"scenario,omitempty"`
+	// Ready (prefill to decode): the scenario's request is planned; Checksum is the CRC-32C
+	// of the stream every request of it sends.
+	Ready *readyMsg `json:"ready,omitempty"`
+	// Req (decode to prefill) asks for one request: post its Send.
+	Req *reqMsg `json:"req,omitempty"`
+	// Sent (prefill to decode) reports that a request's Send ended, how, and the time it
+	// spent gathering.
+	Sent *sentMsg `json:"sent,omitempty"`
 	// Bye ends the run.
 	Bye bool `json:"bye,omitempty"`
 }
 
-type paramsMsg struct {
-	ID       string `json:"id"`
-	Blob     []byte `json:"blob"`
-	Checksum uint32 `json:"checksum"`
+type scenarioMsg struct {
+	Tokens int64 `json:"tokens"`
 }
 
-type doneMsg struct {
-	ID       string `json:"id"`
+type readyMsg struct {
 	Checksum uint32 `json:"checksum"`
+	Bytes    int64  `json:"bytes"`
+}
+
+type reqMsg struct {
+	ID uint64 `json:"id"`
+}
+
+type sentMsg struct {
+	ID       uint64 `json:"id"`
+	GatherNs int64  `json:"gather_ns"`
+	Err      string `json:"err,omitempty"`
 }
 
 // control is one end of a control connection. Every read and write carries a deadline.
 type control struct {
+	sendMu  sync.Mutex // one writer at a time: request goroutines report concurrently
 	conn    net.Conn
 	r       *bufio.Reader
 	timeout time.Duration
@@ -108,6 +125,8 @@ func (c *control) send(v any) error {
 	if err != nil {
 		return fmt.Errorf("encode control message: %w", err)
 	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
 	if err := c.conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
 		return err
 	}
@@ -184,6 +203,23 @@ func (c *control) exchangeHello(ours hello) (hello, error) {
 		return hello{}, err
 	}
 	return theirs, nil
+}
+
+// exchangeAddr sends this end's engine address and returns the peer's. The engines are made
+// after the hello, so a version or layout mismatch is refused before any memory is
+// registered.
+func (c *control) exchangeAddr(ours []byte) ([]byte, error) {
+	if err := c.send(message{Addr: ours}); err != nil {
+		return nil, err
+	}
+	m, err := c.recvMessage(0)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Addr) == 0 {
+		return nil, fmt.Errorf("%w: %s sent no engine address after the hello", errPeerNotKvxbench, c.peer)
+	}
+	return m.Addr, nil
 }
 
 // checkHello refuses a peer that is not kvxbench, speaks another version, plays the same

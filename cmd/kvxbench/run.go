@@ -7,13 +7,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"time"
-
-	"github.com/kvxfer/kvxfer/cuda/layout"
 )
 
 // peerEnv marks a process started as run's peer. The real binary ignores it; the test binary
@@ -96,18 +95,93 @@ func runLoopback(ctx context.Context, cfg runConfig, o outputFlags, perftest str
 	if err != nil {
 		return err
 	}
-	return measureTransfers(ctx, cfg, o, perftest, ctrls, out)
+	return driveDecode(ctx, cfg, o, perftest, ctrls, out)
 }
 
-// measureTransfers runs every scenario against the connected prefill ends, with the
-// ucx_perftest baseline at each scenario's message size.
-func measureTransfers(ctx context.Context, cfg runConfig, o outputFlags, perftest string, ctrls []*control, out *outputs) error {
-	_ = ctx
-	_ = o
-	_ = perftest
-	_ = ctrls
-	_ = out
-	return errEngineMissing
+// driveDecode makes the decode end's engine, exchanges engine addresses with every prefill
+// rank, and measures every scenario with its baseline.
+func driveDecode(ctx context.Context, cfg runConfig, o outputFlags, perftest string, ctrls []*control, out *outputs) error {
+	eng, err := newEngineSide(cfg, roleDecode, 0)
+	if err != nil {
+		for _, c := range ctrls {
+			c.sendError(err)
+		}
+		return err
+	}
+	defer eng.Close()
+	d := &decodeEnd{cfg: cfg, eng: eng, ctrls: ctrls, rng: rand.New(rand.NewPCG(cfg.Seed, 0xdec0de))}
+	for r, c := range ctrls {
+		addr, err := c.exchangeAddr(eng.Address())
+		if err != nil {
+			return fmt.Errorf("prefill rank %d: %w", r, err)
+		}
+		peer, err := eng.Connect(ctx, addr)
+		if err != nil {
+			return fmt.Errorf("connect to prefill rank %d's engine: %w", r, err)
+		}
+		d.peers = append(d.peers, peer)
+	}
+	return measureTransfers(ctx, d, o, perftest, out)
+}
+
+// measureTransfers runs every scenario that fits in memory, each beside ucx_perftest at its
+// message size, and prints the results.
+func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest string, out *outputs) error {
+	cfg := d.cfg
+	d.pool = make([]byte, cfg.Decode.SpanBytes())
+	var scenarios []scenario
+	for _, t := range cfg.Prompts {
+		for _, c := range cfg.Concurrency {
+			s := scenario{tokens: t, concurrency: c}
+			if need := blocksFor(shape{dims: cfg.Decode.Dims()}, t) * int64(c); need > cfg.Decode.NumBlocks {
+				fmt.Fprintf(out.stderr, "kvxbench: note: skipped %s: it needs %s of decode pool, over --max-memory\n",
+					s.name(cfg), humanBytes(need*cfg.Decode.BlockBytes()))
+				continue
+			}
+			scenarios = append(scenarios, s)
+		}
+	}
+	bar := newProgress(out.stderr, time.Duration(len(scenarios))*2*cfg.Duration)
+	defer bar.done()
+	pr := &printer{w: out.stdout, json: o.json}
+	baselines := map[int64]float64{}
+	for _, s := range scenarios {
+		bar.step(s.name(cfg))
+		res, err := d.measure(ctx, s, o, bar)
+		if err != nil {
+			return err
+		}
+		if perftest != "" {
+			g, ok := baselines[res.MessageBytes]
+			if !ok {
+				iters, warmup := perftestIters(res.MessageBytes, int64(float64(cfg.Duration.Seconds())*4e9))
+				base, err := runPerftest(ctx, perftestConfig{binary: perftest, test: "tag_bw", size: res.MessageBytes,
+					tls: cfg.TLS, iters: iters, warmup: warmup, timeout: cfg.Duration*10 + 30*time.Second})
+				if err != nil {
+					return fmt.Errorf("baseline: %w", err)
+				}
+				g = base.GBps
+				baselines[res.MessageBytes] = g
+			}
+			res.setBaseline(perftestName(cfg.TLS), g)
+		}
+		if err := pr.add(res); err != nil {
+			return err
+		}
+	}
+	bar.done()
+	if err := pr.flush(); err != nil {
+		return err
+	}
+	return writePlotIfAsked(o.plot, pr.results)
+}
+
+// perftestName names the baseline in the table: the test and the transports it ran over.
+func perftestName(tls string) string {
+	if tls == "" {
+		tls = "default"
+	}
+	return "perftest " + tls
 }
 
 // peerProcs are run's prefill processes.
@@ -230,30 +304,25 @@ func cmdPeer(ctx context.Context, args []string, out *outputs) error {
 	if _, err := c.exchangeHello(hello{Role: rolePrefill, Layout: cfg.Prefill, Rank: *rank, TP: cfg.PrefillTP}); err != nil {
 		return err
 	}
-	return servePrefill(ctx, c, cfg.Prefill, cfg.Seed)
+	return servePrefill(ctx, c, cfg, *rank)
 }
 
-// servePrefill is the prefill end's loop after the hello, shared by peer and serve: it
-// answers the decode end's requests until bye, an error, or ctx's end.
-func servePrefill(ctx context.Context, c *control, pool layout.Layout, seed uint64) error {
-	_ = pool
-	_ = seed
-	for {
-		wait := time.Second
-		if dl, ok := ctx.Deadline(); ok {
-			wait = min(wait, time.Until(dl))
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("prefill end stopped: %w", ctx.Err())
-		}
-		m, err := c.recvMessage(max(wait, time.Millisecond))
-		switch {
-		case err != nil && isIdle(err):
-			continue // nothing yet; check ctx and wait again
-		case err != nil:
-			return err
-		case m.Bye:
-			return nil
-		}
+// servePrefill is the prefill end after the hello, shared by peer and serve: it makes its
+// engine, exchanges engine addresses, and answers the decode end until bye.
+func servePrefill(ctx context.Context, c *control, cfg runConfig, rank int) error {
+	eng, err := newEngineSide(cfg, rolePrefill, rank)
+	if err != nil {
+		c.sendError(err)
+		return err
 	}
+	defer eng.Close()
+	addr, err := c.exchangeAddr(eng.Address())
+	if err != nil {
+		return err
+	}
+	peer, err := eng.Connect(ctx, addr)
+	if err != nil {
+		return fmt.Errorf("connect to the decode engine: %w", err)
+	}
+	return newPrefillEnd(cfg, rank, eng, peer).serve(ctx, c)
 }

@@ -51,7 +51,7 @@ func cmdServe(ctx context.Context, args []string, out *outputs) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, runBudget(cfg))
 	defer cancel()
-	return servePrefill(ctx, c, cfg.Prefill, cfg.Seed)
+	return servePrefill(ctx, c, cfg, 0)
 }
 
 // acceptCtx accepts one connection, giving up when ctx ends (an interrupt, say) or the
@@ -100,8 +100,8 @@ func cmdConnect(ctx context.Context, args []string, out *outputs) error {
 		return err
 	}
 	// The ucx_perftest baseline between two hosts needs its server started on the serve
-	// host; until the engine lands there is nothing to compare it with, so it is not run.
-	return measureTransfers(ctx, cfg, f.out, "", []*control{c}, out)
+	// host, which the control protocol does not do yet: connect runs without it.
+	return driveDecode(ctx, cfg, f.out, "", []*control{c}, out)
 }
 
 // cmdSweep measures transfers over block size by batch size, like nixlbench, for tuning.

@@ -5,6 +5,9 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
@@ -28,6 +31,7 @@ type transferFlags struct {
 	memory         string
 	prefillTP      int
 	connectTimeout time.Duration
+	maxMemory      string
 	seed           uint64
 }
 
@@ -42,6 +46,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.memory, "memory", "host", "where the KV pools live: host or device")
 	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill tensor parallelism: 2 runs two prefill processes, each holding half the heads, feeding one decode process (TP=1)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "how long to wait for the peer to connect or answer")
+	fs.StringVar(&f.maxMemory, "max-memory", "auto", "most memory the KV pools of both ends may take together; scenarios that need more are skipped with a note (auto: 45% of RAM)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
 }
 
@@ -105,25 +110,43 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 	if slot < 4096 {
 		return runConfig{}, usagef("--slot-size = %d: must be at least 4KiB", slot)
 	}
-	// A request's blocks must not be shared by two requests in flight, so the pool holds
-	// the largest concurrency's worth of the largest prompt, plus a quarter.
-	mostConc := int64(0)
-	for _, c := range conc {
-		mostConc = max(mostConc, int64(c))
-	}
-	need := mostBlocks(s, prompts) * mostConc
-	decode, err := f.layout.layout(s, need, need+need/4+1)
+	memCap, err := f.memoryCap()
 	if err != nil {
 		return runConfig{}, err
 	}
-	prefill := decode
-	if f.prefillTP > 1 {
-		if s.dims.NumHeads%int64(f.prefillTP) != 0 {
-			return runConfig{}, usagef("--prefill-tp %d: the pool's %d heads do not split evenly", f.prefillTP, s.dims.NumHeads)
+	// Prefill requests only read their blocks, so in-flight requests share one set: the
+	// prefill pool holds the largest prompt plus a quarter (so its blocks are scattered).
+	most := mostBlocks(s, prompts)
+	pd := s.dims
+	pd.NumHeads /= int64(f.prefillTP)
+	if s.dims.NumHeads%int64(f.prefillTP) != 0 {
+		return runConfig{}, usagef("--prefill-tp %d: the pool's %d heads do not split evenly", f.prefillTP, s.dims.NumHeads)
+	}
+	pd.NumBlocks = most + most/4 + 1
+	prefill := layout.Packed(pd, s.order)
+	if err := prefill.Validate(); err != nil {
+		return runConfig{}, layoutUsageError(err)
+	}
+	// Decode requests in flight write distinct blocks and are checked afterwards, so the
+	// decode pool holds concurrency times the prompt, for the largest scenario that fits.
+	blockBytes := layout.Packed(layout.Dims{NumLayers: s.dims.NumLayers, KVFactor: s.dims.KVFactor, NumHeads: s.dims.NumHeads,
+		HeadDim: s.dims.HeadDim, ElemSize: s.dims.ElemSize, TokensPerBlock: s.dims.TokensPerBlock, NumBlocks: 1}, s.order).BlockBytes()
+	room := (memCap - int64(f.prefillTP)*prefill.SpanBytes()) / blockBytes
+	var need int64
+	for _, t := range prompts {
+		for _, c := range conc {
+			if n := blocksFor(s, t) * int64(c); n <= room {
+				need = max(need, n)
+			}
 		}
-		d := decode.Dims()
-		d.NumHeads /= int64(f.prefillTP)
-		prefill = layout.Packed(d, s.order)
+	}
+	if need == 0 {
+		return runConfig{}, usagef("--max-memory %s: no scenario fits; the smallest needs %s of pools",
+			humanBytes(memCap), humanBytes(int64(f.prefillTP)*prefill.SpanBytes()+blocksFor(s, prompts[0])*blockBytes))
+	}
+	decode, err := f.layout.layout(s, need, need+min(need/4+1, room-need))
+	if err != nil {
+		return runConfig{}, err
 	}
 	tls := f.tls
 	if tls == "" {
@@ -135,6 +158,43 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
 		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed,
 	}, nil
+}
+
+// memoryCap reads --max-memory: a size, or auto for 45% of the machine's memory.
+func (f *transferFlags) memoryCap() (int64, error) {
+	if f.maxMemory != "auto" {
+		n, err := parseBytes("max-memory", f.maxMemory)
+		if err != nil {
+			return 0, err
+		}
+		if n <= 0 {
+			return 0, usagef("--max-memory = %s: must be positive", f.maxMemory)
+		}
+		return n, nil
+	}
+	total, err := memTotal()
+	if err != nil {
+		return 8 << 30, nil // no /proc/meminfo: a cap most machines that run this have
+	}
+	return total * 45 / 100, nil
+}
+
+// memTotal reads MemTotal from /proc/meminfo.
+func memTotal() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err != nil {
+				return 0, err
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no MemTotal in /proc/meminfo")
 }
 
 // poolBytes is the memory the run's pools take on this host, both ends together.
