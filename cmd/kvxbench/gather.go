@@ -197,10 +197,7 @@ func runGather(ctx context.Context, cfg gatherConfig, out *outputs) error {
 		}
 	}
 	bar.done()
-	if err := pr.flush(); err != nil {
-		return err
-	}
-	return writePlotIfAsked(cfg.out.plot, pr.results)
+	return pr.finish(cfg.out.plot)
 }
 
 // hostMeasure times one host gather or scatter of a whole request, chunk by chunk through one

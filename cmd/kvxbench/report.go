@@ -128,6 +128,14 @@ func (p *printer) flush() error {
 	return writeTable(p.w, p.results)
 }
 
+// finish prints the table and draws the plot, if asked.
+func (p *printer) finish(plot string) error {
+	if err := p.flush(); err != nil {
+		return err
+	}
+	return writePlotIfAsked(plot, p.results)
+}
+
 // writeTable prints results as a table aligned on its columns, numbers right-aligned.
 func writeTable(w io.Writer, results []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

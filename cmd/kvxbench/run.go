@@ -39,7 +39,11 @@ func cmdRun(ctx context.Context, args []string, out *outputs) error {
 	if err != nil {
 		return err
 	}
-	return runLoopback(ctx, cfg, f.out, perftest, out)
+	pr := &printer{w: out.stdout, json: f.out.json}
+	if err := runLoopback(ctx, cfg, f.out, perftest, out, pr.add); err != nil {
+		return err
+	}
+	return pr.finish(f.out.plot)
 }
 
 // baselineBinary finds ucx_perftest when the baseline is on. Missing, it is an error only
@@ -71,7 +75,7 @@ func runBudget(c runConfig) time.Duration {
 // runLoopback is `kvxbench run`: this process is the decode end; it starts --prefill-tp
 // prefill peers by re-executing itself, meets them on a control connection, measures the
 // baseline and the transfers, and ends the peers.
-func runLoopback(ctx context.Context, cfg runConfig, o outputFlags, perftest string, out *outputs) error {
+func runLoopback(ctx context.Context, cfg runConfig, o outputFlags, perftest string, out *outputs, add func(Result) error) error {
 	ctx, cancel := context.WithTimeout(ctx, runBudget(cfg))
 	defer cancel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -95,12 +99,12 @@ func runLoopback(ctx context.Context, cfg runConfig, o outputFlags, perftest str
 	if err != nil {
 		return err
 	}
-	return driveDecode(ctx, cfg, o, perftest, ctrls, out)
+	return driveDecode(ctx, cfg, o, perftest, ctrls, out, add)
 }
 
 // driveDecode makes the decode end's engine, exchanges engine addresses with every prefill
 // rank, and measures every scenario with its baseline.
-func driveDecode(ctx context.Context, cfg runConfig, o outputFlags, perftest string, ctrls []*control, out *outputs) error {
+func driveDecode(ctx context.Context, cfg runConfig, o outputFlags, perftest string, ctrls []*control, out *outputs, add func(Result) error) error {
 	eng, err := newEngineSide(cfg, roleDecode, 0)
 	if err != nil {
 		for _, c := range ctrls {
@@ -121,12 +125,12 @@ func driveDecode(ctx context.Context, cfg runConfig, o outputFlags, perftest str
 		}
 		d.peers = append(d.peers, peer)
 	}
-	return measureTransfers(ctx, d, o, perftest, out)
+	return measureTransfers(ctx, d, o, perftest, out, add)
 }
 
 // measureTransfers runs every scenario that fits in memory, each beside ucx_perftest at its
-// message size, and prints the results.
-func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest string, out *outputs) error {
+// message size, and hands each result to add.
+func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest string, out *outputs, add func(Result) error) error {
 	cfg := d.cfg
 	d.pool = make([]byte, cfg.Decode.SpanBytes())
 	var scenarios []scenario
@@ -143,7 +147,6 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest
 	}
 	bar := newProgress(out.stderr, time.Duration(len(scenarios))*2*cfg.Duration)
 	defer bar.done()
-	pr := &printer{w: out.stdout, json: o.json}
 	baselines := map[int64]float64{}
 	for _, s := range scenarios {
 		bar.step(s.name(cfg))
@@ -165,15 +168,11 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest
 			}
 			res.setBaseline(perftestName(cfg.TLS), g)
 		}
-		if err := pr.add(res); err != nil {
+		if err := add(res); err != nil {
 			return err
 		}
 	}
-	bar.done()
-	if err := pr.flush(); err != nil {
-		return err
-	}
-	return writePlotIfAsked(o.plot, pr.results)
+	return nil
 }
 
 // perftestName names the baseline in the table: the test and the transports it ran over.

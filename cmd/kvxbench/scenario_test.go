@@ -166,6 +166,18 @@ func smallRun(t *testing.T, args ...string) runConfig {
 // connections and the fake engine, and returns what it printed.
 func runFake(t *testing.T, cfg runConfig, n *fakeNet, o outputFlags) (string, error) {
 	t.Helper()
+	var stdout bytes.Buffer
+	pr := &printer{w: &stdout, json: o.json}
+	err := runFakeWith(t, cfg, n, o, pr.add)
+	if err == nil {
+		err = pr.finish(o.plot)
+	}
+	return stdout.String(), err
+}
+
+// runFakeWith is runFake handing each result to add.
+func runFakeWith(t *testing.T, cfg runConfig, n *fakeNet, o outputFlags, add func(Result) error) error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	decodeEng := n.end("decode")
@@ -181,8 +193,8 @@ func runFake(t *testing.T, cfg runConfig, n *fakeNet, o outputFlags) (string, er
 		p := newPrefillEnd(cfg, r, n.end(fmt.Sprintf("prefill%d", r)), "decode")
 		go func() { errs <- p.serve(ctx, pc) }()
 	}
-	var stdout, stderr bytes.Buffer
-	err := measureTransfers(ctx, d, o, "", &outputs{stdout: &stdout, stderr: &stderr})
+	var stderr bytes.Buffer
+	err := measureTransfers(ctx, d, o, "", &outputs{stdout: discard{}, stderr: &stderr}, add)
 	for _, c := range d.ctrls {
 		if err == nil {
 			require.NoError(t, c.send(message{Bye: true}))
@@ -201,7 +213,7 @@ func runFake(t *testing.T, cfg runConfig, n *fakeNet, o outputFlags) (string, er
 		}
 	}
 	n.wg.Wait()
-	return stdout.String(), err
+	return err
 }
 
 // The driver measures every scenario, checks every byte that landed, and prints one result
@@ -274,4 +286,30 @@ func TestMaxMemory(t *testing.T) {
 	// is 1k at c=1 or 64 at c=16 (32 blocks).
 	require.GreaterOrEqual(t, cfg.Decode.NumBlocks, int64(32))
 	require.LessOrEqual(t, cfg.Decode.SpanBytes()+cfg.Prefill.SpanBytes(), int64(64<<20))
+}
+
+// sweep runs one configuration per block size, a prompt of batch blocks each, and names each
+// result by block size and batch.
+func TestSweepCoversBlockSizeByBatch(t *testing.T) {
+	old := sweepOne
+	defer func() { sweepOne = old }()
+	var ran []int64
+	sweepOne = func(ctx context.Context, cfg runConfig, o outputFlags, perftest string, out *outputs, add func(Result) error) error {
+		ran = append(ran, cfg.Dims.TokensPerBlock)
+		n := &fakeNet{slot: cfg.SlotBytes, sends: map[fakeKey]*fakeOp{}, recvs: map[fakeKey]*fakeOp{}}
+		return runFakeWith(t, cfg, n, o, add)
+	}
+	plot := t.TempDir() + "/sweep.svg"
+	code, stdout, stderr := runMain(t, time.Minute, "sweep", "--layers", "2", "--block-tokens", "16,64", "--batch", "1,8",
+		"--duration", "5ms", "--baseline=false", "--max-memory", "256MiB", "--plot", plot)
+	require.Equal(t, exitOK, code, stderr)
+	require.Equal(t, []int64{16, 64}, ran)
+	for _, name := range []string{"tpb=16 blocks=1 c=1", "tpb=16 blocks=8 c=1", "tpb=64 blocks=1 c=1", "tpb=64 blocks=8 c=1"} {
+		require.Contains(t, stdout, "sweep custom(llama3-8b) "+name)
+	}
+	require.FileExists(t, plot)
+
+	code, _, stderr = runMain(t, 5*time.Second, "sweep", "--prompts", "4k")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, stderr, "drop --prompts")
 }

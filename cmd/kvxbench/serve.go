@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net"
 	"time"
@@ -101,30 +102,96 @@ func cmdConnect(ctx context.Context, args []string, out *outputs) error {
 	}
 	// The ucx_perftest baseline between two hosts needs its server started on the serve
 	// host, which the control protocol does not do yet: connect runs without it.
-	return driveDecode(ctx, cfg, f.out, "", []*control{c}, out)
+	pr := &printer{w: out.stdout, json: f.out.json}
+	if err := driveDecode(ctx, cfg, f.out, "", []*control{c}, out, pr.add); err != nil {
+		return err
+	}
+	return pr.finish(f.out.plot)
 }
 
-// cmdSweep measures transfers over block size by batch size, like nixlbench, for tuning.
+// cmdSweep measures transfers over block size by batch size, like nixlbench, for tuning:
+// one loopback run per block size, each request batch blocks long.
 func cmdSweep(ctx context.Context, args []string, out *outputs) error {
 	var f transferFlags
-	fs := newFlagSet("sweep", "sweep [flags]", out)
+	fs := newFlagSet("sweep", "sweep [--block-tokens 16,32,64,128] [--batch 1,4,16,64] [flags]", out)
 	f.register(fs, time.Second)
-	blockSizes := fs.String("tokens-per-block-list", "16,32,64,128", "block sizes in tokens to sweep, comma-separated")
+	blockTokens := fs.String("block-tokens", "16,32,64,128", "tokens per block to sweep, comma-separated (each is one run with its own pools)")
 	batches := fs.String("batch", "1,4,16,64", "blocks per request to sweep, comma-separated")
+	if err := fs.Set("concurrency", "1"); err != nil {
+		return err
+	}
+	fs.Lookup("concurrency").DefValue = "1"
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("sweep takes no arguments, got %q", fs.Args())
 	}
-	if _, err := parseInts("tokens-per-block-list", *blockSizes); err != nil {
+	var conflict string
+	fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == "prompts" || fl.Name == "tokens-per-block" || fl.Name == "pool-blocks" {
+			conflict = fl.Name
+		}
+	})
+	if conflict != "" {
+		return usagef("sweep sets prompts and pools from --block-tokens and --batch; drop --%s", conflict)
+	}
+	bts, err := parseInts("block-tokens", *blockTokens)
+	if err != nil {
 		return err
 	}
-	if _, err := parseInts("batch", *batches); err != nil {
+	bs, err := parseInts("batch", *batches)
+	if err != nil {
 		return err
 	}
-	if _, err := f.resolve(envTLS); err != nil {
+	base, err := f.resolve(envTLS)
+	if err != nil {
 		return err
 	}
-	return errEngineMissing
+	runs, err := sweepRuns(base, bts, bs)
+	if err != nil {
+		return err
+	}
+	perftest, err := baselineBinary(fs, f.out.baseline, out)
+	if err != nil {
+		return err
+	}
+	pr := &printer{w: out.stdout, json: f.out.json}
+	for _, cfg := range runs {
+		tpb := cfg.Dims.TokensPerBlock
+		add := func(r Result) error {
+			r.Op = fmt.Sprintf("sweep tpb=%d", tpb)
+			r.Name = fmt.Sprintf("sweep %s tpb=%d blocks=%d c=%d", cfg.ShapeName, tpb, r.Tokens/tpb, r.Concurrency)
+			return pr.add(r)
+		}
+		if err := sweepOne(ctx, cfg, f.out, perftest, out, add); err != nil {
+			return fmt.Errorf("block size %d tokens: %w", tpb, err)
+		}
+	}
+	return pr.finish(f.out.plot)
+}
+
+// sweepOne runs one block size of a sweep; tests replace it with an in-process run.
+var sweepOne = runLoopback
+
+// sweepRuns makes one run configuration per block size, with one prompt per batch size.
+func sweepRuns(base runConfig, blockTokens, batches []int) ([]runConfig, error) {
+	var runs []runConfig
+	for _, bt := range blockTokens {
+		s := shape{name: base.ShapeName, dims: base.Dims, order: base.Order}
+		s.dims.TokensPerBlock = int64(bt)
+		cfg := base
+		cfg.Dims = s.dims
+		cfg.Prompts = nil
+		for _, b := range batches {
+			cfg.Prompts = append(cfg.Prompts, int64(b)*int64(bt))
+		}
+		var err error
+		cfg.Prefill, cfg.Decode, err = sizePools(s, cfg.Prompts, cfg.Concurrency, cfg.PrefillTP, cfg.MemCap, 0)
+		if err != nil {
+			return nil, fmt.Errorf("block size %d tokens: %w", bt, err)
+		}
+		runs = append(runs, cfg)
+	}
+	return runs, nil
 }

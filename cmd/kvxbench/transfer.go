@@ -54,6 +54,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 // processes, as JSON, so both ends build the same pools and requests.
 type runConfig struct {
 	ShapeName      string        `json:"shape_name"`
+	MemCap         int64         `json:"mem_cap"`
 	Dims           layout.Dims   `json:"dims"`
 	Order          layout.Order  `json:"order"`
 	Decode         layout.Layout `json:"decode"`  // the decode pool (TP=1 when prefill TP is 2)
@@ -114,24 +115,43 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 	if err != nil {
 		return runConfig{}, err
 	}
-	// Prefill requests only read their blocks, so in-flight requests share one set: the
-	// prefill pool holds the largest prompt plus a quarter (so its blocks are scattered).
+	prefill, decode, err := sizePools(s, prompts, conc, f.prefillTP, memCap, f.layout.poolBlocks)
+	if err != nil {
+		return runConfig{}, err
+	}
+	tls := f.tls
+	if tls == "" {
+		tls = lookupTLS()
+	}
+	return runConfig{
+		ShapeName: s.name, MemCap: memCap, Dims: s.dims, Order: s.order, Decode: decode, Prefill: prefill,
+		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
+		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
+		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed,
+	}, nil
+}
+
+// sizePools sizes the pools of a run. Prefill requests only read their blocks, so requests in
+// flight share one set: each prefill rank's pool holds the largest prompt plus a quarter (so a
+// request's blocks are scattered). Decode requests in flight write distinct blocks and are
+// checked afterwards, so the decode pool holds concurrency times the prompt, for the largest
+// scenario that fits in memCap with the prefill pools (poolBlocks, when set, overrides).
+func sizePools(s shape, prompts []int64, conc []int, prefillTP int, memCap, poolBlocks int64) (prefill, decode layout.Layout, err error) {
+	if s.dims.NumHeads%int64(prefillTP) != 0 {
+		return prefill, decode, usagef("--prefill-tp %d: the pool's %d heads do not split evenly", prefillTP, s.dims.NumHeads)
+	}
 	most := mostBlocks(s, prompts)
 	pd := s.dims
-	pd.NumHeads /= int64(f.prefillTP)
-	if s.dims.NumHeads%int64(f.prefillTP) != 0 {
-		return runConfig{}, usagef("--prefill-tp %d: the pool's %d heads do not split evenly", f.prefillTP, s.dims.NumHeads)
-	}
+	pd.NumHeads /= int64(prefillTP)
 	pd.NumBlocks = most + most/4 + 1
-	prefill := layout.Packed(pd, s.order)
+	prefill = layout.Packed(pd, s.order)
 	if err := prefill.Validate(); err != nil {
-		return runConfig{}, layoutUsageError(err)
+		return prefill, decode, layoutUsageError(err)
 	}
-	// Decode requests in flight write distinct blocks and are checked afterwards, so the
-	// decode pool holds concurrency times the prompt, for the largest scenario that fits.
-	blockBytes := layout.Packed(layout.Dims{NumLayers: s.dims.NumLayers, KVFactor: s.dims.KVFactor, NumHeads: s.dims.NumHeads,
-		HeadDim: s.dims.HeadDim, ElemSize: s.dims.ElemSize, TokensPerBlock: s.dims.TokensPerBlock, NumBlocks: 1}, s.order).BlockBytes()
-	room := (memCap - int64(f.prefillTP)*prefill.SpanBytes()) / blockBytes
+	one := s.dims
+	one.NumBlocks = 1
+	blockBytes := layout.Packed(one, s.order).BlockBytes()
+	room := (memCap - int64(prefillTP)*prefill.SpanBytes()) / blockBytes
 	var need int64
 	for _, t := range prompts {
 		for _, c := range conc {
@@ -141,23 +161,23 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		}
 	}
 	if need == 0 {
-		return runConfig{}, usagef("--max-memory %s: no scenario fits; the smallest needs %s of pools",
-			humanBytes(memCap), humanBytes(int64(f.prefillTP)*prefill.SpanBytes()+blocksFor(s, prompts[0])*blockBytes))
+		return prefill, decode, usagef("--max-memory %s: no scenario fits; the smallest needs %s of pools",
+			humanBytes(memCap), humanBytes(int64(prefillTP)*prefill.SpanBytes()+blocksFor(s, prompts[0])*blockBytes))
 	}
-	decode, err := f.layout.layout(s, need, need+min(need/4+1, room-need))
-	if err != nil {
-		return runConfig{}, err
+	numBlocks := need + min(need/4+1, room-need)
+	if poolBlocks != 0 {
+		if poolBlocks < need {
+			return prefill, decode, usagef("--pool-blocks = %d: the run needs at least %d blocks", poolBlocks, need)
+		}
+		numBlocks = poolBlocks
 	}
-	tls := f.tls
-	if tls == "" {
-		tls = lookupTLS()
+	dd := s.dims
+	dd.NumBlocks = numBlocks
+	decode = layout.Packed(dd, s.order)
+	if err := decode.Validate(); err != nil {
+		return prefill, decode, layoutUsageError(err)
 	}
-	return runConfig{
-		ShapeName: s.name, Dims: s.dims, Order: s.order, Decode: decode, Prefill: prefill,
-		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
-		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
-		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed,
-	}, nil
+	return prefill, decode, nil
 }
 
 // memoryCap reads --max-memory: a size, or auto for 45% of the machine's memory.
