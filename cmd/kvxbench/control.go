@@ -72,8 +72,21 @@ type message struct {
 	// Sent (prefill to decode) reports that a request's Send ended, how, and the time it
 	// spent gathering.
 	Sent *sentMsg `json:"sent,omitempty"`
+	// PerftestServe (decode to prefill, two hosts) asks the prefill host to start a
+	// ucx_perftest server for the baseline; it answers PerftestPort.
+	PerftestServe *perftestMsg `json:"perftest_serve,omitempty"`
+	PerftestPort  int          `json:"perftest_port,omitempty"`
 	// Bye ends the run.
 	Bye bool `json:"bye,omitempty"`
+}
+
+type perftestMsg struct {
+	Test    string        `json:"test"`
+	Size    int64         `json:"size"`
+	TLS     string        `json:"tls"`
+	Iters   int           `json:"iters"`
+	Warmup  int           `json:"warmup"`
+	Timeout time.Duration `json:"timeout"`
 }
 
 type scenarioMsg struct {

@@ -97,40 +97,75 @@ func runPerftest(ctx context.Context, cfg perftestConfig) (perftestResult, error
 // taken); the measurement is retried on another port.
 var errServerGone = errors.New("ucx_perftest server exited before the client connected")
 
-func runPerftestOnPort(ctx context.Context, cfg perftestConfig, port int) (perftestResult, error) {
-	args := []string{"-t", cfg.test, "-s", strconv.FormatInt(cfg.size, 10),
+func (cfg perftestConfig) args(port int) []string {
+	return []string{"-t", cfg.test, "-s", strconv.FormatInt(cfg.size, 10),
 		"-n", strconv.Itoa(cfg.iters), "-w", strconv.Itoa(cfg.warmup), "-p", strconv.Itoa(port), "-f", "-v"}
+}
+
+func (cfg perftestConfig) env() []string {
 	env := os.Environ()
 	if cfg.tls != "" {
 		env = append(env, "UCX_TLS="+cfg.tls)
 	}
+	return env
+}
 
-	server := groupCommand(ctx, cfg.binary, args...)
-	server.Env = env
-	var serverOut limitedBuffer
-	server.Stdout, server.Stderr = &serverOut, &serverOut
-	if err := server.Start(); err != nil {
-		return perftestResult{}, fmt.Errorf("start ucx_perftest server: %w", err)
+// perftestServer is a running ucx_perftest server.
+type perftestServer struct {
+	cmd  *exec.Cmd
+	out  limitedBuffer
+	done chan struct{} // closed when it has exited and been reaped
+}
+
+// startPerftestServer starts the server end on port, in its own process group, killed when
+// ctx ends.
+func startPerftestServer(ctx context.Context, cfg perftestConfig, port int) (*perftestServer, error) {
+	s := &perftestServer{done: make(chan struct{})}
+	s.cmd = groupCommand(ctx, cfg.binary, cfg.args(port)...)
+	s.cmd.Env = cfg.env()
+	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
+	if err := s.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start ucx_perftest server: %w", err)
 	}
-	serverDone := make(chan error, 1)
-	go func() { serverDone <- server.Wait() }()
-	defer func() {
-		// The server exits by itself once its client is done; a second of grace, then it
-		// is killed with its group.
-		select {
-		case <-serverDone:
-		case <-time.After(time.Second):
-			killGroup(server)
-			<-serverDone
-		}
+	go func() {
+		_ = s.cmd.Wait()
+		close(s.done)
 	}()
+	return s, nil
+}
 
-	// The client connects when the server listens; until then connect() is refused and the
-	// client exits at once. Retry every 20ms while the server lives, within the timeout.
+// stop waits a moment for the server to exit by itself (it does once its client is done),
+// then kills its group, and returns once it is reaped.
+func (s *perftestServer) stop(grace time.Duration) {
+	select {
+	case <-s.done:
+	case <-time.After(grace):
+		_ = killGroup(s.cmd)
+		<-s.done
+	}
+}
+
+func runPerftestOnPort(ctx context.Context, cfg perftestConfig, port int) (perftestResult, error) {
+	server, err := startPerftestServer(ctx, cfg, port)
+	if err != nil {
+		return perftestResult{}, err
+	}
+	defer server.stop(time.Second)
+	return runPerftestClient(ctx, cfg, "127.0.0.1", port, server)
+}
+
+// runPerftestClient runs the client against host:port. The client connects when the server
+// listens; until then connect() is refused and the client exits at once, so it is retried
+// every 20ms, while the server lives (when it is ours) and within ctx.
+func runPerftestClient(ctx context.Context, cfg perftestConfig, host string, port int, server *perftestServer) (perftestResult, error) {
 	const retryEvery = 20 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		client := groupCommand(ctx, cfg.binary, append([]string{"127.0.0.1"}, args...)...)
-		client.Env = env
+	var serverDone <-chan struct{}
+	if server != nil {
+		serverDone = server.done
+	}
+	for {
+		client := groupCommand(ctx, cfg.binary, append([]string{host}, cfg.args(port)...)...)
+		client.Env = cfg.env()
 		var clientOut limitedBuffer
 		client.Stdout, client.Stderr = &clientOut, &clientOut
 		err := client.Run()
@@ -145,8 +180,7 @@ func runPerftestOnPort(ctx context.Context, cfg perftestConfig, port int) (perft
 		}
 		select {
 		case <-serverDone:
-			serverDone <- nil // let the deferred wait see it
-			return perftestResult{}, fmt.Errorf("%w: %s", errServerGone, lastLines(serverOut.String(), 3))
+			return perftestResult{}, fmt.Errorf("%w: %s", errServerGone, lastLines(server.out.String(), 3))
 		case <-time.After(retryEvery):
 		case <-ctx.Done():
 		}

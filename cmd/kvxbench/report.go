@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -138,7 +139,9 @@ func (p *printer) finish(plot string) error {
 
 // writeTable prints results as a table aligned on its columns, numbers right-aligned.
 func writeTable(w io.Writer, results []Result) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	const padding = 2
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, padding, ' ', tabwriter.AlignRight)
 	header := []string{"scenario", "bytes/req", "GB/s", "p50", "p99", "gather", "wire", "scatter", "baseline", "base GB/s", "ratio", "verified"}
 	// tabwriter aligns every cell the same way; pad names so they read left-aligned.
 	nameWidth := len(header[0])
@@ -165,7 +168,17 @@ func writeTable(w io.Writer, results []Result) error {
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// Right alignment pads the first column on its left too; every line starts with the
+	// same padding, so drop it.
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		if _, err := io.WriteString(w, strings.TrimPrefix(line, strings.Repeat(" ", padding))); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // fmtUs prints a latency in the unit that keeps three significant digits readable.

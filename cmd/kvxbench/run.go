@@ -99,12 +99,13 @@ func runLoopback(ctx context.Context, cfg runConfig, o outputFlags, perftest str
 	if err != nil {
 		return err
 	}
-	return driveDecode(ctx, cfg, o, perftest, ctrls, out, add)
+	return driveDecode(ctx, cfg, o, perftest, "", ctrls, out, add)
 }
 
 // driveDecode makes the decode end's engine, exchanges engine addresses with every prefill
-// rank, and measures every scenario with its baseline.
-func driveDecode(ctx context.Context, cfg runConfig, o outputFlags, perftest string, ctrls []*control, out *outputs, add func(Result) error) error {
+// rank, and measures every scenario with its baseline. remoteHost is the prefill host of a
+// two-host run, empty for a loopback run.
+func driveDecode(ctx context.Context, cfg runConfig, o outputFlags, perftest, remoteHost string, ctrls []*control, out *outputs, add func(Result) error) error {
 	eng, err := newEngineSide(cfg, roleDecode, 0)
 	if err != nil {
 		for _, c := range ctrls {
@@ -113,7 +114,7 @@ func driveDecode(ctx context.Context, cfg runConfig, o outputFlags, perftest str
 		return err
 	}
 	defer eng.Close()
-	d := &decodeEnd{cfg: cfg, eng: eng, ctrls: ctrls, rng: rand.New(rand.NewPCG(cfg.Seed, 0xdec0de))}
+	d := &decodeEnd{cfg: cfg, eng: eng, ctrls: ctrls, remoteHost: remoteHost, rng: rand.New(rand.NewPCG(cfg.Seed, 0xdec0de))}
 	for r, c := range ctrls {
 		addr, err := c.exchangeAddr(eng.Address())
 		if err != nil {
@@ -158,8 +159,14 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest
 			g, ok := baselines[res.MessageBytes]
 			if !ok {
 				iters, warmup := perftestIters(res.MessageBytes, int64(float64(cfg.Duration.Seconds())*4e9))
-				base, err := runPerftest(ctx, perftestConfig{binary: perftest, test: "tag_bw", size: res.MessageBytes,
-					tls: cfg.TLS, iters: iters, warmup: warmup, timeout: cfg.Duration*10 + 30*time.Second})
+				pc := perftestConfig{binary: perftest, test: "tag_bw", size: res.MessageBytes,
+					tls: cfg.TLS, iters: iters, warmup: warmup, timeout: cfg.Duration*10 + 30*time.Second}
+				var base perftestResult
+				if d.remoteHost != "" {
+					base, err = runRemotePerftest(ctx, d.ctrls[0], d.remoteHost, pc)
+				} else {
+					base, err = runPerftest(ctx, pc)
+				}
 				if err != nil {
 					return fmt.Errorf("baseline: %w", err)
 				}
@@ -173,6 +180,25 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest
 		}
 	}
 	return nil
+}
+
+// runRemotePerftest measures the baseline between this host and the prefill host of a
+// two-host run: the prefill end starts the server, this end runs the client against it.
+func runRemotePerftest(ctx context.Context, c *control, host string, pc perftestConfig) (perftestResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, pc.timeout)
+	defer cancel()
+	if err := c.send(message{PerftestServe: &perftestMsg{Test: pc.test, Size: pc.size, TLS: pc.tls,
+		Iters: pc.iters, Warmup: pc.warmup, Timeout: pc.timeout}}); err != nil {
+		return perftestResult{}, err
+	}
+	m, err := c.recvMessage(0)
+	if err != nil {
+		return perftestResult{}, err
+	}
+	if m.PerftestPort <= 0 {
+		return perftestResult{}, fmt.Errorf("%w: prefill host answered a perftest request without a port", errPeerNotKvxbench)
+	}
+	return runPerftestClient(ctx, pc, host, m.PerftestPort, nil)
 }
 
 // perftestName names the baseline in the table: the test and the transports it ran over.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
@@ -72,6 +73,15 @@ func (p *prefillEnd) serve(ctx context.Context, c *control) error {
 			if err := c.send(message{Ready: &ready}); err != nil {
 				return err
 			}
+		case m.PerftestServe != nil:
+			port, err := p.startPerftest(ctx, *m.PerftestServe, &wg)
+			if err != nil {
+				c.sendError(err)
+				return err
+			}
+			if err := c.send(message{PerftestPort: port}); err != nil {
+				return err
+			}
 		case m.Req != nil:
 			if p.plan == nil {
 				err := errors.New("request before any scenario")
@@ -85,6 +95,38 @@ func (p *prefillEnd) serve(ctx context.Context, c *control) error {
 			}(m.Req.ID)
 		}
 	}
+}
+
+// startPerftest starts a ucx_perftest server for the decode host's baseline, on a free port
+// of every interface, and reaps it (killing it at its timeout) on a goroutine of wg.
+func (p *prefillEnd) startPerftest(ctx context.Context, m perftestMsg, wg *sync.WaitGroup) (int, error) {
+	bin, err := findPerftest()
+	if err != nil {
+		return 0, fmt.Errorf("prefill host: %w; run connect with --baseline=false", err)
+	}
+	if m.Timeout <= 0 || m.Size <= 0 {
+		return 0, fmt.Errorf("perftest request with timeout %v and size %d", m.Timeout, m.Size)
+	}
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		return 0, fmt.Errorf("prefill host: find a port for ucx_perftest: %w", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cfg := perftestConfig{binary: bin, test: m.Test, size: m.Size, tls: m.TLS, iters: m.Iters, warmup: m.Warmup, timeout: m.Timeout}
+	sctx, cancel := context.WithTimeout(ctx, m.Timeout)
+	server, err := startPerftestServer(sctx, cfg, port)
+	if err != nil {
+		cancel()
+		return 0, fmt.Errorf("prefill host: %w", err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer cancel()
+		server.stop(m.Timeout)
+	}()
+	return port, nil
 }
 
 // plan1 picks the blocks of the scenario's request in random order over the pool and
@@ -128,13 +170,16 @@ func (p *prefillEnd) send(ctx context.Context, id uint64) *sentMsg {
 
 // decodeEnd is the decode end: it drives the scenarios and measures them.
 type decodeEnd struct {
-	cfg    runConfig
-	pool   []byte
-	eng    engineSide
-	peers  []peerRef  // one per prefill rank
-	ctrls  []*control // one per prefill rank
-	rng    *rand.Rand
-	nextID uint64
+	cfg   runConfig
+	pool  []byte
+	eng   engineSide
+	peers []peerRef  // one per prefill rank
+	ctrls []*control // one per prefill rank
+	// remoteHost is the prefill host of a two-host run (connect), where the baseline's
+	// server runs; empty for run, whose baseline runs both ends here.
+	remoteHost string
+	rng        *rand.Rand
+	nextID     uint64
 }
 
 // scenario is one row of the table: a prompt length at a concurrency.

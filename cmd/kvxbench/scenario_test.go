@@ -313,3 +313,28 @@ func TestSweepCoversBlockSizeByBatch(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, stderr, "drop --prompts")
 }
+
+// The two-host baseline: the prefill end starts ucx_perftest's server when asked over the
+// control connection, the decode end runs the client against it (both on 127.0.0.1 here).
+func TestRemotePerftestOverTheControlConnection(t *testing.T) {
+	bin, err := findPerftest()
+	if err != nil {
+		t.Skipf("ucx_perftest is not installed (Debian package ucx-utils): %v", err)
+	}
+	cfg := smallRun(t)
+	a, b := tcpPair(t)
+	dc, pc := newControl(a, 5*time.Second), newControl(b, 5*time.Second)
+	defer dc.Close()
+	defer pc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n := &fakeNet{slot: cfg.SlotBytes, sends: map[fakeKey]*fakeOp{}, recvs: map[fakeKey]*fakeOp{}}
+	served := make(chan error, 1)
+	go func() { served <- newPrefillEnd(cfg, 0, n.end("prefill0"), "decode").serve(ctx, pc) }()
+	res, err := runRemotePerftest(ctx, dc, "127.0.0.1", perftestConfig{binary: bin, test: "tag_bw", size: 256 << 10,
+		tls: "shm,self", iters: 100, warmup: 10, timeout: 30 * time.Second})
+	require.NoError(t, err)
+	require.Greater(t, res.GBps, 0.0)
+	require.NoError(t, dc.send(message{Bye: true}))
+	require.NoError(t, <-served)
+}

@@ -80,10 +80,15 @@ func cmdConnect(ctx context.Context, args []string, out *outputs) error {
 		return usagef("connect needs the address serve printed: kvxbench connect [flags] HOST:PORT")
 	}
 	addr := fs.Arg(0)
-	if _, _, err := net.SplitHostPort(addr); err != nil {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
 		return usagef("connect %q: %v (write HOST:PORT)", addr, err)
 	}
 	cfg, err := f.resolve(envTLS)
+	if err != nil {
+		return err
+	}
+	perftest, err := baselineBinary(fs, f.out.baseline, out)
 	if err != nil {
 		return err
 	}
@@ -100,10 +105,9 @@ func cmdConnect(ctx context.Context, args []string, out *outputs) error {
 	if _, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1}); err != nil {
 		return err
 	}
-	// The ucx_perftest baseline between two hosts needs its server started on the serve
-	// host, which the control protocol does not do yet: connect runs without it.
+	// The baseline's server runs on the serve host, started over the control connection.
 	pr := &printer{w: out.stdout, json: f.out.json}
-	if err := driveDecode(ctx, cfg, f.out, "", []*control{c}, out, pr.add); err != nil {
+	if err := driveDecode(ctx, cfg, f.out, perftest, host, []*control{c}, out, pr.add); err != nil {
 		return err
 	}
 	return pr.finish(f.out.plot)
