@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// startServe runs `kvxbench serve` in-process and returns the address it printed, and a
+// channel with its exit code and stderr.
+func startServe(t *testing.T, args ...string) (string, <-chan [2]string) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	done := make(chan [2]string, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	go func() {
+		defer cancel()
+		var stdout strings.Builder
+		code := Main(ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--wait", "10s"}, args...), &stdout, pw)
+		pw.Close()
+		done <- [2]string{strconv.Itoa(code), stdout.String()}
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	require.NoError(t, err)
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	m := regexp.MustCompile(`serving on (127\.0\.0\.1:\d+)`).FindStringSubmatch(line)
+	require.NotNil(t, m, "serve printed %q", line)
+	return m[1], done
+}
+
+// serve and connect meet over the control connection and check each other's version and
+// layout before anything else.
+func TestServeAndConnect(t *testing.T) {
+	cases := []struct {
+		desc        string
+		serveArgs   []string
+		connectArgs []string
+		want        string
+	}{
+		{"same layout: handshake done, then the engine is missing", nil, nil, "the transfer engine"},
+		{"other head count", []string{"--heads", "4"}, nil, "peer's KV layout is incompatible: kvxfer: incompatible plans: Heads"},
+		{"other block size", nil, []string{"--tokens-per-block", "16"}, "TokensPerBlock"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			addr, served := startServe(t, append([]string{"--layers", "2", "--prompts", "64", "--concurrency", "1"}, tc.serveArgs...)...)
+			args := append([]string{"connect", "--layers", "2", "--prompts", "64", "--concurrency", "1", "--baseline=false"}, tc.connectArgs...)
+			code, stdout, stderr := runMain(t, 30*time.Second, append(args, addr)...)
+			require.Equal(t, exitError, code)
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, tc.want)
+			select {
+			case res := <-served:
+				require.Equal(t, "1", res[0], "serve fails too")
+			case <-time.After(20 * time.Second):
+				t.Fatal("serve did not end")
+			}
+		})
+	}
+}
+
+// connect to a port that accepts and says nothing ends after --connect-timeout.
+func TestConnectToASilentPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- conn // held open, silent, until the test ends
+	}()
+	defer func() {
+		if conn, ok := <-accepted; ok {
+			conn.Close()
+		}
+	}()
+	start := time.Now()
+	code, _, stderr := runMain(t, 20*time.Second, "connect", "--connect-timeout", "300ms", "--baseline=false", ln.Addr().String())
+	require.Equal(t, exitError, code)
+	require.Contains(t, stderr, "sent nothing within 300ms")
+	require.Less(t, time.Since(start), 2*time.Second)
+}
