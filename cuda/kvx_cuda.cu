@@ -105,7 +105,7 @@ __device__ __forceinline__ int64_t in_group(const Args &a, int64_t x) {
 // Gather (kGather) or scatter one plan range. Grid-stride over (group, tile) work items; in
 // each, every thread moves up to kUnroll vectors of V bytes, loads first so they overlap.
 template <int V, bool kGather>
-__global__ void __launch_bounds__(kThreads) copy_kernel(const Args a) {
+__device__ __forceinline__ void copy_range(const Args &a) {
   using Vec = typename VecOf<V>::T;
   constexpr int64_t kTile = (int64_t)kThreads * kUnroll * V;
   const unsigned char *__restrict__ src = a.src_base;
@@ -154,6 +154,13 @@ __global__ void __launch_bounds__(kThreads) copy_kernel(const Args a) {
   }
 }
 
+// The kernels proper, one per direction and vector width, named so ptxas' report reads well.
+template <int V>
+__global__ void __launch_bounds__(kThreads) gather_kernel(const Args a) { copy_range<V, true>(a); }
+
+template <int V>
+__global__ void __launch_bounds__(kThreads) scatter_kernel(const Args a) { copy_range<V, false>(a); }
+
 // A one-thread kernel that spins on the global nanosecond timer; see kvx_cuda_spin.
 __global__ void spin_kernel(int64_t ns) {
   uint64_t start, now;
@@ -167,10 +174,13 @@ using Kernel = void (*)(const Args);
 
 // Kernel instantiations, indexed by [log2(V)][gather].
 const Kernel kKernels[5][2] = {
-    {copy_kernel<1, false>, copy_kernel<1, true>},   {copy_kernel<2, false>, copy_kernel<2, true>},
-    {copy_kernel<4, false>, copy_kernel<4, true>},   {copy_kernel<8, false>, copy_kernel<8, true>},
-    {copy_kernel<16, false>, copy_kernel<16, true>},
+    {scatter_kernel<1>, gather_kernel<1>},   {scatter_kernel<2>, gather_kernel<2>},
+    {scatter_kernel<4>, gather_kernel<4>},   {scatter_kernel<8>, gather_kernel<8>},
+    {scatter_kernel<16>, gather_kernel<16>},
 };
+
+static_assert(sizeof(kvx_layout_t) == 96 && sizeof(kvx_selection_t) == 32 && sizeof(kvx_cuda_copy_t) == 176,
+              "kvx_cuda.h structs must have no padding; the Go mirrors assume it");
 
 // Resident CTAs per device for each kernel (0: not yet measured). Filled on first use; racing
 // threads compute the same value, so relaxed atomics suffice.
