@@ -34,6 +34,16 @@ namespace {
     if (kvx_err_ != cudaSuccess) return (int)kvx_err_; \
   } while (0)
 
+// Unrolling is a device concern; the host compiler (emulation) would warn about the pragma.
+#ifdef __CUDA_ARCH__
+#define KVX_UNROLL _Pragma("unroll")
+#else
+#define KVX_UNROLL
+// gcc cannot see that r[j] is stored only where it was loaded (same i < nvec test), and
+// initialising r to silence it makes ptxas spill the 16-byte scatter kernel.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 constexpr int kThreads = 256;  // per CTA; 8 warps keeps tiles short and occupancy high
 constexpr int kUnroll = 4;     // vectors in flight per thread: enough loads to cover latency
 constexpr int kMaxDevices = 64;
@@ -79,87 +89,121 @@ struct VecOf<2> { using T = uint16_t; };
 template <>
 struct VecOf<1> { using T = uint8_t; };
 
-// Pool offset of byte x of a group, relative to the group's base address.
-__device__ __forceinline__ int64_t in_group(const Args &a, int64_t x) {
+// Pool offset of byte x of a group, relative to the group's base address. prepare() refuses
+// groups of 4 GiB or more (no real model comes near: a group is one block's tokens for one
+// layer's selected heads), so the math is 32-bit: 64-bit division is a called subroutine on
+// the GPU, and live registers across those calls were what made ptxas spill.
+__host__ __device__ __forceinline__ int64_t in_group(const Args &a, int64_t x) {
+  const uint32_t xs = (uint32_t)x;
   switch (a.mode) {
     case kWholeGroup:
       return x;
     case kPerHead: {
-      const int64_t h = x / a.run;
-      return h * a.stride_head + (x - h * a.run);
+      const uint32_t run = (uint32_t)a.run, h = xs / run;
+      return (int64_t)h * a.stride_head + (xs - h * run);
     }
     default: {
-      // Groups are far below 4 GiB in every real model; 32-bit division is several times
-      // cheaper than 64-bit on the GPU, and the branch is uniform across the grid.
-      if (a.group <= (int64_t)UINT32_MAX) {
-        const uint32_t xs = (uint32_t)x, row = (uint32_t)a.row, tokens = (uint32_t)a.tokens;
-        const uint32_t u = xs / row, h = u / tokens, t = u - h * tokens;
-        return (int64_t)h * a.stride_head + (int64_t)t * a.stride_token + (xs - u * row);
-      }
-      const int64_t u = x / a.row, h = u / a.tokens, t = u - h * a.tokens;
-      return h * a.stride_head + t * a.stride_token + (x - u * a.row);
+      const uint32_t row = (uint32_t)a.row, tokens = (uint32_t)a.tokens;
+      const uint32_t u = xs / row, h = u / tokens, t = u - h * tokens;
+      return (int64_t)h * a.stride_head + (int64_t)t * a.stride_token + (xs - u * row);
     }
   }
 }
 
-// Gather (kGather) or scatter one plan range. Grid-stride over (group, tile) work items; in
-// each, every thread moves up to kUnroll vectors of V bytes, loads first so they overlap.
+// Loads and stores one vector. On the device a plain dereference (the address is aligned to V
+// by construction); on the host, where the emulation runs the same code, memcpy, so the C++
+// aliasing rules hold.
+template <typename Vec>
+__host__ __device__ __forceinline__ Vec load_vec(const unsigned char *p) {
+#ifdef __CUDA_ARCH__
+  return *reinterpret_cast<const Vec *>(p);
+#else
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+#endif
+}
+
+template <typename Vec>
+__host__ __device__ __forceinline__ void store_vec(unsigned char *p, const Vec &v) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<Vec *>(p) = v;
+#else
+  std::memcpy(p, &v, sizeof v);
+#endif
+}
+
+// One thread's share of one (group, tile) work item: up to kUnroll vectors of V bytes, loads
+// first so they are in flight together, then the range's odd tail bytes if this tile holds
+// the range's end. __host__ __device__ so that kvx_cuda_emulate can run exactly this code on
+// the CPU, which is how hosts without a GPU test the kernels' index math.
 template <int V, bool kGather>
-__device__ __forceinline__ void copy_range(const Args &a) {
+__host__ __device__ __forceinline__ void copy_item(const Args &a, int64_t item, int tid) {
   using Vec = typename VecOf<V>::T;
   constexpr int64_t kTile = (int64_t)kThreads * kUnroll * V;
   const unsigned char *__restrict__ src = a.src_base;
   unsigned char *__restrict__ dst = a.dst_base;
-  for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) {
-    const int64_t gi = item / a.tiles_per_group;
-    const int64_t tile = item - gi * a.tiles_per_group;
-    const int64_t g = a.first_group + gi;
-    const int64_t g_start = g * a.group;  // stream position of the group's byte 0
-    int64_t lo = tile * kTile, hi = lo + kTile;
-    if (hi > a.group) hi = a.group;
-    if (lo < a.begin - g_start) lo = a.begin - g_start;
-    if (hi > a.end - g_start) hi = a.end - g_start;
-    if (lo >= hi) continue;  // uniform across the CTA: edge tiles outside the range
-    const int64_t b = g % a.nblocks;
-    const int64_t q = g / a.nblocks;
-    const int64_t layer = q / a.kv_factor, kv = q - layer * a.kv_factor;
-    const int64_t base = (int64_t)a.blocks[b] * a.stride_block + layer * a.stride_layer +
-                         kv * a.stride_kv + a.base_fixed;
-    const int64_t buf0 = g_start - a.begin;  // buffer offset of the group's byte 0
-    const int64_t nvec = (hi - lo) / V;
-    Vec r[kUnroll];
-#pragma unroll
-    for (int j = 0; j < kUnroll; j++) {
-      const int64_t i = (int64_t)j * kThreads + threadIdx.x;
-      if (i < nvec) {
-        const int64_t x = lo + i * V;
-        const int64_t off = kGather ? base + in_group(a, x) : buf0 + x;
-        r[j] = *reinterpret_cast<const Vec *>(src + off);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kUnroll; j++) {
-      const int64_t i = (int64_t)j * kThreads + threadIdx.x;
-      if (i < nvec) {
-        const int64_t x = lo + i * V;
-        const int64_t off = kGather ? buf0 + x : base + in_group(a, x);
-        *reinterpret_cast<Vec *>(dst + off) = r[j];
-      }
-    }
-    // The range's last bytes when its length is not a multiple of V: fewer than V of them.
-    for (int64_t x = lo + nvec * V + threadIdx.x; x < hi; x += kThreads) {
-      const int64_t pool = base + in_group(a, x), buf = buf0 + x;
-      dst[kGather ? buf : pool] = src[kGather ? pool : buf];
-    }
+  const int64_t gi = item / a.tiles_per_group;
+  const int64_t tile = item - gi * a.tiles_per_group;
+  const int64_t g = a.first_group + gi;
+  const int64_t g_start = g * a.group;  // stream position of the group's byte 0
+  int64_t lo = tile * kTile, hi = lo + kTile;
+  if (hi > a.group) hi = a.group;
+  if (lo < a.begin - g_start) lo = a.begin - g_start;
+  if (hi > a.end - g_start) hi = a.end - g_start;
+  if (lo >= hi) return;  // uniform across the CTA: an edge tile outside the range
+  const int64_t b = g % a.nblocks;
+  const int64_t q = g / a.nblocks;
+  const int64_t layer = q / a.kv_factor, kv = q - layer * a.kv_factor;
+  const int64_t base = (int64_t)a.blocks[b] * a.stride_block + layer * a.stride_layer + kv * a.stride_kv +
+                       a.base_fixed;
+  const int64_t buf0 = g_start - a.begin;  // buffer offset of the group's byte 0
+  const int64_t nvec = (hi - lo) / V;
+  // Pool offsets first: in_group may divide, and 64-bit division is a called subroutine;
+  // doing it before any data is loaded keeps the vectors from living across those calls,
+  // which is what made ptxas spill the 16-byte scatter kernel.
+  int64_t pool_off[kUnroll];
+  KVX_UNROLL
+  for (int j = 0; j < kUnroll; j++) {
+    const int64_t i = (int64_t)j * kThreads + tid;
+    if (i < nvec) pool_off[j] = base + in_group(a, lo + i * V);
+  }
+  Vec r[kUnroll];
+  KVX_UNROLL
+  for (int j = 0; j < kUnroll; j++) {
+    const int64_t i = (int64_t)j * kThreads + tid;
+    if (i < nvec) r[j] = load_vec<Vec>(src + (kGather ? pool_off[j] : buf0 + lo + i * V));
+  }
+  KVX_UNROLL
+  for (int j = 0; j < kUnroll; j++) {
+    const int64_t i = (int64_t)j * kThreads + tid;
+    if (i < nvec) store_vec<Vec>(dst + (kGather ? buf0 + lo + i * V : pool_off[j]), r[j]);
+  }
+  // Fewer than V bytes, only when the range's length is not a multiple of V.
+  for (int64_t x = lo + nvec * V + tid; x < hi; x += kThreads) {
+    const int64_t pool = base + in_group(a, x), buf = buf0 + x;
+    dst[kGather ? buf : pool] = src[kGather ? pool : buf];
   }
 }
 
-// The kernels proper, one per direction and vector width, named so ptxas' report reads well.
+// The kernels proper, one per direction and vector width (named so ptxas' report reads
+// well): grid-stride over the (group, tile) work items.
 template <int V>
-__global__ void __launch_bounds__(kThreads) gather_kernel(const Args a) { copy_range<V, true>(a); }
+__global__ void __launch_bounds__(kThreads) gather_kernel(const Args a) {
+  for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) copy_item<V, true>(a, item, threadIdx.x);
+}
 
 template <int V>
-__global__ void __launch_bounds__(kThreads) scatter_kernel(const Args a) { copy_range<V, false>(a); }
+__global__ void __launch_bounds__(kThreads) scatter_kernel(const Args a) {
+  for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) copy_item<V, false>(a, item, threadIdx.x);
+}
+
+// The CPU twin of a launch: every work item, every thread, in order.
+template <int V, bool kGather>
+void emulate(const Args &a) {
+  for (int64_t item = 0; item < a.items; item++)
+    for (int tid = 0; tid < kThreads; tid++) copy_item<V, kGather>(a, item, tid);
+}
 
 // A one-thread kernel that spins on the global nanosecond timer; see kvx_cuda_spin.
 __global__ void spin_kernel(int64_t ns) {
@@ -206,9 +250,11 @@ int max_ctas(int device, int vlog, bool gather, int *out) {
 
 int64_t lowest_bit(uint64_t x) { return x == 0 ? 16 : (int64_t)(x & (~x + 1)); }
 
-int launch(int device, const kvx_cuda_copy_t *c, uint64_t stream, bool gather) {
+// Checks a copy and derives the kernel arguments and the vector width (as log2) from it.
+// Returns -1 for an empty range (nothing to do), 0 when ready, else a cudaError_t.
+int prepare(const kvx_cuda_copy_t *c, bool gather, Args *out, int *out_vlog) {
   if (c == nullptr) return (int)cudaErrorInvalidValue;
-  if (c->length == 0) return 0;
+  if (c->length == 0) return -1;
   const kvx_layout_t *l = &c->layout;
   const kvx_selection_t *s = &c->sel;
   if (c->length < 0 || c->offset < 0 || c->nblocks <= 0 || c->blocks == 0 || c->pool == 0 || c->buf == 0 ||
@@ -237,6 +283,7 @@ int launch(int device, const kvx_cuda_copy_t *c, uint64_t stream, bool gather) {
   a.mode = run_units == heads * a.tokens ? kWholeGroup : run_units == a.tokens ? kPerHead : kPerRow;
   a.run = run_units * a.row;
   a.group = heads * a.tokens * a.row;
+  if (a.group > (int64_t)UINT32_MAX) return (int)cudaErrorInvalidValue;  // see in_group
   a.begin = c->offset;
   a.end = c->offset + c->length;
 
@@ -259,7 +306,17 @@ int launch(int device, const kvx_cuda_copy_t *c, uint64_t stream, bool gather) {
   a.items = (last_group - a.first_group + 1) * a.tiles_per_group;
   a.src_base = reinterpret_cast<const unsigned char *>(gather ? c->pool : c->buf);
   a.dst_base = reinterpret_cast<unsigned char *>(gather ? c->buf : c->pool);
+  *out = a;
+  *out_vlog = vlog;
+  return 0;
+}
 
+int launch(int device, const kvx_cuda_copy_t *c, uint64_t stream, bool gather) {
+  Args a;
+  int vlog = 0;
+  const int prc = prepare(c, gather, &a, &vlog);
+  if (prc == -1) return 0;  // empty input succeeds at once, launching nothing
+  if (prc != 0) return prc;
   KVX_TRY(cudaSetDevice(device));
   int ctas = 0;
   const int rc = max_ctas(device, vlog, gather, &ctas);
@@ -455,6 +512,31 @@ int kvx_cuda_event_elapsed(int device, float *ms, uint64_t start, uint64_t end) 
 int kvx_cuda_gather(int device, const kvx_cuda_copy_t *c, uint64_t stream) { return launch(device, c, stream, true); }
 
 int kvx_cuda_scatter(int device, const kvx_cuda_copy_t *c, uint64_t stream) { return launch(device, c, stream, false); }
+
+int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather) {
+  Args a;
+  int vlog = 0;
+  const int prc = prepare(c, gather != 0, &a, &vlog);
+  if (prc == -1) return 0;
+  if (prc != 0) return prc;
+  switch (vlog) {
+    case 4: gather ? emulate<16, true>(a) : emulate<16, false>(a); break;
+    case 3: gather ? emulate<8, true>(a) : emulate<8, false>(a); break;
+    case 2: gather ? emulate<4, true>(a) : emulate<4, false>(a); break;
+    case 1: gather ? emulate<2, true>(a) : emulate<2, false>(a); break;
+    default: gather ? emulate<1, true>(a) : emulate<1, false>(a); break;
+  }
+  return 0;
+}
+
+int kvx_cuda_vector_bytes(const kvx_cuda_copy_t *c) {
+  Args a;
+  int vlog = 0;
+  const int prc = prepare(c, true, &a, &vlog);
+  if (prc == -1) return 0;
+  if (prc != 0) return -prc;
+  return 1 << vlog;
+}
 
 int kvx_cuda_spin(int device, int64_t ms, uint64_t stream) {
   // A spin longer than 10 s would trip display watchdogs and stall test suites; refuse it.

@@ -105,6 +105,18 @@ int kvx_cuda_gather(int device, const kvx_cuda_copy_t *c, uint64_t stream);
 int kvx_cuda_scatter(int device, const kvx_cuda_copy_t *c, uint64_t stream);
 
 /*
+ * Test support: runs the gather (gather != 0) or scatter kernel's own per-thread code on the
+ * CPU, every CTA and thread in turn, with c's pool, buf and blocks as HOST addresses. Hosts
+ * without a GPU test the kernels' index math, vector-width choice and tail handling with it
+ * against the Go reference. Slow; never for the data path.
+ */
+int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather);
+
+/* The vector width in bytes (16, 8, 4, 2 or 1) a launch of c would copy with; 0 for an empty
+ * range; minus a cudaError_t when c is invalid. For tests and tuning. */
+int kvx_cuda_vector_bytes(const kvx_cuda_copy_t *c);
+
+/*
  * Test helper: a one-thread kernel that spins for about `ms` milliseconds of GPU clock, so a
  * test can observe an event that is certainly unfinished. Bounded by ms, which is capped.
  */

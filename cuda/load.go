@@ -78,6 +78,10 @@ type kvxAPI struct {
 	scatter func(device int32, c *copyArgs, stream uint64) int32
 	// int kvx_cuda_spin(int device, int64_t ms, uint64_t stream);
 	spin func(device int32, ms int64, stream uint64) int32
+	// int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather);
+	emulate func(c *copyArgs, gather int32) int32
+	// int kvx_cuda_vector_bytes(const kvx_cuda_copy_t *c);
+	vectorBytes func(c *copyArgs) int32
 }
 
 // symbol names one C function and the Go function variable it is bound to.
@@ -120,6 +124,8 @@ func (a *kvxAPI) symbols() []symbol {
 		{"kvx_cuda_gather", &a.gather},
 		{"kvx_cuda_scatter", &a.scatter},
 		{"kvx_cuda_spin", &a.spin},
+		{"kvx_cuda_emulate", &a.emulate},
+		{"kvx_cuda_vector_bytes", &a.vectorBytes},
 	}
 }
 
