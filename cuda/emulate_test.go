@@ -50,7 +50,7 @@ func emulate(t *testing.T, k *kvxAPI, gather bool, p *layout.Plan, pool []byte, 
 func TestKernelEmulation_MatchesReference(t *testing.T) {
 	_, k := requireLibs(t)
 	r := rand.New(rand.NewPCG(7, 7))
-	for _, tc := range kernelCases(t, 1, 160) {
+	for _, tc := range kernelCases(t, 1, 240) {
 		t.Run(tc.desc, func(t *testing.T) {
 			p := tc.plan
 			pool := shifted(p.Layout().SpanBytes(), tc.poolShift)

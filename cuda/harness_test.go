@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/cuda/layout/layouttest"
 )
 
 // kernelCase is one plan and the stream ranges to move with it, shared by the CPU emulation
@@ -86,16 +87,30 @@ func randomChunks(r *rand.Rand, p *layout.Plan) []layout.Chunk {
 	return append(chunks, layout.Chunk{Offset: total / 2, Length: 0})
 }
 
-// kernelCases draws n cases from seed, cycling through the four selection kinds so each gets
-// its share.
+// kernelCases draws n cases from seed: half from this file's generator, cycling through the
+// four selection kinds so each gets its share and with head dims up to 72 so 16-byte vectors
+// and multi-tile groups occur; half from layouttest, whose strides nest in any order.
 func kernelCases(t *testing.T, seed uint64, n int) []kernelCase {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 0x6b7678))
 	cases := make([]kernelCase, 0, n)
 	for i := range n {
+		if i%2 == 1 {
+			p := layouttest.RandomPlan(r)
+			l := p.Layout()
+			cases = append(cases, kernelCase{
+				desc: fmt.Sprintf("%d/layouttest/kv%d/h%d/d%d/e%d/t%d/b%d", i, l.KVFactor, p.Selection().Heads(),
+					l.HeadDim, l.ElemSize, l.TokensPerBlock, len(p.Blocks())),
+				plan:      p,
+				chunks:    randomChunks(r, p),
+				poolShift: shifts[r.IntN(len(shifts))],
+				bufShift:  shifts[r.IntN(len(shifts))],
+			})
+			continue
+		}
 		l, order := randomLayout(r)
 		require.NoError(t, l.Validate(), "case %d: generator made an invalid layout", i)
-		sel, selName := randomSelection(r, l, i%4)
+		sel, selName := randomSelection(r, l, (i/2)%4)
 		nb := 1 + r.IntN(int(l.NumBlocks))
 		blocks := make([]int32, 0, nb)
 		for _, b := range r.Perm(int(l.NumBlocks))[:nb] {
