@@ -24,7 +24,8 @@
 // Search order for the libraries (first hit wins):
 //
 //	libkvxcuda.so: Config.LibraryPath, else $KVX_CUDA_LIB (only that path when set); else
-//	  next to the executable; build/cuda and build/gpu in the working directory or a parent;
+//	  next to the executable; build/cuda, build/gpu and build/release/cuda in the working
+//	  directory or a parent (up to 8 levels);
 //	  then the system loader ("libkvxcuda.so").
 //	libcudart:     Config.RuntimePath, else $KVX_CUDART (only that path when set); else the
 //	  system loader (libcudart.so.13, .so.12, /usr/local/cuda/lib64); then the PyPI toolkit

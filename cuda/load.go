@@ -150,7 +150,8 @@ func libkvxcudaCandidates(explicit string) []string {
 	for _, dir := range parentDirs() {
 		c = append(c,
 			filepath.Join(dir, "build", "cuda", "libkvxcuda.so"),
-			filepath.Join(dir, "build", "gpu", "libkvxcuda.so"))
+			filepath.Join(dir, "build", "gpu", "libkvxcuda.so"),
+			filepath.Join(dir, "build", "release", "cuda", "libkvxcuda.so"))
 	}
 	return append(c, "libkvxcuda.so")
 }

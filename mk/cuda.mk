@@ -73,6 +73,10 @@ gpu-test: ## GPU CI job: build with the system nvcc, run the gpu-tagged tests an
 	cmake -S cuda -B $(GPU_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$$root/bin/nvcc" \
 		-DCUDAToolkit_ROOT="$$root" -DCMAKE_CUDA_ARCHITECTURES=native >/dev/null
 	cmake --build $(GPU_BUILD) -j
-	KVX_CUDA_LIB=$(abspath $(GPU_BUILD))/libkvxcuda.so $(GO) test -tags gpu -race -count=1 -timeout 10m -v ./cuda/...
-	KVX_CUDA_LIB=$(abspath $(GPU_BUILD))/libkvxcuda.so $(GO) test -tags gpu -count=1 -timeout 10m \
-		-run '^$$' -bench . -benchtime $(GPU_BENCHTIME) ./cuda/
+	@root=$$(scripts/cuda-toolchain.sh); \
+	cudart=$$(ls "$$root"/lib64/libcudart.so.[0-9]* "$$root"/lib/libcudart.so.[0-9]* 2>/dev/null | sort | head -n 1); \
+	[ -n "$$cudart" ] || { echo "gpu-test: no libcudart.so.N under $$root" >&2; exit 1; }; \
+	export KVX_CUDA_LIB=$(abspath $(GPU_BUILD))/libkvxcuda.so KVX_CUDART="$$cudart"; \
+	echo "gpu-test: KVX_CUDA_LIB=$$KVX_CUDA_LIB KVX_CUDART=$$KVX_CUDART"; \
+	$(GO) test -tags gpu -race -count=1 -timeout 10m -v ./cuda/... && \
+	$(GO) test -tags gpu -count=1 -timeout 10m -run '^$$' -bench . -benchtime $(GPU_BENCHTIME) ./cuda/
