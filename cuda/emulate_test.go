@@ -25,8 +25,9 @@ func hostArgs(p *layout.Plan, blocks []int32, pool []byte, off int64, buf []byte
 	}
 }
 
-// emulate runs the kernel's own per-thread code on the CPU over host memory.
-func emulate(t *testing.T, k *kvxAPI, gather bool, p *layout.Plan, pool []byte, off int64, buf []byte) {
+// emulate runs the kernel's own per-thread code on the CPU over host memory, with work items
+// sized for a grid of ctas CTAs.
+func emulate(t *testing.T, k *kvxAPI, gather bool, ctas int64, p *layout.Plan, pool []byte, off int64, buf []byte) {
 	t.Helper()
 	blocks := append([]int32(nil), p.Blocks()...)
 	var pin runtime.Pinner
@@ -40,7 +41,7 @@ func emulate(t *testing.T, k *kvxAPI, gather bool, p *layout.Plan, pool []byte, 
 	if gather {
 		g = 1
 	}
-	require.Zero(t, k.emulate(hostArgs(p, blocks, pool, off, buf), g))
+	require.Zero(t, k.emulate(hostArgs(p, blocks, pool, off, buf), g, ctas))
 }
 
 // The kernels' index math, vector-width choice and tail handling, run on the CPU through the
@@ -61,14 +62,14 @@ func TestKernelEmulation_MatchesReference(t *testing.T) {
 				wantGather, wantPool := expected(t, p, pool, c, src)
 
 				got := shifted(c.Length, tc.bufShift)
-				emulate(t, k, true, p, pool, c.Offset, got)
+				emulate(t, k, true, tc.ctas, p, pool, c.Offset, got)
 				require.Equal(t, wantGather, got, "gather of %+v", c)
 
 				gotPool := shifted(int64(len(pool)), tc.poolShift)
 				copy(gotPool, pool)
 				buf := shifted(c.Length, tc.bufShift)
 				copy(buf, src)
-				emulate(t, k, false, p, gotPool, c.Offset, buf)
+				emulate(t, k, false, tc.ctas, p, gotPool, c.Offset, buf)
 				require.Equal(t, wantPool, gotPool, "scatter of %+v (bytes outside the range must not change)", c)
 			}
 		})
@@ -144,7 +145,7 @@ func TestKernelLauncherRejectsBadRanges(t *testing.T) {
 			c := good
 			tc.mutate(&c)
 			require.EqualValues(t, -codeInvalidValue, k.vectorBytes(&c))
-			require.EqualValues(t, codeInvalidValue, k.emulate(&c, 1))
+			require.EqualValues(t, codeInvalidValue, k.emulate(&c, 1, 1))
 		})
 	}
 }

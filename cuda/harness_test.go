@@ -19,9 +19,14 @@ type kernelCase struct {
 	desc      string
 	plan      *layout.Plan
 	chunks    []layout.Chunk
-	poolShift int // bytes past 16-byte alignment of the pool's base
-	bufShift  int // bytes past 16-byte alignment of the stream buffer
+	poolShift int   // bytes past 16-byte alignment of the pool's base
+	bufShift  int   // bytes past 16-byte alignment of the stream buffer
+	ctas      int64 // grid size the emulation sizes work items for
 }
+
+// gridSizes span one CTA (whole groups per item, several rounds each) to many (one round per
+// item, several items per group).
+var gridSizes = []int64{1, 2, 7, 1000}
 
 // Shifts exercise every vector width: 0 keeps 16-byte copies possible, the others force 8, 4,
 // 2 and 1.
@@ -105,6 +110,7 @@ func kernelCases(t *testing.T, seed uint64, n int) []kernelCase {
 				chunks:    randomChunks(r, p),
 				poolShift: shifts[r.IntN(len(shifts))],
 				bufShift:  shifts[r.IntN(len(shifts))],
+				ctas:      gridSizes[r.IntN(len(gridSizes))],
 			})
 			continue
 		}
@@ -125,6 +131,7 @@ func kernelCases(t *testing.T, seed uint64, n int) []kernelCase {
 			chunks:    randomChunks(r, p),
 			poolShift: shifts[r.IntN(len(shifts))],
 			bufShift:  shifts[r.IntN(len(shifts))],
+			ctas:      gridSizes[r.IntN(len(gridSizes))],
 		})
 	}
 	return cases

@@ -46,6 +46,10 @@ namespace {
 
 constexpr int kThreads = 256;  // per CTA; 8 warps keeps tiles short and occupancy high
 constexpr int kUnroll = 4;     // vectors in flight per thread: enough loads to cover latency
+// CTAs per SM the kernels must fit: 4 x 256 threads x 4 x 16 B = 64 KiB of loads in flight per
+// SM, well past what HBM latency needs. Saying so also lets ptxas use up to 64 registers; with
+// a bare __launch_bounds__(256), ptxas 13.2 capped sm_80 at 48 and spilled.
+constexpr int kMinCtasPerSM = 4;
 constexpr int kMaxDevices = 64;
 
 // How a group's bytes map onto the pool, from kvx_run_units.
@@ -68,6 +72,7 @@ struct Args {
   int64_t run;         // bytes per contiguous run (mode kPerHead)
   int64_t tokens;      // tokens per block
   int64_t group;       // bytes per group
+  int64_t tile;  // bytes per work item: a multiple of kThreads * kUnroll * V
   int64_t tiles_per_group;
   int64_t first_group;
   int64_t items;  // (group, tile) pairs
@@ -133,51 +138,56 @@ __host__ __device__ __forceinline__ void store_vec(unsigned char *p, const Vec &
 #endif
 }
 
-// One thread's share of one (group, tile) work item: up to kUnroll vectors of V bytes, loads
-// first so they are in flight together, then the range's odd tail bytes if this tile holds
-// the range's end. __host__ __device__ so that kvx_cuda_emulate can run exactly this code on
+// One thread's share of one (group, tile) work item: rounds of kUnroll vectors of V bytes,
+// loads first in each round so they are in flight together, then the range's odd tail bytes
+// if this tile holds the range's end. __host__ __device__ so that kvx_cuda_emulate can run exactly this code on
 // the CPU, which is how hosts without a GPU test the kernels' index math.
 template <int V, bool kGather>
 __host__ __device__ __forceinline__ void copy_item(const Args &a, int64_t item, int tid) {
   using Vec = typename VecOf<V>::T;
-  constexpr int64_t kTile = (int64_t)kThreads * kUnroll * V;
+  constexpr int64_t kRound = (int64_t)kThreads * kUnroll;  // vectors per CTA per round
   const unsigned char *__restrict__ src = a.src_base;
   unsigned char *__restrict__ dst = a.dst_base;
-  const int64_t gi = item / a.tiles_per_group;
-  const int64_t tile = item - gi * a.tiles_per_group;
-  const int64_t g = a.first_group + gi;
-  const int64_t g_start = g * a.group;  // stream position of the group's byte 0
-  int64_t lo = tile * kTile, hi = lo + kTile;
+  // prepare() keeps items and group numbers below 2^32: 32-bit division is inline code, 64-bit
+  // a called subroutine, and every thread of every item pays for these three.
+  const uint32_t it = (uint32_t)item, tpg = (uint32_t)a.tiles_per_group;
+  const uint32_t gi = it / tpg;
+  const int64_t tile = it - gi * tpg;
+  const uint32_t g = (uint32_t)a.first_group + gi;
+  const int64_t g_start = (int64_t)g * a.group;  // stream position of the group's byte 0
+  int64_t lo = tile * a.tile, hi = lo + a.tile;
   if (hi > a.group) hi = a.group;
   if (lo < a.begin - g_start) lo = a.begin - g_start;
   if (hi > a.end - g_start) hi = a.end - g_start;
   if (lo >= hi) return;  // uniform across the CTA: an edge tile outside the range
-  const int64_t b = g % a.nblocks;
-  const int64_t q = g / a.nblocks;
-  const int64_t layer = q / a.kv_factor, kv = q - layer * a.kv_factor;
-  const int64_t base = (int64_t)a.blocks[b] * a.stride_block + layer * a.stride_layer + kv * a.stride_kv +
-                       a.base_fixed;
+  const uint32_t nb = (uint32_t)a.nblocks, kvf = (uint32_t)a.kv_factor;
+  const uint32_t q = g / nb, b = g - q * nb;
+  const uint32_t layer = q / kvf, kv = q - layer * kvf;
+  const int64_t base = (int64_t)a.blocks[b] * a.stride_block + (int64_t)layer * a.stride_layer +
+                       (int64_t)kv * a.stride_kv + a.base_fixed;
   const int64_t buf0 = g_start - a.begin;  // buffer offset of the group's byte 0
   const int64_t nvec = (hi - lo) / V;
-  // Pool offsets first: in_group may divide, and 64-bit division is a called subroutine;
-  // doing it before any data is loaded keeps the vectors from living across those calls,
-  // which is what made ptxas spill the 16-byte scatter kernel.
-  int64_t pool_off[kUnroll];
-  KVX_UNROLL
-  for (int j = 0; j < kUnroll; j++) {
-    const int64_t i = (int64_t)j * kThreads + tid;
-    if (i < nvec) pool_off[j] = base + in_group(a, lo + i * V);
-  }
-  Vec r[kUnroll];
-  KVX_UNROLL
-  for (int j = 0; j < kUnroll; j++) {
-    const int64_t i = (int64_t)j * kThreads + tid;
-    if (i < nvec) r[j] = load_vec<Vec>(src + (kGather ? pool_off[j] : buf0 + lo + i * V));
-  }
-  KVX_UNROLL
-  for (int j = 0; j < kUnroll; j++) {
-    const int64_t i = (int64_t)j * kThreads + tid;
-    if (i < nvec) store_vec<Vec>(dst + (kGather ? buf0 + lo + i * V : pool_off[j]), r[j]);
+  // Pool offsets first, then loads, then stores: address math (with in_group's divisions)
+  // never overlaps live data vectors, which keeps register pressure low and ptxas from
+  // spilling the 16-byte kernels.
+  for (int64_t round = 0; round < nvec; round += kRound) {  // at most a.tile / (kRound * V)
+    int64_t pool_off[kUnroll];
+    KVX_UNROLL
+    for (int j = 0; j < kUnroll; j++) {
+      const int64_t i = round + (int64_t)j * kThreads + tid;
+      if (i < nvec) pool_off[j] = base + in_group(a, lo + i * V);
+    }
+    Vec r[kUnroll];
+    KVX_UNROLL
+    for (int j = 0; j < kUnroll; j++) {
+      const int64_t i = round + (int64_t)j * kThreads + tid;
+      if (i < nvec) r[j] = load_vec<Vec>(src + (kGather ? pool_off[j] : buf0 + lo + i * V));
+    }
+    KVX_UNROLL
+    for (int j = 0; j < kUnroll; j++) {
+      const int64_t i = round + (int64_t)j * kThreads + tid;
+      if (i < nvec) store_vec<Vec>(dst + (kGather ? buf0 + lo + i * V : pool_off[j]), r[j]);
+    }
   }
   // Fewer than V bytes, only when the range's length is not a multiple of V.
   for (int64_t x = lo + nvec * V + tid; x < hi; x += kThreads) {
@@ -189,12 +199,12 @@ __host__ __device__ __forceinline__ void copy_item(const Args &a, int64_t item, 
 // The kernels proper, one per direction and vector width (named so ptxas' report reads
 // well): grid-stride over the (group, tile) work items.
 template <int V>
-__global__ void __launch_bounds__(kThreads) gather_kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSM) gather_kernel(const Args a) {
   for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) copy_item<V, true>(a, item, threadIdx.x);
 }
 
 template <int V>
-__global__ void __launch_bounds__(kThreads) scatter_kernel(const Args a) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSM) scatter_kernel(const Args a) {
   for (int64_t item = blockIdx.x; item < a.items; item += gridDim.x) copy_item<V, false>(a, item, threadIdx.x);
 }
 
@@ -299,15 +309,30 @@ int prepare(const kvx_cuda_copy_t *c, bool gather, Args *out, int *out_vlog) {
   if (v > 16) v = 16;
   const int vlog = v == 16 ? 4 : v == 8 ? 3 : v == 4 ? 2 : v == 2 ? 1 : 0;
 
-  const int64_t tile = (int64_t)kThreads * kUnroll * v;
-  a.tiles_per_group = (a.group + tile - 1) / tile;
   a.first_group = a.begin / a.group;
-  const int64_t last_group = (a.end - 1) / a.group;
-  a.items = (last_group - a.first_group + 1) * a.tiles_per_group;
+  // Group numbers are 32-bit in copy_item; 2^32 groups would be a pool of that many blocks.
+  if (kvx_sel_layers(s) * l->kv_factor * c->nblocks > (int64_t)UINT32_MAX) return (int)cudaErrorInvalidValue;
   a.src_base = reinterpret_cast<const unsigned char *>(gather ? c->pool : c->buf);
   a.dst_base = reinterpret_cast<unsigned char *>(gather ? c->buf : c->pool);
   *out = a;
   *out_vlog = vlog;
+  return 0;
+}
+
+// Sizes the work items for a grid of ctas CTAs. A tile is one round (kThreads x kUnroll
+// vectors) times as many rounds as keep every CTA busy with about two items or more: big
+// tiles amortise each item's index math, enough items keep all SMs fed on small ranges.
+int plan_tiles(Args *a, int vlog, int64_t ctas) {
+  const int64_t round = (int64_t)kThreads * kUnroll << vlog;
+  const int64_t max_rounds = (a->group + round - 1) / round;
+  int64_t rounds = (a->end - a->begin) / (round * 2 * (ctas > 0 ? ctas : 1));
+  if (rounds < 1) rounds = 1;
+  if (rounds > max_rounds) rounds = max_rounds;
+  a->tile = round * rounds;
+  a->tiles_per_group = (a->group + a->tile - 1) / a->tile;
+  const int64_t last_group = (a->end - 1) / a->group;
+  a->items = (last_group - a->first_group + 1) * a->tiles_per_group;
+  if (a->items > (int64_t)UINT32_MAX) return (int)cudaErrorInvalidValue;  // 32-bit in copy_item
   return 0;
 }
 
@@ -321,6 +346,8 @@ int launch(int device, const kvx_cuda_copy_t *c, uint64_t stream, bool gather) {
   int ctas = 0;
   const int rc = max_ctas(device, vlog, gather, &ctas);
   if (rc != 0) return rc;
+  const int trc = plan_tiles(&a, vlog, ctas);
+  if (trc != 0) return trc;
   const int64_t grid = a.items < ctas ? a.items : ctas;
   void *params[] = {&a};
   KVX_TRY(cudaLaunchKernel(reinterpret_cast<const void *>(kKernels[vlog][gather]), dim3((unsigned)grid),
@@ -513,12 +540,14 @@ int kvx_cuda_gather(int device, const kvx_cuda_copy_t *c, uint64_t stream) { ret
 
 int kvx_cuda_scatter(int device, const kvx_cuda_copy_t *c, uint64_t stream) { return launch(device, c, stream, false); }
 
-int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather) {
+int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather, int64_t ctas) {
   Args a;
   int vlog = 0;
   const int prc = prepare(c, gather != 0, &a, &vlog);
   if (prc == -1) return 0;
   if (prc != 0) return prc;
+  const int trc = plan_tiles(&a, vlog, ctas);
+  if (trc != 0) return trc;
   switch (vlog) {
     case 4: gather ? emulate<16, true>(a) : emulate<16, false>(a); break;
     case 3: gather ? emulate<8, true>(a) : emulate<8, false>(a); break;

@@ -106,11 +106,12 @@ int kvx_cuda_scatter(int device, const kvx_cuda_copy_t *c, uint64_t stream);
 
 /*
  * Test support: runs the gather (gather != 0) or scatter kernel's own per-thread code on the
- * CPU, every CTA and thread in turn, with c's pool, buf and blocks as HOST addresses. Hosts
- * without a GPU test the kernels' index math, vector-width choice and tail handling with it
- * against the Go reference. Slow; never for the data path.
+ * CPU, every work item and thread in turn, with c's pool, buf and blocks as HOST addresses,
+ * and work items sized as for a grid of ctas CTAs. Hosts without a GPU test the kernels'
+ * index math, tiling, vector-width choice and tail handling with it against the Go reference.
+ * Slow; never for the data path.
  */
-int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather);
+int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather, int64_t ctas);
 
 /* The vector width in bytes (16, 8, 4, 2 or 1) a launch of c would copy with; 0 for an empty
  * range; minus a cudaError_t when c is invalid. For tests and tuning. */

@@ -78,8 +78,8 @@ type kvxAPI struct {
 	scatter func(device int32, c *copyArgs, stream uint64) int32
 	// int kvx_cuda_spin(int device, int64_t ms, uint64_t stream);
 	spin func(device int32, ms int64, stream uint64) int32
-	// int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather);
-	emulate func(c *copyArgs, gather int32) int32
+	// int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather, int64_t ctas);
+	emulate func(c *copyArgs, gather int32, ctas int64) int32
 	// int kvx_cuda_vector_bytes(const kvx_cuda_copy_t *c);
 	vectorBytes func(c *copyArgs) int32
 }
