@@ -40,8 +40,13 @@ if [ "${1:-}" != "--wheel" ]; then
   done
 fi
 
-# The stamp is written last, so an interrupted install is redone rather than half-used.
+# The stamp is written last, so an interrupted install is redone rather than half-used. The
+# lock serialises concurrent callers (make -j runs cuda-check and cuda-lib together); the
+# second waits at most 10 minutes for the first's download.
 stamp="$prefix/.complete"
+mkdir -p "$(dirname "$prefix")"
+exec 9>"$prefix.lock"
+flock -w 600 9 || { echo "cuda-toolchain: timed out waiting for $prefix.lock" >&2; exit 1; }
 if [ ! -f "$stamp" ]; then
   echo "cuda-toolchain: installing CUDA ${CUDA_WHEEL_VERSION} (nvcc, nvvm, crt, runtime, cccl) from PyPI into $prefix" >&2
   rm -rf "$prefix"
