@@ -70,6 +70,9 @@ func (r *Runtime) Scatter(s *Stream, p *DevicePlan, src Mem, off int64, pool Mem
 // copyArgs checks what the launcher cannot (the sizes of the caller's memory) and fills the
 // ABI struct.
 func (r *Runtime) copyArgs(op string, s *Stream, p *DevicePlan, pool Mem, off int64, buf Mem) (*copyArgs, error) {
+	if err := r.usable(); err != nil {
+		return nil, err
+	}
 	if err := s.usable(); err != nil {
 		return nil, err
 	}
@@ -91,6 +94,9 @@ func (r *Runtime) copyArgs(op string, s *Stream, p *DevicePlan, pool Mem, off in
 
 // Memcpy enqueues a device-to-device copy of src into dst on s; dst must hold src.Size bytes.
 func (r *Runtime) Memcpy(s *Stream, dst, src Mem) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
 	if err := s.usable(); err != nil {
 		return err
 	}
@@ -102,6 +108,9 @@ func (r *Runtime) Memcpy(s *Stream, dst, src Mem) error {
 
 // Memset enqueues filling m with the byte v on s.
 func (r *Runtime) Memset(s *Stream, m Mem, v byte) error {
+	if err := r.usable(); err != nil {
+		return err
+	}
 	if err := s.usable(); err != nil {
 		return err
 	}

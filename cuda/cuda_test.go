@@ -271,4 +271,9 @@ func TestClosedRuntimeRefusesCalls(t *testing.T) {
 	_, err = rt.NewEvent(false)
 	require.ErrorIs(t, err, ErrClosed)
 	require.ErrorIs(t, rt.Gather(nil, nil, Mem{}, 0, Mem{}), ErrClosed)
+	require.ErrorIs(t, rt.Scatter(nil, nil, Mem{}, 0, Mem{}), ErrClosed)
+	require.ErrorIs(t, rt.Memcpy(nil, Mem{}, Mem{}), ErrClosed)
+	require.ErrorIs(t, rt.CopyToDevice(Mem{}, nil), ErrClosed)
+	_, err = rt.UploadPlan(nil)
+	require.ErrorIs(t, err, ErrClosed)
 }

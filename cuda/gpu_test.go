@@ -245,3 +245,25 @@ func BenchmarkGPU_Llama3_8B(b *testing.B) {
 		})
 	}
 }
+
+// Close stops new work but never strands memory: what the Runtime handed out can still be
+// freed afterwards.
+func TestGPU_FreeAfterClose(t *testing.T) {
+	rt, err := Open(Config{Logger: zaptest.NewLogger(t)})
+	require.NoError(t, err)
+	b, err := rt.Alloc(1 << 20)
+	require.NoError(t, err)
+	s, err := rt.NewStream()
+	require.NoError(t, err)
+	e, err := rt.NewEvent(false)
+	require.NoError(t, err)
+	require.NoError(t, rt.Close())
+
+	_, err = rt.Alloc(16)
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, rt.Memset(s, b.Mem(), 0), ErrClosed)
+	require.NoError(t, e.Close())
+	require.NoError(t, s.Close())
+	require.NoError(t, b.Free())
+	require.ErrorIs(t, b.Free(), ErrClosed)
+}

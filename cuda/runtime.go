@@ -130,8 +130,9 @@ func Open(cfg Config) (*Runtime, error) {
 // Info describes the device and the libraries.
 func (r *Runtime) Info() DeviceInfo { return r.info }
 
-// Close makes every later call on the Runtime fail with ErrClosed. It frees nothing: buffers,
-// streams, events and plans are freed by their owners, after their work is known to be done.
+// Close makes every later call on the Runtime fail with ErrClosed, except the Free and Close
+// of what it handed out: buffers, streams, events and plans are freed by their owners, after
+// their work is known to be done, and that stays possible after Close so nothing has to leak.
 // The libraries stay loaded, since the CUDA runtime does not support being unloaded.
 func (r *Runtime) Close() error {
 	if !r.closed.CompareAndSwap(false, true) {
@@ -211,9 +212,6 @@ func (b *Buffer) Free() error {
 	if !b.freed.CompareAndSwap(false, true) {
 		return ErrClosed
 	}
-	if err := b.rt.usable(); err != nil {
-		return err
-	}
 	return b.rt.check("kvx_cuda_free", b.rt.kvx.free(b.rt.device, b.mem.Addr))
 }
 
@@ -288,9 +286,6 @@ func (s *Stream) Wait(ctx context.Context) error { return poll(ctx, s.Query) }
 func (s *Stream) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("stream: %w", ErrClosed)
-	}
-	if err := s.rt.usable(); err != nil {
-		return err
 	}
 	return s.rt.check("kvx_cuda_stream_destroy", s.rt.kvx.streamDestroy(s.rt.device, s.handle))
 }
@@ -373,9 +368,6 @@ func (e *Event) Elapsed(start *Event) (time.Duration, error) {
 func (e *Event) Close() error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return fmt.Errorf("event: %w", ErrClosed)
-	}
-	if err := e.rt.usable(); err != nil {
-		return err
 	}
 	return e.rt.check("kvx_cuda_event_destroy", e.rt.kvx.eventDestroy(e.rt.device, e.handle))
 }
