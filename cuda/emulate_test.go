@@ -15,33 +15,26 @@ import (
 
 func uintptrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
 
-// hostArgs describes a copy over host memory for kvx_cuda_emulate. The slices are pinned for
-// the duration of the call by the caller.
-func hostArgs(p *layout.Plan, blocks []int32, pool []byte, off int64, buf []byte) *copyArgs {
-	return &copyArgs{
-		Layout: p.Layout(), Sel: p.Selection(),
-		Blocks: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(blocks)))), NBlocks: int64(len(blocks)),
-		Pool: uintptrOf(pool), Buf: uintptrOf(buf), Offset: off, Length: int64(len(buf)),
-	}
-}
-
 // emulate runs the kernel's own per-thread code on the CPU over host memory, with work items
 // sized for a grid of ctas CTAs.
-func emulate(t *testing.T, k *kvxAPI, gather bool, ctas int64, p *layout.Plan, pool []byte, off int64, buf []byte) {
+func emulate(t *testing.T, k *kvxAPI, gather bool, ctas int64, p *layout.Plan, pool guarded, off int64, buf guarded) {
 	t.Helper()
 	blocks := append([]int32(nil), p.Blocks()...)
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	pin.Pin(unsafe.SliceData(blocks))
-	pin.Pin(unsafe.SliceData(pool))
-	if len(buf) > 0 {
-		pin.Pin(unsafe.SliceData(buf))
-	}
+	pin.Pin(unsafe.SliceData(pool.raw))
+	pin.Pin(unsafe.SliceData(buf.raw))
 	g := int32(0)
 	if gather {
 		g = 1
 	}
-	require.Zero(t, k.emulate(hostArgs(p, blocks, pool, off, buf), g, ctas))
+	c := &copyArgs{
+		Layout: p.Layout(), Sel: p.Selection(),
+		Blocks: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(blocks)))), NBlocks: int64(len(blocks)),
+		Pool: pool.addr(), Buf: buf.addr(), Offset: off, Length: int64(buf.n),
+	}
+	require.Zero(t, k.emulate(c, g, ctas), "emulated launch failed (716 is a misaligned vector access)")
 }
 
 // The kernels' index math, vector-width choice and tail handling, run on the CPU through the
@@ -55,22 +48,24 @@ func TestKernelEmulation_MatchesReference(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			p := tc.plan
 			pool := shifted(p.Layout().SpanBytes(), tc.poolShift)
-			randomBytes(r, pool)
+			randomBytes(r, pool.b())
 			for _, c := range tc.chunks {
 				src := make([]byte, c.Length)
 				randomBytes(r, src)
-				wantGather, wantPool := expected(t, p, pool, c, src)
+				wantGather, wantPool := expected(t, p, pool.b(), c, src)
 
 				got := shifted(c.Length, tc.bufShift)
 				emulate(t, k, true, tc.ctas, p, pool, c.Offset, got)
-				require.Equal(t, wantGather, got, "gather of %+v", c)
+				require.Equal(t, wantGather, got.b(), "gather of %+v", c)
+				got.intact(t, "gather buffer")
 
-				gotPool := shifted(int64(len(pool)), tc.poolShift)
-				copy(gotPool, pool)
+				gotPool := shifted(int64(pool.n), tc.poolShift)
+				copy(gotPool.b(), pool.b())
 				buf := shifted(c.Length, tc.bufShift)
-				copy(buf, src)
+				copy(buf.b(), src)
 				emulate(t, k, false, tc.ctas, p, gotPool, c.Offset, buf)
-				require.Equal(t, wantPool, gotPool, "scatter of %+v (bytes outside the range must not change)", c)
+				require.Equal(t, wantPool, gotPool.b(), "scatter of %+v (bytes outside the range must not change)", c)
+				gotPool.intact(t, "scattered pool")
 			}
 		})
 	}

@@ -137,12 +137,39 @@ func kernelCases(t *testing.T, seed uint64, n int) []kernelCase {
 	return cases
 }
 
-// shifted returns n bytes starting shift bytes past a 16-byte boundary.
-func shifted(n int64, shift int) []byte {
-	raw := make([]byte, n+32)
-	addr := uintptrOf(raw)
-	skip := (16 - int(addr%16)) % 16
-	return raw[skip+shift : skip+shift+int(n) : skip+shift+int(n)]
+// guardByte fills the slack around a shifted buffer, so a write outside the buffer shows.
+const guardByte = 0xa5
+
+// guarded is n bytes starting shift bytes past a 16-byte boundary, inside a larger
+// allocation whose 16 bytes either side hold guardByte, so a stray write shows.
+type guarded struct {
+	raw []byte
+	off int
+	n   int
+}
+
+func shifted(n int64, shift int) guarded {
+	raw := make([]byte, n+64)
+	for i := range raw {
+		raw[i] = guardByte
+	}
+	skip := 16 + (16-int(uintptrOf(raw)%16))%16
+	return guarded{raw: raw, off: skip + shift, n: int(n)}
+}
+
+// b is the buffer itself.
+func (g guarded) b() []byte { return g.raw[g.off : g.off+g.n] }
+
+// addr is the buffer's address, valid also when it is empty.
+func (g guarded) addr() uint64 { return uintptrOf(g.raw) + uint64(g.off) }
+
+// intact checks the 16 bytes on either side of the buffer.
+func (g guarded) intact(t *testing.T, what string) {
+	t.Helper()
+	for i := range 16 {
+		require.EqualValues(t, guardByte, g.raw[g.off-16+i], "%s: byte %d before the buffer was written", what, 16-i)
+		require.EqualValues(t, guardByte, g.raw[g.off+g.n+i], "%s: byte %d after the buffer was written", what, i)
+	}
 }
 
 // expected computes what a gather of chunk returns and what a scatter of src over chunk leaves

@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <mutex>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -115,14 +116,21 @@ __host__ __device__ __forceinline__ int64_t in_group(const Args &a, int64_t x) {
   }
 }
 
+// Set by the emulation when a vector access is not aligned to its size: on the GPU that
+// access would fault (cudaErrorMisalignedAddress), so the emulation reports it as that error.
+// Host-only; emulations are serialised by g_emulate_mu.
+bool g_emulate_misaligned = false;
+std::mutex g_emulate_mu;
+
 // Loads and stores one vector. On the device a plain dereference (the address is aligned to V
 // by construction); on the host, where the emulation runs the same code, memcpy, so the C++
-// aliasing rules hold.
+// aliasing rules hold, plus the alignment check the hardware would make.
 template <typename Vec>
 __host__ __device__ __forceinline__ Vec load_vec(const unsigned char *p) {
 #ifdef __CUDA_ARCH__
   return *reinterpret_cast<const Vec *>(p);
 #else
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(Vec) != 0) g_emulate_misaligned = true;
   Vec v;
   std::memcpy(&v, p, sizeof v);
   return v;
@@ -134,6 +142,7 @@ __host__ __device__ __forceinline__ void store_vec(unsigned char *p, const Vec &
 #ifdef __CUDA_ARCH__
   *reinterpret_cast<Vec *>(p) = v;
 #else
+  if (reinterpret_cast<uintptr_t>(p) % sizeof(Vec) != 0) g_emulate_misaligned = true;
   std::memcpy(p, &v, sizeof v);
 #endif
 }
@@ -548,6 +557,8 @@ int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather, int64_t ctas) {
   if (prc != 0) return prc;
   const int trc = plan_tiles(&a, vlog, ctas);
   if (trc != 0) return trc;
+  std::lock_guard<std::mutex> lock(g_emulate_mu);
+  g_emulate_misaligned = false;
   switch (vlog) {
     case 4: gather ? emulate<16, true>(a) : emulate<16, false>(a); break;
     case 3: gather ? emulate<8, true>(a) : emulate<8, false>(a); break;
@@ -555,7 +566,7 @@ int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather, int64_t ctas) {
     case 1: gather ? emulate<2, true>(a) : emulate<2, false>(a); break;
     default: gather ? emulate<1, true>(a) : emulate<1, false>(a); break;
   }
-  return 0;
+  return g_emulate_misaligned ? (int)cudaErrorMisalignedAddress : 0;
 }
 
 int kvx_cuda_vector_bytes(const kvx_cuda_copy_t *c) {
