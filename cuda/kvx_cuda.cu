@@ -5,12 +5,12 @@
  * How the kernels cut the work. A plan's stream is [layer][kv][block i][head][token][row]. We
  * call one (layer, kv, block i) triple a group: its bytes are heads x tokens x row, they sit
  * at one base address in the pool plus head and token strides, and every group has the same
- * size. Dividing a stream position into (layer, kv, block) costs 64-bit divisions, so a CTA
- * does it once per tile (a fixed slice of one group, TILE bytes) rather than once per vector.
- * Inside a group, kvx_run_units says how much is contiguous, and a grid-uniform mode picks the
- * cheapest index math: the whole group (no division), one run per head (one division), or one
- * run per token row (two). Work items are (group, tile) pairs over the groups the byte range
- * touches, taken grid-stride, so a small chunk still spreads over many SMs.
+ * size. A work item is a tile of one group: whole rounds of 256 threads x 4 vectors, as many
+ * as leave each CTA about two items (plan_tiles), so the division of a stream position into
+ * (layer, kv, block) is paid once per item, not per vector, and a small chunk still spreads
+ * over many SMs. Items are taken grid-stride. Inside a group, kvx_run_units says how much is
+ * contiguous, and a grid-uniform mode picks the cheapest index math: the whole group (no
+ * division), one run per head (one), or one run per token row (two); all of it 32-bit.
  *
  * Vector width is the largest of 16/8/4/2/1 bytes that divides every address the math can
  * produce (pool base, buffer, offset, row, and each stride that is actually multiplied by a
@@ -20,10 +20,10 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <mutex>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 
 #include "kvx_cuda.h"
 
@@ -73,10 +73,10 @@ struct Args {
   int64_t run;         // bytes per contiguous run (mode kPerHead)
   int64_t tokens;      // tokens per block
   int64_t group;       // bytes per group
-  int64_t tile;  // bytes per work item: a multiple of kThreads * kUnroll * V
+  int64_t tile;         // bytes per work item: whole rounds of kThreads * kUnroll * V
   int64_t tiles_per_group;
-  int64_t first_group;
-  int64_t items;  // (group, tile) pairs
+  int64_t first_group;  // the group holding stream byte begin
+  int64_t items;        // (group, tile) pairs over the groups the range touches
   int64_t begin;  // stream byte range [begin, end)
   int64_t end;
   int mode;
