@@ -186,7 +186,7 @@ func TestError_MapsCodesOntoSentinels(t *testing.T) {
 		{"no driver", codeInsufficientDriver, ErrNoDevice, ErrInvalidArgument},
 		{"no device", codeNoDevice, ErrNoDevice, ErrInvalidArgument},
 		{"bad ordinal", codeInvalidDevice, ErrNoDevice, ErrInvalidArgument},
-		{"driver mismatch", codeSystemDriverMisma, ErrNoDevice, ErrInvalidArgument},
+		{"driver mismatch", codeSystemDriverMismatch, ErrNoDevice, ErrInvalidArgument},
 		{"invalid value", codeInvalidValue, ErrInvalidArgument, ErrNoDevice},
 		{"illegal address is neither", 700, nil, ErrNoDevice},
 	}

@@ -27,15 +27,15 @@ var (
 
 // cudaError_t values this package interprets. The full list is in driver_types.h.
 const (
-	codeSuccess            = 0
-	codeInvalidValue       = 1
-	codeInsufficientDriver = 35
-	codeNoDevice           = 100
-	codeInvalidDevice      = 101
-	codeNotReady           = 600
-	codeSystemNotReady     = 802
-	codeSystemDriverMisma  = 803
-	codeCompatNotSupported = 804
+	codeSuccess              = 0
+	codeInvalidValue         = 1
+	codeInsufficientDriver   = 35
+	codeNoDevice             = 100
+	codeInvalidDevice        = 101
+	codeNotReady             = 600
+	codeSystemNotReady       = 802
+	codeSystemDriverMismatch = 803
+	codeCompatNotSupported   = 804
 )
 
 // Error is a failed CUDA call: the operation, the cudaError_t and the runtime's name and
@@ -66,7 +66,7 @@ func (e *Error) Is(target error) bool {
 	case ErrNoDevice:
 		switch e.Code {
 		case codeInsufficientDriver, codeNoDevice, codeInvalidDevice, codeSystemNotReady,
-			codeSystemDriverMisma, codeCompatNotSupported:
+			codeSystemDriverMismatch, codeCompatNotSupported:
 			return true
 		}
 	case ErrInvalidArgument:
