@@ -34,7 +34,7 @@ func emulate(t *testing.T, k *kvxAPI, gather bool, ctas int64, p *layout.Plan, p
 		Blocks: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(blocks)))), NBlocks: int64(len(blocks)),
 		Pool: pool.addr(), Buf: buf.addr(), Offset: off, Length: int64(buf.n),
 	}
-	require.Zero(t, k.emulate(c, g, ctas), "emulated launch failed (716 is a misaligned vector access)")
+	require.Zero(t, k.emulate(c, g, ctas), "emulated launch failed (700: access outside the pool or buffer, 716: misaligned vector)")
 }
 
 // The kernels' index math, vector-width choice and tail handling, run on the CPU through the
@@ -142,5 +142,33 @@ func TestKernelLauncherRejectsBadRanges(t *testing.T) {
 			require.EqualValues(t, -codeInvalidValue, k.vectorBytes(&c))
 			require.EqualValues(t, codeInvalidValue, k.emulate(&c, 1, 1))
 		})
+	}
+}
+
+// The kernels divide by launch-wide constants with a multiply and a shift; it must equal true
+// division for every divisor and dividend below 2^31 (prepare() keeps them there). Checked at
+// the edges where such schemes break: around multiples of d, at 2^31-1, and for divisors that
+// are powers of two, one off them, and large.
+func TestKernelFastDivisionIsExact(t *testing.T) {
+	_, k := requireLibs(t)
+	r := rand.New(rand.NewPCG(5, 5))
+	const limit = 1<<31 - 1
+	divisors := []uint32{1, 2, 3, 5, 7, 32, 33, 127, 128, 129, 255, 256, 576, 1152, 4096, 65535, 65536,
+		1<<30 - 1, 1 << 30, 1<<30 + 1, limit - 1, limit}
+	for range 200 {
+		divisors = append(divisors, 1+uint32(r.Int64N(limit)), 1+uint32(r.Int64N(1<<16)))
+	}
+	for _, d := range divisors {
+		xs := []uint32{0, 1, d - 1, d, d + 1, limit, limit - 1, limit - d + 1}
+		for range 200 {
+			m := uint32(r.Int64N(int64(limit/d) + 1))
+			xs = append(xs, uint32(r.Int64N(limit+1)), m*d, m*d+d-1)
+		}
+		for _, x := range xs {
+			if x > limit {
+				continue
+			}
+			require.Equal(t, x/d, k.fastdiv(d, x), "%d / %d", x, d)
+		}
 	}
 }

@@ -60,6 +60,36 @@ enum RunMode : int {
   kPerRow = 2,      // every token row stands alone
 };
 
+// Division by a divisor fixed for the whole launch, as a multiply-high and a shift
+// (Granlund-Montgomery): with m = ceil(2^(31+l) / d), l = ceil(log2 d), floor(x / d) is
+// (x * m) >> (32 + l - 1) exactly for every x < 2^31. A 32-bit division by a run-time value is
+// about 20 instructions on the GPU; every vector of the per-row mode needs two, which this
+// turns into a few. prepare() keeps every dividend below 2^31.
+struct FastDiv {
+  uint32_t d;    // the divisor, for the remainder
+  uint32_t mul;  // 0 means d == 1
+  uint32_t shr;
+};
+
+FastDiv make_fastdiv(uint32_t d) {
+  FastDiv f{d, 0, 0};
+  if (d <= 1) return f;
+  uint32_t l = 0;
+  while ((1ull << l) < d) l++;
+  f.mul = (uint32_t)(((1ull << (31 + l)) + d - 1) / d);
+  f.shr = l - 1;
+  return f;
+}
+
+__host__ __device__ __forceinline__ uint32_t fdiv(const FastDiv &f, uint32_t x) {
+  if (f.mul == 0) return x;
+#ifdef __CUDA_ARCH__
+  return __umulhi(x, f.mul) >> f.shr;
+#else
+  return (uint32_t)(((uint64_t)x * f.mul) >> 32) >> f.shr;
+#endif
+}
+
 // Everything a kernel needs, passed by value (kernel parameter space), derived once on the host.
 struct Args {
   const int32_t *__restrict__ blocks;
@@ -79,6 +109,8 @@ struct Args {
   int64_t items;        // (group, tile) pairs over the groups the range touches
   int64_t begin;  // stream byte range [begin, end)
   int64_t end;
+  FastDiv run_div, row_div, tokens_div;    // in_group's divisors
+  FastDiv tiles_div, nblocks_div, kv_div;  // copy_item's divisors
   int mode;
 };
 
@@ -96,43 +128,62 @@ template <>
 struct VecOf<1> { using T = uint8_t; };
 
 // Pool offset of byte x of a group, relative to the group's base address. prepare() refuses
-// groups of 4 GiB or more (no real model comes near: a group is one block's tokens for one
-// layer's selected heads), so the math is 32-bit: 64-bit division is a called subroutine on
-// the GPU, and live registers across those calls were what made ptxas spill.
+// groups of 2 GiB or more (no real model comes near: a group is one block's tokens for one
+// layer's selected heads), so the math is 32-bit with FastDiv: 64-bit division is a called
+// subroutine on the GPU, and live registers across those calls were what made ptxas spill.
 __host__ __device__ __forceinline__ int64_t in_group(const Args &a, int64_t x) {
   const uint32_t xs = (uint32_t)x;
   switch (a.mode) {
     case kWholeGroup:
       return x;
     case kPerHead: {
-      const uint32_t run = (uint32_t)a.run, h = xs / run;
+      const uint32_t run = (uint32_t)a.run, h = fdiv(a.run_div, xs);
       return (int64_t)h * a.stride_head + (xs - h * run);
     }
     default: {
       const uint32_t row = (uint32_t)a.row, tokens = (uint32_t)a.tokens;
-      const uint32_t u = xs / row, h = u / tokens, t = u - h * tokens;
+      const uint32_t u = fdiv(a.row_div, xs), h = fdiv(a.tokens_div, u), t = u - h * tokens;
       return (int64_t)h * a.stride_head + (int64_t)t * a.stride_token + (xs - u * row);
     }
   }
 }
 
-// Set by the emulation when a vector access is not aligned to its size: on the GPU that
-// access would fault (cudaErrorMisalignedAddress), so the emulation reports it as that error.
-// Host-only; emulations are serialised by g_emulate_mu.
-bool g_emulate_misaligned = false;
+// What the emulation checks on every access, as the GPU would fault on it: the two ranges a
+// launch may touch (the pool's span and the stream buffer) and alignment to the access size.
+// A bad access is counted and skipped, so a wrong index fails a test instead of corrupting the
+// test process. Host-only; emulations are serialised by g_emulate_mu.
+struct EmulateChecks {
+  uintptr_t lo[2], hi[2];  // [pool, pool + span) and [buf, buf + length)
+  bool out_of_bounds;
+  bool misaligned;
+};
+EmulateChecks g_emulate;
 std::mutex g_emulate_mu;
 
-// Loads and stores one vector. On the device a plain dereference (the address is aligned to V
-// by construction); on the host, where the emulation runs the same code, memcpy, so the C++
-// aliasing rules hold, plus the alignment check the hardware would make.
+#ifndef __CUDA_ARCH__  // only the host branches below call it; the device pass would warn
+inline bool emulate_access_ok(const void *p, size_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a % n != 0) {
+    g_emulate.misaligned = true;
+    return false;
+  }
+  for (int i = 0; i < 2; i++)
+    if (a >= g_emulate.lo[i] && a + n <= g_emulate.hi[i]) return true;
+  g_emulate.out_of_bounds = true;
+  return false;
+}
+#endif
+
+// Loads and stores one vector (or byte). On the device a plain dereference (the address is
+// aligned to V by construction); on the host, where the emulation runs the same code, checked
+// memcpy, so the C++ aliasing rules hold.
 template <typename Vec>
 __host__ __device__ __forceinline__ Vec load_vec(const unsigned char *p) {
 #ifdef __CUDA_ARCH__
   return *reinterpret_cast<const Vec *>(p);
 #else
-  if (reinterpret_cast<uintptr_t>(p) % sizeof(Vec) != 0) g_emulate_misaligned = true;
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
+  Vec v{};
+  if (emulate_access_ok(p, sizeof v)) std::memcpy(&v, p, sizeof v);
   return v;
 #endif
 }
@@ -142,8 +193,7 @@ __host__ __device__ __forceinline__ void store_vec(unsigned char *p, const Vec &
 #ifdef __CUDA_ARCH__
   *reinterpret_cast<Vec *>(p) = v;
 #else
-  if (reinterpret_cast<uintptr_t>(p) % sizeof(Vec) != 0) g_emulate_misaligned = true;
-  std::memcpy(p, &v, sizeof v);
+  if (emulate_access_ok(p, sizeof v)) std::memcpy(p, &v, sizeof v);
 #endif
 }
 
@@ -157,10 +207,10 @@ __host__ __device__ __forceinline__ void copy_item(const Args &a, int64_t item, 
   constexpr int64_t kRound = (int64_t)kThreads * kUnroll;  // vectors per CTA per round
   const unsigned char *__restrict__ src = a.src_base;
   unsigned char *__restrict__ dst = a.dst_base;
-  // prepare() keeps items and group numbers below 2^32: 32-bit division is inline code, 64-bit
-  // a called subroutine, and every thread of every item pays for these three.
+  // prepare() keeps items and group numbers below 2^31, so these three divisions, which every
+  // thread of every item pays for, are FastDiv multiplies rather than 64-bit subroutine calls.
   const uint32_t it = (uint32_t)item, tpg = (uint32_t)a.tiles_per_group;
-  const uint32_t gi = it / tpg;
+  const uint32_t gi = fdiv(a.tiles_div, it);
   const int64_t tile = it - gi * tpg;
   const uint32_t g = (uint32_t)a.first_group + gi;
   const int64_t g_start = (int64_t)g * a.group;  // stream position of the group's byte 0
@@ -170,8 +220,8 @@ __host__ __device__ __forceinline__ void copy_item(const Args &a, int64_t item, 
   if (hi > a.end - g_start) hi = a.end - g_start;
   if (lo >= hi) return;  // uniform across the CTA: an edge tile outside the range
   const uint32_t nb = (uint32_t)a.nblocks, kvf = (uint32_t)a.kv_factor;
-  const uint32_t q = g / nb, b = g - q * nb;
-  const uint32_t layer = q / kvf, kv = q - layer * kvf;
+  const uint32_t q = fdiv(a.nblocks_div, g), b = g - q * nb;
+  const uint32_t layer = fdiv(a.kv_div, q), kv = q - layer * kvf;
   const int64_t base = (int64_t)a.blocks[b] * a.stride_block + (int64_t)layer * a.stride_layer +
                        (int64_t)kv * a.stride_kv + a.base_fixed;
   const int64_t buf0 = g_start - a.begin;  // buffer offset of the group's byte 0
@@ -201,7 +251,7 @@ __host__ __device__ __forceinline__ void copy_item(const Args &a, int64_t item, 
   // Fewer than V bytes, only when the range's length is not a multiple of V.
   for (int64_t x = lo + nvec * V + tid; x < hi; x += kThreads) {
     const int64_t pool = base + in_group(a, x), buf = buf0 + x;
-    dst[kGather ? buf : pool] = src[kGather ? pool : buf];
+    store_vec<uint8_t>(dst + (kGather ? buf : pool), load_vec<uint8_t>(src + (kGather ? pool : buf)));
   }
 }
 
@@ -302,7 +352,12 @@ int prepare(const kvx_cuda_copy_t *c, bool gather, Args *out, int *out_vlog) {
   a.mode = run_units == heads * a.tokens ? kWholeGroup : run_units == a.tokens ? kPerHead : kPerRow;
   a.run = run_units * a.row;
   a.group = heads * a.tokens * a.row;
-  if (a.group > (int64_t)UINT32_MAX) return (int)cudaErrorInvalidValue;  // see in_group
+  if (a.group > (int64_t)INT32_MAX) return (int)cudaErrorInvalidValue;  // see FastDiv
+  a.run_div = make_fastdiv((uint32_t)a.run);
+  a.row_div = make_fastdiv((uint32_t)a.row);
+  a.tokens_div = make_fastdiv((uint32_t)a.tokens);
+  a.nblocks_div = make_fastdiv((uint32_t)a.nblocks);
+  a.kv_div = make_fastdiv((uint32_t)a.kv_factor);
   a.begin = c->offset;
   a.end = c->offset + c->length;
 
@@ -319,8 +374,8 @@ int prepare(const kvx_cuda_copy_t *c, bool gather, Args *out, int *out_vlog) {
   const int vlog = v == 16 ? 4 : v == 8 ? 3 : v == 4 ? 2 : v == 2 ? 1 : 0;
 
   a.first_group = a.begin / a.group;
-  // Group numbers are 32-bit in copy_item; 2^32 groups would be a pool of that many blocks.
-  if (kvx_sel_layers(s) * l->kv_factor * c->nblocks > (int64_t)UINT32_MAX) return (int)cudaErrorInvalidValue;
+  // Group numbers are 31-bit in copy_item (FastDiv); 2^31 groups would be that many blocks.
+  if (kvx_sel_layers(s) * l->kv_factor * c->nblocks > (int64_t)INT32_MAX) return (int)cudaErrorInvalidValue;
   a.src_base = reinterpret_cast<const unsigned char *>(gather ? c->pool : c->buf);
   a.dst_base = reinterpret_cast<unsigned char *>(gather ? c->buf : c->pool);
   *out = a;
@@ -341,7 +396,8 @@ int plan_tiles(Args *a, int vlog, int64_t ctas) {
   a->tiles_per_group = (a->group + a->tile - 1) / a->tile;
   const int64_t last_group = (a->end - 1) / a->group;
   a->items = (last_group - a->first_group + 1) * a->tiles_per_group;
-  if (a->items > (int64_t)UINT32_MAX) return (int)cudaErrorInvalidValue;  // 32-bit in copy_item
+  if (a->items > (int64_t)INT32_MAX) return (int)cudaErrorInvalidValue;  // see FastDiv
+  a->tiles_div = make_fastdiv((uint32_t)a->tiles_per_group);
   return 0;
 }
 
@@ -558,7 +614,11 @@ int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather, int64_t ctas) {
   const int trc = plan_tiles(&a, vlog, ctas);
   if (trc != 0) return trc;
   std::lock_guard<std::mutex> lock(g_emulate_mu);
-  g_emulate_misaligned = false;
+  g_emulate = EmulateChecks{};
+  g_emulate.lo[0] = (uintptr_t)c->pool;
+  g_emulate.hi[0] = (uintptr_t)c->pool + (uintptr_t)kvx_pool_span(&c->layout);
+  g_emulate.lo[1] = (uintptr_t)c->buf;
+  g_emulate.hi[1] = (uintptr_t)c->buf + (uintptr_t)c->length;
   switch (vlog) {
     case 4: gather ? emulate<16, true>(a) : emulate<16, false>(a); break;
     case 3: gather ? emulate<8, true>(a) : emulate<8, false>(a); break;
@@ -566,7 +626,9 @@ int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather, int64_t ctas) {
     case 1: gather ? emulate<2, true>(a) : emulate<2, false>(a); break;
     default: gather ? emulate<1, true>(a) : emulate<1, false>(a); break;
   }
-  return g_emulate_misaligned ? (int)cudaErrorMisalignedAddress : 0;
+  if (g_emulate.out_of_bounds) return (int)cudaErrorIllegalAddress;
+  if (g_emulate.misaligned) return (int)cudaErrorMisalignedAddress;
+  return 0;
 }
 
 int kvx_cuda_vector_bytes(const kvx_cuda_copy_t *c) {
@@ -577,6 +639,8 @@ int kvx_cuda_vector_bytes(const kvx_cuda_copy_t *c) {
   if (prc != 0) return -prc;
   return 1 << vlog;
 }
+
+uint32_t kvx_cuda_fastdiv(uint32_t d, uint32_t x) { return fdiv(make_fastdiv(d), x); }
 
 int kvx_cuda_spin(int device, int64_t ms, uint64_t stream) {
   // A spin longer than 10 s would trip display watchdogs and stall test suites; refuse it.

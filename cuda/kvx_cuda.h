@@ -109,13 +109,19 @@ int kvx_cuda_scatter(int device, const kvx_cuda_copy_t *c, uint64_t stream);
  * CPU, every work item and thread in turn, with c's pool, buf and blocks as HOST addresses,
  * and work items sized as for a grid of ctas CTAs. Hosts without a GPU test the kernels'
  * index math, tiling, vector-width choice and tail handling with it against the Go reference.
- * Slow; never for the data path.
+ * Every access is checked as the GPU would: outside the pool's span or the buffer returns
+ * cudaErrorIllegalAddress (700), misaligned returns cudaErrorMisalignedAddress (716); the bad
+ * access itself is skipped. Slow; never for the data path.
  */
 int kvx_cuda_emulate(const kvx_cuda_copy_t *c, int gather, int64_t ctas);
 
 /* The vector width in bytes (16, 8, 4, 2 or 1) a launch of c would copy with; 0 for an empty
  * range; minus a cudaError_t when c is invalid. For tests and tuning. */
 int kvx_cuda_vector_bytes(const kvx_cuda_copy_t *c);
+
+/* Test support: x / d through the kernels' multiply-and-shift division (valid for
+ * 1 <= d < 2^31 and x < 2^31), run on the CPU. */
+uint32_t kvx_cuda_fastdiv(uint32_t d, uint32_t x);
 
 /*
  * Test helper: a one-thread kernel that spins for about `ms` milliseconds of GPU clock, so a

@@ -82,6 +82,8 @@ type kvxAPI struct {
 	emulate func(c *copyArgs, gather int32, ctas int64) int32
 	// int kvx_cuda_vector_bytes(const kvx_cuda_copy_t *c);
 	vectorBytes func(c *copyArgs) int32
+	// uint32_t kvx_cuda_fastdiv(uint32_t d, uint32_t x);
+	fastdiv func(d, x uint32) uint32
 }
 
 // symbol names one C function and the Go function variable it is bound to.
@@ -126,6 +128,7 @@ func (a *kvxAPI) symbols() []symbol {
 		{"kvx_cuda_spin", &a.spin},
 		{"kvx_cuda_emulate", &a.emulate},
 		{"kvx_cuda_vector_bytes", &a.vectorBytes},
+		{"kvx_cuda_fastdiv", &a.fastdiv},
 	}
 }
 
