@@ -98,16 +98,16 @@ struct Args {
   int64_t nblocks;
   int64_t kv_factor;
   int64_t stride_block, stride_layer, stride_kv, stride_head, stride_token;
-  int64_t base_fixed;  // layer_begin*stride_layer + head_begin*stride_head
-  int64_t row;         // bytes per token row
-  int64_t run;         // bytes per contiguous run (mode kPerHead)
-  int64_t tokens;      // tokens per block
-  int64_t group;       // bytes per group
+  int64_t base_fixed;   // layer_begin*stride_layer + head_begin*stride_head
+  int64_t row;          // bytes per token row
+  int64_t run;          // bytes per contiguous run (mode kPerHead)
+  int64_t tokens;       // tokens per block
+  int64_t group;        // bytes per group
   int64_t tile;         // bytes per work item: whole rounds of kThreads * kUnroll * V
   int64_t tiles_per_group;
   int64_t first_group;  // the group holding stream byte begin
   int64_t items;        // (group, tile) pairs over the groups the range touches
-  int64_t begin;  // stream byte range [begin, end)
+  int64_t begin;        // stream byte range [begin, end)
   int64_t end;
   FastDiv run_div, row_div, tokens_div;    // in_group's divisors
   FastDiv tiles_div, nblocks_div, kv_div;  // copy_item's divisors
@@ -199,8 +199,8 @@ __host__ __device__ __forceinline__ void store_vec(unsigned char *p, const Vec &
 
 // One thread's share of one (group, tile) work item: rounds of kUnroll vectors of V bytes,
 // loads first in each round so they are in flight together, then the range's odd tail bytes
-// if this tile holds the range's end. __host__ __device__ so that kvx_cuda_emulate can run exactly this code on
-// the CPU, which is how hosts without a GPU test the kernels' index math.
+// if this tile holds the range's end. __host__ __device__ so that kvx_cuda_emulate can run
+// exactly this code on the CPU, which is how hosts without a GPU test the kernels.
 template <int V, bool kGather>
 __host__ __device__ __forceinline__ void copy_item(const Args &a, int64_t item, int tid) {
   using Vec = typename VecOf<V>::T;
