@@ -85,16 +85,18 @@ type gatherConfig struct {
 	slot    int64
 	out     outputFlags
 	seed    uint64
+	device  bool // --memory device: the CUDA kernels against a device copy
 }
 
 func (f *gatherFlags) resolve() (gatherConfig, error) {
 	if err := f.out.check(); err != nil {
 		return gatherConfig{}, err
 	}
+	var device bool
 	switch f.memory {
 	case "host":
 	case "device":
-		return gatherConfig{}, errDeviceMemory
+		device = true
 	default:
 		return gatherConfig{}, usagef("--memory %q: choose host or device", f.memory)
 	}
@@ -117,12 +119,12 @@ func (f *gatherFlags) resolve() (gatherConfig, error) {
 	if err != nil {
 		return gatherConfig{}, err
 	}
-	return gatherConfig{shape: s, pool: pool, prompts: prompts, slot: slot, out: f.out, seed: f.seed}, nil
+	return gatherConfig{shape: s, pool: pool, prompts: prompts, slot: slot, out: f.out, seed: f.seed, device: device}, nil
 }
 
-// errDeviceMemory is returned for --memory device until package cuda (libkvxcuda.so through
-// purego) is part of kvxfer.
-var errDeviceMemory = fmt.Errorf("--memory device: device memory needs libkvxcuda.so and a GPU, and this build of kvxbench has no CUDA backend yet; use --memory host")
+// errDeviceMemory is returned for transfers with --memory device until the engine has a
+// device mover (gather --memory device runs the CUDA kernels alone).
+var errDeviceMemory = fmt.Errorf("--memory device: transfers from device memory need the engine's CUDA mover, which this build does not have; use --memory host (kvxbench gather --memory device measures the kernels alone)")
 
 // blocksFor is how many blocks a prompt of tokens fills.
 func blocksFor(s shape, tokens int64) int64 {
@@ -156,6 +158,9 @@ func randomBlocks(r *rand.Rand, poolBlocks, n int64) []int32 {
 }
 
 func runGather(ctx context.Context, cfg gatherConfig, out *outputs) error {
+	if cfg.device {
+		return runDeviceGather(ctx, cfg, out)
+	}
 	// Every scenario runs its operation and its baseline for --duration each; allow three
 	// times that plus set-up before calling the run stuck.
 	budget := time.Duration(len(cfg.prompts))*2*(3*cfg.out.duration+10*time.Second) + time.Minute
