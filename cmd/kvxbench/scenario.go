@@ -349,6 +349,15 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 			last = ends[i]
 		}
 	}
+	// The pool's blocks are read (checks) and zeroed (scrub) next: only once the engine and
+	// the transport are done with them.
+	for _, p := range ps {
+		select {
+		case <-p.h.Quiesced():
+		case <-ctx.Done():
+			return nil, 0, 0, 0, fmt.Errorf("request %d not quiesced: %w", p.id, ctx.Err())
+		}
+	}
 	wall := last.Sub(start)
 	var scatterNs int64
 	for _, p := range ps {
