@@ -51,6 +51,9 @@ type pendingXfer interface {
 	Release()
 }
 
+// engineBuilt says whether this build has a real engine (set by the file that provides it).
+var engineBuilt = false
+
 // newEngineSide makes this end's engine. It is errEngineMissing until package transfer and
 // its UCX transport are part of kvxfer; tests replace it.
 var newEngineSide = func(cfg runConfig, role string, rank int) (engineSide, error) {

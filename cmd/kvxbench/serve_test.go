@@ -47,12 +47,15 @@ func TestServeAndConnect(t *testing.T) {
 		connectArgs []string
 		want        string
 	}{
-		{"same layout: handshake done, then the engine is missing", nil, nil, "the transfer engine"},
+		{"same layout, no engine in this build", nil, nil, "the transfer engine"},
 		{"other head count", []string{"--heads", "4"}, nil, "peer's KV layout is incompatible: kvxfer: incompatible plans: Heads"},
 		{"other block size", nil, []string{"--tokens-per-block", "16"}, "TokensPerBlock"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
+			if engineBuilt && tc.connectArgs == nil && tc.serveArgs == nil {
+				t.Skip("this build has the engine: TestServeAndConnectMeasure covers the same layout")
+			}
 			addr, served := startServe(t, append([]string{"--layers", "2", "--prompts", "64", "--concurrency", "1"}, tc.serveArgs...)...)
 			args := append([]string{"connect", "--layers", "2", "--prompts", "64", "--concurrency", "1", "--baseline=false"}, tc.connectArgs...)
 			code, stdout, stderr := runMain(t, 30*time.Second, append(args, addr)...)
@@ -93,4 +96,27 @@ func TestConnectToASilentPort(t *testing.T) {
 	require.Equal(t, exitError, code)
 	require.Contains(t, stderr, "sent nothing within 300ms")
 	require.Less(t, time.Since(start), 2*time.Second)
+}
+
+// With the engine in the build, serve and connect measure a small scenario end to end, the
+// baseline's server started on the serve side over the control connection.
+func TestServeAndConnectMeasure(t *testing.T) {
+	if !engineBuilt {
+		t.Skip("this build has no transfer engine: TestServeAndConnect covers what it can do")
+	}
+	small := []string{"--layers", "2", "--prompts", "64", "--concurrency", "1", "--slot-size", "256KiB", "--max-memory", "256MiB", "--duration", "20ms"}
+	addr, served := startServe(t, small...)
+	args := append(append([]string{"connect", "--json"}, small...), addr)
+	if _, err := findPerftest(); err != nil {
+		args = append([]string{"connect", "--json", "--baseline=false"}, append(small, addr)...)
+	}
+	code, stdout, stderr := runMain(t, 60*time.Second, args...)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, `"verified":true`)
+	select {
+	case res := <-served:
+		require.Equal(t, "0", res[0])
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not end")
+	}
 }
