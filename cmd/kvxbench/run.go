@@ -24,7 +24,7 @@ func envTLS() string { return os.Getenv("UCX_TLS") }
 func cmdRun(ctx context.Context, args []string, out *outputs) error {
 	var f transferFlags
 	fs := newFlagSet("run", "run [flags]", out)
-	f.register(fs, 2*time.Second)
+	f.register(fs, time.Second)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
@@ -253,11 +255,12 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 			return res, fmt.Errorf("%s: stopped after %d requests: %w", res.Name, len(lat), err)
 		}
 		if d.cfg.Verify {
-			for _, subs := range plans {
-				for _, sub := range subs {
+			eachParallel(len(plans), func(i int) error {
+				for _, sub := range plans[i] {
 					scrub(sub.plan, d.pool)
 				}
-			}
+				return nil
+			})
 		}
 		rl, rw, g, sc, err := d.round(ctx, plans)
 		if err != nil {
@@ -265,13 +268,17 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 		}
 		lat, wall, gatherNs, scatterNs = append(lat, rl...), wall+rw, gatherNs+g, scatterNs+sc
 		if d.cfg.Verify {
-			for i, subs := range plans {
-				for r, sub := range subs {
+			err := eachParallel(len(plans), func(i int) error {
+				for r, sub := range plans[i] {
 					if got := streamChecksum(sub.plan, d.pool); got != sums[r] {
-						return res, fmt.Errorf("%s: verification failed: request %d of round %d from prefill rank %d landed with checksum %08x, the sender's stream has %08x",
+						return fmt.Errorf("%s: verification failed: request %d of round %d from prefill rank %d landed with checksum %08x, the sender's stream has %08x",
 							res.Name, i, round, r, got, sums[r])
 					}
 				}
+				return nil
+			})
+			if err != nil {
+				return res, err
 			}
 		}
 		bar.tick()
@@ -392,4 +399,25 @@ func scrub(p *layout.Plan, pool []byte) {
 		off := p.UnitOffset(u)
 		clear(pool[off : off+runBytes])
 	}
+}
+
+// eachParallel runs fn(0..n-1) on up to GOMAXPROCS goroutines and returns the first error.
+// The checks and scrubs of a round's requests touch disjoint blocks, so they can share the
+// cores; run between rounds, they keep the measurement's wait for them short.
+func eachParallel(n int, fn func(i int) error) error {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	errs := make([]error, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				errs[i] = fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

@@ -15,7 +15,7 @@ import (
 func cmdServe(ctx context.Context, args []string, out *outputs) error {
 	var f transferFlags
 	fs := newFlagSet("serve", "serve [--listen HOST:PORT] [flags]", out)
-	f.register(fs, 2*time.Second)
+	f.register(fs, time.Second)
 	listen := fs.String("listen", ":0", "control address to listen on; port 0 picks a free one")
 	wait := fs.Duration("wait", 10*time.Minute, "how long to wait for kvxbench connect")
 	if err := parseFlags(fs, args); err != nil {
@@ -72,7 +72,7 @@ func acceptCtx(ctx context.Context, ln net.Listener) (net.Conn, error) {
 func cmdConnect(ctx context.Context, args []string, out *outputs) error {
 	var f transferFlags
 	fs := newFlagSet("connect", "connect [flags] HOST:PORT", out)
-	f.register(fs, 2*time.Second)
+	f.register(fs, time.Second)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
