@@ -73,11 +73,11 @@ func seriesOf(results []Result) []plotSeries {
 		key := fmt.Sprintf("%s c=%d", r.Op, r.Concurrency)
 		label := r.Op
 		if r.Op == "transfer" {
-			label = fmt.Sprintf("transfer, concurrency %d", r.Concurrency)
+			label = fmt.Sprintf("transfer, %d at once", r.Concurrency)
 		}
 		add(key, label, label, false, plotPoint{r.Bytes, r.GBps})
 		if r.BaselineGBps != nil {
-			add(key+" baseline", fmt.Sprintf("%s (baseline of %s)", r.Baseline, label), label, true, plotPoint{r.Bytes, *r.BaselineGBps})
+			add(key+" baseline", "  baseline: "+r.Baseline, label, true, plotPoint{r.Bytes, *r.BaselineGBps})
 		}
 	}
 	out := make([]plotSeries, 0, len(order))

@@ -88,7 +88,7 @@ func TestPlotHasALinePerSeriesWithItsBaseline(t *testing.T) {
 	}
 	require.NoError(t, xml.Unmarshal(buf.Bytes(), &doc), "well-formed SVG")
 	require.Len(t, doc.Lines, 3, "c=1 with its baseline, c=16 without")
-	require.Equal(t, "transfer, concurrency 1", doc.Lines[0].Label)
+	require.Equal(t, "transfer, 1 at once", doc.Lines[0].Label)
 	require.Len(t, strings.Fields(doc.Lines[0].Points), 2)
 	require.Empty(t, doc.Lines[0].Dash)
 	require.Contains(t, doc.Lines[1].Label, "ucx_perftest shm")
