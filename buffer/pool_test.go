@@ -158,7 +158,7 @@ func TestL5_AccountingHoldsUnderConcurrency(t *testing.T) {
 					continue // every slot may be poisoned by now
 				}
 				s.Bytes()[0] = byte(w)
-				if r.IntN(50) == 0 {
+				if r.IntN(200) == 0 {
 					_ = s.Poison("test")
 					poisons[w]++
 				} else {
