@@ -282,7 +282,7 @@ func (c *countingTransport) PostRecv(from Peer, tag Tag, buf []byte, done func(C
 func TestL6_EveryOperationCompletesExactlyOnce(t *testing.T) {
 	cfg := fastConfig()
 	cfg.TransferTimeout = 100 * time.Millisecond
-	cfg.QuarantineTimeout = 5 * time.Second // the force close, not the timer, must end the hung ones
+	cfg.QuarantineTimeout = 5 * time.Second   // the force close, not the timer, must end the hung ones
 	cfg.QueueTimeout = 300 * time.Millisecond // hung requests may hold every slot
 	n := NewMemNetwork()
 	ct := []*countingTransport{
