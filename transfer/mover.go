@@ -3,9 +3,11 @@
 package transfer
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/native"
 )
 
 // Mover copies a plan's stream between the caller's KV pool and staging memory. It is the seam
@@ -19,24 +21,33 @@ type Mover interface {
 	Scatter(p *layout.Plan, src []byte, off int64) error
 }
 
-// HostMover returns the Mover for a KV pool in host memory.
+// HostMover returns the Mover for a KV pool in host memory. It copies with the C gather and
+// scatter of package native (the same layout header as the CUDA kernels); a build without cgo
+// falls back to a Go loop over the same plan math.
 func HostMover(pool []byte) Mover { return hostMover{pool: pool} }
 
 type hostMover struct{ pool []byte }
 
 func (m hostMover) Gather(p *layout.Plan, off int64, dst []byte) error {
-	return hostCopy(p, m.pool, off, dst, true)
+	err := native.HostGather(p, m.pool, off, dst)
+	if errors.Is(err, native.ErrNotSupported) {
+		return goCopy(p, m.pool, off, dst, true)
+	}
+	return err
 }
 
 func (m hostMover) Scatter(p *layout.Plan, src []byte, off int64) error {
-	return hostCopy(p, m.pool, off, src, false)
+	err := native.HostScatter(p, src, off, m.pool)
+	if errors.Is(err, native.ErrNotSupported) {
+		return goCopy(p, m.pool, off, src, false)
+	}
+	return err
 }
 
-// hostCopy walks the stream range in runs of pool-contiguous rows (Plan.RunUnits), so a packed
-// layout copies whole blocks at a time and a strided one copies row by row.
-// TODO(lifecycle): call native.HostGather/HostScatter once main has them; this Go loop is the
-// stand-in with the same contract.
-func hostCopy(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) error {
+// goCopy is the cgo-free host copy: it walks the stream range in runs of pool-contiguous rows
+// (Plan.RunUnits), so a packed layout copies whole blocks at a time and a strided one row by
+// row.
+func goCopy(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) error {
 	n := int64(len(stream))
 	if err := p.CheckRange(off, n); err != nil {
 		return err

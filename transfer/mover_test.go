@@ -34,6 +34,9 @@ func TestHostMoverMatchesReference(t *testing.T) {
 				got := make([]byte, r[1])
 				require.NoError(t, m.Gather(p.plan, r[0], got))
 				require.Equal(t, want[r[0]:r[0]+r[1]], got, "gather [%d,+%d)", r[0], r[1])
+				got = make([]byte, r[1]) // the cgo-free fallback agrees too
+				require.NoError(t, goCopy(p.plan, p.mem, r[0], got, true))
+				require.Equal(t, want[r[0]:r[0]+r[1]], got, "Go gather [%d,+%d)", r[0], r[1])
 			}
 			// Scatter the stream back in odd pieces into an empty pool: the same bytes land.
 			q := newKVPool(t, testDims, c.o, c.sel, blocks(5, 0, 17, 3), 0)
@@ -43,6 +46,12 @@ func TestHostMoverMatchesReference(t *testing.T) {
 				require.NoError(t, mq.Scatter(q.plan, want[off:end], off))
 			}
 			require.Equal(t, want, q.stream(t))
+			g := newKVPool(t, testDims, c.o, c.sel, blocks(5, 0, 17, 3), 0)
+			for off := int64(0); off < int64(len(want)); off += 41 {
+				end := min(off+41, int64(len(want)))
+				require.NoError(t, goCopy(g.plan, g.mem, off, want[off:end], false))
+			}
+			require.Equal(t, want, g.stream(t))
 			require.ErrorIs(t, m.Gather(p.plan, p.plan.Bytes()-1, make([]byte, 2)), layout.ErrOutOfRange)
 			require.ErrorIs(t, HostMover(p.mem[:10]).Gather(p.plan, 0, make([]byte, 2)), layout.ErrBufferTooSmall)
 		})
