@@ -90,7 +90,7 @@ func BenchmarkManyInFlight(b *testing.B) {
 	for _, idle := range []int{10, 10000} {
 		b.Run(fmt.Sprintf("in-flight=%d", idle), func(b *testing.B) {
 			cfg := Config{SlotBytes: 8 << 10, MaxConcurrent: idle + 8, NumSlots: idle + 16, PipelineDepth: 4,
-				TransferTimeout: time.Hour, QueueTimeout: time.Minute, CloseTimeout: time.Minute}
+				TransferTimeout: time.Hour, QueueTimeout: time.Minute, CloseTimeout: time.Minute, RetryInterval: time.Hour}
 			p := newPair(b, cfg, cfg)
 			ghost := p.net.Transport("ghost") // an address that never answers
 			b.Cleanup(func() { _ = ghost.Close(true) })

@@ -37,6 +37,7 @@ type xfer struct {
 	stopCause error // written before stopCh closes
 
 	// ---- owned by the run goroutine ----
+	scratch     []event // events being handled, reused between wake-ups
 	backlog     []event
 	ops         []*opRec
 	outstanding int
@@ -88,12 +89,15 @@ func (b *mailbox) push(ev event) {
 	}
 }
 
-func (b *mailbox) take() []event {
+// take moves the queued events into dst (reusing its array) and keeps the queue's own array
+// for the next pushes, so a busy transfer stops allocating once both have grown.
+func (b *mailbox) take(dst []event) []event {
 	b.mu.Lock()
-	q := b.q
-	b.q = nil
+	dst = append(dst[:0], b.q...)
+	clear(b.q) // drop references to completed operations
+	b.q = b.q[:0]
 	b.mu.Unlock()
-	return q
+	return dst
 }
 
 // stop wakes the transfer's goroutine with a reason to end (cancel, sibling failure, close).
@@ -286,7 +290,7 @@ func (x *xfer) runSend() {
 	for ri == nil {
 		select {
 		case <-x.box.notify:
-			evs := x.box.take()
+			evs := x.box.take(nil)
 			for i, ev := range evs {
 				switch m := ev.msg.(type) {
 				case *RequestInfo:
@@ -435,9 +439,11 @@ func (x *xfer) loop() {
 		}
 		select {
 		case <-x.box.notify:
-			for _, ev := range x.box.take() {
+			x.scratch = x.box.take(x.scratch)
+			for _, ev := range x.scratch {
 				x.handleEvent(ev)
 			}
+			clear(x.scratch)
 		case <-deadline:
 			deadline = nil
 			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, AbortDeadline, 0)
