@@ -112,6 +112,9 @@ func (e *Engine) Receive(ctx context.Context, spec Spec) (*Handle, error) {
 }
 
 func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	subs, mover, timeout, err := spec.resolve(receive, e.cfg)
 	if err != nil {
 		return nil, err
