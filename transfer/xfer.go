@@ -221,7 +221,9 @@ func (x *xfer) runReceive() {
 			break
 		}
 	}
-	x.sendRequestInfo()
+	if !x.aborting { // a failed post has already told the peer to stop
+		x.sendRequestInfo()
+	}
 	x.loop()
 }
 
