@@ -5,6 +5,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"time"
 )
@@ -22,15 +23,37 @@ import (
 // ErrCancelled, MemoryDone); one on the wire is not: a cancel reports MemoryBusy and the op
 // finishes when the wire does, as a UCX send in progress would.
 type MemNetwork struct {
-	mu         sync.Mutex
-	eps        map[Peer]*MemTransport
-	ops        map[OpID]*memOp
-	posted     map[matchKey][]*memOp // receives waiting for a send
-	unexpected map[matchKey][]*memOp // sends waiting for a receive
-	held       []*memOp              // sends on the wire, hung until Resume
-	lost       map[Peer]bool
-	fault      func(FaultPoint) Fault
+	mu    sync.Mutex
+	eps   map[Peer]*MemTransport
+	links map[[2]Peer]*link // by (from, to)
+	byIdx []*link           // by index, for Cancel
+	held  []*memOp          // sends on the wire, hung until Resume
+	lost  map[Peer]bool
+	fault func(FaultPoint) Fault
+}
+
+// link is one direction between two endpoints. Matching state lives per link, as a real
+// transport keeps it per endpoint, so one busy or crowded pair of peers does not slow another.
+type link struct {
+	idx        int
+	from, to   Peer
+	ops        map[OpID]*memOp  // live operations of either side on this link
+	posted     map[Tag][]*memOp // receives waiting for a send
+	unexpected map[Tag][]*memOp // sends waiting for a receive
 	nextOp     OpID
+}
+
+// opLinkShift puts a link's index in an OpID's high bits, so Cancel finds the link at once.
+const opLinkShift = 40
+
+func (n *MemNetwork) link(from, to Peer) *link {
+	l := n.links[[2]Peer{from, to}]
+	if l == nil {
+		l = &link{idx: len(n.byIdx), from: from, to: to, ops: map[OpID]*memOp{}, posted: map[Tag][]*memOp{}, unexpected: map[Tag][]*memOp{}}
+		n.links[[2]Peer{from, to}] = l
+		n.byIdx = append(n.byIdx, l)
+	}
+	return l
 }
 
 // FaultPoint describes a message about to travel, for the fault function to judge.
@@ -67,11 +90,6 @@ type Fault struct {
 // ErrInjected is the error of a failure the network was told to inject.
 var ErrInjected = errors.New("kvxfer: injected transport failure")
 
-type matchKey struct {
-	from, to Peer
-	tag      Tag
-}
-
 const (
 	opPending = iota // posted, not matched
 	opWire           // matched, bytes not yet copied
@@ -82,7 +100,8 @@ type memOp struct {
 	id         OpID
 	ep         *MemTransport
 	send       bool
-	key        matchKey
+	link       *link
+	tag        Tag
 	buf        []byte
 	cb         func(Completion)
 	fault      Fault // a send's fault; applies to its wire pair
@@ -95,8 +114,7 @@ type memOp struct {
 
 // NewMemNetwork returns an empty network.
 func NewMemNetwork() *MemNetwork {
-	return &MemNetwork{eps: map[Peer]*MemTransport{}, ops: map[OpID]*memOp{}, posted: map[matchKey][]*memOp{},
-		unexpected: map[matchKey][]*memOp{}, lost: map[Peer]bool{}}
+	return &MemNetwork{eps: map[Peer]*MemTransport{}, links: map[[2]Peer]*link{}, lost: map[Peer]bool{}}
 }
 
 // SetFault installs the function that decides each message's fault (nil: none). It applies to
@@ -140,7 +158,11 @@ func (n *MemNetwork) Resume() {
 func (n *MemNetwork) Pending() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return len(n.ops)
+	k := 0
+	for _, l := range n.byIdx {
+		k += len(l.ops)
+	}
+	return k
 }
 
 // OnWire returns the number of operations matched and not yet finished: chunks in transit,
@@ -149,9 +171,11 @@ func (n *MemNetwork) OnWire() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	k := 0
-	for _, op := range n.ops {
-		if op.state == opWire {
-			k++
+	for _, l := range n.byIdx {
+		for _, op := range l.ops {
+			if op.state == opWire {
+				k++
+			}
 		}
 	}
 	return k
@@ -165,10 +189,8 @@ func (n *MemNetwork) LosePeer(addr Peer) {
 	defer n.mu.Unlock()
 	n.lost[addr] = true
 	err := fmt.Errorf("%w: %s", ErrPeerLost, addr)
-	for _, op := range n.sortedOps() {
-		if op.key.from == addr || op.key.to == addr {
-			n.cut(op, err)
-		}
+	for _, op := range n.sortedOps(func(l *link) bool { return l.from == addr || l.to == addr }) {
+		n.cut(op, err)
 	}
 	for p, ep := range n.eps {
 		switch {
@@ -184,14 +206,18 @@ func (n *MemNetwork) LosePeer(addr Peer) {
 	}
 }
 
-// sortedOps lists the live operations in id order, so failures are reported deterministically.
-func (n *MemNetwork) sortedOps() []*memOp {
-	ops := make([]*memOp, 0, len(n.ops))
-	for id := OpID(1); id <= n.nextOp && len(ops) < len(n.ops); id++ {
-		if op, ok := n.ops[id]; ok {
-			ops = append(ops, op)
+// sortedOps lists the live operations on the chosen links in id order, so failures are
+// reported deterministically.
+func (n *MemNetwork) sortedOps(on func(*link) bool) []*memOp {
+	var ops []*memOp
+	for _, l := range n.byIdx {
+		if on(l) {
+			for _, op := range l.ops {
+				ops = append(ops, op)
+			}
 		}
 	}
+	sort.Slice(ops, func(i, j int) bool { return ops[i].id < ops[j].id })
 	return ops
 }
 
@@ -222,8 +248,8 @@ func (n *MemNetwork) wireFault(op *memOp) Fault {
 
 // unlist removes op from whichever queue holds it. n.mu held.
 func (n *MemNetwork) unlist(op *memOp) {
-	remove := func(m map[matchKey][]*memOp) {
-		q := m[op.key]
+	remove := func(m map[Tag][]*memOp) {
+		q := m[op.tag]
 		for i, o := range q {
 			if o == op {
 				q = append(q[:i:i], q[i+1:]...)
@@ -231,16 +257,16 @@ func (n *MemNetwork) unlist(op *memOp) {
 			}
 		}
 		if len(q) == 0 {
-			delete(m, op.key)
+			delete(m, op.tag)
 		} else {
-			m[op.key] = q
+			m[op.tag] = q
 		}
 	}
 	if op.state == opPending {
 		if op.send {
-			remove(n.unexpected)
+			remove(op.link.unexpected)
 		} else {
-			remove(n.posted)
+			remove(op.link.posted)
 		}
 	}
 	if op.timer != nil {
@@ -258,7 +284,7 @@ func (n *MemNetwork) unlist(op *memOp) {
 func (n *MemNetwork) complete(op *memOp, err error, bytes int, mem Memory) {
 	if mem != MemoryBusy {
 		op.state = opDone
-		delete(n.ops, op.id)
+		delete(op.link.ops, op.id)
 	}
 	cb, c := op.cb, Completion{Err: err, Bytes: bytes, Memory: mem}
 	op.ep.deliver(func(Inbound) { cb(c) })
@@ -445,25 +471,28 @@ func (t *MemTransport) post(send bool, peer Peer, tag Tag, buf []byte, cb func(C
 	if err := t.checkLocked(peer); err != nil {
 		return 0, err
 	}
-	n.nextOp++
-	op := &memOp{id: n.nextOp, ep: t, send: send, buf: buf, cb: cb}
+	var l *link
 	if send {
-		op.key = matchKey{from: t.addr, to: peer, tag: tag}
-		op.fault = n.faultFor(FaultPoint{From: t.addr, To: peer, Kind: KindData, Tag: tag, Bytes: len(buf)})
+		l = n.link(t.addr, peer)
 	} else {
-		op.key = matchKey{from: peer, to: t.addr, tag: tag}
+		l = n.link(peer, t.addr)
 	}
-	n.ops[op.id] = op
-	other, mine := n.posted, n.unexpected
+	l.nextOp++
+	op := &memOp{id: OpID(l.idx+1)<<opLinkShift | l.nextOp, ep: t, send: send, link: l, tag: tag, buf: buf, cb: cb}
+	if send {
+		op.fault = n.faultFor(FaultPoint{From: t.addr, To: peer, Kind: KindData, Tag: tag, Bytes: len(buf)})
+	}
+	l.ops[op.id] = op
+	other, mine := l.posted, l.unexpected
 	if !send {
-		other, mine = n.unexpected, n.posted
+		other, mine = l.unexpected, l.posted
 	}
-	if q := other[op.key]; len(q) > 0 {
+	if q := other[tag]; len(q) > 0 {
 		match := q[0]
 		if len(q) == 1 {
-			delete(other, op.key)
+			delete(other, tag)
 		} else {
-			other[op.key] = q[1:]
+			other[tag] = q[1:]
 		}
 		if send {
 			n.startWire(op, match)
@@ -471,7 +500,7 @@ func (t *MemTransport) post(send bool, peer Peer, tag Tag, buf []byte, cb func(C
 			n.startWire(match, op)
 		}
 	} else {
-		mine[op.key] = append(mine[op.key], op)
+		mine[tag] = append(mine[tag], op)
 	}
 	return op.id, nil
 }
@@ -493,7 +522,11 @@ func (t *MemTransport) Cancel(id OpID) {
 	n := t.net
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	op := n.ops[id]
+	i := int(id>>opLinkShift) - 1
+	if i < 0 || i >= len(n.byIdx) {
+		return
+	}
+	op := n.byIdx[i].ops[id]
 	if op == nil || op.ep != t {
 		return
 	}
@@ -540,10 +573,10 @@ func (t *MemTransport) Close(force bool) error {
 	n := t.net
 	n.mu.Lock()
 	close(t.closed)
-	for _, op := range n.sortedOps() {
+	for _, op := range n.sortedOps(func(l *link) bool { return l.from == t.addr || l.to == t.addr }) {
 		if op.ep == t {
 			n.cut(op, ErrClosed)
-		} else if op.key.from == t.addr || op.key.to == t.addr {
+		} else {
 			n.cut(op, fmt.Errorf("%w: %s closed", ErrPeerLost, t.addr))
 		}
 	}

@@ -175,6 +175,7 @@ func (x *xfer) lease() (*buffer.Slot, bool) {
 		_ = slot.Release()
 		return nil, false
 	}
+	x.qcancel() // the queued phase is over; free its timer now, not when the transfer ends
 	x.eng.touch()
 	return slot, true
 }
