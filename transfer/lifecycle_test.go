@@ -382,7 +382,7 @@ func TestL9_UnknownQuiescenceMeansPoisonNeverRelease(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.TransferTimeout = 50 * time.Millisecond
+			cfg.TransferTimeout = 300 * time.Millisecond
 			cfg.QuarantineTimeout = 100 * time.Millisecond
 			if c.lose {
 				cfg.TransferTimeout = 10 * time.Second
@@ -413,7 +413,7 @@ func TestL9_UnknownQuiescenceMeansPoisonNeverRelease(t *testing.T) {
 
 func TestL9_LateCompletionAfterPoisonNeverReturnsTheSlot(t *testing.T) {
 	cfg := fastConfig()
-	cfg.TransferTimeout = 50 * time.Millisecond
+	cfg.TransferTimeout = 300 * time.Millisecond
 	cfg.QuarantineTimeout = 50 * time.Millisecond
 	p := newPair(t, cfg, cfg)
 	p.net.SetFault(dataOnly(Fault{Hang: true}))
@@ -436,7 +436,7 @@ func TestL10_QuiescedClosesOnceAndOnlyWhenTheTransportLetsGo(t *testing.T) {
 	cfg := fastConfig()
 	cfg.QuarantineTimeout = 10 * time.Second
 	dcfg := cfg
-	dcfg.TransferTimeout = 50 * time.Millisecond
+	dcfg.TransferTimeout = 300 * time.Millisecond
 	p := newPair(t, cfg, dcfg)
 	p.net.SetFault(dataOnly(Fault{Hang: true}))
 	src, dst := pools(t, 1)
@@ -520,7 +520,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		cfg.QuarantineBudget = 0
 		cfg.QuarantineBudget = -0 // zero takes the default; a budget of one is the smallest test
 		cfg.QuarantineBudget = 1
-		cfg.TransferTimeout = 30 * time.Millisecond
+		cfg.TransferTimeout = 300 * time.Millisecond
 		cfg.QuarantineTimeout = 10 * time.Second
 		p := newPair(t, cfg, cfg)
 		p.net.SetFault(dataOnly(Fault{Hang: true}))
@@ -540,7 +540,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 	t.Run("poisoned slots leave too few", func(t *testing.T) {
 		cfg := fastConfig()
 		cfg.MaxConcurrent, cfg.NumSlots = 2, 2
-		cfg.TransferTimeout = 30 * time.Millisecond
+		cfg.TransferTimeout = 300 * time.Millisecond
 		cfg.QuarantineTimeout = 30 * time.Millisecond
 		p := newPair(t, cfg, cfg)
 		p.net.SetFault(dataOnly(Fault{Hang: true, NeverQuiesce: true}))
@@ -750,7 +750,7 @@ func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {
 			p.net.SetFault(dataOnly(Fault{Hang: true}))
 			_, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
 			require.NoError(t, err)
-			h, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Timeout: 30 * time.Millisecond})
+			h, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Timeout: 300 * time.Millisecond})
 			require.NoError(t, err)
 			waitClosed(t, h.Done(), "quarantined")
 			return p.dst, h
@@ -889,12 +889,12 @@ func TestFaultsEndEveryTransferCleanly(t *testing.T) {
 		{"chunks delayed", dataOnly(Fault{Delay: 5 * time.Millisecond}), false, Completed, nil, nil},
 		{"chunk fails after 100 bytes", dataOnly(Fault{FailAfter: 100}), false, Failed, []error{ErrInjected}, []error{ErrInjected}},
 		{"peer lost mid-transfer", dataOnly(Fault{Hang: true}), true, Failed, []error{ErrPeerLost}, []error{ErrPeerLost}},
-		{"chunk completes late, after the deadline", dataOnly(Fault{Delay: 150 * time.Millisecond, IgnoreCancel: true}), false, Failed, []error{ErrDeadline}, nil},
+		{"chunk completes late, after the deadline", dataOnly(Fault{Delay: 600 * time.Millisecond, IgnoreCancel: true}), false, Failed, []error{ErrDeadline}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.TransferTimeout = 80 * time.Millisecond
+			cfg.TransferTimeout = 300 * time.Millisecond
 			cfg.QuarantineTimeout = 5 * time.Second
 			p := newPair(t, cfg, cfg)
 			p.net.SetFault(c.fault)
