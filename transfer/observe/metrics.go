@@ -244,6 +244,13 @@ func (m *Metrics) OnPeerConnected(transfer.Peer) { m.peerConnects.Inc() }
 // OnPeerLost implements transfer.PeerObserver.
 func (m *Metrics) OnPeerLost(transfer.Peer, error) { m.peerFailures.Inc() }
 
+// SentBytes returns the counter of stream bytes this engine sent (for tests and examples;
+// Prometheus reads it through the registry).
+func (m *Metrics) SentBytes() prometheus.Counter { return m.bytes.WithLabelValues(DirectionSend) }
+
+// ReceivedBytes returns the counter of stream bytes this engine received.
+func (m *Metrics) ReceivedBytes() prometheus.Counter { return m.bytes.WithLabelValues(DirectionReceive) }
+
 // Tracked returns how many live requests the observer remembers; it falls back to zero when
 // the engine is idle, which tests use to check that nothing leaks.
 func (m *Metrics) Tracked() int {
