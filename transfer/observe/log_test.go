@@ -66,7 +66,9 @@ func TestLogObserver_QuarantineAndPoisonWarnWithReason(t *testing.T) {
 		return transfer.Fault{Hang: fp.Kind == transfer.KindData, NeverQuiesce: fp.Kind == transfer.KindData}
 	})
 	_, recv := p.start(t, 9, 0, 1)
-	eventually(t, waitBound, func() bool { return p.net.Pending() > 0 && recv.Status().State == transfer.Advertised }, "chunk on the wire")
+	// Two receives (PipelineDepth) matched by two sends: both chunks are on the wire, where a
+	// cancel cannot reach them.
+	eventually(t, waitBound, func() bool { return p.net.Pending() == 4 }, "both chunks on the wire")
 	require.Equal(t, transfer.CancelRequestedInFlight, p.decode.Cancel(9))
 	require.Equal(t, transfer.Cancelled, waitQuiesced(t, recv).State)
 

@@ -249,7 +249,9 @@ func (m *Metrics) OnPeerLost(transfer.Peer, error) { m.peerFailures.Inc() }
 func (m *Metrics) SentBytes() prometheus.Counter { return m.bytes.WithLabelValues(DirectionSend) }
 
 // ReceivedBytes returns the counter of stream bytes this engine received.
-func (m *Metrics) ReceivedBytes() prometheus.Counter { return m.bytes.WithLabelValues(DirectionReceive) }
+func (m *Metrics) ReceivedBytes() prometheus.Counter {
+	return m.bytes.WithLabelValues(DirectionReceive)
+}
 
 // Tracked returns how many live requests the observer remembers; it falls back to zero when
 // the engine is idle, which tests use to check that nothing leaks.
