@@ -210,3 +210,16 @@ func TestMetrics_HealthGaugesReadAtScrape(t *testing.T) {
 		require.Equal(t, want, value(t, reg, name, nil), name)
 	}
 }
+
+// TestMetrics_PeerFailuresFromTheEngine: a peer the transport loses reaches the Metrics through
+// the engine's PeerObserver hook.
+func TestMetrics_PeerFailuresFromTheEngine(t *testing.T) {
+	p := newPair(t, smallConfig())
+	require.Zero(t, value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": "prefill"}))
+	p.net.LosePeer("decode")
+	for _, engine := range []string{"prefill", "decode"} {
+		eventually(t, waitBound, func() bool {
+			return value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": engine}) == 1
+		}, "%s hears one peer lost", engine)
+	}
+}
