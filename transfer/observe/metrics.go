@@ -81,6 +81,7 @@ type Metrics struct {
 // tracked is what Metrics remembers about a live request.
 type tracked struct {
 	direction string
+	bytes     prometheus.Counter // the direction's, looked up once rather than per chunk
 	start     time.Time
 }
 
@@ -173,7 +174,7 @@ func (m *Metrics) OnStart(info transfer.StartInfo) {
 	}
 	m.mu.Lock()
 	if len(m.live) < m.maxTracked {
-		m.live[info.ID] = tracked{direction: dir, start: time.Now()}
+		m.live[info.ID] = tracked{direction: dir, bytes: m.bytes.WithLabelValues(dir), start: time.Now()}
 	}
 	m.mu.Unlock()
 }
@@ -208,7 +209,7 @@ func (m *Metrics) OnTransition(id transfer.RequestID, sub int, from, to transfer
 func (m *Metrics) trackLate(id transfer.RequestID) {
 	m.mu.Lock()
 	if _, ok := m.live[id]; !ok && len(m.live) < m.maxTracked {
-		m.live[id] = tracked{direction: DirectionUnknown, start: time.Now()}
+		m.live[id] = tracked{direction: DirectionUnknown, bytes: m.bytes.WithLabelValues(DirectionUnknown), start: time.Now()}
 	}
 	m.mu.Unlock()
 }
@@ -216,13 +217,13 @@ func (m *Metrics) trackLate(id transfer.RequestID) {
 // OnProgress implements transfer.Observer: it adds the chunk's bytes under the request's
 // direction.
 func (m *Metrics) OnProgress(id transfer.RequestID, bytes int64, _ time.Time) {
-	dir := DirectionUnknown
 	m.mu.Lock()
-	if t, ok := m.live[id]; ok {
-		dir = t.direction
-	}
+	c := m.live[id].bytes
 	m.mu.Unlock()
-	m.bytes.WithLabelValues(dir).Add(float64(bytes))
+	if c == nil {
+		c = m.bytes.WithLabelValues(DirectionUnknown)
+	}
+	c.Add(float64(bytes))
 }
 
 // OnCancel implements transfer.Observer.
