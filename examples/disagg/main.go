@@ -144,7 +144,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	if err != nil {
 		return err
 	}
-	probes, err := observe.Handler(observe.HandlerConfig{Health: pw.eng, Gatherer: reg, Logger: log})
+	// In mem mode both engines live in this process: the probe answers for both.
+	health := observe.CombineHealth(observe.NamedHealth{Name: "prefill", Source: pw.eng}, observe.NamedHealth{Name: "decode", Source: dw.eng})
+	probes, err := observe.Handler(observe.HandlerConfig{Health: health, Gatherer: reg, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -127,3 +127,38 @@ func TestL12_WedgedEngineAnswers503(t *testing.T) {
 	_, metrics = get(t, srv, http.MethodGet, "/metrics")
 	require.Contains(t, metrics, `kvxfer_healthy{engine="decode"} 1`)
 }
+
+func TestCombineHealth(t *testing.T) {
+	ok := observe.HealthFunc(func() transfer.Health {
+		return transfer.Health{Healthy: true, HealthSnapshot: transfer.HealthSnapshot{InFlight: 1, TotalSlots: 4,
+			SinceProgress: time.Second, ProgressDeadline: 10 * time.Second}}
+	})
+	stalled := observe.HealthFunc(func() transfer.Health {
+		return transfer.Health{Reason: "no transfer progressed for 6s", HealthSnapshot: transfer.HealthSnapshot{InFlight: 2,
+			TotalSlots: 8, SinceProgress: 6 * time.Second, ProgressDeadline: 5 * time.Second}}
+	})
+	silent := observe.HealthFunc(func() transfer.Health { return transfer.Health{} })
+	cases := []struct {
+		desc    string
+		engines []observe.NamedHealth
+		healthy bool
+		reason  string
+	}{
+		{"all healthy", []observe.NamedHealth{{"prefill", ok}, {"decode", ok}}, true, ""},
+		{"one stalled: named in the reason", []observe.NamedHealth{{"prefill", ok}, {"decode", stalled}}, false, "decode: no transfer progressed for 6s"},
+		{"two unhealthy: both, in order", []observe.NamedHealth{{"a", stalled}, {"b", silent}}, false, "a: no transfer progressed for 6s; b: unhealthy (no reason given)"},
+		{"none: unhealthy", nil, false, "no engines to report on"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			h := observe.CombineHealth(c.engines...).Health()
+			require.Equal(t, c.healthy, h.Healthy)
+			require.Equal(t, c.reason, h.Reason)
+		})
+	}
+	h := observe.CombineHealth(observe.NamedHealth{"prefill", ok}, observe.NamedHealth{"decode", stalled}).Health()
+	require.EqualValues(t, 3, h.InFlight)
+	require.Equal(t, 12, h.TotalSlots)
+	require.Equal(t, 6*time.Second, h.SinceProgress, "the worst stall")
+	require.Equal(t, 5*time.Second, h.ProgressDeadline, "the strictest deadline")
+}

@@ -3,6 +3,8 @@
 package observe
 
 import (
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/transfer"
@@ -105,4 +107,54 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.sinceProgress, h.SinceProgress.Seconds())
 	gauge(c.deadline, h.ProgressDeadline.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(h.MalformedControl))
+}
+
+// NamedHealth is one engine of a process, named for the reasons CombineHealth reports.
+type NamedHealth struct {
+	Name   string
+	Source HealthSource
+}
+
+// CombineHealth returns one verdict over several engines of a process (a worker with a
+// prefill and a decode engine, say): healthy only when every engine is; each unhealthy
+// engine's reason is prefixed with its name, and the reasons are joined with "; " in the order
+// given. The snapshot adds up the counts, and takes the longest time since progress and the
+// shortest progress deadline, so it errs towards reporting a stall. With no engines it is
+// unhealthy: a probe with nothing behind it must not pass.
+func CombineHealth(engines ...NamedHealth) HealthFunc {
+	engines = append([]NamedHealth(nil), engines...)
+	return func() transfer.Health {
+		if len(engines) == 0 {
+			return transfer.Health{Reason: "no engines to report on"}
+		}
+		var out transfer.Health
+		out.Healthy = true
+		var why []string
+		for i, e := range engines {
+			h := e.Source.Health()
+			if !h.Healthy {
+				out.Healthy = false
+				reason := h.Reason
+				if reason == "" {
+					reason = "unhealthy (no reason given)"
+				}
+				why = append(why, e.Name+": "+reason)
+			}
+			s, o := h.HealthSnapshot, &out.HealthSnapshot
+			o.InFlight += s.InFlight
+			o.Quarantined += s.Quarantined
+			o.QuarantineBudget += s.QuarantineBudget
+			o.TotalSlots += s.TotalSlots
+			o.FreeSlots += s.FreeSlots
+			o.PoisonedSlots += s.PoisonedSlots
+			o.MinSlots += s.MinSlots
+			o.MalformedControl += s.MalformedControl
+			o.SinceProgress = max(o.SinceProgress, s.SinceProgress)
+			if i == 0 || s.ProgressDeadline < o.ProgressDeadline {
+				o.ProgressDeadline = s.ProgressDeadline
+			}
+		}
+		out.Reason = strings.Join(why, "; ")
+		return out
+	}
 }
