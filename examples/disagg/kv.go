@@ -4,6 +4,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
@@ -46,6 +47,7 @@ func (p *kvPool) alloc(tokens int) ([]int32, error) {
 		blocks = append(blocks, p.free[len(p.free)-1])
 		p.free = p.free[:len(p.free)-1]
 	}
+	slices.Sort(blocks) // released blocks come back in any order
 	return blocks, nil
 }
 

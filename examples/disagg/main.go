@@ -53,6 +53,8 @@ type options struct {
 	tokens    int
 	verbose   bool
 	timeout   time.Duration
+	freeze    time.Duration
+	deadline  time.Duration
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -64,6 +66,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.tokens, "tokens", 100, "prompt length of each request, in tokens")
 	fs.BoolVar(&o.verbose, "v", false, "log every lifecycle event (debug) to stderr")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the whole run")
+	fs.DurationVar(&o.freeze, "freeze", 0, "if set, freeze the wire under a fourth request this long and show /healthz turning 503 and back")
+	fs.DurationVar(&o.deadline, "progress-deadline", 2*time.Second, "engines' ProgressDeadline: no progress this long with work in flight is unhealthy")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -77,6 +81,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			poolDims.NumBlocks*poolDims.TokensPerBlock/3, poolDims.NumBlocks)
 	case o.timeout <= 0:
 		return o, fmt.Errorf("-timeout=%v: must be positive", o.timeout)
+	case o.deadline <= 0:
+		return o, fmt.Errorf("-progress-deadline=%v: must be positive", o.deadline)
+	case o.freeze < 0 || (o.freeze > 0 && o.freeze <= o.deadline):
+		return o, fmt.Errorf("-freeze=%v: must exceed -progress-deadline=%v for the probe to notice", o.freeze, o.deadline)
 	}
 	return o, nil
 }
@@ -87,7 +95,7 @@ type worker struct {
 	metrics *observe.Metrics
 }
 
-func newWorker(tr transfer.Transport, reg prometheus.Registerer, name string, log *zap.Logger) (worker, error) {
+func newWorker(tr transfer.Transport, reg prometheus.Registerer, name string, o options, log *zap.Logger) (worker, error) {
 	m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg, ConstLabels: prometheus.Labels{"worker": name}})
 	if err != nil {
 		return worker{}, err
@@ -95,7 +103,7 @@ func newWorker(tr transfer.Transport, reg prometheus.Registerer, name string, lo
 	log = log.Named(name)
 	eng, err := transfer.New(tr, transfer.Config{
 		SlotBytes: 1 << 20, MaxConcurrent: 4, // small staging: a request streams through in chunks
-		TransferTimeout: 10 * time.Second, QueueTimeout: 10 * time.Second, ProgressDeadline: 5 * time.Second,
+		TransferTimeout: 10 * time.Second, QueueTimeout: 10 * time.Second, ProgressDeadline: o.deadline,
 		Logger: log, Observer: observe.Multi(m, observe.NewLogObserver(log)),
 	})
 	if err != nil {
@@ -125,11 +133,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 	network := transfer.NewMemNetwork()
 	const prefillAddr, decodeAddr = transfer.Peer("prefill-0"), transfer.Peer("decode-0")
 	reg := prometheus.NewRegistry()
-	pw, err := newWorker(network.Transport(prefillAddr), reg, "prefill", log)
+	pw, err := newWorker(network.Transport(prefillAddr), reg, "prefill", o, log)
 	if err != nil {
 		return err
 	}
-	dw, err := newWorker(network.Transport(decodeAddr), reg, "decode", log)
+	dw, err := newWorker(network.Transport(decodeAddr), reg, "decode", o, log)
 	if err != nil {
 		_ = pw.eng.Close()
 		return err
@@ -190,6 +198,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (err erro
 		return fmt.Errorf("request 3: %w", err)
 	}
 
+	// Request 4 (with -freeze): the wire stops under a transfer; the probe must notice.
+	if o.freeze > 0 {
+		if err := freezeDemo(ctx, network, decode, o, control+observe.HealthzPath); err != nil {
+			return fmt.Errorf("request 4: %w", err)
+		}
+	}
+
 	if err := prefill.wait(ctx); err != nil {
 		return err
 	}
@@ -227,4 +242,53 @@ func shutdown(prefill *prefillWorker, workers ...worker) error {
 		errs = append(errs, w.eng.Drain(ctx), w.eng.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// freezeDemo hangs every data chunk on the in-memory wire (as a frozen peer or a wedged NIC
+// would), moves request 4 into it, and probes /healthz: 503 with the reason once nothing has
+// moved for the progress deadline, 200 again once the wire moves and the transfer completes.
+func freezeDemo(ctx context.Context, network *transfer.MemNetwork, decode *decodeWorker, o options, healthz string) error {
+	network.SetFault(func(fp transfer.FaultPoint) transfer.Fault { return transfer.Fault{Hang: fp.Kind == transfer.KindData} })
+	ho, err := decode.askPrefill(ctx, 4, o.tokens)
+	if err != nil {
+		return err
+	}
+	decode.out.printf("wire frozen under request 4 for %v (progress deadline %v)", o.freeze, o.deadline)
+	done := make(chan error, 1)
+	go func() { done <- decode.receive(ctx, ho) }()
+
+	frozen := time.Now()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	saw503 := false
+	for time.Since(frozen) < o.freeze {
+		if code, reason := probe(ctx, healthz); code == http.StatusServiceUnavailable && !saw503 {
+			saw503 = true
+			decode.out.printf("healthz while frozen: %d %s", code, reason)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-done:
+			return fmt.Errorf("request 4 ended while the wire was frozen: %v", err)
+		case <-tick.C:
+		}
+	}
+	if !saw503 {
+		decode.out.printf("healthz while frozen: never 503")
+	}
+	network.SetFault(nil)
+	network.Resume()
+	decode.out.printf("wire moving again")
+	select {
+	case err := <-done:
+		if err != nil {
+			return err
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	code, reason := probe(ctx, healthz)
+	decode.out.printf("healthz after the wire moved again: %d %s", code, reason)
+	return nil
 }

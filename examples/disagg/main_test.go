@@ -40,6 +40,23 @@ func TestDisagg_RunsAndReportsEachRequest(t *testing.T) {
 	require.NotContains(t, out, "never quiesced")
 }
 
+// TestL12_DisaggProbeFlipsWhileTheWireIsFrozen runs the example's -freeze mode: /healthz must
+// answer 503 with the reason while a transfer cannot move, and 200 once it has moved.
+func TestL12_DisaggProbeFlipsWhileTheWireIsFrozen(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.NoError(t, run(t.Context(), []string{"-tokens=32", "-freeze=800ms", "-progress-deadline=200ms"}, &stdout, &stderr),
+		"stderr: %s", stderr.String())
+	out := stdout.String()
+	for _, want := range []string{
+		`(?m)^healthz while frozen: 503 prefill: no transfer progressed for \d+ms \(deadline 200ms\) while 1 are in flight; decode: no transfer progressed`,
+		`(?m)^decode: request 4: all 524288 bytes verified; blocks ready for generation$`,
+		`(?m)^healthz after the wire moved again: 200 ok$`,
+		`(?m)^KV blocks free: prefill 64 of 64, decode 64 of 64$`,
+	} {
+		require.Regexp(t, regexp.MustCompile(want), out)
+	}
+}
+
 func TestDisagg_VerboseLogsLifecycle(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	require.NoError(t, run(t.Context(), []string{"-v", "-tokens=16"}, &stdout, &stderr))
@@ -60,6 +77,7 @@ func TestDisagg_RefusesBadFlags(t *testing.T) {
 		{"no tokens", []string{"-tokens=0"}, "-tokens=0"},
 		{"more tokens than the pool holds", []string{"-tokens=100000"}, "-tokens=100000"},
 		{"unknown flag", []string{"-frobnicate"}, "frobnicate"},
+		{"freeze shorter than the progress deadline", []string{"-freeze=1s", "-progress-deadline=2s"}, "must exceed"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
