@@ -24,6 +24,7 @@ type ConfigError struct {
 	Err error
 }
 
+// Error names the field, the reason and the cause.
 func (e *ConfigError) Error() string {
 	if e.Err != nil {
 		return fmt.Sprintf("%v: %s: %s: %v", ErrInvalidConfig, e.Field, e.Reason, e.Err)

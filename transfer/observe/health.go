@@ -111,7 +111,9 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 
 // NamedHealth is one engine of a process, named for the reasons CombineHealth reports.
 type NamedHealth struct {
-	Name   string
+	// Name prefixes the engine's reasons ("prefill", "decode-3").
+	Name string
+	// Source is the engine.
 	Source HealthSource
 }
 
