@@ -143,6 +143,20 @@ func (n *MemNetwork) Pending() int {
 	return len(n.ops)
 }
 
+// OnWire returns the number of operations matched and not yet finished: chunks in transit,
+// delayed or hung.
+func (n *MemNetwork) OnWire() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k := 0
+	for _, op := range n.ops {
+		if op.state == opWire {
+			k++
+		}
+	}
+	return k
+}
+
 // LosePeer cuts addr off: every operation to, from or of addr fails with ErrPeerLost (memory
 // done, or unknown under NeverQuiesce), later posts and control messages fail, and every
 // endpoint hears OnPeerLost.

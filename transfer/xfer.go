@@ -243,7 +243,7 @@ func (x *xfer) postRecv(slot *buffer.Slot) bool {
 		func(c Completion) { x.box.push(event{op: rec, c: c}) })
 	if err != nil {
 		_ = slot.Release() // never posted: the transport never saw it
-		x.abort(transportErr(err), AbortInternal, 0)
+		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
 	rec.id = id
@@ -261,12 +261,12 @@ func (x *xfer) receivedChunk(rec *opRec, c Completion) {
 	}
 	if err != nil {
 		_ = rec.slot.Release()
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, AbortProtocol, 0)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, AbortProtocol, x.eng.cfg.CancelGrace)
 		return
 	}
 	if err := x.mover.Scatter(x.plan, payload, off); err != nil {
 		_ = rec.slot.Release()
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, AbortInternal, 0)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
 		return
 	}
 	x.progress(n)
@@ -367,7 +367,7 @@ func (x *xfer) postSend(slot *buffer.Slot) bool {
 	buf := slot.Bytes()[:DataHeaderBytes+n]
 	if err := x.mover.Gather(x.plan, off, buf[DataHeaderBytes:]); err != nil {
 		_ = slot.Release()
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, 0)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
 	dh := DataHeader{Header: Header{Sub: x.wireSub, Request: x.h.id}, Seq: uint32(rec.seq), Offset: off, Length: n}
@@ -376,7 +376,7 @@ func (x *xfer) postSend(slot *buffer.Slot) bool {
 		func(c Completion) { x.box.push(event{op: rec, c: c}) })
 	if err != nil {
 		_ = slot.Release()
-		x.abort(transportErr(err), AbortInternal, 0)
+		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
 	rec.id = id
@@ -478,7 +478,7 @@ func (x *xfer) handleEvent(ev event) {
 	case ev.op != nil:
 		x.opDone(ev.op, ev.c)
 	case ev.lost != nil:
-		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, 0)
+		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.CancelGrace)
 	case ev.msg != nil:
 		switch m := ev.msg.(type) {
 		case *Abort:
@@ -486,7 +486,7 @@ func (x *xfer) handleEvent(ev event) {
 				return
 			}
 			_ = x.eng.tr.SendControl(x.peer, encode(&AbortAck{Header: Header{Sub: x.wireSub, Request: x.h.id}}))
-			x.abort(peerAbortErr(x.h.id, m), 0, 0)
+			x.abort(peerAbortErr(x.h.id, m), 0, x.eng.cfg.CancelGrace)
 		case *Done:
 			if !x.receive {
 				x.doneMsg = true
@@ -507,7 +507,7 @@ func (x *xfer) opDone(rec *opRec, c Completion) {
 	switch c.Memory {
 	case MemoryBusy:
 		if !x.aborting {
-			x.abort(transportErr(c.Err), AbortInternal, 0)
+			x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
 		}
 		return
 	case MemoryUnknown:
@@ -515,7 +515,7 @@ func (x *xfer) opDone(rec *opRec, c Completion) {
 		x.outstanding--
 		x.poison(rec, fmt.Sprintf("transport cannot say whether it is done with seq %d: %v", rec.seq, c.Err))
 		if !x.aborting {
-			x.abort(transportErr(c.Err), AbortInternal, 0)
+			x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
 		} else {
 			x.maybeResolve()
 		}
@@ -529,7 +529,7 @@ func (x *xfer) opDone(rec *opRec, c Completion) {
 		x.maybeResolve()
 	case c.Err != nil:
 		_ = rec.slot.Release()
-		x.abort(transportErr(c.Err), AbortInternal, 0)
+		x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
 	case x.receive:
 		x.receivedChunk(rec, c)
 	default:
@@ -545,7 +545,9 @@ func (x *xfer) poison(rec *opRec, reason string) {
 
 // abort stops the transfer for cause: it tells the peer (code != 0), asks the transport to
 // cancel every outstanding operation, and ends at once if none is left; otherwise it waits
-// grace for them, then quarantines.
+// grace for them, then quarantines. A deadline passes no grace: the transfer is already late,
+// so it is quarantined at once. Other causes get Config.CancelGrace, because cancelling an
+// unmatched receive takes the transport microseconds and is no reason to quarantine.
 func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
 	if x.aborting || x.ended {
 		return
@@ -632,8 +634,11 @@ func transportErr(err error) error {
 
 func peerAbortErr(id RequestID, m *Abort) error {
 	err := fmt.Errorf("%w (code %d): %s", ErrPeerAborted, m.Code, m.Reason)
-	if m.Code == AbortIncompatible {
+	switch m.Code { // the peer's reason, where it means the same here
+	case AbortIncompatible:
 		err = fmt.Errorf("%w: %w", ErrIncompatible, err)
+	case AbortDeadline:
+		err = fmt.Errorf("%w: %w", ErrDeadline, err)
 	}
 	return &RequestError{ID: id, Err: err}
 }
