@@ -117,3 +117,23 @@ func ExampleMulti() {
 	// {"level":"debug","logger":"kvxfer","msg":"transfer cancel","request":7,"outcome":"not-found","free_now":true}
 	// not-found
 }
+
+// ExampleCombineHealth gives one probe to a process with two engines; the reason names the
+// engine that is unhealthy.
+func ExampleCombineHealth() {
+	net := transfer.NewMemNetwork()
+	prefill, _ := transfer.New(net.Transport("prefill-0"), transfer.Config{})
+	decode, _ := transfer.New(net.Transport("decode-0"), transfer.Config{})
+	defer prefill.Close()
+	health := observe.CombineHealth(
+		observe.NamedHealth{Name: "prefill", Source: prefill},
+		observe.NamedHealth{Name: "decode", Source: decode},
+	)
+	fmt.Println(health.Health().Healthy)
+	_ = decode.Close()
+	h := health.Health()
+	fmt.Println(h.Healthy, h.Reason)
+	// Output:
+	// true
+	// false decode: engine closed
+}
