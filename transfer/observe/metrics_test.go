@@ -4,6 +4,7 @@ package observe_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -222,4 +223,37 @@ func TestMetrics_PeerFailuresFromTheEngine(t *testing.T) {
 			return value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": engine}) == 1
 		}, "%s hears one peer lost", engine)
 	}
+}
+
+// TestMetrics_Exposition pins the names, help, types and labels operators write dashboards
+// against, in the text format Prometheus scrapes.
+func TestMetrics_Exposition(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg, ConstLabels: prometheus.Labels{"engine": "decode"}})
+	require.NoError(t, err)
+	m.OnCancel(1, transfer.CancelRequestedInFlight)
+	m.OnCancel(2, transfer.CancelRequestedInFlight)
+	m.OnCancel(3, transfer.NotCancellable)
+	m.OnStart(transfer.StartInfo{ID: 4, Direction: transfer.DirectionSend})
+	m.OnProgress(4, 4096, time.Now())
+	m.OnPeerLost("prefill-0", transfer.ErrPeerLost)
+	want := `
+# HELP kvxfer_cancels_total Engine.Cancel calls by outcome; only not-found, already-complete and cancelled-before-advertise let the caller free KV blocks at once.
+# TYPE kvxfer_cancels_total counter
+kvxfer_cancels_total{engine="decode",outcome="already-complete"} 0
+kvxfer_cancels_total{engine="decode",outcome="backend-unhealthy"} 0
+kvxfer_cancels_total{engine="decode",outcome="cancel-requested-in-flight"} 2
+kvxfer_cancels_total{engine="decode",outcome="cancelled-before-advertise"} 0
+kvxfer_cancels_total{engine="decode",outcome="not-cancellable"} 1
+kvxfer_cancels_total{engine="decode",outcome="not-found"} 0
+# HELP kvxfer_transferred_bytes_total KV stream bytes moved (sent and confirmed, or received and scattered), by direction.
+# TYPE kvxfer_transferred_bytes_total counter
+kvxfer_transferred_bytes_total{direction="receive",engine="decode"} 0
+kvxfer_transferred_bytes_total{direction="send",engine="decode"} 4096
+# HELP kvxfer_peer_failures_total Peers the transport reported lost.
+# TYPE kvxfer_peer_failures_total counter
+kvxfer_peer_failures_total{engine="decode"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"kvxfer_cancels_total", "kvxfer_transferred_bytes_total", "kvxfer_peer_failures_total"))
 }
