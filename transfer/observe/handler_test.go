@@ -87,7 +87,7 @@ func TestL12_WedgedEngineAnswers503(t *testing.T) {
 	cfg := smallConfig()
 	cfg.ProgressDeadline = deadline
 	cfg.TransferTimeout = time.Minute // the transfer must stay in flight, not be quarantined
-	p := newPair(t, cfg)
+	p := newPair(t, cfg, nil)
 	p.net.SetFault(func(fp transfer.FaultPoint) transfer.Fault {
 		return transfer.Fault{Hang: fp.Kind == transfer.KindData}
 	})

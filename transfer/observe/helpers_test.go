@@ -33,9 +33,9 @@ type pair struct {
 	srcPool, dstPool []byte
 }
 
-// newPair starts the engines with cfg (Observer replaced by the Metrics, plus extra) and
-// closes them when the test ends.
-func newPair(t *testing.T, cfg transfer.Config, extra ...transfer.Observer) *pair {
+// newPair starts the engines with cfg (Observer replaced by the Metrics, plus what extra
+// returns for the engine's name, if extra is set) and closes them when the test ends.
+func newPair(t *testing.T, cfg transfer.Config, extra func(engine string) transfer.Observer) *pair {
 	t.Helper()
 	p := &pair{net: transfer.NewMemNetwork(), reg: prometheus.NewRegistry(), layout: layout.Packed(testDims, layout.BlockMajor)}
 	p.srcPool = make([]byte, p.layout.SpanBytes())
@@ -47,7 +47,10 @@ func newPair(t *testing.T, cfg transfer.Config, extra ...transfer.Observer) *pai
 		m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: p.reg, ConstLabels: prometheus.Labels{"engine": name}})
 		require.NoError(t, err)
 		c := cfg
-		c.Observer = observe.Multi(append([]transfer.Observer{m}, extra...)...)
+		c.Observer = m
+		if extra != nil {
+			c.Observer = observe.Multi(m, extra(name))
+		}
 		e, err := transfer.New(p.net.Transport(transfer.Peer(name)), c)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, e.Close()) })

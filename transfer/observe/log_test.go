@@ -15,6 +15,12 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/observe"
 )
 
+// logsTo gives each engine its own LogObserver (it remembers requests by id, and both engines
+// see the same ids), on one core, its lines named after the engine.
+func logsTo(core zapcore.Core) func(string) transfer.Observer {
+	return func(engine string) transfer.Observer { return observe.NewLogObserver(zap.New(core).Named(engine)) }
+}
+
 // fieldsOf returns an entry's fields by key, as the encoder would see them.
 func fieldsOf(e observer.LoggedEntry) map[string]any { return e.ContextMap() }
 
@@ -22,7 +28,7 @@ func fieldsOf(e observer.LoggedEntry) map[string]any { return e.ContextMap() }
 // direction, peer and size, and every state transition with the request id.
 func TestLogObserver_CompletedTransfer(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
-	p := newPair(t, smallConfig(), observe.NewLogObserver(zap.New(core)))
+	p := newPair(t, smallConfig(), logsTo(core))
 	send, recv := p.start(t, 42, 3, 4)
 	require.Equal(t, transfer.Completed, waitQuiesced(t, recv).State)
 	require.Equal(t, transfer.Completed, waitQuiesced(t, send).State)
@@ -61,7 +67,7 @@ func TestLogObserver_QuarantineAndPoisonWarnWithReason(t *testing.T) {
 	cfg := smallConfig()
 	cfg.CancelGrace = 10 * time.Millisecond
 	cfg.QuarantineTimeout = 50 * time.Millisecond
-	p := newPair(t, cfg, observe.NewLogObserver(zap.New(core)))
+	p := newPair(t, cfg, logsTo(core))
 	p.net.SetFault(func(fp transfer.FaultPoint) transfer.Fault {
 		return transfer.Fault{Hang: fp.Kind == transfer.KindData, NeverQuiesce: fp.Kind == transfer.KindData}
 	})
@@ -78,10 +84,19 @@ func TestLogObserver_QuarantineAndPoisonWarnWithReason(t *testing.T) {
 	require.Equal(t, false, fieldsOf(cancel[0])["free_now"])
 	for _, msg := range []string{"transfer quarantined: memory pinned until the transport lets go",
 		"staging slot poisoned: out of circulation for good"} {
-		entries := logs.FilterMessage(msg).FilterField(zap.Uint64("request", 9)).AllUntimed()
+		entries := logs.FilterMessage(msg).FilterField(zap.Uint64("request", 9)).
+			Filter(func(e observer.LoggedEntry) bool { return e.LoggerName == "decode" }).AllUntimed()
 		require.NotEmpty(t, entries, msg)
 		require.Equal(t, zapcore.WarnLevel, entries[0].Level)
-		require.NotEmpty(t, fieldsOf(entries[0])["reason"], "%s carries a reason", msg)
+		f := fieldsOf(entries[0])
+		require.NotEmpty(t, f["reason"], "%s carries a reason", msg)
+		require.Equal(t, "receive", f["direction"], msg)
+		require.EqualValues(t, p.plan(t, 0, 1).Bytes(), f["bytes"], msg)
+		if f["peer"] == nil {
+			require.Equal(t, []any{"prefill"}, f["peers"], msg)
+		} else {
+			require.Equal(t, "prefill", f["peer"], msg)
+		}
 	}
 	require.Equal(t, 1.0, value(t, p.reg, "kvxfer_quarantines_total", map[string]string{"engine": "decode"}))
 	require.Positive(t, value(t, p.reg, "kvxfer_staging_slots_poisoned", map[string]string{"engine": "decode"}))

@@ -54,7 +54,7 @@ func TestMetrics_CollectHealthTwiceIsRefused(t *testing.T) {
 // TestMetrics_ValuesAfterKnownTransfers moves three requests of known sizes between two real
 // engines, cancels three ways, and checks every series against what happened.
 func TestMetrics_ValuesAfterKnownTransfers(t *testing.T) {
-	p := newPair(t, smallConfig())
+	p := newPair(t, smallConfig(), nil)
 	blockBytes := p.plan(t, 0).Bytes()
 	requests := []struct {
 		id     transfer.RequestID
@@ -215,7 +215,7 @@ func TestMetrics_HealthGaugesReadAtScrape(t *testing.T) {
 // TestMetrics_PeerFailuresFromTheEngine: a peer the transport loses reaches the Metrics through
 // the engine's PeerObserver hook.
 func TestMetrics_PeerFailuresFromTheEngine(t *testing.T) {
-	p := newPair(t, smallConfig())
+	p := newPair(t, smallConfig(), nil)
 	require.Zero(t, value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": "prefill"}))
 	p.net.LosePeer("decode")
 	for _, engine := range []string{"prefill", "decode"} {
