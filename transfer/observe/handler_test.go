@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,8 +41,9 @@ func TestHandler_States(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg})
 	require.NoError(t, err)
-	health := transfer.Health{Healthy: true}
-	src := observe.HealthFunc(func() transfer.Health { return health })
+	var health atomic.Pointer[transfer.Health] // written by the test, read by the server
+	health.Store(&transfer.Health{Healthy: true})
+	src := observe.HealthFunc(func() transfer.Health { return *health.Load() })
 	require.NoError(t, m.CollectHealth(src))
 	m.OnCancel(1, transfer.NotFound)
 
@@ -66,7 +68,7 @@ func TestHandler_States(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
-			health = c.health
+			health.Store(&c.health)
 			h, err := observe.Handler(observe.HandlerConfig{Health: src, Gatherer: c.gatherer})
 			require.NoError(t, err)
 			srv := httptest.NewServer(h)
