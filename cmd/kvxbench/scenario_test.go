@@ -178,19 +178,31 @@ func runFake(t *testing.T, cfg runConfig, n *fakeNet, o outputFlags) (string, er
 // runFakeWith is runFake handing each result to add.
 func runFakeWith(t *testing.T, cfg runConfig, n *fakeNet, o outputFlags, add func(Result) error) error {
 	t.Helper()
+	var prefill []engineSide
+	for r := range cfg.PrefillTP {
+		prefill = append(prefill, n.end(fmt.Sprintf("prefill%d", r)))
+	}
+	err := runDriver(t, cfg, n.end("decode"), prefill, o, add)
+	n.wg.Wait()
+	return err
+}
+
+// runDriver runs the decode driver against one prefill end per engine, in this process, over
+// real control connections, and hands each result to add.
+func runDriver(t *testing.T, cfg runConfig, decodeEng engineSide, prefill []engineSide, o outputFlags, add func(Result) error) error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	decodeEng := n.end("decode")
 	d := &decodeEnd{cfg: cfg, eng: decodeEng, rng: rand.New(rand.NewPCG(1, 2))}
-	errs := make(chan error, cfg.PrefillTP)
-	for r := range cfg.PrefillTP {
+	errs := make(chan error, len(prefill))
+	for r, eng := range prefill {
 		a, b := tcpPair(t)
 		dc, pc := newControl(a, 5*time.Second), newControl(b, 5*time.Second)
 		defer dc.Close()
 		defer pc.Close()
 		d.ctrls = append(d.ctrls, dc)
-		d.peers = append(d.peers, peerRef(fmt.Sprintf("prefill%d", r)))
-		p := newPrefillEnd(cfg, r, n.end(fmt.Sprintf("prefill%d", r)), "decode")
+		d.peers = append(d.peers, peerRef(eng.Address()))
+		p := newPrefillEnd(cfg, r, eng, peerRef(decodeEng.Address()))
 		go func() { errs <- p.serve(ctx, pc) }()
 	}
 	var stderr bytes.Buffer
@@ -202,7 +214,7 @@ func runFakeWith(t *testing.T, cfg runConfig, n *fakeNet, o outputFlags, add fun
 			c.Close()
 		}
 	}
-	for range cfg.PrefillTP {
+	for range prefill {
 		select {
 		case perr := <-errs:
 			if err == nil {
@@ -212,7 +224,6 @@ func runFakeWith(t *testing.T, cfg runConfig, n *fakeNet, o outputFlags, add fun
 			t.Fatal("a prefill end did not stop")
 		}
 	}
-	n.wg.Wait()
 	return err
 }
 
