@@ -62,7 +62,7 @@ func runDeviceGather(ctx context.Context, cfg gatherConfig, out *outputs) error 
 	}
 
 	r := rand.New(rand.NewPCG(cfg.seed, 0x6b7678))
-	bar := newProgress(out.stderr, time.Duration(len(cfg.prompts))*4*cfg.out.duration)
+	bar := newProgress(out.stderr, 2*len(cfg.prompts), 2*cfg.out.duration)
 	defer bar.done()
 	pr := &printer{w: out.stdout, json: cfg.out.json}
 	for _, tokens := range cfg.prompts {

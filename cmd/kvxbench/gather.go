@@ -173,8 +173,7 @@ func runGather(ctx context.Context, cfg gatherConfig, out *outputs) error {
 	slot := make([]byte, cfg.slot)
 	r := rand.New(rand.NewPCG(cfg.seed, 0x6b7678))
 
-	expected := time.Duration(len(cfg.prompts)) * 4 * cfg.out.duration
-	bar := newProgress(out.stderr, expected)
+	bar := newProgress(out.stderr, 2*len(cfg.prompts), 2*cfg.out.duration)
 	defer bar.done()
 	pr := &printer{w: out.stdout, json: cfg.out.json}
 	for _, tokens := range cfg.prompts {

@@ -15,26 +15,29 @@ import (
 // would flash and vanish.
 const progressMinRun = 3 * time.Second
 
-// progress draws a one-line bar on a terminal: how much of the run's expected time has
-// passed, and the scenario being measured. It is a no-op when its writer is not a terminal,
-// so pipes and logs see results only.
+// progress draws a one-line bar on a terminal: how many of the run's steps (scenarios) are
+// done, plus the expected share of the current one, and its name. Steps are counted rather
+// than time because a slow transfer can take many times its --duration (a round is never cut
+// short). It is a no-op when its writer is not a terminal, so pipes and logs see results only.
 type progress struct {
-	mu      sync.Mutex
-	w       io.Writer // nil: disabled
-	total   time.Duration
-	start   time.Time
-	label   string
-	lastLen int
-	now     func() time.Time
+	mu        sync.Mutex
+	w         io.Writer // nil: disabled
+	steps     int
+	perStep   time.Duration
+	stepIdx   int // steps begun; the current one is stepIdx-1
+	stepStart time.Time
+	label     string
+	lastLen   int
+	now       func() time.Time
 }
 
-// newProgress returns a bar on w when w is a terminal and the run is expected to take at
-// least progressMinRun; otherwise a disabled bar.
-func newProgress(w io.Writer, expected time.Duration) *progress {
-	if !isTerminal(w) || expected < progressMinRun {
+// newProgress returns a bar on w for steps steps of about perStep each, when w is a terminal
+// and the run is expected to take at least progressMinRun; otherwise a disabled bar.
+func newProgress(w io.Writer, steps int, perStep time.Duration) *progress {
+	if !isTerminal(w) || time.Duration(steps)*perStep < progressMinRun {
 		return &progress{}
 	}
-	return &progress{w: w, total: expected, start: time.Now(), now: time.Now}
+	return &progress{w: w, steps: steps, perStep: perStep, now: time.Now}
 }
 
 // isTerminal reports whether w is a character device (a terminal), without a dependency:
@@ -48,13 +51,15 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-// step names the scenario now running and redraws the bar.
+// step begins the next step, named label, and redraws the bar.
 func (p *progress) step(label string) {
 	if p.w == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.stepIdx++
+	p.stepStart = p.now()
 	p.label = label
 	p.drawLocked()
 }
@@ -71,10 +76,14 @@ func (p *progress) tick() {
 
 func (p *progress) drawLocked() {
 	const width = 30
-	frac := float64(p.now().Sub(p.start)) / float64(p.total)
-	frac = min(max(frac, 0), 1)
+	done := float64(max(p.stepIdx-1, 0))
+	if p.stepIdx > 0 && p.perStep > 0 {
+		done += min(float64(p.now().Sub(p.stepStart))/float64(p.perStep), 0.99)
+	}
+	frac := min(max(done/float64(max(p.steps, 1)), 0), 1)
 	filled := int(frac * width)
-	line := fmt.Sprintf("\r[%s%s] %3.0f%% %s", strings.Repeat("#", filled), strings.Repeat(".", width-filled), frac*100, p.label)
+	line := fmt.Sprintf("\r[%s%s] %d/%d %s", strings.Repeat("#", filled), strings.Repeat(".", width-filled),
+		max(p.stepIdx, 1), p.steps, p.label)
 	pad := max(p.lastLen-len(line), 0)
 	fmt.Fprint(p.w, line+strings.Repeat(" ", pad))
 	p.lastLen = len(line)
@@ -87,6 +96,8 @@ func (p *progress) done() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fmt.Fprint(p.w, "\r"+strings.Repeat(" ", p.lastLen)+"\r")
+	if p.lastLen > 0 {
+		fmt.Fprint(p.w, "\r"+strings.Repeat(" ", p.lastLen)+"\r")
+	}
 	p.lastLen = 0
 }

@@ -100,17 +100,20 @@ func TestPlotHasALinePerSeriesWithItsBaseline(t *testing.T) {
 
 func TestProgressOnlyOnATerminal(t *testing.T) {
 	var buf bytes.Buffer
-	p := newProgress(&buf, time.Minute)
+	p := newProgress(&buf, 10, time.Minute)
 	p.step("gather")
 	p.tick()
 	p.done()
 	require.Empty(t, buf.String(), "a buffer is not a terminal")
 
 	now := time.Unix(0, 0)
-	p = &progress{w: &buf, total: 10 * time.Second, start: now, now: func() time.Time { return now }}
-	now = now.Add(5 * time.Second)
+	p = &progress{w: &buf, steps: 4, perStep: 10 * time.Second, now: func() time.Time { return now }}
+	p.step("transfer 1k")
+	now = now.Add(time.Minute) // a slow step counts as at most 99% of itself
 	p.step("transfer 4k")
-	require.Contains(t, buf.String(), "[###############...............]  50% transfer 4k")
+	now = now.Add(5 * time.Second)
+	p.tick()
+	require.Contains(t, buf.String(), "[###########...................] 2/4 transfer 4k", "1.5 of 4 steps")
 	p.done()
 	require.True(t, strings.HasSuffix(buf.String(), "\r"), "the bar is erased")
 }

@@ -146,7 +146,7 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest
 			scenarios = append(scenarios, s)
 		}
 	}
-	bar := newProgress(out.stderr, time.Duration(len(scenarios))*2*cfg.Duration)
+	bar := newProgress(out.stderr, len(scenarios), 2*cfg.Duration)
 	defer bar.done()
 	baselines := map[int64]float64{}
 	for _, s := range scenarios {
