@@ -28,8 +28,14 @@ type progress struct {
 	stepStart time.Time
 	label     string
 	lastLen   int
+	lastDraw  time.Time
 	now       func() time.Time
+	stop      chan struct{} // closed by done: ends the redraw ticker
+	stopOnce  sync.Once
 }
+
+// redrawEvery limits redraws from tick: a terminal needs no more than ten a second.
+const redrawEvery = 100 * time.Millisecond
 
 // newProgress returns a bar on w for steps steps of about perStep each, when w is a terminal
 // and the run is expected to take at least progressMinRun; otherwise a disabled bar.
@@ -37,7 +43,21 @@ func newProgress(w io.Writer, steps int, perStep time.Duration) *progress {
 	if !isTerminal(w) || time.Duration(steps)*perStep < progressMinRun {
 		return &progress{}
 	}
-	return &progress{w: w, steps: steps, perStep: perStep, now: time.Now}
+	p := &progress{w: w, steps: steps, perStep: perStep, now: time.Now, stop: make(chan struct{})}
+	// A transfer round can take seconds without a tick: redraw on a timer too, until done.
+	go func() {
+		t := time.NewTicker(4 * redrawEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				p.tick()
+			case <-p.stop:
+				return
+			}
+		}
+	}()
+	return p
 }
 
 // isTerminal reports whether w is a character device (a terminal), without a dependency:
@@ -71,10 +91,13 @@ func (p *progress) tick() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.drawLocked()
+	if p.now().Sub(p.lastDraw) >= redrawEvery {
+		p.drawLocked()
+	}
 }
 
 func (p *progress) drawLocked() {
+	p.lastDraw = p.now()
 	const width = 30
 	done := float64(max(p.stepIdx-1, 0))
 	if p.stepIdx > 0 && p.perStep > 0 {
@@ -94,6 +117,11 @@ func (p *progress) done() {
 	if p.w == nil {
 		return
 	}
+	p.stopOnce.Do(func() {
+		if p.stop != nil {
+			close(p.stop)
+		}
+	})
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.lastLen > 0 {
