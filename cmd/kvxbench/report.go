@@ -32,6 +32,10 @@ type Result struct {
 	// MessageBytes is the largest message put on the wire or handed to one copy call (one
 	// staging chunk); the baseline runs at this size.
 	MessageBytes int64 `json:"message_bytes"`
+	// TLS is the UCX_TLS of a transfer and its baseline ("" when UCX chose).
+	TLS string `json:"tls,omitempty"`
+	// PrefillTP is the number of prefill ranks feeding the decode rank (transfers only).
+	PrefillTP int `json:"prefill_tp,omitempty"`
 	// Requests is how many requests were timed.
 	Requests int `json:"requests"`
 	// GBps is total payload over wall time.

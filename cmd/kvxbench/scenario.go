@@ -201,7 +201,7 @@ func (s scenario) name(cfg runConfig) string {
 // measure runs one scenario and returns its result, baseline not yet set.
 func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar *progress) (Result, error) {
 	res := Result{Op: "transfer", Model: d.cfg.ShapeName, Tokens: s.tokens, Concurrency: s.concurrency,
-		Name: s.name(d.cfg)}
+		Name: s.name(d.cfg), TLS: d.cfg.TLS, PrefillTP: d.cfg.PrefillTP}
 	// Each prefill rank plans the request and tells its checksum.
 	sums := make([]uint32, len(d.ctrls))
 	for _, c := range d.ctrls {
