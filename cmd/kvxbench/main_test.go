@@ -62,6 +62,7 @@ func TestBadInputIsAClearMessageAndNonZeroExit(t *testing.T) {
 		{"MLA heads do not split over TP 2", []string{"run", "--model", "deepseek-v3", "--prefill-tp", "2"}, exitUsage, "the pool's 1 heads do not split evenly"},
 		{"connect without address", []string{"connect"}, exitUsage, "connect needs the address serve printed"},
 		{"connect to a bad address", []string{"connect", "nowhere"}, exitUsage, `connect "nowhere"`},
+		{"TP on two hosts", []string{"connect", "--prefill-tp", "2", "h:1"}, exitUsage, "a two-host run has one prefill rank"},
 		{"stray argument", []string{"gather", "extra"}, exitUsage, `gather takes no arguments`},
 	}
 	for _, tc := range cases {

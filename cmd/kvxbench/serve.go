@@ -27,6 +27,9 @@ func cmdServe(ctx context.Context, args []string, out *outputs) error {
 	if *wait <= 0 {
 		return usagef("--wait = %v: must be positive", *wait)
 	}
+	if f.prefillTP != 1 {
+		return usagef("--prefill-tp: a two-host run has one prefill rank; heterogeneous TP is measured by run")
+	}
 	cfg, err := f.resolve(envTLS)
 	if err != nil {
 		return err
@@ -83,6 +86,9 @@ func cmdConnect(ctx context.Context, args []string, out *outputs) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return usagef("connect %q: %v (write HOST:PORT)", addr, err)
+	}
+	if f.prefillTP != 1 {
+		return usagef("--prefill-tp: a two-host run has one prefill rank; heterogeneous TP is measured by run")
 	}
 	cfg, err := f.resolve(envTLS)
 	if err != nil {
