@@ -269,31 +269,39 @@ func (p *peerProcs) stop() {
 // exchanges hellos. A peer that dies first is reported with the last lines it printed.
 func acceptPeers(ln *net.TCPListener, cfg runConfig, peers *peerProcs) ([]*control, error) {
 	deadline := time.Now().Add(cfg.ConnectTimeout)
-	var ctrls []*control
-	for len(ctrls) < cfg.PrefillTP {
+	// Peers connect in any order; ctrls is indexed by rank, since rank r fills its own slice
+	// of the decode pool's heads.
+	ctrls := make([]*control, cfg.PrefillTP)
+	var all []*control // every accepted connection, to close on failure
+	for len(all) < cfg.PrefillTP {
 		if err := ln.SetDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
-			return ctrls, err
+			return all, err
 		}
 		conn, err := ln.Accept()
 		if err == nil {
 			c := newControl(conn, cfg.ConnectTimeout)
-			ctrls = append(ctrls, c)
-			if _, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1}); err != nil {
-				return ctrls, fmt.Errorf("prefill peer: %w", err)
+			all = append(all, c)
+			theirs, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1})
+			if err != nil {
+				return all, fmt.Errorf("prefill peer: %w", err)
 			}
+			if theirs.Rank < 0 || theirs.Rank >= cfg.PrefillTP || ctrls[theirs.Rank] != nil {
+				return all, fmt.Errorf("%w: a second or unknown prefill rank %d", errPeerIncompatible, theirs.Rank)
+			}
+			ctrls[theirs.Rank] = c
 			continue
 		}
 		var ne net.Error
 		if !errors.As(err, &ne) || !ne.Timeout() {
-			return ctrls, fmt.Errorf("accept a peer: %w", err)
+			return all, fmt.Errorf("accept a peer: %w", err)
 		}
 		select {
 		case rank := <-peers.exited:
-			return ctrls, fmt.Errorf("%w: prefill peer %d exited before connecting: %s", errPeerUnreachable, rank, lastLines(peers.stderr[rank].String(), 3))
+			return all, fmt.Errorf("%w: prefill peer %d exited before connecting: %s", errPeerUnreachable, rank, lastLines(peers.stderr[rank].String(), 3))
 		default:
 		}
 		if time.Now().After(deadline) {
-			return ctrls, fmt.Errorf("%w: %d of %d prefill peers connected within --connect-timeout %v", errPeerUnreachable, len(ctrls), cfg.PrefillTP, cfg.ConnectTimeout)
+			return all, fmt.Errorf("%w: %d of %d prefill peers connected within --connect-timeout %v", errPeerUnreachable, len(all), cfg.PrefillTP, cfg.ConnectTimeout)
 		}
 	}
 	return ctrls, nil

@@ -250,12 +250,12 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 	var wall time.Duration
 	var gatherNs, scatterNs int64
 	verified := d.cfg.Verify
-	for round := 0; round < o.maxIters && (len(lat) < minIters || wall < o.duration); round++ {
+	for round := 0; len(lat) < o.maxIters && (len(lat) < minIters || wall < o.duration); round++ {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("%s: stopped after %d requests: %w", res.Name, len(lat), err)
 		}
 		if d.cfg.Verify {
-			eachParallel(len(plans), func(i int) error {
+			_ = eachParallel(len(plans), func(i int) error {
 				for _, sub := range plans[i] {
 					scrub(sub.plan, d.pool)
 				}
