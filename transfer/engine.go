@@ -378,6 +378,8 @@ func (e *Engine) driverDone(x *xfer) {
 // inbound is the engine's face to the transport.
 type inbound struct{ e *Engine }
 
+// OnControl routes a control message to its transfer, or keeps an early request for a Send
+// not made yet.
 func (in inbound) OnControl(from Peer, msg []byte) {
 	e := in.e
 	m, err := Decode(msg)
@@ -400,6 +402,7 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	x.box.push(event{msg: m})
 }
 
+// OnPeerLost fails every transfer with the peer and forgets its early requests.
 func (in inbound) OnPeerLost(peer Peer, err error) {
 	e := in.e
 	e.mu.Lock()
