@@ -148,6 +148,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		x.qctx, x.qcancel = context.WithTimeout(ctx, e.cfg.QueueTimeout)
 	}
 	e.liveDrivers.Add(int64(len(xs)))
+	notifyStart(e.obs, h, receive) // under e.mu: no Cancel can report a transition before it
 	e.mu.Unlock()
 	for _, x := range xs {
 		go x.run()
@@ -418,6 +419,7 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 		}
 	}
 	e.mu.Unlock()
+	notifyPeerLost(e.obs, peer, err)
 	for _, x := range xs {
 		x.box.push(event{lost: fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)})
 	}
