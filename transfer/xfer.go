@@ -350,7 +350,24 @@ func (x *xfer) runSend() {
 				}
 			}
 		case <-x.qctx.Done():
-			x.queuedExit(x.queueErr(context.Cause(x.qctx)))
+			cause := x.queueErr(context.Cause(x.qctx))
+			x.queuedExit(cause)
+			// A request that arrived as we gave up still gets an answer, so the receiver
+			// does not wait for its deadline.
+			code := AbortInternal
+			if errors.Is(cause, ErrCancelled) {
+				code = AbortCancelled
+			}
+			answered := false
+			for _, ev := range x.box.take(nil) {
+				if m, ok := ev.msg.(*RequestInfo); ok && !answered {
+					x.wireSub, answered = m.Sub, true
+					x.sendAbort(code, cause)
+				}
+			}
+			if !answered { // one that arrives later is answered by the engine
+				x.eng.rememberUnanswered(routeKey{x.peer, x.h.id}, code, cause)
+			}
 			return
 		}
 	}
