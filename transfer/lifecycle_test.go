@@ -987,7 +987,10 @@ func TestSenderCancelledBeforeTheRequestTellsTheReceiver(t *testing.T) {
 	hs, err = p.src.Send(bg, Spec{ID: 3, Peer: "decode", Plan: src.plan, Pool: src.mem})
 	require.NoError(t, err)
 	require.NoError(t, hr.Release())
-	eventually(t, func() bool { _, err := p.dst.Receive(bg, Spec{ID: 3, Peer: "prefill", Plan: dst.plan, Pool: dst.mem}); return err == nil }, "id free again")
+	eventually(t, func() bool {
+		_, err := p.dst.Receive(bg, Spec{ID: 3, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+		return err == nil
+	}, "id free again")
 	waitClosed(t, hs.Quiesced(), "sent")
 	requireState(t, hs, Completed)
 }
