@@ -54,7 +54,7 @@ func goCopy(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) 
 	if err := p.CheckRange(off, n); err != nil {
 		return err
 	}
-	if span := p.Layout().SpanBytes(); int64(len(pool)) < span {
+	if span := p.PoolSpan(); int64(len(pool)) < span {
 		return &layout.FieldError{Field: "pool", Value: int64(len(pool)), Reason: fmt.Sprintf("needs %d bytes", span), Err: layout.ErrBufferTooSmall}
 	}
 	row := p.Layout().RowBytes()
