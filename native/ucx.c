@@ -11,9 +11,12 @@
 /* Lives in the space UCX reserves in front of every request (UCP_PARAM_FIELD_REQUEST_SIZE),
  * so a completion knows its worker and id without a per-request allocation. */
 typedef struct kvx_ucx_req_priv {
-  kvx_ucx_worker_t *w;
   uint64_t user;
+  int live; /* set by kvx_ucx_track, cleared by finish: tells a reused request from ours */
 } kvx_ucx_req_priv_t;
+
+/* UCX calls this once per request when its pool allocates it, before any use. */
+static void req_init(void *request) { memset(request, 0, sizeof(kvx_ucx_req_priv_t)); }
 
 static int set_config(ucp_config_t *config, const char *name, const char *value) {
   if (value == NULL || value[0] == '\0') return 0;
@@ -50,11 +53,15 @@ ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context
   ucp_params_t params;
   memset(&params, 0, sizeof(params));
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
-                      UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
+                      UCP_PARAM_FIELD_REQUEST_INIT | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_TAG;
   if (cfg == NULL || cfg->with_rma) params.features |= UCP_FEATURE_RMA;
   params.request_size = sizeof(kvx_ucx_req_priv_t);
-  params.mt_workers_shared = 0;
+  params.request_init = req_init;
+  /* Memory registration and rkey packing run on callers' goroutines while the progress
+   * thread drives the workers: the context must take its own lock. */
+  params.mt_workers_shared = 1;
   params.name = "kvxfer";
   st = ucp_init(&params, config, out);
   ucp_config_release(config);
@@ -139,31 +146,52 @@ char *kvx_ucx_ep_info(kvx_ucx_ep_t *ep) { return capture(print_ep, ep->ep); }
 
 /* --- request lifetime ------------------------------------------------------------------ */
 
-/* The single exit of a request: deliver the callback, then free, in that order, once. */
-static void finish(void *request, ucs_status_t status, size_t length) {
+/* The single exit of a request: deliver the callback, then free, in that order, once.
+ * user_data is always the worker. A receive posted with NO_IMM_CMPL may be called back from
+ * inside its own post, before kvx_ucx_track saw it (live == 0): its id is then the one the
+ * post is running for, and the post learns through posting_done that it is over. */
+static void finish(void *request, ucs_status_t status, size_t length, void *user_data) {
   kvx_ucx_req_priv_t *priv = (kvx_ucx_req_priv_t *)request;
-  kvx_ucx_worker_t *w = priv->w;
+  kvx_ucx_worker_t *w = user_data;
+  uint64_t user;
+  if (priv->live) {
+    user = priv->user;
+  } else {
+    user = w->posting_user;
+    w->posting_done = 1;
+    w->stats.requests++; /* counted here, since the post will not return it as live */
+  }
+  priv->live = 0;
   w->stats.callbacks++;
-  if (w->on_done != NULL) w->on_done(w->cb_arg, priv->user, status, length);
+  if (w->on_done != NULL) w->on_done(w->cb_arg, user, status, length);
   w->stats.freed++;
   ucp_request_free(request);
 }
 
 static void send_cb(void *request, ucs_status_t status, void *user_data) {
-  (void)user_data;
-  finish(request, status, 0);
+  finish(request, status, 0, user_data);
 }
 
 static void recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
                     void *user_data) {
-  (void)user_data;
-  finish(request, status, status == UCS_OK && info != NULL ? info->length : 0);
+  finish(request, status, status == UCS_OK && info != NULL ? info->length : 0, user_data);
+}
+
+/* Marks the start of a post, so that a callback from inside it is attributed to user. */
+static void begin_post(kvx_ucx_worker_t *w, uint64_t user) {
+  w->posting_user = user;
+  w->posting_done = 0;
 }
 
 /* Takes what an nbx call returned; see the request rule in ucx.h. */
 static ucs_status_t kvx_ucx_track(kvx_ucx_worker_t *w, ucs_status_ptr_t sp, uint64_t user,
                                   void **req_out) {
   *req_out = NULL;
+  if (w->posting_done) {
+    /* Called back (and freed) inside the post: the pointer must not be touched. */
+    w->posting_done = 0;
+    return UCS_INPROGRESS;
+  }
   if (sp == NULL) {
     w->stats.inline_done++;
     return UCS_OK;
@@ -173,17 +201,19 @@ static ucs_status_t kvx_ucx_track(kvx_ucx_worker_t *w, ucs_status_ptr_t sp, uint
     return UCS_PTR_STATUS(sp);
   }
   kvx_ucx_req_priv_t *priv = (kvx_ucx_req_priv_t *)sp;
-  priv->w = w;
   priv->user = user;
+  priv->live = 1;
   w->stats.requests++;
   *req_out = sp;
   return UCS_INPROGRESS;
 }
 
-static void send_param(ucp_request_param_t *p) {
+static void send_param(ucp_request_param_t *p, kvx_ucx_worker_t *w, uint64_t user) {
   memset(p, 0, sizeof(*p));
-  p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p->cb.send = send_cb;
+  p->user_data = w;
+  begin_post(w, user);
 }
 
 /* --- endpoints ------------------------------------------------------------------------- */
@@ -223,7 +253,7 @@ ucs_status_t kvx_ucx_ep_create(kvx_ucx_worker_t *w, const void *addr, size_t add
 
 ucs_status_t kvx_ucx_ep_close(kvx_ucx_ep_t *ep, int force, uint64_t user, void **req_out) {
   ucp_request_param_t p;
-  send_param(&p);
+  send_param(&p, ep->w, user);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   return kvx_ucx_track(ep->w, ucp_ep_close_nbx(ep->ep, &p), user, req_out);
@@ -240,14 +270,14 @@ void kvx_ucx_ep_release(kvx_ucx_ep_t *ep) {
 ucs_status_t kvx_ucx_tag_send(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
                               uint64_t user, void **req_out) {
   ucp_request_param_t p;
-  send_param(&p);
+  send_param(&p, ep->w, user);
   return kvx_ucx_track(ep->w, ucp_tag_send_nbx(ep->ep, buf, len, tag, &p), user, req_out);
 }
 
 ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_iov_t *iov,
                                   size_t iovcnt, uint64_t user, void **req_out) {
   ucp_request_param_t p;
-  send_param(&p);
+  send_param(&p, ep->w, user);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_iov();
   return kvx_ucx_track(ep->w, ucp_tag_send_nbx(ep->ep, iov, iovcnt, tag, &p), user, req_out);
@@ -260,8 +290,14 @@ static ucs_status_t tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t mask, v
   memset(&info, 0, sizeof(info));
   ucp_request_param_t p;
   memset(&p, 0, sizeof(p));
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_RECV_INFO;
+  /* UCX 1.13 leaves recv_info.tag_info unset when a receive completes inline from the
+   * unexpected queue, so the received length would be lost: receives always complete
+   * through the callback, which does carry it. */
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
   p.cb.recv = recv_cb;
+  p.user_data = w;
+  begin_post(w, user);
   p.recv_info.tag_info = &info;
   if (iov) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
@@ -287,7 +323,7 @@ ucs_status_t kvx_ucx_tag_recv_iov(kvx_ucx_worker_t *w, uint64_t tag, uint64_t ta
 ucs_status_t kvx_ucx_put(kvx_ucx_ep_t *ep, const void *buf, size_t len, uint64_t remote_addr,
                          ucp_rkey_h rkey, uint64_t user, void **req_out) {
   ucp_request_param_t p;
-  send_param(&p);
+  send_param(&p, ep->w, user);
   return kvx_ucx_track(ep->w, ucp_put_nbx(ep->ep, buf, len, remote_addr, rkey, &p), user,
                        req_out);
 }
@@ -295,14 +331,14 @@ ucs_status_t kvx_ucx_put(kvx_ucx_ep_t *ep, const void *buf, size_t len, uint64_t
 ucs_status_t kvx_ucx_get(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remote_addr,
                          ucp_rkey_h rkey, uint64_t user, void **req_out) {
   ucp_request_param_t p;
-  send_param(&p);
+  send_param(&p, ep->w, user);
   return kvx_ucx_track(ep->w, ucp_get_nbx(ep->ep, buf, len, remote_addr, rkey, &p), user,
                        req_out);
 }
 
 ucs_status_t kvx_ucx_ep_flush(kvx_ucx_ep_t *ep, uint64_t user, void **req_out) {
   ucp_request_param_t p;
-  send_param(&p);
+  send_param(&p, ep->w, user);
   return kvx_ucx_track(ep->w, ucp_ep_flush_nbx(ep->ep, &p), user, req_out);
 }
 

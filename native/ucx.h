@@ -12,7 +12,9 @@
  *   an error status failed inline: no request exists, no callback will come;
  *   UCS_INPROGRESS  *req_out holds a live request: exactly one on_done callback will follow
  *                   (from kvx_ucx_progress, or from kvx_ucx_cancel), and the request is
- *                   freed with ucp_request_free right after that callback returns.
+ *                   freed with ucp_request_free right after that callback returns;
+ *                   or *req_out is NULL: on_done already ran, inside the post itself
+ *                   (receives never complete inline, so that UCX reports their length).
  * The caller must drop its request pointer when on_done fires; the counters in
  * kvx_ucx_stats_t let tests check that every request posted was freed exactly once.
  *
@@ -65,6 +67,8 @@ typedef struct kvx_ucx_worker {
   kvx_ucx_ep_error_fn on_ep_error;
   void *cb_arg;
   kvx_ucx_stats_t stats;
+  uint64_t posting_user; /* the id of the post in progress (see finish in ucx.c) */
+  int posting_done;      /* that post was already called back */
 } kvx_ucx_worker_t;
 
 /* One endpoint. Allocated here because UCX's error handler needs a stable argument. */
