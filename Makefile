@@ -7,12 +7,15 @@ BUILD ?= build
 export CGO_ENABLED := 1
 
 # Fragments in mk/ add their own targets to these lists.
-TEST_TARGETS := go-vet go-test c-test
-BENCH_TARGETS :=
+TEST_TARGETS := go-vet go-test c-test go-fuzz
+BENCH_TARGETS := bench-gather
+# Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName.
+FUZZ_TARGETS := ./cuda/layout:FuzzPlan
+FUZZ_TIME ?= 10s
 -include mk/*.mk
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build test bench go-vet go-test c-test
+.PHONY: help deps build test bench go-vet go-test c-test go-fuzz bench-gather
 
 help: ## List the targets.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort -u | \
@@ -39,6 +42,15 @@ c-test: ## C tests (ctest) built with AddressSanitizer and UndefinedBehaviorSani
 	cmake -S . -B $(BUILD)/asan -DCMAKE_BUILD_TYPE=Debug -DKVX_SANITIZE=ON >/dev/null
 	cmake --build $(BUILD)/asan -j2
 	cd $(BUILD)/asan && ctest --output-on-failure --timeout 300
+
+go-fuzz: ## Run every fuzz target for FUZZ_TIME (default 10s).
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} in $${t%%:*} for $(FUZZ_TIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZ_TIME) "$${t%%:*}" || exit 1; \
+	done
+
+bench-gather: ## Host gather/scatter of a Llama-3-8B 4096-token request against memcpy.
+	$(GO) test -run '^$$' -bench 'Gather|Scatter' -benchtime 10x ./native/
 
 bench: deps ## The main job: the loopback transfer benchmark with its embedded default configuration.
 	@$(MAKE) --no-print-directory $(BENCH_TARGETS)

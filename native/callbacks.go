@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
+//go:build cgo
+
 package native
 
 // Go functions called from C. They live in their own file because a file with //export may

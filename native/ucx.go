@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
+//go:build cgo
+
 package native
 
 /*
@@ -214,7 +216,7 @@ type Worker struct {
 	pending   map[*Request]struct{}
 	endpoints map[*Endpoint]struct{}
 
-	dead      bool // loop-owned: the C worker is destroyed; commands must not touch it
+	dead bool // loop-owned: the C worker is destroyed; commands must not touch it
 
 	address []byte
 	stats   atomic.Pointer[WorkerStats]

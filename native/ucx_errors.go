@@ -7,9 +7,9 @@ import (
 	"fmt"
 )
 
-// Errors of the UCX transport. A failure reported by UCX is a *StatusError carrying the
-// ucs_status_t, which matches one of these through errors.Is; test for the sentinel, never for
-// the code.
+// Errors of the UCX transport (ErrNotSupported, in errors.go, is shared with the host path). A
+// failure reported by UCX is a *StatusError carrying the ucs_status_t, which matches one of
+// these through errors.Is; test for the sentinel, never for the code.
 var (
 	// ErrPeerUnreachable: the peer is gone or cannot be reached (connection reset, endpoint
 	// timeout, unreachable address). Retrying on the same endpoint is pointless.
@@ -18,8 +18,6 @@ var (
 	ErrCanceled = errors.New("kvxfer: canceled")
 	// ErrTimeout: a bounded wait ran out before the operation finished.
 	ErrTimeout = errors.New("kvxfer: timed out")
-	// ErrNotSupported: UCX or the selected transports cannot do what was asked.
-	ErrNotSupported = errors.New("kvxfer: not supported")
 	// ErrTruncated: a message was larger than the receive buffer posted for it.
 	ErrTruncated = errors.New("kvxfer: message truncated")
 	// ErrClosed: the context, worker, endpoint or memory was closed.

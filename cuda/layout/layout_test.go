@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package layout_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/cuda/layout/layouttest"
+)
+
+var small = layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 8, ElemSize: 2, TokensPerBlock: 4, NumBlocks: 3}
+
+func TestPackedOrdersValidateAndSpan(t *testing.T) {
+	for _, o := range []layout.Order{layout.BlockMajor, layout.LayerMajor, layout.LayerMajorNHD} {
+		t.Run(o.String(), func(t *testing.T) {
+			l := layout.Packed(small, o)
+			require.NoError(t, l.Validate())
+			require.Equal(t, 3*l.BlockBytes(), l.SpanBytes(), "a packed pool spans exactly its payload")
+		})
+	}
+}
+
+func TestValidateNamesTheField(t *testing.T) {
+	base := layout.Packed(small, layout.BlockMajor)
+	cases := []struct {
+		desc  string
+		edit  func(*layout.Layout)
+		field string
+	}{
+		{"zero layers", func(l *layout.Layout) { l.NumLayers = 0 }, "NumLayers"},
+		{"negative heads", func(l *layout.Layout) { l.NumHeads = -1 }, "NumHeads"},
+		{"zero blocks", func(l *layout.Layout) { l.NumBlocks = 0 }, "NumBlocks"},
+		{"kv factor 3", func(l *layout.Layout) { l.KVFactor = 3 }, "KVFactor"},
+		{"element size 3", func(l *layout.Layout) { l.ElemSize = 3 }, "ElemSize"},
+		{"element size 8", func(l *layout.Layout) { l.ElemSize = 8 }, "ElemSize"},
+		{"negative stride", func(l *layout.Layout) { l.StrideHead = -64 }, "StrideHead"},
+		{"tokens overlap the row", func(l *layout.Layout) { l.StrideToken = 8 }, "StrideToken"},
+		{"heads overlap tokens", func(l *layout.Layout) { l.StrideHead = 16 }, "StrideHead|StrideToken"},
+		{"blocks overlap layers", func(l *layout.Layout) { l.StrideBlock = l.StrideLayer }, "StrideBlock|StrideLayer"},
+		{"dimension too large", func(l *layout.Layout) { l.HeadDim = 1 << 40 }, "HeadDim"},
+		{"span overflows", func(l *layout.Layout) {
+			l.NumBlocks = 1 << 30
+			l.StrideBlock = math.MaxInt64 / 4
+		}, "StrideBlock"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			l := base
+			c.edit(&l)
+			err := l.Validate()
+			require.ErrorIs(t, err, layout.ErrInvalidLayout)
+			var fe *layout.FieldError
+			require.ErrorAs(t, err, &fe)
+			require.Contains(t, strings.Split(c.field, "|"), fe.Field, "error: %v", err)
+		})
+	}
+}
+
+func TestPaddedAndUnusedStridesAreValid(t *testing.T) {
+	l := layout.Packed(small, layout.LayerMajor)
+	l.StrideBlock += 64 // padding between blocks
+	l.StrideKV = l.StrideBlock * l.NumBlocks
+	l.StrideLayer = l.StrideKV * 2
+	require.NoError(t, l.Validate())
+
+	mla := layout.Packed(layout.Dims{NumLayers: 2, KVFactor: 1, NumHeads: 1, HeadDim: 576, ElemSize: 2, TokensPerBlock: 64, NumBlocks: 2}, layout.BlockMajor)
+	mla.StrideKV, mla.StrideHead = 0, 0 // dimensions of extent 1 need no stride
+	require.NoError(t, mla.Validate())
+}
+
+func TestNewPlanRefusesBadInput(t *testing.T) {
+	l := layout.Packed(small, layout.BlockMajor)
+	cases := []struct {
+		desc   string
+		sel    layout.Selection
+		blocks []int32
+		want   error
+		field  string
+	}{
+		{"block id past the pool", l.All(), []int32{0, 3}, layout.ErrOutOfRange, "Blocks[1]"},
+		{"negative block id", l.All(), []int32{-1}, layout.ErrOutOfRange, "Blocks[0]"},
+		{"duplicate block", l.All(), []int32{2, 0, 2}, layout.ErrDuplicateBlock, "Blocks[2]"},
+		{"no blocks", l.All(), nil, layout.ErrOutOfRange, "Blocks"},
+		{"layer range past the pool", layout.Selection{LayerBegin: 0, LayerEnd: 3, HeadBegin: 0, HeadEnd: 4}, []int32{0}, layout.ErrOutOfRange, "LayerEnd"},
+		{"empty head range", layout.Selection{LayerBegin: 0, LayerEnd: 2, HeadBegin: 2, HeadEnd: 2}, []int32{0}, layout.ErrOutOfRange, "HeadEnd"},
+		{"negative head", layout.Selection{LayerBegin: 0, LayerEnd: 2, HeadBegin: -1, HeadEnd: 2}, []int32{0}, layout.ErrOutOfRange, "HeadBegin"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			_, err := layout.NewPlan(l, c.sel, c.blocks)
+			require.ErrorIs(t, err, c.want)
+			var fe *layout.FieldError
+			require.ErrorAs(t, err, &fe)
+			require.Equal(t, c.field, fe.Field)
+		})
+	}
+	bad := l
+	bad.ElemSize = 0
+	_, err := layout.NewPlan(bad, l.All(), []int32{0})
+	require.ErrorIs(t, err, layout.ErrInvalidLayout)
+}
+
+func TestChunksCoverTheStreamOnElementBoundaries(t *testing.T) {
+	l := layout.Packed(small, layout.BlockMajor)
+	p, err := layout.NewPlan(l, l.All(), []int32{1, 2})
+	require.NoError(t, err)
+	for _, max := range []int64{2, 3, 100, 1000, p.Bytes(), p.Bytes() + 5} {
+		chunks, err := p.Chunks(max)
+		require.NoError(t, err)
+		next := int64(0)
+		for _, c := range chunks {
+			require.Equal(t, next, c.Offset)
+			require.LessOrEqual(t, c.Length, max)
+			require.Zero(t, c.Offset%l.ElemSize)
+			next += c.Length
+		}
+		require.Equal(t, p.Bytes(), next)
+	}
+	_, err = p.Chunks(1)
+	require.ErrorIs(t, err, layout.ErrOutOfRange)
+}
+
+func TestLayerRangeIsContiguous(t *testing.T) {
+	l := layout.Packed(small, layout.LayerMajor)
+	p, err := layout.NewPlan(l, l.All(), []int32{0, 2})
+	require.NoError(t, err)
+	c, err := p.LayerRange(1, 2)
+	require.NoError(t, err)
+	require.Equal(t, p.Bytes()/2, c.Offset)
+	require.Equal(t, p.Bytes()/2, c.Length)
+	// The first unit of layer 1 in the stream lies in layer 1 of the pool.
+	require.Equal(t, l.StrideLayer, p.UnitOffset(c.Offset/l.RowBytes())-p.UnitOffset(0))
+	_, err = p.LayerRange(1, 3)
+	require.ErrorIs(t, err, layout.ErrOutOfRange)
+}
+
+func TestCompatibleNamesTheDifference(t *testing.T) {
+	l := layout.Packed(small, layout.BlockMajor)
+	src, err := layout.NewPlan(l, l.All(), []int32{0, 1})
+	require.NoError(t, err)
+	other := layout.Packed(small, layout.LayerMajorNHD)
+	dst, err := layout.NewPlan(other, other.All(), []int32{2, 0})
+	require.NoError(t, err)
+	require.NoError(t, layout.Compatible(src, dst), "strides may differ")
+
+	half, err := layout.NewPlan(l, layout.Selection{LayerBegin: 0, LayerEnd: 2, HeadBegin: 0, HeadEnd: 2}, []int32{0, 1})
+	require.NoError(t, err)
+	err = layout.Compatible(src, half)
+	require.ErrorIs(t, err, layout.ErrIncompatible)
+	var fe *layout.FieldError
+	require.ErrorAs(t, err, &fe)
+	require.Equal(t, "Heads", fe.Field)
+}
+
+// Every unit offset of a random plan stays inside the pool, and the plan's units map to
+// distinct rows (no two stream units share pool memory).
+func TestUnitOffsetsAreInsideAndDistinct(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for range 300 {
+		p := layouttest.RandomPlan(r)
+		span, row := p.Layout().SpanBytes(), p.Layout().RowBytes()
+		seen := map[int64]bool{}
+		for u := range p.Units() {
+			off := p.UnitOffset(u)
+			require.GreaterOrEqual(t, off, int64(0))
+			require.LessOrEqual(t, off+row, span)
+			require.False(t, seen[off], "two units at offset %d", off)
+			seen[off] = true
+		}
+		// RunUnits really are contiguous.
+		run := p.RunUnits()
+		for u := int64(0); u+1 < p.Units(); u++ {
+			if (u+1)%run != 0 {
+				require.Equal(t, p.UnitOffset(u)+row, p.UnitOffset(u+1), "run of %d units broken at %d", run, u)
+			}
+		}
+	}
+}
+
+// FuzzPlan: no layout, selection or block list makes validation or planning panic, and any
+// plan that validates only ever points inside its pool.
+func FuzzPlan(f *testing.F) {
+	f.Add(int64(2), int64(2), int64(4), int64(8), int64(2), int64(4), int64(3), int64(1024), int64(512), int64(256), int64(64), int64(16), int64(0), int64(2), int64(0), int64(4), int32(1), int32(2))
+	f.Fuzz(func(t *testing.T, layers, kv, heads, dim, elem, tokens, blocks, sb, sl, skv, sh, st, lb, le, hb, he int64, b0, b1 int32) {
+		l := layout.Layout{NumLayers: layers, KVFactor: kv, NumHeads: heads, HeadDim: dim, ElemSize: elem,
+			TokensPerBlock: tokens, NumBlocks: blocks, StrideBlock: sb, StrideLayer: sl, StrideKV: skv,
+			StrideHead: sh, StrideToken: st}
+		p, err := layout.NewPlan(l, layout.Selection{LayerBegin: lb, LayerEnd: le, HeadBegin: hb, HeadEnd: he}, []int32{b0, b1})
+		if err != nil {
+			return
+		}
+		span := l.SpanBytes()
+		require.Positive(t, span)
+		for _, u := range []int64{0, p.Units() / 2, p.Units() - 1} {
+			off := p.UnitOffset(u)
+			require.True(t, off >= 0 && off+l.RowBytes() <= span, "unit %d at %d outside span %d", u, off, span)
+		}
+	})
+}
