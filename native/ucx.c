@@ -45,7 +45,8 @@ ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context
   if (cfg != NULL) {
     if (set_config(config, "TLS", cfg->tls) != 0 ||
         set_config(config, "KEEPALIVE_INTERVAL", cfg->keepalive_interval) != 0 ||
-        set_config(config, "NET_DEVICES", cfg->net_devices) != 0) {
+        set_config(config, "NET_DEVICES", cfg->net_devices) != 0 ||
+        set_config(config, "RNDV_SCHEME", cfg->rndv_scheme) != 0) {
       ucp_config_release(config);
       return UCS_ERR_INVALID_PARAM;
     }

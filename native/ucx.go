@@ -64,6 +64,12 @@ type ContextConfig struct {
 	// without closing its connection is reported after a few intervals. Default 1s; must be
 	// at least 10ms.
 	KeepaliveInterval time.Duration
+	// RendezvousScheme is UCX_RNDV_SCHEME. Default "get_zcopy": for large messages the
+	// receiver pulls the data, so a sender never writes into a receiver's memory. That is
+	// what makes a cancelled or force-closed receive safe to reuse: with put-based
+	// rendezvous a peer frozen after it learned the buffer's address writes into it when it
+	// resumes, whatever the receiver did meanwhile. "auto" lets UCX choose.
+	RendezvousScheme string
 	// NoRMA leaves out UCP_FEATURE_RMA (puts and gets), for transports that lack it.
 	NoRMA bool
 	// Logger receives lifecycle events; default zap.NewNop().
@@ -77,6 +83,9 @@ func (c *ContextConfig) applyDefaults() error {
 	if c.KeepaliveInterval < 10*time.Millisecond {
 		return fmt.Errorf("%w: ContextConfig.KeepaliveInterval = %v: must be at least 10ms",
 			ErrInvalidArgument, c.KeepaliveInterval)
+	}
+	if c.RendezvousScheme == "" {
+		c.RendezvousScheme = "get_zcopy"
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -119,6 +128,7 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 	}
 	cc.tls = cstr(cfg.TLS)
 	cc.net_devices = cstr(cfg.NetDevices)
+	cc.rndv_scheme = cstr(cfg.RendezvousScheme)
 	cc.keepalive_interval = cstr(fmt.Sprintf("%dms", cfg.KeepaliveInterval.Milliseconds()))
 	if !cfg.NoRMA {
 		cc.with_rma = 1
@@ -169,6 +179,9 @@ type WorkerConfig struct {
 	// CloseTimeout bounds Close: how long it progresses to let cancelled and force-closed
 	// operations report back before it destroys the worker. Default 2s.
 	CloseTimeout time.Duration
+	// AbandonGrace is how long, after an endpoint closed, UCX may still complete the
+	// requests it had; the rest are then abandoned (see Request.Abandoned). Default 100ms.
+	AbandonGrace time.Duration
 	// Logger receives endpoint failures and close events; default the context's logger.
 	Logger *zap.Logger
 }
@@ -191,6 +204,12 @@ func (c *WorkerConfig) applyDefaults(parent *zap.Logger) error {
 	}
 	if c.CloseTimeout < 0 {
 		return fmt.Errorf("%w: WorkerConfig.CloseTimeout = %v: must be positive", ErrInvalidArgument, c.CloseTimeout)
+	}
+	if c.AbandonGrace == 0 {
+		c.AbandonGrace = 100 * time.Millisecond
+	}
+	if c.AbandonGrace < 0 || c.AbandonGrace > c.CloseTimeout {
+		return fmt.Errorf("%w: WorkerConfig.AbandonGrace = %v: must be in (0, CloseTimeout]", ErrInvalidArgument, c.AbandonGrace)
 	}
 	if c.Logger == nil {
 		c.Logger = parent
@@ -475,7 +494,7 @@ func (w *Worker) Connect(ctx context.Context, addr []byte) (*Endpoint, error) {
 		return nil, fmt.Errorf("%w: empty worker address", ErrInvalidArgument)
 	}
 	ep := &Endpoint{w: w, failed: make(chan struct{}), closed: make(chan struct{}),
-		recvs: make(map[*Request]struct{})}
+		recvs: make(map[*Request]struct{}), ops: make(map[*Request]struct{})}
 	var err error
 	caddr := C.CBytes(addr)
 	callErr := w.call(ctx, func() {
@@ -509,14 +528,14 @@ type Endpoint struct {
 	cep    *C.kvx_ucx_ep_t
 	handle cgo.Handle
 
-	failOnce  sync.Once
-	failed    chan struct{} // closed when the peer failed or the endpoint was closed
-	failErr   atomic.Pointer[error]
-	closed    chan struct{} // closed when UCX released the endpoint
-	closing   bool          // loop-owned: a close was started
-	released  bool          // loop-owned
-	recvs     map[*Request]struct{}
-	inflights int // loop-owned: sends, puts, gets and flushes not yet completed
+	failOnce sync.Once
+	failed   chan struct{} // closed when the peer failed or the endpoint was closed
+	failErr  atomic.Pointer[error]
+	closed   chan struct{}         // closed when UCX released the endpoint
+	closing  bool                  // loop-owned: a close was started
+	released bool                  // loop-owned
+	recvs    map[*Request]struct{} // loop-owned: receives bound to the endpoint
+	ops      map[*Request]struct{} // loop-owned: sends, puts, gets, flushes not yet completed
 }
 
 // Failed is closed once the endpoint can no longer be used: the peer failed, or Close or
@@ -572,12 +591,35 @@ func (ep *Endpoint) startClose(force bool, why error) {
 	ep.w.track(r, st, creq, 0)
 }
 
-// release (loop only) frees the C endpoint once UCX is done with it.
+// release (loop only) frees the C endpoint once UCX is done with it. Requests on it that UCX
+// still holds are abandoned: reported failed now, their memory pinned until UCX lets go.
 func (ep *Endpoint) release() {
 	if ep.released {
 		return
 	}
 	ep.released = true
+	why := ep.Err()
+	if why == nil {
+		why = ErrClosed
+	}
+	// UCX usually completes the endpoint's requests right after the close; give it a grace
+	// period of progress before declaring the rest abandoned.
+	if len(ep.ops)+len(ep.recvs) > 0 {
+		left := make([]*Request, 0, len(ep.ops)+len(ep.recvs))
+		for r := range ep.ops {
+			left = append(left, r)
+		}
+		for r := range ep.recvs {
+			left = append(left, r)
+		}
+		time.AfterFunc(ep.w.cfg.AbandonGrace, func() {
+			_ = ep.w.submit(func() {
+				for _, r := range left {
+					r.abandon(why)
+				}
+			})
+		})
+	}
 	C.kvx_ucx_ep_release(ep.cep)
 	ep.cep = nil
 	ep.handle.Delete()

@@ -46,6 +46,7 @@ typedef struct kvx_ucx_ctx_config {
   const char *tls;                /* UCX_TLS, e.g. "posix,cma,self" or "tcp,self"; NULL: all */
   const char *keepalive_interval; /* UCX_KEEPALIVE_INTERVAL, e.g. "500ms"; NULL: default */
   const char *net_devices;        /* UCX_NET_DEVICES, e.g. "lo"; NULL: all */
+  const char *rndv_scheme;        /* UCX_RNDV_SCHEME, e.g. "get_zcopy"; NULL: default */
   int with_rma;                   /* request UCP_FEATURE_RMA too */
 } kvx_ucx_ctx_config_t;
 

@@ -45,12 +45,13 @@ type Request struct {
 	done   chan struct{}
 
 	// Loop-owned until done closes.
-	creq     unsafe.Pointer // the live UCX request, nil once its callback ran
-	tracked  bool
-	finished bool
-	cbuf     unsafe.Pointer // C memory the operation owns: a message copy or an iov array
-	copyOut  bool           // cbuf is a TagRecvBytes buffer: copy it into data on success
-	onDone   func(error)
+	creq      unsafe.Pointer // the live UCX request, nil once its callback ran
+	tracked   bool
+	finished  bool
+	abandoned bool           // reported failed while UCX still holds it (see Abandoned)
+	cbuf      unsafe.Pointer // C memory the operation owns: a message copy or an iov array
+	copyOut   bool           // cbuf is a TagRecvBytes buffer: copy it into data on success
+	onDone    func(error)
 
 	// Final once done is closed.
 	err    error
@@ -146,7 +147,7 @@ func (w *Worker) track(r *Request, st C.ucs_status_t, creq unsafe.Pointer, lengt
 			if r.kind == opTagRecv {
 				r.ep.recvs[r] = struct{}{}
 			} else {
-				r.ep.inflights++
+				r.ep.ops[r] = struct{}{}
 			}
 		}
 		return
@@ -167,7 +168,7 @@ func (r *Request) finish(err error, length int64) {
 			if r.kind == opTagRecv {
 				delete(r.ep.recvs, r)
 			} else {
-				r.ep.inflights--
+				delete(r.ep.ops, r)
 			}
 		}
 	}
@@ -182,12 +183,42 @@ func (r *Request) finish(err error, length int64) {
 	if r.mem != nil {
 		r.mem.unpin()
 	}
+	if r.abandoned {
+		return // the caller was told at abandon time; only UCX's side was left to settle
+	}
 	r.err = err
 	r.length = length
 	if r.onDone != nil {
 		r.onDone(err)
 	}
 	close(r.done)
+}
+
+// abandon (loop only) reports a request failed although UCX still holds it: its endpoint was
+// closed, yet UCX 1.13 keeps some requests (a rendezvous send queued behind a frozen or dead
+// shared-memory peer) without ever calling back. The caller learns at once, so no wait is
+// unbounded; the memory stays pinned until UCX lets go (its callback, or Worker.Close), so
+// nothing is released that UCX may still read or write (L2, L9).
+func (r *Request) abandon(why error) {
+	if r.finished || r.abandoned {
+		return
+	}
+	r.abandoned = true
+	r.err = fmt.Errorf("%v abandoned: UCX still holds it after its endpoint closed, its memory stays pinned: %w", r.kind, why)
+	if r.onDone != nil {
+		r.onDone(r.err)
+	}
+	close(r.done)
+}
+
+// Abandoned reports, once Done is closed, whether the request failed while UCX may still
+// touch its memory: Memory.InUse counts it until UCX lets go. A transport must treat such
+// memory as not quiescent (poison it) rather than reuse it.
+func (r *Request) Abandoned() bool {
+	if !r.Completed() {
+		return false
+	}
+	return r.abandoned
 }
 
 // onCallback runs on the loop when ucx.c reports the request completed. ucx.c frees the UCX
