@@ -5,6 +5,8 @@ SHELL := /bin/bash
 GO ?= go
 BUILD ?= build
 export CGO_ENABLED := 1
+# go-nvml's bindings call NVML functions NVIDIA has deprecated; their warnings are not ours.
+export CGO_CFLAGS ?= -g -O2 -Wno-deprecated-declarations
 
 # Fragments in mk/ add their own targets to these lists.
 TEST_TARGETS := go-vet go-test c-test go-fuzz

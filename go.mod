@@ -3,8 +3,9 @@ module github.com/kvxfer/kvxfer
 go 1.26.0
 
 require (
-	github.com/NVIDIA/go-nvml v0.13.0-1 // indirect
+	github.com/NVIDIA/go-nvml v0.13.4-0 // indirect
 	github.com/ebitengine/purego v0.11.3 // indirect
+	github.com/google/uuid v1.6.0 // indirect
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/stretchr/testify v1.12.1 // indirect
 	go.uber.org/goleak v1.3.0 // indirect

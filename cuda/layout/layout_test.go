@@ -203,3 +203,26 @@ func FuzzPlan(f *testing.F) {
 		}
 	})
 }
+
+func TestWithoutPositionsKeepsSenderAndReceiverInStep(t *testing.T) {
+	src := layout.Packed(small, layout.BlockMajor)
+	dst := layout.Packed(small, layout.LayerMajor)
+	sp, err := layout.NewPlan(src, src.All(), []int32{2, 0, 1})
+	require.NoError(t, err)
+	dp, err := layout.NewPlan(dst, dst.All(), []int32{1, 2, 0})
+	require.NoError(t, err)
+	// The receiver holds the first block already (a prefix-cache hit).
+	sp2, err := sp.WithoutPositions([]int{0})
+	require.NoError(t, err)
+	dp2, err := dp.WithoutPositions([]int{0})
+	require.NoError(t, err)
+	require.Equal(t, []int32{0, 1}, sp2.Blocks())
+	require.Equal(t, []int32{2, 0}, dp2.Blocks())
+	require.NoError(t, layout.Compatible(sp2, dp2))
+	require.Equal(t, sp.Bytes()*2/3, sp2.Bytes())
+
+	for _, bad := range [][]int{{3}, {-1}, {1, 1}, {0, 1, 2}} {
+		_, err := sp.WithoutPositions(bad)
+		require.Error(t, err, "positions %v", bad)
+	}
+}

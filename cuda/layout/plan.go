@@ -181,3 +181,32 @@ func Compatible(src, dst *Plan) error {
 	}
 	return nil
 }
+
+// WithoutPositions returns the plan without the blocks at the given positions of its block
+// list: for a partial transfer, where the receiver already holds some of the request's blocks
+// (a prefix-cache hit) and only the others move. Sender and receiver drop the same positions
+// of their own block lists, so their streams still agree. Positions must be distinct, in
+// range, and leave at least one block.
+func (p *Plan) WithoutPositions(positions []int) (*Plan, error) {
+	drop := make(map[int]bool, len(positions))
+	for i, pos := range positions {
+		if pos < 0 || pos >= len(p.blocks) {
+			return nil, rangeErr(fmt.Sprintf("positions[%d]", i), int64(pos), fmt.Sprintf("must be in [0, %d)", len(p.blocks)))
+		}
+		if drop[pos] {
+			return nil, &FieldError{Field: fmt.Sprintf("positions[%d]", i), Value: int64(pos),
+				Reason: "listed twice", Err: ErrDuplicateBlock}
+		}
+		drop[pos] = true
+	}
+	keep := make([]int32, 0, len(p.blocks)-len(drop))
+	for i, b := range p.blocks {
+		if !drop[i] {
+			keep = append(keep, b)
+		}
+	}
+	if len(keep) == 0 {
+		return nil, rangeErr("positions", int64(len(positions)), "a partial transfer must leave at least one block to move")
+	}
+	return &Plan{layout: p.layout, sel: p.sel, blocks: keep}, nil
+}
