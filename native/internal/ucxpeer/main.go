@@ -107,9 +107,14 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	// Touch every page now (the pattern when checking): a page fault inside the transfer
-	// would be measured as transport time.
-	if err := mem.FillPattern(0, regionSize, 0, o.seed); err != nil {
+	// Touch every page now: a page fault inside the transfer would be measured as transport
+	// time. A source writes the pattern it sends; a sink writes a different one, so a chunk
+	// that never arrived cannot pass the check.
+	fillSeed := o.seed
+	if o.mode == "sink" {
+		fillSeed = ^o.seed
+	}
+	if err := mem.FillPattern(0, regionSize, 0, fillSeed); err != nil {
 		return err
 	}
 	var ack string
