@@ -182,6 +182,11 @@ type WorkerConfig struct {
 	// AbandonGrace is how long, after an endpoint closed, UCX may still complete the
 	// requests it had; the rest are then abandoned (see Request.Abandoned). Default 100ms.
 	AbandonGrace time.Duration
+	// OnReport, if set, hears every request posted through the worker's public methods when
+	// it reports: once when Done closes, and once more when an abandoned request finally
+	// settles (Request.Settled). It runs on the progress goroutine and must not block or call
+	// back into the worker synchronously; queue the work instead.
+	OnReport func(*Request)
 	// Logger receives endpoint failures and close events; default the context's logger.
 	Logger *zap.Logger
 }
@@ -474,6 +479,13 @@ func (w *Worker) shutdown() {
 		default:
 			return
 		}
+	}
+}
+
+// notify (loop only) hands a report to the OnReport hook, for requests the caller posted.
+func (w *Worker) notify(r *Request) {
+	if w.cfg.OnReport != nil && r.kind != opClose {
+		w.cfg.OnReport(r)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"runtime/cgo"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -49,6 +50,7 @@ type Request struct {
 	tracked   bool
 	finished  bool
 	abandoned bool           // reported failed while UCX still holds it (see Abandoned)
+	settled   atomic.Bool    // UCX released the request and its memory (see Settled)
 	cbuf      unsafe.Pointer // C memory the operation owns: a message copy or an iov array
 	copyOut   bool           // cbuf is a TagRecvBytes buffer: copy it into data on success
 	onDone    func(error)
@@ -183,8 +185,11 @@ func (r *Request) finish(err error, length int64) {
 	if r.mem != nil {
 		r.mem.unpin()
 	}
+	r.settled.Store(true)
 	if r.abandoned {
-		return // the caller was told at abandon time; only UCX's side was left to settle
+		// The caller was told at abandon time; now UCX has let go too.
+		r.w.notify(r)
+		return
 	}
 	r.err = err
 	r.length = length
@@ -192,7 +197,13 @@ func (r *Request) finish(err error, length int64) {
 		r.onDone(err)
 	}
 	close(r.done)
+	r.w.notify(r)
 }
+
+// Settled reports whether UCX has released the request and no longer touches its memory.
+// It is true once Done is closed, except for an abandoned request, which settles later (when
+// UCX calls it back, or when the worker is closed). It never blocks.
+func (r *Request) Settled() bool { return r.settled.Load() }
 
 // abandon (loop only) reports a request failed although UCX still holds it: its endpoint was
 // closed, yet UCX 1.13 keeps some requests (a rendezvous send queued behind a frozen or dead
@@ -209,6 +220,7 @@ func (r *Request) abandon(why error) {
 		r.onDone(r.err)
 	}
 	close(r.done)
+	r.w.notify(r)
 }
 
 // Abandoned reports, once Done is closed, whether the request failed while UCX may still
