@@ -13,6 +13,9 @@
 //	-mode source  send them (pattern-filled when -check), then wait for the test's ack and
 //	              print "DONE <ack>".
 //
+// With the engine modes (engine-send, engine-recv; see engine.go) it runs a transfer.Engine
+// over a UCXTransport instead, with -total as the block count.
+//
 // It prints "GOT <i>" as chunks complete (every -report chunks), "ERR <reason>" and exits 1 on
 // any failure, and exits 0 after DONE once its standard input closes. Every wait is bounded by
 // -timeout.
@@ -37,7 +40,11 @@ const (
 	AckTag  = TagBase | 0xffffffff
 )
 
+// extraModes are modes defined in other files (the engine modes), by name.
+var extraModes = map[string]func(options, *bufio.Scanner) error{}
+
 type options struct {
+	requestID             uint64
 	mode, tls, netDevices string
 	total, chunk          int64
 	window, report        int
@@ -59,8 +66,17 @@ func main() {
 	flag.BoolVar(&o.check, "check", true, "fill and verify the test pattern")
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Second, "bound on the whole run")
 	flag.DurationVar(&o.keepalive, "keepalive", 200*time.Millisecond, "UCX keepalive interval")
+	flag.Uint64Var(&o.requestID, "id", 1, "request id (engine modes)")
 	flag.Parse()
-	if err := run(o); err != nil {
+	var err error
+	if mode, ok := extraModes[o.mode]; ok {
+		stdin := bufio.NewScanner(os.Stdin)
+		stdin.Buffer(make([]byte, 1<<16), 1<<20)
+		err = mode(o, stdin)
+	} else {
+		err = run(o)
+	}
+	if err != nil {
 		fmt.Printf("ERR %v\n", err)
 		os.Exit(1)
 	}
