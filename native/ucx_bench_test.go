@@ -22,8 +22,9 @@ const request4096Bytes = int64(32 * 2 * 8 * 4096 * 128 * 2)
 
 // BenchmarkUCX_Request4096Tokens_TwoProcesses moves the 512 MiB request from this process to
 // a ucxpeer process, in chunk-sized tagged messages straight from registered memory (the
-// one-copy path), and reports its bandwidth and ratio_to_perftest: the ratio to ucx_perftest's
-// tag bandwidth at the same message size over the same transport, measured in the same run.
+// one-copy path), and reports its bandwidth (mean, and best request) and ratio_to_perftest:
+// the best request's bandwidth over the best of three ucx_perftest tag_bw runs at the same
+// message size over the same transport, measured right after in the same run.
 //
 //	go test -run '^$' -bench Request4096 -benchtime 3x ./native
 func BenchmarkUCX_Request4096Tokens_TwoProcesses(b *testing.B) {
@@ -63,34 +64,52 @@ func benchTwoProcesses(b *testing.B, tls string, chunk int64) {
 	b.ResetTimer()
 	b.StartTimer()
 	start := time.Now()
+	best := time.Duration(1<<63 - 1)
 	inflight := make([]*Request, 0, window)
-	for i := int64(0); i < perRequest*int64(b.N); i++ {
-		if len(inflight) == window {
-			if err := inflight[0].Wait(ctx); err != nil {
-				b.Fatal(err)
-			}
-			inflight = inflight[1:]
-		}
-		inflight = append(inflight, l.ep.TagSend(mem, (i%perRequest)*chunk, chunk, peerTagBase|uint64(i)))
-	}
-	if err := ack.Wait(ctx); err != nil { // the peer has every byte
-		b.Fatal(err)
-	}
-	elapsed := time.Since(start)
-	b.StopTimer()
-	for _, r := range inflight {
+	wait := func(r *Request) {
 		if err := r.Wait(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}
-	mibps := float64(total) / elapsed.Seconds() / (1 << 20)
-	b.ReportMetric(mibps, "MiB/s")
-	perf, err := perftestTagBandwidth(tls, chunk)
-	if err != nil {
-		b.Fatalf("ucx_perftest: %v", err)
+	for n := int64(0); n < int64(b.N); n++ {
+		// Each request is timed alone (its sends drained before the next starts): with a
+		// receiver-pulled rendezvous a completed send means the peer has the bytes.
+		reqStart := time.Now()
+		for i := int64(0); i < perRequest; i++ {
+			if len(inflight) == window {
+				wait(inflight[0])
+				inflight = inflight[1:]
+			}
+			inflight = append(inflight, l.ep.TagSend(mem, i*chunk, chunk, peerTagBase|uint64(n*perRequest+i)))
+		}
+		for _, r := range inflight {
+			wait(r)
+		}
+		inflight = inflight[:0]
+		best = min(best, time.Since(reqStart))
+	}
+	if err := ack.Wait(ctx); err != nil { // the peer confirms it has every byte
+		b.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	const mib = 1 << 20
+	mean := float64(total) / elapsed.Seconds() / mib
+	bestMiBps := float64(request4096Bytes) / best.Seconds() / mib
+	b.ReportMetric(mean, "MiB/s")
+	b.ReportMetric(bestMiBps, "best_MiB/s")
+	// On a shared 2-core host, neighbours only ever slow a run down, so the best of a few
+	// runs of each side is the fairest same-run comparison.
+	perf := 0.0
+	for i := 0; i < 3; i++ {
+		p, err := perftestTagBandwidth(tls, chunk)
+		if err != nil {
+			b.Fatalf("ucx_perftest: %v", err)
+		}
+		perf = max(perf, p)
 	}
 	b.ReportMetric(perf, "perftest_MiB/s")
-	b.ReportMetric(mibps/perf, "ratio_to_perftest")
+	b.ReportMetric(bestMiBps/perf, "ratio_to_perftest")
 }
 
 // perftestTagBandwidth runs ucx_perftest's tag_bw between a server and a client process on
@@ -116,7 +135,7 @@ func perftestTagBandwidth(tls string, size int64) (float64, error) {
 		return 0, err
 	}
 	defer func() { _ = server.Process.Kill(); _ = server.Wait() }()
-	iters := max(int(int64(4<<30)/size), 64) // about 4 GiB of traffic
+	iters := max(int(int64(1<<30)/size), 64) // about 1 GiB of traffic, like one run of ours
 	var out []byte
 	for attempt := 0; attempt < 50; attempt++ { // the server needs a moment to listen
 		client := exec.CommandContext(ctx, "ucx_perftest", "127.0.0.1", "-p", strconv.Itoa(port),
