@@ -11,12 +11,14 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"sync"
 	"time"
 	"unsafe"
 
 	"go.uber.org/zap"
 
+	"github.com/kvxfer/kvxfer/cuda/layout"
 	"github.com/kvxfer/kvxfer/native"
 )
 
@@ -104,6 +106,7 @@ type UCXTransport struct {
 	w       *native.Worker
 	self    Peer
 	addr    []byte
+	life    uint64 // this transport's incarnation, for ContextParams
 	staging *native.Memory
 
 	mu      sync.Mutex
@@ -175,6 +178,7 @@ func NewUCXTransport(cfg UCXConfig) (*UCXTransport, error) {
 	t.uctx, t.w, t.staging = uctx, w, staging
 	t.addr = w.Address()
 	t.self = PeerFromAddress(t.addr)
+	t.life = rand.Uint64()
 	t.regions = []*native.Memory{staging}
 	go t.dispatch()
 	return t, nil
@@ -189,6 +193,18 @@ func (t *UCXTransport) WorkerAddress() []byte { return append([]byte(nil), t.add
 // StagingMemory is the UCX-mapped region to pass as Config.StagingMemory. It is valid until
 // Close.
 func (t *UCXTransport) StagingMemory() []byte { return t.staging.Bytes() }
+
+// ContextParams describes request id over plan (this side's blocks) for the peer that will
+// receive it: what a prefill engine hands to decode. Staging mode: no RMA regions.
+func (t *UCXTransport) ContextParams(id RequestID, plan *layout.Plan) *ContextParams {
+	return &ContextParams{RequestID: uint64(id), Incarnation: t.life, WorkerAddress: t.WorkerAddress(),
+		Layout: plan.Layout(), Selection: plan.Selection(), Blocks: append([]int32(nil), plan.Blocks()...)}
+}
+
+// SenderPeer is the peer a ContextParams came from, as a UCXTransport names it: pass it as
+// Spec.Peer of the Receive. A sender that restarted has a new worker address, hence a new
+// peer, so nothing meant for its old life reaches the new one.
+func SenderPeer(c *ContextParams) Peer { return PeerFromAddress(c.WorkerAddress) }
 
 // Worker exposes the UCX worker, for transport-level checks (lanes, counters).
 func (t *UCXTransport) Worker() *native.Worker { return t.w }

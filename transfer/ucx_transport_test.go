@@ -118,9 +118,18 @@ func TestUCXTransport_TwoEnginesEveryByteChecked(t *testing.T) {
 				id := RequestID(1000 + i)
 				var p pairKV
 				p.s, p.r = s, r
-				var err error
+				// Prefill hands decode a ContextParams blob; decode finds the sender and
+				// checks the shapes from it alone.
+				blob, err := src.tr.ContextParams(id, s.plan).MarshalBinary()
+				require.NoError(t, err)
+				params, err := UnmarshalContextParams(blob)
+				require.NoError(t, err)
+				sendPlan, err := params.Plan()
+				require.NoError(t, err)
+				require.NoError(t, layout.Compatible(sendPlan, r.plan))
+				require.Equal(t, src.tr.Self(), SenderPeer(params))
 				if i%2 == 0 {
-					p.hr, err = dst.e.Receive(bg, Spec{ID: id, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+					p.hr, err = dst.e.Receive(bg, Spec{ID: RequestID(params.RequestID), Peer: SenderPeer(params), Plan: r.plan, Pool: r.mem})
 					require.NoError(t, err)
 					p.hs, err = src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
 					require.NoError(t, err)
