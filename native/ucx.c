@@ -266,6 +266,8 @@ void kvx_ucx_ep_release(kvx_ucx_ep_t *ep) {
   free(ep);
 }
 
+void kvx_ucx_ep_free(kvx_ucx_ep_t *ep) { free(ep); }
+
 /* --- tagged messages and RMA ------------------------------------------------------------ */
 
 ucs_status_t kvx_ucx_tag_send(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,

@@ -240,7 +240,10 @@ type Worker struct {
 	pending   map[*Request]struct{}
 	endpoints map[*Endpoint]struct{}
 
-	dead bool // loop-owned: the C worker is destroyed; commands must not touch it
+	dead       bool                  // loop-owned: the C worker is destroyed; commands must not touch it
+	destroying bool                  // loop-owned: inside ucp_worker_destroy; callbacks must not call UCX
+	cancelling *Request              // loop-owned: the request inside kvx_ucx_cancel now
+	suspects   map[*Request]struct{} // loop-owned: receives pinned until the worker is gone
 
 	address []byte
 	stats   atomic.Pointer[WorkerStats]
@@ -270,6 +273,7 @@ func (c *Context) NewWorker(cfg WorkerConfig) (*Worker, error) {
 		ctx: c, cfg: cfg, log: cfg.Logger,
 		cmds: make(chan func(), 1024), stopReq: make(chan struct{}), stopped: make(chan struct{}),
 		pending: make(map[*Request]struct{}), endpoints: make(map[*Endpoint]struct{}),
+		suspects: make(map[*Request]struct{}),
 	}
 	ready := make(chan error, 1)
 	go w.loop(ready)
@@ -448,9 +452,7 @@ func (w *Worker) shutdown() {
 		ep.startClose(true, ErrClosed)
 	}
 	for r := range w.pending {
-		if r.cancellable() {
-			C.kvx_ucx_cancel(w.cw, r.creq)
-		}
+		w.cancel(r)
 	}
 	deadline := time.Now().Add(w.cfg.CloseTimeout)
 	for (len(w.pending) > 0 || len(w.endpoints) > 0) && time.Now().Before(deadline) {
@@ -461,6 +463,8 @@ func (w *Worker) shutdown() {
 	if n := len(w.pending); n > 0 {
 		w.log.Warn("ucx worker closing with requests UCX never completed", zap.Int("requests", n))
 	}
+	w.publishStats() // the last look at the C counters: the worker is freed next
+	w.destroying = true
 	C.kvx_ucx_worker_destroy(w.cw)
 	w.dead = true
 	for r := range w.pending {
@@ -468,9 +472,16 @@ func (w *Worker) shutdown() {
 		r.finish(fmt.Errorf("%w: worker closed before UCX completed the request", ErrClosed), 0)
 	}
 	for ep := range w.endpoints {
-		ep.release()
+		ep.release() // frees only kvxfer's endpoint record: UCX's went with the worker
 	}
-	w.publishStats()
+	for r := range w.suspects {
+		r.settleSuspect()
+	}
+	if s := w.stats.Load(); s != nil {
+		final := *s
+		final.Pending = 0
+		w.stats.Store(&final)
+	}
 	// Commands queued after the loop stopped fail their requests rather than hang them.
 	for {
 		select {
@@ -540,14 +551,15 @@ type Endpoint struct {
 	cep    *C.kvx_ucx_ep_t
 	handle cgo.Handle
 
-	failOnce sync.Once
-	failed   chan struct{} // closed when the peer failed or the endpoint was closed
-	failErr  atomic.Pointer[error]
-	closed   chan struct{}         // closed when UCX released the endpoint
-	closing  bool                  // loop-owned: a close was started
-	released bool                  // loop-owned
-	recvs    map[*Request]struct{} // loop-owned: receives bound to the endpoint
-	ops      map[*Request]struct{} // loop-owned: sends, puts, gets, flushes not yet completed
+	failOnce   sync.Once
+	failed     chan struct{} // closed when the peer failed or the endpoint was closed
+	failErr    atomic.Pointer[error]
+	closed     chan struct{}         // closed when UCX released the endpoint
+	closing    bool                  // loop-owned: a close was started
+	peerFailed bool                  // loop-owned: UCX reported the peer failed (not our own close)
+	released   bool                  // loop-owned
+	recvs      map[*Request]struct{} // loop-owned: receives bound to the endpoint
+	ops        map[*Request]struct{} // loop-owned: sends, puts, gets, flushes not yet completed
 }
 
 // Failed is closed once the endpoint can no longer be used: the peer failed, or Close or
@@ -572,6 +584,11 @@ func (ep *Endpoint) fail(err error) {
 // onError runs on the loop when UCX reports the peer failed.
 func (ep *Endpoint) onError(status C.int) {
 	err := statusErr("endpoint", C.ucs_status_t(status))
+	if ep.w.destroying {
+		ep.fail(err) // the worker is going away with every endpoint: nothing to close
+		return
+	}
+	ep.peerFailed = true // the peer is gone: nothing it sent can still arrive
 	ep.w.log.Warn("ucx endpoint failed", zap.Error(err))
 	ep.startClose(true, err)
 }
@@ -581,9 +598,7 @@ func (ep *Endpoint) onError(status C.int) {
 func (ep *Endpoint) startClose(force bool, why error) {
 	ep.fail(why)
 	for r := range ep.recvs {
-		if r.cancellable() {
-			C.kvx_ucx_cancel(ep.w.cw, r.creq)
-		}
+		ep.w.cancel(r)
 	}
 	if ep.closing || ep.released {
 		return
@@ -610,6 +625,7 @@ func (ep *Endpoint) release() {
 		return
 	}
 	ep.released = true
+	dead := ep.w.dead
 	why := ep.Err()
 	if why == nil {
 		why = ErrClosed
@@ -632,7 +648,11 @@ func (ep *Endpoint) release() {
 			})
 		})
 	}
-	C.kvx_ucx_ep_release(ep.cep)
+	if dead {
+		C.kvx_ucx_ep_free(ep.cep) // the worker, which the C record points to, is gone
+	} else {
+		C.kvx_ucx_ep_release(ep.cep)
+	}
 	ep.cep = nil
 	ep.handle.Delete()
 	delete(ep.w.endpoints, ep)

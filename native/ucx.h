@@ -108,6 +108,9 @@ ucs_status_t kvx_ucx_ep_create(kvx_ucx_worker_t *w, const void *addr, size_t add
  * close completed (inline or through on_done), call kvx_ucx_ep_release. */
 ucs_status_t kvx_ucx_ep_close(kvx_ucx_ep_t *ep, int force, uint64_t user, void **req_out);
 void kvx_ucx_ep_release(kvx_ucx_ep_t *ep);
+/* Frees the endpoint record only, after its worker was destroyed (which released UCX's
+ * endpoint and must not be touched again). */
+void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);
 /* Lanes and transports the endpoint uses (ucp_ep_print_info), malloc'd, caller frees. */
 char *kvx_ucx_ep_info(kvx_ucx_ep_t *ep);
 

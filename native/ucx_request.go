@@ -49,11 +49,14 @@ type Request struct {
 	creq      unsafe.Pointer // the live UCX request, nil once its callback ran
 	tracked   bool
 	finished  bool
-	abandoned bool           // reported failed while UCX still holds it (see Abandoned)
-	settled   atomic.Bool    // UCX released the request and its memory (see Settled)
-	cbuf      unsafe.Pointer // C memory the operation owns: a message copy or an iov array
-	copyOut   bool           // cbuf is a TagRecvBytes buffer: copy it into data on success
-	onDone    func(error)
+	abandoned bool // reported failed while UCX still holds it (see Abandoned)
+	// cleanCancel: UCX completed the receive inside our ucp_request_cancel, so it had not
+	// matched any message and nothing can ever write into it.
+	cleanCancel bool
+	settled     atomic.Bool    // UCX released the request and its memory (see Settled)
+	cbuf        unsafe.Pointer // C memory the operation owns: a message copy or an iov array
+	copyOut     bool           // cbuf is a TagRecvBytes buffer: copy it into data on success
+	onDone      func(error)
 
 	// Final once done is closed.
 	err    error
@@ -125,11 +128,7 @@ func (r *Request) Cancel() bool {
 	if r.kind != opTagRecv {
 		return false
 	}
-	_ = r.w.submit(func() {
-		if r.cancellable() {
-			C.kvx_ucx_cancel(r.w.cw, r.creq)
-		}
-	})
+	_ = r.w.submit(func() { r.w.cancel(r) })
 	return true
 }
 
@@ -175,6 +174,13 @@ func (r *Request) finish(err error, length int64) {
 		}
 	}
 	r.handle.Delete()
+	if r.w.cancelling == r {
+		r.cleanCancel = true
+	}
+	if r.kind == opTagRecv && err != nil && !r.cleanCancel && r.ep != nil && r.ep.closing && !r.ep.peerFailed {
+		r.suspend(err)
+		return
+	}
 	if r.cbuf != nil {
 		if r.copyOut && err == nil {
 			r.data = C.GoBytes(r.cbuf, C.int(length))
@@ -198,6 +204,48 @@ func (r *Request) finish(err error, length int64) {
 	}
 	close(r.done)
 	r.w.notify(r)
+}
+
+// suspend (loop only) ends a receive that UCX failed when we closed its endpoint under it
+// after it had matched a message, while the peer may still be alive (frozen, not dead): UCX
+// 1.13 was seen, over TCP, to keep writing such a receive's fragments into its buffer when the
+// peer resumed. The caller learns now, as for an abandoned request; the memory (and any C
+// buffer) stays pinned until the worker is closed, when nothing can write any more.
+func (r *Request) suspend(err error) {
+	r.w.suspects[r] = struct{}{}
+	if r.abandoned {
+		return // the caller was told when it was abandoned
+	}
+	r.abandoned = true
+	r.err = fmt.Errorf("%v failed after it matched, with a live peer that may still write into it; its memory stays pinned until the worker closes: %w", r.kind, err)
+	if r.onDone != nil {
+		r.onDone(r.err)
+	}
+	close(r.done)
+	r.w.notify(r)
+}
+
+// settleSuspect (loop only, after the worker is destroyed) releases a suspended receive.
+func (r *Request) settleSuspect() {
+	if r.cbuf != nil {
+		C.free(r.cbuf)
+		r.cbuf = nil
+	}
+	if r.mem != nil {
+		r.mem.unpin()
+	}
+	r.settled.Store(true)
+	r.w.notify(r)
+}
+
+// cancel (loop only) asks UCX to cancel r, noting whether UCX completed it on the spot.
+func (w *Worker) cancel(r *Request) {
+	if !r.cancellable() {
+		return
+	}
+	w.cancelling = r
+	C.kvx_ucx_cancel(w.cw, r.creq)
+	w.cancelling = nil
 }
 
 // Settled reports whether UCX has released the request and no longer touches its memory.
