@@ -20,3 +20,10 @@ gpu-test-ucx: ## Device-to-device transfer over UCX; needs a CUDA-enabled UCX (u
 ucx-info: ## What UCX offers here: transports and devices (loopback tests use posix/cma and tcp on lo).
 	ucx_info -v | head -2
 	ucx_info -d | grep -E 'Transport|Device'
+
+# The engine's staging path between two processes (needs the lifecycle engine: drop the tag
+# once it is on main).
+BENCH_TARGETS += bench-ucx-engine
+.PHONY: bench-ucx-engine
+bench-ucx-engine: ## Two engines in two processes, staging path, 4096-token request vs ucx_perftest.
+	$(GO) test -tags ucxlifecycle -run '^$$' -bench 'UCXTransport_Request4096' -benchtime 3x -timeout 20m ./transfer/

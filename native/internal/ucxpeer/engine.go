@@ -78,10 +78,24 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 	if err != nil {
 		return err
 	}
-	spec := transfer.Spec{ID: transfer.RequestID(o.requestID), Peer: transfer.Peer(peerHex), Plan: plan, Pool: pool}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
+	for k := 0; k < o.repeat; k++ {
+		if err := engineRequest(ctx, o, eng, transfer.Peer(peerHex), o.requestID+uint64(k), plan, pool, send); err != nil {
+			return err
+		}
+	}
+	for stdin.Scan() {
+	}
+	return nil
+}
+
+// engineRequest moves one request and prints its GOT and DONE lines.
+func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer transfer.Peer, id uint64,
+	plan *layout.Plan, pool []byte, send bool) error {
+	spec := transfer.Spec{ID: transfer.RequestID(id), Peer: peer, Plan: plan, Pool: pool, Timeout: o.timeout}
 	var h *transfer.Handle
+	var err error
 	if send {
 		h, err = eng.Send(ctx, spec)
 	} else {
@@ -99,9 +113,9 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 			done = true
 		case <-tick.C:
 		case <-ctx.Done():
-			return fmt.Errorf("request %d not done within %v", o.requestID, o.timeout)
+			return fmt.Errorf("request %d not done within %v", id, o.timeout)
 		}
-		if b := h.Status().Bytes; b != last && b > 0 {
+		if b := h.Status().Bytes; b != last && b > 0 && o.report > 0 {
 			fmt.Printf("GOT %d\n", b)
 			last = b
 		}
@@ -111,14 +125,12 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 	switch {
 	case st.Err != nil:
 		verdict = st.Err.Error()
-	case !send:
-		want, _, _ := EnginePool(blocks, o.seed, true)
+	case !send && o.check:
+		want, _, _ := EnginePool(plan.Layout().NumBlocks, o.seed, true)
 		if string(want) != string(pool) {
 			verdict = "BAD"
 		}
 	}
 	fmt.Printf("DONE %v %s\n", st.State, verdict)
-	for stdin.Scan() {
-	}
 	return nil
 }

@@ -45,6 +45,7 @@ var extraModes = map[string]func(options, *bufio.Scanner) error{}
 
 type options struct {
 	requestID             uint64
+	repeat                int
 	mode, tls, netDevices string
 	total, chunk          int64
 	window, report        int
@@ -67,6 +68,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Second, "bound on the whole run")
 	flag.DurationVar(&o.keepalive, "keepalive", 200*time.Millisecond, "UCX keepalive interval")
 	flag.Uint64Var(&o.requestID, "id", 1, "request id (engine modes)")
+	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another (engine modes)")
 	flag.Parse()
 	var err error
 	if mode, ok := extraModes[o.mode]; ok {
