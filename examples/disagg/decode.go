@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// decodeWorker pulls prefilled requests' KV with Engine.Receive, polling Status the way a
+// serving loop would between decode steps.
+type decodeWorker struct {
+	eng     *transfer.Engine
+	addr    transfer.Peer
+	pool    *kvPool
+	out     *printer
+	control string // the prefill worker's control plane, http://host:port
+	client  *http.Client
+	bound   time.Duration
+}
+
+// post sends body as JSON to the prefill worker's control plane and decodes the answer.
+func (d *decodeWorker) post(ctx context.Context, path string, body, reply any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.control+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return fmt.Errorf("%s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
+	}
+	return json.NewDecoder(resp.Body).Decode(reply)
+}
+
+// askPrefill has the prefill worker prefill a prompt and returns its handover.
+func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (handover, error) {
+	var ho handover
+	if err := d.post(ctx, "/v1/prefill", prefillRequest{Request: id, Tokens: tokens, Decode: string(d.addr)}, &ho); err != nil {
+		return ho, err
+	}
+	return ho, ho.check(poolDims)
+}
+
+// receive pulls a handed-over request into fresh blocks, checks every byte, and (generation
+// being out of scope) frees the blocks.
+func (d *decodeWorker) receive(ctx context.Context, ho handover) error {
+	blocks, err := d.pool.alloc(ho.Tokens)
+	if err != nil {
+		return err
+	}
+	plan, err := d.pool.plan(blocks)
+	if err != nil {
+		d.pool.release(blocks)
+		return err
+	}
+	began := time.Now()
+	h, err := d.eng.Receive(ctx, transfer.Spec{ID: ho.id(), Peer: transfer.Peer(ho.Peer), Plan: plan, Pool: d.pool.mem})
+	if err != nil {
+		d.pool.release(blocks) // never started
+		return err
+	}
+	defer h.Release()
+	st, err := d.poll(ctx, h)
+	if err != nil {
+		return err
+	}
+	if st.State != transfer.Completed {
+		return d.afterFailure(h, blocks, st)
+	}
+	d.out.printf("decode: request %d: %s, %d bytes from %s into blocks %v in %v", ho.Request, st.State, st.Bytes, ho.Peer, blocks, time.Since(began).Round(time.Microsecond))
+	got := make([]byte, plan.Bytes())
+	if err := layout.ReferenceGather(plan, d.pool.mem, got); err != nil {
+		return err
+	}
+	for i, b := range got {
+		if want := kvByte(ho.Request, int64(i)); b != want {
+			return fmt.Errorf("request %d: stream byte %d is %d, want %d", ho.Request, i, b, want)
+		}
+	}
+	d.out.printf("decode: request %d: all %d bytes verified; blocks ready for generation", ho.Request, len(got))
+	d.pool.release(blocks) // generation done
+	return nil
+}
+
+// poll reads Status until the outcome is decided; each read is a few atomic loads and never
+// blocks, so a serving loop can do it between decode steps.
+func (d *decodeWorker) poll(ctx context.Context, h *transfer.Handle) (transfer.Status, error) {
+	ctx, cancel := context.WithTimeout(ctx, d.bound)
+	defer cancel()
+	tick := time.NewTicker(200 * time.Microsecond)
+	defer tick.Stop()
+	for {
+		st := h.Status()
+		if st.State.Terminal() || st.State == transfer.Quarantined {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			return st, fmt.Errorf("request %d still %s: %w", h.ID(), st.State, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// afterFailure frees a failed receive's blocks when the engine says they are quiescent.
+func (d *decodeWorker) afterFailure(h *transfer.Handle, blocks []int32, st transfer.Status) error {
+	select {
+	case <-h.Quiesced():
+		d.pool.release(blocks)
+		return fmt.Errorf("request %d %s: %w", h.ID(), st.State, st.Err)
+	case <-time.After(d.bound):
+		return fmt.Errorf("request %d %s and never quiesced; blocks %v kept out of use: %w", h.ID(), st.State, blocks, st.Err)
+	}
+}
+
+// abort tells the prefill worker a request is gone before the decode worker pulled it.
+func (d *decodeWorker) abort(ctx context.Context, id uint64) error {
+	var reply abortReply
+	if err := d.post(ctx, "/v1/abort", abortRequest{Request: id}, &reply); err != nil {
+		return err
+	}
+	d.out.printf("decode: request %d: client went away before its KV moved; prefill's cancel said %s", id, reply.Outcome)
+	return nil
+}
+
+// giveUp starts receiving a request that the prefill worker never sends (its prefill is stuck,
+// say), then cancels it in flight: the blocks are freed only when Quiesced closes.
+func (d *decodeWorker) giveUp(ctx context.Context, id uint64, tokens int, peer transfer.Peer) error {
+	blocks, err := d.pool.alloc(tokens)
+	if err != nil {
+		return err
+	}
+	plan, err := d.pool.plan(blocks)
+	if err != nil {
+		d.pool.release(blocks)
+		return err
+	}
+	h, err := d.eng.Receive(ctx, transfer.Spec{ID: transfer.RequestID(id), Peer: peer, Plan: plan, Pool: d.pool.mem})
+	if err != nil {
+		d.pool.release(blocks)
+		return err
+	}
+	defer h.Release()
+	wait, cancel := context.WithTimeout(ctx, d.bound)
+	defer cancel()
+	for h.Status().State == transfer.Queued { // leasing a slot and posting the receive: microseconds
+		select {
+		case <-wait.Done():
+			return fmt.Errorf("request %d never advertised: %w", id, wait.Err())
+		case <-time.After(100 * time.Microsecond):
+		}
+	}
+	out := d.eng.Cancel(transfer.RequestID(id))
+	if out.FreeNow() {
+		d.pool.release(blocks)
+		d.out.printf("decode: request %d: cancel: %s: blocks %v freed at once", id, out, blocks)
+		return nil
+	}
+	d.out.printf("decode: request %d: cancel: %s: stop scheduling it; blocks %v wait for Quiesced", id, out, blocks)
+	select {
+	case <-h.Quiesced():
+		d.pool.release(blocks)
+		d.out.printf("decode: request %d: quiesced (%s); blocks %v freed", id, h.Status().State, blocks)
+		return nil
+	case <-wait.Done():
+		return fmt.Errorf("request %d never quiesced; blocks %v kept out of use: %w", id, blocks, wait.Err())
+	}
+}

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestDisagg_RunsAndReportsEachRequest runs the example as a user would (go run
+// ./examples/disagg -transport=mem) and checks what it prints about each request.
+func TestDisagg_RunsAndReportsEachRequest(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, run(ctx, []string{"-transport=mem", "-tokens=100"}, &stdout, &stderr), "stderr: %s", stderr.String())
+	out := stdout.String()
+	// 100 tokens = 7 blocks of 256 KiB.
+	for _, want := range []string{
+		`(?m)^control plane: http://127\.0\.0\.1:\d+ `,
+		`(?m)^decode: request 1: handover from prefill-0: 100 tokens, prefill blocks \[0 1 2 3 4 5 6\]$`,
+		`(?m)^decode: request 1: completed, 1835008 bytes from prefill-0 into blocks \[0 1 2 3 4 5 6\] in `,
+		`(?m)^decode: request 1: all 1835008 bytes verified; blocks ready for generation$`,
+		`(?m)^prefill: request 1: completed \(1835008 of 1835008 bytes\); blocks \[0 1 2 3 4 5 6\] freed$`,
+		`(?m)^prefill: request 2: abort: cancelled-before-advertise: blocks \[\d[ \d]*\] freed at once$`,
+		`(?m)^decode: request 2: client went away before its KV moved; prefill's cancel said cancelled-before-advertise$`,
+		`(?m)^decode: request 3: cancel: cancel-requested-in-flight: stop scheduling it; blocks \[\d[ \d]*\] wait for Quiesced$`,
+		`(?m)^decode: request 3: quiesced \(cancelled\); blocks \[\d[ \d]*\] freed$`,
+		`(?m)^healthz: 200 ok$`,
+		`(?m)^metrics: prefill sent 1835008 bytes, decode received 1835008 bytes$`,
+		`(?m)^KV blocks free: prefill 64 of 64, decode 64 of 64$`,
+	} {
+		require.Regexp(t, regexp.MustCompile(want), out)
+	}
+	require.NotContains(t, out, "never quiesced")
+}
+
+// TestL12_DisaggProbeFlipsWhileTheWireIsFrozen runs the example's -freeze mode: /healthz must
+// answer 503 with the reason while a transfer cannot move, and 200 once it has moved.
+func TestL12_DisaggProbeFlipsWhileTheWireIsFrozen(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.NoError(t, run(t.Context(), []string{"-tokens=32", "-freeze=800ms", "-progress-deadline=200ms"}, &stdout, &stderr),
+		"stderr: %s", stderr.String())
+	out := stdout.String()
+	for _, want := range []string{
+		`(?m)^healthz while frozen: 503 prefill: no transfer progressed for \d+ms \(deadline 200ms\) while 1 are in flight; decode: no transfer progressed`,
+		`(?m)^decode: request 4: all 524288 bytes verified; blocks ready for generation$`,
+		`(?m)^healthz after the wire moved again: 200 ok$`,
+		`(?m)^KV blocks free: prefill 64 of 64, decode 64 of 64$`,
+	} {
+		require.Regexp(t, regexp.MustCompile(want), out)
+	}
+}
+
+func TestDisagg_VerboseLogsLifecycle(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.NoError(t, run(t.Context(), []string{"-v", "-tokens=16"}, &stdout, &stderr))
+	logs := stderr.String()
+	require.Contains(t, logs, "transfer accepted")
+	require.Contains(t, logs, "transfer state")
+	require.Contains(t, logs, `"request": 3`)
+}
+
+func TestDisagg_RefusesBadFlags(t *testing.T) {
+	cases := []struct {
+		desc string
+		args []string
+		want string
+	}{
+		{"UCX not available yet", []string{"-transport=ucx"}, "UCX transport has not landed"},
+		{"unknown transport", []string{"-transport=tcp"}, "want mem"},
+		{"no tokens", []string{"-tokens=0"}, "-tokens=0"},
+		{"more tokens than the pool holds", []string{"-tokens=100000"}, "-tokens=100000"},
+		{"unknown flag", []string{"-frobnicate"}, "frobnicate"},
+		{"freeze shorter than the progress deadline", []string{"-freeze=1s", "-progress-deadline=2s"}, "must exceed"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := run(t.Context(), c.args, &stdout, &stderr)
+			require.Error(t, err)
+			require.Contains(t, err.Error()+stderr.String(), c.want)
+			require.Empty(t, stdout.String(), "nothing ran")
+		})
+	}
+}

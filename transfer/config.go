@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Config tunes an Engine. Zero values take the defaults documented on each field (and listed
+// as Default* constants); New validates the result once and names the first field that cannot
+// work.
+type Config struct {
+	// SlotBytes is the size of one staging slot, header included: a chunk carries
+	// SlotBytes-DataHeaderBytes bytes of KV. Peers must agree (the receiver's chunk size must
+	// fit the sender's slots). Default 4 MiB.
+	SlotBytes int64
+	// MaxConcurrent is the most transfers that may hold staging slots at once; more wait
+	// queued. Default 64.
+	MaxConcurrent int
+	// PipelineDepth is the most slots one transfer holds, so chunk i+1 is gathered while
+	// chunk i is on the wire. A transfer needs only one to progress; the others are taken
+	// only when free. Default 2.
+	PipelineDepth int
+	// NumSlots is the number of staging slots. It must be at least MaxConcurrent (L13).
+	// Default MaxConcurrent*PipelineDepth.
+	NumSlots int
+	// StagingMemory backs the slots (registered memory, say). If nil, New allocates
+	// NumSlots*SlotBytes bytes. If set, NumSlots defaults to len/SlotBytes.
+	StagingMemory []byte
+	// TransferTimeout is a transfer's deadline, counted from its first slot lease, when its
+	// Spec gives none. Default 30s.
+	TransferTimeout time.Duration
+	// QueueTimeout bounds how long a transfer waits queued (for a slot, and on the sending
+	// side for the receiver's request) when the Send/Receive context has no earlier
+	// deadline. Default 30s.
+	QueueTimeout time.Duration
+	// ProgressDeadline: Health turns unhealthy when transfers are in flight and none has
+	// made progress for this long. Default 10s.
+	ProgressDeadline time.Duration
+	// QuarantineBudget: Health turns unhealthy when more transfers than this are quarantined
+	// at once. Default 8.
+	QuarantineBudget int
+	// QuarantineTimeout is how long a quarantined transfer waits for the transport to prove
+	// it is done with a slot before the slot is poisoned. Default 10s.
+	QuarantineTimeout time.Duration
+	// CancelGrace is how long a cancelled in-flight transfer waits for its operations to
+	// stop before it is quarantined. Default 100ms.
+	CancelGrace time.Duration
+	// RetryInterval is the first wait before the receiver resends its request to a sender
+	// that has not answered; it doubles on each retry. Default 200ms.
+	RetryInterval time.Duration
+	// MaxRetries bounds those resends. Default 6.
+	MaxRetries int
+	// MaxPending bounds the requests kept for Sends not made yet. Default 4096.
+	MaxPending int
+	// PendingTTL is how long such a request is kept. Default 30s.
+	PendingTTL time.Duration
+	// CloseTimeout bounds Close. Default 10s.
+	CloseTimeout time.Duration
+	// PollBudget is how long one Transport.Progress call may wait for work. Default 5ms.
+	PollBudget time.Duration
+	// Logger receives lifecycle events. Default zap.NewNop().
+	Logger *zap.Logger
+	// Observer hears every transition, cancel, quarantine, poison and progress. Default
+	// NopObserver.
+	Observer Observer
+}
+
+// Defaults of Config.
+const (
+	DefaultSlotBytes         = 4 << 20
+	DefaultMaxConcurrent     = 64
+	DefaultPipelineDepth     = 2
+	DefaultTransferTimeout   = 30 * time.Second
+	DefaultQueueTimeout      = 30 * time.Second
+	DefaultProgressDeadline  = 10 * time.Second
+	DefaultQuarantineBudget  = 8
+	DefaultQuarantineTimeout = 10 * time.Second
+	DefaultCancelGrace       = 100 * time.Millisecond
+	DefaultRetryInterval     = 200 * time.Millisecond
+	DefaultMaxRetries        = 6
+	DefaultMaxPending        = 4096
+	DefaultPendingTTL        = 30 * time.Second
+	DefaultCloseTimeout      = 10 * time.Second
+	DefaultPollBudget        = 5 * time.Millisecond
+)
+
+func (c Config) withDefaults() Config {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.SlotBytes == 0 {
+		c.SlotBytes = DefaultSlotBytes
+	}
+	defInt(&c.MaxConcurrent, DefaultMaxConcurrent)
+	defInt(&c.PipelineDepth, DefaultPipelineDepth)
+	if c.NumSlots == 0 && c.SlotBytes > 0 {
+		if c.StagingMemory != nil {
+			c.NumSlots = int(int64(len(c.StagingMemory)) / c.SlotBytes)
+		} else {
+			c.NumSlots = c.MaxConcurrent * c.PipelineDepth
+		}
+	}
+	def(&c.TransferTimeout, DefaultTransferTimeout)
+	def(&c.QueueTimeout, DefaultQueueTimeout)
+	def(&c.ProgressDeadline, DefaultProgressDeadline)
+	defInt(&c.QuarantineBudget, DefaultQuarantineBudget)
+	def(&c.QuarantineTimeout, DefaultQuarantineTimeout)
+	def(&c.CancelGrace, DefaultCancelGrace)
+	def(&c.RetryInterval, DefaultRetryInterval)
+	defInt(&c.MaxRetries, DefaultMaxRetries)
+	defInt(&c.MaxPending, DefaultMaxPending)
+	def(&c.PendingTTL, DefaultPendingTTL)
+	def(&c.CloseTimeout, DefaultCloseTimeout)
+	def(&c.PollBudget, DefaultPollBudget)
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.Observer == nil {
+		c.Observer = NopObserver{}
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(field string, v any, reason string) error {
+		return &ConfigError{Field: field, Value: v, Reason: reason}
+	}
+	switch {
+	case c.SlotBytes <= DataHeaderBytes:
+		return bad("SlotBytes", c.SlotBytes, fmt.Sprintf("must exceed the %d-byte chunk header", DataHeaderBytes))
+	case c.MaxConcurrent < 1:
+		return bad("MaxConcurrent", c.MaxConcurrent, "must be at least 1")
+	case c.PipelineDepth < 1:
+		return bad("PipelineDepth", c.PipelineDepth, "must be at least 1")
+	case c.NumSlots < 1:
+		return bad("NumSlots", c.NumSlots, "must be at least 1")
+	case c.StagingMemory != nil && int64(len(c.StagingMemory)) < int64(c.NumSlots)*c.SlotBytes:
+		return bad("StagingMemory", len(c.StagingMemory), fmt.Sprintf("holds fewer than NumSlots*SlotBytes = %d bytes", int64(c.NumSlots)*c.SlotBytes))
+	case c.QuarantineBudget < 0:
+		return bad("QuarantineBudget", c.QuarantineBudget, "must not be negative")
+	case c.MaxRetries < 0:
+		return bad("MaxRetries", c.MaxRetries, "must not be negative")
+	case c.MaxPending < 0:
+		return bad("MaxPending", c.MaxPending, "must not be negative")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"TransferTimeout", c.TransferTimeout}, {"QueueTimeout", c.QueueTimeout},
+		{"ProgressDeadline", c.ProgressDeadline}, {"QuarantineTimeout", c.QuarantineTimeout},
+		{"CancelGrace", c.CancelGrace}, {"RetryInterval", c.RetryInterval}, {"PendingTTL", c.PendingTTL},
+		{"CloseTimeout", c.CloseTimeout}, {"PollBudget", c.PollBudget},
+	} {
+		if d.v < 0 {
+			return bad(d.name, d.v, "must be positive")
+		}
+	}
+	return nil
+}

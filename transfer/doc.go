@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package transfer is kvxfer's engine: it moves one request's KV blocks from a sending
+// (prefill) engine to a receiving (decode) engine through staging slots, over any Transport,
+// and never wedges.
+//
+// # Lifecycle
+//
+// Send and Receive return a *Handle at once; either side may be called first. A handle moves
+// through one table (state.go): queued, advertised, in flight, then completed, failed or
+// cancelled; or quarantined first, when it failed while the transport could still touch its
+// memory. Status never blocks. Done closes once the outcome is decided; Quiesced closes once
+// the caller may free or reuse the request's KV blocks. The engine never frees caller memory
+// and tells "quiescent" exactly once.
+//
+// Engine.Cancel returns one of six outcomes (see CancelOutcome): only NotFound,
+// AlreadyComplete and CancelledBeforeAdvertise let the caller free the blocks at once; after
+// the others it waits for Quiesced.
+//
+// # Bounded waits
+//
+// Every wait has a bound: the queued phase ends at the Send/Receive context's deadline or
+// Config.QueueTimeout; a started transfer at its deadline (Spec.Timeout, counted from its first
+// slot lease); a quarantined one at Config.QuarantineTimeout, when the slots the transport
+// never released are poisoned (taken out of circulation for good) rather than trusted. Health
+// reports unhealthy, with the reason, when nothing progressed for Config.ProgressDeadline while
+// transfers are in flight, when quarantines exceed their budget, or when poisoned slots leave
+// too few. Only Drain and Close block, and both are bounded.
+//
+// # Data path
+//
+// The receiver leases a slot, posts a tagged receive into it and sends a request-info message;
+// the sender gathers chunks of the stream into its own slots (through a Mover: host memory
+// now, device memory later) and sends them; the receiver scatters each chunk and reposts the
+// slot. A transfer holds at most Config.PipelineDepth slots and needs only one, so a request
+// of any size streams through a small pool.
+//
+// # Multi-peer requests
+//
+// A Receive may name several peers (Spec.Subs), each with its own plan: a TP=1 rank receiving
+// the two halves of its heads from two TP=2 ranks. The handle is terminal only when every
+// sub-transfer is, and a first error stops the siblings without releasing memory they may
+// still write.
+//
+// # Testing
+//
+// MemNetwork is an in-process transport that moves real bytes and injects faults (delay, hang,
+// partial failure, dropped or duplicated control messages, late completion, silence about
+// quiescence, lost peers).
+package transfer

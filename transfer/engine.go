@@ -1,0 +1,443 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/buffer"
+)
+
+// Engine runs transfers over one Transport. Every method is safe for concurrent use. Only
+// Drain and Close wait, and both are bounded.
+type Engine struct {
+	cfg  Config
+	tr   Transport
+	pool *buffer.Pool
+	log  *zap.Logger
+	obs  Observer
+
+	mu      sync.Mutex
+	handles map[RequestID]*Handle
+	routes  map[routeKey]*xfer
+	pending map[routeKey]pendingInfo
+	closed  bool
+
+	closing      chan struct{} // closed once the transport is force-closed during Close
+	stopProgress chan struct{}
+	progressDone chan struct{}
+
+	liveDrivers  atomic.Int64
+	inFlight     atomic.Int64
+	quarantined  atomic.Int64
+	lastProgress atomic.Int64 // unix nanoseconds
+	malformed    atomic.Int64
+}
+
+// routeKey finds the sub-transfer an inbound message belongs to. A request has at most one
+// sub-transfer per peer in an engine, so the pair is unique.
+type routeKey struct {
+	peer Peer
+	id   RequestID
+}
+
+type pendingInfo struct {
+	info *RequestInfo
+	at   time.Time
+}
+
+// New validates cfg, carves the staging pool, binds the transport and starts the progress
+// goroutine. The engine owns the transport from here on and closes it in Close.
+func New(tr Transport, cfg Config) (*Engine, error) {
+	if tr == nil {
+		return nil, &ConfigError{Field: "Transport", Value: nil, Reason: "a transport is required"}
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	mem := cfg.StagingMemory
+	if mem == nil {
+		mem = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+	}
+	pool, err := buffer.New(mem[:int64(cfg.NumSlots)*cfg.SlotBytes], buffer.Config{
+		SlotBytes: cfg.SlotBytes, Concurrency: cfg.MaxConcurrent, LeaseTimeout: cfg.QueueTimeout, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("%w: NumSlots: %w", ErrInvalidConfig, err)
+	}
+	e := &Engine{
+		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
+		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo),
+		closing: make(chan struct{}), stopProgress: make(chan struct{}), progressDone: make(chan struct{}),
+	}
+	e.lastProgress.Store(time.Now().UnixNano())
+	if err := tr.Bind(inbound{e}); err != nil {
+		return nil, fmt.Errorf("kvxfer: binding the transport: %w", err)
+	}
+	go e.progressLoop()
+	return e, nil
+}
+
+func (e *Engine) progressLoop() {
+	defer close(e.progressDone)
+	for {
+		select {
+		case <-e.stopProgress:
+			return
+		default:
+		}
+		e.tr.Progress(e.cfg.PollBudget)
+	}
+}
+
+// Send starts sending spec's blocks to spec.Peer when that peer's Receive asks for them
+// (either side may call first). It returns at once. ctx bounds only the queued phase: waiting
+// for a staging slot and for the receiver's request (at most Config.QueueTimeout); cancelling
+// it after the transfer has started has no effect (use Cancel).
+func (e *Engine) Send(ctx context.Context, spec Spec) (*Handle, error) {
+	return e.start(ctx, spec, false)
+}
+
+// Receive starts receiving spec's blocks from spec.Peer, or from every peer in spec.Subs. It
+// returns at once; ctx bounds the queued phase as for Send.
+func (e *Engine) Receive(ctx context.Context, spec Spec) (*Handle, error) {
+	return e.start(ctx, spec, true)
+}
+
+func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	subs, mover, timeout, err := spec.resolve(receive, e.cfg)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handle{id: spec.ID, eng: e, done: make(chan struct{}), quiesced: make(chan struct{}), callerRefs: 1, engineRef: true}
+	xs := make([]*xfer, len(subs))
+	for i, s := range subs {
+		h.total += s.Plan.Bytes()
+		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), receive: receive, peer: s.Peer, plan: s.Plan,
+			mover: mover, timeout: timeout, stopCh: make(chan struct{}), box: mailbox{notify: make(chan struct{}, 1)}}
+	}
+	h.subs = xs
+
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, &RequestError{ID: spec.ID, Err: ErrClosed}
+	}
+	if _, dup := e.handles[spec.ID]; dup {
+		e.mu.Unlock()
+		return nil, &RequestError{ID: spec.ID, Err: ErrDuplicate}
+	}
+	e.handles[spec.ID] = h
+	for _, x := range xs {
+		key := routeKey{x.peer, spec.ID}
+		e.routes[key] = x
+		if p, ok := e.pending[key]; ok && !receive {
+			delete(e.pending, key)
+			x.box.push(event{msg: p.info})
+		}
+		x.qctx, x.qcancel = context.WithTimeout(ctx, e.cfg.QueueTimeout)
+	}
+	e.liveDrivers.Add(int64(len(xs)))
+	notifyStart(e.obs, h, receive) // under e.mu: no Cancel can report a transition before it
+	e.mu.Unlock()
+	for _, x := range xs {
+		go x.run()
+	}
+	return h, nil
+}
+
+// Cancel asks for request id to stop and says what the caller may do with its blocks. It
+// never blocks: a transfer in flight is stopped by its own goroutine, which Cancel only wakes
+// (L3, L4).
+func (e *Engine) Cancel(id RequestID) CancelOutcome {
+	e.mu.Lock()
+	h := e.handles[id]
+	e.mu.Unlock()
+	out := NotFound
+	if h != nil {
+		out = h.cancel()
+		if out == CancelRequestedInFlight && !e.Health().Healthy {
+			out = BackendUnhealthy
+		}
+	}
+	e.obs.OnCancel(id, out)
+	return out
+}
+
+func (h *Handle) cancel() CancelOutcome {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch st := h.m.load(); {
+	case st.Terminal():
+		return AlreadyComplete
+	case st == Quarantined:
+		return NotCancellable
+	case st == Queued:
+		h.cancelRequested = true
+		cause := &RequestError{ID: h.id, Err: ErrCancelled}
+		for _, x := range h.subs {
+			if from, r := x.m.apply(EvCancelQueued); r.ok { // a sub may have failed already
+				h.eng.obs.OnTransition(h.id, x.sub, from, r.next, EvCancelQueued)
+			}
+			x.stop(cause)
+		}
+		h.applyLocked(EvCancelQueued, cause)
+		return CancelledBeforeAdvertise
+	default:
+		h.cancelRequested = true
+		for _, x := range h.subs {
+			x.stop(&RequestError{ID: h.id, Err: ErrCancelled})
+		}
+		return CancelRequestedInFlight
+	}
+}
+
+// Health is the engine's verdict on itself, with the reason when unhealthy and the numbers
+// behind it.
+type Health struct {
+	Healthy bool
+	// Reason says why the engine is unhealthy ("" when healthy); several reasons are joined
+	// with "; ".
+	Reason string
+	HealthSnapshot
+}
+
+// HealthSnapshot holds the numbers Health is computed from.
+type HealthSnapshot struct {
+	InFlight         int64         // handles advertised or in flight
+	Quarantined      int64         // handles quarantined now
+	QuarantineBudget int           // Config.QuarantineBudget
+	TotalSlots       int           // staging slots, poisoned included
+	FreeSlots        int           // slots free now
+	PoisonedSlots    int           // slots out of circulation for good
+	MinSlots         int           // slots needed to serve MaxConcurrent transfers
+	SinceProgress    time.Duration // since the last chunk moved or transfer ended
+	ProgressDeadline time.Duration // Config.ProgressDeadline
+	MalformedControl int64         // control messages that did not decode
+}
+
+// Health tells the truth (L12): unhealthy when transfers are in flight and none has progressed
+// for Config.ProgressDeadline, when more transfers are quarantined than the budget allows, or
+// when poisoned slots leave fewer than MaxConcurrent. It never blocks.
+func (e *Engine) Health() Health {
+	st := e.pool.Stats()
+	s := HealthSnapshot{
+		InFlight: e.inFlight.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
+		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
+		SinceProgress: time.Duration(time.Now().UnixNano() - e.lastProgress.Load()), ProgressDeadline: e.cfg.ProgressDeadline,
+		MalformedControl: e.malformed.Load(),
+	}
+	var why []string
+	if e.isClosed() {
+		why = append(why, "engine closed")
+	}
+	if s.InFlight > 0 && s.SinceProgress > s.ProgressDeadline {
+		why = append(why, fmt.Sprintf("no transfer progressed for %v (deadline %v) while %d are in flight",
+			s.SinceProgress.Round(time.Millisecond), s.ProgressDeadline, s.InFlight))
+	}
+	if s.Quarantined > int64(s.QuarantineBudget) {
+		why = append(why, fmt.Sprintf("%d transfers quarantined, over the budget of %d", s.Quarantined, s.QuarantineBudget))
+	}
+	if usable := s.TotalSlots - s.PoisonedSlots; usable < s.MinSlots {
+		why = append(why, fmt.Sprintf("%d of %d staging slots poisoned: %d usable, %d needed for MaxConcurrent",
+			s.PoisonedSlots, s.TotalSlots, usable, s.MinSlots))
+	}
+	return Health{Healthy: len(why) == 0, Reason: strings.Join(why, "; "), HealthSnapshot: s}
+}
+
+func (e *Engine) isClosed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closed
+}
+
+// account keeps Health's counters in step with handle transitions; applyLocked calls it.
+func (e *Engine) account(from, to State) {
+	if !from.active() && to.active() {
+		if e.inFlight.Add(1) == 1 {
+			e.touch() // an idle engine has not been stalled all that time
+		}
+	} else if from.active() && !to.active() {
+		e.inFlight.Add(-1)
+		e.touch()
+	}
+	if to == Quarantined {
+		e.quarantined.Add(1)
+	} else if from == Quarantined {
+		e.quarantined.Add(-1)
+	}
+}
+
+func (e *Engine) touch() { e.lastProgress.Store(time.Now().UnixNano()) }
+
+// Drain waits until every transfer has ended and is quiescent, or ctx is done. It is the only
+// blocking call for callers, meant for shutdown.
+func (e *Engine) Drain(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.cfg.CloseTimeout)
+		defer cancel()
+	}
+	return e.waitDrivers(ctx)
+}
+
+func (e *Engine) waitDrivers(ctx context.Context) error {
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for e.liveDrivers.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kvxfer: %d transfers still running: %w", e.liveDrivers.Load(), ctx.Err())
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// Close stops the engine: new Sends and Receives fail with ErrClosed, every live transfer is
+// cancelled, the transport is force-closed, slots it cannot prove done are poisoned, and the
+// goroutines end. It waits at most Config.CloseTimeout. Handles stay readable.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	xs := make([]*xfer, 0, len(e.routes))
+	for _, x := range e.routes {
+		xs = append(xs, x)
+	}
+	e.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CloseTimeout)
+	defer cancel()
+	for _, x := range xs {
+		x.stop(&RequestError{ID: x.h.id, Err: ErrClosed})
+	}
+	// Give the transfers a moment to stop their operations gracefully, then force.
+	graceCtx, graceCancel := context.WithTimeout(ctx, e.cfg.CancelGrace)
+	_ = e.waitDrivers(graceCtx)
+	graceCancel()
+	trErr := e.tr.Close(true)
+	close(e.closing)
+	err := e.waitDrivers(ctx)
+	close(e.stopProgress)
+	<-e.progressDone // Progress returns within PollBudget
+	e.pool.Close()
+	if err != nil {
+		return err
+	}
+	if trErr != nil {
+		return fmt.Errorf("kvxfer: closing the transport: %w", trErr)
+	}
+	return nil
+}
+
+// forget drops a handle whose references are all gone, so its id may be used again.
+func (e *Engine) forget(h *Handle) {
+	e.mu.Lock()
+	if e.handles[h.id] == h {
+		delete(e.handles, h.id)
+	}
+	e.mu.Unlock()
+}
+
+// driverDone runs when a sub-transfer's goroutine ends: its route goes, and when it was the
+// handle's last, the engine's reference goes with it.
+func (e *Engine) driverDone(x *xfer) {
+	e.mu.Lock()
+	if e.routes[routeKey{x.peer, x.h.id}] == x {
+		delete(e.routes, routeKey{x.peer, x.h.id})
+	}
+	e.mu.Unlock()
+	h := x.h
+	h.mu.Lock()
+	h.exited++
+	gone := false
+	if h.exited == len(h.subs) {
+		h.engineRef = false
+		gone = h.callerRefs == 0
+	}
+	h.mu.Unlock()
+	if gone {
+		e.forget(h)
+	}
+	e.liveDrivers.Add(-1)
+}
+
+// inbound is the engine's face to the transport.
+type inbound struct{ e *Engine }
+
+func (in inbound) OnControl(from Peer, msg []byte) {
+	e := in.e
+	m, err := Decode(msg)
+	if err != nil {
+		e.malformed.Add(1)
+		e.log.Debug("dropping malformed control message", zap.String("peer", string(from)), zap.Error(err))
+		return
+	}
+	key := routeKey{from, m.Head().Request}
+	e.mu.Lock()
+	x := e.routes[key]
+	if x == nil {
+		if ri, ok := m.(*RequestInfo); ok && !e.closed {
+			e.addPendingLocked(key, ri)
+		}
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	x.box.push(event{msg: m})
+}
+
+func (in inbound) OnPeerLost(peer Peer, err error) {
+	e := in.e
+	e.mu.Lock()
+	var xs []*xfer
+	for k, x := range e.routes {
+		if k.peer == peer {
+			xs = append(xs, x)
+		}
+	}
+	for k := range e.pending {
+		if k.peer == peer {
+			delete(e.pending, k)
+		}
+	}
+	e.mu.Unlock()
+	notifyPeerLost(e.obs, peer, err)
+	for _, x := range xs {
+		x.box.push(event{lost: fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)})
+	}
+}
+
+// addPendingLocked keeps a request that arrived before its Send, bounded in count and age; a
+// dropped one is resent by the receiver. e.mu is held.
+func (e *Engine) addPendingLocked(key routeKey, ri *RequestInfo) {
+	if _, ok := e.pending[key]; ok {
+		return
+	}
+	if len(e.pending) >= e.cfg.MaxPending {
+		now := time.Now()
+		for k, p := range e.pending {
+			if now.Sub(p.at) > e.cfg.PendingTTL {
+				delete(e.pending, k)
+			}
+		}
+		if len(e.pending) >= e.cfg.MaxPending {
+			return
+		}
+	}
+	e.pending[key] = pendingInfo{info: ri, at: time.Now()}
+}

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors of the engine. Typed errors below map onto them through errors.Is; errors reported in
+// a handle's Status wrap one of them with %w.
+var (
+	// ErrInvalidConfig: a Config field cannot work; the error is a *ConfigError naming it.
+	ErrInvalidConfig = errors.New("kvxfer: invalid configuration")
+	// ErrInvalidSpec: a Send or Receive spec is malformed; the error is a *SpecError.
+	ErrInvalidSpec = errors.New("kvxfer: invalid transfer spec")
+	// ErrDuplicate: a Send or Receive names a request id that is still live in this engine.
+	ErrDuplicate = errors.New("kvxfer: duplicate request id")
+	// ErrNotFound: no live handle has that request id.
+	ErrNotFound = errors.New("kvxfer: unknown request id")
+	// ErrClosed: the engine (or transport) is closed.
+	ErrClosed = errors.New("kvxfer: closed")
+	// ErrOverReleased: Handle.Release called more times than Retain (plus the first
+	// reference), or Retain on a handle whose references are all gone.
+	ErrOverReleased = errors.New("kvxfer: handle released more often than retained")
+	// ErrQueueTimeout: the transfer never started: no slot freed or no peer request arrived
+	// before the Send/Receive context or Config.QueueTimeout ended.
+	ErrQueueTimeout = errors.New("kvxfer: transfer did not start in time")
+	// ErrDeadline: the transfer passed its deadline, counted from the moment it started.
+	ErrDeadline = errors.New("kvxfer: transfer deadline exceeded")
+	// ErrCancelled: the caller cancelled the transfer.
+	ErrCancelled = errors.New("kvxfer: transfer cancelled")
+	// ErrQuarantined: the transfer failed while the transport could still touch its memory;
+	// the handle's Quiesced channel closes once that is ruled out.
+	ErrQuarantined = errors.New("kvxfer: transfer quarantined")
+	// ErrPeerAborted: the peer aborted the transfer; the error says why.
+	ErrPeerAborted = errors.New("kvxfer: peer aborted the transfer")
+	// ErrPeerLost: the transport lost the peer.
+	ErrPeerLost = errors.New("kvxfer: peer lost")
+	// ErrIncompatible: the receiver's layout cannot be produced from the sender's.
+	ErrIncompatible = errors.New("kvxfer: incompatible layouts")
+	// ErrProtocol: a peer sent a message that breaks the wire protocol.
+	ErrProtocol = errors.New("kvxfer: protocol violation")
+	// ErrMalformed: wire bytes do not decode; the error is a *DecodeError.
+	ErrMalformed = errors.New("kvxfer: malformed wire message")
+	// ErrSiblingFailed: another sub-transfer of the same multi-peer request failed, so this
+	// one was stopped.
+	ErrSiblingFailed = errors.New("kvxfer: a sibling sub-transfer failed")
+)
+
+// ConfigError names the Config field that is wrong, its value, and the fix.
+type ConfigError struct {
+	Field  string
+	Value  any
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("%v: %s = %v: %s", ErrInvalidConfig, e.Field, e.Value, e.Reason)
+}
+
+// Unwrap returns ErrInvalidConfig.
+func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+
+// SpecError names the Spec field that is wrong and why; Err is ErrInvalidSpec, or a layout
+// error when the plan or pool is at fault.
+type SpecError struct {
+	ID     RequestID
+	Field  string
+	Reason string
+	Err    error
+}
+
+func (e *SpecError) Error() string {
+	return fmt.Sprintf("%v: request %d: %s: %s", ErrInvalidSpec, e.ID, e.Field, e.Reason)
+}
+
+// Is matches ErrInvalidSpec as well as the wrapped cause.
+func (e *SpecError) Is(target error) bool { return target == ErrInvalidSpec }
+
+// Unwrap returns the underlying cause, if any.
+func (e *SpecError) Unwrap() error { return e.Err }
+
+// RequestError ties an engine error to a request id.
+type RequestError struct {
+	ID  RequestID
+	Err error
+}
+
+func (e *RequestError) Error() string { return fmt.Sprintf("request %d: %v", e.ID, e.Err) }
+
+// Unwrap returns the sentinel.
+func (e *RequestError) Unwrap() error { return e.Err }
+
+// DecodeError says why wire bytes did not decode. It matches ErrMalformed.
+type DecodeError struct {
+	Offset int
+	Reason string
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("%v: at byte %d: %s", ErrMalformed, e.Offset, e.Reason)
+}
+
+// Unwrap returns ErrMalformed.
+func (e *DecodeError) Unwrap() error { return ErrMalformed }

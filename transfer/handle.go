@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+)
+
+// Status is a snapshot of a handle. Reading it never blocks (L4).
+type Status struct {
+	// State is the handle's lifecycle state.
+	State State
+	// Bytes is how many stream bytes have moved so far (over all sub-transfers).
+	Bytes int64
+	// Total is the stream size over all sub-transfers.
+	Total int64
+	// Err is why the transfer failed, was cancelled or was quarantined; nil otherwise.
+	Err error
+}
+
+// Handle is one request's transfer, over one or several peers. The caller gets it with one
+// reference; Retain adds one, Release drops one. The engine holds its own reference until the
+// transfer is quiescent, so nothing it points to goes away while the transport can reach it
+// (L2). When every reference is gone the id may be used again.
+type Handle struct {
+	id    RequestID
+	eng   *Engine
+	total int64
+	m     machine
+	bytes atomic.Int64
+	err   atomic.Pointer[error]
+
+	done     chan struct{}
+	quiesced chan struct{}
+
+	mu              sync.Mutex // serialises every state change of the handle and its subs
+	subs            []*xfer
+	exited          int // subs whose goroutine has ended
+	cancelRequested bool
+	callerRefs      int
+	engineRef       bool
+}
+
+// ID returns the request id.
+func (h *Handle) ID() RequestID { return h.id }
+
+// Status returns the handle's state, progress and error with three atomic loads.
+func (h *Handle) Status() Status {
+	s := Status{State: h.m.load(), Bytes: h.bytes.Load(), Total: h.total}
+	if p := h.err.Load(); p != nil {
+		s.Err = *p
+	}
+	return s
+}
+
+// Done is closed, once, when the caller's outcome is decided: a terminal state, or
+// quarantined (failed for the caller, memory still pinned).
+func (h *Handle) Done() <-chan struct{} { return h.done }
+
+// Quiesced is closed, once, when the caller may free or reuse the request's KV blocks: no
+// operation of the engine or the transport can touch them any more. It closes on every
+// terminal state; for a quarantined transfer it closes when the transport proves it is done,
+// or when the engine poisons the staging slots it could still write (in staging mode the
+// transport only ever touches staging slots, never the caller's pool).
+func (h *Handle) Quiesced() <-chan struct{} { return h.quiesced }
+
+// Retain adds a caller reference. It fails with ErrOverReleased once the caller's references
+// are all gone.
+func (h *Handle) Retain() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.callerRefs <= 0 {
+		return &RequestError{ID: h.id, Err: ErrOverReleased}
+	}
+	h.callerRefs++
+	return nil
+}
+
+// Release drops a caller reference. Releasing more often than retained returns
+// ErrOverReleased and changes nothing. Releasing does not cancel the transfer.
+func (h *Handle) Release() error {
+	h.mu.Lock()
+	if h.callerRefs <= 0 {
+		h.mu.Unlock()
+		return &RequestError{ID: h.id, Err: ErrOverReleased}
+	}
+	h.callerRefs--
+	gone := h.callerRefs == 0 && !h.engineRef
+	h.mu.Unlock()
+	if gone {
+		h.eng.forget(h)
+	}
+	return nil
+}
+
+// applyLocked moves the handle by ev and closes its channels as the table says. h.mu is held.
+func (h *Handle) applyLocked(ev Event, cause error) bool {
+	from, r := h.m.apply(ev)
+	if !r.ok {
+		return false
+	}
+	if cause != nil && (h.err.Load() == nil || ev == EvQuarantine) {
+		h.err.Store(&cause)
+	}
+	h.eng.account(from, r.next)
+	h.eng.obs.OnTransition(h.id, -1, from, r.next, ev)
+	if r.closesDone {
+		close(h.done)
+	}
+	if r.quiesces {
+		close(h.quiesced)
+	}
+	return true
+}
+
+// subApplyLocked moves one sub-transfer by ev, then lets the handle follow. h.mu is held.
+func (h *Handle) subApplyLocked(x *xfer, ev Event, cause error) bool {
+	from, r := x.m.apply(ev)
+	if !r.ok {
+		return false
+	}
+	h.eng.obs.OnTransition(h.id, x.sub, from, r.next, ev)
+	switch {
+	case ev == EvAdvertise:
+		h.applyLocked(EvAdvertise, nil)
+	case ev == EvProgress:
+		h.applyLocked(EvProgress, nil)
+	case r.next == Quarantined || r.next.Terminal():
+		if cause != nil && !errors.Is(cause, ErrSiblingFailed) {
+			h.recordErrLocked(x, cause)
+		}
+		h.settleLocked()
+	}
+	return true
+}
+
+// recordErrLocked keeps the first real error and stops every sibling: a multi-peer request
+// fails as a whole, but only once each sibling has stopped touching its memory (L14).
+func (h *Handle) recordErrLocked(failed *xfer, cause error) {
+	if h.err.Load() == nil {
+		h.err.Store(&cause)
+	}
+	for _, x := range h.subs {
+		if x != failed {
+			x.stop(&RequestError{ID: h.id, Err: ErrSiblingFailed})
+		}
+	}
+}
+
+// settleLocked derives the handle's state from its subs': it decides the outcome only when
+// every sub has one, and resolves a quarantine only when every sub is terminal (L14).
+func (h *Handle) settleLocked() {
+	allOutcome, allTerminal, allCompleted, anyQuarantined := true, true, true, false
+	for _, x := range h.subs {
+		s := x.m.load()
+		allOutcome = allOutcome && (s.Terminal() || s == Quarantined)
+		allTerminal = allTerminal && s.Terminal()
+		allCompleted = allCompleted && s == Completed
+		anyQuarantined = anyQuarantined || s == Quarantined
+	}
+	var cause error
+	if p := h.err.Load(); p != nil {
+		cause = *p
+	}
+	switch st := h.m.load(); {
+	case !allOutcome:
+	case st == Quarantined:
+		if allTerminal && h.cancelRequested {
+			h.applyLocked(EvResolveCancelled, nil)
+		} else if allTerminal {
+			h.applyLocked(EvResolveFailed, nil)
+		}
+	case st.Terminal():
+	case allCompleted:
+		h.applyLocked(EvComplete, nil)
+	case st == Queued && h.cancelRequested:
+		h.applyLocked(EvCancelQueued, &RequestError{ID: h.id, Err: ErrCancelled})
+	case st == Queued:
+		h.applyLocked(EvFail, cause)
+	case anyQuarantined:
+		h.applyLocked(EvQuarantine, &RequestError{ID: h.id, Err: errors.Join(ErrQuarantined, cause)})
+		if allTerminal { // cannot happen with a quarantined sub; kept for the table's sake
+			h.settleLocked()
+		}
+	case h.cancelRequested:
+		h.applyLocked(EvCancelQuiescent, &RequestError{ID: h.id, Err: ErrCancelled})
+	default:
+		h.applyLocked(EvFail, cause)
+	}
+}

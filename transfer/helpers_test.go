@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testDims is a small model: 2 layers, K and V, 4 heads of 8 FP16 elements, 4 tokens a block.
+var testDims = layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 8, ElemSize: 2, TokensPerBlock: 4, NumBlocks: 64}
+
+// kvPool is one side's KV pool: its layout, memory, and a plan over some blocks.
+type kvPool struct {
+	l    layout.Layout
+	mem  []byte
+	plan *layout.Plan
+}
+
+func newKVPool(t testing.TB, d layout.Dims, o layout.Order, sel *layout.Selection, blocks []int32, fill uint64) *kvPool {
+	t.Helper()
+	l := layout.Packed(d, o)
+	require.NoError(t, l.Validate())
+	mem := make([]byte, l.SpanBytes())
+	if fill != 0 {
+		r := rand.New(rand.NewPCG(fill, fill))
+		for i := range mem {
+			mem[i] = byte(r.Uint32())
+		}
+	}
+	s := l.All()
+	if sel != nil {
+		s = *sel
+	}
+	p, err := layout.NewPlan(l, s, blocks)
+	require.NoError(t, err)
+	return &kvPool{l: l, mem: mem, plan: p}
+}
+
+func blocks(ids ...int32) []int32 { return ids }
+
+func seqBlocks(from, n int32) []int32 {
+	b := make([]int32, n)
+	for i := range b {
+		b[i] = from + int32(i)
+	}
+	return b
+}
+
+// stream is the plan's bytes by the reference gather.
+func (p *kvPool) stream(t testing.TB) []byte {
+	t.Helper()
+	b := make([]byte, p.plan.Bytes())
+	require.NoError(t, layout.ReferenceGather(p.plan, p.mem, b))
+	return b
+}
+
+// pair is a sender engine "prefill" and a receiver engine "decode" on one network.
+type pair struct {
+	net      *MemNetwork
+	src, dst *Engine
+}
+
+// fastConfig keeps every timer short so failure tests run in milliseconds.
+func fastConfig() Config {
+	return Config{
+		SlotBytes: 1024, MaxConcurrent: 4, PipelineDepth: 2, TransferTimeout: 2 * time.Second,
+		QueueTimeout: 2 * time.Second, ProgressDeadline: time.Second, QuarantineTimeout: time.Second,
+		CancelGrace: 20 * time.Millisecond, RetryInterval: 20 * time.Millisecond, CloseTimeout: 5 * time.Second,
+		PollBudget: 2 * time.Millisecond,
+	}
+}
+
+func newPair(t testing.TB, src, dst Config) *pair {
+	t.Helper()
+	n := NewMemNetwork()
+	a, err := New(n.Transport("prefill"), src)
+	require.NoError(t, err)
+	b, err := New(n.Transport("decode"), dst)
+	require.NoError(t, err)
+	p := &pair{net: n, src: a, dst: b}
+	t.Cleanup(func() {
+		require.NoError(t, a.Close())
+		require.NoError(t, b.Close())
+		requireSlotsAccounted(t, a)
+		requireSlotsAccounted(t, b)
+	})
+	return p
+}
+
+// requireSlotsAccounted checks L5 after everything ended: no slot is still leased.
+func requireSlotsAccounted(t testing.TB, e *Engine) {
+	t.Helper()
+	st := e.pool.Stats()
+	require.Equal(t, st.Total, st.Free+st.Leased+st.Poisoned)
+	require.Zero(t, st.Leased, "a slot lease outlived every transfer")
+}
+
+func waitClosed(t testing.TB, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not close within 10s", what)
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// eventually polls cond until it holds or 10s pass.
+func eventually(t testing.TB, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached within 10s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+var bg = context.Background()

@@ -1,0 +1,968 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// start runs one request between the pair and returns the sending and receiving handles.
+func (p *pair) start(t testing.TB, id RequestID, src, dst *kvPool) (hs, hr *Handle) {
+	t.Helper()
+	hs, err := p.src.Send(bg, Spec{ID: id, Peer: "decode", Plan: src.plan, Pool: src.mem})
+	require.NoError(t, err)
+	hr, err = p.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+	require.NoError(t, err)
+	return hs, hr
+}
+
+// pools returns a filled source pool and an empty destination pool over 4 blocks: 2 KiB of
+// stream, 3 chunks through 1 KiB slots.
+func pools(t testing.TB, seed uint64) (src, dst *kvPool) {
+	return newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 2, 3, 4), seed),
+		newKVPool(t, testDims, layout.LayerMajor, nil, blocks(5, 6, 7, 8), 0)
+}
+
+func dataOnly(f Fault) func(FaultPoint) Fault {
+	return func(fp FaultPoint) Fault {
+		if fp.Kind == KindData {
+			return f
+		}
+		return Fault{}
+	}
+}
+
+func requireState(t testing.TB, h *Handle, want State, errs ...error) {
+	t.Helper()
+	st := h.Status()
+	require.Equal(t, want, st.State, "err: %v", st.Err)
+	for _, e := range errs {
+		require.ErrorIs(t, st.Err, e)
+	}
+}
+
+func TestL2_HandleAndSlotsOutliveCallerReferences(t *testing.T) {
+	p := newPair(t, fastConfig(), fastConfig())
+	p.net.SetFault(dataOnly(Fault{Hang: true}))
+	src, dst := pools(t, 1)
+	hs, hr := p.start(t, 1, src, dst)
+	eventually(t, func() bool { return p.net.OnWire() > 0 }, "transfer on the wire")
+
+	// The caller lets go of both handles while the transport holds their slots.
+	require.NoError(t, hs.Release())
+	require.NoError(t, hr.Release())
+	require.ErrorIs(t, hr.Release(), ErrOverReleased)
+	require.ErrorIs(t, hr.Retain(), ErrOverReleased)
+	// The engine still holds its reference: the id is live, and a second Send is refused.
+	_, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+	require.ErrorIs(t, err, ErrDuplicate)
+	require.NotZero(t, p.dst.pool.Stats().Leased, "slots stay leased while the transport holds them")
+
+	p.net.SetFault(nil)
+	p.net.Resume()
+	require.NoError(t, p.src.Drain(bg))
+	require.NoError(t, p.dst.Drain(bg))
+	requireState(t, hr, Completed)
+	require.Equal(t, src.stream(t), dst.stream(t))
+	// Every reference is gone now, so the id is free again.
+	h2, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+	require.NoError(t, err)
+	require.Equal(t, CancelledBeforeAdvertise, p.src.Cancel(1))
+	require.NoError(t, h2.Retain())
+	require.NoError(t, h2.Release())
+	require.NoError(t, h2.Release())
+	require.ErrorIs(t, h2.Release(), ErrOverReleased)
+}
+
+func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
+	p := newPair(t, fastConfig(), fastConfig())
+	_, dst := pools(t, 1)
+	// No Send: the receive is posted and advertised, waiting for a sender.
+	h, err := p.dst.Receive(bg, Spec{ID: 7, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+	require.NoError(t, err)
+	eventually(t, func() bool { return h.Status().State == Advertised }, "advertised")
+
+	var woke atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			ch := h.Done()
+			if i%2 == 1 {
+				ch = h.Quiesced()
+			}
+			select {
+			case <-ch:
+				woke.Add(1)
+			case <-time.After(10 * time.Second):
+			}
+		})
+	}
+	require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(7))
+	wg.Wait()
+	require.Equal(t, int32(8), woke.Load(), "every waiter must see the cancel")
+	requireState(t, h, Cancelled, ErrCancelled)
+}
+
+func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
+	p := newPair(t, fastConfig(), fastConfig())
+	p.net.SetFault(dataOnly(Fault{Hang: true}))
+	src, dst := pools(t, 1)
+	hs, hr := p.start(t, 1, src, dst)
+	eventually(t, func() bool { return p.net.OnWire() > 0 }, "hung on the wire")
+
+	// Status reads atomics only: it answers even while the handle's lock is held.
+	hr.mu.Lock()
+	got := make(chan Status, 1)
+	go func() { got <- hr.Status() }()
+	select {
+	case st := <-got:
+		require.Equal(t, Advertised, st.State)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Status blocked on the handle's lock")
+	}
+	hr.mu.Unlock()
+
+	// Drain is the only blocking call, and it honours its context.
+	ctx, cancel := context.WithTimeout(bg, 30*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	require.ErrorIs(t, p.dst.Drain(ctx), context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 5*time.Second)
+	p.net.SetFault(nil)
+	p.net.Resume()
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+}
+
+// TestL5_EverySlotLeaseEndsInReleaseOrPoison runs transfers under random faults and cancels
+// while sampling the pools: free + leased + poisoned = total at every sample, and afterwards
+// nothing is still leased.
+func TestL5_EverySlotLeaseEndsInReleaseOrPoison(t *testing.T) {
+	cfg := fastConfig()
+	cfg.TransferTimeout = 150 * time.Millisecond
+	cfg.QueueTimeout = 300 * time.Millisecond
+	cfg.QuarantineTimeout = 100 * time.Millisecond
+	cfg.MaxConcurrent, cfg.NumSlots = 4, 6
+	p := newPair(t, cfg, cfg)
+	r := rand.New(rand.NewPCG(5, 5))
+	var fmu sync.Mutex
+	faults := map[RequestID]Fault{}
+	p.net.SetFault(func(fp FaultPoint) Fault {
+		fmu.Lock()
+		defer fmu.Unlock()
+		f := faults[fp.Tag.Request]
+		if fp.Kind != KindData {
+			return Fault{Drop: f.Drop, Duplicate: f.Duplicate}
+		}
+		return f
+	})
+	choices := []Fault{{}, {}, {Delay: 5 * time.Millisecond}, {FailAfter: 50}, {Hang: true}, {Hang: true, NeverQuiesce: true},
+		{Delay: 300 * time.Millisecond, IgnoreCancel: true}, {Duplicate: true}}
+
+	stop := make(chan struct{})
+	var sampler sync.WaitGroup
+	var bad atomic.Value
+	sampler.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, e := range []*Engine{p.src, p.dst} {
+				if s := e.pool.Stats(); s.Free+s.Leased+s.Poisoned != s.Total {
+					bad.Store(fmt.Sprintf("%+v", s))
+				}
+			}
+			runtime.Gosched()
+		}
+	})
+
+	var hs []*Handle
+	src, dst := pools(t, 3)
+	for i := range 40 {
+		id := RequestID(1000 + i)
+		fmu.Lock()
+		faults[id] = choices[r.IntN(len(choices))]
+		fmu.Unlock()
+		a, b := p.start(t, id, src, newKVPool(t, testDims, layout.LayerMajor, nil, dst.plan.Blocks(), 0))
+		hs = append(hs, a, b)
+		if r.IntN(4) == 0 {
+			time.Sleep(time.Duration(r.IntN(3)) * time.Millisecond)
+			e := p.src
+			if r.IntN(2) == 0 {
+				e = p.dst
+			}
+			e.Cancel(id)
+		}
+		if i%10 == 9 {
+			p.net.Resume()
+		}
+	}
+	ctx, cancel := context.WithTimeout(bg, 20*time.Second)
+	defer cancel()
+	for {
+		p.net.Resume()
+		if p.src.liveDrivers.Load() == 0 && p.dst.liveDrivers.Load() == 0 {
+			break
+		}
+		require.NoError(t, ctx.Err(), "transfers did not all end")
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(stop)
+	sampler.Wait()
+	require.Nil(t, bad.Load(), "inconsistent pool stats")
+	for _, h := range hs {
+		require.True(t, isClosed(h.Done()) && isClosed(h.Quiesced()), "request %d", h.ID())
+		require.True(t, h.Status().State.Terminal())
+	}
+	requireSlotsAccounted(t, p.src)
+	requireSlotsAccounted(t, p.dst)
+}
+
+// countingTransport checks L6 on the way through: every posted operation gets exactly one
+// final completion, however it ends.
+type countingTransport struct {
+	Transport
+	mu     sync.Mutex
+	finals map[OpID]int
+	ids    map[*int]OpID
+	errs   []string
+}
+
+func (c *countingTransport) wrap(done func(Completion)) (func(Completion), *int) {
+	key := new(int)
+	return func(cp Completion) {
+		if cp.Memory != MemoryBusy {
+			c.mu.Lock()
+			c.finals[c.ids[key]]++
+			c.mu.Unlock()
+		}
+		done(cp)
+	}, key
+}
+
+func (c *countingTransport) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+	c.mu.Lock() // hold across the post so the callback cannot run before the id is known
+	defer c.mu.Unlock()
+	cb, key := c.wrap(done)
+	id, err := c.Transport.PostSend(to, tag, buf, cb)
+	if err == nil {
+		c.ids[key], c.finals[id] = id, c.finals[id]
+	}
+	return id, err
+}
+
+func (c *countingTransport) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cb, key := c.wrap(done)
+	id, err := c.Transport.PostRecv(from, tag, buf, cb)
+	if err == nil {
+		c.ids[key], c.finals[id] = id, c.finals[id]
+	}
+	return id, err
+}
+
+func TestL6_EveryOperationCompletesExactlyOnce(t *testing.T) {
+	cfg := fastConfig()
+	cfg.TransferTimeout = 100 * time.Millisecond
+	cfg.QuarantineTimeout = 5 * time.Second   // the force close, not the timer, must end the hung ones
+	cfg.QueueTimeout = 300 * time.Millisecond // hung requests may hold every slot
+	n := NewMemNetwork()
+	ct := []*countingTransport{
+		{Transport: n.Transport("prefill"), finals: map[OpID]int{}, ids: map[*int]OpID{}},
+		{Transport: n.Transport("decode"), finals: map[OpID]int{}, ids: map[*int]OpID{}},
+	}
+	a, err := New(ct[0], cfg)
+	require.NoError(t, err)
+	b, err := New(ct[1], cfg)
+	require.NoError(t, err)
+	p := &pair{net: n, src: a, dst: b}
+	n.SetFault(func(fp FaultPoint) Fault {
+		switch fp.Tag.Request % 4 {
+		case 1:
+			return Fault{Hang: true}
+		case 2:
+			return Fault{FailAfter: 10}
+		case 3:
+			return Fault{Hang: true, NeverQuiesce: true}
+		}
+		return Fault{}
+	})
+	src, dst := pools(t, 2)
+	var ended []*Handle
+	for id := range RequestID(8) {
+		hs, hr := p.start(t, id, src, newKVPool(t, testDims, layout.LayerMajor, nil, dst.plan.Blocks(), 0))
+		if id%2 == 0 {
+			ended = append(ended, hs, hr)
+		}
+	}
+	for _, h := range ended {
+		waitClosed(t, h.Quiesced(), "completed or failed")
+	}
+	eventually(t, func() bool { return n.OnWire() >= 8 }, "four requests hung")
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	require.Zero(t, n.Pending(), "operations left without a final verdict")
+	total := 0
+	for _, c := range ct {
+		for id, k := range c.finals {
+			require.Equal(t, 1, k, "op %d got %d final completions", id, k)
+			total++
+		}
+	}
+	require.Greater(t, total, 16)
+}
+
+func TestL8_DuplicatesNeverStartASecondTransfer(t *testing.T) {
+	t.Run("duplicate Send and Receive for a live id", func(t *testing.T) {
+		p := newPair(t, fastConfig(), fastConfig())
+		src, dst := pools(t, 1)
+		_, err := p.dst.Receive(bg, Spec{ID: 5, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+		require.NoError(t, err)
+		_, err = p.dst.Receive(bg, Spec{ID: 5, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+		require.ErrorIs(t, err, ErrDuplicate)
+		_, err = p.dst.Send(bg, Spec{ID: 5, Peer: "prefill", Plan: src.plan, Pool: src.mem})
+		require.ErrorIs(t, err, ErrDuplicate)
+		hs, err := p.src.Send(bg, Spec{ID: 5, Peer: "decode", Plan: src.plan, Pool: src.mem})
+		require.NoError(t, err)
+		_, err = p.src.Send(bg, Spec{ID: 5, Peer: "decode", Plan: src.plan, Pool: src.mem})
+		require.ErrorIs(t, err, ErrDuplicate)
+		waitClosed(t, hs.Quiesced(), "sent")
+		requireState(t, hs, Completed)
+		require.Equal(t, src.stream(t), dst.stream(t))
+	})
+	t.Run("every control message delivered twice, requests retried", func(t *testing.T) {
+		cfg := fastConfig()
+		cfg.RetryInterval = time.Millisecond
+		p := newPair(t, cfg, cfg)
+		p.net.SetFault(func(fp FaultPoint) Fault {
+			if fp.Kind == KindData {
+				return Fault{Delay: 10 * time.Millisecond} // let the retries pile up
+			}
+			return Fault{Duplicate: true}
+		})
+		src, dst := pools(t, 2)
+		hs, hr := p.start(t, 9, src, dst)
+		waitClosed(t, hs.Quiesced(), "sent")
+		waitClosed(t, hr.Quiesced(), "received")
+		requireState(t, hs, Completed)
+		requireState(t, hr, Completed)
+		require.Equal(t, src.plan.Bytes(), hs.Status().Bytes, "bytes counted once")
+		require.Equal(t, src.plan.Bytes(), hr.Status().Bytes, "bytes counted once")
+		require.Equal(t, src.stream(t), dst.stream(t))
+	})
+}
+
+func TestL9_UnknownQuiescenceMeansPoisonNeverRelease(t *testing.T) {
+	cases := []struct {
+		desc  string
+		fault Fault
+		lose  bool
+	}{
+		{"cancelled op never reports again", Fault{Hang: true, NeverQuiesce: true}, false},
+		{"lost peer leaves the memory unknown", Fault{Hang: true, NeverQuiesce: true}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := fastConfig()
+			cfg.TransferTimeout = 300 * time.Millisecond
+			cfg.QuarantineTimeout = 100 * time.Millisecond
+			if c.lose {
+				cfg.TransferTimeout = 10 * time.Second
+			}
+			p := newPair(t, cfg, cfg)
+			p.net.SetFault(dataOnly(c.fault))
+			src, dst := pools(t, 1)
+			hs, hr := p.start(t, 1, src, dst)
+			eventually(t, func() bool { return p.net.OnWire() >= 4 }, "two chunks hung on the wire")
+			if c.lose {
+				p.net.LosePeer("prefill")
+			}
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			for _, e := range []*Engine{p.src, p.dst} {
+				st := e.pool.Stats()
+				require.Equal(t, 2, st.Poisoned, "both hung slots poisoned, never released")
+				require.Zero(t, st.Leased)
+			}
+			requireState(t, hr, Failed)
+			p.net.Resume() // nothing may come back from a poisoned slot
+			time.Sleep(20 * time.Millisecond)
+			require.Equal(t, 2, p.dst.pool.Stats().Poisoned)
+			require.False(t, p.dst.Health().Healthy == (p.dst.pool.Stats().Total-2 < cfg.MaxConcurrent))
+		})
+	}
+}
+
+func TestL9_LateCompletionAfterPoisonNeverReturnsTheSlot(t *testing.T) {
+	cfg := fastConfig()
+	cfg.TransferTimeout = 300 * time.Millisecond
+	cfg.QuarantineTimeout = 50 * time.Millisecond
+	p := newPair(t, cfg, cfg)
+	p.net.SetFault(dataOnly(Fault{Hang: true}))
+	src, dst := pools(t, 1)
+	hs, hr := p.start(t, 1, src, dst)
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	before := p.dst.pool.Stats()
+	require.Equal(t, 2, before.Poisoned)
+	require.NotZero(t, p.net.Pending(), "the hung operations are still out there")
+
+	p.net.Resume() // the transport completes late, successfully
+	eventually(t, func() bool { return p.net.Pending() == 0 }, "late completions delivered")
+	time.Sleep(10 * time.Millisecond)
+	require.Equal(t, before, p.dst.pool.Stats(), "a late completion put a poisoned slot back")
+	require.Equal(t, make([]byte, dst.plan.Bytes()), dst.stream(t), "a late chunk was scattered into caller memory")
+}
+
+func TestL10_QuiescedClosesOnceAndOnlyWhenTheTransportLetsGo(t *testing.T) {
+	cfg := fastConfig()
+	cfg.QuarantineTimeout = 10 * time.Second
+	dcfg := cfg
+	dcfg.TransferTimeout = 300 * time.Millisecond
+	p := newPair(t, cfg, dcfg)
+	p.net.SetFault(dataOnly(Fault{Hang: true}))
+	src, dst := pools(t, 1)
+	hs, hr := p.start(t, 1, src, dst)
+
+	waitClosed(t, hr.Done(), "receiver done")
+	requireState(t, hr, Quarantined, ErrQuarantined, ErrDeadline)
+	require.Equal(t, NotCancellable, p.dst.Cancel(1))
+	time.Sleep(50 * time.Millisecond)
+	require.False(t, isClosed(hr.Quiesced()), "quiesced while the transport still holds the slot")
+	require.NotZero(t, p.dst.pool.Stats().Leased)
+	require.Equal(t, int64(1), p.dst.Health().Quarantined)
+
+	p.net.Resume()
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	requireState(t, hr, Failed, ErrDeadline)
+	requireState(t, hs, Failed, ErrPeerAborted)
+	require.Zero(t, p.dst.pool.Stats().Poisoned, "proven done: released, not poisoned")
+	require.Zero(t, p.dst.Health().Quarantined)
+	require.Equal(t, make([]byte, dst.plan.Bytes()), dst.stream(t), "the engine wrote caller memory after giving up")
+}
+
+func TestL11_NoWaitWithoutABound(t *testing.T) {
+	cfg := fastConfig()
+	cfg.QueueTimeout = 50 * time.Millisecond
+	cfg.TransferTimeout = 50 * time.Millisecond
+	cfg.MaxConcurrent, cfg.NumSlots, cfg.PipelineDepth = 1, 1, 1
+	p := newPair(t, cfg, cfg)
+	src, dst := pools(t, 1)
+
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+	require.NoError(t, err)
+	hr, err := p.dst.Receive(bg, Spec{ID: 2, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+	require.NoError(t, err)
+	// The only slot is taken by request 2, so request 3 waits in the queue, bounded too.
+	eventually(t, func() bool { return hr.Status().State == Advertised }, "request 2 holds the slot")
+	hq, err := p.dst.Receive(bg, Spec{ID: 3, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+	defer cancel()
+	hc, err := p.src.Send(ctx, Spec{ID: 4, Peer: "decode", Plan: src.plan, Pool: src.mem})
+	require.NoError(t, err)
+
+	for _, h := range []*Handle{hs, hr, hq, hc} {
+		waitClosed(t, h.Quiesced(), "bounded wait")
+	}
+	requireState(t, hs, Failed, ErrQueueTimeout) // no receiver ever asked
+	requireState(t, hr, Failed, ErrDeadline)     // no sender ever answered
+	requireState(t, hc, Failed, ErrQueueTimeout, context.DeadlineExceeded)
+	require.True(t, hq.Status().State == Failed || hq.Status().State == Completed)
+}
+
+func TestL12_HealthTellsTheTruth(t *testing.T) {
+	t.Run("a hung transport turns unhealthy within the progress deadline and recovers", func(t *testing.T) {
+		cfg := fastConfig()
+		cfg.ProgressDeadline = 100 * time.Millisecond
+		cfg.TransferTimeout = 10 * time.Second
+		p := newPair(t, cfg, cfg)
+		p.net.SetFault(dataOnly(Fault{Hang: true}))
+		src, dst := pools(t, 1)
+		hs, hr := p.start(t, 1, src, dst)
+		require.True(t, p.dst.Health().Healthy)
+		start := time.Now()
+		eventually(t, func() bool { return !p.dst.Health().Healthy }, "unhealthy")
+		require.Less(t, time.Since(start), cfg.ProgressDeadline+time.Second)
+		h := p.dst.Health()
+		require.Contains(t, h.Reason, "no transfer progressed")
+		require.Equal(t, int64(1), h.InFlight)
+		require.Greater(t, h.SinceProgress, cfg.ProgressDeadline)
+
+		p.net.SetFault(nil)
+		p.net.Resume()
+		waitClosed(t, hr.Quiesced(), "received")
+		waitClosed(t, hs.Quiesced(), "sent")
+		requireState(t, hr, Completed)
+		require.True(t, p.dst.Health().Healthy, p.dst.Health().Reason)
+	})
+	t.Run("quarantines over budget", func(t *testing.T) {
+		cfg := fastConfig()
+		cfg.QuarantineBudget = 0
+		cfg.QuarantineBudget = -0 // zero takes the default; a budget of one is the smallest test
+		cfg.QuarantineBudget = 1
+		cfg.TransferTimeout = 300 * time.Millisecond
+		cfg.QuarantineTimeout = 10 * time.Second
+		p := newPair(t, cfg, cfg)
+		p.net.SetFault(dataOnly(Fault{Hang: true}))
+		src, dst := pools(t, 1)
+		_, h1 := p.start(t, 1, src, dst)
+		_, h2 := p.start(t, 2, src, newKVPool(t, testDims, layout.LayerMajor, nil, blocks(9, 10, 11, 12), 0))
+		waitClosed(t, h1.Done(), "quarantined")
+		waitClosed(t, h2.Done(), "quarantined")
+		h := p.dst.Health()
+		require.False(t, h.Healthy)
+		require.Contains(t, h.Reason, "2 transfers quarantined, over the budget of 1")
+		p.net.Resume()
+		waitClosed(t, h1.Quiesced(), "resolved")
+		waitClosed(t, h2.Quiesced(), "resolved")
+		require.True(t, p.dst.Health().Healthy, p.dst.Health().Reason)
+	})
+	t.Run("poisoned slots leave too few", func(t *testing.T) {
+		cfg := fastConfig()
+		cfg.MaxConcurrent, cfg.NumSlots = 2, 2
+		cfg.TransferTimeout = 300 * time.Millisecond
+		cfg.QuarantineTimeout = 30 * time.Millisecond
+		p := newPair(t, cfg, cfg)
+		p.net.SetFault(dataOnly(Fault{Hang: true, NeverQuiesce: true}))
+		src, dst := pools(t, 1)
+		_, hr := p.start(t, 1, src, dst)
+		waitClosed(t, hr.Quiesced(), "poisoned")
+		h := p.dst.Health()
+		require.False(t, h.Healthy)
+		require.Contains(t, h.Reason, "staging slots poisoned")
+		require.Equal(t, 2, h.PoisonedSlots)
+	})
+}
+
+func TestL13_PoolBelowConcurrencyIsRefused(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxConcurrent, cfg.NumSlots = 8, 5
+	tr := NewMemNetwork().Transport("x")
+	defer func() { require.NoError(t, tr.Close(true)) }() // a failed New leaves the transport with its caller
+	_, err := New(tr, cfg)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorIs(t, err, buffer.ErrUndersized)
+	require.Contains(t, err.Error(), "needs at least 8 slots")
+}
+
+// TestL13_RequestLargerThanTheStagingPoolStreams moves a 64k-token request through two 4 MiB
+// slots per side: it must complete, and allocate a small fraction of its size.
+func TestL13_RequestLargerThanTheStagingPoolStreams(t *testing.T) {
+	d := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 2, HeadDim: 16, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 4096}
+	cfg := fastConfig()
+	cfg.SlotBytes = 4 << 20
+	cfg.MaxConcurrent, cfg.NumSlots = 1, 2
+	cfg.TransferTimeout = 60 * time.Second
+	p := newPair(t, cfg, cfg)
+	src := newKVPool(t, d, layout.BlockMajor, nil, seqBlocks(0, 4096), 11)
+	dst := newKVPool(t, d, layout.LayerMajor, nil, seqBlocks(0, 4096), 0)
+	require.Greater(t, src.plan.Bytes(), 3*cfg.SlotBytes, "the request must be larger than both slots")
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	hs, hr := p.start(t, 1, src, dst)
+	waitClosed(t, hr.Quiesced(), "received")
+	waitClosed(t, hs.Quiesced(), "sent")
+	runtime.ReadMemStats(&after)
+	requireState(t, hr, Completed)
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(src.plan.Bytes()/8), "streaming allocated like a copy of the request")
+	want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
+	require.NoError(t, HostMover(src.mem).Gather(src.plan, 0, want)) // checked against the reference in TestHostMoverMatchesReference
+	require.NoError(t, HostMover(dst.mem).Gather(dst.plan, 0, got))
+	require.True(t, bytes.Equal(want, got), "the streamed request arrived corrupted")
+}
+
+// TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs has a TP=1 decode rank receive its four
+// heads from two TP=2 prefill ranks, two heads each.
+func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
+	half := testDims
+	half.NumHeads = 2
+	setup := func(t *testing.T, obs Observer) (*MemNetwork, [2]*Engine, *Engine, [2]*kvPool, *kvPool, [2]layout.Selection) {
+		cfg := fastConfig()
+		cfg.CancelGrace = 50 * time.Millisecond
+		cfg.QuarantineTimeout = 10 * time.Second
+		n := NewMemNetwork()
+		var senders [2]*Engine
+		var srcs [2]*kvPool
+		for i := range 2 {
+			e, err := New(n.Transport(Peer(fmt.Sprintf("prefill-%d", i))), cfg)
+			require.NoError(t, err)
+			senders[i] = e
+			srcs[i] = newKVPool(t, half, layout.BlockMajor, nil, blocks(1, 2, 3), uint64(10+i))
+		}
+		dcfg := cfg
+		dcfg.Observer = obs
+		recv, err := New(n.Transport("decode"), dcfg)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			for _, e := range append(senders[:], recv) {
+				require.NoError(t, e.Close())
+				requireSlotsAccounted(t, e)
+			}
+		})
+		dst := newKVPool(t, testDims, layout.LayerMajorNHD, nil, blocks(4, 5, 6), 0)
+		sels := [2]layout.Selection{{LayerEnd: 2, HeadBegin: 0, HeadEnd: 2}, {LayerEnd: 2, HeadBegin: 2, HeadEnd: 4}}
+		return n, senders, recv, srcs, dst, sels
+	}
+	receive := func(t *testing.T, recv *Engine, dst *kvPool, sels [2]layout.Selection) *Handle {
+		var subs []SubSpec
+		for i, s := range sels {
+			plan, err := layout.NewPlan(dst.l, s, dst.plan.Blocks())
+			require.NoError(t, err)
+			subs = append(subs, SubSpec{Peer: Peer(fmt.Sprintf("prefill-%d", i)), Plan: plan})
+		}
+		h, err := recv.Receive(bg, Spec{ID: 77, Subs: subs, Pool: dst.mem})
+		require.NoError(t, err)
+		return h
+	}
+
+	t.Run("both halves arrive", func(t *testing.T) {
+		_, senders, recv, srcs, dst, sels := setup(t, nil)
+		h := receive(t, recv, dst, sels)
+		for i, e := range senders {
+			_, err := e.Send(bg, Spec{ID: 77, Peer: "decode", Plan: srcs[i].plan, Pool: srcs[i].mem})
+			require.NoError(t, err)
+		}
+		waitClosed(t, h.Quiesced(), "received")
+		requireState(t, h, Completed)
+		require.Equal(t, srcs[0].plan.Bytes()+srcs[1].plan.Bytes(), h.Status().Bytes)
+		for i, s := range sels {
+			plan, err := layout.NewPlan(dst.l, s, dst.plan.Blocks())
+			require.NoError(t, err)
+			got := make([]byte, plan.Bytes())
+			require.NoError(t, layout.ReferenceGather(plan, dst.mem, got))
+			require.Equal(t, srcs[i].stream(t), got, "half %d", i)
+		}
+	})
+
+	t.Run("a first error waits for the sibling that may still write", func(t *testing.T) {
+		obs := &terminalProbe{}
+		n, senders, recv, srcs, dst, sels := setup(t, obs)
+		n.SetFault(func(fp FaultPoint) Fault {
+			switch {
+			case fp.Kind != KindData:
+				return Fault{}
+			case fp.From == "prefill-0":
+				return Fault{FailAfter: 8}
+			}
+			return Fault{Hang: true}
+		})
+		h := receive(t, recv, dst, sels)
+		obs.h.Store(h)
+		// Sub 1 first, so its chunks are on the wire, hung, before sub 0 fails.
+		_, err := senders[1].Send(bg, Spec{ID: 77, Peer: "decode", Plan: srcs[1].plan, Pool: srcs[1].mem})
+		require.NoError(t, err)
+		eventually(t, func() bool { return n.OnWire() >= 2 }, "sub 1 hung")
+		_, err = senders[0].Send(bg, Spec{ID: 77, Peer: "decode", Plan: srcs[0].plan, Pool: srcs[0].mem})
+		require.NoError(t, err)
+
+		waitClosed(t, h.Done(), "decided")
+		require.True(t, obs.sawSub0Fail.Load(), "sub 0 never failed")
+		require.False(t, obs.doneAtSub0Fail.Load(), "the handle was done while sub 1 was still running")
+		requireState(t, h, Quarantined, ErrQuarantined, ErrInjected)
+		time.Sleep(30 * time.Millisecond)
+		require.False(t, isClosed(h.Quiesced()), "quiesced while sub 1's slot may still be written")
+
+		n.Resume()
+		waitClosed(t, h.Quiesced(), "resolved")
+		requireState(t, h, Failed, ErrInjected)
+	})
+}
+
+// terminalProbe records, at the moment sub 0 fails, whether the handle was already done.
+type terminalProbe struct {
+	NopObserver
+	h              atomic.Pointer[Handle]
+	sawSub0Fail    atomic.Bool
+	doneAtSub0Fail atomic.Bool
+}
+
+func (o *terminalProbe) OnTransition(id RequestID, sub int, from, to State, ev Event) {
+	if sub == 0 && to == Failed {
+		o.sawSub0Fail.Store(true)
+		if h := o.h.Load(); h != nil && isClosed(h.Done()) {
+			o.doneAtSub0Fail.Store(true)
+		}
+	}
+}
+
+func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {
+	type setup func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle)
+	cases := []struct {
+		desc     string
+		cfg      func(*Config)
+		setup    setup
+		want     CancelOutcome
+		final    State
+		freeNow  bool
+		finalErr error
+	}{
+		{"unknown id", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) { return p.dst, nil },
+			NotFound, 0, true, nil},
+		{"queued sender, no request yet", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
+			h, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+			require.NoError(t, err)
+			return p.src, h
+		}, CancelledBeforeAdvertise, Cancelled, true, ErrCancelled},
+		{"advertised receiver", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
+			h, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			require.NoError(t, err)
+			eventually(t, func() bool { return h.Status().State == Advertised }, "advertised")
+			return p.dst, h
+		}, CancelRequestedInFlight, Cancelled, false, ErrCancelled},
+		{"in flight, chunk on the wire", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
+			p.net.SetFault(func(fp FaultPoint) Fault {
+				if fp.Kind == KindData && fp.Tag.Seq == 1 {
+					return Fault{Delay: 100 * time.Millisecond}
+				}
+				return Fault{}
+			})
+			_, h := p.start(t, 1, src, dst)
+			eventually(t, func() bool { return h.Status().State == InFlight }, "in flight")
+			return p.dst, h
+		}, CancelRequestedInFlight, Failed, false, nil}, // quarantined for CancelGrace, then resolved
+		{"completed", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
+			_, h := p.start(t, 1, src, dst)
+			waitClosed(t, h.Quiesced(), "completed")
+			return p.dst, h
+		}, AlreadyComplete, Completed, true, nil},
+		{"quarantined", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
+			p.net.SetFault(dataOnly(Fault{Hang: true}))
+			_, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+			require.NoError(t, err)
+			h, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Timeout: 300 * time.Millisecond})
+			require.NoError(t, err)
+			waitClosed(t, h.Done(), "quarantined")
+			return p.dst, h
+		}, NotCancellable, Failed, false, ErrDeadline},
+		{"backend unhealthy", func(c *Config) { c.ProgressDeadline = 20 * time.Millisecond }, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
+			p.net.SetFault(dataOnly(Fault{Hang: true}))
+			_, h := p.start(t, 1, src, dst)
+			eventually(t, func() bool { return !p.dst.Health().Healthy }, "unhealthy")
+			return p.dst, h
+		}, BackendUnhealthy, Cancelled, false, ErrCancelled},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := fastConfig()
+			cfg.CancelGrace = 10 * time.Millisecond
+			cfg.QuarantineTimeout = 200 * time.Millisecond
+			if c.cfg != nil {
+				c.cfg(&cfg)
+			}
+			p := newPair(t, cfg, cfg)
+			src, dst := pools(t, 4)
+			e, h := c.setup(t, p, src, dst)
+			got := e.Cancel(1)
+			require.Equal(t, c.want, got)
+			require.Equal(t, c.freeNow, got.FreeNow())
+			if h == nil {
+				return
+			}
+			if got.FreeNow() {
+				require.True(t, isClosed(h.Quiesced()), "%v must leave the memory quiescent on return", got)
+			}
+			p.net.Resume()
+			waitClosed(t, h.Quiesced(), "quiesced")
+			if c.final == Failed && c.finalErr == nil { // cancel raced the last chunk or the wire
+				s := h.Status().State
+				require.True(t, s == Cancelled || s == Completed || s == Failed, "%v", s)
+			} else {
+				requireState(t, h, c.final)
+				if c.finalErr != nil {
+					require.ErrorIs(t, h.Status().Err, c.finalErr)
+				}
+			}
+			require.Equal(t, map[bool]CancelOutcome{true: AlreadyComplete, false: NotFound}[true], e.Cancel(1))
+		})
+	}
+}
+
+func TestBadInputGivesTypedErrors(t *testing.T) {
+	p := newPair(t, fastConfig(), fastConfig())
+	src, dst := pools(t, 1)
+	other := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 2, 3), 1)
+	cases := []struct {
+		desc    string
+		receive bool
+		spec    Spec
+		want    error
+		field   string
+	}{
+		{"nil plan", false, Spec{ID: 1, Peer: "decode", Pool: src.mem}, ErrInvalidSpec, "Plan"},
+		{"empty peer", false, Spec{ID: 1, Plan: src.plan, Pool: src.mem}, ErrInvalidSpec, "Plan.Peer"},
+		{"pool smaller than the layout", false, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem[:10]}, layout.ErrBufferTooSmall, "Pool"},
+		{"negative timeout", true, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Timeout: -1}, ErrInvalidSpec, "Timeout"},
+		{"subs on a send", false, Spec{ID: 1, Subs: []SubSpec{{Peer: "decode", Plan: src.plan}}, Pool: src.mem}, ErrInvalidSpec, "Subs"},
+		{"subs and peer", true, Spec{ID: 1, Peer: "x", Subs: []SubSpec{{Peer: "prefill", Plan: dst.plan}}, Pool: dst.mem}, ErrInvalidSpec, "Subs"},
+		{"one peer twice", true, Spec{ID: 1, Subs: []SubSpec{{Peer: "a", Plan: dst.plan}, {Peer: "a", Plan: dst.plan}}, Pool: dst.mem}, ErrInvalidSpec, "Subs[1].Peer"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			var err error
+			if c.receive {
+				_, err = p.dst.Receive(bg, c.spec)
+			} else {
+				_, err = p.src.Send(bg, c.spec)
+			}
+			require.ErrorIs(t, err, c.want)
+			require.ErrorIs(t, err, ErrInvalidSpec)
+			var se *SpecError
+			require.ErrorAs(t, err, &se)
+			require.Equal(t, c.field, se.Field)
+		})
+	}
+
+	t.Run("receiver layout the sender cannot produce", func(t *testing.T) {
+		hs, err := p.src.Send(bg, Spec{ID: 50, Peer: "decode", Plan: other.plan, Pool: other.mem})
+		require.NoError(t, err)
+		hr, err := p.dst.Receive(bg, Spec{ID: 50, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+		require.NoError(t, err)
+		waitClosed(t, hs.Quiesced(), "sender")
+		waitClosed(t, hr.Quiesced(), "receiver")
+		requireState(t, hs, Failed, ErrIncompatible, layout.ErrIncompatible)
+		requireState(t, hr, Failed, ErrIncompatible, ErrPeerAborted)
+		require.Contains(t, hr.Status().Err.Error(), "Blocks: receiver has 4, sender has 3")
+	})
+
+	t.Run("malformed control messages are counted and dropped", func(t *testing.T) {
+		tr := p.net.Transport("vandal")
+		require.NoError(t, tr.Bind(inbound{p.dst}))
+		require.NoError(t, tr.SendControl("decode", []byte("not a message at all")))
+		eventually(t, func() bool { return p.dst.Health().MalformedControl == 1 }, "counted")
+		require.NoError(t, tr.Close(true))
+	})
+
+	t.Run("calls after Close", func(t *testing.T) {
+		n := NewMemNetwork()
+		e, err := New(n.Transport("solo"), fastConfig())
+		require.NoError(t, err)
+		h, err := e.Send(bg, Spec{ID: 3, Peer: "nobody", Plan: src.plan, Pool: src.mem})
+		require.NoError(t, err)
+		require.NoError(t, e.Close())
+		require.NoError(t, e.Close(), "Close is idempotent")
+		_, err = e.Send(bg, Spec{ID: 4, Peer: "nobody", Plan: src.plan, Pool: src.mem})
+		require.ErrorIs(t, err, ErrClosed)
+		_, err = e.Receive(bg, Spec{ID: 4, Peer: "nobody", Plan: src.plan, Pool: src.mem})
+		require.ErrorIs(t, err, ErrClosed)
+		requireState(t, h, Failed, ErrClosed)
+		require.Equal(t, AlreadyComplete, e.Cancel(3))
+		require.False(t, e.Health().Healthy)
+		require.Contains(t, e.Health().Reason, "closed")
+		require.NoError(t, e.Drain(bg))
+		require.NoError(t, h.Release())
+		require.ErrorIs(t, h.Release(), ErrOverReleased)
+	})
+}
+
+func TestFaultsEndEveryTransferCleanly(t *testing.T) {
+	cases := []struct {
+		desc   string
+		fault  func(FaultPoint) Fault
+		lose   bool
+		state  State
+		errs   []error
+		sender []error
+	}{
+		{"first request-info dropped, retry recovers", dropFirst(KindRequestInfo), false, Completed, nil, nil},
+		{"done message dropped: sender fails at its deadline, memory quiescent", dropAll(KindDone), false, Completed, nil, []error{ErrDeadline}},
+		{"chunks delayed", dataOnly(Fault{Delay: 5 * time.Millisecond}), false, Completed, nil, nil},
+		{"chunk fails after 100 bytes", dataOnly(Fault{FailAfter: 100}), false, Failed, []error{ErrInjected}, []error{ErrInjected}},
+		{"peer lost mid-transfer", dataOnly(Fault{Hang: true}), true, Failed, []error{ErrPeerLost}, []error{ErrPeerLost}},
+		{"chunk completes late, after the deadline", dataOnly(Fault{Delay: 600 * time.Millisecond, IgnoreCancel: true}), false, Failed, []error{ErrDeadline}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := fastConfig()
+			cfg.TransferTimeout = 300 * time.Millisecond
+			cfg.QuarantineTimeout = 5 * time.Second
+			p := newPair(t, cfg, cfg)
+			p.net.SetFault(c.fault)
+			src, dst := pools(t, 1)
+			hs, hr := p.start(t, 1, src, dst)
+			if c.lose {
+				eventually(t, func() bool { return p.net.OnWire() > 0 }, "on the wire")
+				p.net.LosePeer("decode")
+			}
+			waitClosed(t, hr.Quiesced(), "receiver")
+			waitClosed(t, hs.Quiesced(), "sender")
+			requireState(t, hr, c.state, c.errs...)
+			if c.state == Completed {
+				require.Equal(t, src.stream(t), dst.stream(t))
+			}
+			if c.sender != nil {
+				requireState(t, hs, Failed, c.sender...)
+			}
+			require.Zero(t, p.src.pool.Stats().Poisoned+p.dst.pool.Stats().Poisoned, "every failure here is provably quiescent")
+		})
+	}
+}
+
+func dropFirst(k Kind) func(FaultPoint) Fault {
+	var dropped atomic.Bool
+	return func(fp FaultPoint) Fault {
+		if fp.Kind == k && dropped.CompareAndSwap(false, true) {
+			return Fault{Drop: true}
+		}
+		return Fault{}
+	}
+}
+
+func dropAll(k Kind) func(FaultPoint) Fault {
+	return func(fp FaultPoint) Fault { return Fault{Drop: fp.Kind == k} }
+}
+
+func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
+	cases := []struct {
+		desc  string
+		mut   func(*Config)
+		field string
+	}{
+		{"slot no larger than the header", func(c *Config) { c.SlotBytes = DataHeaderBytes }, "SlotBytes"},
+		{"negative concurrency", func(c *Config) { c.MaxConcurrent = -1 }, "MaxConcurrent"},
+		{"negative depth", func(c *Config) { c.PipelineDepth = -2 }, "PipelineDepth"},
+		{"negative quarantine budget", func(c *Config) { c.QuarantineBudget = -1 }, "QuarantineBudget"},
+		{"negative deadline", func(c *Config) { c.ProgressDeadline = -time.Second }, "ProgressDeadline"},
+		{"staging memory too small", func(c *Config) { c.StagingMemory = make([]byte, 100); c.NumSlots = 4 }, "StagingMemory"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := fastConfig()
+			c.mut(&cfg)
+			tr := NewMemNetwork().Transport("x")
+			defer func() { require.NoError(t, tr.Close(true)) }()
+			_, err := New(tr, cfg)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			var ce *ConfigError
+			require.ErrorAs(t, err, &ce)
+			require.Equal(t, c.field, ce.Field)
+		})
+	}
+	_, err := New(nil, Config{})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	d := Config{}.withDefaults()
+	require.Equal(t, int64(DefaultSlotBytes), d.SlotBytes)
+	require.Equal(t, DefaultMaxConcurrent*DefaultPipelineDepth, d.NumSlots)
+	require.True(t, strings.Contains((&ConfigError{Field: "F", Value: 1, Reason: "r"}).Error(), "F = 1: r"))
+	require.True(t, errors.Is(&SpecError{}, ErrInvalidSpec))
+}

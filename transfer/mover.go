@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/native"
+)
+
+// Mover copies a plan's stream between the caller's KV pool and staging memory. It is the seam
+// through which the engine touches caller memory: the host mover works on a []byte pool, a
+// device mover (CUDA) will run the same plans on the GPU. The engine calls it from a
+// transfer's own goroutine only, and never after the transfer has ended.
+type Mover interface {
+	// Gather copies stream bytes [off, off+len(dst)) of p out of the pool into dst.
+	Gather(p *layout.Plan, off int64, dst []byte) error
+	// Scatter copies src into the pool at stream bytes [off, off+len(src)) of p.
+	Scatter(p *layout.Plan, src []byte, off int64) error
+}
+
+// HostMover returns the Mover for a KV pool in host memory. It copies with the C gather and
+// scatter of package native (the same layout header as the CUDA kernels); a build without cgo
+// falls back to a Go loop over the same plan math.
+func HostMover(pool []byte) Mover { return hostMover{pool: pool} }
+
+type hostMover struct{ pool []byte }
+
+func (m hostMover) Gather(p *layout.Plan, off int64, dst []byte) error {
+	err := native.HostGather(p, m.pool, off, dst)
+	if errors.Is(err, native.ErrNotSupported) {
+		return goCopy(p, m.pool, off, dst, true)
+	}
+	return err
+}
+
+func (m hostMover) Scatter(p *layout.Plan, src []byte, off int64) error {
+	err := native.HostScatter(p, src, off, m.pool)
+	if errors.Is(err, native.ErrNotSupported) {
+		return goCopy(p, m.pool, off, src, false)
+	}
+	return err
+}
+
+// goCopy is the cgo-free host copy: it walks the stream range in runs of pool-contiguous rows
+// (Plan.RunUnits), so a packed layout copies whole blocks at a time and a strided one row by
+// row.
+func goCopy(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) error {
+	n := int64(len(stream))
+	if err := p.CheckRange(off, n); err != nil {
+		return err
+	}
+	if span := p.Layout().SpanBytes(); int64(len(pool)) < span {
+		return &layout.FieldError{Field: "pool", Value: int64(len(pool)), Reason: fmt.Sprintf("needs %d bytes", span), Err: layout.ErrBufferTooSmall}
+	}
+	row := p.Layout().RowBytes()
+	run := p.RunUnits()
+	pos := int64(0)
+	for pos < n {
+		s := off + pos
+		unit, in := s/row, s%row
+		// Rows left in this run: runs start at multiples of run in the stream.
+		left := (run - unit%run) * row
+		k := min(left-in, n-pos)
+		at := p.UnitOffset(unit) + in
+		if gather {
+			copy(stream[pos:pos+k], pool[at:at+k])
+		} else {
+			copy(pool[at:at+k], stream[pos:pos+k])
+		}
+		pos += k
+	}
+	return nil
+}

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package observe fits a kvxfer engine into a serving process the way operators expect:
+// Prometheus metrics, a health and metrics HTTP handler for readiness and liveness probes, and
+// structured logs of every lifecycle event.
+//
+// Everything here hangs off two seams of package transfer: the transfer.Observer the engine
+// calls on every transition, cancel, quarantine, poison and chunk (plus the optional
+// transfer.StartObserver and transfer.PeerObserver), and Engine.Health, which never blocks.
+// Nothing is global: metrics are registered on the prometheus.Registerer the caller passes,
+// and logs go to the *zap.Logger the caller passes.
+//
+// Wiring, in order (the engine takes its observer at construction, the health collector
+// needs the engine):
+//
+//	reg := prometheus.NewRegistry()
+//	m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg})
+//	obs := observe.Multi(m, observe.NewLogObserver(logger))
+//	eng, err := transfer.New(tr, transfer.Config{Observer: obs, Logger: logger})
+//	err = m.CollectHealth(eng)
+//	h, err := observe.Handler(observe.HandlerConfig{Health: eng, Gatherer: reg})
+//	go http.Serve(listener, h) // serves /healthz and /metrics
+//
+// The handler answers /healthz with 503 and Health's reason whenever the engine says it is
+// unhealthy, which includes a wedged engine (transfers in flight, none progressing for the
+// progress deadline): a probe never reports a worker healthy while no transfer can move.
+//
+// Observers run synchronously inside the engine, sometimes under a handle's lock. Everything
+// in this package keeps to that contract: it takes one short mutex or atomic update per event
+// and never calls back into the engine.
+package observe

@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package observe
+
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// HealthSource is what this package needs of an engine: its verdict on itself. *transfer.Engine
+// implements it; Health must not block (the engine's never does).
+type HealthSource interface {
+	Health() transfer.Health
+}
+
+// HealthFunc adapts a function to HealthSource: to combine several engines of one process
+// into one verdict, say, or to fake one in a test.
+type HealthFunc func() transfer.Health
+
+// Health calls f.
+func (f HealthFunc) Health() transfer.Health { return f() }
+
+var _ HealthSource = (*transfer.Engine)(nil)
+
+// CollectHealth registers, on the Metrics' Registerer and with its ConstLabels, gauges read
+// from src.Health() at every scrape, so they are never staler than the scrape itself:
+//
+//	kvxfer_healthy                          1 when healthy, 0 when not
+//	kvxfer_transfers_in_flight              handles advertised or in flight
+//	kvxfer_quarantined_transfers            handles quarantined now
+//	kvxfer_quarantine_budget_transfers      the most that may be, healthy
+//	kvxfer_staging_slots                    staging slots, poisoned included
+//	kvxfer_staging_slots_free               slots free now
+//	kvxfer_staging_slots_poisoned           slots out of circulation for good
+//	kvxfer_staging_slots_min                slots needed to serve MaxConcurrent transfers
+//	kvxfer_since_last_progress_seconds      since a chunk last moved or a transfer ended
+//	kvxfer_progress_deadline_seconds        when that exceeds this with work in flight: unhealthy
+//	kvxfer_malformed_control_messages_total control messages that did not decode
+//
+// Call it once per Metrics, after the engine exists (the engine takes the Metrics as its
+// observer at construction, so the two cannot be made in one step).
+func (m *Metrics) CollectHealth(src HealthSource) error {
+	if src == nil {
+		return &ConfigError{Field: "CollectHealth(src)", Reason: "required: pass the engine"}
+	}
+	if err := m.reg.Register(newHealthCollector(src, m.constLabels)); err != nil {
+		return &ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering the health gauges (CollectHealth called twice?)", Err: err}
+	}
+	return nil
+}
+
+// healthCollector turns one Health() call per scrape into gauges.
+type healthCollector struct {
+	src                                                           HealthSource
+	healthy, inFlight, quarantined, budget                        *prometheus.Desc
+	slots, free, poisoned, minSlots, sinceProgress, deadline, bad *prometheus.Desc
+}
+
+func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, cl) }
+	return &healthCollector{
+		src:           src,
+		healthy:       d("kvxfer_healthy", "1 when Engine.Health says healthy, 0 when not (see /healthz for the reason)."),
+		inFlight:      d("kvxfer_transfers_in_flight", "Transfers advertised or in flight."),
+		quarantined:   d("kvxfer_quarantined_transfers", "Transfers quarantined now: failed for the caller, memory still pinned."),
+		budget:        d("kvxfer_quarantine_budget_transfers", "Quarantined transfers the engine tolerates before it reports unhealthy."),
+		slots:         d("kvxfer_staging_slots", "Staging slots, poisoned included."),
+		free:          d("kvxfer_staging_slots_free", "Staging slots free now."),
+		poisoned:      d("kvxfer_staging_slots_poisoned", "Staging slots taken out of circulation for good because quiescence could not be proven."),
+		minSlots:      d("kvxfer_staging_slots_min", "Usable staging slots needed to serve MaxConcurrent transfers; fewer is unhealthy."),
+		sinceProgress: d("kvxfer_since_last_progress_seconds", "Seconds since a chunk last moved or a transfer ended."),
+		deadline:      d("kvxfer_progress_deadline_seconds", "With transfers in flight, no progress for this long makes the engine unhealthy."),
+		bad:           d("kvxfer_malformed_control_messages_total", "Control messages from peers that did not decode."),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.healthy, c.inFlight, c.quarantined, c.budget, c.slots, c.free,
+		c.poisoned, c.minSlots, c.sinceProgress, c.deadline, c.bad} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector with one Health call, so the gauges of one scrape
+// agree with each other.
+func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
+	h := c.src.Health()
+	healthy := 0.0
+	if h.Healthy {
+		healthy = 1
+	}
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	gauge(c.healthy, healthy)
+	gauge(c.inFlight, float64(h.InFlight))
+	gauge(c.quarantined, float64(h.Quarantined))
+	gauge(c.budget, float64(h.QuarantineBudget))
+	gauge(c.slots, float64(h.TotalSlots))
+	gauge(c.free, float64(h.FreeSlots))
+	gauge(c.poisoned, float64(h.PoisonedSlots))
+	gauge(c.minSlots, float64(h.MinSlots))
+	gauge(c.sinceProgress, h.SinceProgress.Seconds())
+	gauge(c.deadline, h.ProgressDeadline.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(h.MalformedControl))
+}
+
+// NamedHealth is one engine of a process, named for the reasons CombineHealth reports.
+type NamedHealth struct {
+	// Name prefixes the engine's reasons ("prefill", "decode-3").
+	Name string
+	// Source is the engine.
+	Source HealthSource
+}
+
+// CombineHealth returns one verdict over several engines of a process (a worker with a
+// prefill and a decode engine, say): healthy only when every engine is; each unhealthy
+// engine's reason is prefixed with its name, and the reasons are joined with "; " in the order
+// given. The snapshot adds up the counts, and takes the longest time since progress and the
+// shortest progress deadline, so it errs towards reporting a stall. With no engines it is
+// unhealthy: a probe with nothing behind it must not pass.
+func CombineHealth(engines ...NamedHealth) HealthFunc {
+	engines = append([]NamedHealth(nil), engines...)
+	return func() transfer.Health {
+		if len(engines) == 0 {
+			return transfer.Health{Reason: "no engines to report on"}
+		}
+		var out transfer.Health
+		out.Healthy = true
+		var why []string
+		for i, e := range engines {
+			h := e.Source.Health()
+			if !h.Healthy {
+				out.Healthy = false
+				reason := h.Reason
+				if reason == "" {
+					reason = "unhealthy (no reason given)"
+				}
+				why = append(why, e.Name+": "+reason)
+			}
+			s, o := h.HealthSnapshot, &out.HealthSnapshot
+			o.InFlight += s.InFlight
+			o.Quarantined += s.Quarantined
+			o.QuarantineBudget += s.QuarantineBudget
+			o.TotalSlots += s.TotalSlots
+			o.FreeSlots += s.FreeSlots
+			o.PoisonedSlots += s.PoisonedSlots
+			o.MinSlots += s.MinSlots
+			o.MalformedControl += s.MalformedControl
+			o.SinceProgress = max(o.SinceProgress, s.SinceProgress)
+			if i == 0 || s.ProgressDeadline < o.ProgressDeadline {
+				o.ProgressDeadline = s.ProgressDeadline
+			}
+		}
+		out.Reason = strings.Join(why, "; ")
+		return out
+	}
+}

@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package observe_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/observe"
+)
+
+func TestNewMetrics_RefusesBadConfig(t *testing.T) {
+	shared := prometheus.NewRegistry()
+	_, err := observe.NewMetrics(observe.MetricsConfig{Registerer: shared})
+	require.NoError(t, err)
+	cases := []struct {
+		desc  string
+		cfg   observe.MetricsConfig
+		field string
+	}{
+		{"no registerer: there is no global default", observe.MetricsConfig{}, "MetricsConfig.Registerer"},
+		{"buckets not increasing", observe.MetricsConfig{Registerer: prometheus.NewRegistry(), DurationBuckets: []float64{1, 1}}, "MetricsConfig.DurationBuckets"},
+		{"negative MaxTracked", observe.MetricsConfig{Registerer: prometheus.NewRegistry(), MaxTracked: -1}, "MetricsConfig.MaxTracked"},
+		{"second Metrics on one registry without distinct labels", observe.MetricsConfig{Registerer: shared}, "MetricsConfig.Registerer"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			m, err := observe.NewMetrics(c.cfg)
+			require.Nil(t, m)
+			require.ErrorIs(t, err, observe.ErrInvalidConfig)
+			var ce *observe.ConfigError
+			require.True(t, errors.As(err, &ce))
+			require.Equal(t, c.field, ce.Field)
+		})
+	}
+}
+
+func TestMetrics_CollectHealthTwiceIsRefused(t *testing.T) {
+	m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	src := observe.HealthFunc(func() transfer.Health { return transfer.Health{Healthy: true} })
+	require.NoError(t, m.CollectHealth(src))
+	require.ErrorIs(t, m.CollectHealth(src), observe.ErrInvalidConfig)
+	require.ErrorIs(t, m.CollectHealth(nil), observe.ErrInvalidConfig)
+}
+
+// TestMetrics_ValuesAfterKnownTransfers moves three requests of known sizes between two real
+// engines, cancels three ways, and checks every series against what happened.
+func TestMetrics_ValuesAfterKnownTransfers(t *testing.T) {
+	p := newPair(t, smallConfig(), nil)
+	blockBytes := p.plan(t, 0).Bytes()
+	requests := []struct {
+		id     transfer.RequestID
+		blocks []int32
+	}{{1, []int32{0, 1}}, {2, []int32{2, 3, 4}}, {3, []int32{5}}}
+	var want float64
+	var handles []*transfer.Handle
+	for _, r := range requests {
+		s, rcv := p.start(t, r.id, r.blocks...)
+		handles = append(handles, s, rcv)
+		want += float64(int64(len(r.blocks)) * blockBytes)
+	}
+	for _, h := range handles {
+		require.Equal(t, transfer.Completed, waitQuiesced(t, h).State, "request %d", h.ID())
+	}
+	// A send whose receiver never asks is still queued: cancelling it frees at once.
+	queued, err := p.prefill.Send(t.Context(), transfer.Spec{ID: 4, Peer: "decode", Plan: p.plan(t, 6), Pool: p.srcPool})
+	require.NoError(t, err)
+	require.Equal(t, transfer.CancelledBeforeAdvertise, p.prefill.Cancel(4))
+	require.Equal(t, transfer.Cancelled, waitQuiesced(t, queued).State)
+	require.Equal(t, transfer.NotFound, p.prefill.Cancel(999))
+	require.Equal(t, transfer.AlreadyComplete, p.prefill.Cancel(1))
+
+	pre, dec := map[string]string{"engine": "prefill"}, map[string]string{"engine": "decode"}
+	with := func(base map[string]string, kv ...string) map[string]string {
+		out := map[string]string{}
+		for k, v := range base {
+			out[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			out[kv[i]] = kv[i+1]
+		}
+		return out
+	}
+	histCount := func(labels map[string]string) uint64 {
+		return sample(t, p.reg, "kvxfer_transfer_duration_seconds", labels).GetHistogram().GetSampleCount()
+	}
+	require.Equal(t, want, value(t, p.reg, "kvxfer_transferred_bytes_total", with(pre, "direction", "send")))
+	require.Equal(t, want, value(t, p.reg, "kvxfer_transferred_bytes_total", with(dec, "direction", "receive")))
+	require.Zero(t, value(t, p.reg, "kvxfer_transferred_bytes_total", with(pre, "direction", "receive")))
+	require.EqualValues(t, 3, histCount(with(pre, "direction", "send", "outcome", "completed")))
+	require.EqualValues(t, 3, histCount(with(dec, "direction", "receive", "outcome", "completed")))
+	require.EqualValues(t, 1, histCount(with(pre, "direction", "send", "outcome", "cancelled")))
+	require.EqualValues(t, 0, histCount(with(dec, "direction", "receive", "outcome", "failed")))
+	sum := sample(t, p.reg, "kvxfer_transfer_duration_seconds", with(dec, "direction", "receive", "outcome", "completed")).GetHistogram().GetSampleSum()
+	require.Greater(t, sum, 0.0)
+	require.Less(t, sum, 3*waitBound.Seconds())
+	for outcome, n := range map[string]float64{"cancelled-before-advertise": 1, "not-found": 1, "already-complete": 1,
+		"cancel-requested-in-flight": 0, "backend-unhealthy": 0, "not-cancellable": 0} {
+		require.Equal(t, n, value(t, p.reg, "kvxfer_cancels_total", with(pre, "outcome", outcome)), outcome)
+	}
+	require.Zero(t, value(t, p.reg, "kvxfer_quarantines_total", pre))
+
+	cfg := smallConfig()
+	slots := float64(cfg.MaxConcurrent * cfg.PipelineDepth)
+	for _, labels := range []map[string]string{pre, dec} {
+		eventually(t, waitBound, func() bool {
+			return value(t, p.reg, "kvxfer_staging_slots_free", labels) == slots
+		}, "every slot back in %v", labels)
+		require.Equal(t, slots, value(t, p.reg, "kvxfer_staging_slots", labels))
+		require.Equal(t, float64(cfg.MaxConcurrent), value(t, p.reg, "kvxfer_staging_slots_min", labels))
+		require.Zero(t, value(t, p.reg, "kvxfer_staging_slots_poisoned", labels))
+		require.Equal(t, 1.0, value(t, p.reg, "kvxfer_healthy", labels))
+		require.Zero(t, value(t, p.reg, "kvxfer_transfers_in_flight", labels))
+		require.Zero(t, value(t, p.reg, "kvxfer_quarantined_transfers", labels))
+		require.Equal(t, float64(transfer.DefaultQuarantineBudget), value(t, p.reg, "kvxfer_quarantine_budget_transfers", labels))
+		require.Equal(t, transfer.DefaultProgressDeadline.Seconds(), value(t, p.reg, "kvxfer_progress_deadline_seconds", labels))
+		require.Less(t, value(t, p.reg, "kvxfer_since_last_progress_seconds", labels), waitBound.Seconds())
+	}
+	require.Zero(t, p.pm.Tracked(), "every request forgotten once decided")
+	require.Zero(t, p.dm.Tracked())
+	problems, err := testutil.GatherAndLint(p.reg)
+	require.NoError(t, err)
+	require.Empty(t, problems, "every series follows Prometheus naming conventions")
+}
+
+// TestMetrics_ObserverEventsByHand drives a Metrics through the Observer calls an engine
+// makes, including an engine that reports no starts and peers coming and going.
+func TestMetrics_ObserverEventsByHand(t *testing.T) {
+	cases := []struct {
+		desc      string
+		start     bool // report OnStart first
+		maxTrack  int
+		direction string
+		timed     bool
+	}{
+		{"start reported: labelled and timed from acceptance", true, 0, observe.DirectionReceive, true},
+		{"no start reported: unknown direction, timed from the first transition", false, 0, observe.DirectionUnknown, true},
+		{"over MaxTracked: counted under unknown, not timed", true, 1, observe.DirectionUnknown, false},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg, MaxTracked: c.maxTrack})
+			require.NoError(t, err)
+			if c.maxTrack == 1 {
+				m.OnStart(transfer.StartInfo{ID: 99, Direction: transfer.DirectionSend}) // fills the table
+			}
+			if c.start {
+				m.OnStart(transfer.StartInfo{ID: 7, Direction: transfer.DirectionReceive, Peers: []transfer.Peer{"a"}, Bytes: 300})
+			}
+			m.OnTransition(7, -1, transfer.Queued, transfer.Advertised, transfer.EvAdvertise)
+			m.OnTransition(7, 0, transfer.Advertised, transfer.InFlight, transfer.EvProgress) // sub: ignored
+			m.OnProgress(7, 100, time.Now())
+			m.OnProgress(7, 200, time.Now())
+			m.OnQuarantine(7, 0, errors.New("deadline"))
+			m.OnTransition(7, -1, transfer.InFlight, transfer.Quarantined, transfer.EvQuarantine)
+			// Leaving quarantine is not a second outcome.
+			m.OnTransition(7, -1, transfer.Quarantined, transfer.Failed, transfer.EvResolveFailed)
+			m.OnPeerConnected("a")
+			m.OnPeerConnected("a")
+			m.OnPeerLost("a", errors.New("gone"))
+
+			require.Equal(t, 300.0, value(t, reg, "kvxfer_transferred_bytes_total", map[string]string{"direction": c.direction}))
+			var count uint64
+			if mf, ok := gathered(t, reg)["kvxfer_transfer_duration_seconds"]; ok {
+				for _, s := range mf.GetMetric() {
+					count += s.GetHistogram().GetSampleCount()
+				}
+			}
+			if c.timed {
+				require.EqualValues(t, 1, count)
+				require.EqualValues(t, 1, sample(t, reg, "kvxfer_transfer_duration_seconds",
+					map[string]string{"direction": c.direction, "outcome": "quarantined"}).GetHistogram().GetSampleCount())
+			} else {
+				require.EqualValues(t, 0, count)
+			}
+			require.Equal(t, 1.0, value(t, reg, "kvxfer_quarantines_total", nil))
+			require.Equal(t, 2.0, value(t, reg, "kvxfer_peer_connects_total", nil))
+			require.Equal(t, 1.0, value(t, reg, "kvxfer_peer_failures_total", nil))
+			want := 0
+			if c.maxTrack == 1 {
+				want = 1 // request 99 never ended
+			}
+			require.Equal(t, want, m.Tracked())
+		})
+	}
+}
+
+func TestMetrics_HealthGaugesReadAtScrape(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg})
+	require.NoError(t, err)
+	h := transfer.Health{Healthy: true}
+	require.NoError(t, m.CollectHealth(observe.HealthFunc(func() transfer.Health { return h })))
+	require.Equal(t, 1.0, value(t, reg, "kvxfer_healthy", nil))
+	h = transfer.Health{Reason: "wedged", HealthSnapshot: transfer.HealthSnapshot{InFlight: 3, Quarantined: 2,
+		TotalSlots: 8, FreeSlots: 1, PoisonedSlots: 4, MinSlots: 4, SinceProgress: 1500 * time.Millisecond,
+		ProgressDeadline: time.Second, MalformedControl: 5}}
+	for name, want := range map[string]float64{"kvxfer_healthy": 0, "kvxfer_transfers_in_flight": 3,
+		"kvxfer_quarantined_transfers": 2, "kvxfer_staging_slots": 8, "kvxfer_staging_slots_free": 1,
+		"kvxfer_staging_slots_poisoned": 4, "kvxfer_staging_slots_min": 4, "kvxfer_since_last_progress_seconds": 1.5,
+		"kvxfer_progress_deadline_seconds": 1, "kvxfer_malformed_control_messages_total": 5} {
+		require.Equal(t, want, value(t, reg, name, nil), name)
+	}
+}
+
+// TestMetrics_PeerFailuresFromTheEngine: a peer the transport loses reaches the Metrics through
+// the engine's PeerObserver hook.
+func TestMetrics_PeerFailuresFromTheEngine(t *testing.T) {
+	p := newPair(t, smallConfig(), nil)
+	require.Zero(t, value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": "prefill"}))
+	p.net.LosePeer("decode")
+	for _, engine := range []string{"prefill", "decode"} {
+		eventually(t, waitBound, func() bool {
+			return value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": engine}) == 1
+		}, "%s hears one peer lost", engine)
+	}
+}
+
+// TestMetrics_Exposition pins the names, help, types and labels operators write dashboards
+// against, in the text format Prometheus scrapes.
+func TestMetrics_Exposition(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg, ConstLabels: prometheus.Labels{"engine": "decode"}})
+	require.NoError(t, err)
+	m.OnCancel(1, transfer.CancelRequestedInFlight)
+	m.OnCancel(2, transfer.CancelRequestedInFlight)
+	m.OnCancel(3, transfer.NotCancellable)
+	m.OnStart(transfer.StartInfo{ID: 4, Direction: transfer.DirectionSend})
+	m.OnProgress(4, 4096, time.Now())
+	m.OnPeerLost("prefill-0", transfer.ErrPeerLost)
+	want := `
+# HELP kvxfer_cancels_total Engine.Cancel calls by outcome; only not-found, already-complete and cancelled-before-advertise let the caller free KV blocks at once.
+# TYPE kvxfer_cancels_total counter
+kvxfer_cancels_total{engine="decode",outcome="already-complete"} 0
+kvxfer_cancels_total{engine="decode",outcome="backend-unhealthy"} 0
+kvxfer_cancels_total{engine="decode",outcome="cancel-requested-in-flight"} 2
+kvxfer_cancels_total{engine="decode",outcome="cancelled-before-advertise"} 0
+kvxfer_cancels_total{engine="decode",outcome="not-cancellable"} 1
+kvxfer_cancels_total{engine="decode",outcome="not-found"} 0
+# HELP kvxfer_transferred_bytes_total KV stream bytes moved (sent and confirmed, or received and scattered), by direction.
+# TYPE kvxfer_transferred_bytes_total counter
+kvxfer_transferred_bytes_total{direction="receive",engine="decode"} 0
+kvxfer_transferred_bytes_total{direction="send",engine="decode"} 4096
+# HELP kvxfer_peer_failures_total Peers the transport reported lost.
+# TYPE kvxfer_peer_failures_total counter
+kvxfer_peer_failures_total{engine="decode"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"kvxfer_cancels_total", "kvxfer_transferred_bytes_total", "kvxfer_peer_failures_total"))
+}

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import "time"
+
+// Observer hears about everything the engine does to transfers, so a metrics package can be
+// added without touching the state machine. The engine calls it synchronously from whichever
+// goroutine made the change, sometimes under a handle's lock: implementations must be fast,
+// must not block, and must not call back into the engine.
+type Observer interface {
+	// OnTransition reports a handle's (sub == -1) or a sub-transfer's state change.
+	OnTransition(id RequestID, sub int, from, to State, ev Event)
+	// OnCancel reports the outcome of Engine.Cancel.
+	OnCancel(id RequestID, outcome CancelOutcome)
+	// OnQuarantine reports a sub-transfer entering quarantine, and why.
+	OnQuarantine(id RequestID, sub int, cause error)
+	// OnPoison reports a staging slot taken out of circulation for good.
+	OnPoison(id RequestID, slot int, reason string)
+	// OnProgress reports a chunk moved.
+	OnProgress(id RequestID, bytes int64, at time.Time)
+}
+
+// NopObserver ignores everything; it is the default.
+type NopObserver struct{}
+
+// OnTransition implements Observer.
+func (NopObserver) OnTransition(RequestID, int, State, State, Event) {}
+
+// OnCancel implements Observer.
+func (NopObserver) OnCancel(RequestID, CancelOutcome) {}
+
+// OnQuarantine implements Observer.
+func (NopObserver) OnQuarantine(RequestID, int, error) {}
+
+// OnPoison implements Observer.
+func (NopObserver) OnPoison(RequestID, int, string) {}
+
+// OnProgress implements Observer.
+func (NopObserver) OnProgress(RequestID, int64, time.Time) {}

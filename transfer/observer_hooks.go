@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+// This file holds optional extensions of Observer, kept apart from the lifecycle so the state
+// machine does not change when a metrics or logging package needs one more fact. An Observer
+// that also implements one of these interfaces hears the extra events; one that does not is
+// called exactly as before. The engine reaches them only through the notify helpers below.
+
+// Direction says which side of a transfer an engine plays.
+type Direction int
+
+// The two directions.
+const (
+	// DirectionSend: the engine gathers the blocks and sends them (prefill).
+	DirectionSend Direction = iota
+	// DirectionReceive: the engine receives the blocks and scatters them (decode).
+	DirectionReceive
+)
+
+// String names the direction as metrics label it: "send" or "receive".
+func (d Direction) String() string {
+	if d == DirectionReceive {
+		return "receive"
+	}
+	return "send"
+}
+
+// StartInfo describes a request the engine has just accepted.
+type StartInfo struct {
+	// ID is the request id.
+	ID RequestID
+	// Direction is Send for Engine.Send, Receive for Engine.Receive.
+	Direction Direction
+	// Peers names the peer of every sub-transfer, in sub-transfer order.
+	Peers []Peer
+	// Bytes is the stream size over all sub-transfers.
+	Bytes int64
+}
+
+// StartObserver is an optional extension of Observer: it hears every request the engine
+// accepts, before any transition of that request is reported, so it can tell a transfer's
+// direction, peers and size, and time it from acceptance. Same rules as Observer: fast,
+// non-blocking, no calls back into the engine.
+type StartObserver interface {
+	OnStart(info StartInfo)
+}
+
+// PeerObserver is an optional extension of Observer: it hears about peers coming and going.
+// Same rules as Observer.
+type PeerObserver interface {
+	// OnPeerConnected reports that the transport reached peer (a new or re-established
+	// connection). The engine reports it when its transport does.
+	OnPeerConnected(peer Peer)
+	// OnPeerLost reports that the transport lost peer, and why.
+	OnPeerLost(peer Peer, err error)
+}
+
+// notifyStart tells o about h, just accepted, if it listens for starts; the StartInfo is built
+// only then, so an engine without such an observer pays one type assertion.
+func notifyStart(o Observer, h *Handle, receive bool) {
+	if s, ok := o.(StartObserver); ok {
+		s.OnStart(startInfo(h, receive))
+	}
+}
+
+// notifyPeerLost tells o about a lost peer if it listens for peers.
+func notifyPeerLost(o Observer, peer Peer, err error) {
+	if p, ok := o.(PeerObserver); ok {
+		p.OnPeerLost(peer, err)
+	}
+}
+
+// startInfo describes h, whose subs are set, for notifyStart.
+func startInfo(h *Handle, receive bool) StartInfo {
+	info := StartInfo{ID: h.id, Direction: DirectionSend, Peers: make([]Peer, len(h.subs)), Bytes: h.total}
+	if receive {
+		info.Direction = DirectionReceive
+	}
+	for i, x := range h.subs {
+		info.Peers[i] = x.peer
+	}
+	return info
+}
+
+// PeerConnectReporter is implemented by the Inbound the engine binds to its transport. A
+// transport that knows when it reaches a peer (UCX, on endpoint creation and on reconnect)
+// reports it through a type assertion on its Inbound:
+//
+//	if r, ok := in.(transfer.PeerConnectReporter); ok {
+//		r.OnPeerConnected(peer)
+//	}
+//
+// so Inbound itself, which every transport implements against, does not change. Same rules as
+// Inbound's methods: called from the transport's goroutine, never from inside a Transport
+// method the engine is calling, and it does not block.
+type PeerConnectReporter interface {
+	OnPeerConnected(peer Peer)
+}
+
+var _ PeerConnectReporter = inbound{}
+
+// OnPeerConnected passes the transport's report on to the observer.
+func (in inbound) OnPeerConnected(peer Peer) {
+	if p, ok := in.e.obs.(PeerObserver); ok {
+		p.OnPeerConnected(peer)
+	}
+}

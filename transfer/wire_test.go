@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+func TestWireRoundTrip(t *testing.T) {
+	h := Header{Sub: 3, Request: 0xdeadbeef01}
+	msgs := []Message{
+		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 4096, Depth: 2},
+		&Done{Header: h, Bytes: 123456},
+		&Abort{Header: h, Code: AbortDeadline, Reason: "too slow"},
+		&AbortAck{Header: h},
+	}
+	for _, m := range msgs {
+		b := encode(m)
+		got, err := Decode(b)
+		require.NoError(t, err)
+		want := m
+		switch w := m.(type) { // Decode fills in the kind
+		case *RequestInfo:
+			c := *w
+			c.Kind = KindRequestInfo
+			want = &c
+		case *Done:
+			c := *w
+			c.Kind = KindDone
+			want = &c
+		case *Abort:
+			c := *w
+			c.Kind = KindAbort
+			want = &c
+		case *AbortAck:
+			c := *w
+			c.Kind = KindAbortAck
+			want = &c
+		}
+		require.Equal(t, want, got)
+	}
+	d := DataHeader{Header: h, Seq: 7, Offset: 4096, Length: 3}
+	b, _ := d.AppendBinary(nil)
+	b = append(b, 1, 2, 3)
+	got, payload, err := DecodeData(b)
+	require.NoError(t, err)
+	d.Kind = KindData
+	require.Equal(t, d, got)
+	require.Equal(t, []byte{1, 2, 3}, payload)
+}
+
+func TestWireRejectsGarbage(t *testing.T) {
+	good := encode(&Done{Header: Header{Request: 1}, Bytes: 5})
+	mut := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
+	cases := []struct {
+		desc string
+		b    []byte
+	}{
+		{"empty", nil},
+		{"short header", good[:10]},
+		{"bad magic", mut(func(b []byte) []byte { b[0] = 0; return b })},
+		{"bad version", mut(func(b []byte) []byte { b[2] = 9; return b })},
+		{"unknown kind", mut(func(b []byte) []byte { b[3] = 77; return b })},
+		{"reserved set", mut(func(b []byte) []byte { b[6] = 1; return b })},
+		{"trailing byte", mut(func(b []byte) []byte { return append(b, 0) })},
+		{"truncated body", good[:len(good)-1]},
+		{"data through Decode", mut(func(b []byte) []byte { b[3] = byte(KindData); return b })},
+		{"abort with unknown code", encodeRaw(&Abort{Header: Header{Request: 1}, Code: 99})},
+		{"request-info with zero layers", encode(&RequestInfo{Shape: layout.Shape{KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 2, Depth: 1})},
+		{"request-info chunk not whole elements", encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 3, Depth: 1})},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			_, err := Decode(c.b)
+			require.ErrorIs(t, err, ErrMalformed)
+			var de *DecodeError
+			require.ErrorAs(t, err, &de)
+		})
+	}
+	d := DataHeader{Seq: 1, Offset: 0, Length: 4}
+	b, _ := d.AppendBinary(nil)
+	_, _, err := DecodeData(append(b, 1, 2)) // length says 4, payload has 2
+	require.ErrorIs(t, err, ErrMalformed)
+	_, _, err = DecodeData(good)
+	require.ErrorIs(t, err, ErrMalformed)
+}
+
+func encodeRaw(m Message) []byte { b, _ := m.AppendBinary(nil); return b }
+
+// FuzzDecode feeds arbitrary bytes to both decoders: they must return a message or a typed
+// error, never panic, and whatever decodes must re-encode to the same bytes.
+func FuzzDecode(f *testing.F) {
+	f.Add(encode(&Done{Header: Header{Request: 1}, Bytes: 5}))
+	f.Add(encode(&Abort{Header: Header{Request: 2, Sub: 1}, Code: AbortCancelled, Reason: "x"}))
+	f.Add(encode(&AbortAck{Header: Header{Request: 3}}))
+	f.Add(encode(&RequestInfo{Header: Header{Request: 4}, Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2}, ChunkBytes: 64, Depth: 2}))
+	d, _ := (&DataHeader{Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
+	f.Add(append(d, 7))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Decode(b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformed)
+		} else {
+			re, err := m.AppendBinary(nil)
+			require.NoError(t, err)
+			require.Equal(t, b, re)
+		}
+		dh, payload, err := DecodeData(b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformed)
+			return
+		}
+		require.Equal(t, dh.Length, int64(len(payload)))
+		re, _ := dh.AppendBinary(nil)
+		require.Equal(t, b, append(re, payload...))
+	})
+}

@@ -1,0 +1,653 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// xfer is one sub-transfer: one peer's share of a handle. Its own goroutine (run) owns every
+// field below the line; other goroutines reach it only through its mailbox and stop.
+type xfer struct {
+	h       *Handle
+	eng     *Engine
+	sub     int    // index in the handle
+	wireSub uint16 // sub index on the wire: ours when receiving, the receiver's when sending
+	receive bool
+	peer    Peer
+	plan    *layout.Plan
+	mover   Mover
+	timeout time.Duration
+	m       machine // written only through Handle.subApplyLocked / cancel, under h.mu
+
+	box       mailbox
+	qctx      context.Context
+	qcancel   context.CancelFunc
+	stopOnce  sync.Once
+	stopCh    chan struct{}
+	stopCause error // written before stopCh closes
+
+	// ---- owned by the run goroutine ----
+	scratch     []event // events being handled, reused between wake-ups
+	backlog     []event
+	ops         []*opRec
+	outstanding int
+	chunk       int64
+	nChunks     int
+	nextSeq     int
+	moved       int // chunks fully handled
+	doneMsg     bool
+	aborting    bool
+	cause       error
+	quarantined bool
+	ended       bool
+	retries     int
+	graceC      <-chan time.Time
+	quarC       <-chan time.Time
+	timers      []*time.Timer
+}
+
+// opRec is one posted send or receive and the slot it uses.
+type opRec struct {
+	id    OpID
+	seq   int
+	slot  *buffer.Slot
+	final bool
+}
+
+type event struct {
+	op   *opRec
+	c    Completion
+	msg  Message
+	lost error
+}
+
+// mailbox queues events for a transfer's goroutine. push never blocks, so transport
+// callbacks and the inbound handler never wait on a transfer.
+type mailbox struct {
+	mu     sync.Mutex
+	q      []event
+	notify chan struct{} // capacity 1
+}
+
+func (b *mailbox) push(ev event) {
+	b.mu.Lock()
+	b.q = append(b.q, ev)
+	b.mu.Unlock()
+	select {
+	case b.notify <- struct{}{}:
+	default:
+	}
+}
+
+// take moves the queued events into dst (reusing its array) and keeps the queue's own array
+// for the next pushes, so a busy transfer stops allocating once both have grown.
+func (b *mailbox) take(dst []event) []event {
+	b.mu.Lock()
+	dst = append(dst[:0], b.q...)
+	clear(b.q) // drop references to completed operations
+	b.q = b.q[:0]
+	b.mu.Unlock()
+	return dst
+}
+
+// stop wakes the transfer's goroutine with a reason to end (cancel, sibling failure, close).
+// It never blocks and only the first reason counts.
+func (x *xfer) stop(cause error) {
+	x.stopOnce.Do(func() {
+		x.stopCause = cause
+		close(x.stopCh)
+		if x.qcancel != nil {
+			x.qcancel()
+		}
+	})
+}
+
+func (x *xfer) log() *zap.Logger {
+	return x.eng.log.With(zap.Uint64("request", uint64(x.h.id)), zap.Int("sub", x.sub), zap.String("peer", string(x.peer)))
+}
+
+// apply moves this sub-transfer through the table under the handle's lock.
+func (x *xfer) apply(ev Event, cause error) bool {
+	x.h.mu.Lock()
+	defer x.h.mu.Unlock()
+	return x.h.subApplyLocked(x, ev, cause)
+}
+
+func (x *xfer) run() {
+	defer x.eng.driverDone(x)
+	defer x.qcancel()
+	defer func() {
+		for _, t := range x.timers {
+			t.Stop()
+		}
+	}()
+	if x.receive {
+		x.runReceive()
+	} else {
+		x.runSend()
+	}
+}
+
+func (x *xfer) newTimer(d time.Duration) <-chan time.Time {
+	t := time.NewTimer(d)
+	x.timers = append(x.timers, t)
+	return t.C
+}
+
+// queuedExit ends a transfer that never left Queued.
+func (x *xfer) queuedExit(cause error) {
+	ev := EvFail
+	if errors.Is(cause, ErrCancelled) {
+		ev = EvCancelQueued
+	}
+	x.apply(ev, cause)
+}
+
+// queueErr explains why the queued phase ended.
+func (x *xfer) queueErr(err error) error {
+	select {
+	case <-x.stopCh:
+		return x.stopCause
+	default:
+	}
+	return &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrQueueTimeout, err)}
+}
+
+// lease takes the first slot (waiting, bounded by the queue context) and advertises. It
+// returns false if the transfer ended instead.
+func (x *xfer) lease() (*buffer.Slot, bool) {
+	slot, err := x.eng.pool.Lease(x.qctx)
+	if err != nil {
+		x.queuedExit(x.queueErr(err))
+		return nil, false
+	}
+	if !x.apply(EvAdvertise, nil) { // cancelled while we waited
+		_ = slot.Release()
+		return nil, false
+	}
+	x.qcancel() // the queued phase is over; free its timer now, not when the transfer ends
+	x.eng.touch()
+	return slot, true
+}
+
+// extraSlots takes up to depth-1 more slots, only if free: a transfer never waits for a second
+// slot while holding one, so a pool of MaxConcurrent slots always makes progress.
+func (x *xfer) extraSlots(first *buffer.Slot) []*buffer.Slot {
+	slots := []*buffer.Slot{first}
+	for len(slots) < min(x.eng.cfg.PipelineDepth, x.nChunks) {
+		s, err := x.eng.pool.TryLease()
+		if err != nil {
+			break
+		}
+		slots = append(slots, s)
+	}
+	return slots
+}
+
+func (x *xfer) payloadCap() int64 {
+	c := x.eng.cfg.SlotBytes - DataHeaderBytes
+	return c - c%x.plan.Layout().ElemSize
+}
+
+func (x *xfer) setChunks(chunk int64) {
+	x.chunk = chunk
+	x.nChunks = int((x.plan.Bytes() + chunk - 1) / chunk)
+}
+
+func (x *xfer) chunkRange(seq int) (off, n int64) {
+	off = int64(seq) * x.chunk
+	return off, min(x.chunk, x.plan.Bytes()-off)
+}
+
+// ---- receiving side ----
+
+func (x *xfer) runReceive() {
+	first, ok := x.lease()
+	if !ok {
+		return
+	}
+	x.setChunks(x.payloadCap())
+	for _, s := range x.extraSlots(first) {
+		if !x.postRecv(s) {
+			break
+		}
+	}
+	if !x.aborting { // a failed post has already told the peer to stop
+		x.sendRequestInfo()
+	}
+	x.loop()
+}
+
+func (x *xfer) sendRequestInfo() {
+	ri := &RequestInfo{Header: Header{Sub: x.wireSub, Request: x.h.id}, Shape: x.plan.Shape(),
+		ChunkBytes: x.chunk, Depth: int64(x.eng.cfg.PipelineDepth)}
+	if err := x.eng.tr.SendControl(x.peer, encode(ri)); err != nil {
+		x.log().Debug("request-info not sent; will retry", zap.Error(err))
+	}
+}
+
+// postRecv posts the receive of the next chunk into slot, or releases the slot when every
+// chunk is posted. It returns false if the transfer is aborting.
+func (x *xfer) postRecv(slot *buffer.Slot) bool {
+	if x.nextSeq >= x.nChunks || x.aborting {
+		_ = slot.Release()
+		return !x.aborting
+	}
+	rec := &opRec{seq: x.nextSeq, slot: slot}
+	_, n := x.chunkRange(rec.seq)
+	buf := slot.Bytes()[:DataHeaderBytes+n]
+	id, err := x.eng.tr.PostRecv(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, buf,
+		func(c Completion) { x.box.push(event{op: rec, c: c}) })
+	if err != nil {
+		_ = slot.Release() // never posted: the transport never saw it
+		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	rec.id = id
+	x.ops = append(x.ops, rec)
+	x.outstanding++
+	x.nextSeq++
+	return true
+}
+
+func (x *xfer) receivedChunk(rec *opRec, c Completion) {
+	dh, payload, err := DecodeData(rec.slot.Bytes()[:c.Bytes])
+	off, n := x.chunkRange(rec.seq)
+	if err == nil && (dh.Request != x.h.id || dh.Sub != x.wireSub || int(dh.Seq) != rec.seq || dh.Offset != off || dh.Length != n) {
+		err = fmt.Errorf("chunk header %+v does not match seq %d at offset %d, %d bytes", dh, rec.seq, off, n)
+	}
+	if err != nil {
+		_ = rec.slot.Release()
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, AbortProtocol, x.eng.cfg.CancelGrace)
+		return
+	}
+	if err := x.mover.Scatter(x.plan, payload, off); err != nil {
+		_ = rec.slot.Release()
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
+		return
+	}
+	x.progress(n)
+	if !x.postRecv(rec.slot) {
+		return
+	}
+	if x.moved == x.nChunks {
+		_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: Header{Sub: x.wireSub, Request: x.h.id}, Bytes: x.plan.Bytes()}))
+		x.finish(EvComplete, nil)
+	}
+}
+
+// ---- sending side ----
+
+func (x *xfer) runSend() {
+	var ri *RequestInfo
+	for ri == nil {
+		select {
+		case <-x.box.notify:
+			evs := x.box.take(nil)
+			for i, ev := range evs {
+				switch m := ev.msg.(type) {
+				case *RequestInfo:
+					ri, x.backlog = m, evs[i+1:]
+				case *Abort:
+					x.queuedExit(peerAbortErr(x.h.id, m))
+					return
+				}
+				if ev.lost != nil {
+					x.queuedExit(ev.lost)
+					return
+				}
+				if ri != nil {
+					break
+				}
+			}
+		case <-x.qctx.Done():
+			x.queuedExit(x.queueErr(context.Cause(x.qctx)))
+			return
+		}
+	}
+	x.wireSub = ri.Sub
+	if err := shapeMismatch(x.plan.Shape(), ri.Shape); err != nil || ri.ChunkBytes > x.payloadCap() {
+		if err == nil {
+			err = fmt.Errorf("receiver's %d-byte chunks do not fit this engine's %d-byte slots", ri.ChunkBytes, x.eng.cfg.SlotBytes)
+		}
+		cause := &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrIncompatible, err)}
+		x.sendAbort(AbortIncompatible, cause)
+		x.queuedExit(cause)
+		return
+	}
+	x.setChunks(ri.ChunkBytes)
+	first, ok := x.lease()
+	if !ok {
+		code := AbortInternal
+		if x.m.load() == Cancelled {
+			code = AbortCancelled
+		}
+		x.sendAbort(code, errors.New("the sender stopped before it could lease a staging slot"))
+		return
+	}
+	for _, s := range x.extraSlots(first) {
+		if !x.postSend(s) {
+			break
+		}
+	}
+	x.loop()
+}
+
+// shapeMismatch names the first dimension in which the receiver's stream differs from ours.
+func shapeMismatch(ours, theirs layout.Shape) error {
+	diffs := []struct {
+		name string
+		a, b int64
+	}{
+		{"Layers", ours.Layers, theirs.Layers}, {"KVFactor", ours.KVFactor, theirs.KVFactor},
+		{"Blocks", ours.Blocks, theirs.Blocks}, {"Heads", ours.Heads, theirs.Heads},
+		{"TokensPerBlock", ours.TokensPerBlock, theirs.TokensPerBlock},
+		{"HeadDim", ours.HeadDim, theirs.HeadDim}, {"ElemSize", ours.ElemSize, theirs.ElemSize},
+	}
+	for _, d := range diffs {
+		if d.a != d.b {
+			return fmt.Errorf("%w: %s: receiver has %d, sender has %d", layout.ErrIncompatible, d.name, d.b, d.a)
+		}
+	}
+	return nil
+}
+
+// postSend gathers the next chunk into slot and posts it, or releases the slot when every
+// chunk is posted. It returns false if the transfer is aborting.
+func (x *xfer) postSend(slot *buffer.Slot) bool {
+	if x.nextSeq >= x.nChunks || x.aborting {
+		_ = slot.Release()
+		return !x.aborting
+	}
+	rec := &opRec{seq: x.nextSeq, slot: slot}
+	off, n := x.chunkRange(rec.seq)
+	buf := slot.Bytes()[:DataHeaderBytes+n]
+	if err := x.mover.Gather(x.plan, off, buf[DataHeaderBytes:]); err != nil {
+		_ = slot.Release()
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	dh := DataHeader{Header: Header{Sub: x.wireSub, Request: x.h.id}, Seq: uint32(rec.seq), Offset: off, Length: n}
+	_, _ = dh.AppendBinary(buf[:0])
+	id, err := x.eng.tr.PostSend(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, buf,
+		func(c Completion) { x.box.push(event{op: rec, c: c}) })
+	if err != nil {
+		_ = slot.Release()
+		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	rec.id = id
+	x.ops = append(x.ops, rec)
+	x.outstanding++
+	x.nextSeq++
+	return true
+}
+
+func (x *xfer) sentChunk(rec *opRec) {
+	_, n := x.chunkRange(rec.seq)
+	x.progress(n)
+	if x.postSend(rec.slot) {
+		x.maybeSent()
+	}
+}
+
+// maybeSent completes the sending side once every chunk left and the receiver confirmed.
+func (x *xfer) maybeSent() {
+	if x.moved == x.nChunks && x.doneMsg && !x.ended {
+		x.finish(EvComplete, nil)
+	}
+}
+
+// ---- shared by both sides ----
+
+func (x *xfer) progress(n int64) {
+	x.moved++
+	x.h.bytes.Add(n)
+	now := time.Now()
+	x.eng.lastProgress.Store(now.UnixNano())
+	if x.m.load() == Advertised {
+		x.apply(EvProgress, nil)
+	}
+	x.eng.obs.OnProgress(x.h.id, n, now)
+}
+
+// loop runs the advertised and in-flight phases, then waits out an abort. Every wait is
+// bounded: the deadline always fires, and after it the quarantine timeout (or Close) does.
+func (x *xfer) loop() {
+	deadline := x.newTimer(x.timeout)
+	stop := x.stopCh
+	var retry <-chan time.Time
+	backoff := x.eng.cfg.RetryInterval
+	if x.receive && x.eng.cfg.MaxRetries > 0 {
+		retry = x.newTimer(backoff)
+	}
+	var closing <-chan struct{}
+	for _, ev := range x.backlog {
+		x.handleEvent(ev)
+	}
+	x.backlog = nil
+	for !x.ended {
+		if x.aborting {
+			closing = x.eng.closing
+		}
+		select {
+		case <-x.box.notify:
+			x.scratch = x.box.take(x.scratch)
+			for _, ev := range x.scratch {
+				x.handleEvent(ev)
+			}
+			clear(x.scratch)
+		case <-deadline:
+			deadline = nil
+			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, AbortDeadline, 0)
+		case <-stop:
+			stop = nil
+			code, grace := AbortCancelled, x.eng.cfg.CancelGrace
+			if errors.Is(x.stopCause, ErrClosed) {
+				code = AbortClosed
+			}
+			x.abort(x.stopCause, code, grace)
+		case <-retry:
+			retry = nil
+			if x.moved == 0 && !x.aborting && x.retries < x.eng.cfg.MaxRetries {
+				x.retries++
+				x.sendRequestInfo()
+				backoff *= 2
+				retry = x.newTimer(backoff)
+			}
+		case <-x.graceC:
+			x.graceC = nil
+			x.quarantine()
+		case <-x.quarC:
+			x.quarC = nil
+			x.poisonOutstanding("quarantine timeout: the transport never proved it was done")
+		case <-closing:
+			closing = nil
+			x.quarantine()
+			x.poisonOutstanding("engine closed: the force-closed transport never proved it was done")
+		}
+	}
+}
+
+func (x *xfer) handleEvent(ev event) {
+	if x.ended {
+		return
+	}
+	switch {
+	case ev.op != nil:
+		x.opDone(ev.op, ev.c)
+	case ev.lost != nil:
+		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.CancelGrace)
+	case ev.msg != nil:
+		switch m := ev.msg.(type) {
+		case *Abort:
+			if m.Sub != x.wireSub && x.receive {
+				return
+			}
+			_ = x.eng.tr.SendControl(x.peer, encode(&AbortAck{Header: Header{Sub: x.wireSub, Request: x.h.id}}))
+			x.abort(peerAbortErr(x.h.id, m), 0, x.eng.cfg.CancelGrace)
+		case *Done:
+			if !x.receive {
+				x.doneMsg = true
+				x.maybeSent()
+			}
+		case *AbortAck, *RequestInfo:
+			// An ack needs nothing: each side owns its own slots. A repeated request (the
+			// receiver retries) must not start anything twice (L8).
+		}
+	}
+}
+
+func (x *xfer) opDone(rec *opRec, c Completion) {
+	if rec.final {
+		x.log().Warn("transport reported an operation after its final completion", zap.Int("seq", rec.seq))
+		return
+	}
+	switch c.Memory {
+	case MemoryBusy:
+		if !x.aborting {
+			x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
+		}
+		return
+	case MemoryUnknown:
+		rec.final = true
+		x.outstanding--
+		x.poison(rec, fmt.Sprintf("transport cannot say whether it is done with seq %d: %v", rec.seq, c.Err))
+		if !x.aborting {
+			x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
+		} else {
+			x.maybeResolve()
+		}
+		return
+	}
+	rec.final = true
+	x.outstanding--
+	switch {
+	case x.aborting:
+		_ = rec.slot.Release()
+		x.maybeResolve()
+	case c.Err != nil:
+		_ = rec.slot.Release()
+		x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
+	case x.receive:
+		x.receivedChunk(rec, c)
+	default:
+		x.sentChunk(rec)
+	}
+}
+
+func (x *xfer) poison(rec *opRec, reason string) {
+	if err := rec.slot.Poison(reason); err == nil {
+		x.eng.obs.OnPoison(x.h.id, rec.slot.Index(), reason)
+	}
+}
+
+// abort stops the transfer for cause: it tells the peer (code != 0), asks the transport to
+// cancel every outstanding operation, and ends at once if none is left; otherwise it waits
+// grace for them, then quarantines. A deadline passes no grace: the transfer is already late,
+// so it is quarantined at once. Other causes get Config.CancelGrace, because cancelling an
+// unmatched receive takes the transport microseconds and is no reason to quarantine.
+func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
+	if x.aborting || x.ended {
+		return
+	}
+	x.aborting, x.cause = true, cause
+	if code != 0 {
+		x.sendAbort(code, cause)
+	}
+	for _, op := range x.ops {
+		if !op.final {
+			x.eng.tr.Cancel(op.id)
+		}
+	}
+	switch {
+	case x.outstanding == 0:
+		x.maybeResolve()
+	case grace > 0:
+		x.graceC = x.newTimer(grace)
+	default:
+		x.quarantine()
+	}
+}
+
+func (x *xfer) sendAbort(code AbortCode, cause error) {
+	_ = x.eng.tr.SendControl(x.peer, encode(&Abort{Header: Header{Sub: x.wireSub, Request: x.h.id}, Code: code, Reason: cause.Error()}))
+}
+
+// quarantine reports the transfer failed while operations may still touch its slots, and
+// starts the clock after which they are poisoned.
+func (x *xfer) quarantine() {
+	if x.quarantined || x.ended {
+		return
+	}
+	x.quarantined = true
+	x.graceC = nil
+	x.apply(EvQuarantine, x.cause)
+	x.eng.obs.OnQuarantine(x.h.id, x.sub, x.cause)
+	x.log().Warn("transfer quarantined", zap.Error(x.cause), zap.Int("outstanding", x.outstanding))
+	x.quarC = x.newTimer(x.eng.cfg.QuarantineTimeout)
+}
+
+// poisonOutstanding gives up on operations that never reported: their slots leave
+// circulation for good (L9), and a late completion finds nothing to release.
+func (x *xfer) poisonOutstanding(reason string) {
+	for _, op := range x.ops {
+		if !op.final {
+			op.final = true
+			x.outstanding--
+			x.poison(op, reason)
+		}
+	}
+	x.maybeResolve()
+}
+
+// maybeResolve ends an aborting transfer once no operation can touch its slots.
+func (x *xfer) maybeResolve() {
+	if x.outstanding > 0 || x.ended {
+		return
+	}
+	cancelled := errors.Is(x.cause, ErrCancelled)
+	switch {
+	case x.quarantined && cancelled:
+		x.finish(EvResolveCancelled, nil)
+	case x.quarantined:
+		x.finish(EvResolveFailed, nil)
+	case cancelled:
+		x.finish(EvCancelQuiescent, x.cause)
+	default:
+		x.finish(EvFail, x.cause)
+	}
+}
+
+func (x *xfer) finish(ev Event, cause error) {
+	x.ended = true
+	x.apply(ev, cause)
+}
+
+func transportErr(err error) error {
+	if err == nil {
+		err = errors.New("transport reported failure without an error")
+	}
+	return fmt.Errorf("kvxfer: transport: %w", err)
+}
+
+func peerAbortErr(id RequestID, m *Abort) error {
+	err := fmt.Errorf("%w (code %d): %s", ErrPeerAborted, m.Code, m.Reason)
+	switch m.Code { // the peer's reason, where it means the same here
+	case AbortIncompatible:
+		err = fmt.Errorf("%w: %w", ErrIncompatible, err)
+	case AbortDeadline:
+		err = fmt.Errorf("%w: %w", ErrDeadline, err)
+	}
+	return &RequestError{ID: id, Err: err}
+}
