@@ -21,11 +21,9 @@ ucx-info: ## What UCX offers here: transports and devices (loopback tests use po
 	ucx_info -v | head -2
 	ucx_info -d | grep -E 'Transport|Device'
 
-# The engine's staging path between two processes (needs the lifecycle engine: drop the tag
-# once it is on main).
+
+# The engine's staging path between two processes.
 BENCH_TARGETS += bench-ucx-engine
 .PHONY: bench-ucx-engine
 bench-ucx-engine: ## Two engines in two processes, staging path, 4096-token request vs ucx_perftest.
-	@if [ -f transfer/engine.go ]; then \
-		$(GO) test -tags ucxlifecycle -run '^$$' -bench 'UCXTransport_Request4096' -benchtime 3x -timeout 20m ./transfer/; \
-	else echo "bench-ucx-engine: the lifecycle engine (transfer/engine.go) is not here yet"; fi
+	$(GO) test -run '^$$' -bench 'UCXTransport_Request4096' -benchtime 3x -timeout 20m ./transfer/

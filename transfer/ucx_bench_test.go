@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-//go:build cgo && ucxlifecycle
+//go:build cgo
 
 package transfer
 
@@ -23,7 +23,7 @@ import (
 // bandwidth and ratio_to_perftest against the best of three ucx_perftest tag_bw runs at the
 // slot size over the same transport, in the same run.
 //
-//	go test -tags ucxlifecycle -run '^$' -bench UCXTransport -benchtime 3x ./transfer
+//	go test -run '^$' -bench UCXTransport -benchtime 3x ./transfer
 func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
 	const blocks = 256 // 4096 tokens of 16
 	for _, tr := range ucxTransports {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-//go:build cgo && ucxlifecycle
+//go:build cgo
 
 package transfer
 
@@ -41,7 +41,7 @@ func ucxPeerBinary(t testing.TB) string {
 			return
 		}
 		ucxPeerBin = filepath.Join(dir, "ucxpeer")
-		out, err := exec.Command("go", "build", "-tags", "ucxlifecycle", "-o", ucxPeerBin, "github.com/kvxfer/kvxfer/native/internal/ucxpeer").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", ucxPeerBin, "github.com/kvxfer/kvxfer/native/internal/ucxpeer").CombinedOutput()
 		if err != nil {
 			ucxPeerErr = fmt.Errorf("go build ucxpeer: %v\n%s", err, out)
 		}

@@ -1,10 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 
-//go:build ucxlifecycle
-
-// The engine modes need the lifecycle engine (package transfer). Until the lifecycle branch
-// is on main they build only with -tags ucxlifecycle; drop the constraint when it lands.
-
 package main
 
 import (
