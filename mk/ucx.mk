@@ -4,18 +4,10 @@
 
 FUZZ_TARGETS += ./transfer:FuzzContextParams
 BENCH_TARGETS += bench-ucx
-GPU_TEST_TARGETS += gpu-test-ucx
-.PHONY: bench-ucx gpu-test-ucx ucx-info
+.PHONY: bench-ucx ucx-info
 
 bench-ucx: ## Two-process transfer of the 4096-token request vs ucx_perftest tag_bw (ratio_to_perftest).
 	$(GO) test -run '^$$' -bench 'Request4096Tokens_TwoProcesses' -benchtime 3x -timeout 20m ./native/
-
-gpu-test-ucx: ## Device-to-device transfer over UCX; needs a CUDA-enabled UCX (ucx_info -d lists cuda).
-	@if ucx_info -d 2>/dev/null | grep -q 'Transport: cuda'; then \
-		$(GO) test -count=1 -run 'Device' -v ./native/; \
-	else \
-		echo "gpu-test-ucx: this UCX has no CUDA transports (ucx_info -d); device transfers not run"; \
-	fi
 
 ucx-info: ## What UCX offers here: transports and devices (loopback tests use posix/cma and tcp on lo).
 	ucx_info -v | head -2
