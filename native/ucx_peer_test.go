@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,29 +29,14 @@ const (
 	peerAckTag  = peerTagBase | 0xffffffff
 )
 
-var (
-	peerBuildOnce sync.Once
-	peerBinary    string
-	peerBuildErr  error
-)
-
-// buildPeer builds native/internal/ucxpeer once per test binary run.
+// buildPeer builds native/internal/ucxpeer into the calling test's temporary directory,
+// removed when that test ends. Call it from the top-level test: one build per test.
 func buildPeer(t testing.TB) string {
 	t.Helper()
-	peerBuildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "ucxpeer")
-		if err != nil {
-			peerBuildErr = err
-			return
-		}
-		peerBinary = filepath.Join(dir, "ucxpeer")
-		out, err := exec.Command("go", "build", "-o", peerBinary, "./internal/ucxpeer").CombinedOutput()
-		if err != nil {
-			peerBuildErr = fmt.Errorf("go build ucxpeer: %v\n%s", err, out)
-		}
-	})
-	require.NoError(t, peerBuildErr)
-	return peerBinary
+	bin := filepath.Join(t.TempDir(), "ucxpeer")
+	out, err := exec.Command("go", "build", "-o", bin, "./internal/ucxpeer").CombinedOutput()
+	require.NoError(t, err, "go build ucxpeer:\n%s", out)
+	return bin
 }
 
 // peerProc is a running ucxpeer.
@@ -64,9 +48,9 @@ type peerProc struct {
 	addr   []byte
 }
 
-func startPeer(t testing.TB, args ...string) *peerProc {
+func startPeer(t testing.TB, bin string, args ...string) *peerProc {
 	t.Helper()
-	cmd := exec.Command(buildPeer(t), args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
@@ -183,6 +167,7 @@ func peerArgsFor(tls string, extra ...string) []string {
 // Two processes, each direction, every byte checked by the receiver.
 func TestUCX_TwoProcessesEveryByteChecked(t *testing.T) {
 	const total, chunk = 64 << 20, 4 << 20
+	bin := buildPeer(t)
 	for _, tr := range transports {
 		for _, dir := range []string{"to-peer", "from-peer"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
@@ -190,7 +175,7 @@ func TestUCX_TwoProcessesEveryByteChecked(t *testing.T) {
 				if dir == "from-peer" {
 					mode = "source"
 				}
-				peer := startPeer(t, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(total),
+				peer := startPeer(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(total),
 					"-chunk", strconv.Itoa(chunk), "-seed", "11", "-report", "1000")...)
 				l := newLocal(t, tr.tls, peer)
 				mem := alloc(t, l.ctx, total)
@@ -262,6 +247,7 @@ func requireReleasedAfterClose(t *testing.T, l *localEngine, mem *Memory, abando
 func TestUCX_PeerKilledMidTransfer(t *testing.T) {
 	const chunk, count = 4 << 20, 256 // 1 GiB: far more than moves before the kill
 	const bound = 5 * time.Second
+	bin := buildPeer(t)
 	for _, tr := range transports {
 		for _, dir := range []string{"survivor-sends", "survivor-receives"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
@@ -269,7 +255,7 @@ func TestUCX_PeerKilledMidTransfer(t *testing.T) {
 				if dir == "survivor-receives" {
 					mode = "source"
 				}
-				peer := startPeer(t, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
+				peer := startPeer(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
 					"-chunk", strconv.Itoa(chunk), "-window", "4", "-check=false")...)
 				l := newLocal(t, tr.tls, peer)
 				mem, err := l.ctx.Allocate(chunk * 8)
@@ -309,6 +295,7 @@ func TestUCX_PeerKilledMidTransfer(t *testing.T) {
 func TestUCX_PeerFrozenThenResumed(t *testing.T) {
 	const chunk, count = 1 << 20, 64
 	const bound = 5 * time.Second
+	bin := buildPeer(t)
 	for _, tr := range transports {
 		for _, dir := range []string{"survivor-sends", "survivor-receives"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
@@ -318,7 +305,7 @@ func TestUCX_PeerFrozenThenResumed(t *testing.T) {
 				}
 				// The peer moves only 8 chunks, then waits: the survivor posts more than that,
 				// so some of its requests are certainly pending when the peer freezes.
-				peer := startPeer(t, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
+				peer := startPeer(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
 					"-chunk", strconv.Itoa(chunk), "-window", "2", "-check=false")...)
 				l := newLocal(t, tr.tls, peer)
 				mem, err := l.ctx.Allocate(chunk * count)

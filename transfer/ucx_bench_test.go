@@ -26,6 +26,7 @@ import (
 //	go test -run '^$' -bench UCXTransport -benchtime 3x ./transfer
 func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
 	const blocks = 256 // 4096 tokens of 16
+	bin := ucxPeerBinary(b)
 	for _, tr := range ucxTransports {
 		b.Run(tr.name, func(b *testing.B) {
 			b.StopTimer()
@@ -35,7 +36,7 @@ func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
 			local := newUCXEngine(b, tr.tls, tr.dev, cfg)
 			args := append(ucxPeerArgs(tr.tls, tr.dev, "engine-recv", blocks, 1000, 5*time.Minute),
 				"-repeat", strconv.Itoa(b.N), "-check=false", "-report", "0", "-chunk", strconv.FormatInt(4<<20, 10))
-			peer := startUCXPeerEngine(b, args...)
+			peer := startUCXPeerEngine(b, bin, args...)
 			if _, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self()); err != nil {
 				b.Fatal(err)
 			}

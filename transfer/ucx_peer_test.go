@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,29 +24,15 @@ import (
 	"github.com/kvxfer/kvxfer/cuda/layout"
 )
 
-var (
-	ucxPeerOnce sync.Once
-	ucxPeerBin  string
-	ucxPeerErr  error
-)
-
-// ucxPeerBinary builds native/internal/ucxpeer (whose engine modes run a second Engine) once.
+// ucxPeerBinary builds native/internal/ucxpeer (whose engine modes run a second Engine) into
+// the calling test's temporary directory, removed when that test ends. Call it from the
+// top-level test and pass the path to its subtests: one build per test.
 func ucxPeerBinary(t testing.TB) string {
 	t.Helper()
-	ucxPeerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "ucxpeer")
-		if err != nil {
-			ucxPeerErr = err
-			return
-		}
-		ucxPeerBin = filepath.Join(dir, "ucxpeer")
-		out, err := exec.Command("go", "build", "-o", ucxPeerBin, "github.com/kvxfer/kvxfer/native/internal/ucxpeer").CombinedOutput()
-		if err != nil {
-			ucxPeerErr = fmt.Errorf("go build ucxpeer: %v\n%s", err, out)
-		}
-	})
-	require.NoError(t, ucxPeerErr)
-	return ucxPeerBin
+	bin := filepath.Join(t.TempDir(), "ucxpeer")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/kvxfer/kvxfer/native/internal/ucxpeer").CombinedOutput()
+	require.NoError(t, err, "go build ucxpeer:\n%s", out)
+	return bin
 }
 
 // ucxPeerEngine is a second engine in its own process.
@@ -59,9 +44,9 @@ type ucxPeerEngine struct {
 	peer   Peer
 }
 
-func startUCXPeerEngine(t testing.TB, args ...string) *ucxPeerEngine {
+func startUCXPeerEngine(t testing.TB, bin string, args ...string) *ucxPeerEngine {
 	t.Helper()
-	cmd := exec.Command(ucxPeerBinary(t), args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
@@ -154,6 +139,7 @@ func ucxPeerTestConfig() Config {
 // checked by the receiving side.
 func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 	const blocks = 16 // 32 MiB
+	bin := ucxPeerBinary(t)
 	for _, tr := range ucxTransports {
 		for _, dir := range []string{"peer-sends", "peer-receives"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
@@ -161,7 +147,7 @@ func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 				if dir == "peer-receives" {
 					mode = "engine-recv"
 				}
-				peer := startUCXPeerEngine(t, ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 77, 30*time.Second)...)
+				peer := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 77, 30*time.Second)...)
 				local := newUCXEngine(t, tr.tls, tr.dev, ucxPeerTestConfig())
 				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
 				require.NoError(t, err)
@@ -193,12 +179,13 @@ func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 // lands nowhere, and a new peer's request moves every byte with health back to healthy.
 func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 	const blocks = 256 // 512 MiB: far more than moves before the signal
+	bin := ucxPeerBinary(t)
 	for _, tr := range ucxTransports {
 		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
 			t.Run(fmt.Sprintf("%s/%v", tr.name, sig), func(t *testing.T) {
 				cfg := ucxPeerTestConfig()
 				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
-				peer := startUCXPeerEngine(t, ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 21, 60*time.Second)...)
+				peer := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 21, 60*time.Second)...)
 				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
 				require.NoError(t, err)
 				pool, plan := ucxEnginePool(t, blocks, 5, false)
@@ -233,7 +220,7 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 					time.Sleep(500 * time.Millisecond) // whatever it still sends arrives now
 				}
 				// A new peer: every byte of its request lands right, and health recovers.
-				peer2 := startUCXPeerEngine(t, ucxPeerArgs(tr.tls, tr.dev, "engine-send", 16, 22, 30*time.Second)...)
+				peer2 := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", 16, 22, 30*time.Second)...)
 				_, err = fmt.Fprintf(peer2.stdin, "PEER %s\n", local.tr.Self())
 				require.NoError(t, err)
 				pool2, plan2 := ucxEnginePool(t, 16, 5, false)
