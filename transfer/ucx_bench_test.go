@@ -20,8 +20,8 @@ import (
 // BenchmarkUCXTransport_Request4096Tokens_TwoProcesses moves the Llama-3-8B 4096-token
 // request (512 MiB) from this process's engine to an engine in a ucxpeer process through the
 // staging path (gather into a slot, tagged send, scatter), and reports the best request's
-// bandwidth and ratio_to_perftest against the best of three ucx_perftest tag_bw runs at the
-// slot size over the same transport, in the same run.
+// bandwidth and ratio_to_perftest against the best ucx_perftest tag_bw run at the slot size
+// over the same transport, one run after each of our requests.
 //
 //	go test -run '^$' -bench UCXTransport -benchtime 3x ./transfer
 func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
@@ -43,6 +43,7 @@ func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
 			pool, plan := ucxEnginePool(b, blocks, 5, true)
 			b.SetBytes(plan.Bytes())
 			best := time.Duration(1<<63 - 1)
+			perf := 0.0
 			b.StartTimer()
 			for i := 0; i < b.N; i++ {
 				start := time.Now()
@@ -55,21 +56,21 @@ func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
 					b.Fatalf("request %d: %v %v", i, st.State, st.Err)
 				}
 				best = min(best, time.Since(start))
+				b.StopTimer()
 				if got := peer.expect(b, "DONE ", time.Minute); got != Completed.String()+" OK" {
 					b.Fatalf("peer: %s", got)
 				}
-			}
-			b.StopTimer()
-			mibps := float64(plan.Bytes()) / best.Seconds() / (1 << 20)
-			b.ReportMetric(mibps, "best_MiB/s")
-			perf := 0.0
-			for i := 0; i < 3; i++ {
+				// ucx_perftest runs between our requests, so both see the same neighbours.
 				p, err := ucxPerftestTagBW(tr.tls, tr.dev, cfg.SlotBytes)
 				if err != nil {
 					b.Fatal(err)
 				}
 				perf = max(perf, p)
+				b.StartTimer()
 			}
+			b.StopTimer()
+			mibps := float64(plan.Bytes()) / best.Seconds() / (1 << 20)
+			b.ReportMetric(mibps, "best_MiB/s")
 			b.ReportMetric(perf, "perftest_MiB/s")
 			b.ReportMetric(mibps/perf, "ratio_to_perftest")
 		})
