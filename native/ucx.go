@@ -311,17 +311,19 @@ func (w *Worker) loop(ready chan<- error) {
 	timer.Stop()
 	empty, sleep := 0, time.Duration(0)
 	for {
-		ran := w.runCommands()
-		busy := C.kvx_ucx_progress(w.cw, 64)
-		if ran || busy > 0 {
-			empty, sleep = 0, 0
-			continue
-		}
+		// Checked every round, busy or not: a peer that never stops sending must not keep
+		// Close waiting.
 		select {
 		case <-w.stopReq:
 			w.shutdown()
 			return
 		default:
+		}
+		ran := w.runCommands()
+		busy := C.kvx_ucx_progress(w.cw, 64)
+		if ran || busy > 0 {
+			empty, sleep = 0, 0
+			continue
 		}
 		empty++
 		if len(w.pending) > 0 && empty < w.cfg.SpinRounds {
