@@ -443,3 +443,40 @@ func TestUCX_InvalidRangesFailWithoutReachingUCX(t *testing.T) {
 	}
 	require.Zero(t, m.InUse())
 }
+
+// L2: nothing is freed while a reference or UCX can reach it. A context outlives its workers
+// and memory; memory outlives the requests that use it.
+func TestL2_NothingReleasedWhileInUse(t *testing.T) {
+	c, err := NewContext(ContextConfig{TLS: "posix,cma,self"})
+	require.NoError(t, err)
+	w, err := c.NewWorker(WorkerConfig{})
+	require.NoError(t, err)
+	m, err := c.Allocate(1 << 20)
+	require.NoError(t, err)
+
+	recv := w.TagRecv(m, 0, 1<<20, 42, ^uint64(0))
+	for _, tc := range []struct {
+		desc    string
+		release func() error
+	}{
+		{"memory under a pending receive", m.Close},
+		{"context with a worker and memory open", c.Close},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			require.ErrorIs(t, tc.release(), ErrBusy)
+		})
+	}
+	require.Equal(t, 1, m.InUse())
+	require.True(t, recv.Cancel())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.ErrorIs(t, recv.Wait(ctx), ErrCanceled)
+	require.Zero(t, m.InUse())
+	require.NoError(t, m.Close())
+	require.ErrorIs(t, w.TagRecv(m, 0, 8, 1, 1).Err(), ErrClosed, "closed memory takes no new requests")
+	require.ErrorIs(t, c.Close(), ErrBusy, "the worker is still open")
+	require.NoError(t, w.Close())
+	require.NoError(t, c.Close())
+	_, err = c.NewWorker(WorkerConfig{})
+	require.ErrorIs(t, err, ErrClosed)
+}
