@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
+//go:build cgo
+
 // Command ucxpeer is the other process in kvxfer's two-process UCX tests and benchmarks. It is
 // started by a test, never by people.
 //
