@@ -214,3 +214,19 @@ func TestUCXTransport_ContractForceCloseReportsEveryOp(t *testing.T) {
 		})
 	}
 }
+
+// Two live receives that would match the same UCX tag are refused, not left to race: the
+// second would otherwise take the first one's data.
+func TestUCXTransport_ContractRefusesCollidingReceives(t *testing.T) {
+	a, b, _, rb := newUCXPair(t, "posix,cma,self", "")
+	tag := Tag{Request: 3, Sub: 0, Seq: 7}
+	mem := b.StagingMemory()
+	_, err := post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), tag, mem[:4096], d) })
+	require.NoError(t, err)
+	_, err = post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), tag, mem[4096:8192], d) })
+	require.ErrorIs(t, err, ErrProtocol)
+	other := tag
+	other.Seq++
+	_, err = post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), other, mem[4096:8192], d) })
+	require.NoError(t, err, "the next chunk's tag is distinct")
+}
