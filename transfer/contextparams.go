@@ -34,7 +34,7 @@ var ErrBadMetadata = errors.New("kvxfer: bad context params")
 // re-encodes to the same bytes.
 type ContextParams struct {
 	// RequestID names the request on both sides.
-	RequestID uint64
+	RequestID RequestID
 	// Incarnation identifies one life of the sender's engine: a sender that restarts under
 	// the same address has a new one, so requests meant for the old life fail instead of
 	// reaching the new one's memory.
@@ -124,11 +124,11 @@ func (c *ContextParams) MarshalBinary() ([]byte, error) {
 	put := func(v any) { _ = binary.Write(&b, le, v) } // bytes.Buffer writes cannot fail
 	b.WriteString(cpMagic)
 	put(uint16(ContextParamsVersion))
-	put(uint16(0))     // flags
-	put(uint32(0))     // length, patched below
-	put(uint32(0))     // crc, patched below
-	put(c.RequestID)   //
-	put(c.Incarnation) //
+	put(uint16(0)) // flags
+	put(uint32(0)) // length, patched below
+	put(uint32(0)) // crc, patched below
+	put(uint64(c.RequestID))
+	put(c.Incarnation)
 	l := c.Layout
 	for _, v := range []int64{l.NumLayers, l.KVFactor, l.NumHeads, l.HeadDim, l.ElemSize, l.TokensPerBlock,
 		l.NumBlocks, l.StrideBlock, l.StrideLayer, l.StrideKV, l.StrideHead, l.StrideToken} {
@@ -224,7 +224,7 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 
 	r := &cpReader{b: blob[cpHeaderSize:]}
 	c := &ContextParams{}
-	c.RequestID = r.u64("request id")
+	c.RequestID = RequestID(r.u64("request id"))
 	c.Incarnation = r.u64("incarnation")
 	var lv [12]int64
 	for i := range lv {

@@ -197,7 +197,7 @@ func (t *UCXTransport) StagingMemory() []byte { return t.staging.Bytes() }
 // ContextParams describes request id over plan (this side's blocks) for the peer that will
 // receive it: what a prefill engine hands to decode. Staging mode: no RMA regions.
 func (t *UCXTransport) ContextParams(id RequestID, plan *layout.Plan) *ContextParams {
-	return &ContextParams{RequestID: uint64(id), Incarnation: t.life, WorkerAddress: t.WorkerAddress(),
+	return &ContextParams{RequestID: id, Incarnation: t.life, WorkerAddress: t.WorkerAddress(),
 		Layout: plan.Layout(), Selection: plan.Selection(), Blocks: append([]int32(nil), plan.Blocks()...)}
 }
 

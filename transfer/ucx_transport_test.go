@@ -129,7 +129,7 @@ func TestUCXTransport_TwoEnginesEveryByteChecked(t *testing.T) {
 				require.NoError(t, layout.Compatible(sendPlan, r.plan))
 				require.Equal(t, src.tr.Self(), SenderPeer(params))
 				if i%2 == 0 {
-					p.hr, err = dst.e.Receive(bg, Spec{ID: RequestID(params.RequestID), Peer: SenderPeer(params), Plan: r.plan, Pool: r.mem})
+					p.hr, err = dst.e.Receive(bg, Spec{ID: params.RequestID, Peer: SenderPeer(params), Plan: r.plan, Pool: r.mem})
 					require.NoError(t, err)
 					p.hs, err = src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
 					require.NoError(t, err)
