@@ -5,7 +5,6 @@
 package native
 
 /*
-#cgo LDFLAGS: -lucp -luct -lucs
 #include <stdlib.h>
 #include "ucx.h"
 
