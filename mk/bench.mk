@@ -4,21 +4,15 @@
 KVXBENCH ?= $(BUILD)/kvxbench
 # Flags for the bench targets, such as KVXBENCH_FLAGS='--json --plot bench.svg'.
 KVXBENCH_FLAGS ?=
-# The UCX transport of the engine is built only with -tags ucxlifecycle while the engine and
-# the transport live on separate branches; build kvxbench with it wherever both are here.
-KVXBENCH_TAGS ?= $(if $(and $(wildcard transfer/engine.go),$(wildcard transfer/ucx_transport.go)),ucxlifecycle,)
 
-# `make bench` is the loopback transfer benchmark once the engine and its transport are in
-# the tree; until then it stays the Makefile's default.
-ifneq ($(KVXBENCH_TAGS),)
+# `make bench` is the loopback transfer benchmark: kvxbench run with no flags.
 BENCH_TARGETS := bench-kvxbench
-endif
 
 .PHONY: kvxbench bench-kvxbench bench-kvxbench-gather
 
 kvxbench: ## Build the benchmark binary into $(BUILD)/kvxbench.
 	@mkdir -p $(BUILD)
-	$(GO) build $(if $(KVXBENCH_TAGS),-tags $(KVXBENCH_TAGS)) -o $(KVXBENCH) ./cmd/kvxbench
+	$(GO) build -o $(KVXBENCH) ./cmd/kvxbench
 
 bench-kvxbench: kvxbench ## kvxbench run: Llama-3-8B 1k/4k/16k-token transfers between two processes, beside ucx_perftest.
 	$(KVXBENCH) run $(KVXBENCH_FLAGS)

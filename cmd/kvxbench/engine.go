@@ -54,8 +54,7 @@ type pendingXfer interface {
 // engineBuilt says whether this build has a real engine (set by the file that provides it).
 var engineBuilt = false
 
-// newEngineSide makes this end's engine. It is errEngineMissing until package transfer and
-// its UCX transport are part of kvxfer; tests replace it.
+// newEngineSide makes this end's engine: errEngineMissing unless engine_ucx.go (cgo) is built.
 var newEngineSide = func(cfg runConfig, role string, rank int) (engineSide, error) {
 	return nil, errEngineMissing
 }

@@ -35,6 +35,7 @@ func memEngines(t *testing.T, cfg runConfig) (decode engineSide, prefill []engin
 // The driver over the real engine: every scenario measured and every byte checked, for the
 // same TP on both ends and for two prefill ranks feeding one decode rank.
 func TestDriverOverTheEngine(t *testing.T) {
+	skipWithoutHostCopy(t)
 	for _, tp := range []string{"1", "2"} {
 		t.Run("prefill-tp="+tp, func(t *testing.T) {
 			cfg := smallRun(t, "--prefill-tp", tp)

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
-//go:build cgo && ucxlifecycle
+//go:build cgo
 
-// This file follows transfer/ucx_transport.go's build tag: the UCX transport is built only
-// with -tags ucxlifecycle until it is on main with the engine, and so is the benchmark's use
-// of it. Drop the tag here when it is dropped there.
+// This file follows transfer/ucx_transport.go's build constraint: the UCX transport needs
+// cgo. Without it kvxbench still builds; run, sweep, serve and connect then stop after the
+// hello, saying the engine is missing.
 
 package main
 

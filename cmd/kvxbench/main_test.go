@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -13,6 +14,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/cuda/layout/layouttest"
+	"github.com/kvxfer/kvxfer/native"
 )
 
 // TestMain lets the test binary stand in for kvxbench when run re-executes itself as its peer
@@ -99,6 +104,7 @@ func TestHelpListsSubcommandsAndPresets(t *testing.T) {
 // A small gather run end to end: every result verified, the memcpy baseline beside it, both
 // output formats and the plot.
 func TestGatherRunsVerifiedAgainstMemcpy(t *testing.T) {
+	skipWithoutHostCopy(t)
 	plot := t.TempDir() + "/gather.svg"
 	code, stdout, stderr := runMain(t, time.Minute, "gather", "--prompts", "64,256", "--duration", "20ms", "--layers", "4",
 		"--slot-size", "1MiB", "--json", "--plot", plot)
@@ -127,4 +133,18 @@ func TestGatherRunsVerifiedAgainstMemcpy(t *testing.T) {
 	require.Contains(t, stdout, "gather custom(deepseek-v3) 128")
 	require.Contains(t, stdout, "verified")
 	require.NotContains(t, stdout, "memcpy", "no baseline asked for")
+}
+
+// skipWithoutHostCopy skips a test that moves bytes through native.HostGather in a build
+// without cgo, where the C copy is absent (native.ErrNotSupported); any other error fails.
+func skipWithoutHostCopy(t *testing.T) {
+	t.Helper()
+	l := layouttest.Llama3_8B(1)
+	p, err := layout.NewPlan(l, l.All(), []int32{0})
+	require.NoError(t, err)
+	err = native.HostGather(p, make([]byte, l.SpanBytes()), 0, make([]byte, 1))
+	if errors.Is(err, native.ErrNotSupported) {
+		t.Skipf("this build has no host gather: %v", err)
+	}
+	require.NoError(t, err)
 }

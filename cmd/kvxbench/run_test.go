@@ -14,6 +14,7 @@ import (
 // on the control connection, checks their layouts, and measures: for TP=1 and for two TP=2
 // ranks. In a build without the engine it must stop, after the hello, saying so.
 func TestRunLoopback(t *testing.T) {
+	skipWithoutHostCopy(t)
 	for _, tp := range []string{"1", "2"} {
 		t.Run("prefill-tp="+tp, func(t *testing.T) {
 			cfg, err := resolveForTest(t, "--layers", "4", "--prompts", "64,256", "--concurrency", "1,2", "--prefill-tp", tp,

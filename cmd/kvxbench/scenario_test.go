@@ -230,6 +230,7 @@ func runDriver(t *testing.T, cfg runConfig, decodeEng engineSide, prefill []engi
 // The driver measures every scenario, checks every byte that landed, and prints one result
 // per scenario, for same-TP and for two prefill ranks feeding one decode rank.
 func TestDriverMeasuresAndVerifiesEveryScenario(t *testing.T) {
+	skipWithoutHostCopy(t)
 	for _, tp := range []string{"1", "2"} {
 		t.Run("prefill-tp="+tp, func(t *testing.T) {
 			cfg := smallRun(t, "--prefill-tp", tp)
@@ -261,6 +262,7 @@ func TestDriverMeasuresAndVerifiesEveryScenario(t *testing.T) {
 
 // A transfer that damages one byte, or writes nothing, fails the check and the run.
 func TestDriverCatchesDamagedAndMissingBytes(t *testing.T) {
+	skipWithoutHostCopy(t)
 	cases := []struct {
 		desc string
 		set  func(n *fakeNet)
@@ -302,6 +304,7 @@ func TestMaxMemory(t *testing.T) {
 // sweep runs one configuration per block size, a prompt of batch blocks each, and names each
 // result by block size and batch.
 func TestSweepCoversBlockSizeByBatch(t *testing.T) {
+	skipWithoutHostCopy(t)
 	old := sweepOne
 	defer func() { sweepOne = old }()
 	var ran []int64

@@ -101,6 +101,7 @@ func TestConnectToASilentPort(t *testing.T) {
 // With the engine in the build, serve and connect measure a small scenario end to end, the
 // baseline's server started on the serve side over the control connection.
 func TestServeAndConnectMeasure(t *testing.T) {
+	skipWithoutHostCopy(t)
 	if !engineBuilt {
 		t.Skip("this build has no transfer engine: TestServeAndConnect covers what it can do")
 	}

@@ -14,10 +14,9 @@ import (
 )
 
 // errEngineMissing is what the transfer subcommands return after their set-up and handshake
-// until the transfer engine (package transfer) and its UCX transport are part of kvxfer: the
-// flags, the peers, the control connection and the baseline are real; the transfer is not
-// there to measure.
-var errEngineMissing = errors.New("the transfer engine (package transfer with its UCX transport) is not in this build of kvxfer yet; `kvxbench gather` measures the host gather and scatter alone")
+// in a build without the engine's UCX transport (built without cgo): the flags, the peers and
+// the control connection work; there is no transfer to measure.
+var errEngineMissing = errors.New("the transfer engine's UCX transport is not in this build of kvxbench (it needs cgo: build with CGO_ENABLED=1); `kvxbench gather` measures the host gather and scatter alone")
 
 // transferFlags are the flags of run, sweep, serve and connect.
 type transferFlags struct {

@@ -61,6 +61,7 @@ func TestPatternCatchesShiftedCopies(t *testing.T) {
 
 // hostMeasure.verify fails when the scatter puts bytes where the plan does not say.
 func TestHostVerifyFailsOnAWrongPlan(t *testing.T) {
+	skipWithoutHostCopy(t)
 	l := layouttest.Llama3_8B(6)
 	p, err := layout.NewPlan(l, l.All(), []int32{4, 1})
 	require.NoError(t, err)
