@@ -18,6 +18,8 @@ const (
 	exitOK    = 0
 	exitError = 1 // the benchmark ran and failed, or its environment cannot run it
 	exitUsage = 2 // bad flags, unknown preset, impossible layout
+	// exitInterrupted follows the shell's convention for a process ended by SIGINT.
+	exitInterrupted = 130
 )
 
 func main() {
@@ -77,6 +79,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			continue
 		}
 		err := c.run(ctx, args, out)
+		if err != nil && ctx.Err() != nil {
+			// Whatever failed last (often a peer's broken pipe, since the peers were
+			// stopped first) is a consequence: say what happened.
+			fmt.Fprintf(stderr, "kvxbench: interrupted (%v)\n", err)
+			return exitInterrupted
+		}
 		return report(err, out)
 	}
 	fmt.Fprintf(stderr, "kvxbench: unknown subcommand %q; `kvxbench help` lists them\n", name)
