@@ -148,3 +148,17 @@ func skipWithoutHostCopy(t *testing.T) {
 	}
 	require.NoError(t, err)
 }
+
+// An interrupt (the context Main runs under ends) stops a run promptly with exit 130 and one
+// line that says so.
+func TestInterruptEndsPromptly(t *testing.T) {
+	skipWithoutHostCopy(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	code := Main(ctx, []string{"gather", "--layers", "2", "--prompts", "64", "--duration", "1m"}, &stdout, &stderr)
+	require.Equal(t, exitInterrupted, code, stderr.String())
+	require.Contains(t, stderr.String(), "kvxbench: interrupted")
+	require.Less(t, time.Since(start), 10*time.Second)
+}
