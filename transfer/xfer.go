@@ -524,6 +524,12 @@ func (x *xfer) refreshReady() error {
 	}
 	if x.nextSignal > 0 {
 		layers = max(layers, int64(x.signals[x.nextSignal-1].End))
+		for i := 0; i < 64; i++ { // publish for LayersReady; bounded, each lost race raised it
+			cur := x.h.readyLayers.Load()
+			if layers <= cur || x.h.readyLayers.CompareAndSwap(cur, layers) {
+				break
+			}
+		}
 	}
 	if ready := layers * x.perLayer; ready > x.readyBytes {
 		x.readyBytes = ready
