@@ -398,3 +398,37 @@ func TestRequestInfoExtensionRoundTripsAndStaysOptional(t *testing.T) {
 	_, err := (&RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Held: []int{3, 1}, HeldOf: 5}).AppendBinary(nil)
 	require.Error(t, err, "positions must rise")
 }
+
+// TestLayerCutChunksTileEachLayer: with FlagLayerCut both sides derive chunks that tile the
+// stream in order, never cross a layer boundary and never exceed the slot's payload.
+func TestLayerCutChunksTileEachLayer(t *testing.T) {
+	cases := []struct {
+		desc  string
+		dims  layout.Dims
+		chunk int64
+	}{
+		{"layer of several chunks, not a multiple", streamDims, 984},
+		{"layer smaller than a chunk", streamDims, 1 << 20},
+		{"layer exactly two chunks", streamDims, 4096},
+		{"one-byte elements, odd chunk", layout.Dims{NumLayers: 3, KVFactor: 1, NumHeads: 3, HeadDim: 5, ElemSize: 1, TokensPerBlock: 7, NumBlocks: 9}, 101},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			kv := newKVPool(t, c.dims, layout.BlockMajor, nil, seqBlocks(0, int32(c.dims.NumBlocks)), 0)
+			x := &xfer{plan: kv.plan}
+			x.setChunks(c.chunk, true)
+			perLayer := kv.plan.Bytes() / c.dims.NumLayers
+			next := int64(0)
+			for seq := range x.nChunks {
+				off, n := x.chunkRange(seq)
+				require.Equal(t, next, off, "chunk %d", seq)
+				require.Positive(t, n)
+				require.LessOrEqual(t, n, c.chunk)
+				require.Zero(t, n%c.dims.ElemSize)
+				require.Equal(t, off/perLayer, (off+n-1)/perLayer, "chunk %d crosses a layer boundary", seq)
+				next = off + n
+			}
+			require.Equal(t, kv.plan.Bytes(), next)
+		})
+	}
+}

@@ -53,6 +53,7 @@ type xfer struct {
 	layerCut    bool  // chunks also end at layer boundaries
 	perLayer    int64 // stream bytes of one layer
 	cutPerLayer int   // chunks per layer when layerCut
+	cutChunk    int64 // their size (the last of a layer may be smaller)
 	readyBytes  int64 // Send: stream bytes [0, readyBytes) may be gathered
 	nextSignal  int   // Send: first signal not yet fired
 	idle        []*buffer.Slot
@@ -266,7 +267,13 @@ func (x *xfer) setChunks(chunk int64, layerCut bool) {
 	x.perLayer = x.plan.Bytes() / x.plan.Selection().Layers()
 	x.layerCut = layerCut && x.perLayer > 0
 	if x.layerCut {
-		x.cutPerLayer = int((x.perLayer + chunk - 1) / chunk)
+		// Split each layer evenly: a 16 MiB layer in 4 MiB slots is five chunks of 3.2 MiB,
+		// not four full ones and a 200-byte straggler that costs a message of its own.
+		k := (x.perLayer + chunk - 1) / chunk
+		elem := x.plan.Layout().ElemSize
+		cut := (x.perLayer + k - 1) / k
+		x.cutChunk = (cut + elem - 1) / elem * elem // still <= chunk, which is whole elements
+		x.cutPerLayer = int((x.perLayer + x.cutChunk - 1) / x.cutChunk)
 		x.nChunks = x.cutPerLayer * int(x.plan.Selection().Layers())
 		return
 	}
@@ -276,8 +283,8 @@ func (x *xfer) setChunks(chunk int64, layerCut bool) {
 func (x *xfer) chunkRange(seq int) (off, n int64) {
 	if x.layerCut {
 		layer, i := int64(seq/x.cutPerLayer), int64(seq%x.cutPerLayer)
-		in := i * x.chunk
-		return layer*x.perLayer + in, min(x.chunk, x.perLayer-in)
+		in := i * x.cutChunk
+		return layer*x.perLayer + in, min(x.cutChunk, x.perLayer-in)
 	}
 	off = int64(seq) * x.chunk
 	return off, min(x.chunk, x.plan.Bytes()-off)
