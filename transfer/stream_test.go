@@ -394,6 +394,11 @@ func TestRequestInfoExtensionRoundTripsAndStaysOptional(t *testing.T) {
 	bad("truncated bitmap", func(b []byte) []byte { return b[:len(b)-1] })
 	bad("half an extension", func(b []byte) []byte { return b[:requestInfoBytes+4] })
 	bad("count without held blocks", func(b []byte) []byte { b[len(b)-1] = 0; return b })
+	bad("empty extension", func(b []byte) []byte {
+		b = b[:requestInfoBytes+8]
+		clear(b[requestInfoBytes:])
+		return b
+	})
 
 	_, err := (&RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Held: []int{3, 1}, HeldOf: 5}).AppendBinary(nil)
 	require.Error(t, err, "positions must rise")

@@ -318,6 +318,9 @@ func decodeRequestExt(m *RequestInfo, b []byte) error {
 		return malformed(at, "unknown request flags %#x", uint32(m.Flags&^knownFlags))
 	}
 	n := int(binary.LittleEndian.Uint32(b[at+4:]))
+	if m.Flags == 0 && n == 0 { // never encoded: one message, one encoding
+		return malformed(at, "an empty request-info extension")
+	}
 	if n > MaxBlocks || len(b) != at+requestExtBytes+(n+7)/8 {
 		return malformed(at+4, "bitmap of %d blocks in a %d-byte request-info (at most %d blocks)", n, len(b), MaxBlocks)
 	}
