@@ -227,9 +227,10 @@ func (h *Handle) MarkLayersReady(end int) error {
 }
 
 // LayersReady reports, without blocking, how many leading layers of the plan's selection
-// hold their final bytes: on a streaming Receive, the layers scattered so far (over every
-// sub-transfer); on another Receive, all layers once completed, else 0; on a Send, the layers
-// the caller has declared ready.
+// hold their final bytes: on a streaming Receive, the layers scattered so far (for a
+// multi-peer Receive, the fewest over its sub-transfers, each counted in its own plan); on
+// another Receive, all layers once completed, else 0; on a Send, the layers declared ready
+// by MarkLayersReady or by fired Spec.Ready signals.
 func (h *Handle) LayersReady() int {
 	if !h.receive {
 		return int(h.readyLayers.Load())
