@@ -219,14 +219,17 @@ func TestL12_StreamWaitingOnTheModelIsNotAStall(t *testing.T) {
 
 func TestPartialReceiveMovesOnlyTheBlocksItLacks(t *testing.T) {
 	cases := []struct {
-		desc   string
-		held   []int
-		stream bool
+		desc         string
+		held         []int
+		stream       bool
+		receiveFirst bool // the request (with its held positions) waits for the Send
 	}{
-		{"prefix hit", []int{0, 1, 2, 3, 4}, false},
-		{"scattered, unsorted", []int{9, 0, 3, 15}, false},
-		{"all but one", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15}, false},
-		{"prefix hit, streamed", []int{0, 1, 2, 3}, true},
+		{"prefix hit", []int{0, 1, 2, 3, 4}, false, false},
+		{"prefix hit, request before the send", []int{0, 1, 2, 3, 4}, false, true},
+		{"scattered, unsorted", []int{9, 0, 3, 15}, false, true},
+		{"all but one", []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15}, false, false},
+		{"prefix hit, streamed, every layer marked before the request", []int{0, 1, 2, 3}, true, false},
+		{"prefix hit, streamed, request before the send", []int{0, 1, 2, 3}, true, true},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -237,12 +240,23 @@ func TestPartialReceiveMovesOnlyTheBlocksItLacks(t *testing.T) {
 				dst.mem[i] = 0xA5
 			}
 			before := append([]byte(nil), dst.mem...)
-			hs, err := p.src.Send(bg, Spec{ID: 3, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: c.stream})
-			require.NoError(t, err)
+			send := func() *Handle {
+				hs, err := p.src.Send(bg, Spec{ID: 3, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: c.stream})
+				require.NoError(t, err)
+				if c.stream {
+					require.NoError(t, hs.MarkLayersReady(int(streamDims.NumLayers)))
+				}
+				return hs
+			}
+			var hs *Handle
+			if !c.receiveFirst {
+				hs = send()
+			}
 			hr, err := p.dst.Receive(bg, Spec{ID: 3, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Held: c.held, Stream: c.stream})
 			require.NoError(t, err)
-			if c.stream {
-				require.NoError(t, hs.MarkLayersReady(int(streamDims.NumLayers)))
+			if c.receiveFirst {
+				time.Sleep(10 * time.Millisecond) // the request arrives first and is kept
+				hs = send()
 			}
 			waitClosed(t, hs.Quiesced(), "sender")
 			waitClosed(t, hr.Quiesced(), "receiver")
