@@ -109,8 +109,13 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// ErrInvalidConfig: a Config field cannot work; the message names it.
-var ErrInvalidConfig = errors.New("streambench: invalid configuration")
+// Errors of Run.
+var (
+	// ErrInvalidConfig: a Config field cannot work; the message names it.
+	ErrInvalidConfig = errors.New("streambench: invalid configuration")
+	// ErrNoUCX: TransportUCX in a build without cgo, which has no UCX transport.
+	ErrNoUCX = errors.New("streambench: the UCX transport needs a cgo build")
+)
 
 func (c Config) validate() error {
 	bad := func(field string, v any, reason string) error {
@@ -229,18 +234,10 @@ func newBench(cfg Config) (*bench, error) {
 		n := transfer.NewMemNetwork()
 		srcTr, dstTr, b.srcPeer, b.dstPeer = n.Transport("prefill"), n.Transport("decode"), "prefill", "decode"
 	case TransportUCX:
-		slots := engineSlots(cfg.Engine)
-		st, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: cfg.UCXTLS, StagingBytes: slots, Logger: cfg.Engine.Logger})
-		if err != nil {
+		var err error
+		if srcTr, dstTr, err = ucxPair(cfg, &srcCfg, &dstCfg, b); err != nil {
 			return nil, err
 		}
-		dt, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: cfg.UCXTLS, StagingBytes: slots, Logger: cfg.Engine.Logger})
-		if err != nil {
-			_ = st.Close(true)
-			return nil, err
-		}
-		srcCfg.StagingMemory, dstCfg.StagingMemory = st.StagingMemory(), dt.StagingMemory()
-		srcTr, dstTr, b.srcPeer, b.dstPeer = st, dt, st.Self(), dt.Self()
 	}
 	if b.src, err = transfer.New(srcTr, srcCfg); err != nil {
 		_ = srcTr.Close(true)
