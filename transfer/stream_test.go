@@ -451,3 +451,33 @@ func TestLayerCutChunksTileEachLayer(t *testing.T) {
 		})
 	}
 }
+
+// TestL9_StreamDeadlineWithAHungChunkQuarantinesThenPoisons: mid-stream, a chunk hangs on
+// the wire and the next layer never comes; the deadline quarantines the send (Done closes,
+// memory pinned), and the slot the transport never lets go of is poisoned, never released.
+func TestL9_StreamDeadlineWithAHungChunkQuarantinesThenPoisons(t *testing.T) {
+	cfg := fastConfig()
+	cfg.QuarantineTimeout = 100 * time.Millisecond
+	p := newPair(t, cfg, cfg)
+	src, dst := streamPools(t, layout.LayerMajor)
+	hs, err := p.src.Send(bg, Spec{ID: 12, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: true, Timeout: 300 * time.Millisecond})
+	require.NoError(t, err)
+	hr, err := p.dst.Receive(bg, Spec{ID: 12, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Stream: true})
+	require.NoError(t, err)
+	require.NoError(t, hs.MarkLayersReady(1))
+	eventually(t, func() bool { return hr.LayersReady() == 1 }, "first layer over")
+	p.net.SetFault(dataOnly(Fault{Hang: true, NeverQuiesce: true}))
+	require.NoError(t, hs.MarkLayersReady(2)) // layers 3 and 4 never come
+	eventually(t, func() bool { return p.net.OnWire() > 0 }, "a chunk of layer 2 hung")
+
+	waitClosed(t, hs.Done(), "sender's outcome")
+	require.ErrorIs(t, hs.Status().Err, ErrDeadline)
+	waitClosed(t, hs.Quiesced(), "sender quiesced after poisoning")
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	requireState(t, hs, Failed, ErrQuarantined, ErrDeadline)
+	require.Positive(t, p.src.pool.Stats().Poisoned, "the hung slot is poisoned, not released")
+	require.Zero(t, p.src.pool.Stats().Leased)
+	require.Equal(t, 1, hr.LayersReady(), "no later layer was reported ready")
+	require.NoError(t, hs.Release())
+	require.NoError(t, hr.Release())
+}
