@@ -23,17 +23,25 @@ func envTLS() string { return os.Getenv("UCX_TLS") }
 
 func cmdRun(ctx context.Context, args []string, out *outputs) error {
 	var f transferFlags
+	var sf streamFlags
 	fs := newFlagSet("run", "run [flags]", out)
 	f.register(fs, time.Second)
+	sf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("run takes no arguments, got %q", fs.Args())
 	}
+	if err := sf.check(); err != nil {
+		return err
+	}
 	cfg, err := f.resolve(envTLS)
 	if err != nil {
 		return err
+	}
+	if sf.on {
+		return runStream(ctx, cfg, sf, f.out, out)
 	}
 	perftest, err := baselineBinary(fs, f.out.baseline, out)
 	if err != nil {
