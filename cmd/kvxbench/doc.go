@@ -11,7 +11,8 @@
 //
 // Subcommands:
 //
-//	run       loopback transfer between two processes on this host (the default)
+//	run       loopback transfer between two processes on this host (the default);
+//	          run --stream measures layer-wise streaming beside simulated prefill
 //	gather    host (or device) gather and scatter alone, against memcpy
 //	sweep     block size by batch size, for tuning
 //	serve     the prefill end on one host; prints the address to give to connect
