@@ -66,6 +66,17 @@ type Config struct {
 	// waits on them (never blocking on one). Default 100us: a layer of prefill takes
 	// milliseconds, so the poll adds little delay and little CPU.
 	ReadyPollInterval time.Duration
+	// DisableDirect forces every transfer through staging slots. By default a transfer takes
+	// the one-copy (direct) path when the transport implements DirectTransport, both sides'
+	// pools are direct-capable (Transport.Direct), the spec has no Mover, and the receiver
+	// asks for it: the transport then reads and writes the caller's pool in place, and no
+	// slot is leased. Set it on the receiver to make a pair use staging (the receiver decides;
+	// a sender's own setting refuses a direct request it gets).
+	DisableDirect bool
+	// DirectChunkBytes is the most stream bytes one direct message carries. No slot bounds
+	// it, so it is large: fewer messages cost less per byte, and PipelineDepth of them are
+	// posted at once. Default 64 MiB.
+	DirectChunkBytes int64
 	// Logger receives lifecycle events. Default zap.NewNop().
 	Logger *zap.Logger
 	// Observer hears every transition, cancel, quarantine, poison and progress. Default
@@ -76,6 +87,7 @@ type Config struct {
 // Defaults of Config.
 const (
 	DefaultSlotBytes         = 4 << 20
+	DefaultDirectChunkBytes  = 64 << 20
 	DefaultMaxConcurrent     = 64
 	DefaultPipelineDepth     = 2
 	DefaultTransferTimeout   = 30 * time.Second
@@ -108,6 +120,9 @@ func (c Config) withDefaults() Config {
 		c.SlotBytes = DefaultSlotBytes
 	}
 	defInt(&c.MaxConcurrent, DefaultMaxConcurrent)
+	if c.DirectChunkBytes == 0 {
+		c.DirectChunkBytes = DefaultDirectChunkBytes
+	}
 	defInt(&c.PipelineDepth, DefaultPipelineDepth)
 	if c.NumSlots == 0 && c.SlotBytes > 0 {
 		if c.StagingMemory != nil {
@@ -145,6 +160,8 @@ func (c Config) validate() error {
 	switch {
 	case c.SlotBytes <= DataHeaderBytes:
 		return bad("SlotBytes", c.SlotBytes, fmt.Sprintf("must exceed the %d-byte chunk header", DataHeaderBytes))
+	case c.DirectChunkBytes < 8 || c.DirectChunkBytes > 1<<40:
+		return bad("DirectChunkBytes", c.DirectChunkBytes, "must be in [8, 2^40]")
 	case c.MaxConcurrent < 1:
 		return bad("MaxConcurrent", c.MaxConcurrent, "must be at least 1")
 	case c.PipelineDepth < 1:

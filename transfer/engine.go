@@ -24,6 +24,8 @@ type Engine struct {
 	pool *buffer.Pool
 	log  *zap.Logger
 	obs  Observer
+	// direct is tr when it implements the one-copy extension, else nil.
+	direct DirectTransport
 
 	mu         sync.Mutex
 	handles    map[RequestID]*Handle
@@ -88,6 +90,7 @@ func New(tr Transport, cfg Config) (*Engine, error) {
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
 		closing: make(chan struct{}), stopProgress: make(chan struct{}), progressDone: make(chan struct{}),
 	}
+	e.direct, _ = tr.(DirectTransport)
 	e.lastProgress.Store(time.Now().UnixNano())
 	if err := tr.Bind(inbound{e}); err != nil {
 		return nil, fmt.Errorf("kvxfer: binding the transport: %w", err)
@@ -136,7 +139,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	for i, s := range subs {
 		h.total.Add(s.Plan.Bytes())
 		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), receive: receive, peer: s.Peer, plan: s.Plan,
-			mover: mover, timeout: timeout, stopCh: make(chan struct{}), box: mailbox{notify: make(chan struct{}, 1)},
+			mover: mover, pool: spec.Pool, hostPool: spec.Mover == nil, timeout: timeout, stopCh: make(chan struct{}), box: mailbox{notify: make(chan struct{}, 1)},
 			stream: spec.Stream, signals: spec.Ready}
 		if receive && len(spec.Held) > 0 {
 			xs[i].heldOf = len(spec.Plan.Blocks())

@@ -21,6 +21,11 @@ type Status struct {
 	Total int64
 	// Err is why the transfer failed, was cancelled or was quarantined; nil otherwise.
 	Err error
+	// BlocksPoisoned: a direct (one-copy) operation ended without the transport proving it
+	// is done with the caller's KV blocks. The handle stays Quarantined for good and Quiesced
+	// never closes: those blocks must never be freed or reused (L9, L10). Health counts it
+	// against the quarantine budget.
+	BlocksPoisoned bool
 }
 
 // Handle is one request's transfer, over one or several peers. The caller gets it with one
@@ -40,6 +45,8 @@ type Handle struct {
 	m           machine
 	bytes       atomic.Int64
 	err         atomic.Pointer[error]
+	// blocksPoisoned: see Status.BlocksPoisoned.
+	blocksPoisoned atomic.Bool
 
 	done     chan struct{}
 	quiesced chan struct{}
@@ -57,7 +64,7 @@ func (h *Handle) ID() RequestID { return h.id }
 
 // Status returns the handle's state, progress and error with three atomic loads.
 func (h *Handle) Status() Status {
-	s := Status{State: h.m.load(), Bytes: h.bytes.Load(), Total: h.total.Load()}
+	s := Status{State: h.m.load(), Bytes: h.bytes.Load(), Total: h.total.Load(), BlocksPoisoned: h.blocksPoisoned.Load()}
 	if p := h.err.Load(); p != nil {
 		s.Err = *p
 	}

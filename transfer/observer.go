@@ -15,7 +15,8 @@ type Observer interface {
 	OnCancel(id RequestID, outcome CancelOutcome)
 	// OnQuarantine reports a sub-transfer entering quarantine, and why.
 	OnQuarantine(id RequestID, sub int, cause error)
-	// OnPoison reports a staging slot taken out of circulation for good.
+	// OnPoison reports a staging slot taken out of circulation for good, or (slot -1) a
+	// direct transfer's KV blocks that the transport may still touch (Status.BlocksPoisoned).
 	OnPoison(id RequestID, slot int, reason string)
 	// OnProgress reports a chunk moved.
 	OnProgress(id RequestID, bytes int64, at time.Time)

@@ -102,7 +102,13 @@ const (
 	// FlagLayerCut: chunks end at every layer boundary as well as every ChunkBytes, so a
 	// streaming sender can send each layer as soon as it is ready.
 	FlagLayerCut RequestFlags = 1 << 0
-	knownFlags                = FlagLayerCut
+	// FlagDirect: the one-copy path. The receiver has posted its receives straight into its
+	// own pool (Transport.Direct said it may), so each chunk is ChunkBytes of bare stream
+	// bytes, without a data header, and no slot bounds ChunkBytes. The sender sends straight
+	// from its pool too, or refuses with AbortIncompatible. An engine that predates the flag
+	// refuses it as unknown, which fails the request instead of misreading its chunks.
+	FlagDirect RequestFlags = 1 << 1
+	knownFlags              = FlagLayerCut | FlagDirect
 )
 
 // DataHeader precedes one chunk's payload.

@@ -14,6 +14,8 @@ func TestWireRoundTrip(t *testing.T) {
 	h := Header{Sub: 3, Request: 0xdeadbeef01}
 	msgs := []Message{
 		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 4096, Depth: 2},
+		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64 << 20, Depth: 2, Flags: FlagDirect},
+		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64, Depth: 2, Flags: FlagDirect | FlagLayerCut, Held: []int{1}, HeldOf: 10},
 		&Done{Header: h, Bytes: 123456},
 		&Abort{Header: h, Code: AbortDeadline, Reason: "too slow"},
 		&AbortAck{Header: h},
@@ -100,6 +102,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(&RequestInfo{Header: Header{Request: 4}, Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2}, ChunkBytes: 64, Depth: 2}))
 	f.Add(encode(&RequestInfo{Header: Header{Request: 5}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
 		ChunkBytes: 64, Depth: 2, Flags: FlagLayerCut, Held: []int{0, 9}, HeldOf: 12}))
+	f.Add(encode(&RequestInfo{Header: Header{Request: 6}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
+		ChunkBytes: 1 << 26, Depth: 2, Flags: FlagDirect}))
 	d, _ := (&DataHeader{Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
 	f.Add(append(d, 7))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -19,20 +19,22 @@ import (
 // xfer is one sub-transfer: one peer's share of a handle. Its own goroutine (run) owns every
 // field below the line; other goroutines reach it only through its mailbox and stop.
 type xfer struct {
-	h       *Handle
-	eng     *Engine
-	sub     int    // index in the handle
-	wireSub uint16 // sub index on the wire: ours when receiving, the receiver's when sending
-	receive bool
-	peer    Peer
-	plan    *layout.Plan
-	mover   Mover
-	timeout time.Duration
-	m       machine // written only through Handle.subApplyLocked / cancel, under h.mu
-	stream  bool
-	signals []LayerSignal // streaming Send: polled, never waited on
-	held    []int         // partial Receive: positions of the full block list already held
-	heldOf  int           // partial Receive: length of the full block list
+	h        *Handle
+	eng      *Engine
+	sub      int    // index in the handle
+	wireSub  uint16 // sub index on the wire: ours when receiving, the receiver's when sending
+	receive  bool
+	peer     Peer
+	plan     *layout.Plan
+	mover    Mover
+	pool     []byte // the caller's pool (direct path)
+	hostPool bool   // no Mover: the pool is host memory moved through the plan
+	timeout  time.Duration
+	m        machine // written only through Handle.subApplyLocked / cancel, under h.mu
+	stream   bool
+	signals  []LayerSignal // streaming Send: polled, never waited on
+	held     []int         // partial Receive: positions of the full block list already held
+	heldOf   int           // partial Receive: length of the full block list
 	// layersReady is how many leading layers this sub has scattered (Receive).
 	layersReady atomic.Int64
 
@@ -67,7 +69,12 @@ type xfer struct {
 	cause       error
 	quarantined bool
 	ended       bool
-	retries     int
+	// direct: the one-copy path, operations read or write the caller's pool (no slots).
+	direct bool
+	// blocksUnknown: a direct operation's memory verdict was unknown; the transfer never
+	// resolves its quarantine (L9, L10).
+	blocksUnknown bool
+	retries       int
 	// One timer per transfer serves every deadline below (zero: not set): thousands of idle
 	// transfers then cost the runtime one timer each, not four.
 	deadlineAt time.Time
@@ -231,7 +238,7 @@ func (x *xfer) lease() (*buffer.Slot, bool) {
 		return nil, false
 	}
 	if !x.apply(EvAdvertise, nil) { // cancelled while we waited
-		_ = slot.Release()
+		releaseSlot(slot)
 		return nil, false
 	}
 	x.qcancel() // the queued phase is over; free its timer now, not when the transfer ends
@@ -320,6 +327,10 @@ func (x *xfer) updateAwaiting() {
 // ---- receiving side ----
 
 func (x *xfer) runReceive() {
+	if x.directCapable() {
+		x.runReceiveDirect()
+		return
+	}
 	first, ok := x.lease()
 	if !ok {
 		return
@@ -341,11 +352,37 @@ func (x *xfer) runReceive() {
 	x.loop()
 }
 
+// runReceiveDirect is runReceive on the one-copy path: receives posted straight into the
+// pool, PipelineDepth of them, and a request that says so.
+func (x *xfer) runReceiveDirect() {
+	if !x.startDirect() {
+		return
+	}
+	x.direct = true
+	elem := x.plan.Layout().ElemSize
+	x.setChunks(x.eng.cfg.DirectChunkBytes/elem*elem, x.stream)
+	if x.layerCut {
+		x.recvSeen = make([]bool, x.nChunks)
+	}
+	for range min(x.eng.cfg.PipelineDepth, x.nChunks) {
+		if !x.postRecvDirect() {
+			break
+		}
+	}
+	if !x.aborting {
+		x.sendRequestInfo()
+	}
+	x.loop()
+}
+
 func (x *xfer) sendRequestInfo() {
 	ri := &RequestInfo{Header: Header{Sub: x.wireSub, Request: x.h.id}, Shape: x.plan.Shape(),
 		ChunkBytes: x.chunk, Depth: int64(x.eng.cfg.PipelineDepth), Held: x.held, HeldOf: x.heldOf}
 	if x.layerCut {
 		ri.Flags |= FlagLayerCut
+	}
+	if x.direct {
+		ri.Flags |= FlagDirect
 	}
 	if err := x.eng.tr.SendControl(x.peer, encode(ri)); err != nil {
 		x.log().Debug("request-info not sent; will retry", zap.Error(err))
@@ -355,8 +392,11 @@ func (x *xfer) sendRequestInfo() {
 // postRecv posts the receive of the next chunk into slot, or releases the slot when every
 // chunk is posted. It returns false if the transfer is aborting.
 func (x *xfer) postRecv(slot *buffer.Slot) bool {
+	if x.direct {
+		return x.postRecvDirect()
+	}
 	if x.nextSeq >= x.nChunks || x.aborting {
-		_ = slot.Release()
+		releaseSlot(slot)
 		return !x.aborting
 	}
 	rec := &opRec{seq: x.nextSeq, slot: slot}
@@ -365,7 +405,7 @@ func (x *xfer) postRecv(slot *buffer.Slot) bool {
 	id, err := x.eng.tr.PostRecv(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, buf,
 		func(c Completion) { x.box.push(event{op: rec, c: c}) })
 	if err != nil {
-		_ = slot.Release() // never posted: the transport never saw it
+		releaseSlot(slot) // never posted: the transport never saw it
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
@@ -383,12 +423,12 @@ func (x *xfer) receivedChunk(rec *opRec, c Completion) {
 		err = fmt.Errorf("chunk header %+v does not match seq %d at offset %d, %d bytes", dh, rec.seq, off, n)
 	}
 	if err != nil {
-		_ = rec.slot.Release()
+		releaseSlot(rec.slot)
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, AbortProtocol, x.eng.cfg.CancelGrace)
 		return
 	}
 	if err := x.mover.Scatter(x.plan, payload, off); err != nil {
-		_ = rec.slot.Release()
+		releaseSlot(rec.slot)
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
 		return
 	}
@@ -455,7 +495,12 @@ func (x *xfer) runSend() {
 	if err == nil {
 		err = layout.CompatibleShapes(x.plan.Shape(), ri.Shape)
 	}
-	if err != nil || ri.ChunkBytes > x.payloadCap() {
+	x.direct = ri.Flags&FlagDirect != 0
+	if err == nil && x.direct && !x.directCapable() {
+		err = fmt.Errorf("the receiver asked for the direct (one-copy) path and this sender's pool cannot take it " +
+			"(allocate or register it with the transport, drop the Mover, or set Config.DisableDirect on the receiver)")
+	}
+	if err != nil || (!x.direct && ri.ChunkBytes > x.payloadCap()) {
 		if err == nil {
 			err = fmt.Errorf("receiver's %d-byte chunks do not fit this engine's %d-byte slots", ri.ChunkBytes, x.eng.cfg.SlotBytes)
 		}
@@ -467,6 +512,23 @@ func (x *xfer) runSend() {
 	x.setChunks(ri.ChunkBytes, ri.Flags&FlagLayerCut != 0)
 	if !x.stream {
 		x.readyBytes = x.plan.Bytes()
+	}
+	if x.direct {
+		if !x.startDirect() {
+			code := AbortInternal
+			if x.m.load() == Cancelled {
+				code = AbortCancelled
+			}
+			x.sendAbort(code, errors.New("the sender stopped before it started"))
+			return
+		}
+		for range min(x.eng.cfg.PipelineDepth, x.nChunks) {
+			if !x.postSendDirect() {
+				break
+			}
+		}
+		x.loop()
+		return
 	}
 	first, ok := x.lease()
 	if !ok {
@@ -487,9 +549,16 @@ func (x *xfer) runSend() {
 	x.loop()
 }
 
+// releaseSlot releases a slot; nil (a direct transfer's pipeline place) holds nothing.
+func releaseSlot(s *buffer.Slot) {
+	if s != nil {
+		_ = s.Release()
+	}
+}
+
 func releaseAll(slots []*buffer.Slot) {
 	for _, s := range slots {
-		_ = s.Release()
+		releaseSlot(s)
 	}
 }
 
@@ -594,15 +663,18 @@ func (x *xfer) markReceived(seq int) {
 // postSend gathers the next chunk into slot and posts it, or releases the slot when every
 // chunk is posted. It returns false if the transfer is aborting.
 func (x *xfer) postSend(slot *buffer.Slot) bool {
+	if x.direct {
+		return x.postSendDirect()
+	}
 	if x.nextSeq >= x.nChunks || x.aborting {
-		_ = slot.Release()
+		releaseSlot(slot)
 		return !x.aborting
 	}
 	rec := &opRec{seq: x.nextSeq, slot: slot}
 	off, n := x.chunkRange(rec.seq)
 	if off+n > x.readyBytes {
 		if err := x.refreshReady(); err != nil {
-			_ = slot.Release()
+			releaseSlot(slot)
 			x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
 			return false
 		}
@@ -613,7 +685,7 @@ func (x *xfer) postSend(slot *buffer.Slot) bool {
 	}
 	buf := slot.Bytes()[:DataHeaderBytes+n]
 	if err := x.mover.Gather(x.plan, off, buf[DataHeaderBytes:]); err != nil {
-		_ = slot.Release()
+		releaseSlot(slot)
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
@@ -622,7 +694,7 @@ func (x *xfer) postSend(slot *buffer.Slot) bool {
 	id, err := x.eng.tr.PostSend(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, buf,
 		func(c Completion) { x.box.push(event{op: rec, c: c}) })
 	if err != nil {
-		_ = slot.Release()
+		releaseSlot(slot)
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
@@ -791,11 +863,13 @@ func (x *xfer) opDone(rec *opRec, c Completion) {
 	x.outstanding--
 	switch {
 	case x.aborting:
-		_ = rec.slot.Release()
+		releaseSlot(rec.slot)
 		x.maybeResolve()
 	case c.Err != nil:
-		_ = rec.slot.Release()
+		releaseSlot(rec.slot)
 		x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
+	case x.receive && x.direct:
+		x.receivedDirect(rec, c)
 	case x.receive:
 		x.receivedChunk(rec, c)
 	default:
@@ -804,6 +878,10 @@ func (x *xfer) opDone(rec *opRec, c Completion) {
 }
 
 func (x *xfer) poison(rec *opRec, reason string) {
+	if rec.slot == nil {
+		x.poisonBlocks(rec, reason)
+		return
+	}
 	if err := rec.slot.Poison(reason); err == nil {
 		x.eng.obs.OnPoison(x.h.id, rec.slot.Index(), reason)
 	}
@@ -872,6 +950,15 @@ func (x *xfer) poisonOutstanding(reason string) {
 // maybeResolve ends an aborting transfer once no operation can touch its slots.
 func (x *xfer) maybeResolve() {
 	if x.outstanding > 0 || x.ended {
+		return
+	}
+	if x.blocksUnknown {
+		// The caller's blocks may still be touched: stay quarantined for good, never tell
+		// the caller they are quiescent (L9, L10), and let the goroutine end.
+		x.quarantine()
+		x.quarAt = time.Time{}
+		x.ended = true
+		x.releaseIdle()
 		return
 	}
 	cancelled := errors.Is(x.cause, ErrCancelled)

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"fmt"
+
+	"go.uber.org/zap"
+)
+
+// DirectTransport is an optional extension of Transport for the one-copy path: the transport
+// reads a chunk straight out of the sender's KV pool and writes it straight into the
+// receiver's, as an IOV (a list of pool ranges, the plan's runs) instead of one staging
+// buffer. It spares the gather and scatter copies and the per-chunk slot turnover; the
+// lifecycle is the same one (the same states, cancel outcomes, deadlines and quarantine),
+// only the memory the transport touches is the caller's, not a slot.
+//
+// The callback rules of Transport hold for these operations too. Every slice of iov lies in
+// a pool for which Direct returned true.
+type DirectTransport interface {
+	Transport
+	// Direct reports whether the transport may read and write pool in place: for UCX, the
+	// pool lies in memory it mapped or registered (never Go memory, which the garbage
+	// collector may move and UCX must never be handed).
+	Direct(pool []byte) bool
+	// PostSendIOV sends the concatenation of iov as the message tagged tag. The transport
+	// may read the slices until the operation's final completion.
+	PostSendIOV(to Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error)
+	// PostRecvIOV receives the message tagged tag, scattered over iov in order. The
+	// transport may write the slices until the operation's final completion. A message
+	// longer than the slices together fails the receive.
+	PostRecvIOV(from Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error)
+}
+
+// directCapable reports whether this side may take the one-copy path: the engine allows it,
+// the transport has it, the spec moves host memory through the plan (no Mover), and the
+// transport can reach the pool in place.
+func (x *xfer) directCapable() bool {
+	if x.eng.cfg.DisableDirect || !x.hostPool || x.eng.direct == nil {
+		return false
+	}
+	return x.eng.direct.Direct(x.pool)
+}
+
+// iov lists the pool ranges holding stream bytes [off, off+n): what a direct operation hands
+// the transport.
+func (x *xfer) iov(off, n int64) ([][]byte, error) {
+	var iov [][]byte
+	err := x.plan.Runs(off, n, func(poolOff, _, length int64) {
+		iov = append(iov, x.pool[poolOff:poolOff+length:poolOff+length])
+	})
+	return iov, err
+}
+
+// startDirect leaves Queued without a slot: a direct transfer holds none (so it needs none to
+// make progress, and the slot accounting of L5/L13 does not see it). It returns false if the
+// transfer was cancelled first.
+func (x *xfer) startDirect() bool {
+	if !x.apply(EvAdvertise, nil) {
+		return false
+	}
+	x.qcancel()
+	x.eng.touch()
+	return true
+}
+
+// postRecvDirect posts the receive of the next chunk straight into the pool. It returns
+// false if the transfer is aborting.
+func (x *xfer) postRecvDirect() bool {
+	if x.nextSeq >= x.nChunks || x.aborting {
+		return !x.aborting
+	}
+	rec := &opRec{seq: x.nextSeq}
+	off, n := x.chunkRange(rec.seq)
+	iov, err := x.iov(off, n)
+	if err == nil {
+		rec.id, err = x.eng.direct.PostRecvIOV(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, iov,
+			func(c Completion) { x.box.push(event{op: rec, c: c}) })
+		if err != nil {
+			err = transportErr(err)
+		}
+	}
+	if err != nil {
+		x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	x.ops = append(x.ops, rec)
+	x.outstanding++
+	x.nextSeq++
+	return true
+}
+
+// receivedDirect handles a direct chunk that landed in the pool: no header to check (the tag
+// named it), only its length.
+func (x *xfer) receivedDirect(rec *opRec, c Completion) {
+	_, n := x.chunkRange(rec.seq)
+	if int64(c.Bytes) != n {
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: direct chunk %d carried %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
+			AbortProtocol, x.eng.cfg.CancelGrace)
+		return
+	}
+	x.progress(n)
+	x.markReceived(rec.seq)
+	if !x.postRecvDirect() {
+		return
+	}
+	if x.moved == x.nChunks {
+		x.layersReady.Store(x.plan.Selection().Layers())
+		_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: Header{Sub: x.wireSub, Request: x.h.id}, Bytes: x.plan.Bytes()}))
+		x.finish(EvComplete, nil)
+	}
+}
+
+// postSendDirect posts the next chunk straight from the pool, or, on a streaming Send whose
+// next chunk is not ready, keeps the pipeline place for onReady. It returns false if the
+// transfer is aborting.
+func (x *xfer) postSendDirect() bool {
+	if x.nextSeq >= x.nChunks || x.aborting {
+		return !x.aborting
+	}
+	rec := &opRec{seq: x.nextSeq}
+	off, n := x.chunkRange(rec.seq)
+	if off+n > x.readyBytes {
+		if err := x.refreshReady(); err != nil {
+			x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+			return false
+		}
+		if off+n > x.readyBytes { // wait for the model; a nil slot marks a direct place
+			x.idle = append(x.idle, nil)
+			return true
+		}
+	}
+	iov, err := x.iov(off, n)
+	if err == nil {
+		rec.id, err = x.eng.direct.PostSendIOV(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, iov,
+			func(c Completion) { x.box.push(event{op: rec, c: c}) })
+		if err != nil {
+			err = transportErr(err)
+		}
+	}
+	if err != nil {
+		x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	x.ops = append(x.ops, rec)
+	x.outstanding++
+	x.nextSeq++
+	return true
+}
+
+// poisonBlocks is L9 for the direct path: the transport may still touch the caller's own KV
+// blocks, and there is no slot to take out of circulation in their place. The transfer stays
+// quarantined for good (its Quiesced channel never closes, so the caller never frees or
+// reuses those blocks), Status says BlocksPoisoned, and Health counts it against the
+// quarantine budget.
+func (x *xfer) poisonBlocks(rec *opRec, reason string) {
+	if !x.blocksUnknown {
+		x.blocksUnknown = true
+		x.h.blocksPoisoned.Store(true)
+		x.eng.obs.OnPoison(x.h.id, -1, reason)
+		x.log().Error("caller's KV blocks poisoned: the transport may still touch them; the handle never quiesces",
+			zap.Int("seq", rec.seq), zap.String("reason", reason))
+	}
+}
