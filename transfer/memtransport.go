@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // MemNetwork is an in-process network of MemTransports: engines in one process exchange real
@@ -103,6 +104,7 @@ type memOp struct {
 	link       *link
 	tag        Tag
 	buf        []byte
+	iov        [][]byte // a direct operation's pieces; nil: buf
 	cb         func(Completion)
 	fault      Fault // a send's fault; applies to its wire pair
 	state      int
@@ -314,17 +316,18 @@ func (n *MemNetwork) finishWire(s *memOp) {
 	if s.state != opWire || r == nil || r.state != opWire {
 		return
 	}
-	k := min(len(s.buf), len(r.buf))
+	sn, rn := s.size(), r.size()
+	k := min(sn, rn)
 	var errS, errR error
 	if f := s.fault.FailAfter; f > 0 && f < k {
 		k = f
 		errS = fmt.Errorf("%w: failed after %d bytes", ErrInjected, f)
 		errR = errS
-	} else if len(s.buf) > len(r.buf) {
-		errR = fmt.Errorf("kvxfer: message of %d bytes truncated to the %d-byte receive", len(s.buf), len(r.buf))
+	} else if sn > rn {
+		errR = fmt.Errorf("kvxfer: message of %d bytes truncated to the %d-byte receive", sn, rn)
 		errS = errR
 	}
-	copy(r.buf[:k], s.buf[:k])
+	copyPieces(r.pieces(), s.pieces(), k)
 	for _, o := range []*memOp{s, r} {
 		err := errS
 		if o == r {
@@ -342,7 +345,42 @@ func (n *MemNetwork) finishWire(s *memOp) {
 	}
 }
 
-// MemTransport is one endpoint of a MemNetwork. It implements Transport.
+// pieces is the op's memory as a list of slices.
+func (op *memOp) pieces() [][]byte {
+	if op.iov != nil {
+		return op.iov
+	}
+	return [][]byte{op.buf}
+}
+
+// size is the op's byte count.
+func (op *memOp) size() int {
+	n := 0
+	for _, p := range op.pieces() {
+		n += len(p)
+	}
+	return n
+}
+
+// copyPieces copies the first k bytes of src's concatenation into dst's.
+func copyPieces(dst, src [][]byte, k int) {
+	var di, si, doff, soff int
+	for k > 0 && di < len(dst) && si < len(src) {
+		c := copy(dst[di][doff:], src[si][soff:min(len(src[si]), soff+k)])
+		k -= c
+		doff += c
+		soff += c
+		if doff == len(dst[di]) {
+			di, doff = di+1, 0
+		}
+		if soff == len(src[si]) {
+			si, soff = si+1, 0
+		}
+	}
+}
+
+// MemTransport is one endpoint of a MemNetwork. It implements Transport, and DirectTransport
+// for the pools named to AllowDirect.
 type MemTransport struct {
 	net  *MemNetwork
 	addr Peer
@@ -355,9 +393,69 @@ type MemTransport struct {
 	exited  chan struct{}
 	closing bool
 	once    sync.Once
+	direct  [][]byte // pools AllowDirect named; guarded by net.mu
 }
 
-var _ Transport = (*MemTransport)(nil)
+var (
+	_ Transport       = (*MemTransport)(nil)
+	_ DirectTransport = (*MemTransport)(nil)
+)
+
+// AllowDirect lets the one-copy path use pool (and any part of it): Direct reports true for
+// it. The in-memory network copies between Go slices anyway; the opt-in mirrors a real
+// transport, where only mapped or registered memory qualifies, and lets tests have one side
+// direct-capable and the other not.
+func (t *MemTransport) AllowDirect(pool []byte) {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	t.direct = append(t.direct, pool)
+}
+
+// Direct implements DirectTransport.
+func (t *MemTransport) Direct(pool []byte) bool {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	return t.directLocked(pool)
+}
+
+func (t *MemTransport) directLocked(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	for _, d := range t.direct {
+		q := uintptr(unsafe.Pointer(unsafe.SliceData(d)))
+		if len(d) > 0 && p >= q && p+uintptr(len(b)) <= q+uintptr(len(d)) {
+			return true
+		}
+	}
+	return false
+}
+
+// PostSendIOV implements DirectTransport.
+func (t *MemTransport) PostSendIOV(to Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error) {
+	return t.postIOV(true, to, tag, iov, done)
+}
+
+// PostRecvIOV implements DirectTransport.
+func (t *MemTransport) PostRecvIOV(from Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error) {
+	return t.postIOV(false, from, tag, iov, done)
+}
+
+func (t *MemTransport) postIOV(send bool, peer Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error) {
+	if len(iov) == 0 {
+		return 0, fmt.Errorf("%w: an empty IOV", ErrInvalidSpec)
+	}
+	t.net.mu.Lock()
+	for i, b := range iov {
+		if !t.directLocked(b) {
+			t.net.mu.Unlock()
+			return 0, fmt.Errorf("%w: IOV piece %d lies outside every pool named to AllowDirect", ErrInvalidSpec, i)
+		}
+	}
+	t.net.mu.Unlock()
+	return t.postOp(send, peer, tag, nil, iov, done)
+}
 
 // deliver queues f for the endpoint's callback goroutine; after Close it is dropped.
 func (t *MemTransport) deliver(f func(Inbound)) {
@@ -465,6 +563,10 @@ func (t *MemTransport) SendControl(to Peer, msg []byte) error {
 }
 
 func (t *MemTransport) post(send bool, peer Peer, tag Tag, buf []byte, cb func(Completion)) (OpID, error) {
+	return t.postOp(send, peer, tag, buf, nil, cb)
+}
+
+func (t *MemTransport) postOp(send bool, peer Peer, tag Tag, buf []byte, iov [][]byte, cb func(Completion)) (OpID, error) {
 	n := t.net
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -478,9 +580,9 @@ func (t *MemTransport) post(send bool, peer Peer, tag Tag, buf []byte, cb func(C
 		l = n.link(peer, t.addr)
 	}
 	l.nextOp++
-	op := &memOp{id: OpID(l.idx+1)<<opLinkShift | l.nextOp, ep: t, send: send, link: l, tag: tag, buf: buf, cb: cb}
+	op := &memOp{id: OpID(l.idx+1)<<opLinkShift | l.nextOp, ep: t, send: send, link: l, tag: tag, buf: buf, iov: iov, cb: cb}
 	if send {
-		op.fault = n.faultFor(FaultPoint{From: t.addr, To: peer, Kind: KindData, Tag: tag, Bytes: len(buf)})
+		op.fault = n.faultFor(FaultPoint{From: t.addr, To: peer, Kind: KindData, Tag: tag, Bytes: op.size()})
 	}
 	l.ops[op.id] = op
 	other, mine := l.posted, l.unexpected

@@ -113,6 +113,7 @@ type UCXTransport struct {
 	in      Inbound
 	eps     map[Peer]*native.Endpoint
 	regions []*native.Memory
+	pools   []*native.Memory // AllocatePool's regions, unmapped in Close
 	ops     map[OpID]*ucxOp
 	byReq   map[*native.Request]*ucxOp
 	recvTag map[uint64]OpID // live receives by UCX tag, to refuse a colliding one
@@ -556,6 +557,9 @@ func (t *UCXTransport) Close(force bool) error {
 	case <-t.exited:
 	case <-time.After(t.cfg.CloseTimeout):
 		errs = append(errs, fmt.Errorf("%w: dispatch did not drain within %v", ErrClosed, t.cfg.CloseTimeout))
+	}
+	for _, m := range t.pools {
+		errs = append(errs, m.Close())
 	}
 	errs = append(errs, t.staging.Close(), t.uctx.Close())
 	return errors.Join(errs...)

@@ -75,6 +75,14 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 	if err != nil {
 		return err
 	}
+	if o.direct { // the same bytes, in memory UCX mapped: the engine may hand it to UCX in place
+		mapped, err := tr.AllocatePool(int64(len(pool)))
+		if err != nil {
+			return err
+		}
+		copy(mapped, pool)
+		pool = mapped
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	for k := 0; k < o.repeat; k++ {

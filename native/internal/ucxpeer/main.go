@@ -53,6 +53,7 @@ type options struct {
 	window, report        int
 	seed                  uint64
 	check                 bool
+	direct                bool
 	timeout, keepalive    time.Duration
 }
 
@@ -70,6 +71,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Second, "bound on the whole run")
 	flag.DurationVar(&o.keepalive, "keepalive", 200*time.Millisecond, "UCX keepalive interval")
 	flag.Uint64Var(&o.requestID, "id", 1, "request id (engine modes)")
+	flag.BoolVar(&o.direct, "direct", false, "engine modes: the KV pool is mapped by the transport (AllocatePool), so the one-copy path may run")
 	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another (engine modes)")
 	flag.Parse()
 	var err error

@@ -1,0 +1,317 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// wireBytes counts the data bytes a network carries, so a test can tell the direct path
+// (bare stream bytes) from staging (each chunk behind a DataHeaderBytes header).
+type wireBytes struct {
+	mu     sync.Mutex
+	bytes  int
+	chunks int
+	fault  Fault
+}
+
+func (w *wireBytes) judge(fp FaultPoint) Fault {
+	if fp.Kind != KindData {
+		return Fault{}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.bytes += fp.Bytes
+	w.chunks++
+	return w.fault
+}
+
+func (w *wireBytes) total() (bytes, chunks int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.bytes, w.chunks
+}
+
+func directConfig() Config {
+	cfg := fastConfig()
+	cfg.DirectChunkBytes = 512
+	return cfg
+}
+
+// directPair is newPair with both pools allowed on the direct path.
+func directPair(t *testing.T, src, dst Config, srcPool, dstPool *kvPool) (*pair, *wireBytes) {
+	t.Helper()
+	p := newPair(t, src, dst)
+	w := &wireBytes{}
+	p.net.SetFault(w.judge)
+	if srcPool != nil {
+		p.net.eps["prefill"].AllowDirect(srcPool.mem)
+	}
+	if dstPool != nil {
+		p.net.eps["decode"].AllowDirect(dstPool.mem)
+	}
+	return p, w
+}
+
+func TestDirectMovesTheReferenceBytesAcrossLayouts(t *testing.T) {
+	cases := []struct {
+		desc       string
+		srcOrder   layout.Order
+		dstOrder   layout.Order
+		chunk      int64
+		held       []int
+		stream     bool
+		wantChunks int
+	}{
+		{"block-major to layer-major, 512-byte chunks", layout.BlockMajor, layout.LayerMajor, 512, nil, false, 8},
+		{"layer-major to NHD, one chunk", layout.LayerMajor, layout.LayerMajorNHD, 1 << 20, nil, false, 1},
+		{"chunks that cut rows", layout.BlockMajor, layout.BlockMajor, 10, nil, false, 410},
+		{"partial: two blocks held", layout.BlockMajor, layout.LayerMajor, 512, []int{0, 2}, false, 4},
+		{"layer-cut chunks for a streaming receiver", layout.BlockMajor, layout.LayerMajor, 1 << 20, nil, true, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src := newKVPool(t, testDims, c.srcOrder, nil, blocks(1, 2, 3, 4), 9)
+			dst := newKVPool(t, testDims, c.dstOrder, nil, blocks(5, 6, 7, 8), 0)
+			cfg := directConfig()
+			cfg.DirectChunkBytes = c.chunk
+			p, w := directPair(t, cfg, cfg, src, dst)
+			hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+			require.NoError(t, err)
+			hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Held: c.held, Stream: c.stream})
+			require.NoError(t, err)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+
+			want, got := src.stream(t), dst.stream(t)
+			if len(c.held) > 0 {
+				sp, err := src.plan.WithoutPositions(c.held)
+				require.NoError(t, err)
+				dp, err := dst.plan.WithoutPositions(c.held)
+				require.NoError(t, err)
+				want, got = make([]byte, sp.Bytes()), make([]byte, dp.Bytes())
+				require.NoError(t, layout.ReferenceGather(sp, src.mem, want))
+				require.NoError(t, layout.ReferenceGather(dp, dst.mem, got))
+				require.Equal(t, make([]byte, dst.plan.Bytes()-dp.Bytes()), func() []byte {
+					kept, err := dst.plan.WithoutPositions(notIn(c.held, len(dst.plan.Blocks())))
+					require.NoError(t, err)
+					b := make([]byte, kept.Bytes())
+					require.NoError(t, layout.ReferenceGather(kept, dst.mem, b))
+					return b
+				}(), "a held block was written")
+			}
+			require.Equal(t, want, got)
+			bytes, chunks := w.total()
+			require.Equal(t, len(want), bytes, "direct chunks carry bare stream bytes, no header")
+			require.Equal(t, c.wantChunks, chunks)
+			require.Equal(t, hr.Status().Total, hr.Status().Bytes)
+			require.False(t, hr.Status().BlocksPoisoned)
+		})
+	}
+}
+
+// notIn lists the positions in [0, n) not in held.
+func notIn(held []int, n int) []int {
+	var out []int
+	for i := range n {
+		found := false
+		for _, h := range held {
+			found = found || h == i
+		}
+		if !found {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// TP=2 senders to a TP=1 receiver: each half of the heads goes straight into its place.
+func TestDirectMultiPeerSubsLandInPlace(t *testing.T) {
+	half := testDims
+	half.NumHeads = 2
+	cfg := directConfig()
+	n := NewMemNetwork()
+	var senders [2]*Engine
+	var srcs [2]*kvPool
+	for i := range 2 {
+		tr := n.Transport(Peer(fmt.Sprintf("prefill-%d", i)))
+		e, err := New(tr, cfg)
+		require.NoError(t, err)
+		senders[i] = e
+		srcs[i] = newKVPool(t, half, layout.BlockMajor, nil, blocks(1, 2, 3), uint64(20+i))
+		tr.AllowDirect(srcs[i].mem)
+	}
+	rtr := n.Transport("decode")
+	recv, err := New(rtr, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, e := range append(senders[:], recv) {
+			require.NoError(t, e.Close())
+			requireSlotsAccounted(t, e)
+		}
+	})
+	dst := newKVPool(t, testDims, layout.LayerMajorNHD, nil, blocks(4, 5, 6), 0)
+	rtr.AllowDirect(dst.mem)
+	w := &wireBytes{}
+	n.SetFault(w.judge)
+	sels := [2]layout.Selection{{LayerEnd: 2, HeadBegin: 0, HeadEnd: 2}, {LayerEnd: 2, HeadBegin: 2, HeadEnd: 4}}
+	var subs []SubSpec
+	for i, s := range sels {
+		plan, err := layout.NewPlan(dst.l, s, dst.plan.Blocks())
+		require.NoError(t, err)
+		subs = append(subs, SubSpec{Peer: Peer(fmt.Sprintf("prefill-%d", i)), Plan: plan})
+		hs, err := senders[i].Send(bg, Spec{ID: 7, Peer: "decode", Plan: srcs[i].plan, Pool: srcs[i].mem})
+		require.NoError(t, err)
+		defer func() { waitClosed(t, hs.Quiesced(), "sender quiesced"); requireState(t, hs, Completed) }()
+	}
+	hr, err := recv.Receive(bg, Spec{ID: 7, Subs: subs, Pool: dst.mem})
+	require.NoError(t, err)
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	requireState(t, hr, Completed)
+	for i, s := range subs {
+		want, got := srcs[i].stream(t), make([]byte, s.Plan.Bytes())
+		require.NoError(t, layout.ReferenceGather(s.Plan, dst.mem, got))
+		require.Equal(t, want, got, "sub %d", i)
+	}
+	bytes, _ := w.total()
+	require.Equal(t, int(dst.plan.Bytes()), bytes, "every chunk went direct")
+}
+
+func TestDirectFallsBackToStagingOrRefusesClearly(t *testing.T) {
+	cases := []struct {
+		desc              string
+		allowSrc, allowDs bool
+		disableOnReceiver bool
+		senderMover       bool
+		wantDirect        bool
+		wantErr           error
+	}{
+		{"both pools direct-capable: direct", true, true, false, false, true, nil},
+		{"receiver's pool not direct-capable: staging", true, false, false, false, false, nil},
+		{"receiver disables direct: staging", true, true, true, false, false, nil},
+		{"neither: staging", false, false, false, false, false, nil},
+		{"sender's pool not direct-capable: refused as incompatible", false, true, false, false, false, ErrIncompatible},
+		{"sender moves through a Mover: refused as incompatible", true, true, false, true, false, ErrIncompatible},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src, dst := pools(t, 3)
+			dcfg := directConfig()
+			dcfg.DisableDirect = c.disableOnReceiver
+			var sp, dp *kvPool
+			if c.allowSrc {
+				sp = src
+			}
+			if c.allowDs {
+				dp = dst
+			}
+			p, w := directPair(t, directConfig(), dcfg, sp, dp)
+			spec := Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem}
+			if c.senderMover {
+				spec.Mover = HostMover(src.mem)
+			}
+			hs, err := p.src.Send(bg, spec)
+			require.NoError(t, err)
+			hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			require.NoError(t, err)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			if c.wantErr != nil {
+				requireState(t, hr, Failed, c.wantErr)
+				requireState(t, hs, Failed, c.wantErr)
+				require.Contains(t, hs.Status().Err.Error(), "direct")
+				return
+			}
+			requireState(t, hr, Completed)
+			require.Equal(t, src.stream(t), dst.stream(t))
+			bytes, chunks := w.total()
+			if c.wantDirect {
+				require.Equal(t, int(src.plan.Bytes()), bytes)
+			} else {
+				require.Equal(t, int(src.plan.Bytes())+chunks*DataHeaderBytes, bytes, "staged chunks carry headers")
+			}
+		})
+	}
+}
+
+func TestDirectCancelInFlightWaitsForQuiescence(t *testing.T) {
+	src, dst := pools(t, 4)
+	cfg := directConfig()
+	cfg.QuarantineTimeout = 10 * time.Second
+	p, w := directPair(t, cfg, cfg, src, dst)
+	w.fault = Fault{Hang: true}
+	hs, hr := p.start(t, 1, src, dst)
+	eventually(t, func() bool { return p.net.OnWire() >= 2 }, "a direct chunk hung on the wire")
+
+	require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(1))
+	waitClosed(t, hr.Done(), "receiver done")
+	time.Sleep(50 * time.Millisecond)
+	require.False(t, isClosed(hr.Quiesced()), "quiesced while the transport may still write the caller's blocks")
+	require.Zero(t, p.dst.pool.Stats().Leased, "a direct transfer holds no slot")
+
+	p.net.Resume()
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	requireState(t, hr, Cancelled)
+	require.False(t, hr.Status().BlocksPoisoned)
+	require.Zero(t, p.dst.Health().Quarantined)
+}
+
+func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
+	cases := []struct {
+		desc  string
+		close bool // the engine closes (force) instead of waiting for the quarantine timeout
+	}{
+		{"quarantine timeout", false},
+		{"engine closed", true},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src, dst := pools(t, 5)
+			cfg := directConfig()
+			dcfg := cfg
+			dcfg.TransferTimeout = 200 * time.Millisecond
+			dcfg.QuarantineTimeout = 100 * time.Millisecond
+			if c.close {
+				dcfg.QuarantineTimeout = time.Minute
+			}
+			dcfg.QuarantineBudget = 1
+			p, w := directPair(t, cfg, dcfg, src, dst)
+			src2, dst2 := pools(t, 6)
+			p.net.eps["prefill"].AllowDirect(src2.mem)
+			p.net.eps["decode"].AllowDirect(dst2.mem)
+			w.fault = Fault{Hang: true, NeverQuiesce: true}
+			_, hr := p.start(t, 1, src, dst)
+			_, hr2 := p.start(t, 2, src2, dst2)
+			waitClosed(t, hr.Done(), "receiver done")
+			waitClosed(t, hr2.Done(), "second receiver done")
+			requireState(t, hr, Quarantined, ErrQuarantined, ErrDeadline)
+			if c.close {
+				require.NoError(t, p.dst.Close())
+			}
+			eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "blocks reported poisoned")
+			require.NoError(t, p.dst.Drain(bg), "the transfer's goroutine ended")
+			time.Sleep(20 * time.Millisecond)
+			require.False(t, isClosed(hr.Quiesced()), "unknown quiescence told the caller to free its blocks")
+			requireState(t, hr, Quarantined)
+			h := p.dst.Health()
+			require.Equal(t, int64(2), h.Quarantined, "counted against the quarantine budget for good")
+			require.True(t, hr2.Status().BlocksPoisoned)
+			require.False(t, isClosed(hr2.Quiesced()))
+			if !c.close {
+				require.False(t, h.Healthy, "two poisoned transfers over a budget of one")
+				require.Contains(t, h.Reason, "quarantined")
+			}
+			require.Zero(t, p.dst.pool.Stats().Poisoned, "no slot was involved")
+		})
+	}
+}

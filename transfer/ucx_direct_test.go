@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"bytes"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// mappedKV is newUCXKV with the pool moved into memory the transport mapped, so the one-copy
+// path may hand it to UCX.
+func mappedKV(t testing.TB, u *ucxEngine, d layout.Dims, o layout.Order, blockIDs []int32, seed uint64) *ucxKV {
+	t.Helper()
+	k := newUCXKV(t, d, o, blockIDs, seed)
+	mem, err := u.tr.AllocatePool(int64(len(k.mem)))
+	require.NoError(t, err)
+	copy(mem, k.mem)
+	k.mem = mem
+	return k
+}
+
+// Direct transfers between two engines over UCX, shared memory and TCP, across layouts and
+// chunk sizes; every byte checked against the reference gather. No staging slot is used.
+func TestUCXDirect_EveryByteAcrossLayouts(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
+	cases := []struct {
+		desc     string
+		src, dst layout.Order
+		chunk    int64
+		blocks   int32
+	}{
+		{"block-major to layer-major, one message", layout.BlockMajor, layout.LayerMajor, 64 << 20, 40},
+		{"layer-major to NHD, 100 KB chunks", layout.LayerMajor, layout.LayerMajorNHD, 100_000, 40},
+		{"block-major to block-major, 4 KiB chunks", layout.BlockMajor, layout.BlockMajor, 4096, 7},
+	}
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := ucxTestConfig()
+			src := newUCXEngine(t, tr.tls, tr.dev, cfg)
+			dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
+			for i, c := range cases {
+				t.Run(c.desc, func(t *testing.T) {
+					sb, rb := make([]int32, c.blocks), make([]int32, c.blocks)
+					for j := range sb {
+						sb[j], rb[j] = int32(j*3)%64, int32(63-j)
+					}
+					s := mappedKV(t, src, dims, c.src, uniqueBlocks(sb), uint64(i+1))
+					r := mappedKV(t, dst, dims, c.dst, rb[:len(s.plan.Blocks())], 0)
+					id := RequestID(500 + i)
+					dst.e.cfg.DirectChunkBytes = c.chunk // read only by transfers started after this
+					hs, err := src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+					require.NoError(t, err)
+					hr, err := dst.e.Receive(bg, Spec{ID: id, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+					require.NoError(t, err)
+					waitQuiesced(t, hr, 20*time.Second)
+					waitQuiesced(t, hs, 20*time.Second)
+					require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+					require.Equal(t, Completed, hs.Status().State, "%v", hs.Status().Err)
+					require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
+					for _, e := range []*Engine{src.e, dst.e} {
+						require.Zero(t, e.pool.Stats().Leased)
+					}
+				})
+			}
+		})
+	}
+}
+
+// A direct Send whose receiver's pool is Go memory runs through staging (the receiver
+// decides), and a direct-capable receiver with a Go-memory sender is refused as incompatible.
+func TestUCXDirect_FallbackAndRefusal(t *testing.T) {
+	dims := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 16}
+	tr := ucxTransports[0]
+	src := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
+	dst := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
+	ids := []int32{1, 2, 3, 4}
+
+	s := mappedKV(t, src, dims, layout.BlockMajor, ids, 3)
+	r := newUCXKV(t, dims, layout.LayerMajor, ids, 0)
+	hs, err := src.e.Send(bg, Spec{ID: 1, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+	require.NoError(t, err)
+	hr, err := dst.e.Receive(bg, Spec{ID: 1, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+	require.NoError(t, err)
+	waitQuiesced(t, hr, 10*time.Second)
+	waitQuiesced(t, hs, 10*time.Second)
+	require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+	require.Equal(t, s.stream(t), r.stream(t))
+	require.False(t, dst.tr.Direct(r.mem), "Go memory is never direct-capable")
+
+	s2 := newUCXKV(t, dims, layout.BlockMajor, ids, 4)
+	r2 := mappedKV(t, dst, dims, layout.LayerMajor, ids, 0)
+	hs, err = src.e.Send(bg, Spec{ID: 2, Peer: dst.tr.Self(), Plan: s2.plan, Pool: s2.mem})
+	require.NoError(t, err)
+	hr, err = dst.e.Receive(bg, Spec{ID: 2, Peer: src.tr.Self(), Plan: r2.plan, Pool: r2.mem})
+	require.NoError(t, err)
+	waitQuiesced(t, hr, 10*time.Second)
+	waitQuiesced(t, hs, 10*time.Second)
+	require.Equal(t, Failed, hr.Status().State)
+	require.ErrorIs(t, hr.Status().Err, ErrIncompatible)
+	require.Equal(t, make([]byte, r2.plan.Bytes()), r2.stream(t), "nothing written into a refused receiver's pool")
+}
+
+// A transport's mapped pools are unmapped on Close; Close refuses (and keeps the memory) only
+// while UCX still uses it, which no finished transfer does.
+func TestUCXDirect_AllocatePoolAfterCloseFails(t *testing.T) {
+	tr := ucxTransports[0]
+	u := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
+	mem, err := u.tr.AllocatePool(1 << 20)
+	require.NoError(t, err)
+	require.Len(t, mem, 1<<20)
+	require.True(t, u.tr.Direct(mem[4096:8192]))
+	require.False(t, u.tr.Direct(make([]byte, 16)))
+	require.NoError(t, u.e.Close())
+	_, err = u.tr.AllocatePool(1 << 20)
+	require.ErrorIs(t, err, ErrClosed)
+	require.False(t, u.tr.Direct(mem))
+}
+
+// The peer sending a direct request is killed mid-transfer: the survivor's handle ends within
+// its deadline and, since UCX wrote straight into the caller's pool, quiesces only once the
+// transport proves it is done (or stays quarantined with BlocksPoisoned, never quiesced).
+func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
+	const blocks = 256 // 512 MiB: far more than moves before the signal
+	bin := ucxPeerBinary(t)
+	for _, tr := range ucxTransports {
+		t.Run(fmt.Sprintf("%s/%v", tr.name, syscall.SIGKILL), func(t *testing.T) {
+			cfg := ucxPeerTestConfig()
+			cfg.DirectChunkBytes = 8 << 20
+			local := newUCXEngine(t, tr.tls, tr.dev, cfg)
+			args := append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 31, 120*time.Second), "-direct")
+			peer := startUCXPeerEngine(t, bin, args...)
+			_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
+			require.NoError(t, err)
+			goPool, plan := ucxEnginePool(t, blocks, 5, false)
+			pool, err := local.tr.AllocatePool(int64(len(goPool)))
+			require.NoError(t, err)
+			// The deadline covers the peer's start (it fills and maps 512 MiB first: slow on a
+			// loaded 2-core host); the kill is seen through the endpoint, not the deadline.
+			h, err := local.e.Receive(bg, Spec{ID: 31, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return h.Status().Bytes > 0 || isClosed(h.Done()) }, 60*time.Second, time.Millisecond)
+			require.False(t, isClosed(h.Done()), "ended before the kill: %+v", h.Status())
+			require.NoError(t, peer.cmd.Process.Signal(syscall.SIGKILL))
+			waitClosed(t, h.Done(), "receiver done")
+			st := h.Status()
+			require.NotEqual(t, Completed, st.State, "512 MiB cannot have moved before the kill")
+			require.Error(t, st.Err)
+			select {
+			case <-h.Quiesced():
+				require.False(t, h.Status().BlocksPoisoned)
+			case <-time.After(cfg.QuarantineTimeout + 5*time.Second):
+				require.True(t, h.Status().BlocksPoisoned, "neither quiesced nor poisoned: %+v", h.Status())
+				require.Equal(t, Quarantined, h.Status().State)
+			}
+			t.Logf("after the kill: %v, blocks poisoned: %v (%v)", h.Status().State, h.Status().BlocksPoisoned, st.Err)
+			require.Zero(t, local.e.pool.Stats().Leased)
+
+			// A new engine's direct request to the survivor still moves every byte.
+			peer2 := newUCXEngine(t, tr.tls, tr.dev, cfg)
+			src, plan2 := ucxEnginePool(t, 16, 5, true)
+			srcPool, err := peer2.tr.AllocatePool(int64(len(src)))
+			require.NoError(t, err)
+			copy(srcPool, src)
+			pool2, err := local.tr.AllocatePool(int64(len(src)))
+			require.NoError(t, err)
+			hs2, err := peer2.e.Send(bg, Spec{ID: 32, Peer: local.tr.Self(), Plan: plan2, Pool: srcPool, Timeout: 30 * time.Second})
+			require.NoError(t, err)
+			h2, err := local.e.Receive(bg, Spec{ID: 32, Peer: peer2.tr.Self(), Plan: plan2, Pool: pool2, Timeout: 30 * time.Second})
+			require.NoError(t, err)
+			waitQuiesced(t, h2, 30*time.Second)
+			waitQuiesced(t, hs2, 30*time.Second)
+			require.Equal(t, Completed, h2.Status().State, "%v", h2.Status().Err)
+			require.True(t, bytes.Equal(src, pool2), "every byte of the new peer's request")
+		})
+	}
+}
