@@ -26,6 +26,10 @@ type engineSide interface {
 	// Receive posts the receiving side of request id, from one peer per sub (two for
 	// heterogeneous TP), written through m.
 	Receive(ctx context.Context, id uint64, subs []recvSub, m mover) (pendingXfer, error)
+	// NewPool returns a KV pool of n bytes, zeroed, and whether transfers over it may take
+	// the one-copy path: memory the transport mapped (valid until Close) when the run is
+	// not forced to staging, else Go memory.
+	NewPool(n int64) (pool []byte, direct bool, err error)
 	// Close ends the engine, bounded.
 	Close() error
 }

@@ -20,10 +20,20 @@ func memEngines(t *testing.T, cfg runConfig) (decode engineSide, prefill []engin
 	t.Helper()
 	network := transfer.NewMemNetwork()
 	mk := func(name string) engineSide {
-		eng, err := transfer.New(network.Transport(transfer.Peer(name)), engineConfig(cfg))
+		tr := network.Transport(transfer.Peer(name))
+		eng, err := transfer.New(tr, engineConfig(cfg))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = eng.Close() })
-		return &engineAdapter{eng: eng, addr: []byte(name), peerOf: func(a []byte) transfer.Peer { return transfer.Peer(a) }}
+		a := &engineAdapter{eng: eng, addr: []byte(name), peerOf: func(a []byte) transfer.Peer { return transfer.Peer(a) }}
+		if !cfg.Staging { // as the UCX adapter: pools the transport may reach in place
+			a.mapPool = func(n int64) ([]byte, error) {
+				b := make([]byte, n)
+				tr.AllowDirect(b)
+				return b, nil
+			}
+			a.direct = tr.Direct
+		}
+		return a
 	}
 	decode = mk("decode")
 	for r := range cfg.PrefillTP {
@@ -36,9 +46,19 @@ func memEngines(t *testing.T, cfg runConfig) (decode engineSide, prefill []engin
 // same TP on both ends and for two prefill ranks feeding one decode rank.
 func TestDriverOverTheEngine(t *testing.T) {
 	skipWithoutHostCopy(t)
-	for _, tp := range []string{"1", "2"} {
-		t.Run("prefill-tp="+tp, func(t *testing.T) {
-			cfg := smallRun(t, "--prefill-tp", tp)
+	cases := []struct {
+		desc string
+		args []string
+		path string
+	}{
+		{"prefill-tp=1", []string{"--prefill-tp", "1"}, "direct"},
+		{"prefill-tp=2", []string{"--prefill-tp", "2"}, "direct"},
+		{"prefill-tp=1 staging", []string{"--prefill-tp", "1", "--staging"}, "staging"},
+		{"prefill-tp=2 staging", []string{"--prefill-tp", "2", "--staging"}, "staging"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := smallRun(t, c.args...)
 			decode, prefill := memEngines(t, cfg)
 			var out strings.Builder
 			pr := &printer{w: &out, json: true}
@@ -52,6 +72,11 @@ func TestDriverOverTheEngine(t *testing.T) {
 				require.True(t, r.Verified, r.Name)
 				require.GreaterOrEqual(t, r.Requests, minIters, r.Name)
 				require.Greater(t, r.GBps, 0.0, r.Name)
+				require.Equal(t, c.path, r.Path, r.Name)
+				if c.path == "direct" {
+					require.Zero(t, r.GatherUs, "the direct path gathers nothing")
+					require.Zero(t, r.ScatterUs, "the direct path scatters nothing")
+				}
 			}
 		})
 	}

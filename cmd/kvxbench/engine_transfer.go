@@ -17,6 +17,10 @@ type engineAdapter struct {
 	// addr is what the other end is told; peerOf turns the other end's into a Peer.
 	addr   []byte
 	peerOf func(addr []byte) transfer.Peer
+	// mapPool maps a pool through the transport for the direct path; nil: staging only.
+	mapPool func(n int64) ([]byte, error)
+	// direct says whether a pool may go direct (the transport reaches it in place).
+	direct func(pool []byte) bool
 }
 
 var _ engineSide = (*engineAdapter)(nil)
@@ -31,7 +35,8 @@ func engineConfig(cfg runConfig) transfer.Config {
 	}
 	timeout := max(30*time.Second, 10*cfg.Duration)
 	return transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: maxConc, PipelineDepth: cfg.PipelineDepth,
-		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout}
+		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout,
+		DisableDirect: cfg.Staging}
 }
 
 func (e *engineAdapter) Address() []byte { return e.addr }
@@ -40,8 +45,35 @@ func (e *engineAdapter) Connect(_ context.Context, addr []byte) (peerRef, error)
 	return peerRef(e.peerOf(addr)), nil
 }
 
+// NewPool implements engineSide.
+func (e *engineAdapter) NewPool(n int64) ([]byte, bool, error) {
+	if e.mapPool == nil {
+		return make([]byte, n), false, nil
+	}
+	pool, err := e.mapPool(n)
+	if err != nil {
+		return nil, false, err
+	}
+	clear(pool) // mapped memory is not promised zeroed
+	return pool, e.direct != nil && e.direct(pool), nil
+}
+
+// spec moves the pool behind m: through the timed mover, or, when the pool may go direct,
+// as the spec's Pool with no Mover, so the engine can hand it to the transport in place.
+func (e *engineAdapter) spec(id uint64, m mover) transfer.Spec {
+	spec := transfer.Spec{ID: transfer.RequestID(id)}
+	if tm, ok := m.(*timedMover); ok && e.direct != nil && e.direct(tm.pool) {
+		spec.Pool = tm.pool
+	} else {
+		spec.Mover = m
+	}
+	return spec
+}
+
 func (e *engineAdapter) Send(ctx context.Context, id uint64, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
-	h, err := e.eng.Send(ctx, transfer.Spec{ID: transfer.RequestID(id), Peer: transfer.Peer(to), Plan: p, Mover: m})
+	spec := e.spec(id, m)
+	spec.Peer, spec.Plan = transfer.Peer(to), p
+	h, err := e.eng.Send(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +81,7 @@ func (e *engineAdapter) Send(ctx context.Context, id uint64, to peerRef, p *layo
 }
 
 func (e *engineAdapter) Receive(ctx context.Context, id uint64, subs []recvSub, m mover) (pendingXfer, error) {
-	spec := transfer.Spec{ID: transfer.RequestID(id), Mover: m}
+	spec := e.spec(id, m)
 	if len(subs) == 1 {
 		spec.Peer, spec.Plan = transfer.Peer(subs[0].peer), subs[0].plan
 	} else {

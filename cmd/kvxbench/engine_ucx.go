@@ -33,5 +33,9 @@ func newUCXEngineSide(cfg runConfig, role string, rank int) (engineSide, error) 
 		_ = tr.Close(true)
 		return nil, fmt.Errorf("%s rank %d: engine: %w", role, rank, err)
 	}
-	return &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress}, nil
+	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress}
+	if !cfg.Staging {
+		a.mapPool, a.direct = tr.AllocatePool, tr.Direct
+	}
+	return a, nil
 }

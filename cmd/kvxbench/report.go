@@ -56,6 +56,9 @@ type Result struct {
 	Ratio        *float64 `json:"ratio,omitempty"`
 	// Verified is true when every byte moved was checked against the source's checksum.
 	Verified bool `json:"verified"`
+	// Path is how a transfer moved its bytes: "direct" (the one-copy path: UCX reads and
+	// writes the pools in place) or "staging" (gather, wire, scatter through slots).
+	Path string `json:"path,omitempty"`
 }
 
 // setBaseline records the limit the result is compared to.
@@ -146,7 +149,7 @@ func writeTable(w io.Writer, results []Result) error {
 	const padding = 2
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, padding, ' ', tabwriter.AlignRight)
-	header := []string{"scenario", "bytes/req", "GB/s", "p50", "p99", "gather", "wire", "scatter", "baseline", "base GB/s", "ratio", "verified"}
+	header := []string{"scenario", "bytes/req", "GB/s", "p50", "p99", "gather", "wire", "scatter", "baseline", "base GB/s", "ratio", "verified", "path"}
 	// tabwriter aligns every cell the same way; pad names so they read left-aligned.
 	nameWidth := len(header[0])
 	for _, r := range results {
@@ -168,7 +171,7 @@ func writeTable(w io.Writer, results []Result) error {
 		row := []string{
 			fmt.Sprintf("%-*s", nameWidth, r.Name), humanBytes(r.Bytes), fmt.Sprintf("%.2f", r.GBps),
 			fmtUs(r.P50us), fmtUs(r.P99us), fmtUsOrDash(r.GatherUs), fmtUsOrDash(r.WireUs),
-			fmtUsOrDash(r.ScatterUs), base, baseGB, ratio, verified,
+			fmtUsOrDash(r.ScatterUs), base, baseGB, ratio, verified, orDash(r.Path),
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
@@ -201,4 +204,12 @@ func fmtUsOrDash(v float64) string {
 		return "-"
 	}
 	return fmtUs(v)
+}
+
+// orDash prints s, or "-" when empty.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

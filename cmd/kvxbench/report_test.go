@@ -15,10 +15,10 @@ import (
 
 func sampleResults() []Result {
 	a := Result{Name: "transfer llama3-8b 4k c=1", Op: "transfer", Concurrency: 1, Bytes: 512 << 20, GBps: 7.5,
-		P50us: 70000, P99us: 90000, GatherUs: 1000, WireUs: 60000, ScatterUs: 1200, Verified: true}
+		P50us: 70000, P99us: 90000, GatherUs: 1000, WireUs: 60000, ScatterUs: 1200, Verified: true, Path: "staging"}
 	a.setBaseline("ucx_perftest shm", 8.0)
 	b := Result{Name: "transfer llama3-8b 16k c=1", Op: "transfer", Concurrency: 1, Bytes: 2 << 30, GBps: 8.1,
-		P50us: 260000, P99us: 300000, Verified: true}
+		P50us: 260000, P99us: 300000, Verified: true, Path: "direct"}
 	b.setBaseline("ucx_perftest shm", 8.2)
 	c := Result{Name: "transfer llama3-8b 1k c=16", Op: "transfer", Concurrency: 16, Bytes: 128 << 20, GBps: 6, P50us: 300, P99us: 900}
 	return []Result{a, b, c}
@@ -29,7 +29,7 @@ func TestTableIsAlignedWithEveryColumn(t *testing.T) {
 	require.NoError(t, writeTable(&buf, sampleResults()))
 	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
 	require.Len(t, lines, 4)
-	for _, col := range []string{"scenario", "bytes/req", "GB/s", "p50", "p99", "gather", "wire", "scatter", "baseline", "base GB/s", "ratio", "verified"} {
+	for _, col := range []string{"scenario", "bytes/req", "GB/s", "p50", "p99", "gather", "wire", "scatter", "baseline", "base GB/s", "ratio", "verified", "path"} {
 		require.Contains(t, lines[0], col)
 	}
 	for _, l := range lines[1:] {
@@ -39,7 +39,9 @@ func TestTableIsAlignedWithEveryColumn(t *testing.T) {
 	require.Contains(t, lines[1], "0.94") // 7.5 / 8.0
 	require.Contains(t, lines[1], "70.00 ms")
 	require.Contains(t, lines[3], "300.0 us")
-	require.Regexp(t, `-\s+-\s+no\s*$`, lines[3], "no baseline: dashes")
+	require.Regexp(t, `-\s+-\s+no\s+-\s*$`, lines[3], "no baseline, no path: dashes")
+	require.Regexp(t, `yes\s+staging\s*$`, lines[1])
+	require.Regexp(t, `yes\s+direct\s*$`, lines[2])
 }
 
 func TestJSONLinesHaveTheAgreedFields(t *testing.T) {
@@ -54,7 +56,7 @@ func TestJSONLinesHaveTheAgreedFields(t *testing.T) {
 	var withBase, without map[string]any
 	require.NoError(t, json.Unmarshal([]byte(lines[0]), &withBase))
 	require.NoError(t, json.Unmarshal([]byte(lines[2]), &without))
-	for _, f := range []string{"name", "bytes", "gbps", "p50_us", "p99_us", "baseline_gbps", "ratio"} {
+	for _, f := range []string{"name", "bytes", "gbps", "p50_us", "p99_us", "baseline_gbps", "ratio", "path"} {
 		require.Contains(t, withBase, f)
 	}
 	require.InDelta(t, 0.9375, withBase["ratio"], 1e-9)

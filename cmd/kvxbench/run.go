@@ -141,7 +141,11 @@ func driveDecode(ctx context.Context, cfg runConfig, o outputFlags, perftest, re
 // message size, and hands each result to add.
 func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest string, out *outputs, add func(Result) error) error {
 	cfg := d.cfg
-	d.pool = make([]byte, cfg.Decode.SpanBytes())
+	pool, direct, err := d.eng.NewPool(cfg.Decode.SpanBytes())
+	if err != nil {
+		return fmt.Errorf("decode KV pool: %w", err)
+	}
+	d.pool, d.direct = pool, direct
 	var scenarios []scenario
 	for _, t := range cfg.Prompts {
 		for _, c := range cfg.Concurrency {
@@ -365,5 +369,10 @@ func servePrefill(ctx context.Context, c *control, cfg runConfig, rank int) erro
 	if err != nil {
 		return fmt.Errorf("connect to the decode engine: %w", err)
 	}
-	return newPrefillEnd(cfg, rank, eng, peer).serve(ctx, c)
+	p, err := newPrefillEnd(cfg, rank, eng, peer)
+	if err != nil {
+		c.sendError(err)
+		return err
+	}
+	return p.serve(ctx, c)
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/transfer"
 )
 
 // The scenario protocol, over the control connection, driven by the decode end:
@@ -40,11 +41,14 @@ type prefillEnd struct {
 	rng  *rand.Rand
 }
 
-func newPrefillEnd(cfg runConfig, rank int, eng engineSide, peer peerRef) *prefillEnd {
-	pool := make([]byte, cfg.Prefill.SpanBytes())
+func newPrefillEnd(cfg runConfig, rank int, eng engineSide, peer peerRef) (*prefillEnd, error) {
+	pool, _, err := eng.NewPool(cfg.Prefill.SpanBytes())
+	if err != nil {
+		return nil, fmt.Errorf("prefill rank %d: KV pool: %w", rank, err)
+	}
 	fillPattern(pool, cfg.Seed*1000+uint64(rank)+1)
 	return &prefillEnd{cfg: cfg, rank: rank, pool: pool, eng: eng, peer: peer,
-		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(rank)))}
+		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(rank)))}, nil
 }
 
 // serve answers the decode end until bye, an error, or ctx's end. Every request's goroutine is
@@ -172,11 +176,14 @@ func (p *prefillEnd) send(ctx context.Context, id uint64) *sentMsg {
 
 // decodeEnd is the decode end: it drives the scenarios and measures them.
 type decodeEnd struct {
-	cfg   runConfig
-	pool  []byte
-	eng   engineSide
-	peers []peerRef  // one per prefill rank
-	ctrls []*control // one per prefill rank
+	cfg  runConfig
+	pool []byte
+	// direct: the decode pool may go direct, so transfers take the one-copy path (a prefill
+	// pool that cannot fails them as incompatible: the path reported is the one taken).
+	direct bool
+	eng    engineSide
+	peers  []peerRef  // one per prefill rank
+	ctrls  []*control // one per prefill rank
 	// remoteHost is the prefill host of a two-host run (connect), where the baseline's
 	// server runs; empty for run, whose baseline runs both ends here.
 	remoteHost string
@@ -245,6 +252,11 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 		}
 	}
 	res.MessageBytes = min(d.cfg.SlotBytes, res.Bytes/int64(len(d.ctrls)))
+	res.Path = "staging"
+	if d.direct {
+		res.MessageBytes = min(transfer.DefaultDirectChunkBytes, res.Bytes/int64(len(d.ctrls)))
+		res.Path = "direct"
+	}
 
 	var lat latencies
 	var wall time.Duration

@@ -78,6 +78,8 @@ type fakeEnd struct {
 	name peerRef
 }
 
+func (e *fakeEnd) NewPool(n int64) ([]byte, bool, error) { return make([]byte, n), false, nil }
+
 func (n *fakeNet) end(name string) *fakeEnd { return &fakeEnd{net: n, name: peerRef(name)} }
 
 func (e *fakeEnd) Address() []byte { return []byte(e.name) }
@@ -202,7 +204,8 @@ func runDriver(t *testing.T, cfg runConfig, decodeEng engineSide, prefill []engi
 		defer pc.Close()
 		d.ctrls = append(d.ctrls, dc)
 		d.peers = append(d.peers, peerRef(eng.Address()))
-		p := newPrefillEnd(cfg, r, eng, peerRef(decodeEng.Address()))
+		p, err := newPrefillEnd(cfg, r, eng, peerRef(decodeEng.Address()))
+		require.NoError(t, err)
 		go func() { errs <- p.serve(ctx, pc) }()
 	}
 	var stderr bytes.Buffer
@@ -344,7 +347,9 @@ func TestRemotePerftestOverTheControlConnection(t *testing.T) {
 	defer cancel()
 	n := &fakeNet{slot: cfg.SlotBytes, sends: map[fakeKey]*fakeOp{}, recvs: map[fakeKey]*fakeOp{}}
 	served := make(chan error, 1)
-	go func() { served <- newPrefillEnd(cfg, 0, n.end("prefill0"), "decode").serve(ctx, pc) }()
+	p, err := newPrefillEnd(cfg, 0, n.end("prefill0"), "decode")
+	require.NoError(t, err)
+	go func() { served <- p.serve(ctx, pc) }()
 	res, err := runRemotePerftest(ctx, dc, "127.0.0.1", perftestConfig{binary: bin, test: "tag_bw", size: 256 << 10,
 		tls: "shm,self", iters: 100, warmup: 10, timeout: 30 * time.Second})
 	require.NoError(t, err)

@@ -32,6 +32,7 @@ type transferFlags struct {
 	connectTimeout time.Duration
 	maxMemory      string
 	seed           uint64
+	staging        bool
 }
 
 func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
@@ -47,6 +48,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "how long to wait for the peer to connect or answer")
 	fs.StringVar(&f.maxMemory, "max-memory", "auto", "most memory the KV pools of both ends may take together; scenarios that need more are skipped with a note (auto: 45% of RAM)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
+	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
 }
 
 // runConfig is a validated transfer run. It is also what the parent hands its peer
@@ -69,6 +71,9 @@ type runConfig struct {
 	Verify         bool          `json:"verify"`
 	ConnectTimeout time.Duration `json:"connect_timeout"`
 	Seed           uint64        `json:"seed"`
+	// Staging forces the staging path on both ends (--staging); otherwise pools are mapped
+	// by the transport and transfers go direct.
+	Staging bool `json:"staging"`
 }
 
 func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
@@ -127,6 +132,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
 		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed,
+		Staging: f.staging,
 	}, nil
 }
 
