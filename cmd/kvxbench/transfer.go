@@ -33,6 +33,7 @@ type transferFlags struct {
 	maxMemory      string
 	seed           uint64
 	staging        bool
+	directChunk    string
 }
 
 func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
@@ -48,6 +49,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "how long to wait for the peer to connect or answer")
 	fs.StringVar(&f.maxMemory, "max-memory", "auto", "most memory the KV pools of both ends may take together; scenarios that need more are skipped with a note (auto: 45% of RAM)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
+	fs.StringVar(&f.directChunk, "direct-chunk", "64MiB", "the largest message of the direct path (no slot bounds it)")
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
 }
 
@@ -74,6 +76,8 @@ type runConfig struct {
 	// Staging forces the staging path on both ends (--staging); otherwise pools are mapped
 	// by the transport and transfers go direct.
 	Staging bool `json:"staging"`
+	// DirectChunkBytes is the direct path's largest message (--direct-chunk).
+	DirectChunkBytes int64 `json:"direct_chunk_bytes"`
 }
 
 func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
@@ -115,6 +119,13 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 	if slot < 4096 {
 		return runConfig{}, usagef("--slot-size = %d: must be at least 4KiB", slot)
 	}
+	directChunk, err := parseBytes("direct-chunk", f.directChunk)
+	if err != nil {
+		return runConfig{}, err
+	}
+	if directChunk < 4096 {
+		return runConfig{}, usagef("--direct-chunk = %d: must be at least 4KiB", directChunk)
+	}
 	memCap, err := f.memoryCap()
 	if err != nil {
 		return runConfig{}, err
@@ -132,7 +143,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
 		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed,
-		Staging: f.staging,
+		Staging: f.staging, DirectChunkBytes: directChunk,
 	}, nil
 }
 
