@@ -315,3 +315,32 @@ func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
 		})
 	}
 }
+
+// A streaming Send on the direct path sends each layer as it is marked ready, straight from
+// the pool, and the receiver sees the layers land in order.
+func TestDirectStreamingSendWaitsForReadyLayers(t *testing.T) {
+	src, dst := pools(t, 8)
+	cfg := directConfig()
+	cfg.DirectChunkBytes = 1 << 20 // one chunk per layer with the layer cut
+	p, w := directPair(t, cfg, cfg, src, dst)
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: true})
+	require.NoError(t, err)
+	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Stream: true})
+	require.NoError(t, err)
+
+	time.Sleep(30 * time.Millisecond)
+	_, chunks := w.total()
+	require.Zero(t, chunks, "nothing sent before a layer is ready")
+	require.NoError(t, hs.MarkLayersReady(1))
+	eventually(t, func() bool { return hr.LayersReady() == 1 }, "layer 0 landed")
+	require.False(t, isClosed(hr.Done()))
+	require.NoError(t, hs.MarkLayersReady(2))
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	requireState(t, hr, Completed)
+	require.Equal(t, 2, hr.LayersReady())
+	require.Equal(t, src.stream(t), dst.stream(t))
+	bytes, chunks := w.total()
+	require.Equal(t, int(src.plan.Bytes()), bytes, "direct: bare stream bytes")
+	require.Equal(t, 2, chunks)
+}
