@@ -32,6 +32,11 @@ type DirectTransport interface {
 	PostRecvIOV(from Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error)
 }
 
+// directRecvAhead is how many direct receives a transfer keeps posted (at least
+// PipelineDepth): they hold no slot, only the caller's memory, which is reserved for the
+// transfer anyway.
+const directRecvAhead = 64
+
 // directCapable reports whether this side may take the one-copy path: the engine allows it,
 // the transport has it, the spec moves host memory through the plan (no Mover), and the
 // transport can reach the pool in place.

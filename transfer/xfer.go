@@ -364,7 +364,10 @@ func (x *xfer) runReceiveDirect() {
 	if x.layerCut {
 		x.recvSeen = make([]bool, x.nChunks)
 	}
-	for range min(x.eng.cfg.PipelineDepth, x.nChunks) {
+	// Receives cost no slot here, so post well ahead of the sender: a chunk that arrives
+	// before its receive is posted is an unexpected message, which UCX handles on a slower
+	// path than a matched one.
+	for range min(max(x.eng.cfg.PipelineDepth, directRecvAhead), x.nChunks) {
 		if !x.postRecvDirect() {
 			break
 		}
