@@ -35,6 +35,15 @@
 // slot. A transfer holds at most Config.PipelineDepth slots and needs only one, so a request
 // of any size streams through a small pool.
 //
+// # The direct (one-copy) path
+//
+// When the transport implements DirectTransport and both sides' pools are reachable in place
+// (UCXTransport.AllocatePool), the receiver asks for the direct path (FlagDirect): each chunk
+// is one IOV message straight from the sender's pool into the receiver's, no slot, no gather
+// or scatter. Same lifecycle; the one difference is L9 on caller memory: an operation whose
+// quiescence is unknown leaves the handle Quarantined for good, Status.BlocksPoisoned set and
+// Quiesced never closed. Config.DisableDirect forces staging. See docs/onecopy.md.
+//
 // # Multi-peer requests
 //
 // A Receive may name several peers (Spec.Subs), each with its own plan: a TP=1 rank receiving

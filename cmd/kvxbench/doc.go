@@ -19,6 +19,9 @@
 //	connect   the decode end: connect ADDR
 //	help      usage of every subcommand
 //
+// Transfers take the engine's one-copy direct path by default (both ends' pools mapped by the
+// UCX transport); --staging forces the staging path, and every transfer row says which ran.
+//
 // The CLI is a function of its arguments and writers (Main), so tests drive it in-process;
 // only run's loopback peer is a second process (kvxbench re-executing itself as the hidden
 // peer subcommand). Every wait is bounded: each subcommand runs under a deadline derived from
