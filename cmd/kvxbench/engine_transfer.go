@@ -17,6 +17,7 @@ type engineAdapter struct {
 	// addr is what the other end is told; peerOf turns the other end's into a Peer.
 	addr   []byte
 	peerOf func(addr []byte) transfer.Peer
+	obs    *observability // nil without --http
 }
 
 var _ engineSide = (*engineAdapter)(nil)
@@ -64,7 +65,11 @@ func (e *engineAdapter) Receive(ctx context.Context, id uint64, subs []recvSub, 
 	return handle{h}, nil
 }
 
-func (e *engineAdapter) Close() error { return e.eng.Close() }
+func (e *engineAdapter) Close() error {
+	err := e.eng.Close()
+	e.obs.close()
+	return err
+}
 
 // handle adapts *transfer.Handle.
 type handle struct{ h *transfer.Handle }

@@ -28,10 +28,23 @@ func newUCXEngineSide(cfg runConfig, role string, rank int) (engineSide, error) 
 		return nil, fmt.Errorf("%s rank %d: UCX transport: %w", role, rank, err)
 	}
 	ec.StagingMemory = tr.StagingMemory()
+	obs, err := newObservability(cfg.HTTP, role, rank)
+	if err != nil {
+		_ = tr.Close(true)
+		return nil, err
+	}
+	if obs != nil {
+		ec.Observer = obs.observer
+	}
 	eng, err := transfer.New(tr, ec)
 	if err != nil {
 		_ = tr.Close(true)
+		obs.close()
 		return nil, fmt.Errorf("%s rank %d: engine: %w", role, rank, err)
 	}
-	return &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress}, nil
+	if err := obs.serve(eng); err != nil {
+		_ = eng.Close()
+		return nil, err
+	}
+	return &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress, obs: obs}, nil
 }

@@ -32,6 +32,7 @@ type transferFlags struct {
 	connectTimeout time.Duration
 	maxMemory      string
 	seed           uint64
+	http           string
 }
 
 func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
@@ -47,6 +48,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "how long to wait for the peer to connect or answer")
 	fs.StringVar(&f.maxMemory, "max-memory", "auto", "most memory the KV pools of both ends may take together; scenarios that need more are skipped with a note (auto: 45% of RAM)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
+	fs.StringVar(&f.http, "http", "", "serve /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400")
 }
 
 // runConfig is a validated transfer run. It is also what the parent hands its peer
@@ -69,6 +71,9 @@ type runConfig struct {
 	Verify         bool          `json:"verify"`
 	ConnectTimeout time.Duration `json:"connect_timeout"`
 	Seed           uint64        `json:"seed"`
+	// HTTP is where this process serves /healthz and /metrics; never handed to peers, which
+	// would all try to listen on it.
+	HTTP string `json:"-"`
 }
 
 func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
@@ -126,7 +131,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		ShapeName: s.name, MemCap: memCap, Dims: s.dims, Order: s.order, Decode: decode, Prefill: prefill,
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
-		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed,
+		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
 	}, nil
 }
 
