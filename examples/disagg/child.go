@@ -21,6 +21,9 @@ type decodeProcess struct {
 	cmd    *exec.Cmd
 	exited chan struct{} // closed once cmd.Wait has returned
 	err    error         // cmd.Wait's error, read after exited closes
+	// interruptGrace and reapBound are childInterruptGrace and childReapBound (shorter in
+	// tests).
+	interruptGrace, reapBound time.Duration
 }
 
 // Bounds on reaping the decode process.
@@ -46,12 +49,17 @@ func startDecodeProcess(o options, addr string, out *printer, stderr io.Writer) 
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout = &lineWriter{out: out}
 	cmd.Stderr = stderr
+	return startProcess(cmd)
+}
+
+// startProcess starts cmd and the goroutine that reaps it.
+func startProcess(cmd *exec.Cmd) (*decodeProcess, error) {
 	cmd.WaitDelay = 2 * time.Second // a grandchild holding the pipes cannot hold up Wait
 	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting the decode process: %w", err)
 	}
-	p := &decodeProcess{cmd: cmd, exited: make(chan struct{})}
+	p := &decodeProcess{cmd: cmd, exited: make(chan struct{}), interruptGrace: childInterruptGrace, reapBound: childReapBound}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.exited)
@@ -84,14 +92,14 @@ func (p *decodeProcess) stop() error {
 	select {
 	case <-p.exited:
 		return fmt.Errorf("decode process (pid %d) interrupted: %v", p.pid(), p.err)
-	case <-time.After(childInterruptGrace):
+	case <-time.After(p.interruptGrace):
 	}
 	_ = p.cmd.Process.Kill()
 	select {
 	case <-p.exited:
-		return fmt.Errorf("decode process (pid %d) killed after ignoring an interrupt for %v", p.pid(), childInterruptGrace)
-	case <-time.After(childReapBound):
-		return fmt.Errorf("decode process (pid %d) killed but not reaped within %v", p.pid(), childReapBound)
+		return fmt.Errorf("decode process (pid %d) killed after ignoring an interrupt for %v", p.pid(), p.interruptGrace)
+	case <-time.After(p.reapBound):
+		return fmt.Errorf("decode process (pid %d) killed but not reaped within %v", p.pid(), p.reapBound)
 	}
 }
 
