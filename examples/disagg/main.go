@@ -29,7 +29,11 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h: the usage is printed, nothing failed
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "disagg:", err)
 		os.Exit(1)
 	}
@@ -64,6 +68,18 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("disagg", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `disagg: a prefill worker and a decode worker move one request's KV blocks, abort a
+second and cancel a third in flight, handing ContextParams over HTTP on 127.0.0.1.
+
+  disagg                       UCX: prefill here, decode in a second process (this binary)
+  disagg -role=prefill -control=127.0.0.1:8400   and, in another terminal,
+  disagg -role=decode -control=127.0.0.1:8400    the same two roles by hand
+  disagg -transport=mem        both roles in this process, in-memory transport (-freeze only here)
+
+`)
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&o.transport, "transport", "ucx", `transport between the workers: "ucx" (two processes: this one is prefill and starts decode from this same binary) or "mem" (both roles in this process, in-memory transport)`)
 	fs.StringVar(&o.role, "role", "both", `"both"; or, to run the two UCX processes by hand in two terminals, "prefill" in one and "decode" (with -control set to the prefill's address) in the other`)
 	fs.StringVar(&o.control, "control", "127.0.0.1:0", "the prefill worker's HTTP control plane (also /healthz and /metrics): where prefill listens; with -role=decode, where to reach it")
