@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Command disagg is a runnable tour of kvxfer in disaggregated serving: a prefill worker and a
-// decode worker, each with a registered KV pool and a kvxfer engine, hand each request's
+// decode worker, each with a KV pool and a kvxfer engine (over UCX, with UCX-mapped staging
+// slots; the pool itself stays Go memory, gathered through them), hand each request's
 // ContextParams over a small HTTP control plane on 127.0.0.1, move one request's KV blocks,
 // abort a second before it moves and give up on a third in flight, and print what happened
 // to each request's blocks.
