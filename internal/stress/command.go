@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"go.uber.org/zap"
@@ -43,6 +44,8 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&cfg.RecoveryBound, "recovery", DefaultRecoveryBound, "health must be back within this after a peer is")
 	maxHeapMiB := fs.Uint64("max-heap-mib", DefaultMaxHeapBytes>>20, "heap bound, MiB")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
+	processes := fs.Bool("processes", false, "run the prefill side as two peer processes over UCX (SIGSTOP, SIGKILL) instead of in-process engines")
+	tls := fs.String("tls", "", "UCX_TLS for --processes (e.g. tcp,self); default UCX's choice")
 	verbose := fs.Bool("v", false, "log faults and breaches to stderr as they happen")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -63,7 +66,20 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		enc := zap.NewDevelopmentEncoderConfig()
 		cfg.Logger = zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(stderr), zapcore.InfoLevel))
 	}
-	rep, err := Run(ctx, cfg)
+	var rep *Report
+	if *processes {
+		if runProcesses == nil {
+			return &UsageError{Msg: "--processes needs the UCX transport, which this binary was built without"}
+		}
+		if _, set := os.LookupEnv("UCX_LOG_LEVEL"); !set {
+			// UCX warns about every unexpected message a killed peer leaves behind; the
+			// report already says what matters.
+			_ = os.Setenv("UCX_LOG_LEVEL", "fatal")
+		}
+		rep, err = runProcesses(ctx, cfg, *tls, "")
+	} else {
+		rep, err = Run(ctx, cfg)
+	}
 	if rep == nil {
 		if errors.Is(err, ErrInvalidConfig) {
 			return &UsageError{Msg: err.Error()}
@@ -81,6 +97,9 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	return werr
 }
+
+// runProcesses is RunProcesses where the UCX transport is built in, nil elsewhere.
+var runProcesses func(ctx context.Context, cfg Config, tls, exe string) (*Report, error)
 
 func joinFaults() string {
 	names := make([]string, len(AllFaults))

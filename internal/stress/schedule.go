@@ -239,8 +239,8 @@ func (s *soak) monitor(ctx context.Context) {
 }
 
 // recordCancel counts one Engine.Cancel outcome.
-func (s *soak) recordCancel(out transfer.CancelOutcome) {
+func (s *soak) recordCancel(outcome string) {
 	s.mu.Lock()
-	s.cancelOutcomes[out.String()]++
+	s.cancelOutcomes[outcome]++
 	s.mu.Unlock()
 }

@@ -46,6 +46,8 @@ type soak struct {
 	unhealthyNanos                                              atomic.Int64
 	longestDetect, longestRecovery                              atomic.Int64
 	maxHeap                                                     atomic.Uint64
+	// Findings reported by peer processes, which have no node here.
+	extraPoisoned, extraLeaked, extraReused atomic.Int64
 }
 
 // The point faults, armed one at a time by the schedule and taken by the next data chunk.
@@ -169,7 +171,13 @@ func (s *soak) newNode(name transfer.Peer) (*node, error) {
 func (s *soak) live() []*node {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return []*node{s.decode, s.prefill[0], s.prefill[1]}
+	var out []*node
+	for _, n := range []*node{s.decode, s.prefill[0], s.prefill[1]} {
+		if n != nil { // the process mode has no prefill nodes in this process
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func (s *soak) addBreach(msg string) {
@@ -318,7 +326,11 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 		FaultsInjected:         map[Fault]int64{}, GoroutinesStart: goroutinesStart, GoroutinesEnd: goroutinesEnd,
 		MaxHeapBytes: s.maxHeap.Load(),
 	}
+	r.PoisonedSlots, r.LeakedSlots, r.ReusedPoisoned = s.extraPoisoned.Load(), s.extraLeaked.Load(), s.extraReused.Load()
 	for _, n := range nodes {
+		if n == nil {
+			continue
+		}
 		h := n.eng.Health()
 		r.PoisonedSlots += int64(h.PoisonedSlots)
 		if leased := h.TotalSlots - h.FreeSlots - h.PoisonedSlots; leased > 0 {
@@ -356,3 +368,6 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 // errorsIsClosed reports whether err says the engine was closing: the restarted peer's old
 // engine refuses new requests, which is not a breach.
 func errorsIsClosed(err error) bool { return errors.Is(err, transfer.ErrClosed) }
+
+// errorsIsQuarantined reports whether a handle's error says it passed through quarantine.
+func errorsIsQuarantined(err error) bool { return errors.Is(err, transfer.ErrQuarantined) }

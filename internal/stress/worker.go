@@ -4,7 +4,6 @@ package stress
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
@@ -170,7 +169,7 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 	if cfg.has(FaultCancel) && r.Float64() < cfg.CancelFraction {
 		sd := sides[r.IntN(len(sides))]
 		time.Sleep(time.Duration(r.IntN(30)) * time.Millisecond)
-		s.recordCancel(sd.eng.Cancel(id))
+		s.recordCancel(sd.eng.Cancel(id).String())
 		s.injected[FaultCancel].Add(1)
 	}
 
@@ -204,7 +203,7 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 		if sd.h == nil {
 			continue // wedged: never released, so the engine keeps its id
 		}
-		if errors.Is(sd.h.Status().Err, transfer.ErrQuarantined) {
+		if errorsIsQuarantined(sd.h.Status().Err) {
 			s.quarantined.Add(1)
 		}
 		if err := sd.h.Release(); err != nil {
