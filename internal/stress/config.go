@@ -36,10 +36,28 @@ const (
 	// FaultLostPeer: a prefill peer is cut off for good (as SIGKILL would) and started again
 	// under a new name.
 	FaultLostPeer Fault = "lost-peer"
+	// FaultPartition (--processes only): a prefill and a decode peer process in two network
+	// namespaces joined by a veth pair, over UCX TCP; the link is cut and restored, then made
+	// lossy with netem. Skipped, loudly, where network namespaces are not allowed.
+	FaultPartition Fault = "partition"
 )
 
 // AllFaults lists every fault, in the order the report prints them.
-var AllFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer}
+var AllFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultPartition}
+
+// memFaults are the faults the in-process soak (Run) injects.
+var memFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer}
+
+// only keeps the faults of fs that are also in allowed, in order.
+func only(fs, allowed []Fault) []Fault {
+	var out []Fault
+	for _, f := range fs {
+		if slices.Contains(allowed, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
 
 // ParseFaults reads a comma-separated list of fault names ("all" for every one, "none" or
 // the empty string for none).

@@ -30,6 +30,7 @@ const PeerEnv = "KVXSTRESS_PEER"
 // peerConfig is what a parent hands its peer process.
 type peerConfig struct {
 	TLS               string        `json:"tls"`
+	NetDevices        string        `json:"net_devices"`
 	SlotBytes         int64         `json:"slot_bytes"`
 	MaxConcurrent     int           `json:"max_concurrent"`
 	NumSlots          int           `json:"num_slots"`
@@ -78,10 +79,13 @@ func seededPool(heads, nb int64, seed uint64, blocks []int32) (*layout.Plan, []b
 // runPeer is the prefill peer process. Protocol, one line at a time on stdin/stdout:
 //
 //	peer: ADDR <hex>                          its worker address
-//	parent: PEER <hex>                        the decode engine's
+//	parent: PEER <hex>                        the other engine's
 //	parent: SEND <id> <heads> <nb> <seed> <timeout-ms> <b1,b2,...>
+//	parent: RECV <id> <heads> <nb> <seed> <timeout-ms> <src b1,...> <dst b1,...>
+//	                                          receive, and check against the seeded source
+//	parent: HEALTH                            peer: HEALTH <1|0> <reason>
 //	parent: CANCEL <id>
-//	peer: END <id> <state>                    a send quiesced
+//	peer: END <id> <state> [ok|corrupt]       a send or receive quiesced
 //	peer: WEDGED <id> <what>                  a send missed its bound
 //	parent: closes stdin                      the peer drains and prints
 //	peer: POOL <total> <free> <poisoned> <observed-poisoned> <reused>
@@ -92,7 +96,7 @@ func runPeer(pc peerConfig, stdin io.Reader, stdout io.Writer) error {
 		fmt.Fprintf(stdout, format+"\n", a...)
 		outMu.Unlock()
 	}
-	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: pc.TLS, KeepaliveInterval: 200 * time.Millisecond,
+	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: pc.TLS, NetDevices: pc.NetDevices, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(pc.NumSlots) * pc.SlotBytes, CloseTimeout: 2 * time.Second})
 	if err != nil {
 		return err
@@ -140,6 +144,45 @@ loop:
 		switch {
 		case len(f) == 2 && f[0] == "PEER":
 			decode = transfer.Peer(f[1])
+		case len(f) == 1 && f[0] == "HEALTH":
+			h := eng.Health()
+			healthy := 0
+			if h.Healthy {
+				healthy = 1
+			}
+			say("HEALTH %d %s", healthy, strings.ReplaceAll(h.Reason+" ", " ", "_"))
+		case len(f) == 8 && f[0] == "RECV":
+			var v [5]uint64
+			for i := range v {
+				v[i], _ = strconv.ParseUint(f[i+1], 10, 64)
+			}
+			id, heads, nb, timeout := transfer.RequestID(v[0]), int64(v[1]), int64(v[2]), time.Duration(v[4])*time.Millisecond
+			srcPlan, srcPool := seededPool(heads, nb, v[3], parseBlocks(f[6]))
+			want := checksum(srcPlan, srcPool)
+			dstPlan, _ := seededPool(heads, nb, 0, parseBlocks(f[7]))
+			dstPool := make([]byte, dstPlan.Layout().SpanBytes())
+			started := time.Now()
+			h, err := eng.Receive(context.Background(), transfer.Spec{ID: id, Peer: decode, Plan: dstPlan, Pool: dstPool, Timeout: timeout})
+			if err != nil {
+				say("END %d refused:%v", id, strings.ReplaceAll(err.Error(), " ", "_"))
+				continue
+			}
+			sends.Add(1)
+			go func() {
+				defer sends.Done()
+				if !peerAwait(h, started, timeout, pc, func(format string, a ...any) { say(format, a...) }) {
+					return
+				}
+				verdict := "-"
+				if h.Status().State == transfer.Completed {
+					verdict = "ok"
+					if checksum(dstPlan, dstPool) != want {
+						verdict = "corrupt"
+					}
+				}
+				say("END %d %v %s", id, h.Status().State, verdict)
+				_ = h.Release()
+			}()
 		case len(f) == 2 && f[0] == "CANCEL":
 			id, _ := strconv.ParseUint(f[1], 10, 64)
 			eng.Cancel(transfer.RequestID(id))
@@ -148,11 +191,7 @@ loop:
 			for i := range v {
 				v[i], _ = strconv.ParseUint(f[i+1], 10, 64)
 			}
-			var blocks []int32
-			for _, b := range strings.Split(f[6], ",") {
-				x, _ := strconv.ParseInt(b, 10, 32)
-				blocks = append(blocks, int32(x))
-			}
+			blocks := parseBlocks(f[6])
 			id, timeout := transfer.RequestID(v[0]), time.Duration(v[4])*time.Millisecond
 			plan, pool := seededPool(int64(v[1]), int64(v[2]), v[3], blocks)
 			started := time.Now()
@@ -164,15 +203,10 @@ loop:
 			sends.Add(1)
 			go func() {
 				defer sends.Done()
-				doneBy := started.Add(pc.QueueTimeout + timeout + transfer.DefaultCancelGrace + pc.Grace)
-				if !waitUntil(h.Done(), doneBy) {
-					say("WEDGED %d no-outcome:%v", id, h.Status().State)
-				}
-				if !waitUntil(h.Quiesced(), doneBy.Add(pc.QuarantineTimeout+pc.Grace)) {
-					say("WEDGED %d not-quiescent:%v", id, h.Status().State)
+				if !peerAwait(h, started, timeout, pc, func(format string, a ...any) { say(format, a...) }) {
 					return
 				}
-				say("END %d %v", id, h.Status().State)
+				say("END %d %v -", id, h.Status().State)
 				_ = h.Release()
 			}()
 		default:
@@ -199,4 +233,29 @@ func closedChan() <-chan struct{} {
 // seedFill fills pool with the ChaCha8 stream of key.
 func seedFill(key [32]byte, pool []byte) {
 	_, _ = rand.NewChaCha8(key).Read(pool) // ChaCha8.Read never fails
+}
+
+// peerAwait waits, bounded, for a handle's outcome and quiescence, and reports a missed
+// bound as WEDGED; it returns false when the handle never quiesced (it is then left alone).
+func peerAwait(h *transfer.Handle, started time.Time, timeout time.Duration, pc peerConfig, say func(string, ...any)) bool {
+	id := h.ID()
+	doneBy := started.Add(pc.QueueTimeout + timeout + transfer.DefaultCancelGrace + pc.Grace)
+	if !waitUntil(h.Done(), doneBy) {
+		say("WEDGED %d no-outcome:%v", id, h.Status().State)
+	}
+	if !waitUntil(h.Quiesced(), doneBy.Add(pc.QuarantineTimeout+pc.Grace)) {
+		say("WEDGED %d not-quiescent:%v", id, h.Status().State)
+		return false
+	}
+	return true
+}
+
+// parseBlocks reads a comma-separated list of block ids.
+func parseBlocks(s string) []int32 {
+	var out []int32
+	for _, b := range strings.Split(s, ",") {
+		x, _ := strconv.ParseInt(b, 10, 32)
+		out = append(out, int32(x))
+	}
+	return out
 }

@@ -30,7 +30,7 @@ import (
 
 // procFaults are the faults the process mode injects; the chunk-level ones need the
 // in-memory transport's hooks.
-var procFaults = []Fault{FaultCancel, FaultDeadline, FaultFreeze, FaultLostPeer}
+var procFaults = []Fault{FaultCancel, FaultDeadline, FaultFreeze, FaultLostPeer, FaultPartition}
 
 func init() { runProcesses = RunProcesses }
 
@@ -43,6 +43,29 @@ type procPeer struct {
 	stdin    io.WriteCloser
 	exited   chan struct{} // closed when the process has been waited for
 	pool     chan string   // its POOL line
+	stderr   *tailBuffer   // the end of its standard error, for breach reports
+}
+
+// tailBuffer keeps the last 2 KiB written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *tailBuffer) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, b...)
+	if over := len(t.buf) - 2048; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(b), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
 }
 
 func (p *procPeer) send(line string) error {
@@ -72,15 +95,7 @@ type procSoak struct {
 // peer processes run exe (default: this executable), which must call RunPeerFromEnv first.
 func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, error) {
 	cfg = cfg.withDefaults()
-	var faults []Fault
-	for _, f := range cfg.Faults {
-		for _, g := range procFaults {
-			if f == g {
-				faults = append(faults, f)
-			}
-		}
-	}
-	cfg.Faults = faults
+	cfg.Faults = only(cfg.Faults, procFaults)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -124,8 +139,15 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 		}
 	}
 
+	// With the partition on, the last third of the run (at least four freezes long) is the
+	// network phase; the signal phase has the rest.
+	mainFor, partitionFor := cfg.Duration, time.Duration(0)
+	if cfg.has(FaultPartition) {
+		partitionFor = max(cfg.Duration/3, 4*cfg.FreezeFor)
+		mainFor = max(cfg.Duration-partitionFor, cfg.Duration/2)
+	}
 	s.startedAt = time.Now()
-	trafficCtx, stopTraffic := context.WithTimeout(ctx, cfg.Duration)
+	trafficCtx, stopTraffic := context.WithTimeout(ctx, mainFor)
 	defer stopTraffic()
 	monitorCtx, stopMonitor := context.WithCancel(context.Background())
 	monitorDone := make(chan struct{})
@@ -148,6 +170,9 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 		s.addBreach(fmt.Sprintf("workers or schedule still running %v after the start: the soak itself wedged", drainBound))
 	}
 	ps.stopPeers()
+	if partitionFor > 0 && ctx.Err() == nil {
+		ps.partition(ctx, partitionFor)
+	}
 	s.drainAndCheck()
 	stopMonitor()
 	<-monitorDone
@@ -170,8 +195,9 @@ func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
 	cmd := exec.Command(ps.exe)
 	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env))
 	// UCX's own complaints about a killed peer are expected noise; what matters reaches the
-	// parent as ERR lines and as the pool report.
-	cmd.Stderr = io.Discard
+	// parent as ERR lines and as the pool report, and the tail goes with a breach.
+	tail := &tailBuffer{}
+	cmd.Stderr = tail
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -183,7 +209,7 @@ func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("stress: starting peer %d: %w", idx, err)
 	}
-	p := &procPeer{idx: idx, gen: gen, cmd: cmd, stdin: stdin, exited: make(chan struct{}), pool: make(chan string, 1)}
+	p := &procPeer{idx: idx, gen: gen, cmd: cmd, stdin: stdin, exited: make(chan struct{}), pool: make(chan string, 1), stderr: tail}
 	addr := make(chan string, 1)
 	readerDone := make(chan struct{})
 	go func() {
@@ -246,14 +272,11 @@ func (ps *procSoak) peerLine(p *procPeer, line string, addr chan<- string) {
 // stopPeers closes every live peer's stdin, checks the pool each reports after its drain,
 // and waits (bounded) for it to exit, killing it if it does not.
 func (ps *procSoak) stopPeers() {
-	ps.peerMu.Lock()
-	live := []*procPeer{}
-	for _, p := range ps.peers {
-		if p != nil {
-			live = append(live, p)
-		}
-	}
-	ps.peerMu.Unlock()
+	ps.stopThese(ps.livePeers())
+}
+
+// stopThese ends the given peers: stdin closed, pool report checked, exit awaited.
+func (ps *procSoak) stopThese(live []*procPeer) {
 	for _, p := range live {
 		p.wmu.Lock()
 		_ = p.stdin.Close()
@@ -265,7 +288,8 @@ func (ps *procSoak) stopPeers() {
 		case line := <-p.pool:
 			ps.checkPeerPool(p, line)
 		case <-p.exited:
-			ps.addBreach(fmt.Sprintf("peer %d.gen%d exited without reporting its pool", p.idx, p.gen))
+			ps.addBreach(fmt.Sprintf("peer %d.gen%d exited (%v) without reporting its pool; its stderr ends: %q",
+				p.idx, p.gen, p.cmd.ProcessState, p.stderr.String()))
 		case <-time.After(bound):
 			ps.addBreach(fmt.Sprintf("peer %d.gen%d did not drain within %v", p.idx, p.gen, bound))
 		}

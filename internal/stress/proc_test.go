@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 // are stopped with SIGSTOP and resumed, one is killed with SIGKILL and restarted; every
 // invariant holds.
 func TestProcessSoakWithSignalsHoldsEveryInvariant(t *testing.T) {
-	cfg := shortSoak(12 * time.Second)
+	cfg := shortSoak(20 * time.Second)
 	cfg.Concurrency = 32
 	if testing.Verbose() {
 		cfg.Logger = zap.NewExample()

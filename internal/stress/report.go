@@ -61,6 +61,9 @@ type Report struct {
 	GoroutinesEnd   int `json:"goroutines_end"`
 	// MaxHeapBytes is the largest heap in use sampled during the run.
 	MaxHeapBytes uint64 `json:"max_heap_bytes"`
+	// Skipped lists the parts this machine could not run (the partition without
+	// CAP_NET_ADMIN), each with the reason.
+	Skipped []string `json:"skipped"`
 	// Breaches lists every invariant broken; empty means the run passed.
 	Breaches []string `json:"breaches"`
 	// Passed is len(Breaches) == 0.
@@ -112,6 +115,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	verdict := "PASS"
 	if !r.Passed {
 		verdict = fmt.Sprintf("FAIL: %d breaches", len(r.Breaches))
+	}
+	for _, sk := range r.Skipped {
+		row("SKIPPED", sk)
 	}
 	row("verdict", verdict)
 	if err := tw.Flush(); err != nil {
