@@ -29,6 +29,7 @@ type ConfigError struct {
 	Err    error // ErrInvalidConfig or ErrUndersized
 }
 
+// Error implements error.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("%v: %s = %v: %s", e.Err, e.Field, e.Value, e.Reason)
 }

@@ -83,7 +83,7 @@ func (r *Runtime) copyArgs(op string, s *Stream, p *DevicePlan, pool Mem, off in
 		return nil, fmt.Errorf("cuda: %s: %w", op, err)
 	}
 	l := p.plan.Layout()
-	if span := l.SpanBytes(); pool.Size < span {
+	if span := p.plan.PoolSpan(); pool.Size < span {
 		return nil, fmt.Errorf("%w: %s: pool holds %d bytes, the layout spans %d", ErrInvalidArgument, op, pool.Size, span)
 	}
 	return &copyArgs{

@@ -6,6 +6,19 @@ package native
 
 /*
 #include "kvx_host.h"
+
+// By-value wrappers: a Go local whose address goes to C escapes to the heap, so the structs
+// cross by value and the chunk copy allocates nothing.
+static int kvx_host_gather_v(kvx_layout_t l, kvx_selection_t s, const int32_t *blocks,
+                             int64_t nblocks, const void *pool, int64_t pool_bytes, int64_t off,
+                             int64_t len, void *dst) {
+  return kvx_host_gather(&l, &s, blocks, nblocks, pool, pool_bytes, off, len, dst);
+}
+static int kvx_host_scatter_v(kvx_layout_t l, kvx_selection_t s, const int32_t *blocks,
+                              int64_t nblocks, const void *src, int64_t off, int64_t len,
+                              void *pool, int64_t pool_bytes) {
+  return kvx_host_scatter(&l, &s, blocks, nblocks, src, off, len, pool, pool_bytes);
+}
 */
 import "C"
 
@@ -65,7 +78,7 @@ func checkHost(p *layout.Plan, pool []byte, off, n int64) error {
 	if p == nil {
 		return fmt.Errorf("%w: nil plan", layout.ErrInvalidLayout)
 	}
-	if span := p.Layout().SpanBytes(); int64(len(pool)) < span {
+	if span := p.PoolSpan(); int64(len(pool)) < span {
 		return &layout.FieldError{Field: "pool", Value: int64(len(pool)),
 			Reason: fmt.Sprintf("the layout spans %d bytes", span), Err: layout.ErrBufferTooSmall}
 	}
@@ -73,24 +86,34 @@ func checkHost(p *layout.Plan, pool []byte, off, n int64) error {
 }
 
 func hostCopy(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) error {
-	if len(stream) == 0 {
+	n := int64(len(stream))
+	if n == 0 {
 		return nil
 	}
+	if n < 2*parallelMin || runtime.GOMAXPROCS(0) < 2 {
+		// The common case (a staging chunk): one call, no goroutine, no allocation.
+		return copyRange(p, pool, off, stream, gather)
+	}
+	return parallel(n, func(o, k int64) error {
+		return copyRange(p, pool, off+o, stream[o:o+k], gather)
+	})
+}
+
+// copyRange is one C call over stream bytes [off, off+len(stream)). The slices stay reachable,
+// and unmoved (Go's heap does not move), for the duration of the call.
+func copyRange(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) error {
 	cl, cs := cLayout(p.Layout()), cSelection(p.Selection())
 	blocks := p.Blocks()
-	return parallel(int64(len(stream)), func(o, k int64) error {
-		var rc C.int
-		// The slices stay reachable (and unmoved: Go's heap does not move) for the call.
-		bp := (*C.int32_t)(unsafe.Pointer(&blocks[0]))
-		if gather {
-			rc = C.kvx_host_gather(&cl, &cs, bp, C.int64_t(len(blocks)), unsafe.Pointer(&pool[0]),
-				C.int64_t(len(pool)), C.int64_t(off+o), C.int64_t(k), unsafe.Pointer(&stream[o]))
-		} else {
-			rc = C.kvx_host_scatter(&cl, &cs, bp, C.int64_t(len(blocks)), unsafe.Pointer(&stream[o]),
-				C.int64_t(off+o), C.int64_t(k), unsafe.Pointer(&pool[0]), C.int64_t(len(pool)))
-		}
-		return hostError(rc)
-	})
+	bp := (*C.int32_t)(unsafe.Pointer(&blocks[0]))
+	var rc C.int
+	if gather {
+		rc = C.kvx_host_gather_v(cl, cs, bp, C.int64_t(len(blocks)), unsafe.Pointer(&pool[0]),
+			C.int64_t(len(pool)), C.int64_t(off), C.int64_t(len(stream)), unsafe.Pointer(&stream[0]))
+	} else {
+		rc = C.kvx_host_scatter_v(cl, cs, bp, C.int64_t(len(blocks)), unsafe.Pointer(&stream[0]),
+			C.int64_t(off), C.int64_t(len(stream)), unsafe.Pointer(&pool[0]), C.int64_t(len(pool)))
+	}
+	return hostError(rc)
 }
 
 // parallel runs fn over [0, n) in at most GOMAXPROCS element-aligned shares of at least

@@ -295,3 +295,22 @@ func TestHostBadInputTouchesNothing(t *testing.T) {
 	}
 	require.ErrorIs(t, native.HostGather(nil, pool, 0, nil), layout.ErrInvalidLayout)
 }
+
+// A staging-sized chunk gathers and scatters without allocating: the engine calls these once
+// per chunk, and every allocation there is garbage-collector work on the transfer path.
+func TestHostChunkCopyDoesNotAllocate(t *testing.T) {
+	l := layouttest.Llama3_8B(4)
+	p, err := layout.NewPlan(l, l.All(), []int32{3, 1})
+	require.NoError(t, err)
+	pool := make([]byte, p.PoolSpan())
+	buf := make([]byte, 1<<20)
+	allocs := testing.AllocsPerRun(20, func() {
+		if err := native.HostGather(p, pool, 4096, buf); err != nil {
+			t.Fatal(err)
+		}
+		if err := native.HostScatter(p, buf, 4096, pool); err != nil {
+			t.Fatal(err)
+		}
+	})
+	require.Zero(t, allocs)
+}

@@ -24,11 +24,12 @@ type Engine struct {
 	log  *zap.Logger
 	obs  Observer
 
-	mu      sync.Mutex
-	handles map[RequestID]*Handle
-	routes  map[routeKey]*xfer
-	pending map[routeKey]pendingInfo
-	closed  bool
+	mu         sync.Mutex
+	handles    map[RequestID]*Handle
+	routes     map[routeKey]*xfer
+	pending    map[routeKey]pendingInfo
+	unanswered map[routeKey]unanswered
+	closed     bool
 
 	closing      chan struct{} // closed once the transport is force-closed during Close
 	stopProgress chan struct{}
@@ -53,6 +54,14 @@ type pendingInfo struct {
 	at   time.Time
 }
 
+// unanswered is a Send that ended before its receiver's request arrived: a request that
+// arrives later is answered with an abort, so the receiver does not wait for its deadline.
+type unanswered struct {
+	code   AbortCode
+	reason string
+	at     time.Time
+}
+
 // New validates cfg, carves the staging pool, binds the transport and starts the progress
 // goroutine. The engine owns the transport from here on and closes it in Close.
 func New(tr Transport, cfg Config) (*Engine, error) {
@@ -74,7 +83,7 @@ func New(tr Transport, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
-		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo),
+		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
 		closing: make(chan struct{}), stopProgress: make(chan struct{}), progressDone: make(chan struct{}),
 	}
 	e.lastProgress.Store(time.Now().UnixNano())
@@ -141,6 +150,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	for _, x := range xs {
 		key := routeKey{x.peer, spec.ID}
 		e.routes[key] = x
+		delete(e.unanswered, key)
 		if p, ok := e.pending[key]; ok && !receive {
 			delete(e.pending, key)
 			x.box.push(event{msg: p.info})
@@ -379,6 +389,8 @@ func (e *Engine) driverDone(x *xfer) {
 // inbound is the engine's face to the transport.
 type inbound struct{ e *Engine }
 
+// OnControl routes a control message to its transfer, or keeps an early request for a Send
+// not made yet.
 func (in inbound) OnControl(from Peer, msg []byte) {
 	e := in.e
 	m, err := Decode(msg)
@@ -391,7 +403,14 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	e.mu.Lock()
 	x := e.routes[key]
 	if x == nil {
-		if ri, ok := m.(*RequestInfo); ok && !e.closed {
+		ri, ok := m.(*RequestInfo)
+		u, gone := e.unanswered[key]
+		switch {
+		case ok && gone:
+			e.mu.Unlock()
+			_ = e.tr.SendControl(from, encode(&Abort{Header: Header{Sub: ri.Sub, Request: ri.Request}, Code: u.code, Reason: u.reason}))
+			return
+		case ok && !e.closed:
 			e.addPendingLocked(key, ri)
 		}
 		e.mu.Unlock()
@@ -401,6 +420,7 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	x.box.push(event{msg: m})
 }
 
+// OnPeerLost fails every transfer with the peer and forgets its early requests.
 func (in inbound) OnPeerLost(peer Peer, err error) {
 	e := in.e
 	e.mu.Lock()
@@ -420,6 +440,25 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 	for _, x := range xs {
 		x.box.push(event{lost: fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)})
 	}
+}
+
+// rememberUnanswered records a Send that ended before its request arrived, bounded in count
+// (Config.MaxPending) and age (Config.PendingTTL) like the pending requests.
+func (e *Engine) rememberUnanswered(key routeKey, code AbortCode, cause error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.unanswered) >= e.cfg.MaxPending {
+		now := time.Now()
+		for k, u := range e.unanswered {
+			if now.Sub(u.at) > e.cfg.PendingTTL {
+				delete(e.unanswered, k)
+			}
+		}
+		if len(e.unanswered) >= e.cfg.MaxPending {
+			return
+		}
+	}
+	e.unanswered[key] = unanswered{code: code, reason: cause.Error(), at: time.Now()}
 }
 
 // addPendingLocked keeps a request that arrived before its Send, bounded in count and age; a

@@ -55,6 +55,7 @@ type ConfigError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("%v: %s = %v: %s", ErrInvalidConfig, e.Field, e.Value, e.Reason)
 }
@@ -71,6 +72,7 @@ type SpecError struct {
 	Err    error
 }
 
+// Error implements error.
 func (e *SpecError) Error() string {
 	return fmt.Sprintf("%v: request %d: %s: %s", ErrInvalidSpec, e.ID, e.Field, e.Reason)
 }
@@ -87,6 +89,7 @@ type RequestError struct {
 	Err error
 }
 
+// Error implements error.
 func (e *RequestError) Error() string { return fmt.Sprintf("request %d: %v", e.ID, e.Err) }
 
 // Unwrap returns the sentinel.
@@ -98,6 +101,7 @@ type DecodeError struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *DecodeError) Error() string {
 	return fmt.Sprintf("%v: at byte %d: %s", ErrMalformed, e.Offset, e.Reason)
 }

@@ -966,3 +966,31 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 	require.True(t, strings.Contains((&ConfigError{Field: "F", Value: 1, Reason: "r"}).Error(), "F = 1: r"))
 	require.True(t, errors.Is(&SpecError{}, ErrInvalidSpec))
 }
+
+func TestSenderCancelledBeforeTheRequestTellsTheReceiver(t *testing.T) {
+	p := newPair(t, fastConfig(), fastConfig())
+	src, dst := pools(t, 1)
+	hs, err := p.src.Send(bg, Spec{ID: 3, Peer: "decode", Plan: src.plan, Pool: src.mem})
+	require.NoError(t, err)
+	require.Equal(t, CancelledBeforeAdvertise, p.src.Cancel(3))
+	require.NoError(t, p.src.Drain(bg))
+	require.NoError(t, hs.Release())
+
+	start := time.Now()
+	hr, err := p.dst.Receive(bg, Spec{ID: 3, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+	require.NoError(t, err)
+	waitClosed(t, hr.Quiesced(), "receiver told")
+	requireState(t, hr, Failed, ErrPeerAborted)
+	require.Less(t, time.Since(start), fastConfig().TransferTimeout, "the receiver waited for its deadline")
+
+	// A new Send for the id clears the record: the next request is served.
+	hs, err = p.src.Send(bg, Spec{ID: 3, Peer: "decode", Plan: src.plan, Pool: src.mem})
+	require.NoError(t, err)
+	require.NoError(t, hr.Release())
+	eventually(t, func() bool {
+		_, err := p.dst.Receive(bg, Spec{ID: 3, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+		return err == nil
+	}, "id free again")
+	waitClosed(t, hs.Quiesced(), "sent")
+	requireState(t, hs, Completed)
+}

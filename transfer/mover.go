@@ -28,6 +28,7 @@ func HostMover(pool []byte) Mover { return hostMover{pool: pool} }
 
 type hostMover struct{ pool []byte }
 
+// Gather implements Mover.
 func (m hostMover) Gather(p *layout.Plan, off int64, dst []byte) error {
 	err := native.HostGather(p, m.pool, off, dst)
 	if errors.Is(err, native.ErrNotSupported) {
@@ -36,6 +37,7 @@ func (m hostMover) Gather(p *layout.Plan, off int64, dst []byte) error {
 	return err
 }
 
+// Scatter implements Mover.
 func (m hostMover) Scatter(p *layout.Plan, src []byte, off int64) error {
 	err := native.HostScatter(p, src, off, m.pool)
 	if errors.Is(err, native.ErrNotSupported) {
@@ -52,7 +54,7 @@ func goCopy(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) 
 	if err := p.CheckRange(off, n); err != nil {
 		return err
 	}
-	if span := p.Layout().SpanBytes(); int64(len(pool)) < span {
+	if span := p.PoolSpan(); int64(len(pool)) < span {
 		return &layout.FieldError{Field: "pool", Value: int64(len(pool)), Reason: fmt.Sprintf("needs %d bytes", span), Err: layout.ErrBufferTooSmall}
 	}
 	row := p.Layout().RowBytes()

@@ -82,7 +82,7 @@ func (s Spec) resolve(receive bool, cfg Config) ([]SubSpec, Mover, time.Duration
 			return nil, nil, 0, bad(field, "nil plan", nil)
 		}
 		if mover == nil {
-			if span := sub.Plan.Layout().SpanBytes(); int64(len(s.Pool)) < span {
+			if span := sub.Plan.PoolSpan(); int64(len(s.Pool)) < span {
 				return nil, nil, 0, bad("Pool", fmt.Sprintf("%d bytes, the plan's layout spans %d", len(s.Pool), span), layout.ErrBufferTooSmall)
 			}
 		}

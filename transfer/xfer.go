@@ -51,9 +51,14 @@ type xfer struct {
 	quarantined bool
 	ended       bool
 	retries     int
-	graceC      <-chan time.Time
-	quarC       <-chan time.Time
-	timers      []*time.Timer
+	// One timer per transfer serves every deadline below (zero: not set): thousands of idle
+	// transfers then cost the runtime one timer each, not four.
+	deadlineAt time.Time
+	retryAt    time.Time
+	graceAt    time.Time
+	quarAt     time.Time
+	wake       *time.Timer
+	armedAt    time.Time
 }
 
 // opRec is one posted send or receive and the slot it uses.
@@ -127,8 +132,8 @@ func (x *xfer) run() {
 	defer x.eng.driverDone(x)
 	defer x.qcancel()
 	defer func() {
-		for _, t := range x.timers {
-			t.Stop()
+		if x.wake != nil {
+			x.wake.Stop()
 		}
 	}()
 	if x.receive {
@@ -138,10 +143,44 @@ func (x *xfer) run() {
 	}
 }
 
-func (x *xfer) newTimer(d time.Duration) <-chan time.Time {
-	t := time.NewTimer(d)
-	x.timers = append(x.timers, t)
-	return t.C
+// arm points the transfer's one timer at the earliest time set, if that changed.
+func (x *xfer) arm() {
+	var next time.Time
+	for _, t := range []time.Time{x.deadlineAt, x.retryAt, x.graceAt, x.quarAt} {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	if next.Equal(x.armedAt) {
+		return
+	}
+	x.armedAt = next
+	switch {
+	case next.IsZero():
+		if x.wake != nil {
+			x.wake.Stop()
+		}
+	case x.wake == nil:
+		x.wake = time.NewTimer(time.Until(next))
+	default:
+		x.wake.Reset(time.Until(next)) // since Go 1.23 a Reset timer never delivers a stale tick
+	}
+}
+
+func (x *xfer) wakeC() <-chan time.Time {
+	if x.wake == nil || x.armedAt.IsZero() {
+		return nil
+	}
+	return x.wake.C
+}
+
+// due reports whether t is set and has passed, and clears it if so.
+func due(t *time.Time, now time.Time) bool {
+	if t.IsZero() || now.Before(*t) {
+		return false
+	}
+	*t = time.Time{}
+	return true
 }
 
 // queuedExit ends a transfer that never left Queued.
@@ -311,7 +350,24 @@ func (x *xfer) runSend() {
 				}
 			}
 		case <-x.qctx.Done():
-			x.queuedExit(x.queueErr(context.Cause(x.qctx)))
+			cause := x.queueErr(context.Cause(x.qctx))
+			x.queuedExit(cause)
+			// A request that arrived as we gave up still gets an answer, so the receiver
+			// does not wait for its deadline.
+			code := AbortInternal
+			if errors.Is(cause, ErrCancelled) {
+				code = AbortCancelled
+			}
+			answered := false
+			for _, ev := range x.box.take(nil) {
+				if m, ok := ev.msg.(*RequestInfo); ok && !answered {
+					x.wireSub, answered = m.Sub, true
+					x.sendAbort(code, cause)
+				}
+			}
+			if !answered { // one that arrives later is answered by the engine
+				x.eng.rememberUnanswered(routeKey{x.peer, x.h.id}, code, cause)
+			}
 			return
 		}
 	}
@@ -424,12 +480,12 @@ func (x *xfer) progress(n int64) {
 // loop runs the advertised and in-flight phases, then waits out an abort. Every wait is
 // bounded: the deadline always fires, and after it the quarantine timeout (or Close) does.
 func (x *xfer) loop() {
-	deadline := x.newTimer(x.timeout)
+	start := time.Now()
+	x.deadlineAt = start.Add(x.timeout)
 	stop := x.stopCh
-	var retry <-chan time.Time
 	backoff := x.eng.cfg.RetryInterval
 	if x.receive && x.eng.cfg.MaxRetries > 0 {
-		retry = x.newTimer(backoff)
+		x.retryAt = start.Add(backoff)
 	}
 	var closing <-chan struct{}
 	for _, ev := range x.backlog {
@@ -439,7 +495,9 @@ func (x *xfer) loop() {
 	for !x.ended {
 		if x.aborting {
 			closing = x.eng.closing
+			x.retryAt = time.Time{}
 		}
+		x.arm()
 		select {
 		case <-x.box.notify:
 			x.scratch = x.box.take(x.scratch)
@@ -447,9 +505,6 @@ func (x *xfer) loop() {
 				x.handleEvent(ev)
 			}
 			clear(x.scratch)
-		case <-deadline:
-			deadline = nil
-			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, AbortDeadline, 0)
 		case <-stop:
 			stop = nil
 			code, grace := AbortCancelled, x.eng.cfg.CancelGrace
@@ -457,25 +512,33 @@ func (x *xfer) loop() {
 				code = AbortClosed
 			}
 			x.abort(x.stopCause, code, grace)
-		case <-retry:
-			retry = nil
-			if x.moved == 0 && !x.aborting && x.retries < x.eng.cfg.MaxRetries {
-				x.retries++
-				x.sendRequestInfo()
-				backoff *= 2
-				retry = x.newTimer(backoff)
-			}
-		case <-x.graceC:
-			x.graceC = nil
-			x.quarantine()
-		case <-x.quarC:
-			x.quarC = nil
-			x.poisonOutstanding("quarantine timeout: the transport never proved it was done")
 		case <-closing:
 			closing = nil
 			x.quarantine()
 			x.poisonOutstanding("engine closed: the force-closed transport never proved it was done")
+		case now := <-x.wakeC():
+			x.armedAt = time.Time{} // fired: the next arm must set it again
+			x.timersDue(now, &backoff)
 		}
+	}
+}
+
+// timersDue runs whatever the transfer's timer was set for and has come due.
+func (x *xfer) timersDue(now time.Time, backoff *time.Duration) {
+	if due(&x.deadlineAt, now) {
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, AbortDeadline, 0)
+	}
+	if due(&x.retryAt, now) && x.moved == 0 && !x.aborting && x.retries < x.eng.cfg.MaxRetries {
+		x.retries++
+		x.sendRequestInfo()
+		*backoff *= 2
+		x.retryAt = now.Add(*backoff)
+	}
+	if due(&x.graceAt, now) {
+		x.quarantine()
+	}
+	if due(&x.quarAt, now) {
+		x.poisonOutstanding("quarantine timeout: the transport never proved it was done")
 	}
 }
 
@@ -574,7 +637,7 @@ func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
 	case x.outstanding == 0:
 		x.maybeResolve()
 	case grace > 0:
-		x.graceC = x.newTimer(grace)
+		x.graceAt = time.Now().Add(grace)
 	default:
 		x.quarantine()
 	}
@@ -591,11 +654,11 @@ func (x *xfer) quarantine() {
 		return
 	}
 	x.quarantined = true
-	x.graceC = nil
+	x.graceAt = time.Time{}
 	x.apply(EvQuarantine, x.cause)
 	x.eng.obs.OnQuarantine(x.h.id, x.sub, x.cause)
 	x.log().Warn("transfer quarantined", zap.Error(x.cause), zap.Int("outstanding", x.outstanding))
-	x.quarC = x.newTimer(x.eng.cfg.QuarantineTimeout)
+	x.quarAt = time.Now().Add(x.eng.cfg.QuarantineTimeout)
 }
 
 // poisonOutstanding gives up on operations that never reported: their slots leave

@@ -5,7 +5,6 @@ package layout
 import (
 	"fmt"
 	"math/bits"
-	"sort"
 )
 
 // Layout describes a paged KV pool. It mirrors kvx_layout_t in cuda/kvx_layout.h field for
@@ -154,13 +153,7 @@ func (l Layout) Validate() error {
 	if !ok {
 		return invalid("HeadDim", l.HeadDim, "row size overflows 64 bits")
 	}
-	strided := []stridedDim{
-		{"StrideBlock", l.StrideBlock, l.NumBlocks},
-		{"StrideLayer", l.StrideLayer, l.NumLayers},
-		{"StrideKV", l.StrideKV, l.KVFactor},
-		{"StrideHead", l.StrideHead, l.NumHeads},
-		{"StrideToken", l.StrideToken, l.TokensPerBlock},
-	}
+	strided := l.stridedDims()
 	for _, d := range strided {
 		if d.stride < 0 {
 			return invalid(d.name, d.stride, "must not be negative")
@@ -173,19 +166,24 @@ func (l Layout) Validate() error {
 }
 
 // SpanBytes is how many bytes the pool's memory must hold: one past the highest byte any
-// element occupies. It is only meaningful for a valid layout.
+// element occupies. It is only meaningful for a valid layout (-1 otherwise). Plans keep it
+// computed: Plan.PoolSpan.
 func (l Layout) SpanBytes() int64 {
-	span, err := nonOverlappingSpan(l.RowBytes(), []stridedDim{
+	span, err := nonOverlappingSpan(l.RowBytes(), l.stridedDims())
+	if err != nil {
+		return -1
+	}
+	return span
+}
+
+func (l Layout) stridedDims() [5]stridedDim {
+	return [5]stridedDim{
 		{"StrideBlock", l.StrideBlock, l.NumBlocks},
 		{"StrideLayer", l.StrideLayer, l.NumLayers},
 		{"StrideKV", l.StrideKV, l.KVFactor},
 		{"StrideHead", l.StrideHead, l.NumHeads},
 		{"StrideToken", l.StrideToken, l.TokensPerBlock},
-	})
-	if err != nil {
-		return -1
 	}
-	return span
 }
 
 type stridedDim struct {
@@ -196,10 +194,13 @@ type stridedDim struct {
 
 // nonOverlappingSpan sorts the strided dimensions by stride and requires each stride to step
 // past everything the smaller ones reach: that is exactly when no two elements share an
-// address. It returns the resulting span.
-func nonOverlappingSpan(row int64, dims []stridedDim) (int64, error) {
-	ds := append([]stridedDim(nil), dims...)
-	sort.SliceStable(ds, func(i, j int) bool { return ds[i].stride < ds[j].stride })
+// address. It returns the resulting span. It works on a copy and does not allocate.
+func nonOverlappingSpan(row int64, ds [5]stridedDim) (int64, error) {
+	for i := 1; i < len(ds); i++ { // insertion sort: stable, five elements
+		for j := i; j > 0 && ds[j].stride < ds[j-1].stride; j-- {
+			ds[j], ds[j-1] = ds[j-1], ds[j]
+		}
+	}
 	extent := row
 	for _, d := range ds {
 		if d.count == 1 {

@@ -13,6 +13,7 @@ type Plan struct {
 	layout Layout
 	sel    Selection
 	blocks []int32
+	span   int64 // layout.SpanBytes(), computed once
 }
 
 // Shape is what a plan's stream is made of, independent of the pool's strides. Two plans move
@@ -67,8 +68,11 @@ func NewPlan(l Layout, sel Selection, blocks []int32) (*Plan, error) {
 		}
 		seen[b] = i
 	}
-	return &Plan{layout: l, sel: sel, blocks: append([]int32(nil), blocks...)}, nil
+	return &Plan{layout: l, sel: sel, blocks: append([]int32(nil), blocks...), span: l.SpanBytes()}, nil
 }
+
+// PoolSpan is the number of bytes the plan's pool must hold (Layout.SpanBytes, kept).
+func (p *Plan) PoolSpan() int64 { return p.span }
 
 // Layout returns the pool layout the plan reads or writes.
 func (p *Plan) Layout() Layout { return p.layout }
@@ -208,5 +212,5 @@ func (p *Plan) WithoutPositions(positions []int) (*Plan, error) {
 	if len(keep) == 0 {
 		return nil, rangeErr("positions", int64(len(positions)), "a partial transfer must leave at least one block to move")
 	}
-	return &Plan{layout: p.layout, sel: p.sel, blocks: keep}, nil
+	return &Plan{layout: p.layout, sel: p.sel, blocks: keep, span: p.span}, nil
 }
