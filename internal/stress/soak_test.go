@@ -40,11 +40,23 @@ func TestSoakWithEveryFaultHoldsEveryInvariant(t *testing.T) {
 	require.Zero(t, rep.Corrupt)
 	require.Zero(t, rep.ReusedPoisoned)
 	require.Positive(t, rep.Completed)
-	for _, f := range AllFaults {
+	for _, f := range memFaults {
 		require.Positive(t, rep.FaultsInjected[f], "fault %s", f)
 	}
 	if p := os.Getenv("STRESS_REPORT"); p != "" {
 		b, _ := json.Marshal(rep)
 		require.NoError(t, os.WriteFile(p, b, 0o644))
 	}
+}
+
+// A prefill peer cut off mid-traffic and restarted: the transfers whose first post fails on
+// the lost peer must still release every pipeline slot they leased (L5), on both engines.
+func TestL5_LostPeerLeavesNoSlotLeased(t *testing.T) {
+	cfg := shortSoak(5 * time.Second)
+	cfg.Faults = []Fault{FaultLostPeer}
+	rep, err := Run(context.Background(), cfg)
+	require.NotNil(t, rep)
+	require.NoError(t, err, "breaches: %v", rep.Breaches)
+	require.Zero(t, rep.LeakedSlots)
+	require.Equal(t, int64(1), rep.FaultsInjected[FaultLostPeer])
 }
