@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -40,8 +41,38 @@ func runIP(args ...string) error {
 	return nil
 }
 
+// removeStaleNamespaces deletes the namespaces of earlier soaks whose process is gone (one
+// killed with SIGKILL cannot clean up after itself). Only names this package makes are touched.
+func removeStaleNamespaces() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		name := f[0]
+		digits, ok := strings.CutPrefix(name, "kvxs")
+		if !ok || len(digits) < 2 || (!strings.HasSuffix(digits, "a") && !strings.HasSuffix(digits, "b")) {
+			continue
+		}
+		pid, err := strconv.Atoi(digits[:len(digits)-1])
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if syscall.Kill(pid, 0) == syscall.ESRCH {
+			_ = runIP("ip", "netns", "del", name)
+		}
+	}
+}
+
 // newNetPair makes the namespaces and the link; on any failure it removes what it made.
 func newNetPair() (*netPair, error) {
+	removeStaleNamespaces()
 	id := strconv.Itoa(os.Getpid())
 	n := &netPair{nsA: "kvxs" + id + "a", nsB: "kvxs" + id + "b", devA: "kvxs" + id + "a0", devB: "kvxs" + id + "b0"}
 	steps := [][]string{

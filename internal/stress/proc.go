@@ -288,8 +288,15 @@ func (ps *procSoak) stopThese(live []*procPeer) {
 		case line := <-p.pool:
 			ps.checkPeerPool(p, line)
 		case <-p.exited:
-			ps.addBreach(fmt.Sprintf("peer %d.gen%d exited (%v) without reporting its pool; its stderr ends: %q",
-				p.idx, p.gen, p.cmd.ProcessState, p.stderr.String()))
+			// Its output is read to the end before exited closes, so a POOL line it printed
+			// is waiting by now.
+			select {
+			case line := <-p.pool:
+				ps.checkPeerPool(p, line)
+			default:
+				ps.addBreach(fmt.Sprintf("peer %d.gen%d exited (%v) without reporting its pool; its stderr ends: %q",
+					p.idx, p.gen, p.cmd.ProcessState, p.stderr.String()))
+			}
 		case <-time.After(bound):
 			ps.addBreach(fmt.Sprintf("peer %d.gen%d did not drain within %v", p.idx, p.gen, bound))
 		}
