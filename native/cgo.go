@@ -5,9 +5,11 @@
 package native
 
 // The cgo flags of the package live here, in one place. The C sources in this directory are
-// compiled with them.
+// compiled with them. UCX comes from the system and is found through pkg-config (Debian:
+// libucx-dev); `make deps` installs it.
 
 /*
 #cgo CFLAGS: -O3 -std=gnu11 -Wall
+#cgo pkg-config: ucx
 */
 import "C"

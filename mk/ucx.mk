@@ -1,0 +1,21 @@
+# SPDX-License-Identifier: Apache-2.0
+# The UCX transport's targets (owner: ucx). Its C tests run in c-test (native/CMakeLists.txt)
+# and its Go tests, two-process ones included, in go-test.
+
+FUZZ_TARGETS += ./transfer:FuzzContextParams
+BENCH_TARGETS += bench-ucx
+.PHONY: bench-ucx ucx-info
+
+bench-ucx: ## Two-process transfer of the 4096-token request vs ucx_perftest tag_bw (ratio_to_perftest).
+	$(GO) test -run '^$$' -bench 'Request4096Tokens_TwoProcesses' -benchtime 3x -timeout 20m ./native/
+
+ucx-info: ## What UCX offers here: transports and devices (loopback tests use posix/cma and tcp on lo).
+	ucx_info -v | head -2
+	ucx_info -d | grep -E 'Transport|Device'
+
+
+# The engine's staging path between two processes.
+BENCH_TARGETS += bench-ucx-engine
+.PHONY: bench-ucx-engine
+bench-ucx-engine: ## Two engines in two processes, staging path, 4096-token request vs ucx_perftest.
+	$(GO) test -run '^$$' -bench 'UCXTransport_Request4096' -benchtime 3x -timeout 20m ./transfer/

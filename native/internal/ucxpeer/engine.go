@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+func init() {
+	extraModes["engine-send"] = runEngine
+	extraModes["engine-recv"] = runEngine
+}
+
+// EngineDims is the model the engine modes move: 32 layers, 8 KV heads of 128 BF16, 16-token
+// blocks (Llama-3-8B), in a block-major pool of -blocks blocks. The tests use the same.
+func EngineDims(blocks int64) layout.Dims {
+	return layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: blocks}
+}
+
+// EnginePool returns the pool a side starts with: the sender's filled from seed, the
+// receiver's zeroed. The tests rebuild the sender's to check every byte.
+func EnginePool(blocks int64, seed uint64, fill bool) ([]byte, *layout.Plan, error) {
+	l := layout.Packed(EngineDims(blocks), layout.BlockMajor)
+	mem := make([]byte, l.SpanBytes())
+	if fill {
+		var key [32]byte
+		key[0], key[1] = byte(seed), byte(seed>>8)
+		_, _ = rand.NewChaCha8(key).Read(mem) // never fails
+	}
+	ids := make([]int32, blocks)
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	p, err := layout.NewPlan(l, l.All(), ids)
+	return mem, p, err
+}
+
+// runEngine is -mode engine-send / engine-recv: an Engine over a UCXTransport moving request
+// -id with the peer named on stdin, printing "GOT <bytes>" as it moves and
+// "DONE <state> <OK|BAD|error>" at the end.
+func runEngine(o options, stdin *bufio.Scanner) error {
+	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: o.tls, NetDevices: o.netDevices,
+		KeepaliveInterval: o.keepalive, StagingBytes: 8 * o.chunk})
+	if err != nil {
+		return err
+	}
+	eng, err := transfer.New(tr, transfer.Config{SlotBytes: o.chunk, MaxConcurrent: 4, PipelineDepth: 2,
+		NumSlots: 8, StagingMemory: tr.StagingMemory(), TransferTimeout: o.timeout, QueueTimeout: o.timeout})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = eng.Close() }()
+	fmt.Printf("ADDR %s\n", hex.EncodeToString(tr.WorkerAddress()))
+	if !stdin.Scan() {
+		return fmt.Errorf("no PEER line on stdin")
+	}
+	peerHex, ok := strings.CutPrefix(stdin.Text(), "PEER ")
+	if !ok {
+		return fmt.Errorf("want PEER <hex>, got %q", stdin.Text())
+	}
+	blocks := o.total
+	send := o.mode == "engine-send"
+	pool, plan, err := EnginePool(blocks, o.seed, send)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	for k := 0; k < o.repeat; k++ {
+		if err := engineRequest(ctx, o, eng, transfer.Peer(peerHex), o.requestID+uint64(k), plan, pool, send); err != nil {
+			return err
+		}
+	}
+	for stdin.Scan() {
+	}
+	return nil
+}
+
+// engineRequest moves one request and prints its GOT and DONE lines.
+func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer transfer.Peer, id uint64,
+	plan *layout.Plan, pool []byte, send bool) error {
+	spec := transfer.Spec{ID: transfer.RequestID(id), Peer: peer, Plan: plan, Pool: pool, Timeout: o.timeout}
+	var h *transfer.Handle
+	var err error
+	if send {
+		h, err = eng.Send(ctx, spec)
+	} else {
+		h, err = eng.Receive(ctx, spec)
+	}
+	if err != nil {
+		return err
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	last := int64(-1)
+	for done := false; !done; {
+		select {
+		case <-h.Done():
+			done = true
+		case <-tick.C:
+		case <-ctx.Done():
+			return fmt.Errorf("request %d not done within %v", id, o.timeout)
+		}
+		if b := h.Status().Bytes; b != last && b > 0 && o.report > 0 {
+			fmt.Printf("GOT %d\n", b)
+			last = b
+		}
+	}
+	st := h.Status()
+	verdict := "OK"
+	switch {
+	case st.Err != nil:
+		verdict = st.Err.Error()
+	case !send && o.check:
+		want, _, _ := EnginePool(plan.Layout().NumBlocks, o.seed, true)
+		if string(want) != string(pool) {
+			verdict = "BAD"
+		}
+	}
+	fmt.Printf("DONE %v %s\n", st.State, verdict)
+	return nil
+}

@@ -1,0 +1,460 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* ucx.c: see ucx.h. Every nbx call funnels through kvx_ucx_track, the one owner of a
+ * request's lifetime (invariant L6). */
+#define _GNU_SOURCE
+#include "ucx.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Lives in the space UCX reserves in front of every request (UCP_PARAM_FIELD_REQUEST_SIZE),
+ * so a completion knows its worker and id without a per-request allocation. */
+typedef struct kvx_ucx_req_priv {
+  uint64_t user;
+  int live; /* set by kvx_ucx_track, cleared by finish: tells a reused request from ours */
+} kvx_ucx_req_priv_t;
+
+/* UCX calls this once per request when its pool allocates it, before any use. */
+static void req_init(void *request) { memset(request, 0, sizeof(kvx_ucx_req_priv_t)); }
+
+static int set_config(ucp_config_t *config, const char *name, const char *value) {
+  if (value == NULL || value[0] == '\0') return 0;
+  return ucp_config_modify(config, name, value) == UCS_OK ? 0 : -1;
+}
+
+/* Whether a UCX_TLS list can select a shared-memory (mm) transport; only then is
+ * UCX_MM_ERROR_HANDLING meaningful (elsewhere UCX warns that it is unused). */
+static int wants_shared_memory(const char *tls) {
+  static const char *const names[] = {"all", "shm", "sm", "mm", "posix", "sysv", "xpmem"};
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    if (strstr(tls, names[i]) != NULL) return 1;
+  return 0;
+}
+
+ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context_h *out) {
+  /* A transport-level setting: ucp_config_modify in 1.13 only knows UCP's own keys, so it is
+   * set in the environment, which UCX reads when the context opens its transports. The
+   * caller's explicit UCX_MM_ERROR_HANDLING wins (overwrite=0). */
+  if (cfg == NULL || cfg->tls == NULL || wants_shared_memory(cfg->tls))
+    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+
+  ucp_config_t *config = NULL;
+  ucs_status_t st = ucp_config_read(NULL, NULL, &config);
+  if (st != UCS_OK) return st;
+  if (cfg != NULL) {
+    if (set_config(config, "TLS", cfg->tls) != 0 ||
+        set_config(config, "KEEPALIVE_INTERVAL", cfg->keepalive_interval) != 0 ||
+        set_config(config, "NET_DEVICES", cfg->net_devices) != 0 ||
+        set_config(config, "RNDV_SCHEME", cfg->rndv_scheme) != 0) {
+      ucp_config_release(config);
+      return UCS_ERR_INVALID_PARAM;
+    }
+  }
+  ucp_params_t params;
+  memset(&params, 0, sizeof(params));
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
+                      UCP_PARAM_FIELD_REQUEST_INIT | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG;
+  if (cfg == NULL || cfg->with_rma) params.features |= UCP_FEATURE_RMA;
+  params.request_size = sizeof(kvx_ucx_req_priv_t);
+  params.request_init = req_init;
+  /* Memory registration and rkey packing run on callers' goroutines while the progress
+   * thread drives the workers: the context must take its own lock. */
+  params.mt_workers_shared = 1;
+  params.name = "kvxfer";
+  st = ucp_init(&params, config, out);
+  ucp_config_release(config);
+  return st;
+}
+
+void kvx_ucx_context_destroy(ucp_context_h ctx) {
+  if (ctx != NULL) ucp_cleanup(ctx);
+}
+
+ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,
+                                   kvx_ucx_ep_error_fn on_ep_error, void *cb_arg,
+                                   kvx_ucx_worker_t **out) {
+  kvx_ucx_worker_t *w = calloc(1, sizeof(*w));
+  if (w == NULL) return UCS_ERR_NO_MEMORY;
+  ucp_worker_params_t wp;
+  memset(&wp, 0, sizeof(wp));
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucs_status_t st = ucp_worker_create(ctx, &wp, &w->worker);
+  if (st != UCS_OK) {
+    free(w);
+    return st;
+  }
+  w->context = ctx;
+  w->on_done = on_done;
+  w->on_ep_error = on_ep_error;
+  w->cb_arg = cb_arg;
+  *out = w;
+  return UCS_OK;
+}
+
+void kvx_ucx_worker_destroy(kvx_ucx_worker_t *w) {
+  if (w == NULL) return;
+  ucp_worker_destroy(w->worker);
+  free(w);
+}
+
+ucs_status_t kvx_ucx_worker_address(kvx_ucx_worker_t *w, void **addr, size_t *len) {
+  ucp_address_t *a = NULL;
+  size_t n = 0;
+  ucs_status_t st = ucp_worker_get_address(w->worker, &a, &n);
+  if (st != UCS_OK) return st;
+  void *copy = malloc(n);
+  if (copy == NULL) {
+    ucp_worker_release_address(w->worker, a);
+    return UCS_ERR_NO_MEMORY;
+  }
+  memcpy(copy, a, n);
+  ucp_worker_release_address(w->worker, a);
+  *addr = copy;
+  *len = n;
+  return UCS_OK;
+}
+
+unsigned kvx_ucx_progress(kvx_ucx_worker_t *w, unsigned max_rounds) {
+  unsigned busy = 0;
+  for (unsigned i = 0; i < max_rounds; i++) {
+    if (ucp_worker_progress(w->worker) == 0) break;
+    busy++;
+  }
+  return busy;
+}
+
+/* Captures what a UCX print function writes, as a malloc'd string. */
+static char *capture(void (*print)(void *, FILE *), void *obj) {
+  char *text = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&text, &n);
+  if (f == NULL) return NULL;
+  print(obj, f);
+  fclose(f);
+  return text;
+}
+
+static void print_worker(void *w, FILE *f) { ucp_worker_print_info((ucp_worker_h)w, f); }
+static void print_ep(void *ep, FILE *f) { ucp_ep_print_info((ucp_ep_h)ep, f); }
+
+char *kvx_ucx_worker_info(kvx_ucx_worker_t *w) { return capture(print_worker, w->worker); }
+
+char *kvx_ucx_ep_info(kvx_ucx_ep_t *ep) { return capture(print_ep, ep->ep); }
+
+/* --- request lifetime ------------------------------------------------------------------ */
+
+/* The single exit of a request: deliver the callback, then free, in that order, once.
+ * user_data is always the worker. A receive posted with NO_IMM_CMPL may be called back from
+ * inside its own post, before kvx_ucx_track saw it (live == 0): its id is then the one the
+ * post is running for, and the post learns through posting_done that it is over. */
+static void finish(void *request, ucs_status_t status, size_t length, void *user_data) {
+  kvx_ucx_req_priv_t *priv = (kvx_ucx_req_priv_t *)request;
+  kvx_ucx_worker_t *w = user_data;
+  uint64_t user;
+  if (priv->live) {
+    user = priv->user;
+  } else {
+    user = w->posting_user;
+    w->posting_done = 1;
+    w->stats.requests++; /* counted here, since the post will not return it as live */
+  }
+  priv->live = 0;
+  w->stats.callbacks++;
+  if (w->on_done != NULL) w->on_done(w->cb_arg, user, status, length);
+  w->stats.freed++;
+  ucp_request_free(request);
+}
+
+static void send_cb(void *request, ucs_status_t status, void *user_data) {
+  finish(request, status, 0, user_data);
+}
+
+static void recv_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                    void *user_data) {
+  finish(request, status, status == UCS_OK && info != NULL ? info->length : 0, user_data);
+}
+
+/* Marks the start of a post, so that a callback from inside it is attributed to user. */
+static void begin_post(kvx_ucx_worker_t *w, uint64_t user) {
+  w->posting_user = user;
+  w->posting_done = 0;
+}
+
+/* Takes what an nbx call returned; see the request rule in ucx.h. */
+static ucs_status_t kvx_ucx_track(kvx_ucx_worker_t *w, ucs_status_ptr_t sp, uint64_t user,
+                                  void **req_out) {
+  *req_out = NULL;
+  if (w->posting_done) {
+    /* Called back (and freed) inside the post: the pointer must not be touched. */
+    w->posting_done = 0;
+    return UCS_INPROGRESS;
+  }
+  if (sp == NULL) {
+    w->stats.inline_done++;
+    return UCS_OK;
+  }
+  if (UCS_PTR_IS_ERR(sp)) {
+    w->stats.inline_done++;
+    return UCS_PTR_STATUS(sp);
+  }
+  kvx_ucx_req_priv_t *priv = (kvx_ucx_req_priv_t *)sp;
+  priv->user = user;
+  priv->live = 1;
+  w->stats.requests++;
+  *req_out = sp;
+  return UCS_INPROGRESS;
+}
+
+static void send_param(ucp_request_param_t *p, kvx_ucx_worker_t *w, uint64_t user) {
+  memset(p, 0, sizeof(*p));
+  p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p->cb.send = send_cb;
+  p->user_data = w;
+  begin_post(w, user);
+}
+
+/* --- endpoints ------------------------------------------------------------------------- */
+
+static void ep_error_cb(void *arg, ucp_ep_h uep, ucs_status_t status) {
+  (void)uep;
+  kvx_ucx_ep_t *ep = arg;
+  ep->failed = 1;
+  ep->w->stats.ep_errors++;
+  if (ep->w->on_ep_error != NULL) ep->w->on_ep_error(ep->w->cb_arg, ep->user, status);
+}
+
+ucs_status_t kvx_ucx_ep_create(kvx_ucx_worker_t *w, const void *addr, size_t addr_len,
+                               uint64_t user, kvx_ucx_ep_t **out) {
+  (void)addr_len; /* a UCP worker address carries its own length */
+  kvx_ucx_ep_t *ep = calloc(1, sizeof(*ep));
+  if (ep == NULL) return UCS_ERR_NO_MEMORY;
+  ep->w = w;
+  ep->user = user;
+  ucp_ep_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.address = (const ucp_address_t *)addr;
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = ep_error_cb;
+  p.err_handler.arg = ep;
+  ucs_status_t st = ucp_ep_create(w->worker, &p, &ep->ep);
+  if (st != UCS_OK) {
+    free(ep);
+    return st;
+  }
+  w->stats.eps_open++;
+  *out = ep;
+  return UCS_OK;
+}
+
+ucs_status_t kvx_ucx_ep_close(kvx_ucx_ep_t *ep, int force, uint64_t user, void **req_out) {
+  ucp_request_param_t p;
+  send_param(&p, ep->w, user);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  return kvx_ucx_track(ep->w, ucp_ep_close_nbx(ep->ep, &p), user, req_out);
+}
+
+void kvx_ucx_ep_release(kvx_ucx_ep_t *ep) {
+  if (ep == NULL) return;
+  ep->w->stats.eps_open--;
+  free(ep);
+}
+
+void kvx_ucx_ep_free(kvx_ucx_ep_t *ep) { free(ep); }
+
+/* --- tagged messages and RMA ------------------------------------------------------------ */
+
+ucs_status_t kvx_ucx_tag_send(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
+                              uint64_t user, void **req_out) {
+  ucp_request_param_t p;
+  send_param(&p, ep->w, user);
+  return kvx_ucx_track(ep->w, ucp_tag_send_nbx(ep->ep, buf, len, tag, &p), user, req_out);
+}
+
+ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_iov_t *iov,
+                                  size_t iovcnt, uint64_t user, void **req_out) {
+  ucp_request_param_t p;
+  send_param(&p, ep->w, user);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+  p.datatype = ucp_dt_make_iov();
+  return kvx_ucx_track(ep->w, ucp_tag_send_nbx(ep->ep, iov, iovcnt, tag, &p), user, req_out);
+}
+
+static ucs_status_t tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t mask, void *buf,
+                             size_t count, int iov, uint64_t user, void **req_out,
+                             size_t *len_out) {
+  ucp_tag_recv_info_t info;
+  memset(&info, 0, sizeof(info));
+  ucp_request_param_t p;
+  memset(&p, 0, sizeof(p));
+  /* UCX 1.13 leaves recv_info.tag_info unset when a receive completes inline from the
+   * unexpected queue, so the received length would be lost: receives always complete
+   * through the callback, which does carry it. */
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.cb.recv = recv_cb;
+  p.user_data = w;
+  begin_post(w, user);
+  p.recv_info.tag_info = &info;
+  if (iov) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    p.datatype = ucp_dt_make_iov();
+  }
+  ucs_status_t st = kvx_ucx_track(w, ucp_tag_recv_nbx(w->worker, buf, count, tag, mask, &p),
+                                  user, req_out);
+  if (st == UCS_OK && len_out != NULL) *len_out = info.length;
+  return st;
+}
+
+ucs_status_t kvx_ucx_tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask, void *buf,
+                              size_t len, uint64_t user, void **req_out, size_t *len_out) {
+  return tag_recv(w, tag, tag_mask, buf, len, 0, user, req_out, len_out);
+}
+
+ucs_status_t kvx_ucx_tag_recv_iov(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,
+                                  const ucp_dt_iov_t *iov, size_t iovcnt, uint64_t user,
+                                  void **req_out, size_t *len_out) {
+  return tag_recv(w, tag, tag_mask, (void *)iov, iovcnt, 1, user, req_out, len_out);
+}
+
+ucs_status_t kvx_ucx_put(kvx_ucx_ep_t *ep, const void *buf, size_t len, uint64_t remote_addr,
+                         ucp_rkey_h rkey, uint64_t user, void **req_out) {
+  ucp_request_param_t p;
+  send_param(&p, ep->w, user);
+  return kvx_ucx_track(ep->w, ucp_put_nbx(ep->ep, buf, len, remote_addr, rkey, &p), user,
+                       req_out);
+}
+
+ucs_status_t kvx_ucx_get(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remote_addr,
+                         ucp_rkey_h rkey, uint64_t user, void **req_out) {
+  ucp_request_param_t p;
+  send_param(&p, ep->w, user);
+  return kvx_ucx_track(ep->w, ucp_get_nbx(ep->ep, buf, len, remote_addr, rkey, &p), user,
+                       req_out);
+}
+
+ucs_status_t kvx_ucx_ep_flush(kvx_ucx_ep_t *ep, uint64_t user, void **req_out) {
+  ucp_request_param_t p;
+  send_param(&p, ep->w, user);
+  return kvx_ucx_track(ep->w, ucp_ep_flush_nbx(ep->ep, &p), user, req_out);
+}
+
+void kvx_ucx_cancel(kvx_ucx_worker_t *w, void *req) {
+  if (req == NULL) return;
+  w->stats.cancels++;
+  ucp_request_cancel(w->worker, req);
+}
+
+/* --- memory ------------------------------------------------------------------------------ */
+
+ucs_status_t kvx_ucx_mem_alloc(ucp_context_h ctx, size_t len, ucp_mem_h *memh, void **addr) {
+  ucp_mem_map_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                 UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  p.address = NULL;
+  p.length = len;
+  p.flags = UCP_MEM_MAP_ALLOCATE;
+  ucs_status_t st = ucp_mem_map(ctx, &p, memh);
+  if (st != UCS_OK) return st;
+  ucp_mem_attr_t attr;
+  memset(&attr, 0, sizeof(attr));
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  st = ucp_mem_query(*memh, &attr);
+  if (st != UCS_OK || attr.length < len) {
+    ucp_mem_unmap(ctx, *memh);
+    return st != UCS_OK ? st : UCS_ERR_NO_MEMORY;
+  }
+  *addr = attr.address;
+  return UCS_OK;
+}
+
+ucs_status_t kvx_ucx_mem_register(ucp_context_h ctx, void *addr, size_t len, int mem_type,
+                                  ucp_mem_h *memh) {
+  ucp_mem_map_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                 UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  p.address = addr;
+  p.length = len;
+  p.memory_type = (ucs_memory_type_t)mem_type;
+  return ucp_mem_map(ctx, &p, memh);
+}
+
+ucs_status_t kvx_ucx_mem_release(ucp_context_h ctx, ucp_mem_h memh) {
+  return ucp_mem_unmap(ctx, memh);
+}
+
+ucs_status_t kvx_ucx_rkey_pack(ucp_context_h ctx, ucp_mem_h memh, void **buf, size_t *len) {
+  void *packed = NULL;
+  size_t n = 0;
+  ucs_status_t st = ucp_rkey_pack(ctx, memh, &packed, &n);
+  if (st != UCS_OK) return st;
+  void *copy = malloc(n);
+  if (copy == NULL) {
+    ucp_rkey_buffer_release(packed);
+    return UCS_ERR_NO_MEMORY;
+  }
+  memcpy(copy, packed, n);
+  ucp_rkey_buffer_release(packed);
+  *buf = copy;
+  *len = n;
+  return UCS_OK;
+}
+
+ucs_status_t kvx_ucx_rkey_unpack(kvx_ucx_ep_t *ep, const void *buf, ucp_rkey_h *rkey) {
+  return ucp_ep_rkey_unpack(ep->ep, buf, rkey);
+}
+
+void kvx_ucx_rkey_destroy(ucp_rkey_h rkey) {
+  if (rkey != NULL) ucp_rkey_destroy(rkey);
+}
+
+/* --- test patterns ------------------------------------------------------------------------ */
+
+static inline uint64_t mix(uint64_t x) {
+  /* splitmix64's finaliser: cheap, and neighbouring words differ in every byte. */
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+static inline uint8_t pattern_byte(uint64_t seed, uint64_t off) {
+  return (uint8_t)(mix(seed ^ (off >> 3)) >> (8 * (off & 7)));
+}
+
+void kvx_ucx_pattern_fill(void *buf, uint64_t stream_off, size_t len, uint64_t seed) {
+  uint8_t *b = buf;
+  size_t i = 0;
+  for (; i < len && ((stream_off + i) & 7) != 0; i++) b[i] = pattern_byte(seed, stream_off + i);
+  for (; i + 8 <= len; i += 8) {
+    uint64_t word = mix(seed ^ ((stream_off + i) >> 3));
+    memcpy(b + i, &word, 8); /* little-endian: byte k of the word is byte k of the stream */
+  }
+  for (; i < len; i++) b[i] = pattern_byte(seed, stream_off + i);
+}
+
+int64_t kvx_ucx_pattern_check(const void *buf, uint64_t stream_off, size_t len, uint64_t seed) {
+  const uint8_t *b = buf;
+  size_t i = 0;
+  for (; i < len && ((stream_off + i) & 7) != 0; i++)
+    if (b[i] != pattern_byte(seed, stream_off + i)) return (int64_t)i;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t word = mix(seed ^ ((stream_off + i) >> 3)), got;
+    memcpy(&got, b + i, 8);
+    if (got != word) {
+      for (size_t k = 0; k < 8; k++)
+        if (b[i + k] != pattern_byte(seed, stream_off + i + k)) return (int64_t)(i + k);
+    }
+  }
+  for (; i < len; i++)
+    if (b[i] != pattern_byte(seed, stream_off + i)) return (int64_t)i;
+  return -1;
+}

@@ -1,0 +1,748 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package native
+
+/*
+#include <stdlib.h>
+#include "ucx.h"
+
+// The Go side of ucx.h's callbacks, defined in callbacks.go. Declared here by hand because a
+// file with //export may not define C functions, and these adapters must be defined.
+extern void kvxGoRequestDone(uint64_t user, int status, size_t length);
+extern void kvxGoEndpointError(uint64_t user, int status);
+
+static void kvx_go_on_done(void *arg, uint64_t user, ucs_status_t status, size_t length) {
+	(void)arg;
+	kvxGoRequestDone(user, (int)status, length);
+}
+
+static void kvx_go_on_ep_error(void *arg, uint64_t user, ucs_status_t status) {
+	(void)arg;
+	kvxGoEndpointError(user, (int)status);
+}
+
+static ucs_status_t kvx_go_worker_create(ucp_context_h ctx, kvx_ucx_worker_t **out) {
+	return kvx_ucx_worker_create(ctx, kvx_go_on_done, kvx_go_on_ep_error, NULL, out);
+}
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"runtime/cgo"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+)
+
+func statusText(st C.ucs_status_t) string { return C.GoString(C.ucs_status_string(st)) }
+
+func statusErr(op string, st C.ucs_status_t) error {
+	if st == C.UCS_OK {
+		return nil
+	}
+	return &StatusError{Op: op, Status: int(st), Text: statusText(st)}
+}
+
+// ContextConfig configures a UCX context. The zero value is valid: every transport UCX finds,
+// keepalive every second, no logging.
+type ContextConfig struct {
+	// TLS is UCX_TLS for this context, e.g. "posix,cma,self" for shared memory or
+	// "tcp,self" for TCP. Empty: UCX's default (the environment, else all transports).
+	TLS string
+	// NetDevices is UCX_NET_DEVICES, e.g. "lo". Empty: all devices.
+	NetDevices string
+	// KeepaliveInterval is how often UCX checks that a peer is alive; a peer that died
+	// without closing its connection is reported after a few intervals. Default 1s; must be
+	// at least 10ms.
+	KeepaliveInterval time.Duration
+	// RendezvousScheme is UCX_RNDV_SCHEME. Default "get_zcopy": for large messages the
+	// receiver pulls the data, so a sender never writes into a receiver's memory. That is
+	// what makes a cancelled or force-closed receive safe to reuse: with put-based
+	// rendezvous a peer frozen after it learned the buffer's address writes into it when it
+	// resumes, whatever the receiver did meanwhile. "auto" lets UCX choose.
+	RendezvousScheme string
+	// NoRMA leaves out UCP_FEATURE_RMA (puts and gets), for transports that lack it.
+	NoRMA bool
+	// Logger receives lifecycle events; default zap.NewNop().
+	Logger *zap.Logger
+}
+
+func (c *ContextConfig) applyDefaults() error {
+	if c.KeepaliveInterval == 0 {
+		c.KeepaliveInterval = time.Second
+	}
+	if c.KeepaliveInterval < 10*time.Millisecond {
+		return fmt.Errorf("%w: ContextConfig.KeepaliveInterval = %v: must be at least 10ms",
+			ErrInvalidArgument, c.KeepaliveInterval)
+	}
+	if c.RendezvousScheme == "" {
+		c.RendezvousScheme = "get_zcopy"
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// Context is a UCX context (ucp_context_h): the transports and the memory registrations.
+// Workers and memory are created from it and must be closed before it.
+type Context struct {
+	cfg     ContextConfig
+	ctx     C.ucp_context_h
+	mu      sync.Mutex
+	closed  bool
+	workers int
+	mems    int
+}
+
+// NewContext opens UCX with cfg. UCX_MM_ERROR_HANDLING=y is set in the environment (unless
+// already set) when the transports may include shared memory: UCX 1.13 otherwise drops shared
+// memory for endpoints with peer error handling, which kvxfer always uses.
+func NewContext(cfg ContextConfig) (*Context, error) {
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	var cc C.kvx_ucx_ctx_config_t
+	var frees []unsafe.Pointer
+	defer func() {
+		for _, p := range frees {
+			C.free(p)
+		}
+	}()
+	cstr := func(s string) *C.char {
+		if s == "" {
+			return nil
+		}
+		p := C.CString(s)
+		frees = append(frees, unsafe.Pointer(p))
+		return p
+	}
+	cc.tls = cstr(cfg.TLS)
+	cc.net_devices = cstr(cfg.NetDevices)
+	cc.rndv_scheme = cstr(cfg.RendezvousScheme)
+	cc.keepalive_interval = cstr(fmt.Sprintf("%dms", cfg.KeepaliveInterval.Milliseconds()))
+	if !cfg.NoRMA {
+		cc.with_rma = 1
+	}
+	c := &Context{cfg: cfg}
+	if st := C.kvx_ucx_context_create(&cc, &c.ctx); st != C.UCS_OK {
+		return nil, statusErr("init context", st)
+	}
+	return c, nil
+}
+
+// Close releases the context. Every worker and memory region made from it must be closed
+// first; otherwise Close returns ErrBusy and keeps the context.
+func (c *Context) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	if c.workers > 0 || c.mems > 0 {
+		return fmt.Errorf("%w: context still has %d workers and %d memory regions open", ErrBusy, c.workers, c.mems)
+	}
+	c.closed = true
+	C.kvx_ucx_context_destroy(c.ctx)
+	return nil
+}
+
+func (c *Context) acquire(workers, mems int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.workers += workers
+	c.mems += mems
+	return nil
+}
+
+// WorkerConfig configures a worker's progress loop. The zero value is valid.
+type WorkerConfig struct {
+	// SpinRounds is how many empty progress rounds the loop makes, while operations are in
+	// flight, before it starts sleeping between rounds. Spinning is what keeps rendezvous
+	// transfers at wire speed; sleeping is what keeps an idle worker off the CPU. Default 4096.
+	SpinRounds int
+	// MaxSleep caps the sleep between progress rounds; it bounds the delay before an
+	// incoming message or a keepalive is noticed. Default 1ms; at most 100ms.
+	MaxSleep time.Duration
+	// CloseTimeout bounds Close: how long it progresses to let cancelled and force-closed
+	// operations report back before it destroys the worker. Default 2s.
+	CloseTimeout time.Duration
+	// AbandonGrace is how long, after an endpoint closed, UCX may still complete the
+	// requests it had; the rest are then abandoned (see Request.Abandoned). Default 100ms.
+	AbandonGrace time.Duration
+	// OnReport, if set, hears every request posted through the worker's public methods when
+	// it reports: once when Done closes, and once more when an abandoned request finally
+	// settles (Request.Settled). It runs on the progress goroutine and must not block or call
+	// back into the worker synchronously; queue the work instead.
+	OnReport func(*Request)
+	// Logger receives endpoint failures and close events; default the context's logger.
+	Logger *zap.Logger
+}
+
+func (c *WorkerConfig) applyDefaults(parent *zap.Logger) error {
+	if c.SpinRounds == 0 {
+		c.SpinRounds = 4096
+	}
+	if c.SpinRounds < 0 {
+		return fmt.Errorf("%w: WorkerConfig.SpinRounds = %d: must not be negative", ErrInvalidArgument, c.SpinRounds)
+	}
+	if c.MaxSleep == 0 {
+		c.MaxSleep = time.Millisecond
+	}
+	if c.MaxSleep < 0 || c.MaxSleep > 100*time.Millisecond {
+		return fmt.Errorf("%w: WorkerConfig.MaxSleep = %v: must be in (0, 100ms]", ErrInvalidArgument, c.MaxSleep)
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 2 * time.Second
+	}
+	if c.CloseTimeout < 0 {
+		return fmt.Errorf("%w: WorkerConfig.CloseTimeout = %v: must be positive", ErrInvalidArgument, c.CloseTimeout)
+	}
+	if c.AbandonGrace == 0 {
+		c.AbandonGrace = 100 * time.Millisecond
+	}
+	if c.AbandonGrace < 0 || c.AbandonGrace > c.CloseTimeout {
+		return fmt.Errorf("%w: WorkerConfig.AbandonGrace = %v: must be in (0, CloseTimeout]", ErrInvalidArgument, c.AbandonGrace)
+	}
+	if c.Logger == nil {
+		c.Logger = parent
+	}
+	return nil
+}
+
+// Worker is a UCX worker driven by one goroutine locked to its OS thread. Every UCX call on
+// the worker, its endpoints and its requests runs on that goroutine: methods hand it a
+// command and return, so no caller ever blocks inside UCX and no UCX lock is needed.
+type Worker struct {
+	ctx *Context
+	cfg WorkerConfig
+	log *zap.Logger
+	cw  *C.kvx_ucx_worker_t
+
+	cmds    chan func()
+	stopReq chan struct{} // closed by Close to ask the loop to stop
+	stopped chan struct{} // closed by the loop once the worker is destroyed
+	stopOne sync.Once
+
+	// Owned by the loop goroutine.
+	pending   map[*Request]struct{}
+	endpoints map[*Endpoint]struct{}
+
+	dead       bool                  // loop-owned: the C worker is destroyed; commands must not touch it
+	destroying bool                  // loop-owned: inside ucp_worker_destroy; callbacks must not call UCX
+	cancelling *Request              // loop-owned: the request inside kvx_ucx_cancel now
+	suspects   map[*Request]struct{} // loop-owned: receives pinned until the worker is gone
+
+	address []byte
+	stats   atomic.Pointer[WorkerStats]
+}
+
+// WorkerStats are the request counters of ucx.h, as last seen by the progress loop.
+type WorkerStats struct {
+	InlineDone uint64 // posts that finished without a request
+	Requests   uint64 // posts that returned a live request
+	Callbacks  uint64 // completion callbacks for those
+	Freed      uint64 // ucp_request_free calls
+	Cancels    uint64 // ucp_request_cancel calls
+	EPErrors   uint64 // endpoint error callbacks
+	EPsOpen    uint64 // endpoints not yet released
+	Pending    int    // requests not yet completed
+}
+
+// NewWorker creates a worker and starts its progress goroutine.
+func (c *Context) NewWorker(cfg WorkerConfig) (*Worker, error) {
+	if err := cfg.applyDefaults(c.cfg.Logger); err != nil {
+		return nil, err
+	}
+	if err := c.acquire(1, 0); err != nil {
+		return nil, err
+	}
+	w := &Worker{
+		ctx: c, cfg: cfg, log: cfg.Logger,
+		cmds: make(chan func(), 1024), stopReq: make(chan struct{}), stopped: make(chan struct{}),
+		pending: make(map[*Request]struct{}), endpoints: make(map[*Endpoint]struct{}),
+		suspects: make(map[*Request]struct{}),
+	}
+	ready := make(chan error, 1)
+	go w.loop(ready)
+	if err := <-ready; err != nil {
+		_ = c.acquire(-1, 0)
+		return nil, err
+	}
+	return w, nil
+}
+
+// loop is the worker's progress goroutine: it creates the worker on its own locked thread,
+// then alternates between commands and ucp_worker_progress until Close.
+func (w *Worker) loop(ready chan<- error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if st := C.kvx_go_worker_create(w.ctx.ctx, &w.cw); st != C.UCS_OK {
+		ready <- statusErr("create worker", st)
+		close(w.stopped)
+		return
+	}
+	var addr unsafe.Pointer
+	var n C.size_t
+	if st := C.kvx_ucx_worker_address(w.cw, &addr, &n); st != C.UCS_OK {
+		C.kvx_ucx_worker_destroy(w.cw)
+		ready <- statusErr("worker address", st)
+		close(w.stopped)
+		return
+	}
+	w.address = C.GoBytes(addr, C.int(n))
+	C.free(addr)
+	w.publishStats()
+	ready <- nil
+
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	empty, sleep := 0, time.Duration(0)
+	for {
+		// Checked every round, busy or not: a peer that never stops sending must not keep
+		// Close waiting.
+		select {
+		case <-w.stopReq:
+			w.shutdown()
+			return
+		default:
+		}
+		ran := w.runCommands()
+		busy := C.kvx_ucx_progress(w.cw, 64)
+		if ran || busy > 0 {
+			empty, sleep = 0, 0
+			continue
+		}
+		empty++
+		if len(w.pending) > 0 && empty < w.cfg.SpinRounds {
+			continue
+		}
+		w.publishStats()
+		// Back off from 10us up to MaxSleep, waking at once for a command.
+		if sleep == 0 {
+			sleep = 10 * time.Microsecond
+		} else if sleep *= 2; sleep > w.cfg.MaxSleep {
+			sleep = w.cfg.MaxSleep
+		}
+		timer.Reset(sleep)
+		select {
+		case f := <-w.cmds:
+			f()
+			empty, sleep = 0, 0
+		case <-w.stopReq:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// runCommands runs the commands queued so far, a bounded number per round so that progress
+// is never starved.
+func (w *Worker) runCommands() bool {
+	for i := 0; i < 256; i++ {
+		select {
+		case f := <-w.cmds:
+			f()
+		default:
+			return i > 0
+		}
+	}
+	return true
+}
+
+func (w *Worker) publishStats() {
+	s := w.cw.stats
+	w.stats.Store(&WorkerStats{
+		InlineDone: uint64(s.inline_done), Requests: uint64(s.requests), Callbacks: uint64(s.callbacks),
+		Freed: uint64(s.freed), Cancels: uint64(s.cancels), EPErrors: uint64(s.ep_errors),
+		EPsOpen: uint64(s.eps_open), Pending: len(w.pending),
+	})
+}
+
+// Stats returns the worker's counters as of its last idle moment; it never blocks.
+func (w *Worker) Stats() WorkerStats {
+	if s := w.stats.Load(); s != nil {
+		return *s
+	}
+	return WorkerStats{}
+}
+
+// Address is the worker's UCX address, what a peer passes to Connect.
+func (w *Worker) Address() []byte { return append([]byte(nil), w.address...) }
+
+// submit queues f for the loop. It fails with ErrClosed once Close has begun, and never
+// blocks past that.
+func (w *Worker) submit(f func()) error {
+	select {
+	case <-w.stopReq:
+		return ErrClosed
+	default:
+	}
+	select {
+	case w.cmds <- f:
+		return nil
+	case <-w.stopReq:
+		return ErrClosed
+	}
+}
+
+// call runs f on the loop and waits for it, bounded by ctx.
+func (w *Worker) call(ctx context.Context, f func()) error {
+	done := make(chan struct{})
+	if err := w.submit(func() { f(); close(done) }); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+		return nil
+	case <-w.stopped:
+		// The loop may have run f just before stopping.
+		select {
+		case <-done:
+			return nil
+		default:
+			return ErrClosed
+		}
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrTimeout, ctx.Err())
+	}
+}
+
+// Info returns UCX's description of the worker's transports (ucp_worker_print_info).
+func (w *Worker) Info(ctx context.Context) (string, error) {
+	var s string
+	err := w.call(ctx, func() {
+		p := C.kvx_ucx_worker_info(w.cw)
+		s = C.GoString(p)
+		C.free(unsafe.Pointer(p))
+	})
+	return s, err
+}
+
+// Close stops the worker: it force-closes every endpoint, cancels every receive, progresses
+// until all requests have reported back or CloseTimeout passed, and destroys the worker.
+// Requests UCX never reported back complete with ErrClosed: once the worker is destroyed,
+// UCX no longer touches their memory. Close waits at most CloseTimeout plus a second.
+func (w *Worker) Close() error {
+	w.stopOne.Do(func() { close(w.stopReq) })
+	select {
+	case <-w.stopped:
+		return nil
+	case <-time.After(w.cfg.CloseTimeout + time.Second):
+		return fmt.Errorf("%w: worker did not stop within %v", ErrTimeout, w.cfg.CloseTimeout+time.Second)
+	}
+}
+
+func (w *Worker) shutdown() {
+	defer close(w.stopped)
+	defer func() { _ = w.ctx.acquire(-1, 0) }()
+	// Commands already queued run first, so their requests exist and are accounted for.
+	w.runCommands()
+	for ep := range w.endpoints {
+		ep.startClose(true, ErrClosed)
+	}
+	for r := range w.pending {
+		w.cancel(r)
+	}
+	deadline := time.Now().Add(w.cfg.CloseTimeout)
+	for (len(w.pending) > 0 || len(w.endpoints) > 0) && time.Now().Before(deadline) {
+		if C.kvx_ucx_progress(w.cw, 64) == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	if n := len(w.pending); n > 0 {
+		w.log.Warn("ucx worker closing with requests UCX never completed", zap.Int("requests", n))
+	}
+	w.publishStats() // the last look at the C counters: the worker is freed next
+	w.destroying = true
+	C.kvx_ucx_worker_destroy(w.cw)
+	w.dead = true
+	for r := range w.pending {
+		r.creq = nil
+		r.finish(fmt.Errorf("%w: worker closed before UCX completed the request", ErrClosed), 0)
+	}
+	for ep := range w.endpoints {
+		ep.release() // frees only kvxfer's endpoint record: UCX's went with the worker
+	}
+	for r := range w.suspects {
+		r.settleSuspect()
+	}
+	if s := w.stats.Load(); s != nil {
+		final := *s
+		final.Pending = 0
+		w.stats.Store(&final)
+	}
+	// Commands queued after the loop stopped fail their requests rather than hang them.
+	for {
+		select {
+		case f := <-w.cmds:
+			f()
+		default:
+			return
+		}
+	}
+}
+
+// notify (loop only) hands a report to the OnReport hook, for requests the caller posted.
+func (w *Worker) notify(r *Request) {
+	if w.cfg.OnReport != nil && r.kind != opClose {
+		w.cfg.OnReport(r)
+	}
+}
+
+// stoppedNow reports, on the loop, whether the worker is gone (commands drained at shutdown).
+func (w *Worker) stoppedNow() bool {
+	select {
+	case <-w.stopped:
+		return true
+	default:
+		return false
+	}
+}
+
+// Connect creates an endpoint to the worker at addr, with peer error handling: if the peer
+// dies, every operation on the endpoint completes with an error and Failed closes.
+func (w *Worker) Connect(ctx context.Context, addr []byte) (*Endpoint, error) {
+	if len(addr) == 0 {
+		return nil, fmt.Errorf("%w: empty worker address", ErrInvalidArgument)
+	}
+	ep := &Endpoint{w: w, failed: make(chan struct{}), closed: make(chan struct{}),
+		recvs: make(map[*Request]struct{}), ops: make(map[*Request]struct{})}
+	var err error
+	caddr := C.CBytes(addr)
+	callErr := w.call(ctx, func() {
+		defer C.free(caddr)
+		if w.dead {
+			err = ErrClosed
+			return
+		}
+		ep.handle = cgo.NewHandle(ep)
+		if st := C.kvx_ucx_ep_create(w.cw, caddr, C.size_t(len(addr)), C.uint64_t(ep.handle), &ep.cep); st != C.UCS_OK {
+			ep.handle.Delete()
+			err = statusErr("create endpoint", st)
+			return
+		}
+		w.endpoints[ep] = struct{}{}
+	})
+	if callErr != nil {
+		// The command may still run later; if it does, the endpoint is closed by shutdown or
+		// by its own failure, never leaked: it is in w.endpoints.
+		return nil, callErr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ep, nil
+}
+
+// Endpoint is a connection to one peer worker. Its operations return Requests at once.
+type Endpoint struct {
+	w      *Worker
+	cep    *C.kvx_ucx_ep_t
+	handle cgo.Handle
+
+	failOnce   sync.Once
+	failed     chan struct{} // closed when the peer failed or the endpoint was closed
+	failErr    atomic.Pointer[error]
+	closed     chan struct{}         // closed when UCX released the endpoint
+	closing    bool                  // loop-owned: a close was started
+	peerFailed bool                  // loop-owned: UCX reported the peer failed (not our own close)
+	released   bool                  // loop-owned
+	recvs      map[*Request]struct{} // loop-owned: receives bound to the endpoint
+	ops        map[*Request]struct{} // loop-owned: sends, puts, gets, flushes not yet completed
+}
+
+// Failed is closed once the endpoint can no longer be used: the peer failed, or Close or
+// ForceClose was called. Err says why.
+func (ep *Endpoint) Failed() <-chan struct{} { return ep.failed }
+
+// Err is why the endpoint failed, or nil while it is usable. It never blocks.
+func (ep *Endpoint) Err() error {
+	if p := ep.failErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (ep *Endpoint) fail(err error) {
+	ep.failOnce.Do(func() {
+		ep.failErr.Store(&err)
+		close(ep.failed)
+	})
+}
+
+// onError runs on the loop when UCX reports the peer failed.
+func (ep *Endpoint) onError(status C.int) {
+	err := statusErr("endpoint", C.ucs_status_t(status))
+	if ep.w.destroying {
+		ep.fail(err) // the worker is going away with every endpoint: nothing to close
+		return
+	}
+	ep.peerFailed = true // the peer is gone: nothing it sent can still arrive
+	ep.w.log.Warn("ucx endpoint failed", zap.Error(err))
+	ep.startClose(true, err)
+}
+
+// startClose (loop only) fails the endpoint with why, cancels its receives, and starts a
+// flush-and-close, or a forced close that completes its pending sends with an error.
+func (ep *Endpoint) startClose(force bool, why error) {
+	ep.fail(why)
+	for r := range ep.recvs {
+		ep.w.cancel(r)
+	}
+	if ep.closing || ep.released {
+		return
+	}
+	ep.closing = true
+	if ep.cep.failed != 0 {
+		force = true // UCX allows only a forced close of a failed endpoint
+	}
+	f := C.int(0)
+	if force {
+		f = 1
+	}
+	r := ep.w.newRequest(opClose, nil, ep)
+	r.onDone = func(error) { ep.release() }
+	var creq unsafe.Pointer
+	st := C.kvx_ucx_ep_close(ep.cep, f, C.uint64_t(r.handle), &creq)
+	ep.w.track(r, st, creq, 0)
+}
+
+// release (loop only) frees the C endpoint once UCX is done with it. Requests on it that UCX
+// still holds are abandoned: reported failed now, their memory pinned until UCX lets go.
+func (ep *Endpoint) release() {
+	if ep.released {
+		return
+	}
+	ep.released = true
+	dead := ep.w.dead
+	why := ep.Err()
+	if why == nil {
+		why = ErrClosed
+	}
+	// UCX usually completes the endpoint's requests right after the close; give it a grace
+	// period of progress before declaring the rest abandoned.
+	if len(ep.ops)+len(ep.recvs) > 0 {
+		left := make([]*Request, 0, len(ep.ops)+len(ep.recvs))
+		for r := range ep.ops {
+			left = append(left, r)
+		}
+		for r := range ep.recvs {
+			left = append(left, r)
+		}
+		time.AfterFunc(ep.w.cfg.AbandonGrace, func() {
+			_ = ep.w.submit(func() {
+				for _, r := range left {
+					r.abandon(why)
+				}
+			})
+		})
+	}
+	if dead {
+		C.kvx_ucx_ep_free(ep.cep) // the worker, which the C record points to, is gone
+	} else {
+		C.kvx_ucx_ep_release(ep.cep)
+	}
+	ep.cep = nil
+	ep.handle.Delete()
+	delete(ep.w.endpoints, ep)
+	close(ep.closed)
+}
+
+// Close flushes and disconnects the endpoint, waiting at most until ctx is done; on timeout
+// it force-closes instead. Operations still pending complete with an error.
+func (ep *Endpoint) Close(ctx context.Context) error {
+	return ep.close(ctx, false)
+}
+
+// ForceClose drops the endpoint at once (UCP_EP_CLOSE_FLAG_FORCE): pending sends, puts and
+// gets complete with an error, its receives are cancelled. This is how a frozen peer is cut
+// off: nothing else stops an in-flight send.
+func (ep *Endpoint) ForceClose(ctx context.Context) error {
+	return ep.close(ctx, true)
+}
+
+func (ep *Endpoint) close(ctx context.Context, force bool) error {
+	err := ep.w.submit(func() {
+		if !ep.released {
+			ep.startClose(force, fmt.Errorf("%w: endpoint closed", ErrClosed))
+		}
+	})
+	if err != nil {
+		return nil // the worker is closing: it closes every endpoint itself
+	}
+	select {
+	case <-ep.closed:
+		return nil
+	case <-ep.w.stopped:
+		return nil
+	case <-ctx.Done():
+		if !force {
+			// A flush that does not finish in time means the peer stopped answering: cut it
+			// off, with the worker's own bound on how long that may take.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ep.w.cfg.CloseTimeout)
+			defer cancel()
+			if err := ep.close(fctx, true); err != nil {
+				return err
+			}
+		}
+		return fmt.Errorf("%w: endpoint close: %w", ErrTimeout, ctx.Err())
+	}
+}
+
+// Info returns the endpoint's lanes and the transport of each (ucp_ep_print_info), e.g. to
+// check that loopback really uses shared memory.
+func (ep *Endpoint) Info(ctx context.Context) (string, error) {
+	var s string
+	var err error
+	callErr := ep.w.call(ctx, func() {
+		if ep.released {
+			err = ErrClosed
+			return
+		}
+		p := C.kvx_ucx_ep_info(ep.cep)
+		s = C.GoString(p)
+		C.free(unsafe.Pointer(p))
+	})
+	if callErr != nil {
+		return "", callErr
+	}
+	return s, err
+}
+
+// statusCodes returns UCX's own values of the status codes ucx_errors.go names, for the test
+// that keeps the two in step (test files cannot use cgo).
+func statusCodes() map[string][2]int {
+	return map[string][2]int{
+		"OK":                 {statusOK, int(C.UCS_OK)},
+		"INPROGRESS":         {statusInProgress, int(C.UCS_INPROGRESS)},
+		"IO_ERROR":           {statusIOError, int(C.UCS_ERR_IO_ERROR)},
+		"NO_MEMORY":          {statusNoMemory, int(C.UCS_ERR_NO_MEMORY)},
+		"INVALID_PARAM":      {statusInvalidParam, int(C.UCS_ERR_INVALID_PARAM)},
+		"UNREACHABLE":        {statusUnreachable, int(C.UCS_ERR_UNREACHABLE)},
+		"NOT_IMPLEMENTED":    {statusNotImplemented, int(C.UCS_ERR_NOT_IMPLEMENTED)},
+		"MESSAGE_TRUNCATED":  {statusMessageTruncated, int(C.UCS_ERR_MESSAGE_TRUNCATED)},
+		"CANCELED":           {statusCanceled, int(C.UCS_ERR_CANCELED)},
+		"TIMED_OUT":          {statusTimedOut, int(C.UCS_ERR_TIMED_OUT)},
+		"UNSUPPORTED":        {statusUnsupported, int(C.UCS_ERR_UNSUPPORTED)},
+		"REJECTED":           {statusRejected, int(C.UCS_ERR_REJECTED)},
+		"NOT_CONNECTED":      {statusNotConnected, int(C.UCS_ERR_NOT_CONNECTED)},
+		"CONNECTION_RESET":   {statusConnectionReset, int(C.UCS_ERR_CONNECTION_RESET)},
+		"FIRST_LINK_FAILURE": {statusFirstLinkFailure, int(C.UCS_ERR_FIRST_LINK_FAILURE)},
+		"LAST_ENDPOINT_FAIL": {statusLastEndpointFailed, int(C.UCS_ERR_LAST_ENDPOINT_FAILURE)},
+	}
+}
+
+// endpointTimeoutStatus is UCS_ERR_ENDPOINT_TIMEOUT, what keepalive reports for a dead peer.
+const endpointTimeoutStatus = int(C.UCS_ERR_ENDPOINT_TIMEOUT)

@@ -1,0 +1,164 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ucx.h: kvxfer's thin C layer over UCP (UCX 1.13).
+ *
+ * Threading: everything here except kvx_ucx_worker_signal must be called from the one thread
+ * that drives the worker (the Go side's locked progress goroutine, or a C test's main loop).
+ * That is why the worker is created UCS_THREAD_MODE_SINGLE: no UCX lock is ever taken, and a
+ * completion callback can never run concurrently with a post or a cancel of the same request.
+ *
+ * Request lifetime (invariant L6): every nbx call goes through one helper. It returns
+ *   UCS_OK          completed inline: no request exists, no callback will come;
+ *   an error status failed inline: no request exists, no callback will come;
+ *   UCS_INPROGRESS  *req_out holds a live request: exactly one on_done callback will follow
+ *                   (from kvx_ucx_progress, or from kvx_ucx_cancel), and the request is
+ *                   freed with ucp_request_free right after that callback returns;
+ *                   or *req_out is NULL: on_done already ran, inside the post itself
+ *                   (receives never complete inline, so that UCX reports their length).
+ * The caller must drop its request pointer when on_done fires; the counters in
+ * kvx_ucx_stats_t let tests check that every request posted was freed exactly once.
+ *
+ * Memory handed to a pending operation must stay valid until on_done: it is C memory or
+ * memory mapped by UCX, never Go memory.
+ */
+#ifndef KVX_UCX_H
+#define KVX_UCX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Called once per pending request, when it completes, fails or is cancelled. user is the
+ * caller's id given at post time; length is the received length for tagged receives. */
+typedef void (*kvx_ucx_done_fn)(void *arg, uint64_t user, ucs_status_t status, size_t length);
+
+/* Called when UCX reports an endpoint failed (peer died, keepalive expired). user is the
+ * endpoint's id given at creation. */
+typedef void (*kvx_ucx_ep_error_fn)(void *arg, uint64_t user, ucs_status_t status);
+
+/* Context settings. NULL/zero fields keep UCX's own defaults (and the environment's UCX_*). */
+typedef struct kvx_ucx_ctx_config {
+  const char *tls;                /* UCX_TLS, e.g. "posix,cma,self" or "tcp,self"; NULL: all */
+  const char *keepalive_interval; /* UCX_KEEPALIVE_INTERVAL, e.g. "500ms"; NULL: default */
+  const char *net_devices;        /* UCX_NET_DEVICES, e.g. "lo"; NULL: all */
+  const char *rndv_scheme;        /* UCX_RNDV_SCHEME, e.g. "get_zcopy"; NULL: default */
+  int with_rma;                   /* request UCP_FEATURE_RMA too */
+} kvx_ucx_ctx_config_t;
+
+/* Counters kept per worker, for tests of L6 and for metrics. */
+typedef struct kvx_ucx_stats {
+  uint64_t inline_done;     /* posts that completed or failed inline (no request) */
+  uint64_t requests;        /* posts that returned a live request */
+  uint64_t callbacks;       /* completion callbacks delivered for those requests */
+  uint64_t freed;           /* ucp_request_free calls made by this layer */
+  uint64_t cancels;         /* ucp_request_cancel calls made */
+  uint64_t ep_errors;       /* endpoint error callbacks */
+  uint64_t eps_open;        /* endpoints created and not yet released */
+} kvx_ucx_stats_t;
+
+typedef struct kvx_ucx_worker {
+  ucp_context_h context;
+  ucp_worker_h worker;
+  kvx_ucx_done_fn on_done;
+  kvx_ucx_ep_error_fn on_ep_error;
+  void *cb_arg;
+  kvx_ucx_stats_t stats;
+  uint64_t posting_user; /* the id of the post in progress (see finish in ucx.c) */
+  int posting_done;      /* that post was already called back */
+} kvx_ucx_worker_t;
+
+/* One endpoint. Allocated here because UCX's error handler needs a stable argument. */
+typedef struct kvx_ucx_ep {
+  kvx_ucx_worker_t *w;
+  ucp_ep_h ep;
+  uint64_t user;
+  int failed; /* set once the error handler ran: only a forced close is allowed then */
+} kvx_ucx_ep_t;
+
+/* Context: reads UCX's configuration, applies cfg, and sets UCX_MM_ERROR_HANDLING=y so that
+ * shared memory stays usable with UCP_ERR_HANDLING_MODE_PEER endpoints (UCX 1.13 drops it
+ * otherwise and silently falls back to TCP over loopback). */
+ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context_h *out);
+void kvx_ucx_context_destroy(ucp_context_h ctx);
+
+/* Worker: single-threaded (see the top of this file). The callbacks may be NULL. */
+ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,
+                                   kvx_ucx_ep_error_fn on_ep_error, void *cb_arg,
+                                   kvx_ucx_worker_t **out);
+/* Destroys the worker. Requests still pending are released by UCX without callbacks. */
+void kvx_ucx_worker_destroy(kvx_ucx_worker_t *w);
+/* The worker's address, copied into malloc'd memory the caller frees with free(). */
+ucs_status_t kvx_ucx_worker_address(kvx_ucx_worker_t *w, void **addr, size_t *len);
+/* Progresses the worker until it reports no more work or max_rounds rounds passed. Returns
+ * how many rounds made progress. */
+unsigned kvx_ucx_progress(kvx_ucx_worker_t *w, unsigned max_rounds);
+/* Worker transport summary (ucp_worker_print_info), malloc'd, caller frees. */
+char *kvx_ucx_worker_info(kvx_ucx_worker_t *w);
+
+/* Endpoints: created with UCP_ERR_HANDLING_MODE_PEER (keepalive comes with it). */
+ucs_status_t kvx_ucx_ep_create(kvx_ucx_worker_t *w, const void *addr, size_t addr_len,
+                               uint64_t user, kvx_ucx_ep_t **out);
+/* Starts closing the endpoint: flush and disconnect, or with force=1 drop everything at
+ * once, completing its pending sends with an error. Follows the request rule above; once the
+ * close completed (inline or through on_done), call kvx_ucx_ep_release. */
+ucs_status_t kvx_ucx_ep_close(kvx_ucx_ep_t *ep, int force, uint64_t user, void **req_out);
+void kvx_ucx_ep_release(kvx_ucx_ep_t *ep);
+/* Frees the endpoint record only, after its worker was destroyed (which released UCX's
+ * endpoint and must not be touched again). */
+void kvx_ucx_ep_free(kvx_ucx_ep_t *ep);
+/* Lanes and transports the endpoint uses (ucp_ep_print_info), malloc'd, caller frees. */
+char *kvx_ucx_ep_info(kvx_ucx_ep_t *ep);
+
+/* Tagged messages. A contiguous buffer, or an iov array (which must stay valid, like the
+ * buffers it points to, until completion). */
+ucs_status_t kvx_ucx_tag_send(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
+                              uint64_t user, void **req_out);
+ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_iov_t *iov,
+                                  size_t iovcnt, uint64_t user, void **req_out);
+/* *len_out receives the message length when the receive completes inline. */
+ucs_status_t kvx_ucx_tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask, void *buf,
+                              size_t len, uint64_t user, void **req_out, size_t *len_out);
+ucs_status_t kvx_ucx_tag_recv_iov(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,
+                                  const ucp_dt_iov_t *iov, size_t iovcnt, uint64_t user,
+                                  void **req_out, size_t *len_out);
+
+/* RMA. */
+ucs_status_t kvx_ucx_put(kvx_ucx_ep_t *ep, const void *buf, size_t len, uint64_t remote_addr,
+                         ucp_rkey_h rkey, uint64_t user, void **req_out);
+ucs_status_t kvx_ucx_get(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remote_addr,
+                         ucp_rkey_h rkey, uint64_t user, void **req_out);
+/* Completes once every RMA issued on the endpoint before it is remotely complete. */
+ucs_status_t kvx_ucx_ep_flush(kvx_ucx_ep_t *ep, uint64_t user, void **req_out);
+
+/* Cancels a pending request. Only an unmatched tagged receive is really cancelled (its
+ * on_done then reports UCS_ERR_CANCELED); for anything else UCX ignores the call and the
+ * request completes on its own. Never call it after that request's on_done. */
+void kvx_ucx_cancel(kvx_ucx_worker_t *w, void *req);
+
+/* Memory: allocated by UCX (ucp_mem_map with ALLOCATE), or the caller's memory registered
+ * once. mem_type is a ucs_memory_type_t (UCS_MEMORY_TYPE_HOST, UCS_MEMORY_TYPE_CUDA, ...). */
+ucs_status_t kvx_ucx_mem_alloc(ucp_context_h ctx, size_t len, ucp_mem_h *memh, void **addr);
+ucs_status_t kvx_ucx_mem_register(ucp_context_h ctx, void *addr, size_t len, int mem_type,
+                                  ucp_mem_h *memh);
+ucs_status_t kvx_ucx_mem_release(ucp_context_h ctx, ucp_mem_h memh);
+/* Packs the region's remote key into malloc'd memory the caller frees with free(). */
+ucs_status_t kvx_ucx_rkey_pack(ucp_context_h ctx, ucp_mem_h memh, void **buf, size_t *len);
+ucs_status_t kvx_ucx_rkey_unpack(kvx_ucx_ep_t *ep, const void *buf, ucp_rkey_h *rkey);
+void kvx_ucx_rkey_destroy(ucp_rkey_h rkey);
+
+/* Test patterns: every 8-byte word holds a function of (seed, its absolute offset), so a
+ * misplaced, missing or duplicated chunk shows up. fill writes [off, off+len) of buf as the
+ * stream's bytes at offset off; check returns the first mismatching byte offset, or -1. */
+void kvx_ucx_pattern_fill(void *buf, uint64_t stream_off, size_t len, uint64_t seed);
+int64_t kvx_ucx_pattern_check(const void *buf, uint64_t stream_off, size_t len, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVX_UCX_H */

@@ -1,0 +1,366 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package native
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Tags of ucxpeer's protocol (native/internal/ucxpeer).
+const (
+	peerTagBase = uint64(0x4b58) << 48
+	peerAckTag  = peerTagBase | 0xffffffff
+)
+
+// buildPeer builds native/internal/ucxpeer into the calling test's temporary directory,
+// removed when that test ends. Call it from the top-level test: one build per test.
+func buildPeer(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ucxpeer")
+	out, err := exec.Command("go", "build", "-o", bin, "./internal/ucxpeer").CombinedOutput()
+	require.NoError(t, err, "go build ucxpeer:\n%s", out)
+	return bin
+}
+
+// peerProc is a running ucxpeer.
+type peerProc struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string // its stdout, line by line; closed at EOF
+	waited chan struct{}
+	addr   []byte
+}
+
+func startPeer(t testing.TB, bin string, args ...string) *peerProc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &peerProc{cmd: cmd, stdin: stdin, lines: make(chan string, 4096), waited: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<16), 1<<20)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+		_ = cmd.Wait() // reaps it: a killed peer must not linger as a zombie UCX still sees
+		close(p.waited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = stdin.Close()
+		select {
+		case <-p.waited:
+		case <-time.After(10 * time.Second):
+			t.Errorf("ucxpeer %d did not exit", cmd.Process.Pid)
+		}
+	})
+	line := p.expect(t, "ADDR ", 20*time.Second)
+	p.addr, err = hex.DecodeString(line)
+	require.NoError(t, err)
+	return p
+}
+
+// expect waits for the next line with prefix (skipping GOT lines unless asked for them) and
+// returns the rest of it.
+func (p *peerProc) expect(t testing.TB, prefix string, d time.Duration) string {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case line, ok := <-p.lines:
+			require.True(t, ok, "ucxpeer exited while %q was expected", prefix)
+			if rest, found := strings.CutPrefix(line, prefix); found {
+				return rest
+			}
+			require.False(t, strings.HasPrefix(line, "ERR "), "ucxpeer: %s", line)
+		case <-deadline:
+			require.FailNow(t, "timeout", "no %q line from ucxpeer within %v", prefix, d)
+		}
+	}
+}
+
+// waitGot waits until the peer reported chunk n or later done.
+func (p *peerProc) waitGot(t testing.TB, n int, d time.Duration) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		i, err := strconv.Atoi(p.expect(t, "GOT ", time.Until(end)))
+		require.NoError(t, err)
+		if i >= n {
+			return
+		}
+	}
+	require.FailNow(t, "timeout", "ucxpeer did not reach chunk %d within %v", n, d)
+}
+
+func (p *peerProc) connect(t testing.TB, w *Worker) {
+	t.Helper()
+	_, err := fmt.Fprintf(p.stdin, "PEER %s\n", hex.EncodeToString(w.Address()))
+	require.NoError(t, err)
+}
+
+// localEngine is this process's side: a context, a worker and an endpoint to the peer.
+type localEngine struct {
+	ctx *Context
+	w   *Worker
+	ep  *Endpoint
+}
+
+func newLocal(t testing.TB, tls string, peer *peerProc) *localEngine {
+	t.Helper()
+	cfg := ContextConfig{TLS: tls, KeepaliveInterval: 200 * time.Millisecond}
+	if strings.Contains(tls, "tcp") {
+		cfg.NetDevices = "lo"
+	}
+	uc, err := NewContext(cfg)
+	require.NoError(t, err)
+	w, err := uc.NewWorker(WorkerConfig{CloseTimeout: time.Second})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ep, err := w.Connect(ctx, peer.addr)
+	require.NoError(t, err)
+	peer.connect(t, w)
+	l := &localEngine{ctx: uc, w: w, ep: ep}
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer ccancel()
+		_ = ep.ForceClose(cctx)
+		require.NoError(t, w.Close())
+		require.NoError(t, uc.Close())
+	})
+	return l
+}
+
+func peerArgsFor(tls string, extra ...string) []string {
+	args := []string{"-tls", tls}
+	if strings.Contains(tls, "tcp") {
+		args = append(args, "-net-devices", "lo")
+	}
+	return append(args, extra...)
+}
+
+// Two processes, each direction, every byte checked by the receiver.
+func TestUCX_TwoProcessesEveryByteChecked(t *testing.T) {
+	const total, chunk = 64 << 20, 4 << 20
+	bin := buildPeer(t)
+	for _, tr := range transports {
+		for _, dir := range []string{"to-peer", "from-peer"} {
+			t.Run(tr.name+"/"+dir, func(t *testing.T) {
+				mode := "sink"
+				if dir == "from-peer" {
+					mode = "source"
+				}
+				peer := startPeer(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(total),
+					"-chunk", strconv.Itoa(chunk), "-seed", "11", "-report", "1000")...)
+				l := newLocal(t, tr.tls, peer)
+				mem := alloc(t, l.ctx, total)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				var reqs []*Request
+				if mode == "sink" {
+					require.NoError(t, mem.FillPattern(0, total, 0, 11))
+					ack := l.w.TagRecvBytes(l.ep, 256, peerAckTag, ^uint64(0))
+					for i := int64(0); i < total/chunk; i++ {
+						reqs = append(reqs, l.ep.TagSend(mem, i*chunk, chunk, peerTagBase|uint64(i)))
+					}
+					waitAll(t, 30*time.Second, reqs...)
+					require.NoError(t, ack.Wait(ctx))
+					require.Equal(t, "OK", string(ack.Data()), "the peer checked every byte")
+				} else {
+					for i := int64(0); i < total/chunk; i++ {
+						reqs = append(reqs, l.ep.TagRecv(mem, i*chunk, chunk, peerTagBase|uint64(i), ^uint64(0)))
+					}
+					waitAll(t, 30*time.Second, reqs...)
+					bad, err := mem.CheckPattern(0, total, 0, 11)
+					require.NoError(t, err)
+					require.Equal(t, int64(-1), bad)
+					require.NoError(t, l.ep.TagSendBytes([]byte("OK"), peerAckTag).Wait(ctx))
+				}
+				require.Equal(t, "OK", peer.expect(t, "DONE ", 10*time.Second))
+			})
+		}
+	}
+}
+
+// requireAllTerminal checks that every request completed within bound of start, each with an
+// error that names a peer failure or a cancel, never success into a dead peer's memory.
+func requireAllTerminal(t *testing.T, reqs []*Request, start time.Time, bound time.Duration) (ok, failed, abandoned int) {
+	t.Helper()
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(bound))
+	defer cancel()
+	for i, r := range reqs {
+		err := r.Wait(ctx)
+		require.False(t, errors.Is(err, ErrTimeout), "request %d still pending %v after the peer stopped", i, bound)
+		if err == nil {
+			ok++
+			continue
+		}
+		failed++
+		if r.Abandoned() {
+			abandoned++
+		}
+		require.True(t, errors.Is(err, ErrPeerUnreachable) || errors.Is(err, ErrCanceled) || errors.Is(err, ErrClosed),
+			"request %d: %v", i, err)
+	}
+	return ok, failed, abandoned
+}
+
+// requireReleasedAfterClose checks L2 at the end of a failure test: memory that abandoned
+// requests pin is still pinned while the worker lives, and free once it is closed.
+func requireReleasedAfterClose(t *testing.T, l *localEngine, mem *Memory, abandoned int) {
+	t.Helper()
+	// UCX may still let go of some abandoned requests late, so at most that many pins remain.
+	require.LessOrEqual(t, mem.InUse(), abandoned, "only abandoned requests may still pin memory")
+	require.NoError(t, l.w.Close())
+	require.Zero(t, mem.InUse())
+	require.NoError(t, mem.Close())
+}
+
+// A peer killed with SIGKILL mid-transfer: UCX's keepalive (or the broken connection) fails
+// the endpoint, and every request on the survivor, sends and receives, completes with an
+// error within the bound. The survivor's memory is released only after that.
+func TestUCX_PeerKilledMidTransfer(t *testing.T) {
+	const chunk, count = 4 << 20, 256 // 1 GiB: far more than moves before the kill
+	const bound = 5 * time.Second
+	bin := buildPeer(t)
+	for _, tr := range transports {
+		for _, dir := range []string{"survivor-sends", "survivor-receives"} {
+			t.Run(tr.name+"/"+dir, func(t *testing.T) {
+				mode := "sink"
+				if dir == "survivor-receives" {
+					mode = "source"
+				}
+				peer := startPeer(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
+					"-chunk", strconv.Itoa(chunk), "-window", "4", "-check=false")...)
+				l := newLocal(t, tr.tls, peer)
+				mem, err := l.ctx.Allocate(chunk * 8)
+				require.NoError(t, err)
+				var reqs []*Request
+				for i := 0; i < count; i++ {
+					off := int64(i%8) * chunk
+					if mode == "sink" {
+						reqs = append(reqs, l.ep.TagSend(mem, off, chunk, peerTagBase|uint64(i)))
+					} else {
+						reqs = append(reqs, l.ep.TagRecv(mem, off, chunk, peerTagBase|uint64(i), ^uint64(0)))
+					}
+				}
+				peer.waitGot(t, 2, 20*time.Second)
+				require.NoError(t, peer.cmd.Process.Kill())
+				start := time.Now()
+				ok, failed, abandoned := requireAllTerminal(t, reqs, start, bound)
+				t.Logf("after SIGKILL: %d requests completed, %d failed (%d abandoned by UCX), all within %v",
+					ok, failed, abandoned, time.Since(start))
+				require.Greater(t, failed, 0)
+				select {
+				case <-l.ep.Failed():
+				case <-time.After(bound):
+					t.Fatal("endpoint not failed after its peer was killed")
+				}
+				require.Error(t, l.ep.Err())
+				requireReleasedAfterClose(t, l, mem, abandoned)
+			})
+		}
+	}
+}
+
+// A peer frozen with SIGSTOP never fails its connection: keepalive sees a live process. The
+// survivor notices that nothing progresses, force-closes the endpoint, and every request
+// completes within the bound. After SIGCONT, nothing the peer sends lands in memory whose
+// receives were cancelled.
+func TestUCX_PeerFrozenThenResumed(t *testing.T) {
+	const chunk, count = 1 << 20, 64
+	const bound = 5 * time.Second
+	bin := buildPeer(t)
+	for _, tr := range transports {
+		for _, dir := range []string{"survivor-sends", "survivor-receives"} {
+			t.Run(tr.name+"/"+dir, func(t *testing.T) {
+				mode := "sink"
+				if dir == "survivor-receives" {
+					mode = "source"
+				}
+				// The peer moves only 8 chunks, then waits: the survivor posts more than that,
+				// so some of its requests are certainly pending when the peer freezes.
+				peer := startPeer(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
+					"-chunk", strconv.Itoa(chunk), "-window", "2", "-check=false")...)
+				l := newLocal(t, tr.tls, peer)
+				mem, err := l.ctx.Allocate(chunk * count)
+				require.NoError(t, err)
+				const sentinel = 0xee
+				for i := range mem.Bytes() {
+					mem.Bytes()[i] = sentinel
+				}
+				var reqs []*Request
+				for i := 0; i < count; i++ {
+					if mode == "sink" {
+						reqs = append(reqs, l.ep.TagSend(mem, int64(i)*chunk, chunk, peerTagBase|uint64(i)))
+					} else {
+						reqs = append(reqs, l.ep.TagRecv(mem, int64(i)*chunk, chunk, peerTagBase|uint64(i), ^uint64(0)))
+					}
+				}
+				peer.waitGot(t, 1, 20*time.Second)
+				require.NoError(t, peer.cmd.Process.Signal(syscall.SIGSTOP))
+				// The survivor's progress deadline: nothing completes for a while.
+				time.Sleep(300 * time.Millisecond)
+				pending := 0
+				for _, r := range reqs {
+					if !r.Completed() {
+						pending++
+					}
+				}
+				require.Greater(t, pending, 0, "the frozen peer cannot have taken everything")
+				ctx, cancel := context.WithTimeout(context.Background(), bound)
+				defer cancel()
+				start := time.Now()
+				require.NoError(t, l.ep.ForceClose(ctx))
+				ok, failed, abandoned := requireAllTerminal(t, reqs, start, bound)
+				t.Logf("frozen peer, force close: %d completed, %d failed (%d abandoned by UCX), all within %v",
+					ok, failed, abandoned, time.Since(start))
+				require.LessOrEqual(t, mem.InUse(), abandoned)
+
+				require.NoError(t, peer.cmd.Process.Signal(syscall.SIGCONT))
+				time.Sleep(500 * time.Millisecond) // let the peer send whatever it still would
+				if mode == "source" {
+					for i, r := range reqs {
+						if r.Err() == nil || r.Abandoned() {
+							// Completed before the freeze (holds data), or abandoned: its memory
+							// stays pinned, never released, so UCX may still finish it.
+							continue
+						}
+						b := mem.Bytes()[int64(i)*chunk : int64(i+1)*chunk]
+						for j, v := range b {
+							if v != sentinel {
+								t.Fatalf("chunk %d, cancelled at %v, was written at byte %d after SIGCONT", i, r.Err(), j)
+							}
+						}
+					}
+				}
+				requireReleasedAfterClose(t, l, mem, abandoned)
+			})
+		}
+	}
+}

@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// ErrBadMetadata: a ContextParams blob is malformed, corrupted, truncated, or from an
+// incompatible version. Decoding it changed nothing.
+var ErrBadMetadata = errors.New("kvxfer: bad context params")
+
+// ContextParams is what a prefill engine hands to decode, through the serving stack's own
+// control plane, when a request's prefill is done: who to ask (the sender's UCX worker address
+// and incarnation), what to ask for (the request id, the sender's layout, selection and block
+// ids), and what RMA needs to read the sender's pool directly (its registered regions and
+// packed remote keys). Encode with MarshalBinary; decode with UnmarshalContextParams.
+//
+// The blob is versioned and checksummed:
+//
+//	magic "KVXP" | version u16 | flags u16 (0) | length u32 (whole blob) | crc32c u32 (of the
+//	whole blob with this field zero)
+//	request u64 | incarnation u64 | layout 12 x i64 | selection 4 x i64
+//	blocks u32 n, n x i32 | address u32 n, n bytes | regions u16 n, n x (addr u64, len u64,
+//	rkey u32 m, m bytes)
+//
+// all little-endian. Decoding accepts exactly one encoding per value, so a decoded blob
+// re-encodes to the same bytes.
+type ContextParams struct {
+	// RequestID names the request on both sides.
+	RequestID RequestID
+	// Incarnation identifies one life of the sender's engine: a sender that restarts under
+	// the same address has a new one, so requests meant for the old life fail instead of
+	// reaching the new one's memory.
+	Incarnation uint64
+	// WorkerAddress is the sender's UCX worker address (native.Worker.Address).
+	WorkerAddress []byte
+	// Layout, Selection and Blocks are the sender's plan of the request (layout.NewPlan).
+	Layout    layout.Layout
+	Selection layout.Selection
+	Blocks    []int32
+	// Regions are the sender's registered memory, for RMA reads; empty when staging only.
+	Regions []ContextParamsRegion
+}
+
+// ContextParamsRegion is one registered memory region of the sender: its address, length and
+// packed remote key (native.Memory.PackRemoteKey).
+type ContextParamsRegion struct {
+	Addr uint64
+	Len  uint64
+	RKey []byte
+}
+
+// Bounds of the format, generous for real use and small enough that a hostile length cannot
+// make the decoder allocate much.
+const (
+	// ContextParamsVersion is the format version this package writes and reads.
+	ContextParamsVersion = 1
+	// ContextParamsMaxBlocks bounds the block list (a 1M-token request at 16 tokens a block).
+	ContextParamsMaxBlocks = 1 << 16
+	// ContextParamsMaxAddress bounds the worker address.
+	ContextParamsMaxAddress = 1 << 16
+	// ContextParamsMaxRegions bounds the region list.
+	ContextParamsMaxRegions = 256
+	// ContextParamsMaxRKey bounds one packed remote key.
+	ContextParamsMaxRKey = 1 << 12
+
+	cpMagic      = "KVXP"
+	cpHeaderSize = 16
+	cpCRCOffset  = 12
+)
+
+var cpCRCTable = crc32.MakeTable(crc32.Castagnoli)
+
+// Plan rebuilds the sender's plan, validating the layout, selection and block ids.
+func (c *ContextParams) Plan() (*layout.Plan, error) {
+	return layout.NewPlan(c.Layout, c.Selection, c.Blocks)
+}
+
+// Validate checks everything MarshalBinary and UnmarshalContextParams require: a valid plan,
+// a worker address, and the format's bounds. The error matches ErrBadMetadata and names the
+// field.
+func (c *ContextParams) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrBadMetadata, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case len(c.WorkerAddress) == 0:
+		return bad("WorkerAddress", "empty")
+	case len(c.WorkerAddress) > ContextParamsMaxAddress:
+		return bad("WorkerAddress", "%d bytes, at most %d", len(c.WorkerAddress), ContextParamsMaxAddress)
+	case len(c.Blocks) > ContextParamsMaxBlocks:
+		return bad("Blocks", "%d blocks, at most %d", len(c.Blocks), ContextParamsMaxBlocks)
+	case len(c.Regions) > ContextParamsMaxRegions:
+		return bad("Regions", "%d regions, at most %d", len(c.Regions), ContextParamsMaxRegions)
+	}
+	for i, r := range c.Regions {
+		if len(r.RKey) == 0 || len(r.RKey) > ContextParamsMaxRKey {
+			return bad(fmt.Sprintf("Regions[%d].RKey", i), "%d bytes, want 1 to %d", len(r.RKey), ContextParamsMaxRKey)
+		}
+		if r.Len == 0 || r.Addr+r.Len < r.Addr {
+			return bad(fmt.Sprintf("Regions[%d]", i), "[%#x, +%d) is empty or wraps", r.Addr, r.Len)
+		}
+	}
+	if _, err := c.Plan(); err != nil {
+		return fmt.Errorf("%w: plan: %w", ErrBadMetadata, err)
+	}
+	return nil
+}
+
+// MarshalBinary encodes the params after validating them.
+func (c *ContextParams) MarshalBinary() ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	le := binary.LittleEndian
+	put := func(v any) { _ = binary.Write(&b, le, v) } // bytes.Buffer writes cannot fail
+	b.WriteString(cpMagic)
+	put(uint16(ContextParamsVersion))
+	put(uint16(0)) // flags
+	put(uint32(0)) // length, patched below
+	put(uint32(0)) // crc, patched below
+	put(uint64(c.RequestID))
+	put(c.Incarnation)
+	l := c.Layout
+	for _, v := range []int64{l.NumLayers, l.KVFactor, l.NumHeads, l.HeadDim, l.ElemSize, l.TokensPerBlock,
+		l.NumBlocks, l.StrideBlock, l.StrideLayer, l.StrideKV, l.StrideHead, l.StrideToken} {
+		put(v)
+	}
+	s := c.Selection
+	for _, v := range []int64{s.LayerBegin, s.LayerEnd, s.HeadBegin, s.HeadEnd} {
+		put(v)
+	}
+	put(uint32(len(c.Blocks)))
+	put(c.Blocks)
+	put(uint32(len(c.WorkerAddress)))
+	b.Write(c.WorkerAddress)
+	put(uint16(len(c.Regions)))
+	for _, r := range c.Regions {
+		put(r.Addr)
+		put(r.Len)
+		put(uint32(len(r.RKey)))
+		b.Write(r.RKey)
+	}
+	out := b.Bytes()
+	le.PutUint32(out[8:], uint32(len(out)))
+	le.PutUint32(out[cpCRCOffset:], crc32.Checksum(out, cpCRCTable))
+	return out, nil
+}
+
+// cpReader reads the body with bounds checks; the first failure sticks.
+type cpReader struct {
+	b   []byte
+	err error
+}
+
+func (r *cpReader) take(n int, what string) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(r.b) {
+		r.err = fmt.Errorf("%w: truncated in %s: need %d bytes, %d left", ErrBadMetadata, what, n, len(r.b))
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *cpReader) u16(what string) uint16 {
+	if v := r.take(2, what); v != nil {
+		return binary.LittleEndian.Uint16(v)
+	}
+	return 0
+}
+
+func (r *cpReader) u32(what string) uint32 {
+	if v := r.take(4, what); v != nil {
+		return binary.LittleEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (r *cpReader) u64(what string) uint64 {
+	if v := r.take(8, what); v != nil {
+		return binary.LittleEndian.Uint64(v)
+	}
+	return 0
+}
+
+// UnmarshalContextParams decodes a blob made by MarshalBinary. Anything else (garbage, a
+// truncated or corrupted blob, another version) returns an error matching ErrBadMetadata and
+// a nil result: nothing is decoded in part.
+func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
+	if len(blob) < cpHeaderSize {
+		return nil, fmt.Errorf("%w: %d bytes, shorter than the %d-byte header", ErrBadMetadata, len(blob), cpHeaderSize)
+	}
+	le := binary.LittleEndian
+	if string(blob[:4]) != cpMagic {
+		return nil, fmt.Errorf("%w: magic %q, want %q", ErrBadMetadata, blob[:4], cpMagic)
+	}
+	if v := le.Uint16(blob[4:]); v != ContextParamsVersion {
+		return nil, fmt.Errorf("%w: version %d, this build reads version %d", ErrBadMetadata, v, ContextParamsVersion)
+	}
+	if f := le.Uint16(blob[6:]); f != 0 {
+		return nil, fmt.Errorf("%w: unknown flags %#x", ErrBadMetadata, f)
+	}
+	if n := le.Uint32(blob[8:]); int64(n) != int64(len(blob)) {
+		return nil, fmt.Errorf("%w: header says %d bytes, blob has %d", ErrBadMetadata, n, len(blob))
+	}
+	want := le.Uint32(blob[cpCRCOffset:])
+	zeroed := append([]byte(nil), blob...)
+	le.PutUint32(zeroed[cpCRCOffset:], 0)
+	if got := crc32.Checksum(zeroed, cpCRCTable); got != want {
+		return nil, fmt.Errorf("%w: checksum %#08x, computed %#08x", ErrBadMetadata, want, got)
+	}
+
+	r := &cpReader{b: blob[cpHeaderSize:]}
+	c := &ContextParams{}
+	c.RequestID = RequestID(r.u64("request id"))
+	c.Incarnation = r.u64("incarnation")
+	var lv [12]int64
+	for i := range lv {
+		lv[i] = int64(r.u64("layout"))
+	}
+	c.Layout = layout.Layout{NumLayers: lv[0], KVFactor: lv[1], NumHeads: lv[2], HeadDim: lv[3], ElemSize: lv[4],
+		TokensPerBlock: lv[5], NumBlocks: lv[6], StrideBlock: lv[7], StrideLayer: lv[8], StrideKV: lv[9],
+		StrideHead: lv[10], StrideToken: lv[11]}
+	var sv [4]int64
+	for i := range sv {
+		sv[i] = int64(r.u64("selection"))
+	}
+	c.Selection = layout.Selection{LayerBegin: sv[0], LayerEnd: sv[1], HeadBegin: sv[2], HeadEnd: sv[3]}
+	nb := r.u32("block count")
+	if r.err == nil && nb > ContextParamsMaxBlocks {
+		return nil, fmt.Errorf("%w: %d blocks, at most %d", ErrBadMetadata, nb, ContextParamsMaxBlocks)
+	}
+	if raw := r.take(int(nb)*4, "blocks"); raw != nil {
+		c.Blocks = make([]int32, nb)
+		for i := range c.Blocks {
+			c.Blocks[i] = int32(le.Uint32(raw[4*i:]))
+		}
+	}
+	na := r.u32("address length")
+	if r.err == nil && na > ContextParamsMaxAddress {
+		return nil, fmt.Errorf("%w: %d-byte address, at most %d", ErrBadMetadata, na, ContextParamsMaxAddress)
+	}
+	c.WorkerAddress = append([]byte(nil), r.take(int(na), "worker address")...)
+	nr := r.u16("region count")
+	if r.err == nil && nr > ContextParamsMaxRegions {
+		return nil, fmt.Errorf("%w: %d regions, at most %d", ErrBadMetadata, nr, ContextParamsMaxRegions)
+	}
+	for i := 0; i < int(nr) && r.err == nil; i++ {
+		reg := ContextParamsRegion{Addr: r.u64("region address"), Len: r.u64("region length")}
+		nk := r.u32("rkey length")
+		if r.err == nil && nk > ContextParamsMaxRKey {
+			return nil, fmt.Errorf("%w: region %d: %d-byte rkey, at most %d", ErrBadMetadata, i, nk, ContextParamsMaxRKey)
+		}
+		reg.RKey = append([]byte(nil), r.take(int(nk), "rkey")...)
+		c.Regions = append(c.Regions, reg)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	if len(r.b) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes", ErrBadMetadata, len(r.b))
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}

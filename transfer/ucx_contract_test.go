@@ -1,0 +1,232 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// ucxRecorder is an Inbound and a completion sink that remembers everything, for the
+// Transport contract tests of UCXTransport.
+type ucxRecorder struct {
+	mu      sync.Mutex
+	control []ucxControl
+	lost    []Peer
+	reports map[OpID][]Completion
+}
+
+type ucxControl struct {
+	from Peer
+	msg  string
+}
+
+func newUCXRecorder() *ucxRecorder { return &ucxRecorder{reports: map[OpID][]Completion{}} }
+
+func (r *ucxRecorder) OnControl(from Peer, msg []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.control = append(r.control, ucxControl{from, string(msg)})
+}
+
+func (r *ucxRecorder) OnPeerLost(peer Peer, _ error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lost = append(r.lost, peer)
+}
+
+// done returns the completion callback of op *id (set once Post returned).
+func (r *ucxRecorder) done(id *OpID, ready chan struct{}) func(Completion) {
+	return func(c Completion) {
+		<-ready // the id is known once Post returned; callbacks never run inside Post
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.reports[*id] = append(r.reports[*id], c)
+	}
+}
+
+func (r *ucxRecorder) reportsOf(id OpID) []Completion {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Completion(nil), r.reports[id]...)
+}
+
+func newUCXPair(t *testing.T, tls, dev string) (a, b *UCXTransport, ra, rb *ucxRecorder) {
+	t.Helper()
+	var err error
+	a, err = NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	b, err = NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	ra, rb = newUCXRecorder(), newUCXRecorder()
+	require.NoError(t, a.Bind(ra))
+	require.NoError(t, b.Bind(rb))
+	t.Cleanup(func() {
+		require.NoError(t, a.Close(true))
+		require.NoError(t, b.Close(true))
+	})
+	return a, b, ra, rb
+}
+
+// post posts through f and returns the op id with its callbacks released.
+func post(t *testing.T, rec *ucxRecorder, f func(done func(Completion)) (OpID, error)) (OpID, error) {
+	t.Helper()
+	var id OpID
+	ready := make(chan struct{})
+	got, err := f(rec.done(&id, ready))
+	id = got
+	close(ready)
+	return id, err
+}
+
+func finals(cs []Completion) int {
+	n := 0
+	for _, c := range cs {
+		if c.Memory != MemoryBusy {
+			n++
+		}
+	}
+	return n
+}
+
+func TestUCXTransport_ContractControlAndData(t *testing.T) {
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			a, b, ra, rb := newUCXPair(t, tr.tls, tr.dev)
+			require.NoError(t, a.SendControl(b.Self(), []byte("hello from a")))
+			require.Eventually(t, func() bool { rb.mu.Lock(); defer rb.mu.Unlock(); return len(rb.control) == 1 },
+				5*time.Second, time.Millisecond)
+			require.Equal(t, ucxControl{a.Self(), "hello from a"}, rb.control[0], "the sender is named by its address")
+
+			src, dst := a.StagingMemory()[:1<<20], b.StagingMemory()[:1<<20]
+			for i := range src {
+				src[i] = byte(i * 7)
+			}
+			tag := Tag{Request: 5, Sub: 1, Seq: 2}
+			rid, err := post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), tag, dst, d) })
+			require.NoError(t, err)
+			sid, err := post(t, ra, func(d func(Completion)) (OpID, error) { return a.PostSend(b.Self(), tag, src, d) })
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return len(rb.reportsOf(rid)) == 1 && len(ra.reportsOf(sid)) == 1 },
+				10*time.Second, time.Millisecond)
+			for _, c := range []Completion{rb.reportsOf(rid)[0], ra.reportsOf(sid)[0]} {
+				require.NoError(t, c.Err)
+				require.Equal(t, MemoryDone, c.Memory)
+				require.Equal(t, len(src), c.Bytes)
+			}
+			require.Equal(t, src, dst)
+		})
+	}
+}
+
+func TestUCXTransport_ContractRefusesGoMemory(t *testing.T) {
+	a, b, ra, _ := newUCXPair(t, "posix,cma,self", "")
+	_, err := post(t, ra, func(d func(Completion)) (OpID, error) {
+		return a.PostSend(b.Self(), Tag{Request: 1}, make([]byte, 64), d)
+	})
+	require.ErrorIs(t, err, ErrUCXUnregistered)
+	_, err = post(t, ra, func(d func(Completion)) (OpID, error) {
+		return a.PostRecv(b.Self(), Tag{Request: 1}, make([]byte, 64), d)
+	})
+	require.ErrorIs(t, err, ErrUCXUnregistered)
+	time.Sleep(20 * time.Millisecond)
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	require.Empty(t, ra.reports, "a refused post gets no callback")
+}
+
+// Cancel: an unmatched receive reports ErrCancelled with MemoryDone, once; a send nobody
+// receives cannot be stopped, so it reports MemoryBusy, and its one final verdict comes with
+// the forced close.
+func TestUCXTransport_ContractCancel(t *testing.T) {
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			a, b, ra, rb := newUCXPair(t, tr.tls, tr.dev)
+			rid, err := post(t, rb, func(d func(Completion)) (OpID, error) {
+				return b.PostRecv(a.Self(), Tag{Request: 9}, b.StagingMemory()[:4096], d)
+			})
+			require.NoError(t, err)
+			b.Cancel(rid)
+			require.Eventually(t, func() bool { return len(rb.reportsOf(rid)) == 1 }, 5*time.Second, time.Millisecond)
+			c := rb.reportsOf(rid)[0]
+			require.ErrorIs(t, c.Err, ErrCancelled)
+			require.Equal(t, MemoryDone, c.Memory)
+			b.Cancel(rid) // cancelling a finished op does nothing
+
+			sid, err := post(t, ra, func(d func(Completion)) (OpID, error) {
+				return a.PostSend(b.Self(), Tag{Request: 10}, a.StagingMemory()[:8<<20], d)
+			})
+			require.NoError(t, err)
+			time.Sleep(20 * time.Millisecond)
+			a.Cancel(sid)
+			require.Eventually(t, func() bool { return len(ra.reportsOf(sid)) == 1 }, 5*time.Second, time.Millisecond)
+			busy := ra.reportsOf(sid)[0]
+			require.Equal(t, MemoryBusy, busy.Memory)
+			require.ErrorIs(t, busy.Err, ErrCancelled)
+
+			require.NoError(t, a.Close(true))
+			cs := ra.reportsOf(sid)
+			require.Equal(t, 1, finals(cs), "exactly one final verdict: %+v", cs)
+			require.Error(t, cs[len(cs)-1].Err)
+		})
+	}
+}
+
+// Close(force) gives every outstanding operation exactly one final verdict before it returns,
+// and every method fails with ErrClosed afterwards.
+func TestUCXTransport_ContractForceCloseReportsEveryOp(t *testing.T) {
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			a, b, ra, _ := newUCXPair(t, tr.tls, tr.dev)
+			var ids []OpID
+			mem := a.StagingMemory()
+			for i := 0; i < 8; i++ {
+				buf := mem[i<<20 : (i+1)<<20]
+				id, err := post(t, ra, func(d func(Completion)) (OpID, error) {
+					if i%2 == 0 {
+						return a.PostRecv(b.Self(), Tag{Request: RequestID(100 + i)}, buf, d)
+					}
+					return a.PostSend(b.Self(), Tag{Request: RequestID(100 + i)}, buf, d) // never received
+				})
+				require.NoError(t, err)
+				ids = append(ids, id)
+			}
+			time.Sleep(20 * time.Millisecond)
+			start := time.Now()
+			require.NoError(t, a.Close(true))
+			require.Less(t, time.Since(start), 5*time.Second)
+			for i, id := range ids {
+				cs := ra.reportsOf(id)
+				require.Equal(t, 1, finals(cs), "op %d: %+v", i, cs)
+				last := cs[len(cs)-1]
+				require.Error(t, last.Err)
+				require.Contains(t, []Memory{MemoryDone, MemoryUnknown}, last.Memory)
+			}
+			require.ErrorIs(t, a.SendControl(b.Self(), []byte("x")), ErrClosed)
+			_, err := a.PostSend(b.Self(), Tag{}, mem[:8], func(Completion) {})
+			require.ErrorIs(t, err, ErrClosed)
+			require.ErrorIs(t, a.Bind(ra), ErrClosed)
+		})
+	}
+}
+
+// Two live receives that would match the same UCX tag are refused, not left to race: the
+// second would otherwise take the first one's data.
+func TestUCXTransport_ContractRefusesCollidingReceives(t *testing.T) {
+	a, b, _, rb := newUCXPair(t, "posix,cma,self", "")
+	tag := Tag{Request: 3, Sub: 0, Seq: 7}
+	mem := b.StagingMemory()
+	_, err := post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), tag, mem[:4096], d) })
+	require.NoError(t, err)
+	_, err = post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), tag, mem[4096:8192], d) })
+	require.ErrorIs(t, err, ErrProtocol)
+	other := tag
+	other.Seq++
+	_, err = post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), other, mem[4096:8192], d) })
+	require.NoError(t, err, "the next chunk's tag is distinct")
+}

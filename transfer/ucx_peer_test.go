@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// ucxPeerBinary builds native/internal/ucxpeer (whose engine modes run a second Engine) into
+// the calling test's temporary directory, removed when that test ends. Call it from the
+// top-level test and pass the path to its subtests: one build per test.
+func ucxPeerBinary(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ucxpeer")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/kvxfer/kvxfer/native/internal/ucxpeer").CombinedOutput()
+	require.NoError(t, err, "go build ucxpeer:\n%s", out)
+	return bin
+}
+
+// ucxPeerEngine is a second engine in its own process.
+type ucxPeerEngine struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	exited chan struct{}
+	peer   Peer
+}
+
+func startUCXPeerEngine(t testing.TB, bin string, args ...string) *ucxPeerEngine {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &ucxPeerEngine{cmd: cmd, stdin: stdin, lines: make(chan string, 1<<16), exited: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case p.lines <- sc.Text():
+			default: // progress lines nobody reads are dropped, never block the peer
+			}
+		}
+		close(p.lines)
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = stdin.Close()
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			t.Errorf("ucxpeer %d did not exit", cmd.Process.Pid)
+		}
+	})
+	p.peer = Peer(p.expect(t, "ADDR ", 20*time.Second))
+	return p
+}
+
+func (p *ucxPeerEngine) expect(t testing.TB, prefix string, d time.Duration) string {
+	t.Helper()
+	deadline := time.After(d)
+	for {
+		select {
+		case line, ok := <-p.lines:
+			require.True(t, ok, "ucxpeer exited while %q was expected", prefix)
+			if rest, found := strings.CutPrefix(line, prefix); found {
+				return rest
+			}
+			require.False(t, strings.HasPrefix(line, "ERR "), "ucxpeer: %s", line)
+		case <-deadline:
+			require.FailNow(t, "timeout", "no %q line from ucxpeer within %v", prefix, d)
+		}
+	}
+}
+
+// ucxEnginePool mirrors ucxpeer's EnginePool: the same dims, block-major, seeded fill.
+func ucxEnginePool(t testing.TB, blocks int64, seed uint64, fill bool) ([]byte, *layout.Plan) {
+	t.Helper()
+	l := layout.Packed(layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2,
+		TokensPerBlock: 16, NumBlocks: blocks}, layout.BlockMajor)
+	mem := make([]byte, l.SpanBytes())
+	if fill {
+		var key [32]byte
+		key[0], key[1] = byte(seed), byte(seed>>8)
+		_, _ = rand.NewChaCha8(key).Read(mem)
+	}
+	ids := make([]int32, blocks)
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	p, err := layout.NewPlan(l, l.All(), ids)
+	require.NoError(t, err)
+	return mem, p
+}
+
+func ucxPeerArgs(tls, dev, mode string, blocks int64, id RequestID, timeout time.Duration) []string {
+	args := []string{"-mode", mode, "-tls", tls, "-total", strconv.FormatInt(blocks, 10), "-chunk", strconv.Itoa(1 << 20),
+		"-seed", "5", "-id", strconv.FormatUint(uint64(id), 10), "-timeout", timeout.String()}
+	if dev != "" {
+		args = append(args, "-net-devices", dev)
+	}
+	return args
+}
+
+func ucxPeerTestConfig() Config {
+	cfg := ucxTestConfig()
+	cfg.SlotBytes = 1 << 20
+	cfg.TransferTimeout = 3 * time.Second
+	cfg.ProgressDeadline = 500 * time.Millisecond
+	cfg.QuarantineTimeout = 2 * time.Second
+	return cfg
+}
+
+// Two engines in two processes, each direction, over shared memory and TCP; every byte
+// checked by the receiving side.
+func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
+	const blocks = 16 // 32 MiB
+	bin := ucxPeerBinary(t)
+	for _, tr := range ucxTransports {
+		for _, dir := range []string{"peer-sends", "peer-receives"} {
+			t.Run(tr.name+"/"+dir, func(t *testing.T) {
+				mode := "engine-send"
+				if dir == "peer-receives" {
+					mode = "engine-recv"
+				}
+				peer := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 77, 30*time.Second)...)
+				local := newUCXEngine(t, tr.tls, tr.dev, ucxPeerTestConfig())
+				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
+				require.NoError(t, err)
+				pool, plan := ucxEnginePool(t, blocks, 5, mode == "engine-recv")
+				spec := Spec{ID: 77, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second}
+				var h *Handle
+				if mode == "engine-send" {
+					h, err = local.e.Receive(bg, spec)
+				} else {
+					h, err = local.e.Send(bg, spec)
+				}
+				require.NoError(t, err)
+				waitQuiesced(t, h, 30*time.Second)
+				require.Equal(t, Completed, h.Status().State, "%v", h.Status().Err)
+				require.Equal(t, Completed.String()+" OK", peer.expect(t, "DONE ", 30*time.Second))
+				if mode == "engine-send" {
+					want, _ := ucxEnginePool(t, blocks, 5, true)
+					require.True(t, bytes.Equal(want, pool), "every byte")
+				}
+			})
+		}
+	}
+}
+
+// The peer sending a request is killed (SIGKILL) or frozen (SIGSTOP) mid-transfer. On the
+// survivor: the handle is done within its deadline, quiesced within the quarantine bound,
+// slots are released or poisoned with free+leased+poisoned = total and none leased (L5, L9);
+// a frozen peer turns health unhealthy (L12); after SIGCONT the frozen peer's late data
+// lands nowhere, and a new peer's request moves every byte with health back to healthy.
+func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
+	const blocks = 256 // 512 MiB: far more than moves before the signal
+	bin := ucxPeerBinary(t)
+	for _, tr := range ucxTransports {
+		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
+			t.Run(fmt.Sprintf("%s/%v", tr.name, sig), func(t *testing.T) {
+				cfg := ucxPeerTestConfig()
+				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
+				peer := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 21, 60*time.Second)...)
+				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
+				require.NoError(t, err)
+				pool, plan := ucxEnginePool(t, blocks, 5, false)
+				h, err := local.e.Receive(bg, Spec{ID: 21, Peer: peer.peer, Plan: plan, Pool: pool})
+				require.NoError(t, err)
+				require.Eventually(t, func() bool { return h.Status().Bytes > 0 }, 20*time.Second, time.Millisecond)
+				require.NoError(t, peer.cmd.Process.Signal(sig))
+				start := time.Now()
+				sawUnhealthy := false
+				for !isClosed(h.Done()) && time.Since(start) < cfg.TransferTimeout+5*time.Second {
+					if !local.e.Health().Healthy {
+						sawUnhealthy = true
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				st := h.Status()
+				require.True(t, isClosed(h.Done()), "not done %v after %v: %+v", time.Since(start), sig, st)
+				require.NotEqual(t, Completed, st.State, "512 MiB cannot have moved before %v", sig)
+				require.Error(t, st.Err)
+				t.Logf("%v: handle %v after %v, unhealthy seen: %v (%v)", sig, st.State, time.Since(start), sawUnhealthy, st.Err)
+				if sig == syscall.SIGSTOP {
+					require.True(t, sawUnhealthy, "a frozen peer must turn health unhealthy within the progress deadline")
+				}
+				waitQuiesced(t, h, cfg.QuarantineTimeout+5*time.Second)
+				ps := local.e.pool.Stats()
+				require.Equal(t, ps.Total, ps.Free+ps.Leased+ps.Poisoned)
+				require.Zero(t, ps.Leased)
+				t.Logf("slots: %d free, %d poisoned of %d", ps.Free, ps.Poisoned, ps.Total)
+
+				if sig == syscall.SIGSTOP {
+					require.NoError(t, peer.cmd.Process.Signal(syscall.SIGCONT))
+					time.Sleep(500 * time.Millisecond) // whatever it still sends arrives now
+				}
+				// A new peer: every byte of its request lands right, and health recovers.
+				peer2 := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", 16, 22, 30*time.Second)...)
+				_, err = fmt.Fprintf(peer2.stdin, "PEER %s\n", local.tr.Self())
+				require.NoError(t, err)
+				pool2, plan2 := ucxEnginePool(t, 16, 5, false)
+				h2, err := local.e.Receive(bg, Spec{ID: 22, Peer: peer2.peer, Plan: plan2, Pool: pool2, Timeout: 30 * time.Second})
+				require.NoError(t, err)
+				waitQuiesced(t, h2, 30*time.Second)
+				require.Equal(t, Completed, h2.Status().State, "%v", h2.Status().Err)
+				want, _ := ucxEnginePool(t, 16, 5, true)
+				require.True(t, bytes.Equal(want, pool2), "every byte of the new peer's request")
+				require.Eventually(t, func() bool { return local.e.Health().Healthy }, 10*time.Second, 10*time.Millisecond,
+					"health after a new peer worked: %s", local.e.Health().Reason)
+			})
+		}
+	}
+}

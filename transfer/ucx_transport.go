@@ -1,0 +1,562 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"sync"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/native"
+)
+
+var _ Transport = (*UCXTransport)(nil)
+
+// ErrUCXUnregistered: a buffer handed to the UCX transport lies outside the memory UCX has
+// mapped for it (UCXTransport.StagingMemory, UCXTransport.Register). Go memory is never given
+// to UCX.
+var ErrUCXUnregistered = errors.New("kvxfer: buffer outside UCX-registered memory")
+
+// UCXConfig configures a UCXTransport. Zero values take the documented defaults.
+type UCXConfig struct {
+	// TLS is UCX_TLS, e.g. "posix,cma,self" (shared memory) or "tcp,self". Default: UCX's.
+	TLS string
+	// NetDevices is UCX_NET_DEVICES, e.g. "lo". Default: all.
+	NetDevices string
+	// KeepaliveInterval is UCX's peer liveness check period. Default 1s.
+	KeepaliveInterval time.Duration
+	// StagingBytes is the size of the UCX-allocated region StagingMemory returns, to pass as
+	// Config.StagingMemory. Default DefaultMaxConcurrent*DefaultPipelineDepth*DefaultSlotBytes.
+	StagingBytes int64
+	// MaxControlBytes bounds one control message. Default 4096.
+	MaxControlBytes int
+	// CloseTimeout bounds Close. Default 5s.
+	CloseTimeout time.Duration
+	// Logger receives peer failures. Default zap.NewNop().
+	Logger *zap.Logger
+}
+
+func (c *UCXConfig) applyDefaults() error {
+	if c.StagingBytes == 0 {
+		c.StagingBytes = DefaultMaxConcurrent * DefaultPipelineDepth * DefaultSlotBytes
+	}
+	if c.StagingBytes < 0 {
+		return &ConfigError{Field: "UCXConfig.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}
+	}
+	if c.MaxControlBytes == 0 {
+		c.MaxControlBytes = 4096
+	}
+	if c.MaxControlBytes < 256 {
+		return &ConfigError{Field: "UCXConfig.MaxControlBytes", Value: c.MaxControlBytes, Reason: "must be at least 256 (a request-info message)"}
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 5 * time.Second
+	}
+	if c.CloseTimeout < 0 {
+		return &ConfigError{Field: "UCXConfig.CloseTimeout", Value: c.CloseTimeout, Reason: "must be positive"}
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// UCX tags: the top 4 bits say what a message is, so the control receive's mask never
+// matches data. A data tag carries 28 bits of a hash of (sender, request, sub-transfer) and
+// the 32-bit chunk sequence; the receiver rejects a second live receive with the same tag.
+const (
+	ucxKindShift = 60
+	ucxKindData  = uint64(1) << ucxKindShift
+	ucxKindCtrl  = uint64(2) << ucxKindShift
+	ucxKindMask  = uint64(0xf) << ucxKindShift
+)
+
+func ucxDataTag(sender Peer, tag Tag) uint64 {
+	h := fnv.New32a()
+	h.Write([]byte(sender))
+	var b [10]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(tag.Request))
+	binary.LittleEndian.PutUint16(b[8:], tag.Sub)
+	h.Write(b[:])
+	return ucxKindData | uint64(h.Sum32()&0x0fffffff)<<32 | uint64(tag.Seq)
+}
+
+// UCXTransport is the Transport over UCX: one context and one worker (its own progress
+// goroutine), endpoints made on first use with peer error handling, tagged messages straight
+// from and into UCX-mapped staging memory, and control messages as small tagged messages
+// carrying the sender's worker address. Peers are named by their worker address in hex
+// (PeerFromAddress); a peer that restarts has a new address, so nothing meant for its old
+// life reaches the new one. Completions run on the transport's own dispatch goroutine.
+type UCXTransport struct {
+	cfg     UCXConfig
+	log     *zap.Logger
+	uctx    *native.Context
+	w       *native.Worker
+	self    Peer
+	addr    []byte
+	life    uint64 // this transport's incarnation, for ContextParams
+	staging *native.Memory
+
+	mu      sync.Mutex
+	in      Inbound
+	eps     map[Peer]*native.Endpoint
+	regions []*native.Memory
+	ops     map[OpID]*ucxOp
+	byReq   map[*native.Request]*ucxOp
+	recvTag map[uint64]OpID // live receives by UCX tag, to refuse a colliding one
+	nextOp  OpID
+	closed  bool
+	ctrl    *native.Request
+
+	qmu      sync.Mutex
+	queue    []ucxReport
+	wake     chan struct{}
+	stop     chan struct{}
+	exited   chan struct{}
+	once     sync.Once
+	progress chan struct{}
+}
+
+type ucxOp struct {
+	id     OpID
+	req    *native.Request
+	send   bool
+	peer   Peer
+	size   int
+	done   func(Completion)
+	tag    uint64
+	busy   bool // MemoryBusy reported
+	cancel bool
+}
+
+type ucxReport struct {
+	req  *native.Request // a request reported by the worker
+	busy *ucxOp          // a cancelled send still on the wire
+	lost Peer            // a peer whose endpoint failed
+	err  error
+}
+
+// PeerFromAddress names the peer at a UCX worker address, as UCXTransport does.
+func PeerFromAddress(addr []byte) Peer { return Peer(hex.EncodeToString(addr)) }
+
+// NewUCXTransport opens UCX, allocates the staging region and starts the dispatch goroutine.
+func NewUCXTransport(cfg UCXConfig) (*UCXTransport, error) {
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	t := &UCXTransport{cfg: cfg, log: cfg.Logger, eps: map[Peer]*native.Endpoint{}, ops: map[OpID]*ucxOp{},
+		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]OpID{}, wake: make(chan struct{}, 1),
+		stop: make(chan struct{}), exited: make(chan struct{}), progress: make(chan struct{}, 1)}
+	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
+		KeepaliveInterval: cfg.KeepaliveInterval, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	w, err := uctx.NewWorker(native.WorkerConfig{OnReport: t.enqueueRequest, Logger: cfg.Logger})
+	if err != nil {
+		_ = uctx.Close()
+		return nil, err
+	}
+	staging, err := uctx.Allocate(cfg.StagingBytes)
+	if err != nil {
+		_ = w.Close()
+		_ = uctx.Close()
+		return nil, err
+	}
+	t.uctx, t.w, t.staging = uctx, w, staging
+	t.addr = w.Address()
+	t.self = PeerFromAddress(t.addr)
+	t.life = rand.Uint64()
+	t.regions = []*native.Memory{staging}
+	go t.dispatch()
+	return t, nil
+}
+
+// Self is this transport's peer name, what the other side passes as Spec.Peer.
+func (t *UCXTransport) Self() Peer { return t.self }
+
+// WorkerAddress is this transport's UCX worker address (for ContextParams.WorkerAddress).
+func (t *UCXTransport) WorkerAddress() []byte { return append([]byte(nil), t.addr...) }
+
+// StagingMemory is the UCX-mapped region to pass as Config.StagingMemory. It is valid until
+// Close.
+func (t *UCXTransport) StagingMemory() []byte { return t.staging.Bytes() }
+
+// ContextParams describes request id over plan (this side's blocks) for the peer that will
+// receive it: what a prefill engine hands to decode. Staging mode: no RMA regions.
+func (t *UCXTransport) ContextParams(id RequestID, plan *layout.Plan) *ContextParams {
+	return &ContextParams{RequestID: id, Incarnation: t.life, WorkerAddress: t.WorkerAddress(),
+		Layout: plan.Layout(), Selection: plan.Selection(), Blocks: append([]int32(nil), plan.Blocks()...)}
+}
+
+// SenderPeer is the peer a ContextParams came from, as a UCXTransport names it: pass it as
+// Spec.Peer of the Receive. A sender that restarted has a new worker address, hence a new
+// peer, so nothing meant for its old life reaches the new one.
+func SenderPeer(c *ContextParams) Peer { return PeerFromAddress(c.WorkerAddress) }
+
+// Worker exposes the UCX worker, for transport-level checks (lanes, counters).
+func (t *UCXTransport) Worker() *native.Worker { return t.w }
+
+// Bind implements Transport.
+func (t *UCXTransport) Bind(in Inbound) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	t.in = in
+	t.postControlLocked()
+	return nil
+}
+
+func (t *UCXTransport) postControlLocked() {
+	t.ctrl = t.w.TagRecvBytes(nil, t.cfg.MaxControlBytes, ucxKindCtrl, ucxKindMask)
+}
+
+// endpointLocked returns the endpoint to peer, creating it (a local operation: UCX connects
+// lazily) on first use or after the old one failed.
+func (t *UCXTransport) endpointLocked(peer Peer) (*native.Endpoint, error) {
+	if ep := t.eps[peer]; ep != nil && ep.Err() == nil {
+		return ep, nil
+	}
+	addr, err := hex.DecodeString(string(peer))
+	if err != nil || len(addr) == 0 {
+		return nil, fmt.Errorf("%w: peer %.16q is not a UCX worker address in hex", ErrInvalidSpec, peer)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
+	defer cancel()
+	ep, err := t.w.Connect(ctx, addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connect: %w", ErrPeerLost, err)
+	}
+	t.eps[peer] = ep
+	go t.watch(peer, ep)
+	return ep, nil
+}
+
+// watch reports a peer lost when its endpoint fails, unless the transport is closing.
+func (t *UCXTransport) watch(peer Peer, ep *native.Endpoint) {
+	select {
+	case <-ep.Failed():
+	case <-t.stop:
+		return
+	}
+	select {
+	case <-t.stop:
+		return
+	default:
+	}
+	t.mu.Lock()
+	if t.eps[peer] == ep {
+		delete(t.eps, peer) // the next operation reconnects
+	}
+	t.mu.Unlock()
+	t.log.Warn("ucx peer lost", zap.String("peer", string(peer)[:min(16, len(peer))]), zap.Error(ep.Err()))
+	t.push(ucxReport{lost: peer, err: ep.Err()})
+}
+
+// regionLocked finds the registered region holding buf.
+func (t *UCXTransport) regionLocked(buf []byte) (*native.Memory, int64, error) {
+	if len(buf) == 0 {
+		return nil, 0, fmt.Errorf("%w: empty buffer", ErrUCXUnregistered)
+	}
+	p := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
+	for _, m := range t.regions {
+		if p >= m.Addr() && p+uint64(len(buf)) <= m.Addr()+uint64(m.Len()) {
+			return m, int64(p - m.Addr()), nil
+		}
+	}
+	return nil, 0, fmt.Errorf("%w: [%#x, +%d)", ErrUCXUnregistered, p, len(buf))
+}
+
+// SendControl implements Transport.
+func (t *UCXTransport) SendControl(to Peer, msg []byte) error {
+	if len(msg)+2+len(t.addr) > t.cfg.MaxControlBytes {
+		return fmt.Errorf("%w: control message of %d bytes, at most %d with the sender address", ErrInvalidSpec,
+			len(msg), t.cfg.MaxControlBytes-2-len(t.addr))
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	ep, err := t.endpointLocked(to)
+	if err != nil {
+		return err
+	}
+	b := make([]byte, 0, 2+len(t.addr)+len(msg))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(t.addr)))
+	b = append(b, t.addr...)
+	b = append(b, msg...)
+	ep.TagSendBytes(b, ucxKindCtrl) // best effort: its outcome is not the engine's
+	return nil
+}
+
+// PostSend implements Transport.
+func (t *UCXTransport) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+	return t.post(to, tag, buf, done, true)
+}
+
+// PostRecv implements Transport.
+func (t *UCXTransport) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+	return t.post(from, tag, buf, done, false)
+}
+
+func (t *UCXTransport) post(peer Peer, tag Tag, buf []byte, done func(Completion), send bool) (OpID, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, ErrClosed
+	}
+	mem, off, err := t.regionLocked(buf)
+	if err != nil {
+		return 0, err
+	}
+	ep, err := t.endpointLocked(peer)
+	if err != nil {
+		return 0, err
+	}
+	t.nextOp++
+	op := &ucxOp{id: t.nextOp, send: send, peer: peer, size: len(buf), done: done}
+	if send {
+		op.tag = ucxDataTag(t.self, tag)
+		op.req = ep.TagSend(mem, off, int64(len(buf)), op.tag)
+	} else {
+		op.tag = ucxDataTag(peer, tag)
+		if other, live := t.recvTag[op.tag]; live {
+			return 0, fmt.Errorf("%w: receive tag %#x collides with live op %d", ErrProtocol, op.tag, other)
+		}
+		t.recvTag[op.tag] = op.id
+		op.req = ep.TagRecv(mem, off, int64(len(buf)), op.tag, ^uint64(0))
+	}
+	t.ops[op.id] = op
+	t.byReq[op.req] = op
+	return op.id, nil
+}
+
+// Cancel implements Transport. A receive is cancelled in UCX (if unmatched, it reports
+// ErrCancelled with MemoryDone); a send cannot be, so it reports MemoryBusy now and its final
+// verdict when UCX completes it or its endpoint is force-closed.
+func (t *UCXTransport) Cancel(id OpID) {
+	t.mu.Lock()
+	op := t.ops[id]
+	if op == nil || op.cancel {
+		t.mu.Unlock()
+		return
+	}
+	op.cancel = true
+	t.mu.Unlock()
+	if !op.send {
+		op.req.Cancel()
+		return
+	}
+	if !op.req.Completed() {
+		t.push(ucxReport{busy: op})
+	}
+}
+
+// Progress implements Transport. UCX progresses on the worker's own goroutine and completions
+// run on the dispatch goroutine, so Progress only waits (at most budget) for something to
+// have happened.
+func (t *UCXTransport) Progress(budget time.Duration) bool {
+	select {
+	case <-t.progress:
+		return true
+	default:
+	}
+	timer := time.NewTimer(budget)
+	defer timer.Stop()
+	select {
+	case <-t.progress:
+		return true
+	case <-timer.C:
+		return false
+	case <-t.stop:
+		return false
+	}
+}
+
+func (t *UCXTransport) enqueueRequest(r *native.Request) { t.push(ucxReport{req: r}) }
+
+func (t *UCXTransport) push(r ucxReport) {
+	t.qmu.Lock()
+	t.queue = append(t.queue, r)
+	t.qmu.Unlock()
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch delivers reports in order until Close has drained them.
+func (t *UCXTransport) dispatch() {
+	defer close(t.exited)
+	for {
+		t.qmu.Lock()
+		batch := t.queue
+		t.queue = nil
+		t.qmu.Unlock()
+		for _, r := range batch {
+			t.deliver(r)
+		}
+		if len(batch) > 0 {
+			select {
+			case t.progress <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		select {
+		case <-t.wake:
+		case <-t.stop:
+			t.qmu.Lock()
+			empty := len(t.queue) == 0
+			t.qmu.Unlock()
+			if empty {
+				return
+			}
+		}
+	}
+}
+
+func (t *UCXTransport) deliver(r ucxReport) {
+	switch {
+	case r.lost != "":
+		t.mu.Lock()
+		in := t.in
+		t.mu.Unlock()
+		if in != nil {
+			in.OnPeerLost(r.lost, r.err)
+		}
+	case r.busy != nil:
+		t.mu.Lock()
+		op := r.busy
+		live := t.ops[op.id] == op && !op.busy
+		op.busy = op.busy || live
+		t.mu.Unlock()
+		if live {
+			op.done(Completion{Err: fmt.Errorf("%w: send on the wire", ErrCancelled), Memory: MemoryBusy})
+		}
+	case r.req != nil:
+		t.deliverRequest(r.req)
+	}
+}
+
+func (t *UCXTransport) deliverRequest(req *native.Request) {
+	t.mu.Lock()
+	if req == t.ctrl {
+		in := t.in
+		if !t.closed {
+			t.postControlLocked()
+		}
+		t.mu.Unlock()
+		if req.Err() == nil && in != nil {
+			t.deliverControl(in, req.Data())
+		}
+		return
+	}
+	op := t.byReq[req]
+	if op == nil {
+		t.mu.Unlock()
+		return // a control send, or an op already given its final verdict
+	}
+	final := req.Settled()
+	if !final && op.busy {
+		t.mu.Unlock()
+		return
+	}
+	if final {
+		delete(t.byReq, req)
+		delete(t.ops, op.id)
+		if !op.send && t.recvTag[op.tag] == op.id {
+			delete(t.recvTag, op.tag)
+		}
+	} else {
+		op.busy = true
+	}
+	t.mu.Unlock()
+	c := Completion{Err: ucxError(req.Err(), op.peer), Memory: MemoryDone}
+	if c.Err == nil {
+		c.Bytes = op.size
+		if !op.send {
+			c.Bytes = int(req.Length())
+		}
+	}
+	if !final {
+		c.Memory = MemoryBusy // abandoned: UCX still holds it; the final verdict follows
+	}
+	op.done(c)
+}
+
+func (t *UCXTransport) deliverControl(in Inbound, b []byte) {
+	if len(b) < 2 {
+		return
+	}
+	n := int(binary.LittleEndian.Uint16(b))
+	if len(b) < 2+n || n == 0 {
+		return
+	}
+	in.OnControl(PeerFromAddress(b[2:2+n]), b[2+n:])
+}
+
+// ucxError maps native errors onto the engine's sentinels, keeping the UCX detail.
+func ucxError(err error, peer Peer) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, native.ErrCanceled):
+		return fmt.Errorf("%w: %w", ErrCancelled, err)
+	case errors.Is(err, native.ErrPeerUnreachable), errors.Is(err, native.ErrClosed):
+		return fmt.Errorf("%w: %.16s: %w", ErrPeerLost, peer, err)
+	}
+	return err
+}
+
+// Close implements Transport. It closes every endpoint (forced, or flushed within
+// CloseTimeout), cancels the control receive, stops the worker (which settles every request:
+// once it is gone UCX touches no memory), delivers every final verdict, and releases UCX.
+func (t *UCXTransport) Close(force bool) error {
+	first := false
+	t.once.Do(func() { first = true })
+	if !first {
+		return nil
+	}
+	t.mu.Lock()
+	t.closed = true
+	eps := make([]*native.Endpoint, 0, len(t.eps))
+	for _, ep := range t.eps {
+		eps = append(eps, ep)
+	}
+	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
+	defer cancel()
+	var errs []error
+	for _, ep := range eps {
+		if force {
+			errs = append(errs, ep.ForceClose(ctx))
+		} else {
+			errs = append(errs, ep.Close(ctx))
+		}
+	}
+	errs = append(errs, t.w.Close()) // settles every request, reporting each
+	close(t.stop)
+	select {
+	case <-t.exited:
+	case <-time.After(t.cfg.CloseTimeout):
+		errs = append(errs, fmt.Errorf("%w: dispatch did not drain within %v", ErrClosed, t.cfg.CloseTimeout))
+	}
+	errs = append(errs, t.staging.Close(), t.uctx.Close())
+	return errors.Join(errs...)
+}

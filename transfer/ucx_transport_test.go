@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// The transports the UCX engine tests run over (loopback only).
+var ucxTransports = []struct{ name, tls, dev string }{
+	{"shm", "posix,cma,self", ""},
+	{"tcp", "tcp,self", "lo"},
+}
+
+// ucxEngine is an Engine over a UCXTransport.
+type ucxEngine struct {
+	tr *UCXTransport
+	e  *Engine
+}
+
+func newUCXEngine(t testing.TB, tls, dev string, cfg Config) *ucxEngine {
+	t.Helper()
+	cfg = cfg.withDefaults()
+	if cfg.NumSlots == 0 {
+		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+	}
+	tr, err := NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
+		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	cfg.StagingMemory = tr.StagingMemory()
+	e, err := New(tr, cfg)
+	require.NoError(t, err)
+	u := &ucxEngine{tr: tr, e: e}
+	t.Cleanup(func() { _ = e.Close() })
+	return u
+}
+
+// ucxKV is a KV pool in Go memory (the engine gathers and scatters through staging slots, so
+// the caller's pool is never handed to UCX) with a plan over some blocks.
+type ucxKV struct {
+	mem  []byte
+	plan *layout.Plan
+}
+
+func newUCXKV(t testing.TB, d layout.Dims, o layout.Order, blockIDs []int32, seed uint64) *ucxKV {
+	t.Helper()
+	l := layout.Packed(d, o)
+	mem := make([]byte, l.SpanBytes())
+	if seed != 0 {
+		var key [32]byte
+		key[0], key[1] = byte(seed), byte(seed>>8)
+		_, _ = rand.NewChaCha8(key).Read(mem) // never fails
+	}
+	p, err := layout.NewPlan(l, l.All(), blockIDs)
+	require.NoError(t, err)
+	return &ucxKV{mem: mem, plan: p}
+}
+
+func (k *ucxKV) stream(t testing.TB) []byte {
+	t.Helper()
+	b := make([]byte, k.plan.Bytes())
+	require.NoError(t, layout.ReferenceGather(k.plan, k.mem, b))
+	return b
+}
+
+func ucxTestConfig() Config {
+	return Config{SlotBytes: 256 << 10, MaxConcurrent: 8, PipelineDepth: 2, TransferTimeout: 10 * time.Second,
+		QueueTimeout: 10 * time.Second, ProgressDeadline: 2 * time.Second, QuarantineTimeout: 2 * time.Second,
+		CancelGrace: 50 * time.Millisecond, RetryInterval: 50 * time.Millisecond, CloseTimeout: 5 * time.Second,
+		PollBudget: 2 * time.Millisecond}
+}
+
+func waitQuiesced(t testing.TB, h *Handle, d time.Duration) {
+	t.Helper()
+	select {
+	case <-h.Quiesced():
+	case <-time.After(d):
+		t.Fatalf("request %d not quiesced within %v: %+v", h.ID(), d, h.Status())
+	}
+}
+
+// Two engines in one process over UCX, shared memory and TCP: requests of several shapes and
+// orders, many concurrently, every byte checked against the reference gather.
+func TestUCXTransport_TwoEnginesEveryByteChecked(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			src := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
+			dst := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
+			const requests = 24
+			type pairKV struct {
+				s, r   *ucxKV
+				hs, hr *Handle
+			}
+			var all []pairKV
+			for i := 0; i < requests; i++ {
+				n := int32(1 + i*5%40)
+				sb := make([]int32, n)
+				rb := make([]int32, n)
+				for j := range sb {
+					sb[j] = (int32(i)*7 + int32(j)*3) % int32(dims.NumBlocks)
+					rb[j] = (int32(i)*11 + int32(j)*5 + 1) % int32(dims.NumBlocks)
+				}
+				sb, rb = uniqueBlocks(sb), uniqueBlocks(rb)
+				n = int32(min(len(sb), len(rb)))
+				sb, rb = sb[:n], rb[:n]
+				s := newUCXKV(t, dims, layout.Order(i%3), sb, uint64(i+1))
+				r := newUCXKV(t, dims, layout.Order((i+1)%3), rb, 0)
+				id := RequestID(1000 + i)
+				var p pairKV
+				p.s, p.r = s, r
+				// Prefill hands decode a ContextParams blob; decode finds the sender and
+				// checks the shapes from it alone.
+				blob, err := src.tr.ContextParams(id, s.plan).MarshalBinary()
+				require.NoError(t, err)
+				params, err := UnmarshalContextParams(blob)
+				require.NoError(t, err)
+				sendPlan, err := params.Plan()
+				require.NoError(t, err)
+				require.NoError(t, layout.Compatible(sendPlan, r.plan))
+				require.Equal(t, src.tr.Self(), SenderPeer(params))
+				if i%2 == 0 {
+					p.hr, err = dst.e.Receive(bg, Spec{ID: params.RequestID, Peer: SenderPeer(params), Plan: r.plan, Pool: r.mem})
+					require.NoError(t, err)
+					p.hs, err = src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+					require.NoError(t, err)
+				} else {
+					p.hs, err = src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+					require.NoError(t, err)
+					p.hr, err = dst.e.Receive(bg, Spec{ID: id, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+					require.NoError(t, err)
+				}
+				all = append(all, p)
+			}
+			for i, p := range all {
+				for _, h := range []*Handle{p.hs, p.hr} {
+					waitQuiesced(t, h, 30*time.Second)
+					st := h.Status()
+					require.Equal(t, Completed, st.State, "request %d: %v", i, st.Err)
+					require.Equal(t, p.s.plan.Bytes(), st.Bytes)
+				}
+				require.True(t, bytes.Equal(p.s.stream(t), p.r.stream(t)), "request %d: streams differ", i)
+			}
+			require.True(t, src.e.Health().Healthy, src.e.Health().Reason)
+			require.True(t, dst.e.Health().Healthy, dst.e.Health().Reason)
+		})
+	}
+}
+
+func uniqueBlocks(b []int32) []int32 {
+	seen := map[int32]bool{}
+	out := b[:0:0]
+	for _, x := range b {
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// A 4096-token Llama-3-8B-shaped request through two engines over shared memory, with the
+// default 4 MiB slots: 512 MiB, every byte checked.
+func TestUCXTransport_Request4096Tokens(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the 512 MiB transfer is left out")
+	}
+	dims := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 256}
+	cfg := ucxTestConfig()
+	cfg.SlotBytes = 4 << 20
+	cfg.MaxConcurrent = 2
+	cfg.PipelineDepth = 4
+	cfg.TransferTimeout = 60 * time.Second
+	src := newUCXEngine(t, "posix,cma,self", "", cfg)
+	dst := newUCXEngine(t, "posix,cma,self", "", cfg)
+	ids := make([]int32, 256)
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	s := newUCXKV(t, dims, layout.LayerMajor, ids, 7)
+	r := newUCXKV(t, dims, layout.LayerMajor, ids, 0)
+	require.Equal(t, int64(512<<20), s.plan.Bytes())
+	start := time.Now()
+	hr, err := dst.e.Receive(bg, Spec{ID: 1, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+	require.NoError(t, err)
+	hs, err := src.e.Send(bg, Spec{ID: 1, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+	require.NoError(t, err)
+	waitQuiesced(t, hs, 60*time.Second)
+	waitQuiesced(t, hr, 60*time.Second)
+	t.Logf("512 MiB through two engines over shared memory (staging) in %v", time.Since(start))
+	require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+	require.True(t, bytes.Equal(s.mem, r.mem), "every byte")
+}
+
+// The sending engine goes away mid-transfer (its transport force-closed, as a crashed process
+// would vanish): the receiver's handle reaches a terminal or quarantined state within its
+// deadline, health says why, and a new sender works again.
+func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
+	dims := layout.Dims{NumLayers: 8, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 128}
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := ucxTestConfig()
+			cfg.TransferTimeout = 2 * time.Second
+			dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
+			src := newUCXEngine(t, tr.tls, tr.dev, cfg)
+			ids := make([]int32, 128)
+			for i := range ids {
+				ids[i] = int32(i)
+			}
+			s := newUCXKV(t, dims, layout.BlockMajor, ids, 3)
+			r := newUCXKV(t, dims, layout.BlockMajor, ids, 0)
+			hr, err := dst.e.Receive(bg, Spec{ID: 9, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+			require.NoError(t, err)
+			_, err = src.e.Send(bg, Spec{ID: 9, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+			require.NoError(t, err)
+			deadline := time.Now().Add(10 * time.Second)
+			for hr.Status().Bytes == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			start := time.Now()
+			require.NoError(t, src.e.Close()) // the sender vanishes
+			select {
+			case <-hr.Done():
+			case <-time.After(cfg.TransferTimeout + 5*time.Second):
+				t.Fatalf("receiver not done %v after its sender vanished: %+v", time.Since(start), hr.Status())
+			}
+			st := hr.Status()
+			t.Logf("receiver: %v after %v (%v)", st.State, time.Since(start), st.Err)
+			if st.State == Completed {
+				t.Skip("the whole request moved before the sender closed; nothing to fail")
+			}
+			require.Error(t, st.Err)
+			waitQuiesced(t, hr, cfg.QuarantineTimeout+5*time.Second)
+
+			// A new sender at a new address works: the engine is healthy again.
+			src2 := newUCXEngine(t, tr.tls, tr.dev, cfg)
+			// The short deadline was for the failure; this one only has to finish.
+			hr2, err := dst.e.Receive(bg, Spec{ID: 10, Peer: src2.tr.Self(), Plan: r.plan, Pool: r.mem, Timeout: 30 * time.Second})
+			require.NoError(t, err)
+			hs2, err := src2.e.Send(bg, Spec{ID: 10, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem, Timeout: 30 * time.Second})
+			require.NoError(t, err)
+			waitQuiesced(t, hr2, 30*time.Second)
+			waitQuiesced(t, hs2, 30*time.Second)
+			require.Equal(t, Completed, hr2.Status().State, "%v", hr2.Status().Err)
+			require.True(t, bytes.Equal(s.stream(t), r.stream(t)))
+			require.Eventually(t, func() bool { return dst.e.Health().Healthy }, 10*time.Second, 10*time.Millisecond,
+				"health: %s", dst.e.Health().Reason)
+		})
+	}
+}
