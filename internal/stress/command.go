@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"go.uber.org/zap"
@@ -70,11 +69,6 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *processes {
 		if runProcesses == nil {
 			return &UsageError{Msg: "--processes needs the UCX transport, which this binary was built without"}
-		}
-		if _, set := os.LookupEnv("UCX_LOG_LEVEL"); !set {
-			// UCX warns about every unexpected message a killed peer leaves behind; the
-			// report already says what matters.
-			_ = os.Setenv("UCX_LOG_LEVEL", "fatal")
 		}
 		rep, err = runProcesses(ctx, cfg, *tls, "")
 	} else {

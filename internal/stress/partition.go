@@ -130,7 +130,7 @@ func (ps *procSoak) startNSPeer(idx int, ns, dev string) (*nsPeer, error) {
 		return nil, err
 	}
 	cmd := exec.Command("ip", "netns", "exec", ns, ps.exe) // ip execs the peer: same pid
-	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env))
+	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env), "UCX_LOG_LEVEL=fatal")
 	tail := &tailBuffer{}
 	cmd.Stderr = tail
 	stdin, err := cmd.StdinPipe()

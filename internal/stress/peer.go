@@ -38,7 +38,10 @@ type peerConfig struct {
 	ProgressDeadline  time.Duration `json:"progress_deadline"`
 	QuarantineTimeout time.Duration `json:"quarantine_timeout"`
 	Grace             time.Duration `json:"grace"`
-	Lifetime          time.Duration `json:"lifetime"` // the peer exits by itself after this
+	// Stopped is the longest the parent may stop this process (SIGSTOP): its clocks run on
+	// while it cannot act, so every bound it checks on itself stretches by this much.
+	Stopped  time.Duration `json:"stopped"`
+	Lifetime time.Duration `json:"lifetime"` // the peer exits by itself after this
 }
 
 // RunPeerFromEnv runs the peer process when PeerEnv is set and returns its exit code and
@@ -239,7 +242,7 @@ func seedFill(key [32]byte, pool []byte) {
 // bound as WEDGED; it returns false when the handle never quiesced (it is then left alone).
 func peerAwait(h *transfer.Handle, started time.Time, timeout time.Duration, pc peerConfig, say func(string, ...any)) bool {
 	id := h.ID()
-	doneBy := started.Add(pc.QueueTimeout + timeout + transfer.DefaultCancelGrace + pc.Grace)
+	doneBy := started.Add(pc.QueueTimeout + timeout + transfer.DefaultCancelGrace + pc.Grace + pc.Stopped)
 	if !waitUntil(h.Done(), doneBy) {
 		say("WEDGED %d no-outcome:%v", id, h.Status().State)
 	}

@@ -115,6 +115,9 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	ps.pc = peerConfig{TLS: tls, SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent, NumSlots: s.numSlots,
 		QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline, QuarantineTimeout: cfg.QuarantineTimeout,
 		Grace: cfg.Grace, Lifetime: cfg.Duration + 5*time.Minute}
+	if cfg.has(FaultFreeze) {
+		ps.pc.Stopped = cfg.FreezeFor
+	}
 	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: tls, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(s.numSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
 	if err != nil {
@@ -193,7 +196,7 @@ func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
 		return nil, err
 	}
 	cmd := exec.Command(ps.exe)
-	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env))
+	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env), "UCX_LOG_LEVEL=fatal")
 	// UCX's own complaints about a killed peer are expected noise; what matters reaches the
 	// parent as ERR lines and as the pool report, and the tail goes with a breach.
 	tail := &tailBuffer{}
