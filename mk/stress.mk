@@ -13,10 +13,16 @@ SOAK_FLAGS ?=
 soak-build:
 	$(GO) build -o $(SOAK_BIN) ./internal/stress/soak
 
+# Both parts run even when the first fails, so one run shows every breach; either failing fails
+# the target.
 soak-ci: soak-build ## 2-minute fault soak: cancel storms, deadlines, hung/late/never-quiescent chunks, frozen, killed and partitioned peers.
-	$(SOAK_BIN) --duration 60s $(SOAK_FLAGS)
-	$(SOAK_BIN) --processes --duration 50s --concurrency 64 $(SOAK_FLAGS)
+	@rc=0; \
+	$(SOAK_BIN) --duration 60s $(SOAK_FLAGS) || rc=1; \
+	$(SOAK_BIN) --processes --duration 50s --concurrency 64 $(SOAK_FLAGS) || rc=1; \
+	exit $$rc
 
 soak: soak-build ## 30-minute fault soak; prints the summary tables, exits non-zero on any breach.
-	$(SOAK_BIN) --duration 15m $(SOAK_FLAGS)
-	$(SOAK_BIN) --processes --duration 15m $(SOAK_FLAGS)
+	@rc=0; \
+	$(SOAK_BIN) --duration 15m $(SOAK_FLAGS) || rc=1; \
+	$(SOAK_BIN) --processes --duration 15m $(SOAK_FLAGS) || rc=1; \
+	exit $$rc
