@@ -174,7 +174,9 @@ func (r *Request) finish(err error, length int64) {
 		}
 	}
 	r.handle.Delete()
-	if r.w.cancelling == r {
+	// w.cancelling is the loop's; only a tracked request finishes on the loop, and only a
+	// tracked one (it has a UCX request) can be the one being cancelled.
+	if r.tracked && r.w.cancelling == r {
 		r.cleanCancel = true
 	}
 	if r.kind == opTagRecv && err != nil && !r.cleanCancel && r.ep != nil && r.ep.closing && !r.ep.peerFailed {

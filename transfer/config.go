@@ -62,6 +62,10 @@ type Config struct {
 	CloseTimeout time.Duration
 	// PollBudget is how long one Transport.Progress call may wait for work. Default 5ms.
 	PollBudget time.Duration
+	// ReadyPollInterval is how often a streaming Send polls its Spec.Ready signals while it
+	// waits on them (never blocking on one). Default 100us: a layer of prefill takes
+	// milliseconds, so the poll adds little delay and little CPU.
+	ReadyPollInterval time.Duration
 	// Logger receives lifecycle events. Default zap.NewNop().
 	Logger *zap.Logger
 	// Observer hears every transition, cancel, quarantine, poison and progress. Default
@@ -86,6 +90,7 @@ const (
 	DefaultPendingTTL        = 30 * time.Second
 	DefaultCloseTimeout      = 10 * time.Second
 	DefaultPollBudget        = 5 * time.Millisecond
+	DefaultReadyPollInterval = 100 * time.Microsecond
 )
 
 func (c Config) withDefaults() Config {
@@ -123,6 +128,7 @@ func (c Config) withDefaults() Config {
 	def(&c.PendingTTL, DefaultPendingTTL)
 	def(&c.CloseTimeout, DefaultCloseTimeout)
 	def(&c.PollBudget, DefaultPollBudget)
+	def(&c.ReadyPollInterval, DefaultReadyPollInterval)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -161,7 +167,7 @@ func (c Config) validate() error {
 		{"TransferTimeout", c.TransferTimeout}, {"QueueTimeout", c.QueueTimeout},
 		{"ProgressDeadline", c.ProgressDeadline}, {"QuarantineTimeout", c.QuarantineTimeout},
 		{"CancelGrace", c.CancelGrace}, {"RetryInterval", c.RetryInterval}, {"PendingTTL", c.PendingTTL},
-		{"CloseTimeout", c.CloseTimeout}, {"PollBudget", c.PollBudget},
+		{"CloseTimeout", c.CloseTimeout}, {"PollBudget", c.PollBudget}, {"ReadyPollInterval", c.ReadyPollInterval},
 	} {
 		if d.v < 0 {
 			return bad(d.name, d.v, "must be positive")

@@ -42,6 +42,16 @@
 // sub-transfer is, and a first error stops the siblings without releasing memory they may
 // still write.
 //
+// # Streaming and partial transfers
+//
+// A Send with Spec.Stream may open before its KV is complete: the caller marks layers ready
+// (Handle.MarkLayersReady, or Spec.Ready signals such as CUDA events, polled without blocking)
+// and chunks of ready layers go at once, cut at layer boundaries when the receiver asks
+// (its Spec.Stream). The deadline still counts from the first slot lease, so it covers the
+// rest of prefill; a transfer waiting on the model is not counted as stalled by Health. A
+// Receive names the blocks it already holds (Spec.Held); the request-info message carries
+// them, and both sides drop the same positions. See docs/streaming.md.
+//
 // # Testing
 //
 // MemNetwork is an in-process transport that moves real bytes and injects faults (delay, hang,

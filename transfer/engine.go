@@ -5,6 +5,7 @@ package transfer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,7 @@ type Engine struct {
 	liveDrivers  atomic.Int64
 	inFlight     atomic.Int64
 	quarantined  atomic.Int64
+	awaiting     atomic.Int64 // streaming transfers waiting on the model, not the wire
 	lastProgress atomic.Int64 // unix nanoseconds
 	malformed    atomic.Int64
 }
@@ -128,12 +130,18 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	if err != nil {
 		return nil, err
 	}
-	h := &Handle{id: spec.ID, eng: e, done: make(chan struct{}), quiesced: make(chan struct{}), callerRefs: 1, engineRef: true}
+	h := &Handle{id: spec.ID, eng: e, done: make(chan struct{}), quiesced: make(chan struct{}), callerRefs: 1, engineRef: true,
+		receive: receive, stream: spec.Stream, layers: subs[0].Plan.Selection().Layers()}
 	xs := make([]*xfer, len(subs))
 	for i, s := range subs {
-		h.total += s.Plan.Bytes()
+		h.total.Add(s.Plan.Bytes())
 		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), receive: receive, peer: s.Peer, plan: s.Plan,
-			mover: mover, timeout: timeout, stopCh: make(chan struct{}), box: mailbox{notify: make(chan struct{}, 1)}}
+			mover: mover, timeout: timeout, stopCh: make(chan struct{}), box: mailbox{notify: make(chan struct{}, 1)},
+			stream: spec.Stream, signals: spec.Ready}
+		if receive && len(spec.Held) > 0 {
+			xs[i].heldOf = len(spec.Plan.Blocks())
+			xs[i].held = slices.Sorted(slices.Values(spec.Held))
+		}
 	}
 	h.subs = xs
 
@@ -231,18 +239,19 @@ type HealthSnapshot struct {
 	FreeSlots        int           // slots free now
 	PoisonedSlots    int           // slots out of circulation for good
 	MinSlots         int           // slots needed to serve MaxConcurrent transfers
+	AwaitingReady    int64         // in-flight streaming transfers waiting on the model's layers, not the wire
 	SinceProgress    time.Duration // since the last chunk moved or transfer ended
 	ProgressDeadline time.Duration // Config.ProgressDeadline
 	MalformedControl int64         // control messages that did not decode
 }
 
-// Health tells the truth (L12): unhealthy when transfers are in flight and none has progressed
-// for Config.ProgressDeadline, when more transfers are quarantined than the budget allows, or
+// Health tells the truth (L12): unhealthy when transfers are in flight (other than streaming
+// ones waiting on the model's layers) and none has progressed for Config.ProgressDeadline, when more transfers are quarantined than the budget allows, or
 // when poisoned slots leave fewer than MaxConcurrent. It never blocks.
 func (e *Engine) Health() Health {
 	st := e.pool.Stats()
 	s := HealthSnapshot{
-		InFlight: e.inFlight.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
+		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
 		SinceProgress: time.Duration(time.Now().UnixNano() - e.lastProgress.Load()), ProgressDeadline: e.cfg.ProgressDeadline,
 		MalformedControl: e.malformed.Load(),
@@ -251,7 +260,9 @@ func (e *Engine) Health() Health {
 	if e.isClosed() {
 		why = append(why, "engine closed")
 	}
-	if s.InFlight > 0 && s.SinceProgress > s.ProgressDeadline {
+	// A streaming transfer that waits for its layers is not stalled: the model is computing.
+	// It is bounded by its own deadline, not by this rule.
+	if s.InFlight > s.AwaitingReady && s.SinceProgress > s.ProgressDeadline {
 		why = append(why, fmt.Sprintf("no transfer progressed for %v (deadline %v) while %d are in flight",
 			s.SinceProgress.Round(time.Millisecond), s.ProgressDeadline, s.InFlight))
 	}

@@ -46,6 +46,16 @@ var (
 	// ErrSiblingFailed: another sub-transfer of the same multi-peer request failed, so this
 	// one was stopped.
 	ErrSiblingFailed = errors.New("kvxfer: a sibling sub-transfer failed")
+	// ErrNotStreaming: a streaming call (MarkLayersReady) on a handle whose Spec did not set
+	// Stream.
+	ErrNotStreaming = errors.New("kvxfer: not a streaming send")
+	// ErrNothingToMove: a partial Receive holds every block of the request already. It is
+	// refused rather than completed at once, because the sender would still wait for a
+	// request that never comes: the caller should not start the transfer at all.
+	ErrNothingToMove = errors.New("kvxfer: the receiver already holds every block")
+	// ErrReadySignal: a readiness signal (a CUDA event, say) reported an error, so the layers
+	// it guards will never be ready.
+	ErrReadySignal = errors.New("kvxfer: readiness signal failed")
 )
 
 // ConfigError names the Config field that is wrong, its value, and the fix.

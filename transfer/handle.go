@@ -4,8 +4,11 @@ package transfer
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
 )
 
 // Status is a snapshot of a handle. Reading it never blocks (L4).
@@ -27,10 +30,16 @@ type Status struct {
 type Handle struct {
 	id    RequestID
 	eng   *Engine
-	total int64
-	m     machine
-	bytes atomic.Int64
-	err   atomic.Pointer[error]
+	total atomic.Int64 // a partial Send learns its size from the receiver's request
+	// Streaming: layers is the plan's layer count; readyLayers the caller's latest
+	// MarkLayersReady (Send only).
+	receive     bool
+	stream      bool
+	layers      int64
+	readyLayers atomic.Int64
+	m           machine
+	bytes       atomic.Int64
+	err         atomic.Pointer[error]
 
 	done     chan struct{}
 	quiesced chan struct{}
@@ -48,7 +57,7 @@ func (h *Handle) ID() RequestID { return h.id }
 
 // Status returns the handle's state, progress and error with three atomic loads.
 func (h *Handle) Status() Status {
-	s := Status{State: h.m.load(), Bytes: h.bytes.Load(), Total: h.total}
+	s := Status{State: h.m.load(), Bytes: h.bytes.Load(), Total: h.total.Load()}
 	if p := h.err.Load(); p != nil {
 		s.Err = *p
 	}
@@ -189,4 +198,46 @@ func (h *Handle) settleLocked() {
 	default:
 		h.applyLocked(EvFail, cause)
 	}
+}
+
+// MarkLayersReady tells a streaming Send (Spec.Stream) that layers [0, end) of its plan's
+// selection hold their final KV: chunks that lie wholly in them may go. It never blocks, and
+// a smaller end than already marked changes nothing. It fails with ErrNotStreaming on any
+// other handle and with layout.ErrOutOfRange for an end outside [0, layers].
+func (h *Handle) MarkLayersReady(end int) error {
+	if h.receive || !h.stream {
+		return &RequestError{ID: h.id, Err: ErrNotStreaming}
+	}
+	if end < 0 || int64(end) > h.layers {
+		return &RequestError{ID: h.id, Err: fmt.Errorf("%w: layer end %d outside [0, %d]", layout.ErrOutOfRange, end, h.layers)}
+	}
+	for i := 0; i < 64; i++ { // bounded: each lost race means another caller raised it
+		cur := h.readyLayers.Load()
+		if int64(end) <= cur {
+			return nil
+		}
+		if h.readyLayers.CompareAndSwap(cur, int64(end)) {
+			break
+		}
+	}
+	for _, x := range h.subs {
+		x.box.push(event{ready: true})
+	}
+	return nil
+}
+
+// LayersReady reports, without blocking, how many leading layers of the plan's selection
+// hold their final bytes: on a streaming Receive, the layers scattered so far (for a
+// multi-peer Receive, the fewest over its sub-transfers, each counted in its own plan); on
+// another Receive, all layers once completed, else 0; on a Send, the layers declared ready
+// by MarkLayersReady or by fired Spec.Ready signals.
+func (h *Handle) LayersReady() int {
+	if !h.receive {
+		return int(h.readyLayers.Load())
+	}
+	n := h.layers
+	for _, x := range h.subs {
+		n = min(n, x.layersReady.Load())
+	}
+	return int(n)
 }

@@ -73,7 +73,7 @@ func notifyPeerLost(o Observer, peer Peer, err error) {
 
 // startInfo describes h, whose subs are set, for notifyStart.
 func startInfo(h *Handle, receive bool) StartInfo {
-	info := StartInfo{ID: h.id, Direction: DirectionSend, Peers: make([]Peer, len(h.subs)), Bytes: h.total}
+	info := StartInfo{ID: h.id, Direction: DirectionSend, Peers: make([]Peer, len(h.subs)), Bytes: h.total.Load()}
 	if receive {
 		info.Direction = DirectionReceive
 	}

@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -32,6 +33,41 @@ type Spec struct {
 	// PP: a TP=1 rank receiving from two TP=2 ranks names each with the plan of its share of
 	// heads). The handle is terminal only when every sub-transfer is. Peers must differ.
 	Subs []SubSpec
+
+	// Stream, on a Send, opens the transfer before its KV is complete: the engine sends only
+	// the layers the caller has declared ready (Handle.MarkLayersReady, or the Ready signals)
+	// and cuts chunks at layer boundaries, so a ready layer never waits on an unready one.
+	// The deadline still counts from the first slot lease, so Timeout must cover the rest of
+	// prefill as well as the wire. On a Receive, Stream asks the sender for layer-aligned
+	// chunks and keeps Handle.LayersReady current; set it when the sender streams (it works
+	// without, chunks that straddle two layers then wait for both).
+	Stream bool
+	// Ready, on a streaming Send, lists non-blocking signals (a CUDA event recorded after
+	// each layer range's compute, say) that the engine polls every Config.ReadyPollInterval:
+	// when Ready[i].Signal reports done, layers [0, Ready[i].End) are ready. Ends must rise.
+	// The engine never blocks on a signal and never waits for one past the deadline.
+	Ready []LayerSignal
+	// Held, on a Receive, lists the positions in Plan's block list that the receiver already
+	// holds (a prefix-cache hit): only the other blocks move, and the request-info message
+	// carries the positions so the sender trims its own plan the same way. Positions must
+	// be distinct and in range, and leave at least one block (else ErrNothingToMove).
+	// Only with Plan, not Subs.
+	Held []int
+}
+
+// ReadySignal says, without blocking, whether something the transfer depends on has
+// happened. *cuda.Event satisfies it (Query is cudaEventQuery); a host producer can use
+// Handle.MarkLayersReady instead.
+type ReadySignal interface {
+	// Query reports whether the signal has fired. It must not block. An error means it
+	// never will: the transfer fails with ErrReadySignal.
+	Query() (done bool, err error)
+}
+
+// LayerSignal declares layers [0, End) of the plan's selection ready once Signal fires.
+type LayerSignal struct {
+	End    int
+	Signal ReadySignal
 }
 
 // SubSpec is one peer's share of a multi-peer Receive.
@@ -40,8 +76,72 @@ type SubSpec struct {
 	Plan *layout.Plan
 }
 
-// resolve checks the spec and returns its sub-transfers, mover and timeout.
+// resolve checks the spec and returns its sub-transfers (with Held applied), mover and
+// timeout.
 func (s Spec) resolve(receive bool, cfg Config) ([]SubSpec, Mover, time.Duration, error) {
+	subs, mover, timeout, err := s.resolveBase(receive, cfg)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	bad := func(field, reason string, err error) error {
+		return &SpecError{ID: s.ID, Field: field, Reason: reason, Err: err}
+	}
+	if receive && len(s.Ready) > 0 {
+		return nil, nil, 0, bad("Ready", "only a Send has readiness signals", nil)
+	}
+	if len(s.Ready) > 0 && !s.Stream {
+		return nil, nil, 0, bad("Ready", "readiness signals need Stream", nil)
+	}
+	if len(s.Ready) > 0 {
+		layers := int(subs[0].Plan.Selection().Layers())
+		prev := 0
+		for i, r := range s.Ready {
+			field := fmt.Sprintf("Ready[%d]", i)
+			if r.Signal == nil {
+				return nil, nil, 0, bad(field+".Signal", "nil signal", nil)
+			}
+			if r.End <= prev || r.End > layers {
+				return nil, nil, 0, bad(field+".End", fmt.Sprintf("%d: ends must rise and lie in [1, %d]", r.End, layers), layout.ErrOutOfRange)
+			}
+			prev = r.End
+		}
+	}
+	if len(s.Held) > 0 {
+		switch {
+		case !receive:
+			return nil, nil, 0, bad("Held", "only a Receive names the blocks it holds", nil)
+		case len(s.Subs) > 0:
+			return nil, nil, 0, bad("Held", "a partial transfer takes Plan, not Subs", nil)
+		case len(s.Plan.Blocks()) > MaxBlocks:
+			return nil, nil, 0, bad("Held", fmt.Sprintf("a partial transfer of %d blocks, at most %d", len(s.Plan.Blocks()), MaxBlocks), layout.ErrOutOfRange)
+		case len(s.Held) == len(s.Plan.Blocks()) && len(s.Held) > 0:
+			if _, err := s.Plan.WithoutPositions(s.Held); errors.Is(err, layout.ErrOutOfRange) && !hasBadPosition(s.Held, len(s.Plan.Blocks())) {
+				return nil, nil, 0, bad("Held", fmt.Sprintf("all %d blocks held", len(s.Held)), ErrNothingToMove)
+			}
+		}
+		trimmed, err := s.Plan.WithoutPositions(s.Held)
+		if err != nil {
+			return nil, nil, 0, bad("Held", err.Error(), err)
+		}
+		subs[0].Plan = trimmed
+	}
+	return subs, mover, timeout, nil
+}
+
+// hasBadPosition reports whether a position is out of range or repeated, so that "all held"
+// is told apart from bad input.
+func hasBadPosition(pos []int, n int) bool {
+	seen := make(map[int]bool, len(pos))
+	for _, p := range pos {
+		if p < 0 || p >= n || seen[p] {
+			return true
+		}
+		seen[p] = true
+	}
+	return false
+}
+
+func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Duration, error) {
 	bad := func(field, reason string, err error) error {
 		return &SpecError{ID: s.ID, Field: field, Reason: reason, Err: err}
 	}

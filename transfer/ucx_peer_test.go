@@ -185,13 +185,13 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/%v", tr.name, sig), func(t *testing.T) {
 				cfg := ucxPeerTestConfig()
 				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
-				peer := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 21, 60*time.Second)...)
+				peer := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 21, 120*time.Second)...)
 				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
 				require.NoError(t, err)
 				pool, plan := ucxEnginePool(t, blocks, 5, false)
 				h, err := local.e.Receive(bg, Spec{ID: 21, Peer: peer.peer, Plan: plan, Pool: pool})
 				require.NoError(t, err)
-				require.Eventually(t, func() bool { return h.Status().Bytes > 0 }, 20*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { return h.Status().Bytes > 0 }, 60*time.Second, time.Millisecond, "the peer fills a 512 MiB pool first: slow on a loaded 2-core host")
 				require.NoError(t, peer.cmd.Process.Signal(sig))
 				start := time.Now()
 				sawUnhealthy := false

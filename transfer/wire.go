@@ -32,6 +32,7 @@ const (
 	MaxAbortReason = 256
 
 	requestInfoBytes = HeaderBytes + 7*8 + 8 + 8
+	requestExtBytes  = 8 // flags u32, held count u32; the positions follow
 	doneBytes        = HeaderBytes + 8
 	abortFixedBytes  = HeaderBytes + 4
 	abortAckBytes    = HeaderBytes
@@ -71,12 +72,38 @@ type Header struct {
 }
 
 // RequestInfo asks the sender to start streaming.
+//
+// Its body is 72 bytes (shape, chunk size, depth). A receiver that needs layer-aligned chunks
+// or moves only part of the request appends an extension: flags u32 | block count u32 | a
+// bitmap of that many bits, one per position of the request's block list, set where the
+// receiver already holds the block (a bitmap keeps a 128k-token request's message near 1 KiB).
+// A request with neither is encoded without the extension, so an engine that predates it
+// still decodes every request a plain transfer sends.
 type RequestInfo struct {
 	Header
-	Shape      layout.Shape
-	ChunkBytes int64 // payload bytes per chunk, a multiple of Shape.ElemSize
-	Depth      int64 // receives the receiver keeps posted (informational)
+	Shape      layout.Shape // the stream the receiver expects, held blocks already dropped
+	ChunkBytes int64        // payload bytes per chunk, a multiple of Shape.ElemSize
+	Depth      int64        // receives the receiver keeps posted (informational)
+	Flags      RequestFlags
+	// Held lists, in ascending order, the positions of the request's block list that the
+	// receiver already holds; the sender drops them from its plan
+	// (layout.Plan.WithoutPositions) before comparing shapes. HeldOf is the length of that
+	// full block list (0 when Held is empty), so the sender can check it names the same
+	// request.
+	Held   []int
+	HeldOf int
 }
+
+// RequestFlags are options of a request-info message.
+type RequestFlags uint32
+
+// The request flags.
+const (
+	// FlagLayerCut: chunks end at every layer boundary as well as every ChunkBytes, so a
+	// streaming sender can send each layer as soon as it is ready.
+	FlagLayerCut RequestFlags = 1 << 0
+	knownFlags                = FlagLayerCut
+)
 
 // DataHeader precedes one chunk's payload.
 type DataHeader struct {
@@ -135,6 +162,24 @@ func (m *RequestInfo) AppendBinary(b []byte) ([]byte, error) {
 	s := m.Shape
 	for _, v := range []int64{s.Layers, s.KVFactor, s.Blocks, s.Heads, s.TokensPerBlock, s.HeadDim, s.ElemSize, m.ChunkBytes, m.Depth} {
 		b = binary.LittleEndian.AppendUint64(b, uint64(v))
+	}
+	if m.Flags == 0 && len(m.Held) == 0 {
+		return b, nil
+	}
+	if m.HeldOf < 0 || m.HeldOf > MaxBlocks || (len(m.Held) > 0) != (m.HeldOf > 0) {
+		return nil, fmt.Errorf("held positions of a %d-block request: at most %d blocks, and positions only with a count", m.HeldOf, MaxBlocks)
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.Flags))
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.HeldOf))
+	at := len(b)
+	b = append(b, make([]byte, (m.HeldOf+7)/8)...)
+	prev := -1
+	for _, p := range m.Held {
+		if p <= prev || p >= m.HeldOf {
+			return nil, fmt.Errorf("held position %d: positions must rise and lie in [0, %d)", p, m.HeldOf)
+		}
+		b[at+p/8] |= 1 << (p % 8)
+		prev = p
 	}
 	return b, nil
 }
@@ -211,8 +256,8 @@ func Decode(b []byte) (Message, error) {
 	u64 := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[HeaderBytes+8*i:])) }
 	switch h.Kind {
 	case KindRequestInfo:
-		if err := exact(requestInfoBytes); err != nil {
-			return nil, err
+		if len(b) != requestInfoBytes && len(b) < requestInfoBytes+requestExtBytes {
+			return nil, malformed(len(b), "request-info of %d bytes: %d, or at least %d with the extension", len(b), requestInfoBytes, requestInfoBytes+requestExtBytes)
 		}
 		m := &RequestInfo{Header: h, Shape: layout.Shape{Layers: u64(0), KVFactor: u64(1), Blocks: u64(2),
 			Heads: u64(3), TokensPerBlock: u64(4), HeadDim: u64(5), ElemSize: u64(6)}, ChunkBytes: u64(7), Depth: u64(8)}
@@ -224,6 +269,11 @@ func Decode(b []byte) (Message, error) {
 		}
 		if m.ChunkBytes%m.Shape.ElemSize != 0 {
 			return nil, malformed(HeaderBytes+56, "chunk of %d bytes is not a whole number of %d-byte elements", m.ChunkBytes, m.Shape.ElemSize)
+		}
+		if len(b) > requestInfoBytes {
+			if err := decodeRequestExt(m, b); err != nil {
+				return nil, err
+			}
 		}
 		return m, nil
 	case KindDone:
@@ -254,6 +304,41 @@ func Decode(b []byte) (Message, error) {
 		return &AbortAck{Header: h}, nil
 	}
 	return nil, malformed(3, "kind %d is not a control message", h.Kind)
+}
+
+// MaxBlocks bounds the block list of a partial transfer, so its bitmap stays under 128 KiB
+// (a transport may bound control messages further: UCX's default is 4 KiB, about 32k blocks).
+const MaxBlocks = 1 << 20
+
+// decodeRequestExt parses request-info's extension: flags, then the held-block bitmap.
+func decodeRequestExt(m *RequestInfo, b []byte) error {
+	at := requestInfoBytes
+	m.Flags = RequestFlags(binary.LittleEndian.Uint32(b[at:]))
+	if m.Flags&^knownFlags != 0 {
+		return malformed(at, "unknown request flags %#x", uint32(m.Flags&^knownFlags))
+	}
+	n := int(binary.LittleEndian.Uint32(b[at+4:]))
+	if m.Flags == 0 && n == 0 { // never encoded: one message, one encoding
+		return malformed(at, "an empty request-info extension")
+	}
+	if n > MaxBlocks || len(b) != at+requestExtBytes+(n+7)/8 {
+		return malformed(at+4, "bitmap of %d blocks in a %d-byte request-info (at most %d blocks)", n, len(b), MaxBlocks)
+	}
+	bits := b[at+requestExtBytes:]
+	if n%8 != 0 && bits[len(bits)-1]>>(n%8) != 0 {
+		return malformed(len(b)-1, "bits set past the %d-block bitmap", n)
+	}
+	for p := range n {
+		if bits[p/8]&(1<<(p%8)) != 0 {
+			m.Held = append(m.Held, p)
+		}
+	}
+	if len(m.Held) > 0 {
+		m.HeldOf = n
+	} else if n != 0 {
+		return malformed(at+4, "a %d-block bitmap with no block held", n)
+	}
+	return nil
 }
 
 // DecodeData parses a data chunk: its header and the payload after it. The payload aliases b.

@@ -98,6 +98,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(&Abort{Header: Header{Request: 2, Sub: 1}, Code: AbortCancelled, Reason: "x"}))
 	f.Add(encode(&AbortAck{Header: Header{Request: 3}}))
 	f.Add(encode(&RequestInfo{Header: Header{Request: 4}, Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2}, ChunkBytes: 64, Depth: 2}))
+	f.Add(encode(&RequestInfo{Header: Header{Request: 5}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
+		ChunkBytes: 64, Depth: 2, Flags: FlagLayerCut, Held: []int{0, 9}, HeldOf: 12}))
 	d, _ := (&DataHeader{Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
 	f.Add(append(d, 7))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,6 +29,12 @@ type xfer struct {
 	mover   Mover
 	timeout time.Duration
 	m       machine // written only through Handle.subApplyLocked / cancel, under h.mu
+	stream  bool
+	signals []LayerSignal // streaming Send: polled, never waited on
+	held    []int         // partial Receive: positions of the full block list already held
+	heldOf  int           // partial Receive: length of the full block list
+	// layersReady is how many leading layers this sub has scattered (Receive).
+	layersReady atomic.Int64
 
 	box       mailbox
 	qctx      context.Context
@@ -43,6 +50,16 @@ type xfer struct {
 	outstanding int
 	chunk       int64
 	nChunks     int
+	layerCut    bool  // chunks also end at layer boundaries
+	perLayer    int64 // stream bytes of one layer
+	cutPerLayer int   // chunks per layer when layerCut
+	cutChunk    int64 // their size (the last of a layer may be smaller)
+	readyBytes  int64 // Send: stream bytes [0, readyBytes) may be gathered
+	nextSignal  int   // Send: first signal not yet fired
+	idle        []*buffer.Slot
+	recvSeen    []bool // streaming Receive: chunks scattered, to find the ready prefix
+	recvPrefix  int
+	awaiting    bool // counted in Engine.awaiting
 	nextSeq     int
 	moved       int // chunks fully handled
 	doneMsg     bool
@@ -57,6 +74,7 @@ type xfer struct {
 	retryAt    time.Time
 	graceAt    time.Time
 	quarAt     time.Time
+	pollAt     time.Time
 	wake       *time.Timer
 	armedAt    time.Time
 }
@@ -70,10 +88,11 @@ type opRec struct {
 }
 
 type event struct {
-	op   *opRec
-	c    Completion
-	msg  Message
-	lost error
+	op    *opRec
+	c     Completion
+	msg   Message
+	lost  error
+	ready bool // the caller marked more layers ready
 }
 
 // mailbox queues events for a transfer's goroutine. push never blocks, so transport
@@ -130,6 +149,7 @@ func (x *xfer) apply(ev Event, cause error) bool {
 
 func (x *xfer) run() {
 	defer x.eng.driverDone(x)
+	defer x.setAwaiting(false)
 	defer x.qcancel()
 	defer func() {
 		if x.wake != nil {
@@ -146,7 +166,7 @@ func (x *xfer) run() {
 // arm points the transfer's one timer at the earliest time set, if that changed.
 func (x *xfer) arm() {
 	var next time.Time
-	for _, t := range []time.Time{x.deadlineAt, x.retryAt, x.graceAt, x.quarAt} {
+	for _, t := range []time.Time{x.deadlineAt, x.retryAt, x.graceAt, x.quarAt, x.pollAt} {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 			next = t
 		}
@@ -238,14 +258,63 @@ func (x *xfer) payloadCap() int64 {
 	return c - c%x.plan.Layout().ElemSize
 }
 
-func (x *xfer) setChunks(chunk int64) {
+// setChunks fixes the chunk schedule both sides derive from the request-info: chunks of
+// chunk bytes, and with layerCut also ending at every layer boundary, so a streaming sender
+// never holds a ready layer back for the next one. Arithmetic, not a table: thousands of
+// small transfers in flight allocate nothing for it.
+func (x *xfer) setChunks(chunk int64, layerCut bool) {
 	x.chunk = chunk
+	x.perLayer = x.plan.Bytes() / x.plan.Selection().Layers()
+	x.layerCut = layerCut && x.perLayer > 0
+	if x.layerCut {
+		// Split each layer evenly: a 16 MiB layer in 4 MiB slots is five chunks of 3.2 MiB,
+		// not four full ones and a 200-byte straggler that costs a message of its own.
+		k := (x.perLayer + chunk - 1) / chunk
+		elem := x.plan.Layout().ElemSize
+		cut := (x.perLayer + k - 1) / k
+		x.cutChunk = (cut + elem - 1) / elem * elem // still <= chunk, which is whole elements
+		x.cutPerLayer = int((x.perLayer + x.cutChunk - 1) / x.cutChunk)
+		x.nChunks = x.cutPerLayer * int(x.plan.Selection().Layers())
+		return
+	}
 	x.nChunks = int((x.plan.Bytes() + chunk - 1) / chunk)
 }
 
 func (x *xfer) chunkRange(seq int) (off, n int64) {
+	if x.layerCut {
+		layer, i := int64(seq/x.cutPerLayer), int64(seq%x.cutPerLayer)
+		in := i * x.cutChunk
+		return layer*x.perLayer + in, min(x.cutChunk, x.perLayer-in)
+	}
 	off = int64(seq) * x.chunk
 	return off, min(x.chunk, x.plan.Bytes()-off)
+}
+
+// setAwaiting keeps Engine.awaiting in step: a streaming transfer waiting on the model is not
+// a stalled one (see Health).
+func (x *xfer) setAwaiting(v bool) {
+	if v == x.awaiting {
+		return
+	}
+	x.awaiting = v
+	if v {
+		x.eng.awaiting.Add(1)
+	} else {
+		x.eng.awaiting.Add(-1)
+	}
+}
+
+// updateAwaiting: a streaming Send awaits the model when nothing of it is on the wire and some
+// layer is not ready; a streaming Receive (its first sub, so a handle counts once) awaits its
+// sender's model for as long as it runs: it cannot tell the two apart, and its deadline
+// bounds it either way.
+func (x *xfer) updateAwaiting() {
+	live := x.stream && !x.aborting && !x.ended
+	if x.receive {
+		x.setAwaiting(live && x.sub == 0)
+		return
+	}
+	x.setAwaiting(live && x.outstanding == 0 && x.readyBytes < x.plan.Bytes())
 }
 
 // ---- receiving side ----
@@ -255,9 +324,14 @@ func (x *xfer) runReceive() {
 	if !ok {
 		return
 	}
-	x.setChunks(x.payloadCap())
-	for _, s := range x.extraSlots(first) {
+	x.setChunks(x.payloadCap(), x.stream)
+	if x.layerCut {
+		x.recvSeen = make([]bool, x.nChunks)
+	}
+	slots := x.extraSlots(first)
+	for i, s := range slots {
 		if !x.postRecv(s) {
+			releaseAll(slots[i+1:]) // never posted
 			break
 		}
 	}
@@ -269,7 +343,10 @@ func (x *xfer) runReceive() {
 
 func (x *xfer) sendRequestInfo() {
 	ri := &RequestInfo{Header: Header{Sub: x.wireSub, Request: x.h.id}, Shape: x.plan.Shape(),
-		ChunkBytes: x.chunk, Depth: int64(x.eng.cfg.PipelineDepth)}
+		ChunkBytes: x.chunk, Depth: int64(x.eng.cfg.PipelineDepth), Held: x.held, HeldOf: x.heldOf}
+	if x.layerCut {
+		ri.Flags |= FlagLayerCut
+	}
 	if err := x.eng.tr.SendControl(x.peer, encode(ri)); err != nil {
 		x.log().Debug("request-info not sent; will retry", zap.Error(err))
 	}
@@ -316,10 +393,12 @@ func (x *xfer) receivedChunk(rec *opRec, c Completion) {
 		return
 	}
 	x.progress(n)
+	x.markReceived(rec.seq)
 	if !x.postRecv(rec.slot) {
 		return
 	}
 	if x.moved == x.nChunks {
+		x.layersReady.Store(x.plan.Selection().Layers())
 		_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: Header{Sub: x.wireSub, Request: x.h.id}, Bytes: x.plan.Bytes()}))
 		x.finish(EvComplete, nil)
 	}
@@ -372,7 +451,11 @@ func (x *xfer) runSend() {
 		}
 	}
 	x.wireSub = ri.Sub
-	if err := shapeMismatch(x.plan.Shape(), ri.Shape); err != nil || ri.ChunkBytes > x.payloadCap() {
+	err := x.applyHeld(ri)
+	if err == nil {
+		err = shapeMismatch(x.plan.Shape(), ri.Shape)
+	}
+	if err != nil || ri.ChunkBytes > x.payloadCap() {
 		if err == nil {
 			err = fmt.Errorf("receiver's %d-byte chunks do not fit this engine's %d-byte slots", ri.ChunkBytes, x.eng.cfg.SlotBytes)
 		}
@@ -381,7 +464,10 @@ func (x *xfer) runSend() {
 		x.queuedExit(cause)
 		return
 	}
-	x.setChunks(ri.ChunkBytes)
+	x.setChunks(ri.ChunkBytes, ri.Flags&FlagLayerCut != 0)
+	if !x.stream {
+		x.readyBytes = x.plan.Bytes()
+	}
 	first, ok := x.lease()
 	if !ok {
 		code := AbortInternal
@@ -391,12 +477,118 @@ func (x *xfer) runSend() {
 		x.sendAbort(code, errors.New("the sender stopped before it could lease a staging slot"))
 		return
 	}
-	for _, s := range x.extraSlots(first) {
+	slots := x.extraSlots(first)
+	for i, s := range slots {
 		if !x.postSend(s) {
+			releaseAll(slots[i+1:]) // never posted
 			break
 		}
 	}
 	x.loop()
+}
+
+func releaseAll(slots []*buffer.Slot) {
+	for _, s := range slots {
+		_ = s.Release()
+	}
+}
+
+// applyHeld trims the plan by the receiver's held positions (a partial transfer), so both
+// sides drop the same blocks before the shapes are compared.
+func (x *xfer) applyHeld(ri *RequestInfo) error {
+	if len(ri.Held) == 0 {
+		return nil
+	}
+	if n := len(x.plan.Blocks()); ri.HeldOf != n {
+		return fmt.Errorf("%w: the receiver's request has %d blocks, this sender's %d", layout.ErrIncompatible, ri.HeldOf, n)
+	}
+	trimmed, err := x.plan.WithoutPositions(ri.Held)
+	if err != nil {
+		return fmt.Errorf("receiver's held positions: %w", err)
+	}
+	x.h.total.Add(trimmed.Bytes() - x.plan.Bytes())
+	x.plan = trimmed
+	return nil
+}
+
+// refreshReady raises readyBytes from the caller's MarkLayersReady and any fired signals. It
+// never blocks: each signal is queried once, in order, and the first one not done stops it.
+func (x *xfer) refreshReady() error {
+	if !x.stream {
+		return nil
+	}
+	layers := x.h.readyLayers.Load()
+	for x.nextSignal < len(x.signals) {
+		s := x.signals[x.nextSignal]
+		done, err := s.Signal.Query()
+		if err != nil {
+			return &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: layers [0, %d): %w", ErrReadySignal, s.End, err)}
+		}
+		if !done {
+			break
+		}
+		x.nextSignal++
+	}
+	if x.nextSignal > 0 {
+		layers = max(layers, int64(x.signals[x.nextSignal-1].End))
+		for i := 0; i < 64; i++ { // publish for LayersReady; bounded, each lost race raised it
+			cur := x.h.readyLayers.Load()
+			if layers <= cur || x.h.readyLayers.CompareAndSwap(cur, layers) {
+				break
+			}
+		}
+	}
+	if ready := layers * x.perLayer; ready > x.readyBytes {
+		x.readyBytes = ready
+		x.eng.touch() // the time spent waiting on the model was no stall of the wire
+	}
+	return nil
+}
+
+// onReady sends what newly ready layers allow through the slots that waited for them.
+func (x *xfer) onReady() {
+	if x.receive || x.aborting || x.ended {
+		return
+	}
+	if err := x.refreshReady(); err != nil {
+		x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+		return
+	}
+	for len(x.idle) > 0 && !x.aborting {
+		if x.nextSeq < x.nChunks {
+			if off, n := x.chunkRange(x.nextSeq); off+n > x.readyBytes {
+				return
+			}
+		}
+		s := x.idle[len(x.idle)-1]
+		x.idle = x.idle[:len(x.idle)-1]
+		if !x.postSend(s) {
+			return
+		}
+	}
+}
+
+// releaseIdle returns the slots that waited for readiness; the transport never saw them.
+func (x *xfer) releaseIdle() {
+	releaseAll(x.idle)
+	clear(x.idle)
+	x.idle = x.idle[:0]
+}
+
+// markReceived advances the scattered prefix of a streaming Receive and publishes the layers
+// it covers.
+func (x *xfer) markReceived(seq int) {
+	if x.recvSeen == nil {
+		return
+	}
+	x.recvSeen[seq] = true
+	for x.recvPrefix < x.nChunks && x.recvSeen[x.recvPrefix] {
+		x.recvPrefix++
+	}
+	if x.recvPrefix > 0 {
+		off, n := x.chunkRange(x.recvPrefix - 1)
+		x.layersReady.Store((off + n) / x.perLayer)
+	}
 }
 
 // shapeMismatch names the first dimension in which the receiver's stream differs from ours.
@@ -427,6 +619,17 @@ func (x *xfer) postSend(slot *buffer.Slot) bool {
 	}
 	rec := &opRec{seq: x.nextSeq, slot: slot}
 	off, n := x.chunkRange(rec.seq)
+	if off+n > x.readyBytes {
+		if err := x.refreshReady(); err != nil {
+			_ = slot.Release()
+			x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+			return false
+		}
+		if off+n > x.readyBytes { // wait for the model, not the wire
+			x.idle = append(x.idle, slot)
+			return true
+		}
+	}
 	buf := slot.Bytes()[:DataHeaderBytes+n]
 	if err := x.mover.Gather(x.plan, off, buf[DataHeaderBytes:]); err != nil {
 		_ = slot.Release()
@@ -492,11 +695,16 @@ func (x *xfer) loop() {
 		x.handleEvent(ev)
 	}
 	x.backlog = nil
+	x.onReady() // layers marked before the request came
 	for !x.ended {
 		if x.aborting {
 			closing = x.eng.closing
 			x.retryAt = time.Time{}
+			x.pollAt = time.Time{}
+		} else if !x.receive && x.nextSignal < len(x.signals) && x.pollAt.IsZero() {
+			x.pollAt = time.Now().Add(x.eng.cfg.ReadyPollInterval)
 		}
+		x.updateAwaiting()
 		x.arm()
 		select {
 		case <-x.box.notify:
@@ -540,6 +748,9 @@ func (x *xfer) timersDue(now time.Time, backoff *time.Duration) {
 	if due(&x.quarAt, now) {
 		x.poisonOutstanding("quarantine timeout: the transport never proved it was done")
 	}
+	if due(&x.pollAt, now) {
+		x.onReady()
+	}
 }
 
 func (x *xfer) handleEvent(ev event) {
@@ -551,6 +762,8 @@ func (x *xfer) handleEvent(ev event) {
 		x.opDone(ev.op, ev.c)
 	case ev.lost != nil:
 		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.CancelGrace)
+	case ev.ready:
+		x.onReady()
 	case ev.msg != nil:
 		switch m := ev.msg.(type) {
 		case *Abort:
@@ -625,6 +838,7 @@ func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
 		return
 	}
 	x.aborting, x.cause = true, cause
+	x.releaseIdle()
 	if code != 0 {
 		x.sendAbort(code, cause)
 	}
@@ -694,6 +908,7 @@ func (x *xfer) maybeResolve() {
 
 func (x *xfer) finish(ev Event, cause error) {
 	x.ended = true
+	x.releaseIdle()
 	x.apply(ev, cause)
 }
 
