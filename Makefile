@@ -10,14 +10,17 @@ export CGO_CFLAGS ?= -g -O2 -Wno-deprecated-declarations
 
 # Fragments in mk/ add their own targets to these lists.
 TEST_TARGETS := go-vet go-test c-test go-fuzz
+# `make bench` is the one main job (mk/bench.mk makes it `kvxbench run`); the package
+# benchmarks behind each target are in MICROBENCH_TARGETS, run together by `make bench-all`.
 BENCH_TARGETS := bench-gather
+MICROBENCH_TARGETS := bench-gather
 # Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName.
 FUZZ_TARGETS := ./cuda/layout:FuzzPlan
 FUZZ_TIME ?= 10s
 -include mk/*.mk
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build test bench go-vet go-test c-test go-fuzz bench-gather
+.PHONY: help deps build test bench bench-all go-vet go-test c-test go-fuzz bench-gather
 
 help: ## List the targets.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort -u | \
@@ -56,3 +59,6 @@ bench-gather: ## Host gather/scatter of a Llama-3-8B 4096-token request against 
 
 bench: deps ## The main job: the loopback transfer benchmark with its embedded default configuration.
 	@$(MAKE) --no-print-directory $(BENCH_TARGETS)
+
+bench-all: deps ## The main job, then every package benchmark (gather, lifecycle, UCX, streaming, metrics).
+	@$(MAKE) --no-print-directory $(BENCH_TARGETS) $(MICROBENCH_TARGETS)

@@ -2,7 +2,7 @@
 # The transfer lifecycle (issue 4): its wire fuzz target joins `make test`, its benchmarks
 # `make bench`.
 FUZZ_TARGETS += ./transfer:FuzzDecode
-BENCH_TARGETS += bench-lifecycle
+MICROBENCH_TARGETS += bench-lifecycle
 .PHONY: bench-lifecycle
 
 bench-lifecycle: ## Engine benchmarks: Status, Cancel, and throughput with 10 vs 10,000 transfers in flight.

@@ -2,7 +2,7 @@
 # Serving integration (transfer/observe, examples/disagg): owned by the serving work.
 # Their tests run in go-test with everything else; these targets run them alone.
 
-BENCH_TARGETS += bench-observe
+MICROBENCH_TARGETS += bench-observe
 .PHONY: serving-test disagg bench-observe
 
 serving-test: ## Metrics, /healthz handler, logs and the disagg example, with -race.

@@ -3,7 +3,7 @@
 # and its Go tests, two-process ones included, in go-test.
 
 FUZZ_TARGETS += ./transfer:FuzzContextParams
-BENCH_TARGETS += bench-ucx
+MICROBENCH_TARGETS += bench-ucx
 .PHONY: bench-ucx ucx-info
 
 bench-ucx: ## Two-process transfer of the 4096-token request vs ucx_perftest tag_bw (ratio_to_perftest).
@@ -15,7 +15,7 @@ ucx-info: ## What UCX offers here: transports and devices (loopback tests use po
 
 
 # The engine's staging path between two processes.
-BENCH_TARGETS += bench-ucx-engine
+MICROBENCH_TARGETS += bench-ucx-engine
 .PHONY: bench-ucx-engine
 bench-ucx-engine: ## Two engines in two processes, staging path, 4096-token request vs ucx_perftest.
 	$(GO) test -run '^$$' -bench 'UCXTransport_Request4096' -benchtime 3x -timeout 20m ./transfer/

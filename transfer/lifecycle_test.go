@@ -842,7 +842,7 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 		waitClosed(t, hr.Quiesced(), "receiver")
 		requireState(t, hs, Failed, ErrIncompatible, layout.ErrIncompatible)
 		requireState(t, hr, Failed, ErrIncompatible, ErrPeerAborted)
-		require.Contains(t, hr.Status().Err.Error(), "Blocks: receiver has 4, sender has 3")
+		require.Contains(t, hr.Status().Err.Error(), "Blocks = 4: receiver has 4, sender has 3")
 	})
 
 	t.Run("malformed control messages are counted and dropped", func(t *testing.T) {

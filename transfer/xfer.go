@@ -453,7 +453,7 @@ func (x *xfer) runSend() {
 	x.wireSub = ri.Sub
 	err := x.applyHeld(ri)
 	if err == nil {
-		err = shapeMismatch(x.plan.Shape(), ri.Shape)
+		err = layout.CompatibleShapes(x.plan.Shape(), ri.Shape)
 	}
 	if err != nil || ri.ChunkBytes > x.payloadCap() {
 		if err == nil {
@@ -589,25 +589,6 @@ func (x *xfer) markReceived(seq int) {
 		off, n := x.chunkRange(x.recvPrefix - 1)
 		x.layersReady.Store((off + n) / x.perLayer)
 	}
-}
-
-// shapeMismatch names the first dimension in which the receiver's stream differs from ours.
-func shapeMismatch(ours, theirs layout.Shape) error {
-	diffs := []struct {
-		name string
-		a, b int64
-	}{
-		{"Layers", ours.Layers, theirs.Layers}, {"KVFactor", ours.KVFactor, theirs.KVFactor},
-		{"Blocks", ours.Blocks, theirs.Blocks}, {"Heads", ours.Heads, theirs.Heads},
-		{"TokensPerBlock", ours.TokensPerBlock, theirs.TokensPerBlock},
-		{"HeadDim", ours.HeadDim, theirs.HeadDim}, {"ElemSize", ours.ElemSize, theirs.ElemSize},
-	}
-	for _, d := range diffs {
-		if d.a != d.b {
-			return fmt.Errorf("%w: %s: receiver has %d, sender has %d", layout.ErrIncompatible, d.name, d.b, d.a)
-		}
-	}
-	return nil
 }
 
 // postSend gathers the next chunk into slot and posts it, or releases the slot when every

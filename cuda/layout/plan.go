@@ -166,8 +166,10 @@ func (p *Plan) CheckRange(off, n int64) error {
 // Compatible reports whether a sender's plan and a receiver's plan describe the same byte
 // stream, so that scattering what one gathered puts every element where it belongs. The error
 // names the first dimension that differs and matches ErrIncompatible.
-func Compatible(src, dst *Plan) error {
-	a, b := src.Shape(), dst.Shape()
+func Compatible(src, dst *Plan) error { return CompatibleShapes(src.Shape(), dst.Shape()) }
+
+// CompatibleShapes is Compatible for two shapes, as a peer reports its own.
+func CompatibleShapes(a, b Shape) error {
 	diffs := []struct {
 		name string
 		x, y int64

@@ -1,0 +1,27 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Command kvxbench is kvxfer's benchmark: what an engineer runs first to see what kvxfer does
+// on their machines, and what `make bench` runs.
+//
+// Every figure it prints comes with the limit it should be compared to, measured in the same
+// run: host gather and scatter against memcpy of the same bytes (native.HostCopy), transfers
+// against ucx_perftest at the same message size and transport between the same two
+// endpoints. Machines are noisy, so baselines run in turn with the measured operation rather
+// than in a separate session.
+//
+// Subcommands:
+//
+//	run       loopback transfer between two processes on this host (the default);
+//	          run --stream measures layer-wise streaming beside simulated prefill
+//	gather    host (or device) gather and scatter alone, against memcpy
+//	sweep     block size by batch size, for tuning
+//	serve     the prefill end on one host; prints the address to give to connect
+//	connect   the decode end: connect ADDR
+//	help      usage of every subcommand
+//
+// The CLI is a function of its arguments and writers (Main), so tests drive it in-process;
+// only run's loopback peer is a second process (kvxbench re-executing itself as the hidden
+// peer subcommand). Every wait is bounded: each subcommand runs under a deadline derived from
+// its flags, child processes are killed with their process group when it passes, and a peer
+// that does not answer is an error after --connect-timeout.
+package main

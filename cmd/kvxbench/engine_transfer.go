@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// engineAdapter is the benchmark's view of a transfer.Engine: the caller's pool moved through
+// the timed host mover, peers named as the engine's transport names them.
+type engineAdapter struct {
+	eng *transfer.Engine
+	// addr is what the other end is told; peerOf turns the other end's into a Peer.
+	addr   []byte
+	peerOf func(addr []byte) transfer.Peer
+}
+
+var _ engineSide = (*engineAdapter)(nil)
+
+// engineConfig sizes an engine for the run: as many transfers at once as the largest
+// concurrency, each holding up to --pipeline-depth slots of --slot-size, with deadlines long
+// enough for the slowest request of a loaded host.
+func engineConfig(cfg runConfig) transfer.Config {
+	maxConc := 1
+	for _, c := range cfg.Concurrency {
+		maxConc = max(maxConc, c)
+	}
+	timeout := max(30*time.Second, 10*cfg.Duration)
+	return transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: maxConc, PipelineDepth: cfg.PipelineDepth,
+		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout}
+}
+
+func (e *engineAdapter) Address() []byte { return e.addr }
+
+func (e *engineAdapter) Connect(_ context.Context, addr []byte) (peerRef, error) {
+	return peerRef(e.peerOf(addr)), nil
+}
+
+func (e *engineAdapter) Send(ctx context.Context, id uint64, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
+	h, err := e.eng.Send(ctx, transfer.Spec{ID: transfer.RequestID(id), Peer: transfer.Peer(to), Plan: p, Mover: m})
+	if err != nil {
+		return nil, err
+	}
+	return handle{h}, nil
+}
+
+func (e *engineAdapter) Receive(ctx context.Context, id uint64, subs []recvSub, m mover) (pendingXfer, error) {
+	spec := transfer.Spec{ID: transfer.RequestID(id), Mover: m}
+	if len(subs) == 1 {
+		spec.Peer, spec.Plan = transfer.Peer(subs[0].peer), subs[0].plan
+	} else {
+		for _, s := range subs {
+			spec.Subs = append(spec.Subs, transfer.SubSpec{Peer: transfer.Peer(s.peer), Plan: s.plan})
+		}
+	}
+	h, err := e.eng.Receive(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return handle{h}, nil
+}
+
+func (e *engineAdapter) Close() error { return e.eng.Close() }
+
+// handle adapts *transfer.Handle.
+type handle struct{ h *transfer.Handle }
+
+func (h handle) Done() <-chan struct{}     { return h.h.Done() }
+func (h handle) Quiesced() <-chan struct{} { return h.h.Quiesced() }
+func (h handle) Err() error                { return h.h.Status().Err }
+func (h handle) Release()                  { _ = h.h.Release() }

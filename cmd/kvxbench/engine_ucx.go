@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+// This file follows transfer/ucx_transport.go's build constraint: the UCX transport needs
+// cgo. Without it kvxbench still builds; run, sweep, serve and connect then stop after the
+// hello, saying the engine is missing.
+
+package main
+
+import (
+	"fmt"
+
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+func init() {
+	newEngineSide = newUCXEngineSide
+	engineBuilt = true
+}
+
+// newUCXEngineSide makes a transfer.Engine over a transfer.UCXTransport whose UCX-mapped
+// staging memory backs the engine's slots, as --tls says.
+func newUCXEngineSide(cfg runConfig, role string, rank int) (engineSide, error) {
+	ec := engineConfig(cfg)
+	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: cfg.TLS, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes})
+	if err != nil {
+		return nil, fmt.Errorf("%s rank %d: UCX transport: %w", role, rank, err)
+	}
+	ec.StagingMemory = tr.StagingMemory()
+	eng, err := transfer.New(tr, ec)
+	if err != nil {
+		_ = tr.Close(true)
+		return nil, fmt.Errorf("%s rank %d: engine: %w", role, rank, err)
+	}
+	return &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress}, nil
+}

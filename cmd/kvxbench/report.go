@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Result is one measured scenario, as printed in the table and as one JSON object with
+// --json. Per-request times are microseconds; GB/s are 10^9 bytes per second.
+type Result struct {
+	// Name identifies the scenario: operation, model, prompt length and concurrency.
+	Name string `json:"name"`
+	// Op is what was measured: gather, scatter, transfer.
+	Op string `json:"op"`
+	// Model is the pool shape's preset name (custom(...) when flags changed it).
+	Model string `json:"model"`
+	// Tokens is the prompt length of each request.
+	Tokens int64 `json:"tokens"`
+	// Concurrency is how many requests were in flight at once.
+	Concurrency int `json:"concurrency"`
+	// Bytes is the KV payload of one request.
+	Bytes int64 `json:"bytes"`
+	// MessageBytes is the largest message put on the wire or handed to one copy call (one
+	// staging chunk); the baseline runs at this size.
+	MessageBytes int64 `json:"message_bytes"`
+	// TLS is the UCX_TLS of a transfer and its baseline ("" when UCX chose).
+	TLS string `json:"tls,omitempty"`
+	// PrefillTP is the number of prefill ranks feeding the decode rank (transfers only).
+	PrefillTP int `json:"prefill_tp,omitempty"`
+	// Requests is how many requests were timed.
+	Requests int `json:"requests"`
+	// GBps is total payload over wall time.
+	GBps float64 `json:"gbps"`
+	// P50us and P99us are per-request latencies.
+	P50us float64 `json:"p50_us"`
+	P99us float64 `json:"p99_us"`
+	// GatherUs, WireUs and ScatterUs split a request's mean time between its stages, where
+	// the operation has them (zero and omitted where it does not).
+	GatherUs  float64 `json:"gather_us,omitempty"`
+	WireUs    float64 `json:"wire_us,omitempty"`
+	ScatterUs float64 `json:"scatter_us,omitempty"`
+	// Baseline names the limit measured beside the operation (memcpy, ucx_perftest tag_bw
+	// over a transport), empty when none ran.
+	Baseline string `json:"baseline,omitempty"`
+	// BaselineGBps and Ratio (GBps / BaselineGBps) are present only where a baseline ran.
+	BaselineGBps *float64 `json:"baseline_gbps,omitempty"`
+	Ratio        *float64 `json:"ratio,omitempty"`
+	// Verified is true when every byte moved was checked against the source's checksum.
+	Verified bool `json:"verified"`
+}
+
+// setBaseline records the limit the result is compared to.
+func (r *Result) setBaseline(name string, gbps float64) {
+	if gbps <= 0 || math.IsNaN(gbps) || math.IsInf(gbps, 0) {
+		return
+	}
+	ratio := r.GBps / gbps
+	r.Baseline, r.BaselineGBps, r.Ratio = name, &gbps, &ratio
+}
+
+// latencies collects per-request times and summarises them.
+type latencies []time.Duration
+
+// percentile returns the p-th percentile (0..100) by nearest rank; zero when empty.
+func (l latencies) percentile(p float64) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	s := append(latencies(nil), l...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	rank := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[min(max(rank, 0), len(s)-1)]
+}
+
+func (l latencies) mean() time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range l {
+		sum += d
+	}
+	return sum / time.Duration(len(l))
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// gbps is bytes over d in 10^9 bytes per second.
+func gbps(bytes int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(bytes) / d.Seconds() / 1e9
+}
+
+// printer writes results as they come, as an aligned table or as JSON lines, and keeps them
+// for the plot.
+type printer struct {
+	w       io.Writer
+	json    bool
+	results []Result
+}
+
+// add records a result; JSON lines are printed at once so a long run shows progress in a
+// pipe, the table is printed whole by flush so its columns align.
+func (p *printer) add(r Result) error {
+	p.results = append(p.results, r)
+	if p.json {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("encode result %s: %w", r.Name, err)
+		}
+		_, err = fmt.Fprintf(p.w, "%s\n", b)
+		return err
+	}
+	return nil
+}
+
+// flush prints the table (nothing more in JSON mode).
+func (p *printer) flush() error {
+	if p.json || len(p.results) == 0 {
+		return nil
+	}
+	return writeTable(p.w, p.results)
+}
+
+// finish prints the table and draws the plot, if asked.
+func (p *printer) finish(plot string) error {
+	if err := p.flush(); err != nil {
+		return err
+	}
+	return writePlotIfAsked(plot, p.results)
+}
+
+// writeTable prints results as a table aligned on its columns, numbers right-aligned.
+func writeTable(w io.Writer, results []Result) error {
+	const padding = 2
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, padding, ' ', tabwriter.AlignRight)
+	header := []string{"scenario", "bytes/req", "GB/s", "p50", "p99", "gather", "wire", "scatter", "baseline", "base GB/s", "ratio", "verified"}
+	// tabwriter aligns every cell the same way; pad names so they read left-aligned.
+	nameWidth := len(header[0])
+	for _, r := range results {
+		nameWidth = max(nameWidth, len(r.Name))
+	}
+	header[0] = fmt.Sprintf("%-*s", nameWidth, header[0])
+	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
+	for _, r := range results {
+		base, baseGB, ratio := "-", "-", "-"
+		if r.BaselineGBps != nil {
+			base = r.Baseline
+			baseGB = fmt.Sprintf("%.2f", *r.BaselineGBps)
+			ratio = fmt.Sprintf("%.2f", *r.Ratio)
+		}
+		verified := "no"
+		if r.Verified {
+			verified = "yes"
+		}
+		row := []string{
+			fmt.Sprintf("%-*s", nameWidth, r.Name), humanBytes(r.Bytes), fmt.Sprintf("%.2f", r.GBps),
+			fmtUs(r.P50us), fmtUs(r.P99us), fmtUsOrDash(r.GatherUs), fmtUsOrDash(r.WireUs),
+			fmtUsOrDash(r.ScatterUs), base, baseGB, ratio, verified,
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// Right alignment pads the first column on its left too; every line starts with the
+	// same padding, so drop it.
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		if _, err := io.WriteString(w, strings.TrimPrefix(line, strings.Repeat(" ", padding))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fmtUs prints a latency in the unit that keeps three significant digits readable.
+func fmtUs(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2f s", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.2f ms", v/1e3)
+	}
+	return fmt.Sprintf("%.1f us", v)
+}
+
+func fmtUsOrDash(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmtUs(v)
+}

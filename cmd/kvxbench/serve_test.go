@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// startServe runs `kvxbench serve` in-process and returns the address it printed, and a
+// channel with its exit code and stderr.
+func startServe(t *testing.T, args ...string) (string, <-chan [2]string) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	done := make(chan [2]string, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	go func() {
+		defer cancel()
+		var stdout strings.Builder
+		code := Main(ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--wait", "10s"}, args...), &stdout, pw)
+		pw.Close()
+		done <- [2]string{strconv.Itoa(code), stdout.String()}
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	require.NoError(t, err)
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	m := regexp.MustCompile(`serving on (127\.0\.0\.1:\d+)`).FindStringSubmatch(line)
+	require.NotNil(t, m, "serve printed %q", line)
+	return m[1], done
+}
+
+// serve and connect meet over the control connection and check each other's version and
+// layout before anything else.
+func TestServeAndConnect(t *testing.T) {
+	cases := []struct {
+		desc        string
+		serveArgs   []string
+		connectArgs []string
+		want        string
+	}{
+		{"same layout, no engine in this build", nil, nil, "the transfer engine"},
+		{"other head count", []string{"--heads", "4"}, nil, "peer's KV layout is incompatible: kvxfer: incompatible plans: Heads"},
+		{"other block size", nil, []string{"--tokens-per-block", "16"}, "TokensPerBlock"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			if engineBuilt && tc.connectArgs == nil && tc.serveArgs == nil {
+				t.Skip("this build has the engine: TestServeAndConnectMeasure covers the same layout")
+			}
+			addr, served := startServe(t, append([]string{"--layers", "2", "--prompts", "64", "--concurrency", "1"}, tc.serveArgs...)...)
+			args := append([]string{"connect", "--layers", "2", "--prompts", "64", "--concurrency", "1", "--baseline=false"}, tc.connectArgs...)
+			code, stdout, stderr := runMain(t, 30*time.Second, append(args, addr)...)
+			require.Equal(t, exitError, code)
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, tc.want)
+			select {
+			case res := <-served:
+				require.Equal(t, "1", res[0], "serve fails too")
+			case <-time.After(20 * time.Second):
+				t.Fatal("serve did not end")
+			}
+		})
+	}
+}
+
+// connect to a port that accepts and says nothing ends after --connect-timeout.
+func TestConnectToASilentPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- conn // held open, silent, until the test ends
+	}()
+	defer func() {
+		if conn, ok := <-accepted; ok {
+			conn.Close()
+		}
+	}()
+	start := time.Now()
+	code, _, stderr := runMain(t, 20*time.Second, "connect", "--connect-timeout", "300ms", "--baseline=false", ln.Addr().String())
+	require.Equal(t, exitError, code)
+	require.Contains(t, stderr, "sent nothing within 300ms")
+	require.Less(t, time.Since(start), 2*time.Second)
+}
+
+// With the engine in the build, serve and connect measure a small scenario end to end, the
+// baseline's server started on the serve side over the control connection.
+func TestServeAndConnectMeasure(t *testing.T) {
+	skipWithoutHostCopy(t)
+	if !engineBuilt {
+		t.Skip("this build has no transfer engine: TestServeAndConnect covers what it can do")
+	}
+	small := []string{"--layers", "2", "--prompts", "64", "--concurrency", "1", "--slot-size", "256KiB", "--max-memory", "256MiB", "--duration", "20ms"}
+	addr, served := startServe(t, small...)
+	args := append(append([]string{"connect", "--json"}, small...), addr)
+	if _, err := findPerftest(); err != nil {
+		args = append([]string{"connect", "--json", "--baseline=false"}, append(small, addr)...)
+	}
+	code, stdout, stderr := runMain(t, 60*time.Second, args...)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, `"verified":true`)
+	select {
+	case res := <-served:
+		require.Equal(t, "0", res[0])
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not end")
+	}
+}
