@@ -26,8 +26,8 @@ type decodeProcess struct {
 	interruptGrace, reapBound time.Duration
 }
 
-// Bounds on reaping the decode process.
-const (
+// Bounds on reaping the decode process (variables so tests can shorten them).
+var (
 	// childInterruptGrace is how long an interrupted decode process gets to close its
 	// engine (the engine's own Close is bounded by 10s here) before it is killed.
 	childInterruptGrace = 12 * time.Second
@@ -36,10 +36,14 @@ const (
 	childReapBound = 5 * time.Second
 )
 
+// decodeExecutable is the binary the decode process runs: this one (a test substitutes a
+// decode process that fails or hangs).
+var decodeExecutable = os.Executable
+
 // startDecodeProcess runs this binary again as `-role=decode` against the control plane at
 // addr, forwarding its stdout line by line through out and its stderr as is.
 func startDecodeProcess(o options, addr string, out *printer, stderr io.Writer) (*decodeProcess, error) {
-	exe, err := os.Executable()
+	exe, err := decodeExecutable()
 	if err != nil {
 		return nil, fmt.Errorf("finding this binary to start the decode process: %w", err)
 	}

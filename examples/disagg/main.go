@@ -194,9 +194,14 @@ func serveControl(addr string, prefill *prefillWorker, health observe.HealthSour
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	stop = func() error {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, scancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer scancel()
-		return srv.Shutdown(sctx)
+		if err := srv.Shutdown(sctx); err == nil {
+			return nil
+		}
+		// A client connection that never sent a request (an HTTP client dials ahead, then
+		// uses another idle one) counts as busy for 5s; close it rather than wait.
+		return srv.Close()
 	}
 	return "http://" + ln.Addr().String(), stop, nil
 }
@@ -207,8 +212,10 @@ func newPrefillWorker(eng *transfer.Engine, fab fabric, out *printer) *prefillWo
 }
 
 func newDecodeWorker(eng *transfer.Engine, fab fabric, control string, out *printer) *decodeWorker {
+	// Its own connections, so closing them when done touches no one else's.
+	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 10 * time.Second}
 	return &decodeWorker{eng: eng, addr: fab.self, senderPeer: fab.senderPeer, pool: newKVPool(), out: out,
-		control: control, client: &http.Client{Timeout: 10 * time.Second}, bound: 20 * time.Second}
+		control: control, client: client, bound: 20 * time.Second}
 }
 
 // decodeStory is the decode worker's part, the same over every transport: request 1 moves,
@@ -266,6 +273,7 @@ func runInProcess(ctx context.Context, o options, out *printer, log *zap.Logger)
 	out.printf("control plane: %s (also %s and %s)", control, observe.HealthzPath, observe.MetricsPath)
 
 	decode := newDecodeWorker(dw.eng, decodeFab, control, out)
+	defer decode.client.CloseIdleConnections()
 	if err := decodeStory(ctx, decode, o.tokens); err != nil {
 		return err
 	}
@@ -316,15 +324,15 @@ func runPrefill(ctx context.Context, o options, out *printer, stderr io.Writer, 
 	out.printf("prefill: pid %d, engine %s over UCX (%s)", os.Getpid(), shortPeer(fab.self), o.tls)
 
 	if o.role == "both" {
-		child, err := startDecodeProcess(o, strings.TrimPrefix(control, "http://"), out, stderr)
-		if err != nil {
-			return err
+		child, startErr := startDecodeProcess(o, strings.TrimPrefix(control, "http://"), out, stderr)
+		if startErr != nil {
+			return startErr
 		}
 		// Runs before the engine closes and the control plane stops (defers run last first).
 		defer func() { err = errors.Join(err, child.stop()) }()
 		out.printf("prefill: started the decode process, pid %d", child.pid())
-		if err := child.wait(ctx.Done()); err != nil {
-			return fmt.Errorf("decode process (pid %d): %w", child.pid(), err)
+		if waitErr := child.wait(ctx.Done()); waitErr != nil {
+			return fmt.Errorf("decode process (pid %d): %w", child.pid(), waitErr)
 		}
 		out.printf("prefill: decode process (pid %d) exited: ok", child.pid())
 		select {
@@ -366,6 +374,7 @@ func runDecode(ctx context.Context, o options, out *printer, log *zap.Logger) (e
 	}
 	defer func() { err = errors.Join(err, shutdown(nil, dw)) }()
 	decode := newDecodeWorker(dw.eng, fab, "http://"+o.control, out)
+	defer decode.client.CloseIdleConnections() // the prefill process may serve on after we exit
 	out.printf("decode: pid %d, engine %s over UCX (%s), prefill's control plane %s", os.Getpid(), shortPeer(fab.self), o.tls, decode.control)
 	if err := decodeStory(ctx, decode, o.tokens); err != nil {
 		return err

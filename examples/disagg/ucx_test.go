@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"sync"
@@ -192,6 +193,47 @@ func TestDisagg_DecodeProcessIsAlwaysReaped(t *testing.T) {
 			}
 			require.Less(t, time.Since(began), p.interruptGrace+p.reapBound, "stop is bounded")
 			requireReaped(t, p.pid())
+		})
+	}
+}
+
+// TestDisagg_PrefillReapsAFailedOrHungDecodeProcess stands a shell script in for the decode
+// process: one that fails must fail the run, and one that hangs and ignores the interrupt
+// must be killed once -timeout passes; either way it is reaped before run returns.
+func TestDisagg_PrefillReapsAFailedOrHungDecodeProcess(t *testing.T) {
+	skipWithoutUCX(t)
+	cases := []struct {
+		desc    string
+		script  string
+		timeout string
+		want    []string
+	}{
+		{"exits with an error", "exit 3", "20s", []string{"exit status 3"}},
+		{"exits without saying it is done", "exit 0", "20s", []string{"exited without saying it was done"}},
+		{"hangs and ignores the interrupt", `trap "" INT; exec sleep 30`, "1s", []string{"still running", "killed after ignoring an interrupt"}},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			script := filepath.Join(t.TempDir(), "decode.sh")
+			require.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\n"+c.script+"\n"), 0o755))
+			oldExe, oldGrace := decodeExecutable, childInterruptGrace
+			decodeExecutable = func() (string, error) { return script, nil }
+			childInterruptGrace = 300 * time.Millisecond
+			t.Cleanup(func() { decodeExecutable, childInterruptGrace = oldExe, oldGrace })
+
+			var stdout, stderr bytes.Buffer
+			began := time.Now()
+			err := run(t.Context(), []string{"-timeout=" + c.timeout}, &stdout, &stderr)
+			require.Error(t, err, "stdout: %s", stdout.String())
+			for _, want := range c.want {
+				require.ErrorContains(t, err, want)
+			}
+			require.Less(t, time.Since(began), 15*time.Second, "bounded by -timeout and the reaping bounds")
+			m := regexp.MustCompile(`(?m)^prefill: started the decode process, pid (\d+)$`).FindStringSubmatch(stdout.String())
+			require.NotNil(t, m, stdout.String())
+			pid, err := strconv.Atoi(m[1])
+			require.NoError(t, err)
+			requireReaped(t, pid)
 		})
 	}
 }
