@@ -249,12 +249,13 @@ func decodeStory(ctx context.Context, decode *decodeWorker, tokens int) error {
 // runInProcess runs both roles in this process over the in-memory transport.
 func runInProcess(ctx context.Context, o options, out *printer, log *zap.Logger) (err error) {
 	network := transfer.NewMemNetwork()
-	prefillFab, decodeFab := memFabric(network, "prefill-0"), memFabric(network, "decode-0")
 	reg := prometheus.NewRegistry()
+	prefillFab := memFabric(network, "prefill-0")
 	pw, err := newWorker(prefillFab, reg, "prefill", o, log)
 	if err != nil {
 		return err
 	}
+	decodeFab := memFabric(network, "decode-0") // made only now: newWorker closes it if it fails
 	dw, err := newWorker(decodeFab, reg, "decode", o, log)
 	if err != nil {
 		_ = pw.eng.Close()
