@@ -64,8 +64,7 @@ func (x *xfer) startDirect() bool {
 	if !x.apply(EvAdvertise, nil) {
 		return false
 	}
-	x.qcancel()
-	x.eng.touch()
+	x.qcancel() // as lease: starting is no sign of progress (L12)
 	return true
 }
 

@@ -293,7 +293,9 @@ func (e *Engine) account(from, to State) {
 		}
 	} else if from.active() && !to.active() {
 		e.inFlight.Add(-1)
-		e.touch()
+		if to == Completed { // a failure, cancel or quarantine is no sign of a live peer
+			e.touch()
+		}
 	}
 	if to == Quarantined {
 		e.quarantined.Add(1)

@@ -515,6 +515,37 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		requireState(t, hr, Completed)
 		require.True(t, p.dst.Health().Healthy, p.dst.Health().Reason)
 	})
+	t.Run("churn of cancelled transfers is no sign of progress", func(t *testing.T) {
+		// One transfer is stuck on a hung wire while others come and go (leased, advertised,
+		// cancelled): the engine is still wedged, and must say so within the deadline. A lease
+		// or a cancel used to count as progress, which kept a frozen peer looking healthy.
+		cfg := fastConfig()
+		cfg.MaxConcurrent, cfg.NumSlots = 4, 8
+		cfg.ProgressDeadline = 150 * time.Millisecond
+		cfg.TransferTimeout = 10 * time.Second
+		p := newPair(t, cfg, cfg)
+		p.net.SetFault(dataOnly(Fault{Hang: true}))
+		src, dst := pools(t, 1)
+		hs, hr := p.start(t, 1, src, dst)
+		eventually(t, func() bool { return hr.Status().State == Advertised || hr.Status().State == InFlight }, "stuck transfer advertised")
+		start := time.Now()
+		unhealthy := false
+		for id := RequestID(100); time.Since(start) < cfg.ProgressDeadline+time.Second && !unhealthy; id++ {
+			h, err := p.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			require.NoError(t, err)
+			eventually(t, func() bool { return h.Status().State != Queued }, "churn transfer advertised")
+			p.dst.Cancel(id)
+			waitClosed(t, h.Quiesced(), "churn transfer quiesced")
+			h.Release()
+			unhealthy = !p.dst.Health().Healthy
+		}
+		require.True(t, unhealthy, "healthy %v after the stall began, with churn: %+v", time.Since(start), p.dst.Health())
+		p.net.SetFault(nil)
+		p.net.Resume()
+		waitClosed(t, hr.Quiesced(), "received")
+		waitClosed(t, hs.Quiesced(), "sent")
+		requireState(t, hr, Completed)
+	})
 	t.Run("quarantines over budget", func(t *testing.T) {
 		cfg := fastConfig()
 		cfg.QuarantineBudget = 0

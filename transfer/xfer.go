@@ -242,7 +242,6 @@ func (x *xfer) lease() (*buffer.Slot, bool) {
 		return nil, false
 	}
 	x.qcancel() // the queued phase is over; free its timer now, not when the transfer ends
-	x.eng.touch()
 	return slot, true
 }
 

@@ -21,6 +21,7 @@ type engineAdapter struct {
 	mapPool func(n int64) ([]byte, error)
 	// direct says whether a pool may go direct (the transport reaches it in place).
 	direct func(pool []byte) bool
+	obs    *observability // nil without --http
 }
 
 var _ engineSide = (*engineAdapter)(nil)
@@ -96,7 +97,11 @@ func (e *engineAdapter) Receive(ctx context.Context, id uint64, subs []recvSub, 
 	return handle{h}, nil
 }
 
-func (e *engineAdapter) Close() error { return e.eng.Close() }
+func (e *engineAdapter) Close() error {
+	err := e.eng.Close()
+	e.obs.close()
+	return err
+}
 
 // handle adapts *transfer.Handle.
 type handle struct{ h *transfer.Handle }

@@ -28,12 +28,25 @@ func newUCXEngineSide(cfg runConfig, role string, rank int) (engineSide, error) 
 		return nil, fmt.Errorf("%s rank %d: UCX transport: %w", role, rank, err)
 	}
 	ec.StagingMemory = tr.StagingMemory()
+	obs, err := newObservability(cfg.HTTP, role, rank)
+	if err != nil {
+		_ = tr.Close(true)
+		return nil, err
+	}
+	if obs != nil {
+		ec.Observer = obs.observer
+	}
 	eng, err := transfer.New(tr, ec)
 	if err != nil {
 		_ = tr.Close(true)
+		obs.close()
 		return nil, fmt.Errorf("%s rank %d: engine: %w", role, rank, err)
 	}
-	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress}
+	if err := obs.serve(eng); err != nil {
+		_ = eng.Close()
+		return nil, err
+	}
+	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress, obs: obs}
 	if !cfg.Staging {
 		a.mapPool, a.direct = tr.AllocatePool, tr.Direct
 	}

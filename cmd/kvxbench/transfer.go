@@ -34,6 +34,7 @@ type transferFlags struct {
 	seed           uint64
 	staging        bool
 	directChunk    string
+	http           string
 }
 
 func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
@@ -51,6 +52,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
 	fs.StringVar(&f.directChunk, "direct-chunk", "64MiB", "the largest message of the direct path (no slot bounds it)")
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
+	fs.StringVar(&f.http, "http", "", "serve /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400")
 }
 
 // runConfig is a validated transfer run. It is also what the parent hands its peer
@@ -78,6 +80,9 @@ type runConfig struct {
 	Staging bool `json:"staging"`
 	// DirectChunkBytes is the direct path's largest message (--direct-chunk).
 	DirectChunkBytes int64 `json:"direct_chunk_bytes"`
+	// HTTP is where this process serves /healthz and /metrics; never handed to peers, which
+	// would all try to listen on it.
+	HTTP string `json:"-"`
 }
 
 func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
@@ -142,7 +147,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		ShapeName: s.name, MemCap: memCap, Dims: s.dims, Order: s.order, Decode: decode, Prefill: prefill,
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
-		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed,
+		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
 		Staging: f.staging, DirectChunkBytes: directChunk,
 	}, nil
 }

@@ -18,61 +18,89 @@ import (
 // decodeWorker pulls prefilled requests' KV with Engine.Receive, polling Status the way a
 // serving loop would between decode steps.
 type decodeWorker struct {
-	eng     *transfer.Engine
-	addr    transfer.Peer
-	pool    *kvPool
-	out     *printer
-	control string // the prefill worker's control plane, http://host:port
-	client  *http.Client
-	bound   time.Duration
+	eng        *transfer.Engine
+	addr       transfer.Peer                               // this engine's peer name (fabric.self)
+	senderPeer func(*transfer.ContextParams) transfer.Peer // fabric.senderPeer
+	pool       *kvPool
+	out        *printer
+	control    string // the prefill worker's control plane, http://host:port
+	client     *http.Client
+	bound      time.Duration
 }
 
-// post sends body as JSON to the prefill worker's control plane and decodes the answer.
-func (d *decodeWorker) post(ctx context.Context, path string, body, reply any) error {
+// post sends body as JSON to the prefill worker's control plane and returns the answer's
+// body (at most limit bytes) after checking its content type.
+func (d *decodeWorker) post(ctx context.Context, path string, body any, wantType string, limit int64) ([]byte, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.control+path, bytes.NewReader(b))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return fmt.Errorf("%s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
+	msg, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%s: reading the answer: %w", path, err)
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("%s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
+	case int64(len(msg)) > limit:
+		return nil, fmt.Errorf("%s: answer longer than %d bytes", path, limit)
+	case resp.Header.Get("Content-Type") != wantType:
+		return nil, fmt.Errorf("%s: answer is %q, want %q", path, resp.Header.Get("Content-Type"), wantType)
 	}
-	return json.NewDecoder(resp.Body).Decode(reply)
+	return msg, nil
 }
 
-// askPrefill has the prefill worker prefill a prompt and returns its handover.
-func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (handover, error) {
-	var ho handover
-	if err := d.post(ctx, "/v1/prefill", prefillRequest{Request: id, Tokens: tokens, Decode: string(d.addr)}, &ho); err != nil {
-		return ho, err
+// askPrefill has the prefill worker prefill a prompt and returns the request's ContextParams,
+// decoded and checked against this worker's pool.
+func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (*transfer.ContextParams, error) {
+	blob, err := d.post(ctx, pathPrefill, prefillRequest{Request: id, Tokens: tokens, Decode: string(d.addr)},
+		contextParamsType, maxContextParamsBytes)
+	if err != nil {
+		return nil, err
 	}
-	return ho, ho.check(poolDims)
+	cp, err := transfer.UnmarshalContextParams(blob) // checks version, length, checksum and plan
+	if err != nil {
+		return nil, err
+	}
+	if cp.RequestID != transfer.RequestID(id) {
+		return nil, fmt.Errorf("asked for request %d, got ContextParams of request %d", id, cp.RequestID)
+	}
+	d.out.printf("decode: request %d: ContextParams (%d bytes) from %s: prefill blocks %v", id, len(blob),
+		shortPeer(d.senderPeer(cp)), cp.Blocks)
+	return cp, nil
 }
 
-// receive pulls a handed-over request into fresh blocks, checks every byte, and (generation
-// being out of scope) frees the blocks.
-func (d *decodeWorker) receive(ctx context.Context, ho handover) error {
-	blocks, err := d.pool.alloc(ho.Tokens)
+// receive pulls a handed-over request into as many fresh blocks as the sender used, checks
+// every byte, and (generation being out of scope) frees the blocks.
+func (d *decodeWorker) receive(ctx context.Context, cp *transfer.ContextParams) error {
+	sender, err := cp.Plan()
+	if err != nil {
+		return err
+	}
+	blocks, err := d.pool.allocBlocks(len(cp.Blocks))
 	if err != nil {
 		return err
 	}
 	plan, err := d.pool.plan(blocks)
+	if err == nil {
+		err = layout.Compatible(sender, plan) // the engines check again; failing here is cheaper
+	}
 	if err != nil {
 		d.pool.release(blocks)
 		return err
 	}
 	began := time.Now()
-	h, err := d.eng.Receive(ctx, transfer.Spec{ID: ho.id(), Peer: transfer.Peer(ho.Peer), Plan: plan, Pool: d.pool.mem})
+	peer := d.senderPeer(cp)
+	h, err := d.eng.Receive(ctx, transfer.Spec{ID: cp.RequestID, Peer: peer, Plan: plan, Pool: d.pool.mem})
 	if err != nil {
 		d.pool.release(blocks) // never started
 		return err
@@ -85,17 +113,18 @@ func (d *decodeWorker) receive(ctx context.Context, ho handover) error {
 	if st.State != transfer.Completed {
 		return d.afterFailure(h, blocks, st)
 	}
-	d.out.printf("decode: request %d: %s, %d bytes from %s into blocks %v in %v", ho.Request, st.State, st.Bytes, ho.Peer, blocks, time.Since(began).Round(time.Microsecond))
+	d.out.printf("decode: request %d: %s, %d bytes from %s into blocks %v in %v", cp.RequestID, st.State, st.Bytes,
+		shortPeer(peer), blocks, time.Since(began).Round(time.Microsecond))
 	got := make([]byte, plan.Bytes())
 	if err := layout.ReferenceGather(plan, d.pool.mem, got); err != nil {
 		return err
 	}
 	for i, b := range got {
-		if want := kvByte(ho.Request, int64(i)); b != want {
-			return fmt.Errorf("request %d: stream byte %d is %d, want %d", ho.Request, i, b, want)
+		if want := kvByte(uint64(cp.RequestID), int64(i)); b != want {
+			return fmt.Errorf("request %d: stream byte %d is %d, want %d", cp.RequestID, i, b, want)
 		}
 	}
-	d.out.printf("decode: request %d: all %d bytes verified; blocks ready for generation", ho.Request, len(got))
+	d.out.printf("decode: request %d: all %d bytes verified; blocks ready for generation", cp.RequestID, len(got))
 	d.pool.release(blocks) // generation done
 	return nil
 }
@@ -133,9 +162,13 @@ func (d *decodeWorker) afterFailure(h *transfer.Handle, blocks []int32, st trans
 
 // abort tells the prefill worker a request is gone before the decode worker pulled it.
 func (d *decodeWorker) abort(ctx context.Context, id uint64) error {
-	var reply abortReply
-	if err := d.post(ctx, "/v1/abort", abortRequest{Request: id}, &reply); err != nil {
+	b, err := d.post(ctx, pathAbort, abortRequest{Request: id}, "application/json", 1024)
+	if err != nil {
 		return err
+	}
+	var reply abortReply
+	if err := json.Unmarshal(b, &reply); err != nil {
+		return fmt.Errorf("%s: %w", pathAbort, err)
 	}
 	d.out.printf("decode: request %d: client went away before its KV moved; prefill's cancel said %s", id, reply.Outcome)
 	return nil
@@ -183,4 +216,10 @@ func (d *decodeWorker) giveUp(ctx context.Context, id uint64, tokens int, peer t
 	case <-wait.Done():
 		return fmt.Errorf("request %d never quiesced; blocks %v kept out of use: %w", id, blocks, wait.Err())
 	}
+}
+
+// done tells the prefill worker this decode worker has finished.
+func (d *decodeWorker) done(ctx context.Context) error {
+	_, err := d.post(ctx, pathDone, doneRequest{Decode: string(d.addr)}, "application/json", 1024)
+	return err
 }

@@ -36,10 +36,17 @@ func newKVPool() *kvPool {
 
 // alloc takes enough blocks for tokens.
 func (p *kvPool) alloc(tokens int) ([]int32, error) {
-	n := (int64(tokens) + poolDims.TokensPerBlock - 1) / poolDims.TokensPerBlock
+	return p.allocBlocks(int((int64(tokens) + poolDims.TokensPerBlock - 1) / poolDims.TokensPerBlock))
+}
+
+// allocBlocks takes n blocks.
+func (p *kvPool) allocBlocks(n int) ([]int32, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("asked for %d KV blocks", n)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if int64(len(p.free)) < n {
+	if len(p.free) < n {
 		return nil, fmt.Errorf("KV pool full: %d blocks free, %d needed", len(p.free), n)
 	}
 	blocks := make([]int32, 0, n)

@@ -3,13 +3,27 @@
 package main
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
+// envRunMain makes this test binary behave as the disagg command: the UCX mode re-executes
+// os.Executable() as its decode process, and under `go test` that is the test binary.
+const envRunMain = "KVXFER_DISAGG_RUN_MAIN"
+
 // TestMain fails the package if any test leaves a goroutine behind: an engine not closed, a
-// server not shut down, a wait that never ended.
+// server not shut down, a wait that never ended. Started as the decode process (envRunMain
+// set), it runs the command instead of the tests.
 func TestMain(m *testing.M) {
+	if os.Getenv(envRunMain) == "1" {
+		main()
+		os.Exit(0)
+	}
+	// Every process a test starts from this binary is the command, never the test suite again.
+	if err := os.Setenv(envRunMain, "1"); err != nil {
+		panic(err)
+	}
 	goleak.VerifyTestMain(m)
 }

@@ -17,11 +17,15 @@ import (
 // prefillWorker computes prompts' KV (here: writes a known pattern), offers it with
 // Engine.Send, and frees each request's blocks exactly once, when the engine says it may.
 type prefillWorker struct {
-	eng   *transfer.Engine
-	addr  transfer.Peer
-	pool  *kvPool
-	out   *printer
-	bound time.Duration // the longest a request's blocks may stay pinned before we call it a leak
+	eng    *transfer.Engine
+	params func(transfer.RequestID, *layout.Plan) *transfer.ContextParams // fabric.params
+	pool   *kvPool
+	out    *printer
+	bound  time.Duration // the longest a request's blocks may stay pinned before we call it a leak
+
+	// decodeDone closes when the decode worker says it has finished (POST /v1/done).
+	decodeDone chan struct{}
+	doneOnce   sync.Once
 
 	mu   sync.Mutex
 	live map[transfer.RequestID]*prefilled
@@ -37,8 +41,23 @@ type prefilled struct {
 }
 
 func (w *prefillWorker) routes(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/prefill", w.handlePrefill)
-	mux.HandleFunc("POST /v1/abort", w.handleAbort)
+	mux.HandleFunc("POST "+pathPrefill, w.handlePrefill)
+	mux.HandleFunc("POST "+pathAbort, w.handleAbort)
+	mux.HandleFunc("POST "+pathDone, w.handleDone)
+}
+
+func (w *prefillWorker) handleDone(rw http.ResponseWriter, r *http.Request) {
+	var req doneRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		http.Error(rw, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.doneOnce.Do(func() {
+		w.out.printf("prefill: decode worker %s says it is done", shortPeer(transfer.Peer(req.Decode)))
+		close(w.decodeDone)
+	})
+	rw.Header().Set("Content-Type", "application/json")
+	_, _ = rw.Write([]byte("{}\n"))
 }
 
 func (w *prefillWorker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
@@ -47,26 +66,27 @@ func (w *prefillWorker) handlePrefill(rw http.ResponseWriter, r *http.Request) {
 		http.Error(rw, fmt.Sprintf("bad prefill request %+v: %v", req, err), http.StatusBadRequest)
 		return
 	}
-	ho, err := w.prefill(r.Context(), req)
+	blob, err := w.prefill(r.Context(), req)
 	if err != nil {
 		http.Error(rw, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	rw.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(rw).Encode(ho)
+	rw.Header().Set("Content-Type", contextParamsType)
+	_, _ = rw.Write(blob)
 }
 
-// prefill writes the request's KV into fresh blocks and offers them to the decode engine.
-func (w *prefillWorker) prefill(ctx context.Context, req prefillRequest) (handover, error) {
+// prefill writes the request's KV into fresh blocks, offers them to the decode engine, and
+// returns the request's ContextParams blob for the decode worker.
+func (w *prefillWorker) prefill(ctx context.Context, req prefillRequest) ([]byte, error) {
 	id := transfer.RequestID(req.Request)
 	blocks, err := w.pool.alloc(req.Tokens)
 	if err != nil {
-		return handover{}, err
+		return nil, err
 	}
 	plan, err := w.pool.plan(blocks)
 	if err != nil {
 		w.pool.release(blocks)
-		return handover{}, err
+		return nil, err
 	}
 	stream := make([]byte, plan.Bytes())
 	for i := range stream {
@@ -74,23 +94,25 @@ func (w *prefillWorker) prefill(ctx context.Context, req prefillRequest) (handov
 	}
 	if err := layout.ReferenceScatter(plan, stream, w.pool.mem); err != nil {
 		w.pool.release(blocks)
-		return handover{}, err
+		return nil, err
 	}
 	// Send returns at once; ctx bounds only the wait for the decode worker's request.
 	h, err := w.eng.Send(context.WithoutCancel(ctx), transfer.Spec{ID: id, Peer: transfer.Peer(req.Decode), Plan: plan, Pool: w.pool.mem})
 	if err != nil {
 		w.pool.release(blocks) // never started: nothing can touch them
-		return handover{}, err
+		return nil, err
 	}
 	p := &prefilled{h: h, blocks: blocks}
 	w.mu.Lock()
 	w.live[id] = p
 	w.mu.Unlock()
-	w.out.printf("prefill: request %d: %d tokens in blocks %v, %d bytes offered to %s", id, req.Tokens, blocks, plan.Bytes(), req.Decode)
+	w.out.printf("prefill: request %d: %d tokens in blocks %v, %d bytes offered to %s", id, req.Tokens, blocks, plan.Bytes(),
+		shortPeer(transfer.Peer(req.Decode)))
 	w.wg.Add(1)
 	go w.cleanupWhenQuiesced(id, p)
-	return handover{Version: handoverVersion, Request: req.Request, Peer: string(w.addr), Pool: poolDims,
-		Tokens: req.Tokens, Blocks: blocks}, nil
+	// A blob that does not encode is our bug; the offer stands and the decode worker's
+	// abort (or the transfer's deadline) frees the blocks.
+	return w.params(id, plan).MarshalBinary()
 }
 
 // cleanupWhenQuiesced frees a request's blocks once the engine is done with them, unless an

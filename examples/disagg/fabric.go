@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// fabric is everything in this example that depends on the transport: the engine's
+// transport, the staging memory it needs, how the prefill worker describes a request in
+// ContextParams, and how the decode worker names the sender from them. The workers are
+// written against it, so moving from mem to UCX changes nothing else.
+type fabric struct {
+	transport transfer.Transport
+	// staging backs the engine's slots; nil lets the engine allocate Go memory (mem only:
+	// UCX refuses memory it has not mapped).
+	staging []byte
+	// self is this engine's peer name, what the other side passes as Spec.Peer.
+	self transfer.Peer
+	// params describes request id over the sender's plan, for the receiver.
+	params func(id transfer.RequestID, plan *layout.Plan) *transfer.ContextParams
+	// senderPeer names the engine a ContextParams came from.
+	senderPeer func(*transfer.ContextParams) transfer.Peer
+}
+
+// memFabric is a worker on the in-memory network. The in-memory transport has no worker
+// address, so ContextParams carry the peer's name in its place.
+func memFabric(network *transfer.MemNetwork, name transfer.Peer) fabric {
+	return fabric{
+		transport: network.Transport(name),
+		self:      name,
+		params: func(id transfer.RequestID, plan *layout.Plan) *transfer.ContextParams {
+			return &transfer.ContextParams{RequestID: id, WorkerAddress: []byte(name),
+				Layout: plan.Layout(), Selection: plan.Selection(), Blocks: plan.Blocks()}
+		},
+		senderPeer: func(c *transfer.ContextParams) transfer.Peer { return transfer.Peer(c.WorkerAddress) },
+	}
+}
+
+// ucxStagingBytes is each UCX worker's staging region: 8 slots of the engines' 1 MiB.
+const ucxStagingBytes = 8 * engineSlotBytes
+
+// errNoUCX is what -transport=ucx says in a binary built without cgo.
+var errNoUCX = errors.New("this binary was built without cgo, so without the UCX transport: " +
+	"build with CGO_ENABLED=1 (and libucx-dev), or use -transport=mem")
+
+// newUCXFabric opens a UCX worker with UCX_TLS=tls; nil when the UCX transport is not built
+// (ucx.go needs cgo).
+var newUCXFabric func(tls string, keepalive time.Duration, log *zap.Logger) (fabric, error)
+
+// shortPeer abbreviates a peer name for printing: a UCX peer is its worker address in hex,
+// a few hundred characters.
+func shortPeer(p transfer.Peer) string {
+	if len(p) <= 20 {
+		return string(p)
+	}
+	return string(p[:16]) + "…"
+}

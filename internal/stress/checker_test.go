@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package stress
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	cases := []struct {
+		desc  string
+		cfg   Config
+		field string
+	}{
+		{"fraction above one", Config{CancelFraction: 1.5}, "CancelFraction"},
+		{"negative fraction", Config{LargeFraction: -0.1}, "LargeFraction"},
+		{"negative duration", Config{Grace: -time.Second}, "Grace"},
+		{"too short", Config{Duration: time.Second}, "Duration"},
+		{"concurrency", Config{Concurrency: -1}, "Concurrency"},
+		{"slot too small", Config{SlotBytes: 100}, "SlotBytes"},
+		{"freeze shorter than the progress deadline", Config{FreezeFor: time.Second, ProgressDeadline: 2 * time.Second}, "FreezeFor"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			err := c.cfg.withDefaults().validate()
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			var ce *ConfigError
+			require.True(t, errors.As(err, &ce))
+			require.Equal(t, c.field, ce.Field)
+		})
+	}
+	require.NoError(t, Config{}.withDefaults().validate(), "the defaults must validate")
+}
+
+func TestParseFaults(t *testing.T) {
+	cases := []struct {
+		desc string
+		in   string
+		want []Fault
+		bad  bool
+	}{
+		{"all", "all", AllFaults, false},
+		{"none", "none", nil, false},
+		{"empty", "", nil, false},
+		{"two, deduplicated", "freeze, cancel,freeze", []Fault{FaultFreeze, FaultCancel}, false},
+		{"unknown", "cancel,meteor", nil, true},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			got, err := ParseFaults(c.in)
+			if c.bad {
+				require.ErrorIs(t, err, ErrInvalidConfig)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, c.want, got)
+		})
+	}
+}
+
+// nopTransport accepts every post and never completes it: enough for the tracker, which only
+// looks at the buffers.
+type nopTransport struct{}
+
+func (nopTransport) Bind(transfer.Inbound) error             { return nil }
+func (nopTransport) SendControl(transfer.Peer, []byte) error { return nil }
+func (nopTransport) Cancel(transfer.OpID)                    {}
+func (nopTransport) Progress(time.Duration) bool             { return false }
+func (nopTransport) Close(bool) error                        { return nil }
+func (nopTransport) PostSend(transfer.Peer, transfer.Tag, []byte, func(transfer.Completion)) (transfer.OpID, error) {
+	return 1, nil
+}
+func (nopTransport) PostRecv(transfer.Peer, transfer.Tag, []byte, func(transfer.Completion)) (transfer.OpID, error) {
+	return 1, nil
+}
+
+// The checker must catch the breach it exists for: a post into a slot after that slot was
+// poisoned, by index, whatever part of the slot the buffer starts at.
+func TestL5_SlotTrackerCatchesAPoisonedSlotReused(t *testing.T) {
+	const slot = 1024
+	staging := make([]byte, 8*slot)
+	tr := newSlotTracker(nopTransport{}, staging, slot)
+	cases := []struct {
+		desc   string
+		buf    []byte
+		send   bool
+		reused int
+	}{
+		{"a healthy slot", staging[2*slot : 3*slot], true, 0},
+		{"the poisoned slot, from its start", staging[3*slot : 4*slot], true, 1},
+		{"the poisoned slot, a receive", staging[3*slot : 3*slot+100], false, 2},
+		{"the next slot", staging[4*slot : 5*slot], false, 2},
+	}
+	tr.markPoisoned(3)
+	for _, c := range cases {
+		var err error
+		if c.send {
+			_, err = tr.PostSend("p", transfer.Tag{Request: 9}, c.buf, nil)
+		} else {
+			_, err = tr.PostRecv("p", transfer.Tag{Request: 9}, c.buf, nil)
+		}
+		require.NoError(t, err, c.desc)
+		poisoned, reused, foreign := tr.findings()
+		require.Equal(t, 1, poisoned, c.desc)
+		require.Len(t, reused, c.reused, c.desc)
+		require.Empty(t, foreign, c.desc)
+	}
+	_, err := tr.PostSend("p", transfer.Tag{Request: 10}, make([]byte, 10), nil)
+	require.NoError(t, err)
+	_, _, foreign := tr.findings()
+	require.Len(t, foreign, 1, "a buffer outside the staging memory is reported")
+}
+
+// A run that injected nothing it was asked to, or that saw a wedged handle, fails, and its
+// report says why in both forms.
+func TestReportFailsOnEveryBreachKind(t *testing.T) {
+	cases := []struct {
+		desc   string
+		mutate func(s *soak)
+		want   string
+	}{
+		{"a fault never injected", func(s *soak) {}, "fault freeze was enabled but never injected"},
+		{"a wedged handle", func(s *soak) { s.injected[FaultFreeze].Add(1); s.wedged.Add(1) }, "1 handles wedged"},
+		{"a corrupt transfer", func(s *soak) { s.injected[FaultFreeze].Add(1); s.corrupt.Add(2) }, "2 completed transfers corrupt"},
+		{"a recorded breach", func(s *soak) { s.injected[FaultFreeze].Add(1); s.addBreach("engine x: boom") }, "engine x: boom"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			s, err := newSoak(Config{Faults: []Fault{FaultFreeze}})
+			require.NoError(t, err)
+			defer s.closeAll()
+			s.started.Add(1)
+			c.mutate(s)
+			rep := s.report(1, 1)
+			require.False(t, rep.Passed)
+			require.Contains(t, rep.Breaches, c.want)
+
+			var js bytes.Buffer
+			require.NoError(t, rep.WriteJSON(&js))
+			var m map[string]any
+			require.NoError(t, json.Unmarshal(js.Bytes(), &m))
+			for _, k := range []string{"started", "completed", "cancelled", "cancel_outcomes", "quarantined", "poisoned_slots",
+				"wedged", "leaked_slots", "corrupt", "reused_poisoned", "seconds_unhealthy", "longest_recovery_seconds",
+				"faults_injected", "breaches", "passed"} {
+				require.Contains(t, m, k)
+			}
+			var table bytes.Buffer
+			require.NoError(t, rep.WriteTable(&table))
+			require.Contains(t, table.String(), "FAIL")
+			require.Contains(t, table.String(), c.want)
+		})
+	}
+}

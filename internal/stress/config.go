@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package stress
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Fault names one kind of injected fault. Each can be switched off on its own.
+type Fault string
+
+// The faults the soak injects.
+const (
+	// FaultCancel: a cancel storm; CancelFraction of requests are cancelled at a random point,
+	// on the sending or the receiving side.
+	FaultCancel Fault = "cancel"
+	// FaultDeadline: DeadlineFraction of requests get a deadline of a few milliseconds, which
+	// many of them miss.
+	FaultDeadline Fault = "deadline"
+	// FaultHang: a chunk stays on the wire forever (until the engine force-closes), so its
+	// transfer is quarantined and its slots poisoned.
+	FaultHang Fault = "hang"
+	// FaultLate: a chunk ignores its cancel and completes after its transfer's deadline, so the
+	// quarantine ends with a release, not a poison.
+	FaultLate Fault = "late"
+	// FaultNeverQuiesce: a chunk, once cancelled, never says whether it let go of its memory.
+	FaultNeverQuiesce Fault = "never-quiesce"
+	// FaultFreeze: the decode peer is frozen (every message to or from it held, as SIGSTOP
+	// would) for FreezeFor, then thawed.
+	FaultFreeze Fault = "freeze"
+	// FaultLostPeer: a prefill peer is cut off for good (as SIGKILL would) and started again
+	// under a new name.
+	FaultLostPeer Fault = "lost-peer"
+	// FaultPartition (--processes only): a prefill and a decode peer process in two network
+	// namespaces joined by a veth pair, over UCX TCP; the link is cut and restored, then made
+	// lossy with netem. Skipped, loudly, where network namespaces are not allowed.
+	FaultPartition Fault = "partition"
+)
+
+// AllFaults lists every fault, in the order the report prints them.
+var AllFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultPartition}
+
+// memFaults are the faults the in-process soak (Run) injects.
+var memFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer}
+
+// only keeps the faults of fs that are also in allowed, in order.
+func only(fs, allowed []Fault) []Fault {
+	var out []Fault
+	for _, f := range fs {
+		if slices.Contains(allowed, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// ParseFaults reads a comma-separated list of fault names ("all" for every one, "none" or
+// the empty string for none).
+func ParseFaults(s string) ([]Fault, error) {
+	s = strings.TrimSpace(s)
+	switch s {
+	case "all":
+		return slices.Clone(AllFaults), nil
+	case "", "none":
+		return nil, nil
+	}
+	var out []Fault
+	for _, name := range strings.Split(s, ",") {
+		f := Fault(strings.TrimSpace(name))
+		if !slices.Contains(AllFaults, f) {
+			return nil, &ConfigError{Field: "Faults", Value: name, Reason: fmt.Sprintf("unknown fault; known: %v", AllFaults)}
+		}
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}
+
+// Config tunes a soak. Zero values take the defaults documented on each field; Run validates
+// the result once and names the first field that cannot work.
+type Config struct {
+	// Duration is how long new requests are started; the drain follows. Default 60s.
+	Duration time.Duration
+	// Concurrency is the number of requests in progress at once. Default 256.
+	Concurrency int
+	// LargeFraction of requests are larger than one staging slot, so they stream through it
+	// chunk by chunk. Default 0.2.
+	LargeFraction float64
+	// TPFraction of requests are received from two TP=2 prefill ranks at once (Spec.Subs).
+	// Default 0.25.
+	TPFraction float64
+	// CancelFraction of requests are cancelled at a random point when FaultCancel is on.
+	// Default 0.3.
+	CancelFraction float64
+	// DeadlineFraction of requests get a deadline of 1 to 20 ms when FaultDeadline is on.
+	// Default 0.1.
+	DeadlineFraction float64
+	// Faults lists the faults to inject. Default (nil): AllFaults. Use NoFaults for none.
+	Faults []Fault
+	// NoFaults turns every fault off (Faults is then ignored).
+	NoFaults bool
+	// Seed makes the run's random choices repeatable. Default 1.
+	Seed uint64
+	// SlotBytes is each engine's staging slot size. Default 64 KiB + the chunk header.
+	SlotBytes int64
+	// MaxConcurrent is each engine's Config.MaxConcurrent. Default 64.
+	MaxConcurrent int
+	// TransferTimeout is the deadline of a request without a tight one. Default 3s.
+	TransferTimeout time.Duration
+	// QueueTimeout is each engine's Config.QueueTimeout. Default 3s.
+	QueueTimeout time.Duration
+	// ProgressDeadline is each engine's Config.ProgressDeadline. Default 2s.
+	ProgressDeadline time.Duration
+	// QuarantineTimeout is each engine's Config.QuarantineTimeout. Default 4s.
+	QuarantineTimeout time.Duration
+	// FreezeFor is how long the frozen peer stays frozen. Default 4s; it must exceed
+	// ProgressDeadline so health has a stall to see.
+	FreezeFor time.Duration
+	// Grace is the slack on every bound the checker enforces: scheduling on a loaded host,
+	// the race detector, the garbage collector. Default 2s.
+	Grace time.Duration
+	// RecoveryBound: health must be back within this long after a frozen or lost peer is
+	// back. Default 10s.
+	RecoveryBound time.Duration
+	// MaxHeapBytes bounds the Go heap during the run. Default 2 GiB.
+	MaxHeapBytes uint64
+	// Logger receives the soak's events (faults, breaches). Default zap.NewNop().
+	Logger *zap.Logger
+	// EngineLogger is handed to every engine. Default zap.NewNop().
+	EngineLogger *zap.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultDuration          = 60 * time.Second
+	DefaultConcurrency       = 256
+	DefaultLargeFraction     = 0.2
+	DefaultTPFraction        = 0.25
+	DefaultCancelFraction    = 0.3
+	DefaultDeadlineFraction  = 0.1
+	DefaultSeed              = 1
+	DefaultSlotBytes         = 64<<10 + 64
+	DefaultMaxConcurrent     = 64
+	DefaultTransferTimeout   = 3 * time.Second
+	DefaultQueueTimeout      = 3 * time.Second
+	DefaultProgressDeadline  = 2 * time.Second
+	DefaultQuarantineTimeout = 4 * time.Second
+	DefaultFreezeFor         = 4 * time.Second
+	DefaultGrace             = 2 * time.Second
+	DefaultRecoveryBound     = 10 * time.Second
+	DefaultMaxHeapBytes      = 2 << 30
+)
+
+func (c Config) withDefaults() Config {
+	dur := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	frac := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	dur(&c.Duration, DefaultDuration)
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	frac(&c.LargeFraction, DefaultLargeFraction)
+	frac(&c.TPFraction, DefaultTPFraction)
+	frac(&c.CancelFraction, DefaultCancelFraction)
+	frac(&c.DeadlineFraction, DefaultDeadlineFraction)
+	switch {
+	case c.NoFaults:
+		c.Faults = nil
+	case c.Faults == nil:
+		c.Faults = slices.Clone(AllFaults)
+	}
+	if c.Seed == 0 {
+		c.Seed = DefaultSeed
+	}
+	if c.SlotBytes == 0 {
+		c.SlotBytes = DefaultSlotBytes
+	}
+	if c.MaxConcurrent == 0 {
+		c.MaxConcurrent = DefaultMaxConcurrent
+	}
+	dur(&c.TransferTimeout, DefaultTransferTimeout)
+	dur(&c.QueueTimeout, DefaultQueueTimeout)
+	dur(&c.ProgressDeadline, DefaultProgressDeadline)
+	dur(&c.QuarantineTimeout, DefaultQuarantineTimeout)
+	dur(&c.FreezeFor, DefaultFreezeFor)
+	dur(&c.Grace, DefaultGrace)
+	dur(&c.RecoveryBound, DefaultRecoveryBound)
+	if c.MaxHeapBytes == 0 {
+		c.MaxHeapBytes = DefaultMaxHeapBytes
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.EngineLogger == nil {
+		c.EngineLogger = zap.NewNop()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	bad := func(field string, v any, reason string) error {
+		return &ConfigError{Field: field, Value: v, Reason: reason}
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"LargeFraction", c.LargeFraction}, {"TPFraction", c.TPFraction}, {"CancelFraction", c.CancelFraction}, {"DeadlineFraction", c.DeadlineFraction}} {
+		if f.v < 0 || f.v > 1 {
+			return bad(f.name, f.v, "must be between 0 and 1")
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Duration", c.Duration}, {"TransferTimeout", c.TransferTimeout}, {"QueueTimeout", c.QueueTimeout},
+		{"ProgressDeadline", c.ProgressDeadline}, {"QuarantineTimeout", c.QuarantineTimeout}, {"FreezeFor", c.FreezeFor},
+		{"Grace", c.Grace}, {"RecoveryBound", c.RecoveryBound}} {
+		if d.v < 0 {
+			return bad(d.name, d.v, "must be positive")
+		}
+	}
+	switch {
+	case c.Concurrency < 1 || c.Concurrency > 1<<16:
+		return bad("Concurrency", c.Concurrency, "must be between 1 and 65536")
+	case c.SlotBytes < 4<<10+64:
+		return bad("SlotBytes", c.SlotBytes, "must hold at least 4 KiB of KV plus the chunk header")
+	case c.MaxConcurrent < 1:
+		return bad("MaxConcurrent", c.MaxConcurrent, "must be at least 1")
+	case c.has(FaultFreeze) && c.FreezeFor <= c.ProgressDeadline:
+		return bad("FreezeFor", c.FreezeFor, fmt.Sprintf("must exceed ProgressDeadline (%v), or health has no stall to report", c.ProgressDeadline))
+	case c.Duration < 2*time.Second:
+		return bad("Duration", c.Duration, "must be at least 2s")
+	}
+	return nil
+}
+
+func (c Config) has(f Fault) bool { return slices.Contains(c.Faults, f) }

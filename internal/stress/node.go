@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package stress
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// node is one engine of the soak with the instruments the checker reads: a transport wrapper
+// that sees every staging buffer handed to the wire, and an observer that hears every poison
+// and quarantine.
+type node struct {
+	name transfer.Peer
+	eng  *transfer.Engine
+	slot *slotTracker
+
+	quarantines atomic.Int64
+	poisons     atomic.Int64
+	// maxPoisoned is the most poisoned slots Health has reported; it may only grow.
+	maxPoisoned atomic.Int64
+}
+
+// slotTracker wraps a transport and tracks staging slots by index: a post whose buffer lies
+// in a slot already poisoned is the bug the "poisoned slot never leased again" invariant
+// forbids. Tracking by index rather than by a canary written into the slot is deliberate: a
+// transport may legitimately still write into a poisoned slot (that is why it was poisoned).
+type slotTracker struct {
+	inner     transfer.Transport
+	base      uintptr
+	size      uintptr
+	slotBytes uintptr
+
+	mu       sync.Mutex
+	poisoned map[int]time.Time
+	reused   []string // one line per post into a poisoned slot
+	foreign  []string // posts of buffers outside the staging memory
+}
+
+var _ transfer.Transport = (*slotTracker)(nil)
+
+func newSlotTracker(inner transfer.Transport, staging []byte, slotBytes int64) *slotTracker {
+	return &slotTracker{
+		inner: inner,
+		// The address is only compared, never dereferenced; staging stays referenced by the
+		// engine for the tracker's whole life, and Go's heap does not move objects.
+		base: uintptr(unsafe.Pointer(unsafe.SliceData(staging))), size: uintptr(len(staging)),
+		slotBytes: uintptr(slotBytes), poisoned: map[int]time.Time{},
+	}
+}
+
+// check records a post into a poisoned slot or outside the staging memory.
+func (s *slotTracker) check(what string, tag transfer.Tag, buf []byte) {
+	if len(buf) == 0 {
+		return
+	}
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p < s.base || p >= s.base+s.size {
+		if len(s.foreign) < 16 {
+			s.foreign = append(s.foreign, fmt.Sprintf("%s of request %d chunk %d: buffer outside the staging memory", what, tag.Request, tag.Seq))
+		}
+		return
+	}
+	idx := int((p - s.base) / s.slotBytes)
+	if at, bad := s.poisoned[idx]; bad {
+		s.reused = append(s.reused, fmt.Sprintf("%s of request %d chunk %d into slot %d, poisoned %v earlier",
+			what, tag.Request, tag.Seq, idx, time.Since(at).Round(time.Millisecond)))
+	}
+}
+
+func (s *slotTracker) markPoisoned(slot int) {
+	s.mu.Lock()
+	if _, ok := s.poisoned[slot]; !ok {
+		s.poisoned[slot] = time.Now()
+	}
+	s.mu.Unlock()
+}
+
+func (s *slotTracker) findings() (poisoned int, reused, foreign []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.poisoned), append([]string(nil), s.reused...), append([]string(nil), s.foreign...)
+}
+
+// Bind implements transfer.Transport.
+func (s *slotTracker) Bind(in transfer.Inbound) error { return s.inner.Bind(in) }
+
+// SendControl implements transfer.Transport.
+func (s *slotTracker) SendControl(to transfer.Peer, msg []byte) error {
+	return s.inner.SendControl(to, msg)
+}
+
+// PostSend implements transfer.Transport.
+func (s *slotTracker) PostSend(to transfer.Peer, tag transfer.Tag, buf []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	s.check("send", tag, buf)
+	return s.inner.PostSend(to, tag, buf, done)
+}
+
+// PostRecv implements transfer.Transport.
+func (s *slotTracker) PostRecv(from transfer.Peer, tag transfer.Tag, buf []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	s.check("receive", tag, buf)
+	return s.inner.PostRecv(from, tag, buf, done)
+}
+
+// Cancel implements transfer.Transport.
+func (s *slotTracker) Cancel(op transfer.OpID) { s.inner.Cancel(op) }
+
+// Progress implements transfer.Transport.
+func (s *slotTracker) Progress(budget time.Duration) bool { return s.inner.Progress(budget) }
+
+// Close implements transfer.Transport.
+func (s *slotTracker) Close(force bool) error { return s.inner.Close(force) }
+
+// The node is its engine's observer.
+var _ transfer.Observer = (*node)(nil)
+
+// OnTransition implements transfer.Observer.
+func (n *node) OnTransition(transfer.RequestID, int, transfer.State, transfer.State, transfer.Event) {
+}
+
+// OnCancel implements transfer.Observer.
+func (n *node) OnCancel(transfer.RequestID, transfer.CancelOutcome) {}
+
+// OnQuarantine implements transfer.Observer.
+func (n *node) OnQuarantine(transfer.RequestID, int, error) { n.quarantines.Add(1) }
+
+// OnPoison implements transfer.Observer.
+func (n *node) OnPoison(_ transfer.RequestID, slot int, _ string) {
+	n.poisons.Add(1)
+	n.slot.markPoisoned(slot)
+}
+
+// OnProgress implements transfer.Observer.
+func (n *node) OnProgress(transfer.RequestID, int64, time.Time) {}

@@ -1,0 +1,557 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package stress
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// procFaults are the faults the process mode injects; the chunk-level ones need the
+// in-memory transport's hooks.
+var procFaults = []Fault{FaultCancel, FaultDeadline, FaultFreeze, FaultLostPeer, FaultPartition}
+
+func init() { runProcesses = RunProcesses }
+
+// procPeer is one prefill peer process.
+type procPeer struct {
+	idx, gen int
+	name     transfer.Peer
+	cmd      *exec.Cmd
+	wmu      sync.Mutex
+	stdin    io.WriteCloser
+	exited   chan struct{} // closed when the process has been waited for
+	pool     chan string   // its POOL line
+	stderr   *tailBuffer   // the end of its standard error, for breach reports
+}
+
+// tailBuffer keeps the last 2 KiB written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *tailBuffer) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, b...)
+	if over := len(t.buf) - 2048; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+	}
+	return len(b), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}
+
+func (p *procPeer) send(line string) error {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	_, err := io.WriteString(p.stdin, line+"\n")
+	return err
+}
+
+// procSoak adds peer processes to a soak whose only in-process engine is decode, over UCX.
+type procSoak struct {
+	*soak
+	tr       *transfer.UCXTransport
+	exe      string
+	pc       peerConfig
+	peerMu   sync.Mutex
+	peers    [2]*procPeer
+	all      []*procPeer
+	freezing atomic.Bool
+}
+
+// RunProcesses is Run with the prefill side in two peer processes over UCX (TLS tls; empty
+// for UCX's default): TP=1 requests from one, TP=2 requests from both into one decode
+// engine in this process. The freeze fault stops both peers with SIGSTOP and resumes them
+// with SIGCONT; the lost-peer fault kills one with SIGKILL and starts it again. Point
+// faults (hang, late, never-quiesce) need the in-memory transport and are left out. The
+// peer processes run exe (default: this executable), which must call RunPeerFromEnv first.
+func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, error) {
+	cfg = cfg.withDefaults()
+	cfg.Faults = only(cfg.Faults, procFaults)
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("stress: finding this executable to start peers: %w", err)
+		}
+	}
+	goroutinesStart := runtime.NumGoroutine()
+	s := &soak{cfg: cfg, log: cfg.Logger, cancelOutcomes: map[string]int64{}, injected: map[Fault]*atomic.Int64{}}
+	for _, f := range AllFaults {
+		s.injected[f] = new(atomic.Int64)
+	}
+	s.numSlots = 2*cfg.MaxConcurrent + 16
+	ps := &procSoak{soak: s, exe: exe}
+	ps.pc = peerConfig{TLS: tls, SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent, NumSlots: s.numSlots,
+		QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline, QuarantineTimeout: cfg.QuarantineTimeout,
+		Grace: cfg.Grace, Lifetime: cfg.Duration + 5*time.Minute}
+	if cfg.has(FaultFreeze) {
+		ps.pc.Stopped = cfg.FreezeFor
+	}
+	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: tls, KeepaliveInterval: 200 * time.Millisecond,
+		StagingBytes: int64(s.numSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("stress: opening UCX: %w", err)
+	}
+	ps.tr = tr
+	n := &node{name: "decode"}
+	n.slot = newSlotTracker(tr, tr.StagingMemory(), cfg.SlotBytes)
+	if n.eng, err = transfer.New(n.slot, transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent,
+		NumSlots: s.numSlots, StagingMemory: tr.StagingMemory(), TransferTimeout: cfg.TransferTimeout,
+		QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline, QuarantineTimeout: cfg.QuarantineTimeout,
+		CloseTimeout: cfg.QuarantineTimeout + cfg.Grace, Logger: cfg.EngineLogger, Observer: n}); err != nil {
+		_ = tr.Close(true)
+		return nil, err
+	}
+	s.decode = n
+	for i := range ps.peers {
+		if ps.peers[i], err = ps.startPeer(i, 0); err != nil {
+			ps.stopPeers()
+			s.closeAll()
+			return nil, err
+		}
+	}
+
+	// With the partition on, the last third of the run (at least four freezes long) is the
+	// network phase; the signal phase has the rest.
+	mainFor, partitionFor := cfg.Duration, time.Duration(0)
+	if cfg.has(FaultPartition) {
+		partitionFor = max(cfg.Duration/3, 4*cfg.FreezeFor)
+		mainFor = max(cfg.Duration-partitionFor, cfg.Duration/2)
+	}
+	s.startedAt = time.Now()
+	trafficCtx, stopTraffic := context.WithTimeout(ctx, mainFor)
+	defer stopTraffic()
+	monitorCtx, stopMonitor := context.WithCancel(context.Background())
+	monitorDone := make(chan struct{})
+	go func() { defer close(monitorDone); s.monitor(monitorCtx) }()
+	scheduleDone := make(chan struct{})
+	go func() { defer close(scheduleDone); ps.schedule(trafficCtx) }()
+	var workers sync.WaitGroup
+	for w := range cfg.Concurrency {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			r := rand.New(rand.NewPCG(cfg.Seed, uint64(w)))
+			for trafficCtx.Err() == nil {
+				ps.request(r)
+			}
+		}()
+	}
+	drainBound := cfg.Duration + s.quiesceBound(cfg.TransferTimeout) + cfg.RecoveryBound + cfg.FreezeFor + cfg.Grace + 10*time.Second
+	if !waitBounded(&workers, scheduleDone, time.Until(s.startedAt.Add(drainBound))) {
+		s.addBreach(fmt.Sprintf("workers or schedule still running %v after the start: the soak itself wedged", drainBound))
+	}
+	ps.stopPeers()
+	if partitionFor > 0 && ctx.Err() == nil {
+		ps.partition(ctx, partitionFor)
+	}
+	s.drainAndCheck()
+	stopMonitor()
+	<-monitorDone
+	s.closeAll()
+	goroutinesEnd := s.waitGoroutines(goroutinesStart)
+	rep := s.report(goroutinesStart, goroutinesEnd)
+	if len(rep.Breaches) > 0 {
+		return rep, fmt.Errorf("%w: %d breaches, first: %s", ErrBreach, len(rep.Breaches), rep.Breaches[0])
+	}
+	return rep, nil
+}
+
+// startPeer starts prefill peer process idx (generation gen), waits (bounded) for its
+// address, and tells it decode's.
+func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
+	env, err := json.Marshal(ps.pc)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(ps.exe)
+	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env), "UCX_LOG_LEVEL=fatal")
+	// UCX's own complaints about a killed peer are expected noise; what matters reaches the
+	// parent as ERR lines and as the pool report, and the tail goes with a breach.
+	tail := &tailBuffer{}
+	cmd.Stderr = tail
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("stress: starting peer %d: %w", idx, err)
+	}
+	p := &procPeer{idx: idx, gen: gen, cmd: cmd, stdin: stdin, exited: make(chan struct{}), pool: make(chan string, 1), stderr: tail}
+	addr := make(chan string, 1)
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<16), 1<<20)
+		for sc.Scan() {
+			ps.peerLine(p, sc.Text(), addr)
+		}
+	}()
+	go func() {
+		<-readerDone // Wait must follow the last read of stdout
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	select {
+	case a := <-addr:
+		p.name = transfer.Peer(a)
+	case <-p.exited:
+		return nil, fmt.Errorf("stress: peer %d exited before printing its address", idx)
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-p.exited
+		return nil, fmt.Errorf("stress: peer %d printed no address in 10s", idx)
+	}
+	if err := p.send("PEER " + hex.EncodeToString(ps.tr.WorkerAddress())); err != nil {
+		return nil, err
+	}
+	ps.peerMu.Lock()
+	ps.all = append(ps.all, p)
+	ps.peerMu.Unlock()
+	return p, nil
+}
+
+// peerLine handles one line a peer printed.
+func (ps *procSoak) peerLine(p *procPeer, line string, addr chan<- string) {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return
+	}
+	switch f[0] {
+	case "ADDR":
+		if len(f) == 2 {
+			addr <- f[1]
+		}
+	case "END":
+	case "WEDGED":
+		ps.wedged.Add(1)
+		ps.addBreach(fmt.Sprintf("peer %d.gen%d: request %s", p.idx, p.gen, strings.Join(f[1:], " ")))
+	case "POOL":
+		select {
+		case p.pool <- line:
+		default:
+		}
+	case "ERR":
+		ps.addBreach(fmt.Sprintf("peer %d.gen%d: %s", p.idx, p.gen, line))
+	}
+}
+
+// stopPeers closes every live peer's stdin, checks the pool each reports after its drain,
+// and waits (bounded) for it to exit, killing it if it does not.
+func (ps *procSoak) stopPeers() {
+	ps.stopThese(ps.livePeers())
+}
+
+// stopThese ends the given peers: stdin closed, pool report checked, exit awaited.
+func (ps *procSoak) stopThese(live []*procPeer) {
+	for _, p := range live {
+		p.wmu.Lock()
+		_ = p.stdin.Close()
+		p.wmu.Unlock()
+	}
+	bound := ps.cfg.QueueTimeout + ps.cfg.TransferTimeout + 2*ps.cfg.QuarantineTimeout + 2*ps.cfg.Grace + 10*time.Second
+	for _, p := range live {
+		select {
+		case line := <-p.pool:
+			ps.checkPeerPool(p, line)
+		case <-p.exited:
+			// Its output is read to the end before exited closes, so a POOL line it printed
+			// is waiting by now.
+			select {
+			case line := <-p.pool:
+				ps.checkPeerPool(p, line)
+			default:
+				ps.addBreach(fmt.Sprintf("peer %d.gen%d exited (%v) without reporting its pool; its stderr ends: %q",
+					p.idx, p.gen, p.cmd.ProcessState, p.stderr.String()))
+			}
+		case <-time.After(bound):
+			ps.addBreach(fmt.Sprintf("peer %d.gen%d did not drain within %v", p.idx, p.gen, bound))
+		}
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			ps.addBreach(fmt.Sprintf("peer %d.gen%d did not exit within 10s of its drain; killed", p.idx, p.gen))
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	}
+}
+
+// checkPeerPool checks a peer's POOL line: nothing leased, poisons all observed, none reused.
+func (ps *procSoak) checkPeerPool(p *procPeer, line string) {
+	f := strings.Fields(line)
+	if len(f) != 6 {
+		ps.addBreach(fmt.Sprintf("peer %d.gen%d: bad pool line %q", p.idx, p.gen, line))
+		return
+	}
+	var v [5]int64
+	for i := range v {
+		v[i], _ = strconv.ParseInt(f[i+1], 10, 64)
+	}
+	total, free, poisoned, seen, reused := v[0], v[1], v[2], v[3], v[4]
+	ps.extraPoisoned.Add(poisoned)
+	if leased := total - free - poisoned; leased != 0 {
+		ps.extraLeaked.Add(leased)
+		ps.addBreach(fmt.Sprintf("peer %d.gen%d: %d slots still leased after its drain", p.idx, p.gen, leased))
+	}
+	if seen != poisoned {
+		ps.addBreach(fmt.Sprintf("peer %d.gen%d: pool says %d slots poisoned, the observer heard of %d", p.idx, p.gen, poisoned, seen))
+	}
+	if reused > 0 {
+		ps.extraReused.Add(reused)
+		ps.addBreach(fmt.Sprintf("peer %d.gen%d: %d posts into poisoned slots", p.idx, p.gen, reused))
+	}
+}
+
+// schedule: per cycle, at 15% both peers are stopped (SIGSTOP) for FreezeFor, at 45% one is
+// killed (SIGKILL) and started again.
+func (ps *procSoak) schedule(ctx context.Context) {
+	c := ps.cycle()
+	for k := 0; ; k++ {
+		base := ps.startedAt.Add(time.Duration(k) * c)
+		if ps.cfg.has(FaultFreeze) {
+			if !sleepUntil(ctx, base.Add(c*15/100)) {
+				return
+			}
+			ps.freezePeers()
+		}
+		if ps.cfg.has(FaultLostPeer) {
+			if !sleepUntil(ctx, base.Add(c*45/100)) {
+				return
+			}
+			ps.killPeer(k % 2)
+		}
+		if !sleepUntil(ctx, base.Add(c)) {
+			return
+		}
+	}
+}
+
+func (ps *procSoak) livePeers() []*procPeer {
+	ps.peerMu.Lock()
+	defer ps.peerMu.Unlock()
+	var out []*procPeer
+	for _, p := range ps.peers {
+		if p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// freezePeers stops every prefill process: decode, whose every transfer is then stalled, must
+// turn unhealthy within the progress deadline (plus Grace), and be healthy within
+// RecoveryBound of SIGCONT.
+func (ps *procSoak) freezePeers() {
+	peers := ps.livePeers()
+	t0 := time.Now()
+	for _, p := range peers {
+		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+	ps.injected[FaultFreeze].Add(1)
+	ps.log.Info("peers stopped (SIGSTOP)", zap.Int("peers", len(peers)))
+	thaw := t0.Add(ps.cfg.FreezeFor)
+	detectBy := t0.Add(min(ps.cfg.ProgressDeadline+ps.cfg.Grace, ps.cfg.FreezeFor))
+	detected := false
+	for !detected && time.Now().Before(detectBy) {
+		h := ps.decode.eng.Health()
+		ps.log.Debug("decode health while the peers are stopped", zap.Duration("since_stop", time.Since(t0)),
+			zap.Bool("healthy", h.Healthy), zap.Int64("in_flight", h.InFlight), zap.Duration("since_progress", h.SinceProgress))
+		if !h.Healthy {
+			detected = true
+			storeMax(&ps.longestDetect, time.Since(t0))
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !detected {
+		ps.addBreach(fmt.Sprintf("decode stayed healthy for %v while every prefill process was stopped (progress deadline %v)",
+			detectBy.Sub(t0).Round(time.Millisecond), ps.cfg.ProgressDeadline))
+	}
+	time.Sleep(time.Until(thaw))
+	for _, p := range peers {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	ps.log.Info("peers resumed (SIGCONT)")
+	ps.awaitRecovery("SIGCONT of the prefill processes", thaw)
+}
+
+// killPeer kills prefill process i with SIGKILL and starts it again (a new UCX address, so a
+// new peer name), then waits for decode to be healthy.
+func (ps *procSoak) killPeer(i int) {
+	ps.peerMu.Lock()
+	old := ps.peers[i]
+	ps.peers[i] = nil // requests started from now on are refused until the restart
+	ps.peerMu.Unlock()
+	if old == nil {
+		return
+	}
+	_ = old.cmd.Process.Signal(syscall.SIGKILL)
+	ps.injected[FaultLostPeer].Add(1)
+	ps.log.Info("peer killed (SIGKILL)", zap.Int("peer", i))
+	select {
+	case <-old.exited:
+	case <-time.After(10 * time.Second):
+		ps.addBreach(fmt.Sprintf("peer %d.gen%d still running 10s after SIGKILL", old.idx, old.gen))
+	}
+	fresh, err := ps.startPeer(i, old.gen+1)
+	if err != nil {
+		ps.addBreach(fmt.Sprintf("restarting peer %d: %v", i, err))
+		return
+	}
+	ps.peerMu.Lock()
+	ps.peers[i] = fresh
+	ps.peerMu.Unlock()
+	ps.log.Info("peer restarted", zap.Int("peer", i), zap.Int("gen", fresh.gen))
+	ps.awaitRecovery(fmt.Sprintf("the restart of peer %d", i), time.Now())
+}
+
+// request runs one request: decode receives here, the peers send.
+func (ps *procSoak) request(r *rand.Rand) {
+	cfg := ps.cfg
+	id := transfer.RequestID(ps.lastRequest.Add(1))
+	payload := cfg.SlotBytes - transfer.DataHeaderBytes
+	blockBytes := kvLayout(kvHeads, 1).BlockBytes()
+	var nb int64
+	if r.Float64() < cfg.LargeFraction {
+		nb = payload/blockBytes + 1 + r.Int64N(6)
+	} else {
+		nb = 1 + r.Int64N(max(1, payload/blockBytes-1))
+	}
+	tp := r.Float64() < cfg.TPFraction
+	timeout := cfg.TransferTimeout
+	if cfg.has(FaultDeadline) && r.Float64() < cfg.DeadlineFraction {
+		timeout = time.Duration(1+r.IntN(20)) * time.Millisecond
+		ps.injected[FaultDeadline].Add(1)
+	}
+	ps.peerMu.Lock()
+	peers := ps.peers
+	ps.peerMu.Unlock()
+	var use []*procPeer
+	heads := int64(kvHeads)
+	if tp {
+		use, heads = peers[:], kvHeads/2
+	} else {
+		use = []*procPeer{peers[r.IntN(2)]}
+	}
+	for _, p := range use {
+		if p == nil {
+			ps.refused.Add(1)
+			time.Sleep(time.Millisecond) // a peer is restarting; do not spin
+			return
+		}
+	}
+	dstLayout := kvLayout(kvHeads, nb+2)
+	dstPool := make([]byte, dstLayout.SpanBytes())
+	dstBlocks := randomBlocks(r, nb, nb+2)
+	var subs []transfer.SubSpec
+	var sums []uint32
+	var lines []string
+	for i, p := range use {
+		seed := uint64(id)*2 + uint64(i)
+		blocks := randomBlocks(r, nb, nb+2)
+		plan, pool := seededPool(heads, nb, seed, blocks)
+		sums = append(sums, checksum(plan, pool))
+		sel := dstLayout.All()
+		if tp {
+			sel.HeadBegin, sel.HeadEnd = int64(i)*heads, int64(i+1)*heads
+		}
+		dst, err := layout.NewPlan(dstLayout, sel, dstBlocks)
+		must(err)
+		subs = append(subs, transfer.SubSpec{Peer: p.name, Plan: dst})
+		bs := make([]string, len(blocks))
+		for j, b := range blocks {
+			bs[j] = strconv.Itoa(int(b))
+		}
+		lines = append(lines, fmt.Sprintf("SEND %d %d %d %d %d %s", id, heads, nb, seed, timeout.Milliseconds(), strings.Join(bs, ",")))
+	}
+	spec := transfer.Spec{ID: id, Pool: dstPool, Timeout: timeout}
+	if tp {
+		spec.Subs = subs
+	} else {
+		spec.Peer, spec.Plan = subs[0].Peer, subs[0].Plan
+	}
+	sd := &side{name: "receive on decode", eng: ps.decode.eng, started: time.Now()}
+	h, err := ps.decode.eng.Receive(context.Background(), spec)
+	if err != nil {
+		ps.addBreach(fmt.Sprintf("request %d: receive refused: %v", id, err))
+		return
+	}
+	sd.h = h
+	ps.started.Add(1)
+	for i, p := range use {
+		if err := p.send(lines[i]); err != nil {
+			ps.refused.Add(1) // the peer died; the receive ends by its own bounds
+		}
+	}
+	if cfg.has(FaultCancel) && r.Float64() < cfg.CancelFraction {
+		time.Sleep(time.Duration(r.IntN(30)) * time.Millisecond)
+		if r.IntN(2) == 0 {
+			ps.recordCancel(ps.decode.eng.Cancel(id).String())
+		} else {
+			_ = use[r.IntN(len(use))].send(fmt.Sprintf("CANCEL %d", id))
+			ps.recordCancel("sent-to-peer")
+		}
+		ps.injected[FaultCancel].Add(1)
+	}
+	ps.await(id, sd, timeout)
+	if sd.h == nil {
+		return
+	}
+	switch st := sd.h.Status(); st.State {
+	case transfer.Completed:
+		ps.completed.Add(1)
+		for i := range subs {
+			if got := checksum(subs[i].Plan, dstPool); got != sums[i] {
+				ps.corrupt.Add(1)
+				ps.addBreach(fmt.Sprintf("request %d: completed, but sub %d has checksum %08x, sent %08x", id, i, got, sums[i]))
+			}
+		}
+	case transfer.Failed:
+		ps.failed.Add(1)
+	case transfer.Cancelled:
+		ps.cancelled.Add(1)
+	}
+	if errorsIsQuarantined(sd.h.Status().Err) {
+		ps.quarantined.Add(1)
+	}
+	if err := sd.h.Release(); err != nil {
+		ps.addBreach(fmt.Sprintf("request %d: release: %v", id, err))
+	}
+}

@@ -1,0 +1,131 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package stress
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// Report is a soak's result. The counters with "must be 0" in their comment are invariants:
+// any of them above zero is also listed in Breaches.
+type Report struct {
+	// Config echoes what ran.
+	DurationSeconds float64 `json:"duration_seconds"`
+	Concurrency     int     `json:"concurrency"`
+	Seed            uint64  `json:"seed"`
+	Faults          []Fault `json:"faults"`
+
+	// Started counts requests whose handles were created (a TP=2 request is one request).
+	Started int64 `json:"started"`
+	// Refused counts requests an engine refused because it was closing (the restarted peer).
+	Refused int64 `json:"refused"`
+	// Completed counts requests whose receive completed; their bytes were checked.
+	Completed int64 `json:"completed"`
+	// Failed and Cancelled count receives that ended so.
+	Failed    int64 `json:"failed"`
+	Cancelled int64 `json:"cancelled"`
+	// CancelOutcomes counts Engine.Cancel results by outcome name.
+	CancelOutcomes map[string]int64 `json:"cancel_outcomes"`
+	// Quarantined counts handles (either side) that passed through quarantine.
+	Quarantined int64 `json:"quarantined"`
+	// PoisonedSlots counts staging slots poisoned, over every engine and generation.
+	PoisonedSlots int64 `json:"poisoned_slots"`
+	// Wedged handles missed their deadline-plus-grace bound (must be 0).
+	Wedged int64 `json:"wedged"`
+	// LeakedSlots were still leased after the drain (must be 0).
+	LeakedSlots int64 `json:"leaked_slots"`
+	// Corrupt completed transfers whose bytes did not match the sender's checksum (must be 0).
+	Corrupt int64 `json:"corrupt"`
+	// ReusedPoisoned posts handed a poisoned slot to the transport (must be 0).
+	ReusedPoisoned int64 `json:"reused_poisoned"`
+	// AccountingErrors: samples where free + leased + poisoned did not add up, or the
+	// poisoned count shrank (must be 0).
+	AccountingErrors int64 `json:"accounting_errors"`
+	// SecondsUnhealthy is the time any live engine reported unhealthy.
+	SecondsUnhealthy float64 `json:"seconds_unhealthy"`
+	// LongestDetectSeconds is the longest time from a freeze to the stalled engines
+	// reporting unhealthy.
+	LongestDetectSeconds float64 `json:"longest_detect_seconds"`
+	// LongestRecoverySeconds is the longest time from a peer being back to every live engine
+	// reporting healthy.
+	LongestRecoverySeconds float64 `json:"longest_recovery_seconds"`
+	// FaultsInjected counts each fault's injections.
+	FaultsInjected map[Fault]int64 `json:"faults_injected"`
+	// GoroutinesStart and GoroutinesEnd are runtime.NumGoroutine before and after.
+	GoroutinesStart int `json:"goroutines_start"`
+	GoroutinesEnd   int `json:"goroutines_end"`
+	// MaxHeapBytes is the largest heap in use sampled during the run.
+	MaxHeapBytes uint64 `json:"max_heap_bytes"`
+	// Skipped lists the parts this machine could not run (the partition without
+	// CAP_NET_ADMIN), each with the reason.
+	Skipped []string `json:"skipped"`
+	// Breaches lists every invariant broken; empty means the run passed.
+	Breaches []string `json:"breaches"`
+	// Passed is len(Breaches) == 0.
+	Passed bool `json:"passed"`
+}
+
+// WriteJSON writes the report as one indented JSON object.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteTable writes the summary table a person reads after a run.
+func (r *Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
+	row("duration", fmt.Sprintf("%.0fs, %d concurrent, seed %d", r.DurationSeconds, r.Concurrency, r.Seed))
+	row("started", r.Started)
+	row("refused (peer restarting)", r.Refused)
+	row("completed (bytes checked)", r.Completed)
+	row("failed", r.Failed)
+	row("cancelled", r.Cancelled)
+	names := make([]string, 0, len(r.CancelOutcomes))
+	for k := range r.CancelOutcomes {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		row("  cancel "+k, r.CancelOutcomes[k])
+	}
+	row("quarantined", r.Quarantined)
+	row("poisoned slots", r.PoisonedSlots)
+	row("wedged (must be 0)", r.Wedged)
+	row("leaked slots (must be 0)", r.LeakedSlots)
+	row("corrupt (must be 0)", r.Corrupt)
+	row("reused poisoned (must be 0)", r.ReusedPoisoned)
+	row("accounting errors (must be 0)", r.AccountingErrors)
+	row("seconds unhealthy", fmt.Sprintf("%.1f", r.SecondsUnhealthy))
+	row("longest detect", fmt.Sprintf("%.2fs", r.LongestDetectSeconds))
+	row("longest recovery", fmt.Sprintf("%.2fs", r.LongestRecoverySeconds))
+	for _, f := range AllFaults {
+		if n, ok := r.FaultsInjected[f]; ok {
+			row("  injected "+string(f), n)
+		}
+	}
+	row("goroutines start/end", fmt.Sprintf("%d/%d", r.GoroutinesStart, r.GoroutinesEnd))
+	row("max heap", fmt.Sprintf("%.1f MiB", float64(r.MaxHeapBytes)/(1<<20)))
+	verdict := "PASS"
+	if !r.Passed {
+		verdict = fmt.Sprintf("FAIL: %d breaches", len(r.Breaches))
+	}
+	for _, sk := range r.Skipped {
+		row("SKIPPED", sk)
+	}
+	row("verdict", verdict)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(r.Breaches) > 0 {
+		_, err := fmt.Fprintf(w, "breaches:\n  %s\n", strings.Join(r.Breaches, "\n  "))
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package stress
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// cycle is the period of the freeze and lost-peer schedule: each cycle freezes the decode
+// peer once and kills and restarts one prefill peer once.
+func (s *soak) cycle() time.Duration { return min(s.cfg.Duration, 60*time.Second) }
+
+// schedule injects the timed faults until ctx ends: point faults on their own ticker, and
+// per cycle one freeze (at 15%) and one lost peer (at 45%), each followed by its health
+// checks. A step that runs long delays the next one; none is skipped while traffic runs.
+func (s *soak) schedule(ctx context.Context) {
+	pointsDone := make(chan struct{})
+	go func() { defer close(pointsDone); s.armPointFaults(ctx) }()
+	defer func() { <-pointsDone }() // armPointFaults ends with ctx
+
+	c := s.cycle()
+	for k := 0; ; k++ {
+		base := s.startedAt.Add(time.Duration(k) * c)
+		if s.cfg.has(FaultFreeze) {
+			if !sleepUntil(ctx, base.Add(c*15/100)) {
+				return
+			}
+			s.freeze()
+		}
+		if s.cfg.has(FaultLostPeer) {
+			if !sleepUntil(ctx, base.Add(c*45/100)) {
+				return
+			}
+			s.losePeer(k % 2)
+		}
+		if !sleepUntil(ctx, base.Add(c)) {
+			return
+		}
+	}
+}
+
+// sleepUntil waits for t or ctx; it reports whether ctx is still live.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	tm := time.NewTimer(max(time.Until(t), 0))
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-tm.C:
+		return ctx.Err() == nil
+	}
+}
+
+// armPointFaults arms hang, late and never-quiesce in turn, one per pointInterval; the next
+// data chunk to travel takes it.
+func (s *soak) armPointFaults(ctx context.Context) {
+	var enabled []int
+	for i, f := range pointFaults {
+		if s.cfg.has(f) {
+			enabled = append(enabled, i)
+		}
+	}
+	if len(enabled) == 0 {
+		return
+	}
+	t := time.NewTicker(s.pointInterval())
+	defer t.Stop()
+	for k := 0; ; k++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.armed[enabled[k%len(enabled)]].Store(true)
+		}
+	}
+}
+
+// freeze holds every message to or from the decode peer for FreezeFor, as SIGSTOP would.
+// The prefill engines, whose only peer it is, must turn unhealthy within the progress
+// deadline (plus Grace), and every live engine must be healthy within RecoveryBound of the
+// thaw.
+func (s *soak) freeze() {
+	s.mu.Lock()
+	peer := s.decode.name
+	stalled := []*node{s.prefill[0], s.prefill[1]}
+	s.mu.Unlock()
+	t0 := time.Now()
+	thaw := t0.Add(s.cfg.FreezeFor)
+	s.thawAt.Store(thaw.UnixNano())
+	s.frozenPeer.Store(&peer)
+	s.injected[FaultFreeze].Add(1)
+	s.log.Info("peer frozen", zap.String("peer", string(peer)), zap.Duration("for", s.cfg.FreezeFor))
+	defer s.frozenPeer.Store(nil)
+
+	detectBy := t0.Add(min(s.cfg.ProgressDeadline+s.cfg.Grace, s.cfg.FreezeFor))
+	seen := map[transfer.Peer]time.Duration{}
+	for len(seen) < len(stalled) && time.Now().Before(detectBy) {
+		for _, n := range stalled {
+			if _, ok := seen[n.name]; !ok && !n.eng.Health().Healthy {
+				seen[n.name] = time.Since(t0)
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, n := range stalled {
+		d, ok := seen[n.name]
+		if !ok {
+			s.addBreach(fmt.Sprintf("engine %s stayed healthy for %v while its only peer %s was frozen (progress deadline %v)",
+				n.name, detectBy.Sub(t0).Round(time.Millisecond), peer, s.cfg.ProgressDeadline))
+			continue
+		}
+		storeMax(&s.longestDetect, d)
+	}
+	time.Sleep(time.Until(thaw))
+	s.frozenPeer.Store(nil)
+	s.log.Info("peer thawed", zap.String("peer", string(peer)))
+	s.awaitRecovery(fmt.Sprintf("the thaw of %s", peer), thaw)
+}
+
+// losePeer cuts prefill peer i off for good, as SIGKILL would, closes its engine as the dead
+// process's would be gone, checks that engine's pool, and starts a new engine under a new
+// name, as a restarted process would register anew. Every live engine must then be healthy
+// within RecoveryBound.
+func (s *soak) losePeer(i int) {
+	s.mu.Lock()
+	old := s.prefill[i]
+	s.mu.Unlock()
+	s.injected[FaultLostPeer].Add(1)
+	s.log.Info("peer lost", zap.String("peer", string(old.name)))
+	s.net.LosePeer(old.name)
+	time.Sleep(min(500*time.Millisecond, s.cfg.Duration/20)) // the peer stays down a moment
+	if err := old.eng.Close(); err != nil {
+		s.addBreach(fmt.Sprintf("closing the lost engine %s: %v", old.name, err))
+	}
+	s.checkDrained(old)
+
+	s.mu.Lock()
+	s.gens[i]++
+	name := s.prefillName(i)
+	s.mu.Unlock()
+	fresh, err := s.newNode(name)
+	if err != nil {
+		s.addBreach(fmt.Sprintf("restarting %s as %s: %v", old.name, name, err))
+		return
+	}
+	s.mu.Lock()
+	s.prefill[i] = fresh
+	s.retired = append(s.retired, old)
+	s.mu.Unlock()
+	s.log.Info("peer restarted", zap.String("peer", string(name)))
+	s.awaitRecovery(fmt.Sprintf("the restart of %s as %s", old.name, name), time.Now())
+}
+
+// awaitRecovery waits, bounded by RecoveryBound, for every live engine to be healthy after
+// what happened at since.
+func (s *soak) awaitRecovery(what string, since time.Time) {
+	deadline := since.Add(s.cfg.RecoveryBound)
+	for {
+		var sick []string
+		for _, n := range s.live() {
+			if h := n.eng.Health(); !h.Healthy {
+				sick = append(sick, fmt.Sprintf("%s (%s)", n.name, h.Reason))
+			}
+		}
+		if len(sick) == 0 {
+			storeMax(&s.longestRecovery, time.Since(since))
+			return
+		}
+		if time.Now().After(deadline) {
+			s.addBreach(fmt.Sprintf("still unhealthy %v after %s: %v", s.cfg.RecoveryBound, what, sick))
+			storeMax(&s.longestRecovery, time.Since(since))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func storeMax(v interface {
+	Load() int64
+	CompareAndSwap(old, new int64) bool
+}, d time.Duration) {
+	for {
+		cur := v.Load()
+		if int64(d) <= cur || v.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
+}
+
+// monitor samples every live engine's health until ctx ends: pool accounting (free +
+// leased + poisoned = total: Health reports free and poisoned, so leased = total - free -
+// poisoned must never be negative), poisoned counts that only grow, time spent unhealthy,
+// and the heap.
+func (s *soak) monitor(ctx context.Context) {
+	const every = 50 * time.Millisecond
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := time.Now()
+	for k := 0; ; k++ {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			sick := false
+			for _, n := range s.live() {
+				h := n.eng.Health()
+				if h.FreeSlots < 0 || h.PoisonedSlots < 0 || h.FreeSlots+h.PoisonedSlots > h.TotalSlots {
+					s.accountingErrors.Add(1)
+					s.addBreach(fmt.Sprintf("engine %s: free %d + poisoned %d exceeds total %d", n.name, h.FreeSlots, h.PoisonedSlots, h.TotalSlots))
+				}
+				if p := int64(h.PoisonedSlots); p < n.maxPoisoned.Load() {
+					s.accountingErrors.Add(1)
+					s.addBreach(fmt.Sprintf("engine %s: poisoned slots fell from %d to %d", n.name, n.maxPoisoned.Load(), p))
+				} else {
+					n.maxPoisoned.Store(p)
+				}
+				sick = sick || !h.Healthy
+			}
+			if sick {
+				s.unhealthyNanos.Add(int64(now.Sub(last)))
+			}
+			last = now
+			if k%20 == 0 {
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				if ms.HeapInuse > s.maxHeap.Load() {
+					s.maxHeap.Store(ms.HeapInuse)
+				}
+			}
+		}
+	}
+}
+
+// recordCancel counts one Engine.Cancel outcome.
+func (s *soak) recordCancel(outcome string) {
+	s.mu.Lock()
+	s.cancelOutcomes[outcome]++
+	s.mu.Unlock()
+}
