@@ -251,6 +251,14 @@ func TestUCX_PeerKilledMidTransfer(t *testing.T) {
 	for _, tr := range transports {
 		for _, dir := range []string{"survivor-sends", "survivor-receives"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
+				if strings.Contains(tr.tls, "tcp") && !strings.Contains(tr.tls, "posix") {
+					// Open defect: UCX 1.13's TCP transport aborted the whole test process here
+					// twice under a loaded 2-core host (uct_iface.h:884 `comp->count > 0`, from
+					// uct_tcp_iface_progress after the peer's death, with 256 rendezvous sends
+					// outstanding). transfer's TestUCXTransport_PeerKilledOrFrozenMidTransfer
+					// still kills a TCP peer mid-transfer through the engine.
+					t.Skip("UCX 1.13 TCP asserts (comp->count > 0) after a killed peer with 256 rendezvous sends outstanding; open defect, see docs/ucx.md")
+				}
 				mode := "sink"
 				if dir == "survivor-receives" {
 					mode = "source"
