@@ -74,11 +74,18 @@ func (x *xfer) postRecvDirect() bool {
 	if x.nextSeq >= x.nChunks || x.aborting {
 		return !x.aborting
 	}
+	off, n := x.chunkRange(x.nextSeq)
+	return x.postDirect(off, n, x.eng.direct.PostRecvIOV)
+}
+
+// postDirect posts chunk x.nextSeq, stream bytes [off, off+n), as one IOV operation straight
+// on the pool (post is the transport's PostSendIOV or PostRecvIOV). It returns false, having
+// aborted the transfer, if the post fails.
+func (x *xfer) postDirect(off, n int64, post func(Peer, Tag, [][]byte, func(Completion)) (OpID, error)) bool {
 	rec := &opRec{seq: x.nextSeq}
-	off, n := x.chunkRange(rec.seq)
 	iov, err := x.iov(off, n)
 	if err == nil {
-		rec.id, err = x.eng.direct.PostRecvIOV(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, iov,
+		rec.id, err = post(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, iov,
 			func(c Completion) { x.box.push(event{op: rec, c: c}) })
 		if err != nil {
 			err = transportErr(err)
@@ -122,8 +129,7 @@ func (x *xfer) postSendDirect() bool {
 	if x.nextSeq >= x.nChunks || x.aborting {
 		return !x.aborting
 	}
-	rec := &opRec{seq: x.nextSeq}
-	off, n := x.chunkRange(rec.seq)
+	off, n := x.chunkRange(x.nextSeq)
 	if off+n > x.readyBytes {
 		if err := x.refreshReady(); err != nil {
 			x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
@@ -134,22 +140,7 @@ func (x *xfer) postSendDirect() bool {
 			return true
 		}
 	}
-	iov, err := x.iov(off, n)
-	if err == nil {
-		rec.id, err = x.eng.direct.PostSendIOV(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, iov,
-			func(c Completion) { x.box.push(event{op: rec, c: c}) })
-		if err != nil {
-			err = transportErr(err)
-		}
-	}
-	if err != nil {
-		x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
-		return false
-	}
-	x.ops = append(x.ops, rec)
-	x.outstanding++
-	x.nextSeq++
-	return true
+	return x.postDirect(off, n, x.eng.direct.PostSendIOV)
 }
 
 // poisonBlocks is L9 for the direct path: the transport may still touch the caller's own KV

@@ -7,7 +7,6 @@ package stress
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -125,23 +124,9 @@ type nsPeer struct {
 func (ps *procSoak) startNSPeer(idx int, ns, dev string) (*nsPeer, error) {
 	pc := ps.pc
 	pc.TLS, pc.NetDevices = "tcp", dev
-	env, err := json.Marshal(pc)
-	if err != nil {
-		return nil, err
-	}
 	cmd := exec.Command("ip", "netns", "exec", ns, ps.exe) // ip execs the peer: same pid
-	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env), "UCX_LOG_LEVEL=fatal")
-	tail := &tailBuffer{}
-	cmd.Stderr = tail
-	stdin, err := cmd.StdinPipe()
+	stdin, stdout, tail, err := spawnPeer(cmd, pc)
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("stress: starting a peer in %s: %w", ns, err)
 	}
 	p := &nsPeer{procPeer: &procPeer{idx: idx, cmd: cmd, stdin: stdin, exited: make(chan struct{}), pool: make(chan string, 1), stderr: tail},

@@ -191,25 +191,9 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 // startPeer starts prefill peer process idx (generation gen), waits (bounded) for its
 // address, and tells it decode's.
 func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
-	env, err := json.Marshal(ps.pc)
-	if err != nil {
-		return nil, err
-	}
 	cmd := exec.Command(ps.exe)
-	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env), "UCX_LOG_LEVEL=fatal")
-	// UCX's own complaints about a killed peer are expected noise; what matters reaches the
-	// parent as ERR lines and as the pool report, and the tail goes with a breach.
-	tail := &tailBuffer{}
-	cmd.Stderr = tail
-	stdin, err := cmd.StdinPipe()
+	stdin, stdout, tail, err := spawnPeer(cmd, ps.pc)
 	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("stress: starting peer %d: %w", idx, err)
 	}
 	p := &procPeer{idx: idx, gen: gen, cmd: cmd, stdin: stdin, exited: make(chan struct{}), pool: make(chan string, 1), stderr: tail}
@@ -245,6 +229,30 @@ func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
 	ps.all = append(ps.all, p)
 	ps.peerMu.Unlock()
 	return p, nil
+}
+
+// spawnPeer starts cmd as a soak peer process with pc in its environment. UCX's own
+// complaints about a killed peer are expected noise, so its stderr only keeps a tail (which
+// goes with a breach); what matters reaches the parent on stdout as ERR lines and the pool
+// report.
+func spawnPeer(cmd *exec.Cmd, pc peerConfig) (stdin io.WriteCloser, stdout io.ReadCloser, tail *tailBuffer, err error) {
+	env, err := json.Marshal(pc)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env), "UCX_LOG_LEVEL=fatal")
+	tail = &tailBuffer{}
+	cmd.Stderr = tail
+	if stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, nil, nil, err
+	}
+	if stdout, err = cmd.StdoutPipe(); err != nil {
+		return nil, nil, nil, err
+	}
+	if err = cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	return stdin, stdout, tail, nil
 }
 
 // peerLine handles one line a peer printed.
