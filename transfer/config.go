@@ -77,6 +77,18 @@ type Config struct {
 	// it, so it is large: fewer messages cost less per byte, and PipelineDepth of them are
 	// posted at once. Default 64 MiB.
 	DirectChunkBytes int64
+	// DisableRMA keeps the direct path on tagged IOV messages. By default, when the transport
+	// implements RMATransport, a direct receiver asks the sender for its pool (FlagRMA) and
+	// reads the blocks with RMA gets, pool range to pool range, whenever the two layouts line
+	// up (see RMAMinRegionBytes); a sender with DisableRMA declines such a request. See
+	// docs/onecopy.md.
+	DisableRMA bool
+	// RMAMinRegionBytes is the smallest mean size of the pool-to-pool ranges (each as long as
+	// both sides' bytes stay contiguous) for which a receiver takes the RMA mode: below it
+	// (layout conversion, heterogeneous TP) every range would be a get of its own, and the IOV
+	// message does better. Default 256 KiB; a block-major pool moving whole blocks has ranges
+	// of at least one block.
+	RMAMinRegionBytes int64
 	// Logger receives lifecycle events. Default zap.NewNop().
 	Logger *zap.Logger
 	// Observer hears every transition, cancel, quarantine, poison and progress. Default
@@ -88,6 +100,7 @@ type Config struct {
 const (
 	DefaultSlotBytes         = 4 << 20
 	DefaultDirectChunkBytes  = 64 << 20
+	DefaultRMAMinRegionBytes = 256 << 10
 	DefaultMaxConcurrent     = 64
 	DefaultPipelineDepth     = 2
 	DefaultTransferTimeout   = 30 * time.Second
@@ -122,6 +135,9 @@ func (c Config) withDefaults() Config {
 	defInt(&c.MaxConcurrent, DefaultMaxConcurrent)
 	if c.DirectChunkBytes == 0 {
 		c.DirectChunkBytes = DefaultDirectChunkBytes
+	}
+	if c.RMAMinRegionBytes == 0 {
+		c.RMAMinRegionBytes = DefaultRMAMinRegionBytes
 	}
 	defInt(&c.PipelineDepth, DefaultPipelineDepth)
 	if c.NumSlots == 0 && c.SlotBytes > 0 {
@@ -162,6 +178,8 @@ func (c Config) validate() error {
 		return bad("SlotBytes", c.SlotBytes, fmt.Sprintf("must exceed the %d-byte chunk header", DataHeaderBytes))
 	case c.DirectChunkBytes < 8 || c.DirectChunkBytes > 1<<40:
 		return bad("DirectChunkBytes", c.DirectChunkBytes, "must be in [8, 2^40]")
+	case c.RMAMinRegionBytes < 1:
+		return bad("RMAMinRegionBytes", c.RMAMinRegionBytes, "must be at least 1 byte")
 	case c.MaxConcurrent < 1:
 		return bad("MaxConcurrent", c.MaxConcurrent, "must be at least 1")
 	case c.PipelineDepth < 1:

@@ -65,7 +65,21 @@ func (x *xfer) startDirect() bool {
 		return false
 	}
 	x.qcancel() // as lease: starting is no sign of progress (L12)
+	x.path.Store(int32(PathDirect))
 	return true
+}
+
+// postRecvsAhead posts the first direct receives. They cost no slot, so it posts well ahead
+// of the sender: a chunk that arrives before its receive is posted is an unexpected message,
+// which UCX handles on a slower path than a matched one. It returns false if the transfer is
+// aborting.
+func (x *xfer) postRecvsAhead() bool {
+	for range min(max(x.eng.cfg.PipelineDepth, directRecvAhead), x.nChunks) {
+		if !x.postRecvDirect() {
+			return false
+		}
+	}
+	return !x.aborting
 }
 
 // postRecvDirect posts the receive of the next chunk straight into the pool. It returns
@@ -104,6 +118,10 @@ func (x *xfer) postDirect(off, n int64, post func(Peer, Tag, [][]byte, func(Comp
 // receivedDirect handles a direct chunk that landed in the pool: no header to check (the tag
 // named it), only its length.
 func (x *xfer) receivedDirect(rec *opRec, c Completion) {
+	if x.rma.mode == rmaPulling {
+		x.gotRegion(rec, c)
+		return
+	}
 	_, n := x.chunkRange(rec.seq)
 	if int64(c.Bytes) != n {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: direct chunk %d carried %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},

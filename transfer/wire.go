@@ -54,6 +54,14 @@ const (
 	KindAbort Kind = 4
 	// KindAbortAck: answer to an abort: the aborted side has stopped touching the stream.
 	KindAbortAck Kind = 5
+	// KindRMAOffer: sender to receiver, answering a request with FlagRMA: where the sender's
+	// pool is and how its blocks lie in it, so the receiver can read them with RMA gets; or
+	// a decline, after which the sender sends direct chunks as usual (see rma.go).
+	KindRMAOffer Kind = 6
+	// KindRMARelease: receiver to sender: the receiver will not read the offered pool again
+	// for this request (it stopped without completing; Done says the same on success).
+	KindRMARelease Kind = 7
+	maxKind             = KindRMARelease
 )
 
 // Message is any decoded wire message.
@@ -108,7 +116,12 @@ const (
 	// from its pool too, or refuses with AbortIncompatible. An engine that predates the flag
 	// refuses it as unknown, which fails the request instead of misreading its chunks.
 	FlagDirect RequestFlags = 1 << 1
-	knownFlags              = FlagLayerCut | FlagDirect
+	// FlagRMA, with FlagDirect: the receiver can read the sender's pool with RMA gets
+	// (RMATransport) and posts nothing until the sender answers with a KindRMAOffer: the
+	// offer, or a decline, after which the direct path runs as without the flag. A later
+	// request without FlagRMA from the same receiver declines an offer it cannot use.
+	FlagRMA    RequestFlags = 1 << 2
+	knownFlags              = FlagLayerCut | FlagDirect | FlagRMA
 )
 
 // DataHeader precedes one chunk's payload.
@@ -237,7 +250,7 @@ func decodeHeader(b []byte) (Header, error) {
 		return Header{}, malformed(2, "version %d, this build speaks %d", b[2], wireVersion)
 	}
 	k := Kind(b[3])
-	if k < KindRequestInfo || k > KindAbortAck {
+	if k < KindRequestInfo || k > maxKind {
 		return Header{}, malformed(3, "unknown kind %d", k)
 	}
 	if r := binary.LittleEndian.Uint16(b[6:]); r != 0 {
@@ -308,6 +321,13 @@ func Decode(b []byte) (Message, error) {
 			return nil, err
 		}
 		return &AbortAck{Header: h}, nil
+	case KindRMAOffer:
+		return decodeRMAOffer(h, b)
+	case KindRMARelease:
+		if err := exact(abortAckBytes); err != nil {
+			return nil, err
+		}
+		return &RMARelease{Header: h}, nil
 	}
 	return nil, malformed(3, "kind %d is not a control message", h.Kind)
 }

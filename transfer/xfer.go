@@ -37,6 +37,8 @@ type xfer struct {
 	heldOf   int           // partial Receive: length of the full block list
 	// layersReady is how many leading layers this sub has scattered (Receive).
 	layersReady atomic.Int64
+	// path is the Path this sub takes, for Handle.Path (set by its goroutine).
+	path atomic.Int32
 
 	box       mailbox
 	qctx      context.Context
@@ -74,7 +76,9 @@ type xfer struct {
 	// blocksUnknown: a direct operation's memory verdict was unknown; the transfer never
 	// resolves its quarantine (L9, L10).
 	blocksUnknown bool
-	retries       int
+	// rma: the direct path's RMA mode (rma.go).
+	rma     rmaXfer
+	retries int
 	// One timer per transfer serves every deadline below (zero: not set): thousands of idle
 	// transfers then cost the runtime one timer each, not four.
 	deadlineAt time.Time
@@ -241,6 +245,7 @@ func (x *xfer) lease() (*buffer.Slot, bool) {
 		releaseSlot(slot)
 		return nil, false
 	}
+	x.path.Store(int32(PathStaging))
 	x.qcancel() // the queued phase is over; free its timer now, not when the transfer ends
 	return slot, true
 }
@@ -363,14 +368,12 @@ func (x *xfer) runReceiveDirect() {
 	if x.layerCut {
 		x.recvSeen = make([]bool, x.nChunks)
 	}
-	// Receives cost no slot here, so post well ahead of the sender: a chunk that arrives
-	// before its receive is posted is an unexpected message, which UCX handles on a slower
-	// path than a matched one.
-	for range min(max(x.eng.cfg.PipelineDepth, directRecvAhead), x.nChunks) {
-		if !x.postRecvDirect() {
-			break
-		}
+	if x.rmaAsk() { // rma.go: nothing is posted until the sender answers
+		x.loop()
+		x.rmaEnd()
+		return
 	}
+	x.postRecvsAhead()
 	if !x.aborting {
 		x.sendRequestInfo()
 	}
@@ -385,6 +388,9 @@ func (x *xfer) sendRequestInfo() {
 	}
 	if x.direct {
 		ri.Flags |= FlagDirect
+	}
+	if !x.rmaRequest(ri) {
+		return
 	}
 	if err := x.eng.tr.SendControl(x.peer, encode(ri)); err != nil {
 		x.log().Debug("request-info not sent; will retry", zap.Error(err))
@@ -522,6 +528,10 @@ func (x *xfer) runSend() {
 				code = AbortCancelled
 			}
 			x.sendAbort(code, errors.New("the sender stopped before it started"))
+			return
+		}
+		if x.rmaOffer(ri) { // rma.go: the receiver reads the pool; nothing to post
+			x.loop()
 			return
 		}
 		for range min(x.eng.cfg.PipelineDepth, x.nChunks) {
@@ -816,6 +826,7 @@ func (x *xfer) handleEvent(ev event) {
 	case ev.op != nil:
 		x.opDone(ev.op, ev.c)
 	case ev.lost != nil:
+		x.rmaPeerLost()
 		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.CancelGrace)
 	case ev.ready:
 		x.onReady()
@@ -830,11 +841,19 @@ func (x *xfer) handleEvent(ev event) {
 		case *Done:
 			if !x.receive {
 				x.doneMsg = true
+				x.rmaReleased(true)
 				x.maybeSent()
 			}
-		case *AbortAck, *RequestInfo:
-			// An ack needs nothing: each side owns its own slots. A repeated request (the
-			// receiver retries) must not start anything twice (L8).
+		case *RequestInfo:
+			// A repeated request (the receiver retries) must not start anything twice (L8);
+			// only an RMA offer is sent again, or withdrawn on a decline.
+			x.rmaRepeated(m)
+		case *RMAOffer:
+			x.onRMAOffer(m)
+		case *RMARelease:
+			x.rmaReleased(false)
+		case *AbortAck:
+			// An ack needs nothing: each side owns its own slots.
 		}
 	}
 }

@@ -1,0 +1,457 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// RMATransport is an optional extension of DirectTransport for the direct path's RMA mode:
+// the receiver reads the sender's blocks with RMA gets, pool range to pool range, instead of
+// taking one tagged IOV message per chunk. On UCX 1.13 a rendezvous of an IOV datatype falls
+// back to a two-copy pipeline, while a get of a contiguous range between pools UCX mapped is
+// one copy (cma's process_vm_readv, or a memcpy from the peer's attached shared memory).
+//
+// The receiver drives it, because then it writes only its own memory and knows when that is
+// quiet: when every get has its final completion, as for any operation. The sender's pool is
+// read, not written; the sender keeps it exposed (its blocks "busy") until the receiver says
+// it is done (Done or KindRMARelease) or the transport reports the peer lost, which for
+// every Transport means the peer can no longer reach this side's memory.
+type RMATransport interface {
+	DirectTransport
+	// RMAKey describes pool, which Direct accepted, for a peer's gets: the address that names
+	// pool[0] in PostGet, and the packed remote key of the region holding it. A transport
+	// packs a region's key once and returns the same bytes every time.
+	RMAKey(pool []byte) (addr uint64, key []byte, err error)
+	// PostGet reads len(dst) bytes of peer from's memory at addr (inside the pool its RMAKey
+	// described with key) into dst, which lies in a pool Direct accepted. The transport may
+	// write dst until the operation's final completion. tag names the operation for logs
+	// and fault injection only. A get in flight cannot be stopped: Cancel reports MemoryBusy
+	// and the final verdict follows when it completes or its endpoint is force-closed.
+	PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error)
+}
+
+// Path is how a transfer moves its bytes. It is decided once per sub-transfer, when the
+// receiver's request and the sender's answer have met.
+type Path int32
+
+// The paths.
+const (
+	// PathUndecided: not started, or the sender's answer has not arrived yet.
+	PathUndecided Path = iota
+	// PathStaging: through staging slots (gather, wire, scatter).
+	PathStaging
+	// PathDirect: one tagged IOV message per chunk, straight between the pools.
+	PathDirect
+	// PathRMA: RMA gets by the receiver, pool range to pool range.
+	PathRMA
+)
+
+// String names the path as kvxbench's path column does.
+func (p Path) String() string {
+	switch p {
+	case PathUndecided:
+		return "undecided"
+	case PathStaging:
+		return "staging"
+	case PathDirect:
+		return "direct"
+	case PathRMA:
+		return "rma"
+	}
+	return fmt.Sprintf("path(%d)", int32(p))
+}
+
+// Path reports, without blocking, how the transfer moves its bytes; for a multi-peer Receive,
+// the slowest of its sub-transfers' paths (undecided while any is).
+func (h *Handle) Path() Path {
+	p := PathRMA
+	for _, x := range h.subs {
+		p = min(p, Path(x.path.Load()))
+	}
+	return p
+}
+
+// ErrBadRMAOffer: a sender's RMA offer does not describe memory the receiver may read: a
+// layout, selection or block list that does not validate, a pool smaller than the plan it
+// holds, or a stream unlike the request's. The error is an *RMAOfferError; the request fails
+// before any get is posted, so a garbage offer never becomes an out-of-bounds read.
+var ErrBadRMAOffer = errors.New("kvxfer: bad rma offer")
+
+// RMAOfferError names the part of an offer that is wrong. It matches ErrBadRMAOffer and
+// ErrProtocol.
+type RMAOfferError struct {
+	Field  string
+	Reason string
+	Err    error // the underlying cause, if any (a layout error, say)
+}
+
+// Error implements error.
+func (e *RMAOfferError) Error() string {
+	return fmt.Sprintf("%v: %s: %s", ErrBadRMAOffer, e.Field, e.Reason)
+}
+
+// Is matches ErrBadRMAOffer and ErrProtocol.
+func (e *RMAOfferError) Is(target error) bool {
+	return target == ErrBadRMAOffer || target == ErrProtocol
+}
+
+// Unwrap returns the underlying cause.
+func (e *RMAOfferError) Unwrap() error { return e.Err }
+
+const (
+	// rmaGetsAhead is how many gets a receiver keeps posted: they hold no slot, and a few in
+	// flight keep the copy going while the engine handles the last one's completion.
+	rmaGetsAhead = 16
+	// rmaMaxOfferBlocks keeps an offer within one control message (UCX's default bound is
+	// 4 KiB with the sender's address): a larger request declines and goes by IOV messages.
+	rmaMaxOfferBlocks = 768
+	// rmaMaxPieces bounds the pool-to-pool pieces a receiver works out before coalescing
+	// them; a plan with more runs has ranges far too small for gets anyway.
+	rmaMaxPieces = 1 << 20
+)
+
+type rmaMode int8
+
+const (
+	rmaOff     rmaMode = iota // not asked, or declined: the direct path runs on IOV messages
+	rmaAsked                  // receiver: asked for an offer; nothing posted until it comes
+	rmaPulling                // receiver: reading the offered pool with gets
+	rmaOffered                // sender: pool exposed until Done, a release or the peer's loss
+)
+
+// rmaXfer is a sub-transfer's RMA state, owned by its goroutine.
+type rmaXfer struct {
+	mode rmaMode
+	// receiver
+	key  []byte
+	addr uint64
+	gets []rmaRegion
+	// sender
+	exposure *opRec       // outstanding while the receiver may read the pool
+	offer    []byte       // the encoded offer, resent when a repeated request shows it lost
+	ri       *RequestInfo // the request, to fall back to IOV chunks if the receiver declines
+}
+
+// rmaRegion is a range of the sender's pool read into a range of the receiver's.
+type rmaRegion struct {
+	src, dst, n int64
+}
+
+// rmaTransport returns the engine's transport as an RMATransport, when it is one and the
+// engine allows the mode.
+func (x *xfer) rmaTransport() RMATransport {
+	if x.eng.cfg.DisableRMA {
+		return nil
+	}
+	rt, _ := x.eng.tr.(RMATransport)
+	return rt
+}
+
+// ---- receiving side ----
+
+// rmaAsk (a direct receiver, before posting anything) asks the sender for an RMA offer. It
+// reports false when the RMA mode is off here, and the IOV receives go out as usual.
+func (x *xfer) rmaAsk() bool {
+	if x.rmaTransport() == nil {
+		return false
+	}
+	x.rma.mode = rmaAsked
+	x.path.Store(int32(PathUndecided))
+	x.sendRequestInfo()
+	return true
+}
+
+// rmaRequest adds FlagRMA to a request while an offer is wanted. It reports false when no
+// request should go: the offer is in hand, and a repeat would read as a decline.
+func (x *xfer) rmaRequest(ri *RequestInfo) bool {
+	switch x.rma.mode {
+	case rmaAsked:
+		ri.Flags |= FlagRMA
+	case rmaPulling:
+		return false
+	}
+	return true
+}
+
+// onRMAOffer takes the sender's answer to FlagRMA: pull with gets, or fall back to IOV
+// messages when the sender declined or the two layouts do not line up.
+func (x *xfer) onRMAOffer(m *RMAOffer) {
+	if !x.receive || x.rma.mode != rmaAsked || x.aborting || m.Sub != x.wireSub {
+		return // a duplicate, or an answer to a request this transfer gave up
+	}
+	if m.Flags&RMADeclined != 0 {
+		x.log().Debug("sender declined rma; direct messages instead", zap.String("reason", m.Reason))
+		x.rmaFallback(false)
+		return
+	}
+	gets, err := x.checkOffer(m)
+	if err != nil {
+		x.abort(&RequestError{ID: x.h.id, Err: err}, AbortProtocol, x.eng.cfg.CancelGrace)
+		return
+	}
+	if gets == nil {
+		x.rmaFallback(true)
+		return
+	}
+	x.rma.mode, x.rma.key, x.rma.addr, x.rma.gets = rmaPulling, m.Key, m.Addr, gets
+	x.path.Store(int32(PathRMA))
+	x.nChunks, x.recvSeen = len(gets), nil // layers are reported ready at the end
+	for range min(rmaGetsAhead, len(gets)) {
+		if !x.postGet() {
+			break
+		}
+	}
+}
+
+// rmaFallback runs the direct path on IOV messages after all. decline tells the sender,
+// which waits with its offer, to send chunks instead (a request without FlagRMA).
+func (x *xfer) rmaFallback(decline bool) {
+	x.rma.mode = rmaOff
+	x.path.Store(int32(PathDirect))
+	if !x.postRecvsAhead() {
+		return
+	}
+	if decline {
+		x.sendRequestInfo()
+	}
+}
+
+// checkOffer validates the offer against the advertised pool and this side's plan, and
+// returns the gets to make, or nil when the ranges are too small for the RMA mode.
+func (x *xfer) checkOffer(m *RMAOffer) ([]rmaRegion, error) {
+	bad := func(field string, err error, format string, args ...any) error {
+		return &RMAOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
+	}
+	src, err := layout.NewPlan(m.Layout, m.Selection, m.Blocks)
+	if err != nil {
+		return nil, bad("plan", err, "the offered layout, selection and blocks do not make a plan: %v", err)
+	}
+	if m.PoolBytes <= 0 || src.PoolSpan() > m.PoolBytes {
+		return nil, bad("PoolBytes", nil, "a %d-byte pool cannot hold the offered layout's %d bytes", m.PoolBytes, src.PoolSpan())
+	}
+	if m.Addr+uint64(m.PoolBytes) < m.Addr {
+		return nil, bad("Addr", nil, "[%#x, +%d) wraps around", m.Addr, m.PoolBytes)
+	}
+	if err := layout.CompatibleShapes(src.Shape(), x.plan.Shape()); err != nil {
+		return nil, bad("Blocks", err, "the offered stream is not the requested one: %v", err)
+	}
+	regions, ok := rmaRegions(src, x.plan)
+	if !ok || x.plan.Bytes()/int64(len(regions)) < x.eng.cfg.RMAMinRegionBytes {
+		x.log().Debug("rma offer declined: pool ranges too small", zap.Int("ranges", len(regions)), zap.Bool("too many pieces", !ok))
+		return nil, nil
+	}
+	var gets []rmaRegion
+	for _, r := range regions {
+		if r.src < 0 || r.n > m.PoolBytes || r.src > m.PoolBytes-r.n || r.dst < 0 || r.dst > int64(len(x.pool))-r.n {
+			return nil, bad("plan", nil, "range [%d, +%d) -> [%d, +%d) leaves a pool", r.src, r.n, r.dst, r.n)
+		}
+		for off := int64(0); off < r.n; off += x.eng.cfg.DirectChunkBytes {
+			n := min(x.eng.cfg.DirectChunkBytes, r.n-off)
+			gets = append(gets, rmaRegion{src: r.src + off, dst: r.dst + off, n: n})
+		}
+	}
+	return gets, nil
+}
+
+// rmaRegions pairs the two plans' pool ranges byte for byte of the stream, then merges the
+// pieces that are contiguous on both sides: for a block-major pool moving whole blocks, one
+// range per block, or per run of blocks whose ids are consecutive on both sides. It reports
+// false when the plans have more runs than rmaMaxPieces.
+func rmaRegions(src, dst *layout.Plan) ([]rmaRegion, bool) {
+	type run struct{ pool, stream, n int64 }
+	runs := func(p *layout.Plan) ([]run, bool) {
+		if p.Bytes()/(p.Layout().RowBytes()*p.RunUnits()) > rmaMaxPieces {
+			return nil, false
+		}
+		var rs []run
+		_ = p.Runs(0, p.Bytes(), func(poolOff, streamOff, n int64) { rs = append(rs, run{poolOff, streamOff, n}) })
+		return rs, true
+	}
+	a, okA := runs(src)
+	b, okB := runs(dst)
+	if !okA || !okB {
+		return nil, false
+	}
+	pieces := make([]rmaRegion, 0, max(len(a), len(b)))
+	for i, j, off := 0, 0, int64(0); i < len(a) && j < len(b); {
+		ra, rb := a[i], b[j]
+		end := min(ra.stream+ra.n, rb.stream+rb.n)
+		pieces = append(pieces, rmaRegion{src: ra.pool + off - ra.stream, dst: rb.pool + off - rb.stream, n: end - off})
+		off = end
+		if off == ra.stream+ra.n {
+			i++
+		}
+		if off == rb.stream+rb.n {
+			j++
+		}
+	}
+	slices.SortFunc(pieces, func(p, q rmaRegion) int { return cmp.Compare(p.dst, q.dst) })
+	out := pieces[:0]
+	for _, p := range pieces {
+		if k := len(out) - 1; k >= 0 && out[k].src+out[k].n == p.src && out[k].dst+out[k].n == p.dst {
+			out[k].n += p.n
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, true
+}
+
+// postGet posts the next get straight into the pool. It returns false if the transfer is
+// aborting.
+func (x *xfer) postGet() bool {
+	if x.nextSeq >= x.nChunks || x.aborting {
+		return !x.aborting
+	}
+	g := x.rma.gets[x.nextSeq]
+	rec := &opRec{seq: x.nextSeq}
+	id, err := x.rmaTransport().PostGet(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, x.rma.key,
+		x.rma.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], func(c Completion) { x.box.push(event{op: rec, c: c}) })
+	if err != nil {
+		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	rec.id = id
+	x.ops = append(x.ops, rec)
+	x.outstanding++
+	x.nextSeq++
+	return true
+}
+
+// gotRegion handles a get that landed in the pool.
+func (x *xfer) gotRegion(rec *opRec, c Completion) {
+	n := x.rma.gets[rec.seq].n
+	if int64(c.Bytes) != n {
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: get %d read %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
+			AbortProtocol, x.eng.cfg.CancelGrace)
+		return
+	}
+	x.progress(n)
+	if !x.postGet() {
+		return
+	}
+	if x.moved == x.nChunks {
+		x.layersReady.Store(x.plan.Selection().Layers())
+		_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: Header{Sub: x.wireSub, Request: x.h.id}, Bytes: x.plan.Bytes()}))
+		x.finish(EvComplete, nil)
+	}
+}
+
+// rmaEnd runs when a receiver that asked for an offer has ended: unless it completed (Done
+// said so), it tells the sender it will not read the pool again. Its gets are all final by
+// now, or given up with its own blocks poisoned for good, where a late read lands in memory
+// nobody uses.
+func (x *xfer) rmaEnd() {
+	if (x.rma.mode == rmaAsked || x.rma.mode == rmaPulling) && x.m.load() != Completed {
+		_ = x.eng.tr.SendControl(x.peer, encode(&RMARelease{Header: Header{Sub: x.wireSub, Request: x.h.id}}))
+	}
+}
+
+// ---- sending side ----
+
+// rmaOffer answers a request with FlagRMA (the sender, once started on the direct path): it
+// offers the pool and reports true, the receiver's gets then being the whole transfer; or it
+// declines, saying why, and reports false, and the caller sends IOV chunks.
+func (x *xfer) rmaOffer(ri *RequestInfo) bool {
+	if ri.Flags&FlagRMA == 0 {
+		return false
+	}
+	head := Header{Sub: x.wireSub, Request: x.h.id}
+	reason := ""
+	rt := x.rmaTransport()
+	switch {
+	case rt == nil:
+		reason = "this sender's engine or transport has no rma mode"
+	case x.stream:
+		reason = "a streaming send exposes its layers as they become ready, by messages"
+	case len(x.plan.Blocks()) > rmaMaxOfferBlocks:
+		reason = fmt.Sprintf("%d blocks do not fit one offer (at most %d)", len(x.plan.Blocks()), rmaMaxOfferBlocks)
+	}
+	if reason == "" {
+		addr, key, err := rt.RMAKey(x.pool)
+		if err == nil {
+			l := x.plan.Layout()
+			x.rma.offer, err = (&RMAOffer{Header: head, Addr: addr, PoolBytes: int64(len(x.pool)), Layout: l,
+				Selection: x.plan.Selection(), Blocks: x.plan.Blocks(), Key: key}).AppendBinary(nil)
+		}
+		if err == nil {
+			err = x.eng.tr.SendControl(x.peer, x.rma.offer)
+		}
+		if err != nil {
+			reason = err.Error()
+		}
+	}
+	if reason != "" {
+		x.log().Debug("declining rma", zap.String("reason", reason))
+		_ = x.eng.tr.SendControl(x.peer, encode(&RMAOffer{Header: head, Flags: RMADeclined, Reason: reason}))
+		return false
+	}
+	x.rma.mode, x.rma.ri = rmaOffered, ri
+	x.rma.exposure = &opRec{seq: -1} // id 0: no transport op; Cancel ignores it
+	x.ops = append(x.ops, x.rma.exposure)
+	x.outstanding++
+	x.nChunks = 1 // the exposure: it moves the whole stream when Done comes
+	x.path.Store(int32(PathRMA))
+	return true
+}
+
+// rmaRepeated handles a request that arrives while the pool is offered: with FlagRMA the
+// offer may have been lost, so it goes again; without, the receiver declined it, and the
+// pool is no longer exposed: the chunks go as IOV messages.
+func (x *xfer) rmaRepeated(m *RequestInfo) {
+	if x.receive || x.rma.mode != rmaOffered || x.aborting || x.rma.exposure.final || m.Flags&FlagDirect == 0 {
+		return
+	}
+	if m.Flags&FlagRMA != 0 {
+		_ = x.eng.tr.SendControl(x.peer, x.rma.offer)
+		return
+	}
+	x.rma.exposure.final = true
+	x.outstanding--
+	x.rma.mode = rmaOff
+	x.path.Store(int32(PathDirect))
+	x.setChunks(x.rma.ri.ChunkBytes, x.rma.ri.Flags&FlagLayerCut != 0)
+	for range min(x.eng.cfg.PipelineDepth, x.nChunks) {
+		if !x.postSendDirect() {
+			break
+		}
+	}
+}
+
+// rmaReleased ends the exposure: the receiver's gets are over (done: it completed, and
+// Done said so), or the peer is gone. Without Done and without an abort of our own, the
+// receiver stopped early: the transfer fails.
+func (x *xfer) rmaReleased(done bool) {
+	if x.receive || x.rma.mode != rmaOffered || x.rma.exposure.final {
+		return
+	}
+	x.rma.exposure.final = true
+	x.outstanding--
+	switch {
+	case x.aborting:
+		x.maybeResolve()
+	case done:
+		x.progress(x.plan.Bytes())
+	default:
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: the receiver stopped reading the offered pool before it completed", ErrPeerAborted)},
+			0, x.eng.cfg.CancelGrace)
+	}
+}
+
+// rmaPeerLost: a lost peer cannot read the pool any more (the Transport's word on a lost peer),
+// so the exposure ends; the abort that follows fails the transfer.
+func (x *xfer) rmaPeerLost() {
+	if x.receive || x.rma.mode != rmaOffered || x.rma.exposure.final {
+		return
+	}
+	x.rma.exposure.final = true
+	x.outstanding--
+}

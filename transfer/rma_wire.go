@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"encoding/binary"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// The RMA mode's two messages (see rma.go). An offer's body after the common header:
+//
+//	flags u32 | block count u32 | then, declined: reason length u16 | reason
+//	                              else: address u64 | pool bytes u64 | layout 12 x u64 |
+//	                                    selection 4 x u64 | key length u16 | reserved u16 = 0 |
+//	                                    block ids count x u32 | key
+//
+// Decoding checks the structure only (lengths, flags, bounds on counts); whether the layout,
+// the block ids and the pool size make sense together is the receiver's check (checkOffer),
+// which fails the request with an *RMAOfferError instead of dropping the message.
+
+const (
+	rmaOfferFixedBytes   = HeaderBytes + 8
+	rmaOfferBodyBytes    = 8 + 8 + 12*8 + 4*8 + 4
+	rmaDeclineFixedBytes = rmaOfferFixedBytes + 2
+	// MaxRMAKey bounds a packed remote key in an offer.
+	MaxRMAKey = 1 << 12
+)
+
+// RMAOfferFlags are options of an RMA offer.
+type RMAOfferFlags uint32
+
+// The offer flags.
+const (
+	// RMADeclined: the sender will not expose its pool (see RMAOffer.Reason); it sends direct
+	// chunks instead, as if the request had no FlagRMA.
+	RMADeclined     RMAOfferFlags = 1 << 0
+	knownOfferFlags               = RMADeclined
+)
+
+// RMAOffer answers a request with FlagRMA: the sender's pool as the transport names it
+// (Addr, the address of the pool's first byte, and Key, its packed remote key), the pool's
+// size, and the sender's plan (layout, selection and block ids, held blocks already dropped),
+// from which the receiver works out which pool range to read into which of its own.
+type RMAOffer struct {
+	Header
+	Flags RMAOfferFlags
+	// Reason says why the sender declined (RMADeclined only).
+	Reason    string
+	Addr      uint64
+	PoolBytes int64
+	Layout    layout.Layout
+	Selection layout.Selection
+	Blocks    []int32
+	Key       []byte
+}
+
+// RMARelease tells the sender that the receiver will not read its offered pool again.
+type RMARelease struct {
+	Header
+}
+
+func (m *RMAOffer) layoutFields() []*int64 {
+	l, s := &m.Layout, &m.Selection
+	return []*int64{&l.NumLayers, &l.KVFactor, &l.NumHeads, &l.HeadDim, &l.ElemSize, &l.TokensPerBlock, &l.NumBlocks,
+		&l.StrideBlock, &l.StrideLayer, &l.StrideKV, &l.StrideHead, &l.StrideToken,
+		&s.LayerBegin, &s.LayerEnd, &s.HeadBegin, &s.HeadEnd}
+}
+
+// AppendBinary implements Message. A declined offer carries only its reason (cut to
+// MaxAbortReason); an offer needs a key of 1 to MaxRMAKey bytes and at most MaxBlocks blocks.
+func (m *RMAOffer) AppendBinary(b []byte) ([]byte, error) {
+	if m.Flags&^knownOfferFlags != 0 {
+		return nil, malformed(HeaderBytes, "unknown offer flags %#x", uint32(m.Flags))
+	}
+	b = m.Header.append(b, KindRMAOffer)
+	b = binary.LittleEndian.AppendUint32(b, uint32(m.Flags))
+	if m.Flags&RMADeclined != 0 {
+		r := m.Reason
+		if len(r) > MaxAbortReason {
+			r = r[:MaxAbortReason]
+		}
+		b = binary.LittleEndian.AppendUint32(b, 0)
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(r)))
+		return append(b, r...), nil
+	}
+	if len(m.Key) == 0 || len(m.Key) > MaxRMAKey || len(m.Blocks) > MaxBlocks {
+		return nil, malformed(HeaderBytes, "an offer of %d blocks with a %d-byte key: at most %d blocks, a key of 1 to %d bytes",
+			len(m.Blocks), len(m.Key), MaxBlocks, MaxRMAKey)
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Blocks)))
+	b = binary.LittleEndian.AppendUint64(b, m.Addr)
+	b = binary.LittleEndian.AppendUint64(b, uint64(m.PoolBytes))
+	for _, f := range m.layoutFields() {
+		b = binary.LittleEndian.AppendUint64(b, uint64(*f))
+	}
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Key)))
+	b = binary.LittleEndian.AppendUint16(b, 0)
+	for _, id := range m.Blocks {
+		b = binary.LittleEndian.AppendUint32(b, uint32(id))
+	}
+	return append(b, m.Key...), nil
+}
+
+// AppendBinary implements Message.
+func (m *RMARelease) AppendBinary(b []byte) ([]byte, error) {
+	return m.Header.append(b, KindRMARelease), nil
+}
+
+func decodeRMAOffer(h Header, b []byte) (Message, error) {
+	if len(b) < rmaOfferFixedBytes {
+		return nil, malformed(len(b), "rma offer of %d bytes, shorter than %d", len(b), rmaOfferFixedBytes)
+	}
+	m := &RMAOffer{Header: h, Flags: RMAOfferFlags(binary.LittleEndian.Uint32(b[HeaderBytes:]))}
+	if m.Flags&^knownOfferFlags != 0 {
+		return nil, malformed(HeaderBytes, "unknown offer flags %#x", uint32(m.Flags&^knownOfferFlags))
+	}
+	n := int64(binary.LittleEndian.Uint32(b[HeaderBytes+4:]))
+	if m.Flags&RMADeclined != 0 {
+		if n != 0 || len(b) < rmaDeclineFixedBytes {
+			return nil, malformed(HeaderBytes+4, "a declined offer with %d blocks in %d bytes", n, len(b))
+		}
+		r := int(binary.LittleEndian.Uint16(b[rmaOfferFixedBytes:]))
+		if r > MaxAbortReason || len(b) != rmaDeclineFixedBytes+r {
+			return nil, malformed(rmaOfferFixedBytes, "reason of %d bytes in a %d-byte message", r, len(b))
+		}
+		m.Reason = string(b[rmaDeclineFixedBytes:])
+		return m, nil
+	}
+	if n > MaxBlocks || int64(len(b)) < int64(rmaOfferFixedBytes+rmaOfferBodyBytes)+4*n {
+		return nil, malformed(HeaderBytes+4, "%d blocks in a %d-byte offer (at most %d)", n, len(b), MaxBlocks)
+	}
+	at := rmaOfferFixedBytes
+	m.Addr = binary.LittleEndian.Uint64(b[at:])
+	m.PoolBytes = int64(binary.LittleEndian.Uint64(b[at+8:]))
+	at += 16
+	for _, f := range m.layoutFields() {
+		*f = int64(binary.LittleEndian.Uint64(b[at:]))
+		at += 8
+	}
+	k := int(binary.LittleEndian.Uint16(b[at:]))
+	if r := binary.LittleEndian.Uint16(b[at+2:]); r != 0 {
+		return nil, malformed(at+2, "reserved field is %d, must be 0", r)
+	}
+	at += 4
+	if k == 0 || k > MaxRMAKey || int64(len(b)) != int64(at)+4*n+int64(k) {
+		return nil, malformed(at-4, "a %d-byte key after %d blocks in a %d-byte offer", k, n, len(b))
+	}
+	m.Blocks = make([]int32, n)
+	for i := range m.Blocks {
+		m.Blocks[i] = int32(binary.LittleEndian.Uint32(b[at:]))
+		at += 4
+	}
+	m.Key = append([]byte(nil), b[at:]...)
+	return m, nil
+}
