@@ -120,6 +120,7 @@ type UCXTransport struct {
 	nextOp  OpID
 	closed  bool
 	ctrl    *native.Request
+	rma     ucxRMA // rma_ucx.go: packed and unpacked RMA keys
 
 	qmu      sync.Mutex
 	queue    []ucxReport
@@ -551,6 +552,7 @@ func (t *UCXTransport) Close(force bool) error {
 			errs = append(errs, ep.Close(ctx))
 		}
 	}
+	t.closeRMAKeys()
 	errs = append(errs, t.w.Close()) // settles every request, reporting each
 	close(t.stop)
 	select {

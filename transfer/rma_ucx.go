@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvxfer/kvxfer/native"
+)
+
+var _ RMATransport = (*UCXTransport)(nil)
+
+// ucxRMA holds the UCX transport's RMA keys, under UCXTransport.mu: each mapped region's key
+// packed once, and each peer's key unpacked once per endpoint (never per block or per get).
+type ucxRMA struct {
+	packed map[*native.Memory][]byte
+	keys   map[ucxKeyID]*ucxRemoteKey
+}
+
+type ucxKeyID struct {
+	peer Peer
+	key  string
+}
+
+// ucxRemoteKey is an unpacked peer key. It is destroyed once its endpoint failed or was
+// replaced (dead) and no get that uses it is still in UCX.
+type ucxRemoteKey struct {
+	rk       *native.RemoteKey
+	ep       *native.Endpoint
+	inflight int
+	dead     bool
+}
+
+// RMAKey implements RMATransport: pool must lie in a region this transport mapped
+// (AllocatePool, or the staging region); its key is packed on first use.
+func (t *UCXTransport) RMAKey(pool []byte) (uint64, []byte, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, nil, ErrClosed
+	}
+	mem, off, err := t.regionLocked(pool)
+	if err != nil {
+		return 0, nil, err
+	}
+	key := t.rma.packed[mem]
+	if key == nil {
+		if key, err = mem.PackRemoteKey(); err != nil {
+			return 0, nil, fmt.Errorf("kvxfer: packing the pool's remote key: %w", err)
+		}
+		if t.rma.packed == nil {
+			t.rma.packed = map[*native.Memory][]byte{}
+		}
+		t.rma.packed[mem] = key
+	}
+	return mem.Addr() + uint64(off), key, nil
+}
+
+// PostGet implements RMATransport with one ucp_get_nbx into mapped memory. UCX cannot cancel
+// a get, so the operation is marked as a send is: Cancel reports it MemoryBusy while it runs,
+// and a forced close of its endpoint ends it.
+func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, ErrClosed
+	}
+	mem, off, err := t.regionLocked(dst)
+	if err != nil {
+		return 0, err
+	}
+	ep, err := t.endpointLocked(from)
+	if err != nil {
+		return 0, err
+	}
+	rk, err := t.remoteKeyLocked(from, ep, key)
+	if err != nil {
+		return 0, err
+	}
+	t.nextOp++
+	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: len(dst)}
+	rk.inflight++
+	op.done = func(c Completion) {
+		if c.Memory != MemoryBusy {
+			t.keyUnused(rk)
+		}
+		done(c)
+	}
+	op.req = ep.Get(mem, off, int64(len(dst)), addr, rk.rk)
+	t.ops[op.id] = op
+	t.byReq[op.req] = op
+	return op.id, nil
+}
+
+// remoteKeyLocked returns peer's key unpacked on ep, unpacking it on first use. A key
+// unpacked on an endpoint that has since been replaced is dropped.
+func (t *UCXTransport) remoteKeyLocked(peer Peer, ep *native.Endpoint, key []byte) (*ucxRemoteKey, error) {
+	id := ucxKeyID{peer: peer, key: string(key)}
+	if k := t.rma.keys[id]; k != nil {
+		if k.ep == ep {
+			return k, nil
+		}
+		delete(t.rma.keys, id)
+		t.retireKeyLocked(k)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
+	defer cancel()
+	rk, err := ep.UnpackRemoteKey(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("%w: unpacking the peer's remote key: %w", ErrProtocol, err)
+	}
+	k := &ucxRemoteKey{rk: rk, ep: ep}
+	if t.rma.keys == nil {
+		t.rma.keys = map[ucxKeyID]*ucxRemoteKey{}
+	}
+	first := true
+	for _, other := range t.rma.keys {
+		first = first && other.ep != ep
+	}
+	t.rma.keys[id] = k
+	if first {
+		go t.dropKeysOnFailure(ep)
+	}
+	return k, nil
+}
+
+// dropKeysOnFailure destroys the keys unpacked on ep once it fails or closes (each when its
+// last get is over), so a peer's keys do not outlive its endpoint.
+func (t *UCXTransport) dropKeysOnFailure(ep *native.Endpoint) {
+	select {
+	case <-ep.Failed():
+	case <-t.stop:
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, k := range t.rma.keys {
+		if k.ep == ep {
+			delete(t.rma.keys, id)
+			t.retireKeyLocked(k)
+		}
+	}
+}
+
+// retireKeyLocked marks k dead and destroys it if no get uses it.
+func (t *UCXTransport) retireKeyLocked(k *ucxRemoteKey) {
+	k.dead = true
+	if k.inflight == 0 && k.rk != nil {
+		k.rk.Close()
+		k.rk = nil
+	}
+}
+
+// keyUnused records a get's final completion.
+func (t *UCXTransport) keyUnused(k *ucxRemoteKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k.inflight--
+	if k.dead {
+		t.retireKeyLocked(k)
+	}
+}
+
+// closeRMAKeys destroys every unpacked key no get uses any more, before Close stops the
+// worker (a key in use goes with the worker).
+func (t *UCXTransport) closeRMAKeys() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, k := range t.rma.keys {
+		delete(t.rma.keys, id)
+		t.retireKeyLocked(k)
+	}
+}
