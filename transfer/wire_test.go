@@ -19,6 +19,11 @@ func TestWireRoundTrip(t *testing.T) {
 		&Done{Header: h, Bytes: 123456},
 		&Abort{Header: h, Code: AbortDeadline, Reason: "too slow"},
 		&AbortAck{Header: h},
+		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64 << 20, Depth: 2, Flags: FlagDirect | FlagRMA},
+		&RMAOffer{Header: h, Addr: 0x7f0000001000, PoolBytes: 1 << 30, Layout: layout.Packed(testDims, layout.BlockMajor),
+			Selection: layout.Selection{LayerEnd: 2, HeadBegin: 1, HeadEnd: 3}, Blocks: []int32{7, 3, -1}, Key: []byte{1, 2, 3}},
+		&RMAOffer{Header: h, Flags: RMADeclined, Reason: "streaming"},
+		&RMARelease{Header: h},
 	}
 	for _, m := range msgs {
 		b := encode(m)
@@ -41,6 +46,14 @@ func TestWireRoundTrip(t *testing.T) {
 		case *AbortAck:
 			c := *w
 			c.Kind = KindAbortAck
+			want = &c
+		case *RMAOffer:
+			c := *w
+			c.Kind = KindRMAOffer
+			want = &c
+		case *RMARelease:
+			c := *w
+			c.Kind = KindRMARelease
 			want = &c
 		}
 		require.Equal(t, want, got)
@@ -73,6 +86,26 @@ func TestWireRejectsGarbage(t *testing.T) {
 		{"data through Decode", mut(func(b []byte) []byte { b[3] = byte(KindData); return b })},
 		{"abort with unknown code", encodeRaw(&Abort{Header: Header{Request: 1}, Code: 99})},
 		{"request-info with zero layers", encode(&RequestInfo{Shape: layout.Shape{KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 2, Depth: 1})},
+		{"rma offer with a block count past its bytes", func() []byte {
+			b := encode(&RMAOffer{Header: Header{Request: 1}, Layout: layout.Packed(testDims, layout.BlockMajor), Blocks: []int32{1}, Key: []byte{9}})
+			b[HeaderBytes+4] = 2
+			return b
+		}()},
+		{"rma offer without a key", func() []byte {
+			b := encode(&RMAOffer{Header: Header{Request: 1}, Blocks: []int32{1}, Key: []byte{9}})
+			return b[:len(b)-1]
+		}()},
+		{"rma offer with unknown flags", func() []byte {
+			b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMADeclined})
+			b[HeaderBytes] |= 0x80
+			return b
+		}()},
+		{"declined offer with blocks", func() []byte {
+			b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMADeclined})
+			b[HeaderBytes+4] = 1
+			return b
+		}()},
+		{"rma release with a body", append(encode(&RMARelease{Header: Header{Request: 1}}), 0)},
 		{"request-info chunk not whole elements", encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 3, Depth: 1})},
 	}
 	for _, c := range cases {
@@ -104,6 +137,10 @@ func FuzzDecode(f *testing.F) {
 		ChunkBytes: 64, Depth: 2, Flags: FlagLayerCut, Held: []int{0, 9}, HeldOf: 12}))
 	f.Add(encode(&RequestInfo{Header: Header{Request: 6}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
 		ChunkBytes: 1 << 26, Depth: 2, Flags: FlagDirect}))
+	f.Add(encode(&RMAOffer{Header: Header{Request: 7}, Addr: 4096, PoolBytes: 1 << 20, Layout: layout.Packed(testDims, layout.BlockMajor),
+		Selection: layout.Selection{LayerEnd: 2, HeadEnd: 4}, Blocks: []int32{1, 2}, Key: []byte("key")}))
+	f.Add(encode(&RMAOffer{Header: Header{Request: 8}, Flags: RMADeclined, Reason: "no"}))
+	f.Add(encode(&RMARelease{Header: Header{Request: 9}}))
 	d, _ := (&DataHeader{Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
 	f.Add(append(d, 7))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// rmaConfig lets the tiny test pools (1 KiB blocks) take the RMA mode.
+func rmaConfig() Config {
+	cfg := directConfig()
+	cfg.RMAMinRegionBytes = 512
+	cfg.DirectChunkBytes = 1 << 20
+	return cfg
+}
+
+func TestRMAMovesTheReferenceBytesWithGetsOrFallsBack(t *testing.T) {
+	cases := []struct {
+		desc             string
+		srcIDs, dstIDs   []int32
+		dstOrder         layout.Order
+		chunk            int64
+		held             []int
+		disableOnSender  bool
+		disableOnRecv    bool
+		streamingSender  bool
+		wantPath         Path
+		wantGets         int // data operations on the network (gets, or IOV chunks on fallback)
+		wantHeldUntouch  bool
+		wantBytesOnWire  int
+		wantChunksOnWire int
+	}{
+		{desc: "block-major both sides, scattered ids: one get per block", srcIDs: blocks(1, 9, 5, 13), dstIDs: blocks(2, 7, 3, 11),
+			dstOrder: layout.BlockMajor, chunk: 1 << 20, wantPath: PathRMA, wantGets: 4},
+		{desc: "consecutive ids on both sides: the blocks coalesce into one get", srcIDs: blocks(1, 2, 3, 4), dstIDs: blocks(5, 6, 7, 8),
+			dstOrder: layout.BlockMajor, chunk: 1 << 20, wantPath: PathRMA, wantGets: 1},
+		{desc: "gets are at most DirectChunkBytes", srcIDs: blocks(1, 2, 3, 4), dstIDs: blocks(5, 6, 7, 8),
+			dstOrder: layout.BlockMajor, chunk: 1000, wantPath: PathRMA, wantGets: 5},
+		{desc: "partial transfer: held blocks are neither read nor written", srcIDs: blocks(1, 9, 5, 13), dstIDs: blocks(2, 7, 3, 11),
+			dstOrder: layout.BlockMajor, chunk: 1 << 20, held: []int{0, 2}, wantPath: PathRMA, wantGets: 2},
+		{desc: "layout conversion: ranges too small, IOV messages", srcIDs: blocks(1, 2, 3, 4), dstIDs: blocks(5, 6, 7, 8),
+			dstOrder: layout.LayerMajor, chunk: 1 << 20, wantPath: PathDirect, wantGets: 1},
+		{desc: "receiver disables rma: IOV messages", srcIDs: blocks(1, 2, 3, 4), dstIDs: blocks(5, 6, 7, 8),
+			dstOrder: layout.BlockMajor, chunk: 1 << 20, disableOnRecv: true, wantPath: PathDirect, wantGets: 1},
+		{desc: "sender disables rma: it declines, IOV messages", srcIDs: blocks(1, 2, 3, 4), dstIDs: blocks(5, 6, 7, 8),
+			dstOrder: layout.BlockMajor, chunk: 1 << 20, disableOnSender: true, wantPath: PathDirect, wantGets: 1},
+		{desc: "streaming sender declines, IOV messages", srcIDs: blocks(1, 2, 3, 4), dstIDs: blocks(5, 6, 7, 8),
+			dstOrder: layout.BlockMajor, chunk: 1 << 20, streamingSender: true, wantPath: PathDirect, wantGets: 1},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src := newKVPool(t, testDims, layout.BlockMajor, nil, c.srcIDs, 9)
+			dst := newKVPool(t, testDims, c.dstOrder, nil, c.dstIDs, 0)
+			scfg, rcfg := rmaConfig(), rmaConfig()
+			scfg.DisableRMA, rcfg.DisableRMA = c.disableOnSender, c.disableOnRecv
+			rcfg.DirectChunkBytes = c.chunk
+			p, w := directPair(t, scfg, rcfg, src, dst)
+			hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: c.streamingSender})
+			require.NoError(t, err)
+			if c.streamingSender {
+				require.NoError(t, hs.MarkLayersReady(int(testDims.NumLayers)))
+			}
+			hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Held: c.held})
+			require.NoError(t, err)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, c.wantPath, hr.Path())
+			require.Equal(t, c.wantPath, hs.Path())
+
+			sp, dp := src.plan, dst.plan
+			if len(c.held) > 0 {
+				sp, err = src.plan.WithoutPositions(c.held)
+				require.NoError(t, err)
+				dp, err = dst.plan.WithoutPositions(c.held)
+				require.NoError(t, err)
+				kept, err := dst.plan.WithoutPositions(notIn(c.held, len(dst.plan.Blocks())))
+				require.NoError(t, err)
+				b := make([]byte, kept.Bytes())
+				require.NoError(t, layout.ReferenceGather(kept, dst.mem, b))
+				require.Equal(t, make([]byte, len(b)), b, "a held block was written")
+			}
+			want, got := make([]byte, sp.Bytes()), make([]byte, dp.Bytes())
+			require.NoError(t, layout.ReferenceGather(sp, src.mem, want))
+			require.NoError(t, layout.ReferenceGather(dp, dst.mem, got))
+			require.Equal(t, want, got, "every byte")
+			bytes, ops := w.total()
+			require.Equal(t, len(want), bytes, "bare stream bytes, no header, nothing twice")
+			require.Equal(t, c.wantGets, ops)
+			require.Equal(t, hr.Status().Total, hr.Status().Bytes)
+			require.Equal(t, hs.Status().Total, hs.Status().Bytes)
+			require.Zero(t, p.net.Pending(), "every operation has its final verdict")
+		})
+	}
+}
+
+// rmaPools are a block-major pair whose blocks are scattered, so each is a get of its own.
+func rmaPools(t testing.TB, seed uint64) (src, dst *kvPool) {
+	return newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 9, 5, 13), seed),
+		newKVPool(t, testDims, layout.BlockMajor, nil, blocks(2, 7, 3, 11), 0)
+}
+
+// A cancel, a deadline or a lost peer while gets are on the wire: the receiver's memory is
+// quiet only once every get has its final verdict; the sender's pool stays exposed (its
+// blocks not quiesced) until the receiver says it stopped reading, or the peer is gone.
+func TestRMAStopsWhileGetsAreOutstanding(t *testing.T) {
+	cases := []struct {
+		desc           string
+		stop           func(p *pair) // with a get hung on the wire
+		wantCancel     CancelOutcome
+		resume         bool // the hung get completes later
+		wantRecv       State
+		wantRecvErr    error
+		wantSend       State
+		wantSendErr    error
+		recvQuietEarly bool // the receiver quiesces before any resume
+	}{
+		{desc: "receiver cancels", stop: func(p *pair) {}, wantCancel: CancelRequestedInFlight, resume: true,
+			wantRecv: Cancelled, wantSend: Failed, wantSendErr: ErrPeerAborted},
+		{desc: "sender cancels", stop: func(p *pair) {}, wantCancel: CancelRequestedInFlight, resume: true,
+			wantRecv: Failed, wantRecvErr: ErrPeerAborted, wantSend: Cancelled},
+		{desc: "sender lost", stop: func(p *pair) { p.net.LosePeer("prefill") }, recvQuietEarly: true,
+			wantRecv: Failed, wantRecvErr: ErrPeerLost, wantSend: Failed, wantSendErr: ErrPeerLost},
+	}
+	for i, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src, dst := rmaPools(t, uint64(20+i))
+			cfg := rmaConfig()
+			cfg.QuarantineTimeout = 10 * time.Second
+			p, w := directPair(t, cfg, cfg, src, dst)
+			w.fault = Fault{Hang: true}
+			hs, hr := p.start(t, 1, src, dst)
+			eventually(t, func() bool { return p.net.OnWire() >= 4 }, "four gets hung on the wire")
+			require.Equal(t, PathRMA, hr.Path())
+			switch c.desc {
+			case "receiver cancels":
+				require.Equal(t, c.wantCancel, p.dst.Cancel(1))
+			case "sender cancels":
+				require.Equal(t, c.wantCancel, p.src.Cancel(1))
+			}
+			c.stop(p)
+			if c.recvQuietEarly {
+				waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			} else {
+				waitClosed(t, hr.Done(), "receiver done")
+				waitClosed(t, hs.Done(), "sender done")
+				time.Sleep(50 * time.Millisecond)
+				require.False(t, isClosed(hr.Quiesced()), "receiver quiesced while its gets may still write its blocks")
+				require.False(t, isClosed(hs.Quiesced()), "sender quiesced while the receiver may still read its blocks")
+			}
+			if c.resume {
+				p.net.Resume()
+			}
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, c.wantRecv)
+			requireState(t, hs, c.wantSend)
+			if c.wantRecvErr != nil {
+				require.ErrorIs(t, hr.Status().Err, c.wantRecvErr)
+			}
+			if c.wantSendErr != nil {
+				require.ErrorIs(t, hs.Status().Err, c.wantSendErr)
+			}
+			require.False(t, hr.Status().BlocksPoisoned)
+			require.False(t, hs.Status().BlocksPoisoned)
+			require.Zero(t, p.net.Pending())
+		})
+	}
+}
+
+// The sender's deadline passes while the receiver's gets hang: the sender is quarantined
+// (its blocks may still be read) and quiesces only when the receiver releases them.
+func TestRMASenderDeadlineQuarantinesUntilRelease(t *testing.T) {
+	src, dst := rmaPools(t, 30)
+	scfg, rcfg := rmaConfig(), rmaConfig()
+	scfg.TransferTimeout = 100 * time.Millisecond
+	scfg.QuarantineTimeout = 10 * time.Second
+	p, w := directPair(t, scfg, rcfg, src, dst)
+	w.fault = Fault{Hang: true}
+	hs, hr := p.start(t, 1, src, dst)
+	waitClosed(t, hs.Done(), "sender done")
+	requireState(t, hs, Quarantined, ErrDeadline)
+	waitClosed(t, hr.Done(), "receiver done: the sender's abort reached it")
+	require.False(t, isClosed(hs.Quiesced()))
+	p.net.Resume()
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced on the receiver's release")
+	requireState(t, hs, Failed)
+	require.False(t, hs.Status().BlocksPoisoned)
+}
+
+// L9 on the RMA mode: a get whose quiescence is never known leaves the receiver's blocks
+// poisoned for good; the sender is released all the same (a late read lands in memory
+// nobody uses).
+func TestL9_RMAUnknownQuiescenceNeverQuiescesTheReceiversBlocks(t *testing.T) {
+	src, dst := rmaPools(t, 31)
+	scfg, rcfg := rmaConfig(), rmaConfig()
+	rcfg.TransferTimeout = 100 * time.Millisecond
+	rcfg.QuarantineTimeout = 100 * time.Millisecond
+	p, w := directPair(t, scfg, rcfg, src, dst)
+	w.fault = Fault{Hang: true, NeverQuiesce: true}
+	hs, hr := p.start(t, 1, src, dst)
+	waitClosed(t, hr.Done(), "receiver done")
+	eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "receiver's blocks poisoned")
+	requireState(t, hr, Quarantined)
+	waitClosed(t, hs.Quiesced(), "sender quiesced on the release")
+	time.Sleep(20 * time.Millisecond)
+	require.False(t, isClosed(hr.Quiesced()), "unknown quiescence told the caller to free its blocks")
+}
+
+// fakeRMASender answers every request with FlagRMA with the offer a test made, as a
+// confused or hostile sender would.
+type fakeRMASender struct {
+	tr    *MemTransport
+	offer func(ri *RequestInfo) *RMAOffer
+}
+
+func (f fakeRMASender) OnControl(from Peer, msg []byte) {
+	m, err := Decode(msg)
+	if ri, ok := m.(*RequestInfo); err == nil && ok && ri.Flags&FlagRMA != 0 {
+		b, err := f.offer(ri).AppendBinary(nil)
+		if err == nil {
+			_ = f.tr.SendControl(from, b)
+		}
+	}
+}
+
+func (fakeRMASender) OnPeerLost(Peer, error) {}
+
+// An offer that does not describe memory the receiver may read fails the request with a
+// typed error before any get is posted; one whose key names a smaller pool than it claims is
+// refused by the transport, never read past.
+func TestRMABadOfferIsRejected(t *testing.T) {
+	good := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 9, 5, 13), 40)
+	mk := func(f func(o *RMAOffer)) func(ri *RequestInfo) *RMAOffer {
+		return func(ri *RequestInfo) *RMAOffer {
+			o := &RMAOffer{Header: Header{Sub: ri.Sub, Request: ri.Request}, Addr: 1 << 20, PoolBytes: int64(len(good.mem)),
+				Layout: good.plan.Layout(), Selection: good.plan.Selection(), Blocks: append([]int32(nil), good.plan.Blocks()...),
+				Key: []byte("not a key")}
+			f(o)
+			return o
+		}
+	}
+	cases := []struct {
+		desc    string
+		offer   func(ri *RequestInfo) *RMAOffer
+		wantErr error
+	}{
+		{"block id outside the pool", mk(func(o *RMAOffer) { o.Blocks[2] = 64 }), ErrBadRMAOffer},
+		{"negative block id", mk(func(o *RMAOffer) { o.Blocks[0] = -1 }), ErrBadRMAOffer},
+		{"duplicate block", mk(func(o *RMAOffer) { o.Blocks[1] = o.Blocks[0] }), ErrBadRMAOffer},
+		{"pool smaller than its layout", mk(func(o *RMAOffer) { o.PoolBytes = 4096 }), ErrBadRMAOffer},
+		{"zero element size", mk(func(o *RMAOffer) { o.Layout.ElemSize = 0 }), ErrBadRMAOffer},
+		{"overlapping strides", mk(func(o *RMAOffer) { o.Layout.StrideBlock = 8 }), ErrBadRMAOffer},
+		{"selection outside the layout", mk(func(o *RMAOffer) { o.Selection.LayerEnd = 9 }), ErrBadRMAOffer},
+		{"fewer blocks than requested", mk(func(o *RMAOffer) { o.Blocks = o.Blocks[:3] }), ErrBadRMAOffer},
+		{"address range wraps", mk(func(o *RMAOffer) { o.Addr = ^uint64(0) - 100 }), ErrBadRMAOffer},
+		{"a key the transport does not know", mk(func(o *RMAOffer) {}), ErrInvalidSpec},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			n := NewMemNetwork()
+			evil := n.Transport("prefill")
+			require.NoError(t, evil.Bind(fakeRMASender{tr: evil, offer: c.offer}))
+			evil.AllowDirect(good.mem)
+			dtr := n.Transport("decode")
+			e, err := New(dtr, rmaConfig())
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, e.Close()); require.NoError(t, evil.Close(true)) })
+			dst := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(2, 7, 3, 11), 0)
+			dtr.AllowDirect(dst.mem)
+			w := &wireBytes{}
+			n.SetFault(w.judge)
+			hr, err := e.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			require.NoError(t, err)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			requireState(t, hr, Failed, c.wantErr)
+			_, ops := w.total()
+			require.Zero(t, ops, "no get was made")
+			require.Equal(t, make([]byte, len(dst.mem)), dst.mem, "nothing written")
+		})
+	}
+}
