@@ -53,6 +53,9 @@ type pendingXfer interface {
 	Quiesced() <-chan struct{}
 	// Release drops the caller's reference.
 	Release()
+	// Path is how the transfer moved its bytes ("rma", "direct", "staging"), once Done is
+	// closed; "" where the engine does not say.
+	Path() string
 }
 
 // engineBuilt says whether this build has a real engine (set by the file that provides it).

@@ -51,8 +51,9 @@ func TestDriverOverTheEngine(t *testing.T) {
 		args []string
 		path string
 	}{
-		{"prefill-tp=1", []string{"--prefill-tp", "1"}, "direct"},
-		{"prefill-tp=2", []string{"--prefill-tp", "2"}, "direct"},
+		{"prefill-tp=1: same layouts, rma gets", []string{"--prefill-tp", "1"}, "rma"},
+		{"prefill-tp=1 --no-rma: IOV messages", []string{"--prefill-tp", "1", "--no-rma"}, "direct"},
+		{"prefill-tp=2: half the heads each, ranges too small for gets", []string{"--prefill-tp", "2"}, "direct"},
 		{"prefill-tp=1 staging", []string{"--prefill-tp", "1", "--staging"}, "staging"},
 		{"prefill-tp=2 staging", []string{"--prefill-tp", "2", "--staging"}, "staging"},
 	}
@@ -73,7 +74,7 @@ func TestDriverOverTheEngine(t *testing.T) {
 				require.GreaterOrEqual(t, r.Requests, minIters, r.Name)
 				require.Greater(t, r.GBps, 0.0, r.Name)
 				require.Equal(t, c.path, r.Path, r.Name)
-				if c.path == "direct" {
+				if c.path != "staging" {
 					require.Zero(t, r.GatherUs, "the direct path gathers nothing")
 					require.Zero(t, r.ScatterUs, "the direct path scatters nothing")
 				}

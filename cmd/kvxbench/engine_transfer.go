@@ -37,7 +37,7 @@ func engineConfig(cfg runConfig) transfer.Config {
 	timeout := max(30*time.Second, 10*cfg.Duration)
 	return transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: maxConc, PipelineDepth: cfg.PipelineDepth,
 		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout,
-		DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes}
+		DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes, DisableRMA: cfg.NoRMA}
 }
 
 func (e *engineAdapter) Address() []byte { return e.addr }
@@ -110,3 +110,4 @@ func (h handle) Done() <-chan struct{}     { return h.h.Done() }
 func (h handle) Quiesced() <-chan struct{} { return h.h.Quiesced() }
 func (h handle) Err() error                { return h.h.Status().Err }
 func (h handle) Release()                  { _ = h.h.Release() }
+func (h handle) Path() string              { return h.h.Path().String() }

@@ -56,8 +56,11 @@ type Result struct {
 	Ratio        *float64 `json:"ratio,omitempty"`
 	// Verified is true when every byte moved was checked against the source's checksum.
 	Verified bool `json:"verified"`
-	// Path is how a transfer moved its bytes: "direct" (the one-copy path: UCX reads and
-	// writes the pools in place) or "staging" (gather, wire, scatter through slots).
+	// Path is how a transfer moved its bytes, as the engine's handles said: "rma" (the
+	// one-copy path's RMA mode: the decode end reads the prefill pool with gets), "direct"
+	// (the one-copy path's IOV messages: UCX reads and writes the pools in place) or
+	// "staging" (gather, wire, scatter through slots); several joined with "+" when the
+	// requests of a scenario differed.
 	Path string `json:"path,omitempty"`
 }
 

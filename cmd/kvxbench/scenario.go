@@ -6,9 +6,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -187,8 +190,10 @@ type decodeEnd struct {
 	// remoteHost is the prefill host of a two-host run (connect), where the baseline's
 	// server runs; empty for run, whose baseline runs both ends here.
 	remoteHost string
-	rng        *rand.Rand
-	nextID     uint64
+	// paths are the paths the engine said the timed requests took (Handle.Path).
+	paths  map[string]bool
+	rng    *rand.Rand
+	nextID uint64
 }
 
 // scenario is one row of the table: a prompt length at a concurrency.
@@ -268,6 +273,7 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 	if err := d.warmUp(ctx, plans, sums, res.Name); err != nil {
 		return res, err
 	}
+	d.paths = nil // the warm-up's do not count
 	var lat latencies
 	var wall time.Duration
 	var gatherNs, scatterNs int64
@@ -313,6 +319,9 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 	res.ScatterUs = float64(scatterNs) / float64(n) / 1e3
 	res.WireUs = max(us(lat.mean())-res.GatherUs/float64(len(d.ctrls))-res.ScatterUs, 0)
 	res.Verified = verified
+	if len(d.paths) > 0 { // what the engine says overrides what the pools allowed
+		res.Path = strings.Join(slices.Sorted(maps.Keys(d.paths)), "+")
+	}
 	return res, nil
 }
 
@@ -374,6 +383,12 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 			return nil, 0, 0, 0, fmt.Errorf("request %d: %w", p.id, err)
 		}
 		lat[i] = ends[i].Sub(p.start)
+		if path := p.h.Path(); path != "" {
+			if d.paths == nil {
+				d.paths = map[string]bool{}
+			}
+			d.paths[path] = true
+		}
 		if ends[i].After(last) {
 			last = ends[i]
 		}

@@ -67,6 +67,7 @@ func (h *fakeHandle) finish(err error) {
 func (h *fakeHandle) Done() <-chan struct{}     { return h.done }
 func (h *fakeHandle) Quiesced() <-chan struct{} { return h.done }
 func (h *fakeHandle) Release()                  {}
+func (h *fakeHandle) Path() string              { return "" }
 func (h *fakeHandle) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -33,6 +33,7 @@ type transferFlags struct {
 	maxMemory      string
 	seed           uint64
 	staging        bool
+	noRMA          bool
 	directChunk    string
 	http           string
 }
@@ -52,6 +53,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
 	fs.StringVar(&f.directChunk, "direct-chunk", "64MiB", "the largest message of the direct path (no slot bounds it)")
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
+	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
 	fs.StringVar(&f.http, "http", "", "serve /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400")
 }
 
@@ -78,8 +80,12 @@ type runConfig struct {
 	// Staging forces the staging path on both ends (--staging); otherwise pools are mapped
 	// by the transport and transfers go direct.
 	Staging bool `json:"staging"`
-	// DirectChunkBytes is the direct path's largest message (--direct-chunk).
+	// DirectChunkBytes is the direct path's largest message (--direct-chunk), and its
+	// largest RMA get.
 	DirectChunkBytes int64 `json:"direct_chunk_bytes"`
+	// NoRMA keeps the direct path on IOV messages (--no-rma); by default the decode end reads
+	// the prefill pool with RMA gets where the layouts line up.
+	NoRMA bool `json:"no_rma"`
 	// HTTP is where this process serves /healthz and /metrics; never handed to peers, which
 	// would all try to listen on it.
 	HTTP string `json:"-"`
@@ -148,7 +154,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
 		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
-		Staging: f.staging, DirectChunkBytes: directChunk,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA,
 	}, nil
 }
 
