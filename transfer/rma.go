@@ -137,6 +137,7 @@ type rmaXfer struct {
 	// sender
 	exposure *opRec       // outstanding while the receiver may read the pool
 	offer    []byte       // the encoded offer, resent when a repeated request shows it lost
+	decline  []byte       // the encoded decline, resent likewise
 	ri       *RequestInfo // the request, to fall back to IOV chunks if the receiver declines
 }
 
@@ -391,7 +392,8 @@ func (x *xfer) rmaOffer(ri *RequestInfo) bool {
 	}
 	if reason != "" {
 		x.log().Debug("declining rma", zap.String("reason", reason))
-		_ = x.eng.tr.SendControl(x.peer, encode(&RMAOffer{Header: head, Flags: RMADeclined, Reason: reason}))
+		x.rma.decline = encode(&RMAOffer{Header: head, Flags: RMADeclined, Reason: reason})
+		_ = x.eng.tr.SendControl(x.peer, x.rma.decline)
 		return false
 	}
 	x.rma.mode, x.rma.ri = rmaOffered, ri
@@ -403,10 +405,15 @@ func (x *xfer) rmaOffer(ri *RequestInfo) bool {
 	return true
 }
 
-// rmaRepeated handles a request that arrives while the pool is offered: with FlagRMA the
-// offer may have been lost, so it goes again; without, the receiver declined it, and the
-// pool is no longer exposed: the chunks go as IOV messages.
+// rmaRepeated handles a repeated request. After a decline of ours, one with FlagRMA shows the
+// decline was lost: it goes again. While the pool is offered, one with FlagRMA shows the
+// offer may have been lost, so it goes again; one without is the receiver's decline: the pool
+// is no longer exposed, and the chunks go as IOV messages.
 func (x *xfer) rmaRepeated(m *RequestInfo) {
+	if !x.receive && x.rma.decline != nil && m.Flags&FlagRMA != 0 && x.moved == 0 && !x.aborting {
+		_ = x.eng.tr.SendControl(x.peer, x.rma.decline) // the receiver still waits for an answer
+		return
+	}
 	if x.receive || x.rma.mode != rmaOffered || x.aborting || x.rma.exposure.final || m.Flags&FlagDirect == 0 {
 		return
 	}

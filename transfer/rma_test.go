@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -284,6 +285,49 @@ func TestRMABadOfferIsRejected(t *testing.T) {
 			_, ops := w.total()
 			require.Zero(t, ops, "no get was made")
 			require.Equal(t, make([]byte, len(dst.mem)), dst.mem, "nothing written")
+		})
+	}
+}
+
+// The handshake's control messages are best-effort: a lost offer or decline is sent again
+// when the receiver repeats its request, and the transfer completes on the path it would
+// have taken.
+func TestRMALostHandshakeMessagesAreResent(t *testing.T) {
+	cases := []struct {
+		desc            string
+		disableOnSender bool
+		wantPath        Path
+	}{
+		{"lost offer", false, PathRMA},
+		{"lost decline", true, PathDirect},
+	}
+	for i, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src, dst := rmaPools(t, uint64(50+i))
+			scfg := rmaConfig()
+			scfg.DisableRMA = c.disableOnSender
+			p, w := directPair(t, scfg, rmaConfig(), src, dst)
+			var mu sync.Mutex
+			dropped := 0
+			p.net.SetFault(func(fp FaultPoint) Fault {
+				if fp.Kind == KindRMAOffer {
+					mu.Lock()
+					defer mu.Unlock()
+					if dropped == 0 {
+						dropped++
+						return Fault{Drop: true}
+					}
+				}
+				return w.judge(fp)
+			})
+			hs, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, c.wantPath, hr.Path())
+			require.Equal(t, 1, dropped)
+			require.Equal(t, src.stream(t), dst.stream(t))
 		})
 	}
 }

@@ -20,7 +20,9 @@
 //	help      usage of every subcommand
 //
 // Transfers take the engine's one-copy direct path by default (both ends' pools mapped by the
-// UCX transport); --staging forces the staging path, and every transfer row says which ran.
+// UCX transport), reading the prefill pool with RMA gets where the layouts line up; --no-rma
+// keeps the direct path on IOV messages, --staging forces the staging path, and every
+// transfer row says which ran (rma, direct or staging, as the engine's handles report).
 //
 // The CLI is a function of its arguments and writers (Main), so tests drive it in-process;
 // only run's loopback peer is a second process (kvxbench re-executing itself as the hidden
