@@ -6,6 +6,8 @@ package transfer
 
 import (
 	"bytes"
+	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -93,6 +95,92 @@ func TestUCXRMA_EveryByteAndCancel(t *testing.T) {
 				require.False(t, hr.Status().BlocksPoisoned)
 				require.False(t, hs.Status().BlocksPoisoned)
 			})
+		})
+	}
+}
+
+// The RMA mode between two engines in two processes, each direction, over shared memory and
+// TCP: every byte checked by the receiving side, and the local handle says it took gets.
+func TestUCXRMA_TwoProcessesEveryByteChecked(t *testing.T) {
+	const blocks = 16 // 32 MiB
+	bin := ucxPeerBinary(t)
+	for _, tr := range ucxTransports {
+		for _, mode := range []string{"engine-send", "engine-recv"} {
+			t.Run(tr.name+"/"+mode, func(t *testing.T) {
+				peer := startUCXPeerEngine(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 78, 30*time.Second), "-direct")...)
+				local := newUCXEngine(t, tr.tls, tr.dev, ucxPeerTestConfig())
+				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
+				require.NoError(t, err)
+				goPool, plan := ucxEnginePool(t, blocks, 5, mode == "engine-recv")
+				pool, err := local.tr.AllocatePool(int64(len(goPool)))
+				require.NoError(t, err)
+				copy(pool, goPool)
+				spec := Spec{ID: 78, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second}
+				var h *Handle
+				if mode == "engine-send" {
+					h, err = local.e.Receive(bg, spec)
+				} else {
+					h, err = local.e.Send(bg, spec)
+				}
+				require.NoError(t, err)
+				waitQuiesced(t, h, 30*time.Second)
+				require.Equal(t, Completed, h.Status().State, "%v", h.Status().Err)
+				require.Equal(t, PathRMA, h.Path())
+				require.Equal(t, Completed.String()+" OK", peer.expect(t, "DONE ", 30*time.Second))
+				if mode == "engine-send" {
+					want, _ := ucxEnginePool(t, blocks, 5, true)
+					require.True(t, bytes.Equal(want, pool), "every byte")
+				}
+			})
+		}
+	}
+}
+
+// A sender frozen (SIGSTOP) while the receiver pulls: over shared memory the gets need
+// nothing of the sender's process (cma reads a stopped process's memory; an attached segment
+// is plain memory), so the transfer completes with every byte; over TCP, where UCX's emulated
+// gets need the sender's worker to answer, the receiver ends within its deadline and then
+// quiesces, or keeps its blocks poisoned for good: never a wedge, never a false quiescence.
+func TestUCXRMA_SenderFrozenWhileReceiverPulls(t *testing.T) {
+	const blocks = 128 // 256 MiB
+	bin := ucxPeerBinary(t)
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := ucxPeerTestConfig()
+			cfg.DirectChunkBytes = 4 << 20
+			local := newUCXEngine(t, tr.tls, tr.dev, cfg)
+			peer := startUCXPeerEngine(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 79, 120*time.Second), "-direct")...)
+			_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
+			require.NoError(t, err)
+			goPool, plan := ucxEnginePool(t, blocks, 5, false)
+			pool, err := local.tr.AllocatePool(int64(len(goPool)))
+			require.NoError(t, err)
+			// The deadline covers the peer's start (it fills and maps 256 MiB first).
+			const deadline = 8 * time.Second
+			h, err := local.e.Receive(bg, Spec{ID: 79, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: deadline})
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return h.Status().Bytes > 0 || isClosed(h.Done()) }, 60*time.Second, 100*time.Microsecond)
+			require.NoError(t, peer.cmd.Process.Signal(syscall.SIGSTOP))
+			defer func() { _ = peer.cmd.Process.Signal(syscall.SIGCONT) }()
+			select {
+			case <-h.Done():
+			case <-time.After(deadline + 5*time.Second):
+				require.FailNow(t, "receiver not done within its deadline", "%+v", h.Status())
+			}
+			require.Equal(t, PathRMA, h.Path())
+			st := h.Status()
+			t.Logf("frozen sender: %v after %d bytes (%v)", st.State, st.Bytes, st.Err)
+			if st.State == Completed {
+				waitClosed(t, h.Quiesced(), "completed receiver quiesced")
+				want, _ := ucxEnginePool(t, blocks, 5, true)
+				require.True(t, bytes.Equal(want, pool), "every byte")
+				return
+			}
+			require.NotEqual(t, "shm", tr.name, "over shared memory the gets need no answer from the frozen sender")
+			require.Eventually(t, func() bool { return isClosed(h.Quiesced()) || h.Status().BlocksPoisoned },
+				cfg.QuarantineTimeout+5*time.Second, time.Millisecond, "neither quiesced nor poisoned: %+v", h.Status())
+			require.False(t, isClosed(h.Quiesced()) && h.Status().BlocksPoisoned, "quiesced with its blocks poisoned")
+			t.Logf("then: %v, blocks poisoned: %v", h.Status().State, h.Status().BlocksPoisoned)
 		})
 	}
 }
