@@ -405,6 +405,11 @@ func (x *xfer) rmaOffer(ri *RequestInfo) bool {
 	return true
 }
 
+// While the pool is offered the sender sees no progress of its own until Done: the receiver
+// moves the bytes, and its engine's health watches them. The sender counts as awaiting its
+// peer (updateAwaiting), as a streaming receiver awaits its sender's model; its deadline
+// bounds it either way.
+
 // rmaRepeated handles a repeated request. After a decline of ours, one with FlagRMA shows the
 // decline was lost: it goes again. While the pool is offered, one with FlagRMA shows the
 // offer may have been lost, so it goes again; one without is the receiver's decline: the pool

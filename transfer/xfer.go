@@ -325,6 +325,10 @@ func (x *xfer) updateAwaiting() {
 		x.setAwaiting(live && x.sub == 0)
 		return
 	}
+	if x.rma.mode == rmaOffered { // rma.go: the receiver's gets move the bytes, seen by its engine
+		x.setAwaiting(!x.aborting && !x.ended)
+		return
+	}
 	x.setAwaiting(live && x.outstanding == 0 && x.readyBytes < x.plan.Bytes())
 }
 
