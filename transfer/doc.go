@@ -42,7 +42,11 @@
 // is one IOV message straight from the sender's pool into the receiver's, no slot, no gather
 // or scatter. Same lifecycle; the one difference is L9 on caller memory: an operation whose
 // quiescence is unknown leaves the handle Quarantined for good, Status.BlocksPoisoned set and
-// Quiesced never closed. Config.DisableDirect forces staging. See docs/onecopy.md.
+// Quiesced never closed. Config.DisableDirect forces staging. When the transport also
+// implements RMATransport and the two layouts line up (same block-major layout, say), the
+// direct path runs in its RMA mode: the sender offers its pool (RMAOffer) and the receiver
+// reads it with gets, pool range to pool range; Handle.Path says which path ran, and
+// Config.DisableRMA keeps the IOV messages. See docs/onecopy.md.
 //
 // # Multi-peer requests
 //

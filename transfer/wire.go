@@ -259,7 +259,8 @@ func decodeHeader(b []byte) (Header, error) {
 	return Header{Kind: k, Sub: binary.LittleEndian.Uint16(b[4:]), Request: RequestID(binary.LittleEndian.Uint64(b[8:]))}, nil
 }
 
-// Decode parses one control message (request-info, done, abort, abort-ack). A data chunk
+// Decode parses one control message (request-info, done, abort, abort-ack, rma offer, rma
+// release). A data chunk
 // decodes with DecodeData. Any other input returns a *DecodeError matching ErrMalformed.
 func Decode(b []byte) (Message, error) {
 	h, err := decodeHeader(b)
