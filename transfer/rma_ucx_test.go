@@ -59,6 +59,7 @@ func TestUCXRMA_EveryByteAndCancel(t *testing.T) {
 					require.Equal(t, Completed, hs.Status().State, "%v", hs.Status().Err)
 					require.Equal(t, c.wantPath, hr.Path())
 					require.Equal(t, c.wantPath, hs.Path())
+					require.LessOrEqual(t, rmaKeys(dst.tr), i+1, "one unpacked key per peer pool (a pool per case so far), however many gets")
 					require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
 					for _, e := range []*Engine{src.e, dst.e} {
 						require.Zero(t, e.pool.Stats().Leased)
@@ -183,4 +184,11 @@ func TestUCXRMA_SenderFrozenWhileReceiverPulls(t *testing.T) {
 			t.Logf("then: %v, blocks poisoned: %v", h.Status().State, h.Status().BlocksPoisoned)
 		})
 	}
+}
+
+// rmaKeys is how many peer keys the transport holds unpacked.
+func rmaKeys(tr *UCXTransport) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return len(tr.rma.keys)
 }
