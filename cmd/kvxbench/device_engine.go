@@ -67,6 +67,14 @@ type deviceEngineSide struct {
 
 	mu    sync.Mutex
 	pools map[*byte]*cuda.Buffer // host mirror -> device pool
+
+	// The checks' GPU side (poolMirror), serialised by mirrorMu.
+	mirrorMu sync.Mutex
+	stream   *cuda.Stream
+	plans    map[*layout.Plan]*cuda.DevicePlan
+	scratch  *cuda.Buffer
+	// hostScratch receives a plan's stream from the GPU, reused across checks.
+	hostScratch []byte
 }
 
 var (
@@ -112,7 +120,8 @@ func newDeviceEngineSide(cfg runConfig, role string, rank int) (engineSide, erro
 		return nil, err
 	}
 	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress, obs: obs}
-	return &deviceEngineSide{engineAdapter: a, tr: tr, rt: rt, pools: map[*byte]*cuda.Buffer{}}, nil
+	return &deviceEngineSide{engineAdapter: a, tr: tr, rt: rt, pools: map[*byte]*cuda.Buffer{},
+		plans: map[*layout.Plan]*cuda.DevicePlan{}}, nil
 }
 
 // NewPool implements engineSide: n bytes of device memory, and the host mirror the scenario
@@ -147,14 +156,85 @@ func (e *deviceEngineSide) PushPool(pool []byte) error {
 	return e.rt.CopyToDevice(buf.Mem(), pool)
 }
 
-// PullPool implements poolMirror.
-func (e *deviceEngineSide) PullPool(pool []byte) error {
+// ScrubPlan implements poolMirror: the scatter kernel writes a zeroed device buffer over p's
+// blocks, so a transfer that writes nothing fails its check.
+func (e *deviceEngineSide) ScrubPlan(p *layout.Plan, pool []byte) error {
+	return e.onPlan(p, pool, func(dp *cuda.DevicePlan, dev, tmp cuda.Mem) error {
+		if err := e.rt.Memset(e.stream, tmp, 0); err != nil {
+			return err
+		}
+		return e.rt.Scatter(e.stream, dp, tmp, 0, dev)
+	}, nil)
+}
+
+// PullPlan implements poolMirror: the gather kernel packs p's blocks into one device buffer,
+// one copy brings it to the host, and the host scatter puts it in the mirror's blocks.
+func (e *deviceEngineSide) PullPlan(p *layout.Plan, pool []byte) error {
+	return e.onPlan(p, pool, func(dp *cuda.DevicePlan, dev, tmp cuda.Mem) error {
+		return e.rt.Gather(e.stream, dp, dev, 0, tmp)
+	}, func(tmp cuda.Mem) error {
+		if int64(cap(e.hostScratch)) < p.Bytes() {
+			e.hostScratch = make([]byte, p.Bytes())
+		}
+		stream := e.hostScratch[:p.Bytes()]
+		if err := e.rt.CopyFromDevice(stream, tmp); err != nil {
+			return err
+		}
+		return native.HostScatter(p, stream, 0, pool)
+	})
+}
+
+// onPlan runs one kernel step over p's blocks of the device pool behind pool with a scratch
+// buffer of p's stream size, waits for it (bounded), then runs after, if any. Calls are
+// serialised: they share the stream and the scratch buffer.
+func (e *deviceEngineSide) onPlan(p *layout.Plan, pool []byte, step func(dp *cuda.DevicePlan, dev, tmp cuda.Mem) error, after func(tmp cuda.Mem) error) error {
 	buf, err := e.device(pool)
 	if err != nil {
 		return err
 	}
-	return e.rt.CopyFromDevice(pool, buf.Mem())
+	e.mirrorMu.Lock()
+	defer e.mirrorMu.Unlock()
+	if e.stream == nil {
+		if e.stream, err = e.rt.NewStream(); err != nil {
+			return err
+		}
+	}
+	dp := e.plans[p]
+	if dp == nil {
+		if dp, err = e.rt.UploadPlan(p); err != nil {
+			return err
+		}
+		e.plans[p] = dp
+	}
+	if e.scratch == nil || e.scratch.Mem().Size < p.Bytes() {
+		if e.scratch != nil {
+			_ = e.scratch.Free() // the stream is idle: every onPlan waits for its work
+		}
+		e.scratch = nil
+		if e.scratch, err = e.rt.Alloc(p.Bytes()); err != nil {
+			return fmt.Errorf("scratch for the checks: %w", err)
+		}
+	}
+	tmp, err := e.scratch.Mem().Slice(0, p.Bytes())
+	if err != nil {
+		return err
+	}
+	if err := step(dp, buf.Mem(), tmp); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), mirrorTimeout)
+	defer cancel()
+	if err := e.stream.Wait(ctx); err != nil {
+		return err
+	}
+	if after != nil {
+		return after(tmp)
+	}
+	return nil
 }
+
+// mirrorTimeout bounds one check step on the GPU (a kernel over at most one request's blocks).
+const mirrorTimeout = time.Minute
 
 // mover makes request id's DeviceMover over the device pool behind m's host mirror, timed
 // into m's counters as the host mover is.
@@ -218,9 +298,24 @@ func (e *deviceEngineSide) Close() error {
 	pools := e.pools
 	e.pools = nil
 	e.mu.Unlock()
-	if err == nil { // on a failed close a kernel or UCX may still use them: they go with the process
+	e.mirrorMu.Lock()
+	defer e.mirrorMu.Unlock()
+	idle := e.stream == nil
+	if !idle {
+		ctx, cancel := context.WithTimeout(context.Background(), mirrorTimeout)
+		idle = e.stream.Wait(ctx) == nil
+		cancel()
+		_ = e.stream.Close()
+	}
+	if err == nil && idle { // else a kernel or UCX may still use them: they go with the process
 		for _, buf := range pools {
 			_ = buf.Free()
+		}
+		for _, dp := range e.plans {
+			_ = dp.Free()
+		}
+		if e.scratch != nil {
+			_ = e.scratch.Free()
 		}
 	}
 	_ = e.rt.Close()

@@ -5,17 +5,22 @@ package main
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
 )
 
 // poolMirror is implemented by an engine side whose KV pools live in device memory
 // (--memory device): the []byte pool the scenario fills, scrubs and checks is then a host
-// mirror of the device pool, pushed to the GPU after the host wrote it and pulled back before
-// the host reads it. Both happen between rounds, off the clock.
+// mirror of the device pool. The prefill pool is pushed whole once, after its fill; between
+// rounds, only the blocks of each request's plan move: zeroed on the GPU after the host scrub,
+// pulled back before the host checks. All of it happens off the clock.
 type poolMirror interface {
-	// PushPool copies the host mirror pool into its device pool.
+	// PushPool copies the whole host mirror pool into its device pool.
 	PushPool(pool []byte) error
-	// PullPool copies the device pool into its host mirror pool.
-	PullPool(pool []byte) error
+	// ScrubPlan zeroes p's bytes of the device pool behind pool.
+	ScrubPlan(p *layout.Plan, pool []byte) error
+	// PullPlan copies p's bytes of the device pool into the host mirror pool.
+	PullPlan(p *layout.Plan, pool []byte) error
 }
 
 // pushPool pushes pool to the GPU when eng keeps its pools there; a no-op otherwise.
@@ -26,10 +31,30 @@ func pushPool(eng engineSide, pool []byte) error {
 	return nil
 }
 
-// pullPool pulls pool back from the GPU when eng keeps its pools there; a no-op otherwise.
-func pullPool(eng engineSide, pool []byte) error {
-	if m, ok := eng.(poolMirror); ok {
-		return m.PullPool(pool)
+// scrubPlans zeroes the plans' blocks on the GPU when eng keeps its pools there (the host
+// mirror was scrubbed by the caller); a no-op otherwise.
+func scrubPlans(eng engineSide, plans [][]recvSub, pool []byte) error {
+	m, ok := eng.(poolMirror)
+	for i := 0; ok && i < len(plans); i++ {
+		for _, sub := range plans[i] {
+			if err := m.ScrubPlan(sub.plan, pool); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// pullPlans copies the plans' blocks back from the GPU into the host mirror when eng keeps
+// its pools there; a no-op otherwise.
+func pullPlans(eng engineSide, plans [][]recvSub, pool []byte) error {
+	m, ok := eng.(poolMirror)
+	for i := 0; ok && i < len(plans); i++ {
+		for _, sub := range plans[i] {
+			if err := m.PullPlan(sub.plan, pool); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

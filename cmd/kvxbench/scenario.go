@@ -292,7 +292,7 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 				}
 				return nil
 			})
-			if err := pushPool(d.eng, d.pool); err != nil { // device pools: the scrub goes to the GPU
+			if err := scrubPlans(d.eng, plans, d.pool); err != nil { // device pools: the scrub goes to the GPU
 				return res, fmt.Errorf("%s: %w", res.Name, err)
 			}
 		}
@@ -302,7 +302,7 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 		}
 		lat, wall, gatherNs, scatterNs = append(lat, rl...), wall+rw, gatherNs+g, scatterNs+sc
 		if d.cfg.Verify {
-			if err := pullPool(d.eng, d.pool); err != nil { // device pools: check what landed on the GPU
+			if err := pullPlans(d.eng, plans, d.pool); err != nil { // device pools: check what landed on the GPU
 				return res, fmt.Errorf("%s: %w", res.Name, err)
 			}
 			err := eachParallel(len(plans), func(i int) error {
@@ -435,7 +435,7 @@ func (d *decodeEnd) warmUp(ctx context.Context, plans [][]recvSub, sums []uint32
 	if !d.cfg.Verify {
 		return nil
 	}
-	if err := pullPool(d.eng, d.pool); err != nil {
+	if err := pullPlans(d.eng, plans, d.pool); err != nil {
 		return fmt.Errorf("%s: warm-up: %w", name, err)
 	}
 	for i := range plans {
