@@ -3,7 +3,8 @@
 #
 #   ucx-cuda-check  no GPU needed: build native/, transfer/ and kvxbench against the wheel's
 #                   UCX 1.22, run host-memory UCX tests with it (API and ABI compatibility with
-#                   a newer UCX than Debian's 1.13), check that this UCX reports CUDA memory
+#                   a newer UCX than Debian's 1.13; the gpu-tagged tests are vetted against its
+#                   headers too), check that this UCX reports CUDA memory
 #                   exactly when a driver is present, and that `kvxbench run --memory device`
 #                   stops in one line, non-zero, on a host without a GPU.
 #
@@ -39,6 +40,7 @@ ucx-cuda-check: ## Build native/, transfer/, kvxbench against UCX 1.22 (libucx-c
 	$(GO) test -c -o $(UCX_CUDA_BUILD)/native.test ./native; \
 	$(GO) test -c -o $(UCX_CUDA_BUILD)/transfer.test ./transfer; \
 	$(GO) build -o $(UCX_CUDA_BUILD)/kvxbench ./cmd/kvxbench; \
+	$(GO) vet -tags gpu ./native/ ./transfer/ ./cmd/kvxbench/; \
 	for b in native.test transfer.test kvxbench; do \
 		ldd $(UCX_CUDA_BUILD)/$$b | grep -q "$$root/lib/libucp.so" || \
 			{ echo "ucx-cuda-check: $$b does not load $$root/lib/libucp.so"; ldd $(UCX_CUDA_BUILD)/$$b | grep uc; exit 1; }; \
