@@ -6,11 +6,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"hash/crc32"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer"
 )
 
@@ -131,6 +136,8 @@ func TestReportFailsOnEveryBreachKind(t *testing.T) {
 		{"a wedged handle", func(s *soak) { s.injected[FaultFreeze].Add(1); s.wedged.Add(1) }, "1 handles wedged"},
 		{"a corrupt transfer", func(s *soak) { s.injected[FaultFreeze].Add(1); s.corrupt.Add(2) }, "2 completed transfers corrupt"},
 		{"a recorded breach", func(s *soak) { s.injected[FaultFreeze].Add(1); s.addBreach("engine x: boom") }, "engine x: boom"},
+		{"a live heap over the bound", func(s *soak) { s.injected[FaultFreeze].Add(1); s.maxLiveHeap.Store(s.cfg.MaxHeapBytes + 1) },
+			fmt.Sprintf("live heap reached %d bytes, over the %d-byte bound", DefaultMaxHeapBytes+1, uint64(DefaultMaxHeapBytes))},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -149,7 +156,7 @@ func TestReportFailsOnEveryBreachKind(t *testing.T) {
 			require.NoError(t, json.Unmarshal(js.Bytes(), &m))
 			for _, k := range []string{"started", "completed", "cancelled", "cancel_outcomes", "quarantined", "poisoned_slots",
 				"wedged", "leaked_slots", "corrupt", "reused_poisoned", "seconds_unhealthy", "longest_recovery_seconds",
-				"faults_injected", "breaches", "passed"} {
+				"faults_injected", "max_live_heap_bytes", "breaches", "passed"} {
 				require.Contains(t, m, k)
 			}
 			var table bytes.Buffer
@@ -157,5 +164,24 @@ func TestReportFailsOnEveryBreachKind(t *testing.T) {
 			require.Contains(t, table.String(), "FAIL")
 			require.Contains(t, table.String(), c.want)
 		})
+	}
+}
+
+// The soak checksums a stream a chunk at a time to keep its allocation down; the sum must be
+// the CRC-32 of the whole stream, for streams shorter and longer than a chunk.
+func TestChecksumChunkedMatchesWholeStream(t *testing.T) {
+	for _, tokens := range []int64{16, 4096} {
+		l := layout.Packed(layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 256}, layout.BlockMajor)
+		blocks := make([]int32, tokens/16)
+		for i := range blocks {
+			blocks[i] = int32(len(blocks) - 1 - i)
+		}
+		p, err := layout.NewPlan(l, l.All(), blocks)
+		require.NoError(t, err)
+		pool := make([]byte, l.SpanBytes())
+		_, _ = rand.NewChaCha8([32]byte{1}).Read(pool)
+		whole := make([]byte, p.Bytes())
+		require.NoError(t, native.HostGather(p, pool, 0, whole))
+		require.Equal(t, crc32.ChecksumIEEE(whole), checksum(p, pool), "tokens %d (%d bytes)", tokens, p.Bytes())
 	}
 }

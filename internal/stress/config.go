@@ -128,7 +128,8 @@ type Config struct {
 	// RecoveryBound: health must be back within this long after a frozen or lost peer is
 	// back. Default 10s.
 	RecoveryBound time.Duration
-	// MaxHeapBytes bounds the Go heap during the run. Default 2 GiB.
+	// MaxHeapBytes bounds the live Go heap (reachable after a collection) during the run.
+	// Default 2 GiB.
 	MaxHeapBytes uint64
 	// Logger receives the soak's events (faults, breaches). Default zap.NewNop().
 	Logger *zap.Logger

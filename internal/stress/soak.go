@@ -47,6 +47,7 @@ type soak struct {
 	unhealthyNanos                                              atomic.Int64
 	longestDetect, longestRecovery                              atomic.Int64
 	maxHeap                                                     atomic.Uint64
+	maxLiveHeap                                                 atomic.Uint64
 	// Findings reported by peer processes, which have no node here.
 	extraPoisoned, extraLeaked, extraReused atomic.Int64
 }
@@ -335,7 +336,7 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 		LongestDetectSeconds:   time.Duration(s.longestDetect.Load()).Seconds(),
 		LongestRecoverySeconds: time.Duration(s.longestRecovery.Load()).Seconds(),
 		FaultsInjected:         map[Fault]int64{}, GoroutinesStart: goroutinesStart, GoroutinesEnd: goroutinesEnd,
-		MaxHeapBytes: s.maxHeap.Load(), Skipped: skipped,
+		MaxHeapBytes: s.maxHeap.Load(), MaxLiveHeapBytes: s.maxLiveHeap.Load(), Skipped: skipped,
 	}
 	r.PoisonedSlots, r.LeakedSlots, r.ReusedPoisoned = s.extraPoisoned.Load(), s.extraLeaked.Load(), s.extraReused.Load()
 	for _, n := range nodes {
@@ -362,8 +363,8 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 	if r.Corrupt > 0 {
 		breaches = append(breaches, fmt.Sprintf("%d completed transfers corrupt", r.Corrupt))
 	}
-	if r.MaxHeapBytes > s.cfg.MaxHeapBytes {
-		breaches = append(breaches, fmt.Sprintf("heap reached %d bytes, over the %d-byte bound", r.MaxHeapBytes, s.cfg.MaxHeapBytes))
+	if r.MaxLiveHeapBytes > s.cfg.MaxHeapBytes {
+		breaches = append(breaches, fmt.Sprintf("live heap reached %d bytes, over the %d-byte bound", r.MaxLiveHeapBytes, s.cfg.MaxHeapBytes))
 	}
 	if r.Started == 0 {
 		breaches = append(breaches, "no request started")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
@@ -267,11 +268,23 @@ func (s *soak) share(n *node, plan *layout.Plan, fill *rand.ChaCha8) senderShare
 	return senderShare{node: n, plan: plan, pool: pool, sum: checksum(plan, pool)}
 }
 
-// checksum is the CRC-32 of the plan's stream gathered out of pool.
+// checksumChunk is how much of a stream checksum gathers at a time: a whole request's stream
+// per call was most of the soak's allocation (over 100 GB in a few minutes).
+const checksumChunk = 1 << 20
+
+var checksumBufs = sync.Pool{New: func() any { return new([checksumChunk]byte) }}
+
+// checksum is the CRC-32 of the plan's stream gathered out of pool, a chunk at a time.
 func checksum(p *layout.Plan, pool []byte) uint32 {
-	stream := make([]byte, p.Bytes())
-	must(native.HostGather(p, pool, 0, stream))
-	return crc32.ChecksumIEEE(stream)
+	buf := checksumBufs.Get().(*[checksumChunk]byte)
+	defer checksumBufs.Put(buf)
+	var sum uint32
+	for off, total := int64(0), p.Bytes(); off < total; off += checksumChunk {
+		chunk := buf[:min(checksumChunk, total-off)]
+		must(native.HostGather(p, pool, off, chunk))
+		sum = crc32.Update(sum, crc32.IEEETable, chunk)
+	}
+	return sum
 }
 
 // randomBlocks picks n distinct block ids out of total, in random order.
