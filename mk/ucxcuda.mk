@@ -8,10 +8,12 @@
 #                   exactly when a driver is present, and that `kvxbench run --memory device`
 #                   stops in one line, non-zero, on a host without a GPU.
 #
-# Not part of `make test`: it compiles native/ and transfer/ a second time against another
-# UCX (about 2 minutes of CPU on a 2-core host whenever their sources change) and downloads
-# the 45 MB wheel on first use. `make gpu-test` (mk/cuda.mk) builds the same way and runs the
-# device transfer.
+# Part of `make test`: the device path is built against this UCX on GPU hosts, so drifting away
+# from it must fail here, on every host. It costs about 20 s after a change to native/ (it
+# compiles native/, transfer/ and kvxbench a second time, against the other UCX) and 7 s when
+# nothing changed, and fetches the 45 MB wheel from PyPI once, as cuda-check fetches nvcc.
+# `make gpu-test` (mk/cuda.mk) builds the same way and runs the device transfer.
+TEST_TARGETS += ucx-cuda-check
 .PHONY: ucx-cuda-check
 
 UCX_CUDA_BUILD := $(BUILD)/ucx-cuda
