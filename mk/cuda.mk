@@ -70,7 +70,7 @@ GPU_BENCHTIME ?= 20x
 GPU_PROMPTS ?= 1k,4k,16k
 GPU_RUN_FLAGS ?=
 .PHONY: gpu-test-ucx
-gpu-test: ## GPU CI job: build with the system nvcc, run the gpu-tagged tests and the device bandwidth benchmark.
+gpu-test: ## GPU CI job: kernels (gpu-tagged tests, device bandwidth benchmark), then the two-process device transfer over UCX (gpu-test-ucx).
 	@if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then \
 		echo "gpu-test: no NVIDIA GPU on this host (nvidia-smi missing or lists no GPU); run this job on a GPU runner" >&2; \
 		exit 1; \
@@ -92,7 +92,7 @@ gpu-test: ## GPU CI job: build with the system nvcc, run the gpu-tagged tests an
 
 # The device transfer over UCX, on the libkvxcuda.so gpu-test built. Run alone it needs that
 # build ($(GPU_BUILD)/libkvxcuda.so) first.
-gpu-test-ucx:
+gpu-test-ucx: ## Device transfer over the libucx-cu12 UCX: device tests, kvxbench run --memory device beside ucx_perftest -m cuda (after gpu-test's build).
 	@[ -f $(GPU_BUILD)/libkvxcuda.so ] || { echo "gpu-test-ucx: no $(GPU_BUILD)/libkvxcuda.so; run make gpu-test" >&2; exit 1; }
 	@$(ucx_cuda_env); \
 	cuda=$$(scripts/cuda-toolchain.sh); \
