@@ -102,6 +102,10 @@ gpu-test-ucx: ## Device transfer over the libucx-cu12 UCX: device tests, kvxbenc
 	ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c; \
 	$(GO) test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice' ./native/ ./transfer/; \
 	$(GO) build -o $(GPU_BUILD)/kvxbench ./cmd/kvxbench; \
+	echo "gpu-test-ucx: which UCX protocols carry device memory (UCX_PROTO_INFO=y, one short run, $(GPU_BUILD)/device-proto.log):"; \
+	UCX_PROTO_INFO=y $(GPU_BUILD)/kvxbench run --memory device --prompts 1k --concurrency 1 --duration 100ms --baseline=false \
+		> $(GPU_BUILD)/device-proto.log 2>&1 || echo "gpu-test-ucx: the short run failed; see $(GPU_BUILD)/device-proto.log"; \
+	grep -iE 'cuda|rendezvous|eager' $(GPU_BUILD)/device-proto.log | sort | uniq | head -n 40 || true; \
 	echo "gpu-test-ucx: $(GPU_BUILD)/kvxbench run --memory device --prompts $(GPU_PROMPTS) --concurrency 1 --json $(GPU_RUN_FLAGS)"; \
 	$(GPU_BUILD)/kvxbench run --memory device --prompts $(GPU_PROMPTS) --concurrency 1 --json $(GPU_RUN_FLAGS) | tee $(GPU_BUILD)/device-run.json; \
 	echo "gpu-test-ucx: figures in $(GPU_BUILD)/device-run.json (record them in docs/gpu-results.md)"
