@@ -64,7 +64,9 @@ cuda-vet:
 # (gpu-test-ucx): native/, transfer/ and kvxbench built against the CUDA-enabled UCX of the
 # libucx-cu12 wheel (scripts/ucx-cuda.sh, mk/ucxcuda.mk), the device transfer tests, and
 # `kvxbench run --memory device`: two processes on this GPU, pools and staging slots in device
-# memory, GPU_PROMPTS through the engine, every byte checked, beside `ucx_perftest -m cuda`.
+# memory, GPU_PROMPTS through the engine, every byte checked, beside `ucx_perftest -m cuda`. A
+# failing test does not stop the run (GPU time is scarce: one session should show both); the
+# target still fails at the end.
 GPU_BUILD := $(BUILD)/gpu
 GPU_BENCHTIME ?= 20x
 GPU_PROMPTS ?= 1k,4k,16k
@@ -100,12 +102,13 @@ gpu-test-ucx: ## Device transfer over the libucx-cu12 UCX: device tests, kvxbenc
 	export KVX_CUDA_LIB=$(abspath $(GPU_BUILD))/libkvxcuda.so KVX_CUDART="$$cudart" KVX_EXPECT_UCX_CUDA=1 KVX_EXPECT_UCX_VERSION=1.22; \
 	echo "gpu-test-ucx: UCX $$(pkg-config --modversion ucx) from $$root; ucx_info sees:"; \
 	ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c; \
-	$(GO) test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice' ./native/ ./transfer/; \
+	rc=0; $(GO) test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice' ./native/ ./transfer/ || rc=1; \
 	$(GO) build -o $(GPU_BUILD)/kvxbench ./cmd/kvxbench; \
 	echo "gpu-test-ucx: which UCX protocols carry device memory (UCX_PROTO_INFO=y, one short run, $(GPU_BUILD)/device-proto.log):"; \
 	UCX_PROTO_INFO=y $(GPU_BUILD)/kvxbench run --memory device --prompts 1k --concurrency 1 --duration 100ms --baseline=false \
 		> $(GPU_BUILD)/device-proto.log 2>&1 || echo "gpu-test-ucx: the short run failed; see $(GPU_BUILD)/device-proto.log"; \
 	grep -iE 'cuda|rendezvous|eager' $(GPU_BUILD)/device-proto.log | sort | uniq | head -n 40 || true; \
 	echo "gpu-test-ucx: $(GPU_BUILD)/kvxbench run --memory device --prompts $(GPU_PROMPTS) --concurrency 1 --json $(GPU_RUN_FLAGS)"; \
-	$(GPU_BUILD)/kvxbench run --memory device --prompts $(GPU_PROMPTS) --concurrency 1 --json $(GPU_RUN_FLAGS) | tee $(GPU_BUILD)/device-run.json; \
-	echo "gpu-test-ucx: figures in $(GPU_BUILD)/device-run.json (record them in docs/gpu-results.md)"
+	$(GPU_BUILD)/kvxbench run --memory device --prompts $(GPU_PROMPTS) --concurrency 1 --json $(GPU_RUN_FLAGS) | tee $(GPU_BUILD)/device-run.json || rc=1; \
+	echo "gpu-test-ucx: figures in $(GPU_BUILD)/device-run.json (record them in docs/gpu-results.md)"; \
+	[ $$rc = 0 ] || { echo "gpu-test-ucx: FAILED (see above: the device tests and the run both ran, so one GPU session shows both)"; exit 1; }
