@@ -5,8 +5,9 @@
 #               PyPI wheels that scripts/cuda-toolchain.sh caches in .toolchain/), print ptxas'
 #               register and spill report per kernel, fail on a compile error or any spill;
 #               also build build/cuda/libkvxcuda.so, which the Go tests load without a GPU.
-#   cuda-vet    go vet with the gpu build tag, so the GPU-only tests always compile.
-#   gpu-test    the GPU CI job; see docs/cuda.md.
+#   cuda-vet    go vet with the gpu build tag, so the GPU-only tests (cuda/, and the device
+#               transfer's in native/ and transfer/) always compile.
+#   gpu-test    the GPU CI job; see docs/cuda.md and docs/ucx.md ("Device memory").
 .PHONY: cuda-check cuda-lib cuda-vet gpu-test
 
 CUDA_ARCHS := 80 90
@@ -55,14 +56,23 @@ cuda-lib:
 	cmake --build $(BUILD)/cuda -j2 > $(BUILD)/cuda/build.log 2>&1 || { cat $(BUILD)/cuda/build.log; exit 1; }
 
 cuda-vet:
-	$(GO) vet -tags gpu ./cuda/...
+	$(GO) vet -tags gpu ./cuda/... ./native/ ./transfer/ ./cmd/kvxbench/
 
 # The GPU CI job. It refuses to run (non-zero, one clear line) on a host without an NVIDIA GPU,
 # builds libkvxcuda.so with the system's nvcc for this GPU, runs the gpu-tagged tests, then the
-# device bandwidth benchmark against cudaMemcpy device-to-device.
+# device bandwidth benchmark against cudaMemcpy device-to-device. Then the device transfer
+# (gpu-test-ucx): native/, transfer/ and kvxbench built against the CUDA-enabled UCX of the
+# libucx-cu12 wheel (scripts/ucx-cuda.sh, mk/ucxcuda.mk), the device transfer tests, and
+# `kvxbench run --memory device`: two processes on this GPU, pools and staging slots in device
+# memory, GPU_PROMPTS through the engine, every byte checked, beside `ucx_perftest -m cuda`. A
+# failing test does not stop the run (GPU time is scarce: one session should show both); the
+# target still fails at the end.
 GPU_BUILD := $(BUILD)/gpu
 GPU_BENCHTIME ?= 20x
-gpu-test: ## GPU CI job: build with the system nvcc, run the gpu-tagged tests and the device bandwidth benchmark.
+GPU_PROMPTS ?= 1k,4k,16k
+GPU_RUN_FLAGS ?=
+.PHONY: gpu-test-ucx
+gpu-test: ## GPU CI job: kernels (gpu-tagged tests, device bandwidth benchmark), then the two-process device transfer over UCX (gpu-test-ucx).
 	@if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then \
 		echo "gpu-test: no NVIDIA GPU on this host (nvidia-smi missing or lists no GPU); run this job on a GPU runner" >&2; \
 		exit 1; \
@@ -80,3 +90,25 @@ gpu-test: ## GPU CI job: build with the system nvcc, run the gpu-tagged tests an
 	echo "gpu-test: KVX_CUDA_LIB=$$KVX_CUDA_LIB KVX_CUDART=$$KVX_CUDART"; \
 	$(GO) test -tags gpu -race -count=1 -timeout 10m -v ./cuda/... && \
 	$(GO) test -tags gpu -count=1 -timeout 10m -run '^$$' -bench . -benchtime $(GPU_BENCHTIME) ./cuda/
+	@$(MAKE) --no-print-directory gpu-test-ucx
+
+# The device transfer over UCX, on the libkvxcuda.so gpu-test built. Run alone it needs that
+# build ($(GPU_BUILD)/libkvxcuda.so) first.
+gpu-test-ucx: ## Device transfer over the libucx-cu12 UCX: device tests, kvxbench run --memory device beside ucx_perftest -m cuda (after gpu-test's build).
+	@[ -f $(GPU_BUILD)/libkvxcuda.so ] || { echo "gpu-test-ucx: no $(GPU_BUILD)/libkvxcuda.so; run make gpu-test" >&2; exit 1; }
+	@$(ucx_cuda_env); \
+	cuda=$$(scripts/cuda-toolchain.sh); \
+	cudart=$$(ls "$$cuda"/lib64/libcudart.so.[0-9]* "$$cuda"/lib/libcudart.so.[0-9]* 2>/dev/null | sort | head -n 1); \
+	export KVX_CUDA_LIB=$(abspath $(GPU_BUILD))/libkvxcuda.so KVX_CUDART="$$cudart" KVX_EXPECT_UCX_CUDA=1 KVX_EXPECT_UCX_VERSION=1.22; \
+	echo "gpu-test-ucx: UCX $$(pkg-config --modversion ucx) from $$root; ucx_info sees:"; \
+	ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c || true; \
+	rc=0; $(GO) test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice' ./native/ ./transfer/ || rc=1; \
+	$(GO) build -o $(GPU_BUILD)/kvxbench ./cmd/kvxbench; \
+	echo "gpu-test-ucx: which UCX protocols carry device memory (UCX_PROTO_INFO=y, one short run, $(GPU_BUILD)/device-proto.log):"; \
+	UCX_PROTO_INFO=y $(GPU_BUILD)/kvxbench run --memory device --prompts 1k --concurrency 1 --duration 100ms --baseline=false \
+		> $(GPU_BUILD)/device-proto.log 2>&1 || echo "gpu-test-ucx: the short run failed; see $(GPU_BUILD)/device-proto.log"; \
+	grep -iE 'cuda|rendezvous|eager' $(GPU_BUILD)/device-proto.log | sort | uniq | head -n 40 || true; \
+	echo "gpu-test-ucx: $(GPU_BUILD)/kvxbench run --memory device --prompts $(GPU_PROMPTS) --concurrency 1 --json $(GPU_RUN_FLAGS)"; \
+	$(GPU_BUILD)/kvxbench run --memory device --prompts $(GPU_PROMPTS) --concurrency 1 --json $(GPU_RUN_FLAGS) | tee $(GPU_BUILD)/device-run.json || rc=1; \
+	echo "gpu-test-ucx: figures in $(GPU_BUILD)/device-run.json (record them in docs/gpu-results.md)"; \
+	[ $$rc = 0 ] || { echo "gpu-test-ucx: FAILED (see above: the device tests and the run both ran, so one GPU session shows both)"; exit 1; }

@@ -458,3 +458,56 @@ int64_t kvx_ucx_pattern_check(const void *buf, uint64_t stream_off, size_t len, 
     if (b[i] != pattern_byte(seed, stream_off + i)) return (int64_t)i;
   return -1;
 }
+
+/* --- device memory (owner: devucx; see ucx.h) ------------------------------------------------ */
+
+ucs_status_t kvx_ucx_context_memory_types(ucp_context_h ctx, uint64_t *types) {
+  ucp_context_attr_t attr;
+  memset(&attr, 0, sizeof(attr));
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  ucs_status_t st = ucp_context_query(ctx, &attr);
+  if (st != UCS_OK) return st;
+  *types = attr.memory_types;
+  return UCS_OK;
+}
+
+const char *kvx_ucx_version(void) { return ucp_get_version_string(); }
+
+ucs_status_t kvx_ucx_mem_register_addr(ucp_context_h ctx, uint64_t addr, size_t len, int mem_type,
+                                       ucp_mem_h *memh, void **ptr) {
+  void *p = (void *)(uintptr_t)addr;
+  ucs_status_t st = kvx_ucx_mem_register(ctx, p, len, mem_type, memh);
+  if (st == UCS_OK) *ptr = p;
+  return st;
+}
+
+ucs_status_t kvx_ucx_tag_send_typed(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
+                                    int mem_type, uint64_t user, void **req_out) {
+  ucp_request_param_t p;
+  send_param(&p, ep->w, user);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  p.memory_type = (ucs_memory_type_t)mem_type;
+  return kvx_ucx_track(ep->w, ucp_tag_send_nbx(ep->ep, buf, len, tag, &p), user, req_out);
+}
+
+ucs_status_t kvx_ucx_tag_recv_typed(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,
+                                    void *buf, size_t len, int mem_type, uint64_t user,
+                                    void **req_out, size_t *len_out) {
+  ucp_tag_recv_info_t info;
+  memset(&info, 0, sizeof(info));
+  ucp_request_param_t p;
+  memset(&p, 0, sizeof(p));
+  /* As tag_recv: never complete inline, so the callback reports the length. */
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL |
+                   UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  p.cb.recv = recv_cb;
+  p.user_data = w;
+  p.memory_type = (ucs_memory_type_t)mem_type;
+  begin_post(w, user);
+  p.recv_info.tag_info = &info;
+  ucs_status_t st = kvx_ucx_track(w, ucp_tag_recv_nbx(w->worker, buf, len, tag, tag_mask, &p),
+                                  user, req_out);
+  if (st == UCS_OK && len_out != NULL) *len_out = info.length;
+  return st;
+}

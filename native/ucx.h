@@ -157,6 +157,29 @@ void kvx_ucx_rkey_destroy(ucp_rkey_h rkey);
 void kvx_ucx_pattern_fill(void *buf, uint64_t stream_off, size_t len, uint64_t seed);
 int64_t kvx_ucx_pattern_check(const void *buf, uint64_t stream_off, size_t len, uint64_t seed);
 
+/* --- device memory (owner: devucx) ------------------------------------------------------------
+ * A CUDA-enabled UCX (the libucx-cu12 wheel, say) moves device memory through the same calls;
+ * Debian's UCX cannot. These let the Go side ask which memory types this UCX reaches before it
+ * hands UCX a device pointer, and name the type on each operation so UCX neither guesses nor
+ * pays for detection. */
+
+/* *types receives a bit mask of the memory types the context supports: bit (1 << t) for each
+ * ucs_memory_type_t t (ucp_context_query, UCP_ATTR_FIELD_MEMORY_TYPES). */
+ucs_status_t kvx_ucx_context_memory_types(ucp_context_h ctx, uint64_t *types);
+/* The version of the UCX library loaded at run time (which may differ from the headers'). */
+const char *kvx_ucx_version(void);
+/* Registers len bytes at a device (or host) address given as an integer, so Go never forms a
+ * pointer to device memory itself; *ptr receives the same address as a pointer. */
+ucs_status_t kvx_ucx_mem_register_addr(ucp_context_h ctx, uint64_t addr, size_t len, int mem_type,
+                                       ucp_mem_h *memh, void **ptr);
+/* kvx_ucx_tag_send and kvx_ucx_tag_recv with the buffer's memory type named
+ * (UCP_OP_ATTR_FIELD_MEMORY_TYPE). */
+ucs_status_t kvx_ucx_tag_send_typed(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
+                                    int mem_type, uint64_t user, void **req_out);
+ucs_status_t kvx_ucx_tag_recv_typed(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,
+                                    void *buf, size_t len, int mem_type, uint64_t user,
+                                    void **req_out, size_t *len_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -619,15 +619,15 @@ func (c *Context) Register(addr unsafe.Pointer, size int64, kind MemoryKind) (*M
 	if addr == nil || size <= 0 {
 		return nil, fmt.Errorf("%w: register [%p, +%d): need an address and a positive size", ErrInvalidArgument, addr, size)
 	}
-	mt := C.UCS_MEMORY_TYPE_HOST
-	if kind == MemoryCUDA {
-		mt = C.UCS_MEMORY_TYPE_CUDA
+	mt, err := c.checkKind(kind) // device memory only with a UCX that reaches it (ucx_device.go)
+	if err != nil {
+		return nil, err
 	}
 	if err := c.acquire(0, 1); err != nil {
 		return nil, err
 	}
 	m := &Memory{ctx: c, size: size, kind: kind, addr: addr}
-	if st := C.kvx_ucx_mem_register(c.ctx, m.addr, C.size_t(size), C.int(mt), &m.memh); st != C.UCS_OK {
+	if st := C.kvx_ucx_mem_register(c.ctx, m.addr, C.size_t(size), mt, &m.memh); st != C.UCS_OK {
 		_ = c.acquire(0, -1)
 		return nil, statusErr("register memory", st)
 	}

@@ -22,6 +22,9 @@ func init() {
 // newUCXEngineSide makes a transfer.Engine over a transfer.UCXTransport whose UCX-mapped
 // staging memory backs the engine's slots, as --tls says.
 func newUCXEngineSide(cfg runConfig, role string, rank int) (engineSide, error) {
+	if cfg.Memory == "device" {
+		return newDeviceEngineSide(cfg, role, rank) // device_engine.go
+	}
 	ec := engineConfig(cfg)
 	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: cfg.TLS, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes})
 	if err != nil {

@@ -122,10 +122,6 @@ func (f *gatherFlags) resolve() (gatherConfig, error) {
 	return gatherConfig{shape: s, pool: pool, prompts: prompts, slot: slot, out: f.out, seed: f.seed, device: device}, nil
 }
 
-// errDeviceMemory is returned for transfers with --memory device until the engine has a
-// device mover (gather --memory device runs the CUDA kernels alone).
-var errDeviceMemory = fmt.Errorf("--memory device: transfers from device memory need the engine's CUDA mover, which this build does not have; use --memory host (kvxbench gather --memory device measures the kernels alone)")
-
 // blocksFor is how many blocks a prompt of tokens fills.
 func blocksFor(s shape, tokens int64) int64 {
 	return (tokens + s.dims.TokensPerBlock - 1) / s.dims.TokensPerBlock

@@ -62,7 +62,7 @@ func TestBadInputIsAClearMessageAndNonZeroExit(t *testing.T) {
 		{"pool too small", []string{"gather", "--pool-blocks", "2"}, exitUsage, "--pool-blocks = 2: the run needs at least 512 blocks"},
 		{"png plot", []string{"gather", "--plot", "out.png"}, exitUsage, "only .svg is drawn"},
 		{"device memory without CUDA", []string{"gather", "--memory", "device", "--prompts", "64"}, exitError, "device memory needs libkvxcuda.so and a GPU"},
-		{"device transfers", []string{"run", "--memory", "device"}, exitError, "transfers from device memory need the engine's CUDA mover"},
+		{"device transfers without a GPU or a CUDA UCX", []string{"run", "--memory", "device"}, exitError, "kvxbench: --memory device: "},
 		{"odd prefill TP", []string{"run", "--prefill-tp", "3"}, exitUsage, "--prefill-tp = 3"},
 		{"MLA heads do not split over TP 2", []string{"run", "--model", "deepseek-v3", "--prefill-tp", "2"}, exitUsage, "the pool's 1 heads do not split evenly"},
 		{"connect without address", []string{"connect"}, exitUsage, "connect needs the address serve printed"},

@@ -28,6 +28,9 @@ type perftestConfig struct {
 	// tls is UCX_TLS for both ends; empty leaves UCX's own choice (and the caller's
 	// environment).
 	tls string
+	// memType is ucx_perftest's -m (memory type of both ends' buffers), such as "cuda" for
+	// --memory device; empty leaves host memory.
+	memType string
 	// iters and warmup are -n and -w.
 	iters, warmup int
 	// timeout bounds the whole measurement, retries included; both processes are killed
@@ -98,8 +101,12 @@ func runPerftest(ctx context.Context, cfg perftestConfig) (perftestResult, error
 var errServerGone = errors.New("ucx_perftest server exited before the client connected")
 
 func (cfg perftestConfig) args(port int) []string {
-	return []string{"-t", cfg.test, "-s", strconv.FormatInt(cfg.size, 10),
+	args := []string{"-t", cfg.test, "-s", strconv.FormatInt(cfg.size, 10),
 		"-n", strconv.Itoa(cfg.iters), "-w", strconv.Itoa(cfg.warmup), "-p", strconv.Itoa(port), "-f", "-v"}
+	if cfg.memType != "" {
+		args = append(args, "-m", cfg.memType)
+	}
+	return args
 }
 
 func (cfg perftestConfig) env() []string {

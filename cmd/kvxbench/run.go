@@ -40,6 +40,9 @@ func cmdRun(ctx context.Context, args []string, out *outputs) error {
 	if err != nil {
 		return err
 	}
+	if err := checkDeviceRun(cfg, sf.on); err != nil { // --memory device: a GPU and a CUDA UCX, or one line
+		return err
+	}
 	if sf.on {
 		return runStream(ctx, cfg, sf, f.out, out)
 	}
@@ -172,7 +175,8 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest
 			if !ok {
 				iters, warmup := perftestIters(res.MessageBytes, int64(float64(cfg.Duration.Seconds())*4e9))
 				pc := perftestConfig{binary: perftest, test: "tag_bw", size: res.MessageBytes,
-					tls: cfg.TLS, iters: iters, warmup: warmup, timeout: cfg.Duration*10 + 30*time.Second}
+					tls: cfg.TLS, iters: iters, warmup: warmup, timeout: cfg.Duration*10 + 30*time.Second,
+					memType: perftestMemType(cfg)}
 				var base perftestResult
 				if d.remoteHost != "" {
 					base, err = runRemotePerftest(ctx, d.ctrls[0], d.remoteHost, pc)

@@ -50,6 +50,9 @@ func newPrefillEnd(cfg runConfig, rank int, eng engineSide, peer peerRef) (*pref
 		return nil, fmt.Errorf("prefill rank %d: KV pool: %w", rank, err)
 	}
 	fillPattern(pool, cfg.Seed*1000+uint64(rank)+1)
+	if err := pushPool(eng, pool); err != nil { // device pools: the pattern goes to the GPU
+		return nil, fmt.Errorf("prefill rank %d: KV pool: %w", rank, err)
+	}
 	return &prefillEnd{cfg: cfg, rank: rank, pool: pool, eng: eng, peer: peer,
 		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(rank)))}, nil
 }
@@ -207,6 +210,9 @@ func (s scenario) name(cfg runConfig) string {
 	if cfg.PrefillTP > 1 {
 		n += fmt.Sprintf(" tp%d>1", cfg.PrefillTP)
 	}
+	if cfg.Memory == "device" {
+		n += " device"
+	}
 	return n
 }
 
@@ -258,6 +264,9 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 	}
 	res.MessageBytes = min(d.cfg.SlotBytes, res.Bytes/int64(len(d.ctrls)))
 	res.Path = "staging"
+	if d.cfg.Memory == "device" {
+		res.Path = "device staging"
+	}
 	if d.direct {
 		chunk := d.cfg.DirectChunkBytes
 		if chunk == 0 {
@@ -289,6 +298,9 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 				}
 				return nil
 			})
+			if err := scrubPlans(d.eng, plans, d.pool); err != nil { // device pools: the scrub goes to the GPU
+				return res, fmt.Errorf("%s: %w", res.Name, err)
+			}
 		}
 		rl, rw, g, sc, err := d.round(ctx, plans)
 		if err != nil {
@@ -296,6 +308,9 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 		}
 		lat, wall, gatherNs, scatterNs = append(lat, rl...), wall+rw, gatherNs+g, scatterNs+sc
 		if d.cfg.Verify {
+			if err := pullPlans(d.eng, plans, d.pool); err != nil { // device pools: check what landed on the GPU
+				return res, fmt.Errorf("%s: %w", res.Name, err)
+			}
 			err := eachParallel(len(plans), func(i int) error {
 				for r, sub := range plans[i] {
 					if got := streamChecksum(sub.plan, d.pool); got != sums[r] {
@@ -434,6 +449,9 @@ func (d *decodeEnd) warmUp(ctx context.Context, plans [][]recvSub, sums []uint32
 	}
 	if !d.cfg.Verify {
 		return nil
+	}
+	if err := pullPlans(d.eng, plans, d.pool); err != nil {
+		return fmt.Errorf("%s: warm-up: %w", name, err)
 	}
 	for i := range plans {
 		for r, sub := range plans[i] {

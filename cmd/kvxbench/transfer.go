@@ -86,6 +86,9 @@ type runConfig struct {
 	// NoRMA keeps the direct path on IOV messages (--no-rma); by default the decode end reads
 	// the prefill pool with RMA gets where the layouts line up.
 	NoRMA bool `json:"no_rma"`
+	// Memory is where the KV pools and staging slots live: "host" or "device" (--memory;
+	// cmd/kvxbench/device_engine.go).
+	Memory string `json:"memory"`
 	// HTTP is where this process serves /healthz and /metrics; never handed to peers, which
 	// would all try to listen on it.
 	HTTP string `json:"-"`
@@ -98,7 +101,9 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 	switch f.memory {
 	case "host":
 	case "device":
-		return runConfig{}, errDeviceMemory
+		if f.staging {
+			return runConfig{}, usagef("--memory device always stages (in GPU memory); drop --staging")
+		}
 	default:
 		return runConfig{}, usagef("--memory %q: choose host or device", f.memory)
 	}
@@ -154,7 +159,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
 		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
-		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, Memory: f.memory,
 	}, nil
 }
 
