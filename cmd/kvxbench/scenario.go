@@ -336,6 +336,9 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o outputFlags, bar 
 	res.Verified = verified
 	if len(d.paths) > 0 { // what the engine says overrides what the pools allowed
 		res.Path = strings.Join(slices.Sorted(maps.Keys(d.paths)), "+")
+		if d.cfg.Memory == "device" {
+			res.Path = "device " + res.Path
+		}
 	}
 	return res, nil
 }
