@@ -353,3 +353,32 @@ func TestL12_RMAStallIsTheReceiversToReport(t *testing.T) {
 	requireState(t, hs, Completed)
 	require.Zero(t, p.src.Health().AwaitingReady)
 }
+
+// A request of more blocks than one offer carries is declined by the sender, and moves by IOV
+// messages; at the bound it still takes gets.
+func TestRMAOfferTooLargeIsDeclined(t *testing.T) {
+	tiny := layout.Dims{NumLayers: 1, KVFactor: 1, NumHeads: 1, HeadDim: 4, ElemSize: 2, TokensPerBlock: 1, NumBlocks: 2048}
+	cases := []struct {
+		desc     string
+		blocks   int32
+		wantPath Path
+	}{
+		{"at the bound", rmaMaxOfferBlocks, PathRMA},
+		{"one block over", rmaMaxOfferBlocks + 1, PathDirect},
+	}
+	for i, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(0, c.blocks), uint64(70+i))
+			dst := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(1000, c.blocks), 0)
+			cfg := rmaConfig()
+			cfg.RMAMinRegionBytes = 1
+			p, _ := directPair(t, cfg, cfg, src, dst)
+			hs, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, Completed)
+			require.Equal(t, c.wantPath, hr.Path())
+			require.Equal(t, src.stream(t), dst.stream(t))
+		})
+	}
+}
