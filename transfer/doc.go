@@ -30,8 +30,8 @@
 // # Data path
 //
 // The receiver leases a slot, posts a tagged receive into it and sends a request-info message;
-// the sender gathers chunks of the stream into its own slots (through a Mover: host memory
-// now, device memory later) and sends them; the receiver scatters each chunk and reposts the
+// the sender gathers chunks of the stream into its own slots (through a Mover: HostMover for host
+// pools, DeviceMover for GPU pools with UCXDeviceTransport) and sends them; the receiver scatters each chunk and reposts the
 // slot. A transfer holds at most Config.PipelineDepth slots and needs only one, so a request
 // of any size streams through a small pool.
 //
