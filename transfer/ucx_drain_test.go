@@ -128,3 +128,48 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 		})
 	}
 }
+
+// A request started again with the same id, sub-transfer and sender after its receives were
+// cancelled gets its own chunks: posting its receive retires the drains left from the first
+// attempt (including those ahead of the cancelled receive), so none of them steals a chunk.
+func TestUCXTransport_NewReceiveRetiresDrains(t *testing.T) {
+	const size = 1 << 20
+	recv := newBoundUCXTransport(t, "posix,cma,self", "", UCXConfig{})
+	send := newBoundUCXTransport(t, "posix,cma,self", "", UCXConfig{})
+	tag := Tag{Request: 7, Sub: 0, Seq: 0}
+	done, rch := completionChan()
+	id, err := recv.PostRecv(send.Self(), tag, recv.StagingMemory()[:size], done)
+	require.NoError(t, err)
+	recv.Cancel(id)
+	require.ErrorIs(t, awaitFinal(t, rch, 5*time.Second, "cancelled receive").Err, ErrCancelled)
+	require.Equal(t, uint64(1+DefaultUCXDrainAhead), recv.DrainStats().Started)
+
+	// The second attempt posts its first receive; its sender runs ahead to chunk 2 before
+	// the receiver posts that receive (one of the first attempt's drains ahead).
+	first, _ := completionChan()
+	_, err = recv.PostRecv(send.Self(), tag, recv.StagingMemory()[2*size:3*size], first)
+	require.NoError(t, err)
+	again := tag
+	again.Seq = 2
+	sbuf := send.StagingMemory()[:size]
+	for i := range sbuf {
+		sbuf[i] = byte(i * 7)
+	}
+	sdone, sch := completionChan()
+	_, err = send.PostSend(recv.Self(), again, sbuf, sdone)
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond) // chunk 2 is waiting at the receiver, unexpected
+	rbuf := recv.StagingMemory()[size : 2*size]
+	done, rch = completionChan()
+	_, err = recv.PostRecv(send.Self(), again, rbuf, done)
+	require.NoError(t, err)
+	c := awaitFinal(t, rch, 5*time.Second, "the new receive")
+	require.NoError(t, c.Err)
+	require.Equal(t, size, c.Bytes)
+	require.True(t, bytes.Equal(sbuf, rbuf), "the new receive got the chunk")
+	require.NoError(t, awaitFinal(t, sch, 5*time.Second, "the send").Err)
+	require.Eventually(t, func() bool {
+		s := recv.DrainStats()
+		return s.Live == 0 && s.Drained == 0 && s.Expired == s.Started
+	}, 5*time.Second, time.Millisecond, "every drain retired unused: %+v", recv.DrainStats())
+}

@@ -124,6 +124,7 @@ const (
 	ucxKindData  = uint64(1) << ucxKindShift
 	ucxKindCtrl  = uint64(2) << ucxKindShift
 	ucxKindMask  = uint64(0xf) << ucxKindShift
+	ucxSeqMask   = uint64(0xffffffff) // a data tag's chunk sequence
 )
 
 func ucxDataTag(sender Peer, tag Tag) uint64 {
@@ -164,8 +165,8 @@ type UCXTransport struct {
 	closed  bool
 	ctrl    *native.Request
 	// drains are the receives that stand in for cancelled ones (see UCXConfig.DrainTimeout),
-	// by UCX tag and by request.
-	drains     map[uint64]*ucxDrain
+	// by transfer (the tag without its chunk sequence), by UCX tag, and by request.
+	drains     map[uint64]map[uint64]*ucxDrain
 	drainByReq map[*native.Request]*ucxDrain
 	drainStats UCXDrainStats
 
@@ -223,7 +224,7 @@ func NewUCXTransport(cfg UCXConfig) (*UCXTransport, error) {
 	}
 	t := &UCXTransport{cfg: cfg, log: cfg.Logger, eps: map[Peer]*native.Endpoint{}, ops: map[OpID]*ucxOp{},
 		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]OpID{},
-		drains: map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{}, wake: make(chan struct{}, 1),
+		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{}, wake: make(chan struct{}, 1),
 		stop: make(chan struct{}), exited: make(chan struct{}), progress: make(chan struct{}, 1)}
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
 		KeepaliveInterval: cfg.KeepaliveInterval, Logger: cfg.Logger})
@@ -557,8 +558,8 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 			if op.cancel && !t.closed && errors.Is(req.Err(), native.ErrCanceled) {
 				t.startDrainLocked(op.tag)
 				for k := range uint64(t.cfg.DrainAhead) {
-					if seq := op.tag&0xffffffff + k + 1; seq <= 0xffffffff {
-						t.startDrainLocked(op.tag&^0xffffffff | seq)
+					if seq := op.tag&ucxSeqMask + k + 1; seq <= ucxSeqMask {
+						t.startDrainLocked(op.tag&^ucxSeqMask | seq)
 					}
 				}
 			}
@@ -587,9 +588,10 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 // its quarantine poisoned it. The drain matches the late message into the transport's own
 // memory (truncated: the bytes are not wanted), which completes the send at the sender with
 // its memory released; the cancelled receive's buffer is never written. A drain ends when it
-// matches, when a live receive takes its tag, or after DrainTimeout.
+// matches, when a receive of the same transfer is posted again, or after DrainTimeout.
 func (t *UCXTransport) startDrainLocked(tag uint64) {
-	if t.drains[tag] != nil {
+	family := t.drains[tag&^ucxSeqMask]
+	if family[tag] != nil {
 		return
 	}
 	if _, live := t.recvTag[tag]; live {
@@ -601,18 +603,28 @@ func (t *UCXTransport) startDrainLocked(tag uint64) {
 	}
 	req := t.w.TagRecvBytes(nil, ucxDrainBytes, tag, ^uint64(0))
 	d := &ucxDrain{tag: tag, req: req}
-	t.drains[tag] = d
+	if family == nil {
+		family = map[uint64]*ucxDrain{}
+		t.drains[tag&^ucxSeqMask] = family
+	}
+	family[tag] = d
 	t.drainByReq[req] = d
 	t.drainStats.Started++
 	d.timer = time.AfterFunc(t.cfg.DrainTimeout, func() { req.Cancel() })
 }
 
-// retireDrainLocked cancels the drain of tag, if any, because a live receive now wants the
-// tag: the worker runs the cancel before that receive's post, so the live receive gets the
-// next message with the tag (a stale one the drain already took stays the drain's).
+// retireDrainLocked cancels every drain of the transfer tag belongs to, because a live
+// receive now wants its tags (the same request and sub-transfer from the same sender, started
+// again): the worker runs the cancels before that receive's post, so the new transfer's
+// chunks reach its own receives, not a drain left from its previous life (a stale message a
+// drain already took stays the drain's).
 func (t *UCXTransport) retireDrainLocked(tag uint64) {
-	if d := t.drains[tag]; d != nil {
-		delete(t.drains, tag)
+	family := t.drains[tag&^ucxSeqMask]
+	if family == nil {
+		return
+	}
+	delete(t.drains, tag&^ucxSeqMask)
+	for _, d := range family {
 		d.timer.Stop()
 		d.req.Cancel()
 	}
@@ -621,8 +633,11 @@ func (t *UCXTransport) retireDrainLocked(tag uint64) {
 // drainDoneLocked forgets a drain UCX has reported on.
 func (t *UCXTransport) drainDoneLocked(d *ucxDrain) {
 	delete(t.drainByReq, d.req)
-	if t.drains[d.tag] == d {
-		delete(t.drains, d.tag)
+	if family := t.drains[d.tag&^ucxSeqMask]; family[d.tag] == d {
+		delete(family, d.tag)
+		if len(family) == 0 {
+			delete(t.drains, d.tag&^ucxSeqMask)
+		}
 	}
 	d.timer.Stop()
 	if d.req.Err() == nil || errors.Is(d.req.Err(), native.ErrTruncated) {
