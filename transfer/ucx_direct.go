@@ -96,6 +96,7 @@ func (t *UCXTransport) postIOV(peer Peer, tag Tag, iov [][]byte, done func(Compl
 			return 0, fmt.Errorf("%w: receive tag %#x collides with live op %d", ErrProtocol, op.tag, other)
 		}
 		t.recvTag[op.tag] = op.id
+		t.retireDrainLocked(op.tag)
 		op.req = ep.TagRecvIOV(mem, segs, op.tag, ^uint64(0))
 	}
 	t.ops[op.id] = op

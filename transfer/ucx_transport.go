@@ -44,6 +44,20 @@ type UCXConfig struct {
 	MaxControlBytes int
 	// CloseTimeout bounds Close. Default 5s.
 	CloseTimeout time.Duration
+	// DrainTimeout is how long the tag of a cancelled receive stays drained: a message that
+	// arrives for it in that time is received into the transport's own scratch memory and
+	// dropped, which is what completes the peer's send (UCX 1.13 keeps a rendezvous send that
+	// no receive matches forever, so its sender would have to poison the slot). It should
+	// outlast the longest stop of a peer process that must not cost slots. Default 30s.
+	DrainTimeout time.Duration
+	// DrainAhead is how many chunks past a cancelled receive are drained too: a sender may
+	// have sent up to its pipeline depth of chunks beyond the receiver's last posted receive
+	// (their predecessors completed as the receiver aborted). Default 4.
+	DrainAhead int
+	// MaxDrains bounds the drain receives posted at once, so a cancel storm cannot grow
+	// memory without bound; past it a cancelled receive gets no drain (counted in
+	// UCXDrainStats.Skipped) and a late send to it strands as before. Default 65536.
+	MaxDrains int
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -67,11 +81,40 @@ func (c *UCXConfig) applyDefaults() error {
 	if c.CloseTimeout < 0 {
 		return &ConfigError{Field: "UCXConfig.CloseTimeout", Value: c.CloseTimeout, Reason: "must be positive"}
 	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultUCXDrainTimeout
+	}
+	if c.DrainTimeout < 0 {
+		return &ConfigError{Field: "UCXConfig.DrainTimeout", Value: c.DrainTimeout, Reason: "must be positive"}
+	}
+	if c.DrainAhead == 0 {
+		c.DrainAhead = DefaultUCXDrainAhead
+	}
+	if c.DrainAhead < 0 || c.DrainAhead > 1024 {
+		return &ConfigError{Field: "UCXConfig.DrainAhead", Value: c.DrainAhead, Reason: "must be between 1 and 1024"}
+	}
+	if c.MaxDrains == 0 {
+		c.MaxDrains = DefaultUCXMaxDrains
+	}
+	if c.MaxDrains < 0 {
+		return &ConfigError{Field: "UCXConfig.MaxDrains", Value: c.MaxDrains, Reason: "must be positive"}
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
 	return nil
 }
+
+// Defaults of UCXConfig's drain fields.
+const (
+	DefaultUCXDrainTimeout = 30 * time.Second
+	DefaultUCXDrainAhead   = 4
+	DefaultUCXMaxDrains    = 65536
+)
+
+// ucxDrainBytes is the buffer of a drain receive: larger messages are truncated, and UCX
+// still answers a truncated rendezvous, which completes the sender's request.
+const ucxDrainBytes = 64
 
 // UCX tags: the top 4 bits say what a message is, so the control receive's mask never
 // matches data. A data tag carries 28 bits of a hash of (sender, request, sub-transfer) and
@@ -81,6 +124,7 @@ const (
 	ucxKindData  = uint64(1) << ucxKindShift
 	ucxKindCtrl  = uint64(2) << ucxKindShift
 	ucxKindMask  = uint64(0xf) << ucxKindShift
+	ucxSeqMask   = uint64(0xffffffff) // a data tag's chunk sequence
 )
 
 func ucxDataTag(sender Peer, tag Tag) uint64 {
@@ -121,6 +165,11 @@ type UCXTransport struct {
 	closed  bool
 	ctrl    *native.Request
 	rma     ucxRMA // rma_ucx.go: packed and unpacked RMA keys
+	// drains are the receives that stand in for cancelled ones (see UCXConfig.DrainTimeout),
+	// by transfer (the tag without its chunk sequence), by UCX tag, and by request.
+	drains     map[uint64]map[uint64]*ucxDrain
+	drainByReq map[*native.Request]*ucxDrain
+	drainStats UCXDrainStats
 
 	qmu      sync.Mutex
 	queue    []ucxReport
@@ -143,6 +192,22 @@ type ucxOp struct {
 	cancel bool
 }
 
+// ucxDrain is one drain receive and the timer that cancels it.
+type ucxDrain struct {
+	tag   uint64
+	req   *native.Request
+	timer *time.Timer
+}
+
+// UCXDrainStats counts the drain receives of a UCXTransport (see UCXConfig.DrainTimeout).
+type UCXDrainStats struct {
+	Started uint64 // drains posted for cancelled receives
+	Drained uint64 // drains that took a late message, completing its sender's request
+	Expired uint64 // drains cancelled at DrainTimeout (or replaced by a live receive) unused
+	Skipped uint64 // drains not posted because MaxDrains were live
+	Live    int    // drains posted now
+}
+
 type ucxReport struct {
 	req  *native.Request // a request reported by the worker
 	busy *ucxOp          // a cancelled send still on the wire
@@ -159,7 +224,8 @@ func NewUCXTransport(cfg UCXConfig) (*UCXTransport, error) {
 		return nil, err
 	}
 	t := &UCXTransport{cfg: cfg, log: cfg.Logger, eps: map[Peer]*native.Endpoint{}, ops: map[OpID]*ucxOp{},
-		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]OpID{}, wake: make(chan struct{}, 1),
+		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]OpID{},
+		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{}, wake: make(chan struct{}, 1),
 		stop: make(chan struct{}), exited: make(chan struct{}), progress: make(chan struct{}, 1)}
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
 		KeepaliveInterval: cfg.KeepaliveInterval, Logger: cfg.Logger})
@@ -341,6 +407,7 @@ func (t *UCXTransport) post(peer Peer, tag Tag, buf []byte, done func(Completion
 			return 0, fmt.Errorf("%w: receive tag %#x collides with live op %d", ErrProtocol, op.tag, other)
 		}
 		t.recvTag[op.tag] = op.id
+		t.retireDrainLocked(op.tag)
 		op.req = ep.TagRecv(mem, off, int64(len(buf)), op.tag, ^uint64(0))
 	}
 	t.ops[op.id] = op
@@ -469,6 +536,11 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 		}
 		return
 	}
+	if d := t.drainByReq[req]; d != nil {
+		t.drainDoneLocked(d)
+		t.mu.Unlock()
+		return
+	}
 	op := t.byReq[req]
 	if op == nil {
 		t.mu.Unlock()
@@ -484,6 +556,14 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 		delete(t.ops, op.id)
 		if !op.send && t.recvTag[op.tag] == op.id {
 			delete(t.recvTag, op.tag)
+			if op.cancel && !t.closed && errors.Is(req.Err(), native.ErrCanceled) {
+				t.startDrainLocked(op.tag)
+				for k := range uint64(t.cfg.DrainAhead) {
+					if seq := op.tag&ucxSeqMask + k + 1; seq <= ucxSeqMask {
+						t.startDrainLocked(op.tag&^ucxSeqMask | seq)
+					}
+				}
+			}
 		}
 	} else {
 		op.busy = true
@@ -500,6 +580,81 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 		c.Memory = MemoryBusy // abandoned: UCX still holds it; the final verdict follows
 	}
 	op.done(c)
+}
+
+// startDrainLocked posts a drain receive for the tag of a receive that was cancelled before
+// any message matched it. Its sender may still send that message (it had not yet heard of the
+// abort, or it was stopped and has just resumed): UCX 1.13 never completes a rendezvous send
+// that no receive matches, and cannot cancel one, so the sender's slot would stay pinned until
+// its quarantine poisoned it. The drain matches the late message into the transport's own
+// memory (truncated: the bytes are not wanted), which completes the send at the sender with
+// its memory released; the cancelled receive's buffer is never written. A drain ends when it
+// matches, when a receive of the same transfer is posted again, or after DrainTimeout.
+func (t *UCXTransport) startDrainLocked(tag uint64) {
+	family := t.drains[tag&^ucxSeqMask]
+	if family[tag] != nil {
+		return
+	}
+	if _, live := t.recvTag[tag]; live {
+		return // a live receive takes the message
+	}
+	if len(t.drainByReq) >= t.cfg.MaxDrains {
+		t.drainStats.Skipped++
+		return
+	}
+	req := t.w.TagRecvBytes(nil, ucxDrainBytes, tag, ^uint64(0))
+	d := &ucxDrain{tag: tag, req: req}
+	if family == nil {
+		family = map[uint64]*ucxDrain{}
+		t.drains[tag&^ucxSeqMask] = family
+	}
+	family[tag] = d
+	t.drainByReq[req] = d
+	t.drainStats.Started++
+	d.timer = time.AfterFunc(t.cfg.DrainTimeout, func() { req.Cancel() })
+}
+
+// retireDrainLocked cancels every drain of the transfer tag belongs to, because a live
+// receive now wants its tags (the same request and sub-transfer from the same sender, started
+// again): the worker runs the cancels before that receive's post, so the new transfer's
+// chunks reach its own receives, not a drain left from its previous life (a stale message a
+// drain already took stays the drain's).
+func (t *UCXTransport) retireDrainLocked(tag uint64) {
+	family := t.drains[tag&^ucxSeqMask]
+	if family == nil {
+		return
+	}
+	delete(t.drains, tag&^ucxSeqMask)
+	for _, d := range family {
+		d.timer.Stop()
+		d.req.Cancel()
+	}
+}
+
+// drainDoneLocked forgets a drain UCX has reported on.
+func (t *UCXTransport) drainDoneLocked(d *ucxDrain) {
+	delete(t.drainByReq, d.req)
+	if family := t.drains[d.tag&^ucxSeqMask]; family[d.tag] == d {
+		delete(family, d.tag)
+		if len(family) == 0 {
+			delete(t.drains, d.tag&^ucxSeqMask)
+		}
+	}
+	d.timer.Stop()
+	if d.req.Err() == nil || errors.Is(d.req.Err(), native.ErrTruncated) {
+		t.drainStats.Drained++
+	} else {
+		t.drainStats.Expired++
+	}
+}
+
+// DrainStats returns the drain counters (see UCXConfig.DrainTimeout). It never blocks on UCX.
+func (t *UCXTransport) DrainStats() UCXDrainStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.drainStats
+	s.Live = len(t.drainByReq)
+	return s
 }
 
 func (t *UCXTransport) deliverControl(in Inbound, b []byte) {
@@ -537,6 +692,9 @@ func (t *UCXTransport) Close(force bool) error {
 	}
 	t.mu.Lock()
 	t.closed = true
+	for _, d := range t.drainByReq {
+		d.timer.Stop() // the worker's close cancels every drain
+	}
 	eps := make([]*native.Endpoint, 0, len(t.eps))
 	for _, ep := range t.eps {
 		eps = append(eps, ep)
