@@ -14,8 +14,8 @@ ucx-info: ## What UCX offers here: transports and devices (loopback tests use po
 	ucx_info -d | grep -E 'Transport|Device'
 
 
-# The engine's staging path between two processes.
+# The engine between two processes: the staging path, and the direct path in its RMA mode.
 MICROBENCH_TARGETS += bench-ucx-engine
 .PHONY: bench-ucx-engine
-bench-ucx-engine: ## Two engines in two processes, staging path, 4096-token request vs ucx_perftest.
+bench-ucx-engine: ## Two engines in two processes, 4096-token request vs ucx_perftest: staging, and RMA (one-copy).
 	$(GO) test -run '^$$' -bench 'UCXTransport_Request4096' -benchtime 3x -timeout 20m ./transfer/

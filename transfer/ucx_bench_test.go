@@ -25,6 +25,19 @@ import (
 //
 //	go test -run '^$' -bench UCXTransport -benchtime 3x ./transfer
 func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
+	benchUCXRequest4096(b, PathStaging)
+}
+
+// BenchmarkUCXTransport_Request4096Tokens_TwoProcesses_RMA is the same request with both
+// pools mapped by the transport, so the engines take the one-copy direct path in its RMA mode
+// (the decode peer reads the prefill pool with gets, one per 4 MiB block); the baseline is
+// ucx_perftest tag_bw at the direct path's chunk size (Config.DirectChunkBytes, 64 MiB).
+// The run fails if the transfer took any other path.
+func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses_RMA(b *testing.B) {
+	benchUCXRequest4096(b, PathRMA)
+}
+
+func benchUCXRequest4096(b *testing.B, want Path) {
 	const blocks = 256 // 4096 tokens of 16
 	bin := ucxPeerBinary(b)
 	for _, tr := range ucxTransports {
@@ -33,14 +46,30 @@ func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
 			cfg := ucxTestConfig()
 			cfg.SlotBytes = 4 << 20
 			cfg.TransferTimeout = time.Minute
+			message := cfg.SlotBytes
+			if want != PathStaging {
+				cfg = cfg.withDefaults()
+				message = cfg.DirectChunkBytes
+			}
 			local := newUCXEngine(b, tr.tls, tr.dev, cfg)
 			args := append(ucxPeerArgs(tr.tls, tr.dev, "engine-recv", blocks, 1000, 5*time.Minute),
 				"-repeat", strconv.Itoa(b.N), "-check=false", "-report", "0", "-chunk", strconv.FormatInt(4<<20, 10))
+			if want != PathStaging {
+				args = append(args, "-direct")
+			}
 			peer := startUCXPeerEngine(b, bin, args...)
 			if _, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self()); err != nil {
 				b.Fatal(err)
 			}
 			pool, plan := ucxEnginePool(b, blocks, 5, true)
+			if want != PathStaging {
+				mapped, err := local.tr.AllocatePool(int64(len(pool)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				copy(mapped, pool)
+				pool = mapped
+			}
 			b.SetBytes(plan.Bytes())
 			best := time.Duration(1<<63 - 1)
 			perf := 0.0
@@ -57,11 +86,14 @@ func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
 				}
 				best = min(best, time.Since(start))
 				b.StopTimer()
+				if got := h.Path(); got != want {
+					b.Fatalf("request %d took the %v path, want %v", i, got, want)
+				}
 				if got := peer.expect(b, "DONE ", time.Minute); got != Completed.String()+" OK" {
 					b.Fatalf("peer: %s", got)
 				}
 				// ucx_perftest runs between our requests, so both see the same neighbours.
-				p, err := ucxPerftestTagBW(tr.tls, tr.dev, cfg.SlotBytes)
+				p, err := ucxPerftestTagBW(tr.tls, tr.dev, message)
 				if err != nil {
 					b.Fatal(err)
 				}
