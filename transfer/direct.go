@@ -133,11 +133,7 @@ func (x *xfer) receivedDirect(rec *opRec, c Completion) {
 	if !x.postRecvDirect() {
 		return
 	}
-	if x.moved == x.nChunks {
-		x.layersReady.Store(x.plan.Selection().Layers())
-		_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: Header{Sub: x.wireSub, Request: x.h.id}, Bytes: x.plan.Bytes()}))
-		x.finish(EvComplete, nil)
-	}
+	x.receivedAll()
 }
 
 // postSendDirect posts the next chunk straight from the pool, or, on a streaming Send whose

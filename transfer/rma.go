@@ -339,11 +339,7 @@ func (x *xfer) gotRegion(rec *opRec, c Completion) {
 	if !x.postGet() {
 		return
 	}
-	if x.moved == x.nChunks {
-		x.layersReady.Store(x.plan.Selection().Layers())
-		_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: Header{Sub: x.wireSub, Request: x.h.id}, Bytes: x.plan.Bytes()}))
-		x.finish(EvComplete, nil)
-	}
+	x.receivedAll()
 }
 
 // rmaEnd runs when a receiver that asked for an offer has ended: unless it completed (Done

@@ -449,11 +449,18 @@ func (x *xfer) receivedChunk(rec *opRec, c Completion) {
 	if !x.postRecv(rec.slot) {
 		return
 	}
-	if x.moved == x.nChunks {
-		x.layersReady.Store(x.plan.Selection().Layers())
-		_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: Header{Sub: x.wireSub, Request: x.h.id}, Bytes: x.plan.Bytes()}))
-		x.finish(EvComplete, nil)
+	x.receivedAll()
+}
+
+// receivedAll completes a receive once its last chunk has landed, on whichever path it ran
+// (staging, direct, RMA): every layer is ready, the sender is told (Done), the handle ends.
+func (x *xfer) receivedAll() {
+	if x.moved != x.nChunks {
+		return
 	}
+	x.layersReady.Store(x.plan.Selection().Layers())
+	_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: Header{Sub: x.wireSub, Request: x.h.id}, Bytes: x.plan.Bytes()}))
+	x.finish(EvComplete, nil)
 }
 
 // ---- sending side ----
@@ -983,6 +990,7 @@ func (x *xfer) maybeResolve() {
 		x.quarantine()
 		x.quarAt = time.Time{}
 		x.ended = true
+		x.setAwaiting(false)
 		x.releaseIdle()
 		return
 	}
@@ -1001,6 +1009,7 @@ func (x *xfer) maybeResolve() {
 
 func (x *xfer) finish(ev Event, cause error) {
 	x.ended = true
+	x.setAwaiting(false) // before the terminal event: a caller woken by it sees the count settled
 	x.releaseIdle()
 	x.apply(ev, cause)
 }
