@@ -454,18 +454,8 @@ func (ps *procSoak) killPeer(i int) {
 func (ps *procSoak) request(r *rand.Rand) {
 	cfg := ps.cfg
 	id := transfer.RequestID(ps.lastRequest.Add(1))
-	payload := cfg.SlotBytes - transfer.DataHeaderBytes
-	blockBytes := kvLayout(kvHeads, 1).BlockBytes()
-	var nb int64
-	if r.Float64() < cfg.LargeFraction {
-		nb = payload/blockBytes + 1 + r.Int64N(6)
-	} else {
-		nb = 1 + r.Int64N(max(1, payload/blockBytes-1))
-	}
-	tp := r.Float64() < cfg.TPFraction
-	timeout := cfg.TransferTimeout
-	if cfg.has(FaultDeadline) && r.Float64() < cfg.DeadlineFraction {
-		timeout = time.Duration(1+r.IntN(20)) * time.Millisecond
+	nb, tp, timeout, tight := cfg.drawRequest(r)
+	if tight {
 		ps.injected[FaultDeadline].Add(1)
 	}
 	ps.peerMu.Lock()

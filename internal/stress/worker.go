@@ -56,24 +56,34 @@ type senderShare struct {
 	sum  uint32
 }
 
+// drawRequest draws a request's shape, the same way in the in-process and peer-process soaks:
+// its block count (LargeFraction of requests larger than one slot's payload, so they stream
+// chunk by chunk), whether two TP=2 prefill ranks feed it, and its deadline (tight reports a
+// 1-20 ms one, the deadline fault).
+func (c Config) drawRequest(r *rand.Rand) (blocks int64, tp bool, timeout time.Duration, tight bool) {
+	payload := c.SlotBytes - transfer.DataHeaderBytes
+	blockBytes := kvLayout(kvHeads, 1).BlockBytes()
+	if r.Float64() < c.LargeFraction {
+		blocks = payload/blockBytes + 1 + r.Int64N(6)
+	} else {
+		blocks = 1 + r.Int64N(max(1, payload/blockBytes-1))
+	}
+	tp = r.Float64() < c.TPFraction
+	timeout = c.TransferTimeout
+	if c.has(FaultDeadline) && r.Float64() < c.DeadlineFraction {
+		timeout = time.Duration(1+r.IntN(20)) * time.Millisecond
+		tight = true
+	}
+	return blocks, tp, timeout, tight
+}
+
 // request runs one request end to end and checks it.
 func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 	cfg := s.cfg
 	id := transfer.RequestID(s.lastRequest.Add(1))
 
-	// Size: a fifth larger than one slot's payload, so it streams chunk by chunk.
-	payload := cfg.SlotBytes - transfer.DataHeaderBytes
-	blockBytes := kvLayout(kvHeads, 1).BlockBytes()
-	var nb int64
-	if r.Float64() < cfg.LargeFraction {
-		nb = payload/blockBytes + 1 + r.Int64N(6)
-	} else {
-		nb = 1 + r.Int64N(max(1, payload/blockBytes-1))
-	}
-	tp := r.Float64() < cfg.TPFraction
-	timeout := cfg.TransferTimeout
-	if cfg.has(FaultDeadline) && r.Float64() < cfg.DeadlineFraction {
-		timeout = time.Duration(1+r.IntN(20)) * time.Millisecond
+	nb, tp, timeout, tight := cfg.drawRequest(r)
+	if tight {
 		s.injected[FaultDeadline].Add(1)
 	}
 
