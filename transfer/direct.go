@@ -97,9 +97,10 @@ func (x *xfer) postRecvDirect() bool {
 // aborted the transfer, if the post fails.
 func (x *xfer) postDirect(off, n int64, post func(Peer, Tag, [][]byte, func(Completion)) (OpID, error)) bool {
 	rec := &opRec{seq: x.nextSeq}
+	var id OpID
 	iov, err := x.iov(off, n)
 	if err == nil {
-		rec.id, err = post(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, iov,
+		id, err = post(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, iov,
 			func(c Completion) { x.box.push(event{op: rec, c: c}) })
 		if err != nil {
 			err = transportErr(err)
@@ -109,9 +110,7 @@ func (x *xfer) postDirect(off, n int64, post func(Peer, Tag, [][]byte, func(Comp
 		x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
-	x.ops = append(x.ops, rec)
-	x.outstanding++
-	x.nextSeq++
+	x.posted(rec, id)
 	return true
 }
 

@@ -320,10 +320,7 @@ func (x *xfer) postGet() bool {
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
-	rec.id = id
-	x.ops = append(x.ops, rec)
-	x.outstanding++
-	x.nextSeq++
+	x.posted(rec, id)
 	return true
 }
 

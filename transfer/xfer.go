@@ -421,10 +421,7 @@ func (x *xfer) postRecv(slot *buffer.Slot) bool {
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
-	rec.id = id
-	x.ops = append(x.ops, rec)
-	x.outstanding++
-	x.nextSeq++
+	x.posted(rec, id)
 	return true
 }
 
@@ -450,6 +447,15 @@ func (x *xfer) receivedChunk(rec *opRec, c Completion) {
 		return
 	}
 	x.receivedAll()
+}
+
+// posted records chunk rec.seq's operation, just posted as id, as outstanding and moves on
+// to the next chunk; every path (staging, direct, RMA) posts through it.
+func (x *xfer) posted(rec *opRec, id OpID) {
+	rec.id = id
+	x.ops = append(x.ops, rec)
+	x.outstanding++
+	x.nextSeq++
 }
 
 // receivedAll completes a receive once its last chunk has landed, on whichever path it ran
@@ -721,10 +727,7 @@ func (x *xfer) postSend(slot *buffer.Slot) bool {
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
-	rec.id = id
-	x.ops = append(x.ops, rec)
-	x.outstanding++
-	x.nextSeq++
+	x.posted(rec, id)
 	return true
 }
 
