@@ -438,11 +438,16 @@ func freezeDemo(ctx context.Context, network *transfer.MemNetwork, decode *decod
 	frozen := time.Now()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	saw503 := false
+	// The two roles notice the stall at their own moments (each from its own last progress),
+	// so the probe keeps asking for the whole freeze and reports the answer that names the
+	// most stalled workers, not whichever 503 came first.
+	saw503, worst := false, ""
 	for time.Since(frozen) < o.freeze {
-		if code, reason := probe(ctx, healthz); code == http.StatusServiceUnavailable && !saw503 {
+		if code, reason := probe(ctx, healthz); code == http.StatusServiceUnavailable {
+			if !saw503 || strings.Count(reason, ";") > strings.Count(worst, ";") {
+				worst = reason
+			}
 			saw503 = true
-			decode.out.printf("healthz while frozen: %d %s", code, reason)
 		}
 		select {
 		case <-ctx.Done():
@@ -452,7 +457,9 @@ func freezeDemo(ctx context.Context, network *transfer.MemNetwork, decode *decod
 		case <-tick.C:
 		}
 	}
-	if !saw503 {
+	if saw503 {
+		decode.out.printf("healthz while frozen: %d %s", http.StatusServiceUnavailable, worst)
+	} else {
 		decode.out.printf("healthz while frozen: never 503")
 	}
 	network.SetFault(nil)
