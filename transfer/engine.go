@@ -269,6 +269,11 @@ func (e *Engine) Health() Health {
 		why = append(why, fmt.Sprintf("no transfer progressed for %v (deadline %v) while %d are in flight",
 			s.SinceProgress.Round(time.Millisecond), s.ProgressDeadline, s.InFlight))
 	}
+	if th, ok := e.tr.(TransportHealth); ok {
+		if err := th.TransportHealth(); err != nil {
+			why = append(why, err.Error())
+		}
+	}
 	if s.Quarantined > int64(s.QuarantineBudget) {
 		why = append(why, fmt.Sprintf("%d transfers quarantined, over the budget of %d", s.Quarantined, s.QuarantineBudget))
 	}

@@ -56,6 +56,9 @@ var (
 	// ErrReadySignal: a readiness signal (a CUDA event, say) reported an error, so the layers
 	// it guards will never be ready.
 	ErrReadySignal = errors.New("kvxfer: readiness signal failed")
+	// ErrTransportWedged: the transport can tell that nothing will reach this engine any more
+	// (UCXTransport's receive probe); Health reports it until the process restarts.
+	ErrTransportWedged = errors.New("kvxfer: transport wedged")
 )
 
 // ConfigError names the Config field that is wrong, its value, and the fix.

@@ -79,6 +79,12 @@ type Inbound interface {
 	OnPeerLost(peer Peer, err error)
 }
 
+// TransportHealth is implemented by a transport that can tell on its own that it cannot
+// deliver (UCXTransport's receive probe). Engine.Health reports its error. It never blocks.
+type TransportHealth interface {
+	TransportHealth() error
+}
+
 // Transport moves bytes between engines. It is small and asynchronous: every method returns
 // without waiting on the network, and results come back through callbacks.
 //

@@ -180,10 +180,31 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 				}
 				t.Logf("after the kill: %v, blocks poisoned: %v (%v)", h.Status().State, h.Status().BlocksPoisoned, st.Err)
 				require.Zero(t, local.e.pool.Stats().Leased)
-				// A new peer's request to the survivor is not checked here: under a full-suite load it
-				// twice stayed advertised for 30 s after a shm kill (see the onecopy report); the
-				// staging path's TestUCXTransport_PeerKilledOrFrozenMidTransfer checks the survivor's recovery.
+				survivorServesANewPeer(t, bin, tr, local)
 			})
 		}
 	}
+}
+
+// survivorServesANewPeer: after a peer died mid-transfer, a new peer process's direct request
+// to the survivor moves every byte within its deadline, unless the dead peer wedged the
+// survivor's shared-memory receive queue, which the survivor must then report (servedOrWedged).
+func survivorServesANewPeer(t *testing.T, bin string, tr struct{ name, tls, dev string }, local *ucxEngine) {
+	t.Helper()
+	const blocks = 16
+	args := append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 32, 30*time.Second), "-direct")
+	peer := startUCXPeerEngine(t, bin, args...)
+	_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
+	require.NoError(t, err)
+	goPool, plan := ucxEnginePool(t, blocks, 5, false)
+	pool, err := local.tr.AllocatePool(int64(len(goPool)))
+	require.NoError(t, err)
+	h, err := local.e.Receive(bg, Spec{ID: 32, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second})
+	require.NoError(t, err)
+	if !servedOrWedged(t, local, h, 35*time.Second, tr.name == "shm") {
+		return
+	}
+	t.Logf("new peer's request: %v", h.Path())
+	want, _ := ucxEnginePool(t, blocks, 5, true)
+	require.True(t, bytes.Equal(want, pool), "every byte of the new peer's request")
 }

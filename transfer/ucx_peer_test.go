@@ -7,6 +7,7 @@ package transfer
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -226,8 +227,9 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 				pool2, plan2 := ucxEnginePool(t, 16, 5, false)
 				h2, err := local.e.Receive(bg, Spec{ID: 22, Peer: peer2.peer, Plan: plan2, Pool: pool2, Timeout: 30 * time.Second})
 				require.NoError(t, err)
-				waitQuiesced(t, h2, 30*time.Second)
-				require.Equal(t, Completed, h2.Status().State, "%v", h2.Status().Err)
+				if !servedOrWedged(t, local, h2, 35*time.Second, tr.name == "shm" && sig == syscall.SIGKILL) {
+					return
+				}
 				want, _ := ucxEnginePool(t, 16, 5, true)
 				require.True(t, bytes.Equal(want, pool2), "every byte of the new peer's request")
 				require.Eventually(t, func() bool { return local.e.Health().Healthy }, 10*time.Second, 10*time.Millisecond,
@@ -235,4 +237,35 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 			})
 		}
 	}
+}
+
+// servedOrWedged waits for a new peer's request h to the survivor of a killed peer, and
+// reports whether it completed. A peer killed while writing into the survivor's UCX
+// shared-memory receive queue wedges that queue for good (a UCX limitation; see ucx_probe.go):
+// then the survivor's transport must say so through Health within its probe timeout, and the
+// request, cancelled, must end and quiesce with no slot held. Anything else fails the test, as
+// does a wedge where wedgeCan is false (no shared-memory queue, or no peer died).
+func servedOrWedged(t *testing.T, u *ucxEngine, h *Handle, d time.Duration, wedgeCan bool) bool {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < d && !isClosed(h.Done()) && !errors.Is(u.tr.TransportHealth(), ErrTransportWedged) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := u.tr.TransportHealth(); err != nil && !isClosed(h.Done()) {
+		t.Logf("UCX limitation hit: the killed peer wedged this worker's shared-memory receive queue; "+
+			"the survivor reports it after %v: %v", time.Since(start).Round(time.Millisecond), err)
+		require.ErrorIs(t, err, ErrTransportWedged)
+		require.True(t, wedgeCan, "a wedged receive queue where none can be")
+		hl := u.e.Health()
+		require.False(t, hl.Healthy)
+		require.Contains(t, hl.Reason, "wedged")
+		t.Logf("cancel: %v", u.e.Cancel(h.ID()))
+		waitQuiesced(t, h, 10*time.Second)
+		require.NotEqual(t, Completed, h.Status().State)
+		require.Zero(t, u.e.pool.Stats().Leased)
+		return false
+	}
+	waitQuiesced(t, h, time.Until(start.Add(d))+time.Second)
+	require.Equal(t, Completed, h.Status().State, "the new peer's request after %v: %v", time.Since(start), h.Status().Err)
+	return true
 }

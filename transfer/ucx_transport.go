@@ -58,6 +58,15 @@ type UCXConfig struct {
 	// memory without bound; past it a cancelled receive gets no drain (counted in
 	// UCXDrainStats.Skipped) and a late send to it strands as before. Default 65536.
 	MaxDrains int
+	// ProbeInterval is how often a second worker in this process sends the transport's worker
+	// a small message over the transports a local peer would use (see ucx_probe.go): UCX's
+	// shared-memory receive queue is wedged for good when a local peer dies while writing to
+	// it, and the probe's missing messages are how Health tells, traffic or not. Default 1s;
+	// negative: no probe.
+	ProbeInterval time.Duration
+	// ProbeTimeout is how long a probe message may take to arrive before Health reports the
+	// worker wedged (ErrTransportWedged). Default 10s.
+	ProbeTimeout time.Duration
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -99,6 +108,15 @@ func (c *UCXConfig) applyDefaults() error {
 	if c.MaxDrains < 0 {
 		return &ConfigError{Field: "UCXConfig.MaxDrains", Value: c.MaxDrains, Reason: "must be positive"}
 	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = DefaultUCXProbeInterval
+	}
+	if c.ProbeTimeout == 0 {
+		c.ProbeTimeout = DefaultUCXProbeTimeout
+	}
+	if c.ProbeTimeout < 0 || (c.ProbeInterval > 0 && c.ProbeTimeout < c.ProbeInterval) {
+		return &ConfigError{Field: "UCXConfig.ProbeTimeout", Value: c.ProbeTimeout, Reason: "must be positive and at least ProbeInterval"}
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -110,6 +128,9 @@ const (
 	DefaultUCXDrainTimeout = 30 * time.Second
 	DefaultUCXDrainAhead   = 4
 	DefaultUCXMaxDrains    = 65536
+	// Defaults of UCXConfig's receive probe.
+	DefaultUCXProbeInterval = time.Second
+	DefaultUCXProbeTimeout  = 10 * time.Second
 )
 
 // ucxDrainBytes is the buffer of a drain receive: larger messages are truncated, and UCX
@@ -164,7 +185,8 @@ type UCXTransport struct {
 	nextOp  OpID
 	closed  bool
 	ctrl    *native.Request
-	rma     ucxRMA // rma_ucx.go: packed and unpacked RMA keys
+	rma     ucxRMA    // rma_ucx.go: packed and unpacked RMA keys
+	probe   *ucxProbe // ucx_probe.go: nil until Bind, or when left out
 	// drains are the receives that stand in for cancelled ones (see UCXConfig.DrainTimeout),
 	// by transfer (the tag without its chunk sequence), by UCX tag, and by request.
 	drains     map[uint64]map[uint64]*ucxDrain
@@ -280,12 +302,17 @@ func (t *UCXTransport) Worker() *native.Worker { return t.w }
 // Bind implements Transport.
 func (t *UCXTransport) Bind(in Inbound) error {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
+		t.mu.Unlock()
 		return ErrClosed
 	}
+	first := t.in == nil
 	t.in = in
 	t.postControlLocked()
+	t.mu.Unlock()
+	if first {
+		t.startProbe()
+	}
 	return nil
 }
 
@@ -665,6 +692,12 @@ func (t *UCXTransport) deliverControl(in Inbound, b []byte) {
 	if len(b) < 2+n || n == 0 {
 		return
 	}
+	t.mu.Lock()
+	p := t.probe
+	t.mu.Unlock()
+	if p.arrived(b[2:2+n], b[2+n:]) {
+		return
+	}
 	in.OnControl(PeerFromAddress(b[2:2+n]), b[2+n:])
 }
 
@@ -692,6 +725,10 @@ func (t *UCXTransport) Close(force bool) error {
 	}
 	t.mu.Lock()
 	t.closed = true
+	probe := t.probe
+	t.mu.Unlock()
+	probe.close() // before the worker it sends to
+	t.mu.Lock()
 	for _, d := range t.drainByReq {
 		d.timer.Stop() // the worker's close cancels every drain
 	}

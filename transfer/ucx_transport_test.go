@@ -34,7 +34,8 @@ func newUCXEngine(t testing.TB, tls, dev string, cfg Config) *ucxEngine {
 		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
 	}
 	tr, err := NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
+		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
+		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
 	e, err := New(tr, cfg)
