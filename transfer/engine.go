@@ -246,6 +246,7 @@ type HealthSnapshot struct {
 	SinceProgress    time.Duration // since the last chunk moved or transfer ended
 	ProgressDeadline time.Duration // Config.ProgressDeadline
 	MalformedControl int64         // control messages that did not decode
+	TransportWedged  bool          // the transport reports it cannot deliver (TransportHealth)
 }
 
 // Health tells the truth (L12): unhealthy when transfers are in flight (other than streaming
@@ -271,6 +272,7 @@ func (e *Engine) Health() Health {
 	}
 	if th, ok := e.tr.(TransportHealth); ok {
 		if err := th.TransportHealth(); err != nil {
+			s.TransportWedged = true
 			why = append(why, err.Error())
 		}
 	}

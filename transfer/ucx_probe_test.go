@@ -53,12 +53,14 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 			require.Zero(t, h.InFlight)
 			require.Contains(t, h.Reason, "wedged")
 			require.Contains(t, h.Reason, "loopback probe")
+			require.True(t, h.TransportWedged)
 
 			close(release)
 			require.NoError(t, <-held)
 			require.Eventually(t, func() bool { return u.e.Health().Healthy }, 10*time.Second, 10*time.Millisecond,
 				"the probe's messages arrive again: %s", u.e.Health().Reason)
 			require.Zero(t, u.e.Health().MalformedControl, "probe messages are the transport's, never the engine's")
+			require.False(t, u.e.Health().TransportWedged)
 		})
 	}
 }

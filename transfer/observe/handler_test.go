@@ -163,4 +163,10 @@ func TestCombineHealth(t *testing.T) {
 	require.Equal(t, 12, h.TotalSlots)
 	require.Equal(t, 6*time.Second, h.SinceProgress, "the worst stall")
 	require.Equal(t, 5*time.Second, h.ProgressDeadline, "the strictest deadline")
+	require.False(t, h.TransportWedged)
+	wedged := observe.HealthFunc(func() transfer.Health {
+		return transfer.Health{Reason: "transport wedged", HealthSnapshot: transfer.HealthSnapshot{TransportWedged: true}}
+	})
+	h = observe.CombineHealth(observe.NamedHealth{"prefill", ok}, observe.NamedHealth{"decode", wedged}).Health()
+	require.True(t, h.TransportWedged, "one engine's wedged transport is the process's")
 }

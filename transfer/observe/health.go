@@ -39,6 +39,8 @@ var _ HealthSource = (*transfer.Engine)(nil)
 //	kvxfer_since_last_progress_seconds      since a chunk last moved or a transfer ended
 //	kvxfer_progress_deadline_seconds        when that exceeds this with work in flight: unhealthy
 //	kvxfer_malformed_control_messages_total control messages that did not decode
+//	kvxfer_transport_wedged                 1 when the transport reports it cannot deliver
+//	                                        (UCX's receive probe): restart the process
 //
 // Call it once per Metrics, after the engine exists (the engine takes the Metrics as its
 // observer at construction, so the two cannot be made in one step).
@@ -57,6 +59,7 @@ type healthCollector struct {
 	src                                                           HealthSource
 	healthy, inFlight, quarantined, budget                        *prometheus.Desc
 	slots, free, poisoned, minSlots, sinceProgress, deadline, bad *prometheus.Desc
+	wedged                                                        *prometheus.Desc
 }
 
 func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector {
@@ -74,13 +77,14 @@ func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector
 		sinceProgress: d("kvxfer_since_last_progress_seconds", "Seconds since a chunk last moved or a transfer ended."),
 		deadline:      d("kvxfer_progress_deadline_seconds", "With transfers in flight, no progress for this long makes the engine unhealthy."),
 		bad:           d("kvxfer_malformed_control_messages_total", "Control messages from peers that did not decode."),
+		wedged:        d("kvxfer_transport_wedged", "1 when the transport reports that nothing will reach this engine any more (UCX's receive probe: a wedged shared-memory queue); only a restart helps."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.healthy, c.inFlight, c.quarantined, c.budget, c.slots, c.free,
-		c.poisoned, c.minSlots, c.sinceProgress, c.deadline, c.bad} {
+		c.poisoned, c.minSlots, c.sinceProgress, c.deadline, c.bad, c.wedged} {
 		ch <- d
 	}
 }
@@ -107,6 +111,11 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.sinceProgress, h.SinceProgress.Seconds())
 	gauge(c.deadline, h.ProgressDeadline.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(h.MalformedControl))
+	wedged := 0.0
+	if h.TransportWedged {
+		wedged = 1
+	}
+	gauge(c.wedged, wedged)
 }
 
 // NamedHealth is one engine of a process, named for the reasons CombineHealth reports.
@@ -151,6 +160,7 @@ func CombineHealth(engines ...NamedHealth) HealthFunc {
 			o.PoisonedSlots += s.PoisonedSlots
 			o.MinSlots += s.MinSlots
 			o.MalformedControl += s.MalformedControl
+			o.TransportWedged = o.TransportWedged || s.TransportWedged
 			o.SinceProgress = max(o.SinceProgress, s.SinceProgress)
 			if i == 0 || s.ProgressDeadline < o.ProgressDeadline {
 				o.ProgressDeadline = s.ProgressDeadline
