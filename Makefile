@@ -51,7 +51,7 @@ c-test: ## C tests (ctest) built with AddressSanitizer and UndefinedBehaviorSani
 go-fuzz: ## Run every fuzz target for FUZZ_TIME (default 10s).
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} in $${t%%:*} for $(FUZZ_TIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZ_TIME) "$${t%%:*}" || exit 1; \
+		scripts/fuzz.sh $(GO) "$${t%%:*}" "$${t#*:}" $(FUZZ_TIME) || exit 1; \
 	done
 
 bench-gather: ## Host gather/scatter of a Llama-3-8B 4096-token request against memcpy.
