@@ -141,17 +141,9 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 				cfg.DirectChunkBytes = 8 << 20
 				cfg.DisableRMA = !rma // the receiver decides
 				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
-				args := append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 31, 120*time.Second), "-direct")
-				peer := startUCXPeerEngine(t, bin, args...)
-				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
-				require.NoError(t, err)
-				goPool, plan := ucxEnginePool(t, blocks, 5, false)
-				pool, err := local.tr.AllocatePool(int64(len(goPool)))
-				require.NoError(t, err)
 				// The deadline covers the peer's start (it fills and maps 512 MiB first: slow on a
 				// loaded 2-core host); the kill is seen through the endpoint, not the deadline.
-				h, err := local.e.Receive(bg, Spec{ID: 31, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second})
-				require.NoError(t, err)
+				peer, h, pool := directFromNewPeer(t, bin, tr, local, blocks, 31, 120*time.Second)
 				require.Eventually(t, func() bool { return h.Status().Bytes > 0 || isClosed(h.Done()) }, 60*time.Second, time.Millisecond)
 				require.NoError(t, peer.cmd.Process.Signal(syscall.SIGKILL))
 				waitClosed(t, h.Done(), "receiver done")
@@ -192,19 +184,28 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 func survivorServesANewPeer(t *testing.T, bin string, tr struct{ name, tls, dev string }, local *ucxEngine) {
 	t.Helper()
 	const blocks = 16
-	args := append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 32, 30*time.Second), "-direct")
-	peer := startUCXPeerEngine(t, bin, args...)
-	_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
-	require.NoError(t, err)
-	goPool, plan := ucxEnginePool(t, blocks, 5, false)
-	pool, err := local.tr.AllocatePool(int64(len(goPool)))
-	require.NoError(t, err)
-	h, err := local.e.Receive(bg, Spec{ID: 32, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second})
-	require.NoError(t, err)
+	_, h, pool := directFromNewPeer(t, bin, tr, local, blocks, 32, 30*time.Second)
 	if !servedOrWedged(t, local, h, 35*time.Second, tr.name == "shm") {
 		return
 	}
 	t.Logf("new peer's request: %v", h.Path())
 	want, _ := ucxEnginePool(t, blocks, 5, true)
 	require.True(t, bytes.Equal(want, pool), "every byte of the new peer's request")
+}
+
+// directFromNewPeer starts a peer process that sends request id (blocks of the seeded pool)
+// on the direct path, and has local receive it into a pool the transport mapped, with a 30 s
+// deadline. peerTimeout bounds the peer's whole run.
+func directFromNewPeer(t *testing.T, bin string, tr struct{ name, tls, dev string }, local *ucxEngine, blocks int64,
+	id RequestID, peerTimeout time.Duration) (*ucxPeerEngine, *Handle, []byte) {
+	t.Helper()
+	peer := startUCXPeerEngine(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, id, peerTimeout), "-direct")...)
+	_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
+	require.NoError(t, err)
+	goPool, plan := ucxEnginePool(t, blocks, 5, false)
+	pool, err := local.tr.AllocatePool(int64(len(goPool)))
+	require.NoError(t, err)
+	h, err := local.e.Receive(bg, Spec{ID: id, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second})
+	require.NoError(t, err)
+	return peer, h, pool
 }
