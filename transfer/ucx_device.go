@@ -140,6 +140,10 @@ func NewUCXDeviceTransport(cfg UCXDeviceConfig) (*UCXDeviceTransport, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
+	if cfg.UCX.ReplaceWedgedWorker { // the CUDA context is made current on the worker's thread, once
+		return nil, &ConfigError{Field: "UCXDeviceConfig.UCX.ReplaceWedgedWorker", Value: true,
+			Reason: "not supported by the device transport: restart the process when Health reports ErrTransportWedged"}
+	}
 	t, err := NewUCXTransport(cfg.UCX)
 	if err != nil {
 		return nil, err

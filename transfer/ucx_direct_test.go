@@ -140,7 +140,8 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 				cfg := ucxPeerTestConfig()
 				cfg.DirectChunkBytes = 8 << 20
 				cfg.DisableRMA = !rma // the receiver decides
-				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
+				// The survivor replaces a worker the kill wedged (see servedOrWedged).
+				local := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *UCXConfig) { c.ReplaceWedgedWorker = true })
 				// The deadline covers the peer's start (it fills and maps 512 MiB first: slow on a
 				// loaded 2-core host); the kill is seen through the endpoint, not the deadline.
 				peer, h, pool := directFromNewPeer(t, bin, tr, local, blocks, 31, 120*time.Second)
@@ -180,13 +181,18 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 
 // survivorServesANewPeer: after a peer died mid-transfer, a new peer process's direct request
 // to the survivor moves every byte within its deadline, unless the dead peer wedged the
-// survivor's shared-memory receive queue, which the survivor must then report (servedOrWedged).
+// survivor's shared-memory receive queue: then the survivor must replace its worker
+// (UCXConfig.ReplaceWedgedWorker) and serve a peer given its new address.
 func survivorServesANewPeer(t *testing.T, bin string, tr struct{ name, tls, dev string }, local *ucxEngine) {
 	t.Helper()
 	const blocks = 16
 	_, h, pool := directFromNewPeer(t, bin, tr, local, blocks, 32, 30*time.Second)
 	if !servedOrWedged(t, local, h, 35*time.Second, tr.name == "shm") {
-		return
+		require.Equal(t, 1, local.tr.WorkersReplaced(), "the survivor replaces its wedged worker")
+		// A peer given the new address, as after a restart: served by the new worker.
+		_, h, pool = directFromNewPeer(t, bin, tr, local, blocks, 33, 30*time.Second)
+		require.True(t, servedOrWedged(t, local, h, 35*time.Second, false), "served after the replacement")
+		require.True(t, local.e.Health().Healthy, local.e.Health().Reason)
 	}
 	t.Logf("new peer's request: %v", h.Path())
 	want, _ := ucxEnginePool(t, blocks, 5, true)

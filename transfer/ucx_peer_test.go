@@ -243,15 +243,29 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 // reports whether it completed. A peer killed while writing into the survivor's UCX
 // shared-memory receive queue wedges that queue for good (a UCX limitation; see ucx_probe.go):
 // then the survivor's transport must say so through Health within its probe timeout, and the
-// request, cancelled, must end and quiesce with no slot held. Anything else fails the test, as
-// does a wedge where wedgeCan is false (no shared-memory queue, or no peer died).
+// request, cancelled, must end and quiesce with no slot held; or, with
+// UCXConfig.ReplaceWedgedWorker, the survivor must replace its worker and the request (sent to
+// the old address) must end with no slot held. Anything else fails the test, as does a wedge
+// where wedgeCan is false (no shared-memory queue, or no peer died).
 func servedOrWedged(t *testing.T, u *ucxEngine, h *Handle, d time.Duration, wedgeCan bool) bool {
 	t.Helper()
 	start := time.Now()
-	for time.Since(start) < d && !isClosed(h.Done()) && !errors.Is(u.tr.TransportHealth(), ErrTransportWedged) {
+	replace, base := u.tr.cfg.ReplaceWedgedWorker, u.tr.WorkersReplaced()
+	replaced := func() bool { return u.tr.WorkersReplaced() > base }
+	reported := func() bool { return !replace && errors.Is(u.tr.TransportHealth(), ErrTransportWedged) }
+	for time.Since(start) < d && !isClosed(h.Done()) && !reported() && !replaced() {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := u.tr.TransportHealth(); err != nil && !isClosed(h.Done()) {
+	if replaced() { // UCXConfig.ReplaceWedgedWorker: the request went to the old address
+		t.Logf("UCX limitation hit: the killed peer wedged this worker's shared-memory receive queue; "+
+			"the survivor replaced its worker after %v", time.Since(start).Round(time.Millisecond))
+		require.True(t, wedgeCan, "a wedged receive queue where none can be")
+		waitQuiesced(t, h, 15*time.Second)
+		require.NotEqual(t, Completed, h.Status().State)
+		require.Zero(t, u.e.pool.Stats().Leased)
+		return false
+	}
+	if err := u.tr.TransportHealth(); err != nil && !replace && !isClosed(h.Done()) {
 		t.Logf("UCX limitation hit: the killed peer wedged this worker's shared-memory receive queue; "+
 			"the survivor reports it after %v: %v", time.Since(start).Round(time.Millisecond), err)
 		require.ErrorIs(t, err, ErrTransportWedged)

@@ -36,8 +36,14 @@ type ucxProbe struct {
 	interval, timeout time.Duration
 	uctx              *native.Context
 	w                 *native.Worker
-	ep                *native.Endpoint
 	addr              []byte // the probe worker's address: how the transport recognises its messages
+	closeTimeout      time.Duration
+	// onWedged, if set, runs on the probe's goroutine when the worker is found wedged
+	// (UCXConfig.ReplaceWedgedWorker); the probe is retargeted before it returns.
+	onWedged func(error)
+
+	mu sync.Mutex
+	ep *native.Endpoint // to the transport's worker; replaced by retarget
 
 	sent   atomic.Uint64 // sequence of the last probe sent
 	seen   atomic.Uint64 // highest sequence received by the transport's worker
@@ -55,8 +61,12 @@ func (t *UCXTransport) startProbe() {
 	if t.cfg.ProbeInterval < 0 {
 		return
 	}
-	p := &ucxProbe{interval: t.cfg.ProbeInterval, timeout: t.cfg.ProbeTimeout, stop: make(chan struct{}), done: make(chan struct{})}
-	if err := p.open(t.cfg, t.addr); err != nil {
+	p := &ucxProbe{interval: t.cfg.ProbeInterval, timeout: t.cfg.ProbeTimeout, closeTimeout: t.cfg.CloseTimeout,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if t.cfg.ReplaceWedgedWorker {
+		p.onWedged = t.replaceWorker
+	}
+	if err := p.open(t.cfg, t.WorkerAddress()); err != nil {
 		p.close()
 		t.log.Warn("ucx receive probe not started; a wedged receive queue will show only through stalled transfers", zap.Error(err))
 		return
@@ -83,10 +93,27 @@ func (p *ucxProbe) open(cfg UCXConfig, target []byte) error {
 		return err
 	}
 	p.addr = p.w.Address()
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.CloseTimeout)
+	return p.retarget(target)
+}
+
+// retarget points the probe at a worker address (the transport's, or its replacement's) and
+// forgets the messages still unanswered, which went to the old one.
+func (p *ucxProbe) retarget(target []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), p.closeTimeout)
 	defer cancel()
-	p.ep, err = p.w.Connect(ctx, target)
-	return err
+	ep, err := p.w.Connect(ctx, target)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	old := p.ep
+	p.ep = ep
+	p.seen.Store(p.sent.Load())
+	p.mu.Unlock()
+	if old != nil {
+		_ = old.ForceClose(ctx)
+	}
+	return nil
 }
 
 // run sends one probe message per interval while fewer than ucxProbeOutstanding are
@@ -97,6 +124,7 @@ func (p *ucxProbe) run() {
 	tick := time.NewTicker(p.interval)
 	defer tick.Stop()
 	for {
+		p.mu.Lock()
 		if sent := p.sent.Load(); sent-p.seen.Load() < ucxProbeOutstanding {
 			seq := sent + 1
 			p.sentAt[seq%uint64(len(p.sentAt))].Store(time.Now().UnixNano())
@@ -105,6 +133,10 @@ func (p *ucxProbe) run() {
 			b = append(b, p.addr...)
 			b = binary.LittleEndian.AppendUint64(b, seq)
 			p.ep.TagSendBytes(b, ucxKindCtrl) // its completion is not waited for: the arrival is what counts
+		}
+		p.mu.Unlock()
+		if err := p.wedged(time.Now()); err != nil && p.onWedged != nil {
+			p.onWedged(err)
 		}
 		select {
 		case <-tick.C:
@@ -163,8 +195,11 @@ func (p *ucxProbe) close() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if p.ep != nil {
-			_ = p.ep.ForceClose(ctx)
+		p.mu.Lock()
+		ep := p.ep
+		p.mu.Unlock()
+		if ep != nil {
+			_ = ep.ForceClose(ctx)
 		}
 		if p.w != nil {
 			_ = p.w.Close()

@@ -5,6 +5,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -78,4 +79,66 @@ func TestUCXProbe_DisabledAndBadConfig(t *testing.T) {
 	var ce *ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.True(t, strings.Contains(ce.Field, "ProbeTimeout"), ce.Field)
+}
+
+// With UCXConfig.ReplaceWedgedWorker, a worker the probe finds wedged is replaced: the
+// transport gets a new address, a receive that was in flight on the old worker fails (never
+// wedges) with no slot held, health is back without a restart, and a sender given the new
+// address moves every byte. The wedge is stood in for by holding the worker's thread.
+func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := ucxPeerTestConfig()
+			cfg.TransferTimeout = 60 * time.Second // the failure must come from the replacement, not the deadline
+			recv := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *UCXConfig) {
+				c.ProbeTimeout, c.ReplaceWedgedWorker = time.Second, true
+			})
+			send := newUCXEngine(t, tr.tls, tr.dev, cfg)
+			require.Eventually(t, func() bool { return recv.tr.probe != nil && recv.tr.probe.seen.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
+			before := recv.tr.Self()
+
+			// A receive whose sender never sends: its receives sit in the old worker.
+			stuckPool, stuckPlan := ucxEnginePool(t, 4, 5, false)
+			stuck, err := recv.e.Receive(bg, Spec{ID: 90, Peer: send.tr.Self(), Plan: stuckPlan, Pool: stuckPool})
+			require.NoError(t, err)
+
+			release := make(chan struct{})
+			held := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				held <- recv.tr.Worker().RunOnThread(ctx, func() {
+					select {
+					case <-release:
+					case <-time.After(20 * time.Second):
+					}
+				})
+			}()
+			require.Eventually(t, func() bool { return recv.tr.WorkersReplaced() == 1 }, 15*time.Second, 10*time.Millisecond)
+			require.NotEqual(t, before, recv.tr.Self(), "a new worker, a new address")
+			close(release) // lets the old worker close
+			require.NoError(t, <-held)
+
+			waitClosed(t, stuck.Done(), "the receive in flight on the replaced worker ends")
+			require.NotEqual(t, Completed, stuck.Status().State)
+			require.Error(t, stuck.Status().Err)
+			waitQuiesced(t, stuck, 10*time.Second)
+			require.Eventually(t, func() bool { return recv.e.Health().Healthy }, 10*time.Second, 10*time.Millisecond,
+				"healthy again without a restart: %s", recv.e.Health().Reason)
+			require.Zero(t, recv.e.pool.Stats().Leased)
+
+			// The sender learns the new address, as it would after a restart.
+			src, plan := ucxEnginePool(t, 4, 7, true)
+			dst, _ := ucxEnginePool(t, 4, 7, false)
+			hs, err := send.e.Send(bg, Spec{ID: 91, Peer: recv.tr.Self(), Plan: plan, Pool: src, Timeout: 20 * time.Second})
+			require.NoError(t, err)
+			hr, err := recv.e.Receive(bg, Spec{ID: 91, Peer: send.tr.Self(), Plan: plan, Pool: dst, Timeout: 20 * time.Second})
+			require.NoError(t, err)
+			waitQuiesced(t, hr, 25*time.Second)
+			waitQuiesced(t, hs, 25*time.Second)
+			require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+			require.True(t, bytes.Equal(src, dst), "every byte, through the new worker")
+			require.Equal(t, 1, recv.tr.WorkersReplaced())
+		})
+	}
 }

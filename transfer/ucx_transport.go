@@ -67,6 +67,13 @@ type UCXConfig struct {
 	// ProbeTimeout is how long a probe message may take to arrive before Health reports the
 	// worker wedged (ErrTransportWedged). Default 10s.
 	ProbeTimeout time.Duration
+	// ReplaceWedgedWorker: when the probe finds the worker wedged, replace it rather than only
+	// report it (ucx_rebirth.go). Every operation of the old worker fails, every peer it had an
+	// endpoint to is reported lost, and the transport gets a new worker address: Self and
+	// ContextParams change, and peers must be given the new address, as after a restart of the
+	// process. Off by default: a false alarm (a process starved for ProbeTimeout) would cost the
+	// transfers in flight and the address callers hold.
+	ReplaceWedgedWorker bool
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -187,6 +194,7 @@ type UCXTransport struct {
 	ctrl    *native.Request
 	rma     ucxRMA    // rma_ucx.go: packed and unpacked RMA keys
 	probe   *ucxProbe // ucx_probe.go: nil until Bind, or when left out
+	swaps   int       // workers replaced (ucx_rebirth.go)
 	// drains are the receives that stand in for cancelled ones (see UCXConfig.DrainTimeout),
 	// by transfer (the tag without its chunk sequence), by UCX tag, and by request.
 	drains     map[uint64]map[uint64]*ucxDrain
@@ -275,10 +283,20 @@ func NewUCXTransport(cfg UCXConfig) (*UCXTransport, error) {
 }
 
 // Self is this transport's peer name, what the other side passes as Spec.Peer.
-func (t *UCXTransport) Self() Peer { return t.self }
+// It changes when the transport replaces a wedged worker (UCXConfig.ReplaceWedgedWorker): read it
+// per request rather than once.
+func (t *UCXTransport) Self() Peer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.self
+}
 
 // WorkerAddress is this transport's UCX worker address (for ContextParams.WorkerAddress).
-func (t *UCXTransport) WorkerAddress() []byte { return append([]byte(nil), t.addr...) }
+func (t *UCXTransport) WorkerAddress() []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]byte(nil), t.addr...)
+}
 
 // StagingMemory is the UCX-mapped region to pass as Config.StagingMemory. It is valid until
 // Close.
@@ -287,7 +305,10 @@ func (t *UCXTransport) StagingMemory() []byte { return t.staging.Bytes() }
 // ContextParams describes request id over plan (this side's blocks) for the peer that will
 // receive it: what a prefill engine hands to decode. Staging mode: no RMA regions.
 func (t *UCXTransport) ContextParams(id RequestID, plan *layout.Plan) *ContextParams {
-	return &ContextParams{RequestID: id, Incarnation: t.life, WorkerAddress: t.WorkerAddress(),
+	t.mu.Lock()
+	life, addr := t.life, append([]byte(nil), t.addr...)
+	t.mu.Unlock()
+	return &ContextParams{RequestID: id, Incarnation: life, WorkerAddress: addr,
 		Layout: plan.Layout(), Selection: plan.Selection(), Blocks: append([]int32(nil), plan.Blocks()...)}
 }
 
@@ -297,7 +318,11 @@ func (t *UCXTransport) ContextParams(id RequestID, plan *layout.Plan) *ContextPa
 func SenderPeer(c *ContextParams) Peer { return PeerFromAddress(c.WorkerAddress) }
 
 // Worker exposes the UCX worker, for transport-level checks (lanes, counters).
-func (t *UCXTransport) Worker() *native.Worker { return t.w }
+func (t *UCXTransport) Worker() *native.Worker {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.w
+}
 
 // Bind implements Transport.
 func (t *UCXTransport) Bind(in Inbound) error {
@@ -378,12 +403,12 @@ func (t *UCXTransport) regionLocked(buf []byte) (*native.Memory, int64, error) {
 
 // SendControl implements Transport.
 func (t *UCXTransport) SendControl(to Peer, msg []byte) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if len(msg)+2+len(t.addr) > t.cfg.MaxControlBytes {
 		return fmt.Errorf("%w: control message of %d bytes, at most %d with the sender address", ErrInvalidSpec,
 			len(msg), t.cfg.MaxControlBytes-2-len(t.addr))
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed {
 		return ErrClosed
 	}
@@ -729,6 +754,7 @@ func (t *UCXTransport) Close(force bool) error {
 	t.mu.Unlock()
 	probe.close() // before the worker it sends to
 	t.mu.Lock()
+	w := t.w // a replacement (ucx_rebirth.go) saw closed, or finished swapping before it
 	for _, d := range t.drainByReq {
 		d.timer.Stop() // the worker's close cancels every drain
 	}
@@ -748,7 +774,7 @@ func (t *UCXTransport) Close(force bool) error {
 		}
 	}
 	t.closeRMAKeys()
-	errs = append(errs, t.w.Close()) // settles every request, reporting each
+	errs = append(errs, w.Close()) // settles every request, reporting each
 	close(t.stop)
 	select {
 	case <-t.exited:

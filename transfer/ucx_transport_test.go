@@ -27,15 +27,20 @@ type ucxEngine struct {
 	e  *Engine
 }
 
-func newUCXEngine(t testing.TB, tls, dev string, cfg Config) *ucxEngine {
+// newUCXEngine is an Engine over a UCXTransport; mods adjust the transport's configuration.
+func newUCXEngine(t testing.TB, tls, dev string, cfg Config, mods ...func(*UCXConfig)) *ucxEngine {
 	t.Helper()
 	cfg = cfg.withDefaults()
 	if cfg.NumSlots == 0 {
 		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
 	}
-	tr, err := NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
+	uc := UCXConfig{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
-		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
+		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second}
+	for _, m := range mods {
+		m(&uc)
+	}
+	tr, err := NewUCXTransport(uc)
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
 	e, err := New(tr, cfg)

@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"context"
+	"math/rand/v2"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/native"
+)
+
+// replaceWorker is UCXConfig.ReplaceWedgedWorker's recovery, run by the receive probe when it
+// finds the worker's receive queue wedged (ucx_probe.go). A wedged UCX shared-memory queue
+// never recovers, and it belongs to the worker: a new worker has a new one. The transport
+// keeps its context (the staging region and mapped pools stay registered, their packed keys
+// stay valid) and swaps the worker: new operations, endpoints and the control receive go to
+// the new one at once; the old one's endpoints are closed, which reports every peer they
+// reached lost (watch) and drops the keys unpacked on them, and closing the old worker settles
+// every operation still in it, each reported failed with its memory released. The transport's
+// address changes: to peers this is a restart of the process.
+func (t *UCXTransport) replaceWorker(cause error) {
+	nw, err := t.uctx.NewWorker(native.WorkerConfig{OnReport: t.enqueueRequest, Logger: t.cfg.Logger})
+	if err != nil {
+		t.log.Error("ucx worker wedged and could not be replaced; restart the process", zap.Error(cause), zap.NamedError("replace", err))
+		return
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		_ = nw.Close()
+		return
+	}
+	old, oldEps := t.w, t.eps
+	t.w, t.eps = nw, map[Peer]*native.Endpoint{}
+	t.addr = nw.Address()
+	t.self = PeerFromAddress(t.addr)
+	t.life = rand.Uint64()
+	if t.in != nil {
+		t.postControlLocked() // the old control receive goes with the old worker
+	}
+	t.swaps++
+	addr, self := append([]byte(nil), t.addr...), t.self
+	t.mu.Unlock()
+	t.log.Warn("ucx worker replaced: its receive queue was wedged; peers must be given the new address",
+		zap.Error(cause), zap.String("self", string(self)[:min(16, len(self))]))
+	if err := t.probe.retarget(addr); err != nil {
+		t.log.Warn("ucx receive probe lost its target", zap.Error(err))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
+	defer cancel()
+	for _, ep := range oldEps {
+		_ = ep.ForceClose(ctx)
+	}
+	if err := old.Close(); err != nil { // settles every request of the old worker, reporting each
+		t.log.Warn("closing the wedged ucx worker", zap.Error(err))
+	}
+}
+
+// WorkersReplaced is how many times the transport replaced a wedged worker
+// (UCXConfig.ReplaceWedgedWorker). It never blocks on UCX.
+func (t *UCXTransport) WorkersReplaced() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.swaps
+}
