@@ -81,6 +81,10 @@ type UCXDeviceConfig struct {
 }
 
 func (c *UCXDeviceConfig) applyDefaults() error {
+	if c.UCX.ReplaceWedgedWorker { // the CUDA context is made current on the worker's thread, once
+		return &ConfigError{Field: "UCXDeviceConfig.UCX.ReplaceWedgedWorker", Value: true,
+			Reason: "not supported by the device transport: restart the process when Health reports ErrTransportWedged"}
+	}
 	if c.Runtime == nil {
 		return &ConfigError{Field: "UCXDeviceConfig.Runtime", Value: nil, Reason: "required: open the GPU with cuda.Open"}
 	}
@@ -139,10 +143,6 @@ type UCXDeviceTransport struct {
 func NewUCXDeviceTransport(cfg UCXDeviceConfig) (*UCXDeviceTransport, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
-	}
-	if cfg.UCX.ReplaceWedgedWorker { // the CUDA context is made current on the worker's thread, once
-		return nil, &ConfigError{Field: "UCXDeviceConfig.UCX.ReplaceWedgedWorker", Value: true,
-			Reason: "not supported by the device transport: restart the process when Health reports ErrTransportWedged"}
 	}
 	t, err := NewUCXTransport(cfg.UCX)
 	if err != nil {

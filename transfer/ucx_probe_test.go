@@ -79,6 +79,12 @@ func TestUCXProbe_DisabledAndBadConfig(t *testing.T) {
 	var ce *ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.True(t, strings.Contains(ce.Field, "ProbeTimeout"), ce.Field)
+
+	// The device transport makes its CUDA context current on the worker's thread once: it
+	// cannot swap workers, and says so before it touches a GPU.
+	_, err = NewUCXDeviceTransport(UCXDeviceConfig{UCX: UCXConfig{ReplaceWedgedWorker: true}})
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "UCXDeviceConfig.UCX.ReplaceWedgedWorker", ce.Field)
 }
 
 // With UCXConfig.ReplaceWedgedWorker, a worker the probe finds wedged is replaced: the
