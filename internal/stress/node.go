@@ -42,7 +42,10 @@ type slotTracker struct {
 	foreign  []string // posts of buffers outside the staging memory
 }
 
-var _ transfer.Transport = (*slotTracker)(nil)
+var (
+	_ transfer.Transport       = (*slotTracker)(nil)
+	_ transfer.TransportHealth = (*slotTracker)(nil)
+)
 
 func newSlotTracker(inner transfer.Transport, staging []byte, slotBytes int64) *slotTracker {
 	return &slotTracker{
@@ -117,6 +120,15 @@ func (s *slotTracker) Progress(budget time.Duration) bool { return s.inner.Progr
 
 // Close implements transfer.Transport.
 func (s *slotTracker) Close(force bool) error { return s.inner.Close(force) }
+
+// TransportHealth forwards the inner transport's report (UCX's receive probe), so the
+// engine's Health says what it would without the tracker.
+func (s *slotTracker) TransportHealth() error {
+	if th, ok := s.inner.(transfer.TransportHealth); ok {
+		return th.TransportHealth()
+	}
+	return nil
+}
 
 // The node is its engine's observer.
 var _ transfer.Observer = (*node)(nil)

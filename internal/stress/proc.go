@@ -118,8 +118,11 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	if cfg.has(FaultFreeze) {
 		ps.pc.Stopped = cfg.FreezeFor
 	}
+	// A peer killed while writing into decode's shared-memory receive queue wedges it for good
+	// (docs/ucx.md): decode replaces its worker, and announce gives the peers its new address.
 	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: tls, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(s.numSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
+		StagingBytes: int64(s.numSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
+		ProbeTimeout: 3 * time.Second, ReplaceWedgedWorker: true})
 	if err != nil {
 		return nil, fmt.Errorf("stress: opening UCX: %w", err)
 	}
@@ -155,6 +158,8 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	monitorCtx, stopMonitor := context.WithCancel(context.Background())
 	monitorDone := make(chan struct{})
 	go func() { defer close(monitorDone); s.monitor(monitorCtx) }()
+	announceDone := make(chan struct{})
+	go func() { defer close(announceDone); ps.announce(monitorCtx) }()
 	scheduleDone := make(chan struct{})
 	go func() { defer close(scheduleDone); ps.schedule(trafficCtx) }()
 	var workers sync.WaitGroup
@@ -179,6 +184,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	s.drainAndCheck()
 	stopMonitor()
 	<-monitorDone
+	<-announceDone
 	s.closeAll()
 	goroutinesEnd := s.waitGoroutines(goroutinesStart)
 	rep := s.report(goroutinesStart, goroutinesEnd)
@@ -418,6 +424,37 @@ func (ps *procSoak) freezePeers() {
 	}
 	ps.log.Info("peers resumed (SIGCONT)")
 	ps.awaitRecovery("SIGCONT of the prefill processes", thaw)
+}
+
+// announce tells every live peer decode's new address after decode's transport replaced a
+// wedged worker, as an operator's restart of decode would have to.
+func (ps *procSoak) announce(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	seen := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n := ps.tr.WorkersReplaced()
+		if n == seen {
+			continue
+		}
+		seen = n
+		ps.workersReplaced.Store(int64(n))
+		line := "PEER " + hex.EncodeToString(ps.tr.WorkerAddress())
+		ps.peerMu.Lock()
+		live := append([]*procPeer(nil), ps.peers[:]...)
+		ps.peerMu.Unlock()
+		for _, p := range live {
+			if p != nil {
+				_ = p.send(line) // a peer that died meanwhile is restarted with the new address
+			}
+		}
+		ps.log.Warn("decode replaced its wedged UCX worker; peers told its new address", zap.Int("replaced", n))
+	}
 }
 
 // killPeer kills prefill process i with SIGKILL and starts it again (a new UCX address, so a

@@ -46,6 +46,9 @@ type Report struct {
 	// AccountingErrors: samples where free + leased + poisoned did not add up, or the
 	// poisoned count shrank (must be 0).
 	AccountingErrors int64 `json:"accounting_errors"`
+	// WorkersReplaced counts decode's UCX workers replaced because a killed peer wedged their
+	// shared-memory receive queue (peer-process soak; UCXConfig.ReplaceWedgedWorker).
+	WorkersReplaced int64 `json:"workers_replaced"`
 	// SecondsUnhealthy is the time any live engine reported unhealthy.
 	SecondsUnhealthy float64 `json:"seconds_unhealthy"`
 	// LongestDetectSeconds is the longest time from a freeze to the stalled engines
@@ -106,6 +109,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	row("corrupt (must be 0)", r.Corrupt)
 	row("reused poisoned (must be 0)", r.ReusedPoisoned)
 	row("accounting errors (must be 0)", r.AccountingErrors)
+	if r.WorkersReplaced > 0 {
+		row("wedged UCX workers replaced", r.WorkersReplaced)
+	}
 	row("seconds unhealthy", fmt.Sprintf("%.1f", r.SecondsUnhealthy))
 	row("longest detect", fmt.Sprintf("%.2fs", r.LongestDetectSeconds))
 	row("longest recovery", fmt.Sprintf("%.2fs", r.LongestRecoverySeconds))

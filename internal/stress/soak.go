@@ -44,6 +44,7 @@ type soak struct {
 
 	started, refused, completed, failed, cancelled, quarantined atomic.Int64
 	wedged, corrupt, accountingErrors                           atomic.Int64
+	workersReplaced                                             atomic.Int64 // decode's UCX workers replaced (proc.go)
 	unhealthyNanos                                              atomic.Int64
 	longestDetect, longestRecovery                              atomic.Int64
 	maxHeap                                                     atomic.Uint64
@@ -332,6 +333,7 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 		Started: s.started.Load(), Refused: s.refused.Load(), Completed: s.completed.Load(), Failed: s.failed.Load(),
 		Cancelled: s.cancelled.Load(), CancelOutcomes: outcomes, Quarantined: s.quarantined.Load(),
 		Wedged: s.wedged.Load(), Corrupt: s.corrupt.Load(), AccountingErrors: s.accountingErrors.Load(),
+		WorkersReplaced:        s.workersReplaced.Load(),
 		SecondsUnhealthy:       time.Duration(s.unhealthyNanos.Load()).Seconds(),
 		LongestDetectSeconds:   time.Duration(s.longestDetect.Load()).Seconds(),
 		LongestRecoverySeconds: time.Duration(s.longestRecovery.Load()).Seconds(),
