@@ -77,7 +77,7 @@ func (t *UCXTransport) startProbe() {
 		p.close()
 		return
 	}
-	t.probe = p
+	t.probe.Store(p)
 	p.started = true
 	go p.run()
 }
@@ -213,8 +213,5 @@ func (p *ucxProbe) close() {
 // TransportHealth implements TransportHealth: an error while the receive probe says the
 // worker's receive queue is wedged. It never blocks.
 func (t *UCXTransport) TransportHealth() error {
-	t.mu.Lock()
-	p := t.probe
-	t.mu.Unlock()
-	return p.wedged(time.Now())
+	return t.probe.Load().wedged(time.Now())
 }

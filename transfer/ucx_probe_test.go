@@ -24,7 +24,7 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			u := newUCXEngine(t, tr.tls, tr.dev, Config{SlotBytes: 1 << 20, MaxConcurrent: 2})
-			require.Eventually(t, func() bool { return u.tr.probe != nil && u.tr.probe.seen.Load() >= 2 }, 10*time.Second, 10*time.Millisecond,
+			require.Eventually(t, func() bool { return u.tr.probe.Load() != nil && u.tr.probe.Load().seen.Load() >= 2 }, 10*time.Second, 10*time.Millisecond,
 				"the probe's messages arrive")
 			require.True(t, u.e.Health().Healthy, u.e.Health().Reason)
 			require.NoError(t, u.tr.TransportHealth())
@@ -72,7 +72,7 @@ func TestUCXProbe_DisabledAndBadConfig(t *testing.T) {
 	e, err := New(tr, Config{SlotBytes: 1 << 20, MaxConcurrent: 1, StagingMemory: tr.StagingMemory()})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
-	require.Nil(t, tr.probe, "ProbeInterval < 0: no probe")
+	require.Nil(t, tr.probe.Load(), "ProbeInterval < 0: no probe")
 	require.NoError(t, tr.TransportHealth())
 
 	_, err = NewUCXTransport(UCXConfig{TLS: "posix,cma,self", StagingBytes: 1 << 20, ProbeInterval: time.Second, ProbeTimeout: time.Millisecond})
@@ -100,7 +100,7 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 				c.ProbeTimeout, c.ReplaceWedgedWorker = time.Second, true
 			})
 			send := newUCXEngine(t, tr.tls, tr.dev, cfg)
-			require.Eventually(t, func() bool { return recv.tr.probe != nil && recv.tr.probe.seen.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return recv.tr.probe.Load() != nil && recv.tr.probe.Load().seen.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
 			before := recv.tr.Self()
 
 			// A receive whose sender never sends: its receives sit in the old worker.

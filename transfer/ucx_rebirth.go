@@ -47,7 +47,7 @@ func (t *UCXTransport) replaceWorker(cause error) {
 	t.mu.Unlock()
 	t.log.Warn("ucx worker replaced: its receive queue was wedged; peers must be given the new address",
 		zap.Error(cause), zap.String("self", string(self)[:min(16, len(self))]))
-	if err := t.probe.retarget(addr); err != nil {
+	if err := t.probe.Load().retarget(addr); err != nil {
 		t.log.Warn("ucx receive probe lost its target", zap.Error(err))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)

@@ -13,6 +13,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -192,9 +193,9 @@ type UCXTransport struct {
 	nextOp  OpID
 	closed  bool
 	ctrl    *native.Request
-	rma     ucxRMA    // rma_ucx.go: packed and unpacked RMA keys
-	probe   *ucxProbe // ucx_probe.go: nil until Bind, or when left out
-	swaps   int       // workers replaced (ucx_rebirth.go)
+	rma     ucxRMA                   // rma_ucx.go: packed and unpacked RMA keys
+	probe   atomic.Pointer[ucxProbe] // ucx_probe.go: nil until Bind, or when left out; read without mu
+	swaps   int                      // workers replaced (ucx_rebirth.go)
 	// drains are the receives that stand in for cancelled ones (see UCXConfig.DrainTimeout),
 	// by transfer (the tag without its chunk sequence), by UCX tag, and by request.
 	drains     map[uint64]map[uint64]*ucxDrain
@@ -717,10 +718,7 @@ func (t *UCXTransport) deliverControl(in Inbound, b []byte) {
 	if len(b) < 2+n || n == 0 {
 		return
 	}
-	t.mu.Lock()
-	p := t.probe
-	t.mu.Unlock()
-	if p.arrived(b[2:2+n], b[2+n:]) {
+	if t.probe.Load().arrived(b[2:2+n], b[2+n:]) {
 		return
 	}
 	in.OnControl(PeerFromAddress(b[2:2+n]), b[2+n:])
@@ -750,8 +748,8 @@ func (t *UCXTransport) Close(force bool) error {
 	}
 	t.mu.Lock()
 	t.closed = true
-	probe := t.probe
 	t.mu.Unlock()
+	probe := t.probe.Load()
 	probe.close() // before the worker it sends to
 	t.mu.Lock()
 	w := t.w // a replacement (ucx_rebirth.go) saw closed, or finished swapping before it
