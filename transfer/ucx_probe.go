@@ -129,10 +129,8 @@ func (p *ucxProbe) run() {
 			seq := sent + 1
 			p.sentAt[seq%uint64(len(p.sentAt))].Store(time.Now().UnixNano())
 			p.sent.Store(seq)
-			b := binary.LittleEndian.AppendUint16(nil, uint16(len(p.addr)))
-			b = append(b, p.addr...)
-			b = binary.LittleEndian.AppendUint64(b, seq)
-			p.ep.TagSendBytes(b, ucxKindCtrl) // its completion is not waited for: the arrival is what counts
+			msg := ucxControlFrame(p.addr, binary.LittleEndian.AppendUint64(nil, seq))
+			p.ep.TagSendBytes(msg, ucxKindCtrl) // its completion is not waited for: the arrival is what counts
 		}
 		p.mu.Unlock()
 		if err := p.wedged(time.Now()); err != nil && p.onWedged != nil {

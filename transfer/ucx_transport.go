@@ -417,12 +417,17 @@ func (t *UCXTransport) SendControl(to Peer, msg []byte) error {
 	if err != nil {
 		return err
 	}
-	b := make([]byte, 0, 2+len(t.addr)+len(msg))
-	b = binary.LittleEndian.AppendUint16(b, uint16(len(t.addr)))
-	b = append(b, t.addr...)
-	b = append(b, msg...)
-	ep.TagSendBytes(b, ucxKindCtrl) // best effort: its outcome is not the engine's
+	ep.TagSendBytes(ucxControlFrame(t.addr, msg), ucxKindCtrl) // best effort: its outcome is not the engine's
 	return nil
+}
+
+// ucxControlFrame is a control message as it goes on the wire: the sender's worker address
+// (length-prefixed, which is how the receiver names the sender) and the message.
+func ucxControlFrame(from, msg []byte) []byte {
+	b := make([]byte, 0, 2+len(from)+len(msg))
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(from)))
+	b = append(b, from...)
+	return append(b, msg...)
 }
 
 // PostSend implements Transport.
