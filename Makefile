@@ -2,6 +2,9 @@
 # kvxfer build. `make help` lists the targets. Every target installs what it needs first.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
+# Under pipefail a reader that stops early (grep -q, head) can make the writer die of SIGPIPE
+# and the pipe fail at random; recipes and scripts use readers that read everything
+# (grep >/dev/null, sed -n 1p). A clean-clone CI run failed on `ldd | grep -q` once.
 GO ?= go
 BUILD ?= build
 export CGO_ENABLED := 1

@@ -73,7 +73,7 @@ GPU_PROMPTS ?= 1k,4k,16k
 GPU_RUN_FLAGS ?=
 .PHONY: gpu-test-ucx
 gpu-test: ## GPU CI job: kernels (gpu-tagged tests, device bandwidth benchmark), then the two-process device transfer over UCX (gpu-test-ucx).
-	@if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then \
+	@if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null; then \
 		echo "gpu-test: no NVIDIA GPU on this host (nvidia-smi missing or lists no GPU); run this job on a GPU runner" >&2; \
 		exit 1; \
 	fi
@@ -84,7 +84,7 @@ gpu-test: ## GPU CI job: kernels (gpu-tagged tests, device bandwidth benchmark),
 		-DCUDAToolkit_ROOT="$$root" -DCMAKE_CUDA_ARCHITECTURES=native >/dev/null
 	cmake --build $(GPU_BUILD) -j
 	@root=$$(scripts/cuda-toolchain.sh); \
-	cudart=$$(ls "$$root"/lib64/libcudart.so.[0-9]* "$$root"/lib/libcudart.so.[0-9]* 2>/dev/null | sort | head -n 1); \
+	cudart=$$(ls "$$root"/lib64/libcudart.so.[0-9]* "$$root"/lib/libcudart.so.[0-9]* 2>/dev/null | sort | sed -n 1p); \
 	[ -n "$$cudart" ] || { echo "gpu-test: no libcudart.so.N under $$root" >&2; exit 1; }; \
 	export KVX_CUDA_LIB=$(abspath $(GPU_BUILD))/libkvxcuda.so KVX_CUDART="$$cudart"; \
 	echo "gpu-test: KVX_CUDA_LIB=$$KVX_CUDA_LIB KVX_CUDART=$$KVX_CUDART"; \
@@ -98,7 +98,7 @@ gpu-test-ucx: ## Device transfer over the libucx-cu12 UCX: device tests, kvxbenc
 	@[ -f $(GPU_BUILD)/libkvxcuda.so ] || { echo "gpu-test-ucx: no $(GPU_BUILD)/libkvxcuda.so; run make gpu-test" >&2; exit 1; }
 	@$(ucx_cuda_env); \
 	cuda=$$(scripts/cuda-toolchain.sh); \
-	cudart=$$(ls "$$cuda"/lib64/libcudart.so.[0-9]* "$$cuda"/lib/libcudart.so.[0-9]* 2>/dev/null | sort | head -n 1); \
+	cudart=$$(ls "$$cuda"/lib64/libcudart.so.[0-9]* "$$cuda"/lib/libcudart.so.[0-9]* 2>/dev/null | sort | sed -n 1p); \
 	export KVX_CUDA_LIB=$(abspath $(GPU_BUILD))/libkvxcuda.so KVX_CUDART="$$cudart" KVX_EXPECT_UCX_CUDA=1 KVX_EXPECT_UCX_VERSION=1.22; \
 	echo "gpu-test-ucx: UCX $$(pkg-config --modversion ucx) from $$root; ucx_info sees:"; \
 	ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c || true; \

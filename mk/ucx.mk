@@ -10,7 +10,7 @@ bench-ucx: ## Two-process transfer of the 4096-token request vs ucx_perftest tag
 	$(GO) test -run '^$$' -bench 'Request4096Tokens_TwoProcesses' -benchtime 3x -timeout 20m ./native/
 
 ucx-info: ## What UCX offers here: transports and devices (loopback tests use posix/cma and tcp on lo).
-	ucx_info -v | head -2
+	ucx_info -v | sed -n 1,2p
 	ucx_info -d | grep -E 'Transport|Device'
 
 

@@ -44,10 +44,10 @@ ucx-cuda-check: ## Build native/, transfer/, kvxbench against UCX 1.22 (libucx-c
 	$(GO) build -o $(UCX_CUDA_BUILD)/kvxbench ./cmd/kvxbench; \
 	$(GO) vet -tags gpu ./native/ ./transfer/ ./cmd/kvxbench/; \
 	for b in native.test transfer.test kvxbench; do \
-		ldd $(UCX_CUDA_BUILD)/$$b | grep -q "$$root/lib/libucp.so" || \
+		ldd $(UCX_CUDA_BUILD)/$$b | grep -F "$$root/lib/libucp.so" >/dev/null || \
 			{ echo "ucx-cuda-check: $$b does not load $$root/lib/libucp.so"; ldd $(UCX_CUDA_BUILD)/$$b | grep uc; exit 1; }; \
 	done; \
-	gpu=0; if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then gpu=1; fi; \
+	gpu=0; if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null; then gpu=1; fi; \
 	export KVX_EXPECT_UCX_CUDA=$$gpu KVX_EXPECT_UCX_VERSION=1.22; \
 	echo "ucx-cuda-check: host-memory UCX tests against UCX 1.22 (CUDA memory expected: $$gpu)"; \
 	(cd native && ../$(UCX_CUDA_BUILD)/native.test -test.count=1 -test.timeout 5m -test.run '$(UCX_CUDA_NATIVE_TESTS)' 2>&1 | grep -v 'was not returned to mpool') ; \

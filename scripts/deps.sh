@@ -7,7 +7,7 @@ set -euo pipefail
 want=(build-essential pkg-config cmake libucx-dev ucx-utils iproute2 "$@")
 missing=()
 for p in "${want[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "deps: installing Debian packages: ${missing[*]}"

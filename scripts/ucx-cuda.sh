@@ -47,7 +47,7 @@ if [ ! -f "$stamp" ]; then
     python3 -m pip download --quiet --disable-pip-version-check --no-cache-dir --no-deps \
       --only-binary=:all: --dest "$prefix/download" "$package" >&2
   fi
-  wheel=$(ls "$prefix"/download/libucx_cu12-"${UCX_WHEEL_VERSION}"-*.whl 2>/dev/null | head -n 1)
+  wheel=$(ls "$prefix"/download/libucx_cu12-"${UCX_WHEEL_VERSION}"-*.whl 2>/dev/null | sed -n 1p)
   [ -n "$wheel" ] || { echo "ucx-cuda: no libucx_cu12-${UCX_WHEEL_VERSION} wheel in $prefix/download" >&2; exit 1; }
   python3 -m zipfile -e "$wheel" "$prefix" >&2
   rm -rf "$prefix/download"
@@ -56,7 +56,7 @@ if [ ! -f "$stamp" ]; then
   # zip keeps no modes; and the .pc files name the builder's prefix.
   chmod +x "$root"/bin/*
   sed -i "s|^prefix *=.*|prefix = $root|" "$root"/lib/pkgconfig/*.pc
-  PKG_CONFIG_PATH="$root/lib/pkgconfig" pkg-config --modversion ucx | grep -qx "$UCX_WHEEL_VERSION" ||
+  PKG_CONFIG_PATH="$root/lib/pkgconfig" pkg-config --modversion ucx | grep -x "$UCX_WHEEL_VERSION" >/dev/null ||
     { echo "ucx-cuda: pkg-config does not report UCX $UCX_WHEEL_VERSION from $root/lib/pkgconfig" >&2; exit 1; }
   LD_LIBRARY_PATH="$root/lib" "$root/bin/ucx_info" -v >&2
   touch "$stamp"
