@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvxfer/kvxfer/internal/peerproc"
 )
 
 // The 4096-token Llama-3-8B request: 32 layers x 2 x 8 heads x 4096 tokens x 128 x 2 B.
@@ -28,7 +30,7 @@ const request4096Bytes = int64(32 * 2 * 8 * 4096 * 128 * 2)
 //
 //	go test -run '^$' -bench Request4096 -benchtime 3x ./native
 func BenchmarkUCX_Request4096Tokens_TwoProcesses(b *testing.B) {
-	bin := buildPeer(b)
+	bin := peerproc.Build(b)
 	for _, tr := range transports {
 		for _, chunk := range []int64{4 << 20, 16 << 20} {
 			b.Run(fmt.Sprintf("%s/chunk=%dMiB", tr.name, chunk>>20), func(b *testing.B) {
@@ -45,7 +47,7 @@ func benchTwoProcesses(b *testing.B, bin, tls string, chunk int64) {
 	}
 	b.StopTimer()
 	total := request4096Bytes * int64(b.N)
-	peer := startPeer(b, bin, peerArgsFor(tls, "-mode", "sink", "-total", strconv.FormatInt(total, 10),
+	peer := peerproc.Start(b, bin, peerArgsFor(tls, "-mode", "sink", "-total", strconv.FormatInt(total, 10),
 		"-chunk", strconv.FormatInt(chunk, 10), "-window", strconv.Itoa(2*window), "-check=false",
 		"-report", "1000000", "-timeout", "5m")...)
 	l := newLocal(b, tls, peer)

@@ -5,15 +5,9 @@
 package native
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"errors"
-	"fmt"
-	"io"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -21,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/internal/peerproc"
 )
 
 // Tags of ucxpeer's protocol (native/internal/ucxpeer).
@@ -29,100 +25,6 @@ const (
 	peerAckTag  = peerTagBase | 0xffffffff
 )
 
-// buildPeer builds native/internal/ucxpeer into the calling test's temporary directory,
-// removed when that test ends. Call it from the top-level test: one build per test.
-func buildPeer(t testing.TB) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "ucxpeer")
-	out, err := exec.Command("go", "build", "-o", bin, "./internal/ucxpeer").CombinedOutput()
-	require.NoError(t, err, "go build ucxpeer:\n%s", out)
-	return bin
-}
-
-// peerProc is a running ucxpeer.
-type peerProc struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string // its stdout, line by line; closed at EOF
-	waited chan struct{}
-	addr   []byte
-}
-
-func startPeer(t testing.TB, bin string, args ...string) *peerProc {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &peerProc{cmd: cmd, stdin: stdin, lines: make(chan string, 4096), waited: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-		_ = cmd.Wait() // reaps it: a killed peer must not linger as a zombie UCX still sees
-		close(p.waited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = stdin.Close()
-		select {
-		case <-p.waited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("ucxpeer %d did not exit", cmd.Process.Pid)
-		}
-	})
-	line := p.expect(t, "ADDR ", 20*time.Second)
-	p.addr, err = hex.DecodeString(line)
-	require.NoError(t, err)
-	return p
-}
-
-// expect waits for the next line with prefix (skipping GOT lines unless asked for them) and
-// returns the rest of it.
-func (p *peerProc) expect(t testing.TB, prefix string, d time.Duration) string {
-	t.Helper()
-	deadline := time.After(d)
-	for {
-		select {
-		case line, ok := <-p.lines:
-			require.True(t, ok, "ucxpeer exited while %q was expected", prefix)
-			if rest, found := strings.CutPrefix(line, prefix); found {
-				return rest
-			}
-			require.False(t, strings.HasPrefix(line, "ERR "), "ucxpeer: %s", line)
-		case <-deadline:
-			require.FailNow(t, "timeout", "no %q line from ucxpeer within %v", prefix, d)
-		}
-	}
-}
-
-// waitGot waits until the peer reported chunk n or later done.
-func (p *peerProc) waitGot(t testing.TB, n int, d time.Duration) {
-	t.Helper()
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		i, err := strconv.Atoi(p.expect(t, "GOT ", time.Until(end)))
-		require.NoError(t, err)
-		if i >= n {
-			return
-		}
-	}
-	require.FailNow(t, "timeout", "ucxpeer did not reach chunk %d within %v", n, d)
-}
-
-func (p *peerProc) connect(t testing.TB, w *Worker) {
-	t.Helper()
-	_, err := fmt.Fprintf(p.stdin, "PEER %s\n", hex.EncodeToString(w.Address()))
-	require.NoError(t, err)
-}
-
 // localEngine is this process's side: a context, a worker and an endpoint to the peer.
 type localEngine struct {
 	ctx *Context
@@ -130,7 +32,7 @@ type localEngine struct {
 	ep  *Endpoint
 }
 
-func newLocal(t testing.TB, tls string, peer *peerProc) *localEngine {
+func newLocal(t testing.TB, tls string, peer *peerproc.Proc) *localEngine {
 	t.Helper()
 	cfg := ContextConfig{TLS: tls, KeepaliveInterval: 200 * time.Millisecond}
 	if strings.Contains(tls, "tcp") {
@@ -142,9 +44,11 @@ func newLocal(t testing.TB, tls string, peer *peerProc) *localEngine {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ep, err := w.Connect(ctx, peer.addr)
+	addr, err := hex.DecodeString(peer.Addr)
 	require.NoError(t, err)
-	peer.connect(t, w)
+	ep, err := w.Connect(ctx, addr)
+	require.NoError(t, err)
+	peer.Connect(t, hex.EncodeToString(w.Address()))
 	l := &localEngine{ctx: uc, w: w, ep: ep}
 	t.Cleanup(func() {
 		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -167,7 +71,7 @@ func peerArgsFor(tls string, extra ...string) []string {
 // Two processes, each direction, every byte checked by the receiver.
 func TestUCX_TwoProcessesEveryByteChecked(t *testing.T) {
 	const total, chunk = 64 << 20, 4 << 20
-	bin := buildPeer(t)
+	bin := peerproc.Build(t)
 	for _, tr := range transports {
 		for _, dir := range []string{"to-peer", "from-peer"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
@@ -175,7 +79,7 @@ func TestUCX_TwoProcessesEveryByteChecked(t *testing.T) {
 				if dir == "from-peer" {
 					mode = "source"
 				}
-				peer := startPeer(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(total),
+				peer := peerproc.Start(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(total),
 					"-chunk", strconv.Itoa(chunk), "-seed", "11", "-report", "1000")...)
 				l := newLocal(t, tr.tls, peer)
 				mem := alloc(t, l.ctx, total)
@@ -201,7 +105,7 @@ func TestUCX_TwoProcessesEveryByteChecked(t *testing.T) {
 					require.Equal(t, int64(-1), bad)
 					require.NoError(t, l.ep.TagSendBytes([]byte("OK"), peerAckTag).Wait(ctx))
 				}
-				require.Equal(t, "OK", peer.expect(t, "DONE ", 10*time.Second))
+				require.Equal(t, "OK", peer.Expect(t, "DONE ", 10*time.Second))
 			})
 		}
 	}
@@ -247,7 +151,7 @@ func requireReleasedAfterClose(t *testing.T, l *localEngine, mem *Memory, abando
 func TestUCX_PeerKilledMidTransfer(t *testing.T) {
 	const chunk, count = 4 << 20, 256 // 1 GiB: far more than moves before the kill
 	const bound = 5 * time.Second
-	bin := buildPeer(t)
+	bin := peerproc.Build(t)
 	for _, tr := range transports {
 		for _, dir := range []string{"survivor-sends", "survivor-receives"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
@@ -263,7 +167,7 @@ func TestUCX_PeerKilledMidTransfer(t *testing.T) {
 				if dir == "survivor-receives" {
 					mode = "source"
 				}
-				peer := startPeer(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
+				peer := peerproc.Start(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
 					"-chunk", strconv.Itoa(chunk), "-window", "4", "-check=false")...)
 				l := newLocal(t, tr.tls, peer)
 				mem, err := l.ctx.Allocate(chunk * 8)
@@ -277,8 +181,8 @@ func TestUCX_PeerKilledMidTransfer(t *testing.T) {
 						reqs = append(reqs, l.ep.TagRecv(mem, off, chunk, peerTagBase|uint64(i), ^uint64(0)))
 					}
 				}
-				peer.waitGot(t, 2, 20*time.Second)
-				require.NoError(t, peer.cmd.Process.Kill())
+				peer.WaitGot(t, 2, 20*time.Second)
+				peer.Signal(t, syscall.SIGKILL)
 				start := time.Now()
 				ok, failed, abandoned := requireAllTerminal(t, reqs, start, bound)
 				t.Logf("after SIGKILL: %d requests completed, %d failed (%d abandoned by UCX), all within %v",
@@ -303,7 +207,7 @@ func TestUCX_PeerKilledMidTransfer(t *testing.T) {
 func TestUCX_PeerFrozenThenResumed(t *testing.T) {
 	const chunk, count = 1 << 20, 64
 	const bound = 5 * time.Second
-	bin := buildPeer(t)
+	bin := peerproc.Build(t)
 	for _, tr := range transports {
 		for _, dir := range []string{"survivor-sends", "survivor-receives"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
@@ -313,7 +217,7 @@ func TestUCX_PeerFrozenThenResumed(t *testing.T) {
 				}
 				// The peer moves only 8 chunks, then waits: the survivor posts more than that,
 				// so some of its requests are certainly pending when the peer freezes.
-				peer := startPeer(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
+				peer := peerproc.Start(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
 					"-chunk", strconv.Itoa(chunk), "-window", "2", "-check=false")...)
 				l := newLocal(t, tr.tls, peer)
 				mem, err := l.ctx.Allocate(chunk * count)
@@ -330,8 +234,8 @@ func TestUCX_PeerFrozenThenResumed(t *testing.T) {
 						reqs = append(reqs, l.ep.TagRecv(mem, int64(i)*chunk, chunk, peerTagBase|uint64(i), ^uint64(0)))
 					}
 				}
-				peer.waitGot(t, 1, 20*time.Second)
-				require.NoError(t, peer.cmd.Process.Signal(syscall.SIGSTOP))
+				peer.WaitGot(t, 1, 20*time.Second)
+				peer.Signal(t, syscall.SIGSTOP)
 				// The survivor's progress deadline: nothing completes for a while.
 				time.Sleep(300 * time.Millisecond)
 				pending := 0
@@ -350,7 +254,7 @@ func TestUCX_PeerFrozenThenResumed(t *testing.T) {
 					ok, failed, abandoned, time.Since(start))
 				require.LessOrEqual(t, mem.InUse(), abandoned)
 
-				require.NoError(t, peer.cmd.Process.Signal(syscall.SIGCONT))
+				peer.Signal(t, syscall.SIGCONT)
 				time.Sleep(500 * time.Millisecond) // let the peer send whatever it still would
 				if mode == "source" {
 					for i, r := range reqs {

@@ -6,7 +6,6 @@ package transfer
 
 import (
 	"bytes"
-	"fmt"
 	"syscall"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/internal/peerproc"
 )
 
 // The RMA mode between two engines over UCX, shared memory and TCP (where UCX emulates RMA
@@ -104,19 +104,18 @@ func TestUCXRMA_EveryByteAndCancel(t *testing.T) {
 // TCP: every byte checked by the receiving side, and the local handle says it took gets.
 func TestUCXRMA_TwoProcessesEveryByteChecked(t *testing.T) {
 	const blocks = 16 // 32 MiB
-	bin := ucxPeerBinary(t)
+	bin := peerproc.Build(t)
 	for _, tr := range ucxTransports {
 		for _, mode := range []string{"engine-send", "engine-recv"} {
 			t.Run(tr.name+"/"+mode, func(t *testing.T) {
-				peer := startUCXPeerEngine(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 78, 30*time.Second), "-direct")...)
+				peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 78, 30*time.Second), "-direct")...)
 				local := newUCXEngine(t, tr.tls, tr.dev, ucxPeerTestConfig())
-				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
-				require.NoError(t, err)
+				peer.Connect(t, string(local.tr.Self()))
 				goPool, plan := ucxEnginePool(t, blocks, 5, mode == "engine-recv")
 				pool, err := local.tr.AllocatePool(int64(len(goPool)))
 				require.NoError(t, err)
 				copy(pool, goPool)
-				spec := Spec{ID: 78, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second}
+				spec := Spec{ID: 78, Peer: Peer(peer.Addr), Plan: plan, Pool: pool, Timeout: 30 * time.Second}
 				var h *Handle
 				if mode == "engine-send" {
 					h, err = local.e.Receive(bg, spec)
@@ -127,7 +126,7 @@ func TestUCXRMA_TwoProcessesEveryByteChecked(t *testing.T) {
 				waitQuiesced(t, h, 30*time.Second)
 				require.Equal(t, Completed, h.Status().State, "%v", h.Status().Err)
 				require.Equal(t, PathRMA, h.Path())
-				require.Equal(t, Completed.String()+" OK", peer.expect(t, "DONE ", 30*time.Second))
+				require.Equal(t, Completed.String()+" OK", peer.Expect(t, "DONE ", 30*time.Second))
 				if mode == "engine-send" {
 					want, _ := ucxEnginePool(t, blocks, 5, true)
 					require.True(t, bytes.Equal(want, pool), "every byte")
@@ -144,25 +143,24 @@ func TestUCXRMA_TwoProcessesEveryByteChecked(t *testing.T) {
 // quiesces, or keeps its blocks poisoned for good: never a wedge, never a false quiescence.
 func TestUCXRMA_SenderFrozenWhileReceiverPulls(t *testing.T) {
 	const blocks = 128 // 256 MiB
-	bin := ucxPeerBinary(t)
+	bin := peerproc.Build(t)
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxPeerTestConfig()
 			cfg.DirectChunkBytes = 4 << 20
 			local := newUCXEngine(t, tr.tls, tr.dev, cfg)
-			peer := startUCXPeerEngine(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 79, 120*time.Second), "-direct")...)
-			_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
-			require.NoError(t, err)
+			peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 79, 120*time.Second), "-direct")...)
+			peer.Connect(t, string(local.tr.Self()))
 			goPool, plan := ucxEnginePool(t, blocks, 5, false)
 			pool, err := local.tr.AllocatePool(int64(len(goPool)))
 			require.NoError(t, err)
 			// The deadline covers the peer's start (it fills and maps 256 MiB first).
 			const deadline = 8 * time.Second
-			h, err := local.e.Receive(bg, Spec{ID: 79, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: deadline})
+			h, err := local.e.Receive(bg, Spec{ID: 79, Peer: Peer(peer.Addr), Plan: plan, Pool: pool, Timeout: deadline})
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return h.Status().Bytes > 0 || isClosed(h.Done()) }, 60*time.Second, 100*time.Microsecond)
-			require.NoError(t, peer.cmd.Process.Signal(syscall.SIGSTOP))
-			defer func() { _ = peer.cmd.Process.Signal(syscall.SIGCONT) }()
+			peer.Signal(t, syscall.SIGSTOP)
+			defer func() { _ = peer.Cmd.Process.Signal(syscall.SIGCONT) }()
 			select {
 			case <-h.Done():
 			case <-time.After(deadline + 5*time.Second):

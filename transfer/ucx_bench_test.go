@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvxfer/kvxfer/internal/peerproc"
 )
 
 // BenchmarkUCXTransport_Request4096Tokens_TwoProcesses moves the Llama-3-8B 4096-token
@@ -39,7 +41,7 @@ func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses_RMA(b *testing.B) {
 
 func benchUCXRequest4096(b *testing.B, want Path) {
 	const blocks = 256 // 4096 tokens of 16
-	bin := ucxPeerBinary(b)
+	bin := peerproc.Build(b)
 	for _, tr := range ucxTransports {
 		b.Run(tr.name, func(b *testing.B) {
 			b.StopTimer()
@@ -57,10 +59,8 @@ func benchUCXRequest4096(b *testing.B, want Path) {
 			if want != PathStaging {
 				args = append(args, "-direct")
 			}
-			peer := startUCXPeerEngine(b, bin, args...)
-			if _, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self()); err != nil {
-				b.Fatal(err)
-			}
+			peer := peerproc.Start(b, bin, args...)
+			peer.Connect(b, string(local.tr.Self()))
 			pool, plan := ucxEnginePool(b, blocks, 5, true)
 			if want != PathStaging {
 				mapped, err := local.tr.AllocatePool(int64(len(pool)))
@@ -76,7 +76,7 @@ func benchUCXRequest4096(b *testing.B, want Path) {
 			b.StartTimer()
 			for i := 0; i < b.N; i++ {
 				start := time.Now()
-				h, err := local.e.Send(bg, Spec{ID: RequestID(1000 + i), Peer: peer.peer, Plan: plan, Pool: pool})
+				h, err := local.e.Send(bg, Spec{ID: RequestID(1000 + i), Peer: Peer(peer.Addr), Plan: plan, Pool: pool})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -89,7 +89,7 @@ func benchUCXRequest4096(b *testing.B, want Path) {
 				if got := h.Path(); got != want {
 					b.Fatalf("request %d took the %v path, want %v", i, got, want)
 				}
-				if got := peer.expect(b, "DONE ", time.Minute); got != Completed.String()+" OK" {
+				if got := peer.Expect(b, "DONE ", time.Minute); got != Completed.String()+" OK" {
 					b.Fatalf("peer: %s", got)
 				}
 				// ucx_perftest runs between our requests, so both see the same neighbours.

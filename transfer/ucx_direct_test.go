@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/internal/peerproc"
 )
 
 // mappedKV is newUCXKV with the pool moved into memory the transport mapped, so the one-copy
@@ -133,7 +134,7 @@ func TestUCXDirect_AllocatePoolAfterCloseFails(t *testing.T) {
 // segment, still mapped here): then it completes, and every byte must be right.
 func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 	const blocks = 256 // 512 MiB: far more than moves before the signal on the message mode
-	bin := ucxPeerBinary(t)
+	bin := peerproc.Build(t)
 	for _, tr := range ucxTransports {
 		for _, rma := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/rma=%v/%v", tr.name, rma, syscall.SIGKILL), func(t *testing.T) {
@@ -146,7 +147,7 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 				// loaded 2-core host); the kill is seen through the endpoint, not the deadline.
 				peer, h, pool := directFromNewPeer(t, bin, tr, local, blocks, 31, 120*time.Second)
 				require.Eventually(t, func() bool { return h.Status().Bytes > 0 || isClosed(h.Done()) }, 60*time.Second, time.Millisecond)
-				require.NoError(t, peer.cmd.Process.Signal(syscall.SIGKILL))
+				peer.Signal(t, syscall.SIGKILL)
 				waitClosed(t, h.Done(), "receiver done")
 				st := h.Status()
 				want := map[bool]Path{false: PathDirect, true: PathRMA}[rma]
@@ -203,15 +204,14 @@ func survivorServesANewPeer(t *testing.T, bin string, tr struct{ name, tls, dev 
 // on the direct path, and has local receive it into a pool the transport mapped, with a 30 s
 // deadline. peerTimeout bounds the peer's whole run.
 func directFromNewPeer(t *testing.T, bin string, tr struct{ name, tls, dev string }, local *ucxEngine, blocks int64,
-	id RequestID, peerTimeout time.Duration) (*ucxPeerEngine, *Handle, []byte) {
+	id RequestID, peerTimeout time.Duration) (*peerproc.Proc, *Handle, []byte) {
 	t.Helper()
-	peer := startUCXPeerEngine(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, id, peerTimeout), "-direct")...)
-	_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
-	require.NoError(t, err)
+	peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, id, peerTimeout), "-direct")...)
+	peer.Connect(t, string(local.tr.Self()))
 	goPool, plan := ucxEnginePool(t, blocks, 5, false)
 	pool, err := local.tr.AllocatePool(int64(len(goPool)))
 	require.NoError(t, err)
-	h, err := local.e.Receive(bg, Spec{ID: id, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second})
+	h, err := local.e.Receive(bg, Spec{ID: id, Peer: Peer(peer.Addr), Plan: plan, Pool: pool, Timeout: 30 * time.Second})
 	require.NoError(t, err)
 	return peer, h, pool
 }

@@ -5,17 +5,11 @@
 package transfer
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -23,80 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/internal/peerproc"
 )
-
-// ucxPeerBinary builds native/internal/ucxpeer (whose engine modes run a second Engine) into
-// the calling test's temporary directory, removed when that test ends. Call it from the
-// top-level test and pass the path to its subtests: one build per test.
-func ucxPeerBinary(t testing.TB) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "ucxpeer")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/kvxfer/kvxfer/native/internal/ucxpeer").CombinedOutput()
-	require.NoError(t, err, "go build ucxpeer:\n%s", out)
-	return bin
-}
-
-// ucxPeerEngine is a second engine in its own process.
-type ucxPeerEngine struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	exited chan struct{}
-	peer   Peer
-}
-
-func startUCXPeerEngine(t testing.TB, bin string, args ...string) *ucxPeerEngine {
-	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &ucxPeerEngine{cmd: cmd, stdin: stdin, lines: make(chan string, 1<<16), exited: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			select {
-			case p.lines <- sc.Text():
-			default: // progress lines nobody reads are dropped, never block the peer
-			}
-		}
-		close(p.lines)
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = stdin.Close()
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("ucxpeer %d did not exit", cmd.Process.Pid)
-		}
-	})
-	p.peer = Peer(p.expect(t, "ADDR ", 20*time.Second))
-	return p
-}
-
-func (p *ucxPeerEngine) expect(t testing.TB, prefix string, d time.Duration) string {
-	t.Helper()
-	deadline := time.After(d)
-	for {
-		select {
-		case line, ok := <-p.lines:
-			require.True(t, ok, "ucxpeer exited while %q was expected", prefix)
-			if rest, found := strings.CutPrefix(line, prefix); found {
-				return rest
-			}
-			require.False(t, strings.HasPrefix(line, "ERR "), "ucxpeer: %s", line)
-		case <-deadline:
-			require.FailNow(t, "timeout", "no %q line from ucxpeer within %v", prefix, d)
-		}
-	}
-}
 
 // ucxEnginePool mirrors ucxpeer's EnginePool: the same dims, block-major, seeded fill.
 func ucxEnginePool(t testing.TB, blocks int64, seed uint64, fill bool) ([]byte, *layout.Plan) {
@@ -140,7 +62,7 @@ func ucxPeerTestConfig() Config {
 // checked by the receiving side.
 func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 	const blocks = 16 // 32 MiB
-	bin := ucxPeerBinary(t)
+	bin := peerproc.Build(t)
 	for _, tr := range ucxTransports {
 		for _, dir := range []string{"peer-sends", "peer-receives"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
@@ -148,13 +70,13 @@ func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 				if dir == "peer-receives" {
 					mode = "engine-recv"
 				}
-				peer := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 77, 30*time.Second)...)
+				peer := peerproc.Start(t, bin, ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 77, 30*time.Second)...)
 				local := newUCXEngine(t, tr.tls, tr.dev, ucxPeerTestConfig())
-				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
-				require.NoError(t, err)
+				peer.Connect(t, string(local.tr.Self()))
 				pool, plan := ucxEnginePool(t, blocks, 5, mode == "engine-recv")
-				spec := Spec{ID: 77, Peer: peer.peer, Plan: plan, Pool: pool, Timeout: 30 * time.Second}
+				spec := Spec{ID: 77, Peer: Peer(peer.Addr), Plan: plan, Pool: pool, Timeout: 30 * time.Second}
 				var h *Handle
+				var err error
 				if mode == "engine-send" {
 					h, err = local.e.Receive(bg, spec)
 				} else {
@@ -163,7 +85,7 @@ func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 				require.NoError(t, err)
 				waitQuiesced(t, h, 30*time.Second)
 				require.Equal(t, Completed, h.Status().State, "%v", h.Status().Err)
-				require.Equal(t, Completed.String()+" OK", peer.expect(t, "DONE ", 30*time.Second))
+				require.Equal(t, Completed.String()+" OK", peer.Expect(t, "DONE ", 30*time.Second))
 				if mode == "engine-send" {
 					want, _ := ucxEnginePool(t, blocks, 5, true)
 					require.True(t, bytes.Equal(want, pool), "every byte")
@@ -180,20 +102,19 @@ func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 // lands nowhere, and a new peer's request moves every byte with health back to healthy.
 func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 	const blocks = 256 // 512 MiB: far more than moves before the signal
-	bin := ucxPeerBinary(t)
+	bin := peerproc.Build(t)
 	for _, tr := range ucxTransports {
 		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
 			t.Run(fmt.Sprintf("%s/%v", tr.name, sig), func(t *testing.T) {
 				cfg := ucxPeerTestConfig()
 				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
-				peer := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 21, 120*time.Second)...)
-				_, err := fmt.Fprintf(peer.stdin, "PEER %s\n", local.tr.Self())
-				require.NoError(t, err)
+				peer := peerproc.Start(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 21, 120*time.Second)...)
+				peer.Connect(t, string(local.tr.Self()))
 				pool, plan := ucxEnginePool(t, blocks, 5, false)
-				h, err := local.e.Receive(bg, Spec{ID: 21, Peer: peer.peer, Plan: plan, Pool: pool})
+				h, err := local.e.Receive(bg, Spec{ID: 21, Peer: Peer(peer.Addr), Plan: plan, Pool: pool})
 				require.NoError(t, err)
 				require.Eventually(t, func() bool { return h.Status().Bytes > 0 }, 60*time.Second, time.Millisecond, "the peer fills a 512 MiB pool first: slow on a loaded 2-core host")
-				require.NoError(t, peer.cmd.Process.Signal(sig))
+				peer.Signal(t, sig)
 				start := time.Now()
 				sawUnhealthy := false
 				for !isClosed(h.Done()) && time.Since(start) < cfg.TransferTimeout+5*time.Second {
@@ -217,15 +138,14 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 				t.Logf("slots: %d free, %d poisoned of %d", ps.Free, ps.Poisoned, ps.Total)
 
 				if sig == syscall.SIGSTOP {
-					require.NoError(t, peer.cmd.Process.Signal(syscall.SIGCONT))
+					peer.Signal(t, syscall.SIGCONT)
 					time.Sleep(500 * time.Millisecond) // whatever it still sends arrives now
 				}
 				// A new peer: every byte of its request lands right, and health recovers.
-				peer2 := startUCXPeerEngine(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", 16, 22, 30*time.Second)...)
-				_, err = fmt.Fprintf(peer2.stdin, "PEER %s\n", local.tr.Self())
-				require.NoError(t, err)
+				peer2 := peerproc.Start(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", 16, 22, 30*time.Second)...)
+				peer2.Connect(t, string(local.tr.Self()))
 				pool2, plan2 := ucxEnginePool(t, 16, 5, false)
-				h2, err := local.e.Receive(bg, Spec{ID: 22, Peer: peer2.peer, Plan: plan2, Pool: pool2, Timeout: 30 * time.Second})
+				h2, err := local.e.Receive(bg, Spec{ID: 22, Peer: Peer(peer2.Addr), Plan: plan2, Pool: pool2, Timeout: 30 * time.Second})
 				require.NoError(t, err)
 				if !servedOrWedged(t, local, h2, 35*time.Second, tr.name == "shm" && sig == syscall.SIGKILL) {
 					return
