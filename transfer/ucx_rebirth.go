@@ -25,9 +25,16 @@ import (
 func (t *UCXTransport) replaceWorker(cause error) {
 	nw, err := t.uctx.NewWorker(native.WorkerConfig{OnReport: t.enqueueRequest, Logger: t.cfg.Logger})
 	if err != nil {
-		t.log.Error("ucx worker wedged and could not be replaced; restart the process", zap.Error(cause), zap.NamedError("replace", err))
+		// The probe tries again each interval while the worker stays wedged; the log says so
+		// on attempts 1, 2, 4, 8, ... rather than once a second for as long as the process lives.
+		t.replaceFailures++
+		if n := t.replaceFailures; n&(n-1) == 0 {
+			t.log.Error("ucx worker wedged and could not be replaced; restart the process", zap.Error(cause),
+				zap.NamedError("replace", err), zap.Int("attempts", n))
+		}
 		return
 	}
+	t.replaceFailures = 0
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()

@@ -196,6 +196,9 @@ type UCXTransport struct {
 	rma     ucxRMA                   // rma_ucx.go: packed and unpacked RMA keys
 	probe   atomic.Pointer[ucxProbe] // ucx_probe.go: nil until Bind, or when left out; read without mu
 	swaps   int                      // workers replaced (ucx_rebirth.go)
+	// replaceFailures counts failed replacements since the last success; only the probe's
+	// goroutine, which runs replaceWorker, touches it.
+	replaceFailures int
 	// drains are the receives that stand in for cancelled ones (see UCXConfig.DrainTimeout),
 	// by transfer (the tag without its chunk sequence), by UCX tag, and by request.
 	drains     map[uint64]map[uint64]*ucxDrain
