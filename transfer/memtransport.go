@@ -5,6 +5,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -31,6 +32,8 @@ type MemNetwork struct {
 	held  []*memOp          // sends on the wire, hung until Resume
 	lost  map[Peer]bool
 	fault func(FaultPoint) Fault
+	// maxControl bounds control messages, as a real transport's buffers do (0: no bound).
+	maxControl int
 }
 
 // link is one direction between two endpoints. Matching state lives per link, as a real
@@ -125,6 +128,24 @@ func (n *MemNetwork) SetFault(f func(FaultPoint) Fault) {
 	n.mu.Lock()
 	n.fault = f
 	n.mu.Unlock()
+}
+
+// SetMaxControl bounds the control messages every endpoint sends from now on: SendControl
+// refuses a larger one, and ControlRoom says n. Zero removes the bound.
+func (n *MemNetwork) SetMaxControl(bytes int) {
+	n.mu.Lock()
+	n.maxControl = bytes
+	n.mu.Unlock()
+}
+
+// ControlRoom implements ControlBound: the SetMaxControl bound, or the largest int.
+func (t *MemTransport) ControlRoom() int {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	if t.net.maxControl > 0 {
+		return t.net.maxControl
+	}
+	return math.MaxInt
 }
 
 func (n *MemNetwork) faultFor(fp FaultPoint) Fault {
@@ -536,6 +557,9 @@ func (t *MemTransport) SendControl(to Peer, msg []byte) error {
 	defer n.mu.Unlock()
 	if err := t.checkLocked(to); err != nil {
 		return err
+	}
+	if n.maxControl > 0 && len(msg) > n.maxControl {
+		return fmt.Errorf("%w: control message of %d bytes, at most %d", ErrInvalidSpec, len(msg), n.maxControl)
 	}
 	kind := Kind(0)
 	if len(msg) > 3 {

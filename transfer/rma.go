@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
@@ -110,8 +111,9 @@ const (
 	// rmaGetsAhead is how many gets a receiver keeps posted: they hold no slot, and a few in
 	// flight keep the copy going while the engine handles the last one's completion.
 	rmaGetsAhead = 16
-	// rmaMaxOfferBlocks keeps an offer within one control message (UCX's default bound is
-	// 4 KiB with the sender's address): a larger request declines and goes by IOV messages.
+	// rmaMaxOfferBlocks bounds the block ids of one offer message; a larger request's offer
+	// goes in parts of this many, or fewer where the transport's control messages have less
+	// room (ControlBound: UCX's default of 4 KiB holds this many with a shared-memory address).
 	rmaMaxOfferBlocks = 768
 	// rmaMaxPieces bounds the pool-to-pool pieces a receiver works out before coalescing
 	// them; a plan with more runs has ranges far too small for gets anyway.
@@ -131,12 +133,13 @@ const (
 type rmaXfer struct {
 	mode rmaMode
 	// receiver
-	key  []byte
-	addr uint64
-	gets []rmaRegion
+	key   []byte
+	addr  uint64
+	gets  []rmaRegion
+	parts *rmaParts // an offer arriving in parts, until it is whole
 	// sender
 	exposure *opRec       // outstanding while the receiver may read the pool
-	offer    []byte       // the encoded offer, resent when a repeated request shows it lost
+	offer    [][]byte     // the encoded offer (one message, or its parts), resent when a repeated request shows it lost
 	decline  []byte       // the encoded decline, resent likewise
 	ri       *RequestInfo // the request, to fall back to IOV chunks if the receiver declines
 }
@@ -193,6 +196,20 @@ func (x *xfer) onRMAOffer(m *RMAOffer) {
 		x.rmaFallback(false)
 		return
 	}
+	if m.Flags&RMAOfferPart != 0 {
+		if x.rma.parts == nil {
+			x.rma.parts = newRMAParts(m)
+		}
+		whole, err := x.rma.parts.add(m)
+		if err != nil {
+			x.abort(&RequestError{ID: x.h.id, Err: err}, AbortProtocol, x.eng.cfg.CancelGrace)
+			return
+		}
+		if whole == nil {
+			return // more parts to come
+		}
+		m, x.rma.parts = whole, nil
+	}
 	gets, err := x.checkOffer(m)
 	if err != nil {
 		x.abort(&RequestError{ID: x.h.id, Err: err}, AbortProtocol, x.eng.cfg.CancelGrace)
@@ -210,6 +227,56 @@ func (x *xfer) onRMAOffer(m *RMAOffer) {
 			break
 		}
 	}
+}
+
+// rmaParts assembles an offer sent in parts (RMAOfferPart). The first part to arrive fixes
+// everything but the block ids; every other must agree with it, and a position may come
+// again (a part sent again after a repeated request) only with the same id.
+type rmaParts struct {
+	whole RMAOffer // the first part, Blocks growing into the sender's whole list
+	have  []bool
+	count int
+}
+
+func newRMAParts(first *RMAOffer) *rmaParts {
+	p := &rmaParts{whole: *first, have: make([]bool, first.Total)}
+	p.whole.Flags &^= RMAOfferPart
+	p.whole.Blocks, p.whole.First, p.whole.Total = make([]int32, first.Total), 0, 0
+	return p
+}
+
+// add takes one part. It returns the whole offer once every position has come, nil before,
+// and an *RMAOfferError when the part disagrees with the others.
+func (p *rmaParts) add(m *RMAOffer) (*RMAOffer, error) {
+	bad := func(field, format string, args ...any) error {
+		return &RMAOfferError{Field: field, Reason: "offer parts disagree: " + fmt.Sprintf(format, args...)}
+	}
+	w := &p.whole
+	switch {
+	case m.Total != len(p.have):
+		return nil, bad("Total", "%d blocks, then %d", len(p.have), m.Total)
+	case m.Addr != w.Addr || m.PoolBytes != w.PoolBytes:
+		return nil, bad("Addr", "pool [%#x, +%d), then [%#x, +%d)", w.Addr, w.PoolBytes, m.Addr, m.PoolBytes)
+	case m.Layout != w.Layout || m.Selection != w.Selection:
+		return nil, bad("Layout", "%+v %+v, then %+v %+v", w.Layout, w.Selection, m.Layout, m.Selection)
+	case !bytes.Equal(m.Key, w.Key):
+		return nil, bad("Key", "two different remote keys")
+	}
+	for i, id := range m.Blocks {
+		at := m.First + i
+		if p.have[at] {
+			if w.Blocks[at] != id {
+				return nil, bad("Blocks", "position %d is block %d, then %d", at, w.Blocks[at], id)
+			}
+			continue
+		}
+		p.have[at], w.Blocks[at] = true, id
+		p.count++
+	}
+	if p.count < len(p.have) {
+		return nil, nil
+	}
+	return w, nil
 }
 
 // rmaFallback runs the direct path on IOV messages after all. decline tells the sender,
@@ -366,18 +433,15 @@ func (x *xfer) rmaOffer(ri *RequestInfo) bool {
 		reason = "this sender's engine or transport has no rma mode"
 	case x.stream:
 		reason = "a streaming send exposes its layers as they become ready, by messages"
-	case len(x.plan.Blocks()) > rmaMaxOfferBlocks:
-		reason = fmt.Sprintf("%d blocks do not fit one offer (at most %d)", len(x.plan.Blocks()), rmaMaxOfferBlocks)
 	}
 	if reason == "" {
 		addr, key, err := rt.RMAKey(x.pool)
 		if err == nil {
-			l := x.plan.Layout()
-			x.rma.offer, err = (&RMAOffer{Header: head, Addr: addr, PoolBytes: int64(len(x.pool)), Layout: l,
-				Selection: x.plan.Selection(), Blocks: x.plan.Blocks(), Key: key}).AppendBinary(nil)
+			x.rma.offer, err = encodeOffer(x.offerBlocks(len(key)), &RMAOffer{Header: head, Addr: addr, PoolBytes: int64(len(x.pool)),
+				Layout: x.plan.Layout(), Selection: x.plan.Selection(), Blocks: x.plan.Blocks(), Key: key})
 		}
 		if err == nil {
-			err = x.eng.tr.SendControl(x.peer, x.rma.offer)
+			err = x.sendOffer()
 		}
 		if err != nil {
 			reason = err.Error()
@@ -398,6 +462,54 @@ func (x *xfer) rmaOffer(ri *RequestInfo) bool {
 	return true
 }
 
+// offerBlocks is how many block ids one offer message carries: rmaMaxOfferBlocks, or fewer
+// where the transport's control messages (ControlBound) have less room for a part with a key
+// of keyBytes. Below one it is an error.
+func (x *xfer) offerBlocks(keyBytes int) int {
+	n := rmaMaxOfferBlocks
+	if cb, ok := x.eng.tr.(ControlBound); ok {
+		n = min(n, (cb.ControlRoom()-rmaOfferFixedBytes-rmaOfferBodyBytes-rmaPartBytes-keyBytes)/4)
+	}
+	return n
+}
+
+// encodeOffer encodes o as one message, or, with more than per blocks, as parts of at most
+// that many.
+func encodeOffer(per int, o *RMAOffer) ([][]byte, error) {
+	if per < 1 {
+		return nil, fmt.Errorf("%w: the transport's control messages have no room for an offer with a %d-byte key",
+			ErrInvalidSpec, len(o.Key))
+	}
+	all := o.Blocks
+	if len(all) <= per {
+		b, err := o.AppendBinary(nil)
+		return [][]byte{b}, err
+	}
+	var msgs [][]byte
+	for first := 0; first < len(all); first += per {
+		p := *o
+		p.Flags |= RMAOfferPart
+		p.First, p.Total, p.Blocks = first, len(all), all[first:min(first+per, len(all))]
+		b, err := p.AppendBinary(nil)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, b)
+	}
+	return msgs, nil
+}
+
+// sendOffer sends the offer's messages. After a failed one it stops: the decline that
+// follows tells the receiver to give up on the parts it holds.
+func (x *xfer) sendOffer() error {
+	for _, b := range x.rma.offer {
+		if err := x.eng.tr.SendControl(x.peer, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // While the pool is offered the sender sees no progress of its own until Done: the receiver
 // moves the bytes, and its engine's health watches them. The sender counts as awaiting its
 // peer (updateAwaiting), as a streaming receiver awaits its sender's model; its deadline
@@ -416,7 +528,7 @@ func (x *xfer) rmaRepeated(m *RequestInfo) {
 		return
 	}
 	if m.Flags&FlagRMA != 0 {
-		_ = x.eng.tr.SendControl(x.peer, x.rma.offer)
+		_ = x.sendOffer()
 		return
 	}
 	x.rma.exposure.final = true

@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -219,15 +220,17 @@ func TestL9_RMAUnknownQuiescenceNeverQuiescesTheReceiversBlocks(t *testing.T) {
 // confused or hostile sender would.
 type fakeRMASender struct {
 	tr    *MemTransport
-	offer func(ri *RequestInfo) *RMAOffer
+	offer func(ri *RequestInfo) []*RMAOffer // one offer, or its parts
 }
 
 func (f fakeRMASender) OnControl(from Peer, msg []byte) {
 	m, err := Decode(msg)
 	if ri, ok := m.(*RequestInfo); err == nil && ok && ri.Flags&FlagRMA != 0 {
-		b, err := f.offer(ri).AppendBinary(nil)
-		if err == nil {
-			_ = f.tr.SendControl(from, b)
+		for _, o := range f.offer(ri) {
+			b, err := o.AppendBinary(nil)
+			if err == nil {
+				_ = f.tr.SendControl(from, b)
+			}
 		}
 	}
 }
@@ -236,23 +239,44 @@ func (fakeRMASender) OnPeerLost(Peer, error) {}
 
 // An offer that does not describe memory the receiver may read fails the request with a
 // typed error before any get is posted; one whose key names a smaller pool than it claims is
-// refused by the transport, never read past.
+// refused by the transport, never read past. An offer in parts whose parts disagree is
+// refused the same way.
 func TestRMABadOfferIsRejected(t *testing.T) {
 	good := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 9, 5, 13), 40)
-	mk := func(f func(o *RMAOffer)) func(ri *RequestInfo) *RMAOffer {
-		return func(ri *RequestInfo) *RMAOffer {
-			o := &RMAOffer{Header: Header{Sub: ri.Sub, Request: ri.Request}, Addr: 1 << 20, PoolBytes: int64(len(good.mem)),
-				Layout: good.plan.Layout(), Selection: good.plan.Selection(), Blocks: append([]int32(nil), good.plan.Blocks()...),
-				Key: []byte("not a key")}
+	offer := func(ri *RequestInfo) *RMAOffer {
+		return &RMAOffer{Header: Header{Sub: ri.Sub, Request: ri.Request}, Addr: 1 << 20, PoolBytes: int64(len(good.mem)),
+			Layout: good.plan.Layout(), Selection: good.plan.Selection(), Blocks: append([]int32(nil), good.plan.Blocks()...),
+			Key: []byte("not a key")}
+	}
+	mk := func(f func(o *RMAOffer)) func(ri *RequestInfo) []*RMAOffer {
+		return func(ri *RequestInfo) []*RMAOffer {
+			o := offer(ri)
 			f(o)
-			return o
+			return []*RMAOffer{o}
+		}
+	}
+	// mkParts sends the good offer as two parts of two blocks, changed by f.
+	mkParts := func(f func(a, b *RMAOffer)) func(ri *RequestInfo) []*RMAOffer {
+		return func(ri *RequestInfo) []*RMAOffer {
+			a, b := offer(ri), offer(ri)
+			a.Flags, a.Total, a.Blocks = RMAOfferPart, 4, a.Blocks[:2]
+			b.Flags, b.Total, b.First, b.Blocks = RMAOfferPart, 4, 2, b.Blocks[2:]
+			f(a, b)
+			return []*RMAOffer{a, b}
 		}
 	}
 	cases := []struct {
 		desc    string
-		offer   func(ri *RequestInfo) *RMAOffer
+		offer   func(ri *RequestInfo) []*RMAOffer
 		wantErr error
 	}{
+		{"parts naming different keys", mkParts(func(a, b *RMAOffer) { b.Key = []byte("another key") }), ErrBadRMAOffer},
+		{"parts naming different pools", mkParts(func(a, b *RMAOffer) { b.Addr += 4096 }), ErrBadRMAOffer},
+		{"parts of different totals", mkParts(func(a, b *RMAOffer) { b.Total = 5 }), ErrBadRMAOffer},
+		{"parts naming different layouts", mkParts(func(a, b *RMAOffer) { b.Layout.StrideBlock *= 2 }), ErrBadRMAOffer},
+		{"parts giving one position two ids", mkParts(func(a, b *RMAOffer) { b.First = 1 }), ErrBadRMAOffer},
+		{"assembled parts with a block outside the pool", mkParts(func(a, b *RMAOffer) { b.Blocks[1] = 64 }), ErrBadRMAOffer},
+		{"assembled parts with a key the transport does not know", mkParts(func(a, b *RMAOffer) {}), ErrInvalidSpec},
 		{"block id outside the pool", mk(func(o *RMAOffer) { o.Blocks[2] = 64 }), ErrBadRMAOffer},
 		{"negative block id", mk(func(o *RMAOffer) { o.Blocks[0] = -1 }), ErrBadRMAOffer},
 		{"duplicate block", mk(func(o *RMAOffer) { o.Blocks[1] = o.Blocks[0] }), ErrBadRMAOffer},
@@ -354,31 +378,70 @@ func TestL12_RMAStallIsTheReceiversToReport(t *testing.T) {
 	require.Zero(t, p.src.Health().AwaitingReady)
 }
 
-// A request of more blocks than one offer carries is declined by the sender, and moves by IOV
-// messages; at the bound it still takes gets.
-func TestRMAOfferTooLargeIsDeclined(t *testing.T) {
-	tiny := layout.Dims{NumLayers: 1, KVFactor: 1, NumHeads: 1, HeadDim: 4, ElemSize: 2, TokensPerBlock: 1, NumBlocks: 2048}
+// A request of more blocks than one offer message carries is offered in parts of
+// rmaMaxOfferBlocks, or fewer where the transport's control messages are smaller
+// (ControlBound), which the receiver assembles; every byte lands where the sender's
+// (shuffled) block list says, and losing a part on the wire only delays the transfer: the
+// receiver's repeated request brings all of them again.
+func TestRMAOfferInParts(t *testing.T) {
+	tiny := layout.Dims{NumLayers: 1, KVFactor: 1, NumHeads: 1, HeadDim: 4, ElemSize: 2, TokensPerBlock: 1, NumBlocks: 8192}
 	cases := []struct {
-		desc     string
-		blocks   int32
-		wantPath Path
+		desc      string
+		blocks    int32
+		dropPart  bool
+		wantParts int // offer messages on the wire, counting a resend
 	}{
-		{"at the bound", rmaMaxOfferBlocks, PathRMA},
-		{"one block over", rmaMaxOfferBlocks + 1, PathDirect},
+		{"at the bound: one message", rmaMaxOfferBlocks, false, 1},
+		{"one block over: two parts", rmaMaxOfferBlocks + 1, false, 2},
+		{"a 128k-token request of 16-token blocks: eleven parts", 8192, false, 11},
+		{"a lost part is sent again", 3 * rmaMaxOfferBlocks, true, 3 + 3},
+		{"control messages of 1 KiB: smaller parts", 2000, false, 0},
 	}
 	for i, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
-			src := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(0, c.blocks), uint64(70+i))
-			dst := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(1000, c.blocks), 0)
+			r := rand.New(rand.NewPCG(uint64(i), 7))
+			srcIDs := seqBlocks(0, c.blocks)
+			r.Shuffle(len(srcIDs), func(a, b int) { srcIDs[a], srcIDs[b] = srcIDs[b], srcIDs[a] })
+			src := newKVPool(t, tiny, layout.BlockMajor, nil, srcIDs, uint64(70+i))
+			dst := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(8192-c.blocks, c.blocks), 0)
 			cfg := rmaConfig()
 			cfg.RMAMinRegionBytes = 1
-			p, _ := directPair(t, cfg, cfg, src, dst)
+			p, w := directPair(t, cfg, cfg, src, dst)
+			if c.wantParts == 0 {
+				p.net.SetMaxControl(1024) // SendControl refuses more: a part too large would decline the offer
+			}
+			var mu sync.Mutex
+			offers, dropped := 0, 0
+			p.net.SetFault(func(fp FaultPoint) Fault {
+				if fp.Kind == KindRMAOffer {
+					mu.Lock()
+					defer mu.Unlock()
+					offers++
+					if c.dropPart && offers == 2 {
+						dropped++
+						return Fault{Drop: true}
+					}
+				}
+				return w.judge(fp)
+			})
 			hs, hr := p.start(t, 1, src, dst)
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
 			waitClosed(t, hs.Quiesced(), "sender quiesced")
 			requireState(t, hr, Completed)
-			require.Equal(t, c.wantPath, hr.Path())
+			requireState(t, hs, Completed)
+			require.Equal(t, PathRMA, hr.Path())
 			require.Equal(t, src.stream(t), dst.stream(t))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case c.wantParts == 0:
+				require.Greater(t, offers, 2000/(1024/4), "parts sized to the transport's control bound")
+			case c.dropPart:
+				require.Equal(t, 1, dropped)
+				require.GreaterOrEqual(t, offers, c.wantParts, "the parts went again after the loss")
+			default:
+				require.Equal(t, c.wantParts, offers)
+			}
 		})
 	}
 }

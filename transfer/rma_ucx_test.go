@@ -66,6 +66,24 @@ func TestUCXRMA_EveryByteAndCancel(t *testing.T) {
 					}
 				})
 			}
+			t.Run("an offer of 2000 blocks goes in parts that fit UCX's control messages", func(t *testing.T) {
+				small := layout.Dims{NumLayers: 1, KVFactor: 2, NumHeads: 1, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 2048}
+				sb, rb := make([]int32, 2000), make([]int32, 2000)
+				for j := range sb {
+					sb[j], rb[j] = int32(j+40), int32(j+8)
+				}
+				s := mappedKV(t, src, small, layout.BlockMajor, sb, 31)
+				r := mappedKV(t, dst, small, layout.BlockMajor, rb, 0)
+				hs, err := src.e.Send(bg, Spec{ID: 780, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+				require.NoError(t, err)
+				hr, err := dst.e.Receive(bg, Spec{ID: 780, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+				require.NoError(t, err)
+				waitQuiesced(t, hr, 20*time.Second)
+				waitQuiesced(t, hs, 20*time.Second)
+				require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+				require.Equal(t, PathRMA, hr.Path())
+				require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
+			})
 			t.Run("receiver cancels with gets in flight", func(t *testing.T) {
 				big := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 128}
 				ids := make([]int32, 128)

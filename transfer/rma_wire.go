@@ -13,7 +13,14 @@ import (
 //	flags u32 | block count u32 | then, declined: reason length u16 | reason
 //	                              else: address u64 | pool bytes u64 | layout 12 x u64 |
 //	                                    selection 4 x u64 | key length u16 | reserved u16 = 0 |
+//	                                    [part only: first u32 | total u32] |
 //	                                    block ids count x u32 | key
+//
+// An offer of more blocks than one control message holds goes in parts (RMAOfferPart): each
+// part is a whole offer but for its block ids, positions [first, first+count) of the sender's
+// list of total. A receiver that predates parts refuses the flag as unknown; a sender sends
+// parts only for requests of more than rmaMaxOfferBlocks blocks, which such a receiver's
+// sender declined before.
 //
 // Decoding checks the structure only (lengths, flags, bounds on counts); whether the layout,
 // the block ids and the pool size make sense together is the receiver's check (checkOffer),
@@ -34,8 +41,12 @@ type RMAOfferFlags uint32
 const (
 	// RMADeclined: the sender will not expose its pool (see RMAOffer.Reason); it sends direct
 	// chunks instead, as if the request had no FlagRMA.
-	RMADeclined     RMAOfferFlags = 1 << 0
-	knownOfferFlags               = RMADeclined
+	RMADeclined RMAOfferFlags = 1 << 0
+	// RMAOfferPart: this offer is one part of a larger one (RMAOffer.First, Total); the
+	// receiver reads nothing until it holds every position.
+	RMAOfferPart    RMAOfferFlags = 1 << 1
+	knownOfferFlags               = RMADeclined | RMAOfferPart
+	rmaPartBytes                  = 8 // first u32, total u32
 )
 
 // RMAOffer answers a request with FlagRMA: the sender's pool as the transport names it
@@ -52,7 +63,10 @@ type RMAOffer struct {
 	Layout    layout.Layout
 	Selection layout.Selection
 	Blocks    []int32
-	Key       []byte
+	// First and Total (RMAOfferPart only): Blocks are positions [First, First+len(Blocks)) of
+	// the sender's block list of Total.
+	First, Total int
+	Key          []byte
 }
 
 // RMARelease tells the sender that the receiver will not read its offered pool again.
@@ -75,7 +89,11 @@ func (m *RMAOffer) AppendBinary(b []byte) ([]byte, error) {
 	}
 	b = m.Header.append(b, KindRMAOffer)
 	b = binary.LittleEndian.AppendUint32(b, uint32(m.Flags))
+	part := m.Flags&RMAOfferPart != 0
 	if m.Flags&RMADeclined != 0 {
+		if part {
+			return nil, malformed(HeaderBytes, "a declined offer cannot be a part")
+		}
 		r := m.Reason
 		if len(r) > MaxAbortReason {
 			r = r[:MaxAbortReason]
@@ -88,6 +106,9 @@ func (m *RMAOffer) AppendBinary(b []byte) ([]byte, error) {
 		return nil, malformed(HeaderBytes, "an offer of %d blocks with a %d-byte key: at most %d blocks, a key of 1 to %d bytes",
 			len(m.Blocks), len(m.Key), MaxBlocks, MaxRMAKey)
 	}
+	if err := checkOfferPart(part, int64(len(m.Blocks)), int64(m.First), int64(m.Total)); err != nil {
+		return nil, err
+	}
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Blocks)))
 	b = binary.LittleEndian.AppendUint64(b, m.Addr)
 	b = binary.LittleEndian.AppendUint64(b, uint64(m.PoolBytes))
@@ -96,10 +117,28 @@ func (m *RMAOffer) AppendBinary(b []byte) ([]byte, error) {
 	}
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Key)))
 	b = binary.LittleEndian.AppendUint16(b, 0)
+	if part {
+		b = binary.LittleEndian.AppendUint32(b, uint32(m.First))
+		b = binary.LittleEndian.AppendUint32(b, uint32(m.Total))
+	}
 	for _, id := range m.Blocks {
 		b = binary.LittleEndian.AppendUint32(b, uint32(id))
 	}
 	return append(b, m.Key...), nil
+}
+
+// checkOfferPart checks a part's position fields (first and total zero in a whole offer).
+func checkOfferPart(part bool, n, first, total int64) error {
+	if !part {
+		if first != 0 || total != 0 {
+			return malformed(HeaderBytes, "a whole offer with a part's first %d and total %d", first, total)
+		}
+		return nil
+	}
+	if n < 1 || first < 0 || total > MaxBlocks || first > total-n {
+		return malformed(HeaderBytes+4, "an offer part of blocks [%d, +%d) of %d (at most %d)", first, n, total, MaxBlocks)
+	}
+	return nil
 }
 
 // AppendBinary implements Message.
@@ -117,8 +156,8 @@ func decodeRMAOffer(h Header, b []byte) (Message, error) {
 	}
 	n := int64(binary.LittleEndian.Uint32(b[HeaderBytes+4:]))
 	if m.Flags&RMADeclined != 0 {
-		if n != 0 || len(b) < rmaDeclineFixedBytes {
-			return nil, malformed(HeaderBytes+4, "a declined offer with %d blocks in %d bytes", n, len(b))
+		if m.Flags&RMAOfferPart != 0 || n != 0 || len(b) < rmaDeclineFixedBytes {
+			return nil, malformed(HeaderBytes+4, "a declined offer (flags %#x) with %d blocks in %d bytes", uint32(m.Flags), n, len(b))
 		}
 		r := int(binary.LittleEndian.Uint16(b[rmaOfferFixedBytes:]))
 		if r > MaxAbortReason || len(b) != rmaDeclineFixedBytes+r {
@@ -143,6 +182,17 @@ func decodeRMAOffer(h Header, b []byte) (Message, error) {
 		return nil, malformed(at+2, "reserved field is %d, must be 0", r)
 	}
 	at += 4
+	if m.Flags&RMAOfferPart != 0 {
+		if len(b) < at+rmaPartBytes {
+			return nil, malformed(at, "an offer part of %d bytes has no first and total", len(b))
+		}
+		first, total := int64(binary.LittleEndian.Uint32(b[at:])), int64(binary.LittleEndian.Uint32(b[at+4:]))
+		if err := checkOfferPart(true, n, first, total); err != nil {
+			return nil, err
+		}
+		m.First, m.Total = int(first), int(total)
+		at += rmaPartBytes
+	}
 	if k == 0 || k > MaxRMAKey || int64(len(b)) != int64(at)+4*n+int64(k) {
 		return nil, malformed(at-4, "a %d-byte key after %d blocks in a %d-byte offer", k, n, len(b))
 	}

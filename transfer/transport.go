@@ -85,6 +85,14 @@ type TransportHealth interface {
 	TransportHealth() error
 }
 
+// ControlBound is implemented by a transport whose control messages are bounded.
+// ControlRoom is the most bytes of one message SendControl takes now (it may change when
+// the transport's own address does); the engine sizes messages that can grow with a request,
+// such as an RMA offer's parts, to fit. It never blocks.
+type ControlBound interface {
+	ControlRoom() int
+}
+
 // Transport moves bytes between engines. It is small and asynchronous: every method returns
 // without waiting on the network, and results come back through callbacks.
 //

@@ -405,6 +405,14 @@ func (t *UCXTransport) regionLocked(buf []byte) (*native.Memory, int64, error) {
 	return nil, 0, fmt.Errorf("%w: [%#x, +%d)", ErrUCXUnregistered, p, len(buf))
 }
 
+// ControlRoom implements ControlBound: MaxControlBytes less the framing and this worker's
+// address, which every control message carries.
+func (t *UCXTransport) ControlRoom() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.cfg.MaxControlBytes - 2 - len(t.addr)
+}
+
 // SendControl implements Transport.
 func (t *UCXTransport) SendControl(to Peer, msg []byte) error {
 	t.mu.Lock()

@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"encoding/binary"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -23,6 +24,8 @@ func TestWireRoundTrip(t *testing.T) {
 		&RMAOffer{Header: h, Addr: 0x7f0000001000, PoolBytes: 1 << 30, Layout: layout.Packed(testDims, layout.BlockMajor),
 			Selection: layout.Selection{LayerEnd: 2, HeadBegin: 1, HeadEnd: 3}, Blocks: []int32{7, 3, -1}, Key: []byte{1, 2, 3}},
 		&RMAOffer{Header: h, Flags: RMADeclined, Reason: "streaming"},
+		&RMAOffer{Header: h, Flags: RMAOfferPart, Addr: 0x7f0000001000, PoolBytes: 1 << 30, Layout: layout.Packed(testDims, layout.BlockMajor),
+			Blocks: []int32{4, 5}, First: 768, Total: 770, Key: []byte{1, 2, 3}},
 		&RMARelease{Header: h},
 	}
 	for _, m := range msgs {
@@ -68,6 +71,9 @@ func TestWireRoundTrip(t *testing.T) {
 	require.Equal(t, []byte{1, 2, 3}, payload)
 }
 
+// rmaPartAt is where an offer part's First and Total lie.
+const rmaPartAt = rmaOfferFixedBytes + rmaOfferBodyBytes
+
 func TestWireRejectsGarbage(t *testing.T) {
 	good := encode(&Done{Header: Header{Request: 1}, Bytes: 5})
 	mut := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
@@ -105,6 +111,20 @@ func TestWireRejectsGarbage(t *testing.T) {
 			b[HeaderBytes+4] = 1
 			return b
 		}()},
+		{"rma offer part past its total", mutPart(func(b []byte) { binary.LittleEndian.PutUint32(b[rmaPartAt:], 3) })},
+		{"rma offer part of a total past MaxBlocks", mutPart(func(b []byte) { binary.LittleEndian.PutUint32(b[rmaPartAt+4:], MaxBlocks+1) })},
+		{"rma offer part of no blocks", mutPart(func(b []byte) { binary.LittleEndian.PutUint32(b[HeaderBytes+4:], 0) })},
+		{"declined offer part", func() []byte {
+			b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMADeclined})
+			b[HeaderBytes] |= byte(RMAOfferPart)
+			return b
+		}()},
+		{"whole rma offer with a part's fields", func() []byte {
+			b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMAOfferPart, Layout: layout.Packed(testDims, layout.BlockMajor),
+				Blocks: []int32{1}, First: 0, Total: 2, Key: []byte{9}})
+			b[HeaderBytes] &^= byte(RMAOfferPart)
+			return b
+		}()},
 		{"rma release with a body", append(encode(&RMARelease{Header: Header{Request: 1}}), 0)},
 		{"request-info chunk not whole elements", encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 3, Depth: 1})},
 	}
@@ -126,6 +146,31 @@ func TestWireRejectsGarbage(t *testing.T) {
 
 func encodeRaw(m Message) []byte { b, _ := m.AppendBinary(nil); return b }
 
+// mutPart returns a good two-block part (First 0, Total 4) changed by f.
+func mutPart(f func(b []byte)) []byte {
+	b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMAOfferPart, Layout: layout.Packed(testDims, layout.BlockMajor),
+		Blocks: []int32{1, 2}, Total: 4, Key: []byte{9}})
+	f(b)
+	return b
+}
+
+// The encoder refuses a part that is not one: no blocks, past its total, or a total past
+// MaxBlocks, and a decline that claims to be a part.
+func TestWireRefusesToEncodeBadOfferParts(t *testing.T) {
+	l := layout.Packed(testDims, layout.BlockMajor)
+	for _, m := range []*RMAOffer{
+		{Flags: RMAOfferPart, Layout: l, Total: 4, Key: []byte{9}},
+		{Flags: RMAOfferPart, Layout: l, Blocks: []int32{1, 2}, First: 3, Total: 4, Key: []byte{9}},
+		{Flags: RMAOfferPart, Layout: l, Blocks: []int32{1}, First: -1, Total: 4, Key: []byte{9}},
+		{Flags: RMAOfferPart, Layout: l, Blocks: []int32{1}, Total: MaxBlocks + 1, Key: []byte{9}},
+		{Flags: RMAOfferPart | RMADeclined, Reason: "no"},
+		{Layout: l, Blocks: []int32{1}, First: 1, Total: 4, Key: []byte{9}},
+	} {
+		_, err := m.AppendBinary(nil)
+		require.ErrorIs(t, err, ErrMalformed, "%+v", m)
+	}
+}
+
 // FuzzDecode feeds arbitrary bytes to both decoders: they must return a message or a typed
 // error, never panic, and whatever decodes must re-encode to the same bytes.
 func FuzzDecode(f *testing.F) {
@@ -141,6 +186,8 @@ func FuzzDecode(f *testing.F) {
 		Selection: layout.Selection{LayerEnd: 2, HeadEnd: 4}, Blocks: []int32{1, 2}, Key: []byte("key")}))
 	f.Add(encode(&RMAOffer{Header: Header{Request: 8}, Flags: RMADeclined, Reason: "no"}))
 	f.Add(encode(&RMARelease{Header: Header{Request: 9}}))
+	f.Add(encode(&RMAOffer{Header: Header{Request: 10}, Flags: RMAOfferPart, Addr: 4096, PoolBytes: 1 << 20,
+		Layout: layout.Packed(testDims, layout.BlockMajor), Blocks: []int32{2, 3}, First: 1, Total: 3, Key: []byte{5}}))
 	d, _ := (&DataHeader{Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
 	f.Add(append(d, 7))
 	f.Fuzz(func(t *testing.T, b []byte) {
