@@ -5,7 +5,6 @@
 package stress
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -18,8 +17,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/kvxfer/kvxfer/transfer"
 )
 
 // netPair is two network namespaces joined by a veth pair, made by the soak for itself: the
@@ -132,44 +129,29 @@ func (ps *procSoak) startNSPeer(idx int, ns, dev string) (*nsPeer, error) {
 	p := &nsPeer{procPeer: &procPeer{idx: idx, cmd: cmd, stdin: stdin, exited: make(chan struct{}), pool: make(chan string, 1), stderr: tail},
 		health: make(chan string, 1), ends: map[uint64]chan string{}}
 	addr := make(chan string, 1)
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			f := strings.Fields(line)
-			switch {
-			case len(f) >= 1 && f[0] == "HEALTH":
-				select {
-				case p.health <- line:
-				default:
-				}
-			case len(f) >= 3 && f[0] == "END":
-				id, _ := strconv.ParseUint(f[1], 10, 64)
-				p.mu.Lock()
-				ch := p.ends[id]
-				delete(p.ends, id)
-				p.mu.Unlock()
-				if ch != nil {
-					ch <- line
-				}
+	watchPeer(p.procPeer, stdout, func(line string) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 1 && f[0] == "HEALTH":
+			select {
+			case p.health <- line:
 			default:
-				ps.peerLine(p.procPeer, line, addr)
 			}
+		case len(f) >= 3 && f[0] == "END":
+			id, _ := strconv.ParseUint(f[1], 10, 64)
+			p.mu.Lock()
+			ch := p.ends[id]
+			delete(p.ends, id)
+			p.mu.Unlock()
+			if ch != nil {
+				ch <- line
+			}
+		default:
+			ps.peerLine(p.procPeer, line, addr)
 		}
-	}()
-	go func() { <-readerDone; _ = cmd.Wait(); close(p.exited) }()
-	select {
-	case a := <-addr:
-		p.name = transfer.Peer(a)
-	case <-p.exited:
-		return nil, fmt.Errorf("stress: the peer in %s exited before printing its address", ns)
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-p.exited
-		return nil, fmt.Errorf("stress: the peer in %s printed no address in 10s", ns)
+	})
+	if err := awaitAddr(p.procPeer, addr, "the peer in "+ns); err != nil {
+		return nil, err
 	}
 	return p, nil
 }

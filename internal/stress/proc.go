@@ -204,29 +204,9 @@ func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
 	}
 	p := &procPeer{idx: idx, gen: gen, cmd: cmd, stdin: stdin, exited: make(chan struct{}), pool: make(chan string, 1), stderr: tail}
 	addr := make(chan string, 1)
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		for sc.Scan() {
-			ps.peerLine(p, sc.Text(), addr)
-		}
-	}()
-	go func() {
-		<-readerDone // Wait must follow the last read of stdout
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
-	select {
-	case a := <-addr:
-		p.name = transfer.Peer(a)
-	case <-p.exited:
-		return nil, fmt.Errorf("stress: peer %d exited before printing its address", idx)
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-p.exited
-		return nil, fmt.Errorf("stress: peer %d printed no address in 10s", idx)
+	watchPeer(p, stdout, func(line string) { ps.peerLine(p, line, addr) })
+	if err := awaitAddr(p, addr, fmt.Sprintf("peer %d", idx)); err != nil {
+		return nil, err
 	}
 	if err := p.send("PEER " + hex.EncodeToString(ps.tr.WorkerAddress())); err != nil {
 		return nil, err
@@ -259,6 +239,42 @@ func spawnPeer(cmd *exec.Cmd, pc peerConfig) (stdin io.WriteCloser, stdout io.Re
 		return nil, nil, nil, err
 	}
 	return stdin, stdout, tail, nil
+}
+
+// watchPeer hands each line the peer prints to handle, from a goroutine of its own, and
+// reaps the process after its last line, closing p.exited.
+func watchPeer(p *procPeer, stdout io.Reader, handle func(line string)) {
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<16), 1<<20)
+		for sc.Scan() {
+			handle(sc.Text())
+		}
+	}()
+	go func() {
+		<-readerDone // Wait must follow the last read of stdout
+		_ = p.cmd.Wait()
+		close(p.exited)
+	}()
+}
+
+// awaitAddr waits, 10 s at most, for the address the peer prints first (peerLine passes it on
+// addr) and names the peer with it; a peer that exits or stays silent is an error naming it
+// as what, and a silent one is killed.
+func awaitAddr(p *procPeer, addr <-chan string, what string) error {
+	select {
+	case a := <-addr:
+		p.name = transfer.Peer(a)
+		return nil
+	case <-p.exited:
+		return fmt.Errorf("stress: %s exited before printing its address", what)
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		return fmt.Errorf("stress: %s printed no address in 10s", what)
+	}
 }
 
 // peerLine handles one line a peer printed.
