@@ -19,6 +19,16 @@ import (
 
 // mappedKV is newUCXKV with the pool moved into memory the transport mapped, so the one-copy
 // path may hand it to UCX.
+// startKV starts request id from src's pool s to dst's pool r: the Send, then the Receive.
+func startKV(t testing.TB, src, dst *ucxEngine, id RequestID, s, r *ucxKV) (hs, hr *Handle) {
+	t.Helper()
+	hs, err := src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+	require.NoError(t, err)
+	hr, err = dst.e.Receive(bg, Spec{ID: id, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+	require.NoError(t, err)
+	return hs, hr
+}
+
 func mappedKV(t testing.TB, u *ucxEngine, d layout.Dims, o layout.Order, blockIDs []int32, seed uint64) *ucxKV {
 	t.Helper()
 	k := newUCXKV(t, d, o, blockIDs, seed)
@@ -58,10 +68,7 @@ func TestUCXDirect_EveryByteAcrossLayouts(t *testing.T) {
 					r := mappedKV(t, dst, dims, c.dst, rb[:len(s.plan.Blocks())], 0)
 					id := RequestID(500 + i)
 					dst.e.cfg.DirectChunkBytes = c.chunk // read only by transfers started after this
-					hs, err := src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
-					require.NoError(t, err)
-					hr, err := dst.e.Receive(bg, Spec{ID: id, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
-					require.NoError(t, err)
+					hs, hr := startKV(t, src, dst, id, s, r)
 					waitQuiesced(t, hr, 20*time.Second)
 					waitQuiesced(t, hs, 20*time.Second)
 					require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
@@ -87,10 +94,7 @@ func TestUCXDirect_FallbackAndRefusal(t *testing.T) {
 
 	s := mappedKV(t, src, dims, layout.BlockMajor, ids, 3)
 	r := newUCXKV(t, dims, layout.LayerMajor, ids, 0)
-	hs, err := src.e.Send(bg, Spec{ID: 1, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
-	require.NoError(t, err)
-	hr, err := dst.e.Receive(bg, Spec{ID: 1, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
-	require.NoError(t, err)
+	hs, hr := startKV(t, src, dst, 1, s, r)
 	waitQuiesced(t, hr, 10*time.Second)
 	waitQuiesced(t, hs, 10*time.Second)
 	require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
@@ -99,10 +103,7 @@ func TestUCXDirect_FallbackAndRefusal(t *testing.T) {
 
 	s2 := newUCXKV(t, dims, layout.BlockMajor, ids, 4)
 	r2 := mappedKV(t, dst, dims, layout.LayerMajor, ids, 0)
-	hs, err = src.e.Send(bg, Spec{ID: 2, Peer: dst.tr.Self(), Plan: s2.plan, Pool: s2.mem})
-	require.NoError(t, err)
-	hr, err = dst.e.Receive(bg, Spec{ID: 2, Peer: src.tr.Self(), Plan: r2.plan, Pool: r2.mem})
-	require.NoError(t, err)
+	hs, hr = startKV(t, src, dst, 2, s2, r2)
 	waitQuiesced(t, hr, 10*time.Second)
 	waitQuiesced(t, hs, 10*time.Second)
 	require.Equal(t, Failed, hr.Status().State)
