@@ -55,7 +55,12 @@ type routeKey struct {
 
 type pendingInfo struct {
 	info *RequestInfo
-	at   time.Time
+	// abort is the receiver's Abort that followed info: it gave up (its deadline, a cancel)
+	// before the Send was made. The Send then ends at once instead of starting on a request
+	// nobody waits for: on the RMA path it would expose its pool to a receiver that will never
+	// read it nor release it, and the blocks could never be freed (L10).
+	abort *Abort
+	at    time.Time
 }
 
 // unanswered is a Send that ended before its receiver's request arrived: a request that
@@ -164,7 +169,11 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		delete(e.unanswered, key)
 		if p, ok := e.pending[key]; ok && !receive {
 			delete(e.pending, key)
-			x.box.push(event{msg: p.info})
+			if p.abort != nil {
+				x.box.push(event{msg: p.abort})
+			} else {
+				x.box.push(event{msg: p.info})
+			}
 		}
 		x.qctx, x.qcancel = context.WithTimeout(ctx, e.cfg.QueueTimeout)
 	}
@@ -435,6 +444,13 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 			return
 		case ok && !e.closed:
 			e.addPendingLocked(key, ri)
+		default:
+			if a, isAbort := m.(*Abort); isAbort {
+				if p, early := e.pending[key]; early && p.abort == nil {
+					p.abort = a // the receiver of an early request gave up: its Send must not start
+					e.pending[key] = p
+				}
+			}
 		}
 		e.mu.Unlock()
 		return
@@ -485,10 +501,11 @@ func (e *Engine) rememberUnanswered(key routeKey, code AbortCode, cause error) {
 }
 
 // addPendingLocked keeps a request that arrived before its Send, bounded in count and age; a
-// dropped one is resent by the receiver. e.mu is held.
+// dropped one is resent by the receiver. A request after an abort of the same id replaces it:
+// the receiver started again. e.mu is held.
 func (e *Engine) addPendingLocked(key routeKey, ri *RequestInfo) {
-	if _, ok := e.pending[key]; ok {
-		return
+	if p, ok := e.pending[key]; ok && p.abort == nil {
+		return // a repeat
 	}
 	if len(e.pending) >= e.cfg.MaxPending {
 		now := time.Now()

@@ -46,6 +46,12 @@ func newKVPool(t testing.TB, d layout.Dims, o layout.Order, sel *layout.Selectio
 	return &kvPool{l: l, mem: mem, plan: p}
 }
 
+// nopInbound ignores control messages and peer failures.
+type nopInbound struct{}
+
+func (nopInbound) OnControl(Peer, []byte) {}
+func (nopInbound) OnPeerLost(Peer, error) {}
+
 func blocks(ids ...int32) []int32 { return ids }
 
 func seqBlocks(from, n int32) []int32 {

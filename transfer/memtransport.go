@@ -414,7 +414,11 @@ type MemTransport struct {
 	exited  chan struct{}
 	closing bool
 	once    sync.Once
-	direct  [][]byte // pools AllowDirect named; guarded by net.mu
+	// direct holds the pools AllowDirect named, by the id their RMA keys carry (ids are never
+	// reused, so a key outlives ForgetDirect only as a key that names nothing); guarded by
+	// net.mu.
+	direct     map[uint32][]byte
+	nextDirect uint32
 }
 
 var (
@@ -429,7 +433,27 @@ var (
 func (t *MemTransport) AllowDirect(pool []byte) {
 	t.net.mu.Lock()
 	defer t.net.mu.Unlock()
-	t.direct = append(t.direct, pool)
+	if t.direct == nil {
+		t.direct = map[uint32][]byte{}
+	}
+	t.direct[t.nextDirect] = pool
+	t.nextDirect++
+}
+
+// ForgetDirect undoes AllowDirect for pool (the same slice: its first byte and length): new
+// operations on it are refused and RMA keys naming it name nothing, as a real transport's are
+// once the memory is unregistered. Operations already posted go on. It reports whether pool
+// was allowed.
+func (t *MemTransport) ForgetDirect(pool []byte) bool {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	for id, d := range t.direct {
+		if len(d) == len(pool) && unsafe.SliceData(d) == unsafe.SliceData(pool) {
+			delete(t.direct, id)
+			return true
+		}
+	}
+	return false
 }
 
 // Direct implements DirectTransport.

@@ -407,11 +407,12 @@ func (x *xfer) gotRegion(rec *opRec, c Completion) {
 }
 
 // rmaEnd runs when a receiver that asked for an offer has ended: unless it completed (Done
-// said so), it tells the sender it will not read the pool again. Its gets are all final by
-// now, or given up with its own blocks poisoned for good, where a late read lands in memory
-// nobody uses.
+// said so), it tells the sender it will not read the pool again, whatever became of the offer
+// (a sender with no exposure, or one our decline ended, ignores the release). Its gets are
+// all final by now, or given up with its own blocks poisoned for good, where a late read
+// lands in memory nobody uses.
 func (x *xfer) rmaEnd() {
-	if (x.rma.mode == rmaAsked || x.rma.mode == rmaPulling) && x.m.load() != Completed {
+	if x.m.load() != Completed { // also after a decline of ours: the release is the word that lasts
 		_ = x.eng.tr.SendControl(x.peer, encode(&RMARelease{Header: Header{Sub: x.wireSub, Request: x.h.id}}))
 	}
 }
@@ -524,16 +525,24 @@ func (x *xfer) rmaRepeated(m *RequestInfo) {
 		_ = x.eng.tr.SendControl(x.peer, x.rma.decline) // the receiver still waits for an answer
 		return
 	}
-	if x.receive || x.rma.mode != rmaOffered || x.aborting || x.rma.exposure.final || m.Flags&FlagDirect == 0 {
+	if x.receive || x.rma.mode != rmaOffered || x.rma.exposure.final || m.Flags&FlagDirect == 0 {
 		return
 	}
 	if m.Flags&FlagRMA != 0 {
-		_ = x.sendOffer()
+		if !x.aborting {
+			_ = x.sendOffer()
+		}
 		return
 	}
+	// The receiver declined before reading anything: the pool is no longer exposed, even for
+	// a sender already aborting, which has no other word coming (L10).
 	x.rma.exposure.final = true
 	x.outstanding--
 	x.rma.mode = rmaOff
+	if x.aborting {
+		x.maybeResolve()
+		return
+	}
 	x.path.Store(int32(PathDirect))
 	x.setChunks(x.rma.ri.ChunkBytes, x.rma.ri.Flags&FlagLayerCut != 0)
 	for range min(x.eng.cfg.PipelineDepth, x.nChunks) {

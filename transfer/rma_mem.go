@@ -10,8 +10,8 @@ import (
 
 var _ RMATransport = (*MemTransport)(nil)
 
-// memKeyMagic starts a MemTransport's remote key; the index of the pool in the owner's
-// AllowDirect list follows.
+// memKeyMagic starts a MemTransport's remote key; the id of the pool in the owner's
+// AllowDirect set follows.
 const memKeyMagic = "kvxmemrma"
 
 // RMAKey implements RMATransport for a pool named to AllowDirect (or a part of one): the key
@@ -24,7 +24,7 @@ func (t *MemTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 		for i, d := range t.direct {
 			q := uintptr(unsafe.Pointer(unsafe.SliceData(d)))
 			if len(d) > 0 && p >= q && p+uintptr(len(pool)) <= q+uintptr(len(d)) {
-				return uint64(p), binary.LittleEndian.AppendUint32([]byte(memKeyMagic), uint32(i)), nil
+				return uint64(p), binary.LittleEndian.AppendUint32([]byte(memKeyMagic), i), nil
 			}
 		}
 	}
@@ -49,11 +49,11 @@ func (t *MemTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 	if len(key) != len(memKeyMagic)+4 || string(key[:len(memKeyMagic)]) != memKeyMagic {
 		return 0, fmt.Errorf("%w: %d-byte key is not a memtransport rma key", ErrInvalidSpec, len(key))
 	}
-	i := int(binary.LittleEndian.Uint32(key[len(memKeyMagic):]))
-	if i >= len(owner.direct) {
-		return 0, fmt.Errorf("%w: rma key names pool %d of %d", ErrInvalidSpec, i, len(owner.direct))
+	i := binary.LittleEndian.Uint32(key[len(memKeyMagic):])
+	pool, ok := owner.direct[i]
+	if !ok {
+		return 0, fmt.Errorf("%w: rma key names pool %d, which %s does not allow (now)", ErrInvalidSpec, i, from)
 	}
-	pool := owner.direct[i]
 	base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(pool))))
 	if addr < base || addr-base > uint64(len(pool)) || uint64(len(dst)) > uint64(len(pool))-(addr-base) {
 		return 0, fmt.Errorf("%w: get [%#x, +%d) outside the %d-byte pool at %#x", ErrInvalidSpec, addr, len(dst), len(pool), base)

@@ -443,3 +443,103 @@ func TestRMAOfferInParts(t *testing.T) {
 		})
 	}
 }
+
+// MemTransport.ForgetDirect undoes AllowDirect for that very slice: Direct says no, and a get
+// with a key made before names nothing and is refused; another slice of the same memory is
+// not that pool.
+func TestMemTransportForgetDirect(t *testing.T) {
+	n := NewMemNetwork()
+	a, b := n.Transport("a"), n.Transport("b")
+	for _, tr := range []*MemTransport{a, b} {
+		require.NoError(t, tr.Bind(nopInbound{}))
+		t.Cleanup(func() { require.NoError(t, tr.Close(true)) })
+	}
+	pool, dst := make([]byte, 4096), make([]byte, 64)
+	a.AllowDirect(pool)
+	b.AllowDirect(dst)
+	addr, key, err := a.RMAKey(pool)
+	require.NoError(t, err)
+	require.True(t, a.Direct(pool[100:200]))
+
+	require.False(t, a.ForgetDirect(pool[:100]), "a part of the pool is not the pool")
+	require.True(t, a.ForgetDirect(pool))
+	require.False(t, a.ForgetDirect(pool), "forgotten already")
+	require.False(t, a.Direct(pool))
+	_, _, err = a.RMAKey(pool)
+	require.ErrorIs(t, err, ErrInvalidSpec)
+	_, err = b.PostGet("a", Tag{Request: 1}, key, addr, dst, func(Completion) {})
+	require.ErrorIs(t, err, ErrInvalidSpec, "a key of a forgotten pool names nothing")
+
+	a.AllowDirect(pool)
+	addr2, key2, err := a.RMAKey(pool)
+	require.NoError(t, err)
+	require.Equal(t, addr, addr2)
+	require.NotEqual(t, key, key2, "a pool allowed again has a new key")
+}
+
+// L10 on the RMA mode: a receiver that gave up (its deadline, or a cancel) before the Send was
+// made has told the sender's engine so; the early request it left there must not start the
+// Send, or the sender would expose its pool to a receiver that will never read it nor say it
+// stopped, and its blocks could never be freed (they stayed poisoned, never quiescent: found
+// by the soak's direct mode). The Send ends unanswered, quiescent, its blocks the caller's.
+func TestL10_RMAReceiverGoneBeforeTheSendExposesNothing(t *testing.T) {
+	for _, how := range []string{"deadline", "cancel"} {
+		t.Run(how, func(t *testing.T) {
+			src, dst := rmaPools(t, 80)
+			cfg := rmaConfig()
+			p, _ := directPair(t, cfg, cfg, src, dst)
+			spec := Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem}
+			if how == "deadline" {
+				spec.Timeout = time.Millisecond
+			}
+			hr, err := p.dst.Receive(bg, spec)
+			require.NoError(t, err)
+			if how == "cancel" {
+				eventually(t, func() bool { return hr.Status().State == Advertised }, "request sent")
+				p.dst.Cancel(1)
+			}
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			time.Sleep(20 * time.Millisecond) // its abort reaches the sender's engine
+			hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Timeout: 200 * time.Millisecond})
+			require.NoError(t, err)
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			st := hs.Status()
+			require.Equal(t, Failed, st.State, "%v", st.Err)
+			require.ErrorIs(t, st.Err, ErrPeerAborted, "the Send ends at once, on the receiver's word")
+			require.False(t, st.BlocksPoisoned)
+			require.NotEqual(t, PathRMA, hs.Path(), "the pool was never offered")
+		})
+	}
+}
+
+// L10 on the RMA mode: a receiver that declines the offer (its layout does not line up) after
+// the sender has aborted (its deadline) still releases the sender's pool: the decline says it
+// will never read it, and so does the receiver's end. Before, an aborting sender ignored the
+// decline and waited for a release that never came, and its blocks stayed poisoned for good
+// (found by the soak's direct mode).
+func TestL10_RMADeclineAfterTheSendersDeadlineReleasesThePool(t *testing.T) {
+	src := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 2, 3, 4), 90)
+	dst := newKVPool(t, testDims, layout.LayerMajor, nil, blocks(5, 6, 7, 8), 0) // ranges too small: a decline
+	cfg := rmaConfig()
+	p, w := directPair(t, cfg, cfg, src, dst)
+	var mu sync.Mutex
+	requests := 0
+	p.net.SetFault(func(fp FaultPoint) Fault {
+		if fp.Kind == KindRequestInfo && fp.From == "decode" {
+			mu.Lock()
+			defer mu.Unlock()
+			if requests++; requests >= 2 { // the decline (and any repeat): held past the sender's deadline
+				return Fault{Delay: 150 * time.Millisecond}
+			}
+		}
+		return w.judge(fp)
+	})
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Timeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Timeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	require.False(t, hs.Status().BlocksPoisoned, "%v", hs.Status().Err)
+	require.NotEqual(t, Completed, hs.Status().State)
+}

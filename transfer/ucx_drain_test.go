@@ -12,12 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// nopInbound ignores control messages and peer failures.
-type nopInbound struct{}
-
-func (nopInbound) OnControl(Peer, []byte) {}
-func (nopInbound) OnPeerLost(Peer, error) {}
-
 func newBoundUCXTransport(t *testing.T, tls, dev string, cfg UCXConfig) *UCXTransport {
 	t.Helper()
 	cfg.TLS, cfg.NetDevices = tls, dev
