@@ -27,6 +27,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}{
 		{"fraction above one", Config{CancelFraction: 1.5}, "CancelFraction"},
 		{"negative fraction", Config{LargeFraction: -0.1}, "LargeFraction"},
+		{"direct fraction above one", Config{DirectFraction: 2}, "DirectFraction"},
 		{"negative duration", Config{Grace: -time.Second}, "Grace"},
 		{"too short", Config{Duration: time.Second}, "Duration"},
 		{"concurrency", Config{Concurrency: -1}, "Concurrency"},

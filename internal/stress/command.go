@@ -35,6 +35,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&cfg.TPFraction, "tp-fraction", DefaultTPFraction, "share of requests received from two TP=2 prefill ranks")
 	fs.Float64Var(&cfg.CancelFraction, "cancel-fraction", DefaultCancelFraction, "share of requests cancelled (fault cancel)")
 	fs.Float64Var(&cfg.DeadlineFraction, "deadline-fraction", DefaultDeadlineFraction, "share of requests with a 1-20 ms deadline (fault deadline)")
+	fs.Float64Var(&cfg.DirectFraction, "direct-fraction", DefaultDirectFraction, "share of requests whose pools take the one-copy path (RMA gets or IOV messages) instead of staging slots; 0 for none (in-process soak only)")
 	fs.DurationVar(&cfg.TransferTimeout, "transfer-timeout", DefaultTransferTimeout, "deadline of the other requests")
 	fs.DurationVar(&cfg.ProgressDeadline, "progress-deadline", DefaultProgressDeadline, "engines' progress deadline: health must turn within it")
 	fs.DurationVar(&cfg.QuarantineTimeout, "quarantine-timeout", DefaultQuarantineTimeout, "engines' quarantine timeout")
@@ -60,6 +61,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return &UsageError{Msg: err.Error()}
 	}
 	cfg.NoFaults = len(cfg.Faults) == 0
+	cfg.NoDirect = cfg.DirectFraction == 0
 	cfg.MaxHeapBytes = *maxHeapMiB << 20
 	if *verbose {
 		enc := zap.NewDevelopmentEncoderConfig()

@@ -101,6 +101,13 @@ type Config struct {
 	// DeadlineFraction of requests get a deadline of 1 to 20 ms when FaultDeadline is on.
 	// Default 0.1.
 	DeadlineFraction float64
+	// DirectFraction of the in-process soak's requests name their pools to the transport, so
+	// they take the one-copy path (RMA gets where whole blocks line up, IOV messages for the
+	// TP=2 halves) instead of staging slots. Default 0.25. The peer-process soak moves
+	// everything by staging (its pools are not mapped).
+	DirectFraction float64
+	// NoDirect sends every request by staging (DirectFraction is then ignored).
+	NoDirect bool
 	// Faults lists the faults to inject. Default (nil): AllFaults. Use NoFaults for none.
 	Faults []Fault
 	// NoFaults turns every fault off (Faults is then ignored).
@@ -145,6 +152,7 @@ const (
 	DefaultTPFraction        = 0.25
 	DefaultCancelFraction    = 0.3
 	DefaultDeadlineFraction  = 0.1
+	DefaultDirectFraction    = 0.25
 	DefaultSeed              = 1
 	DefaultSlotBytes         = 64<<10 + 64
 	DefaultMaxConcurrent     = 64
@@ -177,6 +185,10 @@ func (c Config) withDefaults() Config {
 	frac(&c.TPFraction, DefaultTPFraction)
 	frac(&c.CancelFraction, DefaultCancelFraction)
 	frac(&c.DeadlineFraction, DefaultDeadlineFraction)
+	frac(&c.DirectFraction, DefaultDirectFraction)
+	if c.NoDirect {
+		c.DirectFraction = 0
+	}
 	switch {
 	case c.NoFaults:
 		c.Faults = nil
@@ -218,7 +230,8 @@ func (c Config) validate() error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"LargeFraction", c.LargeFraction}, {"TPFraction", c.TPFraction}, {"CancelFraction", c.CancelFraction}, {"DeadlineFraction", c.DeadlineFraction}} {
+	}{{"LargeFraction", c.LargeFraction}, {"TPFraction", c.TPFraction}, {"CancelFraction", c.CancelFraction}, {"DeadlineFraction", c.DeadlineFraction},
+		{"DirectFraction", c.DirectFraction}} {
 		if f.v < 0 || f.v > 1 {
 			return bad(f.name, f.v, "must be between 0 and 1")
 		}

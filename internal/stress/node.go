@@ -19,6 +19,9 @@ type node struct {
 	name transfer.Peer
 	eng  *transfer.Engine
 	slot *slotTracker
+	// mem is the in-process soak's transport under slot, to which a direct request names its
+	// pools (nil in the peer-process soak).
+	mem *transfer.MemTransport
 
 	quarantines atomic.Int64
 	poisons     atomic.Int64
@@ -45,6 +48,7 @@ type slotTracker struct {
 var (
 	_ transfer.Transport       = (*slotTracker)(nil)
 	_ transfer.TransportHealth = (*slotTracker)(nil)
+	_ transfer.RMATransport    = (*slotTracker)(nil)
 )
 
 func newSlotTracker(inner transfer.Transport, staging []byte, slotBytes int64) *slotTracker {
@@ -90,6 +94,53 @@ func (s *slotTracker) findings() (poisoned int, reused, foreign []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.poisoned), append([]string(nil), s.reused...), append([]string(nil), s.foreign...)
+}
+
+// The one-copy path's operations go straight to the wrapped transport; it refuses memory
+// that was not named to it, so a direct buffer is never a staging slot unless the staging
+// memory was named, which checkDirect reports.
+
+// rma returns the wrapped transport's one-copy side, or nil.
+func (s *slotTracker) rma() transfer.RMATransport {
+	rt, _ := s.inner.(transfer.RMATransport)
+	return rt
+}
+
+// checkDirect records a one-copy operation on staging memory.
+func (s *slotTracker) checkDirect(what string, tag transfer.Tag, bufs ...[]byte) {
+	for _, b := range bufs {
+		if p := uintptr(unsafe.Pointer(unsafe.SliceData(b))); len(b) > 0 && p >= s.base && p < s.base+s.size {
+			s.mu.Lock()
+			if len(s.foreign) < 16 {
+				s.foreign = append(s.foreign, fmt.Sprintf("%s of request %d chunk %d: a one-copy operation on staging memory", what, tag.Request, tag.Seq))
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// Direct implements transfer.DirectTransport.
+func (s *slotTracker) Direct(pool []byte) bool { rt := s.rma(); return rt != nil && rt.Direct(pool) }
+
+// PostSendIOV implements transfer.DirectTransport.
+func (s *slotTracker) PostSendIOV(to transfer.Peer, tag transfer.Tag, iov [][]byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	s.checkDirect("direct send", tag, iov...)
+	return s.rma().PostSendIOV(to, tag, iov, done)
+}
+
+// PostRecvIOV implements transfer.DirectTransport.
+func (s *slotTracker) PostRecvIOV(from transfer.Peer, tag transfer.Tag, iov [][]byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	s.checkDirect("direct receive", tag, iov...)
+	return s.rma().PostRecvIOV(from, tag, iov, done)
+}
+
+// RMAKey implements transfer.RMATransport.
+func (s *slotTracker) RMAKey(pool []byte) (uint64, []byte, error) { return s.rma().RMAKey(pool) }
+
+// PostGet implements transfer.RMATransport.
+func (s *slotTracker) PostGet(from transfer.Peer, tag transfer.Tag, key []byte, addr uint64, dst []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	s.checkDirect("get", tag, dst)
+	return s.rma().PostGet(from, tag, key, addr, dst, done)
 }
 
 // Bind implements transfer.Transport.
@@ -145,6 +196,9 @@ func (n *node) OnQuarantine(transfer.RequestID, int, error) { n.quarantines.Add(
 
 // OnPoison implements transfer.Observer.
 func (n *node) OnPoison(_ transfer.RequestID, slot int, _ string) {
+	if slot < 0 { // the caller's KV blocks of a one-copy transfer, not a slot: the handle counts them
+		return
+	}
 	n.poisons.Add(1)
 	n.slot.markPoisoned(slot)
 }

@@ -106,7 +106,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 		}
 	}
 	goroutinesStart := runtime.NumGoroutine()
-	s := &soak{cfg: cfg, log: cfg.Logger, cancelOutcomes: map[string]int64{}, injected: map[Fault]*atomic.Int64{}}
+	s := &soak{cfg: cfg, log: cfg.Logger, cancelOutcomes: map[string]int64{}, paths: map[string]int64{}, injected: map[Fault]*atomic.Int64{}}
 	for _, f := range AllFaults {
 		s.injected[f] = new(atomic.Int64)
 	}
@@ -588,6 +588,7 @@ func (ps *procSoak) request(r *rand.Rand) {
 	switch st := sd.h.Status(); st.State {
 	case transfer.Completed:
 		ps.completed.Add(1)
+		ps.recordPath(sd.h.Path())
 		for i := range subs {
 			if got := checksum(subs[i].Plan, dstPool); got != sums[i] {
 				ps.corrupt.Add(1)

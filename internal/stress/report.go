@@ -26,6 +26,9 @@ type Report struct {
 	Refused int64 `json:"refused"`
 	// Completed counts requests whose receive completed; their bytes were checked.
 	Completed int64 `json:"completed"`
+	// CompletedByPath splits Completed by the path the receive took (transfer.Path: staging,
+	// direct, rma).
+	CompletedByPath map[string]int64 `json:"completed_by_path"`
 	// Failed and Cancelled count receives that ended so.
 	Failed    int64 `json:"failed"`
 	Cancelled int64 `json:"cancelled"`
@@ -37,6 +40,11 @@ type Report struct {
 	PoisonedSlots int64 `json:"poisoned_slots"`
 	// Wedged handles missed their deadline-plus-grace bound (must be 0).
 	Wedged int64 `json:"wedged"`
+	// BlocksPoisoned counts one-copy handles whose caller's blocks were poisoned: an operation
+	// on them never said whether it let go (a hung or never-quiescent chunk, a peer frozen
+	// past the quarantine timeout), so the handle never quiesces (L9). Without any of those
+	// faults it must be 0.
+	BlocksPoisoned int64 `json:"blocks_poisoned"`
 	// LeakedSlots were still leased after the drain (must be 0).
 	LeakedSlots int64 `json:"leaked_slots"`
 	// Corrupt completed transfers whose bytes did not match the sender's checksum (must be 0).
@@ -92,6 +100,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	row("started", r.Started)
 	row("refused (peer restarting)", r.Refused)
 	row("completed (bytes checked)", r.Completed)
+	paths := make([]string, 0, len(r.CompletedByPath))
+	for k := range r.CompletedByPath {
+		paths = append(paths, k)
+	}
+	sort.Strings(paths)
+	for _, k := range paths {
+		row("  by "+k, r.CompletedByPath[k])
+	}
 	row("failed", r.Failed)
 	row("cancelled", r.Cancelled)
 	names := make([]string, 0, len(r.CancelOutcomes))
@@ -105,6 +121,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	row("quarantined", r.Quarantined)
 	row("poisoned slots", r.PoisonedSlots)
 	row("wedged (must be 0)", r.Wedged)
+	row("one-copy handles with blocks poisoned", r.BlocksPoisoned)
 	row("leaked slots (must be 0)", r.LeakedSlots)
 	row("corrupt (must be 0)", r.Corrupt)
 	row("reused poisoned (must be 0)", r.ReusedPoisoned)

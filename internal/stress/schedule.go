@@ -256,6 +256,13 @@ func liveHeap() uint64 {
 }
 
 // recordCancel counts one Engine.Cancel outcome.
+// recordPath counts a completed request by the path its receive took.
+func (s *soak) recordPath(p transfer.Path) {
+	s.mu.Lock()
+	s.paths[p.String()]++
+	s.mu.Unlock()
+}
+
 func (s *soak) recordCancel(outcome string) {
 	s.mu.Lock()
 	s.cancelOutcomes[outcome]++

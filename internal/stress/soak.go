@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,7 @@ type soak struct {
 	skipped []string
 
 	cancelOutcomes map[string]int64
+	paths          map[string]int64 // completed requests by transfer.Path
 
 	// Fault state, read by the network's fault function under the network's lock.
 	frozenPeer  atomic.Pointer[transfer.Peer]
@@ -44,6 +46,7 @@ type soak struct {
 
 	started, refused, completed, failed, cancelled, quarantined atomic.Int64
 	wedged, corrupt, accountingErrors                           atomic.Int64
+	blocksPoisoned                                              atomic.Int64 // one-copy handles that never quiesce (L9)
 	workersReplaced                                             atomic.Int64 // decode's UCX workers replaced (proc.go)
 	unhealthyNanos                                              atomic.Int64
 	longestDetect, longestRecovery                              atomic.Int64
@@ -109,7 +112,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // newSoak builds the network and the three engines of a run from a Config with defaults.
 func newSoak(cfg Config) (*soak, error) {
 	cfg = cfg.withDefaults()
-	s := &soak{cfg: cfg, log: cfg.Logger, net: transfer.NewMemNetwork(), cancelOutcomes: map[string]int64{},
+	s := &soak{cfg: cfg, log: cfg.Logger, net: transfer.NewMemNetwork(), cancelOutcomes: map[string]int64{}, paths: map[string]int64{},
 		injected: map[Fault]*atomic.Int64{}}
 	for _, f := range AllFaults {
 		s.injected[f] = new(atomic.Int64)
@@ -155,13 +158,16 @@ func (s *soak) prefillName(i int) transfer.Peer {
 func (s *soak) newNode(name transfer.Peer) (*node, error) {
 	cfg := s.cfg
 	staging := make([]byte, int64(s.numSlots)*cfg.SlotBytes)
-	n := &node{name: name}
-	n.slot = newSlotTracker(s.net.Transport(name), staging, cfg.SlotBytes)
+	n := &node{name: name, mem: s.net.Transport(name)}
+	n.slot = newSlotTracker(n.mem, staging, cfg.SlotBytes)
 	eng, err := transfer.New(n.slot, transfer.Config{
 		SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent, NumSlots: s.numSlots, StagingMemory: staging,
 		TransferTimeout: cfg.TransferTimeout, QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline,
 		QuarantineTimeout: cfg.QuarantineTimeout, CloseTimeout: cfg.QuarantineTimeout + cfg.Grace,
-		Logger: cfg.EngineLogger.With(zap.String("engine", string(name))), Observer: n,
+		// Whole 16 KiB blocks take RMA gets; a TP=2 rank's 2 KiB pieces of them do not, and take
+		// IOV messages: a direct request exercises both.
+		RMAMinRegionBytes: 8 << 10,
+		Logger:            cfg.EngineLogger.With(zap.String("engine", string(name))), Observer: n,
 	})
 	if err != nil {
 		_ = n.slot.Close(true)
@@ -324,6 +330,10 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 	for k, v := range s.cancelOutcomes {
 		outcomes[k] = v
 	}
+	paths := make(map[string]int64, len(s.paths))
+	for k, v := range s.paths {
+		paths[k] = v
+	}
 	breaches := append([]string(nil), s.breach...)
 	skipped := append([]string{}, s.skipped...)
 	s.mu.Unlock()
@@ -331,8 +341,8 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 	r := &Report{
 		DurationSeconds: s.cfg.Duration.Seconds(), Concurrency: s.cfg.Concurrency, Seed: s.cfg.Seed, Faults: s.cfg.Faults,
 		Started: s.started.Load(), Refused: s.refused.Load(), Completed: s.completed.Load(), Failed: s.failed.Load(),
-		Cancelled: s.cancelled.Load(), CancelOutcomes: outcomes, Quarantined: s.quarantined.Load(),
-		Wedged: s.wedged.Load(), Corrupt: s.corrupt.Load(), AccountingErrors: s.accountingErrors.Load(),
+		Cancelled: s.cancelled.Load(), CancelOutcomes: outcomes, CompletedByPath: paths, Quarantined: s.quarantined.Load(),
+		Wedged: s.wedged.Load(), BlocksPoisoned: s.blocksPoisoned.Load(), Corrupt: s.corrupt.Load(), AccountingErrors: s.accountingErrors.Load(),
 		WorkersReplaced:        s.workersReplaced.Load(),
 		SecondsUnhealthy:       time.Duration(s.unhealthyNanos.Load()).Seconds(),
 		LongestDetectSeconds:   time.Duration(s.longestDetect.Load()).Seconds(),
@@ -365,6 +375,10 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 	if r.Corrupt > 0 {
 		breaches = append(breaches, fmt.Sprintf("%d completed transfers corrupt", r.Corrupt))
 	}
+	if r.BlocksPoisoned > 0 && !slices.ContainsFunc(s.cfg.Faults, leavesQuiescenceUnknown) {
+		breaches = append(breaches, fmt.Sprintf("%d one-copy handles poisoned their caller's blocks, with no fault on that can leave quiescence unknown",
+			r.BlocksPoisoned))
+	}
 	if r.MaxLiveHeapBytes > s.cfg.MaxHeapBytes {
 		breaches = append(breaches, fmt.Sprintf("live heap reached %d bytes, over the %d-byte bound", r.MaxLiveHeapBytes, s.cfg.MaxHeapBytes))
 	}
@@ -381,6 +395,16 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 
 // errorsIsClosed reports whether err says the engine was closing: the restarted peer's old
 // engine refuses new requests, which is not a breach.
+// leavesQuiescenceUnknown reports whether fault f can leave an operation that never says
+// whether it let go of its memory: the only cause of poisoned blocks (or slots).
+func leavesQuiescenceUnknown(f Fault) bool {
+	switch f {
+	case FaultHang, FaultNeverQuiesce, FaultLate, FaultFreeze, FaultLostPeer, FaultPartition:
+		return true
+	}
+	return false
+}
+
 func errorsIsClosed(err error) bool { return errors.Is(err, transfer.ErrClosed) }
 
 // errorsIsQuarantined reports whether a handle's error says it passed through quarantine.

@@ -40,6 +40,9 @@ func TestSoakWithEveryFaultHoldsEveryInvariant(t *testing.T) {
 	require.Zero(t, rep.Corrupt)
 	require.Zero(t, rep.ReusedPoisoned)
 	require.Positive(t, rep.Completed)
+	for _, path := range []string{"staging", "direct", "rma"} { // DirectFraction's requests take both one-copy modes
+		require.Positive(t, rep.CompletedByPath[path], "completed by %s: %v", path, rep.CompletedByPath)
+	}
 	for _, f := range memFaults {
 		require.Positive(t, rep.FaultsInjected[f], "fault %s", f)
 	}
@@ -59,4 +62,15 @@ func TestL5_LostPeerLeavesNoSlotLeased(t *testing.T) {
 	require.NoError(t, err, "breaches: %v", rep.Breaches)
 	require.Zero(t, rep.LeakedSlots)
 	require.Equal(t, int64(1), rep.FaultsInjected[FaultLostPeer])
+}
+
+// NoDirect keeps every request on staging slots.
+func TestSoakWithoutDirectUsesOnlyStaging(t *testing.T) {
+	cfg := shortSoak(3 * time.Second)
+	cfg.NoFaults, cfg.NoDirect = true, true
+	rep, err := Run(context.Background(), cfg)
+	require.NotNil(t, rep)
+	require.NoError(t, err, "breaches: %v", rep.Breaches)
+	require.Positive(t, rep.Completed)
+	require.Equal(t, map[string]int64{"staging": rep.Completed}, rep.CompletedByPath)
 }

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/kvxfer/kvxfer/cuda/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer"
@@ -86,6 +88,7 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 	if tight {
 		s.injected[FaultDeadline].Add(1)
 	}
+	direct := r.Float64() < cfg.DirectFraction
 
 	s.mu.Lock()
 	decode, prefill := s.decode, s.prefill
@@ -96,6 +99,12 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 	dstLayout := kvLayout(kvHeads, nb+2)
 	dstPool := make([]byte, dstLayout.SpanBytes())
 	dstBlocks := randomBlocks(r, nb, nb+2)
+	if direct {
+		// Named to the transports for this request only, as a serving process registers its
+		// KV pools; forgotten after the request, so a later get with its key is refused.
+		decode.mem.AllowDirect(dstPool)
+		defer decode.mem.ForgetDirect(dstPool)
+	}
 
 	var shares []senderShare
 	var subs []transfer.SubSpec
@@ -108,7 +117,7 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 			dst, err := layout.NewPlan(dstLayout, layout.Selection{LayerEnd: kvLayers, HeadBegin: int64(i) * kvHeads / 2,
 				HeadEnd: int64(i+1) * kvHeads / 2}, dstBlocks)
 			must(err)
-			shares = append(shares, s.share(prefill[i], plan, fill))
+			shares = append(shares, s.share(prefill[i], plan, fill, direct))
 			subs = append(subs, transfer.SubSpec{Peer: prefill[i].name, Plan: dst})
 		}
 		recvSpec = transfer.Spec{ID: id, Subs: subs, Pool: dstPool, Timeout: timeout}
@@ -119,7 +128,7 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 		dst, err := layout.NewPlan(dstLayout, dstLayout.All(), dstBlocks)
 		must(err)
 		p := prefill[r.IntN(2)]
-		shares = append(shares, s.share(p, plan, fill))
+		shares = append(shares, s.share(p, plan, fill, direct))
 		subs = append(subs, transfer.SubSpec{Peer: p.name, Plan: dst})
 		recvSpec = transfer.Spec{ID: id, Peer: p.name, Plan: dst, Pool: dstPool, Timeout: timeout}
 	}
@@ -197,6 +206,7 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 		switch st := recv.h.Status(); st.State {
 		case transfer.Completed:
 			s.completed.Add(1)
+			s.recordPath(recv.h.Path())
 			for i, sh := range shares {
 				if got := checksum(subs[i].Plan, dstPool); got != sh.sum {
 					s.corrupt.Add(1)
@@ -208,6 +218,11 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 			s.failed.Add(1)
 		case transfer.Cancelled:
 			s.cancelled.Add(1)
+		}
+	}
+	if direct {
+		for _, sh := range shares {
+			sh.node.mem.ForgetDirect(sh.pool)
 		}
 	}
 	for _, sd := range sides {
@@ -233,10 +248,19 @@ func (s *soak) await(id transfer.RequestID, sd *side, timeout time.Duration) {
 		s.addBreach(fmt.Sprintf("request %d: %s wedged: no outcome %v after its start (state %v)",
 			id, sd.name, s.doneBound(timeout), sd.h.Status().State))
 	}
+	if !waitUntil(sd.h.Quiesced(), quietBy) && sd.h.Status().BlocksPoisoned {
+		// L9 on the one-copy path: an operation on the caller's own blocks never said whether
+		// it let go, so they are poisoned and the handle never quiesces, by design. It has its
+		// outcome; it is counted, and never released (its blocks are never reused).
+		s.blocksPoisoned.Add(1)
+		s.log.Info("caller's blocks poisoned", zap.Uint64("request", uint64(id)), zap.String("side", sd.name))
+		sd.h = nil
+		return
+	}
 	if !waitUntil(sd.h.Quiesced(), quietBy) {
 		s.wedged.Add(1)
-		s.addBreach(fmt.Sprintf("request %d: %s wedged: not quiescent %v after its start (state %v)",
-			id, sd.name, s.quiesceBound(timeout), sd.h.Status().State))
+		s.addBreach(fmt.Sprintf("request %d: %s wedged: not quiescent %v after its start (state %v, path %v, blocks poisoned %v, err %v)",
+			id, sd.name, s.quiesceBound(timeout), sd.h.Status().State, sd.h.Path(), sd.h.Status().BlocksPoisoned, sd.h.Status().Err))
 		// Give it one more bound before giving up on it for good.
 		if !waitUntil(sd.h.Quiesced(), quietBy.Add(s.quiesceBound(timeout))) {
 			sd.h = nil
@@ -271,10 +295,14 @@ func waitUntil(ch <-chan struct{}, t time.Time) bool {
 }
 
 // share fills a fresh prefill pool with random bytes and remembers the checksum of the
-// stream the plan will send.
-func (s *soak) share(n *node, plan *layout.Plan, fill *rand.ChaCha8) senderShare {
+// stream the plan will send. A direct share's pool is named to its node's transport until
+// the request ends.
+func (s *soak) share(n *node, plan *layout.Plan, fill *rand.ChaCha8, direct bool) senderShare {
 	pool := make([]byte, plan.Layout().SpanBytes())
 	_, _ = fill.Read(pool) // ChaCha8.Read never fails
+	if direct {
+		n.mem.AllowDirect(pool)
+	}
 	return senderShare{node: n, plan: plan, pool: pool, sum: checksum(plan, pool)}
 }
 
