@@ -6,7 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
@@ -99,25 +100,16 @@ func (r *Report) WriteTable(w io.Writer) error {
 	row("duration", fmt.Sprintf("%.0fs, %d concurrent, seed %d", r.DurationSeconds, r.Concurrency, r.Seed))
 	row("started", r.Started)
 	row("refused (peer restarting)", r.Refused)
+	counts := func(prefix string, m map[string]int64) { // one row per key, in order
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			row(prefix+k, m[k])
+		}
+	}
 	row("completed (bytes checked)", r.Completed)
-	paths := make([]string, 0, len(r.CompletedByPath))
-	for k := range r.CompletedByPath {
-		paths = append(paths, k)
-	}
-	sort.Strings(paths)
-	for _, k := range paths {
-		row("  by "+k, r.CompletedByPath[k])
-	}
+	counts("  by ", r.CompletedByPath)
 	row("failed", r.Failed)
 	row("cancelled", r.Cancelled)
-	names := make([]string, 0, len(r.CancelOutcomes))
-	for k := range r.CancelOutcomes {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
-		row("  cancel "+k, r.CancelOutcomes[k])
-	}
+	counts("  cancel ", r.CancelOutcomes)
 	row("quarantined", r.Quarantined)
 	row("poisoned slots", r.PoisonedSlots)
 	row("wedged (must be 0)", r.Wedged)
