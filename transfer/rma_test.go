@@ -498,7 +498,11 @@ func TestL10_RMAReceiverGoneBeforeTheSendExposesNothing(t *testing.T) {
 				p.dst.Cancel(1)
 			}
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
-			time.Sleep(20 * time.Millisecond) // its abort reaches the sender's engine
+			eventually(t, func() bool { // its abort reached the sender's engine
+				p.src.mu.Lock()
+				defer p.src.mu.Unlock()
+				return p.src.pending[routeKey{"decode", 1}].abort != nil
+			}, "the early request marked aborted")
 			hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Timeout: 200 * time.Millisecond})
 			require.NoError(t, err)
 			waitClosed(t, hs.Quiesced(), "sender quiesced")
