@@ -38,12 +38,16 @@ type Engine struct {
 	stopProgress chan struct{}
 	progressDone chan struct{}
 
-	liveDrivers  atomic.Int64
-	inFlight     atomic.Int64
-	quarantined  atomic.Int64
-	awaiting     atomic.Int64 // streaming transfers waiting on the model, not the wire
-	lastProgress atomic.Int64 // unix nanoseconds
-	malformed    atomic.Int64
+	liveDrivers atomic.Int64
+	inFlight    atomic.Int64
+	quarantined atomic.Int64
+	// poisonedForGood counts the quarantined handles the engine gave up on: their caller's
+	// blocks are poisoned and they never leave quarantine (L9). Health leaves them out of the
+	// quarantine budget.
+	poisonedForGood atomic.Int64
+	awaiting        atomic.Int64 // streaming transfers waiting on the model, not the wire
+	lastProgress    atomic.Int64 // unix nanoseconds
+	malformed       atomic.Int64
 }
 
 // routeKey finds the sub-transfer an inbound message belongs to. A request has at most one
@@ -246,6 +250,7 @@ type Health struct {
 type HealthSnapshot struct {
 	InFlight         int64         // handles advertised or in flight
 	Quarantined      int64         // handles quarantined now
+	BlocksPoisoned   int64         // of those, the ones quarantined for good with the caller's blocks poisoned (L9); not counted against the budget
 	QuarantineBudget int           // Config.QuarantineBudget
 	TotalSlots       int           // staging slots, poisoned included
 	FreeSlots        int           // slots free now
@@ -259,15 +264,17 @@ type HealthSnapshot struct {
 }
 
 // Health tells the truth (L12): unhealthy when transfers are in flight (other than streaming
-// ones waiting on the model's layers) and none has progressed for Config.ProgressDeadline, when more transfers are quarantined than the budget allows, or
-// when poisoned slots leave fewer than MaxConcurrent. It never blocks.
+// ones waiting on the model's layers) and none has progressed for Config.ProgressDeadline,
+// when more transfers wait in quarantine than the budget allows (those quarantined for good
+// with their caller's blocks poisoned are settled, not waiting), or when poisoned slots leave
+// fewer than MaxConcurrent. It never blocks.
 func (e *Engine) Health() Health {
 	st := e.pool.Stats()
 	s := HealthSnapshot{
 		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
 		SinceProgress: time.Duration(time.Now().UnixNano() - e.lastProgress.Load()), ProgressDeadline: e.cfg.ProgressDeadline,
-		MalformedControl: e.malformed.Load(),
+		MalformedControl: e.malformed.Load(), BlocksPoisoned: e.poisonedForGood.Load(),
 	}
 	var why []string
 	if e.isClosed() {
@@ -285,8 +292,10 @@ func (e *Engine) Health() Health {
 			why = append(why, err.Error())
 		}
 	}
-	if s.Quarantined > int64(s.QuarantineBudget) {
-		why = append(why, fmt.Sprintf("%d transfers quarantined, over the budget of %d", s.Quarantined, s.QuarantineBudget))
+	// A transfer quarantined for good with its caller's blocks poisoned is settled: the engine
+	// gave up on it and the caller owns the blocks. Only those still waiting count.
+	if waiting := s.Quarantined - s.BlocksPoisoned; waiting > int64(s.QuarantineBudget) {
+		why = append(why, fmt.Sprintf("%d transfers quarantined, over the budget of %d", waiting, s.QuarantineBudget))
 	}
 	if usable := s.TotalSlots - s.PoisonedSlots; usable < s.MinSlots {
 		why = append(why, fmt.Sprintf("%d of %d staging slots poisoned: %d usable, %d needed for MaxConcurrent",

@@ -47,6 +47,9 @@ type Handle struct {
 	err         atomic.Pointer[error]
 	// blocksPoisoned: see Status.BlocksPoisoned.
 	blocksPoisoned atomic.Bool
+	// settledPoisoned: the handle is counted in Engine.poisonedForGood (once, whatever
+	// number of its sub-transfers ended so).
+	settledPoisoned atomic.Bool
 
 	done     chan struct{}
 	quiesced chan struct{}

@@ -540,3 +540,28 @@ func TestL10_RMADeclineAfterTheSendersDeadlineReleasesThePool(t *testing.T) {
 	require.False(t, hs.Status().BlocksPoisoned, "%v", hs.Status().Err)
 	require.NotEqual(t, Completed, hs.Status().State)
 }
+
+// L12 with L9: a transfer whose caller's blocks are poisoned for good (unknown quiescence) is
+// one the engine has given up on: the caller owns those blocks, and the handle stays
+// quarantined forever. Such transfers are reported (HealthSnapshot.BlocksPoisoned) but do not
+// count against QuarantineBudget, or a few of them would leave a working engine unhealthy
+// for the rest of its life (the 30-minute soak's one-copy mode found decode unhealthy long
+// after every peer was back).
+func TestL12_BlocksPoisonedForGoodLeaveTheQuarantineBudget(t *testing.T) {
+	src, dst := rmaPools(t, 32)
+	scfg, rcfg := rmaConfig(), rmaConfig()
+	rcfg.TransferTimeout = 100 * time.Millisecond
+	rcfg.QuarantineTimeout = 100 * time.Millisecond
+	rcfg.QuarantineBudget = 1
+	p, w := directPair(t, scfg, rcfg, src, dst)
+	w.fault = Fault{Hang: true, NeverQuiesce: true}
+	for id := RequestID(1); id <= 3; id++ {
+		_, hr := p.start(t, id, src, dst)
+		waitClosed(t, hr.Done(), "receiver done")
+		eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "receiver's blocks poisoned")
+	}
+	h := p.dst.Health()
+	require.Equal(t, int64(3), h.Quarantined, "they stay quarantined")
+	require.Equal(t, int64(3), h.BlocksPoisoned)
+	require.True(t, h.Healthy, "%s", h.Reason)
+}

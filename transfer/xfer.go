@@ -992,6 +992,9 @@ func (x *xfer) maybeResolve() {
 		// the caller they are quiescent (L9, L10), and let the goroutine end.
 		x.quarantine()
 		x.quarAt = time.Time{}
+		if x.h.settledPoisoned.CompareAndSwap(false, true) {
+			x.eng.poisonedForGood.Add(1)
+		}
 		x.ended = true
 		x.setAwaiting(false)
 		x.releaseIdle()

@@ -31,7 +31,10 @@ var _ HealthSource = (*transfer.Engine)(nil)
 //	kvxfer_healthy                          1 when healthy, 0 when not
 //	kvxfer_transfers_in_flight              handles advertised or in flight
 //	kvxfer_quarantined_transfers            handles quarantined now
-//	kvxfer_quarantine_budget_transfers      the most that may be, healthy
+//	kvxfer_quarantine_budget_transfers      the most that may wait there, healthy
+//	kvxfer_blocks_poisoned_transfers        quarantined for good, the caller's blocks poisoned
+//	                                        (not counted against the budget; the blocks are lost
+//	                                        to the caller until it restarts: alert on growth)
 //	kvxfer_staging_slots                    staging slots, poisoned included
 //	kvxfer_staging_slots_free               slots free now
 //	kvxfer_staging_slots_poisoned           slots out of circulation for good
@@ -59,32 +62,33 @@ type healthCollector struct {
 	src                                                           HealthSource
 	healthy, inFlight, quarantined, budget                        *prometheus.Desc
 	slots, free, poisoned, minSlots, sinceProgress, deadline, bad *prometheus.Desc
-	wedged                                                        *prometheus.Desc
+	wedged, blocksPoisoned                                        *prometheus.Desc
 }
 
 func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector {
 	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, cl) }
 	return &healthCollector{
-		src:           src,
-		healthy:       d("kvxfer_healthy", "1 when Engine.Health says healthy, 0 when not (see /healthz for the reason)."),
-		inFlight:      d("kvxfer_transfers_in_flight", "Transfers advertised or in flight."),
-		quarantined:   d("kvxfer_quarantined_transfers", "Transfers quarantined now: failed for the caller, memory still pinned."),
-		budget:        d("kvxfer_quarantine_budget_transfers", "Quarantined transfers the engine tolerates before it reports unhealthy."),
-		slots:         d("kvxfer_staging_slots", "Staging slots, poisoned included."),
-		free:          d("kvxfer_staging_slots_free", "Staging slots free now."),
-		poisoned:      d("kvxfer_staging_slots_poisoned", "Staging slots taken out of circulation for good because quiescence could not be proven."),
-		minSlots:      d("kvxfer_staging_slots_min", "Usable staging slots needed to serve MaxConcurrent transfers; fewer is unhealthy."),
-		sinceProgress: d("kvxfer_since_last_progress_seconds", "Seconds since a chunk last moved or a transfer ended."),
-		deadline:      d("kvxfer_progress_deadline_seconds", "With transfers in flight, no progress for this long makes the engine unhealthy."),
-		bad:           d("kvxfer_malformed_control_messages_total", "Control messages from peers that did not decode."),
-		wedged:        d("kvxfer_transport_wedged", "1 when the transport reports that nothing will reach this engine any more (UCX's receive probe: a wedged shared-memory queue); only a restart helps."),
+		src:            src,
+		healthy:        d("kvxfer_healthy", "1 when Engine.Health says healthy, 0 when not (see /healthz for the reason)."),
+		inFlight:       d("kvxfer_transfers_in_flight", "Transfers advertised or in flight."),
+		quarantined:    d("kvxfer_quarantined_transfers", "Transfers quarantined now: failed for the caller, memory still pinned."),
+		budget:         d("kvxfer_quarantine_budget_transfers", "Quarantined transfers the engine tolerates before it reports unhealthy."),
+		slots:          d("kvxfer_staging_slots", "Staging slots, poisoned included."),
+		free:           d("kvxfer_staging_slots_free", "Staging slots free now."),
+		poisoned:       d("kvxfer_staging_slots_poisoned", "Staging slots taken out of circulation for good because quiescence could not be proven."),
+		minSlots:       d("kvxfer_staging_slots_min", "Usable staging slots needed to serve MaxConcurrent transfers; fewer is unhealthy."),
+		sinceProgress:  d("kvxfer_since_last_progress_seconds", "Seconds since a chunk last moved or a transfer ended."),
+		deadline:       d("kvxfer_progress_deadline_seconds", "With transfers in flight, no progress for this long makes the engine unhealthy."),
+		bad:            d("kvxfer_malformed_control_messages_total", "Control messages from peers that did not decode."),
+		blocksPoisoned: d("kvxfer_blocks_poisoned_transfers", "Quarantined transfers the engine gave up on: their caller's KV blocks are poisoned for good (unknown quiescence) and never to be reused; not counted against the quarantine budget."),
+		wedged:         d("kvxfer_transport_wedged", "1 when the transport reports that nothing will reach this engine any more (UCX's receive probe: a wedged shared-memory queue); only a restart helps."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.healthy, c.inFlight, c.quarantined, c.budget, c.slots, c.free,
-		c.poisoned, c.minSlots, c.sinceProgress, c.deadline, c.bad, c.wedged} {
+		c.poisoned, c.minSlots, c.sinceProgress, c.deadline, c.bad, c.wedged, c.blocksPoisoned} {
 		ch <- d
 	}
 }
@@ -103,6 +107,7 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.healthy, healthy)
 	gauge(c.inFlight, float64(h.InFlight))
 	gauge(c.quarantined, float64(h.Quarantined))
+	gauge(c.blocksPoisoned, float64(h.BlocksPoisoned))
 	gauge(c.budget, float64(h.QuarantineBudget))
 	gauge(c.slots, float64(h.TotalSlots))
 	gauge(c.free, float64(h.FreeSlots))
@@ -154,6 +159,7 @@ func CombineHealth(engines ...NamedHealth) HealthFunc {
 			s, o := h.HealthSnapshot, &out.HealthSnapshot
 			o.InFlight += s.InFlight
 			o.Quarantined += s.Quarantined
+			o.BlocksPoisoned += s.BlocksPoisoned
 			o.QuarantineBudget += s.QuarantineBudget
 			o.TotalSlots += s.TotalSlots
 			o.FreeSlots += s.FreeSlots
