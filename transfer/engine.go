@@ -444,21 +444,20 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	e.mu.Lock()
 	x := e.routes[key]
 	if x == nil {
-		ri, ok := m.(*RequestInfo)
-		u, gone := e.unanswered[key]
-		switch {
-		case ok && gone:
-			e.mu.Unlock()
-			_ = e.tr.SendControl(from, encode(&Abort{Header: Header{Sub: ri.Sub, Request: ri.Request}, Code: u.code, Reason: u.reason}))
-			return
-		case ok && !e.closed:
-			e.addPendingLocked(key, ri)
-		default:
-			if a, isAbort := m.(*Abort); isAbort {
-				if p, early := e.pending[key]; early && p.abort == nil {
-					p.abort = a // the receiver of an early request gave up: its Send must not start
-					e.pending[key] = p
-				}
+		switch m := m.(type) {
+		case *RequestInfo:
+			if u, gone := e.unanswered[key]; gone {
+				e.mu.Unlock()
+				_ = e.tr.SendControl(from, encode(&Abort{Header: Header{Sub: m.Sub, Request: m.Request}, Code: u.code, Reason: u.reason}))
+				return
+			}
+			if !e.closed {
+				e.addPendingLocked(key, m)
+			}
+		case *Abort:
+			if p, early := e.pending[key]; early && p.abort == nil {
+				p.abort = m // the receiver of an early request gave up: its Send must not start
+				e.pending[key] = p
 			}
 		}
 		e.mu.Unlock()

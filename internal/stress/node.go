@@ -66,16 +66,13 @@ func (s *slotTracker) check(what string, tag transfer.Tag, buf []byte) {
 	if len(buf) == 0 {
 		return
 	}
-	p := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p < s.base || p >= s.base+s.size {
-		if len(s.foreign) < 16 {
-			s.foreign = append(s.foreign, fmt.Sprintf("%s of request %d chunk %d: buffer outside the staging memory", what, tag.Request, tag.Seq))
-		}
+	if !s.inStaging(buf) {
+		s.addForeign(what, tag, "buffer outside the staging memory")
 		return
 	}
-	idx := int((p - s.base) / s.slotBytes)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	idx := int((uintptr(unsafe.Pointer(unsafe.SliceData(buf))) - s.base) / s.slotBytes)
 	if at, bad := s.poisoned[idx]; bad {
 		s.reused = append(s.reused, fmt.Sprintf("%s of request %d chunk %d into slot %d, poisoned %v earlier",
 			what, tag.Request, tag.Seq, idx, time.Since(at).Round(time.Millisecond)))
@@ -109,13 +106,24 @@ func (s *slotTracker) rma() transfer.RMATransport {
 // checkDirect records a one-copy operation on staging memory.
 func (s *slotTracker) checkDirect(what string, tag transfer.Tag, bufs ...[]byte) {
 	for _, b := range bufs {
-		if p := uintptr(unsafe.Pointer(unsafe.SliceData(b))); len(b) > 0 && p >= s.base && p < s.base+s.size {
-			s.mu.Lock()
-			if len(s.foreign) < 16 {
-				s.foreign = append(s.foreign, fmt.Sprintf("%s of request %d chunk %d: a one-copy operation on staging memory", what, tag.Request, tag.Seq))
-			}
-			s.mu.Unlock()
+		if len(b) > 0 && s.inStaging(b) {
+			s.addForeign(what, tag, "a one-copy operation on staging memory")
 		}
+	}
+}
+
+// inStaging reports whether buf starts in the staging memory.
+func (s *slotTracker) inStaging(buf []byte) bool {
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	return p >= s.base && p < s.base+s.size
+}
+
+// addForeign records a post that does not belong where it went (the first 16 of them).
+func (s *slotTracker) addForeign(what string, tag transfer.Tag, why string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.foreign) < 16 {
+		s.foreign = append(s.foreign, fmt.Sprintf("%s of request %d chunk %d: %s", what, tag.Request, tag.Seq, why))
 	}
 }
 

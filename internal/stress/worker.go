@@ -248,16 +248,16 @@ func (s *soak) await(id transfer.RequestID, sd *side, timeout time.Duration) {
 		s.addBreach(fmt.Sprintf("request %d: %s wedged: no outcome %v after its start (state %v)",
 			id, sd.name, s.doneBound(timeout), sd.h.Status().State))
 	}
-	if !waitUntil(sd.h.Quiesced(), quietBy) && sd.h.Status().BlocksPoisoned {
-		// L9 on the one-copy path: an operation on the caller's own blocks never said whether
-		// it let go, so they are poisoned and the handle never quiesces, by design. It has its
-		// outcome; it is counted, and never released (its blocks are never reused).
-		s.blocksPoisoned.Add(1)
-		s.log.Info("caller's blocks poisoned", zap.Uint64("request", uint64(id)), zap.String("side", sd.name))
-		sd.h = nil
-		return
-	}
 	if !waitUntil(sd.h.Quiesced(), quietBy) {
+		if sd.h.Status().BlocksPoisoned {
+			// L9 on the one-copy path: an operation on the caller's own blocks never said
+			// whether it let go, so they are poisoned and the handle never quiesces, by design.
+			// It has its outcome; it is counted, and never released (its blocks never reused).
+			s.blocksPoisoned.Add(1)
+			s.log.Info("caller's blocks poisoned", zap.Uint64("request", uint64(id)), zap.String("side", sd.name))
+			sd.h = nil
+			return
+		}
 		s.wedged.Add(1)
 		s.addBreach(fmt.Sprintf("request %d: %s wedged: not quiescent %v after its start (state %v, path %v, blocks poisoned %v, err %v)",
 			id, sd.name, s.quiesceBound(timeout), sd.h.Status().State, sd.h.Path(), sd.h.Status().BlocksPoisoned, sd.h.Status().Err))
