@@ -46,7 +46,7 @@ func TestProcessSoakWithSignalsHoldsEveryInvariant(t *testing.T) {
 	}
 }
 
-// Issue 7, focused: the prefill processes are stopped (SIGSTOP) for longer than decode's
+// The freeze, focused: the prefill processes are stopped (SIGSTOP) for longer than decode's
 // transfer deadline and UCX's keepalive, under a cancel storm, then resumed (SIGCONT). Decode's
 // receives time out during the stop, so every chunk the resumed senders still send arrives
 // for a cancelled receive. Decode must be healthy within a few seconds of SIGCONT, and the
