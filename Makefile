@@ -12,7 +12,7 @@ export CGO_ENABLED := 1
 export CGO_CFLAGS ?= -g -O2 -Wno-deprecated-declarations
 
 # Fragments in mk/ add their own targets to these lists.
-TEST_TARGETS := go-vet go-test c-test go-fuzz
+TEST_TARGETS := go-tidy go-vet go-test c-test go-fuzz
 # `make bench` is the one main job (mk/bench.mk makes it `kvxbench run`); the package
 # benchmarks behind each target are in MICROBENCH_TARGETS, run together by `make bench-all`.
 BENCH_TARGETS := bench-gather
@@ -23,7 +23,7 @@ FUZZ_TIME ?= 10s
 -include mk/*.mk
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build test bench bench-all go-vet go-test c-test go-fuzz bench-gather
+.PHONY: help deps build test bench bench-all go-tidy go-vet go-test c-test go-fuzz bench-gather
 
 help: ## List the targets.
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort -u | \
@@ -39,6 +39,11 @@ build: deps ## Build the Go packages, kvxbench and the C library.
 
 test: deps ## Everything a change must pass: go vet, Go tests with -race, C tests under ASan/UBSan, kernel compile check.
 	@$(MAKE) --no-print-directory $(TEST_TARGETS)
+
+# go.mod and go.sum must be what `go mod tidy` makes: direct requirements marked as such, none
+# missing or left over. `-diff` changes nothing and fails, printing the diff, when they are not.
+go-tidy:
+	$(GO) mod tidy -diff
 
 go-vet:
 	$(GO) vet ./...
