@@ -69,11 +69,15 @@ func commands() []command {
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	out := &outputs{stdout: stdout, stderr: stderr}
 	name := "run"
-	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
-		name, args = args[0], args[1:]
-	}
-	if name == "help" || name == "-h" || name == "--help" {
-		return help(args, out)
+	if len(args) > 0 {
+		switch args[0] {
+		case "help", "-h", "-help", "--help":
+			// The top-level help lists the subcommands; `help run` (or `run -h`) lists run's flags.
+			return help(args[1:], out)
+		}
+		if args[0] != "" && args[0][0] != '-' {
+			name, args = args[0], args[1:]
+		}
 	}
 	for _, c := range commands() {
 		if c.name != name {

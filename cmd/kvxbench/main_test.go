@@ -99,6 +99,15 @@ func TestHelpListsSubcommandsAndPresets(t *testing.T) {
 	code, _, stderr := runMain(t, 5*time.Second, "gather", "-h")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stderr, "Usage: kvxbench gather")
+
+	// The flags spelled as a user tries them first list the subcommands, not run's flags.
+	for _, flag := range []string{"--help", "-h", "-help"} {
+		code, stdout, _ = runMain(t, 5*time.Second, flag)
+		require.Equal(t, exitOK, code, flag)
+		for _, want := range []string{"Subcommands:", "run", "gather", "sweep", "serve", "connect", "stress"} {
+			require.Contains(t, stdout, want, flag)
+		}
+	}
 }
 
 // A small gather run end to end: every result verified, the memcpy baseline beside it, both

@@ -8,10 +8,15 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/kvxfer/kvxfer/native"
 )
 
 // Result is one measured scenario, as printed in the table and as one JSON object with
@@ -62,6 +67,79 @@ type Result struct {
 	// "staging" (gather, wire, scatter through slots); several joined with "+" when the
 	// requests of a scenario differed.
 	Path string `json:"path,omitempty"`
+	// P99FewSamples marks a p99 taken from fewer than minP99Samples requests: by nearest rank
+	// it is then the slowest request, not a percentile. The table prints it with a '*'.
+	P99FewSamples bool `json:"p99_few_samples,omitempty"`
+
+	// Schema is the version of this object's layout (resultSchema); Env says where and with
+	// what it was measured. Both are filled when the result is printed, so a results archive
+	// can compare runs without the command line that made them.
+	Schema int     `json:"schema"`
+	Env    *RunEnv `json:"env,omitempty"`
+}
+
+// resultSchema is the version of Result's JSON layout. Bump it when a field changes meaning
+// or goes away; adding a field does not need a bump.
+const resultSchema = 2
+
+// minP99Samples is the fewest requests for which the 99th percentile by nearest rank is not
+// simply the slowest request.
+const minP99Samples = 100
+
+// RunEnv is what a results archive needs to know about the run behind a result.
+type RunEnv struct {
+	// Kvxfer is the module version, or the VCS revision (with "+dirty" for uncommitted
+	// changes) of a binary built from a checkout; "unknown" when the build recorded neither.
+	Kvxfer string `json:"kvxfer"`
+	// UCX is the version of the UCX library loaded at run time.
+	UCX string `json:"ucx"`
+	// UCXTransports is UCX_TLS as this process saw it ("" when unset: UCX chose).
+	UCXTransports string `json:"ucx_transports"`
+	Host          string `json:"host"`
+	// Cores is the number of CPUs the process may use; GoMaxProcs the Go scheduler's limit.
+	Cores      int    `json:"cores"`
+	GoMaxProcs int    `json:"gomaxprocs"`
+	GoVersion  string `json:"go"`
+	OS         string `json:"os"`
+	Arch       string `json:"arch"`
+	// Timestamp is when the result was printed, RFC 3339 in UTC.
+	Timestamp string `json:"timestamp"`
+}
+
+// runEnv reads the environment of this process now.
+func runEnv(now time.Time) *RunEnv {
+	host, _ := os.Hostname()
+	return &RunEnv{
+		Kvxfer: kvxferVersion(), UCX: native.UCXVersion(), UCXTransports: os.Getenv("UCX_TLS"),
+		Host: host, Cores: runtime.NumCPU(), GoMaxProcs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
+		OS: runtime.GOOS, Arch: runtime.GOARCH, Timestamp: now.UTC().Format(time.RFC3339),
+	}
+}
+
+// kvxferVersion is the version the Go toolchain stamped into this binary.
+func kvxferVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev == "" {
+		return "unknown"
+	}
+	return rev + dirty
 }
 
 // setBaseline records the limit the result is compared to.
@@ -119,6 +197,11 @@ type printer struct {
 // add records a result; JSON lines are printed at once so a long run shows progress in a
 // pipe, the table is printed whole by flush so its columns align.
 func (p *printer) add(r Result) error {
+	r.Schema = resultSchema
+	if r.Env == nil {
+		r.Env = runEnv(time.Now())
+	}
+	r.P99FewSamples = r.Requests < minP99Samples && r.P99us > 0
 	p.results = append(p.results, r)
 	if p.json {
 		b, err := json.Marshal(r)
@@ -173,13 +256,19 @@ func writeTable(w io.Writer, results []Result) error {
 		}
 		row := []string{
 			fmt.Sprintf("%-*s", nameWidth, r.Name), humanBytes(r.Bytes), fmt.Sprintf("%.2f", r.GBps),
-			fmtUs(r.P50us), fmtUs(r.P99us), fmtUsOrDash(r.GatherUs), fmtUsOrDash(r.WireUs),
+			fmtUs(r.P50us), p99Cell(r), fmtUsOrDash(r.GatherUs), fmtUsOrDash(r.WireUs),
 			fmtUsOrDash(r.ScatterUs), base, baseGB, ratio, verified, orDash(r.Path),
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, r := range results {
+		if r.P99FewSamples {
+			fmt.Fprintf(&buf, "%*s* p99 from fewer than %d requests: the slowest of them, not a percentile\n", padding, "", minP99Samples)
+			break
+		}
 	}
 	// Right alignment pads the first column on its left too; every line starts with the
 	// same padding, so drop it.
@@ -189,6 +278,14 @@ func writeTable(w io.Writer, results []Result) error {
 		}
 	}
 	return nil
+}
+
+// p99Cell is the p99 column, marked when it came from too few requests to be a percentile.
+func p99Cell(r Result) string {
+	if r.P99FewSamples {
+		return fmtUs(r.P99us) + "*"
+	}
+	return fmtUs(r.P99us) + " "
 }
 
 // fmtUs prints a latency in the unit that keeps three significant digits readable.

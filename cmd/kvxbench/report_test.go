@@ -64,6 +64,42 @@ func TestJSONLinesHaveTheAgreedFields(t *testing.T) {
 	require.NotContains(t, without, "baseline_gbps")
 }
 
+// Each JSON line carries what a results archive needs to compare runs without their command
+// line, and a p99 from too few requests says so, in the JSON and in the table.
+func TestJSONLinesCarryTheRunEnvironmentAndMarkThinP99(t *testing.T) {
+	var buf bytes.Buffer
+	p := &printer{w: &buf, json: true}
+	few := sampleResults()[0]
+	few.Requests = 12
+	many := sampleResults()[1]
+	many.Requests = 400
+	require.NoError(t, p.add(few))
+	require.NoError(t, p.add(many))
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	require.Len(t, lines, 2)
+	var a, b map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &a))
+	require.NoError(t, json.Unmarshal([]byte(lines[1]), &b))
+	require.EqualValues(t, resultSchema, a["schema"])
+	env, ok := a["env"].(map[string]any)
+	require.True(t, ok, "env object: %s", lines[0])
+	for _, f := range []string{"kvxfer", "ucx", "ucx_transports", "host", "cores", "gomaxprocs", "go", "os", "arch", "timestamp"} {
+		require.Contains(t, env, f)
+	}
+	require.NotEmpty(t, env["ucx"], "the UCX loaded")
+	require.Positive(t, env["cores"])
+	_, err := time.Parse(time.RFC3339, env["timestamp"].(string))
+	require.NoError(t, err)
+	require.Equal(t, true, a["p99_few_samples"], "12 requests cannot give a 99th percentile")
+	require.NotContains(t, b, "p99_few_samples")
+
+	var table bytes.Buffer
+	require.NoError(t, writeTable(&table, p.results))
+	require.Contains(t, table.String(), "90.00 ms*")
+	require.NotContains(t, table.String(), "300.00 ms*")
+	require.Contains(t, table.String(), "* p99 from fewer than 100 requests")
+}
+
 func TestPercentiles(t *testing.T) {
 	var l latencies
 	for i := 1; i <= 100; i++ {
