@@ -92,7 +92,7 @@ func New(tr Transport, cfg Config) (*Engine, error) {
 	pool, err := buffer.New(mem[:int64(cfg.NumSlots)*cfg.SlotBytes], buffer.Config{
 		SlotBytes: cfg.SlotBytes, Concurrency: cfg.MaxConcurrent, LeaseTimeout: cfg.QueueTimeout, Logger: cfg.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("%w: NumSlots: %w", ErrInvalidConfig, err)
+		return nil, &ConfigError{Field: "NumSlots", Value: cfg.NumSlots, Reason: "the staging pool refused it", Cause: err}
 	}
 	e := &Engine{
 		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,

@@ -10,7 +10,8 @@ import (
 // Errors of the engine. Typed errors below map onto them through errors.Is; errors reported in
 // a handle's Status wrap one of them with %w.
 var (
-	// ErrInvalidConfig: a Config field cannot work; the error is a *ConfigError naming it.
+	// ErrInvalidConfig: a Config field cannot work; the error is a *ConfigError naming it
+	// (also when the staging pool found the fault: its *buffer.ConfigError is the cause).
 	ErrInvalidConfig = errors.New("kvxfer: invalid configuration")
 	// ErrInvalidSpec: a Send or Receive spec is malformed; the error is a *SpecError.
 	ErrInvalidSpec = errors.New("kvxfer: invalid transfer spec")
@@ -61,20 +62,32 @@ var (
 	ErrTransportWedged = errors.New("kvxfer: transport wedged")
 )
 
-// ConfigError names the Config field that is wrong, its value, and the fix.
+// ConfigError names the Config field that is wrong, its value, and the fix. It is the one type
+// of configuration error the engine returns.
 type ConfigError struct {
 	Field  string
 	Value  any
 	Reason string
+	// Cause is the lower layer's error when one found the fault (a *buffer.ConfigError
+	// matching buffer.ErrUndersized when the staging pool is below the concurrency), or nil.
+	Cause error
 }
 
 // Error implements error.
 func (e *ConfigError) Error() string {
+	if e.Cause != nil {
+		return fmt.Sprintf("%v: %s = %v: %s: %v", ErrInvalidConfig, e.Field, e.Value, e.Reason, e.Cause)
+	}
 	return fmt.Sprintf("%v: %s = %v: %s", ErrInvalidConfig, e.Field, e.Value, e.Reason)
 }
 
-// Unwrap returns ErrInvalidConfig.
-func (e *ConfigError) Unwrap() error { return ErrInvalidConfig }
+// Unwrap returns ErrInvalidConfig and the cause, if any.
+func (e *ConfigError) Unwrap() []error {
+	if e.Cause != nil {
+		return []error{ErrInvalidConfig, e.Cause}
+	}
+	return []error{ErrInvalidConfig}
+}
 
 // SpecError names the Spec field that is wrong and why; Err is ErrInvalidSpec, or a layout
 // error when the plan or pool is at fault.

@@ -1,0 +1,44 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/buffer"
+)
+
+// TestConfigErrorIsOneType holds ErrInvalidConfig's promise: every configuration New refuses
+// is a *ConfigError naming the field, whether the engine or the staging pool found the fault;
+// the pool's own error stays reachable as the cause.
+func TestConfigErrorIsOneType(t *testing.T) {
+	for _, tc := range []struct {
+		desc  string
+		edit  func(*Config)
+		field string
+		cause error
+	}{
+		{"a pool below the concurrency", func(c *Config) { c.MaxConcurrent, c.NumSlots = 8, 5 }, "NumSlots", buffer.ErrUndersized},
+		{"a negative slot size", func(c *Config) { c.SlotBytes = -1 }, "SlotBytes", nil},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg := fastConfig()
+			tc.edit(&cfg)
+			tr := NewMemNetwork().Transport("x")
+			defer func() { require.NoError(t, tr.Close(true)) }()
+			_, err := New(tr, cfg)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			var ce *ConfigError
+			require.True(t, errors.As(err, &ce), "%T is not a *transfer.ConfigError: %v", err, err)
+			require.Equal(t, tc.field, ce.Field)
+			if tc.cause != nil {
+				require.ErrorIs(t, err, tc.cause)
+				var be *buffer.ConfigError
+				require.True(t, errors.As(err, &be), "the pool's error is the cause")
+			}
+		})
+	}
+}
