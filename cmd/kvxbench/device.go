@@ -208,7 +208,7 @@ func (d *deviceMeasure) run(ctx context.Context, dp *cuda.DevicePlan, chunks []l
 		res.ScatterUs = us(times.mean())
 	}
 	if o.baseline {
-		res.setBaseline("device copy", gbps(bytes*n, baseTotal))
+		res.setBaseline("device copy", bytes, gbps(bytes*n, baseTotal))
 	}
 	// The baseline of a scatter copied the slot over the pool's contiguous range: refresh
 	// the host mirror before any check reads it.

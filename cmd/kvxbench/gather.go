@@ -306,7 +306,7 @@ func (m *hostMeasure) run(ctx context.Context, o outputFlags, bar *progress) (Re
 		res.ScatterUs = us(opTimes.mean())
 	}
 	if o.baseline {
-		res.setBaseline("memcpy", gbps(bytes*int64(len(opTimes)), baseTotal))
+		res.setBaseline("memcpy", bytes, gbps(bytes*int64(len(opTimes)), baseTotal))
 	}
 	if !o.noVerify {
 		if err := m.verify(); err != nil {

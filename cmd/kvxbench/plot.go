@@ -60,6 +60,7 @@ type plotPoint struct {
 func seriesOf(results []Result) []plotSeries {
 	var order []string
 	byKey := map[string]*plotSeries{}
+	seen := map[string]bool{}
 	add := func(key, label, group string, baseline bool, p plotPoint) {
 		s, ok := byKey[key]
 		if !ok {
@@ -77,7 +78,17 @@ func seriesOf(results []Result) []plotSeries {
 		}
 		add(key, label, label, false, plotPoint{r.Bytes, r.GBps})
 		if r.BaselineGBps != nil {
-			add(key+" baseline", "  baseline: "+r.Baseline, label, true, plotPoint{r.Bytes, *r.BaselineGBps})
+			// A baseline is drawn at the size it was measured at, once per size: one
+			// ucx_perftest at the wire's message size serves every request size.
+			at := r.BaselineBytes
+			if at <= 0 {
+				at = r.Bytes
+			}
+			bkey := key + " baseline " + r.Baseline
+			if !seen[bkey+fmt.Sprint(at)] {
+				seen[bkey+fmt.Sprint(at)] = true
+				add(bkey, "  baseline: "+r.Baseline, label, true, plotPoint{at, *r.BaselineGBps})
+			}
 		}
 	}
 	out := make([]plotSeries, 0, len(order))
@@ -119,7 +130,7 @@ func writeSVG(w io.Writer, results []Result) error {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	fmt.Fprintf(&sb, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&sb, `<text x="%.0f" y="18" font-size="14">kvxbench: bandwidth against request size, baseline beside it</text>`+"\n", left)
+	fmt.Fprintf(&sb, `<text x="%.0f" y="18" font-size="14">kvxbench: bandwidth against request size; baselines at the message size they were measured at</text>`+"\n", left)
 	// Axes and grid.
 	fmt.Fprintf(&sb, `<g stroke="#ccc">`+"\n")
 	for i := 0; i <= 5; i++ {
@@ -138,7 +149,7 @@ func writeSVG(w io.Writer, results []Result) error {
 	}
 	fmt.Fprintf(&sb, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n", left, top+plotH, left+plotW, top+plotH)
 	fmt.Fprintf(&sb, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n", left, top, left, top+plotH)
-	fmt.Fprintf(&sb, `<text x="%.1f" y="%.1f" text-anchor="middle">bytes per request</text>`+"\n", left+plotW/2, height-18)
+	fmt.Fprintf(&sb, `<text x="%.1f" y="%.1f" text-anchor="middle">bytes per request (baselines: per message)</text>`+"\n", left+plotW/2, height-18)
 	fmt.Fprintf(&sb, `<text transform="translate(18 %.1f) rotate(-90)" text-anchor="middle">GB/s</text>`+"\n", top+plotH/2)
 	// Lines, markers and legend.
 	colour := map[string]string{}

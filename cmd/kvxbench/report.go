@@ -58,7 +58,10 @@ type Result struct {
 	Baseline string `json:"baseline,omitempty"`
 	// BaselineGBps and Ratio (GBps / BaselineGBps) are present only where a baseline ran.
 	BaselineGBps *float64 `json:"baseline_gbps,omitempty"`
-	Ratio        *float64 `json:"ratio,omitempty"`
+	// BaselineBytes is the message size the baseline was measured at (ucx_perftest's -s), or
+	// the bytes of one copy for memcpy; the plot draws the baseline there.
+	BaselineBytes int64    `json:"baseline_bytes,omitempty"`
+	Ratio         *float64 `json:"ratio,omitempty"`
 	// Verified is true when every byte moved was checked against the source's checksum.
 	Verified bool `json:"verified"`
 	// Path is how a transfer moved its bytes, as the engine's handles said: "rma" (the
@@ -142,13 +145,14 @@ func kvxferVersion() string {
 	return rev + dirty
 }
 
-// setBaseline records the limit the result is compared to.
-func (r *Result) setBaseline(name string, gbps float64) {
+// setBaseline records the limit the result is compared to, measured with messages (or
+// copies) of size bytes.
+func (r *Result) setBaseline(name string, bytes int64, gbps float64) {
 	if gbps <= 0 || math.IsNaN(gbps) || math.IsInf(gbps, 0) {
 		return
 	}
 	ratio := r.GBps / gbps
-	r.Baseline, r.BaselineGBps, r.Ratio = name, &gbps, &ratio
+	r.Baseline, r.BaselineBytes, r.BaselineGBps, r.Ratio = name, bytes, &gbps, &ratio
 }
 
 // latencies collects per-request times and summarises them.

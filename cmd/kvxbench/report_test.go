@@ -16,10 +16,10 @@ import (
 func sampleResults() []Result {
 	a := Result{Name: "transfer llama3-8b 4k c=1", Op: "transfer", Concurrency: 1, Bytes: 512 << 20, GBps: 7.5,
 		P50us: 70000, P99us: 90000, GatherUs: 1000, WireUs: 60000, ScatterUs: 1200, Verified: true, Path: "staging"}
-	a.setBaseline("ucx_perftest shm", 8.0)
+	a.setBaseline("ucx_perftest shm", 4<<20, 8.0)
 	b := Result{Name: "transfer llama3-8b 16k c=1", Op: "transfer", Concurrency: 1, Bytes: 2 << 30, GBps: 8.1,
 		P50us: 260000, P99us: 300000, Verified: true, Path: "direct"}
-	b.setBaseline("ucx_perftest shm", 8.2)
+	b.setBaseline("ucx_perftest shm", 64<<20, 8.2)
 	c := Result{Name: "transfer llama3-8b 1k c=16", Op: "transfer", Concurrency: 16, Bytes: 128 << 20, GBps: 6, P50us: 300, P99us: 900}
 	return []Result{a, b, c}
 }
@@ -132,6 +132,16 @@ func TestPlotHasALinePerSeriesWithItsBaseline(t *testing.T) {
 	require.Contains(t, doc.Lines[1].Label, "ucx_perftest shm")
 	require.NotEmpty(t, doc.Lines[1].Dash, "baselines are dashed")
 	require.Len(t, strings.Fields(doc.Lines[2].Points), 1)
+
+	// The baseline is drawn where it was measured (ucx_perftest at the wire's message size),
+	// not at the request sizes it is compared with; one point per size measured.
+	series := seriesOf(sampleResults())
+	require.True(t, series[1].baseline)
+	require.Equal(t, []plotPoint{{4 << 20, 8.0}, {64 << 20, 8.2}}, series[1].points)
+	same := sampleResults()[:2]
+	same[1].setBaseline("ucx_perftest shm", 4<<20, 8.0)
+	series = seriesOf(same)
+	require.Equal(t, []plotPoint{{4 << 20, 8.0}}, series[1].points, "one baseline run serving two request sizes is one point")
 
 	require.Error(t, writeSVG(&buf, nil))
 }

@@ -189,7 +189,7 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o outputFlags, perftest
 				g = base.GBps
 				baselines[res.MessageBytes] = g
 			}
-			res.setBaseline(perftestName(cfg.TLS), g)
+			res.setBaseline(perftestName(cfg.TLS), res.MessageBytes, g)
 		}
 		if err := add(res); err != nil {
 			return err
