@@ -3,8 +3,10 @@
 package transfer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
@@ -31,7 +33,9 @@ type Spec struct {
 	Timeout time.Duration
 	// Subs, for a Receive only, splits the request over several peers (heterogeneous TP or
 	// PP: a TP=1 rank receiving from two TP=2 ranks names each with the plan of its share of
-	// heads). The handle is terminal only when every sub-transfer is. Peers must differ.
+	// heads). The handle is terminal only when every sub-transfer is. Peers must differ, and
+	// no two plans may name the same bytes of the pool (refused like a block listed twice,
+	// with layout.ErrDuplicateBlock).
 	Subs []SubSpec
 
 	// Stream, on a Send, opens the transfer before its KV is complete: the engine sends only
@@ -187,8 +191,44 @@ func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Dura
 			}
 		}
 	}
+	if len(subs) > 1 {
+		if i, j, ok := overlappingSubs(subs); ok {
+			return nil, nil, 0, bad(fmt.Sprintf("Subs[%d].Plan", j),
+				fmt.Sprintf("writes bytes of the pool that Subs[%d] writes too", i), layout.ErrDuplicateBlock)
+		}
+	}
 	if mover == nil {
 		mover = HostMover(s.Pool)
 	}
 	return subs, mover, timeout, nil
+}
+
+// overlappingSubs finds two sub-transfers whose plans name the same bytes of the pool (the
+// same blocks, layers and heads), which would make the result whichever sender landed last.
+// It compares the plans' pool runs, so it holds whatever layouts the plans use; it returns the
+// lower index i and the later one j.
+func overlappingSubs(subs []SubSpec) (i, j int, found bool) {
+	type run struct {
+		off, end int64
+		sub      int
+	}
+	var runs []run
+	for k, s := range subs {
+		_ = s.Plan.Runs(0, s.Plan.Bytes(), func(poolOff, _, n int64) {
+			runs = append(runs, run{poolOff, poolOff + n, k})
+		})
+	}
+	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.off, b.off) })
+	// A plan's own runs never overlap (NewPlan refuses a repeated block and a layout whose
+	// strides overlap), so any overlap of sorted neighbours-or-earlier is between two subs.
+	reach := -1 // index of the run reaching furthest so far
+	for k, r := range runs {
+		if reach >= 0 && r.off < runs[reach].end && runs[reach].sub != r.sub {
+			return min(r.sub, runs[reach].sub), max(r.sub, runs[reach].sub), true
+		}
+		if reach < 0 || r.end > runs[reach].end {
+			reach = k
+		}
+	}
+	return 0, 0, false
 }
