@@ -37,8 +37,10 @@ type Config struct {
 	// side for the receiver's request) when the Send/Receive context has no earlier
 	// deadline. Default 30s.
 	QueueTimeout time.Duration
-	// ProgressDeadline: Health turns unhealthy when transfers are in flight and none has
-	// made progress for this long. Default 10s.
+	// ProgressDeadline: Health turns unhealthy when no byte has moved and no transfer has
+	// completed for this long while transfers were asked for: in flight, or failing one
+	// after another (a request that starts less than this after the last one ended keeps
+	// the clock running). Default 10s.
 	ProgressDeadline time.Duration
 	// QuarantineBudget: Health turns unhealthy when more transfers than this are quarantined
 	// at once. Default 8.

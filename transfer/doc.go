@@ -23,8 +23,9 @@
 // Config.QueueTimeout; a started transfer at its deadline (Spec.Timeout, counted from its first
 // slot lease); a quarantined one at Config.QuarantineTimeout, when the slots the transport
 // never released are poisoned (taken out of circulation for good) rather than trusted. Health
-// reports unhealthy, with the reason, when nothing progressed for Config.ProgressDeadline while
-// transfers are in flight, when quarantines exceed their budget, or when poisoned slots leave
+// reports unhealthy, with the reason, when no byte moved and no transfer completed for
+// Config.ProgressDeadline while transfers were asked for (in flight, or failing one after
+// another), when quarantines exceed their budget, or when poisoned slots leave
 // too few. Only Drain and Close block, and both are bounded.
 //
 // # Data path

@@ -46,8 +46,14 @@ type Engine struct {
 	// quarantine budget.
 	poisonedForGood atomic.Int64
 	awaiting        atomic.Int64 // streaming transfers waiting on the model, not the wire
-	lastProgress    atomic.Int64 // unix nanoseconds
-	malformed       atomic.Int64
+	// stallFrom is when the progress clock started (unix nanoseconds): the last byte moved or
+	// transfer completed, or, when the engine was idle until then, the first transfer asked
+	// for since. lastDemand is the last time a transfer started or ended (Advertised in or
+	// out): the engine counts as asked for while one is active or one ended less than a
+	// ProgressDeadline ago, so requests that fail one after another are a stall too.
+	stallFrom  atomic.Int64
+	lastDemand atomic.Int64
+	malformed  atomic.Int64
 }
 
 // routeKey finds the sub-transfer an inbound message belongs to. A request has at most one
@@ -100,7 +106,7 @@ func New(tr Transport, cfg Config) (*Engine, error) {
 		closing: make(chan struct{}), stopProgress: make(chan struct{}), progressDone: make(chan struct{}),
 	}
 	e.direct, _ = tr.(DirectTransport)
-	e.lastProgress.Store(time.Now().UnixNano())
+	e.stallFrom.Store(time.Now().UnixNano())
 	if err := tr.Bind(inbound{e}); err != nil {
 		return nil, fmt.Errorf("kvxfer: binding the transport: %w", err)
 	}
@@ -257,14 +263,15 @@ type HealthSnapshot struct {
 	PoisonedSlots    int           // slots out of circulation for good
 	MinSlots         int           // slots needed to serve MaxConcurrent transfers
 	AwaitingReady    int64         // in-flight streaming transfers waiting on the model's layers, not the wire
-	SinceProgress    time.Duration // since the last chunk moved or transfer ended
+	SinceProgress    time.Duration // since the last chunk moved or transfer completed (or an idle engine was asked for one)
 	ProgressDeadline time.Duration // Config.ProgressDeadline
 	MalformedControl int64         // control messages that did not decode
 	TransportWedged  bool          // the transport reports it cannot deliver (TransportHealth)
 }
 
-// Health tells the truth (L12): unhealthy when transfers are in flight (other than streaming
-// ones waiting on the model's layers) and none has progressed for Config.ProgressDeadline,
+// Health tells the truth (L12): unhealthy when no byte moved and no transfer completed for
+// Config.ProgressDeadline while transfers were asked for (in flight, other than streaming
+// ones waiting on the model's layers, or ending without success one after another),
 // when more transfers wait in quarantine than the budget allows (those quarantined for good
 // with their caller's blocks poisoned are settled, not waiting), or when poisoned slots leave
 // fewer than MaxConcurrent. It never blocks.
@@ -273,18 +280,29 @@ func (e *Engine) Health() Health {
 	s := HealthSnapshot{
 		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
-		SinceProgress: time.Duration(time.Now().UnixNano() - e.lastProgress.Load()), ProgressDeadline: e.cfg.ProgressDeadline,
+		ProgressDeadline: e.cfg.ProgressDeadline,
 		MalformedControl: e.malformed.Load(), BlocksPoisoned: e.poisonedForGood.Load(),
 	}
+	now := time.Now().UnixNano()
+	stallFrom, lastDemand := e.stallFrom.Load(), e.lastDemand.Load()
+	s.SinceProgress = time.Duration(now - stallFrom)
 	var why []string
 	if e.isClosed() {
 		why = append(why, "engine closed")
 	}
-	// A streaming transfer that waits for its layers is not stalled: the model is computing.
-	// It is bounded by its own deadline, not by this rule.
-	if s.InFlight > s.AwaitingReady && s.SinceProgress > s.ProgressDeadline {
-		why = append(why, fmt.Sprintf("no transfer progressed for %v (deadline %v) while %d are in flight",
-			s.SinceProgress.Round(time.Millisecond), s.ProgressDeadline, s.InFlight))
+	// Transfers were asked for since the clock started: one is in flight now, or none is but
+	// one ended (failed, cancelled, quarantined) less than a deadline ago. A streaming
+	// transfer that waits for its layers is not stalled: the model is computing. It is
+	// bounded by its own deadline, not by this rule.
+	asked := s.InFlight > s.AwaitingReady ||
+		(s.InFlight == 0 && lastDemand > stallFrom && time.Duration(now-lastDemand) <= s.ProgressDeadline)
+	if asked && s.SinceProgress > s.ProgressDeadline {
+		while := fmt.Sprintf("%d are in flight", s.InFlight)
+		if s.InFlight == 0 {
+			while = "transfers were asked for and failed"
+		}
+		why = append(why, fmt.Sprintf("no transfer progressed for %v (deadline %v) while %s",
+			s.SinceProgress.Round(time.Millisecond), s.ProgressDeadline, while))
 	}
 	if th, ok := e.tr.(TransportHealth); ok {
 		if err := th.TransportHealth(); err != nil {
@@ -313,11 +331,14 @@ func (e *Engine) isClosed() bool {
 // account keeps Health's counters in step with handle transitions; applyLocked calls it.
 func (e *Engine) account(from, to State) {
 	if !from.active() && to.active() {
-		if e.inFlight.Add(1) == 1 {
-			e.touch() // an idle engine has not been stalled all that time
+		now := time.Now().UnixNano()
+		if e.inFlight.Add(1) == 1 && e.idle(now) {
+			e.stallFrom.Store(now) // an idle engine has not been stalled all that time
 		}
+		e.lastDemand.Store(now)
 	} else if from.active() && !to.active() {
 		e.inFlight.Add(-1)
+		e.lastDemand.Store(time.Now().UnixNano())
 		if to == Completed { // a failure, cancel or quarantine is no sign of a live peer
 			e.touch()
 		}
@@ -329,7 +350,17 @@ func (e *Engine) account(from, to State) {
 	}
 }
 
-func (e *Engine) touch() { e.lastProgress.Store(time.Now().UnixNano()) }
+// touch restarts the progress clock: a byte moved or a transfer completed.
+func (e *Engine) touch() { e.stallFrom.Store(time.Now().UnixNano()) }
+
+// idle reports whether no transfer was asked for since the progress clock started, or the
+// last one ended more than a ProgressDeadline before now: a transfer starting then starts the
+// clock afresh. One that follows a failed one closer than that does not: the failures are the
+// stall.
+func (e *Engine) idle(now int64) bool {
+	last := e.lastDemand.Load()
+	return last <= e.stallFrom.Load() || time.Duration(now-last) > e.cfg.ProgressDeadline
+}
 
 // Drain waits until every transfer has ended and is quiescent, or ctx is done. It is the only
 // blocking call for callers, meant for shutdown.

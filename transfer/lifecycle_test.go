@@ -515,6 +515,35 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		requireState(t, hr, Completed)
 		require.True(t, p.dst.Health().Healthy, p.dst.Health().Reason)
 	})
+	t.Run("requests one after another to a silent peer turn unhealthy", func(t *testing.T) {
+		// A worker whose every request times out, one at a time: the in-flight count keeps
+		// dropping to zero between them, and no byte moves. Each new request used to restart
+		// the progress clock, so /health said 200 for as long as the requests kept failing.
+		cfg := fastConfig()
+		cfg.TransferTimeout = 100 * time.Millisecond
+		cfg.ProgressDeadline = 200 * time.Millisecond
+		p := newPair(t, cfg, cfg) // the prefill engine never sends: a silent peer
+		_, dst := pools(t, 1)
+		start := time.Now()
+		unhealthy, samples := false, 0
+		for id := RequestID(1); !unhealthy && time.Since(start) < 2*time.Second; id++ {
+			h, err := p.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			require.NoError(t, err)
+			for !isClosed(h.Quiesced()) && !unhealthy {
+				unhealthy = !p.dst.Health().Healthy
+				samples++
+				time.Sleep(time.Millisecond)
+			}
+			waitClosed(t, h.Quiesced(), "timed out")
+			st := h.Status()
+			require.Equal(t, Failed, st.State, "%v", st.Err)
+			require.Zero(t, st.Bytes)
+			require.NoError(t, h.Release())
+			unhealthy = unhealthy || !p.dst.Health().Healthy
+		}
+		h := p.dst.Health()
+		require.True(t, unhealthy, "healthy for %v (%d samples) while every request timed out: %+v", time.Since(start), samples, h)
+	})
 	t.Run("churn of cancelled transfers is no sign of progress", func(t *testing.T) {
 		// One transfer is stuck on a hung wire while others come and go (leased, advertised,
 		// cancelled): the engine is still wedged, and must say so within the deadline. A lease

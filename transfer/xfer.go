@@ -752,7 +752,7 @@ func (x *xfer) progress(n int64) {
 	x.moved++
 	x.h.bytes.Add(n)
 	now := time.Now()
-	x.eng.lastProgress.Store(now.UnixNano())
+	x.eng.stallFrom.Store(now.UnixNano())
 	if x.m.load() == Advertised {
 		x.apply(EvProgress, nil)
 	}
