@@ -404,7 +404,7 @@ func TestL9_UnknownQuiescenceMeansPoisonNeverRelease(t *testing.T) {
 			}
 			requireState(t, hr, Failed)
 			p.net.Resume() // nothing may come back from a poisoned slot
-			time.Sleep(20 * time.Millisecond)
+			quiet(t, p.net, p.src, p.dst)
 			require.Equal(t, 2, p.dst.pool.Stats().Poisoned)
 			require.False(t, p.dst.Health().Healthy == (p.dst.pool.Stats().Total-2 < cfg.MaxConcurrent))
 		})
@@ -427,7 +427,7 @@ func TestL9_LateCompletionAfterPoisonNeverReturnsTheSlot(t *testing.T) {
 
 	p.net.Resume() // the transport completes late, successfully
 	eventually(t, func() bool { return p.net.Pending() == 0 }, "late completions delivered")
-	time.Sleep(10 * time.Millisecond)
+	quiet(t, p.net, p.src, p.dst)
 	require.Equal(t, before, p.dst.pool.Stats(), "a late completion put a poisoned slot back")
 	require.Equal(t, make([]byte, dst.plan.Bytes()), dst.stream(t), "a late chunk was scattered into caller memory")
 }
@@ -445,7 +445,7 @@ func TestL10_QuiescedClosesOnceAndOnlyWhenTheTransportLetsGo(t *testing.T) {
 	waitClosed(t, hr.Done(), "receiver done")
 	requireState(t, hr, Quarantined, ErrQuarantined, ErrDeadline)
 	require.Equal(t, NotCancellable, p.dst.Cancel(1))
-	time.Sleep(50 * time.Millisecond)
+	quiet(t, p.net, p.src, p.dst)
 	require.False(t, isClosed(hr.Quiesced()), "quiesced while the transport still holds the slot")
 	require.NotZero(t, p.dst.pool.Stats().Leased)
 	require.Equal(t, int64(1), p.dst.Health().Quarantined)
@@ -740,7 +740,7 @@ func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
 		require.True(t, obs.sawSub0Fail.Load(), "sub 0 never failed")
 		require.False(t, obs.doneAtSub0Fail.Load(), "the handle was done while sub 1 was still running")
 		requireState(t, h, Quarantined, ErrQuarantined, ErrInjected)
-		time.Sleep(30 * time.Millisecond)
+		quiet(t, n, senders[0], senders[1], recv)
 		require.False(t, isClosed(h.Quiesced()), "quiesced while sub 1's slot may still be written")
 
 		n.Resume()

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// quiet is the synchronisation point for checks that something did not happen. It returns
+// once the network has handed every queued callback and control message to its engine, every
+// transfer's mailbox is empty, and every goroutine of this package is parked at one of its
+// waits (a transfer's loop or queue, the network's dispatch, the progress loop, a slot lease).
+// From then on nothing in the engines changes until a timer fires or the test acts, so the
+// check that follows does not race a sleep's length. It fails the test after 10 s.
+func quiet(t testing.TB, n *MemNetwork, es ...*Engine) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	settled := 0
+	var last string
+	for settled < 3 { // three looks in a row, so a goroutine between two waits is not missed
+		if time.Now().After(deadline) {
+			t.Fatalf("the engines did not settle within 10s: %s", last)
+		}
+		last = busy(n, es)
+		if last == "" {
+			settled++
+		} else {
+			settled = 0
+		}
+		runtime.Gosched()
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// busy says what is still moving, or "" when nothing is.
+func busy(n *MemNetwork, es []*Engine) string {
+	if why := queued(n, es); why != "" {
+		return why
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		k := runtime.Stack(buf, true)
+		if k < len(buf) {
+			buf = buf[:k]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	for _, g := range strings.Split(string(buf), "\n\n")[1:] { // the first is this goroutine
+		if why := engineBusy(g); why != "" {
+			return why
+		}
+	}
+	// Something may have been queued while the stacks were read.
+	return queued(n, es)
+}
+
+// idleWaits are the functions where this package's goroutines wait for work.
+var idleWaits = []string{
+	"transfer.(*xfer).loop(",
+	"transfer.(*xfer).runSend(",
+	"transfer.(*MemTransport).dispatch(",
+	"transfer.(*MemTransport).Progress(",
+	"buffer.(*Pool).Lease(",
+}
+
+// engineBusy says why one goroutine's stack shows engine or network work under way, or "".
+// A goroutine whose innermost frame is the engine's or the network's must be parked at one of
+// idleWaits; any other goroutine running or waiting for a lock with them down its stack is at
+// work too (a timer callback, a transfer inside the runtime or a logger). Test code's own
+// goroutines do not count.
+func engineBusy(g string) string {
+	lines := strings.SplitN(g, "\n", 4)
+	if len(lines) < 3 {
+		return ""
+	}
+	head, top, file := lines[0], lines[1], strings.TrimSpace(lines[2])
+	ours := func(s string) bool {
+		return strings.Contains(s, "kvxfer/kvxfer/transfer.") || strings.Contains(s, "kvxfer/kvxfer/buffer.")
+	}
+	if !ours(g) {
+		return ""
+	}
+	parked := strings.Contains(head, "[select") || strings.Contains(head, "[chan receive")
+	if ours(top) && !strings.Contains(file, "_test.go:") {
+		for _, w := range idleWaits {
+			if parked && strings.Contains(top, w) {
+				return ""
+			}
+		}
+		return head + " " + top
+	}
+	for _, s := range []string{"[running", "[runnable", "[sync.Mutex.Lock", "[sync.RWMutex", "[semacquire"} {
+		if strings.Contains(head, s) && !strings.Contains(g, "_test.go:") {
+			return head + " " + top
+		}
+	}
+	return ""
+}
+
+// queued says what waits in a delivery queue or a mailbox, or "".
+func queued(n *MemNetwork, es []*Engine) string {
+	n.mu.Lock()
+	eps := make([]*MemTransport, 0, len(n.eps))
+	for _, ep := range n.eps {
+		eps = append(eps, ep)
+	}
+	n.mu.Unlock()
+	for _, ep := range eps {
+		ep.qmu.Lock()
+		k := len(ep.queue)
+		ep.qmu.Unlock()
+		if k > 0 || len(ep.notify) > 0 {
+			return "delivery queued at " + string(ep.addr)
+		}
+	}
+	for _, e := range es {
+		e.mu.Lock()
+		xs := make([]*xfer, 0, len(e.routes))
+		for _, x := range e.routes { // a transfer whose goroutine ended leaves the routes
+			xs = append(xs, x)
+		}
+		e.mu.Unlock()
+		for _, x := range xs {
+			x.box.mu.Lock()
+			k := len(x.box.q)
+			x.box.mu.Unlock()
+			if k > 0 {
+				return "a mailbox is not empty"
+			}
+		}
+	}
+	return ""
+}
