@@ -267,6 +267,7 @@ type HealthSnapshot struct {
 	ProgressDeadline time.Duration // Config.ProgressDeadline
 	MalformedControl int64         // control messages that did not decode
 	TransportWedged  bool          // the transport reports it cannot deliver (TransportHealth)
+	Closed           bool          // the engine is closed
 }
 
 // Health tells the truth (L12): unhealthy when no byte moved and no transfer completed for
@@ -288,6 +289,7 @@ func (e *Engine) Health() Health {
 	s.SinceProgress = time.Duration(now - stallFrom)
 	var why []string
 	if e.isClosed() {
+		s.Closed = true
 		why = append(why, "engine closed")
 	}
 	// Transfers were asked for since the clock started: one is in flight now, or none is but

@@ -98,7 +98,7 @@ func newDeviceEngineSide(cfg runConfig, role string, rank int) (engineSide, erro
 		return nil, fmt.Errorf("%s rank %d: %w", role, rank, err)
 	}
 	ec.StagingMemory = tr.StagingMemory()
-	obs, err := newObservability(cfg.HTTP, role, rank)
+	obs, err := engineObservability(cfg, role, rank)
 	if err != nil {
 		_ = tr.Close(true)
 		_ = rt.Close()

@@ -31,7 +31,7 @@ func newUCXEngineSide(cfg runConfig, role string, rank int) (engineSide, error) 
 		return nil, fmt.Errorf("%s rank %d: UCX transport: %w", role, rank, err)
 	}
 	ec.StagingMemory = tr.StagingMemory()
-	obs, err := newObservability(cfg.HTTP, role, rank)
+	obs, err := engineObservability(cfg, role, rank)
 	if err != nil {
 		_ = tr.Close(true)
 		return nil, err

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/kvxfer/kvxfer/transfer/observe"
 )
 
 // cmdServe is the prefill end of a two-host run: it opens the control port, prints its
@@ -16,7 +18,7 @@ func cmdServe(ctx context.Context, args []string, out *outputs) error {
 	var f transferFlags
 	fs := newFlagSet("serve", "serve [--listen HOST:PORT] [flags]", out)
 	f.register(fs, time.Second)
-	listen := fs.String("listen", ":0", "control address to listen on; port 0 picks a free one")
+	listen := fs.String("listen", "127.0.0.1:0", "control address to listen on (loopback unless given: on two hosts, pass the address the decode host reaches, or :PORT for every interface); port 0 picks a free one")
 	wait := fs.Duration("wait", 10*time.Minute, "how long to wait for kvxbench connect")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -32,6 +34,21 @@ func cmdServe(ctx context.Context, args []string, out *outputs) error {
 	}
 	cfg, err := f.resolve(envTLS)
 	if err != nil {
+		return err
+	}
+	// The probes answer from now on (live, not ready until the engine exists), not only once a
+	// peer has connected.
+	obs, err := newObservability(cfg.HTTP, rolePrefill, 0)
+	if err != nil {
+		return err
+	}
+	if obs != nil {
+		obs.pending = observe.NewPending("waiting for kvxbench connect")
+		obs.process = true
+		cfg.processHTTP = obs
+		defer obs.closeProcess()
+	}
+	if err := obs.listen(); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", *listen)

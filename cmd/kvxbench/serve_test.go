@@ -7,6 +7,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -120,4 +121,58 @@ func TestServeAndConnectMeasure(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not end")
 	}
+}
+
+// serve listens on loopback unless told otherwise, and with --http its probes answer from
+// the start, before any connect: live, not ready, with the reason.
+func TestServeProbesAnswerFromStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	httpAddr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	pr, pw := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		var stdout strings.Builder
+		done <- Main(ctx, []string{"serve", "--wait", "20s", "--http", httpAddr, "--layers", "2", "--prompts", "64", "--concurrency", "1"}, &stdout, pw)
+		pw.Close()
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("serve did not end after the interrupt")
+		}
+	}()
+	r := bufio.NewReader(pr)
+	var serving string
+	for serving == "" {
+		line, err := r.ReadString('\n')
+		require.NoError(t, err)
+		if m := regexp.MustCompile(`serving on (\S+);`).FindStringSubmatch(line); m != nil {
+			serving = m[1]
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	host, _, err := net.SplitHostPort(serving)
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1", host, "serve defaults to loopback")
+
+	get := func(path string) (int, string) {
+		c := http.Client{Timeout: 5 * time.Second}
+		resp, err := c.Get("http://" + httpAddr + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, _ := get("/livez")
+	require.Equal(t, http.StatusOK, code, "live before any peer")
+	code, body := get("/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, "not ready before the engine exists")
+	require.Contains(t, body, "waiting for kvxbench connect")
+	code, _ = get("/healthz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
 }

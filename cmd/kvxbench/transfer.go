@@ -54,7 +54,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.directChunk, "direct-chunk", "64MiB", "the largest message of the direct path (no slot bounds it)")
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
-	fs.StringVar(&f.http, "http", "", "serve /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400")
+	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
 }
 
 // runConfig is a validated transfer run. It is also what the parent hands its peer
@@ -89,9 +89,12 @@ type runConfig struct {
 	// Memory is where the KV pools and staging slots live: "host" or "device" (--memory;
 	// cmd/kvxbench/device_engine.go).
 	Memory string `json:"memory"`
-	// HTTP is where this process serves /healthz and /metrics; never handed to peers, which
+	// HTTP is where this process serves its probes and /metrics; never handed to peers, which
 	// would all try to listen on it.
 	HTTP string `json:"-"`
+	// processHTTP is the endpoint serve opened at start on HTTP, for its engine to report
+	// through once made; nil: the engine opens its own.
+	processHTTP *observability
 }
 
 func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {

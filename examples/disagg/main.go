@@ -189,8 +189,9 @@ func serveControl(addr string, prefill *prefillWorker, health observe.HealthSour
 	}
 	mux := http.NewServeMux()
 	prefill.routes(mux)
-	mux.Handle(observe.HealthzPath, probes)
-	mux.Handle(observe.MetricsPath, probes)
+	for _, path := range []string{observe.HealthzPath, observe.LivezPath, observe.ReadyzPath, observe.MetricsPath} {
+		mux.Handle(path, probes)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	stop = func() error {

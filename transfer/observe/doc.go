@@ -19,11 +19,14 @@
 //	eng, err := transfer.New(tr, transfer.Config{Observer: obs, Logger: logger})
 //	err = m.CollectHealth(eng)
 //	h, err := observe.Handler(observe.HandlerConfig{Health: eng, Gatherer: reg})
-//	go http.Serve(listener, h) // serves /healthz and /metrics
+//	go http.Serve(listener, h) // serves /livez, /readyz, /healthz and /metrics
 //
-// The handler answers /healthz with 503 and Health's reason whenever the engine says it is
-// unhealthy, which includes a wedged engine (transfers in flight, none progressing for the
-// progress deadline): a probe never reports a worker healthy while no transfer can move.
+// The handler answers /readyz (and /healthz, its older name) with 503 and Health's reason
+// whenever the engine says it is unhealthy, which includes a wedged engine (transfers in
+// flight, none progressing for the progress deadline): a probe never reports a worker ready
+// while no transfer can move. /livez fails only where a restart helps (a wedged transport, a
+// closed engine, an engine that does not answer): see Handler for which Kubernetes probe uses
+// which. A process whose engine comes later answers its probes from the start through Pending.
 //
 // Observers run synchronously inside the engine, sometimes under a handle's lock. Everything
 // in this package keeps to that contract: it takes one short mutex or atomic update per event

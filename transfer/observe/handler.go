@@ -4,6 +4,7 @@ package observe
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -13,6 +14,8 @@ import (
 // Paths the handler serves.
 const (
 	HealthzPath = "/healthz"
+	LivezPath   = "/livez"
+	ReadyzPath  = "/readyz"
 	MetricsPath = "/metrics"
 )
 
@@ -26,50 +29,61 @@ type HandlerConfig struct {
 	// Logger hears about unhealthy answers (at debug: probes repeat them every few
 	// seconds) and metric gathering errors. Default zap.NewNop().
 	Logger *zap.Logger
+	// LivenessTimeout bounds /livez's wait for the engine's Health call: an engine that does
+	// not answer within it is reported dead. Default DefaultLivenessTimeout; negative is
+	// refused.
+	LivenessTimeout time.Duration
 }
 
 // Handler returns an http.Handler serving:
 //
-//	GET /healthz  200 "ok\n" when cfg.Health says healthy; 503 with Health's reason when not
+//	GET /livez    200 "ok\n" while the engine answers its Health call within LivenessTimeout
+//	              and is Live (not closed, its transport not wedged); 503 with the reason when not
+//	GET /readyz   200 "ok\n" when cfg.Health says healthy (transfers progressing, quarantine
+//	              within budget, staging slots enough); 503 with Health's reason when not
+//	GET /healthz  the same answer as /readyz, kept for probes configured before the split
 //	GET /metrics  the Prometheus exposition of cfg.Gatherer
 //
-// Use /healthz for both readiness and liveness: it answers 503 while the engine is wedged
-// (transfers in flight, none progressing for the progress deadline), over its quarantine
-// budget, short of usable staging slots, or closed, and 200 again as soon as that ends.
-// Health never blocks, so neither does the probe. Mount the handler at the root of its own
-// listener, or under a prefix with http.StripPrefix.
+// Point Kubernetes' livenessProbe at /livez and its readinessProbe at /readyz. A stall, such
+// as transfers to a frozen peer that make no progress, turns /readyz to 503 so the pod gets
+// no new work, but leaves /livez at 200: restarting a healthy prefill pod because its decode
+// peer froze would not help. /livez fails only where a restart does help: a wedged transport,
+// a closed engine, or an engine that does not answer. Both flip back as soon as the cause
+// ends. Health never blocks, so neither do /readyz and /healthz. Mount the handler at the
+// root of its own listener, or under a prefix with http.StripPrefix.
 //
-// It fails only when cfg.Health is nil.
+// It fails only when cfg.Health is nil or LivenessTimeout negative.
 func Handler(cfg HandlerConfig) (http.Handler, error) {
 	if cfg.Health == nil {
 		return nil, &ConfigError{Field: "HandlerConfig.Health", Reason: "required: pass the engine, or a HealthFunc"}
+	}
+	if cfg.LivenessTimeout < 0 {
+		return nil, &ConfigError{Field: "HandlerConfig.LivenessTimeout", Reason: "negative: leave it zero for the default"}
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
+	live := &liveness{src: cfg.Health, timeout: cfg.LivenessTimeout}
+	if live.timeout == 0 {
+		live.timeout = DefaultLivenessTimeout
+	}
+	ready := func(path string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if !probeMethods(w, r) {
+				return
+			}
+			h := cfg.Health.Health()
+			writeProbe(w, r, h.Healthy, h.Reason, log, path)
+		}
+	}
 	mux := http.NewServeMux()
-	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
+	mux.HandleFunc(HealthzPath, ready(HealthzPath))
+	mux.HandleFunc(ReadyzPath, ready(ReadyzPath))
+	mux.HandleFunc(LivezPath, func(w http.ResponseWriter, r *http.Request) {
+		if probeMethods(w, r) {
+			live.serveLivez(w, r, log)
 		}
-		h := cfg.Health.Health()
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("Cache-Control", "no-store")
-		if h.Healthy {
-			w.WriteHeader(http.StatusOK)
-			_, _ = w.Write([]byte("ok\n"))
-			return
-		}
-		reason := h.Reason
-		if reason == "" {
-			reason = "unhealthy (no reason given)"
-		}
-		log.Debug("health probe answered unhealthy", zap.String("reason", reason), zap.String("remote", r.RemoteAddr))
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write([]byte(reason + "\n"))
 	})
 	if cfg.Gatherer != nil {
 		mux.Handle(MetricsPath, promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{

@@ -28,7 +28,7 @@ func Serve(addr string, cfg HandlerConfig) (*Server, error) {
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("kvxfer/observe: listening on %q for /healthz and /metrics: %w", addr, err)
+		return nil, fmt.Errorf("kvxfer/observe: listening on %q for the probes and /metrics: %w", addr, err)
 	}
 	s := &Server{ln: ln, done: make(chan error, 1),
 		// A probe or scraper that stalls must not hold a connection (and a goroutine) forever.
