@@ -162,14 +162,19 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		}
 	}
 	h.subs = xs
+	if ph, ok := e.tr.(PoolHolder); ok && spec.Mover == nil && len(spec.Pool) > 0 {
+		h.releasePool = ph.HoldPool(spec.Pool) // registered memory stays registered until Quiesced
+	}
 
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
+		h.unhold()
 		return nil, &RequestError{ID: spec.ID, Err: ErrClosed}
 	}
 	if _, dup := e.handles[spec.ID]; dup {
 		e.mu.Unlock()
+		h.unhold()
 		return nil, &RequestError{ID: spec.ID, Err: ErrDuplicate}
 	}
 	e.handles[spec.ID] = h

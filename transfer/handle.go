@@ -60,6 +60,9 @@ type Handle struct {
 	cancelRequested bool
 	callerRefs      int
 	engineRef       bool
+	// releasePool ends the transport's hold on the caller's registered pool (PoolHolder),
+	// just before Quiesced closes; nil when there is none.
+	releasePool func()
 }
 
 // ID returns the request id.
@@ -129,6 +132,10 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 		close(h.done)
 	}
 	if r.quiesces {
+		if h.releasePool != nil {
+			h.releasePool() // before Quiesced closes: a caller woken by it may unregister at once
+			h.releasePool = nil
+		}
 		close(h.quiesced)
 	}
 	return true
@@ -250,4 +257,12 @@ func (h *Handle) LayersReady() int {
 		n = min(n, x.layersReady.Load())
 	}
 	return int(n)
+}
+
+// unhold ends the pool hold of a handle that never started.
+func (h *Handle) unhold() {
+	if h.releasePool != nil {
+		h.releasePool()
+		h.releasePool = nil
+	}
 }

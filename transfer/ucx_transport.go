@@ -194,6 +194,7 @@ type UCXTransport struct {
 	closed  bool
 	ctrl    *native.Request
 	rma     ucxRMA                   // rma_ucx.go: packed and unpacked RMA keys
+	regs    ucxRegs                  // ucx_region.go: the caller's registered memory
 	probe   atomic.Pointer[ucxProbe] // ucx_probe.go: nil until Bind, or when left out; read without mu
 	swaps   int                      // workers replaced (ucx_rebirth.go)
 	// replaceFailures counts failed replacements since the last success; only the probe's
@@ -798,6 +799,7 @@ func (t *UCXTransport) Close(force bool) error {
 	for _, m := range t.pools {
 		errs = append(errs, m.Close())
 	}
+	errs = append(errs, t.closeRegions()...)
 	errs = append(errs, t.staging.Close(), t.uctx.Close())
 	return errors.Join(errs...)
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
@@ -82,6 +83,18 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 		}
 		copy(mapped, pool)
 		pool = mapped
+	}
+	if o.caller { // the same bytes, in memory this process mapped and registered with UCX
+		mapped, err := syscall.Mmap(-1, 0, len(pool), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+		if err != nil {
+			return err
+		}
+		copy(mapped, pool)
+		region, err := tr.RegisterHost(mapped)
+		if err != nil {
+			return err
+		}
+		pool = region.Pool()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()

@@ -54,6 +54,7 @@ type options struct {
 	seed                  uint64
 	check                 bool
 	direct                bool
+	caller                bool
 	timeout, keepalive    time.Duration
 }
 
@@ -72,6 +73,7 @@ func main() {
 	flag.DurationVar(&o.keepalive, "keepalive", 200*time.Millisecond, "UCX keepalive interval")
 	flag.Uint64Var(&o.requestID, "id", 1, "request id (engine modes)")
 	flag.BoolVar(&o.direct, "direct", false, "engine modes: the KV pool is mapped by the transport (AllocatePool), so the one-copy path may run")
+	flag.BoolVar(&o.caller, "caller", false, "engine modes: the KV pool is mapped by this process (mmap) and registered with the transport (RegisterHost), as a serving process's own KV cache")
 	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another (engine modes)")
 	flag.Parse()
 	var err error
