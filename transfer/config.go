@@ -85,6 +85,10 @@ type Config struct {
 	// up (see RMAMinRegionBytes); a sender with DisableRMA declines such a request. See
 	// docs/onecopy.md.
 	DisableRMA bool
+	// RMAWhereEmulated keeps the RMA mode where the transport says its gets to the peer are
+	// emulated (RMAEmulation: UCX 1.13 over TCP). By default such a receiver takes the direct
+	// path's tagged messages instead, and Handle.Path says PathDirect.
+	RMAWhereEmulated bool
 	// RMAMinRegionBytes is the smallest mean size of the pool-to-pool ranges (each as long as
 	// both sides' bytes stay contiguous) for which a receiver takes the RMA mode: below it
 	// (layout conversion, heterogeneous TP) every range would be a get of its own, and the IOV

@@ -419,6 +419,7 @@ type MemTransport struct {
 	// net.mu.
 	direct     map[uint32][]byte
 	nextDirect uint32
+	emulated   map[Peer]bool // EmulateGets (memtransport_emul.go); guarded by net.mu
 }
 
 var (

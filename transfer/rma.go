@@ -39,6 +39,19 @@ type RMATransport interface {
 	PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error)
 }
 
+// RMAEmulation is an optional extension of RMATransport, for a transport that can tell per peer
+// whether its gets are served by the transport itself (one copy: shared memory, cma, RDMA) or
+// emulated (UCX 1.13 over TCP turns each get into active messages the peer's worker answers,
+// which is no faster than tagged messages and leaves the sender's pool exposed for nothing).
+// A receiver takes the RMA mode where gets are emulated only with Config.RMAWhereEmulated.
+type RMAEmulation interface {
+	RMATransport
+	// GetsEmulated reports whether gets from peer would be emulated. It decides by what the
+	// transport knows of its connection to peer (UCX: the endpoint's lanes), may wait a
+	// bounded time for it, and answers false when it cannot tell.
+	GetsEmulated(peer Peer) bool
+}
+
 // Path is how a transfer moves its bytes. It is decided once per sub-transfer, when the
 // receiver's request and the sender's answer have met.
 type Path int32
@@ -164,7 +177,12 @@ func (x *xfer) rmaTransport() RMATransport {
 // rmaAsk (a direct receiver, before posting anything) asks the sender for an RMA offer. It
 // reports false when the RMA mode is off here, and the IOV receives go out as usual.
 func (x *xfer) rmaAsk() bool {
-	if x.rmaTransport() == nil {
+	rt := x.rmaTransport()
+	if rt == nil {
+		return false
+	}
+	if em, ok := rt.(RMAEmulation); ok && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
+		x.log().Debug("gets from this peer would be emulated: direct messages instead of rma")
 		return false
 	}
 	x.rma.mode = rmaAsked

@@ -18,6 +18,7 @@ var _ RMATransport = (*UCXTransport)(nil)
 type ucxRMA struct {
 	packed map[*native.Memory][]byte
 	keys   map[ucxKeyID]*ucxRemoteKey
+	lanes  map[Peer]ucxGetLanes // ucx_lanes.go: whether gets to a peer are native, per endpoint
 }
 
 type ucxKeyID struct {

@@ -36,6 +36,7 @@ func TestUCXRMA_EveryByteAndCancel(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
+			cfg.RMAWhereEmulated = true      // the RMA mode itself, over TCP too
 			cfg.RMAMinRegionBytes = 64 << 10 // one 128 KiB block is a range
 			cfg.DirectChunkBytes = 1 << 20
 			src := newUCXEngine(t, tr.tls, tr.dev, cfg)
@@ -117,8 +118,10 @@ func TestUCXRMA_TwoProcessesEveryByteChecked(t *testing.T) {
 	for _, tr := range ucxTransports {
 		for _, mode := range []string{"engine-send", "engine-recv"} {
 			t.Run(tr.name+"/"+mode, func(t *testing.T) {
-				peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 78, 30*time.Second), "-direct")...)
-				local := newUCXEngine(t, tr.tls, tr.dev, ucxPeerTestConfig())
+				peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 78, 30*time.Second), "-direct", "-rma-where-emulated")...)
+				cfg := ucxPeerTestConfig()
+				cfg.RMAWhereEmulated = true // the RMA mode itself, over TCP too
+				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
 				peer.Connect(t, string(local.tr.Self()))
 				goPool, plan := ucxEnginePool(t, blocks, 5, mode == "engine-recv")
 				pool, err := local.tr.AllocatePool(int64(len(goPool)))
@@ -157,6 +160,7 @@ func TestUCXRMA_SenderFrozenWhileReceiverPulls(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxPeerTestConfig()
 			cfg.DirectChunkBytes = 4 << 20
+			cfg.RMAWhereEmulated = true // the RMA mode itself, over TCP too
 			local := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 79, 120*time.Second), "-direct")...)
 			peer.Connect(t, string(local.tr.Self()))

@@ -59,6 +59,9 @@ func benchUCXRequest4096(b *testing.B, want Path) {
 			if want != PathStaging {
 				args = append(args, "-direct")
 			}
+			if want == PathRMA { // over TCP too, where the receiver would take messages by default
+				args = append(args, "-rma-where-emulated")
+			}
 			peer := peerproc.Start(b, bin, args...)
 			peer.Connect(b, string(local.tr.Self()))
 			pool, plan := ucxEnginePool(b, blocks, 5, true)

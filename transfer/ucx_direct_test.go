@@ -142,6 +142,7 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 				cfg := ucxPeerTestConfig()
 				cfg.DirectChunkBytes = 8 << 20
 				cfg.DisableRMA = !rma // the receiver decides
+				cfg.RMAWhereEmulated = rma
 				// The survivor replaces a worker the kill wedged (see servedOrWedged).
 				local := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *UCXConfig) { c.ReplaceWedgedWorker = true })
 				// The deadline covers the peer's start (it fills and maps 512 MiB first: slow on a

@@ -37,7 +37,8 @@ func engineConfig(cfg runConfig) transfer.Config {
 	timeout := max(30*time.Second, 10*cfg.Duration)
 	return transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: maxConc, PipelineDepth: cfg.PipelineDepth,
 		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout,
-		DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes, DisableRMA: cfg.NoRMA}
+		DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes, DisableRMA: cfg.NoRMA,
+		RMAWhereEmulated: cfg.RMAWhereEmulated}
 }
 
 func (e *engineAdapter) Address() []byte { return e.addr }

@@ -34,6 +34,7 @@ type transferFlags struct {
 	seed           uint64
 	staging        bool
 	noRMA          bool
+	rmaEmulated    bool
 	directChunk    string
 	http           string
 }
@@ -53,6 +54,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
 	fs.StringVar(&f.directChunk, "direct-chunk", "64MiB", "the largest message of the direct path (no slot bounds it)")
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
+	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
 	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
 }
@@ -86,6 +88,8 @@ type runConfig struct {
 	// NoRMA keeps the direct path on IOV messages (--no-rma); by default the decode end reads
 	// the prefill pool with RMA gets where the layouts line up.
 	NoRMA bool `json:"no_rma"`
+	// RMAWhereEmulated keeps the RMA mode where UCX emulates gets (--rma-where-emulated).
+	RMAWhereEmulated bool `json:"rma_where_emulated"`
 	// Memory is where the KV pools and staging slots live: "host" or "device" (--memory;
 	// cmd/kvxbench/device_engine.go).
 	Memory string `json:"memory"`
@@ -162,7 +166,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
 		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
-		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, Memory: f.memory,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Memory: f.memory,
 	}, nil
 }
 

@@ -57,7 +57,8 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 		return err
 	}
 	eng, err := transfer.New(tr, transfer.Config{SlotBytes: o.chunk, MaxConcurrent: 4, PipelineDepth: 2,
-		NumSlots: 8, StagingMemory: tr.StagingMemory(), TransferTimeout: o.timeout, QueueTimeout: o.timeout})
+		NumSlots: 8, StagingMemory: tr.StagingMemory(), TransferTimeout: o.timeout, QueueTimeout: o.timeout,
+		RMAWhereEmulated: o.rmaWhereEmulated})
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,7 @@ type options struct {
 	check                 bool
 	direct                bool
 	caller                bool
+	rmaWhereEmulated      bool
 	timeout, keepalive    time.Duration
 }
 
@@ -74,6 +75,7 @@ func main() {
 	flag.Uint64Var(&o.requestID, "id", 1, "request id (engine modes)")
 	flag.BoolVar(&o.direct, "direct", false, "engine modes: the KV pool is mapped by the transport (AllocatePool), so the one-copy path may run")
 	flag.BoolVar(&o.caller, "caller", false, "engine modes: the KV pool is mapped by this process (mmap) and registered with the transport (RegisterHost), as a serving process's own KV cache")
+	flag.BoolVar(&o.rmaWhereEmulated, "rma-where-emulated", false, "engine modes: a receiver keeps the RMA mode where UCX emulates gets (TCP), as the tests of that mode want")
 	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another (engine modes)")
 	flag.Parse()
 	var err error

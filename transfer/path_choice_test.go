@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+// Where the transport emulates gets from the sender (UCX over TCP), the receiver takes tagged
+// IOV messages, never asking for an offer, unless Config.RMAWhereEmulated keeps the RMA mode;
+// Path says which ran on both sides, and every byte arrives either way.
+func TestRMAWhereGetsAreEmulatedTheReceiverTakesMessages(t *testing.T) {
+	for _, c := range []struct {
+		desc      string
+		emulated  bool
+		keepRMA   bool
+		wantPath  Path
+		wantOffer bool // the receiver asked for one, so the sender offered
+	}{
+		{"native gets: rma", false, false, PathRMA, true},
+		{"emulated gets: direct messages", true, false, PathDirect, false},
+		{"emulated gets, RMAWhereEmulated: rma", true, true, PathRMA, true},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			src, dst := rmaPools(t, 41)
+			scfg, rcfg := rmaConfig(), rmaConfig()
+			rcfg.RMAWhereEmulated = c.keepRMA
+			p, w := directPair(t, scfg, rcfg, src, dst)
+			p.net.eps["decode"].EmulateGets("prefill", c.emulated)
+			offers := faultNth(p, w, KindRMAOffer, "", nil)
+			hs, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, c.wantPath, hr.Path())
+			require.Equal(t, c.wantPath, hs.Path())
+			require.Equal(t, c.wantOffer, offers() > 0, "the sender was asked for an offer")
+			want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
+			require.NoError(t, layout.ReferenceGather(src.plan, src.mem, want))
+			require.NoError(t, layout.ReferenceGather(dst.plan, dst.mem, got))
+			require.Equal(t, want, got, "every byte")
+			_, ops := w.total()
+			require.Positive(t, ops)
+		})
+	}
+}
