@@ -254,7 +254,7 @@ func TestDirectCancelInFlightWaitsForQuiescence(t *testing.T) {
 
 	require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(1))
 	waitClosed(t, hr.Done(), "receiver done")
-	quiet(t, p.net, p.src, p.dst)
+	quiet(t, p.net)
 	require.False(t, isClosed(hr.Quiesced()), "quiesced while the transport may still write the caller's blocks")
 	require.Zero(t, p.dst.pool.Stats().Leased, "a direct transfer holds no slot")
 
@@ -300,7 +300,7 @@ func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
 			}
 			eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "blocks reported poisoned")
 			require.NoError(t, p.dst.Drain(bg), "the transfer's goroutine ended")
-			quiet(t, p.net, p.src, p.dst)
+			quiet(t, p.net)
 			require.False(t, isClosed(hr.Quiesced()), "unknown quiescence told the caller to free its blocks")
 			requireState(t, hr, Quarantined)
 			require.True(t, hr2.Status().BlocksPoisoned)
@@ -328,7 +328,7 @@ func TestDirectStreamingSendWaitsForReadyLayers(t *testing.T) {
 	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Stream: true})
 	require.NoError(t, err)
 
-	quiet(t, p.net, p.src, p.dst) // the sender holds the request and waits for the model
+	quiet(t, p.net) // the sender holds the request and waits for the model
 	_, chunks := w.total()
 	require.Zero(t, chunks, "nothing sent before a layer is ready")
 	require.NoError(t, hs.MarkLayersReady(1))

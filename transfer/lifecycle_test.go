@@ -89,33 +89,246 @@ func TestL2_HandleAndSlotsOutliveCallerReferences(t *testing.T) {
 	require.ErrorIs(t, h2.Release(), ErrOverReleased)
 }
 
+// TestL3_CancelIsObservedByEveryWaiter cancels a transfer in each phase and checks what L3
+// promises there: every goroutine waiting on the handle (Done, Quiesced) wakes, the
+// transfer's driver ends, every operation it had posted and that had not ended is cancelled
+// in the transport, and the peer is told.
 func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
-	p := newPair(t, fastConfig(), fastConfig())
-	_, dst := pools(t, 1)
-	// No Send: the receive is posted and advertised, waiting for a sender.
-	h, err := p.dst.Receive(bg, Spec{ID: 7, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
-	require.NoError(t, err)
-	eventually(t, func() bool { return h.Status().State == Advertised }, "advertised")
-
-	var woke atomic.Int32
-	var wg sync.WaitGroup
-	for i := range 8 {
-		wg.Go(func() {
-			ch := h.Done()
-			if i%2 == 1 {
-				ch = h.Quiesced()
+	type setup func(t *testing.T, p *pair, src, dst *kvPool) (canceller *Engine, h, peer *Handle)
+	cases := []struct {
+		desc   string
+		cfg    func(*Config)
+		dcfg   func(*Config) // the receiving engine's, when it differs
+		fault  func(FaultPoint) Fault
+		setup  setup
+		want   CancelOutcome
+		final  []State
+		resume bool // hung operations end only when the network resumes
+	}{
+		{desc: "queued receiver: no slot free", cfg: func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 1, 1, 1 },
+			fault: dataOnly(Fault{Hang: true}),
+			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
+				p.start(t, 1, src, dst) // holds both engines' only slot, hung
+				eventually(t, func() bool { return p.net.OnWire() > 0 }, "the only slots hung")
+				h, err := p.dst.Receive(bg, Spec{ID: 7, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+				require.NoError(t, err)
+				requireState(t, h, Queued)
+				return p.dst, h, nil
+			}, want: CancelledBeforeAdvertise, final: []State{Cancelled}, resume: true},
+		{desc: "queued sender: the request came, no slot free", cfg: func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 1, 1, 1 },
+			dcfg:  func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 2, 2, 1 },
+			fault: dataOnly(Fault{Hang: true}),
+			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
+				// Request 1 holds the sender's only slot; request 7's receiver has a slot of
+				// its own (the receiving engine has two) and has asked.
+				_, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+				require.NoError(t, err)
+				_, err = p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+				require.NoError(t, err)
+				eventually(t, func() bool { return p.net.OnWire() > 0 }, "request 1 hung")
+				hr, err := p.dst.Receive(bg, Spec{ID: 7, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+				require.NoError(t, err)
+				eventually(t, func() bool { return hr.Status().State == Advertised }, "request 7 asked")
+				hs, err := p.src.Send(bg, Spec{ID: 7, Peer: "decode", Plan: src.plan, Pool: src.mem})
+				require.NoError(t, err)
+				quiet(t, p.net) // the sender holds the request, waiting for a slot
+				requireState(t, hs, Queued)
+				return p.src, hs, hr
+			}, want: CancelledBeforeAdvertise, final: []State{Cancelled}, resume: true},
+		{desc: "advertised receiver: its receives posted, no sender",
+			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
+				h, err := p.dst.Receive(bg, Spec{ID: 7, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+				require.NoError(t, err)
+				eventually(t, func() bool { return h.Status().State == Advertised }, "advertised")
+				quiet(t, p.net)
+				return p.dst, h, nil
+			}, want: CancelRequestedInFlight, final: []State{Cancelled}},
+		{desc: "in flight: a chunk moved, the next hung on the wire",
+			fault: func(fp FaultPoint) Fault { return Fault{Hang: fp.Kind == KindData && fp.Tag.Seq == 1} },
+			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
+				hs, hr := p.start(t, 7, src, dst)
+				eventually(t, func() bool { return hr.Status().State == InFlight && p.net.OnWire() > 0 }, "in flight")
+				quiet(t, p.net)
+				return p.dst, hr, hs
+			}, want: CancelRequestedInFlight, final: []State{Cancelled}, resume: true},
+		{desc: "in flight, cancelled by the sender",
+			fault: func(fp FaultPoint) Fault { return Fault{Hang: fp.Kind == KindData && fp.Tag.Seq == 1} },
+			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
+				hs, hr := p.start(t, 7, src, dst)
+				eventually(t, func() bool { return hs.Status().State == InFlight && p.net.OnWire() > 0 }, "in flight")
+				quiet(t, p.net)
+				return p.src, hs, hr
+			}, want: CancelRequestedInFlight, final: []State{Cancelled}, resume: true},
+		{desc: "quarantined: its deadline passed with a chunk hung",
+			cfg:   func(c *Config) { c.TransferTimeout = 200 * time.Millisecond },
+			fault: dataOnly(Fault{Hang: true}),
+			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
+				hs, hr := p.start(t, 7, src, dst)
+				waitClosed(t, hr.Done(), "quarantined")
+				requireState(t, hr, Quarantined, ErrDeadline)
+				return p.dst, hr, hs
+			}, want: NotCancellable, final: []State{Failed}, resume: true},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := fastConfig()
+			cfg.QuarantineTimeout = 10 * time.Second // only the transport may end a hung operation
+			if c.cfg != nil {
+				c.cfg(&cfg)
 			}
-			select {
-			case <-ch:
-				woke.Add(1)
-			case <-time.After(10 * time.Second):
+			dcfg := cfg
+			if c.dcfg != nil {
+				c.dcfg(&dcfg)
+			}
+			n := NewMemNetwork()
+			var told sync.Map // sender -> kinds of the control messages it sent
+			n.SetFault(func(fp FaultPoint) Fault {
+				if fp.Kind != KindData {
+					told.Store([2]any{fp.From, fp.Kind}, true)
+				}
+				if c.fault != nil {
+					return c.fault(fp)
+				}
+				return Fault{}
+			})
+			rt := map[Peer]*recTransport{"prefill": newRecTransport(n.Transport("prefill")), "decode": newRecTransport(n.Transport("decode"))}
+			a, err := New(rt["prefill"], cfg)
+			require.NoError(t, err)
+			b, err := New(rt["decode"], dcfg)
+			require.NoError(t, err)
+			p := &pair{net: n, src: a, dst: b}
+			t.Cleanup(func() {
+				require.NoError(t, a.Close())
+				require.NoError(t, b.Close())
+				requireSlotsAccounted(t, a)
+				requireSlotsAccounted(t, b)
+			})
+			src, dst := pools(t, 4)
+			e, h, peer := c.setup(t, p, src, dst)
+			me, other := Peer("prefill"), Peer("decode")
+			if e == p.dst {
+				me, other = other, me
+			}
+
+			var woke atomic.Int32
+			var wg sync.WaitGroup
+			for i := range 8 {
+				wg.Go(func() {
+					ch := h.Done()
+					if i%2 == 1 {
+						ch = h.Quiesced()
+					}
+					select {
+					case <-ch:
+						woke.Add(1)
+					case <-time.After(10 * time.Second):
+					}
+				})
+			}
+			open := rt[me].open(h.ID()) // operations posted and not ended when the cancel came
+			told.Delete([2]any{me, KindAbort})
+
+			require.Equal(t, c.want, e.Cancel(h.ID()))
+			if c.want != NotCancellable {
+				quiet(t, n) // the driver handled the cancel
+				for _, op := range open {
+					require.True(t, rt[me].cancelledOrEnded(op), "operation %d was neither cancelled nor ended", op)
+				}
+			}
+			if c.resume {
+				n.Resume()
+			}
+			wg.Wait()
+			require.Equal(t, int32(8), woke.Load(), "every waiter must see the cancel")
+			eventually(t, func() bool { // the driver's goroutine, the last waiter, ended too
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				return h.exited == len(h.subs)
+			}, "the driver ended")
+			require.Contains(t, c.final, h.Status().State)
+			if c.want == CancelRequestedInFlight || c.want == CancelledBeforeAdvertise {
+				require.ErrorIs(t, h.Status().Err, ErrCancelled)
+			}
+			if c.want == NotCancellable {
+				return // the deadline told the peer, not the cancel
+			}
+			if peer != nil {
+				waitClosed(t, peer.Quiesced(), "the peer ended")
+				requireState(t, peer, Failed, ErrPeerAborted)
+			} else if c.want != CancelledBeforeAdvertise || e == p.src {
+				_, ok := told.Load([2]any{me, KindAbort})
+				require.True(t, ok, "the peer %s was not told", other)
 			}
 		})
 	}
-	require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(7))
-	wg.Wait()
-	require.Equal(t, int32(8), woke.Load(), "every waiter must see the cancel")
-	requireState(t, h, Cancelled, ErrCancelled)
+}
+
+// recTransport records the operations an engine posts, which of them the engine cancelled,
+// and which got their final completion.
+type recTransport struct {
+	*MemTransport
+	mu        sync.Mutex
+	byReq     map[RequestID][]OpID
+	cancelled map[OpID]bool
+	ended     map[OpID]bool
+	ids       map[*int]OpID // by a key made per post (a pointer to a zero-size value would not do)
+}
+
+func newRecTransport(m *MemTransport) *recTransport {
+	return &recTransport{MemTransport: m, byReq: map[RequestID][]OpID{}, cancelled: map[OpID]bool{}, ended: map[OpID]bool{}, ids: map[*int]OpID{}}
+}
+
+func (r *recTransport) post(tag Tag, done func(Completion), post func(func(Completion)) (OpID, error)) (OpID, error) {
+	r.mu.Lock() // held across the post so the callback cannot run before the id is known
+	defer r.mu.Unlock()
+	ref := new(int)
+	id, err := post(func(c Completion) {
+		if c.Memory != MemoryBusy {
+			r.mu.Lock()
+			r.ended[r.ids[ref]] = true
+			r.mu.Unlock()
+		}
+		done(c)
+	})
+	if err == nil {
+		r.ids[ref] = id
+		r.byReq[tag.Request] = append(r.byReq[tag.Request], id)
+	}
+	return id, err
+}
+
+func (r *recTransport) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+	return r.post(tag, done, func(cb func(Completion)) (OpID, error) { return r.MemTransport.PostSend(to, tag, buf, cb) })
+}
+
+func (r *recTransport) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+	return r.post(tag, done, func(cb func(Completion)) (OpID, error) { return r.MemTransport.PostRecv(from, tag, buf, cb) })
+}
+
+func (r *recTransport) Cancel(id OpID) {
+	r.mu.Lock()
+	r.cancelled[id] = true
+	r.mu.Unlock()
+	r.MemTransport.Cancel(id)
+}
+
+// open lists request id's operations without a final completion yet.
+func (r *recTransport) open(id RequestID) []OpID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ops []OpID
+	for _, op := range r.byReq[id] {
+		if !r.ended[op] {
+			ops = append(ops, op)
+		}
+	}
+	return ops
+}
+
+func (r *recTransport) cancelledOrEnded(op OpID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cancelled[op] || r.ended[op]
 }
 
 func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
@@ -622,7 +835,7 @@ func TestL9_UnknownQuiescenceMeansPoisonNeverRelease(t *testing.T) {
 			}
 			requireState(t, hr, Failed)
 			p.net.Resume() // nothing may come back from a poisoned slot
-			quiet(t, p.net, p.src, p.dst)
+			quiet(t, p.net)
 			require.Equal(t, 2, p.dst.pool.Stats().Poisoned)
 			require.False(t, p.dst.Health().Healthy == (p.dst.pool.Stats().Total-2 < cfg.MaxConcurrent))
 		})
@@ -645,7 +858,7 @@ func TestL9_LateCompletionAfterPoisonNeverReturnsTheSlot(t *testing.T) {
 
 	p.net.Resume() // the transport completes late, successfully
 	eventually(t, func() bool { return p.net.Pending() == 0 }, "late completions delivered")
-	quiet(t, p.net, p.src, p.dst)
+	quiet(t, p.net)
 	require.Equal(t, before, p.dst.pool.Stats(), "a late completion put a poisoned slot back")
 	require.Equal(t, make([]byte, dst.plan.Bytes()), dst.stream(t), "a late chunk was scattered into caller memory")
 }
@@ -663,7 +876,7 @@ func TestL10_QuiescedClosesOnceAndOnlyWhenTheTransportLetsGo(t *testing.T) {
 	waitClosed(t, hr.Done(), "receiver done")
 	requireState(t, hr, Quarantined, ErrQuarantined, ErrDeadline)
 	require.Equal(t, NotCancellable, p.dst.Cancel(1))
-	quiet(t, p.net, p.src, p.dst)
+	quiet(t, p.net)
 	require.False(t, isClosed(hr.Quiesced()), "quiesced while the transport still holds the slot")
 	require.NotZero(t, p.dst.pool.Stats().Leased)
 	require.Equal(t, int64(1), p.dst.Health().Quarantined)
@@ -958,7 +1171,7 @@ func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
 		require.True(t, obs.sawSub0Fail.Load(), "sub 0 never failed")
 		require.False(t, obs.doneAtSub0Fail.Load(), "the handle was done while sub 1 was still running")
 		requireState(t, h, Quarantined, ErrQuarantined, ErrInjected)
-		quiet(t, n, senders[0], senders[1], recv)
+		quiet(t, n)
 		require.False(t, isClosed(h.Quiesced()), "quiesced while sub 1's slot may still be written")
 
 		n.Resume()

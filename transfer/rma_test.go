@@ -152,7 +152,7 @@ func TestRMAStopsWhileGetsAreOutstanding(t *testing.T) {
 			} else {
 				waitClosed(t, hr.Done(), "receiver done")
 				waitClosed(t, hs.Done(), "sender done")
-				quiet(t, p.net, p.src, p.dst)
+				quiet(t, p.net)
 				require.False(t, isClosed(hr.Quiesced()), "receiver quiesced while its gets may still write its blocks")
 				require.False(t, isClosed(hs.Quiesced()), "sender quiesced while the receiver may still read its blocks")
 			}
@@ -212,7 +212,7 @@ func TestL9_RMAUnknownQuiescenceNeverQuiescesTheReceiversBlocks(t *testing.T) {
 	eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "receiver's blocks poisoned")
 	requireState(t, hr, Quarantined)
 	waitClosed(t, hs.Quiesced(), "sender quiesced on the release")
-	quiet(t, p.net, p.src, p.dst)
+	quiet(t, p.net)
 	require.False(t, isClosed(hr.Quiesced()), "unknown quiescence told the caller to free its blocks")
 }
 
