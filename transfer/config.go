@@ -10,8 +10,8 @@ import (
 )
 
 // Config tunes an Engine. Zero values take the defaults documented on each field (and listed
-// as Default* constants); New validates the result once and names the first field that cannot
-// work.
+// as Default* constants); the budgets and MaxRetries, whose zero is a setting of its own, take
+// None for zero. New validates the result once and names the first field that cannot work.
 type Config struct {
 	// SlotBytes is the size of one staging slot, header included: a chunk carries
 	// SlotBytes-DataHeaderBytes bytes of KV. Peers must agree (the receiver's chunk size must
@@ -42,9 +42,15 @@ type Config struct {
 	// after another (a request that starts less than this after the last one ended keeps
 	// the clock running). Default 10s.
 	ProgressDeadline time.Duration
-	// QuarantineBudget: Health turns unhealthy when more transfers than this are quarantined
-	// at once. Default 8.
+	// QuarantineBudget: Health turns unhealthy when more transfers than this wait in
+	// quarantine at once (those quarantined for good with their caller's blocks poisoned are
+	// bounded by PoisonedBlockBudget instead). Default 8; None tolerates none.
 	QuarantineBudget int
+	// PoisonedBlockBudget: Health turns unhealthy when more of the callers' KV blocks than
+	// this are poisoned for good (a one-copy operation never said whether it let go of them:
+	// they are never to be used again, and the engine refuses transfers over them). It never
+	// recovers without a restart. Default 1024; None tolerates none.
+	PoisonedBlockBudget int
 	// QuarantineTimeout is how long a quarantined transfer waits for the transport to prove
 	// it is done with a slot before the slot is poisoned. Default 10s.
 	QuarantineTimeout time.Duration
@@ -54,7 +60,7 @@ type Config struct {
 	// RetryInterval is the first wait before the receiver resends its request to a sender
 	// that has not answered; it doubles on each retry. Default 200ms.
 	RetryInterval time.Duration
-	// MaxRetries bounds those resends. Default 6.
+	// MaxRetries bounds those resends. Default 6; None sends the request once.
 	MaxRetries int
 	// MaxPending bounds the requests kept for Sends not made yet. Default 4096.
 	MaxPending int
@@ -102,6 +108,10 @@ type Config struct {
 	Observer Observer
 }
 
+// None sets a Config count whose zero value takes a default (QuarantineBudget,
+// PoisonedBlockBudget, MaxRetries) to zero.
+const None = -1
+
 // Defaults of Config.
 const (
 	DefaultSlotBytes         = 4 << 20
@@ -113,6 +123,7 @@ const (
 	DefaultQueueTimeout      = 30 * time.Second
 	DefaultProgressDeadline  = 10 * time.Second
 	DefaultQuarantineBudget  = 8
+	DefaultPoisonedBlocks    = 1024
 	DefaultQuarantineTimeout = 10 * time.Second
 	DefaultCancelGrace       = 100 * time.Millisecond
 	DefaultRetryInterval     = 200 * time.Millisecond
@@ -133,6 +144,14 @@ func (c Config) withDefaults() Config {
 	defInt := func(v *int, d int) {
 		if *v == 0 {
 			*v = d
+		}
+	}
+	defCount := func(v *int, d int) { // zero is a setting: None asks for it
+		switch *v {
+		case 0:
+			*v = d
+		case None:
+			*v = 0
 		}
 	}
 	if c.SlotBytes == 0 {
@@ -156,11 +175,12 @@ func (c Config) withDefaults() Config {
 	def(&c.TransferTimeout, DefaultTransferTimeout)
 	def(&c.QueueTimeout, DefaultQueueTimeout)
 	def(&c.ProgressDeadline, DefaultProgressDeadline)
-	defInt(&c.QuarantineBudget, DefaultQuarantineBudget)
+	defCount(&c.QuarantineBudget, DefaultQuarantineBudget)
+	defCount(&c.PoisonedBlockBudget, DefaultPoisonedBlocks)
 	def(&c.QuarantineTimeout, DefaultQuarantineTimeout)
 	def(&c.CancelGrace, DefaultCancelGrace)
 	def(&c.RetryInterval, DefaultRetryInterval)
-	defInt(&c.MaxRetries, DefaultMaxRetries)
+	defCount(&c.MaxRetries, DefaultMaxRetries)
 	defInt(&c.MaxPending, DefaultMaxPending)
 	def(&c.PendingTTL, DefaultPendingTTL)
 	def(&c.CloseTimeout, DefaultCloseTimeout)
@@ -195,9 +215,11 @@ func (c Config) validate() error {
 	case c.StagingMemory != nil && int64(len(c.StagingMemory)) < int64(c.NumSlots)*c.SlotBytes:
 		return bad("StagingMemory", len(c.StagingMemory), fmt.Sprintf("holds fewer than NumSlots*SlotBytes = %d bytes", int64(c.NumSlots)*c.SlotBytes))
 	case c.QuarantineBudget < 0:
-		return bad("QuarantineBudget", c.QuarantineBudget, "must not be negative")
+		return bad("QuarantineBudget", c.QuarantineBudget, "must not be negative (None, -1, sets zero)")
+	case c.PoisonedBlockBudget < 0:
+		return bad("PoisonedBlockBudget", c.PoisonedBlockBudget, "must not be negative (None, -1, sets zero)")
 	case c.MaxRetries < 0:
-		return bad("MaxRetries", c.MaxRetries, "must not be negative")
+		return bad("MaxRetries", c.MaxRetries, "must not be negative (None, -1, sets zero)")
 	case c.MaxPending < 0:
 		return bad("MaxPending", c.MaxPending, "must not be negative")
 	}

@@ -159,8 +159,8 @@ func (x *xfer) postSendDirect() bool {
 // poisonBlocks is L9 for the direct path: the transport may still touch the caller's own KV
 // blocks, and there is no slot to take out of circulation in their place. The transfer stays
 // quarantined for good (its Quiesced channel never closes, so the caller never frees or
-// reuses those blocks), Status says BlocksPoisoned, and Health counts it against the
-// quarantine budget.
+// reuses those blocks, and the engine refuses new transfers over them), Status says
+// BlocksPoisoned, and Health counts its blocks against Config.PoisonedBlockBudget.
 func (x *xfer) poisonBlocks(rec *opRec, reason string) {
 	if !x.blocksUnknown {
 		x.blocksUnknown = true

@@ -344,3 +344,99 @@ func TestDirectStreamingSendWaitsForReadyLayers(t *testing.T) {
 	require.Equal(t, int(src.plan.Bytes()), bytes, "direct: bare stream bytes")
 	require.Equal(t, 2, chunks)
 }
+
+// L2 with L9: a handle whose caller's blocks are not quiescent is never forgotten, whatever the
+// caller released. Cancel still finds it and says to wait, and a new transfer can take neither
+// its id nor its blocks until it quiesces; one poisoned for good never does.
+func TestL2_NoHandleForgottenWhileNotQuiescent(t *testing.T) {
+	cases := []struct {
+		desc     string
+		fault    Fault
+		poisoned bool // quiescence unknown: blocks poisoned for good
+	}{
+		{"blocks poisoned for good", Fault{Hang: true, NeverQuiesce: true}, true},
+		{"quarantined, the transport still holding the blocks", Fault{Hang: true}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src, dst := pools(t, 7)
+			cfg := directConfig()
+			dcfg := cfg
+			dcfg.TransferTimeout = 100 * time.Millisecond
+			dcfg.QuarantineTimeout = 50 * time.Millisecond
+			if !c.poisoned {
+				dcfg.QuarantineTimeout = time.Minute
+			}
+			p, w := directPair(t, cfg, dcfg, src, dst)
+			w.fault = c.fault
+			_, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Done(), "receiver done")
+			requireState(t, hr, Quarantined, ErrDeadline)
+			if c.poisoned {
+				eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "blocks poisoned")
+				require.NoError(t, p.dst.Drain(bg), "the transfer's goroutine ended")
+			}
+			require.NoError(t, hr.Release())
+			require.Equal(t, int64(1), p.dst.Health().Remembered, "released but not quiescent")
+
+			out := p.dst.Cancel(1)
+			require.Equal(t, NotCancellable, out)
+			require.False(t, out.FreeNow())
+			_, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			require.ErrorIs(t, err, ErrDuplicate, "a new transfer took the id of one not quiescent")
+
+			overlap, err := layout.NewPlan(dst.l, dst.l.All(), blocks(30, 8, 31))
+			require.NoError(t, err)
+			for _, s := range []struct {
+				desc string
+				try  func() (*Handle, error)
+			}{
+				{"receive over the same blocks", func() (*Handle, error) {
+					return p.dst.Receive(bg, Spec{ID: 2, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+				}},
+				{"receive over one block of them", func() (*Handle, error) {
+					return p.dst.Receive(bg, Spec{ID: 3, Peer: "prefill", Plan: overlap, Pool: dst.mem})
+				}},
+				{"send of the same blocks", func() (*Handle, error) {
+					return p.dst.Send(bg, Spec{ID: 4, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+				}},
+			} {
+				_, err := s.try()
+				require.ErrorIs(t, err, ErrBlocksBusy, s.desc)
+				var be *BlocksBusyError
+				require.ErrorAs(t, err, &be, s.desc)
+				require.Equal(t, RequestID(1), be.Holder, s.desc)
+				require.Equal(t, c.poisoned, be.Poisoned, s.desc)
+			}
+
+			// Other blocks of the same pool, or the same block ids in another pool, are free.
+			w.mu.Lock()
+			w.fault = Fault{}
+			w.mu.Unlock()
+			other, err := layout.NewPlan(dst.l, dst.l.All(), blocks(20, 21))
+			require.NoError(t, err)
+			h, err := p.dst.Receive(bg, Spec{ID: 5, Peer: "prefill", Plan: other, Pool: dst.mem})
+			require.NoError(t, err)
+			require.Contains(t, []CancelOutcome{CancelledBeforeAdvertise, CancelRequestedInFlight}, p.dst.Cancel(5))
+			_, dst2 := pools(t, 8)
+			h2, err := p.dst.Receive(bg, Spec{ID: 6, Peer: "prefill", Plan: dst2.plan, Pool: dst2.mem})
+			require.NoError(t, err)
+			require.Contains(t, []CancelOutcome{CancelledBeforeAdvertise, CancelRequestedInFlight}, p.dst.Cancel(6))
+			waitClosed(t, h.Quiesced(), "receive over other blocks cancelled")
+			waitClosed(t, h2.Quiesced(), "receive over another pool cancelled")
+
+			if c.poisoned {
+				require.False(t, isClosed(hr.Quiesced()))
+				return
+			}
+			p.net.Resume()
+			waitClosed(t, hr.Quiesced(), "the transport let go")
+			require.Zero(t, p.dst.Health().Remembered)
+			require.Equal(t, NotFound, p.dst.Cancel(1), "quiescent and released: forgotten")
+			h, err = p.dst.Receive(bg, Spec{ID: 2, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			require.NoError(t, err, "quiescent blocks are the caller's again")
+			require.Contains(t, []CancelOutcome{CancelledBeforeAdvertise, CancelRequestedInFlight}, p.dst.Cancel(2))
+			waitClosed(t, h.Quiesced(), "cancelled")
+		})
+	}
+}

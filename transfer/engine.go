@@ -45,7 +45,14 @@ type Engine struct {
 	// blocks are poisoned and they never leave quarantine (L9). Health leaves them out of the
 	// quarantine budget.
 	poisonedForGood atomic.Int64
-	awaiting        atomic.Int64 // streaming transfers waiting on the model, not the wire
+	// blocksPoisoned counts the caller's KV blocks those handles poisoned (each block once).
+	blocksPoisoned atomic.Int64
+	// remembered counts handles whose caller released every reference while they were not
+	// quiescent: the engine keeps them, their ids and their blocks until they are (for ever,
+	// when poisoned for good).
+	remembered atomic.Int64
+	holds      blockHolds
+	awaiting   atomic.Int64 // streaming transfers waiting on the model, not the wire
 	// stallFrom is when the progress clock started (unix nanoseconds): the last byte moved or
 	// transfer completed, or, when the engine was idle until then, the first transfer asked
 	// for since. lastDemand is the last time a transfer started or ended (Advertised in or
@@ -162,6 +169,10 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		}
 	}
 	h.subs = xs
+	h.spans = spansOf(spec, subs)
+	for _, s := range subs {
+		h.nBlocks += int64(len(s.Plan.Blocks()))
+	}
 	if ph, ok := e.tr.(PoolHolder); ok && spec.Mover == nil && len(spec.Pool) > 0 {
 		h.releasePool = ph.HoldPool(spec.Pool) // registered memory stays registered until Quiesced
 	}
@@ -176,6 +187,11 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		e.mu.Unlock()
 		h.unhold()
 		return nil, &RequestError{ID: spec.ID, Err: ErrDuplicate}
+	}
+	if err := e.holds.check(spec.ID, h.spans, receive); err != nil {
+		e.mu.Unlock()
+		h.unhold()
+		return nil, err
 	}
 	e.handles[spec.ID] = h
 	for _, x := range xs {
@@ -262,6 +278,9 @@ type HealthSnapshot struct {
 	InFlight         int64         // handles advertised or in flight
 	Quarantined      int64         // handles quarantined now
 	BlocksPoisoned   int64         // of those, the ones quarantined for good with the caller's blocks poisoned (L9); not counted against the budget
+	PoisonedBlocks   int64         // the callers' KV blocks those poisoned, each counted once
+	PoisonedBudget   int           // Config.PoisonedBlockBudget: more PoisonedBlocks is unhealthy
+	Remembered       int64         // handles every caller reference released while not quiescent: kept, with their ids and blocks, until they are
 	QuarantineBudget int           // Config.QuarantineBudget
 	TotalSlots       int           // staging slots, poisoned included
 	FreeSlots        int           // slots free now
@@ -279,7 +298,8 @@ type HealthSnapshot struct {
 // Config.ProgressDeadline while transfers were asked for (in flight, other than streaming
 // ones waiting on the model's layers, or ending without success one after another),
 // when more transfers wait in quarantine than the budget allows (those quarantined for good
-// with their caller's blocks poisoned are settled, not waiting), or when poisoned slots leave
+// with their caller's blocks poisoned are settled, not waiting), when more of the callers'
+// blocks are poisoned for good than Config.PoisonedBlockBudget, or when poisoned slots leave
 // fewer than MaxConcurrent. It never blocks.
 func (e *Engine) Health() Health {
 	st := e.pool.Stats()
@@ -287,7 +307,8 @@ func (e *Engine) Health() Health {
 		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
 		ProgressDeadline: e.cfg.ProgressDeadline,
-		MalformedControl: e.malformed.Load(), BlocksPoisoned: e.poisonedForGood.Load(),
+		MalformedControl: e.malformed.Load(), BlocksPoisoned: e.poisonedForGood.Load(), Remembered: e.remembered.Load(),
+		PoisonedBlocks: e.blocksPoisoned.Load(), PoisonedBudget: e.cfg.PoisonedBlockBudget,
 	}
 	now := time.Now().UnixNano()
 	stallFrom, lastDemand := e.stallFrom.Load(), e.lastDemand.Load()
@@ -322,11 +343,24 @@ func (e *Engine) Health() Health {
 	if waiting := s.Quarantined - s.BlocksPoisoned; waiting > int64(s.QuarantineBudget) {
 		why = append(why, fmt.Sprintf("%d transfers quarantined, over the budget of %d", waiting, s.QuarantineBudget))
 	}
+	if s.PoisonedBlocks > int64(s.PoisonedBudget) {
+		why = append(why, fmt.Sprintf("%d KV blocks poisoned for good (in %d transfers), over the budget of %d",
+			s.PoisonedBlocks, s.BlocksPoisoned, s.PoisonedBudget))
+	}
 	if usable := s.TotalSlots - s.PoisonedSlots; usable < s.MinSlots {
 		why = append(why, fmt.Sprintf("%d of %d staging slots poisoned: %d usable, %d needed for MaxConcurrent",
 			s.PoisonedSlots, s.TotalSlots, usable, s.MinSlots))
 	}
 	return Health{Healthy: len(why) == 0, Reason: strings.Join(why, "; "), HealthSnapshot: s}
+}
+
+func chanClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func (e *Engine) isClosed() bool {
@@ -443,7 +477,9 @@ func (e *Engine) forget(h *Handle) {
 }
 
 // driverDone runs when a sub-transfer's goroutine ends: its route goes, and when it was the
-// handle's last, the engine's reference goes with it.
+// handle's last and the handle is quiescent, the engine's reference goes with it. A handle
+// that is not (its caller's blocks poisoned for good) is never forgotten: Cancel still finds
+// it, and its id and blocks stay taken.
 func (e *Engine) driverDone(x *xfer) {
 	e.mu.Lock()
 	if e.routes[routeKey{x.peer, x.h.id}] == x {
@@ -454,7 +490,7 @@ func (e *Engine) driverDone(x *xfer) {
 	h.mu.Lock()
 	h.exited++
 	gone := false
-	if h.exited == len(h.subs) {
+	if h.exited == len(h.subs) && chanClosed(h.quiesced) {
 		h.engineRef = false
 		gone = h.callerRefs == 0
 	}

@@ -15,8 +15,14 @@ var (
 	ErrInvalidConfig = errors.New("kvxfer: invalid configuration")
 	// ErrInvalidSpec: a Send or Receive spec is malformed; the error is a *SpecError.
 	ErrInvalidSpec = errors.New("kvxfer: invalid transfer spec")
-	// ErrDuplicate: a Send or Receive names a request id that is still live in this engine.
+	// ErrDuplicate: a Send or Receive names a request id that is still live in this engine:
+	// held by a caller reference, or not quiescent (the engine remembers such a handle
+	// whatever its caller released, and one whose blocks are poisoned for good for ever).
 	ErrDuplicate = errors.New("kvxfer: duplicate request id")
+	// ErrBlocksBusy: a Send or Receive names KV blocks of its pool that an earlier transfer
+	// may still touch: one whose outcome is decided but which is not quiescent (quarantined),
+	// or one whose blocks are poisoned for good. The error is a *BlocksBusyError.
+	ErrBlocksBusy = errors.New("kvxfer: KV blocks not quiescent")
 	// ErrNotFound: no live handle has that request id.
 	ErrNotFound = errors.New("kvxfer: unknown request id")
 	// ErrClosed: the engine (or transport) is closed.
@@ -108,6 +114,29 @@ func (e *SpecError) Is(target error) bool { return target == ErrInvalidSpec }
 
 // Unwrap returns the underlying cause, if any.
 func (e *SpecError) Unwrap() error { return e.Err }
+
+// BlocksBusyError names a block of a refused Send or Receive that an earlier request still
+// holds, and that request. It matches ErrBlocksBusy.
+type BlocksBusyError struct {
+	ID     RequestID // the refused request
+	Block  int32     // a block id it shares with Holder, in the same pool
+	Holder RequestID // the request not quiescent over that block
+	// Poisoned: Holder's blocks are poisoned for good (L9); they are never to be used again.
+	// Otherwise Holder is quarantined and its Quiesced channel will close.
+	Poisoned bool
+}
+
+// Error implements error.
+func (e *BlocksBusyError) Error() string {
+	why := "quarantined: wait for its Quiesced"
+	if e.Poisoned {
+		why = "poisoned for good: never use them again"
+	}
+	return fmt.Sprintf("%v: request %d: block %d is held by request %d, %s", ErrBlocksBusy, e.ID, e.Block, e.Holder, why)
+}
+
+// Unwrap returns ErrBlocksBusy.
+func (e *BlocksBusyError) Unwrap() error { return ErrBlocksBusy }
 
 // RequestError ties an engine error to a request id.
 type RequestError struct {

@@ -23,8 +23,9 @@ type Status struct {
 	Err error
 	// BlocksPoisoned: a direct (one-copy) operation ended without the transport proving it
 	// is done with the caller's KV blocks. The handle stays Quarantined for good and Quiesced
-	// never closes: those blocks must never be freed or reused (L9, L10). Health counts it
-	// against the quarantine budget.
+	// never closes: those blocks must never be freed or reused (L9, L10), and the engine
+	// refuses a new transfer over them (ErrBlocksBusy). Health counts them against
+	// Config.PoisonedBlockBudget.
 	BlocksPoisoned bool
 }
 
@@ -63,6 +64,13 @@ type Handle struct {
 	// releasePool ends the transport's hold on the caller's registered pool (PoolHolder),
 	// just before Quiesced closes; nil when there is none.
 	releasePool func()
+	// remembered: every caller reference went while the handle was not quiescent, so it is
+	// counted in Engine.remembered until it is.
+	remembered bool
+	// spans are the blocks the handle names in its host pool (none with a Mover), held in
+	// Engine.holds while it is quarantined; nBlocks counts its plans' blocks.
+	spans   []blockSpan
+	nBlocks int64
 }
 
 // ID returns the request id.
@@ -110,6 +118,10 @@ func (h *Handle) Release() error {
 	}
 	h.callerRefs--
 	gone := h.callerRefs == 0 && !h.engineRef
+	if h.callerRefs == 0 && !chanClosed(h.quiesced) {
+		h.remembered = true
+		h.eng.remembered.Add(1)
+	}
 	h.mu.Unlock()
 	if gone {
 		h.eng.forget(h)
@@ -127,6 +139,9 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 		h.err.Store(&cause)
 	}
 	h.eng.account(from, r.next)
+	if r.next == Quarantined {
+		h.eng.holds.hold(h) // its blocks are the transport's until it quiesces
+	}
 	h.eng.obs.OnTransition(h.id, -1, from, r.next, ev)
 	if r.closesDone {
 		close(h.done)
@@ -135,6 +150,13 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 		if h.releasePool != nil {
 			h.releasePool() // before Quiesced closes: a caller woken by it may unregister at once
 			h.releasePool = nil
+		}
+		if from == Quarantined {
+			h.eng.holds.release(h) // before the caller hears it may reuse them
+		}
+		if h.remembered {
+			h.remembered = false
+			h.eng.remembered.Add(-1)
 		}
 		close(h.quiesced)
 	}

@@ -1008,24 +1008,20 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 	})
 	t.Run("quarantines over budget", func(t *testing.T) {
 		cfg := fastConfig()
-		cfg.QuarantineBudget = 0
-		cfg.QuarantineBudget = -0 // zero takes the default; a budget of one is the smallest test
-		cfg.QuarantineBudget = 1
+		cfg.QuarantineBudget = None // zero would take the default
 		cfg.TransferTimeout = 300 * time.Millisecond
 		cfg.QuarantineTimeout = 10 * time.Second
 		p := newPair(t, cfg, cfg)
 		p.net.SetFault(dataOnly(Fault{Hang: true}))
 		src, dst := pools(t, 1)
 		_, h1 := p.start(t, 1, src, dst)
-		_, h2 := p.start(t, 2, src, newKVPool(t, testDims, layout.LayerMajor, nil, blocks(9, 10, 11, 12), 0))
 		waitClosed(t, h1.Done(), "quarantined")
-		waitClosed(t, h2.Done(), "quarantined")
 		h := p.dst.Health()
 		require.False(t, h.Healthy)
-		require.Contains(t, h.Reason, "2 transfers quarantined, over the budget of 1")
+		require.Zero(t, h.QuarantineBudget)
+		require.Contains(t, h.Reason, "1 transfers quarantined, over the budget of 0")
 		p.net.Resume()
 		waitClosed(t, h1.Quiesced(), "resolved")
-		waitClosed(t, h2.Quiesced(), "resolved")
 		require.True(t, p.dst.Health().Healthy, p.dst.Health().Reason)
 	})
 	t.Run("poisoned slots leave too few", func(t *testing.T) {
@@ -1432,7 +1428,9 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 		{"slot no larger than the header", func(c *Config) { c.SlotBytes = DataHeaderBytes }, "SlotBytes"},
 		{"negative concurrency", func(c *Config) { c.MaxConcurrent = -1 }, "MaxConcurrent"},
 		{"negative depth", func(c *Config) { c.PipelineDepth = -2 }, "PipelineDepth"},
-		{"negative quarantine budget", func(c *Config) { c.QuarantineBudget = -1 }, "QuarantineBudget"},
+		{"negative quarantine budget", func(c *Config) { c.QuarantineBudget = -2 }, "QuarantineBudget"},
+		{"negative poisoned-block budget", func(c *Config) { c.PoisonedBlockBudget = -3 }, "PoisonedBlockBudget"},
+		{"negative retries", func(c *Config) { c.MaxRetries = -2 }, "MaxRetries"},
 		{"negative deadline", func(c *Config) { c.ProgressDeadline = -time.Second }, "ProgressDeadline"},
 		{"staging memory too small", func(c *Config) { c.StagingMemory = make([]byte, 100); c.NumSlots = 4 }, "StagingMemory"},
 	}
@@ -1451,11 +1449,51 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 	}
 	_, err := New(nil, Config{})
 	require.ErrorIs(t, err, ErrInvalidConfig)
+	z := Config{QuarantineBudget: None, PoisonedBlockBudget: None, MaxRetries: None}.withDefaults()
+	require.Zero(t, z.QuarantineBudget, "None sets zero")
+	require.Zero(t, z.PoisonedBlockBudget, "None sets zero")
+	require.Zero(t, z.MaxRetries, "None sets zero")
+	require.NoError(t, z.validate())
 	d := Config{}.withDefaults()
+	require.Equal(t, DefaultQuarantineBudget, d.QuarantineBudget)
+	require.Equal(t, DefaultPoisonedBlocks, d.PoisonedBlockBudget)
+	require.Equal(t, DefaultMaxRetries, d.MaxRetries)
 	require.Equal(t, int64(DefaultSlotBytes), d.SlotBytes)
 	require.Equal(t, DefaultMaxConcurrent*DefaultPipelineDepth, d.NumSlots)
 	require.True(t, strings.Contains((&ConfigError{Field: "F", Value: 1, Reason: "r"}).Error(), "F = 1: r"))
 	require.True(t, errors.Is(&SpecError{}, ErrInvalidSpec))
+}
+
+// MaxRetries: None sends a receiver's request once; zero takes the default of six resends.
+func TestMaxRetriesNoneSendsTheRequestOnce(t *testing.T) {
+	for _, c := range []struct {
+		desc    string
+		retries int
+		want    func(t *testing.T, sent int)
+	}{
+		{"None: once", None, func(t *testing.T, sent int) { require.Equal(t, 1, sent) }},
+		{"zero: the default", 0, func(t *testing.T, sent int) { require.Greater(t, sent, 1) }},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := fastConfig()
+			cfg.MaxRetries = c.retries
+			cfg.TransferTimeout = 200 * time.Millisecond // ten retry intervals
+			p := newPair(t, cfg, cfg)                    // the prefill engine never sends
+			var requests atomic.Int64
+			p.net.SetFault(func(fp FaultPoint) Fault {
+				if fp.Kind == KindRequestInfo {
+					requests.Add(1)
+				}
+				return Fault{}
+			})
+			_, dst := pools(t, 1)
+			h, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			require.NoError(t, err)
+			waitClosed(t, h.Quiesced(), "timed out")
+			requireState(t, h, Failed, ErrDeadline)
+			c.want(t, int(requests.Load()))
+		})
+	}
 }
 
 func TestSenderCancelledBeforeTheRequestTellsTheReceiver(t *testing.T) {

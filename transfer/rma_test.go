@@ -542,26 +542,37 @@ func TestL10_RMADeclineAfterTheSendersDeadlineReleasesThePool(t *testing.T) {
 }
 
 // L12 with L9: a transfer whose caller's blocks are poisoned for good (unknown quiescence) is
-// one the engine has given up on: the caller owns those blocks, and the handle stays
-// quarantined forever. Such transfers are reported (HealthSnapshot.BlocksPoisoned) but do not
-// count against QuarantineBudget, or a few of them would leave a working engine unhealthy
-// for the rest of its life (the 30-minute soak's one-copy mode found decode unhealthy long
-// after every peer was back).
-func TestL12_BlocksPoisonedForGoodLeaveTheQuarantineBudget(t *testing.T) {
-	src, dst := rmaPools(t, 32)
+// one the engine has given up on: the handle stays quarantined forever and its blocks are
+// never to be used again. Such transfers leave the quarantine budget, which is for transfers
+// still waiting (or a few of them would leave a working engine unhealthy for the rest of its
+// life: the 30-minute soak's one-copy mode found decode unhealthy long after every peer was
+// back), and their blocks have a budget of their own, PoisonedBlockBudget, past which the
+// engine is unhealthy for good: the pool is losing blocks.
+func TestL12_BlocksPoisonedForGoodHaveABudgetOfTheirOwn(t *testing.T) {
 	scfg, rcfg := rmaConfig(), rmaConfig()
 	rcfg.TransferTimeout = 100 * time.Millisecond
 	rcfg.QuarantineTimeout = 100 * time.Millisecond
 	rcfg.QuarantineBudget = 1
-	p, w := directPair(t, scfg, rcfg, src, dst)
+	rcfg.PoisonedBlockBudget = 8 // two requests of four blocks
+	p, w := directPair(t, scfg, rcfg, nil, nil)
 	w.fault = Fault{Hang: true, NeverQuiesce: true}
 	for id := RequestID(1); id <= 3; id++ {
+		src, dst := rmaPools(t, 32+uint64(id)) // poisoned blocks are never used again
+		p.net.eps["prefill"].AllowDirect(src.mem)
+		p.net.eps["decode"].AllowDirect(dst.mem)
 		_, hr := p.start(t, id, src, dst)
 		waitClosed(t, hr.Done(), "receiver done")
-		eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "receiver's blocks poisoned")
+		eventually(t, func() bool { return p.dst.Health().BlocksPoisoned == int64(id) }, "receiver's blocks poisoned")
+		h := p.dst.Health()
+		require.Equal(t, int64(id), h.Quarantined, "they stay quarantined")
+		require.Equal(t, 4*int64(id), h.PoisonedBlocks)
+		require.Equal(t, 8, h.PoisonedBudget)
+		if id < 3 {
+			require.True(t, h.Healthy, "within both budgets: %s", h.Reason)
+			continue
+		}
+		require.False(t, h.Healthy)
+		require.Equal(t, "12 KV blocks poisoned for good (in 3 transfers), over the budget of 8", h.Reason,
+			"the quarantine budget of 1 does not count them")
 	}
-	h := p.dst.Health()
-	require.Equal(t, int64(3), h.Quarantined, "they stay quarantined")
-	require.Equal(t, int64(3), h.BlocksPoisoned)
-	require.True(t, h.Healthy, "%s", h.Reason)
 }

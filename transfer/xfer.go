@@ -994,6 +994,11 @@ func (x *xfer) maybeResolve() {
 		x.quarAt = time.Time{}
 		if x.h.settledPoisoned.CompareAndSwap(false, true) {
 			x.eng.poisonedForGood.Add(1)
+			n := x.eng.holds.poison(x.h)
+			if len(x.h.spans) == 0 { // a device pool: no ids to refuse, but the blocks count
+				n = x.h.nBlocks
+			}
+			x.eng.blocksPoisoned.Add(n)
 		}
 		x.ended = true
 		x.setAwaiting(false)

@@ -62,7 +62,8 @@ type healthCollector struct {
 	src                                                           HealthSource
 	healthy, inFlight, quarantined, budget                        *prometheus.Desc
 	slots, free, poisoned, minSlots, sinceProgress, deadline, bad *prometheus.Desc
-	wedged, blocksPoisoned                                        *prometheus.Desc
+	wedged, blocksPoisoned, poisonedBlocks, poisonedBudget        *prometheus.Desc
+	remembered                                                    *prometheus.Desc
 }
 
 func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector {
@@ -81,6 +82,9 @@ func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector
 		deadline:       d("kvxfer_progress_deadline_seconds", "With transfers in flight, no progress for this long makes the engine unhealthy."),
 		bad:            d("kvxfer_malformed_control_messages_total", "Control messages from peers that did not decode."),
 		blocksPoisoned: d("kvxfer_blocks_poisoned_transfers", "Quarantined transfers the engine gave up on: their caller's KV blocks are poisoned for good (unknown quiescence) and never to be reused; not counted against the quarantine budget."),
+		poisonedBlocks: d("kvxfer_blocks_poisoned", "The callers' KV blocks poisoned for good, each counted once: never to be used again; the engine refuses transfers over them."),
+		poisonedBudget: d("kvxfer_poisoned_block_budget", "Poisoned blocks the engine tolerates before it reports unhealthy (Config.PoisonedBlockBudget); past it only a restart helps."),
+		remembered:     d("kvxfer_transfers_remembered_unquiesced", "Handles their callers released while not quiescent: the engine keeps them, their ids and their blocks, until they are (for ever when poisoned)."),
 		wedged:         d("kvxfer_transport_wedged", "1 when the transport reports that nothing will reach this engine any more (UCX's receive probe: a wedged shared-memory queue); only a restart helps."),
 	}
 }
@@ -88,7 +92,8 @@ func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector
 // Describe implements prometheus.Collector.
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.healthy, c.inFlight, c.quarantined, c.budget, c.slots, c.free,
-		c.poisoned, c.minSlots, c.sinceProgress, c.deadline, c.bad, c.wedged, c.blocksPoisoned} {
+		c.poisoned, c.minSlots, c.sinceProgress, c.deadline, c.bad, c.wedged, c.blocksPoisoned, c.poisonedBlocks, c.poisonedBudget,
+		c.remembered} {
 		ch <- d
 	}
 }
@@ -108,6 +113,9 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.inFlight, float64(h.InFlight))
 	gauge(c.quarantined, float64(h.Quarantined))
 	gauge(c.blocksPoisoned, float64(h.BlocksPoisoned))
+	gauge(c.poisonedBlocks, float64(h.PoisonedBlocks))
+	gauge(c.poisonedBudget, float64(h.PoisonedBudget))
+	gauge(c.remembered, float64(h.Remembered))
 	gauge(c.budget, float64(h.QuarantineBudget))
 	gauge(c.slots, float64(h.TotalSlots))
 	gauge(c.free, float64(h.FreeSlots))
@@ -160,6 +168,9 @@ func CombineHealth(engines ...NamedHealth) HealthFunc {
 			o.InFlight += s.InFlight
 			o.Quarantined += s.Quarantined
 			o.BlocksPoisoned += s.BlocksPoisoned
+			o.PoisonedBlocks += s.PoisonedBlocks
+			o.PoisonedBudget += s.PoisonedBudget
+			o.Remembered += s.Remembered
 			o.QuarantineBudget += s.QuarantineBudget
 			o.TotalSlots += s.TotalSlots
 			o.FreeSlots += s.FreeSlots
