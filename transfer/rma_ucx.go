@@ -16,14 +16,16 @@ var _ RMATransport = (*UCXTransport)(nil)
 // ucxRMA holds the UCX transport's RMA keys, under UCXTransport.mu: each mapped region's key
 // packed once, and each peer's key unpacked once per endpoint (never per block or per get).
 type ucxRMA struct {
-	packed map[*native.Memory][]byte
-	keys   map[ucxKeyID]*ucxRemoteKey
-	lanes  map[Peer]ucxGetLanes // ucx_lanes.go: whether gets to a peer are native, per endpoint
+	packed   map[*native.Memory][]byte
+	keys     map[ucxKeyID]*ucxRemoteKey
+	getLanes map[Peer]ucxGetLanes // ucx_lanes.go: whether gets to a peer are native, per endpoint
+	lanes    ucxLanes             // ucx_lanes.go: the workers gets are striped over
 }
 
 type ucxKeyID struct {
 	peer Peer
 	key  string
+	lane int // a key is unpacked on each lane's endpoint to the peer
 }
 
 // ucxRemoteKey is an unpacked peer key. It is destroyed once its endpoint failed or was
@@ -64,6 +66,7 @@ func (t *UCXTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 // a get, so the operation is marked as a send is: Cancel reports it MemoryBusy while it runs,
 // and a forced close of its endpoint ends it.
 func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error) {
+	t.startLanes()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -73,11 +76,12 @@ func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 	if err != nil {
 		return 0, err
 	}
-	ep, err := t.endpointLocked(from)
+	lane := t.nextLaneLocked()
+	ep, err := t.laneEndpointLocked(lane, from)
 	if err != nil {
 		return 0, err
 	}
-	rk, err := t.remoteKeyLocked(from, ep, key)
+	rk, err := t.remoteKeyLocked(from, lane, ep, key)
 	if err != nil {
 		return 0, err
 	}
@@ -98,8 +102,8 @@ func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 
 // remoteKeyLocked returns peer's key unpacked on ep, unpacking it on first use. A key
 // unpacked on an endpoint that has since been replaced is dropped.
-func (t *UCXTransport) remoteKeyLocked(peer Peer, ep *native.Endpoint, key []byte) (*ucxRemoteKey, error) {
-	id := ucxKeyID{peer: peer, key: string(key)}
+func (t *UCXTransport) remoteKeyLocked(peer Peer, lane int, ep *native.Endpoint, key []byte) (*ucxRemoteKey, error) {
+	id := ucxKeyID{peer: peer, key: string(key), lane: lane}
 	if k := t.rma.keys[id]; k != nil {
 		if k.ep == ep {
 			return k, nil

@@ -197,9 +197,14 @@ func TestUCXRMA_SenderFrozenWhileReceiverPulls(t *testing.T) {
 	}
 }
 
-// rmaKeys is how many peer keys the transport holds unpacked.
+// rmaKeys counts the peer pools whose keys are unpacked, on any lane.
 func rmaKeys(tr *UCXTransport) int {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	return len(tr.rma.keys)
+	pools := map[ucxKeyID]bool{}
+	for id := range tr.rma.keys {
+		id.lane = 0
+		pools[id] = true
+	}
+	return len(pools)
 }

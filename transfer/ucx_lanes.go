@@ -6,6 +6,12 @@ package transfer
 
 import (
 	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/native"
 )
@@ -34,7 +40,7 @@ func (t *UCXTransport) GetsEmulated(peer Peer) bool {
 		t.mu.Unlock()
 		return false
 	}
-	if l, ok := t.rma.lanes[peer]; ok && l.ep == ep {
+	if l, ok := t.rma.getLanes[peer]; ok && l.ep == ep {
 		t.mu.Unlock()
 		return !l.native
 	}
@@ -47,9 +53,141 @@ func (t *UCXTransport) GetsEmulated(peer Peer) bool {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.rma.lanes == nil {
-		t.rma.lanes = map[Peer]ucxGetLanes{}
+	if t.rma.getLanes == nil {
+		t.rma.getLanes = map[Peer]ucxGetLanes{}
 	}
-	t.rma.lanes[peer] = ucxGetLanes{ep: ep, native: lanes.NativeGet}
+	t.rma.getLanes[peer] = ucxGetLanes{ep: ep, native: lanes.NativeGet}
 	return !lanes.NativeGet
+}
+
+// ucxLanes are the workers a UCXTransport's gets are striped over, lane 0 being the
+// transport's own worker (t.w, its endpoints t.eps) and lane i > 0 extra[i-1]. Guarded by
+// UCXTransport.mu, except start.
+type ucxLanes struct {
+	start sync.Once // makes the extra workers, on the first get
+	extra []*ucxLane
+	next  uint64 // round robin: the lane of the next get
+}
+
+// ucxLane is one extra worker and its endpoints, one per peer read from.
+type ucxLane struct {
+	w   *native.Worker
+	eps map[Peer]*native.Endpoint
+}
+
+// startLanes makes the extra workers once, outside mu (a worker starts its own thread). A
+// worker that cannot be made leaves fewer lanes, logged; gets still go.
+func (t *UCXTransport) startLanes() {
+	t.rma.lanes.start.Do(func() {
+		var ws []*native.Worker
+		for range t.cfg.Lanes - 1 {
+			w, err := t.uctx.NewWorker(native.WorkerConfig{OnReport: t.enqueueRequest, Logger: t.cfg.Logger})
+			if err != nil {
+				t.log.Warn("ucx: fewer lanes for gets than configured", zap.Int("lanes", 1+len(ws)), zap.Error(err))
+				break
+			}
+			ws = append(ws, w)
+		}
+		t.mu.Lock()
+		closed := t.closed
+		if !closed {
+			for _, w := range ws {
+				t.rma.lanes.extra = append(t.rma.lanes.extra, &ucxLane{w: w, eps: map[Peer]*native.Endpoint{}})
+			}
+		}
+		t.mu.Unlock()
+		if closed {
+			for _, w := range ws {
+				_ = w.Close()
+			}
+		}
+	})
+}
+
+// nextLaneLocked is the lane of the next get: round robin, so a request of n gets in flight
+// spreads them over min(n, lanes) workers and a request of one get uses one, and concurrent
+// requests share every lane.
+func (t *UCXTransport) nextLaneLocked() int {
+	n := uint64(1 + len(t.rma.lanes.extra))
+	lane := int(t.rma.lanes.next % n)
+	t.rma.lanes.next++
+	return lane
+}
+
+// laneEndpointLocked is the endpoint to peer on lane: the transport's own for lane 0, else
+// the lane worker's, made on first use or after the old one failed. A lane endpoint that
+// fails reports the peer lost, as the transport's own endpoint does, and takes the keys
+// unpacked on it with it.
+func (t *UCXTransport) laneEndpointLocked(lane int, peer Peer) (*native.Endpoint, error) {
+	if lane == 0 {
+		return t.endpointLocked(peer)
+	}
+	l := t.rma.lanes.extra[lane-1]
+	if ep := l.eps[peer]; ep != nil && ep.Err() == nil {
+		return ep, nil
+	}
+	addr, err := hex.DecodeString(string(peer))
+	if err != nil || len(addr) == 0 {
+		return nil, fmt.Errorf("%w: peer %.16q is not a UCX worker address in hex", ErrInvalidSpec, peer)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
+	defer cancel()
+	ep, err := l.w.Connect(ctx, addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connect lane %d: %w", ErrPeerLost, lane, err)
+	}
+	l.eps[peer] = ep
+	go t.watchLane(l, peer, ep)
+	return ep, nil
+}
+
+// watchLane forgets a lane endpoint that failed and reports its peer lost, unless the
+// transport is closing.
+func (t *UCXTransport) watchLane(l *ucxLane, peer Peer, ep *native.Endpoint) {
+	select {
+	case <-ep.Failed():
+	case <-t.stop:
+		return
+	}
+	t.mu.Lock()
+	if l.eps[peer] == ep {
+		delete(l.eps, peer)
+	}
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return
+	}
+	t.log.Warn("ucx peer lost on a lane", zap.String("peer", string(peer)[:min(16, len(peer))]), zap.Error(ep.Err()))
+	t.push(ucxReport{lost: peer, err: ep.Err()})
+}
+
+// closeLanes closes the lanes' endpoints (forced, or flushed) and their workers, which
+// settles every get still in them, each reported through dispatch like the transport's own.
+// It runs in Close before the transport's worker closes; a start still making workers is
+// waited for, and one not begun never will.
+func (t *UCXTransport) closeLanes(ctx context.Context, force bool) error {
+	t.rma.lanes.start.Do(func() {})
+	t.mu.Lock()
+	lanes := t.rma.lanes.extra
+	t.rma.lanes.extra = nil
+	eps := make([][]*native.Endpoint, len(lanes))
+	for i, l := range lanes {
+		for _, ep := range l.eps {
+			eps[i] = append(eps[i], ep)
+		}
+	}
+	t.mu.Unlock()
+	var errs []error
+	for i, l := range lanes {
+		for _, ep := range eps[i] {
+			if force {
+				errs = append(errs, ep.ForceClose(ctx))
+			} else {
+				errs = append(errs, ep.Close(ctx))
+			}
+		}
+		errs = append(errs, l.w.Close())
+	}
+	return errors.Join(errs...)
 }

@@ -6,12 +6,14 @@ package transfer
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/native"
 )
 
 // The receiver chooses its path by what UCX says about the endpoint's lanes: gets over shared
@@ -49,5 +51,67 @@ func TestUCXPathChoiceFollowsTheEndpointsLanes(t *testing.T) {
 				require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
 			})
 		}
+	}
+}
+
+// A request's gets go round robin over UCXConfig.Lanes workers, each with its own thread:
+// 21 gets over 3 lanes are 7 on each extra worker, every byte arrives, and the pool's key is
+// unpacked once per lane. One lane is today's transport: no extra worker at all.
+func TestUCXRMA_GetsStripedOverLanes(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
+	for _, tr := range ucxTransports {
+		for _, lanes := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/lanes=%d", tr.name, lanes), func(t *testing.T) {
+				cfg := ucxTestConfig()
+				cfg.RMAMinRegionBytes = 64 << 10
+				cfg.DirectChunkBytes = 1 << 20
+				cfg.RMAWhereEmulated = true
+				withLanes := func(c *UCXConfig) { c.Lanes = lanes }
+				src := newUCXEngine(t, tr.tls, tr.dev, cfg, withLanes)
+				dst := newUCXEngine(t, tr.tls, tr.dev, cfg, withLanes)
+				sb, rb := make([]int32, 21), make([]int32, 21)
+				for j := range sb {
+					sb[j], rb[j] = int32(j*3)%64, int32(63-j) // no two consecutive: 21 gets
+				}
+				s := mappedKV(t, src, dims, layout.BlockMajor, sb, 17)
+				r := mappedKV(t, dst, dims, layout.BlockMajor, rb, 0)
+				hs, hr := startKV(t, src, dst, 910, s, r)
+				waitQuiesced(t, hr, 20*time.Second)
+				waitQuiesced(t, hs, 20*time.Second)
+				require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+				require.Equal(t, PathRMA, hr.Path())
+				require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
+				extra := laneWorkers(dst.tr)
+				require.Len(t, extra, lanes-1)
+				for i, w := range extra {
+					require.Eventually(t, func() bool { st := w.Stats(); return st.InlineDone+st.Requests == 7 }, 5*time.Second,
+						time.Millisecond, "lane %d carried %+v", i+1, w.Stats())
+				}
+				dst.tr.mu.Lock()
+				keys := len(dst.tr.rma.keys)
+				dst.tr.mu.Unlock()
+				require.Equal(t, lanes, keys, "one unpacked key per lane")
+				require.Empty(t, laneWorkers(src.tr), "a sender makes no lanes")
+			})
+		}
+	}
+}
+
+func laneWorkers(tr *UCXTransport) []*native.Worker {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var ws []*native.Worker
+	for _, l := range tr.rma.lanes.extra {
+		ws = append(ws, l.w)
+	}
+	return ws
+}
+
+func TestUCXConfig_LanesBounded(t *testing.T) {
+	for _, n := range []int{-1, MaxUCXLanes + 1} {
+		_, err := NewUCXTransport(UCXConfig{TLS: "posix,cma,self", StagingBytes: 1 << 20, Lanes: n})
+		var ce *ConfigError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, "UCXConfig.Lanes", ce.Field)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +76,12 @@ type UCXConfig struct {
 	// process. Off by default: a false alarm (a process starved for ProbeTimeout) would cost the
 	// transfers in flight and the address callers hold.
 	ReplaceWedgedWorker bool
+	// Lanes is how many UCX workers, each with its own progress thread, the RMA gets of this
+	// side are striped over (ucx_lanes.go): the transport's own worker and Lanes-1 more, made
+	// on the first get. A get is one copy made by the thread that posts it (shared memory,
+	// cma), so one worker bounds every request to one core. 1 keeps every get on the
+	// transport's worker. Default: DefaultUCXLanes, at most GOMAXPROCS.
+	Lanes int
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -124,6 +131,12 @@ func (c *UCXConfig) applyDefaults() error {
 	}
 	if c.ProbeTimeout < 0 || (c.ProbeInterval > 0 && c.ProbeTimeout < c.ProbeInterval) {
 		return &ConfigError{Field: "UCXConfig.ProbeTimeout", Value: c.ProbeTimeout, Reason: "must be positive and at least ProbeInterval"}
+	}
+	if c.Lanes == 0 {
+		c.Lanes = max(1, min(DefaultUCXLanes, runtime.GOMAXPROCS(0)))
+	}
+	if c.Lanes < 1 || c.Lanes > MaxUCXLanes {
+		return &ConfigError{Field: "UCXConfig.Lanes", Value: c.Lanes, Reason: fmt.Sprintf("must be between 1 and %d", MaxUCXLanes)}
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -789,7 +802,8 @@ func (t *UCXTransport) Close(force bool) error {
 		}
 	}
 	t.closeRMAKeys()
-	errs = append(errs, w.Close()) // settles every request, reporting each
+	errs = append(errs, t.closeLanes(ctx, force)) // ucx_lanes.go: their requests report as w's do
+	errs = append(errs, w.Close())                // settles every request, reporting each
 	close(t.stop)
 	select {
 	case <-t.exited:

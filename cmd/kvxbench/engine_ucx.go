@@ -26,7 +26,7 @@ func newUCXEngineSide(cfg runConfig, role string, rank int) (engineSide, error) 
 		return newDeviceEngineSide(cfg, role, rank) // device_engine.go
 	}
 	ec := engineConfig(cfg)
-	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: cfg.TLS, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes})
+	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: cfg.TLS, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes, Lanes: cfg.Lanes})
 	if err != nil {
 		return nil, fmt.Errorf("%s rank %d: UCX transport: %w", role, rank, err)
 	}

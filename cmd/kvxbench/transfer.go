@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/transfer"
 )
 
 // errEngineMissing is what the transfer subcommands return after their set-up and handshake
@@ -35,6 +36,7 @@ type transferFlags struct {
 	staging        bool
 	noRMA          bool
 	rmaEmulated    bool
+	lanes          int
 	directChunk    string
 	http           string
 }
@@ -54,6 +56,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
 	fs.StringVar(&f.directChunk, "direct-chunk", "64MiB", "the largest message of the direct path (no slot bounds it)")
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
+	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
 	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
 	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
@@ -90,6 +93,8 @@ type runConfig struct {
 	NoRMA bool `json:"no_rma"`
 	// RMAWhereEmulated keeps the RMA mode where UCX emulates gets (--rma-where-emulated).
 	RMAWhereEmulated bool `json:"rma_where_emulated"`
+	// Lanes is UCXConfig.Lanes of both ends (--lanes; 0: the transport's default).
+	Lanes int `json:"lanes"`
 	// Memory is where the KV pools and staging slots live: "host" or "device" (--memory;
 	// cmd/kvxbench/device_engine.go).
 	Memory string `json:"memory"`
@@ -116,6 +121,9 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 	}
 	if f.connectTimeout <= 0 {
 		return runConfig{}, usagef("--connect-timeout = %v: must be positive", f.connectTimeout)
+	}
+	if f.lanes < 0 || f.lanes > transfer.MaxUCXLanes {
+		return runConfig{}, usagef("--lanes = %d: must be between 0 (the default) and %d", f.lanes, transfer.MaxUCXLanes)
 	}
 	if f.pipelineDepth <= 0 {
 		return runConfig{}, usagef("--pipeline-depth = %d: must be positive", f.pipelineDepth)
@@ -166,7 +174,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
 		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
-		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Memory: f.memory,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, Memory: f.memory,
 	}, nil
 }
 
