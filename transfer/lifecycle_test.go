@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -580,16 +581,67 @@ func (o *stuckObserver) OnTransition(id RequestID, sub int, from, to State, ev E
 	}
 }
 
-// TestL5_EverySlotLeaseEndsInReleaseOrPoison runs transfers under random faults and cancels
-// while sampling the pools: free + leased + poisoned = total at every sample, and afterwards
-// nothing is still leased.
+// TestL5_EverySlotLeaseEndsInReleaseOrPoison runs transfers under random faults and cancels.
+// The pool's own counters move in pairs under one lock, so their sum proves little; the test
+// checks L5 from outside instead: a ledger in the transport sees every staging slot handed to
+// the wire and flags a slot posted while an earlier operation on it is still live (a lease
+// ended before the transport let go) or posted after it was poisoned; a sampler reads the
+// pools' public Stats while the transfers churn (the sum, and poisoned slots never coming
+// back); and at the end every slot the pool calls free can be leased, once, and none of them
+// is a poisoned one.
 func TestL5_EverySlotLeaseEndsInReleaseOrPoison(t *testing.T) {
+	t.Run("under random faults and cancels", testSlotsUnderChurn)
+	t.Run("the ledger catches a lease that ends while the transport holds the slot", func(t *testing.T) {
+		// A deliberately wrong pool user: it releases its slot with a receive still posted
+		// in it, and the next lease of that slot posts again.
+		n := NewMemNetwork()
+		mem := make([]byte, 1024)
+		pool, err := buffer.New(mem, buffer.Config{SlotBytes: 1024})
+		require.NoError(t, err)
+		tr := newSlotLedger(n.Transport("decode"), mem, 1024)
+		tr.pool = pool
+		peer := n.Transport("prefill")
+		t.Cleanup(func() {
+			require.NoError(t, tr.Close(true))
+			require.NoError(t, peer.Close(true))
+		})
+		for seq := range 2 {
+			s, err := pool.Lease(bg)
+			require.NoError(t, err)
+			_, err = tr.PostRecv("prefill", Tag{Request: 1, Seq: uint32(seq)}, s.Bytes(), func(Completion) {})
+			require.NoError(t, err)
+			require.NoError(t, s.Release()) // wrong: the receive may still write the slot
+		}
+		require.Len(t, tr.findings(), 1)
+		require.Contains(t, tr.findings()[0], "slot 0 posted while request 1 chunk 0 still holds it")
+	})
+}
+
+func testSlotsUnderChurn(t *testing.T) {
 	cfg := fastConfig()
 	cfg.TransferTimeout = 150 * time.Millisecond
 	cfg.QueueTimeout = 300 * time.Millisecond
 	cfg.QuarantineTimeout = 100 * time.Millisecond
 	cfg.MaxConcurrent, cfg.NumSlots = 4, 6
-	p := newPair(t, cfg, cfg)
+	n := NewMemNetwork()
+	var ledgers []*slotLedger
+	var engines []*Engine
+	for _, name := range []Peer{"prefill", "decode"} {
+		c := cfg
+		c.StagingMemory = make([]byte, int64(c.NumSlots)*c.SlotBytes)
+		l := newSlotLedger(n.Transport(name), c.StagingMemory, c.SlotBytes)
+		e, err := New(l, c)
+		require.NoError(t, err)
+		l.pool = e.pool
+		ledgers, engines = append(ledgers, l), append(engines, e)
+	}
+	p := &pair{net: n, src: engines[0], dst: engines[1]}
+	t.Cleanup(func() {
+		require.NoError(t, p.src.Close())
+		require.NoError(t, p.dst.Close())
+		requireSlotsAccounted(t, p.src)
+		requireSlotsAccounted(t, p.dst)
+	})
 	r := rand.New(rand.NewPCG(5, 5))
 	var fmu sync.Mutex
 	faults := map[RequestID]Fault{}
@@ -605,21 +657,30 @@ func TestL5_EverySlotLeaseEndsInReleaseOrPoison(t *testing.T) {
 	choices := []Fault{{}, {}, {Delay: 5 * time.Millisecond}, {FailAfter: 50}, {Hang: true}, {Hang: true, NeverQuiesce: true},
 		{Delay: 300 * time.Millisecond, IgnoreCancel: true}, {Duplicate: true}}
 
+	// The sampler reads what a caller can: each pool's public Stats.
 	stop := make(chan struct{})
 	var sampler sync.WaitGroup
 	var bad atomic.Value
+	var samples atomic.Int64
 	sampler.Go(func() {
+		maxPoisoned := make([]int, len(engines))
 		for {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			for _, e := range []*Engine{p.src, p.dst} {
-				if s := e.pool.Stats(); s.Free+s.Leased+s.Poisoned != s.Total {
-					bad.Store(fmt.Sprintf("%+v", s))
+			for i, e := range engines {
+				s := e.pool.Stats()
+				switch {
+				case s.Free+s.Leased+s.Poisoned != s.Total || s.Free < 0 || s.Leased < 0:
+					bad.Store(fmt.Sprintf("inconsistent %+v", s))
+				case s.Poisoned < maxPoisoned[i]:
+					bad.Store(fmt.Sprintf("a poisoned slot came back: %d poisoned after %d", s.Poisoned, maxPoisoned[i]))
 				}
+				maxPoisoned[i] = max(maxPoisoned[i], s.Poisoned)
 			}
+			samples.Add(1)
 			runtime.Gosched()
 		}
 	})
@@ -634,7 +695,9 @@ func TestL5_EverySlotLeaseEndsInReleaseOrPoison(t *testing.T) {
 		a, b := p.start(t, id, src, newKVPool(t, testDims, layout.LayerMajor, nil, dst.plan.Blocks(), 0))
 		hs = append(hs, a, b)
 		if r.IntN(4) == 0 {
-			time.Sleep(time.Duration(r.IntN(3)) * time.Millisecond)
+			if r.IntN(2) == 0 {
+				eventually(t, func() bool { return b.Status().State != Queued || isClosed(b.Done()) }, "started")
+			}
 			e := p.src
 			if r.IntN(2) == 0 {
 				e = p.dst
@@ -657,13 +720,119 @@ func TestL5_EverySlotLeaseEndsInReleaseOrPoison(t *testing.T) {
 	}
 	close(stop)
 	sampler.Wait()
-	require.Nil(t, bad.Load(), "inconsistent pool stats")
+	require.Nil(t, bad.Load())
+	require.Greater(t, samples.Load(), int64(10))
+	for _, l := range ledgers {
+		require.Empty(t, l.findings())
+	}
 	for _, h := range hs {
 		require.True(t, isClosed(h.Done()) && isClosed(h.Quiesced()), "request %d", h.ID())
 		require.True(t, h.Status().State.Terminal())
 	}
-	requireSlotsAccounted(t, p.src)
-	requireSlotsAccounted(t, p.dst)
+	poisoned := 0
+	for _, e := range engines {
+		requireEveryFreeSlotLeasable(t, e.pool)
+		poisoned += e.pool.Stats().Poisoned
+	}
+	t.Logf("%d slots poisoned, %d samples", poisoned, samples.Load())
+}
+
+// requireEveryFreeSlotLeasable leases every slot the pool calls free: each comes once, none
+// is poisoned, and then none is left; it hands them back.
+func requireEveryFreeSlotLeasable(t testing.TB, pool *buffer.Pool) {
+	t.Helper()
+	st := pool.Stats()
+	require.Zero(t, st.Leased, "a lease outlived every transfer")
+	bad := map[int]bool{}
+	for _, rec := range pool.Poisoned() {
+		require.False(t, bad[rec.Slot], "slot %d poisoned twice", rec.Slot)
+		bad[rec.Slot] = true
+	}
+	require.Len(t, bad, st.Poisoned)
+	var got []*buffer.Slot
+	seen := map[int]bool{}
+	for {
+		s, err := pool.TryLease()
+		if err != nil {
+			require.ErrorIs(t, err, buffer.ErrNoSlot)
+			break
+		}
+		require.False(t, seen[s.Index()], "slot %d leased twice at once", s.Index())
+		require.False(t, bad[s.Index()], "poisoned slot %d leased again", s.Index())
+		seen[s.Index()] = true
+		got = append(got, s)
+		require.LessOrEqual(t, len(got), st.Total, "more slots leased than the pool has")
+	}
+	require.Len(t, got, st.Free, "the pool said %d free", st.Free)
+	for _, s := range got {
+		require.NoError(t, s.Release())
+	}
+}
+
+// slotLedger wraps a transport and keeps, per staging slot, the operation the transport
+// holds in it, from its post to its final completion. Posting into a slot that still holds a
+// live operation (its lease ended too early and it was leased again) or into a poisoned
+// slot is a finding.
+type slotLedger struct {
+	Transport
+	base, size, slotBytes uintptr
+	pool                  *buffer.Pool // set before the first post
+
+	mu       sync.Mutex
+	live     map[int]Tag // slot -> the operation the transport holds in it
+	problems []string
+}
+
+func newSlotLedger(tr Transport, staging []byte, slotBytes int64) *slotLedger {
+	return &slotLedger{Transport: tr, base: uintptr(unsafe.Pointer(unsafe.SliceData(staging))), size: uintptr(len(staging)),
+		slotBytes: uintptr(slotBytes), live: map[int]Tag{}}
+}
+
+func (l *slotLedger) post(tag Tag, buf []byte, done func(Completion), post func(func(Completion)) (OpID, error)) (OpID, error) {
+	at := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	if at < l.base || at >= l.base+l.size {
+		return post(done) // a direct operation: not a slot
+	}
+	slot := int((at - l.base) / l.slotBytes)
+	l.mu.Lock()
+	defer l.mu.Unlock() // held across the post so the completion is recorded after it
+	if old, ok := l.live[slot]; ok {
+		l.problems = append(l.problems, fmt.Sprintf("slot %d posted while request %d chunk %d still holds it (request %d chunk %d)",
+			slot, old.Request, old.Seq, tag.Request, tag.Seq))
+	}
+	for _, rec := range l.pool.Poisoned() {
+		if rec.Slot == slot {
+			l.problems = append(l.problems, fmt.Sprintf("slot %d posted after it was poisoned (request %d chunk %d)", slot, tag.Request, tag.Seq))
+		}
+	}
+	id, err := post(func(c Completion) {
+		if c.Memory == MemoryDone { // MemoryUnknown: the slot is poisoned and keeps its op
+			l.mu.Lock()
+			if l.live[slot] == tag {
+				delete(l.live, slot)
+			}
+			l.mu.Unlock()
+		}
+		done(c)
+	})
+	if err == nil {
+		l.live[slot] = tag
+	}
+	return id, err
+}
+
+func (l *slotLedger) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+	return l.post(tag, buf, done, func(cb func(Completion)) (OpID, error) { return l.Transport.PostSend(to, tag, buf, cb) })
+}
+
+func (l *slotLedger) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+	return l.post(tag, buf, done, func(cb func(Completion)) (OpID, error) { return l.Transport.PostRecv(from, tag, buf, cb) })
+}
+
+func (l *slotLedger) findings() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.problems...)
 }
 
 // countingTransport checks L6 on the way through: every posted operation gets exactly one
