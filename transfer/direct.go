@@ -100,7 +100,7 @@ func (x *xfer) postDirect(off, n int64, post func(Peer, Tag, [][]byte, func(Comp
 	var id OpID
 	iov, err := x.iov(off, n)
 	if err == nil {
-		id, err = post(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, iov,
+		id, err = post(x.peer, x.tag(rec.seq), iov,
 			func(c Completion) { x.box.push(event{op: rec, c: c}) })
 		if err != nil {
 			err = transportErr(err)

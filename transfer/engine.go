@@ -61,6 +61,7 @@ type Engine struct {
 	stallFrom  atomic.Int64
 	lastDemand atomic.Int64
 	malformed  atomic.Int64
+	stale      atomic.Int64 // messages of another transfer that reused a request id, dropped
 }
 
 // routeKey finds the sub-transfer an inbound message belongs to. A request has at most one
@@ -160,7 +161,11 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	xs := make([]*xfer, len(subs))
 	for i, s := range subs {
 		h.total.Add(s.Plan.Bytes())
-		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), receive: receive, peer: s.Peer, plan: s.Plan,
+		var nonce uint64 // a sender takes the receiver's, from its request
+		if receive {
+			nonce = newNonce()
+		}
+		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), nonce: nonce, receive: receive, peer: s.Peer, plan: s.Plan,
 			mover: mover, pool: spec.Pool, hostPool: spec.Mover == nil, timeout: timeout, stopCh: make(chan struct{}), box: mailbox{notify: make(chan struct{}, 1)},
 			stream: spec.Stream, signals: spec.Ready}
 		if receive && len(spec.Held) > 0 {
@@ -201,7 +206,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		if p, ok := e.pending[key]; ok && !receive {
 			delete(e.pending, key)
 			if p.abort != nil {
-				x.box.push(event{msg: p.abort})
+				x.box.push(event{msg: p.abort, early: true})
 			} else {
 				x.box.push(event{msg: p.info})
 			}
@@ -290,6 +295,7 @@ type HealthSnapshot struct {
 	SinceProgress    time.Duration // since the last chunk moved or transfer completed (or an idle engine was asked for one)
 	ProgressDeadline time.Duration // Config.ProgressDeadline
 	MalformedControl int64         // control messages that did not decode
+	StaleMessages    int64         // messages of an older transfer with the same request id (another nonce), dropped
 	TransportWedged  bool          // the transport reports it cannot deliver (TransportHealth)
 	Closed           bool          // the engine is closed
 }
@@ -307,7 +313,7 @@ func (e *Engine) Health() Health {
 		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
 		ProgressDeadline: e.cfg.ProgressDeadline,
-		MalformedControl: e.malformed.Load(), BlocksPoisoned: e.poisonedForGood.Load(), Remembered: e.remembered.Load(),
+		MalformedControl: e.malformed.Load(), StaleMessages: e.stale.Load(), BlocksPoisoned: e.poisonedForGood.Load(), Remembered: e.remembered.Load(),
 		PoisonedBlocks: e.blocksPoisoned.Load(), PoisonedBudget: e.cfg.PoisonedBlockBudget,
 	}
 	now := time.Now().UnixNano()
@@ -522,14 +528,14 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 		case *RequestInfo:
 			if u, gone := e.unanswered[key]; gone {
 				e.mu.Unlock()
-				_ = e.tr.SendControl(from, encode(&Abort{Header: Header{Sub: m.Sub, Request: m.Request}, Code: u.code, Reason: u.reason}))
+				_ = e.tr.SendControl(from, encode(&Abort{Header: Header{Sub: m.Sub, Request: m.Request, Nonce: m.Nonce}, Code: u.code, Reason: u.reason}))
 				return
 			}
 			if !e.closed {
 				e.addPendingLocked(key, m)
 			}
 		case *Abort:
-			if p, early := e.pending[key]; early && p.abort == nil {
+			if p, early := e.pending[key]; early && p.abort == nil && p.info.Nonce == m.Nonce {
 				p.abort = m // the receiver of an early request gave up: its Send must not start
 				e.pending[key] = p
 			}

@@ -48,6 +48,9 @@ var (
 	ErrIncompatible = errors.New("kvxfer: incompatible layouts")
 	// ErrProtocol: a peer sent a message that breaks the wire protocol.
 	ErrProtocol = errors.New("kvxfer: protocol violation")
+	// ErrTagCollision: a transport's data tags for a transfer would match another live
+	// transfer's (TagReserver); the engine draws another nonce and tries again.
+	ErrTagCollision = errors.New("kvxfer: data tags collide with another transfer's")
 	// ErrMalformed: wire bytes do not decode; the error is a *DecodeError.
 	ErrMalformed = errors.New("kvxfer: malformed wire message")
 	// ErrSiblingFailed: another sub-transfer of the same multi-peer request failed, so this

@@ -399,7 +399,7 @@ func (x *xfer) postGet() bool {
 	}
 	g := x.rma.gets[x.nextSeq]
 	rec := &opRec{seq: x.nextSeq}
-	id, err := x.rmaTransport().PostGet(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, x.rma.key,
+	id, err := x.rmaTransport().PostGet(x.peer, x.tag(rec.seq), x.rma.key,
 		x.rma.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], func(c Completion) { x.box.push(event{op: rec, c: c}) })
 	if err != nil {
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
@@ -431,7 +431,7 @@ func (x *xfer) gotRegion(rec *opRec, c Completion) {
 // lands in memory nobody uses.
 func (x *xfer) rmaEnd() {
 	if x.m.load() != Completed { // also after a decline of ours: the release is the word that lasts
-		_ = x.eng.tr.SendControl(x.peer, encode(&RMARelease{Header: Header{Sub: x.wireSub, Request: x.h.id}}))
+		_ = x.eng.tr.SendControl(x.peer, encode(&RMARelease{Header: x.head()}))
 	}
 }
 
@@ -444,7 +444,7 @@ func (x *xfer) rmaOffer(ri *RequestInfo) bool {
 	if ri.Flags&FlagRMA == 0 {
 		return false
 	}
-	head := Header{Sub: x.wireSub, Request: x.h.id}
+	head := x.head()
 	reason := ""
 	rt := x.rmaTransport()
 	switch {

@@ -269,7 +269,7 @@ func (fakeRMASender) OnPeerLost(Peer, error) {}
 func TestRMABadOfferIsRejected(t *testing.T) {
 	good := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 9, 5, 13), 40)
 	offer := func(ri *RequestInfo) *RMAOffer {
-		return &RMAOffer{Header: Header{Sub: ri.Sub, Request: ri.Request}, Addr: 1 << 20, PoolBytes: int64(len(good.mem)),
+		return &RMAOffer{Header: Header{Sub: ri.Sub, Request: ri.Request, Nonce: ri.Nonce}, Addr: 1 << 20, PoolBytes: int64(len(good.mem)),
 			Layout: good.plan.Layout(), Selection: good.plan.Selection(), Blocks: append([]int32(nil), good.plan.Blocks()...),
 			Key: []byte("not a key")}
 	}

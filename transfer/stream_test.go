@@ -13,7 +13,7 @@ import (
 	"github.com/kvxfer/kvxfer/cuda/layout"
 )
 
-// streamDims has 4 layers of 16 blocks: 8 KiB a layer, about nine 984-byte chunks with
+// streamDims has 4 layers of 16 blocks: 8 KiB a layer, about nine 976-byte chunks with
 // fastConfig's 1 KiB slots, so a layer boundary falls inside a plain chunk.
 var streamDims = layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 4, HeadDim: 8, ElemSize: 2, TokensPerBlock: 4, NumBlocks: 40}
 
@@ -89,7 +89,8 @@ func TestStreamedSendGivesTheReferenceBytesLayerByLayer(t *testing.T) {
 				}
 				want := int64(l) * perLayer
 				if !c.receiveStream {
-					want = want / (984) * 984 // plain chunks: only those wholly inside ready layers
+					chunk := fastConfig().SlotBytes - DataHeaderBytes
+					want = want / chunk * chunk // plain chunks: only those wholly inside ready layers
 				}
 				requireMovedStays(t, hs, want)
 				if c.receiveStream {

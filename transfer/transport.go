@@ -13,13 +13,26 @@ type RequestID uint64
 type Peer string
 
 // Tag names one data chunk on the wire. A receive matches a send only when the peer and all
-// three fields are equal. The sub-transfer index keeps the chunks of a multi-peer request
-// apart; a transport with narrow tags (UCX has 64 bits) may pack Sub and Seq with a hash of
-// Request, as long as two live transfers between the same pair of peers never collide.
+// four fields are equal. The sub-transfer index keeps the chunks of a multi-peer request
+// apart, and the nonce (the receiver's random number for the transfer, see the wire format in
+// wire.go) keeps apart two transfers that reuse a request id. A transport with narrow tags
+// (UCX has 64 bits) may pack Seq with a hash of the rest, as long as two live transfers never
+// collide: it implements TagReserver, so the engine can draw another nonce on a collision.
 type Tag struct {
 	Request RequestID
 	Sub     uint16
 	Seq     uint32
+	Nonce   uint64
+}
+
+// TagReserver is implemented by a transport whose data tags can collide (a hash of the
+// transfer in a narrow tag). A receiving transfer reserves its tags before it posts anything:
+// ReserveTags fails with an error matching ErrTagCollision when another live or draining
+// transfer's tags would match the same messages, and the engine then draws another nonce. The
+// returned release gives the tags back; the engine calls it once, when no operation of the
+// transfer can match any more (never, for a transfer quarantined for good). It never blocks.
+type TagReserver interface {
+	ReserveTags(from Peer, tag Tag) (release func(), err error)
 }
 
 // Memory says whether a finished operation's buffer is quiescent: whether the transport can

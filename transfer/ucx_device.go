@@ -21,7 +21,7 @@ import (
 // Device memory over UCX (docs/ucx.md, "Device memory"). The engine's staging path is kept as
 // it is: slots, chunk headers, the lifecycle. What changes is where a slot's bytes live. A
 // UCXDeviceTransport backs every slot twice: a host "header" region, which is what the engine
-// sees as Config.StagingMemory (it writes and reads each chunk's 40-byte header there), and a
+// sees as Config.StagingMemory (it writes and reads each chunk's 48-byte header there), and a
 // device region of the same size, registered once with UCX, which holds each chunk's payload.
 // The DeviceMover gathers a request's blocks from the caller's device pool into a slot's
 // device bytes with the CUDA kernels, and scatters them out the same way; the transport sends
@@ -265,7 +265,7 @@ func (d *UCXDeviceTransport) postChunk(peer Peer, tag Tag, buf []byte, done func
 	if !send {
 		for _, tg := range []uint64{payloadTag, headerTag} {
 			if other, live := t.recvTag[tg]; live {
-				return 0, fmt.Errorf("%w: receive tag %#x collides with live op %d", ErrProtocol, tg, other)
+				return 0, fmt.Errorf("%w: %w: receive tag %#x collides with live op %d", ErrProtocol, ErrTagCollision, tg, other)
 			}
 		}
 	}

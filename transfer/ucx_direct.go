@@ -93,7 +93,7 @@ func (t *UCXTransport) postIOV(peer Peer, tag Tag, iov [][]byte, done func(Compl
 	} else {
 		op.tag = ucxDataTag(peer, tag)
 		if other, live := t.recvTag[op.tag]; live {
-			return 0, fmt.Errorf("%w: receive tag %#x collides with live op %d", ErrProtocol, op.tag, other)
+			return 0, fmt.Errorf("%w: %w: receive tag %#x collides with live op %d", ErrProtocol, ErrTagCollision, op.tag, other)
 		}
 		t.recvTag[op.tag] = op.id
 		t.retireDrainLocked(op.tag)

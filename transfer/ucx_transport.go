@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -158,27 +157,6 @@ const (
 // still answers a truncated rendezvous, which completes the sender's request.
 const ucxDrainBytes = 64
 
-// UCX tags: the top 4 bits say what a message is, so the control receive's mask never
-// matches data. A data tag carries 28 bits of a hash of (sender, request, sub-transfer) and
-// the 32-bit chunk sequence; the receiver rejects a second live receive with the same tag.
-const (
-	ucxKindShift = 60
-	ucxKindData  = uint64(1) << ucxKindShift
-	ucxKindCtrl  = uint64(2) << ucxKindShift
-	ucxKindMask  = uint64(0xf) << ucxKindShift
-	ucxSeqMask   = uint64(0xffffffff) // a data tag's chunk sequence
-)
-
-func ucxDataTag(sender Peer, tag Tag) uint64 {
-	h := fnv.New32a()
-	h.Write([]byte(sender))
-	var b [10]byte
-	binary.LittleEndian.PutUint64(b[:], uint64(tag.Request))
-	binary.LittleEndian.PutUint16(b[8:], tag.Sub)
-	h.Write(b[:])
-	return ucxKindData | uint64(h.Sum32()&0x0fffffff)<<32 | uint64(tag.Seq)
-}
-
 // UCXTransport is the Transport over UCX: one context and one worker (its own progress
 // goroutine), endpoints made on first use with peer error handling, tagged messages straight
 // from and into UCX-mapped staging memory, and control messages as small tagged messages
@@ -218,6 +196,9 @@ type UCXTransport struct {
 	drains     map[uint64]map[uint64]*ucxDrain
 	drainByReq map[*native.Request]*ucxDrain
 	drainStats UCXDrainStats
+
+	// tagOwners holds the tag hashes receiving transfers reserved (ucx_tags.go).
+	tagOwners map[uint64]ucxTagOwner
 
 	qmu      sync.Mutex
 	queue    []ucxReport
@@ -272,7 +253,7 @@ func NewUCXTransport(cfg UCXConfig) (*UCXTransport, error) {
 		return nil, err
 	}
 	t := &UCXTransport{cfg: cfg, log: cfg.Logger, eps: map[Peer]*native.Endpoint{}, ops: map[OpID]*ucxOp{},
-		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]OpID{},
+		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]OpID{}, tagOwners: map[uint64]ucxTagOwner{},
 		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{}, wake: make(chan struct{}, 1),
 		stop: make(chan struct{}), exited: make(chan struct{}), progress: make(chan struct{}, 1)}
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
@@ -487,7 +468,7 @@ func (t *UCXTransport) post(peer Peer, tag Tag, buf []byte, done func(Completion
 	} else {
 		op.tag = ucxDataTag(peer, tag)
 		if other, live := t.recvTag[op.tag]; live {
-			return 0, fmt.Errorf("%w: receive tag %#x collides with live op %d", ErrProtocol, op.tag, other)
+			return 0, fmt.Errorf("%w: %w: receive tag %#x collides with live op %d", ErrProtocol, ErrTagCollision, op.tag, other)
 		}
 		t.recvTag[op.tag] = op.id
 		t.retireDrainLocked(op.tag)
@@ -672,7 +653,8 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 // its quarantine poisoned it. The drain matches the late message into the transport's own
 // memory (truncated: the bytes are not wanted), which completes the send at the sender with
 // its memory released; the cancelled receive's buffer is never written. A drain ends when it
-// matches, when a receive of the same transfer is posted again, or after DrainTimeout.
+// matches, when a receive of the same tags is posted again (a caller that does not reserve
+// tags), or after DrainTimeout; while it lasts, ReserveTags refuses its hash.
 func (t *UCXTransport) startDrainLocked(tag uint64) {
 	family := t.drains[tag&^ucxSeqMask]
 	if family[tag] != nil {
@@ -698,10 +680,10 @@ func (t *UCXTransport) startDrainLocked(tag uint64) {
 }
 
 // retireDrainLocked cancels every drain of the transfer tag belongs to, because a live
-// receive now wants its tags (the same request and sub-transfer from the same sender, started
-// again): the worker runs the cancels before that receive's post, so the new transfer's
-// chunks reach its own receives, not a drain left from its previous life (a stale message a
-// drain already took stays the drain's).
+// receive now wants its tags (posted by a caller that did not reserve them: the engine
+// reserves, and ReserveTags refuses a drained hash): the worker runs the cancels before that
+// receive's post, so its chunks reach its own receives, not a drain left from an earlier
+// transfer (a stale message a drain already took stays the drain's).
 func (t *UCXTransport) retireDrainLocked(tag uint64) {
 	family := t.drains[tag&^ucxSeqMask]
 	if family == nil {

@@ -5,6 +5,7 @@ package transfer
 import (
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
 )
@@ -12,19 +13,30 @@ import (
 // The wire protocol, shared by every Transport: the engine encodes these messages and the
 // transport carries the bytes (control messages through SendControl, data chunks as tagged
 // sends into the receiver's staging slot). All integers are little-endian; every message
-// starts with the same 16-byte header:
+// starts with the same 24-byte header:
 //
-//	magic u16 = 0x4b58 ("KX") | version u8 = 1 | kind u8 | sub u16 | reserved u16 = 0 | request u64
+//	magic u16 = 0x4b58 ("KX") | version u8 = 2 | kind u8 | sub u16 | reserved u16 = 0 | request u64 | nonce u64
 //
 // and each kind has a fixed body after it (a data chunk is followed by its payload, an abort by
 // its reason text). Decoding checks every field, so bytes from a confused or hostile peer give
 // a *DecodeError, never a panic or a half-filled message.
+//
+// The nonce tells apart two transfers that share a request id and sub-transfer (the serving
+// stack may reuse ids): the receiver draws a random, non-zero nonce for each sub-transfer,
+// sends it in its request-info, and both sides stamp it on every later message of that
+// transfer and on every data tag (Tag.Nonce). A message whose nonce is not the transfer's is
+// dropped, so a late message of an old transfer is never taken for a new one.
+//
+// Version 1 (a 16-byte header without the nonce) is not spoken any more: an engine of this
+// version refuses a version-1 message as malformed (and a version-1 engine refuses ours), so
+// both sides of a pair must run a build with the same wire version. docs/ucx.md says how UCX
+// tags carry the nonce.
 
 const (
 	wireMagic   = 0x4b58
-	wireVersion = 1
+	wireVersion = 2
 	// HeaderBytes is the size of the common header.
-	HeaderBytes = 16
+	HeaderBytes = 24
 	// DataHeaderBytes is the size of a data chunk's header; the payload follows it in the
 	// same slot, so a slot carries SlotBytes-DataHeaderBytes bytes of KV per chunk.
 	DataHeaderBytes = HeaderBytes + 24
@@ -77,6 +89,9 @@ type Header struct {
 	Kind    Kind
 	Sub     uint16
 	Request RequestID
+	// Nonce is the receiver's random number for this transfer (never 0 in a message an
+	// engine sends): the request id's generation.
+	Nonce uint64
 }
 
 // RequestInfo asks the sender to start streaming.
@@ -172,7 +187,8 @@ func (h Header) append(b []byte, k Kind) []byte {
 	b = append(b, wireVersion, byte(k))
 	b = binary.LittleEndian.AppendUint16(b, h.Sub)
 	b = binary.LittleEndian.AppendUint16(b, 0)
-	return binary.LittleEndian.AppendUint64(b, uint64(h.Request))
+	b = binary.LittleEndian.AppendUint64(b, uint64(h.Request))
+	return binary.LittleEndian.AppendUint64(b, h.Nonce)
 }
 
 // AppendBinary implements Message.
@@ -256,7 +272,8 @@ func decodeHeader(b []byte) (Header, error) {
 	if r := binary.LittleEndian.Uint16(b[6:]); r != 0 {
 		return Header{}, malformed(6, "reserved field is %d, must be 0", r)
 	}
-	return Header{Kind: k, Sub: binary.LittleEndian.Uint16(b[4:]), Request: RequestID(binary.LittleEndian.Uint64(b[8:]))}, nil
+	return Header{Kind: k, Sub: binary.LittleEndian.Uint16(b[4:]), Request: RequestID(binary.LittleEndian.Uint64(b[8:])),
+		Nonce: binary.LittleEndian.Uint64(b[16:])}, nil
 }
 
 // Decode parses one control message (request-info, done, abort, abort-ack, rma offer, rma
@@ -393,6 +410,15 @@ func DecodeData(b []byte) (DataHeader, []byte, error) {
 		return DataHeader{}, nil, malformed(HeaderBytes+16, "length says %d, payload has %d bytes", d.Length, len(payload))
 	}
 	return d, payload, nil
+}
+
+// newNonce draws a transfer's nonce: random, never 0.
+func newNonce() uint64 {
+	for {
+		if n := rand.Uint64(); n != 0 {
+			return n
+		}
+	}
 }
 
 // encode appends m's encoding to a fresh buffer; the encoders cannot fail on valid messages.

@@ -12,7 +12,7 @@ import (
 )
 
 func TestWireRoundTrip(t *testing.T) {
-	h := Header{Sub: 3, Request: 0xdeadbeef01}
+	h := Header{Sub: 3, Request: 0xdeadbeef01, Nonce: 0x0123456789abcdef}
 	msgs := []Message{
 		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 4096, Depth: 2},
 		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64 << 20, Depth: 2, Flags: FlagDirect},
@@ -85,6 +85,7 @@ func TestWireRejectsGarbage(t *testing.T) {
 		{"short header", good[:10]},
 		{"bad magic", mut(func(b []byte) []byte { b[0] = 0; return b })},
 		{"bad version", mut(func(b []byte) []byte { b[2] = 9; return b })},
+		{"version 1 (no nonce)", mut(func(b []byte) []byte { b[2] = 1; return append(b[:16], b[HeaderBytes:]...) })},
 		{"unknown kind", mut(func(b []byte) []byte { b[3] = 77; return b })},
 		{"reserved set", mut(func(b []byte) []byte { b[6] = 1; return b })},
 		{"trailing byte", mut(func(b []byte) []byte { return append(b, 0) })},
@@ -175,7 +176,11 @@ func TestWireRefusesToEncodeBadOfferParts(t *testing.T) {
 // error, never panic, and whatever decodes must re-encode to the same bytes.
 func FuzzDecode(f *testing.F) {
 	f.Add(encode(&Done{Header: Header{Request: 1}, Bytes: 5}))
-	f.Add(encode(&Abort{Header: Header{Request: 2, Sub: 1}, Code: AbortCancelled, Reason: "x"}))
+	f.Add(encode(&Done{Header: Header{Request: 1, Nonce: 0xfedcba9876543210}, Bytes: 5}))
+	v1 := encode(&Done{Header: Header{Request: 1}, Bytes: 5}) // a version-1 peer: 16-byte header, no nonce
+	v1[2] = 1
+	f.Add(append(v1[:16], v1[HeaderBytes:]...))
+	f.Add(encode(&Abort{Header: Header{Request: 2, Sub: 1, Nonce: 7}, Code: AbortCancelled, Reason: "x"}))
 	f.Add(encode(&AbortAck{Header: Header{Request: 3}}))
 	f.Add(encode(&RequestInfo{Header: Header{Request: 4}, Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2}, ChunkBytes: 64, Depth: 2}))
 	f.Add(encode(&RequestInfo{Header: Header{Request: 5}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
@@ -188,7 +193,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(encode(&RMARelease{Header: Header{Request: 9}}))
 	f.Add(encode(&RMAOffer{Header: Header{Request: 10}, Flags: RMAOfferPart, Addr: 4096, PoolBytes: 1 << 20,
 		Layout: layout.Packed(testDims, layout.BlockMajor), Blocks: []int32{2, 3}, First: 1, Total: 3, Key: []byte{5}}))
-	d, _ := (&DataHeader{Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
+	d, _ := (&DataHeader{Header: Header{Nonce: 1 << 63}, Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
 	f.Add(append(d, 7))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(b)

@@ -88,6 +88,13 @@ type xfer struct {
 	pollAt     time.Time
 	wake       *time.Timer
 	armedAt    time.Time
+
+	// nonce is the transfer's generation on the wire (wire.go): drawn by the receiver (set
+	// before the goroutine starts), taken from its request-info by the sender; every message
+	// and tag carries it.
+	nonce uint64
+	// releaseTags gives back the data tags a receive reserved (TagReserver), or is nil.
+	releaseTags func()
 }
 
 // opRec is one posted send or receive and the slot it uses.
@@ -104,6 +111,7 @@ type event struct {
 	msg   Message
 	lost  error
 	ready bool // the caller marked more layers ready
+	early bool // msg is an abort the engine held with the request it follows
 }
 
 // mailbox queues events for a transfer's goroutine. push never blocks, so transport
@@ -158,8 +166,65 @@ func (x *xfer) apply(ev Event, cause error) bool {
 	return x.h.subApplyLocked(x, ev, cause)
 }
 
+// head is the header of this transfer's messages.
+func (x *xfer) head() Header { return Header{Sub: x.wireSub, Request: x.h.id, Nonce: x.nonce} }
+
+// tag is the data tag of chunk seq.
+func (x *xfer) tag(seq int) Tag {
+	return Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(seq), Nonce: x.nonce}
+}
+
+// ours reports whether a message from the peer belongs to this transfer: its nonce is ours.
+// A sender takes its nonce from the request it answers, so before that nothing is its own.
+func (x *xfer) ours(h Header) bool {
+	if x.nonce != 0 && h.Nonce == x.nonce {
+		return true
+	}
+	x.eng.stale.Add(1)
+	x.log().Debug("dropping a message of another transfer with this request id",
+		zap.Uint8("kind", uint8(h.Kind)), zap.Uint64("nonce", h.Nonce), zap.Uint64("ours", x.nonce))
+	return false
+}
+
+// maxNonceDraws bounds how often a receive draws a nonce whose tags collide (TagReserver).
+// With a 28-bit tag hash, 10,000 live transfers collide with a fresh draw about once in
+// 27,000; eight collisions in a row mean the tag space is full.
+const maxNonceDraws = 8
+
+// reserveTags reserves the receive's data tags where the transport can collide, drawing
+// another nonce on a collision. It reports false (the transfer ended) if no nonce fits.
+func (x *xfer) reserveTags() bool {
+	tr, ok := x.eng.tr.(TagReserver)
+	if !ok {
+		return true
+	}
+	var err error
+	for range maxNonceDraws {
+		var release func()
+		if release, err = tr.ReserveTags(x.peer, x.tag(0)); err == nil {
+			x.releaseTags = release
+			return true
+		}
+		if !errors.Is(err, ErrTagCollision) {
+			break
+		}
+		x.nonce = newNonce()
+	}
+	x.queuedExit(&RequestError{ID: x.h.id, Err: transportErr(err)})
+	return false
+}
+
+// giveBackTags releases the reserved tags once nothing of the transfer can match them: a
+// transfer that ends with operations the transport never finished keeps them for good.
+func (x *xfer) giveBackTags() {
+	if x.releaseTags != nil && x.outstanding == 0 && !x.blocksUnknown {
+		x.releaseTags()
+	}
+}
+
 func (x *xfer) run() {
 	defer x.eng.driverDone(x)
+	defer x.giveBackTags()
 	defer x.setAwaiting(false)
 	defer x.qcancel()
 	defer func() {
@@ -335,6 +400,9 @@ func (x *xfer) updateAwaiting() {
 // ---- receiving side ----
 
 func (x *xfer) runReceive() {
+	if !x.reserveTags() {
+		return
+	}
 	if x.directCapable() {
 		x.runReceiveDirect()
 		return
@@ -385,7 +453,7 @@ func (x *xfer) runReceiveDirect() {
 }
 
 func (x *xfer) sendRequestInfo() {
-	ri := &RequestInfo{Header: Header{Sub: x.wireSub, Request: x.h.id}, Shape: x.plan.Shape(),
+	ri := &RequestInfo{Header: x.head(), Shape: x.plan.Shape(),
 		ChunkBytes: x.chunk, Depth: int64(x.eng.cfg.PipelineDepth), Held: x.held, HeldOf: x.heldOf}
 	if x.layerCut {
 		ri.Flags |= FlagLayerCut
@@ -414,7 +482,7 @@ func (x *xfer) postRecv(slot *buffer.Slot) bool {
 	rec := &opRec{seq: x.nextSeq, slot: slot}
 	_, n := x.chunkRange(rec.seq)
 	buf := slot.Bytes()[:DataHeaderBytes+n]
-	id, err := x.eng.tr.PostRecv(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, buf,
+	id, err := x.eng.tr.PostRecv(x.peer, x.tag(rec.seq), buf,
 		func(c Completion) { x.box.push(event{op: rec, c: c}) })
 	if err != nil {
 		releaseSlot(slot) // never posted: the transport never saw it
@@ -428,7 +496,7 @@ func (x *xfer) postRecv(slot *buffer.Slot) bool {
 func (x *xfer) receivedChunk(rec *opRec, c Completion) {
 	dh, payload, err := DecodeData(rec.slot.Bytes()[:c.Bytes])
 	off, n := x.chunkRange(rec.seq)
-	if err == nil && (dh.Request != x.h.id || dh.Sub != x.wireSub || int(dh.Seq) != rec.seq || dh.Offset != off || dh.Length != n) {
+	if err == nil && (dh.Request != x.h.id || dh.Sub != x.wireSub || dh.Nonce != x.nonce || int(dh.Seq) != rec.seq || dh.Offset != off || dh.Length != n) {
 		err = fmt.Errorf("chunk header %+v does not match seq %d at offset %d, %d bytes", dh, rec.seq, off, n)
 	}
 	if err != nil {
@@ -465,7 +533,7 @@ func (x *xfer) receivedAll() {
 		return
 	}
 	x.layersReady.Store(x.plan.Selection().Layers())
-	_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: Header{Sub: x.wireSub, Request: x.h.id}, Bytes: x.plan.Bytes()}))
+	_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: x.head(), Bytes: x.plan.Bytes()}))
 	x.finish(EvComplete, nil)
 }
 
@@ -482,8 +550,13 @@ func (x *xfer) runSend() {
 				case *RequestInfo:
 					ri, x.backlog = m, evs[i+1:]
 				case *Abort:
-					x.queuedExit(peerAbortErr(x.h.id, m))
-					return
+					// Only an abort the engine held with its request (an early one) is known
+					// to be this transfer's; any other names a request this Send never saw.
+					if ev.early {
+						x.queuedExit(peerAbortErr(x.h.id, m))
+						return
+					}
+					x.ours(m.Header)
 				}
 				if ev.lost != nil {
 					x.queuedExit(ev.lost)
@@ -505,7 +578,7 @@ func (x *xfer) runSend() {
 			answered := false
 			for _, ev := range x.box.take(nil) {
 				if m, ok := ev.msg.(*RequestInfo); ok && !answered {
-					x.wireSub, answered = m.Sub, true
+					x.wireSub, x.nonce, answered = m.Sub, m.Nonce, true
 					x.sendAbort(code, cause)
 				}
 			}
@@ -515,7 +588,7 @@ func (x *xfer) runSend() {
 			return
 		}
 	}
-	x.wireSub = ri.Sub
+	x.wireSub, x.nonce = ri.Sub, ri.Nonce
 	err := x.applyHeld(ri)
 	if err == nil {
 		err = layout.CompatibleShapes(x.plan.Shape(), ri.Shape)
@@ -718,9 +791,9 @@ func (x *xfer) postSend(slot *buffer.Slot) bool {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
-	dh := DataHeader{Header: Header{Sub: x.wireSub, Request: x.h.id}, Seq: uint32(rec.seq), Offset: off, Length: n}
+	dh := DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: off, Length: n}
 	_, _ = dh.AppendBinary(buf[:0])
-	id, err := x.eng.tr.PostSend(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(rec.seq)}, buf,
+	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf,
 		func(c Completion) { x.box.push(event{op: rec, c: c}) })
 	if err != nil {
 		releaseSlot(slot)
@@ -845,12 +918,15 @@ func (x *xfer) handleEvent(ev event) {
 	case ev.ready:
 		x.onReady()
 	case ev.msg != nil:
+		if !x.ours(ev.msg.Head()) {
+			return
+		}
 		switch m := ev.msg.(type) {
 		case *Abort:
 			if m.Sub != x.wireSub && x.receive {
 				return
 			}
-			_ = x.eng.tr.SendControl(x.peer, encode(&AbortAck{Header: Header{Sub: x.wireSub, Request: x.h.id}}))
+			_ = x.eng.tr.SendControl(x.peer, encode(&AbortAck{Header: x.head()}))
 			x.abort(peerAbortErr(x.h.id, m), 0, x.eng.cfg.CancelGrace)
 		case *Done:
 			if !x.receive {
@@ -952,7 +1028,7 @@ func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
 }
 
 func (x *xfer) sendAbort(code AbortCode, cause error) {
-	_ = x.eng.tr.SendControl(x.peer, encode(&Abort{Header: Header{Sub: x.wireSub, Request: x.h.id}, Code: code, Reason: cause.Error()}))
+	_ = x.eng.tr.SendControl(x.peer, encode(&Abort{Header: x.head(), Code: code, Reason: cause.Error()}))
 }
 
 // quarantine reports the transfer failed while operations may still touch its slots, and
