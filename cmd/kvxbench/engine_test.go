@@ -56,6 +56,8 @@ func TestDriverOverTheEngine(t *testing.T) {
 		{"prefill-tp=2: half the heads each, ranges too small for gets", []string{"--prefill-tp", "2"}, "direct"},
 		{"prefill-tp=1 staging", []string{"--prefill-tp", "1", "--staging"}, "staging"},
 		{"prefill-tp=2 staging", []string{"--prefill-tp", "2", "--staging"}, "staging"},
+		{"block-major to layer-major: conversion by IOV messages", []string{"--decode-order", "layer-major"}, "direct"},
+		{"block-major to layer-major staging", []string{"--decode-order", "layer-major", "--staging"}, "staging"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {

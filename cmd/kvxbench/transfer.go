@@ -37,6 +37,7 @@ type transferFlags struct {
 	noRMA          bool
 	rmaEmulated    bool
 	lanes          int
+	decodeOrder    string
 	directChunk    string
 	http           string
 }
@@ -56,6 +57,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
 	fs.StringVar(&f.directChunk, "direct-chunk", "64MiB", "the largest message of the direct path (no slot bounds it)")
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
+	fs.StringVar(&f.decodeOrder, "decode-order", "", "the decode pool's order when it differs from --order (layout conversion on the way: block-major, layer-major or layer-major-nhd)")
 	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
 	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
@@ -162,6 +164,13 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		return runConfig{}, err
 	}
 	prefill, decode, err := sizePools(s, prompts, conc, f.prefillTP, memCap, f.layout.poolBlocks)
+	if err == nil && f.decodeOrder != "" {
+		o, perr := parseOrder(f.decodeOrder)
+		if perr != nil {
+			return runConfig{}, usagef("--decode-order %q: choose block-major, layer-major or layer-major-nhd", f.decodeOrder)
+		}
+		decode = layout.Packed(decode.Dims(), o) // a block's bytes are the same in every order
+	}
 	if err != nil {
 		return runConfig{}, err
 	}
