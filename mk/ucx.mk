@@ -3,6 +3,8 @@
 # and its Go tests, two-process ones included, in go-test.
 
 FUZZ_TARGETS += ./transfer:FuzzContextParams
+# A peer's worker address: refused by native.CheckAddress or survived by UCX, tried in a child process.
+FUZZ_TARGETS += ./native:FuzzWorkerAddress
 MICROBENCH_TARGETS += bench-ucx
 .PHONY: bench-ucx ucx-info
 

@@ -26,6 +26,10 @@ var (
 	ErrBusy = errors.New("kvxfer: in use")
 	// ErrInvalidArgument: a range, size or address given to the transport is wrong.
 	ErrInvalidArgument = errors.New("kvxfer: invalid argument")
+	// ErrBadAddress: a peer's worker address is not one this UCX can read (garbage, another
+	// UCX version's, cut short); the error is an *AddressError. UCX itself would abort the
+	// process on some of these, so Connect checks before UCX sees the bytes.
+	ErrBadAddress = errors.New("kvxfer: malformed worker address")
 	// ErrUCX: any other UCX failure.
 	ErrUCX = errors.New("kvxfer: ucx error")
 )

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package native
+
+import (
+	"fmt"
+)
+
+// AddressError says where a peer's worker address stops being one this process's UCX can
+// read. It matches ErrBadAddress.
+type AddressError struct {
+	Offset int    // byte of the address at fault
+	Reason string // what is wrong there
+}
+
+// Error implements error.
+func (e *AddressError) Error() string {
+	return fmt.Sprintf("%v: at byte %d: %s", ErrBadAddress, e.Offset, e.Reason)
+}
+
+// Unwrap returns ErrBadAddress.
+func (e *AddressError) Unwrap() error { return ErrBadAddress }
+
+// The packed worker address of UCX 1.13 (src/ucp/wireup/address.c), as ucp_worker_get_address
+// lays it out with the default UCX_ADDRESS_VERSION=v1 and UCX_UNIFIED_MODE=n:
+//
+//	header u8 (format version in the low 4 bits) | uuid u64 | [name: len u8 | bytes]
+//	per device: md u8 (0xff: no devices at all) | dev-len u8 | device address
+//	            | [paths u8] | [sys-device u8]
+//	  per transport (unless the md byte says the device is empty):
+//	            name checksum u16 | interface attributes (16 bytes) | iface-len u8 | iface address
+//
+// ucp_ep_create reads it with no length, trusting every count in it, and asserts on an unknown
+// version: a peer's garbage would read past the buffer or abort the process. CheckAddress walks
+// it with bounds before UCX does.
+const (
+	addrFlagLast      = 0x80 // dev-len, iface-len: the last device, the device's last transport
+	addrFlagEmptyDev  = 0x80 // md: a device without transports
+	addrFlagNumPaths  = 0x40 // dev-len: a paths byte follows the device address
+	addrFlagSysDevice = 0x20 // dev-len: a system device byte follows
+	addrFlagEPAddr    = 0x40 // iface-len: endpoint addresses follow (never in a worker address)
+	addrDevLenMask    = 0x1f
+	addrIfaceLenMask  = 0x3f
+	addrNullResource  = 0xff // md: the address lists no device
+	addrIfaceAttr     = 16   // the packed interface attributes of format v1, non-unified mode
+	addrMaxTransports = 64   // UCP_MAX_RESOURCES of the smallest UCX this builds against
+)
+
+// CheckAddress reports whether addr is a worker address this process's UCX reads the way it
+// reads local, its own worker's address: the same header byte (format version and flags, so
+// the same UCX_ADDRESS_VERSION on both sides), and every device and transport entry inside
+// the bytes given, ending exactly at their end. Anything else is an *AddressError.
+func CheckAddress(addr, local []byte) error {
+	withName, err := addressHasName(local)
+	if err != nil {
+		return fmt.Errorf("this worker's own address: %w", err)
+	}
+	if len(addr) == 0 {
+		return &AddressError{0, "empty"}
+	}
+	if addr[0] != local[0] {
+		return &AddressError{0, fmt.Sprintf("header %#02x (format version %d), this worker's is %#02x (version %d): "+
+			"both sides must run UCX with the same UCX_ADDRESS_VERSION", addr[0], addr[0]&0xf, local[0], local[0]&0xf)}
+	}
+	return walkAddress(addr, withName)
+}
+
+// addressHasName finds how this UCX lays out its own address: with the worker's name after
+// the uuid (UCX_ADDRESS_DEBUG_INFO) or without.
+func addressHasName(local []byte) (bool, error) {
+	errPlain := walkAddress(local, false)
+	if errPlain == nil {
+		return false, nil
+	}
+	if walkAddress(local, true) == nil {
+		return true, nil
+	}
+	return false, errPlain
+}
+
+// walkAddress checks the layout after the header byte.
+func walkAddress(b []byte, withName bool) error {
+	at := 1 + 8 // header, uuid
+	need := func(n int, what string) error {
+		if n < 0 || at+n > len(b) {
+			return &AddressError{at, fmt.Sprintf("%s of %d bytes runs past the %d-byte address", what, n, len(b))}
+		}
+		return nil
+	}
+	if err := need(0, "the uuid"); err != nil {
+		return err
+	}
+	if withName {
+		if err := need(1, "the name length"); err != nil {
+			return err
+		}
+		n := int(b[at])
+		at++
+		if err := need(n, "the worker name"); err != nil {
+			return err
+		}
+		at += n
+	}
+	if err := need(1, "the first device"); err != nil {
+		return err
+	}
+	if b[at] == addrNullResource {
+		at++
+		if at != len(b) {
+			return &AddressError{at, fmt.Sprintf("%d bytes after an address that lists no device", len(b)-at)}
+		}
+		return nil
+	}
+	transports := 0
+	for dev := 0; ; dev++ {
+		if err := need(2, fmt.Sprintf("device %d's md and length", dev)); err != nil {
+			return err
+		}
+		empty := b[at]&addrFlagEmptyDev != 0
+		lenByte := b[at+1]
+		at += 2
+		n := int(lenByte & addrDevLenMask)
+		if err := need(n, fmt.Sprintf("device %d's address", dev)); err != nil {
+			return err
+		}
+		at += n
+		for _, f := range []byte{addrFlagNumPaths, addrFlagSysDevice} {
+			if lenByte&f != 0 {
+				if err := need(1, fmt.Sprintf("device %d's paths or system device", dev)); err != nil {
+					return err
+				}
+				at++
+			}
+		}
+		for last := empty; !last; {
+			if transports++; transports > addrMaxTransports {
+				return &AddressError{at, fmt.Sprintf("more than %d transports", addrMaxTransports)}
+			}
+			if err := need(2+addrIfaceAttr+1, fmt.Sprintf("transport %d's checksum, attributes and length", transports-1)); err != nil {
+				return err
+			}
+			at += 2 + addrIfaceAttr
+			l := b[at]
+			at++
+			if l&addrFlagEPAddr != 0 {
+				return &AddressError{at - 1, fmt.Sprintf("transport %d carries endpoint addresses, which a worker address never does", transports-1)}
+			}
+			n := int(l & addrIfaceLenMask)
+			if err := need(n, fmt.Sprintf("transport %d's interface address", transports-1)); err != nil {
+				return err
+			}
+			at += n
+			last = l&addrFlagLast != 0
+		}
+		if lenByte&addrFlagLast != 0 {
+			break
+		}
+	}
+	if at != len(b) {
+		return &AddressError{at, fmt.Sprintf("%d bytes after the last device", len(b)-at)}
+	}
+	return nil
+}
