@@ -62,6 +62,9 @@ type Engine struct {
 	lastDemand atomic.Int64
 	malformed  atomic.Int64
 	stale      atomic.Int64 // messages of another transfer that reused a request id, dropped
+	// moverWedged is the first error by which a Mover said it cannot tell whether its copy
+	// ended (ErrQuiescenceUnknown); Health reports it until the process restarts.
+	moverWedged atomic.Pointer[error]
 }
 
 // routeKey finds the sub-transfer an inbound message belongs to. A request has at most one
@@ -296,6 +299,7 @@ type HealthSnapshot struct {
 	ProgressDeadline time.Duration // Config.ProgressDeadline
 	MalformedControl int64         // control messages that did not decode
 	StaleMessages    int64         // messages of an older transfer with the same request id (another nonce), dropped
+	MoverWedged      bool          // a Mover could not say whether its copy ended (ErrQuiescenceUnknown): the device is not trusted
 	TransportWedged  bool          // the transport reports it cannot deliver (TransportHealth)
 	Closed           bool          // the engine is closed
 }
@@ -305,8 +309,9 @@ type HealthSnapshot struct {
 // ones waiting on the model's layers, or ending without success one after another),
 // when more transfers wait in quarantine than the budget allows (those quarantined for good
 // with their caller's blocks poisoned are settled, not waiting), when more of the callers'
-// blocks are poisoned for good than Config.PoisonedBlockBudget, or when poisoned slots leave
-// fewer than MaxConcurrent. It never blocks.
+// blocks are poisoned for good than Config.PoisonedBlockBudget, when poisoned slots leave
+// fewer than MaxConcurrent, or once a Mover could not say whether its copy ended (a GPU kernel
+// past its timeout: the device is wedged). It never blocks.
 func (e *Engine) Health() Health {
 	st := e.pool.Stats()
 	s := HealthSnapshot{
@@ -343,6 +348,10 @@ func (e *Engine) Health() Health {
 			s.TransportWedged = true
 			why = append(why, err.Error())
 		}
+	}
+	if p := e.moverWedged.Load(); p != nil {
+		s.MoverWedged = true
+		why = append(why, fmt.Sprintf("mover wedged: %v", *p))
 	}
 	// A transfer quarantined for good with its caller's blocks poisoned is settled: the engine
 	// gave up on it and the caller owns the blocks. Only those still waiting count.

@@ -48,6 +48,11 @@ var (
 	ErrIncompatible = errors.New("kvxfer: incompatible layouts")
 	// ErrProtocol: a peer sent a message that breaks the wire protocol.
 	ErrProtocol = errors.New("kvxfer: protocol violation")
+	// ErrQuiescenceUnknown: a Mover cannot say whether its copy has ended (a GPU kernel that
+	// overran its timeout may still write). The engine then never releases the staging slot
+	// nor the caller's blocks: it poisons both, keeps the handle quarantined for good, and
+	// Health reports the mover wedged.
+	ErrQuiescenceUnknown = errors.New("kvxfer: the mover cannot say whether its copy ended")
 	// ErrTagCollision: a transport's data tags for a transfer would match another live
 	// transfer's (TagReserver); the engine draws another nonce and tries again.
 	ErrTagCollision = errors.New("kvxfer: data tags collide with another transfer's")

@@ -14,6 +14,11 @@ import (
 // through which the engine touches caller memory: the host mover works on a []byte pool, a
 // device mover (CUDA) will run the same plans on the GPU. The engine calls it from a
 // transfer's own goroutine only, and never after the transfer has ended.
+//
+// A Gather or Scatter that returns has finished its copy, whatever its error, unless the error
+// matches ErrQuiescenceUnknown: the mover cannot say whether the copy still runs (a device
+// kernel that overran its timeout may still write). The engine then poisons the staging slot
+// and the caller's blocks instead of releasing them, and Health reports the mover wedged.
 type Mover interface {
 	// Gather copies stream bytes [off, off+len(dst)) of p out of the pool into dst.
 	Gather(p *layout.Plan, off int64, dst []byte) error

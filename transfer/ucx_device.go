@@ -473,7 +473,8 @@ func (m *DeviceMover) plan(p *layout.Plan) (*cuda.DevicePlan, *cuda.Event, error
 }
 
 // run enqueues one kernel and waits for it, at most SyncTimeout. A kernel that overruns may
-// still write its slot, so the transport stops trusting the GPU: every later operation fails.
+// still write its slot and the pool, so its error matches ErrQuiescenceUnknown (the engine
+// poisons both) and the transport stops trusting the GPU: every later operation fails.
 func (m *DeviceMover) run(p *layout.Plan, launch func(dp *cuda.DevicePlan) error) error {
 	if err := m.d.usable(); err != nil {
 		return err
@@ -496,7 +497,7 @@ func (m *DeviceMover) run(p *layout.Plan, launch func(dp *cuda.DevicePlan) error
 		wedged := &DeviceMemoryError{Reason: fmt.Sprintf("a gather or scatter kernel did not finish within %v; the device staging region is no longer trusted", m.d.cfg.SyncTimeout), Err: err}
 		var werr error = wedged
 		m.d.wedged.CompareAndSwap(nil, &werr)
-		return wedged // the event is dropped, not reused: it may still fire
+		return fmt.Errorf("%w: %w", ErrQuiescenceUnknown, wedged) // the event is dropped, not reused: it may still fire
 	}
 	m.putEvent(ev)
 	return nil

@@ -505,7 +505,7 @@ func (x *xfer) receivedChunk(rec *opRec, c Completion) {
 		return
 	}
 	if err := x.mover.Scatter(x.plan, payload, off); err != nil {
-		releaseSlot(rec.slot)
+		x.moverFailed(rec.slot, rec.seq, err)
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
 		return
 	}
@@ -651,6 +651,25 @@ func (x *xfer) runSend() {
 	x.loop()
 }
 
+// moverFailed settles the slot of a Gather or Scatter that failed. A copy the mover cannot
+// say has ended (ErrQuiescenceUnknown: a GPU kernel past its timeout) may still touch the slot
+// and the caller's blocks, so both are poisoned, never released (L9): the transfer stays
+// quarantined for good and the engine reports the mover wedged. Any other failure ended the
+// copy, and the slot goes back.
+func (x *xfer) moverFailed(slot *buffer.Slot, seq int, err error) {
+	if !errors.Is(err, ErrQuiescenceUnknown) {
+		releaseSlot(slot)
+		return
+	}
+	reason := fmt.Sprintf("the mover cannot say whether its copy of seq %d ended: %v", seq, err)
+	rec := &opRec{seq: seq, slot: slot}
+	if slot != nil {
+		x.poison(rec, reason)
+	}
+	x.poisonBlocks(rec, reason)
+	x.eng.moverWedged.CompareAndSwap(nil, &err)
+}
+
 // releaseSlot releases a slot; nil (a direct transfer's pipeline place) holds nothing.
 func releaseSlot(s *buffer.Slot) {
 	if s != nil {
@@ -787,7 +806,7 @@ func (x *xfer) postSend(slot *buffer.Slot) bool {
 	}
 	buf := slot.Bytes()[:DataHeaderBytes+n]
 	if err := x.mover.Gather(x.plan, off, buf[DataHeaderBytes:]); err != nil {
-		releaseSlot(slot)
+		x.moverFailed(slot, rec.seq, err)
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
