@@ -114,7 +114,8 @@ func TestL12_WedgedEngineAnswers503(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(began), deadline, "not before the progress deadline")
 	require.Contains(t, body, "no transfer progressed")
 	require.Contains(t, body, "in flight")
-	require.False(t, p.prefill.Health().Healthy, "the sender is wedged too")
+	// The sender's clock started when the receiver's request reached it, a little later.
+	eventually(t, deadline+waitBound, func() bool { return !p.prefill.Health().Healthy }, "the sender is wedged too")
 	_, metrics := get(t, srv, http.MethodGet, "/metrics")
 	require.Contains(t, metrics, `kvxfer_healthy{engine="decode"} 0`)
 	require.Contains(t, metrics, `kvxfer_transfers_in_flight{engine="decode"} 1`)
