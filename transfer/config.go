@@ -17,8 +17,10 @@ type Config struct {
 	// SlotBytes-DataHeaderBytes bytes of KV. Peers must agree (the receiver's chunk size must
 	// fit the sender's slots). Default 4 MiB.
 	SlotBytes int64
-	// MaxConcurrent is the most transfers that may hold staging slots at once; more wait
-	// queued. Default 64.
+	// MaxConcurrent is the most sub-transfers past Queued at once (advertised, in flight, or
+	// quarantined while their goroutine still waits on the transport), whether they hold
+	// staging slots or take the one-copy path and hold none; more wait queued, bounded by
+	// QueueTimeout (a Send only once its receiver's request came). Default 64.
 	MaxConcurrent int
 	// PipelineDepth is the most slots one transfer holds, so chunk i+1 is gathered while
 	// chunk i is on the wire. A transfer needs only one to progress; the others are taken
@@ -66,7 +68,8 @@ type Config struct {
 	MaxPending int
 	// PendingTTL is how long such a request is kept. Default 30s.
 	PendingTTL time.Duration
-	// CloseTimeout bounds Close. Default 10s.
+	// CloseTimeout bounds how long Close waits for the transfers to end, and Drain when its
+	// context has no deadline; the transport's force close adds its own bound. Default 10s.
 	CloseTimeout time.Duration
 	// PollBudget is how long one Transport.Progress call may wait for work. Default 5ms.
 	PollBudget time.Duration

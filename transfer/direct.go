@@ -58,9 +58,12 @@ func (x *xfer) iov(off, n int64) ([][]byte, error) {
 }
 
 // startDirect leaves Queued without a slot: a direct transfer holds none (so it needs none to
-// make progress, and the slot accounting of L5/L13 does not see it). It returns false if the
-// transfer was cancelled first.
+// make progress, and the slot accounting of L5 does not see it), only one of the engine's
+// MaxConcurrent tokens (L13). It returns false if the transfer ended first.
 func (x *xfer) startDirect() bool {
+	if !x.admit() {
+		return false
+	}
 	if !x.apply(EvAdvertise, nil) {
 		return false
 	}

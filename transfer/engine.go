@@ -34,6 +34,10 @@ type Engine struct {
 	unanswered map[routeKey]unanswered
 	closed     bool
 
+	// admission holds one token per sub-transfer past Queued (Config.MaxConcurrent), taken
+	// before the first slot lease or the one-copy start and given back when its goroutine ends.
+	admission chan struct{}
+
 	closing      chan struct{} // closed once the transport is force-closed during Close
 	stopProgress chan struct{}
 	progressDone chan struct{}
@@ -114,7 +118,8 @@ func New(tr Transport, cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
-		closing: make(chan struct{}), stopProgress: make(chan struct{}), progressDone: make(chan struct{}),
+		admission: make(chan struct{}, cfg.MaxConcurrent),
+		closing:   make(chan struct{}), stopProgress: make(chan struct{}), progressDone: make(chan struct{}),
 	}
 	e.direct, _ = tr.(DirectTransport)
 	e.stallFrom.Store(time.Now().UnixNano())
@@ -418,8 +423,11 @@ func (e *Engine) idle(now int64) bool {
 	return last <= e.stallFrom.Load() || time.Duration(now-last) > e.cfg.ProgressDeadline
 }
 
-// Drain waits until every transfer has ended and is quiescent, or ctx is done. It is the only
-// blocking call for callers, meant for shutdown.
+// Drain waits until every transfer's goroutine has ended, or ctx is done (Config.CloseTimeout
+// when ctx has no deadline); it does not refuse new transfers. A transfer whose goroutine has
+// ended has its outcome and is quiescent, except one whose caller's blocks are poisoned for
+// good (Status.BlocksPoisoned, counted in HealthSnapshot.BlocksPoisoned): that one never
+// quiesces, and Drain does not wait for it. Meant for shutdown, before Close.
 func (e *Engine) Drain(ctx context.Context) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -444,7 +452,10 @@ func (e *Engine) waitDrivers(ctx context.Context) error {
 
 // Close stops the engine: new Sends and Receives fail with ErrClosed, every live transfer is
 // cancelled, the transport is force-closed, slots it cannot prove done are poisoned, and the
-// goroutines end. It waits at most Config.CloseTimeout. Handles stay readable.
+// goroutines end. It waits for the transfers at most Config.CloseTimeout in all (CancelGrace of
+// it for them to stop gracefully); the transport's force close in between takes its own
+// bounded time (Transport.Close), and the progress goroutine ends within one PollBudget.
+// Handles stay readable.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	if e.closed {

@@ -1235,6 +1235,65 @@ func TestL13_PoolBelowConcurrencyIsRefused(t *testing.T) {
 	require.Contains(t, err.Error(), "needs at least 8 slots")
 }
 
+// activeSubs counts an engine's sub-transfers past Queued and not yet ended, and the most it
+// ever saw at once.
+type activeSubs struct {
+	NopObserver
+	now, most atomic.Int64
+}
+
+func (a *activeSubs) OnTransition(_ RequestID, sub int, from, to State, _ Event) {
+	if sub < 0 {
+		return
+	}
+	if from == Queued && to != Queued && !to.Terminal() {
+		n := a.now.Add(1)
+		for m := a.most.Load(); n > m && !a.most.CompareAndSwap(m, n); m = a.most.Load() {
+		}
+	} else if from != Queued && (to.Terminal() || to == Quarantined) && from != Quarantined {
+		a.now.Add(-1)
+	}
+}
+
+// L13: MaxConcurrent is the most transfers past Queued at once on the real engine, whether
+// they hold staging slots (here fewer than the pool has) or none (the one-copy path); the
+// others wait queued and all complete.
+func TestL13_MaxConcurrentIsEnforced(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			const maxConc, requests = 2, 6
+			cfg := fastConfig()
+			cfg.MaxConcurrent, cfg.NumSlots, cfg.PipelineDepth = maxConc, 8, 1
+			cfg.DirectChunkBytes = 512
+			cfg.DisableDirect = !direct
+			rcv, snd := &activeSubs{}, &activeSubs{}
+			scfg, rcfg := cfg, cfg
+			scfg.Observer, rcfg.Observer = snd, rcv
+			p := newPair(t, scfg, rcfg)
+			// Every chunk takes 20 ms on the wire, so requests that were let through would
+			// all be in flight together.
+			p.net.SetFault(dataOnly(Fault{Delay: 20 * time.Millisecond}))
+			var hs []*Handle
+			for id := RequestID(1); id <= requests; id++ {
+				src, dst := pools(t, uint64(id))
+				if direct {
+					p.net.eps["prefill"].AllowDirect(src.mem)
+					p.net.eps["decode"].AllowDirect(dst.mem)
+				}
+				s, r := p.start(t, id, src, dst)
+				hs = append(hs, s, r)
+			}
+			for _, h := range hs {
+				waitClosed(t, h.Quiesced(), "transfer")
+				requireState(t, h, Completed)
+				require.Equal(t, direct, h.Path() != PathStaging, "path %v", h.Path())
+			}
+			require.Equal(t, int64(maxConc), rcv.most.Load(), "receiving engine")
+			require.Equal(t, int64(maxConc), snd.most.Load(), "sending engine")
+		})
+	}
+}
+
 // TestL13_RequestLargerThanTheStagingPoolStreams moves a 64k-token request through two 4 MiB
 // slots per side: it must complete, and allocate a small fraction of its size.
 func TestL13_RequestLargerThanTheStagingPoolStreams(t *testing.T) {

@@ -68,6 +68,7 @@ var idleWaits = []string{
 	"transfer.(*MemTransport).dispatch(",
 	"transfer.(*MemTransport).Progress(",
 	"buffer.(*Pool).Lease(",
+	"transfer.(*xfer).admit(",         // waiting for one of MaxConcurrent
 	"transfer.(*Engine).waitDrivers(", // a Drain
 }
 

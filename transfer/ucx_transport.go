@@ -242,6 +242,9 @@ type ucxReport struct {
 	busy *ucxOp          // a cancelled send still on the wire
 	lost Peer            // a peer whose endpoint failed
 	err  error
+	// connected: a peer this transport just opened an endpoint to (first or again), for
+	// the engine's PeerConnectReporter
+	connected Peer
 }
 
 // PeerFromAddress names the peer at a UCX worker address, as UCXTransport does.
@@ -362,6 +365,7 @@ func (t *UCXTransport) endpointLocked(peer Peer) (*native.Endpoint, error) {
 	}
 	t.eps[peer] = ep
 	go t.watch(peer, ep)
+	t.push(ucxReport{connected: peer}) // from the dispatch goroutine, never inside this call
 	return ep, nil
 }
 
@@ -566,6 +570,13 @@ func (t *UCXTransport) dispatch() {
 
 func (t *UCXTransport) deliver(r ucxReport) {
 	switch {
+	case r.connected != "":
+		t.mu.Lock()
+		in := t.in
+		t.mu.Unlock()
+		if rep, ok := in.(PeerConnectReporter); ok {
+			rep.OnPeerConnected(r.connected)
+		}
 	case r.lost != "":
 		t.mu.Lock()
 		in := t.in

@@ -39,6 +39,8 @@ type xfer struct {
 	layersReady atomic.Int64
 	// path is the Path this sub takes, for Handle.Path (set by its goroutine).
 	path atomic.Int32
+	// admitted: the sub holds one of the engine's MaxConcurrent tokens (its goroutine's).
+	admitted bool
 
 	box       mailbox
 	qctx      context.Context
@@ -225,6 +227,11 @@ func (x *xfer) giveBackTags() {
 func (x *xfer) run() {
 	defer x.eng.driverDone(x)
 	defer x.giveBackTags()
+	defer func() {
+		if x.admitted {
+			<-x.eng.admission
+		}
+	}()
 	defer x.setAwaiting(false)
 	defer x.qcancel()
 	defer func() {
@@ -301,6 +308,9 @@ func (x *xfer) queueErr(err error) error {
 // lease takes the first slot (waiting, bounded by the queue context) and advertises. It
 // returns false if the transfer ended instead.
 func (x *xfer) lease() (*buffer.Slot, bool) {
+	if !x.admit() {
+		return nil, false
+	}
 	slot, err := x.eng.pool.Lease(x.qctx)
 	if err != nil {
 		x.queuedExit(x.queueErr(err))
@@ -313,6 +323,20 @@ func (x *xfer) lease() (*buffer.Slot, bool) {
 	x.path.Store(int32(PathStaging))
 	x.qcancel() // the queued phase is over; free its timer now, not when the transfer ends
 	return slot, true
+}
+
+// admit waits, bounded by the queue context, for one of the engine's MaxConcurrent tokens: the
+// sub-transfer keeps it until its goroutine ends, staging or one-copy alike. It returns false
+// if the transfer ended instead.
+func (x *xfer) admit() bool {
+	select {
+	case x.eng.admission <- struct{}{}:
+		x.admitted = true
+		return true
+	case <-x.qctx.Done():
+		x.queuedExit(x.queueErr(context.Cause(x.qctx)))
+		return false
+	}
 }
 
 // extraSlots takes up to depth-1 more slots, only if free: a transfer never waits for a second
@@ -893,8 +917,17 @@ func (x *xfer) loop() {
 			x.abort(x.stopCause, code, grace)
 		case <-closing:
 			closing = nil
-			x.quarantine()
-			x.poisonOutstanding("engine closed: the force-closed transport never proved it was done")
+			// The force close reported its verdicts before the signal: take them first, so
+			// only operations it never proved done are poisoned (select picks at random).
+			x.scratch = x.box.take(x.scratch)
+			for _, ev := range x.scratch {
+				x.handleEvent(ev)
+			}
+			clear(x.scratch)
+			if !x.ended {
+				x.quarantine()
+				x.poisonOutstanding("engine closed: the force-closed transport never proved it was done")
+			}
 		case now := <-x.wakeC():
 			x.armedAt = time.Time{} // fired: the next arm must set it again
 			x.timersDue(now, &backoff)
