@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package discovery
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// Errors of the package; the typed errors below match them through errors.Is.
+var (
+	// ErrNotFound: no live worker has that name (it never published, withdrew, or died and
+	// its lease ran out).
+	ErrNotFound = errors.New("kvxfer/discovery: no such worker")
+	// ErrUnavailable: the registry did not answer within Config.LookupTimeout, retries
+	// included; the error is an *UnavailableError.
+	ErrUnavailable = errors.New("kvxfer/discovery: registry unavailable")
+	// ErrInvalid: a Worker, target or Config is malformed; nothing was published.
+	ErrInvalid = errors.New("kvxfer/discovery: invalid input")
+	// ErrClosed: the Registry is closed.
+	ErrClosed = errors.New("kvxfer/discovery: registry closed")
+)
+
+// UnavailableError says which registry did not answer, how often it was asked, and the last
+// failure.
+type UnavailableError struct {
+	Target   string
+	Op       string
+	Attempts int
+	Err      error
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("kvxfer/discovery: %s on %s: no answer after %d attempts: %v", e.Op, e.Target, e.Attempts, e.Err)
+}
+
+// Unwrap matches ErrUnavailable and the last failure.
+func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.Err} }
+
+// Worker is what one worker publishes about itself.
+type Worker struct {
+	// Name is unique in the deployment ("prefill-0"): letters, digits, '.', '_', '-', at
+	// most 128.
+	Name string `json:"name"`
+	// Role is what it does: "prefill" or "decode", say. Required.
+	Role string `json:"role"`
+	// Incarnation identifies this life of the worker (ContextParams.Incarnation for a UCX
+	// transport); a restarted worker publishes a new one. Non-zero.
+	Incarnation uint64 `json:"incarnation"`
+	// Address is the transport's address (UCXTransport.WorkerAddress); empty while the
+	// worker has no engine yet.
+	Address []byte `json:"address,omitempty"`
+	// Endpoints are named addresses of the worker's other services: "control", "http".
+	Endpoints map[string]string `json:"endpoints,omitempty"`
+	// Protocol is the wire protocol version and features the worker speaks.
+	Protocol Protocol `json:"protocol"`
+}
+
+// Protocol is a worker's wire protocol version and the features it speaks.
+type Protocol struct {
+	Version  int      `json:"version"`
+	Features []string `json:"features,omitempty"`
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// Validate checks what Publish requires; the error matches ErrInvalid and names the field.
+func (w *Worker) Validate() error {
+	switch {
+	case !nameRE.MatchString(w.Name):
+		return fmt.Errorf("%w: Worker.Name %q: want 1 to 128 of [A-Za-z0-9._-]", ErrInvalid, w.Name)
+	case w.Role == "" || len(w.Role) > 64:
+		return fmt.Errorf("%w: Worker.Role %q: want 1 to 64 bytes", ErrInvalid, w.Role)
+	case w.Incarnation == 0:
+		return fmt.Errorf("%w: Worker.Incarnation: zero (give each life of the worker its own, non-zero)", ErrInvalid)
+	case len(w.Address) > transfer.ContextParamsMaxAddress:
+		return fmt.Errorf("%w: Worker.Address: %d bytes, at most %d", ErrInvalid, len(w.Address), transfer.ContextParamsMaxAddress)
+	}
+	return nil
+}
+
+// Registry publishes workers and looks them up. Implementations are safe for concurrent use.
+type Registry interface {
+	// Publish announces w and keeps it announced (renewing its lease) until the
+	// Registration is withdrawn or the Registry closed. Publishing the same name again
+	// replaces the entry: a restarted worker, with its new Incarnation.
+	Publish(ctx context.Context, w Worker) (Registration, error)
+	// Lookup returns the live worker called name, or an error matching ErrNotFound. An
+	// unreachable registry is retried with backoff, bounded by Config.LookupTimeout and ctx.
+	Lookup(ctx context.Context, name string) (Worker, error)
+	// List returns the live workers of role ("" for all), sorted by name; retried as Lookup.
+	List(ctx context.Context, role string) ([]Worker, error)
+	// Close withdraws every Registration made through it and releases the connection.
+	Close() error
+}
+
+// Registration is one published worker.
+type Registration interface {
+	// Worker is what was published.
+	Worker() Worker
+	// Withdraw removes the entry (only if it is still this incarnation's) and stops
+	// renewing it. Safe to call more than once.
+	Withdraw(ctx context.Context) error
+}
+
+// Config configures both backends.
+type Config struct {
+	// TTL is how long a worker's entry outlives its last renewal: a dead worker disappears
+	// within it. Default 10s; at least 1s (etcd's minimum lease).
+	TTL time.Duration
+	// LookupTimeout bounds a lookup's retries against an unreachable registry. Default 5s.
+	LookupTimeout time.Duration
+	// Logger hears about renewals that failed and entries re-published. Default no-op.
+	Logger *zap.Logger
+}
+
+// Defaults.
+const (
+	DefaultTTL           = 10 * time.Second
+	DefaultLookupTimeout = 5 * time.Second
+	MinTTL               = time.Second
+)
+
+func (c Config) withDefaults() (Config, error) {
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.LookupTimeout == 0 {
+		c.LookupTimeout = DefaultLookupTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	switch {
+	case c.TTL < MinTTL:
+		return c, fmt.Errorf("%w: Config.TTL %v: at least %v", ErrInvalid, c.TTL, MinTTL)
+	case c.LookupTimeout < 0:
+		return c, fmt.Errorf("%w: Config.LookupTimeout %v: negative", ErrInvalid, c.LookupTimeout)
+	}
+	c.TTL = c.TTL.Round(time.Second)
+	return c, nil
+}
+
+// Open connects to the registry target names: "http://HOST:PORT" (an embedded registry,
+// Serve or Handler), or "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]" (default prefix
+// "/kvxfer"). It does not wait for the registry to answer: a registry that is down yet makes
+// the first calls retry.
+func Open(target string, cfg Config) (Registry, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(target)
+	if err != nil {
+		return nil, fmt.Errorf("%w: target %q: %v", ErrInvalid, target, err)
+	}
+	switch u.Scheme {
+	case "http":
+		if u.Host == "" {
+			return nil, fmt.Errorf("%w: target %q: no host", ErrInvalid, target)
+		}
+		return newHTTPRegistry(strings.TrimSuffix(target, "/"), cfg), nil
+	case "etcd":
+		if u.Host == "" {
+			return nil, fmt.Errorf("%w: target %q: no endpoints (etcd://HOST:PORT[,HOST:PORT]/PREFIX)", ErrInvalid, target)
+		}
+		prefix := strings.TrimSuffix(u.Path, "/")
+		if prefix == "" {
+			prefix = "/kvxfer"
+		}
+		var eps []string
+		for _, h := range strings.Split(u.Host, ",") {
+			eps = append(eps, "http://"+h)
+		}
+		return newEtcdRegistry(target, eps, prefix, cfg)
+	default:
+		return nil, fmt.Errorf("%w: target %q: want http://HOST:PORT or etcd://HOST:PORT/PREFIX", ErrInvalid, target)
+	}
+}
+
+// CheckParams compares cp with what the registry says of its sender, the worker called
+// name, now: the same transport address and Incarnation. A sender that died (no entry) or
+// restarted (another incarnation or address) fails at once with an error matching
+// transfer.ErrStaleIncarnation, rather than a transfer that waits out its deadline; an
+// unreachable registry fails with ErrUnavailable.
+func CheckParams(ctx context.Context, r Registry, name string, cp *transfer.ContextParams) error {
+	w, err := r.Lookup(ctx, name)
+	if errors.Is(err, ErrNotFound) {
+		return &transfer.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Reason: "the worker is gone from the registry"}
+	}
+	if err != nil {
+		return err
+	}
+	if w.Incarnation != cp.Incarnation {
+		return &transfer.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker restarted"}
+	}
+	if len(w.Address) > 0 && !bytes.Equal(w.Address, cp.WorkerAddress) {
+		return &transfer.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker's transport address changed"}
+	}
+	return nil
+}
+
+// retry runs op until it succeeds, fails for good (permanent returns true), ctx ends or
+// bound passes, backing off from 20ms, doubling to 500ms.
+func retry(ctx context.Context, bound time.Duration, target, what string, permanent func(error) bool, op func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	wait := 20 * time.Millisecond
+	var last error
+	for attempt := 1; ; attempt++ {
+		last = op(ctx)
+		if last == nil || permanent(last) {
+			return last
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return &UnavailableError{Target: target, Op: what, Attempts: attempt, Err: last}
+		case <-t.C:
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}

@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package discovery lets prefill and decode workers find each other: each publishes its
+// identity (name, role, incarnation, transport address, named endpoints, protocol version
+// and features) and looks the others up by name or role.
+//
+// One interface, Registry, has two backends, chosen by Open's target:
+//
+//	http://HOST:PORT              the embedded default: a small HTTP registry (Handler, Serve)
+//	                              that one process of the deployment runs; needs nothing else
+//	etcd://HOST:PORT[,HOST:PORT]/PREFIX
+//	                              etcd (v3 API), the store a serving cluster already runs
+//
+// Both keep an entry alive only while its worker does: Publish holds a lease of Config.TTL
+// (etcd's lease; a heartbeat for the HTTP registry) and renews it until Withdraw or Close, so
+// a worker that dies disappears within the TTL, and one that restarts publishes a new
+// Incarnation under the same name. CheckParams compares a ContextParams with what the
+// registry says of its sender now and fails with transfer.ErrStaleIncarnation when the
+// sender has died or restarted since, so a request is never pulled from the wrong life.
+//
+// Lookups retry an unreachable registry with exponential backoff, bounded by
+// Config.LookupTimeout, then fail with an error matching ErrUnavailable. A registry going
+// away touches nothing already found: transfers under way run on the transport, not here.
+package discovery

@@ -1,0 +1,363 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package discovery
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// waitBound bounds every wait here.
+const waitBound = 15 * time.Second
+
+// testEtcd is a real etcd server in this process, on 127.0.0.1.
+type testEtcd struct {
+	t            *testing.T
+	dir          string
+	client, peer url.URL
+	e            *embed.Etcd
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startEtcd starts a one-member etcd with fast ticks (a 1s lease is its minimum then) and
+// stops it when the test ends.
+func startEtcd(t *testing.T) *testEtcd {
+	t.Helper()
+	s := &testEtcd{t: t, dir: t.TempDir()}
+	s.client = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	s.peer = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	s.start()
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *testEtcd) start() {
+	s.t.Helper()
+	cfg := embed.NewConfig()
+	cfg.Name = "kvxfer-test"
+	cfg.Dir = s.dir
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{s.client}, []url.URL{s.client}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{s.peer}, []url.URL{s.peer}
+	cfg.InitialCluster = cfg.Name + "=" + s.peer.String()
+	cfg.TickMs, cfg.ElectionMs = 10, 100
+	cfg.LogLevel = "fatal"
+	e, err := embed.StartEtcd(cfg)
+	require.NoError(s.t, err)
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(waitBound):
+		e.Close()
+		s.t.Fatal("etcd did not start")
+	}
+	s.e = e
+}
+
+func (s *testEtcd) stop() {
+	if s.e != nil {
+		s.e.Close()
+		s.e = nil
+	}
+}
+
+func (s *testEtcd) target() string { return "etcd://" + s.client.Host + "/kvxfer-test" }
+
+// proxy forwards TCP from its own 127.0.0.1 port to to; cut closes the listener and every
+// connection (the registry is unreachable: a cut link, not a slow shutdown), and restore
+// listens again on the same port.
+type proxy struct {
+	t     *testing.T
+	addr  string
+	to    string
+	mu    sync.Mutex
+	ln    net.Listener
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newProxy(t *testing.T, to string) *proxy {
+	p := &proxy{t: t, to: to, addr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	p.restore()
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *proxy) restore() {
+	ln, err := net.Listen("tcp", p.addr)
+	require.NoError(p.t, err)
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", p.to)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go func() { defer p.wg.Done(); _, _ = io.Copy(u, c); u.Close() }()
+			go func() { defer p.wg.Done(); _, _ = io.Copy(c, u); c.Close() }()
+		}
+	}()
+}
+
+func (p *proxy) cut() {
+	p.mu.Lock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func openEtcd(t *testing.T, s *testEtcd, cfg Config) *etcdRegistry {
+	t.Helper()
+	r, err := Open(s.target(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return r.(*etcdRegistry)
+}
+
+func worker(name, role string, inc uint64) Worker {
+	return Worker{Name: name, Role: role, Incarnation: inc, Address: []byte("ucx-" + name + fmt.Sprint(inc)),
+		Endpoints: map[string]string{"control": "127.0.0.1:7400"}, Protocol: Protocol{Version: 1, Features: []string{"rma"}}}
+}
+
+func TestEtcd_PublishLookupList(t *testing.T) {
+	s := startEtcd(t)
+	r := openEtcd(t, s, Config{TTL: time.Second})
+	ctx := t.Context()
+	p0 := worker("prefill-0", "prefill", 1)
+	_, err := r.Publish(ctx, p0)
+	require.NoError(t, err)
+	_, err = r.Publish(ctx, worker("decode-0", "decode", 2))
+	require.NoError(t, err)
+
+	got, err := r.Lookup(ctx, "prefill-0")
+	require.NoError(t, err)
+	require.Equal(t, p0, got)
+	_, err = r.Lookup(ctx, "prefill-9")
+	require.ErrorIs(t, err, ErrNotFound)
+
+	ws, err := r.List(ctx, "decode")
+	require.NoError(t, err)
+	require.Len(t, ws, 1)
+	require.Equal(t, "decode-0", ws[0].Name)
+	ws, err = r.List(ctx, "")
+	require.NoError(t, err)
+	require.Len(t, ws, 2)
+
+	bad := p0
+	bad.Incarnation = 0
+	_, err = r.Publish(ctx, bad)
+	require.ErrorIs(t, err, ErrInvalid)
+	bad = p0
+	bad.Name = "a/b"
+	_, err = r.Publish(ctx, bad)
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// A worker that dies (stops renewing without withdrawing) disappears within the TTL; one that
+// withdraws disappears at once.
+func TestEtcd_DeadWorkerExpires(t *testing.T) {
+	s := startEtcd(t)
+	const ttl = time.Second
+	pub := openEtcd(t, s, Config{TTL: ttl})
+	look := openEtcd(t, s, Config{TTL: ttl})
+	ctx := t.Context()
+	reg, err := pub.Publish(ctx, worker("prefill-0", "prefill", 7))
+	require.NoError(t, err)
+
+	// Alive for longer than its TTL: the lease is renewed.
+	for start := time.Now(); time.Since(start) < 2*ttl; time.Sleep(100 * time.Millisecond) {
+		_, err = look.Lookup(ctx, "prefill-0")
+		require.NoError(t, err, "a live worker outlives its TTL")
+	}
+
+	died := time.Now()
+	reg.(*etcdRegistration).abandon()
+	require.Eventually(t, func() bool {
+		_, err := look.Lookup(ctx, "prefill-0")
+		return errors.Is(err, ErrNotFound)
+	}, waitBound, 20*time.Millisecond)
+	// etcd checks leases every 500ms: the entry is gone within the TTL and that check.
+	require.Less(t, time.Since(died), ttl+3*time.Second, "a dead worker's entry ends with its lease")
+
+	reg2, err := pub.Publish(ctx, worker("decode-0", "decode", 8))
+	require.NoError(t, err)
+	require.NoError(t, reg2.Withdraw(ctx))
+	_, err = look.Lookup(ctx, "decode-0")
+	require.ErrorIs(t, err, ErrNotFound, "withdrawn at once")
+	require.NoError(t, reg2.Withdraw(ctx), "a second withdraw is harmless")
+}
+
+// A worker that restarts publishes a new incarnation under its name: lookups see it at once,
+// params of the old life are stale, and the old lease running out does not remove the new
+// entry.
+func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
+	s := startEtcd(t)
+	const ttl = time.Second
+	old := openEtcd(t, s, Config{TTL: ttl})
+	look := openEtcd(t, s, Config{TTL: ttl})
+	ctx := t.Context()
+	reg, err := old.Publish(ctx, worker("prefill-0", "prefill", 1))
+	require.NoError(t, err)
+	oldLease := reg.(*etcdRegistration).lease
+	oldParams := &transfer.ContextParams{Incarnation: 1, WorkerAddress: reg.Worker().Address}
+	require.NoError(t, CheckParams(ctx, look, "prefill-0", oldParams))
+	reg.(*etcdRegistration).abandon() // killed
+
+	restarted := openEtcd(t, s, Config{TTL: ttl})
+	_, err = restarted.Publish(ctx, worker("prefill-0", "prefill", 2))
+	require.NoError(t, err)
+	got, err := look.Lookup(ctx, "prefill-0")
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), got.Incarnation)
+
+	err = CheckParams(ctx, look, "prefill-0", oldParams)
+	require.ErrorIs(t, err, transfer.ErrStaleIncarnation)
+	var se *transfer.StaleIncarnationError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, uint64(1), se.Have)
+	require.Equal(t, uint64(2), se.Current)
+
+	// The old lease runs out; the new entry stays.
+	require.Eventually(t, func() bool {
+		ttlResp, err := look.cli.TimeToLive(ctx, oldLease)
+		return err == nil && ttlResp.TTL == -1
+	}, waitBound, 50*time.Millisecond)
+	got, err = look.Lookup(ctx, "prefill-0")
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), got.Incarnation)
+
+	// And once the new life dies too, its params are stale as well: the worker is gone.
+	newParams := &transfer.ContextParams{Incarnation: 2, WorkerAddress: got.Address}
+	require.NoError(t, CheckParams(ctx, look, "prefill-0", newParams))
+	require.NoError(t, restarted.Close())
+	err = CheckParams(ctx, look, "prefill-0", newParams)
+	require.ErrorIs(t, err, transfer.ErrStaleIncarnation)
+}
+
+// etcd going away: lookups fail with ErrUnavailable after bounded retries, a transfer already
+// under way completes regardless, and once etcd is back the publisher's entry is there again.
+func TestEtcd_Unreachable(t *testing.T) {
+	s := startEtcd(t)
+	px := newProxy(t, s.client.Host)
+	target := "etcd://" + px.addr + "/kvxfer-test"
+	const ttl = time.Second
+	const bound = 300 * time.Millisecond
+	open := func(cfg Config) Registry {
+		r, err := Open(target, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	pub := open(Config{TTL: ttl})
+	look := open(Config{TTL: ttl, LookupTimeout: bound})
+	ctx := t.Context()
+	_, err := pub.Publish(ctx, worker("prefill-0", "prefill", 3))
+	require.NoError(t, err)
+	_, err = look.Lookup(ctx, "prefill-0")
+	require.NoError(t, err)
+
+	// A transfer under way: decode's Receive is posted and waiting for the sender.
+	l := layout.Packed(layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 2, HeadDim: 16, ElemSize: 2, TokensPerBlock: 4, NumBlocks: 4}, layout.BlockMajor)
+	mem := transfer.NewMemNetwork()
+	prefill, err := transfer.New(mem.Transport("prefill-0"), transfer.Config{})
+	require.NoError(t, err)
+	defer prefill.Close()
+	decode, err := transfer.New(mem.Transport("decode-0"), transfer.Config{})
+	require.NoError(t, err)
+	defer decode.Close()
+	src, dst := make([]byte, l.SpanBytes()), make([]byte, l.SpanBytes())
+	for i := range src {
+		src[i] = byte(i*31 + 7)
+	}
+	plan, err := layout.NewPlan(l, l.All(), []int32{0, 1, 2, 3})
+	require.NoError(t, err)
+	recv, err := decode.Receive(ctx, transfer.Spec{ID: 1, Peer: "prefill-0", Plan: plan, Pool: dst, Timeout: waitBound})
+	require.NoError(t, err)
+	defer recv.Release()
+
+	px.cut()
+	start := time.Now()
+	_, err = look.Lookup(ctx, "prefill-0")
+	require.ErrorIs(t, err, ErrUnavailable)
+	var ue *UnavailableError
+	require.ErrorAs(t, err, &ue)
+	require.Greater(t, ue.Attempts, 1, "retried")
+	require.Less(t, time.Since(start), bound+2*attempt, "bounded")
+	_, err = look.List(ctx, "")
+	require.ErrorIs(t, err, ErrUnavailable)
+
+	send, err := prefill.Send(ctx, transfer.Spec{ID: 1, Peer: "decode-0", Plan: plan, Pool: src})
+	require.NoError(t, err)
+	defer send.Release()
+	select {
+	case <-recv.Quiesced():
+	case <-time.After(waitBound):
+		t.Fatal("the transfer did not end")
+	}
+	t.Logf("lookups failed in %v; transfer done", time.Since(start))
+	require.Equal(t, transfer.Completed, recv.Status().State)
+	require.True(t, bytes.Equal(src, dst), "every byte arrived")
+
+	// The lease runs out while etcd is unreachable: the entry is gone for good...
+	require.Eventually(t, func() bool {
+		direct := openEtcd(t, s, Config{TTL: ttl, LookupTimeout: bound})
+		_, err := direct.Lookup(ctx, "prefill-0")
+		_ = direct.Close()
+		return errors.Is(err, ErrNotFound)
+	}, waitBound, 100*time.Millisecond)
+	// ...until etcd is reachable again: the publisher publishes again, under a new lease,
+	// without being asked.
+	px.restore()
+	require.Eventually(t, func() bool {
+		w, err := look.Lookup(ctx, "prefill-0")
+		return err == nil && w.Incarnation == 3
+	}, waitBound, 50*time.Millisecond)
+}
+
+// Open refuses targets it cannot use, naming them.
+func TestOpen_BadTargets(t *testing.T) {
+	for _, target := range []string{"", "etcd://", "redis://x:1", "http://", "::"} {
+		_, err := Open(target, Config{})
+		require.ErrorIs(t, err, ErrInvalid, target)
+	}
+	_, err := Open("http://127.0.0.1:1", Config{TTL: 10 * time.Millisecond})
+	require.ErrorIs(t, err, ErrInvalid)
+}

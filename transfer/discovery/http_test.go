@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package discovery
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+func serveRegistry(t *testing.T) *Server {
+	t.Helper()
+	srv, err := Serve("127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Close(ctx)
+	})
+	return srv
+}
+
+func openHTTP(t *testing.T, url string, cfg Config) Registry {
+	t.Helper()
+	r, err := Open(url, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+// The embedded registry keeps the etcd backend's promises: lookups and lists, a dead worker
+// gone within its TTL, a restart seen as a new incarnation, a withdraw that removes only its
+// own incarnation.
+func TestHTTP_Lifecycle(t *testing.T) {
+	srv := serveRegistry(t)
+	const ttl = time.Second
+	ctx := t.Context()
+	pub := openHTTP(t, srv.URL(), Config{TTL: ttl})
+	look := openHTTP(t, srv.URL(), Config{TTL: ttl})
+
+	p1 := worker("prefill-0", "prefill", 1)
+	reg, err := pub.Publish(ctx, p1)
+	require.NoError(t, err)
+	_, err = pub.Publish(ctx, worker("decode-0", "decode", 5))
+	require.NoError(t, err)
+	got, err := look.Lookup(ctx, "prefill-0")
+	require.NoError(t, err)
+	require.Equal(t, p1, got)
+	ws, err := look.List(ctx, "prefill")
+	require.NoError(t, err)
+	require.Equal(t, []Worker{p1}, ws)
+	ws, err = look.List(ctx, "")
+	require.NoError(t, err)
+	require.Len(t, ws, 2)
+	_, err = look.Lookup(ctx, "nobody")
+	require.ErrorIs(t, err, ErrNotFound)
+
+	for start := time.Now(); time.Since(start) < 2*ttl; time.Sleep(100 * time.Millisecond) {
+		_, err = look.Lookup(ctx, "prefill-0")
+		require.NoError(t, err, "renewed: a live worker outlives its TTL")
+	}
+
+	// Killed, then restarted before its entry ran out: the new life replaces it, params of
+	// the old one are stale, and the old life's late withdraw removes nothing.
+	reg.(*httpRegistration).abandon()
+	restarted := openHTTP(t, srv.URL(), Config{TTL: ttl})
+	reg2, err := restarted.Publish(ctx, worker("prefill-0", "prefill", 2))
+	require.NoError(t, err)
+	err = CheckParams(ctx, look, "prefill-0", &transfer.ContextParams{Incarnation: 1, WorkerAddress: p1.Address})
+	require.ErrorIs(t, err, transfer.ErrStaleIncarnation)
+	require.NoError(t, pub.(*httpRegistry).do(ctx, http.MethodDelete, WorkersPath+"/prefill-0?incarnation=1", nil, nil))
+	got, err = look.Lookup(ctx, "prefill-0")
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), got.Incarnation)
+
+	// The new life dies: gone within the TTL.
+	died := time.Now()
+	reg2.(*httpRegistration).abandon()
+	require.Eventually(t, func() bool {
+		_, err := look.Lookup(ctx, "prefill-0")
+		return errors.Is(err, ErrNotFound)
+	}, waitBound, 20*time.Millisecond)
+	require.Less(t, time.Since(died), ttl+time.Second)
+	err = CheckParams(ctx, look, "prefill-0", &transfer.ContextParams{Incarnation: 2, WorkerAddress: got.Address})
+	require.ErrorIs(t, err, transfer.ErrStaleIncarnation)
+}
+
+// A registry that is gone: lookups fail with ErrUnavailable after bounded retries.
+func TestHTTP_Unreachable(t *testing.T) {
+	srv := serveRegistry(t)
+	url := srv.URL()
+	const bound = 200 * time.Millisecond
+	r := openHTTP(t, url, Config{TTL: time.Second, LookupTimeout: bound})
+	require.NoError(t, srv.Close(t.Context()))
+	_, err := r.Lookup(t.Context(), "prefill-0")
+	require.ErrorIs(t, err, ErrUnavailable)
+	var ue *UnavailableError
+	require.ErrorAs(t, err, &ue)
+	require.Greater(t, ue.Attempts, 1)
+	_, err = r.Publish(t.Context(), worker("prefill-0", "prefill", 1))
+	require.ErrorIs(t, err, ErrUnavailable)
+}
+
+// Bad requests to the registry are refused with 400 and change nothing.
+func TestHTTP_HandlerRefusesBadInput(t *testing.T) {
+	srv := serveRegistry(t)
+	r := openHTTP(t, srv.URL(), Config{TTL: time.Second}).(*httpRegistry)
+	ctx := t.Context()
+	cases := []struct{ method, path, body string }{
+		{http.MethodPut, WorkersPath + "/a?ttl=1", "{not json"},
+		{http.MethodPut, WorkersPath + "/a?ttl=1", `{"name":"b","role":"prefill","incarnation":1}`},
+		{http.MethodPut, WorkersPath + "/a?ttl=0", `{"name":"a","role":"prefill","incarnation":1}`},
+		{http.MethodPut, WorkersPath + "/a?ttl=1", `{"name":"a","role":"prefill","incarnation":0}`},
+		{http.MethodPut, WorkersPath + "/a?ttl=1", `{"name":"a","role":"prefill","incarnation":1,"x":"` + strings.Repeat("x", maxEntryBytes) + `"}`},
+		{http.MethodDelete, WorkersPath + "/a?incarnation=x", ""},
+		{http.MethodGet, WorkersPath + "/a%2Fb", ""},
+	}
+	for _, c := range cases {
+		err := r.do(ctx, c.method, c.path, []byte(c.body), nil)
+		require.ErrorIs(t, err, ErrInvalid, "%s %s", c.method, c.path)
+	}
+	ws, err := r.List(ctx, "")
+	require.NoError(t, err)
+	require.Empty(t, ws)
+}
