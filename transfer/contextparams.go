@@ -42,26 +42,31 @@ func (e *StaleIncarnationError) Unwrap() error { return ErrStaleIncarnation }
 
 // ContextParams is what a prefill engine hands to decode, through the serving stack's own
 // control plane, when a request's prefill is done: who to ask (the sender's UCX worker address
-// and incarnation), what to ask for (the request id, the sender's layout, selection and block
-// ids), and what RMA needs to read the sender's pool directly (its registered regions and
-// packed remote keys). Encode with MarshalBinary; decode with UnmarshalContextParams.
+// and incarnation) and what to ask for (the request id, the sender's layout, selection and
+// block ids). What RMA needs to read the sender's pool (its regions and packed remote keys)
+// travels on the engines' own wire, not here. Encode with MarshalBinary; decode with
+// UnmarshalContextParams.
 //
 // The blob is versioned and checksummed:
 //
 //	magic "KVXP" | version u16 | flags u16 (0) | length u32 (whole blob) | crc32c u32 (of the
 //	whole blob with this field zero)
 //	request u64 | incarnation u64 | layout 12 x i64 | selection 4 x i64
-//	blocks u32 n, n x i32 | address u32 n, n bytes | regions u16 n, n x (addr u64, len u64,
-//	rkey u32 m, m bytes)
+//	blocks u32 n, n x i32 | address u32 n, n bytes
+//
+// (Version 1 also carried a list of registered regions that nothing filled; this build
+// refuses it.)
 //
 // all little-endian. Decoding accepts exactly one encoding per value, so a decoded blob
 // re-encodes to the same bytes.
 type ContextParams struct {
 	// RequestID names the request on both sides.
 	RequestID RequestID
-	// Incarnation identifies one life of the sender's engine: a sender that restarts under
-	// the same address has a new one, so requests meant for the old life fail instead of
-	// reaching the new one's memory.
+	// Incarnation identifies one life of the sender's engine: a sender that restarts, or
+	// replaces its worker, has a new one. The sender's UCXTransport.CheckParams and the
+	// receiver's discovery.CheckParams refuse params of a life that is over with
+	// ErrStaleIncarnation, so requests meant for the old life fail at once instead of
+	// waiting out a deadline or reaching the new one's memory.
 	Incarnation uint64
 	// WorkerAddress is the sender's UCX worker address (native.Worker.Address).
 	WorkerAddress []byte
@@ -69,31 +74,17 @@ type ContextParams struct {
 	Layout    layout.Layout
 	Selection layout.Selection
 	Blocks    []int32
-	// Regions are the sender's registered memory, for RMA reads; empty when staging only.
-	Regions []ContextParamsRegion
-}
-
-// ContextParamsRegion is one registered memory region of the sender: its address, length and
-// packed remote key (native.Memory.PackRemoteKey).
-type ContextParamsRegion struct {
-	Addr uint64
-	Len  uint64
-	RKey []byte
 }
 
 // Bounds of the format, generous for real use and small enough that a hostile length cannot
 // make the decoder allocate much.
 const (
 	// ContextParamsVersion is the format version this package writes and reads.
-	ContextParamsVersion = 1
+	ContextParamsVersion = 2
 	// ContextParamsMaxBlocks bounds the block list (a 1M-token request at 16 tokens a block).
 	ContextParamsMaxBlocks = 1 << 16
 	// ContextParamsMaxAddress bounds the worker address.
 	ContextParamsMaxAddress = 1 << 16
-	// ContextParamsMaxRegions bounds the region list.
-	ContextParamsMaxRegions = 256
-	// ContextParamsMaxRKey bounds one packed remote key.
-	ContextParamsMaxRKey = 1 << 12
 
 	cpMagic      = "KVXP"
 	cpHeaderSize = 16
@@ -121,16 +112,6 @@ func (c *ContextParams) Validate() error {
 		return bad("WorkerAddress", "%d bytes, at most %d", len(c.WorkerAddress), ContextParamsMaxAddress)
 	case len(c.Blocks) > ContextParamsMaxBlocks:
 		return bad("Blocks", "%d blocks, at most %d", len(c.Blocks), ContextParamsMaxBlocks)
-	case len(c.Regions) > ContextParamsMaxRegions:
-		return bad("Regions", "%d regions, at most %d", len(c.Regions), ContextParamsMaxRegions)
-	}
-	for i, r := range c.Regions {
-		if len(r.RKey) == 0 || len(r.RKey) > ContextParamsMaxRKey {
-			return bad(fmt.Sprintf("Regions[%d].RKey", i), "%d bytes, want 1 to %d", len(r.RKey), ContextParamsMaxRKey)
-		}
-		if r.Len == 0 || r.Addr+r.Len < r.Addr {
-			return bad(fmt.Sprintf("Regions[%d]", i), "[%#x, +%d) is empty or wraps", r.Addr, r.Len)
-		}
 	}
 	if _, err := c.Plan(); err != nil {
 		return fmt.Errorf("%w: plan: %w", ErrBadMetadata, err)
@@ -166,13 +147,6 @@ func (c *ContextParams) MarshalBinary() ([]byte, error) {
 	put(c.Blocks)
 	put(uint32(len(c.WorkerAddress)))
 	b.Write(c.WorkerAddress)
-	put(uint16(len(c.Regions)))
-	for _, r := range c.Regions {
-		put(r.Addr)
-		put(r.Len)
-		put(uint32(len(r.RKey)))
-		b.Write(r.RKey)
-	}
 	out := b.Bytes()
 	le.PutUint32(out[8:], uint32(len(out)))
 	le.PutUint32(out[cpCRCOffset:], crc32.Checksum(out, cpCRCTable))
@@ -277,19 +251,6 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 		return nil, fmt.Errorf("%w: %d-byte address, at most %d", ErrBadMetadata, na, ContextParamsMaxAddress)
 	}
 	c.WorkerAddress = append([]byte(nil), r.take(int(na), "worker address")...)
-	nr := r.u16("region count")
-	if r.err == nil && nr > ContextParamsMaxRegions {
-		return nil, fmt.Errorf("%w: %d regions, at most %d", ErrBadMetadata, nr, ContextParamsMaxRegions)
-	}
-	for i := 0; i < int(nr) && r.err == nil; i++ {
-		reg := ContextParamsRegion{Addr: r.u64("region address"), Len: r.u64("region length")}
-		nk := r.u32("rkey length")
-		if r.err == nil && nk > ContextParamsMaxRKey {
-			return nil, fmt.Errorf("%w: region %d: %d-byte rkey, at most %d", ErrBadMetadata, i, nk, ContextParamsMaxRKey)
-		}
-		reg.RKey = append([]byte(nil), r.take(int(nk), "rkey")...)
-		c.Regions = append(c.Regions, reg)
-	}
 	if r.err != nil {
 		return nil, r.err
 	}

@@ -13,7 +13,7 @@ import (
 )
 
 // llamaParams is a Llama-3-8B-shaped request: 32 layers, 8 KV heads of 128, BF16, 16-token
-// blocks, 256 blocks (4096 tokens) out of a 1024-block pool, with one RMA region.
+// blocks, 256 blocks (4096 tokens) out of a 1024-block pool.
 func llamaParams() *ContextParams {
 	l := layout.Packed(layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2,
 		TokensPerBlock: 16, NumBlocks: 1024}, layout.LayerMajor)
@@ -25,7 +25,6 @@ func llamaParams() *ContextParams {
 		RequestID: 0xfeedface, Incarnation: 42,
 		WorkerAddress: []byte("worker-address-bytes\x00\x01\x02"),
 		Layout:        l, Selection: l.All(), Blocks: blocks,
-		Regions: []ContextParamsRegion{{Addr: 0x7f0000000000, Len: uint64(l.SpanBytes()), RKey: []byte{1, 2, 3, 4, 5}}},
 	}
 }
 
@@ -40,7 +39,6 @@ func reseal(b []byte) []byte {
 
 func TestContextParams_RoundTrip(t *testing.T) {
 	small := llamaParams()
-	small.Regions = nil
 	small.Blocks = []int32{7}
 	tp := llamaParams()
 	tp.Selection = layout.Selection{LayerBegin: 8, LayerEnd: 16, HeadBegin: 4, HeadEnd: 8}
@@ -78,8 +76,6 @@ func TestContextParams_InvalidParamsAreNotEncoded(t *testing.T) {
 		{"no blocks", func(c *ContextParams) { c.Blocks = nil }, "plan"},
 		{"duplicate block", func(c *ContextParams) { c.Blocks[1] = c.Blocks[0] }, "plan"},
 		{"block outside the pool", func(c *ContextParams) { c.Blocks[0] = 5000 }, "plan"},
-		{"empty rkey", func(c *ContextParams) { c.Regions[0].RKey = nil }, "Regions[0].RKey"},
-		{"wrapping region", func(c *ContextParams) { c.Regions[0].Len = ^uint64(0) }, "Regions[0]"},
 		{"bad selection", func(c *ContextParams) { c.Selection.HeadEnd = 9 }, "plan"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -145,7 +141,7 @@ func FuzzContextParams(f *testing.F) {
 	}
 	f.Add(good)
 	small := llamaParams()
-	small.Blocks, small.Regions = []int32{3, 1}, nil
+	small.Blocks = []int32{3, 1}
 	blob, err := small.MarshalBinary()
 	if err != nil {
 		f.Fatal(err)

@@ -195,7 +195,7 @@ func TestEtcd_PublishLookupList(t *testing.T) {
 // withdraws disappears at once.
 func TestEtcd_DeadWorkerExpires(t *testing.T) {
 	s := startEtcd(t)
-	const ttl = time.Second
+	const ttl = 2 * time.Second // renewed every TTL/3: room for a loaded host
 	pub := openEtcd(t, s, Config{TTL: ttl})
 	look := openEtcd(t, s, Config{TTL: ttl})
 	ctx := t.Context()
