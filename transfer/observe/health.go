@@ -179,6 +179,7 @@ func CombineHealth(engines ...NamedHealth) HealthFunc {
 			o.MalformedControl += s.MalformedControl
 			o.TransportWedged = o.TransportWedged || s.TransportWedged
 			o.Closed = o.Closed || s.Closed
+			o.MoverWedged = o.MoverWedged || s.MoverWedged
 			o.SinceProgress = max(o.SinceProgress, s.SinceProgress)
 			if i == 0 || s.ProgressDeadline < o.ProgressDeadline {
 				o.ProgressDeadline = s.ProgressDeadline

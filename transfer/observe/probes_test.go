@@ -34,6 +34,7 @@ func TestHandler_LivenessAndReadiness(t *testing.T) {
 		{"over the quarantine budget: not ready, live", transfer.Health{Reason: "5 transfers quarantined"}, 503, 503, 200, "ok"},
 		{"transport wedged: neither", wedged, 503, 503, 503, "transport wedged"},
 		{"engine closed: neither", closed, 503, 503, 503, "engine closed"},
+		{"mover wedged: neither", transfer.Health{Reason: "mover wedged: kernel overran", HealthSnapshot: transfer.HealthSnapshot{MoverWedged: true}}, 503, 503, 503, "mover wedged"},
 	}
 	var health atomic.Pointer[transfer.Health]
 	src := observe.HealthFunc(func() transfer.Health { return *health.Load() })
