@@ -4,11 +4,13 @@ package stress
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -137,6 +139,9 @@ func TestReportFailsOnEveryBreachKind(t *testing.T) {
 		{"a wedged handle", func(s *soak) { s.injected[FaultFreeze].Add(1); s.wedged.Add(1) }, "1 handles wedged"},
 		{"a corrupt transfer", func(s *soak) { s.injected[FaultFreeze].Add(1); s.corrupt.Add(2) }, "2 completed transfers corrupt"},
 		{"a recorded breach", func(s *soak) { s.injected[FaultFreeze].Add(1); s.addBreach("engine x: boom") }, "engine x: boom"},
+		{"a handle forgotten while not quiescent", func(s *soak) { s.injected[FaultFreeze].Add(1); s.releasedUnquiesced.Add(1) },
+			"1 handles released while not quiescent, but their engines remember 0: a handle was forgotten"},
+		{"no unhealthy time while a silent peer failed every request", func(s *soak) { s.injected[FaultFreeze].Add(1); s.silentRan.Store(true) }, silentBreach},
 		{"a live heap over the bound", func(s *soak) { s.injected[FaultFreeze].Add(1); s.maxLiveHeap.Store(s.cfg.MaxHeapBytes + 1) },
 			fmt.Sprintf("live heap reached %d bytes, over the %d-byte bound", DefaultMaxHeapBytes+1, uint64(DefaultMaxHeapBytes))},
 	}
@@ -157,13 +162,51 @@ func TestReportFailsOnEveryBreachKind(t *testing.T) {
 			require.NoError(t, json.Unmarshal(js.Bytes(), &m))
 			for _, k := range []string{"started", "completed", "cancelled", "cancel_outcomes", "quarantined", "poisoned_slots",
 				"wedged", "leaked_slots", "corrupt", "reused_poisoned", "seconds_unhealthy", "longest_recovery_seconds",
-				"faults_injected", "max_live_heap_bytes", "breaches", "passed"} {
+				"faults_injected", "max_live_heap_bytes", "breaches", "passed", "poisoned_blocks", "poisoned_block_budget",
+				"remembered_unquiesced", "silent_unhealthy_seconds"} {
 				require.Contains(t, m, k)
 			}
 			var table bytes.Buffer
 			require.NoError(t, rep.WriteTable(&table))
 			require.Contains(t, table.String(), "FAIL")
 			require.Contains(t, table.String(), c.want)
+		})
+	}
+}
+
+const silentBreach = "an engine whose requests to a silent peer failed one after another, no byte moving, never reported unhealthy"
+
+// L12 in the soak: requests issued one after another to a silent peer, no byte moving, must
+// show unhealthy time, and the check fails a run whose engine never says so (here one whose
+// progress deadline is too long to trip).
+func TestL12_SilentPeerCheckCatchesAnEngineThatStaysHealthy(t *testing.T) {
+	for _, c := range []struct {
+		desc     string
+		deadline time.Duration // the checked engine's ProgressDeadline; 0: the soak's
+		breach   bool
+	}{
+		{"the soak's progress deadline: unhealthy", 0, false},
+		{"a deadline of an hour: never unhealthy, a breach", time.Hour, true},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := shortSoak(5 * time.Second)
+			cfg.Faults = []Fault{FaultFreeze}
+			s, err := newSoak(cfg)
+			require.NoError(t, err)
+			defer s.closeAll()
+			d := c.deadline
+			if d == 0 {
+				d = s.cfg.ProgressDeadline
+			}
+			s.silentPeer(context.Background(), d)
+			s.started.Add(1)
+			s.injected[FaultFreeze].Add(1)
+			rep := s.report(1, 1)
+			require.Equal(t, c.breach, slices.Contains(rep.Breaches, silentBreach), "%v", rep.Breaches)
+			if !c.breach {
+				require.Positive(t, rep.SilentUnhealthySeconds)
+				require.Empty(t, rep.Breaches)
+			}
 		})
 	}
 }

@@ -46,6 +46,19 @@ type Report struct {
 	// past the quarantine timeout), so the handle never quiesces (L9). Without any of those
 	// faults it must be 0.
 	BlocksPoisoned int64 `json:"blocks_poisoned"`
+	// PoisonedBlocks counts the callers' KV blocks poisoned for good, over every engine
+	// (HealthSnapshot.PoisonedBlocks); PoisonedBlockBudget is each engine's bound on them
+	// (Config.PoisonedBlockBudget), past which it reports unhealthy.
+	PoisonedBlocks      int64 `json:"poisoned_blocks"`
+	PoisonedBlockBudget int   `json:"poisoned_block_budget"`
+	// RememberedUnquiesced counts the handles the engines keep because they are not quiescent
+	// although the soak released them (HealthSnapshot.Remembered): every released handle
+	// whose blocks were poisoned must be counted (fewer is a breach: a handle forgotten).
+	RememberedUnquiesced int64 `json:"remembered_unquiesced"`
+	// SilentUnhealthySeconds is how long an engine issuing requests one after another to a
+	// silent peer (each failing at its deadline, no byte moving) reported unhealthy; with the
+	// freeze fault on it must be above 0 (the in-process soak runs the check; 0 elsewhere).
+	SilentUnhealthySeconds float64 `json:"silent_unhealthy_seconds"`
 	// LeakedSlots were still leased after the drain (must be 0).
 	LeakedSlots int64 `json:"leaked_slots"`
 	// Corrupt completed transfers whose bytes did not match the sender's checksum (must be 0).
@@ -114,6 +127,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	row("poisoned slots", r.PoisonedSlots)
 	row("wedged (must be 0)", r.Wedged)
 	row("one-copy handles with blocks poisoned", r.BlocksPoisoned)
+	row("  blocks poisoned / budget", fmt.Sprintf("%d / %d", r.PoisonedBlocks, r.PoisonedBlockBudget))
+	row("  released, remembered unquiesced", r.RememberedUnquiesced)
+	row("unhealthy while a silent peer failed every request", fmt.Sprintf("%.1fs", r.SilentUnhealthySeconds))
 	row("leaked slots (must be 0)", r.LeakedSlots)
 	row("corrupt (must be 0)", r.Corrupt)
 	row("reused poisoned (must be 0)", r.ReusedPoisoned)

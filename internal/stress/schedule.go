@@ -84,13 +84,13 @@ func (s *soak) armPointFaults(ctx context.Context) {
 }
 
 // freeze holds every message to or from the decode peer for FreezeFor, as SIGSTOP would.
-// The prefill engines, whose only peer it is, must turn unhealthy within the progress
-// deadline (plus Grace), and every live engine must be healthy within RecoveryBound of the
-// thaw.
+// The prefill engines, whose only peer it is, and decode itself, whose requests keep being
+// issued while no byte reaches it, must turn unhealthy within the progress deadline (plus
+// Grace), and every live engine must be healthy within RecoveryBound of the thaw.
 func (s *soak) freeze() {
 	s.mu.Lock()
 	peer := s.decode.name
-	stalled := []*node{s.prefill[0], s.prefill[1]}
+	stalled := []*node{s.prefill[0], s.prefill[1], s.decode}
 	s.mu.Unlock()
 	t0 := time.Now()
 	thaw := t0.Add(s.cfg.FreezeFor)

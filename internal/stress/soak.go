@@ -47,6 +47,9 @@ type soak struct {
 	started, refused, completed, failed, cancelled, quarantined atomic.Int64
 	wedged, corrupt, accountingErrors                           atomic.Int64
 	blocksPoisoned                                              atomic.Int64 // one-copy handles that never quiesce (L9)
+	releasedUnquiesced                                          atomic.Int64 // of those, released by the soak: their engines must remember them
+	silentUnhealthy                                             atomic.Int64 // nanoseconds the silent-peer check saw its engine unhealthy
+	silentRan                                                   atomic.Bool  // the silent-peer check ran (the in-process soak, with the freeze fault)
 	workersReplaced                                             atomic.Int64 // decode's UCX workers replaced (proc.go)
 	unhealthyNanos                                              atomic.Int64
 	longestDetect, longestRecovery                              atomic.Int64
@@ -82,7 +85,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go func() { defer close(monitorDone); s.monitor(monitorCtx) }()
 
 	scheduleDone := make(chan struct{})
-	go func() { defer close(scheduleDone); s.schedule(trafficCtx) }()
+	go func() {
+		defer close(scheduleDone)
+		if cfg.has(FaultFreeze) { // a peer gone silent: the freeze's kin, checked on an engine of its own
+			silentDone := make(chan struct{})
+			go func() { defer close(silentDone); s.silentPeer(trafficCtx, cfg.ProgressDeadline) }()
+			defer func() { <-silentDone }()
+		}
+		s.schedule(trafficCtx)
+	}()
 
 	var workers sync.WaitGroup
 	for w := range cfg.Concurrency {
@@ -164,6 +175,7 @@ func (s *soak) newNode(name transfer.Peer) (*node, error) {
 		SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent, NumSlots: s.numSlots, StagingMemory: staging,
 		TransferTimeout: cfg.TransferTimeout, QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline,
 		QuarantineTimeout: cfg.QuarantineTimeout, CloseTimeout: cfg.QuarantineTimeout + cfg.Grace,
+		PoisonedBlockBudget: s.poisonedBlockBudget(),
 		// Whole 16 KiB blocks take RMA gets; a TP=2 rank's 2 KiB pieces of them do not, and take
 		// IOV messages: a direct request exercises both.
 		RMAMinRegionBytes: 8 << 10,
@@ -175,6 +187,14 @@ func (s *soak) newNode(name transfer.Peer) (*node, error) {
 	}
 	n.eng = eng
 	return n, nil
+}
+
+// poisonedBlockBudget is each engine's Config.PoisonedBlockBudget: the faults that leave
+// quiescence unknown poison about a hundred blocks a minute of soak (30 in a 20 s run), so the
+// default's 1024 blocks are allowed per five minutes of run: a long soak is not unhealthy for
+// what its schedule injects, and only poison that piles up faster trips it.
+func (s *soak) poisonedBlockBudget() int {
+	return transfer.DefaultPoisonedBlocks * max(1, int(s.cfg.Duration/(5*time.Minute)))
 }
 
 // live returns the engines serving now.
@@ -351,12 +371,16 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 		MaxHeapBytes: s.maxHeap.Load(), MaxLiveHeapBytes: s.maxLiveHeap.Load(), Skipped: skipped,
 	}
 	r.PoisonedSlots, r.LeakedSlots, r.ReusedPoisoned = s.extraPoisoned.Load(), s.extraLeaked.Load(), s.extraReused.Load()
+	r.SilentUnhealthySeconds = time.Duration(s.silentUnhealthy.Load()).Seconds()
 	for _, n := range nodes {
 		if n == nil {
 			continue
 		}
 		h := n.eng.Health()
 		r.PoisonedSlots += int64(h.PoisonedSlots)
+		r.PoisonedBlocks += h.PoisonedBlocks
+		r.RememberedUnquiesced += h.Remembered
+		r.PoisonedBlockBudget = h.PoisonedBudget // every engine has the same
 		if leased := h.TotalSlots - h.FreeSlots - h.PoisonedSlots; leased > 0 {
 			r.LeakedSlots += int64(leased)
 		}
@@ -378,6 +402,13 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 	if r.BlocksPoisoned > 0 && !slices.ContainsFunc(s.cfg.Faults, leavesQuiescenceUnknown) {
 		breaches = append(breaches, fmt.Sprintf("%d one-copy handles poisoned their caller's blocks, with no fault on that can leave quiescence unknown",
 			r.BlocksPoisoned))
+	}
+	if released := s.releasedUnquiesced.Load(); r.RememberedUnquiesced < released {
+		breaches = append(breaches, fmt.Sprintf("%d handles released while not quiescent, but their engines remember %d: a handle was forgotten",
+			released, r.RememberedUnquiesced))
+	}
+	if s.silentRan.Load() && r.SilentUnhealthySeconds == 0 {
+		breaches = append(breaches, "an engine whose requests to a silent peer failed one after another, no byte moving, never reported unhealthy")
 	}
 	if r.MaxLiveHeapBytes > s.cfg.MaxHeapBytes {
 		breaches = append(breaches, fmt.Sprintf("live heap reached %d bytes, over the %d-byte bound", r.MaxLiveHeapBytes, s.cfg.MaxHeapBytes))

@@ -252,9 +252,11 @@ func (s *soak) await(id transfer.RequestID, sd *side, timeout time.Duration) {
 		if sd.h.Status().BlocksPoisoned {
 			// L9 on the one-copy path: an operation on the caller's own blocks never said
 			// whether it let go, so they are poisoned and the handle never quiesces, by design.
-			// It has its outcome; it is counted, and never released (its blocks never reused).
+			// It has its outcome; it is counted, and released, as a caller that moves on
+			// would: the engine must not forget it (its blocks are never reused).
 			s.blocksPoisoned.Add(1)
 			s.log.Info("caller's blocks poisoned", zap.Uint64("request", uint64(id)), zap.String("side", sd.name))
+			s.releaseUnquiesced(id, sd)
 			sd.h = nil
 			return
 		}
@@ -269,6 +271,20 @@ func (s *soak) await(id transfer.RequestID, sd *side, timeout time.Duration) {
 	}
 	if st := sd.h.Status(); !st.State.Terminal() {
 		s.addBreach(fmt.Sprintf("request %d: %s quiescent in state %v, not terminal", id, sd.name, st.State))
+	}
+}
+
+// releaseUnquiesced drops the caller's reference to a handle that will never quiesce and checks
+// that its engine remembers it: Cancel must still find it and must not say the blocks are free.
+func (s *soak) releaseUnquiesced(id transfer.RequestID, sd *side) {
+	if err := sd.h.Release(); err != nil {
+		s.addBreach(fmt.Sprintf("request %d: %s: release: %v", id, sd.name, err))
+		return
+	}
+	s.releasedUnquiesced.Add(1)
+	if out := sd.eng.Cancel(id); out.FreeNow() {
+		s.addBreach(fmt.Sprintf("request %d: %s forgotten while not quiescent: after its release Cancel answers %v",
+			id, sd.name, out))
 	}
 }
 
