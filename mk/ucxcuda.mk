@@ -25,7 +25,7 @@ UCX_CUDA_BUILD := $(BUILD)/ucx-cuda
 # (native.TestUCX_ForceCloseCompletesInflightSend, transfer.TestUCXTransport_ContractCancel and
 # ContractForceCloseReportsEveryOp fail on it; docs/ucx.md, "UCX 1.22").
 UCX_CUDA_NATIVE_TESTS := StatusCodes|LoopbackUsesSharedMemory|TaggedTransfersEveryByte|ManySmallMessages|RMAPutGet|CancelUnmatched|TestL6_|TestL2_|InvalidRanges|MemoryType|DeviceMemory|RegisterRefuses|DeviceOps|RunOnThread
-UCX_CUDA_TRANSFER_TESTS := TestUCXTransport_Contract(ControlAndData|RefusesGoMemory|RefusesCollidingReceives)|TestUCXTransport_TwoEnginesEveryByteChecked|TestUCXDirect_EveryByteAcrossLayouts|TestUCXDevice_
+UCX_CUDA_TRANSFER_TESTS := TestUCXTransport_Contract(ControlAndData|RefusesGoMemory|RefusesCollidingReceives)|TestUCXTransport_TwoEnginesEveryByteChecked|TestUCXDirect_EveryByteAcrossLayouts|TestUCXDevice_|TestUCXRegion_
 
 # ucx_cuda_env (a shell snippet) builds against the wheel's UCX and runs against it: pkg-config
 # finds its headers and libraries, the rpath makes the binaries load it rather than Debian's.

@@ -339,6 +339,17 @@ ucs_status_t kvx_ucx_get(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remot
                        req_out);
 }
 
+ucs_status_t kvx_ucx_get_fenced(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remote_addr,
+                                ucp_rkey_h rkey, uint64_t user, void **req_out) {
+  ucs_status_t st = ucp_worker_fence(ep->w->worker);
+  if (st != UCS_OK) {
+    *req_out = NULL;
+    ep->w->stats.inline_done++;
+    return st;
+  }
+  return kvx_ucx_get(ep, buf, len, remote_addr, rkey, user, req_out);
+}
+
 ucs_status_t kvx_ucx_ep_flush(kvx_ucx_ep_t *ep, uint64_t user, void **req_out) {
   ucp_request_param_t p;
   send_param(&p, ep->w, user);

@@ -132,6 +132,10 @@ ucs_status_t kvx_ucx_put(kvx_ucx_ep_t *ep, const void *buf, size_t len, uint64_t
                          ucp_rkey_h rkey, uint64_t user, void **req_out);
 ucs_status_t kvx_ucx_get(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remote_addr,
                          ucp_rkey_h rkey, uint64_t user, void **req_out);
+/* kvx_ucx_get after ucp_worker_fence: the get is ordered after every operation issued on the
+ * worker before it (a validation read that must not pass the data gets). */
+ucs_status_t kvx_ucx_get_fenced(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remote_addr,
+                                ucp_rkey_h rkey, uint64_t user, void **req_out);
 /* Completes once every RMA issued on the endpoint before it is remotely complete. */
 ucs_status_t kvx_ucx_ep_flush(kvx_ucx_ep_t *ep, uint64_t user, void **req_out);
 

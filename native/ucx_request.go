@@ -498,7 +498,17 @@ func (ep *Endpoint) Get(mem *Memory, off, n int64, remoteAddr uint64, rkey *Remo
 	return ep.rma(opGet, mem, off, n, remoteAddr, rkey)
 }
 
+// GetFenced is Get behind a fence (ucp_worker_fence): it reads only after every operation
+// posted on the worker before it, such as the gets whose data a generation word validates.
+func (ep *Endpoint) GetFenced(mem *Memory, off, n int64, remoteAddr uint64, rkey *RemoteKey) *Request {
+	return ep.rmaOp(opGet, true, mem, off, n, remoteAddr, rkey)
+}
+
 func (ep *Endpoint) rma(kind opKind, mem *Memory, off, n int64, remoteAddr uint64, rkey *RemoteKey) *Request {
+	return ep.rmaOp(kind, false, mem, off, n, remoteAddr, rkey)
+}
+
+func (ep *Endpoint) rmaOp(kind opKind, fenced bool, mem *Memory, off, n int64, remoteAddr uint64, rkey *RemoteKey) *Request {
 	if rkey == nil || rkey.ep != ep {
 		return ep.w.failed(kind, fmt.Errorf("%w: %v: the remote key must be unpacked on this endpoint", ErrInvalidArgument, kind))
 	}
@@ -512,9 +522,12 @@ func (ep *Endpoint) rma(kind opKind, mem *Memory, off, n int64, remoteAddr uint6
 		}
 		var creq unsafe.Pointer
 		var st C.ucs_status_t
-		if kind == opPut {
+		switch {
+		case kind == opPut:
 			st = C.kvx_ucx_put(ep.cep, p, C.size_t(n), C.uint64_t(remoteAddr), rkey.rkey, C.uint64_t(r.handle), &creq)
-		} else {
+		case fenced:
+			st = C.kvx_ucx_get_fenced(ep.cep, p, C.size_t(n), C.uint64_t(remoteAddr), rkey.rkey, C.uint64_t(r.handle), &creq)
+		default:
 			st = C.kvx_ucx_get(ep.cep, p, C.size_t(n), C.uint64_t(remoteAddr), rkey.rkey, C.uint64_t(r.handle), &creq)
 		}
 		return st, creq, 0

@@ -301,6 +301,13 @@ func TestUCX_RMAPutGet(t *testing.T) {
 			waitAll(t, 10*time.Second, p.ab.Get(local, 0, n, remote.Addr()+0, rk))
 			bad, _ = local.CheckPattern(0, n, 0, 5)
 			require.Equal(t, int64(-1), bad, "get")
+			clear(local.Bytes())
+			// A fenced get behind gets still in flight: every one completes, every byte lands.
+			half := int64(n / 2)
+			waitAll(t, 10*time.Second, p.ab.Get(local, 0, half, remote.Addr(), rk),
+				p.ab.GetFenced(local, half, n-half, remote.Addr()+uint64(half), rk))
+			bad, _ = local.CheckPattern(0, n, 0, 5)
+			require.Equal(t, int64(-1), bad, "fenced get")
 		})
 	}
 }

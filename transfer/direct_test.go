@@ -24,7 +24,7 @@ type wireBytes struct {
 }
 
 func (w *wireBytes) judge(fp FaultPoint) Fault {
-	if fp.Kind != KindData {
+	if fp.Kind != KindData || fp.Generation {
 		return Fault{}
 	}
 	w.mu.Lock()

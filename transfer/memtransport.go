@@ -68,6 +68,9 @@ type FaultPoint struct {
 	// Tag is the chunk's tag (zero for control messages).
 	Tag   Tag
 	Bytes int
+	// Generation marks the read of an RMA exposure's generation word (RMAGenerations), a
+	// KindData get that carries no stream bytes.
+	Generation bool
 }
 
 // Fault is what the network does to one message. The zero Fault delivers it normally.
@@ -420,6 +423,7 @@ type MemTransport struct {
 	direct     map[uint32][]byte
 	nextDirect uint32
 	emulated   map[Peer]bool // EmulateGets (memtransport_emul.go); guarded by net.mu
+	gens       memGens // rma_mem.go: generation words, guarded by net.mu
 }
 
 var (

@@ -150,11 +150,16 @@ type rmaXfer struct {
 	addr  uint64
 	gets  []rmaRegion
 	parts *rmaParts // an offer arriving in parts, until it is whole
+	// a validated offer's generation word (rma_gen.go); genKey nil: nothing to check
+	gen, genAddr uint64
+	genKey       []byte
+	genRec       *opRec // the read of the word, once posted
 	// sender
 	exposure *opRec       // outstanding while the receiver may read the pool
 	offer    [][]byte     // the encoded offer (one message, or its parts), resent when a repeated request shows it lost
 	decline  []byte       // the encoded decline, resent likewise
 	ri       *RequestInfo // the request, to fall back to IOV chunks if the receiver declines
+	endGen   func()       // ends the exposure's generation (rma_gen.go); nil: none
 }
 
 // rmaRegion is a range of the sender's pool read into a range of the receiver's.
@@ -237,6 +242,14 @@ func (x *xfer) onRMAOffer(m *RMAOffer) {
 		x.rmaFallback(true)
 		return
 	}
+	if m.Flags&RMAValidated != 0 {
+		if x.rmaGenerations() == nil {
+			x.log().Debug("rma offer declined: this transport cannot check the sender's generation")
+			x.rmaFallback(true)
+			return
+		}
+		x.rma.gen, x.rma.genAddr, x.rma.genKey = m.Generation, m.GenAddr, m.GenKey
+	}
 	x.rma.mode, x.rma.key, x.rma.addr, x.rma.gets = rmaPulling, m.Key, m.Addr, gets
 	x.path.Store(int32(PathRMA))
 	x.nChunks, x.recvSeen = len(gets), nil // layers are reported ready at the end
@@ -279,6 +292,8 @@ func (p *rmaParts) add(m *RMAOffer) (*RMAOffer, error) {
 		return nil, bad("Layout", "%+v %+v, then %+v %+v", w.Layout, w.Selection, m.Layout, m.Selection)
 	case !bytes.Equal(m.Key, w.Key):
 		return nil, bad("Key", "two different remote keys")
+	case m.Flags&RMAValidated != w.Flags&RMAValidated || m.GenAddr != w.GenAddr || m.Generation != w.Generation || !bytes.Equal(m.GenKey, w.GenKey):
+		return nil, bad("Generation", "generation %d at %#x, then %d at %#x", w.Generation, w.GenAddr, m.Generation, m.GenAddr)
 	}
 	for i, id := range m.Blocks {
 		at := m.First + i
@@ -409,8 +424,13 @@ func (x *xfer) postGet() bool {
 	return true
 }
 
-// gotRegion handles a get that landed in the pool.
+// gotRegion handles a get that landed in the pool, and then the read of the sender's
+// generation word.
 func (x *xfer) gotRegion(rec *opRec, c Completion) {
+	if rec == x.rma.genRec {
+		x.gotGeneration(rec.gen)
+		return
+	}
 	n := x.rma.gets[rec.seq].n
 	if int64(c.Bytes) != n {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: get %d read %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
@@ -419,6 +439,9 @@ func (x *xfer) gotRegion(rec *opRec, c Completion) {
 	}
 	x.progress(n)
 	if !x.postGet() {
+		return
+	}
+	if x.moved == x.nChunks && !x.readGeneration() {
 		return
 	}
 	x.receivedAll()
@@ -455,15 +478,27 @@ func (x *xfer) rmaOffer(ri *RequestInfo) bool {
 	}
 	if reason == "" {
 		addr, key, err := rt.RMAKey(x.pool)
+		offer := &RMAOffer{Header: head, Addr: addr, PoolBytes: int64(len(x.pool)),
+			Layout: x.plan.Layout(), Selection: x.plan.Selection(), Blocks: x.plan.Blocks(), Key: key}
 		if err == nil {
-			x.rma.offer, err = encodeOffer(x.offerBlocks(len(key)), &RMAOffer{Header: head, Addr: addr, PoolBytes: int64(len(x.pool)),
-				Layout: x.plan.Layout(), Selection: x.plan.Selection(), Blocks: x.plan.Blocks(), Key: key})
+			err = x.exposeGeneration(offer)
+		}
+		if err == nil {
+			extra := 0
+			if offer.Flags&RMAValidated != 0 {
+				extra = len(offer.GenKey) + rmaGenBytes
+			}
+			x.rma.offer, err = encodeOffer(x.offerBlocks(len(key)+extra), offer)
 		}
 		if err == nil {
 			err = x.sendOffer()
 		}
 		if err != nil {
 			reason = err.Error()
+			if x.rma.endGen != nil { // never exposed after all
+				x.rma.endGen()
+				x.rma.endGen = nil
+			}
 		}
 	}
 	if reason != "" {
@@ -554,8 +589,7 @@ func (x *xfer) rmaRepeated(m *RequestInfo) {
 	}
 	// The receiver declined before reading anything: the pool is no longer exposed, even for
 	// a sender already aborting, which has no other word coming (L10).
-	x.rma.exposure.final = true
-	x.outstanding--
+	x.endExposure()
 	x.rma.mode = rmaOff
 	if x.aborting {
 		x.maybeResolve()
@@ -577,8 +611,7 @@ func (x *xfer) rmaReleased(done bool) {
 	if x.receive || x.rma.mode != rmaOffered || x.rma.exposure.final {
 		return
 	}
-	x.rma.exposure.final = true
-	x.outstanding--
+	x.endExposure()
 	switch {
 	case x.aborting:
 		x.maybeResolve()
@@ -596,6 +629,5 @@ func (x *xfer) rmaPeerLost() {
 	if x.receive || x.rma.mode != rmaOffered || x.rma.exposure.final {
 		return
 	}
-	x.rma.exposure.final = true
-	x.outstanding--
+	x.endExposure()
 }

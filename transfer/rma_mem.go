@@ -5,6 +5,7 @@ package transfer
 import (
 	"encoding/binary"
 	"fmt"
+	"sync"
 	"unsafe"
 )
 
@@ -36,13 +37,18 @@ func (t *MemTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 // tag): Delay, Hang (until Resume), FailAfter, IgnoreCancel and NeverQuiesce. A get outside
 // the pool the key names fails here, never reads past it.
 func (t *MemTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error) {
+	return t.postGet(from, tag, key, addr, dst, false, done)
+}
+
+// postGet is PostGet, or with gen a generation read into the transport's own memory.
+func (t *MemTransport) postGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, gen bool, done func(Completion)) (OpID, error) {
 	n := t.net
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := t.checkLocked(from); err != nil {
 		return 0, err
 	}
-	if !t.directLocked(dst) {
+	if !gen && !t.directLocked(dst) {
 		return 0, fmt.Errorf("%w: get into memory not named to AllowDirect", ErrInvalidSpec)
 	}
 	owner := n.eps[from]
@@ -63,8 +69,80 @@ func (t *MemTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 	l.nextOp++
 	op := &memOp{id: OpID(l.idx+1)<<opLinkShift | l.nextOp, ep: t, link: l, tag: tag, buf: dst, cb: done}
 	src := &memOp{ep: owner, send: true, link: l, tag: tag, buf: pool[off : off+uint64(len(dst))], cb: func(Completion) {},
-		fault: n.faultFor(FaultPoint{From: from, To: t.addr, Kind: KindData, Tag: tag, Bytes: len(dst)})}
+		fault: n.faultFor(FaultPoint{From: from, To: t.addr, Kind: KindData, Tag: tag, Bytes: len(dst), Generation: gen})}
 	l.ops[op.id] = op
 	n.startWire(src, op)
 	return op.id, nil
+}
+
+var _ RMAGenerations = (*MemTransport)(nil)
+
+// memGenWords is how many exposures of one MemTransport may hold a generation word at once.
+const memGenWords = 4096
+
+// memGens are a MemTransport's generation words: one region named to the direct set, so a
+// peer's generation read is a get like any other (the network's faults apply to it).
+type memGens struct {
+	words []byte
+	free  []int
+	next  int
+	value uint64 // the last value written; every value is written once
+}
+
+// ExposeGeneration implements RMAGenerations.
+func (t *MemTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
+	n := t.net
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	g := &t.gens
+	if g.words == nil {
+		g.words = make([]byte, 8*memGenWords)
+		if t.direct == nil {
+			t.direct = map[uint32][]byte{}
+		}
+		t.direct[t.nextDirect] = g.words
+		t.nextDirect++
+	}
+	slot := g.next
+	if k := len(g.free); k > 0 {
+		slot, g.free = g.free[k-1], g.free[:k-1]
+	} else if g.next++; slot >= memGenWords {
+		g.next--
+		return 0, nil, 0, nil, fmt.Errorf("%w: all %d generation words in use", ErrInvalidSpec, memGenWords)
+	}
+	word := g.words[8*slot : 8*slot+8]
+	g.value++
+	value := g.value
+	binary.LittleEndian.PutUint64(word, value)
+	var key []byte
+	for id, d := range t.direct {
+		if unsafe.SliceData(d) == unsafe.SliceData(g.words) {
+			key = binary.LittleEndian.AppendUint32([]byte(memKeyMagic), id)
+		}
+	}
+	var once sync.Once
+	end := func() {
+		once.Do(func() {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			g.value++
+			binary.LittleEndian.PutUint64(word, g.value) // a value no exposure was given
+			g.free = append(g.free, slot)
+		})
+	}
+	return uint64(uintptr(unsafe.Pointer(&word[0]))), key, value, end, nil
+}
+
+// PostReadGeneration implements RMAGenerations: a get of the word into the transport's own
+// memory. The network completes gets in order of their wire time, and the engine reads the
+// word only once every data get has completed.
+func (t *MemTransport) PostReadGeneration(from Peer, tag Tag, key []byte, addr uint64, done func(Completion, uint64)) (OpID, error) {
+	buf := make([]byte, 8)
+	return t.postGet(from, tag, key, addr, buf, true, func(c Completion) {
+		var v uint64
+		if c.Err == nil && c.Memory == MemoryDone {
+			v = binary.LittleEndian.Uint64(buf)
+		}
+		done(c, v)
+	})
 }

@@ -12,15 +12,21 @@ import (
 //
 //	flags u32 | block count u32 | then, declined: reason length u16 | reason
 //	                              else: address u64 | pool bytes u64 | layout 12 x u64 |
-//	                                    selection 4 x u64 | key length u16 | reserved u16 = 0 |
+//	                                    selection 4 x u64 | key length u16 |
+//	                                    generation key length u16 (0 unless validated) |
 //	                                    [part only: first u32 | total u32] |
-//	                                    block ids count x u32 | key
+//	                                    [validated only: generation address u64 | generation u64] |
+//	                                    block ids count x u32 | key | generation key
 //
 // An offer of more blocks than one control message holds goes in parts (RMAOfferPart): each
 // part is a whole offer but for its block ids, positions [first, first+count) of the sender's
 // list of total. A receiver that predates parts refuses the flag as unknown; a sender sends
 // parts only for requests of more than rmaMaxOfferBlocks blocks, which such a receiver's
 // sender declined before.
+//
+// A validated offer (RMAValidated) also names the exposure's generation word: the receiver
+// reads it after its data gets and completes only if it still holds the offered generation
+// (see RMAGenerations). A receiver that predates the flag refuses it as unknown.
 //
 // Decoding checks the structure only (lengths, flags, bounds on counts); whether the layout,
 // the block ids and the pool size make sense together is the receiver's check (checkOffer),
@@ -44,9 +50,13 @@ const (
 	RMADeclined RMAOfferFlags = 1 << 0
 	// RMAOfferPart: this offer is one part of a larger one (RMAOffer.First, Total); the
 	// receiver reads nothing until it holds every position.
-	RMAOfferPart    RMAOfferFlags = 1 << 1
-	knownOfferFlags               = RMADeclined | RMAOfferPart
-	rmaPartBytes                  = 8 // first u32, total u32
+	RMAOfferPart RMAOfferFlags = 1 << 1
+	// RMAValidated: the offer names its exposure's generation word (GenAddr, GenKey) and the
+	// Generation it holds while the pool is exposed; the receiver checks it after its gets.
+	RMAValidated    RMAOfferFlags = 1 << 2
+	knownOfferFlags               = RMADeclined | RMAOfferPart | RMAValidated
+	rmaPartBytes                  = 8  // first u32, total u32
+	rmaGenBytes                   = 16 // generation address u64, generation u64
 )
 
 // RMAOffer answers a request with FlagRMA: the sender's pool as the transport names it
@@ -67,6 +77,11 @@ type RMAOffer struct {
 	// the sender's block list of Total.
 	First, Total int
 	Key          []byte
+	// GenAddr, GenKey and Generation (RMAValidated only): the exposure's generation word, the
+	// packed key of the region holding it, and the value it holds while the pool is exposed.
+	GenAddr    uint64
+	GenKey     []byte
+	Generation uint64
 }
 
 // RMARelease tells the sender that the receiver will not read its offered pool again.
@@ -91,8 +106,8 @@ func (m *RMAOffer) AppendBinary(b []byte) ([]byte, error) {
 	b = binary.LittleEndian.AppendUint32(b, uint32(m.Flags))
 	part := m.Flags&RMAOfferPart != 0
 	if m.Flags&RMADeclined != 0 {
-		if part {
-			return nil, malformed(HeaderBytes, "a declined offer cannot be a part")
+		if part || m.Flags&RMAValidated != 0 {
+			return nil, malformed(HeaderBytes, "a declined offer cannot be a part or validated")
 		}
 		r := m.Reason
 		if len(r) > MaxAbortReason {
@@ -109,6 +124,10 @@ func (m *RMAOffer) AppendBinary(b []byte) ([]byte, error) {
 	if err := checkOfferPart(part, int64(len(m.Blocks)), int64(m.First), int64(m.Total)); err != nil {
 		return nil, err
 	}
+	validated := m.Flags&RMAValidated != 0
+	if validated != (len(m.GenKey) > 0) || len(m.GenKey) > MaxRMAKey {
+		return nil, malformed(HeaderBytes, "an offer with flags %#x and a %d-byte generation key", uint32(m.Flags), len(m.GenKey))
+	}
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Blocks)))
 	b = binary.LittleEndian.AppendUint64(b, m.Addr)
 	b = binary.LittleEndian.AppendUint64(b, uint64(m.PoolBytes))
@@ -116,15 +135,20 @@ func (m *RMAOffer) AppendBinary(b []byte) ([]byte, error) {
 		b = binary.LittleEndian.AppendUint64(b, uint64(*f))
 	}
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Key)))
-	b = binary.LittleEndian.AppendUint16(b, 0)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.GenKey)))
 	if part {
 		b = binary.LittleEndian.AppendUint32(b, uint32(m.First))
 		b = binary.LittleEndian.AppendUint32(b, uint32(m.Total))
 	}
+	if validated {
+		b = binary.LittleEndian.AppendUint64(b, m.GenAddr)
+		b = binary.LittleEndian.AppendUint64(b, m.Generation)
+	}
 	for _, id := range m.Blocks {
 		b = binary.LittleEndian.AppendUint32(b, uint32(id))
 	}
-	return append(b, m.Key...), nil
+	b = append(b, m.Key...)
+	return append(b, m.GenKey...), nil
 }
 
 // checkOfferPart checks a part's position fields (first and total zero in a whole offer).
@@ -156,7 +180,7 @@ func decodeRMAOffer(h Header, b []byte) (Message, error) {
 	}
 	n := int64(binary.LittleEndian.Uint32(b[HeaderBytes+4:]))
 	if m.Flags&RMADeclined != 0 {
-		if m.Flags&RMAOfferPart != 0 || n != 0 || len(b) < rmaDeclineFixedBytes {
+		if m.Flags&(RMAOfferPart|RMAValidated) != 0 || n != 0 || len(b) < rmaDeclineFixedBytes {
 			return nil, malformed(HeaderBytes+4, "a declined offer (flags %#x) with %d blocks in %d bytes", uint32(m.Flags), n, len(b))
 		}
 		r := int(binary.LittleEndian.Uint16(b[rmaOfferFixedBytes:]))
@@ -178,8 +202,10 @@ func decodeRMAOffer(h Header, b []byte) (Message, error) {
 		at += 8
 	}
 	k := int(binary.LittleEndian.Uint16(b[at:]))
-	if r := binary.LittleEndian.Uint16(b[at+2:]); r != 0 {
-		return nil, malformed(at+2, "reserved field is %d, must be 0", r)
+	gk := int(binary.LittleEndian.Uint16(b[at+2:]))
+	validated := m.Flags&RMAValidated != 0
+	if validated != (gk > 0) || gk > MaxRMAKey {
+		return nil, malformed(at+2, "a %d-byte generation key in an offer with flags %#x", gk, uint32(m.Flags))
 	}
 	at += 4
 	if m.Flags&RMAOfferPart != 0 {
@@ -193,14 +219,24 @@ func decodeRMAOffer(h Header, b []byte) (Message, error) {
 		m.First, m.Total = int(first), int(total)
 		at += rmaPartBytes
 	}
-	if k == 0 || k > MaxRMAKey || int64(len(b)) != int64(at)+4*n+int64(k) {
-		return nil, malformed(at-4, "a %d-byte key after %d blocks in a %d-byte offer", k, n, len(b))
+	if validated {
+		if len(b) < at+rmaGenBytes {
+			return nil, malformed(at, "a validated offer of %d bytes has no generation", len(b))
+		}
+		m.GenAddr, m.Generation = binary.LittleEndian.Uint64(b[at:]), binary.LittleEndian.Uint64(b[at+8:])
+		at += rmaGenBytes
+	}
+	if k == 0 || k > MaxRMAKey || int64(len(b)) != int64(at)+4*n+int64(k)+int64(gk) {
+		return nil, malformed(at-4, "a %d-byte key and a %d-byte generation key after %d blocks in a %d-byte offer", k, gk, n, len(b))
 	}
 	m.Blocks = make([]int32, n)
 	for i := range m.Blocks {
 		m.Blocks[i] = int32(binary.LittleEndian.Uint32(b[at:]))
 		at += 4
 	}
-	m.Key = append([]byte(nil), b[at:]...)
+	m.Key = append([]byte(nil), b[at:at+k]...)
+	if validated {
+		m.GenKey = append([]byte(nil), b[at+k:]...)
+	}
 	return m, nil
 }

@@ -186,6 +186,7 @@ type UCXTransport struct {
 	ctrl    *native.Request
 	rma     ucxRMA                   // rma_ucx.go: packed and unpacked RMA keys
 	regs    ucxRegs                  // ucx_region.go: the caller's registered memory
+	gens    ucxGens                  // rma_ucx_gen.go: RMA exposures' generation words
 	probe   atomic.Pointer[ucxProbe] // ucx_probe.go: nil until Bind, or when left out; read without mu
 	swaps   int                      // workers replaced (ucx_rebirth.go)
 	// replaceFailures counts failed replacements since the last success; only the probe's
@@ -807,6 +808,7 @@ func (t *UCXTransport) Close(force bool) error {
 		errs = append(errs, m.Close())
 	}
 	errs = append(errs, t.closeRegions()...)
+	errs = append(errs, t.closeGens())
 	errs = append(errs, t.staging.Close(), t.uctx.Close())
 	return errors.Join(errs...)
 }

@@ -26,6 +26,10 @@ func TestWireRoundTrip(t *testing.T) {
 		&RMAOffer{Header: h, Flags: RMADeclined, Reason: "streaming"},
 		&RMAOffer{Header: h, Flags: RMAOfferPart, Addr: 0x7f0000001000, PoolBytes: 1 << 30, Layout: layout.Packed(testDims, layout.BlockMajor),
 			Blocks: []int32{4, 5}, First: 768, Total: 770, Key: []byte{1, 2, 3}},
+		&RMAOffer{Header: h, Flags: RMAValidated, Addr: 0x7f0000001000, PoolBytes: 1 << 30, Layout: layout.Packed(testDims, layout.BlockMajor),
+			Blocks: []int32{7}, Key: []byte{1, 2, 3}, GenAddr: 0x7f0000100008, GenKey: []byte{4, 5}, Generation: 1<<40 + 3},
+		&RMAOffer{Header: h, Flags: RMAOfferPart | RMAValidated, Addr: 0x7f0000001000, PoolBytes: 1 << 30, Layout: layout.Packed(testDims, layout.BlockMajor),
+			Blocks: []int32{4, 5}, First: 768, Total: 770, Key: []byte{1, 2, 3}, GenAddr: 8, GenKey: []byte{6}, Generation: 9},
 		&RMARelease{Header: h},
 	}
 	for _, m := range msgs {

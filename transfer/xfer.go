@@ -105,6 +105,7 @@ type opRec struct {
 	seq   int
 	slot  *buffer.Slot
 	final bool
+	gen   uint64 // a generation read (rma_gen.go): the word's value, set before its event is pushed
 }
 
 type event struct {

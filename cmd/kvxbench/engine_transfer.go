@@ -22,6 +22,8 @@ type engineAdapter struct {
 	// direct says whether a pool may go direct (the transport reaches it in place).
 	direct func(pool []byte) bool
 	obs    *observability // nil without --http
+	// unmaps release the caller-mapped pools (--pool caller) once the engine is closed.
+	unmaps []func()
 }
 
 var _ engineSide = (*engineAdapter)(nil)
@@ -101,6 +103,9 @@ func (e *engineAdapter) Receive(ctx context.Context, id uint64, subs []recvSub, 
 func (e *engineAdapter) Close() error {
 	err := e.eng.Close()
 	e.obs.close()
+	for _, unmap := range e.unmaps {
+		unmap() // the transport unregistered them as it closed
+	}
 	return err
 }
 

@@ -10,6 +10,7 @@ package main
 
 import (
 	"fmt"
+	"syscall"
 
 	"github.com/kvxfer/kvxfer/transfer"
 )
@@ -52,6 +53,28 @@ func newUCXEngineSide(cfg runConfig, role string, rank int) (engineSide, error) 
 	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress, obs: obs}
 	if !cfg.Staging {
 		a.mapPool, a.direct = tr.AllocatePool, tr.Direct
+		if cfg.Pool == "caller" {
+			a.mapPool = a.callerPool(tr)
+		}
 	}
 	return a, nil
+}
+
+// callerPool maps pools the way a serving process maps its own KV cache (mmap), then
+// registers each with the transport once (RegisterHost). The transport's Close unregisters
+// them; the adapter's Close unmaps them after it.
+func (a *engineAdapter) callerPool(tr *transfer.UCXTransport) func(n int64) ([]byte, error) {
+	return func(n int64) ([]byte, error) {
+		mem, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+		if err != nil {
+			return nil, fmt.Errorf("mapping a %d-byte KV pool: %w", n, err)
+		}
+		region, err := tr.RegisterHost(mem)
+		if err != nil {
+			_ = syscall.Munmap(mem)
+			return nil, err
+		}
+		a.unmaps = append(a.unmaps, func() { _ = syscall.Munmap(mem) })
+		return region.Pool(), nil
+	}
 }

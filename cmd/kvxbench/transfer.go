@@ -38,6 +38,7 @@ type transferFlags struct {
 	rmaEmulated    bool
 	lanes          int
 	decodeOrder    string
+	pool           string
 	directChunk    string
 	http           string
 }
@@ -60,6 +61,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.decodeOrder, "decode-order", "", "the decode pool's order when it differs from --order (layout conversion on the way: block-major, layer-major or layer-major-nhd)")
 	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
 	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
+	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (UCXTransport.AllocatePool) or caller (mmap by this process, then UCXTransport.RegisterHost, as a serving process hands over its own KV cache)")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
 	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
 }
@@ -97,6 +99,9 @@ type runConfig struct {
 	RMAWhereEmulated bool `json:"rma_where_emulated"`
 	// Lanes is UCXConfig.Lanes of both ends (--lanes; 0: the transport's default).
 	Lanes int `json:"lanes"`
+	// Pool is who maps the host pools for the direct path (--pool): "transport"
+	// (AllocatePool) or "caller" (mmap, then RegisterHost).
+	Pool string `json:"pool"`
 	// Memory is where the KV pools and staging slots live: "host" or "device" (--memory;
 	// cmd/kvxbench/device_engine.go).
 	Memory string `json:"memory"`
@@ -120,6 +125,12 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		}
 	default:
 		return runConfig{}, usagef("--memory %q: choose host or device", f.memory)
+	}
+	switch {
+	case f.pool != "transport" && f.pool != "caller":
+		return runConfig{}, usagef("--pool %q: choose transport or caller", f.pool)
+	case f.pool == "caller" && (f.staging || f.memory == "device"):
+		return runConfig{}, usagef("--pool caller registers host pools for the direct path; drop --staging and --memory device")
 	}
 	if f.connectTimeout <= 0 {
 		return runConfig{}, usagef("--connect-timeout = %v: must be positive", f.connectTimeout)
@@ -184,6 +195,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (runConfig, error) {
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.duration, MaxIters: f.out.maxIters,
 		Verify: !f.out.noVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
 		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, Memory: f.memory,
+		Pool: f.pool,
 	}, nil
 }
 

@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The validated-read rule: a sender told (falsely) that its receiver is gone ends the
+// exposure, quiesces and reuses its blocks while the receiver's gets are still on the wire;
+// the receiver, which never heard (the sender's abort is lost), reads the changed blocks, then
+// the changed generation word, and fails: it never completes with bytes that changed under it.
+// Without the check the receiver completed with the reused bytes.
+func TestRMAValidatedRead_SenderReusesBlocksMidRead(t *testing.T) {
+	src, dst := rmaPools(t, 61)
+	p := newPair(t, rmaConfig(), rmaConfig())
+	p.net.eps["prefill"].AllowDirect(src.mem)
+	p.net.eps["decode"].AllowDirect(dst.mem)
+	var hang atomic.Bool
+	hang.Store(true)
+	p.net.SetFault(func(fp FaultPoint) Fault {
+		switch {
+		case fp.Kind == KindData && !fp.Generation && hang.Load():
+			return Fault{Hang: true} // the data gets wait on the wire until Resume
+		case fp.Kind == KindAbort && fp.From == "prefill":
+			return Fault{Drop: true} // the receiver never hears that the sender gave up
+		}
+		return Fault{}
+	})
+	hs, hr := p.start(t, 1, src, dst)
+	eventually(t, func() bool { return p.net.OnWire() >= 1 }, "gets on the wire")
+	require.Equal(t, PathRMA, hr.Path())
+
+	// A keepalive false alarm at the sender only: it ends the exposure and quiesces.
+	p.net.eps["prefill"].deliver(func(in Inbound) { in.OnPeerLost("decode", fmt.Errorf("%w: false alarm", ErrPeerLost)) })
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	requireState(t, hs, Failed)
+	for i := range src.mem { // the caller reuses its blocks at once, as Quiesced allows
+		src.mem[i] = ^src.mem[i]
+	}
+	hang.Store(false)
+	p.net.Resume()
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	requireState(t, hr, Failed)
+	require.ErrorIs(t, hr.Status().Err, ErrStaleRead)
+	var se *StaleReadError
+	require.ErrorAs(t, hr.Status().Err, &se)
+	require.NotEqual(t, se.Offered, se.Read)
+	require.Zero(t, p.net.Pending(), "every operation has its final verdict")
+}
+
+// Without a disturbance the generation read is one more get after the data, and the transfer
+// completes; the sender's word then changes, so a late repeat of the check would fail.
+func TestRMAValidatedRead_UndisturbedCompletes(t *testing.T) {
+	src, dst := rmaPools(t, 62)
+	p, w := directPair(t, rmaConfig(), rmaConfig(), src, dst)
+	var gens atomic.Int32
+	p.net.SetFault(func(fp FaultPoint) Fault {
+		if fp.Generation {
+			gens.Add(1)
+		}
+		return w.judge(fp)
+	})
+	hs, hr := p.start(t, 1, src, dst)
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	requireState(t, hr, Completed)
+	requireState(t, hs, Completed)
+	require.Equal(t, PathRMA, hr.Path())
+	require.Equal(t, int32(1), gens.Load(), "one generation read")
+	require.Equal(t, src.stream(t), dst.stream(t))
+}

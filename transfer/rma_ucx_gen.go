@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/kvxfer/kvxfer/native"
+)
+
+var _ RMAGenerations = (*UCXTransport)(nil)
+
+// ucxGenWords is how many exposures may hold a generation word at once, and how many
+// generation reads may be in flight; the region holds both (64 KiB).
+const ucxGenWords = 4096
+
+// ucxGens is the UCX transport's generation region, under UCXTransport.mu: words [0,
+// ucxGenWords) are exposures' generation words that peers read, words [ucxGenWords,
+// 2*ucxGenWords) are where this side's reads of peers' words land. Mapped by UCX on first use,
+// its key packed once.
+type ucxGens struct {
+	mem     *native.Memory
+	key     []byte
+	free    []int // exposure words free for reuse
+	next    int
+	landing []int // landing words free
+	value   atomic.Uint64
+}
+
+func (g *ucxGens) word(i int) *uint64 {
+	return (*uint64)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(g.mem.Bytes())), 8*i))
+}
+
+// gensLocked maps the region on first use.
+func (t *UCXTransport) gensLocked() (*ucxGens, error) {
+	g := &t.gens
+	if g.mem != nil {
+		return g, nil
+	}
+	mem, err := t.uctx.Allocate(8 * 2 * ucxGenWords)
+	if err != nil {
+		return nil, fmt.Errorf("kvxfer: mapping the generation words: %w", err)
+	}
+	key, err := mem.PackRemoteKey()
+	if err != nil {
+		_ = mem.Close()
+		return nil, fmt.Errorf("kvxfer: packing the generation words' key: %w", err)
+	}
+	g.mem, g.key = mem, key
+	for i := 2*ucxGenWords - 1; i >= ucxGenWords; i-- {
+		g.landing = append(g.landing, i)
+	}
+	return g, nil
+}
+
+// ExposeGeneration implements RMAGenerations with a word of the transport's generation
+// region: the value is this transport's next, stored atomically; end stores the one after.
+func (t *UCXTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, nil, 0, nil, ErrClosed
+	}
+	g, err := t.gensLocked()
+	if err != nil {
+		return 0, nil, 0, nil, err
+	}
+	slot := g.next
+	if k := len(g.free); k > 0 {
+		slot, g.free = g.free[k-1], g.free[:k-1]
+	} else if slot >= ucxGenWords {
+		return 0, nil, 0, nil, fmt.Errorf("kvxfer: all %d generation words in use", ucxGenWords)
+	} else {
+		g.next++
+	}
+	w := g.word(slot)
+	value := g.value.Add(1)
+	atomic.StoreUint64(w, value)
+	var once sync.Once
+	end := func() {
+		once.Do(func() {
+			atomic.StoreUint64(w, g.value.Add(1)) // a value no exposure was given, before any reuse
+			t.mu.Lock()
+			g.free = append(g.free, slot)
+			t.mu.Unlock()
+		})
+	}
+	return uint64(uintptr(unsafe.Pointer(w))), g.key, value, end, nil
+}
+
+// PostReadGeneration implements RMAGenerations with one fenced ucp_get_nbx of 8 bytes into a
+// landing word of the generation region: the fence orders it after every get this worker
+// posted before it.
+func (t *UCXTransport) PostReadGeneration(from Peer, tag Tag, key []byte, addr uint64, done func(Completion, uint64)) (OpID, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, ErrClosed
+	}
+	g, err := t.gensLocked()
+	if err != nil {
+		return 0, err
+	}
+	if len(g.landing) == 0 {
+		return 0, fmt.Errorf("kvxfer: %d generation reads in flight already", ucxGenWords)
+	}
+	ep, err := t.endpointLocked(from)
+	if err != nil {
+		return 0, err
+	}
+	rk, err := t.remoteKeyLocked(from, 0, ep, key) // lane 0: the transport's own worker
+	if err != nil {
+		return 0, err
+	}
+	slot := g.landing[len(g.landing)-1]
+	g.landing = g.landing[:len(g.landing)-1]
+	w := g.word(slot)
+	atomic.StoreUint64(w, 0)
+	t.nextOp++
+	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: 8}
+	rk.inflight++
+	op.done = func(c Completion) {
+		if c.Memory == MemoryBusy {
+			done(c, 0)
+			return
+		}
+		v := atomic.LoadUint64(w)
+		t.keyUnused(rk)
+		t.mu.Lock()
+		g.landing = append(g.landing, slot)
+		t.mu.Unlock()
+		done(c, v)
+	}
+	op.req = ep.GetFenced(g.mem, int64(8*slot), 8, addr, rk.rk)
+	t.ops[op.id] = op
+	t.byReq[op.req] = op
+	return op.id, nil
+}
+
+// closeGens unmaps the generation region once the worker is gone (Close).
+func (t *UCXTransport) closeGens() error {
+	t.mu.Lock()
+	mem := t.gens.mem
+	t.gens.mem = nil
+	t.mu.Unlock()
+	if mem == nil {
+		return nil
+	}
+	return mem.Close()
+}
