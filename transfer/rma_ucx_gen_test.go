@@ -28,6 +28,7 @@ func TestUCXRMA_SenderReusesBlocksMidReadFailsTheReceiver(t *testing.T) {
 			cfg := ucxTestConfig()
 			cfg.DirectChunkBytes = 1 << 20
 			cfg.TransferTimeout = 60 * time.Second
+			cfg.RMAWhereEmulated = true // the RMA mode itself, over TCP too
 			src := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			s, _ := callerKV(t, src, dims, layout.BlockMajor, ids, 21, "anon")
