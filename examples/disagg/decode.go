@@ -113,8 +113,8 @@ func (d *decodeWorker) receive(ctx context.Context, cp *transfer.ContextParams) 
 	if st.State != transfer.Completed {
 		return d.afterFailure(h, blocks, st)
 	}
-	d.out.printf("decode: request %d: %s, %d bytes from %s into blocks %v in %v", cp.RequestID, st.State, st.Bytes,
-		shortPeer(peer), blocks, time.Since(began).Round(time.Microsecond))
+	d.out.printf("decode: request %d: %s, %d bytes from %s into blocks %v in %v, path %s", cp.RequestID, st.State, st.Bytes,
+		shortPeer(peer), blocks, time.Since(began).Round(time.Microsecond), h.Path())
 	got := make([]byte, plan.Bytes())
 	if err := layout.ReferenceGather(plan, d.pool.mem, got); err != nil {
 		return err

@@ -25,13 +25,20 @@ type kvPool struct {
 	free []int32
 }
 
-func newKVPool() *kvPool {
+// newKVPool maps the worker's KV cache through its fabric, the way a serving process hands
+// the cache it already owns to kvxfer (see fabric.mapPool), so transfers take the one-copy
+// path.
+func newKVPool(fab fabric) (*kvPool, error) {
 	l := layout.Packed(poolDims, layout.BlockMajor)
-	p := &kvPool{layout: l, mem: make([]byte, l.SpanBytes())}
+	mem, err := fab.mapPool(int(l.SpanBytes()))
+	if err != nil {
+		return nil, fmt.Errorf("KV cache: %w", err)
+	}
+	p := &kvPool{layout: l, mem: mem}
 	for b := int32(poolDims.NumBlocks) - 1; b >= 0; b-- {
 		p.free = append(p.free, b)
 	}
-	return p
+	return p, nil
 }
 
 // alloc takes enough blocks for tokens.

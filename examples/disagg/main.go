@@ -207,16 +207,24 @@ func serveControl(addr string, prefill *prefillWorker, health observe.HealthSour
 	return "http://" + ln.Addr().String(), stop, nil
 }
 
-func newPrefillWorker(eng *transfer.Engine, fab fabric, out *printer) *prefillWorker {
-	return &prefillWorker{eng: eng, params: fab.params, pool: newKVPool(), out: out, bound: 20 * time.Second,
-		decodeDone: make(chan struct{}), live: map[transfer.RequestID]*prefilled{}}
+func newPrefillWorker(eng *transfer.Engine, fab fabric, out *printer) (*prefillWorker, error) {
+	pool, err := newKVPool(fab)
+	if err != nil {
+		return nil, err
+	}
+	return &prefillWorker{eng: eng, params: fab.params, pool: pool, out: out, bound: 20 * time.Second,
+		decodeDone: make(chan struct{}), live: map[transfer.RequestID]*prefilled{}}, nil
 }
 
-func newDecodeWorker(eng *transfer.Engine, fab fabric, control string, out *printer) *decodeWorker {
+func newDecodeWorker(eng *transfer.Engine, fab fabric, control string, out *printer) (*decodeWorker, error) {
+	pool, err := newKVPool(fab)
+	if err != nil {
+		return nil, err
+	}
 	// Its own connections, so closing them when done touches no one else's.
 	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 10 * time.Second}
-	return &decodeWorker{eng: eng, addr: fab.self, senderPeer: fab.senderPeer, pool: newKVPool(), out: out,
-		control: control, client: client, bound: 20 * time.Second}
+	return &decodeWorker{eng: eng, addr: fab.self, senderPeer: fab.senderPeer, pool: pool, out: out,
+		control: control, client: client, bound: 20 * time.Second}, nil
 }
 
 // decodeStory is the decode worker's part, the same over every transport: request 1 moves,
@@ -262,7 +270,10 @@ func runInProcess(ctx context.Context, o options, out *printer, log *zap.Logger)
 		_ = pw.eng.Close()
 		return err
 	}
-	prefill := newPrefillWorker(pw.eng, prefillFab, out)
+	prefill, err := newPrefillWorker(pw.eng, prefillFab, out)
+	if err != nil {
+		return errors.Join(err, pw.eng.Close(), dw.eng.Close())
+	}
 	defer func() { err = errors.Join(err, shutdown(prefill, pw, dw)) }()
 
 	// Both engines live in this process: the probe answers for both.
@@ -274,7 +285,10 @@ func runInProcess(ctx context.Context, o options, out *printer, log *zap.Logger)
 	defer func() { err = errors.Join(err, stopControl()) }()
 	out.printf("control plane: %s (also %s and %s)", control, observe.HealthzPath, observe.MetricsPath)
 
-	decode := newDecodeWorker(dw.eng, decodeFab, control, out)
+	decode, err := newDecodeWorker(dw.eng, decodeFab, control, out)
+	if err != nil {
+		return err
+	}
 	defer decode.client.CloseIdleConnections()
 	if err := decodeStory(ctx, decode, o.tokens); err != nil {
 		return err
@@ -315,7 +329,10 @@ func runPrefill(ctx context.Context, o options, out *printer, stderr io.Writer, 
 	if err != nil {
 		return err
 	}
-	prefill := newPrefillWorker(pw.eng, fab, out)
+	prefill, err := newPrefillWorker(pw.eng, fab, out)
+	if err != nil {
+		return errors.Join(err, pw.eng.Close())
+	}
 	defer func() { err = errors.Join(err, shutdown(prefill, pw)) }()
 	control, stopControl, err := serveControl(o.control, prefill, pw.eng, reg, log)
 	if err != nil {
@@ -375,7 +392,10 @@ func runDecode(ctx context.Context, o options, out *printer, log *zap.Logger) (e
 		return err
 	}
 	defer func() { err = errors.Join(err, shutdown(nil, dw)) }()
-	decode := newDecodeWorker(dw.eng, fab, "http://"+o.control, out)
+	decode, err := newDecodeWorker(dw.eng, fab, "http://"+o.control, out)
+	if err != nil {
+		return err
+	}
 	defer decode.client.CloseIdleConnections() // the prefill process may serve on after we exit
 	out.printf("decode: pid %d, engine %s over UCX (%s), prefill's control plane %s", os.Getpid(), shortPeer(fab.self), o.tls, decode.control)
 	if err := decodeStory(ctx, decode, o.tokens); err != nil {

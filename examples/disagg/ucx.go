@@ -8,6 +8,8 @@
 package main
 
 import (
+	"fmt"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -26,5 +28,22 @@ func ucxFabric(tls string, keepalive time.Duration, log *zap.Logger) (fabric, er
 		return fabric{}, err
 	}
 	return fabric{transport: tr, staging: tr.StagingMemory(), self: tr.Self(), params: tr.ContextParams,
-		senderPeer: transfer.SenderPeer}, nil
+		senderPeer: transfer.SenderPeer, mapPool: func(n int) ([]byte, error) { return registeredPool(tr, n) }}, nil
+}
+
+// registeredPool is how a serving process hands UCX the KV cache it owns: memory it mapped
+// itself (never Go memory: UCX would keep it past every call, which cgo's rules forbid, and
+// RegisterHost refuses it), registered once. The transport's Close unregisters it; the mapping
+// lives as long as the process.
+func registeredPool(tr *transfer.UCXTransport, n int) ([]byte, error) {
+	mem, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap of %d bytes: %w", n, err)
+	}
+	region, err := tr.RegisterHost(mem)
+	if err != nil {
+		_ = syscall.Munmap(mem)
+		return nil, err
+	}
+	return region.Pool(), nil
 }

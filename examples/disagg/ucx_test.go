@@ -57,7 +57,7 @@ func (s *syncBuffer) String() string {
 // request (7 blocks of 256 KiB).
 var decodeStoryLines = []string{
 	`(?m)^decode: request 1: ContextParams \(\d+ bytes\) from [0-9a-f]{16}…: prefill blocks \[0 1 2 3 4 5 6\]$`,
-	`(?m)^decode: request 1: completed, 1835008 bytes from [0-9a-f]{16}… into blocks \[0 1 2 3 4 5 6\] in `,
+	`(?m)^decode: request 1: completed, 1835008 bytes from [0-9a-f]{16}… into blocks \[0 1 2 3 4 5 6\] in [^,]+, path rma$`, // registered pools: the one-copy path
 	`(?m)^decode: request 1: all 1835008 bytes verified; blocks ready for generation$`,
 	`(?m)^decode: request 2: client went away before its KV moved; prefill's cancel said cancelled-before-advertise$`,
 	`(?m)^decode: request 3: cancel: cancel-requested-in-flight: stop scheduling it; blocks \[\d[ \d]*\] wait for Quiesced$`,
