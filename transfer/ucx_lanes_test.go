@@ -90,7 +90,9 @@ func TestUCXRMA_GetsStripedOverLanes(t *testing.T) {
 				dst.tr.mu.Lock()
 				keys := len(dst.tr.rma.keys)
 				dst.tr.mu.Unlock()
-				require.Equal(t, lanes, keys, "one unpacked key per lane")
+				// One unpacked key per lane, and the generation words' key on the transport's own
+				// worker, unless its packed bytes are the pool's (TCP's keys name no memory).
+				require.Contains(t, []int{lanes, lanes + 1}, keys, "one unpacked key per lane (and the generation words')")
 				require.Empty(t, laneWorkers(src.tr), "a sender makes no lanes")
 			})
 		}

@@ -7,6 +7,7 @@ package transfer
 import (
 	"bytes"
 	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -299,4 +300,35 @@ func TestUCXRegion_TwoProcessesEveryByteChecked(t *testing.T) {
 			})
 		}
 	}
+}
+
+// BenchmarkUCXRegion_Register times RegisterHost (ucp_mem_map of caller memory and the key
+// packed once) and Unregister of one region of $KVX_REGISTER_BYTES (default 1 GiB) that the
+// process mapped and touched, on shared memory's transports. docs/benchmarks.md has figures.
+func BenchmarkUCXRegion_Register(b *testing.B) {
+	size := int64(1 << 30)
+	if s := os.Getenv("KVX_REGISTER_BYTES"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		require.NoError(b, err)
+		size = n
+	}
+	tr, err := NewUCXTransport(UCXConfig{TLS: "posix,cma,self", StagingBytes: 1 << 20})
+	require.NoError(b, err)
+	defer func() { require.NoError(b, tr.Close(false)) }()
+	mem := mmapPool(b, int(size), "anon")
+	for i := 0; i < len(mem); i += os.Getpagesize() {
+		mem[i] = 1 // resident, as a KV cache in use is
+	}
+	var reg, unreg time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		r, err := tr.RegisterHost(mem)
+		require.NoError(b, err)
+		t1 := time.Now()
+		require.NoError(b, r.Unregister())
+		reg, unreg = reg+t1.Sub(t0), unreg+time.Since(t1)
+	}
+	b.ReportMetric(float64(reg.Microseconds())/float64(b.N), "register-us")
+	b.ReportMetric(float64(unreg.Microseconds())/float64(b.N), "unregister-us")
 }
