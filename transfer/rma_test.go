@@ -409,7 +409,7 @@ func TestRMAOfferInParts(t *testing.T) {
 		{"at the bound: one message", rmaMaxOfferBlocks, 0, nil, 1},
 		{"one block over: two parts", rmaMaxOfferBlocks + 1, 0, nil, 2},
 		{"a 128k-token request of 16-token blocks: eleven parts", 8192, 0, nil, 11},
-		{"control messages of 1 KiB: parts sized to them", 2000, 1024, nil, 2000/((1024-rmaOfferFixedBytes-rmaOfferBodyBytes-rmaPartBytes-len(memKeyMagic)-4)/4) + 1},
+		{"control messages of 1 KiB: parts sized to them", 2000, 1024, nil, 2000/((1024-rmaOfferFixedBytes-rmaOfferBodyBytes-rmaPartBytes-2*(len(memKeyMagic)+4)-rmaGenBytes)/4) + 1},
 		{"a lost part is sent again", 3 * rmaMaxOfferBlocks, 0, func(n int) Fault { return Fault{Drop: n == 2} }, 3 + 3},
 		{"parts twice and out of order", 8192, 0, func(n int) Fault {
 			return Fault{Duplicate: n%3 == 0, Delay: time.Duration(n%2) * 20 * time.Millisecond}

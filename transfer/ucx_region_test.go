@@ -266,10 +266,8 @@ func TestUCXRegion_TwoProcessesEveryByteChecked(t *testing.T) {
 	for _, tr := range ucxTransports {
 		for _, mode := range []string{"engine-send", "engine-recv"} {
 			t.Run(tr.name+"/"+mode, func(t *testing.T) {
-				peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 81, 30*time.Second), "-caller", "-rma-where-emulated")...)
-				cfg := ucxPeerTestConfig()
-				cfg.RMAWhereEmulated = true // the RMA mode itself, over TCP too
-				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
+				peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 81, 30*time.Second), "-caller")...)
+				local := newUCXEngine(t, tr.tls, tr.dev, ucxPeerTestConfig())
 				peer.Connect(t, string(local.tr.Self()))
 				goPool, plan := ucxEnginePool(t, blocks, 5, mode == "engine-recv")
 				mem := mmapPool(t, len(goPool), "anon")
