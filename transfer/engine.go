@@ -24,6 +24,9 @@ type Engine struct {
 	pool *buffer.Pool
 	log  *zap.Logger
 	obs  Observer
+	// oq delivers the caller's Observer outside the engine's locks; nil for NopObserver, whose
+	// calls cost nothing under a lock.
+	oq *observerQueue
 	// direct is tr when it implements the one-copy extension, else nil.
 	direct DirectTransport
 
@@ -120,6 +123,10 @@ func New(tr Transport, cfg Config) (*Engine, error) {
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
 		admission: make(chan struct{}, cfg.MaxConcurrent),
 		closing:   make(chan struct{}), stopProgress: make(chan struct{}), progressDone: make(chan struct{}),
+	}
+	if _, nop := cfg.Observer.(NopObserver); !nop {
+		e.oq = newObserverQueue(cfg.Observer) // the caller's callbacks run outside the engine's locks
+		e.obs = e.oq
 	}
 	e.direct, _ = tr.(DirectTransport)
 	e.stallFrom.Store(time.Now().UnixNano())
@@ -374,6 +381,16 @@ func (e *Engine) Health() Health {
 	return Health{Healthy: len(why) == 0, Reason: strings.Join(why, "; "), HealthSnapshot: s}
 }
 
+// signal closes a handle's Done or Quiesced: at once, or after the observer has heard every
+// event before it (observerQueue).
+func (e *Engine) signal(ch chan struct{}) {
+	if e.oq != nil {
+		e.oq.signal(ch)
+		return
+	}
+	close(ch)
+}
+
 func chanClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
@@ -484,6 +501,13 @@ func (e *Engine) Close() error {
 	close(e.stopProgress)
 	<-e.progressDone // Progress returns within PollBudget
 	e.pool.Close()
+	if e.oq != nil && err == nil {
+		// Within what is left of CloseTimeout; an observer slower than that hears the rest
+		// after Close returns.
+		if werr := e.oq.wait(ctx); werr != nil {
+			err = fmt.Errorf("kvxfer: the observer had not heard every event within CloseTimeout: %w", werr)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -516,7 +540,7 @@ func (e *Engine) driverDone(x *xfer) {
 	h.mu.Lock()
 	h.exited++
 	gone := false
-	if h.exited == len(h.subs) && chanClosed(h.quiesced) {
+	if h.exited == len(h.subs) && h.quiescent {
 		h.engineRef = false
 		gone = h.callerRefs == 0
 	}

@@ -54,6 +54,9 @@ type Handle struct {
 
 	done     chan struct{}
 	quiesced chan struct{}
+	// quiescent: the table said the handle quiesced (Quiesced closes then, or once the
+	// observer has heard the moves before it). h.mu.
+	quiescent bool
 
 	mu              sync.Mutex // serialises every state change of the handle and its subs
 	subs            []*xfer
@@ -118,7 +121,7 @@ func (h *Handle) Release() error {
 	}
 	h.callerRefs--
 	gone := h.callerRefs == 0 && !h.engineRef
-	if h.callerRefs == 0 && !chanClosed(h.quiesced) {
+	if h.callerRefs == 0 && !h.quiescent {
 		h.remembered = true
 		h.eng.remembered.Add(1)
 	}
@@ -144,7 +147,7 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 	}
 	h.eng.obs.OnTransition(h.id, -1, from, r.next, ev)
 	if r.closesDone {
-		close(h.done)
+		h.eng.signal(h.done)
 	}
 	if r.quiesces {
 		if h.releasePool != nil {
@@ -158,7 +161,8 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 			h.remembered = false
 			h.eng.remembered.Add(-1)
 		}
-		close(h.quiesced)
+		h.quiescent = true
+		h.eng.signal(h.quiesced)
 	}
 	return true
 }

@@ -5,9 +5,12 @@ package transfer
 import "time"
 
 // Observer hears about everything the engine does to transfers, so a metrics package can be
-// added without touching the state machine. The engine calls it synchronously from whichever
-// goroutine made the change, sometimes under a handle's lock: implementations must be fast,
-// must not block, and must not call back into the engine.
+// added without touching the state machine. The engine calls it from a goroutine of its own,
+// one event at a time, in the order the events happened, and never under a lock that Cancel,
+// Status or a transfer needs: a slow observer delays no transfer and no Cancel. It does delay
+// what is queued behind it, a handle's Done and Quiesced included (they close only once the
+// observer has heard every move of that handle before them), and Close waits for it at most
+// CloseTimeout. So implementations should be fast; they may call Status and Cancel, not Close.
 type Observer interface {
 	// OnTransition reports a handle's (sub == -1) or a sub-transfer's state change.
 	OnTransition(id RequestID, sub int, from, to State, ev Event)

@@ -59,6 +59,9 @@ type PeerObserver interface {
 // notifyStart tells o about h, just accepted, if it listens for starts; the StartInfo is built
 // only then, so an engine without such an observer pays one type assertion.
 func notifyStart(o Observer, h *Handle, receive bool) {
+	if q, ok := o.(*observerQueue); ok && !q.start {
+		return
+	}
 	if s, ok := o.(StartObserver); ok {
 		s.OnStart(startInfo(h, receive))
 	}

@@ -111,8 +111,9 @@ func ExampleMulti() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(eng.Cancel(7))
-	_ = eng.Close()
+	out := eng.Cancel(7)
+	_ = eng.Close() // the observer hears events on its own goroutine; Close waits for it
+	fmt.Println(out)
 	// Output:
 	// {"level":"debug","logger":"kvxfer","msg":"transfer cancel","request":7,"outcome":"not-found","free_now":true}
 	// not-found

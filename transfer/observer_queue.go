@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// observerQueue hands a caller's Observer its events on a goroutine of its own, in the order
+// the engine made them, so no caller callback runs under a lock that Cancel, Status or a
+// completion needs: a slow observer delays only itself. A handle's Done and Quiesced close
+// through the same queue, so an observer has heard every move of a handle before its caller
+// wakes on them (a slow observer delays those signals, never the transfers). The queue holds
+// no goroutine while it is empty.
+type observerQueue struct {
+	user  Observer
+	mu    sync.Mutex
+	q     []func()
+	idle  chan struct{} // closed when the running goroutine found the queue empty; nil when none runs
+	start bool          // user is a StartObserver
+	peers bool          // user is a PeerObserver
+}
+
+func newObserverQueue(user Observer) *observerQueue {
+	_, start := user.(StartObserver)
+	_, peers := user.(PeerObserver)
+	return &observerQueue{user: user, start: start, peers: peers}
+}
+
+func (o *observerQueue) push(f func()) {
+	o.mu.Lock()
+	o.q = append(o.q, f)
+	if o.idle == nil {
+		o.idle = make(chan struct{})
+		go o.run(o.idle)
+	}
+	o.mu.Unlock()
+}
+
+func (o *observerQueue) run(idle chan struct{}) {
+	var batch []func()
+	for {
+		o.mu.Lock()
+		if len(o.q) == 0 {
+			o.idle = nil
+			o.mu.Unlock()
+			close(idle)
+			return
+		}
+		batch, o.q = o.q, batch[:0]
+		o.mu.Unlock()
+		for i, f := range batch {
+			f()
+			batch[i] = nil
+		}
+	}
+}
+
+// wait returns once everything queued so far has been delivered, or ctx ends.
+func (o *observerQueue) wait(ctx context.Context) error {
+	for {
+		o.mu.Lock()
+		idle := o.idle
+		o.mu.Unlock()
+		if idle == nil {
+			return nil
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// signal closes ch after every event queued before it has been delivered.
+func (o *observerQueue) signal(ch chan struct{}) { o.push(func() { close(ch) }) }
+
+// OnTransition implements Observer.
+func (o *observerQueue) OnTransition(id RequestID, sub int, from, to State, ev Event) {
+	o.push(func() { o.user.OnTransition(id, sub, from, to, ev) })
+}
+
+// OnCancel implements Observer.
+func (o *observerQueue) OnCancel(id RequestID, outcome CancelOutcome) {
+	o.push(func() { o.user.OnCancel(id, outcome) })
+}
+
+// OnQuarantine implements Observer.
+func (o *observerQueue) OnQuarantine(id RequestID, sub int, cause error) {
+	o.push(func() { o.user.OnQuarantine(id, sub, cause) })
+}
+
+// OnPoison implements Observer.
+func (o *observerQueue) OnPoison(id RequestID, slot int, reason string) {
+	o.push(func() { o.user.OnPoison(id, slot, reason) })
+}
+
+// OnProgress implements Observer.
+func (o *observerQueue) OnProgress(id RequestID, bytes int64, at time.Time) {
+	o.push(func() { o.user.OnProgress(id, bytes, at) })
+}
+
+// OnStart implements StartObserver for a user that is one.
+func (o *observerQueue) OnStart(info StartInfo) {
+	if o.start {
+		o.push(func() { o.user.(StartObserver).OnStart(info) })
+	}
+}
+
+// OnPeerConnected implements PeerObserver for a user that is one.
+func (o *observerQueue) OnPeerConnected(peer Peer) {
+	if o.peers {
+		o.push(func() { o.user.(PeerObserver).OnPeerConnected(peer) })
+	}
+}
+
+// OnPeerLost implements PeerObserver for a user that is one.
+func (o *observerQueue) OnPeerLost(peer Peer, err error) {
+	if o.peers {
+		o.push(func() { o.user.(PeerObserver).OnPeerLost(peer, err) })
+	}
+}
