@@ -67,6 +67,9 @@ func (t *UCXTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 // and a forced close of its endpoint ends it.
 func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error) {
 	t.startLanes()
+	if err := t.ensureEndpoint(from); err != nil {
+		return 0, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {

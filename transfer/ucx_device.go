@@ -247,6 +247,9 @@ func (d *UCXDeviceTransport) postChunk(peer Peer, tag Tag, buf []byte, done func
 	}
 	n := int64(len(buf) - DataHeaderBytes)
 	t := d.UCXTransport
+	if err := t.ensureEndpoint(peer); err != nil {
+		return 0, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {

@@ -60,6 +60,9 @@ func (t *UCXTransport) postIOV(peer Peer, tag Tag, iov [][]byte, done func(Compl
 	if len(iov) == 0 {
 		return 0, fmt.Errorf("%w: an empty IOV", ErrInvalidSpec)
 	}
+	if err := t.ensureEndpoint(peer); err != nil {
+		return 0, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {

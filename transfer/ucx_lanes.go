@@ -30,6 +30,9 @@ type ucxGetLanes struct {
 // per endpoint; a replaced endpoint is asked again. When UCX cannot be asked it answers false,
 // and the receiver keeps the RMA mode, which works on every transport.
 func (t *UCXTransport) GetsEmulated(peer Peer) bool {
+	if t.ensureEndpoint(peer) != nil {
+		return false
+	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()

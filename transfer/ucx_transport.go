@@ -198,6 +198,10 @@ type UCXTransport struct {
 	drainByReq map[*native.Request]*ucxDrain
 	drainStats UCXDrainStats
 
+	// beforeConnect, when set (tests), runs as a new endpoint is about to be made: a worker
+	// round trip of up to CloseTimeout.
+	beforeConnect func()
+
 	// tagOwners holds the tag hashes receiving transfers reserved (ucx_tags.go).
 	tagOwners map[uint64]ucxTagOwner
 
@@ -348,21 +352,67 @@ func (t *UCXTransport) postControlLocked() {
 	t.ctrl = t.w.TagRecvBytes(nil, t.cfg.MaxControlBytes, ucxKindCtrl, ucxKindMask)
 }
 
-// endpointLocked returns the endpoint to peer, creating it (a local operation: UCX connects
-// lazily) on first use or after the old one failed.
-func (t *UCXTransport) endpointLocked(peer Peer) (*native.Endpoint, error) {
-	if ep := t.eps[peer]; ep != nil && ep.Err() == nil {
-		return ep, nil
+// ensureEndpoint makes the endpoint to peer if there is none (first use, or the old one
+// failed), without holding mu: creating one is a round trip to the worker's thread, which
+// takes up to CloseTimeout when the worker is busy, and posts, completions and cancels of
+// every other peer must not wait for it. Every method that reaches a peer calls it before
+// taking mu; endpointLocked then finds the endpoint made.
+func (t *UCXTransport) ensureEndpoint(peer Peer) error {
+	t.mu.Lock()
+	if ep := t.eps[peer]; t.closed || (ep != nil && ep.Err() == nil) {
+		t.mu.Unlock()
+		return nil // closed: the caller says so under mu
 	}
+	w, hook := t.w, t.beforeConnect
+	t.mu.Unlock()
+	ep, err := t.connect(w, peer, hook)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cur := t.eps[peer]; t.closed || t.w != w || (cur != nil && cur.Err() == nil) {
+		// Closed, the worker replaced, or another caller made one first: this one goes.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
+			defer cancel()
+			_ = ep.ForceClose(ctx)
+		}()
+		return nil
+	}
+	t.eps[peer] = ep
+	go t.watch(peer, ep)
+	return nil
+}
+
+// connect makes an endpoint to peer on w.
+func (t *UCXTransport) connect(w *native.Worker, peer Peer, hook func()) (*native.Endpoint, error) {
 	addr, err := hex.DecodeString(string(peer))
 	if err != nil || len(addr) == 0 {
 		return nil, fmt.Errorf("%w: peer %.16q is not a UCX worker address in hex", ErrInvalidSpec, peer)
 	}
+	if hook != nil {
+		hook()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
 	defer cancel()
-	ep, err := t.w.Connect(ctx, addr)
+	ep, err := w.Connect(ctx, addr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: connect: %w", ErrPeerLost, err)
+	}
+	return ep, nil
+}
+
+// endpointLocked returns the endpoint to peer. The caller ran ensureEndpoint first, so it
+// exists but for a race with its failure; then it is made here, under mu (UCX connects
+// lazily, so this is one worker round trip, not a network one).
+func (t *UCXTransport) endpointLocked(peer Peer) (*native.Endpoint, error) {
+	if ep := t.eps[peer]; ep != nil && ep.Err() == nil {
+		return ep, nil
+	}
+	ep, err := t.connect(t.w, peer, nil)
+	if err != nil {
+		return nil, err
 	}
 	t.eps[peer] = ep
 	go t.watch(peer, ep)
@@ -415,6 +465,9 @@ func (t *UCXTransport) ControlRoom() int {
 
 // SendControl implements Transport.
 func (t *UCXTransport) SendControl(to Peer, msg []byte) error {
+	if err := t.ensureEndpoint(to); err != nil {
+		return err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(msg)+2+len(t.addr) > t.cfg.MaxControlBytes {
@@ -452,6 +505,9 @@ func (t *UCXTransport) PostRecv(from Peer, tag Tag, buf []byte, done func(Comple
 }
 
 func (t *UCXTransport) post(peer Peer, tag Tag, buf []byte, done func(Completion), send bool) (OpID, error) {
+	if err := t.ensureEndpoint(peer); err != nil {
+		return 0, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
