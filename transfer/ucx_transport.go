@@ -700,8 +700,14 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 	} else {
 		op.busy = true
 	}
+	asked, closed := op.cancel, t.closed
 	t.mu.Unlock()
 	c := Completion{Err: ucxError(req.Err(), op.peer), Memory: MemoryDone}
+	if !asked && !closed && errors.Is(req.Err(), native.ErrCanceled) {
+		// Nobody here asked: the endpoint to the peer failed, and UCX cancelled what was
+		// posted on it. The caller must hear that the peer was lost, not that it cancelled.
+		c.Err = fmt.Errorf("%w: %.16s: its endpoint failed: %w", ErrPeerLost, op.peer, req.Err())
+	}
 	if c.Err == nil {
 		c.Bytes = op.size
 		if !op.send {

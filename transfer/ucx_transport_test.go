@@ -6,7 +6,9 @@ package transfer
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -207,45 +209,55 @@ func TestUCXTransport_Request4096Tokens(t *testing.T) {
 	require.True(t, bytes.Equal(s.mem, r.mem), "every byte")
 }
 
-// The sending engine goes away mid-transfer (its transport force-closed, as a crashed process
-// would vanish): the receiver's handle reaches a terminal or quarantined state within its
-// deadline, health says why, and a new sender works again.
+// The sending process dies mid-transfer, for real: its sends stall after a few chunks (so
+// the request can never finish first), then its UCX transport is force-closed under its
+// engine, with no abort sent, as a crashed process vanishes. The receiver's handle must end
+// within its deadline with the peer lost or the deadline passed (never a peer's abort: the
+// dead peer sent none), quiesce within the quarantine bound with every slot accounted, and a
+// new sender must work again with health back to healthy.
 func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 	dims := layout.Dims{NumLayers: 8, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 128}
+	const stallAfter = 4 // chunks the sender sends before it stalls
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
 			cfg.TransferTimeout = 2 * time.Second
 			dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
-			src := newUCXEngine(t, tr.tls, tr.dev, cfg)
-			ids := make([]int32, 128)
-			for i := range ids {
-				ids[i] = int32(i)
-			}
-			s := newUCXKV(t, dims, layout.BlockMajor, ids, 3)
-			r := newUCXKV(t, dims, layout.BlockMajor, ids, 0)
+			src := newStallingUCXEngine(t, tr.tls, tr.dev, cfg, stallAfter)
+			s := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(0, 32), 3) // 16 MiB
+			r := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(0, 32), 0)
+			require.Greater(t, s.plan.Bytes(), int64(2*stallAfter)*cfg.SlotBytes, "the request must outlast the stall")
 			hr, err := dst.e.Receive(bg, Spec{ID: 9, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
 			require.NoError(t, err)
 			_, err = src.e.Send(bg, Spec{ID: 9, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
 			require.NoError(t, err)
-			deadline := time.Now().Add(10 * time.Second)
-			for hr.Status().Bytes == 0 && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
+			select {
+			case <-src.stalled:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("the sender never reached its stall: %+v", hr.Status())
 			}
+			eventually(t, func() bool { return hr.Status().Bytes > 0 }, "chunks before the stall arrived")
+
 			start := time.Now()
-			require.NoError(t, src.e.Close()) // the sender vanishes
+			defer func() { t.Logf("%v in all after the sender vanished", time.Since(start)) }()
+			require.NoError(t, src.tr.Close(true)) // the sender's process vanishes: no abort
 			select {
 			case <-hr.Done():
 			case <-time.After(cfg.TransferTimeout + 5*time.Second):
 				t.Fatalf("receiver not done %v after its sender vanished: %+v", time.Since(start), hr.Status())
 			}
 			st := hr.Status()
-			t.Logf("receiver: %v after %v (%v)", st.State, time.Since(start), st.Err)
-			if st.State == Completed {
-				t.Skip("the whole request moved before the sender closed; nothing to fail")
-			}
-			require.Error(t, st.Err)
+			t.Logf("receiver: %v after %v, %d of %d bytes (%v)", st.State, time.Since(start), st.Bytes, st.Total, st.Err)
+			require.NotEqual(t, Completed, st.State)
+			require.Less(t, st.Bytes, st.Total)
+			require.NotErrorIs(t, st.Err, ErrPeerAborted, "the dead sender sent no abort")
+			require.True(t, errors.Is(st.Err, ErrPeerLost) || errors.Is(st.Err, ErrDeadline), "%v", st.Err)
 			waitQuiesced(t, hr, cfg.QuarantineTimeout+5*time.Second)
+			ps := dst.e.pool.Stats()
+			require.Equal(t, ps.Total, ps.Free+ps.Leased+ps.Poisoned)
+			require.Zero(t, ps.Leased)
+
+			t.Logf("receiver quiesced %v after the sender vanished", time.Since(start))
 
 			// A new sender at a new address works: the engine is healthy again.
 			src2 := newUCXEngine(t, tr.tls, tr.dev, cfg)
@@ -262,4 +274,75 @@ func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 				"health: %s", dst.e.Health().Reason)
 		})
 	}
+}
+
+// stallingUCX is a UCXTransport whose sends after the first n never reach UCX: the sending
+// engine stalls there for good, as a process that hangs mid-transfer. Close ends the held
+// sends (memory unknown: they were never anywhere).
+type stallingUCX struct {
+	*UCXTransport
+	n       int
+	stalled chan struct{}
+
+	mu   sync.Mutex
+	sent int
+	held map[OpID]func(Completion)
+	next OpID
+	once sync.Once
+}
+
+func (s *stallingUCX) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+	s.mu.Lock()
+	if s.sent < s.n {
+		s.sent++
+		s.mu.Unlock()
+		return s.UCXTransport.PostSend(to, tag, buf, done)
+	}
+	s.next++
+	id := OpID(1)<<62 | s.next
+	s.held[id] = done
+	s.mu.Unlock()
+	s.once.Do(func() { close(s.stalled) })
+	return id, nil
+}
+
+func (s *stallingUCX) Cancel(id OpID) {
+	if id&(OpID(1)<<62) == 0 {
+		s.UCXTransport.Cancel(id)
+	}
+}
+
+func (s *stallingUCX) Close(force bool) error {
+	s.mu.Lock()
+	held := s.held
+	s.held = map[OpID]func(Completion){}
+	s.mu.Unlock()
+	for _, done := range held {
+		done(Completion{Err: ErrClosed, Memory: MemoryDone})
+	}
+	return s.UCXTransport.Close(force)
+}
+
+type stallingEngine struct {
+	*ucxEngine
+	stalled chan struct{}
+}
+
+// newStallingUCXEngine is newUCXEngine over a stallingUCX that stalls after n sends.
+func newStallingUCXEngine(t testing.TB, tls, dev string, cfg Config, n int) *stallingEngine {
+	t.Helper()
+	cfg = cfg.withDefaults()
+	if cfg.NumSlots == 0 {
+		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+	}
+	tr, err := NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
+		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
+		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
+	require.NoError(t, err)
+	cfg.StagingMemory = tr.StagingMemory()
+	st := &stallingUCX{UCXTransport: tr, n: n, stalled: make(chan struct{}), held: map[OpID]func(Completion){}}
+	e, err := New(st, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	return &stallingEngine{ucxEngine: &ucxEngine{tr: tr, e: e}, stalled: st.stalled}
 }
