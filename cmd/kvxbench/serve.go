@@ -20,6 +20,9 @@ func cmdServe(ctx context.Context, args []string, out *outputs) error {
 	f.register(fs, time.Second)
 	listen := fs.String("listen", "127.0.0.1:0", "control address to listen on (loopback unless given: on two hosts, pass the address the decode host reaches, or :PORT for every interface); port 0 picks a free one")
 	wait := fs.Duration("wait", 10*time.Minute, "how long to wait for kvxbench connect")
+	var disc discoveryFlags
+	disc.register(fs.FlagSet, "name", "kvxbench-prefill", "with --discovery: the name to publish this serve under (connect --peer)")
+	advertise := fs.String("advertise", "", "with --discovery: the control address to publish (default: the one listened on)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -58,6 +61,22 @@ func cmdServe(ctx context.Context, args []string, out *outputs) error {
 	defer ln.Close()
 	fmt.Fprintf(out.stderr, "kvxbench: serving on %s; on the decode host run: kvxbench connect HOST:%d (with the same layout flags)\n",
 		ln.Addr(), ln.Addr().(*net.TCPAddr).Port)
+	if disc.target != "" {
+		adv := *advertise
+		if adv == "" {
+			adv = ln.Addr().String()
+		}
+		httpAddr := ""
+		if obs != nil {
+			httpAddr = obs.srv.Addr()
+		}
+		withdraw, err := publishServe(ctx, disc, adv, httpAddr)
+		if err != nil {
+			return err
+		}
+		defer withdraw()
+		fmt.Fprintf(out.stderr, "kvxbench: published as %s (control %s) in %s\n", disc.name, adv, disc.target)
+	}
 	if err := ln.(*net.TCPListener).SetDeadline(time.Now().Add(*wait)); err != nil {
 		return err
 	}
@@ -91,15 +110,27 @@ func acceptCtx(ctx context.Context, ln net.Listener) (net.Conn, error) {
 // checks the two layouts agree, and drives the scenarios.
 func cmdConnect(ctx context.Context, args []string, out *outputs) error {
 	var f transferFlags
-	fs := newFlagSet("connect", "connect [flags] HOST:PORT", out)
+	fs := newFlagSet("connect", "connect [flags] HOST:PORT | connect --discovery URL [--peer NAME] [flags]", out)
 	f.register(fs, time.Second)
+	var disc discoveryFlags
+	disc.register(fs.FlagSet, "peer", "kvxbench-prefill", "with --discovery: the name of the serve to look up")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return usagef("connect needs the address serve printed: kvxbench connect [flags] HOST:PORT")
+	var addr string
+	switch {
+	case disc.target != "" && fs.NArg() == 0:
+		var err error
+		if addr, err = lookupServe(ctx, disc, f.connectTimeout); err != nil {
+			return err
+		}
+	case disc.target != "":
+		return usagef("connect: give either --discovery or HOST:PORT, not both")
+	case fs.NArg() != 1:
+		return usagef("connect needs the address serve printed: kvxbench connect [flags] HOST:PORT (or --discovery URL)")
+	default:
+		addr = fs.Arg(0)
 	}
-	addr := fs.Arg(0)
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return usagef("connect %q: %v (write HOST:PORT)", addr, err)

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer/discovery"
 )
 
 // startServe runs `kvxbench serve` in-process and returns the address it printed, and a
@@ -175,4 +177,37 @@ func TestServeProbesAnswerFromStart(t *testing.T) {
 	require.Contains(t, body, "waiting for kvxbench connect")
 	code, _ = get("/healthz")
 	require.Equal(t, http.StatusServiceUnavailable, code)
+}
+
+// serve publishes its control address in a registry and connect finds it there by name,
+// with no address passed by hand.
+func TestServeAndConnectThroughDiscovery(t *testing.T) {
+	reg, err := discovery.Serve("127.0.0.1:0")
+	require.NoError(t, err)
+	defer reg.Close(context.Background())
+	small := []string{"--layers", "2", "--prompts", "64", "--concurrency", "1", "--slot-size", "256KiB", "--max-memory", "256MiB", "--duration", "20ms"}
+	_, served := startServe(t, append([]string{"--discovery", reg.URL(), "--name", "prefill-a"}, small...)...)
+	args := append([]string{"connect", "--json", "--baseline=false", "--discovery", reg.URL(), "--peer", "prefill-a"}, small...)
+	code, stdout, stderr := runMain(t, 60*time.Second, args...)
+	if !engineBuilt {
+		// Without the engine the two ends still meet, then stop after the hello.
+		require.Equal(t, exitError, code)
+		require.Contains(t, stderr, "the transfer engine")
+	} else {
+		require.Equal(t, exitOK, code, stderr)
+		require.Contains(t, stdout, `"verified":true`)
+	}
+	select {
+	case <-served:
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not end")
+	}
+	// serve withdrew on exit; a connect looking for it now gives up within its timeout.
+	code, _, stderr = runMain(t, 20*time.Second, "connect", "--connect-timeout", "200ms", "--baseline=false",
+		"--discovery", reg.URL(), "--peer", "prefill-a")
+	require.Equal(t, exitError, code)
+	require.Contains(t, stderr, "did not appear")
+	code, _, stderr = runMain(t, 20*time.Second, "connect", "--discovery", reg.URL(), "127.0.0.1:1")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, stderr, "not both")
 }
