@@ -49,7 +49,7 @@ func startDecodeProcess(o options, addr string, out *printer, stderr io.Writer) 
 	}
 	args := []string{"-role=decode", "-transport=ucx", "-control=" + addr, "-tls=" + o.tls,
 		"-tokens=" + strconv.Itoa(o.tokens), "-timeout=" + o.timeout.String(),
-		"-progress-deadline=" + o.deadline.String(), "-v=" + strconv.FormatBool(o.verbose)}
+		"-progress-deadline=" + o.deadline.String(), "-v=" + strconv.FormatBool(o.verbose), "-discovery=" + o.discovery}
 	cmd := exec.Command(exe, args...)
 	cmd.Stdout = &lineWriter{out: out}
 	cmd.Stderr = stderr

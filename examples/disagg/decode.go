@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/discovery"
 )
 
 // decodeWorker pulls prefilled requests' KV with Engine.Receive, polling Status the way a
@@ -24,6 +25,7 @@ type decodeWorker struct {
 	pool       *kvPool
 	out        *printer
 	control    string // the prefill worker's control plane, http://host:port
+	reg        discovery.Registry
 	client     *http.Client
 	bound      time.Duration
 }
@@ -73,6 +75,11 @@ func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (*
 	}
 	if cp.RequestID != transfer.RequestID(id) {
 		return nil, fmt.Errorf("asked for request %d, got ContextParams of request %d", id, cp.RequestID)
+	}
+	// Params of a prefill life that is over (it restarted or died since) fail here, at once,
+	// instead of a Receive that waits out its deadline.
+	if err := checkParams(ctx, d.reg, cp); err != nil {
+		return nil, fmt.Errorf("request %d: %w", id, err)
 	}
 	d.out.printf("decode: request %d: ContextParams (%d bytes) from %s: prefill blocks %v", id, len(blob),
 		shortPeer(d.senderPeer(cp)), cp.Blocks)

@@ -4,6 +4,7 @@ package main
 
 import (
 	"errors"
+	"math/rand/v2"
 	"time"
 
 	"go.uber.org/zap"
@@ -31,22 +32,29 @@ type fabric struct {
 	// engine moves it in place (the direct path, in its RMA mode): UCX registers memory the
 	// process mapped itself (mmap, then RegisterHost).
 	mapPool func(n int) ([]byte, error)
+	// incarnation is this engine's life and address its transport address, as published in
+	// the registry (package discovery).
+	incarnation func() uint64
+	address     func() []byte
 }
 
 // memFabric is a worker on the in-memory network. The in-memory transport has no worker
 // address, so ContextParams carry the peer's name in its place.
 func memFabric(network *transfer.MemNetwork, name transfer.Peer) fabric {
+	life := rand.Uint64() | 1
 	return fabric{
 		transport: network.Transport(name),
 		self:      name,
 		params: func(id transfer.RequestID, plan *layout.Plan) *transfer.ContextParams {
-			return &transfer.ContextParams{RequestID: id, WorkerAddress: []byte(name),
+			return &transfer.ContextParams{RequestID: id, Incarnation: life, WorkerAddress: []byte(name),
 				Layout: plan.Layout(), Selection: plan.Selection(), Blocks: plan.Blocks()}
 		},
 		senderPeer: func(c *transfer.ContextParams) transfer.Peer { return transfer.Peer(c.WorkerAddress) },
 		// Go memory, not named to AllowDirect: over the in-memory network the example keeps
 		// the staging path, whose sender and receiver both report a frozen wire (-freeze).
-		mapPool: func(n int) ([]byte, error) { return make([]byte, n), nil },
+		mapPool:     func(n int) ([]byte, error) { return make([]byte, n), nil },
+		incarnation: func() uint64 { return life },
+		address:     func() []byte { return []byte(name) },
 	}
 }
 

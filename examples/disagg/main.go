@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/observe"
 )
 
@@ -62,6 +63,7 @@ type options struct {
 	timeout   time.Duration
 	freeze    time.Duration
 	deadline  time.Duration
+	discovery string
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -89,6 +91,7 @@ second and cancel a third in flight, handing ContextParams over HTTP on 127.0.0.
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on the whole run")
 	fs.DurationVar(&o.freeze, "freeze", 0, "-transport=mem only: if set, freeze the wire under a fourth request this long and show /healthz turning 503 and back")
 	fs.DurationVar(&o.deadline, "progress-deadline", 2*time.Second, "engines' ProgressDeadline: no progress this long with work in flight is unhealthy")
+	fs.StringVar(&o.discovery, "discovery", "", "registry the workers find each other through: etcd://HOST:PORT/PREFIX; empty: the embedded one on the prefill worker's control plane")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -102,8 +105,8 @@ second and cancel a third in flight, handing ContextParams over HTTP on 127.0.0.
 		return o, fmt.Errorf("-role=%q: want both, prefill or decode", o.role)
 	case o.role != "both" && o.transport != "ucx":
 		return o, fmt.Errorf("-role=%s: one role per process needs -transport=ucx (mem runs both roles in one process)", o.role)
-	case o.role == "decode" && strings.HasSuffix(o.control, ":0"):
-		return o, fmt.Errorf("-control=%s: with -role=decode, give the address the prefill process printed (host:port)", o.control)
+	case o.role == "decode" && o.discovery == "" && strings.HasSuffix(o.control, ":0"):
+		return o, fmt.Errorf("-control=%s: with -role=decode, give the address the prefill process printed (host:port), or -discovery", o.control)
 	case o.tokens <= 0 || int64(o.tokens) > maxTokens:
 		return o, fmt.Errorf("-tokens=%d: want 1 to %d (three requests share a %d-block pool)", o.tokens, maxTokens, poolDims.NumBlocks)
 	case o.timeout <= 0:
@@ -178,7 +181,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // serveControl starts the prefill worker's control plane on addr, with the probes next to it.
 // stop shuts it down, bounded.
 func serveControl(addr string, prefill *prefillWorker, health observe.HealthSource, reg prometheus.Gatherer,
-	log *zap.Logger) (url string, stop func() error, err error) {
+	log *zap.Logger, embedRegistry bool) (url string, stop func() error, err error) {
 	probes, err := observe.Handler(observe.HandlerConfig{Health: health, Gatherer: reg, Logger: log})
 	if err != nil {
 		return "", nil, err
@@ -191,6 +194,11 @@ func serveControl(addr string, prefill *prefillWorker, health observe.HealthSour
 	prefill.routes(mux)
 	for _, path := range []string{observe.HealthzPath, observe.LivezPath, observe.ReadyzPath, observe.MetricsPath} {
 		mux.Handle(path, probes)
+	}
+	if embedRegistry { // the embedded default registry, when no -discovery is given
+		workers := discovery.Handler()
+		mux.Handle(discovery.WorkersPath, workers)
+		mux.Handle(discovery.WorkersPath+"/", workers)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
@@ -216,7 +224,7 @@ func newPrefillWorker(eng *transfer.Engine, fab fabric, out *printer) (*prefillW
 		decodeDone: make(chan struct{}), live: map[transfer.RequestID]*prefilled{}}, nil
 }
 
-func newDecodeWorker(eng *transfer.Engine, fab fabric, control string, out *printer) (*decodeWorker, error) {
+func newDecodeWorker(eng *transfer.Engine, fab fabric, control string, reg discovery.Registry, out *printer) (*decodeWorker, error) {
 	pool, err := newKVPool(fab)
 	if err != nil {
 		return nil, err
@@ -224,7 +232,33 @@ func newDecodeWorker(eng *transfer.Engine, fab fabric, control string, out *prin
 	// Its own connections, so closing them when done touches no one else's.
 	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 10 * time.Second}
 	return &decodeWorker{eng: eng, addr: fab.self, senderPeer: fab.senderPeer, pool: pool, out: out,
-		control: control, client: client, bound: 20 * time.Second}, nil
+		control: control, reg: reg, client: client, bound: 20 * time.Second}, nil
+}
+
+// meet opens the registry (-discovery, or the embedded one at control), publishes the
+// workers given, and finds the prefill worker's control plane in it.
+func meet(ctx context.Context, o options, control string, out *printer, workers ...func(discovery.Registry) error) (discovery.Registry, string, error) {
+	target := o.discovery
+	if target == "" {
+		target = control
+	}
+	reg, err := openRegistry(target)
+	if err != nil {
+		return nil, "", err
+	}
+	for _, w := range workers {
+		if err := w(reg); err != nil {
+			_ = reg.Close()
+			return nil, "", err
+		}
+	}
+	found, err := findPrefill(ctx, reg)
+	if err != nil {
+		_ = reg.Close()
+		return nil, "", err
+	}
+	out.printf("registry %s: %s's control plane is %s", target, prefillName, found)
+	return reg, found, nil
 }
 
 // decodeStory is the decode worker's part, the same over every transport: request 1 moves,
@@ -278,14 +312,21 @@ func runInProcess(ctx context.Context, o options, out *printer, log *zap.Logger)
 
 	// Both engines live in this process: the probe answers for both.
 	health := observe.CombineHealth(observe.NamedHealth{Name: "prefill", Source: pw.eng}, observe.NamedHealth{Name: "decode", Source: dw.eng})
-	control, stopControl, err := serveControl(o.control, prefill, health, reg, log)
+	control, stopControl, err := serveControl(o.control, prefill, health, reg, log, o.discovery == "")
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, stopControl()) }()
 	out.printf("control plane: %s (also %s and %s)", control, observe.HealthzPath, observe.MetricsPath)
+	registry, found, err := meet(ctx, o, control, out,
+		func(r discovery.Registry) error { return publish(ctx, r, prefillName, "prefill", prefillFab, control) },
+		func(r discovery.Registry) error { return publish(ctx, r, decodeName, "decode", decodeFab, "") })
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, registry.Close()) }()
 
-	decode, err := newDecodeWorker(dw.eng, decodeFab, control, out)
+	decode, err := newDecodeWorker(dw.eng, decodeFab, found, registry, out)
 	if err != nil {
 		return err
 	}
@@ -334,12 +375,19 @@ func runPrefill(ctx context.Context, o options, out *printer, stderr io.Writer, 
 		return errors.Join(err, pw.eng.Close())
 	}
 	defer func() { err = errors.Join(err, shutdown(prefill, pw)) }()
-	control, stopControl, err := serveControl(o.control, prefill, pw.eng, reg, log)
+	control, stopControl, err := serveControl(o.control, prefill, pw.eng, reg, log, o.discovery == "")
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, stopControl()) }()
 	out.printf("control plane: %s (also %s and %s)", control, observe.HealthzPath, observe.MetricsPath)
+	registry, _, err := meet(ctx, o, control, out,
+		func(r discovery.Registry) error { return publish(ctx, r, prefillName, "prefill", fab, control) })
+	if err != nil {
+		return err
+	}
+	// Withdrawn before the control plane stops (defers run last first).
+	defer func() { err = errors.Join(err, registry.Close()) }()
 	out.printf("prefill: pid %d, engine %s over UCX (%s)", os.Getpid(), shortPeer(fab.self), o.tls)
 
 	if o.role == "both" {
@@ -392,7 +440,13 @@ func runDecode(ctx context.Context, o options, out *printer, log *zap.Logger) (e
 		return err
 	}
 	defer func() { err = errors.Join(err, shutdown(nil, dw)) }()
-	decode, err := newDecodeWorker(dw.eng, fab, "http://"+o.control, out)
+	registry, control, err := meet(ctx, o, "http://"+o.control, out,
+		func(r discovery.Registry) error { return publish(ctx, r, decodeName, "decode", fab, "") })
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, registry.Close()) }()
+	decode, err := newDecodeWorker(dw.eng, fab, control, registry, out)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer/discovery/discoverytest"
 )
 
 // TestDisagg_RunsAndReportsEachRequest runs the example as a user would (go run
@@ -23,6 +25,7 @@ func TestDisagg_RunsAndReportsEachRequest(t *testing.T) {
 	// 100 tokens = 7 blocks of 256 KiB.
 	for _, want := range []string{
 		`(?m)^control plane: http://127\.0\.0\.1:\d+ `,
+		`(?m)^registry http://127\.0\.0\.1:\d+: prefill-0's control plane is http://127\.0\.0\.1:\d+$`,
 		`(?m)^decode: request 1: ContextParams \(\d+ bytes\) from prefill-0: prefill blocks \[0 1 2 3 4 5 6\]$`,
 		`(?m)^decode: request 1: completed, 1835008 bytes from prefill-0 into blocks \[0 1 2 3 4 5 6\] in `,
 		`(?m)^decode: request 1: all 1835008 bytes verified; blocks ready for generation$`,
@@ -55,6 +58,18 @@ func TestL12_DisaggProbeFlipsWhileTheWireIsFrozen(t *testing.T) {
 	} {
 		require.Regexp(t, regexp.MustCompile(want), out)
 	}
+}
+
+// With -discovery=etcd://... the workers find each other through etcd instead of the
+// embedded registry, and the story is the same.
+func TestDisagg_ThroughEtcd(t *testing.T) {
+	e := discoverytest.StartEtcd(t)
+	var stdout, stderr bytes.Buffer
+	require.NoError(t, run(t.Context(), []string{"-transport=mem", "-tokens=16", "-discovery=" + e.Target("disagg")}, &stdout, &stderr),
+		"stderr: %s", stderr.String())
+	out := stdout.String()
+	require.Regexp(t, `(?m)^registry etcd://127\.0\.0\.1:\d+/disagg: prefill-0's control plane is http://127\.0\.0\.1:\d+$`, out)
+	require.Regexp(t, `(?m)^decode: request 1: all \d+ bytes verified`, out)
 }
 
 func TestDisagg_VerboseLogsLifecycle(t *testing.T) {

@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.etcd.io/etcd/server/v3/embed"
 
 	"github.com/kvxfer/kvxfer/cuda/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/discovery/discoverytest"
 )
 
 // waitBound bounds every wait here.
@@ -25,10 +25,8 @@ const waitBound = 15 * time.Second
 
 // testEtcd is a real etcd server in this process, on 127.0.0.1.
 type testEtcd struct {
-	t            *testing.T
-	dir          string
-	client, peer url.URL
-	e            *embed.Etcd
+	*discoverytest.Etcd
+	client url.URL
 }
 
 func freePort(t *testing.T) int {
@@ -39,47 +37,12 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// startEtcd starts a one-member etcd with fast ticks (a 1s lease is its minimum then) and
-// stops it when the test ends.
 func startEtcd(t *testing.T) *testEtcd {
-	t.Helper()
-	s := &testEtcd{t: t, dir: t.TempDir()}
-	s.client = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
-	s.peer = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
-	s.start()
-	t.Cleanup(s.stop)
-	return s
+	e := discoverytest.StartEtcd(t)
+	return &testEtcd{Etcd: e, client: e.ClientURL}
 }
 
-func (s *testEtcd) start() {
-	s.t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Name = "kvxfer-test"
-	cfg.Dir = s.dir
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{s.client}, []url.URL{s.client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{s.peer}, []url.URL{s.peer}
-	cfg.InitialCluster = cfg.Name + "=" + s.peer.String()
-	cfg.TickMs, cfg.ElectionMs = 10, 100
-	cfg.LogLevel = "fatal"
-	e, err := embed.StartEtcd(cfg)
-	require.NoError(s.t, err)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(waitBound):
-		e.Close()
-		s.t.Fatal("etcd did not start")
-	}
-	s.e = e
-}
-
-func (s *testEtcd) stop() {
-	if s.e != nil {
-		s.e.Close()
-		s.e = nil
-	}
-}
-
-func (s *testEtcd) target() string { return "etcd://" + s.client.Host + "/kvxfer-test" }
+func (s *testEtcd) target() string { return s.Target("kvxfer-test") }
 
 // proxy forwards TCP from its own 127.0.0.1 port to to; cut closes the listener and every
 // connection (the registry is unreachable: a cut link, not a slow shutdown), and restore
