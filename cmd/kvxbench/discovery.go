@@ -26,7 +26,7 @@ type discoveryFlags struct {
 }
 
 func (d *discoveryFlags) register(fs *flag.FlagSet, nameFlag, nameDefault, nameUsage string) {
-	fs.StringVar(&d.target, "discovery", "", "registry the two ends meet through: etcd://HOST:PORT[,HOST:PORT]/PREFIX, or an embedded registry's http://HOST:PORT (see docs/deploy.md)")
+	fs.StringVar(&d.target, "discovery", "", "registry the two ends meet through: etcd://HOST:PORT[,HOST:PORT]/PREFIX, or an embedded registry's http://HOST:PORT (docs/deploy.md)")
 	fs.StringVar(&d.name, nameFlag, nameDefault, nameUsage)
 }
 
