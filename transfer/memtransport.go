@@ -423,7 +423,8 @@ type MemTransport struct {
 	direct     map[uint32][]byte
 	nextDirect uint32
 	emulated   map[Peer]bool // EmulateGets (memtransport_emul.go); guarded by net.mu
-	gens       memGens // rma_mem.go: generation words, guarded by net.mu
+	gens       memGens       // rma_mem.go: generation words, guarded by net.mu
+	getLanes   int           // SetGetLanes (memtransport_emul.go); guarded by net.mu
 }
 
 var (

@@ -2,7 +2,26 @@
 
 package transfer
 
-var _ RMAEmulation = (*MemTransport)(nil)
+var (
+	_ RMAEmulation = (*MemTransport)(nil)
+	_ RMALanes     = (*MemTransport)(nil)
+)
+
+// SetGetLanes makes GetLanes report n, as a transport striping gets over n lanes would: the
+// in-memory network copies each get the same way, and the engine's cut of the gets is what a
+// test of it watches.
+func (t *MemTransport) SetGetLanes(n int) {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	t.getLanes = n
+}
+
+// GetLanes implements RMALanes: what SetGetLanes said, 1 by default.
+func (t *MemTransport) GetLanes() int {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	return max(1, t.getLanes)
+}
 
 // EmulateGets makes GetsEmulated report on for gets from peer, as UCX over TCP would: the
 // in-memory network copies the same way either way, and the engine's choice of path is what

@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -46,6 +47,35 @@ func TestRMAWhereGetsAreEmulatedTheReceiverTakesMessages(t *testing.T) {
 			require.Equal(t, want, got, "every byte")
 			_, ops := w.total()
 			require.Positive(t, ops)
+		})
+	}
+}
+
+// A transport that stripes gets over lanes (RMALanes) gets a small request cut so every lane
+// has two gets, never under 1 MiB; one lane keeps DirectChunkBytes. Eight consecutive 1 MiB
+// blocks on both sides are one 8 MiB range.
+func TestRMAGetsCutForLanes(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 128, NumBlocks: 24}
+	for _, c := range []struct{ lanes, wantGets int }{{1, 1}, {2, 4}, {4, 8}, {16, 8}} {
+		t.Run(fmt.Sprintf("lanes=%d", c.lanes), func(t *testing.T) {
+			src := newKVPool(t, dims, layout.BlockMajor, nil, blocks(1, 2, 3, 4, 5, 6, 7, 8), 3)
+			dst := newKVPool(t, dims, layout.BlockMajor, nil, blocks(11, 12, 13, 14, 15, 16, 17, 18), 0)
+			cfg := rmaConfig()
+			cfg.DirectChunkBytes = 64 << 20
+			p, w := directPair(t, cfg, cfg, src, dst)
+			p.net.eps["decode"].SetGetLanes(c.lanes)
+			hs, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, Completed)
+			require.Equal(t, PathRMA, hr.Path())
+			want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
+			require.NoError(t, layout.ReferenceGather(src.plan, src.mem, want))
+			require.NoError(t, layout.ReferenceGather(dst.plan, dst.mem, got))
+			require.Equal(t, want, got, "every byte")
+			bytes, gets := w.total()
+			require.Equal(t, len(want), bytes)
+			require.Equal(t, c.wantGets, gets)
 		})
 	}
 }

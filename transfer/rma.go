@@ -52,6 +52,16 @@ type RMAEmulation interface {
 	GetsEmulated(peer Peer) bool
 }
 
+// RMALanes is an optional extension of RMATransport, for a transport that spreads gets over
+// several lanes that copy in parallel (UCXConfig.Lanes). A receiver then cuts a request too
+// small to give every lane two gets of DirectChunkBytes into smaller gets, so that it uses them
+// all.
+type RMALanes interface {
+	RMATransport
+	// GetLanes is how many lanes the gets are spread over. It never blocks.
+	GetLanes() int
+}
+
 // Path is how a transfer moves its bytes. It is decided once per sub-transfer, when the
 // receiver's request and the sender's answer have met.
 type Path int32
@@ -131,6 +141,9 @@ const (
 	// rmaMaxPieces bounds the pool-to-pool pieces a receiver works out before coalescing
 	// them; a plan with more runs has ranges far too small for gets anyway.
 	rmaMaxPieces = 1 << 20
+	// rmaMinStripe is the smallest get made to spread a request over lanes: smaller ones would
+	// cost more per byte than the lanes win.
+	rmaMinStripe = 1 << 20
 )
 
 type rmaMode int8
@@ -354,12 +367,27 @@ func (x *xfer) checkOffer(m *RMAOffer) ([]rmaRegion, error) {
 		if r.src < 0 || r.n > m.PoolBytes || r.src > m.PoolBytes-r.n || r.dst < 0 || r.dst > int64(len(x.pool))-r.n {
 			return nil, bad("plan", nil, "range [%d, +%d) -> [%d, +%d) leaves a pool", r.src, r.n, r.dst, r.n)
 		}
-		for off := int64(0); off < r.n; off += x.eng.cfg.DirectChunkBytes {
-			n := min(x.eng.cfg.DirectChunkBytes, r.n-off)
+		step := x.getBytes()
+		for off := int64(0); off < r.n; off += step {
+			n := min(step, r.n-off)
 			gets = append(gets, rmaRegion{src: r.src + off, dst: r.dst + off, n: n})
 		}
 	}
 	return gets, nil
+}
+
+// getBytes is the largest get: DirectChunkBytes, or less where the transport stripes gets
+// over lanes (RMALanes) and the request is too small to give each lane two gets of that size,
+// but never under rmaMinStripe.
+func (x *xfer) getBytes() int64 {
+	step := x.eng.cfg.DirectChunkBytes
+	if l, ok := x.eng.tr.(RMALanes); ok {
+		if n := int64(l.GetLanes()); n > 1 {
+			per := (x.plan.Bytes() + 2*n - 1) / (2 * n)
+			step = min(step, max(rmaMinStripe, per))
+		}
+	}
+	return step
 }
 
 // rmaRegions pairs the two plans' pool ranges byte for byte of the stream, then merges the

@@ -16,7 +16,13 @@ import (
 	"github.com/kvxfer/kvxfer/native"
 )
 
-var _ RMAEmulation = (*UCXTransport)(nil)
+var (
+	_ RMAEmulation = (*UCXTransport)(nil)
+	_ RMALanes     = (*UCXTransport)(nil)
+)
+
+// GetLanes implements RMALanes: UCXConfig.Lanes, the workers gets go to in turn.
+func (t *UCXTransport) GetLanes() int { return t.cfg.Lanes }
 
 // ucxGetLanes is what UCX reported about the lanes of the endpoint to a peer.
 type ucxGetLanes struct {
