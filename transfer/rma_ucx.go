@@ -70,6 +70,9 @@ func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}
+	if err := t.ensureLaneEndpoints(from); err != nil {
+		return 0, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {

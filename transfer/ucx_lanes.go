@@ -6,7 +6,6 @@ package transfer
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -123,10 +122,48 @@ func (t *UCXTransport) nextLaneLocked() int {
 	return lane
 }
 
+// ensureLaneEndpoints makes the lanes' missing endpoints to peer outside mu (each a round
+// trip to its lane's worker), as ensureEndpoint does for the transport's own, so a first get to
+// a peer holds up nobody else's posts and completions.
+func (t *UCXTransport) ensureLaneEndpoints(peer Peer) error {
+	t.mu.Lock()
+	var need []*ucxLane
+	if !t.closed {
+		for _, l := range t.rma.lanes.extra {
+			if ep := l.eps[peer]; ep == nil || ep.Err() != nil {
+				need = append(need, l)
+			}
+		}
+	}
+	t.mu.Unlock()
+	for _, l := range need {
+		ep, err := t.connect(l.w, peer, nil)
+		if err != nil {
+			return err
+		}
+		t.mu.Lock()
+		cur := l.eps[peer]
+		extra := t.closed || (cur != nil && cur.Err() == nil) // closed, or another get made one first
+		if !extra {
+			l.eps[peer] = ep
+			go t.watchLane(l, peer, ep)
+		}
+		t.mu.Unlock()
+		if extra {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
+				defer cancel()
+				_ = ep.ForceClose(ctx)
+			}()
+		}
+	}
+	return nil
+}
+
 // laneEndpointLocked is the endpoint to peer on lane: the transport's own for lane 0, else
-// the lane worker's, made on first use or after the old one failed. A lane endpoint that
-// fails reports the peer lost, as the transport's own endpoint does, and takes the keys
-// unpacked on it with it.
+// the lane worker's. The caller ran ensureLaneEndpoints first, so it exists but for a race
+// with its failure; then it is made here, under mu. A lane endpoint that fails reports the
+// peer lost, as the transport's own endpoint does, and takes the keys unpacked on it with it.
 func (t *UCXTransport) laneEndpointLocked(lane int, peer Peer) (*native.Endpoint, error) {
 	if lane == 0 {
 		return t.endpointLocked(peer)
@@ -135,15 +172,9 @@ func (t *UCXTransport) laneEndpointLocked(lane int, peer Peer) (*native.Endpoint
 	if ep := l.eps[peer]; ep != nil && ep.Err() == nil {
 		return ep, nil
 	}
-	addr, err := hex.DecodeString(string(peer))
-	if err != nil || len(addr) == 0 {
-		return nil, fmt.Errorf("%w: peer %.16q is not a UCX worker address in hex", ErrInvalidSpec, peer)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
-	defer cancel()
-	ep, err := l.w.Connect(ctx, addr)
+	ep, err := t.connect(l.w, peer, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w: connect lane %d: %w", ErrPeerLost, lane, err)
+		return nil, fmt.Errorf("lane %d: %w", lane, err)
 	}
 	l.eps[peer] = ep
 	go t.watchLane(l, peer, ep)
