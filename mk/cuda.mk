@@ -102,7 +102,7 @@ gpu-test-ucx: ## Device transfer over the libucx-cu12 UCX: device tests, kvxbenc
 	export KVX_CUDA_LIB=$(abspath $(GPU_BUILD))/libkvxcuda.so KVX_CUDART="$$cudart" KVX_EXPECT_UCX_CUDA=1 KVX_EXPECT_UCX_VERSION=1.22; \
 	echo "gpu-test-ucx: UCX $$(pkg-config --modversion ucx) from $$root; ucx_info sees:"; \
 	ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c || true; \
-	rc=0; $(GO) test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice' ./native/ ./transfer/ || rc=1; \
+	rc=0; $(GO) test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice|UCXRegion_Device' ./native/ ./transfer/ || rc=1; \
 	$(GO) build -o $(GPU_BUILD)/kvxbench ./cmd/kvxbench; \
 	echo "gpu-test-ucx: which UCX protocols carry device memory (UCX_PROTO_INFO=y, one short run, $(GPU_BUILD)/device-proto.log):"; \
 	UCX_PROTO_INFO=y $(GPU_BUILD)/kvxbench run --memory device --prompts 1k --concurrency 1 --duration 100ms --baseline=false \
