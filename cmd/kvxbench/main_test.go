@@ -54,6 +54,8 @@ func TestBadInputIsAClearMessageAndNonZeroExit(t *testing.T) {
 		{"negative duration on run", []string{"run", "--duration", "-1s"}, exitUsage, "--duration = -1s: must be positive"},
 		{"impossible kv factor", []string{"gather", "--kv-factor", "3"}, exitUsage, "impossible layout: --kv-factor = 3: must be 1 (MLA) or 2 (K and V)"},
 		{"zero heads", []string{"run", "--heads", "0"}, exitUsage, "--heads = 0: must be positive"},
+		{"an unknown pool owner", []string{"run", "--pool", "engine"}, exitUsage, `--pool "engine": choose transport or caller`},
+		{"caller pools with staging", []string{"run", "--pool", "caller", "--staging"}, exitUsage, "--pool caller registers host pools for the direct path"},
 		{"bad dtype", []string{"gather", "--dtype", "fp64"}, exitUsage, `--dtype "fp64"`},
 		{"bad order", []string{"gather", "--order", "diagonal"}, exitUsage, `--order "diagonal"`},
 		{"bad prompts", []string{"gather", "--prompts", "1k,zero"}, exitUsage, `--prompts: "zero" is not a positive token count`},

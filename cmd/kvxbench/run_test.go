@@ -17,10 +17,11 @@ import (
 // ranks. In a build without the engine it must stop, after the hello, saying so.
 func TestRunLoopback(t *testing.T) {
 	skipWithoutHostCopy(t)
-	for _, tp := range []string{"1", "2"} {
-		t.Run("prefill-tp="+tp, func(t *testing.T) {
+	for _, c := range []struct{ tp, pool string }{{"1", "transport"}, {"2", "transport"}, {"1", "caller"}} {
+		tp := c.tp
+		t.Run("prefill-tp="+tp+"/pool="+c.pool, func(t *testing.T) {
 			cfg, err := resolveForTest(t, "--layers", "4", "--prompts", "64,256", "--concurrency", "1,2", "--prefill-tp", tp,
-				"--slot-size", "256KiB", "--max-memory", "512MiB")
+				"--slot-size", "256KiB", "--max-memory", "512MiB", "--pool", c.pool)
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
@@ -37,6 +38,9 @@ func TestRunLoopback(t *testing.T) {
 				require.True(t, r.Verified, r.Name)
 				require.Greater(t, r.GBps, 0.0, r.Name)
 				require.GreaterOrEqual(t, r.Requests, minIters, r.Name)
+				if c.pool == "caller" { // pools the processes mapped and registered go one-copy
+					require.Contains(t, []string{"rma", "direct"}, r.Path, r.Name)
+				}
 			}
 		})
 	}
