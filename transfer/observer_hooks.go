@@ -40,8 +40,8 @@ type StartInfo struct {
 
 // StartObserver is an optional extension of Observer: it hears every request the engine
 // accepts, before any transition of that request is reported, so it can tell a transfer's
-// direction, peers and size, and time it from acceptance. Same rules as Observer: fast,
-// non-blocking, no calls back into the engine.
+// direction, peers and size, and time it from acceptance. Same rules as Observer: it hears
+// events on the engine's observer goroutine, in order, and should be fast.
 type StartObserver interface {
 	OnStart(info StartInfo)
 }
