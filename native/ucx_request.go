@@ -565,6 +565,15 @@ func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*Remote
 			err = ErrClosed
 			return
 		}
+		if ep.cep.failed != 0 || ep.closing {
+			// UCX 1.13 dereferences a failed endpoint's lanes in ucp_ep_rkey_unpack (SIGSEGV,
+			// seen when a key was first unpacked after its peer was killed).
+			err = fmt.Errorf("%w: unpack remote key: the endpoint failed or is closing", ErrClosed)
+			if ep.peerFailed {
+				err = fmt.Errorf("%w: unpack remote key: the endpoint failed", ErrPeerUnreachable)
+			}
+			return
+		}
 		if st := C.kvx_ucx_rkey_unpack(ep.cep, buf, &rk.rkey); st != C.UCS_OK {
 			err = statusErr("unpack remote key", st)
 		}
