@@ -382,6 +382,7 @@ func (t *UCXTransport) ensureEndpoint(peer Peer) error {
 	}
 	t.eps[peer] = ep
 	go t.watch(peer, ep)
+	t.push(ucxReport{connected: peer}) // as endpointLocked does: the observer counts connects
 	return nil
 }
 
