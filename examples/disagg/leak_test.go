@@ -17,6 +17,9 @@ const envRunMain = "KVXFER_DISAGG_RUN_MAIN"
 // server not shut down, a wait that never ended. Started as the decode process (envRunMain
 // set), it runs the command instead of the tests.
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(envWorkerChild); spec != "" {
+		os.Exit(workerChild(spec)) // netcut_test.go: one engine of the link-cut test
+	}
 	if spec := os.Getenv(envEtcdChild); spec != "" {
 		os.Exit(etcdChild(spec)) // netns_test.go: an etcd inside a network namespace
 	}

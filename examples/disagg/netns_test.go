@@ -5,7 +5,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -125,35 +124,7 @@ func TestDisagg_TwoNamespacesThroughEtcd(t *testing.T) {
 	skipWithoutUCX(t)
 	n := newNSPair(t)
 
-	// etcd serves until its stdin closes: a pipe this test holds open, closed at the end.
-	var etcdErr syncBuffer
-	var etcdOut io.ReadCloser
-	var etcdStdin io.WriteCloser
-	inNS(t, n.a, []string{envEtcdChild + "=10.213.9.1:23790,10.213.9.1:23800," + t.TempDir()}, func(c *exec.Cmd) {
-		var err error
-		etcdOut, err = c.StdoutPipe()
-		require.NoError(t, err)
-		etcdStdin, err = c.StdinPipe()
-		require.NoError(t, err)
-		c.Stderr = &etcdErr
-	})
-	t.Cleanup(func() { _ = etcdStdin.Close() })
-	ready := make(chan error, 1)
-	go func() {
-		line, err := bufio.NewReader(etcdOut).ReadString('\n')
-		if err == nil && line != "etcd ready\n" {
-			err = fmt.Errorf("etcd child said %q", line)
-		}
-		ready <- err
-	}()
-	select {
-	case err := <-ready:
-		require.NoError(t, err, "etcd: %s", etcdErr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("etcd did not start in the namespace: %s", etcdErr.String())
-	}
-
-	target := "etcd://10.213.9.1:23790/disagg"
+	target := startEtcdIn(t, n)
 	common := []string{"-transport=ucx", "-tls=tcp,self", "-timeout=60s", "-discovery=" + target}
 	var prefillOut, prefillErr, decodeOut, decodeErr syncBuffer
 	prefill := inNS(t, n.a, []string{envRunMain + "=1", "UCX_NET_DEVICES=" + n.devA}, func(c *exec.Cmd) { c.Stdout, c.Stderr = &prefillOut, &prefillErr },
