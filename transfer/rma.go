@@ -261,6 +261,10 @@ func (x *xfer) onRMAOffer(m *RMAOffer) {
 			x.rmaFallback(true)
 			return
 		}
+		if err := x.rmaGenerations().PrepareReadGeneration(x.peer, m.GenKey); err != nil {
+			x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+			return
+		}
 		x.rma.gen, x.rma.genAddr, x.rma.genKey = m.Generation, m.GenAddr, m.GenKey
 	}
 	x.rma.mode, x.rma.key, x.rma.addr, x.rma.gets = rmaPulling, m.Key, m.Addr, gets

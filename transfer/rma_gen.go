@@ -32,6 +32,10 @@ type RMAGenerations interface {
 	// and frees it for another exposure; it must run before the exposed blocks are reused or
 	// released, and runs once.
 	ExposeGeneration() (addr uint64, key []byte, value uint64, end func(), err error)
+	// PrepareReadGeneration readies a later PostReadGeneration from peer from with key (UCX
+	// unpacks the key now, while the peer is known to answer, as it does the pool's key at the
+	// first get). The receiver calls it when it accepts a validated offer.
+	PrepareReadGeneration(from Peer, key []byte) error
 	// PostReadGeneration reads the 8-byte generation word at addr of peer from (key as the
 	// peer's ExposeGeneration gave it) after every get this transport posted to from before
 	// it, with a fence in between, and reports the word's value with the operation's final

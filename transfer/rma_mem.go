@@ -133,6 +133,9 @@ func (t *MemTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error
 	return uint64(uintptr(unsafe.Pointer(&word[0]))), key, value, end, nil
 }
 
+// PrepareReadGeneration implements RMAGenerations: nothing to prepare in memory.
+func (t *MemTransport) PrepareReadGeneration(Peer, []byte) error { return nil }
+
 // PostReadGeneration implements RMAGenerations: a get of the word into the transport's own
 // memory. The network completes gets in order of their wire time, and the engine reads the
 // word only once every data get has completed.

@@ -93,10 +93,36 @@ func (t *UCXTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error
 	return uint64(uintptr(unsafe.Pointer(w))), g.key, value, end, nil
 }
 
+// PrepareReadGeneration implements RMAGenerations: it unpacks key on the transport's own
+// endpoint to from now, beside the pool's key, rather than after the data gets. Unpacking a
+// shared-memory key attaches the peer's segment through /proc/<pid>: done after the peer died
+// (its data gets, from a segment already attached, can still succeed), UCX 1.13 fails the
+// unpack and then crashes the process in its own clean-up (seen in
+// TestUCXDirect_PeerKilledMidTransfer).
+func (t *UCXTransport) PrepareReadGeneration(from Peer, key []byte) error {
+	if err := t.ensureEndpoint(from); err != nil { // made outside mu, as PostGet's
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	ep, err := t.endpointLocked(from)
+	if err != nil {
+		return err
+	}
+	_, err = t.remoteKeyLocked(from, 0, ep, key)
+	return err
+}
+
 // PostReadGeneration implements RMAGenerations with one fenced ucp_get_nbx of 8 bytes into a
 // landing word of the generation region: the fence orders it after every get this worker
 // posted before it.
 func (t *UCXTransport) PostReadGeneration(from Peer, tag Tag, key []byte, addr uint64, done func(Completion, uint64)) (OpID, error) {
+	if err := t.ensureEndpoint(from); err != nil {
+		return 0, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
