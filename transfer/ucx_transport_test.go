@@ -231,11 +231,9 @@ func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 			require.NoError(t, err)
 			_, err = src.e.Send(bg, Spec{ID: 9, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
 			require.NoError(t, err)
-			select {
-			case <-src.stalled:
-			case <-time.After(20 * time.Second):
-				t.Fatalf("the sender never reached its stall: %+v", hr.Status())
-			}
+			// Every slot of the sender parked in a stalled send: its real sends are all done, and
+			// nothing of it touches its staging memory again, which the close below unmaps.
+			eventually(t, func() bool { return src.st.heldCount() == cfg.PipelineDepth }, "the sender stalled")
 			eventually(t, func() bool { return hr.Status().Bytes > 0 }, "chunks before the stall arrived")
 
 			start := time.Now()
@@ -278,17 +276,15 @@ func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 
 // stallingUCX is a UCXTransport whose sends after the first n never reach UCX: the sending
 // engine stalls there for good, as a process that hangs mid-transfer. Close ends the held
-// sends (memory unknown: they were never anywhere).
+// sends (memory done: they never reached UCX).
 type stallingUCX struct {
 	*UCXTransport
-	n       int
-	stalled chan struct{}
+	n int
 
 	mu   sync.Mutex
 	sent int
 	held map[OpID]func(Completion)
 	next OpID
-	once sync.Once
 }
 
 func (s *stallingUCX) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
@@ -302,8 +298,13 @@ func (s *stallingUCX) PostSend(to Peer, tag Tag, buf []byte, done func(Completio
 	id := OpID(1)<<62 | s.next
 	s.held[id] = done
 	s.mu.Unlock()
-	s.once.Do(func() { close(s.stalled) })
 	return id, nil
+}
+
+func (s *stallingUCX) heldCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
 }
 
 func (s *stallingUCX) Cancel(id OpID) {
@@ -325,7 +326,7 @@ func (s *stallingUCX) Close(force bool) error {
 
 type stallingEngine struct {
 	*ucxEngine
-	stalled chan struct{}
+	st *stallingUCX
 }
 
 // newStallingUCXEngine is newUCXEngine over a stallingUCX that stalls after n sends.
@@ -340,9 +341,9 @@ func newStallingUCXEngine(t testing.TB, tls, dev string, cfg Config, n int) *sta
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
-	st := &stallingUCX{UCXTransport: tr, n: n, stalled: make(chan struct{}), held: map[OpID]func(Completion){}}
+	st := &stallingUCX{UCXTransport: tr, n: n, held: map[OpID]func(Completion){}}
 	e, err := New(st, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
-	return &stallingEngine{ucxEngine: &ucxEngine{tr: tr, e: e}, stalled: st.stalled}
+	return &stallingEngine{ucxEngine: &ucxEngine{tr: tr, e: e}, st: st}
 }
