@@ -52,6 +52,16 @@ type RMAEmulation interface {
 	GetsEmulated(peer Peer) bool
 }
 
+// RMAKeyPreparer is an optional extension of RMATransport, for a transport that unpacks a
+// peer's key once per worker. PrepareKeys unpacks the offer's pool key on every worker that
+// gets from peer from will run on, before the first get: a receiver calls it as soon as it
+// accepts an offer, while the sender has just shown itself alive. UCX 1.13 crashes the
+// process when a key of shared memory is first unpacked after its peer died; unpacked at each
+// lane's first get instead, a key met that window for as long as the lanes took to start.
+type RMAKeyPreparer interface {
+	PrepareKeys(from Peer, poolKey []byte) error
+}
+
 // RMALanes is an optional extension of RMATransport, for a transport that spreads gets over
 // several lanes that copy in parallel (UCXConfig.Lanes). A receiver then cuts a request too
 // small to give every lane two gets of DirectChunkBytes into smaller gets, so that it uses them
@@ -266,6 +276,12 @@ func (x *xfer) onRMAOffer(m *RMAOffer) {
 			return
 		}
 		x.rma.gen, x.rma.genAddr, x.rma.genKey = m.Generation, m.GenAddr, m.GenKey
+	}
+	if p, ok := x.rmaTransport().(RMAKeyPreparer); ok {
+		if err := p.PrepareKeys(x.peer, m.Key); err != nil {
+			x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+			return
+		}
 	}
 	x.rma.mode, x.rma.key, x.rma.addr, x.rma.gets = rmaPulling, m.Key, m.Addr, gets
 	x.path.Store(int32(PathRMA))

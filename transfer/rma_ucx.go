@@ -62,16 +62,52 @@ func (t *UCXTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 	return mem.Addr() + uint64(off), key, nil
 }
 
+// PrepareKeys implements RMAKeyPreparer: the pool's key is unpacked on every lane's endpoint
+// to from, once; the gets find it unpacked.
+func (t *UCXTransport) PrepareKeys(from Peer, poolKey []byte) error {
+	if err := t.ensureEndpoint(from); err != nil {
+		return err
+	}
+	lanes := 1
+	if t.stripesGets(from) {
+		t.startLanes()
+		if err := t.ensureLaneEndpoints(from); err != nil {
+			return err
+		}
+		t.mu.Lock()
+		lanes += len(t.rma.lanes.extra)
+		t.mu.Unlock()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	for lane := range min(lanes, 1+len(t.rma.lanes.extra)) {
+		ep, err := t.laneEndpointLocked(lane, from)
+		if err != nil {
+			return err
+		}
+		if _, err := t.remoteKeyLocked(from, lane, ep, poolKey); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // PostGet implements RMATransport with one ucp_get_nbx into mapped memory. UCX cannot cancel
 // a get, so the operation is marked as a send is: Cancel reports it MemoryBusy while it runs,
 // and a forced close of its endpoint ends it.
 func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error) {
-	t.startLanes()
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}
-	if err := t.ensureLaneEndpoints(from); err != nil {
-		return 0, err
+	stripe := t.stripesGets(from)
+	if stripe {
+		t.startLanes()
+		if err := t.ensureLaneEndpoints(from); err != nil {
+			return 0, err
+		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -82,7 +118,10 @@ func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 	if err != nil {
 		return 0, err
 	}
-	lane := t.nextLaneLocked()
+	lane := 0
+	if stripe {
+		lane = t.nextLaneLocked()
+	}
 	ep, err := t.laneEndpointLocked(lane, from)
 	if err != nil {
 		return 0, err

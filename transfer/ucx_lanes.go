@@ -23,6 +23,15 @@ var (
 // GetLanes implements RMALanes: UCXConfig.Lanes, the workers gets go to in turn.
 func (t *UCXTransport) GetLanes() int { return t.cfg.Lanes }
 
+// stripesGets says whether gets from peer go to the lanes in turn: only where UCX serves them
+// natively (shared memory, cma, RDMA). Where it emulates them (TCP in UCX 1.13) they stay on
+// the transport's own worker: striping buys nothing there (the bytes go through each
+// worker's active messages one way or another), and UCX 1.13 crashed the process
+// (SIGSEGV in a lane's thread) when a peer was killed under gets striped over TCP lanes.
+func (t *UCXTransport) stripesGets(peer Peer) bool {
+	return t.cfg.Lanes > 1 && !t.GetsEmulated(peer)
+}
+
 // ucxGetLanes is what UCX reported about the lanes of the endpoint to a peer.
 type ucxGetLanes struct {
 	ep     *native.Endpoint

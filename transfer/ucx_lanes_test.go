@@ -82,6 +82,16 @@ func TestUCXRMA_GetsStripedOverLanes(t *testing.T) {
 				require.Equal(t, PathRMA, hr.Path())
 				require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
 				extra := laneWorkers(dst.tr)
+				if tr.name == "tcp" {
+					// UCX 1.13 emulates gets over TCP: they stay on the transport's own worker
+					// (UCX crashed when a peer was killed under gets striped over TCP lanes).
+					require.Empty(t, extra, "no lanes where gets are emulated")
+					dst.tr.mu.Lock()
+					keys := len(dst.tr.rma.keys)
+					dst.tr.mu.Unlock()
+					require.Contains(t, []int{1, 2}, keys, "the pool's key (and the generation words') on one worker")
+					return
+				}
 				require.Len(t, extra, lanes-1)
 				for i, w := range extra {
 					require.Eventually(t, func() bool { st := w.Stats(); return st.InlineDone+st.Requests == 7 }, 5*time.Second,
