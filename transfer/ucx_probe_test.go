@@ -107,6 +107,18 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 			stuckPool, stuckPlan := ucxEnginePool(t, 4, 5, false)
 			stuck, err := recv.e.Receive(bg, Spec{ID: 90, Peer: send.tr.Self(), Plan: stuckPlan, Pool: stuckPool})
 			require.NoError(t, err)
+			// Its receives posted and its request sent on the worker about to wedge: held any
+			// sooner, the worker would only wedge its endpoint's connect, and the receive, made
+			// on the replacement once that returned, would rightly wait for its sender.
+			require.Eventually(t, func() bool { return stuck.Status().State == Advertised }, 10*time.Second, time.Millisecond)
+			// Every receive of its pipeline too: a post still under way when the worker wedges
+			// lands on the replacement once the old worker lets go, and waits for its sender.
+			depth := min(recv.e.cfg.PipelineDepth, 4)
+			require.Eventually(t, func() bool {
+				recv.tr.mu.Lock()
+				defer recv.tr.mu.Unlock()
+				return len(recv.tr.ops) == depth
+			}, 10*time.Second, time.Millisecond, "the stuck receive's %d receives posted", depth)
 
 			release := make(chan struct{})
 			held := make(chan error, 1)
