@@ -63,7 +63,7 @@ func (t *UCXTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 }
 
 // PrepareKeys implements RMAKeyPreparer: the pool's key is unpacked on every lane's endpoint
-// to from, once; the gets find it unpacked.
+// to from, once, outside mu (ensureKey); the gets find it unpacked.
 func (t *UCXTransport) PrepareKeys(from Peer, poolKey []byte) error {
 	if err := t.ensureEndpoint(from); err != nil {
 		return err
@@ -78,17 +78,8 @@ func (t *UCXTransport) PrepareKeys(from Peer, poolKey []byte) error {
 		lanes += len(t.rma.lanes.extra)
 		t.mu.Unlock()
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return ErrClosed
-	}
-	for lane := range min(lanes, 1+len(t.rma.lanes.extra)) {
-		ep, err := t.laneEndpointLocked(lane, from)
-		if err != nil {
-			return err
-		}
-		if _, err := t.remoteKeyLocked(from, lane, ep, poolKey); err != nil {
+	for lane := range lanes {
+		if err := t.ensureKey(from, lane, poolKey); err != nil {
 			return err
 		}
 	}
@@ -145,6 +136,51 @@ func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 	return op.id, nil
 }
 
+// ensureKey unpacks peer's key on lane's endpoint unless it is unpacked there already,
+// without holding mu: unpacking is a round trip to the endpoint's worker (up to CloseTimeout
+// when it is busy), and posts, completions and cancels must not wait for it. remoteKeyLocked
+// then finds the key; it unpacks under mu only when the endpoint was replaced in between.
+func (t *UCXTransport) ensureKey(peer Peer, lane int, key []byte) error {
+	id := ucxKeyID{peer: peer, key: string(key), lane: lane}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return ErrClosed
+	}
+	ep, err := t.laneEndpointLocked(lane, peer)
+	if err != nil {
+		t.mu.Unlock()
+		return err
+	}
+	if k := t.rma.keys[id]; k != nil && k.ep == ep {
+		t.mu.Unlock()
+		return nil
+	}
+	hook := t.beforeUnpack
+	t.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
+	defer cancel()
+	rk, err := ep.UnpackRemoteKey(ctx, key)
+	if err != nil {
+		return fmt.Errorf("%w: unpacking the peer's remote key: %w", ErrProtocol, err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if k := t.rma.keys[id]; t.closed || (k != nil && k.ep == ep) || ep.Err() != nil {
+		rk.Close() // closed, unpacked by another caller meanwhile, or its endpoint failed
+		return nil
+	}
+	if k := t.rma.keys[id]; k != nil {
+		delete(t.rma.keys, id)
+		t.retireKeyLocked(k)
+	}
+	t.addKeyLocked(id, &ucxRemoteKey{rk: rk, ep: ep})
+	return nil
+}
+
 // remoteKeyLocked returns peer's key unpacked on ep, unpacking it on first use. A key
 // unpacked on an endpoint that has since been replaced is dropped.
 func (t *UCXTransport) remoteKeyLocked(peer Peer, lane int, ep *native.Endpoint, key []byte) (*ucxRemoteKey, error) {
@@ -163,18 +199,24 @@ func (t *UCXTransport) remoteKeyLocked(peer Peer, lane int, ep *native.Endpoint,
 		return nil, fmt.Errorf("%w: unpacking the peer's remote key: %w", ErrProtocol, err)
 	}
 	k := &ucxRemoteKey{rk: rk, ep: ep}
+	t.addKeyLocked(id, k)
+	return k, nil
+}
+
+// addKeyLocked records an unpacked key; the first on an endpoint starts the watch that
+// drops them all when it fails.
+func (t *UCXTransport) addKeyLocked(id ucxKeyID, k *ucxRemoteKey) {
 	if t.rma.keys == nil {
 		t.rma.keys = map[ucxKeyID]*ucxRemoteKey{}
 	}
 	first := true
 	for _, other := range t.rma.keys {
-		first = first && other.ep != ep
+		first = first && other.ep != k.ep
 	}
 	t.rma.keys[id] = k
 	if first {
-		go t.dropKeysOnFailure(ep)
+		go t.dropKeysOnFailure(k.ep)
 	}
-	return k, nil
 }
 
 // dropKeysOnFailure destroys the keys unpacked on ep once it fails or closes (each when its

@@ -103,17 +103,7 @@ func (t *UCXTransport) PrepareReadGeneration(from Peer, key []byte) error {
 	if err := t.ensureEndpoint(from); err != nil { // made outside mu, as PostGet's
 		return err
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return ErrClosed
-	}
-	ep, err := t.endpointLocked(from)
-	if err != nil {
-		return err
-	}
-	_, err = t.remoteKeyLocked(from, 0, ep, key)
-	return err
+	return t.ensureKey(from, 0, key) // unpacked outside mu too
 }
 
 // PostReadGeneration implements RMAGenerations with one fenced ucp_get_nbx of 8 bytes into a

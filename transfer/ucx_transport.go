@@ -201,6 +201,9 @@ type UCXTransport struct {
 	// beforeConnect, when set (tests), runs as a new endpoint is about to be made: a worker
 	// round trip of up to CloseTimeout.
 	beforeConnect func()
+	// beforeUnpack, when set (tests), runs as a peer's remote key is about to be unpacked
+	// outside mu (ensureKey): a worker round trip too.
+	beforeUnpack func()
 
 	// tagOwners holds the tag hashes receiving transfers reserved (ucx_tags.go).
 	tagOwners map[uint64]ucxTagOwner
