@@ -1122,12 +1122,13 @@ func (x *xfer) maybeResolve() {
 		x.quarantine()
 		x.quarAt = time.Time{}
 		if x.h.settledPoisoned.CompareAndSwap(false, true) {
-			x.eng.poisonedForGood.Add(1)
 			n := x.eng.holds.poison(x.h)
 			if len(x.h.spans) == 0 { // a device pool: no ids to refuse, but the blocks count
 				n = x.h.nBlocks
 			}
+			// Blocks first: a Health that counts this transfer counts its blocks too.
 			x.eng.blocksPoisoned.Add(n)
+			x.eng.poisonedForGood.Add(1)
 		}
 		x.ended = true
 		x.setAwaiting(false)
