@@ -86,17 +86,9 @@ func (b *blockHolds) hold(h *Handle) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.m == nil {
-		b.m = make(map[blockKey]*blockHold)
-	}
 	for _, s := range h.spans {
 		for _, blk := range s.blocks {
-			k := blockKey{s.pool, blk}
-			hold := b.m[k]
-			if hold == nil {
-				hold = &blockHold{}
-				b.m[k] = hold
-			}
+			hold := b.atLocked(blockKey{s.pool, blk})
 			if h.receive {
 				hold.writers++
 			} else {
@@ -133,22 +125,27 @@ func (b *blockHolds) release(h *Handle) {
 	}
 }
 
+// atLocked is the hold of block k, made on first use.
+func (b *blockHolds) atLocked(k blockKey) *blockHold {
+	if b.m == nil {
+		b.m = make(map[blockKey]*blockHold)
+	}
+	hold := b.m[k]
+	if hold == nil {
+		hold = &blockHold{}
+		b.m[k] = hold
+	}
+	return hold
+}
+
 // poison marks a handle's blocks poisoned for good and returns how many were not already.
 func (b *blockHolds) poison(h *Handle) int64 {
 	var n int64
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.m == nil {
-		b.m = make(map[blockKey]*blockHold)
-	}
 	for _, s := range h.spans {
 		for _, blk := range s.blocks {
-			k := blockKey{s.pool, blk}
-			hold := b.m[k]
-			if hold == nil {
-				hold = &blockHold{}
-				b.m[k] = hold
-			}
+			hold := b.atLocked(blockKey{s.pool, blk})
 			if !hold.poisoned {
 				hold.poisoned, hold.poisonedBy = true, h.id
 				n++
