@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,119 +28,6 @@ var _ Transport = (*UCXTransport)(nil)
 // mapped for it (UCXTransport.StagingMemory, UCXTransport.Register). Go memory is never given
 // to UCX.
 var ErrUCXUnregistered = errors.New("kvxfer: buffer outside UCX-registered memory")
-
-// UCXConfig configures a UCXTransport. Zero values take the documented defaults.
-type UCXConfig struct {
-	// TLS is UCX_TLS, e.g. "posix,cma,self" (shared memory) or "tcp,self". Default: UCX's.
-	TLS string
-	// NetDevices is UCX_NET_DEVICES, e.g. "lo". Default: all.
-	NetDevices string
-	// KeepaliveInterval is UCX's peer liveness check period. Default 1s.
-	KeepaliveInterval time.Duration
-	// StagingBytes is the size of the UCX-allocated region StagingMemory returns, to pass as
-	// Config.StagingMemory. Default DefaultMaxConcurrent*DefaultPipelineDepth*DefaultSlotBytes.
-	StagingBytes int64
-	// MaxControlBytes bounds one control message. Default 4096.
-	MaxControlBytes int
-	// CloseTimeout bounds Close. Default 5s.
-	CloseTimeout time.Duration
-	// DrainTimeout is how long the tag of a cancelled receive stays drained: a message that
-	// arrives for it in that time is received into the transport's own scratch memory and
-	// dropped, which is what completes the peer's send (UCX 1.13 keeps a rendezvous send that
-	// no receive matches forever, so its sender would have to poison the slot). It should
-	// outlast the longest stop of a peer process that must not cost slots. Default 30s.
-	DrainTimeout time.Duration
-	// DrainAhead is how many chunks past a cancelled receive are drained too: a sender may
-	// have sent up to its pipeline depth of chunks beyond the receiver's last posted receive
-	// (their predecessors completed as the receiver aborted). Default 4.
-	DrainAhead int
-	// MaxDrains bounds the drain receives posted at once, so a cancel storm cannot grow
-	// memory without bound; past it a cancelled receive gets no drain (counted in
-	// UCXDrainStats.Skipped) and a late send to it strands as before. Default 65536.
-	MaxDrains int
-	// ProbeInterval is how often a second worker in this process sends the transport's worker
-	// a small message over the transports a local peer would use (see ucx_probe.go): UCX's
-	// shared-memory receive queue is wedged for good when a local peer dies while writing to
-	// it, and the probe's missing messages are how Health tells, traffic or not. Default 1s;
-	// negative: no probe.
-	ProbeInterval time.Duration
-	// ProbeTimeout is how long a probe message may take to arrive before Health reports the
-	// worker wedged (ErrTransportWedged). Default 10s.
-	ProbeTimeout time.Duration
-	// ReplaceWedgedWorker: when the probe finds the worker wedged, replace it rather than only
-	// report it (ucx_rebirth.go). Every operation of the old worker fails, every peer it had an
-	// endpoint to is reported lost, and the transport gets a new worker address: Self and
-	// ContextParams change, and peers must be given the new address, as after a restart of the
-	// process. Off by default: a false alarm (a process starved for ProbeTimeout) would cost the
-	// transfers in flight and the address callers hold.
-	ReplaceWedgedWorker bool
-	// Lanes is how many UCX workers, each with its own progress thread, the RMA gets of this
-	// side are striped over (ucx_lanes.go): the transport's own worker and Lanes-1 more, made
-	// on the first get. A get is one copy made by the thread that posts it (shared memory,
-	// cma), so one worker bounds every request to one core. 1 keeps every get on the
-	// transport's worker. Default: DefaultUCXLanes, at most GOMAXPROCS.
-	Lanes int
-	// Logger receives peer failures. Default zap.NewNop().
-	Logger *zap.Logger
-}
-
-func (c *UCXConfig) applyDefaults() error {
-	if c.StagingBytes == 0 {
-		c.StagingBytes = DefaultMaxConcurrent * DefaultPipelineDepth * DefaultSlotBytes
-	}
-	if c.StagingBytes < 0 {
-		return &ConfigError{Field: "UCXConfig.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}
-	}
-	if c.MaxControlBytes == 0 {
-		c.MaxControlBytes = 4096
-	}
-	if c.MaxControlBytes < 256 {
-		return &ConfigError{Field: "UCXConfig.MaxControlBytes", Value: c.MaxControlBytes, Reason: "must be at least 256 (a request-info message)"}
-	}
-	if c.CloseTimeout == 0 {
-		c.CloseTimeout = 5 * time.Second
-	}
-	if c.CloseTimeout < 0 {
-		return &ConfigError{Field: "UCXConfig.CloseTimeout", Value: c.CloseTimeout, Reason: "must be positive"}
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultUCXDrainTimeout
-	}
-	if c.DrainTimeout < 0 {
-		return &ConfigError{Field: "UCXConfig.DrainTimeout", Value: c.DrainTimeout, Reason: "must be positive"}
-	}
-	if c.DrainAhead == 0 {
-		c.DrainAhead = DefaultUCXDrainAhead
-	}
-	if c.DrainAhead < 0 || c.DrainAhead > 1024 {
-		return &ConfigError{Field: "UCXConfig.DrainAhead", Value: c.DrainAhead, Reason: "must be between 1 and 1024"}
-	}
-	if c.MaxDrains == 0 {
-		c.MaxDrains = DefaultUCXMaxDrains
-	}
-	if c.MaxDrains < 0 {
-		return &ConfigError{Field: "UCXConfig.MaxDrains", Value: c.MaxDrains, Reason: "must be positive"}
-	}
-	if c.ProbeInterval == 0 {
-		c.ProbeInterval = DefaultUCXProbeInterval
-	}
-	if c.ProbeTimeout == 0 {
-		c.ProbeTimeout = DefaultUCXProbeTimeout
-	}
-	if c.ProbeTimeout < 0 || (c.ProbeInterval > 0 && c.ProbeTimeout < c.ProbeInterval) {
-		return &ConfigError{Field: "UCXConfig.ProbeTimeout", Value: c.ProbeTimeout, Reason: "must be positive and at least ProbeInterval"}
-	}
-	if c.Lanes == 0 {
-		c.Lanes = max(1, min(DefaultUCXLanes, runtime.GOMAXPROCS(0)))
-	}
-	if c.Lanes < 1 || c.Lanes > MaxUCXLanes {
-		return &ConfigError{Field: "UCXConfig.Lanes", Value: c.Lanes, Reason: fmt.Sprintf("must be between 1 and %d", MaxUCXLanes)}
-	}
-	if c.Logger == nil {
-		c.Logger = zap.NewNop()
-	}
-	return nil
-}
 
 // Defaults of UCXConfig's drain fields.
 const (
@@ -227,22 +113,6 @@ type ucxOp struct {
 	tag    uint64
 	busy   bool // MemoryBusy reported
 	cancel bool
-}
-
-// ucxDrain is one drain receive and the timer that cancels it.
-type ucxDrain struct {
-	tag   uint64
-	req   *native.Request
-	timer *time.Timer
-}
-
-// UCXDrainStats counts the drain receives of a UCXTransport (see UCXConfig.DrainTimeout).
-type UCXDrainStats struct {
-	Started uint64 // drains posted for cancelled receives
-	Drained uint64 // drains that took a late message, completing its sender's request
-	Expired uint64 // drains cancelled at DrainTimeout (or replaced by a live receive) unused
-	Skipped uint64 // drains not posted because MaxDrains were live
-	Live    int    // drains posted now
 }
 
 type ucxReport struct {
@@ -722,82 +592,6 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 		c.Memory = MemoryBusy // abandoned: UCX still holds it; the final verdict follows
 	}
 	op.done(c)
-}
-
-// startDrainLocked posts a drain receive for the tag of a receive that was cancelled before
-// any message matched it. Its sender may still send that message (it had not yet heard of the
-// abort, or it was stopped and has just resumed): UCX 1.13 never completes a rendezvous send
-// that no receive matches, and cannot cancel one, so the sender's slot would stay pinned until
-// its quarantine poisoned it. The drain matches the late message into the transport's own
-// memory (truncated: the bytes are not wanted), which completes the send at the sender with
-// its memory released; the cancelled receive's buffer is never written. A drain ends when it
-// matches, when a receive of the same tags is posted again (a caller that does not reserve
-// tags), or after DrainTimeout; while it lasts, ReserveTags refuses its hash.
-func (t *UCXTransport) startDrainLocked(tag uint64) {
-	family := t.drains[tag&^ucxSeqMask]
-	if family[tag] != nil {
-		return
-	}
-	if _, live := t.recvTag[tag]; live {
-		return // a live receive takes the message
-	}
-	if len(t.drainByReq) >= t.cfg.MaxDrains {
-		t.drainStats.Skipped++
-		return
-	}
-	req := t.w.TagRecvBytes(nil, ucxDrainBytes, tag, ^uint64(0))
-	d := &ucxDrain{tag: tag, req: req}
-	if family == nil {
-		family = map[uint64]*ucxDrain{}
-		t.drains[tag&^ucxSeqMask] = family
-	}
-	family[tag] = d
-	t.drainByReq[req] = d
-	t.drainStats.Started++
-	d.timer = time.AfterFunc(t.cfg.DrainTimeout, func() { req.Cancel() })
-}
-
-// retireDrainLocked cancels every drain of the transfer tag belongs to, because a live
-// receive now wants its tags (posted by a caller that did not reserve them: the engine
-// reserves, and ReserveTags refuses a drained hash): the worker runs the cancels before that
-// receive's post, so its chunks reach its own receives, not a drain left from an earlier
-// transfer (a stale message a drain already took stays the drain's).
-func (t *UCXTransport) retireDrainLocked(tag uint64) {
-	family := t.drains[tag&^ucxSeqMask]
-	if family == nil {
-		return
-	}
-	delete(t.drains, tag&^ucxSeqMask)
-	for _, d := range family {
-		d.timer.Stop()
-		d.req.Cancel()
-	}
-}
-
-// drainDoneLocked forgets a drain UCX has reported on.
-func (t *UCXTransport) drainDoneLocked(d *ucxDrain) {
-	delete(t.drainByReq, d.req)
-	if family := t.drains[d.tag&^ucxSeqMask]; family[d.tag] == d {
-		delete(family, d.tag)
-		if len(family) == 0 {
-			delete(t.drains, d.tag&^ucxSeqMask)
-		}
-	}
-	d.timer.Stop()
-	if d.req.Err() == nil || errors.Is(d.req.Err(), native.ErrTruncated) {
-		t.drainStats.Drained++
-	} else {
-		t.drainStats.Expired++
-	}
-}
-
-// DrainStats returns the drain counters (see UCXConfig.DrainTimeout). It never blocks on UCX.
-func (t *UCXTransport) DrainStats() UCXDrainStats {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s := t.drainStats
-	s.Live = len(t.drainByReq)
-	return s
 }
 
 func (t *UCXTransport) deliverControl(in Inbound, b []byte) {

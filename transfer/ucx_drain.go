@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+// Drain receives: what takes a late message of a cancelled UCX receive (UCXConfig.DrainTimeout).
+
+import (
+	"errors"
+	"time"
+
+	"github.com/kvxfer/kvxfer/native"
+)
+
+// ucxDrain is one drain receive and the timer that cancels it.
+type ucxDrain struct {
+	tag   uint64
+	req   *native.Request
+	timer *time.Timer
+}
+
+// UCXDrainStats counts the drain receives of a UCXTransport (see UCXConfig.DrainTimeout).
+type UCXDrainStats struct {
+	Started uint64 // drains posted for cancelled receives
+	Drained uint64 // drains that took a late message, completing its sender's request
+	Expired uint64 // drains cancelled at DrainTimeout (or replaced by a live receive) unused
+	Skipped uint64 // drains not posted because MaxDrains were live
+	Live    int    // drains posted now
+}
+
+// startDrainLocked posts a drain receive for the tag of a receive that was cancelled before
+// any message matched it. Its sender may still send that message (it had not yet heard of the
+// abort, or it was stopped and has just resumed): UCX 1.13 never completes a rendezvous send
+// that no receive matches, and cannot cancel one, so the sender's slot would stay pinned until
+// its quarantine poisoned it. The drain matches the late message into the transport's own
+// memory (truncated: the bytes are not wanted), which completes the send at the sender with
+// its memory released; the cancelled receive's buffer is never written. A drain ends when it
+// matches, when a receive of the same tags is posted again (a caller that does not reserve
+// tags), or after DrainTimeout; while it lasts, ReserveTags refuses its hash.
+func (t *UCXTransport) startDrainLocked(tag uint64) {
+	family := t.drains[tag&^ucxSeqMask]
+	if family[tag] != nil {
+		return
+	}
+	if _, live := t.recvTag[tag]; live {
+		return // a live receive takes the message
+	}
+	if len(t.drainByReq) >= t.cfg.MaxDrains {
+		t.drainStats.Skipped++
+		return
+	}
+	req := t.w.TagRecvBytes(nil, ucxDrainBytes, tag, ^uint64(0))
+	d := &ucxDrain{tag: tag, req: req}
+	if family == nil {
+		family = map[uint64]*ucxDrain{}
+		t.drains[tag&^ucxSeqMask] = family
+	}
+	family[tag] = d
+	t.drainByReq[req] = d
+	t.drainStats.Started++
+	d.timer = time.AfterFunc(t.cfg.DrainTimeout, func() { req.Cancel() })
+}
+
+// retireDrainLocked cancels every drain of the transfer tag belongs to, because a live
+// receive now wants its tags (posted by a caller that did not reserve them: the engine
+// reserves, and ReserveTags refuses a drained hash): the worker runs the cancels before that
+// receive's post, so its chunks reach its own receives, not a drain left from an earlier
+// transfer (a stale message a drain already took stays the drain's).
+func (t *UCXTransport) retireDrainLocked(tag uint64) {
+	family := t.drains[tag&^ucxSeqMask]
+	if family == nil {
+		return
+	}
+	delete(t.drains, tag&^ucxSeqMask)
+	for _, d := range family {
+		d.timer.Stop()
+		d.req.Cancel()
+	}
+}
+
+// drainDoneLocked forgets a drain UCX has reported on.
+func (t *UCXTransport) drainDoneLocked(d *ucxDrain) {
+	delete(t.drainByReq, d.req)
+	if family := t.drains[d.tag&^ucxSeqMask]; family[d.tag] == d {
+		delete(family, d.tag)
+		if len(family) == 0 {
+			delete(t.drains, d.tag&^ucxSeqMask)
+		}
+	}
+	d.timer.Stop()
+	if d.req.Err() == nil || errors.Is(d.req.Err(), native.ErrTruncated) {
+		t.drainStats.Drained++
+	} else {
+		t.drainStats.Expired++
+	}
+}
+
+// DrainStats returns the drain counters (see UCXConfig.DrainTimeout). It never blocks on UCX.
+func (t *UCXTransport) DrainStats() UCXDrainStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.drainStats
+	s.Live = len(t.drainByReq)
+	return s
+}

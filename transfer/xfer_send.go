@@ -1,0 +1,260 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+// The sending side of a sub-transfer: wait for the receiver's request, gather chunks into
+// staging slots and send them, as the model makes layers ready when streaming. xfer.go has
+// what both sides share: the loop, timers, abort, quarantine.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/cuda/layout"
+)
+
+func (x *xfer) runSend() {
+	var ri *RequestInfo
+	for ri == nil {
+		select {
+		case <-x.box.notify:
+			evs := x.box.take(nil)
+			for i, ev := range evs {
+				switch m := ev.msg.(type) {
+				case *RequestInfo:
+					ri, x.backlog = m, evs[i+1:]
+				case *Abort:
+					// Only an abort the engine held with its request (an early one) is known
+					// to be this transfer's; any other names a request this Send never saw.
+					if ev.early {
+						x.queuedExit(peerAbortErr(x.h.id, m))
+						return
+					}
+					x.ours(m.Header)
+				}
+				if ev.lost != nil {
+					x.queuedExit(ev.lost)
+					return
+				}
+				if ri != nil {
+					break
+				}
+			}
+		case <-x.qctx.Done():
+			cause := x.queueErr(context.Cause(x.qctx))
+			x.queuedExit(cause)
+			// A request that arrived as we gave up still gets an answer, so the receiver
+			// does not wait for its deadline.
+			code := AbortInternal
+			if errors.Is(cause, ErrCancelled) {
+				code = AbortCancelled
+			}
+			answered := false
+			for _, ev := range x.box.take(nil) {
+				if m, ok := ev.msg.(*RequestInfo); ok && !answered {
+					x.wireSub, x.nonce, answered = m.Sub, m.Nonce, true
+					x.sendAbort(code, cause)
+				}
+			}
+			if !answered { // one that arrives later is answered by the engine
+				x.eng.rememberUnanswered(routeKey{x.peer, x.h.id}, code, cause)
+			}
+			return
+		}
+	}
+	x.wireSub, x.nonce = ri.Sub, ri.Nonce
+	err := x.applyHeld(ri)
+	if err == nil {
+		err = layout.CompatibleShapes(x.plan.Shape(), ri.Shape)
+	}
+	x.direct = ri.Flags&FlagDirect != 0
+	if err == nil && x.direct && !x.directCapable() {
+		err = fmt.Errorf("the receiver asked for the direct (one-copy) path and this sender's pool cannot take it " +
+			"(allocate or register it with the transport, drop the Mover, or set Config.DisableDirect on the receiver)")
+	}
+	if err != nil || (!x.direct && ri.ChunkBytes > x.payloadCap()) {
+		if err == nil {
+			err = fmt.Errorf("receiver's %d-byte chunks do not fit this engine's %d-byte slots", ri.ChunkBytes, x.eng.cfg.SlotBytes)
+		}
+		cause := &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrIncompatible, err)}
+		x.sendAbort(AbortIncompatible, cause)
+		x.queuedExit(cause)
+		return
+	}
+	x.setChunks(ri.ChunkBytes, ri.Flags&FlagLayerCut != 0)
+	if !x.stream {
+		x.readyBytes = x.plan.Bytes()
+	}
+	if x.direct {
+		if !x.startDirect() {
+			code := AbortInternal
+			if x.m.load() == Cancelled {
+				code = AbortCancelled
+			}
+			x.sendAbort(code, errors.New("the sender stopped before it started"))
+			return
+		}
+		if x.rmaOffer(ri) { // rma.go: the receiver reads the pool; nothing to post
+			x.loop()
+			return
+		}
+		for range min(x.eng.cfg.PipelineDepth, x.nChunks) {
+			if !x.postSendDirect() {
+				break
+			}
+		}
+		x.loop()
+		return
+	}
+	first, ok := x.lease()
+	if !ok {
+		code := AbortInternal
+		if x.m.load() == Cancelled {
+			code = AbortCancelled
+		}
+		x.sendAbort(code, errors.New("the sender stopped before it could lease a staging slot"))
+		return
+	}
+	slots := x.extraSlots(first)
+	for i, s := range slots {
+		if !x.postSend(s) {
+			releaseAll(slots[i+1:]) // never posted
+			break
+		}
+	}
+	x.loop()
+}
+
+// applyHeld trims the plan by the receiver's held positions (a partial transfer), so both
+// sides drop the same blocks before the shapes are compared.
+func (x *xfer) applyHeld(ri *RequestInfo) error {
+	if len(ri.Held) == 0 {
+		return nil
+	}
+	if n := len(x.plan.Blocks()); ri.HeldOf != n {
+		return fmt.Errorf("%w: the receiver's request has %d blocks, this sender's %d", layout.ErrIncompatible, ri.HeldOf, n)
+	}
+	trimmed, err := x.plan.WithoutPositions(ri.Held)
+	if err != nil {
+		return fmt.Errorf("receiver's held positions: %w", err)
+	}
+	x.h.total.Add(trimmed.Bytes() - x.plan.Bytes())
+	x.plan = trimmed
+	return nil
+}
+
+// refreshReady raises readyBytes from the caller's MarkLayersReady and any fired signals. It
+// never blocks: each signal is queried once, in order, and the first one not done stops it.
+func (x *xfer) refreshReady() error {
+	if !x.stream {
+		return nil
+	}
+	layers := x.h.readyLayers.Load()
+	for x.nextSignal < len(x.signals) {
+		s := x.signals[x.nextSignal]
+		done, err := s.Signal.Query()
+		if err != nil {
+			return &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: layers [0, %d): %w", ErrReadySignal, s.End, err)}
+		}
+		if !done {
+			break
+		}
+		x.nextSignal++
+	}
+	if x.nextSignal > 0 {
+		layers = max(layers, int64(x.signals[x.nextSignal-1].End))
+		for i := 0; i < 64; i++ { // publish for LayersReady; bounded, each lost race raised it
+			cur := x.h.readyLayers.Load()
+			if layers <= cur || x.h.readyLayers.CompareAndSwap(cur, layers) {
+				break
+			}
+		}
+	}
+	if ready := layers * x.perLayer; ready > x.readyBytes {
+		x.readyBytes = ready
+		x.eng.touch() // the time spent waiting on the model was no stall of the wire
+	}
+	return nil
+}
+
+// onReady sends what newly ready layers allow through the slots that waited for them.
+func (x *xfer) onReady() {
+	if x.receive || x.aborting || x.ended {
+		return
+	}
+	if err := x.refreshReady(); err != nil {
+		x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+		return
+	}
+	for len(x.idle) > 0 && !x.aborting {
+		if x.nextSeq < x.nChunks {
+			if off, n := x.chunkRange(x.nextSeq); off+n > x.readyBytes {
+				return
+			}
+		}
+		s := x.idle[len(x.idle)-1]
+		x.idle = x.idle[:len(x.idle)-1]
+		if !x.postSend(s) {
+			return
+		}
+	}
+}
+
+// postSend gathers the next chunk into slot and posts it, or releases the slot when every
+// chunk is posted. It returns false if the transfer is aborting.
+func (x *xfer) postSend(slot *buffer.Slot) bool {
+	if x.direct {
+		return x.postSendDirect()
+	}
+	if x.nextSeq >= x.nChunks || x.aborting {
+		releaseSlot(slot)
+		return !x.aborting
+	}
+	rec := &opRec{seq: x.nextSeq, slot: slot}
+	off, n := x.chunkRange(rec.seq)
+	if off+n > x.readyBytes {
+		if err := x.refreshReady(); err != nil {
+			releaseSlot(slot)
+			x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+			return false
+		}
+		if off+n > x.readyBytes { // wait for the model, not the wire
+			x.idle = append(x.idle, slot)
+			return true
+		}
+	}
+	buf := slot.Bytes()[:DataHeaderBytes+n]
+	if err := x.mover.Gather(x.plan, off, buf[DataHeaderBytes:]); err != nil {
+		x.moverFailed(slot, rec.seq, err)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	dh := DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: off, Length: n}
+	_, _ = dh.AppendBinary(buf[:0])
+	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf,
+		func(c Completion) { x.box.push(event{op: rec, c: c}) })
+	if err != nil {
+		releaseSlot(slot)
+		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	x.posted(rec, id)
+	return true
+}
+
+func (x *xfer) sentChunk(rec *opRec) {
+	_, n := x.chunkRange(rec.seq)
+	x.progress(n)
+	if x.postSend(rec.slot) {
+		x.maybeSent()
+	}
+}
+
+// maybeSent completes the sending side once every chunk left and the receiver confirmed.
+func (x *xfer) maybeSent() {
+	if x.moved == x.nChunks && x.doneMsg && !x.ended {
+		x.finish(EvComplete, nil)
+	}
+}
