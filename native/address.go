@@ -3,7 +3,9 @@
 package native
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 )
 
 // AddressError says where a peer's worker address stops being one this process's UCX can
@@ -139,6 +141,9 @@ func walkAddress(b []byte, withName bool) error {
 			if err := need(2+addrIfaceAttr+1, fmt.Sprintf("transport %d's checksum, attributes and length", transports-1)); err != nil {
 				return err
 			}
+			if err := checkIfaceAttr(b[at+2:at+2+addrIfaceAttr], at+2, transports-1); err != nil {
+				return err
+			}
 			at += 2 + addrIfaceAttr
 			l := b[at]
 			at++
@@ -158,6 +163,30 @@ func walkAddress(b []byte, withName bool) error {
 	}
 	if at != len(b) {
 		return &AddressError{at, fmt.Sprintf("%d bytes after the last device", len(b)-at)}
+	}
+	return nil
+}
+
+// checkIfaceAttr checks a transport's packed interface attributes (overhead, bandwidth and
+// latency as 32-bit floats, then priority and capability flags), which UCX's lane selection
+// scores without looking: a NaN, an infinity or a negative cost makes the score no number or
+// negative, and UCX asserts (select.c: score >= 0), aborting the process. Bandwidth is
+// dedicated less shared, so its sign may be either; it is never zero.
+func checkIfaceAttr(a []byte, at, transport int) error {
+	f := func(i int) float64 { return float64(math.Float32frombits(binary.LittleEndian.Uint32(a[4*i:]))) }
+	overhead, bandwidth, latency := f(0), f(1), f(2)
+	for i, v := range []float64{overhead, bandwidth, latency} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return &AddressError{at + 4*i, fmt.Sprintf("transport %d's %s is %v", transport, []string{"overhead", "bandwidth", "latency"}[i], v)}
+		}
+	}
+	switch {
+	case overhead < 0:
+		return &AddressError{at, fmt.Sprintf("transport %d's overhead %v is negative", transport, overhead)}
+	case bandwidth == 0:
+		return &AddressError{at + 4, fmt.Sprintf("transport %d's bandwidth is zero", transport)}
+	case latency < 0:
+		return &AddressError{at + 8, fmt.Sprintf("transport %d's latency %v is negative", transport, latency)}
 	}
 	return nil
 }
