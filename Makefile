@@ -18,7 +18,7 @@ TEST_TARGETS := go-tidy go-vet go-test c-test go-fuzz
 BENCH_TARGETS := bench-gather
 MICROBENCH_TARGETS := bench-gather
 # Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName.
-FUZZ_TARGETS := ./cuda/layout:FuzzPlan
+FUZZ_TARGETS := ./layout:FuzzPlan
 FUZZ_TIME ?= 10s
 -include mk/*.mk
 

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // abiVersion is KVX_CUDA_ABI_VERSION in kvx_cuda.h; Open refuses a library of another version.

@@ -16,8 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
-	"github.com/kvxfer/kvxfer/cuda/layout/layouttest"
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
 
 // gpuWait bounds every wait for device work in these tests.

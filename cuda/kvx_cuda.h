@@ -21,7 +21,7 @@
 
 #include <stdint.h>
 
-#include "kvx_layout.h"
+#include "kvx/kvx_layout.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -12,8 +12,8 @@
 
 CUDA_ARCHS := 80 90
 CUDA_CHECK_DIR := $(BUILD)/cuda-check
-CUDA_SOURCES := cuda/kvx_cuda.cu cuda/kvx_cuda.h cuda/kvx_layout.h
-CUDA_NVCC_FLAGS := -std=c++17 -O3 -Icuda --Werror all-warnings -Xptxas -v
+CUDA_SOURCES := cuda/kvx_cuda.cu cuda/kvx_cuda.h include/kvx/kvx_layout.h
+CUDA_NVCC_FLAGS := -std=c++17 -O3 -Icuda -Iinclude --Werror all-warnings -Xptxas -v
 
 TEST_TARGETS += cuda-check cuda-vet
 

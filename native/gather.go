@@ -28,7 +28,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // parallelMin is the smallest share of a copy worth a core of its own: below it the cost of

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
-	"github.com/kvxfer/kvxfer/cuda/layout/layouttest"
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/native"
 )
 

@@ -2,7 +2,7 @@
 /*
  * kvx_host.h: gather and scatter of a plan's byte stream on host memory.
  *
- * Same index math as the CUDA kernels (cuda/kvx_layout.h). Both calls copy the stream range
+ * Same index math as the CUDA kernels (include/kvx/kvx_layout.h). Both calls copy the stream range
  * [off, off + len) of the plan over `blocks` and check everything they are given before they
  * touch memory: on any error nothing is read or written.
  */
@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "../cuda/kvx_layout.h"
+#include "kvx/kvx_layout.h"
 
 #ifdef __cplusplus
 extern "C" {

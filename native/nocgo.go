@@ -7,7 +7,7 @@ package native
 import (
 	"fmt"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // HostGather needs the C gather; this build has no cgo.

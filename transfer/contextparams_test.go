@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // llamaParams is a Llama-3-8B-shaped request: 32 layers, 8 KV heads of 128, BF16, 16-token

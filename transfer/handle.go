@@ -8,7 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // Status is a snapshot of a handle. Reading it never blocks (L4).

@@ -12,8 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
 	"github.com/kvxfer/kvxfer/internal/peerproc"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // The RMA mode between two engines over UCX, shared memory and TCP (where UCX emulates RMA

@@ -5,7 +5,7 @@ package transfer
 import (
 	"encoding/binary"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // The RMA mode's two messages (see rma.go). An offer's body after the common header:

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // Spec describes one side of a transfer.

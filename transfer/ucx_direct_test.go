@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
 	"github.com/kvxfer/kvxfer/internal/peerproc"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // mappedKV is newUCXKV with the pool moved into memory the transport mapped, so the one-copy

@@ -16,8 +16,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
 	"github.com/kvxfer/kvxfer/internal/peerproc"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // ucxEnginePool mirrors ucxpeer's EnginePool: the same dims, block-major, seeded fill.

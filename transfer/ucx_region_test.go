@@ -15,8 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
 	"github.com/kvxfer/kvxfer/internal/peerproc"
+	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 )
 

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/buffer"
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // xfer is one sub-transfer: one peer's share of a handle. Its own goroutine (run) owns every

@@ -12,7 +12,7 @@ import (
 	"fmt"
 
 	"github.com/kvxfer/kvxfer/buffer"
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 func (x *xfer) runSend() {

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // The control connection is how the two ends of a run find each other: a small TCP

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda"
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // openDevice opens the GPU for --memory device; openCUDA is replaced by tests.

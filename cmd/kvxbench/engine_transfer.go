@@ -6,7 +6,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 )
 

@@ -7,7 +7,7 @@ import (
 	"flag"
 	"strings"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // preset is a named model shape: the per-rank KV pool a serving engine would allocate for it.

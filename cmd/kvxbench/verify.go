@@ -9,7 +9,7 @@ import (
 	"runtime"
 	"sync"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // castagnoli is CRC-32C: hardware-accelerated on amd64 and arm64, so checking every byte costs

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // poolDims is both workers' KV pool: a small Llama-like model (4 layers, 8 KV heads of 128

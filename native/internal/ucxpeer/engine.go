@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 )
 

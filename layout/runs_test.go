@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
-	"github.com/kvxfer/kvxfer/cuda/layout/layouttest"
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
 
 // Copying the pool ranges Runs names, in order, must give exactly the reference gather of the

@@ -7,8 +7,8 @@ import (
 	"math/bits"
 )
 
-// Layout describes a paged KV pool. It mirrors kvx_layout_t in cuda/kvx_layout.h field for
-// field; every field is an int64 so the two agree on every ABI. A token's row of HeadDim
+// Layout describes a paged KV pool. It mirrors kvx_layout_t in include/kvx/kvx_layout.h field
+// for field; every field is an int64 so the two agree on every ABI. A token's row of HeadDim
 // elements is contiguous; every other dimension has its own stride in bytes.
 type Layout struct {
 	NumLayers      int64 // layers held by this pool (this PP rank's share)

@@ -2,8 +2,8 @@
 
 // Package layout describes paged KV-cache pools and the byte stream a transfer moves.
 //
-// It is the Go mirror of cuda/kvx_layout.h, the header shared by the CUDA kernels and the
-// host gather/scatter in native/. A Layout gives a pool's dimensions and byte strides; a
+// It is the Go mirror of include/kvx/kvx_layout.h, the header shared by the CUDA kernels and
+// the host gather/scatter in native/. A Layout gives a pool's dimensions and byte strides; a
 // Selection picks a layer range and a head range (heterogeneous PP and TP); a Plan adds the
 // block ids of one request and defines the stream
 //

@@ -2,12 +2,13 @@
 /*
  * kvx_layout.h: the paged KV-cache layout and the byte order of a transfer plan.
  *
- * This is the one place where kvxfer's index math lives. It compiles as plain C99
- * (the host gather/scatter in native/, cgo) and as CUDA C++ (the kernels in cuda/), so the
- * CPU path and the GPU path cannot disagree about which byte goes where.
+ * This is the one place where kvxfer's index math lives. It compiles as plain C99 (the host
+ * gather/scatter in native/, cgo) and as CUDA C++ (the kernels in cuda/), so the CPU path and
+ * the GPU path cannot disagree about which byte goes where. It sits in include/kvx/, under
+ * neither of them; both put include/ on the include path and write #include "kvx/kvx_layout.h".
  *
- * The structs are mirrored in Go (cuda/layout); a Go test checks sizes and offsets.
- * Every field is int64_t: no padding, the same on every ABI we build for.
+ * The structs are mirrored in Go (package github.com/kvxfer/kvxfer/layout); a Go test checks
+ * sizes and offsets. Every field is int64_t: no padding, the same on every ABI we build for.
  *
  * Validation lives in Go (layout.Layout.Validate, layout.NewPlan). The helpers here assume
  * a validated layout; the host entry points re-check block ids and the pool span, which is

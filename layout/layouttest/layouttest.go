@@ -7,7 +7,7 @@ package layouttest
 import (
 	"math/rand/v2"
 
-	"github.com/kvxfer/kvxfer/cuda/layout"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // RandomLayout returns a small valid layout whose five strided dimensions are nested in a
