@@ -1,5 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-# kvxfer build. `make help` lists the targets. Every target installs what it needs first.
+# kvxfer build. `make help` lists every target by subject; the main ones:
+#
+#   make test       everything a change must pass (the list is TEST_TARGETS below)
+#   make bench      the main benchmark: kvxbench run, two processes over UCX
+#   make bench-all  the main benchmark, then every package benchmark
+#   make build      the Go packages and the C library; make deps installs what is missing
+#
+# The targets live by subject in mk/, each fragment's recipes in scripts/ when longer than a
+# few lines:
+#
+#   mk/go.mk     go-tidy go-vet go-test go-fuzz; the example: serving-test disagg disagg-ucx
+#   mk/c.mk      c-test (the C tests under ASan/UBSan)
+#   mk/cuda.mk   cuda-check cuda-lib cuda-vet; the GPU CI job: gpu-test gpu-test-ucx
+#   mk/ucx.mk    ucx-info ucx-cuda-check (kvxfer against the CUDA-enabled UCX 1.22)
+#   mk/bench.mk  kvxbench, bench-kvxbench and every bench-* target
+#   mk/soak.mk   soak-ci (in make test), soak (30 minutes)
+#
+# Every target installs what it needs first.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 # Under pipefail a reader that stops early (grep -q, head) can make the writer die of SIGPIPE
@@ -11,23 +28,21 @@ export CGO_ENABLED := 1
 # go-nvml's bindings call NVML functions NVIDIA has deprecated; their warnings are not ours.
 export CGO_CFLAGS ?= -g -O2 -Wno-deprecated-declarations
 
-# Fragments in mk/ add their own targets to these lists.
-TEST_TARGETS := go-tidy go-vet go-test c-test go-fuzz
-# `make bench` is the one main job (mk/bench.mk makes it `kvxbench run`); the package
-# benchmarks behind each target are in MICROBENCH_TARGETS, run together by `make bench-all`.
-BENCH_TARGETS := bench-gather
-MICROBENCH_TARGETS := bench-gather
-# Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName.
-FUZZ_TARGETS := ./layout:FuzzPlan
-FUZZ_TIME ?= 10s
--include mk/*.mk
+# What `make test` runs, in this order.
+TEST_TARGETS := go-tidy go-vet go-test c-test go-fuzz cuda-check cuda-vet soak-ci ucx-cuda-check
+
+include mk/go.mk mk/c.mk mk/cuda.mk mk/ucx.mk mk/bench.mk mk/soak.mk
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build test bench bench-all go-tidy go-vet go-test c-test go-fuzz bench-gather
+.PHONY: help deps build test
 
-help: ## List the targets.
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sort -u | \
-		awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+# One block per file: the Makefile's own targets, then each fragment's under its name.
+help: ## List the targets by subject.
+	@for f in $(MAKEFILE_LIST); do \
+		awk -v f="$$f" 'BEGIN { FS = ":.*## " } \
+			/^[a-zA-Z_-]+:.*## / { if (!n++) printf "%s\n", (f == "Makefile" ? "main" : f); \
+				printf "  %-22s %s\n", $$1, $$2 }' "$$f"; \
+	done
 
 deps: ## Install Debian packages (libucx-dev, cmake, pkg-config, ...) and Go modules when missing.
 	@scripts/deps.sh
@@ -39,34 +54,3 @@ build: deps ## Build the Go packages, kvxbench and the C library.
 
 test: deps ## Everything a change must pass: go vet, Go tests with -race, C tests under ASan/UBSan, kernel compile check.
 	@$(MAKE) --no-print-directory $(TEST_TARGETS)
-
-# go.mod and go.sum must be what `go mod tidy` makes: direct requirements marked as such, none
-# missing or left over. `-diff` changes nothing and fails, printing the diff, when they are not.
-go-tidy:
-	$(GO) mod tidy -diff
-
-go-vet:
-	$(GO) vet ./...
-
-go-test:
-	$(GO) test -race -count=1 -timeout 20m ./...
-
-c-test: ## C tests (ctest) built with AddressSanitizer and UndefinedBehaviorSanitizer.
-	cmake -S . -B $(BUILD)/asan -DCMAKE_BUILD_TYPE=Debug -DKVX_SANITIZE=ON >/dev/null
-	cmake --build $(BUILD)/asan -j2
-	cd $(BUILD)/asan && ctest --output-on-failure --timeout 300
-
-go-fuzz: ## Run every fuzz target for FUZZ_TIME (default 10s).
-	@for t in $(FUZZ_TARGETS); do \
-		echo "fuzz $${t#*:} in $${t%%:*} for $(FUZZ_TIME)"; \
-		scripts/fuzz.sh $(GO) "$${t%%:*}" "$${t#*:}" $(FUZZ_TIME) || exit 1; \
-	done
-
-bench-gather: ## Host gather/scatter of a Llama-3-8B 4096-token request against memcpy.
-	$(GO) test -run '^$$' -bench 'Gather|Scatter' -benchtime 10x ./native/
-
-bench: deps ## The main job: the loopback transfer benchmark with its embedded default configuration.
-	@$(MAKE) --no-print-directory $(BENCH_TARGETS)
-
-bench-all: deps ## The main job, then every package benchmark (gather, lifecycle, UCX, streaming, metrics).
-	@$(MAKE) --no-print-directory $(BENCH_TARGETS) $(MICROBENCH_TARGETS)

@@ -1,23 +1,28 @@
 # SPDX-License-Identifier: Apache-2.0
-# The UCX transport's targets (owner: ucx). Its C tests run in c-test (native/CMakeLists.txt)
-# and its Go tests, two-process ones included, in go-test.
+# UCX: what UCX offers on this host, and kvxfer against a second UCX. The UCX layer's C tests
+# run in c-test (native/CMakeLists.txt), its Go tests, two-process ones included, in go-test,
+# its fuzz target in go-fuzz, its benchmarks in mk/bench.mk.
+#
+#   ucx-cuda-check  no GPU needed: build native/, transfer/ and kvxbench against the UCX 1.22 of
+#                   the libucx-cu12 wheel (pinned in scripts/ucx-cuda.sh) beside Debian's 1.13,
+#                   run host-memory UCX tests with it, check that this UCX reports CUDA memory
+#                   exactly when a driver is present, and that `kvxbench run --memory device`
+#                   stops in one line, non-zero, on a host without a GPU
+#                   (scripts/ucx-cuda-check.sh, which says which tests run and why).
+#
+# ucx-cuda-check is part of `make test`: the device path is built against this UCX on GPU
+# hosts, so drifting away from it must fail here, on every host. It costs about 20 s after a
+# change to native/ (it compiles native/, transfer/ and kvxbench a second time, against the
+# other UCX) and 7 s when nothing changed, and fetches the 45 MB wheel from PyPI once, as
+# cuda-check fetches nvcc. `make gpu-test` (mk/cuda.mk) builds the same way and runs the device
+# transfer.
+.PHONY: ucx-info ucx-cuda-check
 
-FUZZ_TARGETS += ./transfer:FuzzContextParams
-# A peer's worker address: refused by native.CheckAddress or survived by UCX, tried in a child process.
-FUZZ_TARGETS += ./native:FuzzWorkerAddress
-MICROBENCH_TARGETS += bench-ucx
-.PHONY: bench-ucx ucx-info
-
-bench-ucx: ## Two-process transfer of the 4096-token request vs ucx_perftest tag_bw (ratio_to_perftest).
-	$(GO) test -run '^$$' -bench 'Request4096Tokens_TwoProcesses' -benchtime 3x -timeout 20m ./native/
+UCX_CUDA_BUILD := $(BUILD)/ucx-cuda
 
 ucx-info: ## What UCX offers here: transports and devices (loopback tests use posix/cma and tcp on lo).
 	ucx_info -v | sed -n 1,2p
 	ucx_info -d | grep -E 'Transport|Device'
 
-
-# The engine between two processes: the staging path, and the direct path in its RMA mode.
-MICROBENCH_TARGETS += bench-ucx-engine
-.PHONY: bench-ucx-engine
-bench-ucx-engine: ## Two engines in two processes, 4096-token request vs ucx_perftest: staging, and RMA (one-copy).
-	$(GO) test -run '^$$' -bench 'UCXTransport_Request4096' -benchtime 3x -timeout 20m ./transfer/
+ucx-cuda-check: ## Build native/, transfer/, kvxbench against UCX 1.22 (libucx-cu12 wheel) and run host-memory UCX tests with it.
+	@GO=$(GO) scripts/ucx-cuda-check.sh $(UCX_CUDA_BUILD)

@@ -1,16 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-# The fault soak (issue 7): `make test` runs a 2-minute soak; `make soak` runs 30 minutes.
+# Soak: the fault soak. `make test` runs a 2-minute soak; `make soak` runs 30 minutes.
 # Both run the same code as `kvxbench stress` (internal/stress.Command), built on its own so the
 # soak does not wait on the rest of kvxbench. SOAK_FLAGS adds flags (`--json`, `--faults ...`).
 # Each run has two parts: the in-process soak (every chunk-level fault) and the peer-process
 # soak over UCX (SIGSTOP, SIGKILL, and a network partition where namespaces are allowed).
-TEST_TARGETS += soak-ci
 .PHONY: soak-ci soak soak-build
 
 SOAK_BIN := $(BUILD)/kvxsoak
 SOAK_FLAGS ?=
 
-soak-build:
+soak-build: ## Build the soak driver into $(BUILD)/kvxsoak.
 	$(GO) build -o $(SOAK_BIN) ./internal/stress/soak
 
 # Both parts run even when the first fails, so one run shows every breach; either failing fails
@@ -21,9 +20,9 @@ soak-ci: soak-build ## 2-minute fault soak: cancel storms, deadlines, hung/late/
 	$(SOAK_BIN) --processes --duration 60s --concurrency 64 --faults $(SOAK_CI_PROCESS_FAULTS) $(SOAK_FLAGS) || rc=1; \
 	exit $$rc
 
-# Every fault the peer-process soak knows. SIGSTOP/SIGCONT was left out while issue 7 was open
-# (a frozen prefill process's late chunks stranded its slots until they were poisoned); the UCX
-# transport now drains cancelled receives' tags (docs/ucx.md), and the freeze is back.
+# Every fault the peer-process soak knows. SIGSTOP/SIGCONT was once left out (a frozen prefill
+# process's late chunks stranded its slots until they were poisoned); the UCX transport now
+# drains cancelled receives' tags (docs/ucx.md), and the freeze is back.
 SOAK_CI_PROCESS_FAULTS ?= cancel,deadline,freeze,lost-peer,partition
 
 soak: soak-build ## 30-minute fault soak; prints the summary tables, exits non-zero on any breach.

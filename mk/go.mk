@@ -1,0 +1,39 @@
+# SPDX-License-Identifier: Apache-2.0
+# Go: tidiness, vet, the tests under -race, the fuzz targets, and the disagg example.
+# go-test first builds libkvxcuda.so (mk/cuda.mk), whose loading the cuda tests check.
+.PHONY: go-tidy go-vet go-test go-fuzz serving-test disagg disagg-ucx
+
+# Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName: the layout plans,
+# the wire decoder, ContextParams, and a peer's worker address (refused by native.CheckAddress
+# or survived by UCX, tried in a child process).
+FUZZ_TARGETS := ./layout:FuzzPlan ./transfer:FuzzDecode ./transfer:FuzzContextParams \
+	./native:FuzzWorkerAddress
+FUZZ_TIME ?= 10s
+
+# go.mod and go.sum must be what `go mod tidy` makes: direct requirements marked as such, none
+# missing or left over. `-diff` changes nothing and fails, printing the diff, when they are not.
+go-tidy: ## go.mod and go.sum are what `go mod tidy` makes (prints the diff when not).
+	$(GO) mod tidy -diff
+
+go-vet: ## go vet of every package.
+	$(GO) vet ./...
+
+go-test: ## Every Go test with -race (two-process and UCX tests included).
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+go-fuzz: ## Run every fuzz target for FUZZ_TIME (default 10s).
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} in $${t%%:*} for $(FUZZ_TIME)"; \
+		scripts/fuzz.sh $(GO) "$${t%%:*}" "$${t#*:}" $(FUZZ_TIME) || exit 1; \
+	done
+
+# Serving integration (transfer/observe, examples/disagg). Their tests run in go-test with
+# everything else; these targets run them alone.
+serving-test: ## Metrics, /healthz handler, logs and the disagg example, with -race.
+	$(GO) test -race -count=1 ./transfer/observe/ ./examples/...
+
+disagg: ## Run the prefill/decode example (both roles in one process, in-memory transport).
+	$(GO) run ./examples/disagg -transport=mem
+
+disagg-ucx: deps ## Run the prefill/decode example over UCX: two processes, ContextParams over HTTP on 127.0.0.1.
+	$(GO) run ./examples/disagg -transport=ucx
