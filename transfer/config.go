@@ -71,8 +71,6 @@ type Config struct {
 	// CloseTimeout bounds how long Close waits for the transfers to end, and Drain when its
 	// context has no deadline; the transport's force close adds its own bound. Default 10s.
 	CloseTimeout time.Duration
-	// PollBudget is how long one Transport.Progress call may wait for work. Default 5ms.
-	PollBudget time.Duration
 	// ReadyPollInterval is how often a streaming Send polls its Spec.Ready signals while it
 	// waits on them (never blocking on one). Default 100us: a layer of prefill takes
 	// milliseconds, so the poll adds little delay and little CPU.
@@ -134,7 +132,6 @@ const (
 	DefaultMaxPending        = 4096
 	DefaultPendingTTL        = 30 * time.Second
 	DefaultCloseTimeout      = 10 * time.Second
-	DefaultPollBudget        = 5 * time.Millisecond
 	DefaultReadyPollInterval = 100 * time.Microsecond
 )
 
@@ -187,7 +184,6 @@ func (c Config) withDefaults() Config {
 	defInt(&c.MaxPending, DefaultMaxPending)
 	def(&c.PendingTTL, DefaultPendingTTL)
 	def(&c.CloseTimeout, DefaultCloseTimeout)
-	def(&c.PollBudget, DefaultPollBudget)
 	def(&c.ReadyPollInterval, DefaultReadyPollInterval)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -233,7 +229,7 @@ func (c Config) validate() error {
 		{"TransferTimeout", c.TransferTimeout}, {"QueueTimeout", c.QueueTimeout},
 		{"ProgressDeadline", c.ProgressDeadline}, {"QuarantineTimeout", c.QuarantineTimeout},
 		{"CancelGrace", c.CancelGrace}, {"RetryInterval", c.RetryInterval}, {"PendingTTL", c.PendingTTL},
-		{"CloseTimeout", c.CloseTimeout}, {"PollBudget", c.PollBudget}, {"ReadyPollInterval", c.ReadyPollInterval},
+		{"CloseTimeout", c.CloseTimeout}, {"ReadyPollInterval", c.ReadyPollInterval},
 	} {
 		if d.v < 0 {
 			return bad(d.name, d.v, "must be positive")

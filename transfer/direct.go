@@ -8,30 +8,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// DirectTransport is an optional extension of Transport for the one-copy path: the transport
-// reads a chunk straight out of the sender's KV pool and writes it straight into the
-// receiver's, as an IOV (a list of pool ranges, the plan's runs) instead of one staging
-// buffer. It spares the gather and scatter copies and the per-chunk slot turnover; the
-// lifecycle is the same one (the same states, cancel outcomes, deadlines and quarantine),
-// only the memory the transport touches is the caller's, not a slot.
-//
-// The callback rules of Transport hold for these operations too. Every slice of iov lies in
-// a pool for which Direct returned true.
-type DirectTransport interface {
-	Transport
-	// Direct reports whether the transport may read and write pool in place: for UCX, the
-	// pool lies in memory it mapped or registered (never Go memory, which the garbage
-	// collector may move and UCX must never be handed).
-	Direct(pool []byte) bool
-	// PostSendIOV sends the concatenation of iov as the message tagged tag. The transport
-	// may read the slices until the operation's final completion.
-	PostSendIOV(to Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error)
-	// PostRecvIOV receives the message tagged tag, scattered over iov in order. The
-	// transport may write the slices until the operation's final completion. A message
-	// longer than the slices together fails the receive.
-	PostRecvIOV(from Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error)
-}
-
 // directRecvAhead is how many direct receives a transfer keeps posted (at least
 // PipelineDepth): they hold no slot, only the caller's memory, which is reserved for the
 // transfer anyway.

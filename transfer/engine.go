@@ -41,9 +41,7 @@ type Engine struct {
 	// before the first slot lease or the one-copy start and given back when its goroutine ends.
 	admission chan struct{}
 
-	closing      chan struct{} // closed once the transport is force-closed during Close
-	stopProgress chan struct{}
-	progressDone chan struct{}
+	closing chan struct{} // closed once the transport is force-closed during Close
 
 	liveDrivers atomic.Int64
 	inFlight    atomic.Int64
@@ -99,8 +97,8 @@ type unanswered struct {
 	at     time.Time
 }
 
-// New validates cfg, carves the staging pool, binds the transport and starts the progress
-// goroutine. The engine owns the transport from here on and closes it in Close.
+// New validates cfg, carves the staging pool and binds the transport (which progresses its
+// operations on its own goroutines). The engine owns the transport from here on and closes it in Close.
 func New(tr Transport, cfg Config) (*Engine, error) {
 	if tr == nil {
 		return nil, &ConfigError{Field: "Transport", Value: nil, Reason: "a transport is required"}
@@ -122,7 +120,7 @@ func New(tr Transport, cfg Config) (*Engine, error) {
 		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
 		admission: make(chan struct{}, cfg.MaxConcurrent),
-		closing:   make(chan struct{}), stopProgress: make(chan struct{}), progressDone: make(chan struct{}),
+		closing:   make(chan struct{}),
 	}
 	if _, nop := cfg.Observer.(NopObserver); !nop {
 		e.oq = newObserverQueue(cfg.Observer) // the caller's callbacks run outside the engine's locks
@@ -133,20 +131,7 @@ func New(tr Transport, cfg Config) (*Engine, error) {
 	if err := tr.Bind(inbound{e}); err != nil {
 		return nil, fmt.Errorf("kvxfer: binding the transport: %w", err)
 	}
-	go e.progressLoop()
 	return e, nil
-}
-
-func (e *Engine) progressLoop() {
-	defer close(e.progressDone)
-	for {
-		select {
-		case <-e.stopProgress:
-			return
-		default:
-		}
-		e.tr.Progress(e.cfg.PollBudget)
-	}
 }
 
 // Send starts sending spec's blocks to spec.Peer when that peer's Receive asks for them
@@ -471,8 +456,7 @@ func (e *Engine) waitDrivers(ctx context.Context) error {
 // cancelled, the transport is force-closed, slots it cannot prove done are poisoned, and the
 // goroutines end. It waits for the transfers at most Config.CloseTimeout in all (CancelGrace of
 // it for them to stop gracefully); the transport's force close in between takes its own
-// bounded time (Transport.Close), and the progress goroutine ends within one PollBudget.
-// Handles stay readable.
+// bounded time (Transport.Close). Handles stay readable.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	if e.closed {
@@ -498,8 +482,6 @@ func (e *Engine) Close() error {
 	trErr := e.tr.Close(true)
 	close(e.closing)
 	err := e.waitDrivers(ctx)
-	close(e.stopProgress)
-	<-e.progressDone // Progress returns within PollBudget
 	e.pool.Close()
 	if e.oq != nil && err == nil {
 		// Within what is left of CloseTimeout; an observer slower than that hears the rest

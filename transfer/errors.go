@@ -5,16 +5,19 @@ package transfer
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // Errors of the engine. Typed errors below map onto them through errors.Is; errors reported in
-// a handle's Status wrap one of them with %w.
+// a handle's Status wrap one of them with %w. Those a transport reports too are package
+// transport's, re-exported here: the same value, so errors.Is matches either name.
 var (
 	// ErrInvalidConfig: a Config field cannot work; the error is a *ConfigError naming it
 	// (also when the staging pool found the fault: its *buffer.ConfigError is the cause).
-	ErrInvalidConfig = errors.New("kvxfer: invalid configuration")
+	ErrInvalidConfig = transport.ErrInvalidConfig
 	// ErrInvalidSpec: a Send or Receive spec is malformed; the error is a *SpecError.
-	ErrInvalidSpec = errors.New("kvxfer: invalid transfer spec")
+	ErrInvalidSpec = transport.ErrInvalidSpec
 	// ErrDuplicate: a Send or Receive names a request id that is still live in this engine:
 	// held by a caller reference, or not quiescent (the engine remembers such a handle
 	// whatever its caller released, and one whose blocks are poisoned for good for ever).
@@ -26,7 +29,7 @@ var (
 	// ErrNotFound: no live handle has that request id.
 	ErrNotFound = errors.New("kvxfer: unknown request id")
 	// ErrClosed: the engine (or transport) is closed.
-	ErrClosed = errors.New("kvxfer: closed")
+	ErrClosed = transport.ErrClosed
 	// ErrOverReleased: Handle.Release called more times than Retain (plus the first
 	// reference), or Retain on a handle whose references are all gone.
 	ErrOverReleased = errors.New("kvxfer: handle released more often than retained")
@@ -36,26 +39,26 @@ var (
 	// ErrDeadline: the transfer passed its deadline, counted from the moment it started.
 	ErrDeadline = errors.New("kvxfer: transfer deadline exceeded")
 	// ErrCancelled: the caller cancelled the transfer.
-	ErrCancelled = errors.New("kvxfer: transfer cancelled")
+	ErrCancelled = transport.ErrCancelled
 	// ErrQuarantined: the transfer failed while the transport could still touch its memory;
 	// the handle's Quiesced channel closes once that is ruled out.
 	ErrQuarantined = errors.New("kvxfer: transfer quarantined")
 	// ErrPeerAborted: the peer aborted the transfer; the error says why.
 	ErrPeerAborted = errors.New("kvxfer: peer aborted the transfer")
 	// ErrPeerLost: the transport lost the peer.
-	ErrPeerLost = errors.New("kvxfer: peer lost")
+	ErrPeerLost = transport.ErrPeerLost
 	// ErrIncompatible: the receiver's layout cannot be produced from the sender's.
 	ErrIncompatible = errors.New("kvxfer: incompatible layouts")
 	// ErrProtocol: a peer sent a message that breaks the wire protocol.
-	ErrProtocol = errors.New("kvxfer: protocol violation")
+	ErrProtocol = transport.ErrProtocol
 	// ErrQuiescenceUnknown: a Mover cannot say whether its copy has ended (a GPU kernel that
 	// overran its timeout may still write). The engine then never releases the staging slot
 	// nor the caller's blocks: it poisons both, keeps the handle quarantined for good, and
 	// Health reports the mover wedged.
-	ErrQuiescenceUnknown = errors.New("kvxfer: the mover cannot say whether its copy ended")
+	ErrQuiescenceUnknown = transport.ErrQuiescenceUnknown
 	// ErrTagCollision: a transport's data tags for a transfer would match another live
 	// transfer's (TagReserver); the engine draws another nonce and tries again.
-	ErrTagCollision = errors.New("kvxfer: data tags collide with another transfer's")
+	ErrTagCollision = transport.ErrTagCollision
 	// ErrMalformed: wire bytes do not decode; the error is a *DecodeError.
 	ErrMalformed = errors.New("kvxfer: malformed wire message")
 	// ErrSiblingFailed: another sub-transfer of the same multi-peer request failed, so this
@@ -73,35 +76,12 @@ var (
 	ErrReadySignal = errors.New("kvxfer: readiness signal failed")
 	// ErrTransportWedged: the transport can tell that nothing will reach this engine any more
 	// (UCXTransport's receive probe); Health reports it until the process restarts.
-	ErrTransportWedged = errors.New("kvxfer: transport wedged")
+	ErrTransportWedged = transport.ErrTransportWedged
 )
 
 // ConfigError names the Config field that is wrong, its value, and the fix. It is the one type
-// of configuration error the engine returns.
-type ConfigError struct {
-	Field  string
-	Value  any
-	Reason string
-	// Cause is the lower layer's error when one found the fault (a *buffer.ConfigError
-	// matching buffer.ErrUndersized when the staging pool is below the concurrency), or nil.
-	Cause error
-}
-
-// Error implements error.
-func (e *ConfigError) Error() string {
-	if e.Cause != nil {
-		return fmt.Sprintf("%v: %s = %v: %s: %v", ErrInvalidConfig, e.Field, e.Value, e.Reason, e.Cause)
-	}
-	return fmt.Sprintf("%v: %s = %v: %s", ErrInvalidConfig, e.Field, e.Value, e.Reason)
-}
-
-// Unwrap returns ErrInvalidConfig and the cause, if any.
-func (e *ConfigError) Unwrap() []error {
-	if e.Cause != nil {
-		return []error{ErrInvalidConfig, e.Cause}
-	}
-	return []error{ErrInvalidConfig}
-}
+// of configuration error the engine and its transports return (transport.ConfigError).
+type ConfigError = transport.ConfigError
 
 // SpecError names the Spec field that is wrong and why; Err is ErrInvalidSpec, or a layout
 // error when the plan or pool is at fault.

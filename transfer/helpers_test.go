@@ -82,7 +82,6 @@ func fastConfig() Config {
 		SlotBytes: 1024, MaxConcurrent: 4, PipelineDepth: 2, TransferTimeout: 2 * time.Second,
 		QueueTimeout: 2 * time.Second, ProgressDeadline: time.Second, QuarantineTimeout: time.Second,
 		CancelGrace: 20 * time.Millisecond, RetryInterval: 20 * time.Millisecond, CloseTimeout: 5 * time.Second,
-		PollBudget: 2 * time.Millisecond,
 	}
 }
 

@@ -589,7 +589,7 @@ func (t *MemTransport) SendControl(to Peer, msg []byte) error {
 		return err
 	}
 	if n.maxControl > 0 && len(msg) > n.maxControl {
-		return fmt.Errorf("%w: control message of %d bytes, at most %d", ErrInvalidSpec, len(msg), n.maxControl)
+		return &ControlSizeError{Bytes: len(msg), Room: n.maxControl}
 	}
 	kind := Kind(0)
 	if len(msg) > 3 {
@@ -703,18 +703,6 @@ func (t *MemTransport) Cancel(id OpID) {
 			op.neverFinal = true
 		}
 	}
-}
-
-// Progress implements Transport. Delivery runs on the endpoint's own goroutine, so Progress
-// only waits out its budget (or the close).
-func (t *MemTransport) Progress(budget time.Duration) bool {
-	tm := time.NewTimer(budget)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-	case <-t.closed:
-	}
-	return false
 }
 
 // Close implements Transport. Every operation of this endpoint gets its final verdict (memory

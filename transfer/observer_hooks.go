@@ -86,21 +86,6 @@ func startInfo(h *Handle, receive bool) StartInfo {
 	return info
 }
 
-// PeerConnectReporter is implemented by the Inbound the engine binds to its transport. A
-// transport that knows when it reaches a peer (UCX, on endpoint creation and on reconnect)
-// reports it through a type assertion on its Inbound:
-//
-//	if r, ok := in.(transfer.PeerConnectReporter); ok {
-//		r.OnPeerConnected(peer)
-//	}
-//
-// so Inbound itself, which every transport implements against, does not change. Same rules as
-// Inbound's methods: called from the transport's goroutine, never from inside a Transport
-// method the engine is calling, and it does not block.
-type PeerConnectReporter interface {
-	OnPeerConnected(peer Peer)
-}
-
 var _ PeerConnectReporter = inbound{}
 
 // OnPeerConnected passes the transport's report on to the observer.

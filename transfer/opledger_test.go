@@ -5,7 +5,6 @@ package transfer
 import (
 	"fmt"
 	"sync"
-	"time"
 )
 
 // opLedger wraps a transport (and whichever of DirectTransport, RMATransport, RMAEmulation,
@@ -122,9 +121,6 @@ func (l *opLedger) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion
 
 // Cancel implements Transport.
 func (l *opLedger) Cancel(id OpID) { l.inner.Cancel(id) }
-
-// Progress implements Transport.
-func (l *opLedger) Progress(budget time.Duration) bool { return l.inner.Progress(budget) }
 
 // Close implements Transport.
 func (l *opLedger) Close(force bool) error { return l.inner.Close(force) }

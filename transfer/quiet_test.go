@@ -66,7 +66,6 @@ var idleWaits = []string{
 	"transfer.(*xfer).loop(",
 	"transfer.(*xfer).runSend(",
 	"transfer.(*MemTransport).dispatch(",
-	"transfer.(*MemTransport).Progress(",
 	"buffer.(*Pool).Lease(",
 	"transfer.(*xfer).admit(",         // waiting for one of MaxConcurrent
 	"transfer.(*Engine).waitDrivers(", // a Drain
@@ -86,8 +85,8 @@ func engineBusy(g string) string {
 	ours := func(s string) bool {
 		return strings.Contains(s, "kvxfer/kvxfer/transfer.") || strings.Contains(s, "kvxfer/kvxfer/buffer.")
 	}
-	if !ours(g) || strings.Contains(g, "(*Engine).progressLoop(") && strings.Contains(g, "(*MemTransport).Progress(") {
-		return "" // the in-memory network's Progress only waits out its budget
+	if !ours(g) {
+		return ""
 	}
 	parked := strings.Contains(head, "[select") || strings.Contains(head, "[chan receive")
 	if ours(top) && !strings.Contains(file, "_test.go:") {

@@ -14,64 +14,6 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 )
 
-// RMATransport is an optional extension of DirectTransport for the direct path's RMA mode:
-// the receiver reads the sender's blocks with RMA gets, pool range to pool range, instead of
-// taking one tagged IOV message per chunk. On UCX 1.13 a rendezvous of an IOV datatype falls
-// back to a two-copy pipeline, while a get of a contiguous range between pools UCX mapped is
-// one copy (cma's process_vm_readv, or a memcpy from the peer's attached shared memory).
-//
-// The receiver drives it, because then it writes only its own memory and knows when that is
-// quiet: when every get has its final completion, as for any operation. The sender's pool is
-// read, not written; the sender keeps it exposed (its blocks "busy") until the receiver says
-// it is done (Done or KindRMARelease) or the transport reports the peer lost, which for
-// every Transport means the peer can no longer reach this side's memory.
-type RMATransport interface {
-	DirectTransport
-	// RMAKey describes pool, which Direct accepted, for a peer's gets: the address that names
-	// pool[0] in PostGet, and the packed remote key of the region holding it. A transport
-	// packs a region's key once and returns the same bytes every time.
-	RMAKey(pool []byte) (addr uint64, key []byte, err error)
-	// PostGet reads len(dst) bytes of peer from's memory at addr (inside the pool its RMAKey
-	// described with key) into dst, which lies in a pool Direct accepted. The transport may
-	// write dst until the operation's final completion. tag names the operation for logs
-	// and fault injection only. A get in flight cannot be stopped: Cancel reports MemoryBusy
-	// and the final verdict follows when it completes or its endpoint is force-closed.
-	PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error)
-}
-
-// RMAEmulation is an optional extension of RMATransport, for a transport that can tell per peer
-// whether its gets are served by the transport itself (one copy: shared memory, cma, RDMA) or
-// emulated (UCX 1.13 over TCP turns each get into active messages the peer's worker answers,
-// which is no faster than tagged messages and leaves the sender's pool exposed for nothing).
-// A receiver takes the RMA mode where gets are emulated only with Config.RMAWhereEmulated.
-type RMAEmulation interface {
-	RMATransport
-	// GetsEmulated reports whether gets from peer would be emulated. It decides by what the
-	// transport knows of its connection to peer (UCX: the endpoint's lanes), may wait a
-	// bounded time for it, and answers false when it cannot tell.
-	GetsEmulated(peer Peer) bool
-}
-
-// RMAKeyPreparer is an optional extension of RMATransport, for a transport that unpacks a
-// peer's key once per worker. PrepareKeys unpacks the offer's pool key on every worker that
-// gets from peer from will run on, before the first get: a receiver calls it as soon as it
-// accepts an offer, while the sender has just shown itself alive. UCX 1.13 crashes the
-// process when a key of shared memory is first unpacked after its peer died; unpacked at each
-// lane's first get instead, a key met that window for as long as the lanes took to start.
-type RMAKeyPreparer interface {
-	PrepareKeys(from Peer, poolKey []byte) error
-}
-
-// RMALanes is an optional extension of RMATransport, for a transport that spreads gets over
-// several lanes that copy in parallel (UCXConfig.Lanes). A receiver then cuts a request too
-// small to give every lane two gets of DirectChunkBytes into smaller gets, so that it uses them
-// all.
-type RMALanes interface {
-	RMATransport
-	// GetLanes is how many lanes the gets are spread over. It never blocks.
-	GetLanes() int
-}
-
 // Path is how a transfer moves its bytes. It is decided once per sub-transfer, when the
 // receiver's request and the sender's answer have met.
 type Path int32

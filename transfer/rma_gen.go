@@ -7,42 +7,6 @@ import (
 	"fmt"
 )
 
-// RMAGenerations is an optional extension of RMATransport that makes the RMA mode's reads
-// validated. The rule, which both engines keep:
-//
-//  1. The sender gives each exposure a generation word (ExposeGeneration) and names it in its
-//     offer, with the value it holds.
-//  2. Before the exposed blocks may be reused or released (the exposure ends, for whatever
-//     reason: the receiver's Done or release, its decline, or a report that it is lost) the
-//     sender ends the generation: the word changes, for good, to a value no exposure has.
-//  3. The receiver, after every data get has completed, reads the word with a fence in
-//     between (PostReadGeneration) and completes only if it still holds the offered value.
-//     Otherwise the transfer fails with a *StaleReadError and nothing completes.
-//
-// A get that read a block after the sender let it go therefore always precedes a read of the
-// changed word: a receiver the sender believed gone (a keepalive false alarm, a worker that
-// was replaced) can no longer complete with bytes that changed under it. UCXTransport and
-// MemTransport implement it. A sender whose transport does not offers unvalidated reads; a
-// receiver whose transport does not declines a validated offer, and the transfer runs on IOV
-// messages instead.
-type RMAGenerations interface {
-	// ExposeGeneration gives one exposure a generation word that peers can read: its
-	// address, the packed remote key of the region holding it, and its value, which no other
-	// exposure of this transport ever had. end changes the word to a value no exposure has
-	// and frees it for another exposure; it must run before the exposed blocks are reused or
-	// released, and runs once.
-	ExposeGeneration() (addr uint64, key []byte, value uint64, end func(), err error)
-	// PrepareReadGeneration readies a later PostReadGeneration from peer from with key (UCX
-	// unpacks the key now, while the peer is known to answer, as it does the pool's key at the
-	// first get). The receiver calls it when it accepts a validated offer.
-	PrepareReadGeneration(from Peer, key []byte) error
-	// PostReadGeneration reads the 8-byte generation word at addr of peer from (key as the
-	// peer's ExposeGeneration gave it) after every get this transport posted to from before
-	// it, with a fence in between, and reports the word's value with the operation's final
-	// completion. The callback rules of Transport hold.
-	PostReadGeneration(from Peer, tag Tag, key []byte, addr uint64, done func(c Completion, value uint64)) (OpID, error)
-}
-
 // ErrStaleRead: a receiver's RMA gets may have read blocks the sender had already let go
 // (its exposure's generation changed before the receiver checked it): the transfer fails,
 // and the bytes it wrote must not be used. The error is a *StaleReadError.

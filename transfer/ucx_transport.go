@@ -94,13 +94,12 @@ type UCXTransport struct {
 	// tagOwners holds the tag hashes receiving transfers reserved (ucx_tags.go).
 	tagOwners map[uint64]ucxTagOwner
 
-	qmu      sync.Mutex
-	queue    []ucxReport
-	wake     chan struct{}
-	stop     chan struct{}
-	exited   chan struct{}
-	once     sync.Once
-	progress chan struct{}
+	qmu    sync.Mutex
+	queue  []ucxReport
+	wake   chan struct{}
+	stop   chan struct{}
+	exited chan struct{}
+	once   sync.Once
 }
 
 type ucxOp struct {
@@ -136,7 +135,7 @@ func NewUCXTransport(cfg UCXConfig) (*UCXTransport, error) {
 	t := &UCXTransport{cfg: cfg, log: cfg.Logger, eps: map[Peer]*native.Endpoint{}, ops: map[OpID]*ucxOp{},
 		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]OpID{}, tagOwners: map[uint64]ucxTagOwner{},
 		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{}, wake: make(chan struct{}, 1),
-		stop: make(chan struct{}), exited: make(chan struct{}), progress: make(chan struct{}, 1)}
+		stop: make(chan struct{}), exited: make(chan struct{})}
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
 		KeepaliveInterval: cfg.KeepaliveInterval, Logger: cfg.Logger})
 	if err != nil {
@@ -345,8 +344,7 @@ func (t *UCXTransport) SendControl(to Peer, msg []byte) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(msg)+2+len(t.addr) > t.cfg.MaxControlBytes {
-		return fmt.Errorf("%w: control message of %d bytes, at most %d with the sender address", ErrInvalidSpec,
-			len(msg), t.cfg.MaxControlBytes-2-len(t.addr))
+		return &ControlSizeError{Bytes: len(msg), Room: t.cfg.MaxControlBytes - 2 - len(t.addr), Reason: "with the sender address"}
 	}
 	if t.closed {
 		return ErrClosed
@@ -435,27 +433,6 @@ func (t *UCXTransport) Cancel(id OpID) {
 	}
 }
 
-// Progress implements Transport. UCX progresses on the worker's own goroutine and completions
-// run on the dispatch goroutine, so Progress only waits (at most budget) for something to
-// have happened.
-func (t *UCXTransport) Progress(budget time.Duration) bool {
-	select {
-	case <-t.progress:
-		return true
-	default:
-	}
-	timer := time.NewTimer(budget)
-	defer timer.Stop()
-	select {
-	case <-t.progress:
-		return true
-	case <-timer.C:
-		return false
-	case <-t.stop:
-		return false
-	}
-}
-
 func (t *UCXTransport) enqueueRequest(r *native.Request) { t.push(ucxReport{req: r}) }
 
 func (t *UCXTransport) push(r ucxReport) {
@@ -480,10 +457,6 @@ func (t *UCXTransport) dispatch() {
 			t.deliver(r)
 		}
 		if len(batch) > 0 {
-			select {
-			case t.progress <- struct{}{}:
-			default:
-			}
 			continue
 		}
 		select {

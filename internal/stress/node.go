@@ -174,9 +174,6 @@ func (s *slotTracker) PostRecv(from transfer.Peer, tag transfer.Tag, buf []byte,
 // Cancel implements transfer.Transport.
 func (s *slotTracker) Cancel(op transfer.OpID) { s.inner.Cancel(op) }
 
-// Progress implements transfer.Transport.
-func (s *slotTracker) Progress(budget time.Duration) bool { return s.inner.Progress(budget) }
-
 // Close implements transfer.Transport.
 func (s *slotTracker) Close(force bool) error { return s.inner.Close(force) }
 

@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package transfer
-
-import "time"
+package transport
 
 // RequestID names one request across the prefill and decode workers. The serving stack
 // chooses it (it travels in ContextParams) and both sides use the same value.
@@ -14,8 +12,8 @@ type Peer string
 
 // Tag names one data chunk on the wire. A receive matches a send only when the peer and all
 // four fields are equal. The sub-transfer index keeps the chunks of a multi-peer request
-// apart, and the nonce (the receiver's random number for the transfer, see the wire format in
-// wire.go) keeps apart two transfers that reuse a request id. A transport with narrow tags
+// apart, and the nonce (the receiver's random number for the transfer, which the engine's wire format
+// carries) keeps apart two transfers that reuse a request id. A transport with narrow tags
 // (UCX has 64 bits) may pack Seq with a hash of the rest, as long as two live transfers never
 // collide: it implements TagReserver, so the engine can draw another nonce on a collision.
 type Tag struct {
@@ -83,8 +81,7 @@ type Completion struct {
 type OpID uint64
 
 // Inbound receives what arrives without a posted receive: control messages and peer failures.
-// The engine implements it; a transport calls it from its own goroutine (or from Progress),
-// never from inside a Transport method the engine is calling. Its methods do not block.
+// The engine implements it; a transport calls it from its own goroutine, never from inside a Transport method the engine is calling. Its methods do not block.
 type Inbound interface {
 	// OnControl delivers one control message from a peer. msg is valid only during the call.
 	OnControl(from Peer, msg []byte)
@@ -93,7 +90,7 @@ type Inbound interface {
 }
 
 // TransportHealth is implemented by a transport that can tell on its own that it cannot
-// deliver (UCXTransport's receive probe). Engine.Health reports its error. It never blocks.
+// deliver (the UCX transport's receive probe). The engine's Health reports its error. It never blocks.
 type TransportHealth interface {
 	TransportHealth() error
 }
@@ -114,14 +111,14 @@ type ControlBound interface {
 //     callbacks until exactly one with Memory == MemoryDone or MemoryUnknown; before it there
 //     may be MemoryBusy reports. An operation whose Post returned an error gets none, and its
 //     buffer was never touched.
-//   - callbacks run on a goroutine the transport owns or inside Progress, never inside the
-//     Post, Cancel or SendControl call that caused them, so the engine may hold its own locks
+//   - callbacks run on a goroutine the transport owns, never inside the Post, Cancel or
+//     SendControl call that caused them, so the engine may hold its own locks
 //     around those calls. Callbacks must not block, and the engine's do not: they queue.
 //   - Close(force=true) makes every outstanding operation report, within its bounded time,
 //     with MemoryDone (provably stopped) or MemoryUnknown.
 //
-// Nothing in a Transport may wait without a bound: Progress honours its budget, Close its
-// own timeout.
+// A transport progresses its operations on its own goroutines: the engine never lends it
+// one. Nothing in a Transport may wait without a bound: Close honours its own timeout.
 type Transport interface {
 	// Bind hands the transport the engine's Inbound. The engine calls it once, from New,
 	// before any other method.
@@ -139,9 +136,6 @@ type Transport interface {
 	// completions (an unmatched receive typically reports ErrCancelled with MemoryDone; a send
 	// already on the wire may report MemoryBusy first). Cancelling a finished op does nothing.
 	Cancel(op OpID)
-	// Progress drives outstanding operations, waiting for work at most budget, and reports
-	// whether anything happened. The engine calls it from one goroutine in a loop.
-	Progress(budget time.Duration) bool
 	// Close stops the transport. With force, operations in flight are torn down (UCX closes
 	// its endpoints with UCP_EP_CLOSE_FLAG_FORCE) and report as described above. After Close
 	// every method returns ErrClosed.
