@@ -27,7 +27,7 @@ echo "ucx-cuda-check: building against $(pkg-config --modversion ucx) at $root"
 "$GO" test -c -o "$build/native.test" ./native
 "$GO" test -c -o "$build/transfer.test" ./transfer
 "$GO" build -o "$build/kvxbench" ./cmd/kvxbench
-"$GO" vet -tags gpu ./native/ ./transfer/ ./cmd/kvxbench/
+"$GO" vet -tags gpu ./native/ ./transfer/ ./cmd/kvxbench/ ./internal/bench/...
 for b in native.test transfer.test kvxbench; do
 	ldd "$build/$b" | grep -F "$root/lib/libucp.so" >/dev/null ||
 		{ echo "ucx-cuda-check: $b does not load $root/lib/libucp.so"; ldd "$build/$b" | grep uc; exit 1; }

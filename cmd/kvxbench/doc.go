@@ -17,12 +17,22 @@
 //	sweep     block size by batch size, for tuning
 //	serve     the prefill end on one host; prints the address to give to connect
 //	connect   the decode end: connect ADDR
+//	stress    the fault soak of internal/stress
 //	help      usage of every subcommand
 //
 // Transfers take the engine's one-copy direct path by default (both ends' pools mapped by the
 // UCX transport), reading the prefill pool with RMA gets where the layouts line up; --no-rma
 // keeps the direct path on IOV messages, --staging forces the staging path, and every
 // transfer row says which ran (rma, direct or staging, as the engine's handles report).
+//
+// # Where the code is
+//
+// This package is flags and subcommands only: main.go lists the subcommands (commands) and
+// maps errors to exit codes; flags.go, flags_layout.go and flags_transfer.go turn flags into
+// the configurations of package internal/bench; each cmd_NAME.go is one subcommand's flags and
+// its call into internal/bench (cmd_run.go holds run and the hidden peer, cmd_serve.go serve,
+// connect and sweep). To add a subcommand, write its cmd_NAME.go, add it to commands(), and
+// put what it measures in internal/bench.
 //
 // The CLI is a function of its arguments and writers (Main), so tests drive it in-process;
 // only run's loopback peer is a second process (kvxbench re-executing itself as the hidden

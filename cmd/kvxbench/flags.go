@@ -7,21 +7,24 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvxfer/kvxfer/internal/bench"
 )
 
 // flagSet is a subcommand's flags with its synopsis, for -h.
 type flagSet struct {
 	*flag.FlagSet
 	synopsis string
-	out      *outputs
+	out      *bench.Outputs
 }
 
 // newFlagSet makes a subcommand's flag set. Parse errors are reported once, by report, as a
 // usage error; -h prints the flags to stderr.
-func newFlagSet(name, synopsis string, out *outputs) *flagSet {
+func newFlagSet(name, synopsis string, out *bench.Outputs) *flagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {} // the flag package calls it on every parse error; we print once
@@ -33,8 +36,8 @@ func parseFlags(fs *flagSet, args []string) error {
 	err := fs.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprintf(fs.out.stderr, "Usage: kvxbench %s\n\nFlags:\n", fs.synopsis)
-		fs.SetOutput(fs.out.stderr)
+		fmt.Fprintf(fs.out.Stderr, "Usage: kvxbench %s\n\nFlags:\n", fs.synopsis)
+		fs.SetOutput(fs.out.Stderr)
 		fs.PrintDefaults()
 		fs.SetOutput(io.Discard)
 		return errHelpShown
@@ -118,29 +121,35 @@ func checkDuration(flagName string, d time.Duration) error {
 	return nil
 }
 
-// humanBytes prints a byte count in binary units, as the table shows it.
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%d GiB", n>>30)
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%d MiB", n>>20)
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%d KiB", n>>10)
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
+// outputFlags are the flags every measuring subcommand shares.
+type outputFlags struct{ bench.Output }
+
+func (f *outputFlags) register(fs *flagSet, defaultDuration time.Duration, baselineHelp string) {
+	fs.BoolVar(&f.JSON, "json", false, "print one JSON object per result instead of the table")
+	fs.StringVar(&f.Plot, "plot", "", "also draw bandwidth against message size, with the baseline beside it, into this .svg file")
+	fs.BoolVar(&f.Baseline, "baseline", true, baselineHelp)
+	fs.BoolVar(&f.NoVerify, "no-verify", false, "skip the checksum of every moved byte")
+	fs.DurationVar(&f.Duration, "duration", defaultDuration, "how long each scenario is measured")
+	fs.IntVar(&f.MaxIters, "max-iters", 10000, "most requests timed per scenario, whatever the duration")
 }
 
-// humanTokens prints a token count as the flags take it: 4096 is 4k.
-func humanTokens(n int64) string {
-	if n >= 1<<10 && n%(1<<10) == 0 {
-		return fmt.Sprintf("%dk", n>>10)
+func (f *outputFlags) check() error {
+	if err := checkDuration("duration", f.Duration); err != nil {
+		return err
 	}
-	return strconv.FormatInt(n, 10)
+	if f.MaxIters <= 0 {
+		return usagef("--max-iters = %d: must be positive", f.MaxIters)
+	}
+	return checkPlotPath(f.Plot)
+}
+
+// checkPlotPath refuses a --plot file kvxbench cannot draw, before anything is measured.
+func checkPlotPath(path string) error {
+	if path == "" {
+		return nil
+	}
+	if !strings.EqualFold(filepath.Ext(path), ".svg") {
+		return usagef("--plot %q: only .svg is drawn (open it in a browser, or convert it with rsvg-convert)", path)
+	}
+	return nil
 }

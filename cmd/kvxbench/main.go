@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/kvxfer/kvxfer/internal/bench"
 )
 
 // Exit codes. Bad input is told apart from a failed run so scripts can tell a typo from a
@@ -30,11 +32,10 @@ func main() {
 }
 
 // usageError is bad input: the message says what to fix, and the exit code is exitUsage.
-type usageError struct{ msg string }
+// Package bench returns the same type for input it refuses once the flags are parsed.
+type usageError = bench.UsageError
 
-func (e *usageError) Error() string { return e.msg }
-
-func usagef(format string, a ...any) error { return &usageError{msg: fmt.Sprintf(format, a...)} }
+func usagef(format string, a ...any) error { return bench.Usagef(format, a...) }
 
 // command is one subcommand: its name, a one-line summary, and the function that parses its
 // flags and runs it.
@@ -47,10 +48,7 @@ type command struct {
 
 // outputs carries the writers a subcommand prints to: results on stdout, everything else
 // (progress, warnings, errors) on stderr, so `--json` output can be piped as is.
-type outputs struct {
-	stdout io.Writer
-	stderr io.Writer
-}
+type outputs = bench.Outputs
 
 func commands() []command {
 	return []command{
@@ -67,7 +65,7 @@ func commands() []command {
 // Main runs kvxbench with args (without the program name) and returns the exit code. It never
 // panics on bad input and never calls os.Exit, so tests drive it in-process.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	out := &outputs{stdout: stdout, stderr: stderr}
+	out := &outputs{Stdout: stdout, Stderr: stderr}
 	name := "run"
 	if len(args) > 0 {
 		switch args[0] {
@@ -106,10 +104,10 @@ func report(err error, out *outputs) int {
 	case errors.Is(err, errHelpShown):
 		return exitOK
 	case errors.As(err, &ue):
-		fmt.Fprintf(out.stderr, "kvxbench: %v\n", err)
+		fmt.Fprintf(out.Stderr, "kvxbench: %v\n", err)
 		return exitUsage
 	default:
-		fmt.Fprintf(out.stderr, "kvxbench: %v\n", err)
+		fmt.Fprintf(out.Stderr, "kvxbench: %v\n", err)
 		return exitError
 	}
 }
@@ -122,23 +120,23 @@ func help(args []string, out *outputs) int {
 		for _, c := range commands() {
 			if c.name == args[0] {
 				// Each subcommand prints its own flags for -h.
-				return report(c.run(context.Background(), []string{"-h"}, &outputs{stdout: out.stdout, stderr: out.stdout}), out)
+				return report(c.run(context.Background(), []string{"-h"}, &outputs{Stdout: out.Stdout, Stderr: out.Stdout}), out)
 			}
 		}
-		fmt.Fprintf(out.stderr, "kvxbench: no help for unknown subcommand %q\n", args[0])
+		fmt.Fprintf(out.Stderr, "kvxbench: no help for unknown subcommand %q\n", args[0])
 		return exitUsage
 	}
-	fmt.Fprintf(out.stdout, "kvxbench measures kvxfer against the limits of this machine, in the same run.\n\n")
-	fmt.Fprintf(out.stdout, "Usage: kvxbench [subcommand] [flags]\n\nSubcommands:\n")
+	fmt.Fprintf(out.Stdout, "kvxbench measures kvxfer against the limits of this machine, in the same run.\n\n")
+	fmt.Fprintf(out.Stdout, "Usage: kvxbench [subcommand] [flags]\n\nSubcommands:\n")
 	for _, c := range commands() {
 		if !c.hidden {
-			fmt.Fprintf(out.stdout, "  %-8s %s\n", c.name, c.summary)
+			fmt.Fprintf(out.Stdout, "  %-8s %s\n", c.name, c.summary)
 		}
 	}
-	fmt.Fprintf(out.stdout, "  %-8s %s\n", "help", "this text; `help SUBCOMMAND` lists its flags")
-	fmt.Fprintf(out.stdout, "\nModel presets (--model):\n")
-	for _, p := range presets {
-		fmt.Fprintf(out.stdout, "  %-16s %s\n", p.name, p.summary)
+	fmt.Fprintf(out.Stdout, "  %-8s %s\n", "help", "this text; `help SUBCOMMAND` lists its flags")
+	fmt.Fprintf(out.Stdout, "\nModel presets (--model):\n")
+	for _, p := range bench.Presets {
+		fmt.Fprintf(out.Stdout, "  %-16s %s\n", p.Name, p.Summary)
 	}
 	return exitOK
 }

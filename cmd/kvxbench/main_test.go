@@ -17,13 +17,14 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
+	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/native"
 )
 
 // TestMain lets the test binary stand in for kvxbench when run re-executes itself as its peer
 // (peerEnv set): it runs Main with the arguments instead of the tests.
 func TestMain(m *testing.M) {
-	if os.Getenv(peerEnv) == "1" {
+	if os.Getenv(bench.PeerEnv) == "1" {
 		os.Exit(Main(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 	}
 	goleak.VerifyTestMain(m)
@@ -74,6 +75,7 @@ func TestBadInputIsAClearMessageAndNonZeroExit(t *testing.T) {
 		{"connect to a bad address", []string{"connect", "nowhere"}, exitUsage, `connect "nowhere"`},
 		{"TP on two hosts", []string{"connect", "--prefill-tp", "2", "h:1"}, exitUsage, "a two-host run has one prefill rank"},
 		{"stray argument", []string{"gather", "extra"}, exitUsage, `gather takes no arguments`},
+		{"sweep with its own prompts", []string{"sweep", "--prompts", "4k"}, exitUsage, "drop --prompts"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvxfer/kvxfer/internal/bench"
+	"github.com/stretchr/testify/require"
+)
+
+func resolveForTest(t *testing.T, args ...string) (bench.RunConfig, error) {
+	t.Helper()
+	var f transferFlags
+	fs := newFlagSet("run", "run", &outputs{Stdout: discard{}, Stderr: discard{}})
+	f.register(fs, time.Second)
+	require.NoError(t, parseFlags(fs, args))
+	return f.resolve(func() string { return "" })
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func TestDeviceRun_FlagValidation(t *testing.T) {
+	cases := []struct {
+		desc    string
+		args    []string
+		usage   string // the usage error expected; empty: the flags resolve
+		wantMem string
+	}{
+		{"host memory is the default", nil, "", "host"},
+		{"device memory resolves", []string{"--memory", "device"}, "", "device"},
+		{"an unknown memory is a usage error", []string{"--memory", "gpu"}, `--memory "gpu": choose host or device`, ""},
+		{"device memory always stages", []string{"--memory", "device", "--staging"}, "--memory device always stages", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			args := append([]string{"--prompts", "64", "--concurrency", "1", "--max-memory", "256MiB", "--layers", "2"}, tc.args...)
+			cfg, err := resolveForTest(t, args...)
+			if tc.usage != "" {
+				var ue *usageError
+				require.ErrorAs(t, err, &ue)
+				require.ErrorContains(t, err, tc.usage)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.wantMem, cfg.Memory)
+		})
+	}
+}
+
+// Scenarios that do not fit in --max-memory are refused at start-up when none fits, and
+// skipped with a note when others do.
+func TestMaxMemory(t *testing.T) {
+	_, err := resolveForTest(t, "--max-memory", "1MiB")
+	require.ErrorContains(t, err, "--max-memory 1 MiB: no scenario fits")
+
+	cfg, err := resolveForTest(t, "--layers", "4", "--prompts", "64,1k", "--concurrency", "1,16", "--max-memory", "64MiB")
+	require.NoError(t, err)
+	// 1k tokens at c=16 would need 16*32 blocks of 512 KiB: 256 MiB. The largest that fits
+	// is 1k at c=1 or 64 at c=16 (32 blocks).
+	require.GreaterOrEqual(t, cfg.Decode.NumBlocks, int64(32))
+	require.LessOrEqual(t, cfg.Decode.SpanBytes()+cfg.Prefill.SpanBytes(), int64(64<<20))
+}

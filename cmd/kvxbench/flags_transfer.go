@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/internal/bench"
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// transferFlags are the flags of run, sweep, serve and connect.
+type transferFlags struct {
+	layout         layoutFlags
+	out            outputFlags
+	prompts        string
+	concurrency    string
+	slotSize       string
+	pipelineDepth  int
+	tls            string
+	memory         string
+	prefillTP      int
+	connectTimeout time.Duration
+	maxMemory      string
+	seed           uint64
+	staging        bool
+	noRMA          bool
+	rmaEmulated    bool
+	lanes          int
+	decodeOrder    string
+	pool           string
+	directChunk    string
+	http           string
+}
+
+func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
+	f.layout.register(fs)
+	f.out.register(fs, defaultDuration, "run ucx_perftest tag_bw at the same message size and UCX_TLS between the same two hosts, and report the ratio (skipped with a note when ucx_perftest is not installed)")
+	fs.StringVar(&f.prompts, "prompts", "1k,4k,16k", "prompt lengths in tokens, comma-separated")
+	fs.StringVar(&f.concurrency, "concurrency", "1,16", "requests in flight at once, comma-separated")
+	fs.StringVar(&f.slotSize, "slot-size", "4MiB", "staging slot size: the largest message on the wire in staging mode")
+	fs.IntVar(&f.pipelineDepth, "pipeline-depth", 2, "staging slots one transfer may hold, so the gather of chunk i+1 overlaps the wire of chunk i")
+	fs.StringVar(&f.tls, "tls", "", "UCX_TLS for the engine and the baseline, such as shm,self or tcp (default: $UCX_TLS, else UCX's choice)")
+	fs.StringVar(&f.memory, "memory", "host", "where the KV pools live: host or device")
+	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill tensor parallelism: 2 runs two prefill processes, each holding half the heads, feeding one decode process (TP=1)")
+	fs.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "how long to wait for the peer to connect or answer")
+	fs.StringVar(&f.maxMemory, "max-memory", "auto", "most memory the KV pools of both ends may take together; scenarios that need more are skipped with a note (auto: 45% of RAM)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
+	fs.StringVar(&f.directChunk, "direct-chunk", "64MiB", "the largest message of the direct path (no slot bounds it)")
+	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
+	fs.StringVar(&f.decodeOrder, "decode-order", "", "the decode pool's order when it differs from --order (layout conversion on the way: block-major, layer-major or layer-major-nhd)")
+	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
+	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
+	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (UCXTransport.AllocatePool) or caller (mmap by this process, then UCXTransport.RegisterHost, as a serving process hands over its own KV cache)")
+	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
+	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
+}
+
+func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error) {
+	if err := f.out.check(); err != nil {
+		return bench.RunConfig{}, err
+	}
+	switch f.memory {
+	case "host":
+	case "device":
+		if f.staging {
+			return bench.RunConfig{}, usagef("--memory device always stages (in GPU memory); drop --staging")
+		}
+	default:
+		return bench.RunConfig{}, usagef("--memory %q: choose host or device", f.memory)
+	}
+	switch {
+	case f.pool != "transport" && f.pool != "caller":
+		return bench.RunConfig{}, usagef("--pool %q: choose transport or caller", f.pool)
+	case f.pool == "caller" && (f.staging || f.memory == "device"):
+		return bench.RunConfig{}, usagef("--pool caller registers host pools for the direct path; drop --staging and --memory device")
+	}
+	if f.connectTimeout <= 0 {
+		return bench.RunConfig{}, usagef("--connect-timeout = %v: must be positive", f.connectTimeout)
+	}
+	if f.lanes < 0 || f.lanes > transfer.MaxUCXLanes {
+		return bench.RunConfig{}, usagef("--lanes = %d: must be between 0 (the default) and %d", f.lanes, transfer.MaxUCXLanes)
+	}
+	if f.pipelineDepth <= 0 {
+		return bench.RunConfig{}, usagef("--pipeline-depth = %d: must be positive", f.pipelineDepth)
+	}
+	if f.prefillTP != 1 && f.prefillTP != 2 {
+		return bench.RunConfig{}, usagef("--prefill-tp = %d: 1 (same TP on both ends) or 2 (two prefill ranks feed one decode rank)", f.prefillTP)
+	}
+	s, err := f.layout.shape()
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	prompts, err := parseTokens("prompts", f.prompts)
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	conc, err := parseInts("concurrency", f.concurrency)
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	slot, err := parseBytes("slot-size", f.slotSize)
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	if slot < 4096 {
+		return bench.RunConfig{}, usagef("--slot-size = %d: must be at least 4KiB", slot)
+	}
+	directChunk, err := parseBytes("direct-chunk", f.directChunk)
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	if directChunk < 4096 {
+		return bench.RunConfig{}, usagef("--direct-chunk = %d: must be at least 4KiB", directChunk)
+	}
+	memCap, err := f.memoryCap()
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	prefill, decode, err := bench.SizePools(s, prompts, conc, f.prefillTP, memCap, f.layout.poolBlocks)
+	if err == nil && f.decodeOrder != "" {
+		o, perr := parseOrder(f.decodeOrder)
+		if perr != nil {
+			return bench.RunConfig{}, usagef("--decode-order %q: choose block-major, layer-major or layer-major-nhd", f.decodeOrder)
+		}
+		decode = layout.Packed(decode.Dims(), o) // a block's bytes are the same in every order
+	}
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	tls := f.tls
+	if tls == "" {
+		tls = lookupTLS()
+	}
+	return bench.RunConfig{
+		ShapeName: s.Name, MemCap: memCap, Dims: s.Dims, Order: s.Order, Decode: decode, Prefill: prefill,
+		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
+		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
+		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, Memory: f.memory,
+		Pool: f.pool,
+	}, nil
+}
+
+// memoryCap reads --max-memory: a size, or auto for 45% of the machine's memory.
+func (f *transferFlags) memoryCap() (int64, error) {
+	if f.maxMemory != "auto" {
+		n, err := parseBytes("max-memory", f.maxMemory)
+		if err != nil {
+			return 0, err
+		}
+		if n <= 0 {
+			return 0, usagef("--max-memory = %s: must be positive", f.maxMemory)
+		}
+		return n, nil
+	}
+	total, err := memTotal()
+	if err != nil {
+		return 8 << 30, nil // no /proc/meminfo: a cap most machines that run this have
+	}
+	return total * 45 / 100, nil
+}
+
+// memTotal reads MemTotal from /proc/meminfo.
+func memTotal() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kb); err != nil {
+				return 0, err
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no MemTotal in /proc/meminfo")
+}

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"encoding/json"
+	"errors"
+
+	"time"
+
+	"github.com/kvxfer/kvxfer/layout"
+)
+
+// errEngineMissing is what the transfer subcommands return after their set-up and handshake
+// in a build without the engine's UCX transport (built without cgo): the flags, the peers and
+// the control connection work; there is no transfer to measure.
+var errEngineMissing = errors.New("the transfer engine's UCX transport is not in this build of kvxbench (it needs cgo: build with CGO_ENABLED=1); `kvxbench gather` measures the host gather and scatter alone")
+
+// RunConfig is a validated transfer run. It is also what the parent hands its peer
+// processes, as JSON, so both ends build the same pools and requests.
+type RunConfig struct {
+	ShapeName      string        `json:"shape_name"`
+	MemCap         int64         `json:"mem_cap"`
+	Dims           layout.Dims   `json:"dims"`
+	Order          layout.Order  `json:"order"`
+	Decode         layout.Layout `json:"decode"`  // the decode pool (TP=1 when prefill TP is 2)
+	Prefill        layout.Layout `json:"prefill"` // each prefill rank's pool
+	Prompts        []int64       `json:"prompts"`
+	Concurrency    []int         `json:"concurrency"`
+	SlotBytes      int64         `json:"slot_bytes"`
+	PipelineDepth  int           `json:"pipeline_depth"`
+	TLS            string        `json:"tls"`
+	PrefillTP      int           `json:"prefill_tp"`
+	Duration       time.Duration `json:"duration"`
+	MaxIters       int           `json:"max_iters"`
+	Verify         bool          `json:"verify"`
+	ConnectTimeout time.Duration `json:"connect_timeout"`
+	Seed           uint64        `json:"seed"`
+	// Staging forces the staging path on both ends (--staging); otherwise pools are mapped
+	// by the transport and transfers go direct.
+	Staging bool `json:"staging"`
+	// DirectChunkBytes is the direct path's largest message (--direct-chunk), and its
+	// largest RMA get.
+	DirectChunkBytes int64 `json:"direct_chunk_bytes"`
+	// NoRMA keeps the direct path on IOV messages (--no-rma); by default the decode end reads
+	// the prefill pool with RMA gets where the layouts line up.
+	NoRMA bool `json:"no_rma"`
+	// RMAWhereEmulated keeps the RMA mode where UCX emulates gets (--rma-where-emulated).
+	RMAWhereEmulated bool `json:"rma_where_emulated"`
+	// Lanes is UCXConfig.Lanes of both ends (--lanes; 0: the transport's default).
+	Lanes int `json:"lanes"`
+	// Pool is who maps the host pools for the direct path (--pool): "transport"
+	// (AllocatePool) or "caller" (mmap, then RegisterHost).
+	Pool string `json:"pool"`
+	// Memory is where the KV pools and staging slots live: "host" or "device" (--memory;
+	// device_engine.go).
+	Memory string `json:"memory"`
+	// HTTP is where this process serves its probes and /metrics; never handed to peers, which
+	// would all try to listen on it.
+	HTTP string `json:"-"`
+	// processHTTP is the endpoint serve opened at start on HTTP, for its engine to report
+	// through once made; nil: the engine opens its own.
+	processHTTP *observability
+}
+
+// SizePools sizes the pools of a run. Prefill requests only read their blocks, so requests in
+// flight share one set: each prefill rank's pool holds the largest prompt plus a quarter (so a
+// request's blocks are scattered). Decode requests in flight write distinct blocks and are
+// checked afterwards, so the decode pool holds concurrency times the prompt, for the largest
+// scenario that fits in memCap with the prefill pools (poolBlocks, when set, overrides).
+func SizePools(s Shape, prompts []int64, conc []int, prefillTP int, memCap, poolBlocks int64) (prefill, decode layout.Layout, err error) {
+	if s.Dims.NumHeads%int64(prefillTP) != 0 {
+		return prefill, decode, Usagef("--prefill-tp %d: the pool's %d heads do not split evenly", prefillTP, s.Dims.NumHeads)
+	}
+	most := MostBlocks(s, prompts)
+	pd := s.Dims
+	pd.NumHeads /= int64(prefillTP)
+	pd.NumBlocks = most + most/4 + 1
+	prefill = layout.Packed(pd, s.Order)
+	if err := prefill.Validate(); err != nil {
+		return prefill, decode, LayoutUsageError(err)
+	}
+	one := s.Dims
+	one.NumBlocks = 1
+	blockBytes := layout.Packed(one, s.Order).BlockBytes()
+	room := (memCap - int64(prefillTP)*prefill.SpanBytes()) / blockBytes
+	var need int64
+	for _, t := range prompts {
+		for _, c := range conc {
+			if n := blocksFor(s, t) * int64(c); n <= room {
+				need = max(need, n)
+			}
+		}
+	}
+	if need == 0 {
+		return prefill, decode, Usagef("--max-memory %s: no scenario fits; the smallest needs %s of pools",
+			humanBytes(memCap), humanBytes(int64(prefillTP)*prefill.SpanBytes()+blocksFor(s, prompts[0])*blockBytes))
+	}
+	numBlocks := need + min(need/4+1, room-need)
+	if poolBlocks != 0 {
+		if poolBlocks < need {
+			return prefill, decode, Usagef("--pool-blocks = %d: the run needs at least %d blocks", poolBlocks, need)
+		}
+		numBlocks = poolBlocks
+	}
+	dd := s.Dims
+	dd.NumBlocks = numBlocks
+	decode = layout.Packed(dd, s.Order)
+	if err := decode.Validate(); err != nil {
+		return prefill, decode, LayoutUsageError(err)
+	}
+	return prefill, decode, nil
+}
+
+// poolBytes is the memory the run's pools take on this host, both ends together.
+func (c RunConfig) poolBytes() int64 {
+	return c.Decode.SpanBytes() + int64(c.PrefillTP)*c.Prefill.SpanBytes()
+}
+
+func (c RunConfig) encode() (string, error) {
+	b, err := json.Marshal(c)
+	return string(b), err
+}
+
+func decodeRunConfig(s string) (RunConfig, error) {
+	var c RunConfig
+	if err := json.Unmarshal([]byte(s), &c); err != nil {
+		return c, Usagef("peer --config: %v", err)
+	}
+	if err := c.Decode.Validate(); err != nil {
+		return c, Usagef("peer --config: decode layout: %v", err)
+	}
+	if err := c.Prefill.Validate(); err != nil {
+		return c, Usagef("peer --config: prefill layout: %v", err)
+	}
+	return c, nil
+}

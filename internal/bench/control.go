@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/kvxfer/kvxfer/layout"
+)
+
+// The control connection is how the two ends of a run find each other: a small TCP
+// connection that serve (or run, for its own peer) opens, carrying newline-delimited JSON
+// messages. It carries the hello (version and pool layout, checked before any memory is
+// registered), then the engines' ContextParams, then each end's checksums. Bulk data never
+// crosses it: that is the transport's job.
+
+// controlVersion is the control protocol's version; both ends must speak the same one.
+const controlVersion = 1
+
+// controlMagic starts every hello, so a connection to something that is not kvxbench is told
+// apart from a kvxbench of another version.
+const controlMagic = "kvxbench-control"
+
+// maxControlMessage bounds one control message, so a peer that streams garbage cannot grow
+// our memory.
+const maxControlMessage = 16 << 20
+
+// Control errors. A peer that never answers, speaks another protocol or another version, or
+// holds a pool that cannot exchange blocks with ours, is refused with one of these.
+var (
+	errPeerUnreachable  = errors.New("peer does not answer")
+	errPeerNotKvxbench  = errors.New("peer is not kvxbench")
+	errPeerVersion      = errors.New("peer speaks another control protocol version")
+	errPeerIncompatible = errors.New("peer's KV layout is incompatible")
+	errPeerFailed       = errors.New("peer reported an error")
+)
+
+// hello is the first message each end sends.
+type hello struct {
+	Magic   string `json:"magic"`
+	Version int    `json:"version"`
+	// Role is prefill (sends KV) or decode (receives it).
+	Role string `json:"role"`
+	// Layout is this end's whole pool.
+	Layout layout.Layout `json:"layout"`
+	// Rank and TP place the end among its tensor-parallel peers. Heterogeneous TP: two
+	// prefill ranks of TP=2 each send all their heads to one decode rank of TP=1, which
+	// receives rank r's into its heads [r*H/2, (r+1)*H/2).
+	Rank int `json:"rank"`
+	TP   int `json:"tp"`
+}
+
+// message is every control message after the hello: one of its fields is set.
+type message struct {
+	// Error: the sender stops, and says why.
+	Error *string `json:"error,omitempty"`
+	// Addr carries the sender's transfer-engine address, once, after the hello.
+	Addr []byte `json:"addr,omitempty"`
+	// Scenario (decode to prefill) starts a scenario; the prefill end answers Ready.
+	Scenario *scenarioMsg `json:"scenario,omitempty"`
+	// Ready (prefill to decode): the scenario's request is planned; Checksum is the CRC-32C
+	// of the stream every request of it sends.
+	Ready *readyMsg `json:"ready,omitempty"`
+	// Req (decode to prefill) asks for one request: post its Send.
+	Req *reqMsg `json:"req,omitempty"`
+	// Sent (prefill to decode) reports that a request's Send ended, how, and the time it
+	// spent gathering.
+	Sent *sentMsg `json:"sent,omitempty"`
+	// PerftestServe (decode to prefill, two hosts) asks the prefill host to start a
+	// ucx_perftest server for the baseline; it answers PerftestPort.
+	PerftestServe *perftestMsg `json:"perftest_serve,omitempty"`
+	PerftestPort  int          `json:"perftest_port,omitempty"`
+	// Bye ends the run.
+	Bye bool `json:"bye,omitempty"`
+}
+
+type perftestMsg struct {
+	Test    string        `json:"test"`
+	Size    int64         `json:"size"`
+	TLS     string        `json:"tls"`
+	Iters   int           `json:"iters"`
+	Warmup  int           `json:"warmup"`
+	Timeout time.Duration `json:"timeout"`
+}
+
+type scenarioMsg struct {
+	Tokens int64 `json:"tokens"`
+}
+
+type readyMsg struct {
+	Checksum uint32 `json:"checksum"`
+	Bytes    int64  `json:"bytes"`
+}
+
+type reqMsg struct {
+	ID uint64 `json:"id"`
+}
+
+type sentMsg struct {
+	ID       uint64 `json:"id"`
+	GatherNs int64  `json:"gather_ns"`
+	Err      string `json:"err,omitempty"`
+}
+
+// control is one end of a control connection. Every read and write carries a deadline.
+type control struct {
+	sendMu  sync.Mutex // one writer at a time: request goroutines report concurrently
+	conn    net.Conn
+	r       *bufio.Reader
+	timeout time.Duration
+	peer    string
+}
+
+func newControl(conn net.Conn, timeout time.Duration) *control {
+	return &control{conn: conn, r: bufio.NewReaderSize(conn, 64<<10), timeout: timeout, peer: conn.RemoteAddr().String()}
+}
+
+// dialControl connects to a serving kvxbench at addr, within timeout.
+func dialControl(addr string, timeout time.Duration) (*control, error) {
+	conn, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("%w: no kvxbench serve answers at %s within %v: %v", errPeerUnreachable, addr, timeout, err)
+	}
+	return newControl(conn, timeout), nil
+}
+
+func (c *control) Close() error { return c.conn.Close() }
+
+// send writes one message within the timeout.
+func (c *control) send(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode control message: %w", err)
+	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if err := c.conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
+		return err
+	}
+	if _, err := c.conn.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("%w: writing to %s: %v", errPeerUnreachable, c.peer, err)
+	}
+	return nil
+}
+
+// recv reads one message within wait (the control timeout when wait is zero).
+func (c *control) recv(v any, wait time.Duration) error {
+	if wait == 0 {
+		wait = c.timeout
+	}
+	if err := c.conn.SetReadDeadline(time.Now().Add(wait)); err != nil {
+		return err
+	}
+	var line []byte
+	for {
+		part, isPrefix, err := c.r.ReadLine()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && len(line) == 0 {
+				return &idleError{peer: c.peer, wait: wait}
+			}
+			return fmt.Errorf("%w: reading from %s: %v", errPeerUnreachable, c.peer, err)
+		}
+		line = append(line, part...)
+		if len(line) > maxControlMessage {
+			return fmt.Errorf("%w: %s sent a control message over %d bytes", errPeerNotKvxbench, c.peer, maxControlMessage)
+		}
+		if !isPrefix {
+			break
+		}
+	}
+	if err := json.Unmarshal(line, v); err != nil {
+		return fmt.Errorf("%w: %s sent %q: %v", errPeerNotKvxbench, c.peer, truncate(string(line), 60), err)
+	}
+	return nil
+}
+
+// recvMessage reads one message and turns a peer's error report into an error.
+func (c *control) recvMessage(wait time.Duration) (message, error) {
+	var m message
+	if err := c.recv(&m, wait); err != nil {
+		return m, err
+	}
+	if m.Error != nil {
+		return m, fmt.Errorf("%w: %s", errPeerFailed, *m.Error)
+	}
+	return m, nil
+}
+
+// sendError tells the peer why this end stops; best effort, since the connection may be the
+// thing that failed.
+func (c *control) sendError(err error) {
+	msg := err.Error()
+	_ = c.send(message{Error: &msg})
+}
+
+// exchangeHello sends ours and checks theirs: magic, version, and that the two pools can
+// exchange this run's blocks. On a refusal both ends learn why.
+func (c *control) exchangeHello(ours hello) (hello, error) {
+	ours.Magic, ours.Version = controlMagic, controlVersion
+	if err := c.send(ours); err != nil {
+		return hello{}, err
+	}
+	var theirs hello
+	if err := c.recv(&theirs, 0); err != nil {
+		return hello{}, err
+	}
+	if err := checkHello(ours, theirs); err != nil {
+		c.sendError(err)
+		return hello{}, err
+	}
+	return theirs, nil
+}
+
+// exchangeAddr sends this end's engine address and returns the peer's. The engines are made
+// after the hello, so a version or layout mismatch is refused before any memory is
+// registered.
+func (c *control) exchangeAddr(ours []byte) ([]byte, error) {
+	if err := c.send(message{Addr: ours}); err != nil {
+		return nil, err
+	}
+	m, err := c.recvMessage(0)
+	if err != nil {
+		return nil, err
+	}
+	if len(m.Addr) == 0 {
+		return nil, fmt.Errorf("%w: %s sent no engine address after the hello", errPeerNotKvxbench, c.peer)
+	}
+	return m.Addr, nil
+}
+
+// checkHello refuses a peer that is not kvxbench, speaks another version, plays the same
+// role, or whose pool moves a different stream than ours.
+func checkHello(ours, theirs hello) error {
+	switch {
+	case theirs.Magic != controlMagic:
+		return fmt.Errorf("%w: its hello has magic %q", errPeerNotKvxbench, truncate(theirs.Magic, 40))
+	case theirs.Version != controlVersion:
+		return fmt.Errorf("%w: it speaks version %d, this kvxbench speaks %d; run the same build on both ends", errPeerVersion, theirs.Version, controlVersion)
+	case theirs.Role == ours.Role:
+		return fmt.Errorf("%w: both ends are %s; one must serve (prefill) and one connect (decode)", errPeerIncompatible, ours.Role)
+	}
+	if err := theirs.Layout.Validate(); err != nil {
+		return fmt.Errorf("%w: its layout is invalid: %v", errPeerIncompatible, err)
+	}
+	prefill, decode := ours, theirs
+	if ours.Role == roleDecode {
+		prefill, decode = theirs, ours
+	}
+	// One block of each side's selection moves the same bytes exactly when every block does.
+	a, err := layout.NewPlan(prefill.Layout, prefill.Layout.All(), []int32{0})
+	if err != nil {
+		return fmt.Errorf("%w: prefill layout: %v", errPeerIncompatible, err)
+	}
+	sel, err := receiverSelection(decode.Layout, prefill, decode)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errPeerIncompatible, err)
+	}
+	b, err := layout.NewPlan(decode.Layout, sel, []int32{0})
+	if err != nil {
+		return fmt.Errorf("%w: decode selection: %v", errPeerIncompatible, err)
+	}
+	if err := layout.Compatible(a, b); err != nil {
+		return fmt.Errorf("%w: %v", errPeerIncompatible, err)
+	}
+	return nil
+}
+
+// Roles of the two ends.
+const (
+	rolePrefill = "prefill"
+	roleDecode  = "decode"
+)
+
+// receiverSelection is the share of the decode pool that one prefill rank fills: all of it
+// when both have the same TP, else the rank's slice of heads (prefill TP a multiple of
+// decode TP).
+func receiverSelection(l layout.Layout, prefill, decode hello) (layout.Selection, error) {
+	sel := l.All()
+	ptp, dtp := max(prefill.TP, 1), max(decode.TP, 1)
+	if ptp == dtp {
+		return sel, nil
+	}
+	if ptp < dtp || ptp%dtp != 0 {
+		return sel, fmt.Errorf("prefill TP %d must be a multiple of decode TP %d", ptp, dtp)
+	}
+	ratio := int64(ptp / dtp)
+	if l.NumHeads%ratio != 0 {
+		return sel, fmt.Errorf("decode pool's %d heads do not split over %d prefill ranks", l.NumHeads, ratio)
+	}
+	share := l.NumHeads / ratio
+	r := int64(prefill.Rank) % ratio
+	sel.HeadBegin, sel.HeadEnd = r*share, (r+1)*share
+	return sel, nil
+}
+
+// idleError: the peer sent nothing within the wait. It matches errPeerUnreachable; loops that
+// poll the connection while watching a deadline of their own tell it apart with isIdle.
+type idleError struct {
+	peer string
+	wait time.Duration
+}
+
+func (e *idleError) Error() string {
+	return fmt.Sprintf("%v: %s sent nothing within %v", errPeerUnreachable, e.peer, e.wait)
+}
+
+func (e *idleError) Unwrap() error { return errPeerUnreachable }
+
+func isIdle(err error) bool {
+	var ie *idleError
+	return errors.As(err, &ie)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// engineAdapter is the benchmark's view of a transfer.Engine: the caller's pool moved through
+// the timed host mover, peers named as the engine's transport names them.
+type engineAdapter struct {
+	eng *transfer.Engine
+	// addr is what the other end is told; peerOf turns the other end's into a Peer.
+	addr   []byte
+	peerOf func(addr []byte) transfer.Peer
+	// mapPool maps a pool through the transport for the direct path; nil: staging only.
+	mapPool func(n int64) ([]byte, error)
+	// direct says whether a pool may go direct (the transport reaches it in place).
+	direct func(pool []byte) bool
+	obs    *observability // nil without --http
+	// unmaps release the caller-mapped pools (--pool caller) once the engine is closed.
+	unmaps []func()
+}
+
+var _ engineSide = (*engineAdapter)(nil)
+
+// engineConfig sizes an engine for the run: as many transfers at once as the largest
+// concurrency, each holding up to --pipeline-depth slots of --slot-size, with deadlines long
+// enough for the slowest request of a loaded host.
+func engineConfig(cfg RunConfig) transfer.Config {
+	maxConc := 1
+	for _, c := range cfg.Concurrency {
+		maxConc = max(maxConc, c)
+	}
+	timeout := max(30*time.Second, 10*cfg.Duration)
+	return transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: maxConc, PipelineDepth: cfg.PipelineDepth,
+		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout,
+		DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes, DisableRMA: cfg.NoRMA,
+		RMAWhereEmulated: cfg.RMAWhereEmulated}
+}
+
+func (e *engineAdapter) Address() []byte { return e.addr }
+
+func (e *engineAdapter) Connect(_ context.Context, addr []byte) (peerRef, error) {
+	return peerRef(e.peerOf(addr)), nil
+}
+
+// NewPool implements engineSide.
+func (e *engineAdapter) NewPool(n int64) ([]byte, bool, error) {
+	if e.mapPool == nil {
+		return make([]byte, n), false, nil
+	}
+	pool, err := e.mapPool(n)
+	if err != nil {
+		return nil, false, err
+	}
+	clear(pool) // mapped memory is not promised zeroed
+	return pool, e.direct != nil && e.direct(pool), nil
+}
+
+// spec moves the pool behind m: through the timed mover, or, when the pool may go direct,
+// as the spec's Pool with no Mover, so the engine can hand it to the transport in place.
+func (e *engineAdapter) spec(id uint64, m mover) transfer.Spec {
+	spec := transfer.Spec{ID: transfer.RequestID(id)}
+	if tm, ok := m.(*timedMover); ok && e.direct != nil && e.direct(tm.pool) {
+		spec.Pool = tm.pool
+	} else {
+		spec.Mover = m
+	}
+	return spec
+}
+
+func (e *engineAdapter) Send(ctx context.Context, id uint64, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
+	spec := e.spec(id, m)
+	spec.Peer, spec.Plan = transfer.Peer(to), p
+	h, err := e.eng.Send(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return handle{h}, nil
+}
+
+func (e *engineAdapter) Receive(ctx context.Context, id uint64, subs []recvSub, m mover) (pendingXfer, error) {
+	spec := e.spec(id, m)
+	if len(subs) == 1 {
+		spec.Peer, spec.Plan = transfer.Peer(subs[0].peer), subs[0].plan
+	} else {
+		for _, s := range subs {
+			spec.Subs = append(spec.Subs, transfer.SubSpec{Peer: transfer.Peer(s.peer), Plan: s.plan})
+		}
+	}
+	h, err := e.eng.Receive(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return handle{h}, nil
+}
+
+func (e *engineAdapter) Close() error {
+	err := e.eng.Close()
+	e.obs.close()
+	for _, unmap := range e.unmaps {
+		unmap() // the transport unregistered them as it closed
+	}
+	return err
+}
+
+// handle adapts *transfer.Handle.
+type handle struct{ h *transfer.Handle }
+
+func (h handle) Done() <-chan struct{}     { return h.h.Done() }
+func (h handle) Quiesced() <-chan struct{} { return h.h.Quiesced() }
+func (h handle) Err() error                { return h.h.Status().Err }
+func (h handle) Release()                  { _ = h.h.Release() }
+func (h handle) Path() string              { return h.h.Path().String() }

@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+// This file follows transfer/ucx_transport.go's build constraint: the UCX transport needs
+// cgo. Without it kvxbench still builds; run, sweep, serve and connect then stop after the
+// hello, saying the engine is missing.
+
+package bench
+
+import (
+	"fmt"
+	"syscall"
+
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+func init() {
+	newEngineSide = newUCXEngineSide
+	engineBuilt = true
+}
+
+// newUCXEngineSide makes a transfer.Engine over a transfer.UCXTransport whose UCX-mapped
+// staging memory backs the engine's slots, as --tls says.
+func newUCXEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) {
+	if cfg.Memory == "device" {
+		return newDeviceEngineSide(cfg, role, rank) // device_engine.go
+	}
+	ec := engineConfig(cfg)
+	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: cfg.TLS, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes, Lanes: cfg.Lanes})
+	if err != nil {
+		return nil, fmt.Errorf("%s rank %d: UCX transport: %w", role, rank, err)
+	}
+	ec.StagingMemory = tr.StagingMemory()
+	obs, err := engineObservability(cfg, role, rank)
+	if err != nil {
+		_ = tr.Close(true)
+		return nil, err
+	}
+	if obs != nil {
+		ec.Observer = obs.observer
+	}
+	eng, err := transfer.New(tr, ec)
+	if err != nil {
+		_ = tr.Close(true)
+		obs.close()
+		return nil, fmt.Errorf("%s rank %d: engine: %w", role, rank, err)
+	}
+	if err := obs.serve(eng); err != nil {
+		_ = eng.Close()
+		return nil, err
+	}
+	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress, obs: obs}
+	if !cfg.Staging {
+		a.mapPool, a.direct = tr.AllocatePool, tr.Direct
+		if cfg.Pool == "caller" {
+			a.mapPool = a.callerPool(tr)
+		}
+	}
+	return a, nil
+}
+
+// callerPool maps pools the way a serving process maps its own KV cache (mmap), then
+// registers each with the transport once (RegisterHost). The transport's Close unregisters
+// them; the adapter's Close unmaps them after it.
+func (a *engineAdapter) callerPool(tr *transfer.UCXTransport) func(n int64) ([]byte, error) {
+	return func(n int64) ([]byte, error) {
+		mem, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+		if err != nil {
+			return nil, fmt.Errorf("mapping a %d-byte KV pool: %w", n, err)
+		}
+		region, err := tr.RegisterHost(mem)
+		if err != nil {
+			_ = syscall.Munmap(mem)
+			return nil, err
+		}
+		a.unmaps = append(a.unmaps, func() { _ = syscall.Munmap(mem) })
+		return region.Pool(), nil
+	}
+}

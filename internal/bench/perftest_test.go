@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestParsePerftest(t *testing.T) {
+	cases := []struct {
+		desc    string
+		out     string
+		gbps    float64
+		iters   int
+		wantErr string
+	}{
+		{
+			desc: "final CSV line, MiB/s to GB/s",
+			out: "iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n" +
+				" 200,463.622,513.960,513.960,7782.70,7782.70,1946,1946\n",
+			gbps: 7782.70 * 1048576 / 1e9, iters: 200,
+		},
+		{
+			desc: "warnings before the header",
+			out: "[1795352351.596463] [vm:21412:0] parser.c:1911 UCX WARN unused env variable\n" +
+				"iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n" +
+				"  20,8.855,10.753,10.753,90.82,90.82,93000,93000\n",
+			gbps: 90.82 * 1048576 / 1e9, iters: 20,
+		},
+		{desc: "connect refused", out: "UCX  ERROR client failed. connect() failed: Connection refused\n", wantErr: "no final figures in ucx_perftest output: UCX  ERROR client failed"},
+		{desc: "header only", out: "iterations,avg_lat,overall_bw\n", wantErr: "no final figures"},
+		{desc: "garbage figures", out: "iterations,avg_lat,overall_bw\nx,y,z\n", wantErr: "ucx_perftest output"},
+		{desc: "zero bandwidth", out: "iterations,avg_lat,overall_bw\n10,1.0,0\n", wantErr: "bandwidth of 0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			res, err := parsePerftest(tc.out)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.InDelta(t, tc.gbps, res.GBps, 1e-9)
+			require.Equal(t, tc.iters, res.Iters)
+		})
+	}
+}
+
+func TestPerftestItersAreBounded(t *testing.T) {
+	cases := []struct {
+		desc         string
+		size, target int64
+		iters        int
+	}{
+		{"tiny messages cap at 100000", 8, 1 << 40, 100000},
+		{"huge messages floor at 10", 1 << 30, 1 << 30, 10},
+		{"target over size", 4 << 20, 2 << 30, 512},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			n, w := perftestIters(tc.size, tc.target)
+			require.Equal(t, tc.iters, n)
+			require.GreaterOrEqual(t, w, 2)
+			require.LessOrEqual(t, w, 1000)
+		})
+	}
+}
+
+// The real ucx_perftest, briefly, over shared memory between two processes on this host.
+func TestRealPerftestBaseline(t *testing.T) {
+	bin, err := FindPerftest()
+	if err != nil {
+		t.Skipf("ucx_perftest is not installed (Debian package ucx-utils): %v", err)
+	}
+	res, err := runPerftest(context.Background(), perftestConfig{
+		binary: bin, test: "tag_bw", size: 1 << 20, tls: "shm,self", iters: 200, warmup: 20, timeout: 30 * time.Second,
+	})
+	require.NoError(t, err)
+	require.Greater(t, res.GBps, 0.05, "1 MiB messages over shared memory")
+	require.Equal(t, 200, res.Iters)
+}
+
+// A perftest that never finishes is killed, with its process group, when the timeout passes,
+// and the error says so.
+func TestPerftestTimeoutLeavesNoProcess(t *testing.T) {
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "pids")
+	fake := filepath.Join(dir, "ucx_perftest")
+	// Server and client both hang; each records its pid (and starts a child that would
+	// outlive a kill of the parent alone).
+	script := "#!/bin/sh\necho $$ >> " + pidFile + "\nsleep 60 &\necho $! >> " + pidFile + "\nwait\n"
+	require.NoError(t, os.WriteFile(fake, []byte(script), 0o755))
+	start := time.Now()
+	_, err := runPerftest(context.Background(), perftestConfig{
+		binary: fake, test: "tag_bw", size: 4096, iters: 10, warmup: 2, timeout: 500 * time.Millisecond,
+	})
+	require.ErrorContains(t, err, "did not finish in 500ms")
+	require.Less(t, time.Since(start), 10*time.Second)
+	pids, err := os.ReadFile(pidFile)
+	require.NoError(t, err)
+	var n int
+	for _, f := range strings.Fields(string(pids)) {
+		n++
+		pid, err := strconv.Atoi(f)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return syscall.Kill(pid, 0) == syscall.ESRCH || isZombie(pid) },
+			5*time.Second, 20*time.Millisecond, "pid %d still runs", pid)
+	}
+	require.GreaterOrEqual(t, n, 4, "server, client and their children recorded their pids")
+}
+
+// A client that fails for another reason than a refused connection is reported at once with
+// its output.
+func TestPerftestClientFailureIsReported(t *testing.T) {
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "ucx_perftest")
+	// As server (no host argument) sleep briefly; as client fail with a message.
+	script := "#!/bin/sh\nif [ \"$1\" = 127.0.0.1 ]; then echo 'UCX ERROR no such transport: bogus' >&2; exit 1; fi\nsleep 0.2\n"
+	require.NoError(t, os.WriteFile(fake, []byte(script), 0o755))
+	_, err := runPerftest(context.Background(), perftestConfig{
+		binary: fake, test: "tag_bw", size: 4096, tls: "bogus", iters: 10, warmup: 2, timeout: 5 * time.Second,
+	})
+	require.ErrorContains(t, err, "ucx_perftest client failed")
+	require.ErrorContains(t, err, "no such transport: bogus")
+}
+
+// isZombie reports whether pid has exited but not been reaped by its parent (a child of the
+// shell script reparented to init may linger as a zombie for a moment).
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	fields := strings.Fields(string(b))
+	return len(fields) > 2 && fields[2] == "Z"
+}

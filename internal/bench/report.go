@@ -1,0 +1,390 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvxfer/kvxfer/internal/bench/plot"
+	"github.com/kvxfer/kvxfer/native"
+)
+
+// Result is one measured scenario, as printed in the table and as one JSON object with
+// --json. Per-request times are microseconds; GB/s are 10^9 bytes per second.
+type Result struct {
+	// Name identifies the scenario: operation, model, prompt length and concurrency.
+	Name string `json:"name"`
+	// Op is what was measured: gather, scatter, transfer.
+	Op string `json:"op"`
+	// Model is the pool shape's preset name (custom(...) when flags changed it).
+	Model string `json:"model"`
+	// Tokens is the prompt length of each request.
+	Tokens int64 `json:"tokens"`
+	// Concurrency is how many requests were in flight at once.
+	Concurrency int `json:"concurrency"`
+	// Bytes is the KV payload of one request.
+	Bytes int64 `json:"bytes"`
+	// MessageBytes is the largest message put on the wire or handed to one copy call (one
+	// staging chunk); the baseline runs at this size.
+	MessageBytes int64 `json:"message_bytes"`
+	// TLS is the UCX_TLS of a transfer and its baseline ("" when UCX chose).
+	TLS string `json:"tls,omitempty"`
+	// PrefillTP is the number of prefill ranks feeding the decode rank (transfers only).
+	PrefillTP int `json:"prefill_tp,omitempty"`
+	// Requests is how many requests were timed.
+	Requests int `json:"requests"`
+	// GBps is total payload over wall time.
+	GBps float64 `json:"gbps"`
+	// P50us and P99us are per-request latencies.
+	P50us float64 `json:"p50_us"`
+	P99us float64 `json:"p99_us"`
+	// GatherUs, WireUs and ScatterUs split a request's mean time between its stages, where
+	// the operation has them (zero and omitted where it does not).
+	GatherUs  float64 `json:"gather_us,omitempty"`
+	WireUs    float64 `json:"wire_us,omitempty"`
+	ScatterUs float64 `json:"scatter_us,omitempty"`
+	// Baseline names the limit measured beside the operation (memcpy, ucx_perftest tag_bw
+	// over a transport), empty when none ran.
+	Baseline string `json:"baseline,omitempty"`
+	// BaselineGBps and Ratio (GBps / BaselineGBps) are present only where a baseline ran.
+	BaselineGBps *float64 `json:"baseline_gbps,omitempty"`
+	// BaselineBytes is the message size the baseline was measured at (ucx_perftest's -s), or
+	// the bytes of one copy for memcpy; the plot draws the baseline there.
+	BaselineBytes int64    `json:"baseline_bytes,omitempty"`
+	Ratio         *float64 `json:"ratio,omitempty"`
+	// Verified is true when every byte moved was checked against the source's checksum.
+	Verified bool `json:"verified"`
+	// Path is how a transfer moved its bytes, as the engine's handles said: "rma" (the
+	// one-copy path's RMA mode: the decode end reads the prefill pool with gets), "direct"
+	// (the one-copy path's IOV messages: UCX reads and writes the pools in place) or
+	// "staging" (gather, wire, scatter through slots); several joined with "+" when the
+	// requests of a scenario differed.
+	Path string `json:"path,omitempty"`
+	// P99FewSamples marks a p99 taken from fewer than minP99Samples requests: by nearest rank
+	// it is then the slowest request, not a percentile. The table prints it with a '*'.
+	P99FewSamples bool `json:"p99_few_samples,omitempty"`
+
+	// Schema is the version of this object's layout (resultSchema); Env says where and with
+	// what it was measured. Both are filled when the result is printed, so a results archive
+	// can compare runs without the command line that made them.
+	Schema int     `json:"schema"`
+	Env    *RunEnv `json:"env,omitempty"`
+}
+
+// resultSchema is the version of Result's JSON layout. Bump it when a field changes meaning
+// or goes away; adding a field does not need a bump.
+const resultSchema = 2
+
+// minP99Samples is the fewest requests for which the 99th percentile by nearest rank is not
+// simply the slowest request.
+const minP99Samples = 100
+
+// RunEnv is what a results archive needs to know about the run behind a result.
+type RunEnv struct {
+	// Kvxfer is the module version, or the VCS revision (with "+dirty" for uncommitted
+	// changes) of a binary built from a checkout; "unknown" when the build recorded neither.
+	Kvxfer string `json:"kvxfer"`
+	// UCX is the version of the UCX library loaded at run time.
+	UCX string `json:"ucx"`
+	// UCXTransports is UCX_TLS as this process saw it ("" when unset: UCX chose).
+	UCXTransports string `json:"ucx_transports"`
+	Host          string `json:"host"`
+	// Cores is the number of CPUs the process may use; GoMaxProcs the Go scheduler's limit.
+	Cores      int    `json:"cores"`
+	GoMaxProcs int    `json:"gomaxprocs"`
+	GoVersion  string `json:"go"`
+	OS         string `json:"os"`
+	Arch       string `json:"arch"`
+	// Timestamp is when the result was printed, RFC 3339 in UTC.
+	Timestamp string `json:"timestamp"`
+}
+
+// runEnv reads the environment of this process now.
+func runEnv(now time.Time) *RunEnv {
+	host, _ := os.Hostname()
+	return &RunEnv{
+		Kvxfer: kvxferVersion(), UCX: native.UCXVersion(), UCXTransports: os.Getenv("UCX_TLS"),
+		Host: host, Cores: runtime.NumCPU(), GoMaxProcs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
+		OS: runtime.GOOS, Arch: runtime.GOARCH, Timestamp: now.UTC().Format(time.RFC3339),
+	}
+}
+
+// kvxferVersion is the version the Go toolchain stamped into this binary.
+func kvxferVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev == "" {
+		return "unknown"
+	}
+	return rev + dirty
+}
+
+// setBaseline records the limit the result is compared to, measured with messages (or
+// copies) of size bytes.
+func (r *Result) setBaseline(name string, bytes int64, gbps float64) {
+	if gbps <= 0 || math.IsNaN(gbps) || math.IsInf(gbps, 0) {
+		return
+	}
+	ratio := r.GBps / gbps
+	r.Baseline, r.BaselineBytes, r.BaselineGBps, r.Ratio = name, bytes, &gbps, &ratio
+}
+
+// latencies collects per-request times and summarises them.
+type latencies []time.Duration
+
+// percentile returns the p-th percentile (0..100) by nearest rank; zero when empty.
+func (l latencies) percentile(p float64) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	s := append(latencies(nil), l...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	rank := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[min(max(rank, 0), len(s)-1)]
+}
+
+func (l latencies) mean() time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	var sum time.Duration
+	for _, d := range l {
+		sum += d
+	}
+	return sum / time.Duration(len(l))
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// gbps is bytes over d in 10^9 bytes per second.
+func gbps(bytes int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(bytes) / d.Seconds() / 1e9
+}
+
+// Printer writes results as they come, as an aligned table or as JSON lines, and keeps them
+// for the plot.
+type Printer struct {
+	w       io.Writer
+	json    bool
+	results []Result
+}
+
+// NewPrinter prints to w: JSON lines when json is set, else a table once Finish is called.
+func NewPrinter(w io.Writer, json bool) *Printer { return &Printer{w: w, json: json} }
+
+// Add records a result; JSON lines are printed at once so a long run shows progress in a
+// pipe, the table is printed whole by flush so its columns align.
+func (p *Printer) Add(r Result) error {
+	r.Schema = resultSchema
+	if r.Env == nil {
+		r.Env = runEnv(time.Now())
+	}
+	r.P99FewSamples = r.Requests < minP99Samples && r.P99us > 0
+	p.results = append(p.results, r)
+	if p.json {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return fmt.Errorf("encode result %s: %w", r.Name, err)
+		}
+		_, err = fmt.Fprintf(p.w, "%s\n", b)
+		return err
+	}
+	return nil
+}
+
+// flush prints the table (nothing more in JSON mode).
+func (p *Printer) flush() error {
+	if p.json || len(p.results) == 0 {
+		return nil
+	}
+	return writeTable(p.w, p.results)
+}
+
+// Finish prints the table and draws the plot into the .svg file plot, if one is named.
+func (p *Printer) Finish(plot string) error {
+	if err := p.flush(); err != nil {
+		return err
+	}
+	return writePlotIfAsked(plot, p.results)
+}
+
+// writeTable prints results as a table aligned on its columns, numbers right-aligned.
+func writeTable(w io.Writer, results []Result) error {
+	const padding = 2
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, padding, ' ', tabwriter.AlignRight)
+	header := []string{"scenario", "bytes/req", "GB/s", "p50", "p99", "gather", "wire", "scatter", "baseline", "base GB/s", "ratio", "verified", "path"}
+	// tabwriter aligns every cell the same way; pad names so they read left-aligned.
+	nameWidth := len(header[0])
+	for _, r := range results {
+		nameWidth = max(nameWidth, len(r.Name))
+	}
+	header[0] = fmt.Sprintf("%-*s", nameWidth, header[0])
+	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
+	for _, r := range results {
+		base, baseGB, ratio := "-", "-", "-"
+		if r.BaselineGBps != nil {
+			base = r.Baseline
+			baseGB = fmt.Sprintf("%.2f", *r.BaselineGBps)
+			ratio = fmt.Sprintf("%.2f", *r.Ratio)
+		}
+		verified := "no"
+		if r.Verified {
+			verified = "yes"
+		}
+		row := []string{
+			fmt.Sprintf("%-*s", nameWidth, r.Name), humanBytes(r.Bytes), fmt.Sprintf("%.2f", r.GBps),
+			fmtUs(r.P50us), p99Cell(r), fmtUsOrDash(r.GatherUs), fmtUsOrDash(r.WireUs),
+			fmtUsOrDash(r.ScatterUs), base, baseGB, ratio, verified, orDash(r.Path),
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range results {
+		if r.P99FewSamples {
+			fmt.Fprintf(&buf, "%*s* p99 from fewer than %d requests: the slowest of them, not a percentile\n", padding, "", minP99Samples)
+			break
+		}
+	}
+	// Right alignment pads the first column on its left too; every line starts with the
+	// same padding, so drop it.
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		if _, err := io.WriteString(w, strings.TrimPrefix(line, strings.Repeat(" ", padding))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// p99Cell is the p99 column, marked when it came from too few requests to be a percentile.
+func p99Cell(r Result) string {
+	if r.P99FewSamples {
+		return fmtUs(r.P99us) + "*"
+	}
+	return fmtUs(r.P99us) + " "
+}
+
+// fmtUs prints a latency in the unit that keeps three significant digits readable.
+func fmtUs(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%.2f s", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.2f ms", v/1e3)
+	}
+	return fmt.Sprintf("%.1f us", v)
+}
+
+func fmtUsOrDash(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmtUs(v)
+}
+
+// orDash prints s, or "-" when empty.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// writePlotIfAsked draws results into the .svg file path, when one is named.
+func writePlotIfAsked(path string, results []Result) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	if err := writeSVG(f, results); err != nil {
+		f.Close()
+		return fmt.Errorf("--plot %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--plot %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeSVG draws results with their baselines (package plot).
+func writeSVG(w io.Writer, results []Result) error { return plot.WriteSVG(w, seriesOf(results)) }
+
+// seriesOf groups results into lines: one per operation and concurrency, each followed by its
+// baseline (dashed) where one ran, points sorted by message size.
+func seriesOf(results []Result) []plot.Series {
+	var order []string
+	byKey := map[string]*plot.Series{}
+	seen := map[string]bool{}
+	add := func(key, label, group string, baseline bool, p plot.Point) {
+		s, ok := byKey[key]
+		if !ok {
+			s = &plot.Series{Label: label, Group: group, Baseline: baseline}
+			byKey[key] = s
+			order = append(order, key)
+		}
+		s.Points = append(s.Points, p)
+	}
+	for _, r := range results {
+		key := fmt.Sprintf("%s c=%d", r.Op, r.Concurrency)
+		label := r.Op
+		if r.Op == "transfer" {
+			label = fmt.Sprintf("transfer, %d at once", r.Concurrency)
+		}
+		add(key, label, label, false, plot.Point{Bytes: r.Bytes, GBps: r.GBps})
+		if r.BaselineGBps != nil {
+			// A baseline is drawn at the size it was measured at, once per size: one
+			// ucx_perftest at the wire's message size serves every request size.
+			at := r.BaselineBytes
+			if at <= 0 {
+				at = r.Bytes
+			}
+			bkey := key + " baseline " + r.Baseline
+			if !seen[bkey+fmt.Sprint(at)] {
+				seen[bkey+fmt.Sprint(at)] = true
+				add(bkey, "  baseline: "+r.Baseline, label, true, plot.Point{Bytes: at, GBps: *r.BaselineGBps})
+			}
+		}
+	}
+	out := make([]plot.Series, 0, len(order))
+	for _, k := range order {
+		s := *byKey[k]
+		sort.Slice(s.Points, func(i, j int) bool { return s.Points[i].Bytes < s.Points[j].Bytes })
+		out = append(out, s)
+	}
+	return out
+}

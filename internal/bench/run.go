@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"time"
+)
+
+// PeerEnv marks a process started as a loopback run's peer. The real binary ignores it; a
+// test binary uses it to serve as the peer instead of running the tests, so a run can be
+// tested end to end without a build.
+const PeerEnv = "KVXBENCH_PEER"
+
+// runBudget bounds a whole run: every scenario for its duration (three times over, for the
+// baseline and set-up), plus the peers' start and the pools' first touch.
+func runBudget(c RunConfig) time.Duration {
+	n := time.Duration(len(c.Prompts) * len(c.Concurrency))
+	return n*(3*c.Duration+15*time.Second) + 2*c.ConnectTimeout + time.Minute
+}
+
+// Loopback is `kvxbench run`: this process is the decode end; it starts --prefill-tp
+// prefill peers by re-executing itself, meets them on a control connection, measures the
+// baseline and the transfers, and ends the peers.
+func Loopback(ctx context.Context, cfg RunConfig, o Output, perftest string, out *Outputs, add func(Result) error) error {
+	ctx, cancel := context.WithTimeout(ctx, runBudget(cfg))
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("open the control port: %w", err)
+	}
+	defer ln.Close()
+
+	peers, err := startPeers(ctx, cfg, ln.Addr().String())
+	defer peers.stop()
+	if err != nil {
+		return err
+	}
+	ctrls, err := acceptPeers(ln.(*net.TCPListener), cfg, peers)
+	defer func() {
+		for _, c := range ctrls {
+			_ = c.send(message{Bye: true})
+			c.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	return driveDecode(ctx, cfg, o, perftest, "", ctrls, out, add)
+}
+
+// driveDecode makes the decode end's engine, exchanges engine addresses with every prefill
+// rank, and measures every scenario with its baseline. remoteHost is the prefill host of a
+// two-host run, empty for a loopback run.
+func driveDecode(ctx context.Context, cfg RunConfig, o Output, perftest, remoteHost string, ctrls []*control, out *Outputs, add func(Result) error) error {
+	eng, err := newEngineSide(cfg, roleDecode, 0)
+	if err != nil {
+		for _, c := range ctrls {
+			c.sendError(err)
+		}
+		return err
+	}
+	defer eng.Close()
+	d := &decodeEnd{cfg: cfg, eng: eng, ctrls: ctrls, remoteHost: remoteHost, rng: rand.New(rand.NewPCG(cfg.Seed, 0xdec0de))}
+	for r, c := range ctrls {
+		addr, err := c.exchangeAddr(eng.Address())
+		if err != nil {
+			return fmt.Errorf("prefill rank %d: %w", r, err)
+		}
+		peer, err := eng.Connect(ctx, addr)
+		if err != nil {
+			return fmt.Errorf("connect to prefill rank %d's engine: %w", r, err)
+		}
+		d.peers = append(d.peers, peer)
+	}
+	return measureTransfers(ctx, d, o, perftest, out, add)
+}
+
+// measureTransfers runs every scenario that fits in memory, each beside ucx_perftest at its
+// message size, and hands each result to add.
+func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftest string, out *Outputs, add func(Result) error) error {
+	cfg := d.cfg
+	pool, direct, err := d.eng.NewPool(cfg.Decode.SpanBytes())
+	if err != nil {
+		return fmt.Errorf("decode KV pool: %w", err)
+	}
+	d.pool, d.direct = pool, direct
+	var scenarios []scenario
+	for _, t := range cfg.Prompts {
+		for _, c := range cfg.Concurrency {
+			s := scenario{tokens: t, concurrency: c}
+			if need := blocksFor(Shape{Dims: cfg.Decode.Dims()}, t) * int64(c); need > cfg.Decode.NumBlocks {
+				fmt.Fprintf(out.Stderr, "kvxbench: note: skipped %s: it needs %s of decode pool, over --max-memory\n",
+					s.name(cfg), humanBytes(need*cfg.Decode.BlockBytes()))
+				continue
+			}
+			scenarios = append(scenarios, s)
+		}
+	}
+	bar := newProgress(out.Stderr, len(scenarios), 2*cfg.Duration)
+	defer bar.done()
+	baselines := map[int64]float64{}
+	for _, s := range scenarios {
+		bar.step(s.name(cfg))
+		res, err := d.measure(ctx, s, o, bar)
+		if err != nil {
+			return err
+		}
+		if perftest != "" {
+			g, ok := baselines[res.MessageBytes]
+			if !ok {
+				iters, warmup := perftestIters(res.MessageBytes, int64(float64(cfg.Duration.Seconds())*4e9))
+				pc := perftestConfig{binary: perftest, test: "tag_bw", size: res.MessageBytes,
+					tls: cfg.TLS, iters: iters, warmup: warmup, timeout: cfg.Duration*10 + 30*time.Second,
+					memType: perftestMemType(cfg)}
+				var base perftestResult
+				if d.remoteHost != "" {
+					base, err = runRemotePerftest(ctx, d.ctrls[0], d.remoteHost, pc)
+				} else {
+					base, err = runPerftest(ctx, pc)
+				}
+				if err != nil {
+					return fmt.Errorf("baseline: %w", err)
+				}
+				g = base.GBps
+				baselines[res.MessageBytes] = g
+			}
+			res.setBaseline(perftestName(cfg.TLS), res.MessageBytes, g)
+		}
+		if err := add(res); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runRemotePerftest measures the baseline between this host and the prefill host of a
+// two-host run: the prefill end starts the server, this end runs the client against it.
+func runRemotePerftest(ctx context.Context, c *control, host string, pc perftestConfig) (perftestResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, pc.timeout)
+	defer cancel()
+	if err := c.send(message{PerftestServe: &perftestMsg{Test: pc.test, Size: pc.size, TLS: pc.tls,
+		Iters: pc.iters, Warmup: pc.warmup, Timeout: pc.timeout}}); err != nil {
+		return perftestResult{}, err
+	}
+	m, err := c.recvMessage(0)
+	if err != nil {
+		return perftestResult{}, err
+	}
+	if m.PerftestPort <= 0 {
+		return perftestResult{}, fmt.Errorf("%w: prefill host answered a perftest request without a port", errPeerNotKvxbench)
+	}
+	return runPerftestClient(ctx, pc, host, m.PerftestPort, nil)
+}
+
+// perftestName names the baseline in the table: the test and the transports it ran over.
+func perftestName(tls string) string {
+	if tls == "" {
+		tls = "default"
+	}
+	return "perftest " + tls
+}
+
+// peerProcs are run's prefill processes.
+type peerProcs struct {
+	cmds   []*exec.Cmd
+	stderr []*limitedBuffer
+	exited chan int // rank of a peer that exited
+	waited []chan struct{}
+}
+
+// startPeers re-executes this binary once per prefill rank as the hidden peer subcommand. Each
+// peer runs in its own process group, killed by stop, so none outlives the run.
+func startPeers(ctx context.Context, cfg RunConfig, controlAddr string) (*peerProcs, error) {
+	p := &peerProcs{exited: make(chan int, cfg.PrefillTP)}
+	exe, err := os.Executable()
+	if err != nil {
+		return p, fmt.Errorf("find this binary to start the peer: %w", err)
+	}
+	conf, err := cfg.encode()
+	if err != nil {
+		return p, fmt.Errorf("encode the peer's configuration: %w", err)
+	}
+	for rank := 0; rank < cfg.PrefillTP; rank++ {
+		cmd := groupCommand(ctx, exe, "peer", "--control", controlAddr, "--rank", strconv.Itoa(rank),
+			"--timeout", runBudget(cfg).String(), "--config", conf)
+		cmd.Env = append(os.Environ(), PeerEnv+"=1")
+		if cfg.TLS != "" {
+			cmd.Env = append(cmd.Env, "UCX_TLS="+cfg.TLS)
+		}
+		var stderr limitedBuffer
+		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		if err := cmd.Start(); err != nil {
+			return p, fmt.Errorf("start prefill peer %d: %w", rank, err)
+		}
+		done := make(chan struct{})
+		p.cmds, p.stderr, p.waited = append(p.cmds, cmd), append(p.stderr, &stderr), append(p.waited, done)
+		go func() {
+			_ = cmd.Wait()
+			close(done)
+			p.exited <- rank
+		}()
+	}
+	return p, nil
+}
+
+// stop gives each peer a moment to exit after its bye, then kills its process group, and
+// waits for it.
+func (p *peerProcs) stop() {
+	for i, cmd := range p.cmds {
+		select {
+		case <-p.waited[i]:
+		case <-time.After(2 * time.Second):
+			_ = killGroup(cmd)
+			<-p.waited[i]
+		}
+	}
+}
+
+// acceptPeers waits, within the connect timeout, for every prefill peer to connect and
+// exchanges hellos. A peer that dies first is reported with the last lines it printed.
+func acceptPeers(ln *net.TCPListener, cfg RunConfig, peers *peerProcs) ([]*control, error) {
+	deadline := time.Now().Add(cfg.ConnectTimeout)
+	// Peers connect in any order; ctrls is indexed by rank, since rank r fills its own slice
+	// of the decode pool's heads.
+	ctrls := make([]*control, cfg.PrefillTP)
+	var all []*control // every accepted connection, to close on failure
+	for len(all) < cfg.PrefillTP {
+		if err := ln.SetDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+			return all, err
+		}
+		conn, err := ln.Accept()
+		if err == nil {
+			c := newControl(conn, cfg.ConnectTimeout)
+			all = append(all, c)
+			theirs, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1})
+			if err != nil {
+				return all, fmt.Errorf("prefill peer: %w", err)
+			}
+			if theirs.Rank < 0 || theirs.Rank >= cfg.PrefillTP || ctrls[theirs.Rank] != nil {
+				return all, fmt.Errorf("%w: a second or unknown prefill rank %d", errPeerIncompatible, theirs.Rank)
+			}
+			ctrls[theirs.Rank] = c
+			continue
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return all, fmt.Errorf("accept a peer: %w", err)
+		}
+		select {
+		case rank := <-peers.exited:
+			return all, fmt.Errorf("%w: prefill peer %d exited before connecting: %s", errPeerUnreachable, rank, lastLines(peers.stderr[rank].String(), 3))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return all, fmt.Errorf("%w: %d of %d prefill peers connected within --connect-timeout %v", errPeerUnreachable, len(all), cfg.PrefillTP, cfg.ConnectTimeout)
+		}
+	}
+	return ctrls, nil
+}
+
+// PeerArgs are the arguments of kvxbench's hidden peer subcommand, as startPeers writes them:
+// a prefill end that connects back to the run that started it.
+type PeerArgs struct {
+	Control string        // the parent's control address
+	Rank    int           // this prefill rank
+	Config  string        // the run's RunConfig, as JSON
+	Timeout time.Duration // the most this peer lives
+}
+
+// Register defines the peer's flags on fs, the names startPeers passes.
+func (a *PeerArgs) Register(fs *flag.FlagSet) {
+	fs.StringVar(&a.Control, "control", "", "the parent's control address")
+	fs.IntVar(&a.Rank, "rank", 0, "this prefill rank")
+	fs.StringVar(&a.Config, "config", "", "the run's configuration, as JSON")
+	fs.DurationVar(&a.Timeout, "timeout", 10*time.Minute, "the most this peer lives")
+}
+
+// Peer is the second process of a loopback run: a prefill end that connects back to its
+// parent, says hello as its rank, and serves until the parent says bye.
+func Peer(ctx context.Context, a PeerArgs) error {
+	if a.Control == "" || a.Config == "" {
+		return Usagef("peer is started by `kvxbench run`; it needs --control and --config")
+	}
+	if a.Timeout <= 0 {
+		return Usagef("--timeout = %v: must be positive", a.Timeout)
+	}
+	cfg, err := decodeRunConfig(a.Config)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.Timeout)
+	defer cancel()
+	c, err := dialControl(a.Control, cfg.ConnectTimeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.exchangeHello(hello{Role: rolePrefill, Layout: cfg.Prefill, Rank: a.Rank, TP: cfg.PrefillTP}); err != nil {
+		return err
+	}
+	return servePrefill(ctx, c, cfg, a.Rank)
+}
+
+// servePrefill is the prefill end after the hello, shared by peer and serve: it makes its
+// engine, exchanges engine addresses, and answers the decode end until bye.
+func servePrefill(ctx context.Context, c *control, cfg RunConfig, rank int) error {
+	eng, err := newEngineSide(cfg, rolePrefill, rank)
+	if err != nil {
+		c.sendError(err)
+		return err
+	}
+	defer eng.Close()
+	addr, err := c.exchangeAddr(eng.Address())
+	if err != nil {
+		return err
+	}
+	peer, err := eng.Connect(ctx, addr)
+	if err != nil {
+		return fmt.Errorf("connect to the decode engine: %w", err)
+	}
+	p, err := newPrefillEnd(cfg, rank, eng, peer)
+	if err != nil {
+		c.sendError(err)
+		return err
+	}
+	return p.serve(ctx, c)
+}

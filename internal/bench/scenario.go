@@ -1,0 +1,504 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer"
+)
+
+// The scenario protocol, over the control connection, driven by the decode end:
+//
+//	decode -> prefill  scenario{tokens}        prefill plans the request, checksums its stream
+//	prefill -> decode  ready{checksum, bytes}
+//	decode -> prefill  req{id} (one per request; decode has posted its Receive)
+//	prefill -> decode  sent{id, gather_ns, err} once the Send ends
+//	decode -> prefill  bye
+//
+// Requests run in rounds of --concurrency at once. The clock runs from the first Receive of a
+// round to the last Done; the checks of every byte, and the scrub of the destination blocks
+// that makes a transfer that wrote nothing fail its check, run between rounds, off the clock.
+
+// prefillEnd is one prefill rank's state: its pool, filled with a pattern in which every
+// 8-byte word differs, and the plan of the current scenario.
+type prefillEnd struct {
+	cfg  RunConfig
+	rank int
+	pool []byte
+	eng  engineSide
+	peer peerRef
+	plan *layout.Plan
+	rng  *rand.Rand
+}
+
+func newPrefillEnd(cfg RunConfig, rank int, eng engineSide, peer peerRef) (*prefillEnd, error) {
+	pool, _, err := eng.NewPool(cfg.Prefill.SpanBytes())
+	if err != nil {
+		return nil, fmt.Errorf("prefill rank %d: KV pool: %w", rank, err)
+	}
+	fillPattern(pool, cfg.Seed*1000+uint64(rank)+1)
+	if err := pushPool(eng, pool); err != nil { // device pools: the pattern goes to the GPU
+		return nil, fmt.Errorf("prefill rank %d: KV pool: %w", rank, err)
+	}
+	return &prefillEnd{cfg: cfg, rank: rank, pool: pool, eng: eng, peer: peer,
+		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(rank)))}, nil
+}
+
+// serve answers the decode end until bye, an error, or ctx's end. Every request's goroutine is
+// waited for, bounded by ctx, before it returns.
+func (p *prefillEnd) serve(ctx context.Context, c *control) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the request goroutines' waits on every exit
+	for {
+		if ctx.Err() != nil {
+			return fmt.Errorf("prefill rank %d stopped: %w", p.rank, ctx.Err())
+		}
+		m, err := c.recvMessage(time.Second)
+		switch {
+		case isIdle(err):
+			continue // nothing yet; check ctx and wait again
+		case err != nil:
+			return err
+		case m.Bye:
+			return nil
+		case m.Scenario != nil:
+			ready, err := p.plan1(m.Scenario.Tokens)
+			if err != nil {
+				c.sendError(err)
+				return err
+			}
+			if err := c.send(message{Ready: &ready}); err != nil {
+				return err
+			}
+		case m.PerftestServe != nil:
+			port, err := p.startPerftest(ctx, *m.PerftestServe, &wg)
+			if err != nil {
+				c.sendError(err)
+				return err
+			}
+			if err := c.send(message{PerftestPort: port}); err != nil {
+				return err
+			}
+		case m.Req != nil:
+			if p.plan == nil {
+				err := errors.New("request before any scenario")
+				c.sendError(err)
+				return err
+			}
+			wg.Add(1)
+			go func(id uint64) {
+				defer wg.Done()
+				_ = c.send(message{Sent: p.send(ctx, id)})
+			}(m.Req.ID)
+		}
+	}
+}
+
+// startPerftest starts a ucx_perftest server for the decode host's baseline, on a free port
+// of every interface, and reaps it (killing it at its timeout) on a goroutine of wg.
+func (p *prefillEnd) startPerftest(ctx context.Context, m perftestMsg, wg *sync.WaitGroup) (int, error) {
+	bin, err := FindPerftest()
+	if err != nil {
+		return 0, fmt.Errorf("prefill host: %w; run connect with --baseline=false", err)
+	}
+	if m.Timeout <= 0 || m.Size <= 0 {
+		return 0, fmt.Errorf("perftest request with timeout %v and size %d", m.Timeout, m.Size)
+	}
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		return 0, fmt.Errorf("prefill host: find a port for ucx_perftest: %w", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cfg := perftestConfig{binary: bin, test: m.Test, size: m.Size, tls: m.TLS, iters: m.Iters, warmup: m.Warmup, timeout: m.Timeout}
+	sctx, cancel := context.WithTimeout(ctx, m.Timeout)
+	server, err := startPerftestServer(sctx, cfg, port)
+	if err != nil {
+		cancel()
+		return 0, fmt.Errorf("prefill host: %w", err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer cancel()
+		server.stop(m.Timeout)
+	}()
+	return port, nil
+}
+
+// plan1 picks the blocks of the scenario's request in random order over the pool and
+// checksums its stream, which does not change for the scenario's life (sends only read it).
+func (p *prefillEnd) plan1(tokens int64) (readyMsg, error) {
+	n := (tokens + p.cfg.Prefill.TokensPerBlock - 1) / p.cfg.Prefill.TokensPerBlock
+	if n > p.cfg.Prefill.NumBlocks {
+		return readyMsg{}, fmt.Errorf("prefill rank %d: %d tokens need %d blocks, the pool has %d", p.rank, tokens, n, p.cfg.Prefill.NumBlocks)
+	}
+	plan, err := layout.NewPlan(p.cfg.Prefill, p.cfg.Prefill.All(), randomBlocks(p.rng, p.cfg.Prefill.NumBlocks, n))
+	if err != nil {
+		return readyMsg{}, fmt.Errorf("prefill rank %d: %w", p.rank, err)
+	}
+	p.plan = plan
+	var sum uint32
+	if p.cfg.Verify {
+		sum = streamChecksum(plan, p.pool)
+	}
+	return readyMsg{Checksum: sum, Bytes: plan.Bytes()}, nil
+}
+
+// send runs one request's Send to its end and reports it.
+func (p *prefillEnd) send(ctx context.Context, id uint64) *sentMsg {
+	m := &timedMover{pool: p.pool}
+	h, err := p.eng.Send(ctx, id, p.peer, p.plan, m)
+	if err != nil {
+		return &sentMsg{ID: id, Err: err.Error()}
+	}
+	defer h.Release()
+	select {
+	case <-h.Done():
+	case <-ctx.Done():
+		return &sentMsg{ID: id, Err: fmt.Sprintf("send %d: %v", id, ctx.Err())}
+	}
+	out := &sentMsg{ID: id, GatherNs: m.gatherNs.Load()}
+	if err := h.Err(); err != nil {
+		out.Err = err.Error()
+	}
+	return out
+}
+
+// decodeEnd is the decode end: it drives the scenarios and measures them.
+type decodeEnd struct {
+	cfg  RunConfig
+	pool []byte
+	// direct: the decode pool may go direct, so transfers take the one-copy path (a prefill
+	// pool that cannot fails them as incompatible: the path reported is the one taken).
+	direct bool
+	eng    engineSide
+	peers  []peerRef  // one per prefill rank
+	ctrls  []*control // one per prefill rank
+	// remoteHost is the prefill host of a two-host run (connect), where the baseline's
+	// server runs; empty for run, whose baseline runs both ends here.
+	remoteHost string
+	// paths are the paths the engine said the timed requests took (Handle.Path).
+	paths  map[string]bool
+	rng    *rand.Rand
+	nextID uint64
+}
+
+// scenario is one row of the table: a prompt length at a concurrency.
+type scenario struct {
+	tokens      int64
+	concurrency int
+}
+
+func (s scenario) name(cfg RunConfig) string {
+	n := fmt.Sprintf("transfer %s %s c=%d", cfg.ShapeName, humanTokens(s.tokens), s.concurrency)
+	if cfg.PrefillTP > 1 {
+		n += fmt.Sprintf(" tp%d>1", cfg.PrefillTP)
+	}
+	if cfg.Memory == "device" {
+		n += " device"
+	}
+	return n
+}
+
+// measure runs one scenario and returns its result, baseline not yet set.
+func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *progress) (Result, error) {
+	res := Result{Op: "transfer", Model: d.cfg.ShapeName, Tokens: s.tokens, Concurrency: s.concurrency,
+		Name: s.name(d.cfg), TLS: d.cfg.TLS, PrefillTP: d.cfg.PrefillTP}
+	// Each prefill rank plans the request and tells its checksum.
+	sums := make([]uint32, len(d.ctrls))
+	for _, c := range d.ctrls {
+		if err := c.send(message{Scenario: &scenarioMsg{Tokens: s.tokens}}); err != nil {
+			return res, err
+		}
+	}
+	for r, c := range d.ctrls {
+		m, err := c.recvMessage(0)
+		if err != nil {
+			return res, fmt.Errorf("prefill rank %d: %w", r, err)
+		}
+		if m.Ready == nil {
+			return res, fmt.Errorf("%w: prefill rank %d answered a scenario with something else than ready", errPeerNotKvxbench, r)
+		}
+		sums[r] = m.Ready.Checksum
+		res.Bytes += m.Ready.Bytes
+	}
+	// Concurrency disjoint sets of destination blocks, each in random order.
+	nBlocks := blocksFor(Shape{Dims: d.cfg.Decode.Dims()}, s.tokens)
+	if need := nBlocks * int64(s.concurrency); need > d.cfg.Decode.NumBlocks {
+		return res, fmt.Errorf("decode pool has %d blocks, the scenario needs %d", d.cfg.Decode.NumBlocks, need)
+	}
+	perm := d.rng.Perm(int(d.cfg.Decode.NumBlocks))
+	plans := make([][]recvSub, s.concurrency)
+	for i := range plans {
+		ids := make([]int32, nBlocks)
+		for k := range ids {
+			ids[k] = int32(perm[int64(i)*nBlocks+int64(k)])
+		}
+		for r := range d.ctrls {
+			sel, err := receiverSelection(d.cfg.Decode, hello{Rank: r, TP: d.cfg.PrefillTP}, hello{TP: 1})
+			if err != nil {
+				return res, err
+			}
+			p, err := layout.NewPlan(d.cfg.Decode, sel, ids)
+			if err != nil {
+				return res, fmt.Errorf("decode plan: %w", err)
+			}
+			plans[i] = append(plans[i], recvSub{peer: d.peers[r], plan: p})
+		}
+	}
+	res.MessageBytes = min(d.cfg.SlotBytes, res.Bytes/int64(len(d.ctrls)))
+	res.Path = "staging"
+	if d.cfg.Memory == "device" {
+		res.Path = "device staging"
+	}
+	if d.direct {
+		chunk := d.cfg.DirectChunkBytes
+		if chunk == 0 {
+			chunk = transfer.DefaultDirectChunkBytes
+		}
+		res.MessageBytes = min(chunk, res.Bytes/int64(len(d.ctrls)))
+		res.Path = "direct"
+	}
+
+	// One untimed warm-up round first, as ucx_perftest warms up before its baseline: the
+	// first touch of each pool page and UCX's first use of each region (registration caches,
+	// protocol selection) are set-up costs, not transfer bandwidth. It is verified all the same.
+	if err := d.warmUp(ctx, plans, sums, res.Name); err != nil {
+		return res, err
+	}
+	d.paths = nil // the warm-up's do not count
+	var lat latencies
+	var wall time.Duration
+	var gatherNs, scatterNs int64
+	verified := d.cfg.Verify
+	// --duration bounds the scenario's time on the clock, checks included: scrubbing and
+	// checksumming every round's bytes costs about as much as moving them over the RMA path, and
+	// counting only the transfers made a default run take over a minute.
+	began := time.Now()
+	for round := 0; len(lat) < o.MaxIters && (len(lat) < minIters || time.Since(began) < o.Duration); round++ {
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("%s: stopped after %d requests: %w", res.Name, len(lat), err)
+		}
+		if d.cfg.Verify {
+			_ = eachParallel(len(plans), func(i int) error {
+				for _, sub := range plans[i] {
+					scrub(sub.plan, d.pool)
+				}
+				return nil
+			})
+			if err := scrubPlans(d.eng, plans, d.pool); err != nil { // device pools: the scrub goes to the GPU
+				return res, fmt.Errorf("%s: %w", res.Name, err)
+			}
+		}
+		rl, rw, g, sc, err := d.round(ctx, plans)
+		if err != nil {
+			return res, fmt.Errorf("%s: %w", res.Name, err)
+		}
+		lat, wall, gatherNs, scatterNs = append(lat, rl...), wall+rw, gatherNs+g, scatterNs+sc
+		if d.cfg.Verify {
+			if err := pullPlans(d.eng, plans, d.pool); err != nil { // device pools: check what landed on the GPU
+				return res, fmt.Errorf("%s: %w", res.Name, err)
+			}
+			err := eachParallel(len(plans), func(i int) error {
+				for r, sub := range plans[i] {
+					if got := streamChecksum(sub.plan, d.pool); got != sums[r] {
+						return fmt.Errorf("%s: verification failed: request %d of round %d from prefill rank %d landed with checksum %08x, the sender's stream has %08x",
+							res.Name, i, round, r, got, sums[r])
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return res, err
+			}
+		}
+		bar.tick()
+	}
+	n := int64(len(lat))
+	res.Requests = len(lat)
+	res.GBps = gbps(res.Bytes*n, wall)
+	res.P50us, res.P99us = us(lat.percentile(50)), us(lat.percentile(99))
+	res.GatherUs = float64(gatherNs) / float64(n) / 1e3
+	res.ScatterUs = float64(scatterNs) / float64(n) / 1e3
+	res.WireUs = max(us(lat.mean())-res.GatherUs/float64(len(d.ctrls))-res.ScatterUs, 0)
+	res.Verified = verified
+	if len(d.paths) > 0 { // what the engine says overrides what the pools allowed
+		res.Path = strings.Join(slices.Sorted(maps.Keys(d.paths)), "+")
+		if d.cfg.Memory == "device" {
+			res.Path = "device " + res.Path
+		}
+	}
+	return res, nil
+}
+
+// round runs one request per plan set at once and returns their latencies, the round's wall
+// time, and the time spent gathering (prefill) and scattering (decode).
+func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, time.Duration, int64, int64, error) {
+	type posted struct {
+		id    uint64
+		h     pendingXfer
+		m     *timedMover
+		start time.Time
+	}
+	var ps []posted
+	defer func() {
+		for _, p := range ps {
+			p.h.Release()
+		}
+	}()
+	start := time.Now()
+	for _, subs := range plans {
+		d.nextID++
+		id := d.nextID
+		m := &timedMover{pool: d.pool}
+		t := time.Now()
+		h, err := d.eng.Receive(ctx, id, subs, m)
+		if err != nil {
+			return nil, 0, 0, 0, fmt.Errorf("receive %d: %w", id, err)
+		}
+		ps = append(ps, posted{id: id, h: h, m: m, start: t})
+		for r, c := range d.ctrls {
+			if err := c.send(message{Req: &reqMsg{ID: id}}); err != nil {
+				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", r, err)
+			}
+		}
+	}
+	// One waiter per request notes the moment its Done closes, so a request that ends
+	// before an earlier one is not charged for the wait.
+	ends := make([]time.Time, len(ps))
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case <-p.h.Done():
+				ends[i] = time.Now()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	wg.Wait()
+	lat := make(latencies, len(ps))
+	var last time.Time
+	for i, p := range ps {
+		if ends[i].IsZero() {
+			return nil, 0, 0, 0, fmt.Errorf("request %d: %w", p.id, ctx.Err())
+		}
+		if err := p.h.Err(); err != nil {
+			return nil, 0, 0, 0, fmt.Errorf("request %d: %w", p.id, err)
+		}
+		lat[i] = ends[i].Sub(p.start)
+		if path := p.h.Path(); path != "" {
+			if d.paths == nil {
+				d.paths = map[string]bool{}
+			}
+			d.paths[path] = true
+		}
+		if ends[i].After(last) {
+			last = ends[i]
+		}
+	}
+	// The pool's blocks are read (checks) and zeroed (scrub) next: only once the engine and
+	// the transport are done with them.
+	for _, p := range ps {
+		select {
+		case <-p.h.Quiesced():
+		case <-ctx.Done():
+			return nil, 0, 0, 0, fmt.Errorf("request %d not quiesced: %w", p.id, ctx.Err())
+		}
+	}
+	wall := last.Sub(start)
+	var scatterNs int64
+	for _, p := range ps {
+		scatterNs += p.m.scatterNs.Load()
+	}
+	// The prefill ends report each Send; collect them, bounded by the control timeout.
+	var gatherNs int64
+	for r, c := range d.ctrls {
+		for range ps {
+			m, err := c.recvMessage(0)
+			if err != nil {
+				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", r, err)
+			}
+			if m.Sent == nil {
+				return nil, 0, 0, 0, fmt.Errorf("%w: prefill rank %d sent something else than a send report", errPeerNotKvxbench, r)
+			}
+			if m.Sent.Err != "" {
+				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: send %d: %s", r, m.Sent.ID, m.Sent.Err)
+			}
+			gatherNs += m.Sent.GatherNs
+		}
+	}
+	return lat, wall, gatherNs, scatterNs, nil
+}
+
+// warmUp runs one round of the scenario off the clock and checks its bytes.
+func (d *decodeEnd) warmUp(ctx context.Context, plans [][]recvSub, sums []uint32, name string) error {
+	if _, _, _, _, err := d.round(ctx, plans); err != nil {
+		return fmt.Errorf("%s: warm-up: %w", name, err)
+	}
+	if !d.cfg.Verify {
+		return nil
+	}
+	if err := pullPlans(d.eng, plans, d.pool); err != nil {
+		return fmt.Errorf("%s: warm-up: %w", name, err)
+	}
+	for i := range plans {
+		for r, sub := range plans[i] {
+			if got := streamChecksum(sub.plan, d.pool); got != sums[r] {
+				return fmt.Errorf("%s: warm-up: verification failed: request %d from prefill rank %d landed with checksum %08x, the sender's stream has %08x",
+					name, i, r, got, sums[r])
+			}
+		}
+	}
+	return nil
+}
+
+// scrub zeroes the plan's destination bytes in pool, so a transfer that writes nothing (or
+// writes short) fails its check instead of passing on the previous round's bytes.
+func scrub(p *layout.Plan, pool []byte) {
+	run := p.RunUnits()
+	runBytes := run * p.Layout().RowBytes()
+	for u := int64(0); u < p.Units(); u += run {
+		off := p.UnitOffset(u)
+		clear(pool[off : off+runBytes])
+	}
+}
+
+// eachParallel runs fn(0..n-1) on up to GOMAXPROCS goroutines and returns the first error.
+// The checks and scrubs of a round's requests touch disjoint blocks, so they can share the
+// cores; run between rounds, they keep the measurement's wait for them short.
+func eachParallel(n int, fn func(i int) error) error {
+	workers := min(runtime.GOMAXPROCS(0), n)
+	errs := make([]error, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				errs[i] = fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
