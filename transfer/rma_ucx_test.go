@@ -114,7 +114,7 @@ func TestUCXRMA_EveryByteAndCancel(t *testing.T) {
 // TCP: every byte checked by the receiving side, and the local handle says it took gets.
 func TestUCXRMA_TwoProcessesEveryByteChecked(t *testing.T) {
 	const blocks = 16 // 32 MiB
-	bin := peerproc.Build(t)
+	bin := peerproc.BuildEnginePeer(t)
 	for _, tr := range ucxTransports {
 		for _, mode := range []string{"engine-send", "engine-recv"} {
 			t.Run(tr.name+"/"+mode, func(t *testing.T) {
@@ -155,7 +155,7 @@ func TestUCXRMA_TwoProcessesEveryByteChecked(t *testing.T) {
 // quiesces, or keeps its blocks poisoned for good: never a wedge, never a false quiescence.
 func TestUCXRMA_SenderFrozenWhileReceiverPulls(t *testing.T) {
 	const blocks = 128 // 256 MiB
-	bin := peerproc.Build(t)
+	bin := peerproc.BuildEnginePeer(t)
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxPeerTestConfig()

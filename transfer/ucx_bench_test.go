@@ -20,8 +20,8 @@ import (
 )
 
 // BenchmarkUCXTransport_Request4096Tokens_TwoProcesses moves the Llama-3-8B 4096-token
-// request (512 MiB) from this process's engine to an engine in a ucxpeer process through the
-// staging path (gather into a slot, tagged send, scatter), and reports the best request's
+// request (512 MiB) from this process's engine to an engine in an enginepeer process through
+// the staging path (gather into a slot, tagged send, scatter), and reports the best request's
 // bandwidth and ratio_to_perftest against the best ucx_perftest tag_bw run at the slot size
 // over the same transport, one run after each of our requests.
 //
@@ -41,7 +41,7 @@ func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses_RMA(b *testing.B) {
 
 func benchUCXRequest4096(b *testing.B, want Path) {
 	const blocks = 256 // 4096 tokens of 16
-	bin := peerproc.Build(b)
+	bin := peerproc.BuildEnginePeer(b)
 	for _, tr := range ucxTransports {
 		b.Run(tr.name, func(b *testing.B) {
 			b.StopTimer()

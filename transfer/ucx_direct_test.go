@@ -135,7 +135,7 @@ func TestUCXDirect_AllocatePoolAfterCloseFails(t *testing.T) {
 // segment, still mapped here): then it completes, and every byte must be right.
 func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 	const blocks = 256 // 512 MiB: far more than moves before the signal on the message mode
-	bin := peerproc.Build(t)
+	bin := peerproc.BuildEnginePeer(t)
 	for _, tr := range ucxTransports {
 		for _, rma := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/rma=%v/%v", tr.name, rma, syscall.SIGKILL), func(t *testing.T) {

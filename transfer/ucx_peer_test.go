@@ -20,7 +20,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 )
 
-// ucxEnginePool mirrors ucxpeer's EnginePool: the same dims, block-major, seeded fill.
+// ucxEnginePool mirrors enginepeer's EnginePool (transfer/internal/enginepeer): the same dims, block-major, seeded fill.
 func ucxEnginePool(t testing.TB, blocks int64, seed uint64, fill bool) ([]byte, *layout.Plan) {
 	t.Helper()
 	l := layout.Packed(layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2,
@@ -62,7 +62,7 @@ func ucxPeerTestConfig() Config {
 // checked by the receiving side.
 func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 	const blocks = 16 // 32 MiB
-	bin := peerproc.Build(t)
+	bin := peerproc.BuildEnginePeer(t)
 	for _, tr := range ucxTransports {
 		for _, dir := range []string{"peer-sends", "peer-receives"} {
 			t.Run(tr.name+"/"+dir, func(t *testing.T) {
@@ -102,7 +102,7 @@ func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 // lands nowhere, and a new peer's request moves every byte with health back to healthy.
 func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 	const blocks = 256 // 512 MiB: far more than moves before the signal
-	bin := peerproc.Build(t)
+	bin := peerproc.BuildEnginePeer(t)
 	for _, tr := range ucxTransports {
 		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
 			t.Run(fmt.Sprintf("%s/%v", tr.name, sig), func(t *testing.T) {

@@ -262,7 +262,7 @@ func TestUCXRegion_CloseUnregistersTheRest(t *testing.T) {
 // byte checked by the receiving side. The peer registers its pool too with -caller.
 func TestUCXRegion_TwoProcessesEveryByteChecked(t *testing.T) {
 	const blocks = 16 // 32 MiB
-	bin := peerproc.Build(t)
+	bin := peerproc.BuildEnginePeer(t)
 	for _, tr := range ucxTransports {
 		for _, mode := range []string{"engine-send", "engine-recv"} {
 			t.Run(tr.name+"/"+mode, func(t *testing.T) {

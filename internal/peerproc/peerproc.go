@@ -32,6 +32,16 @@ func Build(t testing.TB) string {
 	return bin
 }
 
+// BuildEnginePeer builds transfer/internal/enginepeer, the engine-over-UCX peer of transfer's
+// two-process tests (it speaks the same protocol), as Build builds ucxpeer.
+func BuildEnginePeer(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "enginepeer")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/kvxfer/kvxfer/transfer/internal/enginepeer").CombinedOutput()
+	require.NoError(t, err, "go build enginepeer:\n%s", out)
+	return bin
+}
+
 // Proc is a running peer. The test's cleanup continues and kills it and waits (bounded) for it
 // to be reaped: a killed peer must not linger as a zombie that UCX still sees as alive.
 type Proc struct {

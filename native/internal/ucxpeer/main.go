@@ -15,8 +15,7 @@
 //	-mode source  send them (pattern-filled when -check), then wait for the test's ack and
 //	              print "DONE <ack>".
 //
-// With the engine modes (engine-send, engine-recv; see engine.go) it runs a transfer.Engine
-// over a UCXTransport instead, with -total as the block count.
+// It uses package native only: the engine's own two-process peer is transfer/internal/enginepeer.
 //
 // It prints "GOT <i>" as chunks complete (every -report chunks), "ERR <reason>" and exits 1 on
 // any failure, and exits 0 after DONE once its standard input closes. Every wait is bounded by
@@ -42,20 +41,12 @@ const (
 	AckTag  = TagBase | 0xffffffff
 )
 
-// extraModes are modes defined in other files (the engine modes), by name.
-var extraModes = map[string]func(options, *bufio.Scanner) error{}
-
 type options struct {
-	requestID             uint64
-	repeat                int
 	mode, tls, netDevices string
 	total, chunk          int64
 	window, report        int
 	seed                  uint64
 	check                 bool
-	direct                bool
-	caller                bool
-	rmaWhereEmulated      bool
 	timeout, keepalive    time.Duration
 }
 
@@ -72,21 +63,8 @@ func main() {
 	flag.BoolVar(&o.check, "check", true, "fill and verify the test pattern")
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Second, "bound on the whole run")
 	flag.DurationVar(&o.keepalive, "keepalive", 200*time.Millisecond, "UCX keepalive interval")
-	flag.Uint64Var(&o.requestID, "id", 1, "request id (engine modes)")
-	flag.BoolVar(&o.direct, "direct", false, "engine modes: the KV pool is mapped by the transport (AllocatePool), so the one-copy path may run")
-	flag.BoolVar(&o.caller, "caller", false, "engine modes: the KV pool is mapped by this process (mmap) and registered with the transport (RegisterHost), as a serving process's own KV cache")
-	flag.BoolVar(&o.rmaWhereEmulated, "rma-where-emulated", false, "engine modes: a receiver keeps the RMA mode where UCX emulates gets (TCP), as the tests of that mode want")
-	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another (engine modes)")
 	flag.Parse()
-	var err error
-	if mode, ok := extraModes[o.mode]; ok {
-		stdin := bufio.NewScanner(os.Stdin)
-		stdin.Buffer(make([]byte, 1<<16), 1<<20)
-		err = mode(o, stdin)
-	} else {
-		err = run(o)
-	}
-	if err != nil {
+	if err := run(o); err != nil {
 		fmt.Printf("ERR %v\n", err)
 		os.Exit(1)
 	}

@@ -1,15 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
 
-//go:build cgo
-
+// Command enginepeer is the other process in the transfer tests and benchmarks that run two
+// engines over UCX: a transfer.Engine over a UCXTransport in its own process, started by a test
+// (internal/peerproc.BuildEnginePeer), never by people. It lives under transfer/ because it
+// imports transfer; native/internal/ucxpeer, the peer of native's own tests, stays below it.
+//
+// Protocol, one line at a time: enginepeer prints "ADDR <hex>" (its worker address); the test
+// writes "PEER <hex>" (the test's); then enginepeer moves request -id (and -repeat - 1 more,
+// one after another) with that peer: -mode engine-send sends it, -mode engine-recv receives it
+// and checks every byte when -check. -total is the request's block count (EngineDims), -chunk
+// the staging slot size. It prints "GOT <bytes>" as the transfer moves (when -report > 0),
+// "DONE <state> <OK|BAD|error>" at the end of each request, "ERR <reason>" and exits 1 on any
+// failure, and exits 0 once its standard input closes. Every wait is bounded by -timeout.
 package main
 
 import (
 	"bufio"
 	"context"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -18,9 +30,44 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 )
 
-func init() {
-	extraModes["engine-send"] = runEngine
-	extraModes["engine-recv"] = runEngine
+type options struct {
+	requestID          uint64
+	repeat             int
+	mode, tls, netDevs string
+	total, chunk       int64
+	report             int
+	seed               uint64
+	check              bool
+	direct             bool
+	caller             bool
+	rmaWhereEmulated   bool
+	timeout, keepalive time.Duration
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.mode, "mode", "engine-recv", "engine-send or engine-recv")
+	flag.StringVar(&o.tls, "tls", "posix,cma,self", "UCX_TLS")
+	flag.StringVar(&o.netDevs, "net-devices", "", "UCX_NET_DEVICES (tcp: lo)")
+	flag.Int64Var(&o.total, "total", 16, "blocks of the request")
+	flag.Int64Var(&o.chunk, "chunk", 4<<20, "bytes per staging slot")
+	flag.IntVar(&o.report, "report", 1, "print GOT as the bytes moved change (0: never)")
+	flag.Uint64Var(&o.seed, "seed", 1, "test pattern seed")
+	flag.BoolVar(&o.check, "check", true, "a receiver verifies the test pattern")
+	flag.DurationVar(&o.timeout, "timeout", 60*time.Second, "bound on the whole run")
+	flag.DurationVar(&o.keepalive, "keepalive", 200*time.Millisecond, "UCX keepalive interval")
+	flag.Uint64Var(&o.requestID, "id", 1, "request id")
+	flag.BoolVar(&o.direct, "direct", false, "the KV pool is mapped by the transport (AllocatePool), so the one-copy path may run")
+	flag.BoolVar(&o.caller, "caller", false, "the KV pool is mapped by this process (mmap) and registered with the transport (RegisterHost), as a serving process's own KV cache")
+	flag.BoolVar(&o.rmaWhereEmulated, "rma-where-emulated", false, "a receiver keeps the RMA mode where UCX emulates gets (TCP), as the tests of that mode want")
+	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another")
+	flag.Parse()
+	stdin := bufio.NewScanner(os.Stdin)
+	stdin.Buffer(make([]byte, 1<<16), 1<<20)
+	if err := runEngine(o, stdin); err != nil {
+		fmt.Printf("ERR %v\n", err)
+		os.Exit(1)
+	}
 }
 
 // EngineDims is the model the engine modes move: 32 layers, 8 KV heads of 128 BF16, 16-token
@@ -51,7 +98,10 @@ func EnginePool(blocks int64, seed uint64, fill bool) ([]byte, *layout.Plan, err
 // -id with the peer named on stdin, printing "GOT <bytes>" as it moves and
 // "DONE <state> <OK|BAD|error>" at the end.
 func runEngine(o options, stdin *bufio.Scanner) error {
-	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: o.tls, NetDevices: o.netDevices,
+	if o.mode != "engine-send" && o.mode != "engine-recv" {
+		return fmt.Errorf("-mode %q: want engine-send or engine-recv", o.mode)
+	}
+	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: o.tls, NetDevices: o.netDevs,
 		KeepaliveInterval: o.keepalive, StagingBytes: 8 * o.chunk})
 	if err != nil {
 		return err
