@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Go: tidiness, vet, the tests under -race, the fuzz targets, and the disagg example.
 # go-test first builds libkvxcuda.so (mk/cuda.mk), whose loading the cuda tests check.
-.PHONY: go-tidy go-vet go-test go-fuzz serving-test disagg disagg-ucx
+.PHONY: go-tidy go-vet go-imports go-test go-fuzz serving-test disagg disagg-ucx
 
 # Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName: the layout plans,
 # the wire decoder, ContextParams, and a peer's worker address (refused by native.CheckAddress
@@ -17,6 +17,12 @@ go-tidy: ## go.mod and go.sum are what `go mod tidy` makes (prints the diff when
 
 go-vet: ## go vet of every package.
 	$(GO) vet ./...
+
+# The import rules, a table in internal/importcheck: imports point down the floors (layout,
+# cuda and native, buffer, transfer, then internal, cmd, examples), only native/ imports "C",
+# only cuda/ imports purego. One line per offending import.
+go-imports: ## Imports point down (native never imports transfer); "C" only in native/, purego only in cuda/.
+	$(GO) test -count=1 -run '^TestRepository_ImportsPointDown$$' ./internal/importcheck/
 
 go-test: ## Every Go test with -race (two-process and UCX tests included).
 	$(GO) test -race -count=1 -timeout 20m ./...
