@@ -26,6 +26,8 @@ ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c || true
 rc=0
 "$GO" test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice|UCXRegion_Device' ./native/ ./transfer/ || rc=1
 "$GO" build -o "$build/kvxbench" ./cmd/kvxbench
+echo "gpu-test-ucx: the GPUs as NVML reports them (kvxbench devices; the runs below take --device auto):"
+"$build/kvxbench" devices || rc=1
 echo "gpu-test-ucx: which UCX protocols carry device memory (UCX_PROTO_INFO=y, one short run, $build/device-proto.log):"
 UCX_PROTO_INFO=y "$build/kvxbench" run --memory device --prompts 1k --concurrency 1 --duration 100ms --baseline=false \
 	>"$build/device-proto.log" 2>&1 || echo "gpu-test-ucx: the short run failed; see $build/device-proto.log"

@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/bench"
@@ -16,6 +18,7 @@ type gatherFlags struct {
 	prompts  string
 	slotSize string
 	memory   string
+	device   string
 	seed     uint64
 }
 
@@ -27,6 +30,7 @@ func cmdGather(ctx context.Context, args []string, out *outputs) error {
 	fs.StringVar(&f.prompts, "prompts", "1k,4k,16k", "prompt lengths in tokens, comma-separated")
 	fs.StringVar(&f.slotSize, "slot-size", "4MiB", "bytes gathered or scattered per call: one staging slot, as the engine moves them")
 	fs.StringVar(&f.memory, "memory", "host", "where the pool lives: host or device")
+	fs.StringVar(&f.device, "device", "auto", deviceUsage)
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -38,6 +42,16 @@ func cmdGather(ctx context.Context, args []string, out *outputs) error {
 	if err != nil {
 		return err
 	}
+	var note string
+	if cfg.DeviceMemory {
+		if cfg.Ordinal, cfg.GPU, note, err = chooseDevice(f.device); err != nil {
+			return err
+		}
+	}
+	if err := bench.CheckDeviceGather(cfg); err != nil { // --memory device: a GPU, or one line
+		return err
+	}
+	printNote(out, note)
 	return bench.Gather(ctx, cfg, out)
 }
 
@@ -72,5 +86,29 @@ func (f *gatherFlags) resolve() (bench.GatherConfig, error) {
 	if err != nil {
 		return bench.GatherConfig{}, err
 	}
-	return bench.GatherConfig{Shape: s, Pool: pool, Prompts: prompts, Slot: slot, Out: f.out.Output, Seed: f.seed, Device: device}, nil
+	return bench.GatherConfig{Shape: s, Pool: pool, Prompts: prompts, Slot: slot, Out: f.out.Output, Seed: f.seed, DeviceMemory: device}, nil
+}
+
+// deviceUsage is --device's help, on every subcommand that takes --memory device.
+const deviceUsage = "with --memory device: the GPU, auto (the one with the most free memory, as NVML reports it; device 0 without NVML) or a CUDA ordinal; the JSON results describe it in env.gpu"
+
+// chooseDevice reads --device and resolves it with package bench (through NVML where the host
+// has it); the note, if any, is for stderr once the device has opened.
+func chooseDevice(flagValue string) (int, *bench.GPU, string, error) {
+	device := bench.DeviceAuto
+	if flagValue != "auto" {
+		n, err := strconv.Atoi(flagValue)
+		if err != nil || n < 0 {
+			return 0, nil, "", usagef("--device %q: give auto or a device ordinal, 0 or more", flagValue)
+		}
+		device = n
+	}
+	return bench.ChooseDevice(device)
+}
+
+// printNote prints a note, if any, on stderr.
+func printNote(out *outputs, note string) {
+	if note != "" {
+		fmt.Fprintln(out.Stderr, note)
+	}
 }

@@ -30,13 +30,14 @@ func cmdRun(ctx context.Context, args []string, out *outputs) error {
 	if err := sf.check(); err != nil {
 		return err
 	}
-	cfg, err := f.resolve(envTLS)
+	cfg, note, err := f.resolveDevice()
 	if err != nil {
 		return err
 	}
 	if err := bench.CheckDeviceRun(cfg, sf.on); err != nil { // --memory device: a GPU and a CUDA UCX, or one line
 		return err
 	}
+	printNote(out, note)
 	if sf.on {
 		return bench.Stream(ctx, cfg, sf.StreamOptions, f.out.Output, out)
 	}

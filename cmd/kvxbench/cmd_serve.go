@@ -44,10 +44,11 @@ func cmdServe(ctx context.Context, args []string, out *outputs) error {
 	if f.prefillTP != 1 {
 		return usagef("--prefill-tp: a two-host run has one prefill rank; heterogeneous TP is measured by run")
 	}
-	cfg, err := f.resolve(envTLS)
+	cfg, note, err := f.resolveDevice()
 	if err != nil {
 		return err
 	}
+	printNote(out, note)
 	o.Discovery = disc.Discovery
 	return bench.Serve(ctx, cfg, o, out)
 }
@@ -83,10 +84,11 @@ func cmdConnect(ctx context.Context, args []string, out *outputs) error {
 	if f.prefillTP != 1 {
 		return usagef("--prefill-tp: a two-host run has one prefill rank; heterogeneous TP is measured by run")
 	}
-	cfg, err := f.resolve(envTLS)
+	cfg, note, err := f.resolveDevice()
 	if err != nil {
 		return err
 	}
+	printNote(out, note)
 	perftest, err := baselineBinary(fs, f.out.Baseline, out)
 	if err != nil {
 		return err
@@ -129,10 +131,11 @@ func cmdSweep(ctx context.Context, args []string, out *outputs) error {
 	if err != nil {
 		return err
 	}
-	base, err := f.resolve(envTLS)
+	base, note, err := f.resolveDevice()
 	if err != nil {
 		return err
 	}
+	printNote(out, note)
 	runs, err := bench.SweepRuns(base, bts, bs)
 	if err != nil {
 		return err

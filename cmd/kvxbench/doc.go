@@ -17,6 +17,7 @@
 //	sweep     block size by batch size, for tuning
 //	serve     the prefill end on one host; prints the address to give to connect
 //	connect   the decode end: connect ADDR
+//	devices   the GPUs NVML reports (cuda/gpuinfo), which --device picks from
 //	stress    the fault soak of internal/stress
 //	help      usage of every subcommand
 //

@@ -6,8 +6,8 @@ import (
 	"flag"
 	"strings"
 
-	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/internal/bench"
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // layoutFlags are the flags that pick a pool shape: a preset, then any field overridden.

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/internal/bench"
+	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 )
 
@@ -24,6 +24,7 @@ type transferFlags struct {
 	pipelineDepth  int
 	tls            string
 	memory         string
+	device         string
 	prefillTP      int
 	connectTimeout time.Duration
 	maxMemory      string
@@ -47,6 +48,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.IntVar(&f.pipelineDepth, "pipeline-depth", 2, "staging slots one transfer may hold, so the gather of chunk i+1 overlaps the wire of chunk i")
 	fs.StringVar(&f.tls, "tls", "", "UCX_TLS for the engine and the baseline, such as shm,self or tcp (default: $UCX_TLS, else UCX's choice)")
 	fs.StringVar(&f.memory, "memory", "host", "where the KV pools live: host or device")
+	fs.StringVar(&f.device, "device", "auto", deviceUsage)
 	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill tensor parallelism: 2 runs two prefill processes, each holding half the heads, feeding one decode process (TP=1)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "how long to wait for the peer to connect or answer")
 	fs.StringVar(&f.maxMemory, "max-memory", "auto", "most memory the KV pools of both ends may take together; scenarios that need more are skipped with a note (auto: 45% of RAM)")
@@ -145,6 +147,16 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, Memory: f.memory,
 		Pool: f.pool,
 	}, nil
+}
+
+// resolveDevice is resolve with $UCX_TLS and, for --memory device, the GPU chosen (--device);
+// the note, if any, is for stderr once the device has opened.
+func (f *transferFlags) resolveDevice() (cfg bench.RunConfig, note string, err error) {
+	if cfg, err = f.resolve(envTLS); err != nil || cfg.Memory != "device" {
+		return cfg, "", err
+	}
+	cfg.Device, cfg.GPU, note, err = chooseDevice(f.device)
+	return cfg, note, err
 }
 
 // memoryCap reads --max-memory: a size, or auto for 45% of the machine's memory.

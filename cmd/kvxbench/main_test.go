@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
-	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/native"
 )
 
@@ -75,6 +75,7 @@ func TestBadInputIsAClearMessageAndNonZeroExit(t *testing.T) {
 		{"connect to a bad address", []string{"connect", "nowhere"}, exitUsage, `connect "nowhere"`},
 		{"TP on two hosts", []string{"connect", "--prefill-tp", "2", "h:1"}, exitUsage, "a two-host run has one prefill rank"},
 		{"stray argument", []string{"gather", "extra"}, exitUsage, `gather takes no arguments`},
+		{"a device that is not auto or an ordinal", []string{"run", "--memory", "device", "--device", "gpu0"}, exitUsage, `--device "gpu0": give auto or a device ordinal`},
 		{"sweep with its own prompts", []string{"sweep", "--prompts", "4k"}, exitUsage, "drop --prompts"},
 	}
 	for _, tc := range cases {

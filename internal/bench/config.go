@@ -55,6 +55,11 @@ type RunConfig struct {
 	// Memory is where the KV pools and staging slots live: "host" or "device" (--memory;
 	// device_engine.go).
 	Memory string `json:"memory"`
+	// Device is the CUDA ordinal of a device run (--device; ChooseDevice), on both ends.
+	Device int `json:"device"`
+	// GPU describes that device as NVML reports it, for the results; nil where NVML could
+	// not be asked.
+	GPU *GPU `json:"gpu,omitempty"`
 	// HTTP is where this process serves its probes and /metrics; never handed to peers, which
 	// would all try to listen on it.
 	HTTP string `json:"-"`

@@ -13,19 +13,40 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 )
 
-// openDevice opens the GPU for --memory device; openCUDA is replaced by tests.
-var openCUDA = func() (*cuda.Runtime, error) { return cuda.Open(cuda.Config{}) }
+// openCUDA opens CUDA device ordinal for --memory device; tests replace it.
+var openCUDA = func(ordinal int) (*cuda.Runtime, error) { return cuda.Open(cuda.Config{Device: ordinal}) }
+
+// CheckDeviceGather opens and closes the GPU of a --memory device gather, so that a host
+// without one fails at once, in one line, before anything else is printed.
+func CheckDeviceGather(cfg GatherConfig) error {
+	if !cfg.DeviceMemory {
+		return nil
+	}
+	rt, err := openGatherDevice(cfg.Ordinal)
+	if err != nil {
+		return err
+	}
+	return rt.Close()
+}
+
+func openGatherDevice(ordinal int) (*cuda.Runtime, error) {
+	rt, err := openCUDA(ordinal)
+	switch {
+	case errors.Is(err, cuda.ErrLibraryNotFound) || errors.Is(err, cuda.ErrNoDevice):
+		return nil, fmt.Errorf("--memory device: device memory needs libkvxcuda.so and a GPU (%v); use --memory host", err)
+	case err != nil:
+		return nil, fmt.Errorf("--memory device: %w", err)
+	}
+	return rt, nil
+}
 
 // runDeviceGather is `kvxbench gather --memory device`: the CUDA gather and scatter kernels,
 // chunk by chunk through one device staging slot, against a device-to-device copy of the same
 // chunks, timed with CUDA events on one stream.
 func runDeviceGather(ctx context.Context, cfg GatherConfig, out *Outputs) error {
-	rt, err := openCUDA()
+	rt, err := openGatherDevice(cfg.Ordinal)
 	if err != nil {
-		if errors.Is(err, cuda.ErrLibraryNotFound) || errors.Is(err, cuda.ErrNoDevice) {
-			return fmt.Errorf("--memory device: device memory needs libkvxcuda.so and a GPU (%v); use --memory host", err)
-		}
-		return fmt.Errorf("--memory device: %w", err)
+		return err
 	}
 	defer rt.Close()
 	budget := time.Duration(len(cfg.Prompts))*2*(3*cfg.Out.Duration+10*time.Second) + time.Minute
@@ -87,6 +108,8 @@ func runDeviceGather(ctx context.Context, cfg GatherConfig, out *Outputs) error 
 				return fmt.Errorf("%s: %w", name, err)
 			}
 			res.Name, res.Model, res.Tokens = name, cfg.Shape.Name, tokens
+			res.Env = runEnv(time.Now())
+			res.Env.GPU = cfg.GPU
 			if err := pr.Add(res); err != nil {
 				return err
 			}

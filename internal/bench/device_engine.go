@@ -35,7 +35,7 @@ func probeDeviceRun(cfg RunConfig, stream bool) error {
 	if stream {
 		return deviceStreamErr()
 	}
-	rt, err := openCUDA()
+	rt, err := openCUDA(cfg.Device)
 	if err != nil {
 		return oneLine(deviceRunErr("no usable GPU (kvxbench needs libkvxcuda.so, libcudart and a device)", err))
 	}
@@ -85,7 +85,7 @@ var (
 // newDeviceEngineSide makes a transfer.Engine over a UCXDeviceTransport whose host header
 // region backs the engine's slots (their payloads live on the GPU).
 func newDeviceEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) {
-	rt, err := openCUDA()
+	rt, err := openCUDA(cfg.Device)
 	if err != nil {
 		return nil, fmt.Errorf("%s rank %d: %w", role, rank, deviceRunErr("no usable GPU", err))
 	}

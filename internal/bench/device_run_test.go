@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -36,7 +37,7 @@ func TestDeviceRun_PerftestMovesDeviceMemory(t *testing.T) {
 func TestDeviceRun_NoGPUIsOneLine(t *testing.T) {
 	saved := openCUDA
 	t.Cleanup(func() { openCUDA = saved })
-	openCUDA = func() (*cuda.Runtime, error) {
+	openCUDA = func(int) (*cuda.Runtime, error) {
 		return nil, fmt.Errorf("%w: the driver reports 0 devices\n(second line)", cuda.ErrNoDevice)
 	}
 	cfg := runFor(t, runSpec{memory: "device", prompts: []int64{64}, concurrency: []int{1}, memCap: 256 << 20, layers: 2})
@@ -66,7 +67,7 @@ func TestDeviceRun_UCXWithoutCUDAIsOneLine(t *testing.T) {
 	}
 	saved := openCUDA
 	t.Cleanup(func() { openCUDA = saved })
-	openCUDA = func() (*cuda.Runtime, error) { return new(cuda.Runtime), nil }
+	openCUDA = func(int) (*cuda.Runtime, error) { return new(cuda.Runtime), nil }
 	cfg := runFor(t, runSpec{memory: "device", prompts: []int64{64}, concurrency: []int{1}, memCap: 256 << 20, layers: 2, tls: "posix,cma,self"})
 	err := checkDeviceRun(cfg, false)
 	if err == nil {
@@ -168,6 +169,35 @@ func TestDeviceRun_DriverKeepsMirrorsInStep(t *testing.T) {
 				require.Equal(t, "device staging", r.Path, r.Name)
 				require.True(t, strings.HasSuffix(r.Name, " device"), r.Name)
 			}
+		})
+	}
+}
+
+// A device run's JSON results describe the GPU it ran on (env.gpu, as NVML reported it when
+// --device was resolved); a host run's do not.
+func TestDeviceRun_ResultsDescribeTheGPU(t *testing.T) {
+	skipWithoutHostCopy(t)
+	gpu := &GPU{Index: 3, Name: "NVIDIA H100 80GB HBM3", Driver: "550.54.15", MemoryBytes: 80 << 30, FreeBytes: 79 << 30}
+	for _, described := range []bool{true, false} {
+		t.Run(fmt.Sprintf("described=%v", described), func(t *testing.T) {
+			cfg := smallRun(t, func(s *runSpec) { s.prompts, s.concurrency = []int64{64}, []int{1} })
+			if described {
+				cfg.GPU = gpu
+			}
+			n := &fakeNet{slot: cfg.SlotBytes, sends: map[fakeKey]*fakeOp{}, recvs: map[fakeKey]*fakeOp{}}
+			out, err := runFake(t, cfg, n, Output{JSON: true, Duration: 10 * time.Millisecond, MaxIters: 10})
+			require.NoError(t, err)
+			var r struct {
+				Env struct {
+					GPU *GPU `json:"gpu"`
+				} `json:"env"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &r))
+			if !described {
+				require.Nil(t, r.Env.GPU)
+				return
+			}
+			require.Equal(t, gpu, r.Env.GPU)
 		})
 	}
 }

@@ -17,6 +17,7 @@
 //	scenario.go               the decode and prefill ends of one scenario, measured
 //	engine*.go                the engine behind an interface the scenarios drive
 //	device*.go                --memory device: device gather and the device engine side
+//	gpu*.go                   --device and `kvxbench devices`: the GPUs NVML reports
 //	perftest.go               the ucx_perftest baseline
 //	gather.go, stream.go      host gather and scatter; layer-wise streaming
 //	report.go, progress.go    results as a table, JSON lines (resultSchema) and progress

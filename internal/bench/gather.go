@@ -24,7 +24,11 @@ type GatherConfig struct {
 	Slot    int64         // bytes gathered or scattered per call
 	Out     Output
 	Seed    uint64 // seed of the pool's pattern and the requests' block order
-	Device  bool   // the CUDA kernels against a device copy, instead of the host gather
+	// DeviceMemory runs the CUDA kernels against a device copy of the pool, on CUDA device
+	// Ordinal (GPU describes it in the results, when NVML could), instead of the host gather.
+	DeviceMemory bool
+	Ordinal      int
+	GPU          *GPU
 }
 
 // blocksFor is how many blocks a prompt of tokens fills.
@@ -61,7 +65,7 @@ func randomBlocks(r *rand.Rand, poolBlocks, n int64) []int32 {
 // Gather is `kvxbench gather`: each prompt's host (or device) gather and scatter, chunk by
 // chunk through one slot, against memcpy of the same bytes.
 func Gather(ctx context.Context, cfg GatherConfig, out *Outputs) error {
-	if cfg.Device {
+	if cfg.DeviceMemory {
 		return runDeviceGather(ctx, cfg, out)
 	}
 	// Every scenario runs its operation and its baseline for --duration each; allow three

@@ -108,6 +108,9 @@ type RunEnv struct {
 	Arch       string `json:"arch"`
 	// Timestamp is when the result was printed, RFC 3339 in UTC.
 	Timestamp string `json:"timestamp"`
+	// GPU is the device a --memory device run used, as NVML reports it (absent for host
+	// runs, and where NVML could not be asked).
+	GPU *GPU `json:"gpu,omitempty"`
 }
 
 // runEnv reads the environment of this process now.

@@ -135,6 +135,10 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftest stri
 			}
 			res.setBaseline(perftestName(cfg.TLS), res.MessageBytes, g)
 		}
+		if cfg.GPU != nil {
+			res.Env = runEnv(time.Now())
+			res.Env.GPU = cfg.GPU
+		}
 		if err := add(res); err != nil {
 			return err
 		}
