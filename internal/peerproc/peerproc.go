@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package peerproc runs native/internal/ucxpeer, the second UCX process of the two-process
-// tests in native/ and transfer/, and speaks its line protocol: the peer prints "ADDR <hex>"
+// Package peerproc runs the second UCX process of the two-process tests (native/internal/ucxpeer
+// for native/'s, transfer/internal/enginepeer for transfer's engines) and speaks their line
+// protocol: the peer prints "ADDR <hex>"
 // first, takes "PEER <hex>" on its stdin, and reports with lines like "GOT <n>", "DONE <...>"
 // and "ERR <...>". It is for tests only: every call takes the test and fails it on error.
 package peerproc
