@@ -2,9 +2,9 @@
 
 // Package peerproc runs the second UCX process of the two-process tests (native/internal/ucxpeer
 // for native/'s, transfer/internal/enginepeer for transfer's engines) and speaks their line
-// protocol: the peer prints "ADDR <hex>"
-// first, takes "PEER <hex>" on its stdin, and reports with lines like "GOT <n>", "DONE <...>"
-// and "ERR <...>". It is for tests only: every call takes the test and fails it on error.
+// protocol: the peer prints "ADDR <hex>" first, takes "PEER <hex>" on its stdin, and reports
+// with lines like "GOT <n>", "DONE <...>" and "ERR <...>". It is for tests only: every call
+// takes the test and fails it on error.
 package peerproc
 
 import (
