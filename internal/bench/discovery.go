@@ -89,9 +89,10 @@ func LookupServe(ctx context.Context, d Discovery, timeout time.Duration) (strin
 			}
 			return addr, nil
 		}
-		if !errors.Is(err, discovery.ErrNotFound) {
+		if !errors.Is(err, discovery.ErrNotFound) && ctx.Err() == nil {
 			return "", fmt.Errorf("--discovery %s: %w", d.Target, err)
 		}
+		// A lookup cut short by the deadline is the same answer as one that found nothing.
 		select {
 		case <-ctx.Done():
 			return "", fmt.Errorf("%w: %s did not appear in %s within %v", errPeerUnreachable, d.Name, d.Target, timeout)
