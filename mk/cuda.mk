@@ -37,7 +37,7 @@ cuda-lib: ## Build $(BUILD)/cuda/libkvxcuda.so with the nvcc of scripts/cuda-too
 	cmake --build $(BUILD)/cuda -j2 > $(BUILD)/cuda/build.log 2>&1 || { cat $(BUILD)/cuda/build.log; exit 1; }
 
 cuda-vet: ## go vet with the gpu build tag, so the GPU-only tests always compile.
-	$(GO) vet -tags gpu ./cuda/... ./native/ ./transfer/ ./cmd/kvxbench/ ./internal/bench/...
+	$(GO) vet -tags gpu ./cuda/... ./native/ ./transfer/... ./cmd/kvxbench/ ./internal/bench/...
 
 # The GPU CI job. It refuses to run (non-zero, one clear line) on a host without an NVIDIA GPU,
 # builds libkvxcuda.so with the system's nvcc for this GPU, runs the gpu-tagged tests, then the

@@ -24,7 +24,7 @@ echo "gpu-test-ucx: UCX $(pkg-config --modversion ucx) from $root; ucx_info sees
 ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c || true
 
 rc=0
-"$GO" test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice|UCXRegion_Device' ./native/ ./transfer/ || rc=1
+"$GO" test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice|UCXRegion_Device' ./native/ ./transfer/ ./transfer/transport/ucx/ || rc=1
 "$GO" build -o "$build/kvxbench" ./cmd/kvxbench
 echo "gpu-test-ucx: the GPUs as NVML reports them (kvxbench devices; the runs below take --device auto):"
 "$build/kvxbench" devices || rc=1

@@ -17,18 +17,20 @@ build=$(cd "$1" && pwd)
 # 8 MiB send nobody receives stays in flight) does not hold there: with 1.22 and kvxfer's
 # UCX_RNDV_SCHEME=get_zcopy default, shm and tcp offer no get_zcopy lane, so UCX sends large
 # messages as multi-fragment eager instead of rendezvous, and such a send completes at once
-# (native.TestUCX_ForceCloseCompletesInflightSend, transfer.TestUCXTransport_ContractCancel and
+# (native.TestUCX_ForceCloseCompletesInflightSend, ucx.TestUCXTransport_ContractCancel and
 # ContractForceCloseReportsEveryOp fail on it; docs/ucx.md, "UCX 1.22").
 native_tests='StatusCodes|LoopbackUsesSharedMemory|TaggedTransfersEveryByte|ManySmallMessages|RMAPutGet|CancelUnmatched|TestL6_|TestL2_|InvalidRanges|MemoryType|DeviceMemory|RegisterRefuses|DeviceOps|RunOnThread'
-transfer_tests='TestUCXTransport_Contract(ControlAndData|RefusesGoMemory|RefusesCollidingReceives)|TestUCXTransport_TwoEnginesEveryByteChecked|TestUCXDirect_EveryByteAcrossLayouts|TestUCXDevice_|TestUCXRegion_'
+transfer_tests='TestUCXTransport_TwoEnginesEveryByteChecked|TestUCXDirect_EveryByteAcrossLayouts|TestUCXDevice_|TestUCXRegion_'
+ucx_tests='TestUCXTransport_Contract(ControlAndData|RefusesGoMemory|RefusesCollidingReceives)|TestUCXDevice_|TestUCXRegion_'
 
 . scripts/ucx-cuda-env.sh
 echo "ucx-cuda-check: building against $(pkg-config --modversion ucx) at $root"
 "$GO" test -c -o "$build/native.test" ./native
 "$GO" test -c -o "$build/transfer.test" ./transfer
+"$GO" test -c -o "$build/ucx.test" ./transfer/transport/ucx
 "$GO" build -o "$build/kvxbench" ./cmd/kvxbench
-"$GO" vet -tags gpu ./native/ ./transfer/ ./cmd/kvxbench/ ./internal/bench/...
-for b in native.test transfer.test kvxbench; do
+"$GO" vet -tags gpu ./native/ ./transfer/... ./cmd/kvxbench/ ./internal/bench/...
+for b in native.test transfer.test ucx.test kvxbench; do
 	ldd "$build/$b" | grep -F "$root/lib/libucp.so" >/dev/null ||
 		{ echo "ucx-cuda-check: $b does not load $root/lib/libucp.so"; ldd "$build/$b" | grep uc; exit 1; }
 done
@@ -41,6 +43,7 @@ echo "ucx-cuda-check: host-memory UCX tests against UCX 1.22 (CUDA memory expect
 # filtered out.
 (cd native && "$build/native.test" -test.count=1 -test.timeout 5m -test.run "$native_tests" 2>&1 | grep -v 'was not returned to mpool')
 (cd transfer && "$build/transfer.test" -test.count=1 -test.timeout 5m -test.run "$transfer_tests" 2>&1 | grep -v 'was not returned to mpool')
+(cd transfer/transport/ucx && "$build/ucx.test" -test.count=1 -test.timeout 5m -test.run "$ucx_tests" 2>&1 | grep -v 'was not returned to mpool')
 
 if [ "$gpu" = 0 ]; then
 	out=$("$build/kvxbench" run --memory device --prompts 1k --concurrency 1 2>&1) &&

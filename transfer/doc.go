@@ -32,14 +32,14 @@
 //
 // The receiver leases a slot, posts a tagged receive into it and sends a request-info message;
 // the sender gathers chunks of the stream into its own slots (through a Mover: HostMover for host
-// pools, DeviceMover for GPU pools with UCXDeviceTransport) and sends them; the receiver scatters each chunk and reposts the
+// pools, ucx.DeviceMover for GPU pools with ucx.DeviceTransport) and sends them; the receiver scatters each chunk and reposts the
 // slot. A transfer holds at most Config.PipelineDepth slots and needs only one, so a request
 // of any size streams through a small pool.
 //
 // # The direct (one-copy) path
 //
 // When the transport implements DirectTransport and both sides' pools are reachable in place
-// (UCXTransport.AllocatePool), the receiver asks for the direct path (FlagDirect): each chunk
+// (ucx.Transport.AllocatePool), the receiver asks for the direct path (FlagDirect): each chunk
 // is one IOV message straight from the sender's pool into the receiver's, no slot, no gather
 // or scatter. Same lifecycle; the one difference is L9 on caller memory: an operation whose
 // quiescence is unknown leaves the handle Quarantined for good, Status.BlocksPoisoned set and

@@ -75,7 +75,7 @@ var (
 	// it guards will never be ready.
 	ErrReadySignal = errors.New("kvxfer: readiness signal failed")
 	// ErrTransportWedged: the transport can tell that nothing will reach this engine any more
-	// (UCXTransport's receive probe); Health reports it until the process restarts.
+	// (ucx.Transport's receive probe); Health reports it until the process restarts.
 	ErrTransportWedged = transport.ErrTransportWedged
 )
 

@@ -20,7 +20,7 @@ var exampleLayout = layout.Packed(layout.Dims{NumLayers: 2, KVFactor: 2, NumHead
 // ExampleEngine_Receive moves one request's KV blocks from a prefill engine to a decode engine.
 // Both run in this process over the in-memory transport; in production each runs in its own
 // process over UCX, and the decode side learns the request id and block ids from the
-// ContextParams the prefill side hands over through the serving stack's control plane.
+// ucx.ContextParams the prefill side hands over through the serving stack's control plane.
 func ExampleEngine_Receive() {
 	net := transfer.NewMemNetwork()
 	prefill, err := transfer.New(net.Transport("prefill-0"), transfer.Config{})

@@ -192,3 +192,14 @@ var (
 	_ TransportHealth = (*opLedger)(nil)
 	_ ControlBound    = (*opLedger)(nil)
 )
+
+// finals counts the final reports among cs (those that are not MemoryBusy).
+func finals(cs []Completion) int {
+	n := 0
+	for _, c := range cs {
+		if c.Memory != MemoryBusy {
+			n++
+		}
+	}
+	return n
+}

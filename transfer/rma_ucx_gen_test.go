@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 )
 
 // The validated-read rule over UCX, shared memory and TCP, with the sender's pool in caller
@@ -64,7 +65,7 @@ func TestUCXRMA_SenderReusesBlocksMidReadFailsTheReceiver(t *testing.T) {
 			}
 			t.Logf("receiver stopped after %d of %d bytes", hr.Status().Bytes, hr.Status().Total)
 			// The false alarm, as the sender's transport would report a keepalive timeout.
-			src.tr.push(ucxReport{lost: dst.tr.Self(), err: fmt.Errorf("%w: false alarm", ErrPeerLost)})
+			ucxhooks.Hooks.InjectPeerLost(src.tr, dst.tr.Self(), fmt.Errorf("%w: false alarm", ErrPeerLost))
 			waitQuiesced(t, hs, 20*time.Second)
 			require.Equal(t, Failed, hs.Status().State, "%v", hs.Status().Err)
 			for i := range s.mem { // the caller reuses its blocks, as Quiesced allows

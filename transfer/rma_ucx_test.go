@@ -14,6 +14,8 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/peerproc"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // The RMA mode between two engines over UCX, shared memory and TCP (where UCX emulates RMA
@@ -198,13 +200,4 @@ func TestUCXRMA_SenderFrozenWhileReceiverPulls(t *testing.T) {
 }
 
 // rmaKeys counts the peer pools whose keys are unpacked, on any lane.
-func rmaKeys(tr *UCXTransport) int {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	pools := map[ucxKeyID]bool{}
-	for id := range tr.rma.keys {
-		id.lane = 0
-		pools[id] = true
-	}
-	return len(pools)
-}
+func rmaKeys(tr *ucx.Transport) int { return ucxhooks.Hooks.RemotePools(tr) }

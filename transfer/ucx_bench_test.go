@@ -25,7 +25,7 @@ import (
 // bandwidth and ratio_to_perftest against the best ucx_perftest tag_bw run at the slot size
 // over the same transport, one run after each of our requests.
 //
-//	go test -run '^$' -bench UCXTransport -benchtime 3x ./transfer
+//	go test -run '^$' -bench ucx.Transport -benchtime 3x ./transfer
 func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
 	benchUCXRequest4096(b, PathStaging)
 }

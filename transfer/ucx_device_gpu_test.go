@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // openGPU opens device 0, skipping only when the hardware or the CUDA libraries are absent.
@@ -34,18 +35,18 @@ func openGPU(t *testing.T) *cuda.Runtime {
 	return rt
 }
 
-// deviceEngine is an Engine over a UCXDeviceTransport.
+// deviceEngine is an Engine over a ucx.DeviceTransport.
 type deviceEngine struct {
-	tr *UCXDeviceTransport
+	tr *ucx.DeviceTransport
 	e  *Engine
 }
 
 func newDeviceEngine(t *testing.T, rt *cuda.Runtime, cfg Config) *deviceEngine {
 	t.Helper()
 	cfg = cfg.withDefaults()
-	tr, err := NewUCXDeviceTransport(UCXDeviceConfig{Runtime: rt, StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes,
-		UCX: UCXConfig{KeepaliveInterval: 200 * time.Millisecond, CloseTimeout: 2 * time.Second}})
-	if os.Getenv("KVX_EXPECT_UCX_CUDA") != "1" && errors.Is(err, ErrDeviceMemory) && !errors.Is(err, ErrInvalidConfig) {
+	tr, err := ucx.NewDevice(ucx.DeviceConfig{Runtime: rt, StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes,
+		UCX: ucx.Config{KeepaliveInterval: 200 * time.Millisecond, CloseTimeout: 2 * time.Second}})
+	if os.Getenv("KVX_EXPECT_UCX_CUDA") != "1" && errors.Is(err, ucx.ErrDeviceMemory) && !errors.Is(err, ErrInvalidConfig) {
 		t.Skipf("this UCX cannot move device memory (set KVX_EXPECT_UCX_CUDA=1 to make that a failure): %v", err)
 	}
 	require.NoError(t, err)
@@ -130,7 +131,7 @@ func TestUCXDevice_TwoEnginesEveryByteChecked(t *testing.T) {
 	}
 }
 
-// A host spec (no DeviceMover) on a device engine fails with ErrDeviceMemory, it never sends
+// A host spec (no ucx.DeviceMover) on a device engine fails with ucx.ErrDeviceMemory, it never sends
 // bytes nobody gathered.
 func TestUCXDevice_HostSpecIsRefused(t *testing.T) {
 	rt := openGPU(t)
@@ -143,5 +144,5 @@ func TestUCXDevice_HostSpecIsRefused(t *testing.T) {
 	hr, err := dst.e.Receive(t.Context(), Spec{ID: 9, Peer: src.tr.Self(), Plan: p, Pool: make([]byte, l.SpanBytes())})
 	require.NoError(t, err)
 	waitQuiesced(t, hr, 30*time.Second)
-	require.ErrorIs(t, hr.Status().Err, ErrDeviceMemory)
+	require.ErrorIs(t, hr.Status().Err, ucx.ErrDeviceMemory)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/peerproc"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // mappedKV is newUCXKV with the pool moved into memory the transport mapped, so the one-copy
@@ -144,7 +145,7 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 				cfg.DisableRMA = !rma // the receiver decides
 				cfg.RMAWhereEmulated = rma
 				// The survivor replaces a worker the kill wedged (see servedOrWedged).
-				local := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *UCXConfig) { c.ReplaceWedgedWorker = true })
+				local := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *ucx.Config) { c.ReplaceWedgedWorker = true })
 				// The deadline covers the peer's start (it fills and maps 512 MiB first: slow on a
 				// loaded 2-core host); the kill is seen through the endpoint, not the deadline.
 				peer, h, pool := directFromNewPeer(t, bin, tr, local, blocks, 31, 120*time.Second)
@@ -185,7 +186,7 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 // survivorServesANewPeer: after a peer died mid-transfer, a new peer process's direct request
 // to the survivor moves every byte within its deadline, unless the dead peer wedged the
 // survivor's shared-memory receive queue: then the survivor must replace its worker
-// (UCXConfig.ReplaceWedgedWorker) and serve a peer given its new address.
+// (ucx.Config.ReplaceWedgedWorker) and serve a peer given its new address.
 func survivorServesANewPeer(t *testing.T, bin string, tr struct{ name, tls, dev string }, local *ucxEngine) {
 	t.Helper()
 	const blocks = 16

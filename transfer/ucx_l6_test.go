@@ -13,6 +13,8 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // TestL6_UCXEveryOperationCompletesExactlyOnce is TestL6 over the real UCX transport, shared
@@ -151,7 +153,7 @@ func newLedgerUCXEngine(t testing.TB, tls, dev string, cfg Config) (*ucxEngine, 
 	if cfg.NumSlots == 0 {
 		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
 	}
-	tr, err := NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
+	tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
@@ -164,10 +166,6 @@ func newLedgerUCXEngine(t testing.TB, tls, dev string, cfg Config) (*ucxEngine, 
 }
 
 // ucxWorkers lists a transport's UCX workers: its own and its lanes'.
-func ucxWorkers(tr *UCXTransport) []*native.Worker {
-	ws := []*native.Worker{tr.Worker()}
-	for _, l := range tr.rma.lanes.extra {
-		ws = append(ws, l.w)
-	}
-	return ws
+func ucxWorkers(tr *ucx.Transport) []*native.Worker {
+	return append([]*native.Worker{tr.Worker()}, ucxhooks.Hooks.LaneWorkers(tr)...)
 }

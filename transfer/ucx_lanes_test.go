@@ -14,6 +14,8 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // The receiver chooses its path by what UCX says about the endpoint's lanes: gets over shared
@@ -54,7 +56,7 @@ func TestUCXPathChoiceFollowsTheEndpointsLanes(t *testing.T) {
 	}
 }
 
-// A request's gets go round robin over UCXConfig.Lanes workers, each with its own thread:
+// A request's gets go round robin over ucx.Config.Lanes workers, each with its own thread:
 // 21 gets over 3 lanes are 7 on each extra worker, every byte arrives, and the pool's key is
 // unpacked once per lane. One lane is today's transport: no extra worker at all.
 func TestUCXRMA_GetsStripedOverLanes(t *testing.T) {
@@ -66,7 +68,7 @@ func TestUCXRMA_GetsStripedOverLanes(t *testing.T) {
 				cfg.RMAMinRegionBytes = 64 << 10
 				cfg.DirectChunkBytes = 1 << 20
 				cfg.RMAWhereEmulated = true
-				withLanes := func(c *UCXConfig) { c.Lanes = lanes }
+				withLanes := func(c *ucx.Config) { c.Lanes = lanes }
 				src := newUCXEngine(t, tr.tls, tr.dev, cfg, withLanes)
 				dst := newUCXEngine(t, tr.tls, tr.dev, cfg, withLanes)
 				sb, rb := make([]int32, 21), make([]int32, 21)
@@ -86,9 +88,7 @@ func TestUCXRMA_GetsStripedOverLanes(t *testing.T) {
 					// UCX 1.13 emulates gets over TCP: they stay on the transport's own worker
 					// (UCX crashed when a peer was killed under gets striped over TCP lanes).
 					require.Empty(t, extra, "no lanes where gets are emulated")
-					dst.tr.mu.Lock()
-					keys := len(dst.tr.rma.keys)
-					dst.tr.mu.Unlock()
+					keys := ucxhooks.Hooks.RemoteKeys(dst.tr)
 					require.Contains(t, []int{1, 2}, keys, "the pool's key (and the generation words') on one worker")
 					return
 				}
@@ -97,9 +97,7 @@ func TestUCXRMA_GetsStripedOverLanes(t *testing.T) {
 					require.Eventually(t, func() bool { st := w.Stats(); return st.InlineDone+st.Requests == 7 }, 5*time.Second,
 						time.Millisecond, "lane %d carried %+v", i+1, w.Stats())
 				}
-				dst.tr.mu.Lock()
-				keys := len(dst.tr.rma.keys)
-				dst.tr.mu.Unlock()
+				keys := ucxhooks.Hooks.RemoteKeys(dst.tr)
 				// One unpacked key per lane, and the generation words' key on the transport's own
 				// worker, unless its packed bytes are the pool's (TCP's keys name no memory).
 				require.Contains(t, []int{lanes, lanes + 1}, keys, "one unpacked key per lane (and the generation words')")
@@ -109,21 +107,13 @@ func TestUCXRMA_GetsStripedOverLanes(t *testing.T) {
 	}
 }
 
-func laneWorkers(tr *UCXTransport) []*native.Worker {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	var ws []*native.Worker
-	for _, l := range tr.rma.lanes.extra {
-		ws = append(ws, l.w)
-	}
-	return ws
-}
+func laneWorkers(tr *ucx.Transport) []*native.Worker { return ucxhooks.Hooks.LaneWorkers(tr) }
 
 func TestUCXConfig_LanesBounded(t *testing.T) {
-	for _, n := range []int{-1, MaxUCXLanes + 1} {
-		_, err := NewUCXTransport(UCXConfig{TLS: "posix,cma,self", StagingBytes: 1 << 20, Lanes: n})
+	for _, n := range []int{-1, ucx.MaxLanes + 1} {
+		_, err := ucx.New(ucx.Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, Lanes: n})
 		var ce *ConfigError
 		require.ErrorAs(t, err, &ce)
-		require.Equal(t, "UCXConfig.Lanes", ce.Field)
+		require.Equal(t, "ucx.Config.Lanes", ce.Field)
 	}
 }

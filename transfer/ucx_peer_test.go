@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/peerproc"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 )
 
 // ucxEnginePool mirrors enginepeer's EnginePool (transfer/internal/enginepeer): the same dims, block-major, seeded fill.
@@ -161,22 +162,22 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 
 // servedOrWedged waits for a new peer's request h to the survivor of a killed peer, and
 // reports whether it completed. A peer killed while writing into the survivor's UCX
-// shared-memory receive queue wedges that queue for good (a UCX limitation; see ucx_probe.go):
+// shared-memory receive queue wedges that queue for good (a UCX limitation; see package ucx's probe.go):
 // then the survivor's transport must say so through Health within its probe timeout, and the
 // request, cancelled, must end and quiesce with no slot held; or, with
-// UCXConfig.ReplaceWedgedWorker, the survivor must replace its worker and the request (sent to
+// ucx.Config.ReplaceWedgedWorker, the survivor must replace its worker and the request (sent to
 // the old address) must end with no slot held. Anything else fails the test, as does a wedge
 // where wedgeCan is false (no shared-memory queue, or no peer died).
 func servedOrWedged(t *testing.T, u *ucxEngine, h *Handle, d time.Duration, wedgeCan bool) bool {
 	t.Helper()
 	start := time.Now()
-	replace, base := u.tr.cfg.ReplaceWedgedWorker, u.tr.WorkersReplaced()
+	replace, base := ucxhooks.Hooks.ReplacesWedgedWorker(u.tr), u.tr.WorkersReplaced()
 	replaced := func() bool { return u.tr.WorkersReplaced() > base }
 	reported := func() bool { return !replace && errors.Is(u.tr.TransportHealth(), ErrTransportWedged) }
 	for time.Since(start) < d && !isClosed(h.Done()) && !reported() && !replaced() {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if replaced() { // UCXConfig.ReplaceWedgedWorker: the request went to the old address
+	if replaced() { // ucx.Config.ReplaceWedgedWorker: the request went to the old address
 		t.Logf("UCX limitation hit: the killed peer wedged this worker's shared-memory receive queue; "+
 			"the survivor replaced its worker after %v", time.Since(start).Round(time.Millisecond))
 		require.True(t, wedgeCan, "a wedged receive queue where none can be")

@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"github.com/stretchr/testify/require"
 )
 
-// The receive probe (ucx_probe.go) makes Health tell when the worker receives nothing any
+// The receive probe (package ucx's probe.go) makes Health tell when the worker receives nothing any
 // more, with no transfer in flight to stall. A worker whose progress thread is held stands in
 // for UCX's wedged shared-memory queue (which a peer killed mid-write leaves, at random): the
 // probe's messages stop arriving, Health turns unhealthy naming ErrTransportWedged, and turns
@@ -24,7 +26,7 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			u := newUCXEngine(t, tr.tls, tr.dev, Config{SlotBytes: 1 << 20, MaxConcurrent: 2})
-			require.Eventually(t, func() bool { return u.tr.probe.Load() != nil && u.tr.probe.Load().seen.Load() >= 2 }, 10*time.Second, 10*time.Millisecond,
+			require.Eventually(t, func() bool { on, seen := ucxhooks.Hooks.ProbeSeen(u.tr); return on && seen >= 2 }, 10*time.Second, 10*time.Millisecond,
 				"the probe's messages arrive")
 			require.True(t, u.e.Health().Healthy, u.e.Health().Reason)
 			require.NoError(t, u.tr.TransportHealth())
@@ -34,7 +36,7 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
-				held <- u.tr.w.RunOnThread(ctx, func() {
+				held <- u.tr.Worker().RunOnThread(ctx, func() {
 					select { // holds the worker's only thread: nothing is received meanwhile
 					case <-release:
 					case <-time.After(20 * time.Second):
@@ -67,27 +69,28 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 }
 
 func TestUCXProbe_DisabledAndBadConfig(t *testing.T) {
-	tr, err := NewUCXTransport(UCXConfig{TLS: "posix,cma,self", StagingBytes: 1 << 20, ProbeInterval: -1})
+	tr, err := ucx.New(ucx.Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, ProbeInterval: -1})
 	require.NoError(t, err)
 	e, err := New(tr, Config{SlotBytes: 1 << 20, MaxConcurrent: 1, StagingMemory: tr.StagingMemory()})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
-	require.Nil(t, tr.probe.Load(), "ProbeInterval < 0: no probe")
+	on, _ := ucxhooks.Hooks.ProbeSeen(tr)
+	require.False(t, on, "ProbeInterval < 0: no probe")
 	require.NoError(t, tr.TransportHealth())
 
-	_, err = NewUCXTransport(UCXConfig{TLS: "posix,cma,self", StagingBytes: 1 << 20, ProbeInterval: time.Second, ProbeTimeout: time.Millisecond})
+	_, err = ucx.New(ucx.Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, ProbeInterval: time.Second, ProbeTimeout: time.Millisecond})
 	var ce *ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.True(t, strings.Contains(ce.Field, "ProbeTimeout"), ce.Field)
 
 	// The device transport makes its CUDA context current on the worker's thread once: it
 	// cannot swap workers, and says so before it touches a GPU.
-	_, err = NewUCXDeviceTransport(UCXDeviceConfig{UCX: UCXConfig{ReplaceWedgedWorker: true}})
+	_, err = ucx.NewDevice(ucx.DeviceConfig{UCX: ucx.Config{ReplaceWedgedWorker: true}})
 	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "UCXDeviceConfig.UCX.ReplaceWedgedWorker", ce.Field)
+	require.Equal(t, "ucx.DeviceConfig.UCX.ReplaceWedgedWorker", ce.Field)
 }
 
-// With UCXConfig.ReplaceWedgedWorker, a worker the probe finds wedged is replaced: the
+// With ucx.Config.ReplaceWedgedWorker, a worker the probe finds wedged is replaced: the
 // transport gets a new address, a receive that was in flight on the old worker fails (never
 // wedges) with no slot held, health is back without a restart, and a sender given the new
 // address moves every byte. The wedge is stood in for by holding the worker's thread.
@@ -96,11 +99,11 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxPeerTestConfig()
 			cfg.TransferTimeout = 60 * time.Second // the failure must come from the replacement, not the deadline
-			recv := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *UCXConfig) {
+			recv := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *ucx.Config) {
 				c.ProbeTimeout, c.ReplaceWedgedWorker = time.Second, true
 			})
 			send := newUCXEngine(t, tr.tls, tr.dev, cfg)
-			require.Eventually(t, func() bool { return recv.tr.probe.Load() != nil && recv.tr.probe.Load().seen.Load() >= 1 }, 10*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { on, seen := ucxhooks.Hooks.ProbeSeen(recv.tr); return on && seen >= 1 }, 10*time.Second, 10*time.Millisecond)
 			before := recv.tr.Self()
 
 			// A receive whose sender never sends: its receives sit in the old worker.
@@ -115,9 +118,7 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 			// lands on the replacement once the old worker lets go, and waits for its sender.
 			depth := min(recv.e.cfg.PipelineDepth, 4)
 			require.Eventually(t, func() bool {
-				recv.tr.mu.Lock()
-				defer recv.tr.mu.Unlock()
-				return len(recv.tr.ops) == depth
+				return ucxhooks.Hooks.Ops(recv.tr) == depth
 			}, 10*time.Second, time.Millisecond, "the stuck receive's %d receives posted", depth)
 
 			release := make(chan struct{})

@@ -18,6 +18,8 @@ import (
 	"github.com/kvxfer/kvxfer/internal/peerproc"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // pageKinds are the ways a serving process maps its KV cache: plain anonymous memory,
@@ -53,7 +55,7 @@ func mmapPool(t testing.TB, n int, kind string) []byte {
 
 // callerKV is newUCXKV with the pool moved into memory the test mapped itself and registered
 // with u's transport, as a serving process hands over its own KV cache.
-func callerKV(t testing.TB, u *ucxEngine, d layout.Dims, o layout.Order, blockIDs []int32, seed uint64, kind string) (*ucxKV, *Region) {
+func callerKV(t testing.TB, u *ucxEngine, d layout.Dims, o layout.Order, blockIDs []int32, seed uint64, kind string) (*ucxKV, *ucx.Region) {
 	t.Helper()
 	k := newUCXKV(t, d, o, blockIDs, seed)
 	mem := mmapPool(t, len(k.mem), kind)
@@ -146,10 +148,10 @@ func TestUCXRegion_UnregisterWhileInUseRefused(t *testing.T) {
 	require.NoError(t, region.Unregister())
 	require.NoError(t, region.Unregister(), "twice")
 	require.False(t, src.tr.Direct(mem), "unregistered memory is no longer the transport's")
-	require.Zero(t, src.tr.registrations())
+	require.Zero(t, ucxhooks.Hooks.Registrations(src.tr))
 }
 
-// Duplicate and nested registrations share one UCX registration, counted per Region: the
+// Duplicate and nested registrations share one UCX registration, counted per ucx.Region: the
 // memory stays registered until the last of them is unregistered.
 func TestUCXRegion_DuplicatesShareOneRegistration(t *testing.T) {
 	u := newUCXEngine(t, "posix,cma,self", "", ucxTestConfig())
@@ -161,7 +163,7 @@ func TestUCXRegion_DuplicatesShareOneRegistration(t *testing.T) {
 	require.NoError(t, err)
 	c, err := u.tr.RegisterHost(mem[4*page : 8*page])
 	require.NoError(t, err)
-	require.Equal(t, 1, u.tr.registrations())
+	require.Equal(t, 1, ucxhooks.Hooks.Registrations(u.tr))
 	ka, kb := mustKey(t, a), mustKey(t, c)
 	require.Equal(t, ka, kb, "one key, packed once")
 	require.NoError(t, a.Unregister())
@@ -169,10 +171,10 @@ func TestUCXRegion_DuplicatesShareOneRegistration(t *testing.T) {
 	require.True(t, u.tr.Direct(mem[4*page:8*page]), "the nested region still holds the registration")
 	require.NoError(t, c.Unregister())
 	require.False(t, u.tr.Direct(mem))
-	require.Zero(t, u.tr.registrations())
+	require.Zero(t, ucxhooks.Hooks.Registrations(u.tr))
 }
 
-func mustKey(t testing.TB, r *Region) []byte {
+func mustKey(t testing.TB, r *ucx.Region) []byte {
 	t.Helper()
 	_, key := r.RemoteKey()
 	require.NotEmpty(t, key)
@@ -194,25 +196,25 @@ func TestUCXRegion_Refusals(t *testing.T) {
 	goMem := make([]byte, 1<<20)
 	cases := []struct {
 		desc     string
-		register func() (*Region, error)
+		register func() (*ucx.Region, error)
 		want     error
 	}{
-		{"Go heap memory", func() (*Region, error) { return u.tr.RegisterHost(goMem) }, ErrGoMemory},
-		{"zero length", func() (*Region, error) { return u.tr.RegisterHost(mem[:0]) }, ErrBadRegion},
-		{"start off a page", func() (*Region, error) { return u.tr.RegisterHost(mem[64 : 2*page]) }, ErrBadRegion},
-		{"straddles a registration's start", func() (*Region, error) { return u.tr.RegisterHost(mem[2*page : 6*page]) }, ErrBadRegion},
-		{"contains a registration", func() (*Region, error) { return u.tr.RegisterHost(mem) }, ErrBadRegion},
-		{"inside AllocatePool memory", func() (*Region, error) { return u.tr.RegisterHost(owned) }, ErrBadRegion},
-		{"inside the staging region", func() (*Region, error) { return u.tr.RegisterHost(u.tr.StagingMemory()) }, ErrBadRegion},
-		{"device memory, zero length", func() (*Region, error) { return u.tr.RegisterDevice(1<<40, 0) }, ErrBadRegion},
-		{"device memory, unaligned", func() (*Region, error) { return u.tr.RegisterDevice(1<<40+8, 4096) }, ErrBadRegion},
+		{"Go heap memory", func() (*ucx.Region, error) { return u.tr.RegisterHost(goMem) }, ErrGoMemory},
+		{"zero length", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem[:0]) }, ErrBadRegion},
+		{"start off a page", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem[64 : 2*page]) }, ErrBadRegion},
+		{"straddles a registration's start", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem[2*page : 6*page]) }, ErrBadRegion},
+		{"contains a registration", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem) }, ErrBadRegion},
+		{"inside AllocatePool memory", func() (*ucx.Region, error) { return u.tr.RegisterHost(owned) }, ErrBadRegion},
+		{"inside the staging region", func() (*ucx.Region, error) { return u.tr.RegisterHost(u.tr.StagingMemory()) }, ErrBadRegion},
+		{"device memory, zero length", func() (*ucx.Region, error) { return u.tr.RegisterDevice(1<<40, 0) }, ErrBadRegion},
+		{"device memory, unaligned", func() (*ucx.Region, error) { return u.tr.RegisterDevice(1<<40+8, 4096) }, ErrBadRegion},
 	}
 	if !u.tr.DeviceMemory() {
 		cases = append(cases, struct {
 			desc     string
-			register func() (*Region, error)
+			register func() (*ucx.Region, error)
 			want     error
-		}{"device memory on a UCX without CUDA", func() (*Region, error) { return u.tr.RegisterDevice(1<<40, 1<<20) }, ErrDeviceMemory})
+		}{"device memory on a UCX without CUDA", func() (*ucx.Region, error) { return u.tr.RegisterDevice(1<<40, 1<<20) }, ucx.ErrDeviceMemory})
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -222,7 +224,7 @@ func TestUCXRegion_Refusals(t *testing.T) {
 			var re *RegionError
 			require.ErrorAs(t, err, &re)
 			require.Equal(t, "register", re.Op)
-			require.Equal(t, 1, u.tr.registrations(), "nothing registered")
+			require.Equal(t, 1, ucxhooks.Hooks.Registrations(u.tr), "nothing registered")
 		})
 	}
 	t.Run("device memory on a UCX without CUDA names the UCX", func(t *testing.T) {
@@ -239,19 +241,19 @@ func TestUCXRegion_Refusals(t *testing.T) {
 		_, err := u.tr.RegisterHost(mem)
 		require.ErrorIs(t, err, ErrClosed)
 	})
-	require.Zero(t, u.tr.registrations())
+	require.Zero(t, ucxhooks.Hooks.Registrations(u.tr))
 }
 
 // A region the caller never unregistered is unmapped by the transport's Close, which then
 // succeeds (UCX's context refuses to close with regions mapped): nothing leaks.
 func TestUCXRegion_CloseUnregistersTheRest(t *testing.T) {
-	tr, err := NewUCXTransport(UCXConfig{TLS: "posix,cma,self", StagingBytes: 1 << 20})
+	tr, err := ucx.New(ucx.Config{TLS: "posix,cma,self", StagingBytes: 1 << 20})
 	require.NoError(t, err)
 	mem := mmapPool(t, 1<<20, "anon")
 	r, err := tr.RegisterHost(mem)
 	require.NoError(t, err)
 	require.NoError(t, tr.Close(false))
-	require.Zero(t, tr.registrations())
+	require.Zero(t, ucxhooks.Hooks.Registrations(tr))
 	require.NoError(t, r.Unregister(), "after Close: nothing to do")
 	require.Equal(t, uintptr(unsafe.Pointer(&mem[0])), uintptr(r.Addr()))
 }
@@ -310,7 +312,7 @@ func BenchmarkUCXRegion_Register(b *testing.B) {
 		require.NoError(b, err)
 		size = n
 	}
-	tr, err := NewUCXTransport(UCXConfig{TLS: "posix,cma,self", StagingBytes: 1 << 20})
+	tr, err := ucx.New(ucx.Config{TLS: "posix,cma,self", StagingBytes: 1 << 20})
 	require.NoError(b, err)
 	defer func() { require.NoError(b, tr.Close(false)) }()
 	mem := mmapPool(b, int(size), "anon")

@@ -15,34 +15,38 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // The transports the UCX engine tests run over (loopback only).
+// The device transport's mover is the engine's Mover.
+var _ Mover = (*ucx.DeviceMover)(nil)
+
 var ucxTransports = []struct{ name, tls, dev string }{
 	{"shm", "posix,cma,self", ""},
 	{"tcp", "tcp,self", "lo"},
 }
 
-// ucxEngine is an Engine over a UCXTransport.
+// ucxEngine is an Engine over a ucx.Transport.
 type ucxEngine struct {
-	tr *UCXTransport
+	tr *ucx.Transport
 	e  *Engine
 }
 
-// newUCXEngine is an Engine over a UCXTransport; mods adjust the transport's configuration.
-func newUCXEngine(t testing.TB, tls, dev string, cfg Config, mods ...func(*UCXConfig)) *ucxEngine {
+// newUCXEngine is an Engine over a ucx.Transport; mods adjust the transport's configuration.
+func newUCXEngine(t testing.TB, tls, dev string, cfg Config, mods ...func(*ucx.Config)) *ucxEngine {
 	t.Helper()
 	cfg = cfg.withDefaults()
 	if cfg.NumSlots == 0 {
 		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
 	}
-	uc := UCXConfig{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
+	uc := ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second}
 	for _, m := range mods {
 		m(&uc)
 	}
-	tr, err := NewUCXTransport(uc)
+	tr, err := ucx.New(uc)
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
 	e, err := New(tr, cfg)
@@ -125,18 +129,18 @@ func TestUCXTransport_TwoEnginesEveryByteChecked(t *testing.T) {
 				id := RequestID(1000 + i)
 				var p pairKV
 				p.s, p.r = s, r
-				// Prefill hands decode a ContextParams blob; decode finds the sender and
+				// Prefill hands decode a ucx.ContextParams blob; decode finds the sender and
 				// checks the shapes from it alone.
 				blob, err := src.tr.ContextParams(id, s.plan).MarshalBinary()
 				require.NoError(t, err)
-				params, err := UnmarshalContextParams(blob)
+				params, err := ucx.UnmarshalContextParams(blob)
 				require.NoError(t, err)
 				sendPlan, err := params.Plan()
 				require.NoError(t, err)
 				require.NoError(t, layout.Compatible(sendPlan, r.plan))
-				require.Equal(t, src.tr.Self(), SenderPeer(params))
+				require.Equal(t, src.tr.Self(), ucx.SenderPeer(params))
 				if i%2 == 0 {
-					p.hr, err = dst.e.Receive(bg, Spec{ID: params.RequestID, Peer: SenderPeer(params), Plan: r.plan, Pool: r.mem})
+					p.hr, err = dst.e.Receive(bg, Spec{ID: params.RequestID, Peer: ucx.SenderPeer(params), Plan: r.plan, Pool: r.mem})
 					require.NoError(t, err)
 					p.hs, err = src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
 					require.NoError(t, err)
@@ -273,11 +277,11 @@ func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 	}
 }
 
-// stallingUCX is a UCXTransport whose sends after the first n never reach UCX: the sending
+// stallingUCX is a ucx.Transport whose sends after the first n never reach UCX: the sending
 // engine stalls there for good, as a process that hangs mid-transfer. Close ends the held
 // sends (memory done: they never reached UCX).
 type stallingUCX struct {
-	*UCXTransport
+	*ucx.Transport
 	n int
 
 	mu   sync.Mutex
@@ -291,7 +295,7 @@ func (s *stallingUCX) PostSend(to Peer, tag Tag, buf []byte, done func(Completio
 	if s.sent < s.n {
 		s.sent++
 		s.mu.Unlock()
-		return s.UCXTransport.PostSend(to, tag, buf, done)
+		return s.Transport.PostSend(to, tag, buf, done)
 	}
 	s.next++
 	id := OpID(1)<<62 | s.next
@@ -308,7 +312,7 @@ func (s *stallingUCX) heldCount() int {
 
 func (s *stallingUCX) Cancel(id OpID) {
 	if id&(OpID(1)<<62) == 0 {
-		s.UCXTransport.Cancel(id)
+		s.Transport.Cancel(id)
 	}
 }
 
@@ -320,7 +324,7 @@ func (s *stallingUCX) Close(force bool) error {
 	for _, done := range held {
 		done(Completion{Err: ErrClosed, Memory: MemoryDone})
 	}
-	return s.UCXTransport.Close(force)
+	return s.Transport.Close(force)
 }
 
 type stallingEngine struct {
@@ -335,12 +339,12 @@ func newStallingUCXEngine(t testing.TB, tls, dev string, cfg Config, n int) *sta
 	if cfg.NumSlots == 0 {
 		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
 	}
-	tr, err := NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
+	tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
-	st := &stallingUCX{UCXTransport: tr, n: n, held: map[OpID]func(Completion){}}
+	st := &stallingUCX{Transport: tr, n: n, held: map[OpID]func(Completion){}}
 	e, err := New(st, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })

@@ -11,7 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/layout"
-	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // transferFlags are the flags of run, sweep, serve and connect.
@@ -58,7 +58,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.decodeOrder, "decode-order", "", "the decode pool's order when it differs from --order (layout conversion on the way: block-major, layer-major or layer-major-nhd)")
 	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
 	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
-	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (UCXTransport.AllocatePool) or caller (mmap by this process, then UCXTransport.RegisterHost, as a serving process hands over its own KV cache)")
+	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (ucx.Transport.AllocatePool) or caller (mmap by this process, then ucx.Transport.RegisterHost, as a serving process hands over its own KV cache)")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
 	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
 }
@@ -85,8 +85,8 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	if f.connectTimeout <= 0 {
 		return bench.RunConfig{}, usagef("--connect-timeout = %v: must be positive", f.connectTimeout)
 	}
-	if f.lanes < 0 || f.lanes > transfer.MaxUCXLanes {
-		return bench.RunConfig{}, usagef("--lanes = %d: must be between 0 (the default) and %d", f.lanes, transfer.MaxUCXLanes)
+	if f.lanes < 0 || f.lanes > ucx.MaxLanes {
+		return bench.RunConfig{}, usagef("--lanes = %d: must be between 0 (the default) and %d", f.lanes, ucx.MaxLanes)
 	}
 	if f.pipelineDepth <= 0 {
 		return bench.RunConfig{}, usagef("--pipeline-depth = %d: must be positive", f.pipelineDepth)

@@ -14,14 +14,15 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // decodeWorker pulls prefilled requests' KV with Engine.Receive, polling Status the way a
 // serving loop would between decode steps.
 type decodeWorker struct {
 	eng        *transfer.Engine
-	addr       transfer.Peer                               // this engine's peer name (fabric.self)
-	senderPeer func(*transfer.ContextParams) transfer.Peer // fabric.senderPeer
+	addr       transfer.Peer                          // this engine's peer name (fabric.self)
+	senderPeer func(*ucx.ContextParams) transfer.Peer // fabric.senderPeer
 	pool       *kvPool
 	out        *printer
 	control    string // the prefill worker's control plane, http://host:port
@@ -63,13 +64,13 @@ func (d *decodeWorker) post(ctx context.Context, path string, body any, wantType
 
 // askPrefill has the prefill worker prefill a prompt and returns the request's ContextParams,
 // decoded and checked against this worker's pool.
-func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (*transfer.ContextParams, error) {
+func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (*ucx.ContextParams, error) {
 	blob, err := d.post(ctx, pathPrefill, prefillRequest{Request: id, Tokens: tokens, Decode: string(d.addr)},
 		contextParamsType, maxContextParamsBytes)
 	if err != nil {
 		return nil, err
 	}
-	cp, err := transfer.UnmarshalContextParams(blob) // checks version, length, checksum and plan
+	cp, err := ucx.UnmarshalContextParams(blob) // checks version, length, checksum and plan
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +89,7 @@ func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (*
 
 // receive pulls a handed-over request into as many fresh blocks as the sender used, checks
 // every byte, and (generation being out of scope) frees the blocks.
-func (d *decodeWorker) receive(ctx context.Context, cp *transfer.ContextParams) error {
+func (d *decodeWorker) receive(ctx context.Context, cp *ucx.ContextParams) error {
 	sender, err := cp.Plan()
 	if err != nil {
 		return err

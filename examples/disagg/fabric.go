@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // fabric is everything in this example that depends on the transport: the engine's
@@ -25,9 +26,9 @@ type fabric struct {
 	// self is this engine's peer name, what the other side passes as Spec.Peer.
 	self transfer.Peer
 	// params describes request id over the sender's plan, for the receiver.
-	params func(id transfer.RequestID, plan *layout.Plan) *transfer.ContextParams
+	params func(id transfer.RequestID, plan *layout.Plan) *ucx.ContextParams
 	// senderPeer names the engine a ContextParams came from.
-	senderPeer func(*transfer.ContextParams) transfer.Peer
+	senderPeer func(*ucx.ContextParams) transfer.Peer
 	// mapPool makes a worker's KV cache of n bytes and hands it to the transport, so the
 	// engine moves it in place (the direct path, in its RMA mode): UCX registers memory the
 	// process mapped itself (mmap, then RegisterHost).
@@ -45,11 +46,11 @@ func memFabric(network *transfer.MemNetwork, name transfer.Peer) fabric {
 	return fabric{
 		transport: network.Transport(name),
 		self:      name,
-		params: func(id transfer.RequestID, plan *layout.Plan) *transfer.ContextParams {
-			return &transfer.ContextParams{RequestID: id, Incarnation: life, WorkerAddress: []byte(name),
+		params: func(id transfer.RequestID, plan *layout.Plan) *ucx.ContextParams {
+			return &ucx.ContextParams{RequestID: id, Incarnation: life, WorkerAddress: []byte(name),
 				Layout: plan.Layout(), Selection: plan.Selection(), Blocks: plan.Blocks()}
 		},
-		senderPeer: func(c *transfer.ContextParams) transfer.Peer { return transfer.Peer(c.WorkerAddress) },
+		senderPeer: func(c *ucx.ContextParams) transfer.Peer { return transfer.Peer(c.WorkerAddress) },
 		// Go memory, not named to AllowDirect: over the in-memory network the example keeps
 		// the staging path, whose sender and receiver both report a frozen wire (-freeze).
 		mapPool:     func(n int) ([]byte, error) { return make([]byte, n), nil },

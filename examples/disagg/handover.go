@@ -4,7 +4,7 @@ package main
 
 // The control plane between the workers: the serving stack's own HTTP, not kvxfer's. The
 // decode worker asks the prefill worker to prefill a prompt and gets back the request's
-// transfer.ContextParams as an application/octet-stream blob (versioned and checksummed by
+// ucx.ContextParams as an application/octet-stream blob (versioned and checksummed by
 // kvxfer); everything else is small JSON.
 
 const (

@@ -22,6 +22,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // envWorkerChild makes this test binary one engine of the link-cut test: "ROLE,TARGET,DEV".
@@ -43,7 +44,7 @@ func workerChild(spec string) int {
 	}
 	role, target, dev := f[0], f[1], f[2]
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "worker child:", role+":", err); return 1 }
-	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: "tcp,self", NetDevices: dev, StagingBytes: 4 << 20,
+	tr, err := ucx.New(ucx.Config{TLS: "tcp,self", NetDevices: dev, StagingBytes: 4 << 20,
 		KeepaliveInterval: 200 * time.Millisecond})
 	if err != nil {
 		return fail(err)
@@ -86,7 +87,7 @@ func workerChild(spec string) int {
 	if err != nil {
 		return fail(err)
 	}
-	spec2 := transfer.Spec{ID: 1, Peer: transfer.PeerFromAddress(peer.Address), Plan: plan, Pool: pool}
+	spec2 := transfer.Spec{ID: 1, Peer: ucx.PeerFromAddress(peer.Address), Plan: plan, Pool: pool}
 	var h *transfer.Handle
 	if role == "prefill" {
 		h, err = eng.Send(ctx, spec2)

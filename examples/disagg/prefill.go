@@ -12,13 +12,14 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // prefillWorker computes prompts' KV (here: writes a known pattern), offers it with
 // Engine.Send, and frees each request's blocks exactly once, when the engine says it may.
 type prefillWorker struct {
 	eng    *transfer.Engine
-	params func(transfer.RequestID, *layout.Plan) *transfer.ContextParams // fabric.params
+	params func(transfer.RequestID, *layout.Plan) *ucx.ContextParams // fabric.params
 	pool   *kvPool
 	out    *printer
 	bound  time.Duration // the longest a request's blocks may stay pinned before we call it a leak

@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // The workers find each other through a registry (package discovery): by default the
@@ -17,7 +17,7 @@ import (
 // -discovery=etcd://HOST:PORT/PREFIX. Each publishes its name, role, incarnation, transport
 // address and control endpoint; the decode worker looks the prefill worker up by name, and
 // checks every ContextParams against the registry before pulling, so params of a prefill
-// life that is over fail at once with transfer.ErrStaleIncarnation.
+// life that is over fail at once with ucx.ErrStaleIncarnation.
 
 // Names the two workers publish under.
 const (
@@ -72,7 +72,7 @@ func findPrefill(ctx context.Context, r discovery.Registry) (string, error) {
 }
 
 // checkParams refuses params of a prefill life that is over.
-func checkParams(ctx context.Context, r discovery.Registry, cp *transfer.ContextParams) error {
+func checkParams(ctx context.Context, r discovery.Registry, cp *ucx.ContextParams) error {
 	if r == nil {
 		return nil
 	}

@@ -47,7 +47,7 @@ type RunConfig struct {
 	NoRMA bool `json:"no_rma"`
 	// RMAWhereEmulated keeps the RMA mode where UCX emulates gets (--rma-where-emulated).
 	RMAWhereEmulated bool `json:"rma_where_emulated"`
-	// Lanes is UCXConfig.Lanes of both ends (--lanes; 0: the transport's default).
+	// Lanes is ucx.Config.Lanes of both ends (--lanes; 0: the transport's default).
 	Lanes int `json:"lanes"`
 	// Pool is who maps the host pools for the direct path (--pool): "transport"
 	// (AllocatePool) or "caller" (mmap, then RegisterHost).

@@ -3,7 +3,7 @@
 //go:build cgo
 
 // --memory device for run: both ends keep their KV pools in GPU memory and move them through a
-// transfer.UCXDeviceTransport (staging slots in GPU memory, gathered and scattered by the CUDA
+// ucx.DeviceTransport (staging slots in GPU memory, gathered and scattered by the CUDA
 // kernels, sent by UCX straight from device memory). The scenario driver is the host one: it
 // fills, scrubs and checks a host mirror of each pool, which this side pushes to and pulls
 // from the GPU between rounds (poolMirror).
@@ -22,6 +22,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 func init() { checkDeviceRun = probeDeviceRun }
@@ -40,7 +41,7 @@ func probeDeviceRun(cfg RunConfig, stream bool) error {
 		return oneLine(deviceRunErr("no usable GPU (kvxbench needs libkvxcuda.so, libcudart and a device)", err))
 	}
 	defer rt.Close()
-	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: cfg.TLS, StagingBytes: 64 << 10})
+	tr, err := ucx.New(ucx.Config{TLS: cfg.TLS, StagingBytes: 64 << 10})
 	if err != nil {
 		return oneLine(deviceRunErr("UCX", err))
 	}
@@ -62,7 +63,7 @@ func oneLine(err error) error {
 // deviceEngineSide is the engine adapter with pools in device memory.
 type deviceEngineSide struct {
 	*engineAdapter
-	tr *transfer.UCXDeviceTransport
+	tr *ucx.DeviceTransport
 	rt *cuda.Runtime
 
 	mu    sync.Mutex
@@ -82,7 +83,7 @@ var (
 	_ poolMirror = (*deviceEngineSide)(nil)
 )
 
-// newDeviceEngineSide makes a transfer.Engine over a UCXDeviceTransport whose host header
+// newDeviceEngineSide makes a transfer.Engine over a ucx.DeviceTransport whose host header
 // region backs the engine's slots (their payloads live on the GPU).
 func newDeviceEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) {
 	rt, err := openCUDA(cfg.Device)
@@ -91,8 +92,8 @@ func newDeviceEngineSide(cfg RunConfig, role string, rank int) (engineSide, erro
 	}
 	ec := engineConfig(cfg)
 	ec.DisableDirect = true // the direct path reads host pools in place; device pools stage
-	tr, err := transfer.NewUCXDeviceTransport(transfer.UCXDeviceConfig{Runtime: rt, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes,
-		UCX: transfer.UCXConfig{TLS: cfg.TLS}})
+	tr, err := ucx.NewDevice(ucx.DeviceConfig{Runtime: rt, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes,
+		UCX: ucx.Config{TLS: cfg.TLS}})
 	if err != nil {
 		_ = rt.Close()
 		return nil, fmt.Errorf("%s rank %d: %w", role, rank, err)
@@ -119,7 +120,7 @@ func newDeviceEngineSide(cfg RunConfig, role string, rank int) (engineSide, erro
 		_ = rt.Close()
 		return nil, err
 	}
-	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress, obs: obs}
+	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: ucx.PeerFromAddress, obs: obs}
 	return &deviceEngineSide{engineAdapter: a, tr: tr, rt: rt, pools: map[*byte]*cuda.Buffer{},
 		plans: map[*layout.Plan]*cuda.DevicePlan{}}, nil
 }
@@ -144,7 +145,7 @@ func (e *deviceEngineSide) device(pool []byte) (*cuda.Buffer, error) {
 	if buf := e.pools[unsafe.SliceData(pool)]; buf != nil && buf.Mem().Size == int64(len(pool)) {
 		return buf, nil
 	}
-	return nil, fmt.Errorf("%w: a pool this engine side did not make", transfer.ErrDeviceMemory)
+	return nil, fmt.Errorf("%w: a pool this engine side did not make", ucx.ErrDeviceMemory)
 }
 
 // PushPool implements poolMirror.
@@ -238,10 +239,10 @@ const mirrorTimeout = time.Minute
 
 // mover makes request id's DeviceMover over the device pool behind m's host mirror, timed
 // into m's counters as the host mover is.
-func (e *deviceEngineSide) mover(id uint64, m mover) (*transfer.DeviceMover, transfer.Mover, error) {
+func (e *deviceEngineSide) mover(id uint64, m mover) (*ucx.DeviceMover, transfer.Mover, error) {
 	tm, ok := m.(*timedMover)
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: request %d: not a pool of this engine side", transfer.ErrDeviceMemory, id)
+		return nil, nil, fmt.Errorf("%w: request %d: not a pool of this engine side", ucx.ErrDeviceMemory, id)
 	}
 	buf, err := e.device(tm.pool)
 	if err != nil {
@@ -325,7 +326,7 @@ func (e *deviceEngineSide) Close() error {
 // deviceHandle closes the request's DeviceMover once its transfer is done.
 type deviceHandle struct {
 	handle
-	dm *transfer.DeviceMover
+	dm *ucx.DeviceMover
 }
 
 // Release implements pendingXfer. The mover is closed after Done (the engine makes no more
@@ -354,7 +355,7 @@ const releaseBound = 10 * time.Minute
 
 // timedDeviceMover adds a DeviceMover's time to the scenario's gather and scatter counters.
 type timedDeviceMover struct {
-	dm *transfer.DeviceMover
+	dm *ucx.DeviceMover
 	tm *timedMover
 }
 

@@ -2,7 +2,7 @@
 
 //go:build cgo
 
-// This file follows transfer/ucx_transport.go's build constraint: the UCX transport needs
+// This file follows transfer/transport/ucx/transport.go's build constraint: the UCX transport needs
 // cgo. Without it kvxbench still builds; run, sweep, serve and connect then stop after the
 // hello, saying the engine is missing.
 
@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 func init() {
@@ -20,14 +21,14 @@ func init() {
 	engineBuilt = true
 }
 
-// newUCXEngineSide makes a transfer.Engine over a transfer.UCXTransport whose UCX-mapped
+// newUCXEngineSide makes a transfer.Engine over a ucx.Transport whose UCX-mapped
 // staging memory backs the engine's slots, as --tls says.
 func newUCXEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) {
 	if cfg.Memory == "device" {
 		return newDeviceEngineSide(cfg, role, rank) // device_engine.go
 	}
 	ec := engineConfig(cfg)
-	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: cfg.TLS, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes, Lanes: cfg.Lanes})
+	tr, err := ucx.New(ucx.Config{TLS: cfg.TLS, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes, Lanes: cfg.Lanes})
 	if err != nil {
 		return nil, fmt.Errorf("%s rank %d: UCX transport: %w", role, rank, err)
 	}
@@ -50,7 +51,7 @@ func newUCXEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) 
 		_ = eng.Close()
 		return nil, err
 	}
-	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: transfer.PeerFromAddress, obs: obs}
+	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: ucx.PeerFromAddress, obs: obs}
 	if !cfg.Staging {
 		a.mapPool, a.direct = tr.AllocatePool, tr.Direct
 		if cfg.Pool == "caller" {
@@ -63,7 +64,7 @@ func newUCXEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) 
 // callerPool maps pools the way a serving process maps its own KV cache (mmap), then
 // registers each with the transport once (RegisterHost). The transport's Close unregisters
 // them; the adapter's Close unmaps them after it.
-func (a *engineAdapter) callerPool(tr *transfer.UCXTransport) func(n int64) ([]byte, error) {
+func (a *engineAdapter) callerPool(tr *ucx.Transport) func(n int64) ([]byte, error) {
 	return func(n int64) ([]byte, error) {
 		mem, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 		if err != nil {

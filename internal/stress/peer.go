@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // PeerEnv names the environment variable that turns a soak binary into a prefill peer
@@ -99,7 +100,7 @@ func runPeer(pc peerConfig, stdin io.Reader, stdout io.Writer) error {
 		fmt.Fprintf(stdout, format+"\n", a...)
 		outMu.Unlock()
 	}
-	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: pc.TLS, NetDevices: pc.NetDevices, KeepaliveInterval: 200 * time.Millisecond,
+	tr, err := ucx.New(ucx.Config{TLS: pc.TLS, NetDevices: pc.NetDevices, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(pc.NumSlots) * pc.SlotBytes, CloseTimeout: 2 * time.Second})
 	if err != nil {
 		return err

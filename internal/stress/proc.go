@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // procFaults are the faults the process mode injects; the chunk-level ones need the
@@ -78,7 +79,7 @@ func (p *procPeer) send(line string) error {
 // procSoak adds peer processes to a soak whose only in-process engine is decode, over UCX.
 type procSoak struct {
 	*soak
-	tr       *transfer.UCXTransport
+	tr       *ucx.Transport
 	exe      string
 	pc       peerConfig
 	peerMu   sync.Mutex
@@ -120,7 +121,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	}
 	// A peer killed while writing into decode's shared-memory receive queue wedges it for good
 	// (docs/ucx.md): decode replaces its worker, and announce gives the peers its new address.
-	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: tls, KeepaliveInterval: 200 * time.Millisecond,
+	tr, err := ucx.New(ucx.Config{TLS: tls, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(s.numSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeTimeout: 3 * time.Second, ReplaceWedgedWorker: true})
 	if err != nil {

@@ -69,7 +69,7 @@ type Report struct {
 	// poisoned count shrank (must be 0).
 	AccountingErrors int64 `json:"accounting_errors"`
 	// WorkersReplaced counts decode's UCX workers replaced because a killed peer wedged their
-	// shared-memory receive queue (peer-process soak; UCXConfig.ReplaceWedgedWorker).
+	// shared-memory receive queue (peer-process soak; ucx.Config.ReplaceWedgedWorker).
 	WorkersReplaced int64 `json:"workers_replaced"`
 	// SecondsUnhealthy is the time any live engine reported unhealthy.
 	SecondsUnhealthy float64 `json:"seconds_unhealthy"`

@@ -12,9 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"go.uber.org/zap"
-
-	"github.com/kvxfer/kvxfer/transfer"
 )
 
 // Errors of the package; the typed errors below match them through errors.Is.
@@ -57,7 +56,7 @@ type Worker struct {
 	// Incarnation identifies this life of the worker (ContextParams.Incarnation for a UCX
 	// transport); a restarted worker publishes a new one. Non-zero.
 	Incarnation uint64 `json:"incarnation"`
-	// Address is the transport's address (UCXTransport.WorkerAddress); empty while the
+	// Address is the transport's address (ucx.Transport.WorkerAddress); empty while the
 	// worker has no engine yet.
 	Address []byte `json:"address,omitempty"`
 	// Endpoints are named addresses of the worker's other services: "control", "http".
@@ -83,8 +82,8 @@ func (w *Worker) Validate() error {
 		return fmt.Errorf("%w: Worker.Role %q: want 1 to 64 bytes", ErrInvalid, w.Role)
 	case w.Incarnation == 0:
 		return fmt.Errorf("%w: Worker.Incarnation: zero (give each life of the worker its own, non-zero)", ErrInvalid)
-	case len(w.Address) > transfer.ContextParamsMaxAddress:
-		return fmt.Errorf("%w: Worker.Address: %d bytes, at most %d", ErrInvalid, len(w.Address), transfer.ContextParamsMaxAddress)
+	case len(w.Address) > ucx.ContextParamsMaxAddress:
+		return fmt.Errorf("%w: Worker.Address: %d bytes, at most %d", ErrInvalid, len(w.Address), ucx.ContextParamsMaxAddress)
 	}
 	return nil
 }
@@ -191,21 +190,21 @@ func Open(target string, cfg Config) (Registry, error) {
 // CheckParams compares cp with what the registry says of its sender, the worker called
 // name, now: the same transport address and Incarnation. A sender that died (no entry) or
 // restarted (another incarnation or address) fails at once with an error matching
-// transfer.ErrStaleIncarnation, rather than a transfer that waits out its deadline; an
+// ucx.ErrStaleIncarnation, rather than a transfer that waits out its deadline; an
 // unreachable registry fails with ErrUnavailable.
-func CheckParams(ctx context.Context, r Registry, name string, cp *transfer.ContextParams) error {
+func CheckParams(ctx context.Context, r Registry, name string, cp *ucx.ContextParams) error {
 	w, err := r.Lookup(ctx, name)
 	if errors.Is(err, ErrNotFound) {
-		return &transfer.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Reason: "the worker is gone from the registry"}
+		return &ucx.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Reason: "the worker is gone from the registry"}
 	}
 	if err != nil {
 		return err
 	}
 	if w.Incarnation != cp.Incarnation {
-		return &transfer.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker restarted"}
+		return &ucx.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker restarted"}
 	}
 	if len(w.Address) > 0 && !bytes.Equal(w.Address, cp.WorkerAddress) {
-		return &transfer.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker's transport address changed"}
+		return &ucx.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker's transport address changed"}
 	}
 	return nil
 }

@@ -15,7 +15,7 @@
 // (etcd's lease; a heartbeat for the HTTP registry) and renews it until Withdraw or Close, so
 // a worker that dies disappears within the TTL, and one that restarts publishes a new
 // Incarnation under the same name. CheckParams compares a ContextParams with what the
-// registry says of its sender now and fails with transfer.ErrStaleIncarnation when the
+// registry says of its sender now and fails with ucx.ErrStaleIncarnation when the
 // sender has died or restarted since, so a request is never pulled from the wrong life.
 //
 // Lookups retry an unreachable registry with exponential backoff, bounded by

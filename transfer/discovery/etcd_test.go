@@ -18,6 +18,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery/discoverytest"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // waitBound bounds every wait here.
@@ -200,7 +201,7 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 	reg, err := old.Publish(ctx, worker("prefill-0", "prefill", 1))
 	require.NoError(t, err)
 	oldLease := reg.(*etcdRegistration).lease
-	oldParams := &transfer.ContextParams{Incarnation: 1, WorkerAddress: reg.Worker().Address}
+	oldParams := &ucx.ContextParams{Incarnation: 1, WorkerAddress: reg.Worker().Address}
 	require.NoError(t, CheckParams(ctx, look, "prefill-0", oldParams))
 	reg.(*etcdRegistration).abandon() // killed
 
@@ -212,8 +213,8 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 	require.Equal(t, uint64(2), got.Incarnation)
 
 	err = CheckParams(ctx, look, "prefill-0", oldParams)
-	require.ErrorIs(t, err, transfer.ErrStaleIncarnation)
-	var se *transfer.StaleIncarnationError
+	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
+	var se *ucx.StaleIncarnationError
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, uint64(1), se.Have)
 	require.Equal(t, uint64(2), se.Current)
@@ -228,11 +229,11 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 	require.Equal(t, uint64(2), got.Incarnation)
 
 	// And once the new life dies too, its params are stale as well: the worker is gone.
-	newParams := &transfer.ContextParams{Incarnation: 2, WorkerAddress: got.Address}
+	newParams := &ucx.ContextParams{Incarnation: 2, WorkerAddress: got.Address}
 	require.NoError(t, CheckParams(ctx, look, "prefill-0", newParams))
 	require.NoError(t, restarted.Close())
 	err = CheckParams(ctx, look, "prefill-0", newParams)
-	require.ErrorIs(t, err, transfer.ErrStaleIncarnation)
+	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
 }
 
 // etcd going away: lookups fail with ErrUnavailable after bounded retries, a transfer already

@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvxfer/kvxfer/transfer"
 )
 
 func serveRegistry(t *testing.T) *Server {
@@ -73,8 +72,8 @@ func TestHTTP_Lifecycle(t *testing.T) {
 	restarted := openHTTP(t, srv.URL(), Config{TTL: ttl})
 	reg2, err := restarted.Publish(ctx, worker("prefill-0", "prefill", 2))
 	require.NoError(t, err)
-	err = CheckParams(ctx, look, "prefill-0", &transfer.ContextParams{Incarnation: 1, WorkerAddress: p1.Address})
-	require.ErrorIs(t, err, transfer.ErrStaleIncarnation)
+	err = CheckParams(ctx, look, "prefill-0", &ucx.ContextParams{Incarnation: 1, WorkerAddress: p1.Address})
+	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
 	require.NoError(t, pub.(*httpRegistry).do(ctx, http.MethodDelete, WorkersPath+"/prefill-0?incarnation=1", nil, nil))
 	got, err = look.Lookup(ctx, "prefill-0")
 	require.NoError(t, err)
@@ -88,8 +87,8 @@ func TestHTTP_Lifecycle(t *testing.T) {
 		return errors.Is(err, ErrNotFound)
 	}, waitBound, 20*time.Millisecond)
 	require.Less(t, time.Since(died), ttl+3*time.Second)
-	err = CheckParams(ctx, look, "prefill-0", &transfer.ContextParams{Incarnation: 2, WorkerAddress: got.Address})
-	require.ErrorIs(t, err, transfer.ErrStaleIncarnation)
+	err = CheckParams(ctx, look, "prefill-0", &ucx.ContextParams{Incarnation: 2, WorkerAddress: got.Address})
+	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
 }
 
 // A registry that is gone: lookups fail with ErrUnavailable after bounded retries.

@@ -77,6 +77,13 @@ type Completion struct {
 	Memory Memory
 }
 
+// DataHeaderBytes is the size of the header that starts every data chunk the engine sends
+// from a staging slot; the payload follows it in the same slot. A transport that moves the
+// two apart (the UCX device transport sends the header from host memory and the payload
+// from the GPU) splits a chunk here. The engine's wire format defines the header; a test of
+// package transfer holds the two equal.
+const DataHeaderBytes = 48
+
 // OpID names a posted operation for Cancel. Transports choose the values; zero is never used.
 type OpID uint64
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Command enginepeer is the other process in the transfer tests and benchmarks that run two
-// engines over UCX: a transfer.Engine over a UCXTransport in its own process, started by a test
+// engines over UCX: a transfer.Engine over a ucx.Transport in its own process, started by a test
 // (internal/peerproc.BuildEnginePeer), never by people. It lives under transfer/ because it
 // imports transfer; native/internal/ucxpeer, the peer of native's own tests, stays below it.
 //
@@ -28,6 +28,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 type options struct {
@@ -94,14 +95,14 @@ func EnginePool(blocks int64, seed uint64, fill bool) ([]byte, *layout.Plan, err
 	return mem, p, err
 }
 
-// runEngine is -mode engine-send / engine-recv: an Engine over a UCXTransport moving request
+// runEngine is -mode engine-send / engine-recv: an Engine over a ucx.Transport moving request
 // -id with the peer named on stdin, printing "GOT <bytes>" as it moves and
 // "DONE <state> <OK|BAD|error>" at the end.
 func runEngine(o options, stdin *bufio.Scanner) error {
 	if o.mode != "engine-send" && o.mode != "engine-recv" {
 		return fmt.Errorf("-mode %q: want engine-send or engine-recv", o.mode)
 	}
-	tr, err := transfer.NewUCXTransport(transfer.UCXConfig{TLS: o.tls, NetDevices: o.netDevs,
+	tr, err := ucx.New(ucx.Config{TLS: o.tls, NetDevices: o.netDevs,
 		KeepaliveInterval: o.keepalive, StagingBytes: 8 * o.chunk})
 	if err != nil {
 		return err

@@ -2,27 +2,28 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"fmt"
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ DirectTransport = (*UCXTransport)(nil)
+var _ transport.DirectTransport = (*Transport)(nil)
 
 // AllocatePool maps bytes of host memory through UCX (ucp_mem_map with ALLOCATE) for a KV
 // pool the one-copy path can use: UCX must never be handed Go memory, and memory it
 // allocated itself is the fastest it sends from and receives into. The slice views memory
 // outside the Go heap; it stays valid until Close, which unmaps it (and reports an error,
 // keeping it mapped, while UCX still uses it).
-func (t *UCXTransport) AllocatePool(bytes int64) ([]byte, error) {
+func (t *Transport) AllocatePool(bytes int64) ([]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, ErrClosed
+		return nil, transport.ErrClosed
 	}
 	m, err := t.uctx.Allocate(bytes)
 	if err != nil {
@@ -33,9 +34,9 @@ func (t *UCXTransport) AllocatePool(bytes int64) ([]byte, error) {
 	return m.Bytes(), nil
 }
 
-// Direct implements DirectTransport: pool must lie in one region this transport mapped
+// Direct implements transport.DirectTransport: pool must lie in one region this transport mapped
 // (staging or AllocatePool).
-func (t *UCXTransport) Direct(pool []byte) bool {
+func (t *Transport) Direct(pool []byte) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed || len(pool) == 0 {
@@ -45,20 +46,20 @@ func (t *UCXTransport) Direct(pool []byte) bool {
 	return err == nil
 }
 
-// PostSendIOV implements DirectTransport with one UCX tagged send of IOV datatype: UCX reads
+// PostSendIOV implements transport.DirectTransport with one UCX tagged send of IOV datatype: UCX reads
 // the pieces in place.
-func (t *UCXTransport) PostSendIOV(to Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error) {
+func (t *Transport) PostSendIOV(to transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	return t.postIOV(to, tag, iov, done, true)
 }
 
-// PostRecvIOV implements DirectTransport with one UCX tagged receive of IOV datatype.
-func (t *UCXTransport) PostRecvIOV(from Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error) {
+// PostRecvIOV implements transport.DirectTransport with one UCX tagged receive of IOV datatype.
+func (t *Transport) PostRecvIOV(from transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	return t.postIOV(from, tag, iov, done, false)
 }
 
-func (t *UCXTransport) postIOV(peer Peer, tag Tag, iov [][]byte, done func(Completion), send bool) (OpID, error) {
+func (t *Transport) postIOV(peer transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion), send bool) (transport.OpID, error) {
 	if len(iov) == 0 {
-		return 0, fmt.Errorf("%w: an empty IOV", ErrInvalidSpec)
+		return 0, fmt.Errorf("%w: an empty IOV", transport.ErrInvalidSpec)
 	}
 	if err := t.ensureEndpoint(peer); err != nil {
 		return 0, err
@@ -66,7 +67,7 @@ func (t *UCXTransport) postIOV(peer Peer, tag Tag, iov [][]byte, done func(Compl
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return 0, ErrClosed
+		return 0, transport.ErrClosed
 	}
 	// native takes one region per operation: every piece must lie in the first one's.
 	mem, _, err := t.regionLocked(iov[0])
@@ -79,7 +80,7 @@ func (t *UCXTransport) postIOV(peer Peer, tag Tag, iov [][]byte, done func(Compl
 	for i, b := range iov {
 		p := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
 		if len(b) == 0 || p < base || p+uint64(len(b)) > base+uint64(mem.Len()) {
-			return 0, fmt.Errorf("%w: IOV piece %d [%#x, +%d) outside the region of piece 0", ErrUCXUnregistered, i, p, len(b))
+			return 0, fmt.Errorf("%w: IOV piece %d [%#x, +%d) outside the region of piece 0", ErrUnregistered, i, p, len(b))
 		}
 		segs[i] = native.Segment{Offset: int64(p - base), Length: int64(len(b))}
 		size += len(b)
@@ -96,7 +97,7 @@ func (t *UCXTransport) postIOV(peer Peer, tag Tag, iov [][]byte, done func(Compl
 	} else {
 		op.tag = ucxDataTag(peer, tag)
 		if other, live := t.recvTag[op.tag]; live {
-			return 0, fmt.Errorf("%w: %w: receive tag %#x collides with live op %d", ErrProtocol, ErrTagCollision, op.tag, other)
+			return 0, fmt.Errorf("%w: %w: receive tag %#x collides with live op %d", transport.ErrProtocol, transport.ErrTagCollision, op.tag, other)
 		}
 		t.recvTag[op.tag] = op.id
 		t.retireDrainLocked(op.tag)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package transfer
+package ucx
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"hash/crc32"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // ErrBadMetadata: a ContextParams blob is malformed, corrupted, truncated, or from an
@@ -60,10 +61,10 @@ func (e *StaleIncarnationError) Unwrap() error { return ErrStaleIncarnation }
 // all little-endian. Decoding accepts exactly one encoding per value, so a decoded blob
 // re-encodes to the same bytes.
 type ContextParams struct {
-	// RequestID names the request on both sides.
-	RequestID RequestID
+	// transport.RequestID names the request on both sides.
+	RequestID transport.RequestID
 	// Incarnation identifies one life of the sender's engine: a sender that restarts, or
-	// replaces its worker, has a new one. The sender's UCXTransport.CheckParams and the
+	// replaces its worker, has a new one. The sender's Transport.CheckParams and the
 	// receiver's discovery.CheckParams refuse params of a life that is over with
 	// ErrStaleIncarnation, so requests meant for the old life fail at once instead of
 	// waiting out a deadline or reaching the new one's memory.
@@ -222,7 +223,7 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 
 	r := &cpReader{b: blob[cpHeaderSize:]}
 	c := &ContextParams{}
-	c.RequestID = RequestID(r.u64("request id"))
+	c.RequestID = transport.RequestID(r.u64("request id"))
 	c.Incarnation = r.u64("incarnation")
 	var lv [12]int64
 	for i := range lv {

@@ -2,7 +2,7 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"context"
@@ -13,22 +13,23 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 var (
-	_ RMAEmulation = (*UCXTransport)(nil)
-	_ RMALanes     = (*UCXTransport)(nil)
+	_ transport.RMAEmulation = (*Transport)(nil)
+	_ transport.RMALanes     = (*Transport)(nil)
 )
 
-// GetLanes implements RMALanes: UCXConfig.Lanes, the workers gets go to in turn.
-func (t *UCXTransport) GetLanes() int { return t.cfg.Lanes }
+// GetLanes implements transport.RMALanes: Config.Lanes, the workers gets go to in turn.
+func (t *Transport) GetLanes() int { return t.cfg.Lanes }
 
 // stripesGets says whether gets from peer go to the lanes in turn: only where UCX serves them
 // natively (shared memory, cma, RDMA). Where it emulates them (TCP in UCX 1.13) they stay on
 // the transport's own worker: striping buys nothing there (the bytes go through each
 // worker's active messages one way or another), and UCX 1.13 crashed the process
 // (SIGSEGV in a lane's thread) when a peer was killed under gets striped over TCP lanes.
-func (t *UCXTransport) stripesGets(peer Peer) bool {
+func (t *Transport) stripesGets(peer transport.Peer) bool {
 	return t.cfg.Lanes > 1 && !t.GetsEmulated(peer)
 }
 
@@ -38,12 +39,12 @@ type ucxGetLanes struct {
 	native bool
 }
 
-// GetsEmulated implements RMAEmulation by what UCX says about the endpoint to peer
+// GetsEmulated implements transport.RMAEmulation by what UCX says about the endpoint to peer
 // (native.Endpoint.Lanes): gets are native where a lane serves them (shared memory, cma,
 // RDMA), emulated with active messages where none does (TCP in UCX 1.13). The answer is kept
 // per endpoint; a replaced endpoint is asked again. When UCX cannot be asked it answers false,
 // and the receiver keeps the RMA mode, which works on every transport.
-func (t *UCXTransport) GetsEmulated(peer Peer) bool {
+func (t *Transport) GetsEmulated(peer transport.Peer) bool {
 	if t.ensureEndpoint(peer) != nil {
 		return false
 	}
@@ -71,15 +72,15 @@ func (t *UCXTransport) GetsEmulated(peer Peer) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.rma.getLanes == nil {
-		t.rma.getLanes = map[Peer]ucxGetLanes{}
+		t.rma.getLanes = map[transport.Peer]ucxGetLanes{}
 	}
 	t.rma.getLanes[peer] = ucxGetLanes{ep: ep, native: lanes.NativeGet}
 	return !lanes.NativeGet
 }
 
-// ucxLanes are the workers a UCXTransport's gets are striped over, lane 0 being the
+// ucxLanes are the workers a Transport's gets are striped over, lane 0 being the
 // transport's own worker (t.w, its endpoints t.eps) and lane i > 0 extra[i-1]. Guarded by
-// UCXTransport.mu, except start.
+// Transport.mu, except start.
 type ucxLanes struct {
 	start sync.Once // makes the extra workers, on the first get
 	extra []*ucxLane
@@ -89,12 +90,12 @@ type ucxLanes struct {
 // ucxLane is one extra worker and its endpoints, one per peer read from.
 type ucxLane struct {
 	w   *native.Worker
-	eps map[Peer]*native.Endpoint
+	eps map[transport.Peer]*native.Endpoint
 }
 
 // startLanes makes the extra workers once, outside mu (a worker starts its own thread). A
 // worker that cannot be made leaves fewer lanes, logged; gets still go.
-func (t *UCXTransport) startLanes() {
+func (t *Transport) startLanes() {
 	t.rma.lanes.start.Do(func() {
 		var ws []*native.Worker
 		for range t.cfg.Lanes - 1 {
@@ -109,7 +110,7 @@ func (t *UCXTransport) startLanes() {
 		closed := t.closed
 		if !closed {
 			for _, w := range ws {
-				t.rma.lanes.extra = append(t.rma.lanes.extra, &ucxLane{w: w, eps: map[Peer]*native.Endpoint{}})
+				t.rma.lanes.extra = append(t.rma.lanes.extra, &ucxLane{w: w, eps: map[transport.Peer]*native.Endpoint{}})
 			}
 		}
 		t.mu.Unlock()
@@ -124,7 +125,7 @@ func (t *UCXTransport) startLanes() {
 // nextLaneLocked is the lane of the next get: round robin, so a request of n gets in flight
 // spreads them over min(n, lanes) workers and a request of one get uses one, and concurrent
 // requests share every lane.
-func (t *UCXTransport) nextLaneLocked() int {
+func (t *Transport) nextLaneLocked() int {
 	n := uint64(1 + len(t.rma.lanes.extra))
 	lane := int(t.rma.lanes.next % n)
 	t.rma.lanes.next++
@@ -134,7 +135,7 @@ func (t *UCXTransport) nextLaneLocked() int {
 // ensureLaneEndpoints makes the lanes' missing endpoints to peer outside mu (each a round
 // trip to its lane's worker), as ensureEndpoint does for the transport's own, so a first get to
 // a peer holds up nobody else's posts and completions.
-func (t *UCXTransport) ensureLaneEndpoints(peer Peer) error {
+func (t *Transport) ensureLaneEndpoints(peer transport.Peer) error {
 	t.mu.Lock()
 	var need []*ucxLane
 	if !t.closed {
@@ -173,7 +174,7 @@ func (t *UCXTransport) ensureLaneEndpoints(peer Peer) error {
 // the lane worker's. The caller ran ensureLaneEndpoints first, so it exists but for a race
 // with its failure; then it is made here, under mu. A lane endpoint that fails reports the
 // peer lost, as the transport's own endpoint does, and takes the keys unpacked on it with it.
-func (t *UCXTransport) laneEndpointLocked(lane int, peer Peer) (*native.Endpoint, error) {
+func (t *Transport) laneEndpointLocked(lane int, peer transport.Peer) (*native.Endpoint, error) {
 	if lane == 0 {
 		return t.endpointLocked(peer)
 	}
@@ -192,7 +193,7 @@ func (t *UCXTransport) laneEndpointLocked(lane int, peer Peer) (*native.Endpoint
 
 // watchLane forgets a lane endpoint that failed and reports its peer lost, unless the
 // transport is closing.
-func (t *UCXTransport) watchLane(l *ucxLane, peer Peer, ep *native.Endpoint) {
+func (t *Transport) watchLane(l *ucxLane, peer transport.Peer, ep *native.Endpoint) {
 	select {
 	case <-ep.Failed():
 	case <-t.stop:
@@ -215,7 +216,7 @@ func (t *UCXTransport) watchLane(l *ucxLane, peer Peer, ep *native.Endpoint) {
 // settles every get still in them, each reported through dispatch like the transport's own.
 // It runs in Close before the transport's worker closes; a start still making workers is
 // waited for, and one not begun never will.
-func (t *UCXTransport) closeLanes(ctx context.Context, force bool) error {
+func (t *Transport) closeLanes(ctx context.Context, force bool) error {
 	t.rma.lanes.start.Do(func() {})
 	t.mu.Lock()
 	lanes := t.rma.lanes.extra

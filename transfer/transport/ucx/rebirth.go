@@ -2,7 +2,7 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"context"
@@ -11,10 +11,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-// replaceWorker is UCXConfig.ReplaceWedgedWorker's recovery, run by the receive probe when it
-// finds the worker's receive queue wedged (ucx_probe.go). A wedged UCX shared-memory queue
+// replaceWorker is Config.ReplaceWedgedWorker's recovery, run by the receive probe when it
+// finds the worker's receive queue wedged (probe.go). A wedged UCX shared-memory queue
 // never recovers, and it belongs to the worker: a new worker has a new one. The transport
 // keeps its context (the staging region and mapped pools stay registered, their packed keys
 // stay valid) and swaps the worker: new operations, endpoints and the control receive go to
@@ -22,7 +23,7 @@ import (
 // reached lost (watch) and drops the keys unpacked on them, and closing the old worker settles
 // every operation still in it, each reported failed with its memory released. The transport's
 // address changes: to peers this is a restart of the process.
-func (t *UCXTransport) replaceWorker(cause error) {
+func (t *Transport) replaceWorker(cause error) {
 	nw, err := t.uctx.NewWorker(native.WorkerConfig{OnReport: t.enqueueRequest, Logger: t.cfg.Logger})
 	if err != nil {
 		// The probe tries again each interval while the worker stays wedged; the log says so
@@ -42,7 +43,7 @@ func (t *UCXTransport) replaceWorker(cause error) {
 		return
 	}
 	old, oldEps := t.w, t.eps
-	t.w, t.eps = nw, map[Peer]*native.Endpoint{}
+	t.w, t.eps = nw, map[transport.Peer]*native.Endpoint{}
 	t.addr = nw.Address()
 	t.self = PeerFromAddress(t.addr)
 	t.life = rand.Uint64()
@@ -68,8 +69,8 @@ func (t *UCXTransport) replaceWorker(cause error) {
 }
 
 // WorkersReplaced is how many times the transport replaced a wedged worker
-// (UCXConfig.ReplaceWedgedWorker). It never blocks on UCX.
-func (t *UCXTransport) WorkersReplaced() int {
+// (Config.ReplaceWedgedWorker). It never blocks on UCX.
+func (t *Transport) WorkersReplaced() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.swaps

@@ -2,7 +2,7 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"fmt"
@@ -11,15 +11,16 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ RMAGenerations = (*UCXTransport)(nil)
+var _ transport.RMAGenerations = (*Transport)(nil)
 
 // ucxGenWords is how many exposures may hold a generation word at once, and how many
 // generation reads may be in flight; the region holds both (64 KiB).
 const ucxGenWords = 4096
 
-// ucxGens is the UCX transport's generation region, under UCXTransport.mu: words [0,
+// ucxGens is the UCX transport's generation region, under Transport.mu: words [0,
 // ucxGenWords) are exposures' generation words that peers read, words [ucxGenWords,
 // 2*ucxGenWords) are where this side's reads of peers' words land. Mapped by UCX on first use,
 // its key packed once.
@@ -37,7 +38,7 @@ func (g *ucxGens) word(i int) *uint64 {
 }
 
 // gensLocked maps the region on first use.
-func (t *UCXTransport) gensLocked() (*ucxGens, error) {
+func (t *Transport) gensLocked() (*ucxGens, error) {
 	g := &t.gens
 	if g.mem != nil {
 		return g, nil
@@ -58,13 +59,13 @@ func (t *UCXTransport) gensLocked() (*ucxGens, error) {
 	return g, nil
 }
 
-// ExposeGeneration implements RMAGenerations with a word of the transport's generation
+// ExposeGeneration implements transport.RMAGenerations with a word of the transport's generation
 // region: the value is this transport's next, stored atomically; end stores the one after.
-func (t *UCXTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
+func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return 0, nil, 0, nil, ErrClosed
+		return 0, nil, 0, nil, transport.ErrClosed
 	}
 	g, err := t.gensLocked()
 	if err != nil {
@@ -93,30 +94,30 @@ func (t *UCXTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error
 	return uint64(uintptr(unsafe.Pointer(w))), g.key, value, end, nil
 }
 
-// PrepareReadGeneration implements RMAGenerations: it unpacks key on the transport's own
+// PrepareReadGeneration implements transport.RMAGenerations: it unpacks key on the transport's own
 // endpoint to from now, beside the pool's key, rather than after the data gets. Unpacking a
 // shared-memory key attaches the peer's segment through /proc/<pid>: done after the peer died
 // (its data gets, from a segment already attached, can still succeed), UCX 1.13 fails the
 // unpack and then crashes the process in its own clean-up (seen in
 // TestUCXDirect_PeerKilledMidTransfer).
-func (t *UCXTransport) PrepareReadGeneration(from Peer, key []byte) error {
+func (t *Transport) PrepareReadGeneration(from transport.Peer, key []byte) error {
 	if err := t.ensureEndpoint(from); err != nil { // made outside mu, as PostGet's
 		return err
 	}
 	return t.ensureKey(from, 0, key) // unpacked outside mu too
 }
 
-// PostReadGeneration implements RMAGenerations with one fenced ucp_get_nbx of 8 bytes into a
+// PostReadGeneration implements transport.RMAGenerations with one fenced ucp_get_nbx of 8 bytes into a
 // landing word of the generation region: the fence orders it after every get this worker
 // posted before it.
-func (t *UCXTransport) PostReadGeneration(from Peer, tag Tag, key []byte, addr uint64, done func(Completion, uint64)) (OpID, error) {
+func (t *Transport) PostReadGeneration(from transport.Peer, tag transport.Tag, key []byte, addr uint64, done func(transport.Completion, uint64)) (transport.OpID, error) {
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return 0, ErrClosed
+		return 0, transport.ErrClosed
 	}
 	g, err := t.gensLocked()
 	if err != nil {
@@ -140,8 +141,8 @@ func (t *UCXTransport) PostReadGeneration(from Peer, tag Tag, key []byte, addr u
 	t.nextOp++
 	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: 8}
 	rk.inflight++
-	op.done = func(c Completion) {
-		if c.Memory == MemoryBusy {
+	op.done = func(c transport.Completion) {
+		if c.Memory == transport.MemoryBusy {
 			done(c, 0)
 			return
 		}
@@ -159,7 +160,7 @@ func (t *UCXTransport) PostReadGeneration(from Peer, tag Tag, key []byte, addr u
 }
 
 // closeGens unmaps the generation region once the worker is gone (Close).
-func (t *UCXTransport) closeGens() error {
+func (t *Transport) closeGens() error {
 	t.mu.Lock()
 	mem := t.gens.mem
 	t.gens.mem = nil

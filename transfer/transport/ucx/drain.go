@@ -2,9 +2,9 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
-// Drain receives: what takes a late message of a cancelled UCX receive (UCXConfig.DrainTimeout).
+// Drain receives: what takes a late message of a cancelled UCX receive (Config.DrainTimeout).
 
 import (
 	"errors"
@@ -20,8 +20,8 @@ type ucxDrain struct {
 	timer *time.Timer
 }
 
-// UCXDrainStats counts the drain receives of a UCXTransport (see UCXConfig.DrainTimeout).
-type UCXDrainStats struct {
+// DrainStats counts the drain receives of a Transport (see Config.DrainTimeout).
+type DrainStats struct {
 	Started uint64 // drains posted for cancelled receives
 	Drained uint64 // drains that took a late message, completing its sender's request
 	Expired uint64 // drains cancelled at DrainTimeout (or replaced by a live receive) unused
@@ -38,7 +38,7 @@ type UCXDrainStats struct {
 // its memory released; the cancelled receive's buffer is never written. A drain ends when it
 // matches, when a receive of the same tags is posted again (a caller that does not reserve
 // tags), or after DrainTimeout; while it lasts, ReserveTags refuses its hash.
-func (t *UCXTransport) startDrainLocked(tag uint64) {
+func (t *Transport) startDrainLocked(tag uint64) {
 	family := t.drains[tag&^ucxSeqMask]
 	if family[tag] != nil {
 		return
@@ -67,7 +67,7 @@ func (t *UCXTransport) startDrainLocked(tag uint64) {
 // reserves, and ReserveTags refuses a drained hash): the worker runs the cancels before that
 // receive's post, so its chunks reach its own receives, not a drain left from an earlier
 // transfer (a stale message a drain already took stays the drain's).
-func (t *UCXTransport) retireDrainLocked(tag uint64) {
+func (t *Transport) retireDrainLocked(tag uint64) {
 	family := t.drains[tag&^ucxSeqMask]
 	if family == nil {
 		return
@@ -80,7 +80,7 @@ func (t *UCXTransport) retireDrainLocked(tag uint64) {
 }
 
 // drainDoneLocked forgets a drain UCX has reported on.
-func (t *UCXTransport) drainDoneLocked(d *ucxDrain) {
+func (t *Transport) drainDoneLocked(d *ucxDrain) {
 	delete(t.drainByReq, d.req)
 	if family := t.drains[d.tag&^ucxSeqMask]; family[d.tag] == d {
 		delete(family, d.tag)
@@ -96,8 +96,8 @@ func (t *UCXTransport) drainDoneLocked(d *ucxDrain) {
 	}
 }
 
-// DrainStats returns the drain counters (see UCXConfig.DrainTimeout). It never blocks on UCX.
-func (t *UCXTransport) DrainStats() UCXDrainStats {
+// DrainStats returns the drain counters (see Config.DrainTimeout). It never blocks on UCX.
+func (t *Transport) DrainStats() DrainStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.drainStats

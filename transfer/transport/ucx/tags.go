@@ -2,12 +2,14 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // UCX tags: the top 4 bits say what a message is, so the control receive's mask never
@@ -15,10 +17,10 @@ import (
 // nonce) and the 32-bit chunk sequence. 28 bits collide: among 10,000 live transfers on one
 // worker, two share a hash with a chance near 17%. So a receiving transfer reserves its hash
 // (ReserveTags) before it posts, and a hash that another live transfer holds, or that drain
-// receives of a cancelled one still watch, is refused with ErrTagCollision: the engine draws
+// receives of a cancelled one still watch, is refused with transport.ErrTagCollision: the engine draws
 // another nonce, which moves the hash. Two live transfers therefore never share tags, and a
 // late chunk of an old transfer meets either a drain or no receive at all for as long as the
-// drains last (UCXConfig.DrainTimeout); past that, the staging path's chunk header still
+// drains last (Config.DrainTimeout); past that, the staging path's chunk header still
 // carries the nonce and is checked.
 const (
 	ucxKindShift = 60
@@ -28,7 +30,7 @@ const (
 	ucxSeqMask   = uint64(0xffffffff) // a data tag's chunk sequence
 )
 
-func ucxDataTag(sender Peer, tag Tag) uint64 {
+func ucxDataTag(sender transport.Peer, tag transport.Tag) uint64 {
 	h := fnv.New32a()
 	h.Write([]byte(sender))
 	var b [18]byte
@@ -44,27 +46,27 @@ func ucxTagHash(tag uint64) uint64 { return tag &^ ucxKindMask &^ ucxSeqMask }
 
 // ucxTagOwner is the transfer a reserved hash belongs to.
 type ucxTagOwner struct {
-	from    Peer
-	request RequestID
+	from    transport.Peer
+	request transport.RequestID
 	sub     uint16
 	nonce   uint64
 }
 
-// ReserveTags implements TagReserver: it reserves the hash of the receive's data tags from
-// peer, or fails with ErrTagCollision if another transfer's receives or drains hold it.
-func (t *UCXTransport) ReserveTags(from Peer, tag Tag) (func(), error) {
+// ReserveTags implements transport.TagReserver: it reserves the hash of the receive's data tags from
+// peer, or fails with transport.ErrTagCollision if another transfer's receives or drains hold it.
+func (t *Transport) ReserveTags(from transport.Peer, tag transport.Tag) (func(), error) {
 	owner := ucxTagOwner{from, tag.Request, tag.Sub, tag.Nonce}
 	hash := ucxTagHash(ucxDataTag(from, tag))
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, ErrClosed
+		return nil, transport.ErrClosed
 	}
 	if held, ok := t.tagOwners[hash]; ok && held != owner {
-		return nil, fmt.Errorf("%w: tag hash %#x of request %d held by request %d", ErrTagCollision, hash>>32, tag.Request, held.request)
+		return nil, fmt.Errorf("%w: tag hash %#x of request %d held by request %d", transport.ErrTagCollision, hash>>32, tag.Request, held.request)
 	}
 	if t.drainingLocked(hash) {
-		return nil, fmt.Errorf("%w: tag hash %#x of request %d is drained for a cancelled transfer", ErrTagCollision, hash>>32, tag.Request)
+		return nil, fmt.Errorf("%w: tag hash %#x of request %d is drained for a cancelled transfer", transport.ErrTagCollision, hash>>32, tag.Request)
 	}
 	t.tagOwners[hash] = owner
 	return func() {
@@ -77,6 +79,6 @@ func (t *UCXTransport) ReserveTags(from Peer, tag Tag) (func(), error) {
 }
 
 // drainingLocked reports whether drain receives watch tags of hash.
-func (t *UCXTransport) drainingLocked(hash uint64) bool {
+func (t *Transport) drainingLocked(hash uint64) bool {
 	return len(t.drains[ucxKindData|hash]) > 0 || len(t.drains[ucxKindDevHeader|hash]) > 0
 }

@@ -2,7 +2,7 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"bytes"
@@ -16,10 +16,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // The receive probe: a second UCX worker in this process sends a small control message to the
-// transport's worker every UCXConfig.ProbeInterval, over the same transports a local peer would
+// transport's worker every Config.ProbeInterval, over the same transports a local peer would
 // use. UCX's shared-memory transports give each worker one receive queue that every local
 // sender writes into; a sender killed between claiming a queue element and publishing it
 // leaves an element that never becomes readable, and the worker then receives nothing over
@@ -39,7 +40,7 @@ type ucxProbe struct {
 	addr              []byte // the probe worker's address: how the transport recognises its messages
 	closeTimeout      time.Duration
 	// onWedged, if set, runs on the probe's goroutine when the worker is found wedged
-	// (UCXConfig.ReplaceWedgedWorker); the probe is retargeted before it returns.
+	// (Config.ReplaceWedgedWorker); the probe is retargeted before it returns.
 	onWedged func(error)
 
 	mu sync.Mutex
@@ -57,7 +58,7 @@ type ucxProbe struct {
 
 // startProbe opens the probe worker and connects it to the transport's worker. A probe that
 // cannot be opened is logged and left out: the transport works without it.
-func (t *UCXTransport) startProbe() {
+func (t *Transport) startProbe() {
 	if t.cfg.ProbeInterval < 0 {
 		return
 	}
@@ -82,7 +83,7 @@ func (t *UCXTransport) startProbe() {
 	go p.run()
 }
 
-func (p *ucxProbe) open(cfg UCXConfig, target []byte) error {
+func (p *ucxProbe) open(cfg Config, target []byte) error {
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
 		KeepaliveInterval: cfg.KeepaliveInterval, Logger: cfg.Logger, NoRMA: true})
 	if err != nil {
@@ -177,7 +178,7 @@ func (p *ucxProbe) wedged(now time.Time) error {
 		return fmt.Errorf("%w: this worker has not received its own loopback probe, sent %v ago (timeout %v): "+
 			"its receive queue is wedged, as UCX's shared-memory queue is when a local peer dies while writing to it; "+
 			"nothing a peer sends it will arrive until the process restarts (or use UCX_TLS without posix/sysv)",
-			ErrTransportWedged, age.Round(time.Millisecond), p.timeout)
+			transport.ErrTransportWedged, age.Round(time.Millisecond), p.timeout)
 	}
 	return nil
 }
@@ -208,8 +209,8 @@ func (p *ucxProbe) close() {
 	})
 }
 
-// TransportHealth implements TransportHealth: an error while the receive probe says the
+// transport.TransportHealth implements transport.TransportHealth: an error while the receive probe says the
 // worker's receive queue is wedged. It never blocks.
-func (t *UCXTransport) TransportHealth() error {
+func (t *Transport) TransportHealth() error {
 	return t.probe.Load().wedged(time.Now())
 }

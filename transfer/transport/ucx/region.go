@@ -2,7 +2,7 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"errors"
@@ -13,19 +13,20 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ PoolHolder = (*UCXTransport)(nil)
+var _ transport.PoolHolder = (*Transport)(nil)
 
 // deviceRegionAlign is the alignment RegisterDevice asks of a device range: cudaMalloc's
 // allocations start on 256-byte boundaries at least (CUDA VMM's on 2 MiB).
 const deviceRegionAlign = 256
 
-// ucxRegs holds the caller's registrations, under UCXTransport.mu (regMu serialises
+// ucxRegs holds the caller's registrations, under Transport.mu (regMu serialises
 // registering and unregistering, which call into UCX outside mu).
 type ucxRegs struct {
 	regMu  sync.Mutex
-	host   []*ucxRegistration // also in UCXTransport.regions, so Direct and RMAKey find them
+	host   []*ucxRegistration // also in Transport.regions, so Direct and RMAKey find them
 	device []*ucxRegistration
 }
 
@@ -33,7 +34,7 @@ type ucxRegs struct {
 // packed once, shared by every Region inside it.
 type ucxRegistration struct {
 	mem  *native.Memory
-	refs int          // Regions not yet unregistered, under UCXTransport.mu
+	refs int          // Regions not yet unregistered, under Transport.mu
 	uses atomic.Int64 // transfers holding it (HoldPool)
 	gone bool         // unmapped (its last Region unregistered, or the transport closed)
 }
@@ -41,13 +42,13 @@ type ucxRegistration struct {
 func (g *ucxRegistration) start() uint64 { return g.mem.Addr() }
 func (g *ucxRegistration) end() uint64   { return g.mem.Addr() + uint64(g.mem.Len()) }
 
-// Region is memory the caller already owns (its KV cache), registered with a UCXTransport:
+// Region is memory the caller already owns (its KV cache), registered with a Transport:
 // host memory it mapped itself (RegisterHost) or CUDA device memory (RegisterDevice). A
-// host region's Pool is what the caller passes as Spec.Pool: the direct path and its RMA mode
+// host region's Pool is what the caller passes as transfer.Spec.Pool: the direct path and its RMA mode
 // then move it in place, exactly as a pool from AllocatePool. Unregister it once no transfer
 // uses it; the transport's Close unregisters what is left.
 type Region struct {
-	t    *UCXTransport
+	t    *Transport
 	reg  *ucxRegistration
 	addr uint64
 	size int64
@@ -56,7 +57,7 @@ type Region struct {
 	done bool // Unregister succeeded, under t.mu
 }
 
-// Pool is the region as the caller's pool, for Spec.Pool (and slices of it); nil for device
+// Pool is the region as the caller's pool, for transfer.Spec.Pool (and slices of it); nil for device
 // memory, which Go never addresses.
 func (r *Region) Pool() []byte { return r.pool }
 
@@ -81,24 +82,24 @@ func (r *Region) RemoteKey() (addr uint64, key []byte) {
 // huge pages), with UCX once (ucp_mem_map without ALLOCATE) and packs its remote key once.
 // The memory must stay mapped until the Region is unregistered (or the transport closed).
 //
-// Refused with a *RegionError: Go heap memory (ErrGoMemory: cgo's pointer rules), an empty
+// Refused with a *transport.RegionError: Go heap memory (transport.ErrGoMemory: cgo's pointer rules), an empty
 // pool or one that does not start on a page boundary, or bounds that overlap a registration
-// without lying inside it, or overlap memory the transport mapped itself (ErrBadRegion). A
+// without lying inside it, or overlap memory the transport mapped itself (transport.ErrBadRegion). A
 // pool equal to or inside an existing registration shares it: one registration, counted once
 // per Region. Nothing is registered when it fails.
-func (t *UCXTransport) RegisterHost(pool []byte) (*Region, error) {
+func (t *Transport) RegisterHost(pool []byte) (*Region, error) {
 	p := unsafe.Pointer(unsafe.SliceData(pool))
 	addr, size := uint64(uintptr(p)), int64(len(pool))
 	refuse := func(reason string, err error) error {
-		return &RegionError{Op: "register", Addr: addr, Len: size, Reason: reason, Err: err}
+		return &transport.RegionError{Op: "register", Addr: addr, Len: size, Reason: reason, Err: err}
 	}
 	switch {
 	case size == 0:
-		return nil, refuse("zero length", ErrBadRegion)
+		return nil, refuse("zero length", transport.ErrBadRegion)
 	case addr%uint64(os.Getpagesize()) != 0:
-		return nil, refuse(fmt.Sprintf("start not on a %d-byte page boundary", os.Getpagesize()), ErrBadRegion)
+		return nil, refuse(fmt.Sprintf("start not on a %d-byte page boundary", os.Getpagesize()), transport.ErrBadRegion)
 	case native.IsGoHeap(p, size):
-		return nil, refuse("the range lies in the Go heap, which UCX must not keep (cgo pointer rules); map it with mmap or use AllocatePool", ErrGoMemory)
+		return nil, refuse("the range lies in the Go heap, which UCX must not keep (cgo pointer rules); map it with mmap or use AllocatePool", transport.ErrGoMemory)
 	}
 	r, err := t.register(addr, size, native.MemoryHost, refuse, func() (*native.Memory, error) {
 		return t.uctx.Register(p, size, native.MemoryHost)
@@ -114,17 +115,17 @@ func (t *UCXTransport) RegisterHost(pool []byte) (*Region, error) {
 // cudaMalloc or CUDA VMM: cuda.Buffer.Mem().Addr) with UCX once, its memory type named, and
 // packs its remote key once. The memory must stay allocated until the Region is
 // unregistered. Without a CUDA-enabled UCX it is refused before UCX sees the address (a
-// *RegionError wrapping a *DeviceMemoryError: ErrDeviceMemory, native.ErrMemoryType); so are
-// a zero size, an address off a 256-byte boundary and overlapping bounds (ErrBadRegion).
-func (t *UCXTransport) RegisterDevice(addr uint64, size int64) (*Region, error) {
+// *transport.RegionError wrapping a *DeviceMemoryError: ErrDeviceMemory, native.ErrMemoryType); so are
+// a zero size, an address off a 256-byte boundary and overlapping bounds (transport.ErrBadRegion).
+func (t *Transport) RegisterDevice(addr uint64, size int64) (*Region, error) {
 	refuse := func(reason string, err error) error {
-		return &RegionError{Op: "register", Addr: addr, Len: size, Reason: reason, Err: err}
+		return &transport.RegionError{Op: "register", Addr: addr, Len: size, Reason: reason, Err: err}
 	}
 	switch {
 	case size <= 0:
-		return nil, refuse("zero length", ErrBadRegion)
+		return nil, refuse("zero length", transport.ErrBadRegion)
 	case addr == 0 || addr%deviceRegionAlign != 0:
-		return nil, refuse(fmt.Sprintf("device address not on a %d-byte boundary", deviceRegionAlign), ErrBadRegion)
+		return nil, refuse(fmt.Sprintf("device address not on a %d-byte boundary", deviceRegionAlign), transport.ErrBadRegion)
 	case !t.uctx.Supports(native.MemoryCUDA):
 		return nil, refuse("device memory", &DeviceMemoryError{Reason: "this UCX cannot register CUDA memory",
 			Err: &native.MemoryTypeError{Kind: native.MemoryCUDA, UCXVersion: native.UCXVersion()}})
@@ -135,18 +136,18 @@ func (t *UCXTransport) RegisterDevice(addr uint64, size int64) (*Region, error) 
 }
 
 // register finds the registration [addr, addr+size) lies in, or makes one with mapMem.
-func (t *UCXTransport) register(addr uint64, size int64, kind native.MemoryKind, refuse func(string, error) error,
+func (t *Transport) register(addr uint64, size int64, kind native.MemoryKind, refuse func(string, error) error,
 	mapMem func() (*native.Memory, error)) (*Region, error) {
 	t.regs.regMu.Lock()
 	defer t.regs.regMu.Unlock()
 	end := addr + uint64(size)
 	if end < addr {
-		return nil, refuse("the range wraps around", ErrBadRegion)
+		return nil, refuse("the range wraps around", transport.ErrBadRegion)
 	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return nil, refuse("transport closed", ErrClosed)
+		return nil, refuse("transport closed", transport.ErrClosed)
 	}
 	list := t.regs.host
 	if kind == native.MemoryCUDA {
@@ -155,7 +156,7 @@ func (t *UCXTransport) register(addr uint64, size int64, kind native.MemoryKind,
 		for _, m := range t.regions {
 			if t.callerMemLocked(m) == nil && addr < m.Addr()+uint64(m.Len()) && m.Addr() < end {
 				t.mu.Unlock()
-				return nil, refuse("overlaps memory the transport mapped itself (staging or AllocatePool)", ErrBadRegion)
+				return nil, refuse("overlaps memory the transport mapped itself (staging or AllocatePool)", transport.ErrBadRegion)
 			}
 		}
 	}
@@ -167,7 +168,7 @@ func (t *UCXTransport) register(addr uint64, size int64, kind native.MemoryKind,
 		}
 		if addr < g.end() && g.start() < end {
 			t.mu.Unlock()
-			return nil, refuse(fmt.Sprintf("overlaps the registration [%#x, +%d) without lying inside it", g.start(), g.mem.Len()), ErrBadRegion)
+			return nil, refuse(fmt.Sprintf("overlaps the registration [%#x, +%d) without lying inside it", g.start(), g.mem.Len()), transport.ErrBadRegion)
 		}
 	}
 	t.mu.Unlock()
@@ -191,7 +192,7 @@ func (t *UCXTransport) register(addr uint64, size int64, kind native.MemoryKind,
 	if t.closed {
 		t.mu.Unlock()
 		_ = mem.Close()
-		return nil, refuse("transport closed", ErrClosed)
+		return nil, refuse("transport closed", transport.ErrClosed)
 	}
 	if t.rma.packed == nil {
 		t.rma.packed = map[*native.Memory][]byte{}
@@ -209,7 +210,7 @@ func (t *UCXTransport) register(addr uint64, size int64, kind native.MemoryKind,
 
 // callerMemLocked returns the caller registration of m, or nil for memory the transport
 // mapped itself.
-func (t *UCXTransport) callerMemLocked(m *native.Memory) *ucxRegistration {
+func (t *Transport) callerMemLocked(m *native.Memory) *ucxRegistration {
 	for _, g := range t.regs.host {
 		if g.mem == m {
 			return g
@@ -219,8 +220,8 @@ func (t *UCXTransport) callerMemLocked(m *native.Memory) *ucxRegistration {
 }
 
 // Unregister ends this Region. The last Region of a registration unmaps it from UCX
-// (ucp_mem_unmap); the memory itself stays the caller's. It is refused with a *RegionError
-// matching ErrRegionInUse while a transfer holds the registration (from its start until its
+// (ucp_mem_unmap); the memory itself stays the caller's. It is refused with a *transport.RegionError
+// matching transport.ErrRegionInUse while a transfer holds the registration (from its start until its
 // Quiesced channel closes; for good once its blocks are poisoned) or UCX still holds an
 // operation on it, and then changes nothing. Unregistering twice, or after the transport
 // closed, does nothing.
@@ -235,13 +236,13 @@ func (r *Region) Unregister() error {
 	}
 	if n := g.uses.Load(); n > 0 {
 		t.mu.Unlock()
-		return &RegionError{Op: "unregister", Addr: r.addr, Len: r.size,
-			Reason: fmt.Sprintf("%d transfers hold it until their blocks are quiescent", n), Err: ErrRegionInUse}
+		return &transport.RegionError{Op: "unregister", Addr: r.addr, Len: r.size,
+			Reason: fmt.Sprintf("%d transfers hold it until their blocks are quiescent", n), Err: transport.ErrRegionInUse}
 	}
 	if n := g.mem.InUse(); n > 0 && g.refs == 1 {
 		t.mu.Unlock()
-		return &RegionError{Op: "unregister", Addr: r.addr, Len: r.size,
-			Reason: fmt.Sprintf("UCX still holds %d operations on it", n), Err: ErrRegionInUse}
+		return &transport.RegionError{Op: "unregister", Addr: r.addr, Len: r.size,
+			Reason: fmt.Sprintf("UCX still holds %d operations on it", n), Err: transport.ErrRegionInUse}
 	}
 	r.done = true
 	g.refs--
@@ -252,13 +253,13 @@ func (r *Region) Unregister() error {
 	t.dropRegistrationLocked(g)
 	t.mu.Unlock()
 	if err := g.mem.Close(); err != nil {
-		return &RegionError{Op: "unregister", Addr: r.addr, Len: r.size, Reason: "ucx unmap", Err: err}
+		return &transport.RegionError{Op: "unregister", Addr: r.addr, Len: r.size, Reason: "ucx unmap", Err: err}
 	}
 	return nil
 }
 
 // dropRegistrationLocked takes g out of every list, so nothing new can use it.
-func (t *UCXTransport) dropRegistrationLocked(g *ucxRegistration) {
+func (t *Transport) dropRegistrationLocked(g *ucxRegistration) {
 	g.gone = true
 	delete(t.rma.packed, g.mem)
 	t.regs.host = deleteReg(t.regs.host, g)
@@ -280,8 +281,8 @@ func deleteReg(list []*ucxRegistration, g *ucxRegistration) []*ucxRegistration {
 	return list
 }
 
-// HoldPool implements PoolHolder: a pool inside a caller registration is held until release.
-func (t *UCXTransport) HoldPool(pool []byte) func() {
+// HoldPool implements transport.PoolHolder: a pool inside a caller registration is held until release.
+func (t *Transport) HoldPool(pool []byte) func() {
 	if len(pool) == 0 {
 		return nil
 	}
@@ -301,7 +302,7 @@ func (t *UCXTransport) HoldPool(pool []byte) func() {
 }
 
 // closeRegions unmaps every registration still live, once the worker is gone (Close).
-func (t *UCXTransport) closeRegions() []error {
+func (t *Transport) closeRegions() []error {
 	t.mu.Lock()
 	all := append(append([]*ucxRegistration(nil), t.regs.host...), t.regs.device...)
 	for _, g := range all {
@@ -316,7 +317,7 @@ func (t *UCXTransport) closeRegions() []error {
 }
 
 // registrations is how many caller registrations are live (tests: nothing leaked).
-func (t *UCXTransport) registrations() int {
+func (t *Transport) registrations() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.regs.host) + len(t.regs.device)

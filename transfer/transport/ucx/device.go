@@ -2,7 +2,7 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"context"
@@ -16,12 +16,13 @@ import (
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // Device memory over UCX (docs/ucx.md, "Device memory"). The engine's staging path is kept as
 // it is: slots, chunk headers, the lifecycle. What changes is where a slot's bytes live. A
-// UCXDeviceTransport backs every slot twice: a host "header" region, which is what the engine
-// sees as Config.StagingMemory (it writes and reads each chunk's 48-byte header there), and a
+// DeviceTransport backs every slot twice: a host "header" region, which is what the engine
+// sees as transfer.Config.StagingMemory (it writes and reads each chunk's 48-byte header there), and a
 // device region of the same size, registered once with UCX, which holds each chunk's payload.
 // The DeviceMover gathers a request's blocks from the caller's device pool into a slot's
 // device bytes with the CUDA kernels, and scatters them out the same way; the transport sends
@@ -58,19 +59,19 @@ func (e *DeviceMemoryError) Unwrap() error { return e.Err }
 // DeviceMemory reports whether this transport's UCX can move CUDA device memory: a
 // CUDA-enabled UCX build (the libucx-cu12 wheel, say) on a host whose CUDA driver loads its
 // cuda transports. Debian's UCX cannot.
-func (t *UCXTransport) DeviceMemory() bool { return t.uctx.Supports(native.MemoryCUDA) }
+func (t *Transport) DeviceMemory() bool { return t.uctx.Supports(native.MemoryCUDA) }
 
-// UCXDeviceConfig configures a UCXDeviceTransport. Zero values take the documented defaults.
-type UCXDeviceConfig struct {
+// DeviceConfig configures a DeviceTransport. Zero values take the documented defaults.
+type DeviceConfig struct {
 	// UCX configures the transport underneath. Its StagingBytes (host staging) defaults to
 	// 64 KiB here, since a device engine stages in device memory. TLS must let UCX reach
 	// device memory (empty, or a list naming cuda_copy and cuda_ipc beside a host transport).
-	UCX UCXConfig
+	UCX Config
 	// Runtime is the opened CUDA device (cuda.Open). Required; the transport does not close it.
 	Runtime *cuda.Runtime
 	// StagingBytes is the size of the device staging region (and of its host header twin):
-	// pass StagingMemory as Config.StagingMemory, whose NumSlots*SlotBytes must fit in it.
-	// Default DefaultMaxConcurrent*DefaultPipelineDepth*DefaultSlotBytes.
+	// pass StagingMemory as transfer.Config.StagingMemory, whose NumSlots*SlotBytes must fit in it.
+	// Default DefaultStagingBytes.
 	StagingBytes int64
 	// SyncTimeout bounds each wait for a gather or scatter kernel. A kernel that does not
 	// finish in time may still write its slot, so the transport then refuses every later
@@ -80,34 +81,34 @@ type UCXDeviceConfig struct {
 	BindTimeout time.Duration
 }
 
-func (c *UCXDeviceConfig) applyDefaults() error {
+func (c *DeviceConfig) applyDefaults() error {
 	if c.UCX.ReplaceWedgedWorker { // the CUDA context is made current on the worker's thread, once
-		return &ConfigError{Field: "UCXDeviceConfig.UCX.ReplaceWedgedWorker", Value: true,
-			Reason: "not supported by the device transport: restart the process when Health reports ErrTransportWedged"}
+		return &transport.ConfigError{Field: "ucx.DeviceConfig.UCX.ReplaceWedgedWorker", Value: true,
+			Reason: "not supported by the device transport: restart the process when Health reports transport.ErrTransportWedged"}
 	}
 	if c.Runtime == nil {
-		return &ConfigError{Field: "UCXDeviceConfig.Runtime", Value: nil, Reason: "required: open the GPU with cuda.Open"}
+		return &transport.ConfigError{Field: "ucx.DeviceConfig.Runtime", Value: nil, Reason: "required: open the GPU with cuda.Open"}
 	}
 	if c.UCX.StagingBytes == 0 {
 		c.UCX.StagingBytes = 64 << 10
 	}
 	if c.StagingBytes == 0 {
-		c.StagingBytes = DefaultMaxConcurrent * DefaultPipelineDepth * DefaultSlotBytes
+		c.StagingBytes = DefaultStagingBytes
 	}
 	if c.StagingBytes < 0 {
-		return &ConfigError{Field: "UCXDeviceConfig.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}
+		return &transport.ConfigError{Field: "ucx.DeviceConfig.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}
 	}
 	if c.SyncTimeout == 0 {
 		c.SyncTimeout = 10 * time.Second
 	}
 	if c.SyncTimeout < 0 {
-		return &ConfigError{Field: "UCXDeviceConfig.SyncTimeout", Value: c.SyncTimeout, Reason: "must be positive"}
+		return &transport.ConfigError{Field: "ucx.DeviceConfig.SyncTimeout", Value: c.SyncTimeout, Reason: "must be positive"}
 	}
 	if c.BindTimeout == 0 {
 		c.BindTimeout = 5 * time.Second
 	}
 	if c.BindTimeout < 0 {
-		return &ConfigError{Field: "UCXDeviceConfig.BindTimeout", Value: c.BindTimeout, Reason: "must be positive"}
+		return &transport.ConfigError{Field: "ucx.DeviceConfig.BindTimeout", Value: c.BindTimeout, Reason: "must be positive"}
 	}
 	return nil
 }
@@ -116,47 +117,47 @@ func (c *UCXDeviceConfig) applyDefaults() error {
 // control, so neither the control receive nor a host data receive can match it.
 const ucxKindDevHeader = uint64(3) << ucxKindShift
 
-// UCXDeviceTransport is a UCXTransport whose staging slots live in GPU memory; see the top of
-// this file. Build the engine over it with Config.StagingMemory = StagingMemory(), and give
+// DeviceTransport is a Transport whose staging slots live in GPU memory; see the top of
+// this file. Build the engine over it with transfer.Config.StagingMemory = StagingMemory(), and give
 // every Send and Receive a Mover from NewMover: a spec without one is refused at its first
 // chunk with ErrDeviceMemory (the engine would otherwise gather host bytes into the header
 // region and send device bytes nobody wrote). Both ends of a transfer must use it.
-type UCXDeviceTransport struct {
-	*UCXTransport
-	cfg     UCXDeviceConfig
+type DeviceTransport struct {
+	*Transport
+	cfg     DeviceConfig
 	rt      *cuda.Runtime
 	dev     *cuda.Buffer   // the device staging region
-	devMem  *native.Memory // its UCX registration, unmapped by UCXTransport.Close
+	devMem  *native.Memory // its UCX registration, unmapped by Transport.Close
 	headers []byte         // the host twin: chunk headers only
 	stream  *cuda.Stream   // gathers and scatters, in order
 
 	mu       sync.Mutex
-	composed map[OpID]OpID         // payload op -> header op, for Cancel
-	movers   map[RequestID]int     // requests with a live DeviceMover
-	wedged   atomic.Pointer[error] // a kernel overran SyncTimeout: nothing is trusted after
+	composed map[transport.OpID]transport.OpID // payload op -> header op, for Cancel
+	movers   map[transport.RequestID]int       // requests with a live DeviceMover
+	wedged   atomic.Pointer[error]             // a kernel overran SyncTimeout: nothing is trusted after
 	closed   bool
 }
 
-// NewUCXDeviceTransport opens UCX, checks that it reaches CUDA memory (else a
+// NewDevice opens UCX, checks that it reaches CUDA memory (else a
 // *DeviceMemoryError naming the fix, before any GPU memory is allocated), allocates the device
 // staging region and registers it with UCX once.
-func NewUCXDeviceTransport(cfg UCXDeviceConfig) (*UCXDeviceTransport, error) {
+func NewDevice(cfg DeviceConfig) (*DeviceTransport, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
-	t, err := NewUCXTransport(cfg.UCX)
+	t, err := New(cfg.UCX)
 	if err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*UCXDeviceTransport, error) {
+	fail := func(err error) (*DeviceTransport, error) {
 		return nil, errors.Join(err, t.Close(true))
 	}
 	if !t.DeviceMemory() {
 		return fail(&DeviceMemoryError{Reason: "the UCX transport cannot reach CUDA memory",
 			Err: &native.MemoryTypeError{Kind: native.MemoryCUDA, UCXVersion: native.UCXVersion()}})
 	}
-	d := &UCXDeviceTransport{UCXTransport: t, cfg: cfg, rt: cfg.Runtime, composed: map[OpID]OpID{},
-		movers: map[RequestID]int{}}
+	d := &DeviceTransport{Transport: t, cfg: cfg, rt: cfg.Runtime, composed: map[transport.OpID]transport.OpID{},
+		movers: map[transport.RequestID]int{}}
 	if d.stream, err = cfg.Runtime.NewStream(); err != nil {
 		return fail(&DeviceMemoryError{Reason: "CUDA stream", Err: err})
 	}
@@ -194,13 +195,13 @@ func NewUCXDeviceTransport(cfg UCXDeviceConfig) (*UCXDeviceTransport, error) {
 	return d, nil
 }
 
-// StagingMemory is the host header region to pass as Config.StagingMemory: the engine carves
+// StagingMemory is the host header region to pass as transfer.Config.StagingMemory: the engine carves
 // its slots from it and writes each chunk's header there; each slot's payload bytes live at
-// the same offset of the device region. It hides UCXTransport.StagingMemory.
-func (d *UCXDeviceTransport) StagingMemory() []byte { return d.headers }
+// the same offset of the device region. It hides Transport.StagingMemory.
+func (d *DeviceTransport) StagingMemory() []byte { return d.headers }
 
 // offsetOf returns where b starts in the header region, or false when it lies outside.
-func (d *UCXDeviceTransport) offsetOf(b []byte) (int64, bool) {
+func (d *DeviceTransport) offsetOf(b []byte) (int64, bool) {
 	if len(b) == 0 || len(d.headers) == 0 {
 		return 0, false
 	}
@@ -213,47 +214,47 @@ func (d *UCXDeviceTransport) offsetOf(b []byte) (int64, bool) {
 }
 
 // usable reports why the device path cannot take another operation, if it cannot.
-func (d *UCXDeviceTransport) usable() error {
+func (d *DeviceTransport) usable() error {
 	if p := d.wedged.Load(); p != nil {
 		return *p
 	}
 	return nil
 }
 
-// PostSend implements Transport: buf is a slot of StagingMemory holding a chunk header and,
+// PostSend implements transport.Transport: buf is a slot of StagingMemory holding a chunk header and,
 // at the same offset of the device region, the payload a DeviceMover gathered.
-func (d *UCXDeviceTransport) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+func (d *DeviceTransport) PostSend(to transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	return d.postChunk(to, tag, buf, done, true)
 }
 
-// PostRecv implements Transport, the receiving twin of PostSend.
-func (d *UCXDeviceTransport) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+// PostRecv implements transport.Transport, the receiving twin of PostSend.
+func (d *DeviceTransport) PostRecv(from transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	return d.postChunk(from, tag, buf, done, false)
 }
 
-func (d *UCXDeviceTransport) postChunk(peer Peer, tag Tag, buf []byte, done func(Completion), send bool) (OpID, error) {
+func (d *DeviceTransport) postChunk(peer transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion), send bool) (transport.OpID, error) {
 	if err := d.usable(); err != nil {
 		return 0, err
 	}
 	off, ok := d.offsetOf(buf)
-	if !ok || len(buf) <= DataHeaderBytes {
-		return 0, fmt.Errorf("%w: a device chunk must be a slot of UCXDeviceTransport.StagingMemory longer than its %d-byte header", ErrUCXUnregistered, DataHeaderBytes)
+	if !ok || len(buf) <= transport.DataHeaderBytes {
+		return 0, fmt.Errorf("%w: a device chunk must be a slot of DeviceTransport.StagingMemory longer than its %d-byte header", ErrUnregistered, transport.DataHeaderBytes)
 	}
 	d.mu.Lock()
 	mover := d.movers[tag.Request] > 0
 	d.mu.Unlock()
 	if !mover {
-		return 0, &DeviceMemoryError{Reason: fmt.Sprintf("request %d has no DeviceMover: every Send and Receive over a UCXDeviceTransport moves its pool through UCXDeviceTransport.NewMover", tag.Request)}
+		return 0, &DeviceMemoryError{Reason: fmt.Sprintf("request %d has no DeviceMover: every Send and Receive over a DeviceTransport moves its pool through DeviceTransport.NewMover", tag.Request)}
 	}
-	n := int64(len(buf) - DataHeaderBytes)
-	t := d.UCXTransport
+	n := int64(len(buf) - transport.DataHeaderBytes)
+	t := d.Transport
 	if err := t.ensureEndpoint(peer); err != nil {
 		return 0, err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return 0, ErrClosed
+		return 0, transport.ErrClosed
 	}
 	ep, err := t.endpointLocked(peer)
 	if err != nil {
@@ -268,17 +269,17 @@ func (d *UCXDeviceTransport) postChunk(peer Peer, tag Tag, buf []byte, done func
 	if !send {
 		for _, tg := range []uint64{payloadTag, headerTag} {
 			if other, live := t.recvTag[tg]; live {
-				return 0, fmt.Errorf("%w: %w: receive tag %#x collides with live op %d", ErrProtocol, ErrTagCollision, tg, other)
+				return 0, fmt.Errorf("%w: %w: receive tag %#x collides with live op %d", transport.ErrProtocol, transport.ErrTagCollision, tg, other)
 			}
 		}
 	}
 	c := &deviceChunk{done: done}
-	hdr := buf[:DataHeaderBytes]
+	hdr := buf[:transport.DataHeaderBytes]
 	var hop *ucxOp
-	hop = t.newOpLocked(peer, send, headerTag, DataHeaderBytes, func(comp Completion) {
-		if !send && comp.Err == nil && comp.Memory != MemoryBusy {
-			if got := copy(hdr, hop.req.Data()); got != DataHeaderBytes {
-				comp.Err = fmt.Errorf("%w: a device chunk header of %d bytes, want %d", ErrProtocol, got, DataHeaderBytes)
+	hop = t.newOpLocked(peer, send, headerTag, transport.DataHeaderBytes, func(comp transport.Completion) {
+		if !send && comp.Err == nil && comp.Memory != transport.MemoryBusy {
+			if got := copy(hdr, hop.req.Data()); got != transport.DataHeaderBytes {
+				comp.Err = fmt.Errorf("%w: a device chunk header of %d bytes, want %d", transport.ErrProtocol, got, transport.DataHeaderBytes)
 			}
 		}
 		c.report(comp)
@@ -286,10 +287,10 @@ func (d *UCXDeviceTransport) postChunk(peer Peer, tag Tag, buf []byte, done func
 	pop := t.newOpLocked(peer, send, payloadTag, int(n), c.report)
 	if send {
 		hop.req = ep.TagSendBytes(hdr, headerTag)
-		pop.req = ep.TagSendDevice(d.devMem, off+DataHeaderBytes, n, payloadTag)
+		pop.req = ep.TagSendDevice(d.devMem, off+transport.DataHeaderBytes, n, payloadTag)
 	} else {
-		hop.req = t.w.TagRecvBytes(ep, DataHeaderBytes, headerTag, ^uint64(0))
-		pop.req = ep.TagRecvDevice(d.devMem, off+DataHeaderBytes, n, payloadTag, ^uint64(0))
+		hop.req = t.w.TagRecvBytes(ep, transport.DataHeaderBytes, headerTag, ^uint64(0))
+		pop.req = ep.TagRecvDevice(d.devMem, off+transport.DataHeaderBytes, n, payloadTag, ^uint64(0))
 		t.recvTag[headerTag], t.recvTag[payloadTag] = hop.id, pop.id
 	}
 	for _, op := range []*ucxOp{hop, pop} {
@@ -307,27 +308,27 @@ func (d *UCXDeviceTransport) postChunk(peer Peer, tag Tag, buf []byte, done func
 	return pop.id, nil
 }
 
-// newOpLocked makes an operation record of the UCXTransport; the caller sets its request and
+// newOpLocked makes an operation record of the Transport; the caller sets its request and
 // files it in ops and byReq, after which deliverRequest reports it as any other.
-func (t *UCXTransport) newOpLocked(peer Peer, send bool, tag uint64, size int, done func(Completion)) *ucxOp {
+func (t *Transport) newOpLocked(peer transport.Peer, send bool, tag uint64, size int, done func(transport.Completion)) *ucxOp {
 	t.nextOp++
 	return &ucxOp{id: t.nextOp, send: send, peer: peer, size: size, done: done, tag: tag}
 }
 
-// Cancel implements Transport: both messages of a device chunk are cancelled.
-func (d *UCXDeviceTransport) Cancel(id OpID) {
+// Cancel implements transport.Transport: both messages of a device chunk are cancelled.
+func (d *DeviceTransport) Cancel(id transport.OpID) {
 	d.mu.Lock()
 	header, ok := d.composed[id]
 	d.mu.Unlock()
-	d.UCXTransport.Cancel(id)
+	d.Transport.Cancel(id)
 	if ok {
-		d.UCXTransport.Cancel(header)
+		d.Transport.Cancel(header)
 	}
 }
 
-// Close implements Transport: the UCX transport closes (which settles every request and
+// Close implements transport.Transport: the UCX transport closes (which settles every request and
 // unmaps the device region), then the device region is freed once the stream is idle.
-func (d *UCXDeviceTransport) Close(force bool) error {
+func (d *DeviceTransport) Close(force bool) error {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -335,7 +336,7 @@ func (d *UCXDeviceTransport) Close(force bool) error {
 	}
 	d.closed = true
 	d.mu.Unlock()
-	err := d.UCXTransport.Close(force)
+	err := d.Transport.Close(force)
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.SyncTimeout)
 	defer cancel()
 	if d.usable() != nil || d.devMem.InUse() > 0 {
@@ -349,27 +350,27 @@ func (d *UCXDeviceTransport) Close(force bool) error {
 }
 
 // deviceChunk joins the reports of a chunk's two messages into the one operation the engine
-// posted: MemoryBusy at most once (when either is busy, or one failed while the other is
+// posted: transport.MemoryBusy at most once (when either is busy, or one failed while the other is
 // still out), then one final report once both are final. Both messages report on the
 // transport's dispatch goroutine; the lock keeps that an implementation detail.
 type deviceChunk struct {
 	mu     sync.Mutex
-	done   func(Completion)
+	done   func(transport.Completion)
 	forget func()
 	finals int
 	busy   bool
 	err    error
 	bytes  int
-	memory Memory
+	memory transport.Memory
 }
 
-func (c *deviceChunk) report(comp Completion) {
+func (c *deviceChunk) report(comp transport.Completion) {
 	c.mu.Lock()
-	var out *Completion
-	if comp.Memory == MemoryBusy {
+	var out *transport.Completion
+	if comp.Memory == transport.MemoryBusy {
 		if !c.busy {
 			c.busy = true
-			out = &Completion{Err: comp.Err, Memory: MemoryBusy}
+			out = &transport.Completion{Err: comp.Err, Memory: transport.MemoryBusy}
 		}
 	} else {
 		c.finals++
@@ -377,12 +378,12 @@ func (c *deviceChunk) report(comp Completion) {
 			c.err = comp.Err
 		}
 		c.bytes += comp.Bytes
-		if comp.Memory == MemoryUnknown {
-			c.memory = MemoryUnknown
+		if comp.Memory == transport.MemoryUnknown {
+			c.memory = transport.MemoryUnknown
 		}
 		switch {
 		case c.finals == 2:
-			final := Completion{Err: c.err, Memory: c.memory}
+			final := transport.Completion{Err: c.err, Memory: c.memory}
 			if c.err == nil {
 				final.Bytes = c.bytes
 			}
@@ -391,7 +392,7 @@ func (c *deviceChunk) report(comp Completion) {
 			// One half failed while the other is still out: the chunk has failed, but its
 			// memory is not free until the other half reports.
 			c.busy = true
-			out = &Completion{Err: comp.Err, Memory: MemoryBusy}
+			out = &transport.Completion{Err: comp.Err, Memory: transport.MemoryBusy}
 		}
 	}
 	last := c.finals == 2
@@ -406,10 +407,10 @@ func (c *deviceChunk) report(comp Completion) {
 
 // DeviceMover moves one request's blocks between the caller's device KV pool and the device
 // staging slots, with the CUDA gather and scatter kernels. Make one per request
-// (NewMover), pass it as Spec.Mover, and Close it once the handle's Done has closed.
+// (NewMover), pass it as transfer.Spec.Mover, and Close it once the handle's Done has closed.
 type DeviceMover struct {
-	d    *UCXDeviceTransport
-	id   RequestID
+	d    *DeviceTransport
+	id   transport.RequestID
 	pool cuda.Mem
 
 	mu     sync.Mutex
@@ -418,19 +419,17 @@ type DeviceMover struct {
 	closed bool
 }
 
-var _ Mover = (*DeviceMover)(nil)
-
 // NewMover returns the Mover of request id over pool, the caller's KV pool in device memory
 // (cuda.Buffer.Mem, or an inference engine's pool wrapped as cuda.Mem). Until Close, the
 // transport accepts the request's chunks.
-func (d *UCXDeviceTransport) NewMover(id RequestID, pool cuda.Mem) (*DeviceMover, error) {
+func (d *DeviceTransport) NewMover(id transport.RequestID, pool cuda.Mem) (*DeviceMover, error) {
 	if pool.Addr == 0 || pool.Size <= 0 {
 		return nil, &DeviceMemoryError{Reason: fmt.Sprintf("request %d: device pool [%#x, +%d) is empty", id, pool.Addr, pool.Size)}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return nil, ErrClosed
+		return nil, transport.ErrClosed
 	}
 	d.movers[id]++
 	return &DeviceMover{d: d, id: id, pool: pool, plans: map[*layout.Plan]*cuda.DevicePlan{}}, nil
@@ -440,7 +439,7 @@ func (d *UCXDeviceTransport) NewMover(id RequestID, pool cuda.Mem) (*DeviceMover
 func (m *DeviceMover) deviceSlot(b []byte) (cuda.Mem, error) {
 	off, ok := m.d.offsetOf(b)
 	if !ok {
-		return cuda.Mem{}, &DeviceMemoryError{Reason: "the staging buffer is not in UCXDeviceTransport.StagingMemory (pass it as Config.StagingMemory)"}
+		return cuda.Mem{}, &DeviceMemoryError{Reason: "the staging buffer is not in DeviceTransport.StagingMemory (pass it as transfer.Config.StagingMemory)"}
 	}
 	return m.d.dev.Mem().Slice(off, int64(len(b)))
 }
@@ -450,7 +449,7 @@ func (m *DeviceMover) plan(p *layout.Plan) (*cuda.DevicePlan, *cuda.Event, error
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, nil, fmt.Errorf("device mover of request %d: %w", m.id, ErrClosed)
+		return nil, nil, fmt.Errorf("device mover of request %d: %w", m.id, transport.ErrClosed)
 	}
 	dp := m.plans[p]
 	if dp == nil {
@@ -476,7 +475,7 @@ func (m *DeviceMover) plan(p *layout.Plan) (*cuda.DevicePlan, *cuda.Event, error
 }
 
 // run enqueues one kernel and waits for it, at most SyncTimeout. A kernel that overruns may
-// still write its slot and the pool, so its error matches ErrQuiescenceUnknown (the engine
+// still write its slot and the pool, so its error matches transport.ErrQuiescenceUnknown (the engine
 // poisons both) and the transport stops trusting the GPU: every later operation fails.
 func (m *DeviceMover) run(p *layout.Plan, launch func(dp *cuda.DevicePlan) error) error {
 	if err := m.d.usable(); err != nil {
@@ -500,7 +499,7 @@ func (m *DeviceMover) run(p *layout.Plan, launch func(dp *cuda.DevicePlan) error
 		wedged := &DeviceMemoryError{Reason: fmt.Sprintf("a gather or scatter kernel did not finish within %v; the device staging region is no longer trusted", m.d.cfg.SyncTimeout), Err: err}
 		var werr error = wedged
 		m.d.wedged.CompareAndSwap(nil, &werr)
-		return fmt.Errorf("%w: %w", ErrQuiescenceUnknown, wedged) // the event is dropped, not reused: it may still fire
+		return fmt.Errorf("%w: %w", transport.ErrQuiescenceUnknown, wedged) // the event is dropped, not reused: it may still fire
 	}
 	m.putEvent(ev)
 	return nil

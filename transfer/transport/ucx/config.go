@@ -2,20 +2,21 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
-// UCXConfig and its defaults.
+// Config and its defaults.
 
 import (
 	"fmt"
 	"runtime"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"go.uber.org/zap"
 )
 
-// UCXConfig configures a UCXTransport. Zero values take the documented defaults.
-type UCXConfig struct {
+// Config configures a Transport. Zero values take the documented defaults.
+type Config struct {
 	// TLS is UCX_TLS, e.g. "posix,cma,self" (shared memory) or "tcp,self". Default: UCX's.
 	TLS string
 	// NetDevices is UCX_NET_DEVICES, e.g. "lo". Default: all.
@@ -23,7 +24,7 @@ type UCXConfig struct {
 	// KeepaliveInterval is UCX's peer liveness check period. Default 1s.
 	KeepaliveInterval time.Duration
 	// StagingBytes is the size of the UCX-allocated region StagingMemory returns, to pass as
-	// Config.StagingMemory. Default DefaultMaxConcurrent*DefaultPipelineDepth*DefaultSlotBytes.
+	// transfer.Config.StagingMemory. Default DefaultStagingBytes.
 	StagingBytes int64
 	// MaxControlBytes bounds one control message. Default 4096.
 	MaxControlBytes int
@@ -41,85 +42,85 @@ type UCXConfig struct {
 	DrainAhead int
 	// MaxDrains bounds the drain receives posted at once, so a cancel storm cannot grow
 	// memory without bound; past it a cancelled receive gets no drain (counted in
-	// UCXDrainStats.Skipped) and a late send to it strands as before. Default 65536.
+	// DrainStats.Skipped) and a late send to it strands as before. Default 65536.
 	MaxDrains int
 	// ProbeInterval is how often a second worker in this process sends the transport's worker
-	// a small message over the transports a local peer would use (see ucx_probe.go): UCX's
+	// a small message over the transports a local peer would use (see probe.go): UCX's
 	// shared-memory receive queue is wedged for good when a local peer dies while writing to
 	// it, and the probe's missing messages are how Health tells, traffic or not. Default 1s;
 	// negative: no probe.
 	ProbeInterval time.Duration
 	// ProbeTimeout is how long a probe message may take to arrive before Health reports the
-	// worker wedged (ErrTransportWedged). Default 10s.
+	// worker wedged (transport.ErrTransportWedged). Default 10s.
 	ProbeTimeout time.Duration
 	// ReplaceWedgedWorker: when the probe finds the worker wedged, replace it rather than only
-	// report it (ucx_rebirth.go). Every operation of the old worker fails, every peer it had an
+	// report it (rebirth.go). Every operation of the old worker fails, every peer it had an
 	// endpoint to is reported lost, and the transport gets a new worker address: Self and
 	// ContextParams change, and peers must be given the new address, as after a restart of the
 	// process. Off by default: a false alarm (a process starved for ProbeTimeout) would cost the
 	// transfers in flight and the address callers hold.
 	ReplaceWedgedWorker bool
 	// Lanes is how many UCX workers, each with its own progress thread, the RMA gets of this
-	// side are striped over (ucx_lanes.go): the transport's own worker and Lanes-1 more, made
+	// side are striped over (lanes.go): the transport's own worker and Lanes-1 more, made
 	// on the first get. A get is one copy made by the thread that posts it (shared memory,
 	// cma), so one worker bounds every request to one core. 1 keeps every get on the
-	// transport's worker. Default: DefaultUCXLanes, at most GOMAXPROCS.
+	// transport's worker. Default: DefaultLanes, at most GOMAXPROCS.
 	Lanes int
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
 }
 
-func (c *UCXConfig) applyDefaults() error {
+func (c *Config) applyDefaults() error {
 	if c.StagingBytes == 0 {
-		c.StagingBytes = DefaultMaxConcurrent * DefaultPipelineDepth * DefaultSlotBytes
+		c.StagingBytes = DefaultStagingBytes
 	}
 	if c.StagingBytes < 0 {
-		return &ConfigError{Field: "UCXConfig.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}
+		return &transport.ConfigError{Field: "ucx.Config.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}
 	}
 	if c.MaxControlBytes == 0 {
 		c.MaxControlBytes = 4096
 	}
 	if c.MaxControlBytes < 256 {
-		return &ConfigError{Field: "UCXConfig.MaxControlBytes", Value: c.MaxControlBytes, Reason: "must be at least 256 (a request-info message)"}
+		return &transport.ConfigError{Field: "ucx.Config.MaxControlBytes", Value: c.MaxControlBytes, Reason: "must be at least 256 (a request-info message)"}
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 5 * time.Second
 	}
 	if c.CloseTimeout < 0 {
-		return &ConfigError{Field: "UCXConfig.CloseTimeout", Value: c.CloseTimeout, Reason: "must be positive"}
+		return &transport.ConfigError{Field: "ucx.Config.CloseTimeout", Value: c.CloseTimeout, Reason: "must be positive"}
 	}
 	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultUCXDrainTimeout
+		c.DrainTimeout = DefaultDrainTimeout
 	}
 	if c.DrainTimeout < 0 {
-		return &ConfigError{Field: "UCXConfig.DrainTimeout", Value: c.DrainTimeout, Reason: "must be positive"}
+		return &transport.ConfigError{Field: "ucx.Config.DrainTimeout", Value: c.DrainTimeout, Reason: "must be positive"}
 	}
 	if c.DrainAhead == 0 {
-		c.DrainAhead = DefaultUCXDrainAhead
+		c.DrainAhead = DefaultDrainAhead
 	}
 	if c.DrainAhead < 0 || c.DrainAhead > 1024 {
-		return &ConfigError{Field: "UCXConfig.DrainAhead", Value: c.DrainAhead, Reason: "must be between 1 and 1024"}
+		return &transport.ConfigError{Field: "ucx.Config.DrainAhead", Value: c.DrainAhead, Reason: "must be between 1 and 1024"}
 	}
 	if c.MaxDrains == 0 {
-		c.MaxDrains = DefaultUCXMaxDrains
+		c.MaxDrains = DefaultMaxDrains
 	}
 	if c.MaxDrains < 0 {
-		return &ConfigError{Field: "UCXConfig.MaxDrains", Value: c.MaxDrains, Reason: "must be positive"}
+		return &transport.ConfigError{Field: "ucx.Config.MaxDrains", Value: c.MaxDrains, Reason: "must be positive"}
 	}
 	if c.ProbeInterval == 0 {
-		c.ProbeInterval = DefaultUCXProbeInterval
+		c.ProbeInterval = DefaultProbeInterval
 	}
 	if c.ProbeTimeout == 0 {
-		c.ProbeTimeout = DefaultUCXProbeTimeout
+		c.ProbeTimeout = DefaultProbeTimeout
 	}
 	if c.ProbeTimeout < 0 || (c.ProbeInterval > 0 && c.ProbeTimeout < c.ProbeInterval) {
-		return &ConfigError{Field: "UCXConfig.ProbeTimeout", Value: c.ProbeTimeout, Reason: "must be positive and at least ProbeInterval"}
+		return &transport.ConfigError{Field: "ucx.Config.ProbeTimeout", Value: c.ProbeTimeout, Reason: "must be positive and at least ProbeInterval"}
 	}
 	if c.Lanes == 0 {
-		c.Lanes = max(1, min(DefaultUCXLanes, runtime.GOMAXPROCS(0)))
+		c.Lanes = max(1, min(DefaultLanes, runtime.GOMAXPROCS(0)))
 	}
-	if c.Lanes < 1 || c.Lanes > MaxUCXLanes {
-		return &ConfigError{Field: "UCXConfig.Lanes", Value: c.Lanes, Reason: fmt.Sprintf("must be between 1 and %d", MaxUCXLanes)}
+	if c.Lanes < 1 || c.Lanes > MaxLanes {
+		return &transport.ConfigError{Field: "ucx.Config.Lanes", Value: c.Lanes, Reason: fmt.Sprintf("must be between 1 and %d", MaxLanes)}
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

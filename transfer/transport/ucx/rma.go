@@ -2,28 +2,29 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"context"
 	"fmt"
 
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ RMATransport = (*UCXTransport)(nil)
+var _ transport.RMATransport = (*Transport)(nil)
 
-// ucxRMA holds the UCX transport's RMA keys, under UCXTransport.mu: each mapped region's key
+// ucxRMA holds the UCX transport's RMA keys, under Transport.mu: each mapped region's key
 // packed once, and each peer's key unpacked once per endpoint (never per block or per get).
 type ucxRMA struct {
 	packed   map[*native.Memory][]byte
 	keys     map[ucxKeyID]*ucxRemoteKey
-	getLanes map[Peer]ucxGetLanes // ucx_lanes.go: whether gets to a peer are native, per endpoint
-	lanes    ucxLanes             // ucx_lanes.go: the workers gets are striped over
+	getLanes map[transport.Peer]ucxGetLanes // lanes.go: whether gets to a peer are native, per endpoint
+	lanes    ucxLanes                       // lanes.go: the workers gets are striped over
 }
 
 type ucxKeyID struct {
-	peer Peer
+	peer transport.Peer
 	key  string
 	lane int // a key is unpacked on each lane's endpoint to the peer
 }
@@ -37,13 +38,13 @@ type ucxRemoteKey struct {
 	dead     bool
 }
 
-// RMAKey implements RMATransport: pool must lie in a region this transport mapped
+// RMAKey implements transport.RMATransport: pool must lie in a region this transport mapped
 // (AllocatePool, or the staging region); its key is packed on first use.
-func (t *UCXTransport) RMAKey(pool []byte) (uint64, []byte, error) {
+func (t *Transport) RMAKey(pool []byte) (uint64, []byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return 0, nil, ErrClosed
+		return 0, nil, transport.ErrClosed
 	}
 	mem, off, err := t.regionLocked(pool)
 	if err != nil {
@@ -62,9 +63,9 @@ func (t *UCXTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 	return mem.Addr() + uint64(off), key, nil
 }
 
-// PrepareKeys implements RMAKeyPreparer: the pool's key is unpacked on every lane's endpoint
+// PrepareKeys implements transport.RMAKeyPreparer: the pool's key is unpacked on every lane's endpoint
 // to from, once, outside mu (ensureKey); the gets find it unpacked.
-func (t *UCXTransport) PrepareKeys(from Peer, poolKey []byte) error {
+func (t *Transport) PrepareKeys(from transport.Peer, poolKey []byte) error {
 	if err := t.ensureEndpoint(from); err != nil {
 		return err
 	}
@@ -86,10 +87,10 @@ func (t *UCXTransport) PrepareKeys(from Peer, poolKey []byte) error {
 	return nil
 }
 
-// PostGet implements RMATransport with one ucp_get_nbx into mapped memory. UCX cannot cancel
-// a get, so the operation is marked as a send is: Cancel reports it MemoryBusy while it runs,
+// PostGet implements transport.RMATransport with one ucp_get_nbx into mapped memory. UCX cannot cancel
+// a get, so the operation is marked as a send is: Cancel reports it transport.MemoryBusy while it runs,
 // and a forced close of its endpoint ends it.
-func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error) {
+func (t *Transport) PostGet(from transport.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}
@@ -103,7 +104,7 @@ func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return 0, ErrClosed
+		return 0, transport.ErrClosed
 	}
 	mem, off, err := t.regionLocked(dst)
 	if err != nil {
@@ -124,8 +125,8 @@ func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 	t.nextOp++
 	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: len(dst)}
 	rk.inflight++
-	op.done = func(c Completion) {
-		if c.Memory != MemoryBusy {
+	op.done = func(c transport.Completion) {
+		if c.Memory != transport.MemoryBusy {
 			t.keyUnused(rk)
 		}
 		done(c)
@@ -140,12 +141,12 @@ func (t *UCXTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 // without holding mu: unpacking is a round trip to the endpoint's worker (up to CloseTimeout
 // when it is busy), and posts, completions and cancels must not wait for it. remoteKeyLocked
 // then finds the key; it unpacks under mu only when the endpoint was replaced in between.
-func (t *UCXTransport) ensureKey(peer Peer, lane int, key []byte) error {
+func (t *Transport) ensureKey(peer transport.Peer, lane int, key []byte) error {
 	id := ucxKeyID{peer: peer, key: string(key), lane: lane}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return ErrClosed
+		return transport.ErrClosed
 	}
 	ep, err := t.laneEndpointLocked(lane, peer)
 	if err != nil {
@@ -165,7 +166,7 @@ func (t *UCXTransport) ensureKey(peer Peer, lane int, key []byte) error {
 	defer cancel()
 	rk, err := ep.UnpackRemoteKey(ctx, key)
 	if err != nil {
-		return fmt.Errorf("%w: unpacking the peer's remote key: %w", ErrProtocol, err)
+		return fmt.Errorf("%w: unpacking the peer's remote key: %w", transport.ErrProtocol, err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -183,7 +184,7 @@ func (t *UCXTransport) ensureKey(peer Peer, lane int, key []byte) error {
 
 // remoteKeyLocked returns peer's key unpacked on ep, unpacking it on first use. A key
 // unpacked on an endpoint that has since been replaced is dropped.
-func (t *UCXTransport) remoteKeyLocked(peer Peer, lane int, ep *native.Endpoint, key []byte) (*ucxRemoteKey, error) {
+func (t *Transport) remoteKeyLocked(peer transport.Peer, lane int, ep *native.Endpoint, key []byte) (*ucxRemoteKey, error) {
 	id := ucxKeyID{peer: peer, key: string(key), lane: lane}
 	if k := t.rma.keys[id]; k != nil {
 		if k.ep == ep {
@@ -196,7 +197,7 @@ func (t *UCXTransport) remoteKeyLocked(peer Peer, lane int, ep *native.Endpoint,
 	defer cancel()
 	rk, err := ep.UnpackRemoteKey(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("%w: unpacking the peer's remote key: %w", ErrProtocol, err)
+		return nil, fmt.Errorf("%w: unpacking the peer's remote key: %w", transport.ErrProtocol, err)
 	}
 	k := &ucxRemoteKey{rk: rk, ep: ep}
 	t.addKeyLocked(id, k)
@@ -205,7 +206,7 @@ func (t *UCXTransport) remoteKeyLocked(peer Peer, lane int, ep *native.Endpoint,
 
 // addKeyLocked records an unpacked key; the first on an endpoint starts the watch that
 // drops them all when it fails.
-func (t *UCXTransport) addKeyLocked(id ucxKeyID, k *ucxRemoteKey) {
+func (t *Transport) addKeyLocked(id ucxKeyID, k *ucxRemoteKey) {
 	if t.rma.keys == nil {
 		t.rma.keys = map[ucxKeyID]*ucxRemoteKey{}
 	}
@@ -221,7 +222,7 @@ func (t *UCXTransport) addKeyLocked(id ucxKeyID, k *ucxRemoteKey) {
 
 // dropKeysOnFailure destroys the keys unpacked on ep once it fails or closes (each when its
 // last get is over), so a peer's keys do not outlive its endpoint.
-func (t *UCXTransport) dropKeysOnFailure(ep *native.Endpoint) {
+func (t *Transport) dropKeysOnFailure(ep *native.Endpoint) {
 	select {
 	case <-ep.Failed():
 	case <-t.stop:
@@ -238,7 +239,7 @@ func (t *UCXTransport) dropKeysOnFailure(ep *native.Endpoint) {
 }
 
 // retireKeyLocked marks k dead and destroys it if no get uses it.
-func (t *UCXTransport) retireKeyLocked(k *ucxRemoteKey) {
+func (t *Transport) retireKeyLocked(k *ucxRemoteKey) {
 	k.dead = true
 	if k.inflight == 0 && k.rk != nil {
 		k.rk.Close()
@@ -247,7 +248,7 @@ func (t *UCXTransport) retireKeyLocked(k *ucxRemoteKey) {
 }
 
 // keyUnused records a get's final completion.
-func (t *UCXTransport) keyUnused(k *ucxRemoteKey) {
+func (t *Transport) keyUnused(k *ucxRemoteKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k.inflight--
@@ -258,7 +259,7 @@ func (t *UCXTransport) keyUnused(k *ucxRemoteKey) {
 
 // closeRMAKeys destroys every unpacked key no get uses any more, before Close stops the
 // worker (a key in use goes with the worker).
-func (t *UCXTransport) closeRMAKeys() {
+func (t *Transport) closeRMAKeys() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, k := range t.rma.keys {

@@ -2,17 +2,18 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"bytes"
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/stretchr/testify/require"
 )
 
-func newBoundUCXTransport(t *testing.T, tls, dev string, cfg UCXConfig) *UCXTransport {
+func newBoundUCXTransport(t *testing.T, tls, dev string, cfg Config) *Transport {
 	t.Helper()
 	cfg.TLS, cfg.NetDevices = tls, dev
 	if cfg.KeepaliveInterval == 0 {
@@ -22,7 +23,7 @@ func newBoundUCXTransport(t *testing.T, tls, dev string, cfg UCXConfig) *UCXTran
 		cfg.StagingBytes = 4 << 20
 	}
 	cfg.CloseTimeout = 2 * time.Second
-	tr, err := NewUCXTransport(cfg)
+	tr, err := New(cfg)
 	require.NoError(t, err)
 	require.NoError(t, tr.Bind(nopInbound{}))
 	t.Cleanup(func() { _ = tr.Close(true) })
@@ -30,20 +31,20 @@ func newBoundUCXTransport(t *testing.T, tls, dev string, cfg UCXConfig) *UCXTran
 }
 
 // completionChan returns a done callback and the channel it reports on.
-func completionChan() (func(Completion), chan Completion) {
-	ch := make(chan Completion, 4)
-	return func(c Completion) { ch <- c }, ch
+func completionChan() (func(transport.Completion), chan transport.Completion) {
+	ch := make(chan transport.Completion, 4)
+	return func(c transport.Completion) { ch <- c }, ch
 }
 
-// awaitFinal waits (bounded) for an operation's final completion: MemoryBusy reports come
+// awaitFinal waits (bounded) for an operation's final completion: transport.MemoryBusy reports come
 // first and are skipped.
-func awaitFinal(t *testing.T, ch chan Completion, d time.Duration, what string) Completion {
+func awaitFinal(t *testing.T, ch chan transport.Completion, d time.Duration, what string) transport.Completion {
 	t.Helper()
 	deadline := time.After(d)
 	for {
 		select {
 		case c := <-ch:
-			if c.Memory != MemoryBusy {
+			if c.Memory != transport.MemoryBusy {
 				return c
 			}
 		case <-deadline:
@@ -74,9 +75,9 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 		{"shm/drain-expired", "posix,cma,self", "", 0, 100 * time.Millisecond, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			recv := newBoundUCXTransport(t, tc.tls, tc.dev, UCXConfig{DrainTimeout: tc.drainTimeout})
-			send := newBoundUCXTransport(t, tc.tls, tc.dev, UCXConfig{})
-			tag := Tag{Request: 42, Sub: 1, Seq: 3}
+			recv := newBoundUCXTransport(t, tc.tls, tc.dev, Config{DrainTimeout: tc.drainTimeout})
+			send := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
+			tag := transport.Tag{Request: 42, Sub: 1, Seq: 3}
 
 			rbuf := recv.StagingMemory()[:size]
 			for i := range rbuf {
@@ -87,8 +88,8 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 			require.NoError(t, err)
 			recv.Cancel(id)
 			c := awaitFinal(t, rch, 5*time.Second, "cancelled receive")
-			require.ErrorIs(t, c.Err, ErrCancelled)
-			require.Equal(t, MemoryDone, c.Memory, "an unmatched receive is released at once")
+			require.ErrorIs(t, c.Err, transport.ErrCancelled)
+			require.Equal(t, transport.MemoryDone, c.Memory, "an unmatched receive is released at once")
 			if tc.drainTimeout > 0 {
 				time.Sleep(5 * tc.drainTimeout) // the drain has expired: the send is stranded again
 			}
@@ -104,18 +105,18 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 			require.NoError(t, err)
 			if tc.wantComplete {
 				sc := awaitFinal(t, sch, 5*time.Second, "send to a cancelled receive")
-				require.Equal(t, MemoryDone, sc.Memory, "the sender's slot is free again: %v", sc.Err)
+				require.Equal(t, transport.MemoryDone, sc.Memory, "the sender's slot is free again: %v", sc.Err)
 				require.Eventually(t, func() bool { return recv.DrainStats().Drained == 1 }, 5*time.Second, time.Millisecond,
 					"drain stats: %+v", recv.DrainStats())
 			} else {
 				select {
 				case sc := <-sch:
-					require.Equal(t, MemoryBusy, sc.Memory, "UCX 1.13 cannot complete a send nobody receives: %+v", sc)
+					require.Equal(t, transport.MemoryBusy, sc.Memory, "UCX 1.13 cannot complete a send nobody receives: %+v", sc)
 				case <-time.After(time.Second):
 				}
 				require.Eventually(t, func() bool {
 					s := recv.DrainStats()
-					return s.Started == 1+DefaultUCXDrainAhead && s.Expired == s.Started && s.Live == 0
+					return s.Started == 1+DefaultDrainAhead && s.Expired == s.Started && s.Live == 0
 				}, 5*time.Second, time.Millisecond, "drain stats: %+v", recv.DrainStats())
 			}
 			require.True(t, bytes.Equal(bytes.Repeat([]byte{0xa5}, size), rbuf), "the cancelled receive's buffer was written")
@@ -128,15 +129,15 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 // attempt (including those ahead of the cancelled receive), so none of them steals a chunk.
 func TestUCXTransport_NewReceiveRetiresDrains(t *testing.T) {
 	const size = 1 << 20
-	recv := newBoundUCXTransport(t, "posix,cma,self", "", UCXConfig{})
-	send := newBoundUCXTransport(t, "posix,cma,self", "", UCXConfig{})
-	tag := Tag{Request: 7, Sub: 0, Seq: 0}
+	recv := newBoundUCXTransport(t, "posix,cma,self", "", Config{})
+	send := newBoundUCXTransport(t, "posix,cma,self", "", Config{})
+	tag := transport.Tag{Request: 7, Sub: 0, Seq: 0}
 	done, rch := completionChan()
 	id, err := recv.PostRecv(send.Self(), tag, recv.StagingMemory()[:size], done)
 	require.NoError(t, err)
 	recv.Cancel(id)
-	require.ErrorIs(t, awaitFinal(t, rch, 5*time.Second, "cancelled receive").Err, ErrCancelled)
-	require.Equal(t, uint64(1+DefaultUCXDrainAhead), recv.DrainStats().Started)
+	require.ErrorIs(t, awaitFinal(t, rch, 5*time.Second, "cancelled receive").Err, transport.ErrCancelled)
+	require.Equal(t, uint64(1+DefaultDrainAhead), recv.DrainStats().Started)
 
 	// The second attempt posts its first receive; its sender runs ahead to chunk 2 before
 	// the receiver posts that receive (one of the first attempt's drains ahead).

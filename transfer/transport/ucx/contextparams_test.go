@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package transfer
+package ucx
 
 import (
 	"encoding/binary"

@@ -2,7 +2,7 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"context"
@@ -20,69 +20,70 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ Transport = (*UCXTransport)(nil)
+var _ transport.Transport = (*Transport)(nil)
 
-// ErrUCXUnregistered: a buffer handed to the UCX transport lies outside the memory UCX has
-// mapped for it (UCXTransport.StagingMemory, UCXTransport.Register). Go memory is never given
+// ErrUnregistered: a buffer handed to the UCX transport lies outside the memory UCX has
+// mapped for it (Transport.StagingMemory, Transport.Register). Go memory is never given
 // to UCX.
-var ErrUCXUnregistered = errors.New("kvxfer: buffer outside UCX-registered memory")
+var ErrUnregistered = errors.New("kvxfer: buffer outside UCX-registered memory")
 
-// Defaults of UCXConfig's drain fields.
+// Defaults of Config's drain fields.
 const (
-	DefaultUCXDrainTimeout = 30 * time.Second
-	DefaultUCXDrainAhead   = 4
-	DefaultUCXMaxDrains    = 65536
-	// Defaults of UCXConfig's receive probe.
-	DefaultUCXProbeInterval = time.Second
-	DefaultUCXProbeTimeout  = 10 * time.Second
+	DefaultDrainTimeout = 30 * time.Second
+	DefaultDrainAhead   = 4
+	DefaultMaxDrains    = 65536
+	// Defaults of Config's receive probe.
+	DefaultProbeInterval = time.Second
+	DefaultProbeTimeout  = 10 * time.Second
 )
 
 // ucxDrainBytes is the buffer of a drain receive: larger messages are truncated, and UCX
 // still answers a truncated rendezvous, which completes the sender's request.
 const ucxDrainBytes = 64
 
-// UCXTransport is the Transport over UCX: one context and one worker (its own progress
+// Transport is the transport.Transport over UCX: one context and one worker (its own progress
 // goroutine), endpoints made on first use with peer error handling, tagged messages straight
 // from and into UCX-mapped staging memory, and control messages as small tagged messages
 // carrying the sender's worker address. Peers are named by their worker address in hex
 // (PeerFromAddress); a peer that restarts has a new address, so nothing meant for its old
 // life reaches the new one. Completions run on the transport's own dispatch goroutine.
-type UCXTransport struct {
-	cfg     UCXConfig
+type Transport struct {
+	cfg     Config
 	log     *zap.Logger
 	uctx    *native.Context
 	w       *native.Worker
-	self    Peer
+	self    transport.Peer
 	addr    []byte
 	life    uint64 // this transport's incarnation, for ContextParams
 	staging *native.Memory
 
 	mu      sync.Mutex
-	in      Inbound
-	eps     map[Peer]*native.Endpoint
+	in      transport.Inbound
+	eps     map[transport.Peer]*native.Endpoint
 	regions []*native.Memory
 	pools   []*native.Memory // AllocatePool's regions, unmapped in Close
-	ops     map[OpID]*ucxOp
+	ops     map[transport.OpID]*ucxOp
 	byReq   map[*native.Request]*ucxOp
-	recvTag map[uint64]OpID // live receives by UCX tag, to refuse a colliding one
-	nextOp  OpID
+	recvTag map[uint64]transport.OpID // live receives by UCX tag, to refuse a colliding one
+	nextOp  transport.OpID
 	closed  bool
 	ctrl    *native.Request
-	rma     ucxRMA                   // rma_ucx.go: packed and unpacked RMA keys
-	regs    ucxRegs                  // ucx_region.go: the caller's registered memory
-	gens    ucxGens                  // rma_ucx_gen.go: RMA exposures' generation words
-	probe   atomic.Pointer[ucxProbe] // ucx_probe.go: nil until Bind, or when left out; read without mu
-	swaps   int                      // workers replaced (ucx_rebirth.go)
+	rma     ucxRMA                   // rma.go: packed and unpacked RMA keys
+	regs    ucxRegs                  // region.go: the caller's registered memory
+	gens    ucxGens                  // rma_gen.go: RMA exposures' generation words
+	probe   atomic.Pointer[ucxProbe] // probe.go: nil until Bind, or when left out; read without mu
+	swaps   int                      // workers replaced (rebirth.go)
 	// replaceFailures counts failed replacements since the last success; only the probe's
 	// goroutine, which runs replaceWorker, touches it.
 	replaceFailures int
-	// drains are the receives that stand in for cancelled ones (see UCXConfig.DrainTimeout),
+	// drains are the receives that stand in for cancelled ones (see Config.DrainTimeout),
 	// by transfer (the tag without its chunk sequence), by UCX tag, and by request.
 	drains     map[uint64]map[uint64]*ucxDrain
 	drainByReq map[*native.Request]*ucxDrain
-	drainStats UCXDrainStats
+	drainStats DrainStats
 
 	// beforeConnect, when set (tests), runs as a new endpoint is about to be made: a worker
 	// round trip of up to CloseTimeout.
@@ -91,7 +92,7 @@ type UCXTransport struct {
 	// outside mu (ensureKey): a worker round trip too.
 	beforeUnpack func()
 
-	// tagOwners holds the tag hashes receiving transfers reserved (ucx_tags.go).
+	// tagOwners holds the tag hashes receiving transfers reserved (tags.go).
 	tagOwners map[uint64]ucxTagOwner
 
 	qmu    sync.Mutex
@@ -103,37 +104,37 @@ type UCXTransport struct {
 }
 
 type ucxOp struct {
-	id     OpID
+	id     transport.OpID
 	req    *native.Request
 	send   bool
-	peer   Peer
+	peer   transport.Peer
 	size   int
-	done   func(Completion)
+	done   func(transport.Completion)
 	tag    uint64
-	busy   bool // MemoryBusy reported
+	busy   bool // transport.MemoryBusy reported
 	cancel bool
 }
 
 type ucxReport struct {
 	req  *native.Request // a request reported by the worker
 	busy *ucxOp          // a cancelled send still on the wire
-	lost Peer            // a peer whose endpoint failed
+	lost transport.Peer  // a peer whose endpoint failed
 	err  error
 	// connected: a peer this transport just opened an endpoint to (first or again), for
-	// the engine's PeerConnectReporter
-	connected Peer
+	// the engine's transport.PeerConnectReporter
+	connected transport.Peer
 }
 
-// PeerFromAddress names the peer at a UCX worker address, as UCXTransport does.
-func PeerFromAddress(addr []byte) Peer { return Peer(hex.EncodeToString(addr)) }
+// PeerFromAddress names the peer at a UCX worker address, as Transport does.
+func PeerFromAddress(addr []byte) transport.Peer { return transport.Peer(hex.EncodeToString(addr)) }
 
-// NewUCXTransport opens UCX, allocates the staging region and starts the dispatch goroutine.
-func NewUCXTransport(cfg UCXConfig) (*UCXTransport, error) {
+// New opens UCX, allocates the staging region and starts the dispatch goroutine.
+func New(cfg Config) (*Transport, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
-	t := &UCXTransport{cfg: cfg, log: cfg.Logger, eps: map[Peer]*native.Endpoint{}, ops: map[OpID]*ucxOp{},
-		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]OpID{}, tagOwners: map[uint64]ucxTagOwner{},
+	t := &Transport{cfg: cfg, log: cfg.Logger, eps: map[transport.Peer]*native.Endpoint{}, ops: map[transport.OpID]*ucxOp{},
+		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]transport.OpID{}, tagOwners: map[uint64]ucxTagOwner{},
 		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{}, wake: make(chan struct{}, 1),
 		stop: make(chan struct{}), exited: make(chan struct{})}
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
@@ -161,29 +162,29 @@ func NewUCXTransport(cfg UCXConfig) (*UCXTransport, error) {
 	return t, nil
 }
 
-// Self is this transport's peer name, what the other side passes as Spec.Peer.
-// It changes when the transport replaces a wedged worker (UCXConfig.ReplaceWedgedWorker): read it
+// Self is this transport's peer name, what the other side passes as transfer.Spec.Peer.
+// It changes when the transport replaces a wedged worker (Config.ReplaceWedgedWorker): read it
 // per request rather than once.
-func (t *UCXTransport) Self() Peer {
+func (t *Transport) Self() transport.Peer {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.self
 }
 
 // WorkerAddress is this transport's UCX worker address (for ContextParams.WorkerAddress).
-func (t *UCXTransport) WorkerAddress() []byte {
+func (t *Transport) WorkerAddress() []byte {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]byte(nil), t.addr...)
 }
 
-// StagingMemory is the UCX-mapped region to pass as Config.StagingMemory. It is valid until
+// StagingMemory is the UCX-mapped region to pass as transfer.Config.StagingMemory. It is valid until
 // Close.
-func (t *UCXTransport) StagingMemory() []byte { return t.staging.Bytes() }
+func (t *Transport) StagingMemory() []byte { return t.staging.Bytes() }
 
 // ContextParams describes request id over plan (this side's blocks) for the peer that will
 // receive it: what a prefill engine hands to decode. Staging mode: no RMA regions.
-func (t *UCXTransport) ContextParams(id RequestID, plan *layout.Plan) *ContextParams {
+func (t *Transport) ContextParams(id transport.RequestID, plan *layout.Plan) *ContextParams {
 	t.mu.Lock()
 	life, addr := t.life, append([]byte(nil), t.addr...)
 	t.mu.Unlock()
@@ -191,24 +192,24 @@ func (t *UCXTransport) ContextParams(id RequestID, plan *layout.Plan) *ContextPa
 		Layout: plan.Layout(), Selection: plan.Selection(), Blocks: append([]int32(nil), plan.Blocks()...)}
 }
 
-// SenderPeer is the peer a ContextParams came from, as a UCXTransport names it: pass it as
-// Spec.Peer of the Receive. A sender that restarted has a new worker address, hence a new
+// SenderPeer is the peer a ContextParams came from, as a Transport names it: pass it as
+// transfer.Spec.Peer of the Receive. A sender that restarted has a new worker address, hence a new
 // peer, so nothing meant for its old life reaches the new one.
-func SenderPeer(c *ContextParams) Peer { return PeerFromAddress(c.WorkerAddress) }
+func SenderPeer(c *ContextParams) transport.Peer { return PeerFromAddress(c.WorkerAddress) }
 
 // Worker exposes the UCX worker, for transport-level checks (lanes, counters).
-func (t *UCXTransport) Worker() *native.Worker {
+func (t *Transport) Worker() *native.Worker {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.w
 }
 
-// Bind implements Transport.
-func (t *UCXTransport) Bind(in Inbound) error {
+// Bind implements transport.Transport.
+func (t *Transport) Bind(in transport.Inbound) error {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return ErrClosed
+		return transport.ErrClosed
 	}
 	first := t.in == nil
 	t.in = in
@@ -220,7 +221,7 @@ func (t *UCXTransport) Bind(in Inbound) error {
 	return nil
 }
 
-func (t *UCXTransport) postControlLocked() {
+func (t *Transport) postControlLocked() {
 	t.ctrl = t.w.TagRecvBytes(nil, t.cfg.MaxControlBytes, ucxKindCtrl, ucxKindMask)
 }
 
@@ -229,7 +230,7 @@ func (t *UCXTransport) postControlLocked() {
 // takes up to CloseTimeout when the worker is busy, and posts, completions and cancels of
 // every other peer must not wait for it. Every method that reaches a peer calls it before
 // taking mu; endpointLocked then finds the endpoint made.
-func (t *UCXTransport) ensureEndpoint(peer Peer) error {
+func (t *Transport) ensureEndpoint(peer transport.Peer) error {
 	t.mu.Lock()
 	if ep := t.eps[peer]; t.closed || (ep != nil && ep.Err() == nil) {
 		t.mu.Unlock()
@@ -259,10 +260,10 @@ func (t *UCXTransport) ensureEndpoint(peer Peer) error {
 }
 
 // connect makes an endpoint to peer on w.
-func (t *UCXTransport) connect(w *native.Worker, peer Peer, hook func()) (*native.Endpoint, error) {
+func (t *Transport) connect(w *native.Worker, peer transport.Peer, hook func()) (*native.Endpoint, error) {
 	addr, err := hex.DecodeString(string(peer))
 	if err != nil || len(addr) == 0 {
-		return nil, fmt.Errorf("%w: peer %.16q is not a UCX worker address in hex", ErrInvalidSpec, peer)
+		return nil, fmt.Errorf("%w: peer %.16q is not a UCX worker address in hex", transport.ErrInvalidSpec, peer)
 	}
 	if hook != nil {
 		hook()
@@ -271,7 +272,7 @@ func (t *UCXTransport) connect(w *native.Worker, peer Peer, hook func()) (*nativ
 	defer cancel()
 	ep, err := w.Connect(ctx, addr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: connect: %w", ErrPeerLost, err)
+		return nil, fmt.Errorf("%w: connect: %w", transport.ErrPeerLost, err)
 	}
 	return ep, nil
 }
@@ -279,7 +280,7 @@ func (t *UCXTransport) connect(w *native.Worker, peer Peer, hook func()) (*nativ
 // endpointLocked returns the endpoint to peer. The caller ran ensureEndpoint first, so it
 // exists but for a race with its failure; then it is made here, under mu (UCX connects
 // lazily, so this is one worker round trip, not a network one).
-func (t *UCXTransport) endpointLocked(peer Peer) (*native.Endpoint, error) {
+func (t *Transport) endpointLocked(peer transport.Peer) (*native.Endpoint, error) {
 	if ep := t.eps[peer]; ep != nil && ep.Err() == nil {
 		return ep, nil
 	}
@@ -294,7 +295,7 @@ func (t *UCXTransport) endpointLocked(peer Peer) (*native.Endpoint, error) {
 }
 
 // watch reports a peer lost when its endpoint fails, unless the transport is closing.
-func (t *UCXTransport) watch(peer Peer, ep *native.Endpoint) {
+func (t *Transport) watch(peer transport.Peer, ep *native.Endpoint) {
 	select {
 	case <-ep.Failed():
 	case <-t.stop:
@@ -315,9 +316,9 @@ func (t *UCXTransport) watch(peer Peer, ep *native.Endpoint) {
 }
 
 // regionLocked finds the registered region holding buf.
-func (t *UCXTransport) regionLocked(buf []byte) (*native.Memory, int64, error) {
+func (t *Transport) regionLocked(buf []byte) (*native.Memory, int64, error) {
 	if len(buf) == 0 {
-		return nil, 0, fmt.Errorf("%w: empty buffer", ErrUCXUnregistered)
+		return nil, 0, fmt.Errorf("%w: empty buffer", ErrUnregistered)
 	}
 	p := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
 	for _, m := range t.regions {
@@ -325,29 +326,29 @@ func (t *UCXTransport) regionLocked(buf []byte) (*native.Memory, int64, error) {
 			return m, int64(p - m.Addr()), nil
 		}
 	}
-	return nil, 0, fmt.Errorf("%w: [%#x, +%d)", ErrUCXUnregistered, p, len(buf))
+	return nil, 0, fmt.Errorf("%w: [%#x, +%d)", ErrUnregistered, p, len(buf))
 }
 
-// ControlRoom implements ControlBound: MaxControlBytes less the framing and this worker's
+// ControlRoom implements transport.ControlBound: MaxControlBytes less the framing and this worker's
 // address, which every control message carries.
-func (t *UCXTransport) ControlRoom() int {
+func (t *Transport) ControlRoom() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.cfg.MaxControlBytes - 2 - len(t.addr)
 }
 
-// SendControl implements Transport.
-func (t *UCXTransport) SendControl(to Peer, msg []byte) error {
+// SendControl implements transport.Transport.
+func (t *Transport) SendControl(to transport.Peer, msg []byte) error {
 	if err := t.ensureEndpoint(to); err != nil {
 		return err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(msg)+2+len(t.addr) > t.cfg.MaxControlBytes {
-		return &ControlSizeError{Bytes: len(msg), Room: t.cfg.MaxControlBytes - 2 - len(t.addr), Reason: "with the sender address"}
+		return &transport.ControlSizeError{Bytes: len(msg), Room: t.cfg.MaxControlBytes - 2 - len(t.addr), Reason: "with the sender address"}
 	}
 	if t.closed {
-		return ErrClosed
+		return transport.ErrClosed
 	}
 	ep, err := t.endpointLocked(to)
 	if err != nil {
@@ -366,24 +367,24 @@ func ucxControlFrame(from, msg []byte) []byte {
 	return append(b, msg...)
 }
 
-// PostSend implements Transport.
-func (t *UCXTransport) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+// PostSend implements transport.Transport.
+func (t *Transport) PostSend(to transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	return t.post(to, tag, buf, done, true)
 }
 
-// PostRecv implements Transport.
-func (t *UCXTransport) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+// PostRecv implements transport.Transport.
+func (t *Transport) PostRecv(from transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	return t.post(from, tag, buf, done, false)
 }
 
-func (t *UCXTransport) post(peer Peer, tag Tag, buf []byte, done func(Completion), send bool) (OpID, error) {
+func (t *Transport) post(peer transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion), send bool) (transport.OpID, error) {
 	if err := t.ensureEndpoint(peer); err != nil {
 		return 0, err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return 0, ErrClosed
+		return 0, transport.ErrClosed
 	}
 	mem, off, err := t.regionLocked(buf)
 	if err != nil {
@@ -401,7 +402,7 @@ func (t *UCXTransport) post(peer Peer, tag Tag, buf []byte, done func(Completion
 	} else {
 		op.tag = ucxDataTag(peer, tag)
 		if other, live := t.recvTag[op.tag]; live {
-			return 0, fmt.Errorf("%w: %w: receive tag %#x collides with live op %d", ErrProtocol, ErrTagCollision, op.tag, other)
+			return 0, fmt.Errorf("%w: %w: receive tag %#x collides with live op %d", transport.ErrProtocol, transport.ErrTagCollision, op.tag, other)
 		}
 		t.recvTag[op.tag] = op.id
 		t.retireDrainLocked(op.tag)
@@ -412,10 +413,10 @@ func (t *UCXTransport) post(peer Peer, tag Tag, buf []byte, done func(Completion
 	return op.id, nil
 }
 
-// Cancel implements Transport. A receive is cancelled in UCX (if unmatched, it reports
-// ErrCancelled with MemoryDone); a send cannot be, so it reports MemoryBusy now and its final
+// Cancel implements transport.Transport. A receive is cancelled in UCX (if unmatched, it reports
+// transport.ErrCancelled with transport.MemoryDone); a send cannot be, so it reports transport.MemoryBusy now and its final
 // verdict when UCX completes it or its endpoint is force-closed.
-func (t *UCXTransport) Cancel(id OpID) {
+func (t *Transport) Cancel(id transport.OpID) {
 	t.mu.Lock()
 	op := t.ops[id]
 	if op == nil || op.cancel {
@@ -433,9 +434,9 @@ func (t *UCXTransport) Cancel(id OpID) {
 	}
 }
 
-func (t *UCXTransport) enqueueRequest(r *native.Request) { t.push(ucxReport{req: r}) }
+func (t *Transport) enqueueRequest(r *native.Request) { t.push(ucxReport{req: r}) }
 
-func (t *UCXTransport) push(r ucxReport) {
+func (t *Transport) push(r ucxReport) {
 	t.qmu.Lock()
 	t.queue = append(t.queue, r)
 	t.qmu.Unlock()
@@ -446,7 +447,7 @@ func (t *UCXTransport) push(r ucxReport) {
 }
 
 // dispatch delivers reports in order until Close has drained them.
-func (t *UCXTransport) dispatch() {
+func (t *Transport) dispatch() {
 	defer close(t.exited)
 	for {
 		t.qmu.Lock()
@@ -472,13 +473,13 @@ func (t *UCXTransport) dispatch() {
 	}
 }
 
-func (t *UCXTransport) deliver(r ucxReport) {
+func (t *Transport) deliver(r ucxReport) {
 	switch {
 	case r.connected != "":
 		t.mu.Lock()
 		in := t.in
 		t.mu.Unlock()
-		if rep, ok := in.(PeerConnectReporter); ok {
+		if rep, ok := in.(transport.PeerConnectReporter); ok {
 			rep.OnPeerConnected(r.connected)
 		}
 	case r.lost != "":
@@ -495,14 +496,14 @@ func (t *UCXTransport) deliver(r ucxReport) {
 		op.busy = op.busy || live
 		t.mu.Unlock()
 		if live {
-			op.done(Completion{Err: fmt.Errorf("%w: send on the wire", ErrCancelled), Memory: MemoryBusy})
+			op.done(transport.Completion{Err: fmt.Errorf("%w: send on the wire", transport.ErrCancelled), Memory: transport.MemoryBusy})
 		}
 	case r.req != nil:
 		t.deliverRequest(r.req)
 	}
 }
 
-func (t *UCXTransport) deliverRequest(req *native.Request) {
+func (t *Transport) deliverRequest(req *native.Request) {
 	t.mu.Lock()
 	if req == t.ctrl {
 		in := t.in
@@ -549,11 +550,11 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 	}
 	asked, closed := op.cancel, t.closed
 	t.mu.Unlock()
-	c := Completion{Err: ucxError(req.Err(), op.peer), Memory: MemoryDone}
+	c := transport.Completion{Err: ucxError(req.Err(), op.peer), Memory: transport.MemoryDone}
 	if !asked && !closed && errors.Is(req.Err(), native.ErrCanceled) {
 		// Nobody here asked: the endpoint to the peer failed, and UCX cancelled what was
 		// posted on it. The caller must hear that the peer was lost, not that it cancelled.
-		c.Err = fmt.Errorf("%w: %.16s: its endpoint failed: %w", ErrPeerLost, op.peer, req.Err())
+		c.Err = fmt.Errorf("%w: %.16s: its endpoint failed: %w", transport.ErrPeerLost, op.peer, req.Err())
 	}
 	if c.Err == nil {
 		c.Bytes = op.size
@@ -562,12 +563,12 @@ func (t *UCXTransport) deliverRequest(req *native.Request) {
 		}
 	}
 	if !final {
-		c.Memory = MemoryBusy // abandoned: UCX still holds it; the final verdict follows
+		c.Memory = transport.MemoryBusy // abandoned: UCX still holds it; the final verdict follows
 	}
 	op.done(c)
 }
 
-func (t *UCXTransport) deliverControl(in Inbound, b []byte) {
+func (t *Transport) deliverControl(in transport.Inbound, b []byte) {
 	if len(b) < 2 {
 		return
 	}
@@ -582,22 +583,22 @@ func (t *UCXTransport) deliverControl(in Inbound, b []byte) {
 }
 
 // ucxError maps native errors onto the engine's sentinels, keeping the UCX detail.
-func ucxError(err error, peer Peer) error {
+func ucxError(err error, peer transport.Peer) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, native.ErrCanceled):
-		return fmt.Errorf("%w: %w", ErrCancelled, err)
+		return fmt.Errorf("%w: %w", transport.ErrCancelled, err)
 	case errors.Is(err, native.ErrPeerUnreachable), errors.Is(err, native.ErrClosed):
-		return fmt.Errorf("%w: %.16s: %w", ErrPeerLost, peer, err)
+		return fmt.Errorf("%w: %.16s: %w", transport.ErrPeerLost, peer, err)
 	}
 	return err
 }
 
-// Close implements Transport. It closes every endpoint (forced, or flushed within
+// Close implements transport.Transport. It closes every endpoint (forced, or flushed within
 // CloseTimeout), cancels the control receive, stops the worker (which settles every request:
 // once it is gone UCX touches no memory), delivers every final verdict, and releases UCX.
-func (t *UCXTransport) Close(force bool) error {
+func (t *Transport) Close(force bool) error {
 	first := false
 	t.once.Do(func() { first = true })
 	if !first {
@@ -609,7 +610,7 @@ func (t *UCXTransport) Close(force bool) error {
 	probe := t.probe.Load()
 	probe.close() // before the worker it sends to
 	t.mu.Lock()
-	w := t.w // a replacement (ucx_rebirth.go) saw closed, or finished swapping before it
+	w := t.w // a replacement (rebirth.go) saw closed, or finished swapping before it
 	for _, d := range t.drainByReq {
 		d.timer.Stop() // the worker's close cancels every drain
 	}
@@ -629,13 +630,13 @@ func (t *UCXTransport) Close(force bool) error {
 		}
 	}
 	t.closeRMAKeys()
-	errs = append(errs, t.closeLanes(ctx, force)) // ucx_lanes.go: their requests report as w's do
+	errs = append(errs, t.closeLanes(ctx, force)) // lanes.go: their requests report as w's do
 	errs = append(errs, w.Close())                // settles every request, reporting each
 	close(t.stop)
 	select {
 	case <-t.exited:
 	case <-time.After(t.cfg.CloseTimeout):
-		errs = append(errs, fmt.Errorf("%w: dispatch did not drain within %v", ErrClosed, t.cfg.CloseTimeout))
+		errs = append(errs, fmt.Errorf("%w: dispatch did not drain within %v", transport.ErrClosed, t.cfg.CloseTimeout))
 	}
 	for _, m := range t.pools {
 		errs = append(errs, m.Close())

@@ -2,47 +2,50 @@
 
 //go:build cgo
 
-package transfer
+package ucx
 
 import (
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/stretchr/testify/require"
 )
 
-// ucxRecorder is an Inbound and a completion sink that remembers everything, for the
-// Transport contract tests of UCXTransport.
+// ucxRecorder is an transport.Inbound and a completion sink that remembers everything, for the
+// Transport contract tests of Transport.
 type ucxRecorder struct {
 	mu      sync.Mutex
 	control []ucxControl
-	lost    []Peer
-	reports map[OpID][]Completion
+	lost    []transport.Peer
+	reports map[transport.OpID][]transport.Completion
 }
 
 type ucxControl struct {
-	from Peer
+	from transport.Peer
 	msg  string
 }
 
-func newUCXRecorder() *ucxRecorder { return &ucxRecorder{reports: map[OpID][]Completion{}} }
+func newUCXRecorder() *ucxRecorder {
+	return &ucxRecorder{reports: map[transport.OpID][]transport.Completion{}}
+}
 
-func (r *ucxRecorder) OnControl(from Peer, msg []byte) {
+func (r *ucxRecorder) OnControl(from transport.Peer, msg []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.control = append(r.control, ucxControl{from, string(msg)})
 }
 
-func (r *ucxRecorder) OnPeerLost(peer Peer, _ error) {
+func (r *ucxRecorder) OnPeerLost(peer transport.Peer, _ error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.lost = append(r.lost, peer)
 }
 
 // done returns the completion callback of op *id (set once Post returned).
-func (r *ucxRecorder) done(id *OpID, ready chan struct{}) func(Completion) {
-	return func(c Completion) {
+func (r *ucxRecorder) done(id *transport.OpID, ready chan struct{}) func(transport.Completion) {
+	return func(c transport.Completion) {
 		<-ready // the id is known once Post returned; callbacks never run inside Post
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -50,18 +53,18 @@ func (r *ucxRecorder) done(id *OpID, ready chan struct{}) func(Completion) {
 	}
 }
 
-func (r *ucxRecorder) reportsOf(id OpID) []Completion {
+func (r *ucxRecorder) reportsOf(id transport.OpID) []transport.Completion {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]Completion(nil), r.reports[id]...)
+	return append([]transport.Completion(nil), r.reports[id]...)
 }
 
-func newUCXPair(t *testing.T, tls, dev string) (a, b *UCXTransport, ra, rb *ucxRecorder) {
+func newUCXPair(t *testing.T, tls, dev string) (a, b *Transport, ra, rb *ucxRecorder) {
 	t.Helper()
 	var err error
-	a, err = NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
+	a, err = New(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
 	require.NoError(t, err)
-	b, err = NewUCXTransport(UCXConfig{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
+	b, err = New(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	ra, rb = newUCXRecorder(), newUCXRecorder()
 	require.NoError(t, a.Bind(ra))
@@ -74,9 +77,9 @@ func newUCXPair(t *testing.T, tls, dev string) (a, b *UCXTransport, ra, rb *ucxR
 }
 
 // post posts through f and returns the op id with its callbacks released.
-func post(t *testing.T, rec *ucxRecorder, f func(done func(Completion)) (OpID, error)) (OpID, error) {
+func post(t *testing.T, rec *ucxRecorder, f func(done func(transport.Completion)) (transport.OpID, error)) (transport.OpID, error) {
 	t.Helper()
-	var id OpID
+	var id transport.OpID
 	ready := make(chan struct{})
 	got, err := f(rec.done(&id, ready))
 	id = got
@@ -84,10 +87,10 @@ func post(t *testing.T, rec *ucxRecorder, f func(done func(Completion)) (OpID, e
 	return id, err
 }
 
-func finals(cs []Completion) int {
+func finals(cs []transport.Completion) int {
 	n := 0
 	for _, c := range cs {
-		if c.Memory != MemoryBusy {
+		if c.Memory != transport.MemoryBusy {
 			n++
 		}
 	}
@@ -107,16 +110,16 @@ func TestUCXTransport_ContractControlAndData(t *testing.T) {
 			for i := range src {
 				src[i] = byte(i * 7)
 			}
-			tag := Tag{Request: 5, Sub: 1, Seq: 2}
-			rid, err := post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), tag, dst, d) })
+			tag := transport.Tag{Request: 5, Sub: 1, Seq: 2}
+			rid, err := post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) { return b.PostRecv(a.Self(), tag, dst, d) })
 			require.NoError(t, err)
-			sid, err := post(t, ra, func(d func(Completion)) (OpID, error) { return a.PostSend(b.Self(), tag, src, d) })
+			sid, err := post(t, ra, func(d func(transport.Completion)) (transport.OpID, error) { return a.PostSend(b.Self(), tag, src, d) })
 			require.NoError(t, err)
 			require.Eventually(t, func() bool { return len(rb.reportsOf(rid)) == 1 && len(ra.reportsOf(sid)) == 1 },
 				10*time.Second, time.Millisecond)
-			for _, c := range []Completion{rb.reportsOf(rid)[0], ra.reportsOf(sid)[0]} {
+			for _, c := range []transport.Completion{rb.reportsOf(rid)[0], ra.reportsOf(sid)[0]} {
 				require.NoError(t, c.Err)
-				require.Equal(t, MemoryDone, c.Memory)
+				require.Equal(t, transport.MemoryDone, c.Memory)
 				require.Equal(t, len(src), c.Bytes)
 			}
 			require.Equal(t, src, dst)
@@ -126,48 +129,48 @@ func TestUCXTransport_ContractControlAndData(t *testing.T) {
 
 func TestUCXTransport_ContractRefusesGoMemory(t *testing.T) {
 	a, b, ra, _ := newUCXPair(t, "posix,cma,self", "")
-	_, err := post(t, ra, func(d func(Completion)) (OpID, error) {
-		return a.PostSend(b.Self(), Tag{Request: 1}, make([]byte, 64), d)
+	_, err := post(t, ra, func(d func(transport.Completion)) (transport.OpID, error) {
+		return a.PostSend(b.Self(), transport.Tag{Request: 1}, make([]byte, 64), d)
 	})
-	require.ErrorIs(t, err, ErrUCXUnregistered)
-	_, err = post(t, ra, func(d func(Completion)) (OpID, error) {
-		return a.PostRecv(b.Self(), Tag{Request: 1}, make([]byte, 64), d)
+	require.ErrorIs(t, err, ErrUnregistered)
+	_, err = post(t, ra, func(d func(transport.Completion)) (transport.OpID, error) {
+		return a.PostRecv(b.Self(), transport.Tag{Request: 1}, make([]byte, 64), d)
 	})
-	require.ErrorIs(t, err, ErrUCXUnregistered)
+	require.ErrorIs(t, err, ErrUnregistered)
 	time.Sleep(20 * time.Millisecond)
 	ra.mu.Lock()
 	defer ra.mu.Unlock()
 	require.Empty(t, ra.reports, "a refused post gets no callback")
 }
 
-// Cancel: an unmatched receive reports ErrCancelled with MemoryDone, once; a send nobody
-// receives cannot be stopped, so it reports MemoryBusy, and its one final verdict comes with
+// Cancel: an unmatched receive reports transport.ErrCancelled with transport.MemoryDone, once; a send nobody
+// receives cannot be stopped, so it reports transport.MemoryBusy, and its one final verdict comes with
 // the forced close.
 func TestUCXTransport_ContractCancel(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			a, b, ra, rb := newUCXPair(t, tr.tls, tr.dev)
-			rid, err := post(t, rb, func(d func(Completion)) (OpID, error) {
-				return b.PostRecv(a.Self(), Tag{Request: 9}, b.StagingMemory()[:4096], d)
+			rid, err := post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) {
+				return b.PostRecv(a.Self(), transport.Tag{Request: 9}, b.StagingMemory()[:4096], d)
 			})
 			require.NoError(t, err)
 			b.Cancel(rid)
 			require.Eventually(t, func() bool { return len(rb.reportsOf(rid)) == 1 }, 5*time.Second, time.Millisecond)
 			c := rb.reportsOf(rid)[0]
-			require.ErrorIs(t, c.Err, ErrCancelled)
-			require.Equal(t, MemoryDone, c.Memory)
+			require.ErrorIs(t, c.Err, transport.ErrCancelled)
+			require.Equal(t, transport.MemoryDone, c.Memory)
 			b.Cancel(rid) // cancelling a finished op does nothing
 
-			sid, err := post(t, ra, func(d func(Completion)) (OpID, error) {
-				return a.PostSend(b.Self(), Tag{Request: 10}, a.StagingMemory()[:8<<20], d)
+			sid, err := post(t, ra, func(d func(transport.Completion)) (transport.OpID, error) {
+				return a.PostSend(b.Self(), transport.Tag{Request: 10}, a.StagingMemory()[:8<<20], d)
 			})
 			require.NoError(t, err)
 			time.Sleep(20 * time.Millisecond)
 			a.Cancel(sid)
 			require.Eventually(t, func() bool { return len(ra.reportsOf(sid)) == 1 }, 5*time.Second, time.Millisecond)
 			busy := ra.reportsOf(sid)[0]
-			require.Equal(t, MemoryBusy, busy.Memory)
-			require.ErrorIs(t, busy.Err, ErrCancelled)
+			require.Equal(t, transport.MemoryBusy, busy.Memory)
+			require.ErrorIs(t, busy.Err, transport.ErrCancelled)
 
 			require.NoError(t, a.Close(true))
 			cs := ra.reportsOf(sid)
@@ -178,20 +181,20 @@ func TestUCXTransport_ContractCancel(t *testing.T) {
 }
 
 // Close(force) gives every outstanding operation exactly one final verdict before it returns,
-// and every method fails with ErrClosed afterwards.
+// and every method fails with transport.ErrClosed afterwards.
 func TestUCXTransport_ContractForceCloseReportsEveryOp(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			a, b, ra, _ := newUCXPair(t, tr.tls, tr.dev)
-			var ids []OpID
+			var ids []transport.OpID
 			mem := a.StagingMemory()
 			for i := 0; i < 8; i++ {
 				buf := mem[i<<20 : (i+1)<<20]
-				id, err := post(t, ra, func(d func(Completion)) (OpID, error) {
+				id, err := post(t, ra, func(d func(transport.Completion)) (transport.OpID, error) {
 					if i%2 == 0 {
-						return a.PostRecv(b.Self(), Tag{Request: RequestID(100 + i)}, buf, d)
+						return a.PostRecv(b.Self(), transport.Tag{Request: transport.RequestID(100 + i)}, buf, d)
 					}
-					return a.PostSend(b.Self(), Tag{Request: RequestID(100 + i)}, buf, d) // never received
+					return a.PostSend(b.Self(), transport.Tag{Request: transport.RequestID(100 + i)}, buf, d) // never received
 				})
 				require.NoError(t, err)
 				ids = append(ids, id)
@@ -205,12 +208,12 @@ func TestUCXTransport_ContractForceCloseReportsEveryOp(t *testing.T) {
 				require.Equal(t, 1, finals(cs), "op %d: %+v", i, cs)
 				last := cs[len(cs)-1]
 				require.Error(t, last.Err)
-				require.Contains(t, []Memory{MemoryDone, MemoryUnknown}, last.Memory)
+				require.Contains(t, []transport.Memory{transport.MemoryDone, transport.MemoryUnknown}, last.Memory)
 			}
-			require.ErrorIs(t, a.SendControl(b.Self(), []byte("x")), ErrClosed)
-			_, err := a.PostSend(b.Self(), Tag{}, mem[:8], func(Completion) {})
-			require.ErrorIs(t, err, ErrClosed)
-			require.ErrorIs(t, a.Bind(ra), ErrClosed)
+			require.ErrorIs(t, a.SendControl(b.Self(), []byte("x")), transport.ErrClosed)
+			_, err := a.PostSend(b.Self(), transport.Tag{}, mem[:8], func(transport.Completion) {})
+			require.ErrorIs(t, err, transport.ErrClosed)
+			require.ErrorIs(t, a.Bind(ra), transport.ErrClosed)
 		})
 	}
 }
@@ -219,14 +222,20 @@ func TestUCXTransport_ContractForceCloseReportsEveryOp(t *testing.T) {
 // second would otherwise take the first one's data.
 func TestUCXTransport_ContractRefusesCollidingReceives(t *testing.T) {
 	a, b, _, rb := newUCXPair(t, "posix,cma,self", "")
-	tag := Tag{Request: 3, Sub: 0, Seq: 7}
+	tag := transport.Tag{Request: 3, Sub: 0, Seq: 7}
 	mem := b.StagingMemory()
-	_, err := post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), tag, mem[:4096], d) })
+	_, err := post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) {
+		return b.PostRecv(a.Self(), tag, mem[:4096], d)
+	})
 	require.NoError(t, err)
-	_, err = post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), tag, mem[4096:8192], d) })
-	require.ErrorIs(t, err, ErrProtocol)
+	_, err = post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) {
+		return b.PostRecv(a.Self(), tag, mem[4096:8192], d)
+	})
+	require.ErrorIs(t, err, transport.ErrProtocol)
 	other := tag
 	other.Seq++
-	_, err = post(t, rb, func(d func(Completion)) (OpID, error) { return b.PostRecv(a.Self(), other, mem[4096:8192], d) })
+	_, err = post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) {
+		return b.PostRecv(a.Self(), other, mem[4096:8192], d)
+	})
 	require.NoError(t, err, "the next chunk's tag is distinct")
 }

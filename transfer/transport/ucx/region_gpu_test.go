@@ -2,15 +2,16 @@
 
 //go:build gpu && cgo
 
-// GPU-only, like ucx_device_gpu_test.go: `make gpu-test` runs it against a CUDA-enabled UCX with
+// GPU-only, like package transfer's ucx_device_gpu_test.go: `make gpu-test` runs it against a CUDA-enabled UCX with
 // KVX_EXPECT_UCX_CUDA=1; `go vet -tags gpu` compiles it everywhere. It has not run on a GPU yet
 // (docs/gpu-results.md).
 
-package transfer
+package ucx
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/native"
 )
 
@@ -27,8 +29,8 @@ import (
 func TestUCXRegion_DeviceRegisteredMemoryGPUToGPU(t *testing.T) {
 	rt := openGPU(t)
 	const n = 64 << 20
-	mk := func() *UCXTransport {
-		tr, err := NewUCXTransport(UCXConfig{KeepaliveInterval: 200 * time.Millisecond, CloseTimeout: 2 * time.Second, StagingBytes: 1 << 20})
+	mk := func() *Transport {
+		tr, err := New(Config{KeepaliveInterval: 200 * time.Millisecond, CloseTimeout: 2 * time.Second, StagingBytes: 1 << 20})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tr.Close(true) })
 		if !tr.DeviceMemory() {
@@ -77,4 +79,16 @@ func TestUCXRegion_DeviceRegisteredMemoryGPUToGPU(t *testing.T) {
 	got := make([]byte, n)
 	require.NoError(t, rt.CopyFromDevice(got, dbuf.Mem()))
 	require.True(t, bytes.Equal(want, got), "every byte")
+}
+
+// openGPU opens device 0, skipping only when the hardware or the CUDA libraries are absent.
+func openGPU(t *testing.T) *cuda.Runtime {
+	t.Helper()
+	rt, err := cuda.Open(cuda.Config{})
+	if errors.Is(err, cuda.ErrNoDevice) || errors.Is(err, cuda.ErrLibraryNotFound) {
+		t.Skipf("no GPU here: %v", err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rt.Close() })
+	return rt
 }

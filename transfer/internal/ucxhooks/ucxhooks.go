@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+// Package ucxhooks lets package transfer's tests, which run engines over the UCX transport,
+// look inside it (how many keys it unpacked, its lanes' workers) and stall it at chosen
+// points, without package ucx exporting any of that. Package ucx fills Hooks when it is
+// linked in; nothing else sets or reads it. Every function takes the *ucx.Transport as tr.
+package ucxhooks
+
+import (
+	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
+)
+
+// Hooks is filled by package ucx's init.
+var Hooks struct {
+	// InjectPeerLost queues a peer-lost report as if UCX had raised it (a false alarm).
+	InjectPeerLost func(tr any, peer transport.Peer, err error)
+	// RemotePools counts the peer pools whose keys are unpacked, on any lane; RemoteKeys
+	// counts the unpacked keys (one per pool and lane).
+	RemotePools, RemoteKeys func(tr any) int
+	// LaneWorkers lists the extra workers the gets are striped over (not the main one).
+	LaneWorkers func(tr any) []*native.Worker
+	// SetBeforeConnect and SetBeforeUnpack install a function run as an endpoint is about
+	// to be made, or a peer's key unpacked (outside the transport's lock).
+	SetBeforeConnect, SetBeforeUnpack func(tr any, f func())
+	// ProbeSeen reports whether the receive probe runs and the highest sequence it saw.
+	ProbeSeen func(tr any) (running bool, seen uint64)
+	// Ops counts the operations the transport tracks; Registrations its memory registrations.
+	Ops, Registrations func(tr any) int
+	// ReplacesWedgedWorker reports Config.ReplaceWedgedWorker.
+	ReplacesWedgedWorker func(tr any) bool
+}

@@ -1,0 +1,21 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package ucx is kvxfer's UCX transport: a transport.Transport over one UCX context and
+// worker (package native holds every cgo call), with the engine's optional capabilities
+// (the direct path's IOV messages and RMA gets over lanes, validated reads, narrow tag
+// reservation, a bounded control message, a receive probe that tells a wedged worker), and
+// the device transport that stages chunks in GPU memory.
+//
+// Build an engine over it:
+//
+//	tr, err := ucx.New(ucx.Config{})
+//	...
+//	eng, err := transfer.New(tr, transfer.Config{StagingMemory: tr.StagingMemory()})
+//
+// Peers are named by worker address (PeerFromAddress, Transport.Self). ContextParams is what
+// a prefill engine hands to decode through the serving stack: the sender's worker address,
+// its incarnation, and the request's plan. See docs/ucx.md.
+//
+// Everything here but ContextParams and the Config bounds needs cgo; a build without cgo
+// has no UCX transport.
+package ucx

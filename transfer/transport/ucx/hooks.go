@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package ucx
+
+import (
+	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport"
+)
+
+// The engine's UCX tests (package transfer) look inside the transport through these; see
+// package ucxhooks.
+func init() {
+	h := &ucxhooks.Hooks
+	h.InjectPeerLost = func(tr any, peer transport.Peer, err error) { tr.(*Transport).push(ucxReport{lost: peer, err: err}) }
+	h.RemotePools = func(tr any) int {
+		t := tr.(*Transport)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		pools := map[ucxKeyID]bool{}
+		for id := range t.rma.keys {
+			id.lane = 0
+			pools[id] = true
+		}
+		return len(pools)
+	}
+	h.RemoteKeys = func(tr any) int {
+		t := tr.(*Transport)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return len(t.rma.keys)
+	}
+	h.LaneWorkers = func(tr any) []*native.Worker {
+		t := tr.(*Transport)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		var ws []*native.Worker
+		for _, l := range t.rma.lanes.extra {
+			ws = append(ws, l.w)
+		}
+		return ws
+	}
+	h.SetBeforeConnect = func(tr any, f func()) {
+		t := tr.(*Transport)
+		t.mu.Lock()
+		t.beforeConnect = f
+		t.mu.Unlock()
+	}
+	h.SetBeforeUnpack = func(tr any, f func()) {
+		t := tr.(*Transport)
+		t.mu.Lock()
+		t.beforeUnpack = f
+		t.mu.Unlock()
+	}
+	h.ProbeSeen = func(tr any) (bool, uint64) {
+		p := tr.(*Transport).probe.Load()
+		if p == nil {
+			return false, 0
+		}
+		return true, p.seen.Load()
+	}
+	h.Ops = func(tr any) int {
+		t := tr.(*Transport)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return len(t.ops)
+	}
+	h.Registrations = func(tr any) int { return tr.(*Transport).registrations() }
+	h.ReplacesWedgedWorker = func(tr any) bool { return tr.(*Transport).cfg.ReplaceWedgedWorker }
+}

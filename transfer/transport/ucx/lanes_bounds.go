@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package ucx
+
+// Bounds and defaults of Config, here (no cgo) so that builds without cgo can name them.
+const (
+	// DefaultLanes is Config.Lanes' default where GOMAXPROCS allows it.
+	DefaultLanes = 4
+	// MaxLanes bounds Config.Lanes: each lane is a worker and an OS thread.
+	MaxLanes = 64
+	// DefaultStagingBytes is the default of Config.StagingBytes and DeviceConfig.StagingBytes:
+	// room for the engine's default staging pool (transfer.DefaultMaxConcurrent transfers of
+	// transfer.DefaultPipelineDepth slots of transfer.DefaultSlotBytes; a test of package
+	// transfer holds the two equal).
+	DefaultStagingBytes = 64 * 2 * 4 << 20
+)
