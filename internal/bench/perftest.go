@@ -7,14 +7,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 )
 
 // perftestConfig is one ucx_perftest measurement between a server and a client on this host.
@@ -119,37 +121,47 @@ func (cfg perftestConfig) env() []string {
 
 // perftestServer is a running ucx_perftest server.
 type perftestServer struct {
-	cmd  *exec.Cmd
-	out  limitedBuffer
-	done chan struct{} // closed when it has exited and been reaped
+	child *proc.Child
+	out   limitedBuffer
 }
 
 // startPerftestServer starts the server end on port, in its own process group, killed when
 // ctx ends.
 func startPerftestServer(ctx context.Context, cfg perftestConfig, port int) (*perftestServer, error) {
-	s := &perftestServer{done: make(chan struct{})}
-	s.cmd = groupCommand(ctx, cfg.binary, cfg.args(port)...)
-	s.cmd.Env = cfg.env()
-	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
-	if err := s.cmd.Start(); err != nil {
+	s := &perftestServer{}
+	cmd := exec.Command(cfg.binary, cfg.args(port)...)
+	cmd.Env = cfg.env()
+	var err error
+	if s.child, err = proc.Start(ctx, cmd, proc.Options{Group: true, Stdout: &s.out, Stderr: &s.out}); err != nil {
 		return nil, fmt.Errorf("start ucx_perftest server: %w", err)
 	}
-	go func() {
-		_ = s.cmd.Wait()
-		close(s.done)
-	}()
 	return s, nil
 }
 
 // stop waits a moment for the server to exit by itself (it does once its client is done),
-// then kills its group, and returns once it is reaped.
+// then kills its group, and returns once it is reaped (bounded).
 func (s *perftestServer) stop(grace time.Duration) {
-	select {
-	case <-s.done:
-	case <-time.After(grace):
-		_ = killGroup(s.cmd)
-		<-s.done
+	_ = s.child.Stop(grace, perftestReapBound)
+}
+
+// perftestReapBound is how long a killed ucx_perftest may take to be reaped.
+const perftestReapBound = 10 * time.Second
+
+// runGroup runs cmd to its end in a process group of its own, its output into out, and kills
+// the group when ctx ends first; the wait for its reaping after the kill is bounded.
+func runGroup(ctx context.Context, cmd *exec.Cmd, out io.Writer) error {
+	c, err := proc.Start(ctx, cmd, proc.Options{Group: true, Stdout: out, Stderr: out})
+	if err != nil {
+		return err
 	}
+	select {
+	case <-c.Exited():
+	case <-ctx.Done(): // Start kills the group now
+		if !c.Reap(perftestReapBound) {
+			return fmt.Errorf("%w: ucx_perftest (pid %d) within %v", proc.ErrNotReaped, c.Pid(), perftestReapBound)
+		}
+	}
+	return c.Err()
 }
 
 func runPerftestOnPort(ctx context.Context, cfg perftestConfig, port int) (perftestResult, error) {
@@ -168,14 +180,13 @@ func runPerftestClient(ctx context.Context, cfg perftestConfig, host string, por
 	const retryEvery = 20 * time.Millisecond
 	var serverDone <-chan struct{}
 	if server != nil {
-		serverDone = server.done
+		serverDone = server.child.Exited()
 	}
 	for {
-		client := groupCommand(ctx, cfg.binary, append([]string{host}, cfg.args(port)...)...)
+		client := exec.Command(cfg.binary, append([]string{host}, cfg.args(port)...)...)
 		client.Env = cfg.env()
 		var clientOut limitedBuffer
-		client.Stdout, client.Stderr = &clientOut, &clientOut
-		err := client.Run()
+		err := runGroup(ctx, client, &clientOut)
 		if err == nil {
 			return parsePerftest(clientOut.String())
 		}
@@ -183,32 +194,15 @@ func runPerftestClient(ctx context.Context, cfg perftestConfig, host string, por
 			return perftestResult{}, fmt.Errorf("ucx_perftest (%s, %d bytes) did not finish in %v: %w", cfg.test, cfg.size, cfg.timeout, ctx.Err())
 		}
 		if !strings.Contains(clientOut.String(), "Connection refused") {
-			return perftestResult{}, fmt.Errorf("ucx_perftest client failed: %v: %s", err, lastLines(clientOut.String(), 3))
+			return perftestResult{}, fmt.Errorf("ucx_perftest client failed: %v: %s", err, proc.LastLines(clientOut.String(), 3))
 		}
 		select {
 		case <-serverDone:
-			return perftestResult{}, fmt.Errorf("%w: %s", errServerGone, lastLines(server.out.String(), 3))
+			return perftestResult{}, fmt.Errorf("%w: %s", errServerGone, proc.LastLines(server.out.String(), 3))
 		case <-time.After(retryEvery):
 		case <-ctx.Done():
 		}
 	}
-}
-
-// groupCommand runs name in a process group of its own, killed whole when ctx ends, so no
-// child of it survives us.
-func groupCommand(ctx context.Context, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return killGroup(cmd) }
-	cmd.WaitDelay = 2 * time.Second
-	return cmd
-}
-
-func killGroup(cmd *exec.Cmd) error {
-	if cmd.Process == nil {
-		return nil
-	}
-	return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 }
 
 // freePort asks the kernel for a free TCP port on 127.0.0.1. Another process may take it
@@ -258,24 +252,7 @@ func parsePerftest(out string) (perftestResult, error) {
 		}
 		break
 	}
-	return perftestResult{}, fmt.Errorf("no final figures in ucx_perftest output: %s", lastLines(out, 3))
-}
-
-// lastLines returns the last n non-empty lines of s, joined with " | ", for error messages.
-func lastLines(s string, n int) string {
-	var keep []string
-	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			keep = append(keep, l)
-		}
-	}
-	if len(keep) > n {
-		keep = keep[len(keep)-n:]
-	}
-	if len(keep) == 0 {
-		return "(no output)"
-	}
-	return strings.Join(keep, " | ")
+	return perftestResult{}, fmt.Errorf("no final figures in ucx_perftest output: %s", proc.LastLines(out, 3))
 }
 
 // limitedBuffer keeps the first 64 KiB written to it: enough for any ucx_perftest report,

@@ -13,6 +13,8 @@ import (
 	"os/exec"
 	"strconv"
 	"time"
+
+	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 )
 
 // PeerEnv marks a process started as a loopback run's peer. The real binary ignores it; a
@@ -175,10 +177,9 @@ func perftestName(tls string) string {
 
 // peerProcs are run's prefill processes.
 type peerProcs struct {
-	cmds   []*exec.Cmd
-	stderr []*limitedBuffer
-	exited chan int // rank of a peer that exited
-	waited []chan struct{}
+	children []*proc.Child
+	output   []*proc.Tail // the end of each one's stdout and stderr
+	exited   chan int     // rank of a peer that exited
 }
 
 // startPeers re-executes this binary once per prefill rank as the hidden peer subcommand. Each
@@ -194,22 +195,20 @@ func startPeers(ctx context.Context, cfg RunConfig, controlAddr string) (*peerPr
 		return p, fmt.Errorf("encode the peer's configuration: %w", err)
 	}
 	for rank := 0; rank < cfg.PrefillTP; rank++ {
-		cmd := groupCommand(ctx, exe, "peer", "--control", controlAddr, "--rank", strconv.Itoa(rank),
+		cmd := exec.Command(exe, "peer", "--control", controlAddr, "--rank", strconv.Itoa(rank),
 			"--timeout", runBudget(cfg).String(), "--config", conf)
 		cmd.Env = append(os.Environ(), PeerEnv+"=1")
 		if cfg.TLS != "" {
 			cmd.Env = append(cmd.Env, "UCX_TLS="+cfg.TLS)
 		}
-		var stderr limitedBuffer
-		cmd.Stdout, cmd.Stderr = &stderr, &stderr
-		if err := cmd.Start(); err != nil {
+		output := proc.NewTail(proc.TailBytes)
+		child, err := proc.Start(ctx, cmd, proc.Options{Group: true, Stdout: output, Stderr: output})
+		if err != nil {
 			return p, fmt.Errorf("start prefill peer %d: %w", rank, err)
 		}
-		done := make(chan struct{})
-		p.cmds, p.stderr, p.waited = append(p.cmds, cmd), append(p.stderr, &stderr), append(p.waited, done)
+		p.children, p.output = append(p.children, child), append(p.output, output)
 		go func() {
-			_ = cmd.Wait()
-			close(done)
+			<-child.Exited()
 			p.exited <- rank
 		}()
 	}
@@ -217,17 +216,15 @@ func startPeers(ctx context.Context, cfg RunConfig, controlAddr string) (*peerPr
 }
 
 // stop gives each peer a moment to exit after its bye, then kills its process group, and
-// waits for it.
+// reaps it (both bounded).
 func (p *peerProcs) stop() {
-	for i, cmd := range p.cmds {
-		select {
-		case <-p.waited[i]:
-		case <-time.After(2 * time.Second):
-			_ = killGroup(cmd)
-			<-p.waited[i]
-		}
+	for _, c := range p.children {
+		_ = c.Stop(2*time.Second, peerReapBound)
 	}
 }
+
+// peerReapBound is how long a killed peer may take to be reaped.
+const peerReapBound = 10 * time.Second
 
 // acceptPeers waits, within the connect timeout, for every prefill peer to connect and
 // exchanges hellos. A peer that dies first is reported with the last lines it printed.
@@ -261,7 +258,7 @@ func acceptPeers(ln *net.TCPListener, cfg RunConfig, peers *peerProcs) ([]*contr
 		}
 		select {
 		case rank := <-peers.exited:
-			return all, fmt.Errorf("%w: prefill peer %d exited before connecting: %s", errPeerUnreachable, rank, lastLines(peers.stderr[rank].String(), 3))
+			return all, fmt.Errorf("%w: prefill peer %d exited before connecting: %s", errPeerUnreachable, rank, proc.LastLines(peers.output[rank].String(), 3))
 		default:
 		}
 		if time.Now().After(deadline) {

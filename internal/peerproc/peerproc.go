@@ -5,12 +5,14 @@
 // protocol: the peer prints "ADDR <hex>" first, takes "PEER <hex>" on its stdin, and reports
 // with lines like "GOT <n>", "DONE <...>" and "ERR <...>". It is for tests only: every call
 // takes the test and fails it on error.
+//
+// Its core, package peerproc/proc, is the one harness for every child process kvxfer starts,
+// in tests or not: start it, read its lines, kill it (with its process group) and reap it,
+// each wait bounded. kvxbench's peers and baseline and the stress soak's peers use it directly.
 package peerproc
 
 import (
-	"bufio"
-	"fmt"
-	"io"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +23,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 )
 
 // Build builds ucxpeer into the calling test's temporary directory, removed when that test
@@ -48,48 +52,52 @@ func BuildEnginePeer(t testing.TB) string {
 type Proc struct {
 	Cmd *exec.Cmd
 	// Addr is the peer's UCX worker address, hex-encoded, from its ADDR line.
-	Addr   string
-	stdin  io.WriteCloser
-	lines  chan string // stdout, line by line; closed at EOF
-	exited chan struct{}
+	Addr  string
+	child *proc.Child
+	lines chan string // stdout, line by line; complete once child.Exited is closed
 }
 
 // Start starts bin with args and waits up to 20 s for its address.
 func Start(t testing.TB, bin string, args ...string) *Proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &Proc{Cmd: cmd, stdin: stdin, lines: make(chan string, 1<<16), exited: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		for sc.Scan() {
+	p := &Proc{lines: make(chan string, 1<<16)}
+	child, err := proc.Start(context.Background(), exec.Command(bin, args...), proc.Options{
+		Stdin: true, Stderr: os.Stderr,
+		Lines: func(line string) {
 			select {
-			case p.lines <- sc.Text():
+			case p.lines <- line:
 			default: // progress lines nobody reads are dropped: the peer must never block on us
 			}
-		}
-		close(p.lines)
-		_ = cmd.Wait() // after the last read of stdout, as exec requires
-		close(p.exited)
-	}()
+		}})
+	require.NoError(t, err)
+	p.Cmd, p.child = child.Cmd, child
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = stdin.Close()
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			t.Errorf("ucxpeer %d did not exit", cmd.Process.Pid)
+		child.Kill()
+		_ = child.CloseStdin()
+		if !child.Reap(10 * time.Second) {
+			t.Errorf("%s %d did not exit", filepath.Base(bin), child.Pid())
 		}
 	})
 	p.Addr = p.Expect(t, "ADDR ", 20*time.Second)
 	return p
+}
+
+// nextLine returns the next line the peer printed, or false once it has exited and every line
+// it printed has been read.
+func (p *Proc) nextLine(deadline <-chan time.Time) (line string, ok, timedOut bool) {
+	select {
+	case line := <-p.lines:
+		return line, true, false
+	case <-p.child.Exited():
+		select { // every line is in the channel once the child is reaped
+		case line := <-p.lines:
+			return line, true, false
+		default:
+			return "", false, false
+		}
+	case <-deadline:
+		return "", false, true
+	}
 }
 
 // Expect waits up to d for the next line with prefix and returns the rest of it. Lines with
@@ -98,16 +106,13 @@ func (p *Proc) Expect(t testing.TB, prefix string, d time.Duration) string {
 	t.Helper()
 	deadline := time.After(d)
 	for {
-		select {
-		case line, ok := <-p.lines:
-			require.True(t, ok, "ucxpeer exited while %q was expected", prefix)
-			if rest, found := strings.CutPrefix(line, prefix); found {
-				return rest
-			}
-			require.False(t, strings.HasPrefix(line, "ERR "), "ucxpeer: %s", line)
-		case <-deadline:
-			require.FailNow(t, "timeout", "no %q line from ucxpeer within %v", prefix, d)
+		line, ok, timedOut := p.nextLine(deadline)
+		require.False(t, timedOut, "no %q line from the peer within %v", prefix, d)
+		require.True(t, ok, "the peer exited while %q was expected", prefix)
+		if rest, found := strings.CutPrefix(line, prefix); found {
+			return rest
 		}
+		require.False(t, strings.HasPrefix(line, "ERR "), "peer: %s", line)
 	}
 }
 
@@ -128,12 +133,11 @@ func (p *Proc) WaitGot(t testing.TB, n int, d time.Duration) {
 // Connect tells the peer the address (hex) of this process's worker.
 func (p *Proc) Connect(t testing.TB, addr string) {
 	t.Helper()
-	_, err := fmt.Fprintf(p.stdin, "PEER %s\n", addr)
-	require.NoError(t, err)
+	require.NoError(t, p.child.Send("PEER "+addr))
 }
 
 // Signal sends sig to the peer.
 func (p *Proc) Signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
-	require.NoError(t, p.Cmd.Process.Signal(sig))
+	require.NoError(t, p.child.Signal(sig))
 }

@@ -121,15 +121,12 @@ type nsPeer struct {
 func (ps *procSoak) startNSPeer(idx int, ns, dev string) (*nsPeer, error) {
 	pc := ps.pc
 	pc.TLS, pc.NetDevices = "tcp", dev
-	cmd := exec.Command("ip", "netns", "exec", ns, ps.exe) // ip execs the peer: same pid
-	stdin, stdout, tail, err := spawnPeer(cmd, pc)
-	if err != nil {
-		return nil, fmt.Errorf("stress: starting a peer in %s: %w", ns, err)
-	}
-	p := &nsPeer{procPeer: &procPeer{idx: idx, cmd: cmd, stdin: stdin, exited: make(chan struct{}), pool: make(chan string, 1), stderr: tail},
+	p := &nsPeer{procPeer: &procPeer{idx: idx, pool: make(chan string, 1)},
 		health: make(chan string, 1), ends: map[uint64]chan string{}}
 	addr := make(chan string, 1)
-	watchPeer(p.procPeer, stdout, func(line string) {
+	cmd := exec.Command("ip", "netns", "exec", ns, ps.exe) // ip execs the peer: same pid
+	var err error
+	p.child, err = spawnPeer(cmd, pc, func(line string) {
 		f := strings.Fields(line)
 		switch {
 		case len(f) >= 1 && f[0] == "HEALTH":
@@ -150,6 +147,9 @@ func (ps *procSoak) startNSPeer(idx int, ns, dev string) (*nsPeer, error) {
 			ps.peerLine(p.procPeer, line, addr)
 		}
 	})
+	if err != nil {
+		return nil, fmt.Errorf("stress: starting a peer in %s: %w", ns, err)
+	}
 	if err := awaitAddr(p.procPeer, addr, "the peer in "+ns); err != nil {
 		return nil, err
 	}

@@ -5,12 +5,10 @@
 package stress
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -24,6 +22,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
@@ -39,42 +38,11 @@ func init() { runProcesses = RunProcesses }
 type procPeer struct {
 	idx, gen int
 	name     transfer.Peer
-	cmd      *exec.Cmd
-	wmu      sync.Mutex
-	stdin    io.WriteCloser
-	exited   chan struct{} // closed when the process has been waited for
-	pool     chan string   // its POOL line
-	stderr   *tailBuffer   // the end of its standard error, for breach reports
+	child    *proc.Child // its stderr's end goes with a breach (Child.Tail)
+	pool     chan string // its POOL line
 }
 
-// tailBuffer keeps the last 2 KiB written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (t *tailBuffer) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, b...)
-	if over := len(t.buf) - 2048; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(b), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
-}
-
-func (p *procPeer) send(line string) error {
-	p.wmu.Lock()
-	defer p.wmu.Unlock()
-	_, err := io.WriteString(p.stdin, line+"\n")
-	return err
-}
+func (p *procPeer) send(line string) error { return p.child.Send(line) }
 
 // procSoak adds peer processes to a soak whose only in-process engine is decode, over UCX.
 type procSoak struct {
@@ -198,14 +166,12 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 // startPeer starts prefill peer process idx (generation gen), waits (bounded) for its
 // address, and tells it decode's.
 func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
-	cmd := exec.Command(ps.exe)
-	stdin, stdout, tail, err := spawnPeer(cmd, ps.pc)
-	if err != nil {
+	p := &procPeer{idx: idx, gen: gen, pool: make(chan string, 1)}
+	addr := make(chan string, 1)
+	var err error
+	if p.child, err = spawnPeer(exec.Command(ps.exe), ps.pc, func(line string) { ps.peerLine(p, line, addr) }); err != nil {
 		return nil, fmt.Errorf("stress: starting peer %d: %w", idx, err)
 	}
-	p := &procPeer{idx: idx, gen: gen, cmd: cmd, stdin: stdin, exited: make(chan struct{}), pool: make(chan string, 1), stderr: tail}
-	addr := make(chan string, 1)
-	watchPeer(p, stdout, func(line string) { ps.peerLine(p, line, addr) })
 	if err := awaitAddr(p, addr, fmt.Sprintf("peer %d", idx)); err != nil {
 		return nil, err
 	}
@@ -218,48 +184,21 @@ func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
 	return p, nil
 }
 
-// spawnPeer starts cmd as a soak peer process with pc in its environment. UCX's own
-// complaints about a killed peer are expected noise, so its stderr only keeps a tail (which
-// goes with a breach); what matters reaches the parent on stdout as ERR lines and the pool
-// report.
-func spawnPeer(cmd *exec.Cmd, pc peerConfig) (stdin io.WriteCloser, stdout io.ReadCloser, tail *tailBuffer, err error) {
+// spawnPeer starts cmd as a soak peer process with pc in its environment, each line it
+// prints handed to lines. UCX's own complaints about a killed peer are expected noise, so its
+// stderr only keeps a tail (which goes with a breach); what matters reaches the parent on
+// stdout as ERR lines and the pool report.
+func spawnPeer(cmd *exec.Cmd, pc peerConfig, lines func(line string)) (*proc.Child, error) {
 	env, err := json.Marshal(pc)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	cmd.Env = append(os.Environ(), PeerEnv+"="+string(env), "UCX_LOG_LEVEL=fatal")
-	tail = &tailBuffer{}
-	cmd.Stderr = tail
-	if stdin, err = cmd.StdinPipe(); err != nil {
-		return nil, nil, nil, err
-	}
-	if stdout, err = cmd.StdoutPipe(); err != nil {
-		return nil, nil, nil, err
-	}
-	if err = cmd.Start(); err != nil {
-		return nil, nil, nil, err
-	}
-	return stdin, stdout, tail, nil
+	return proc.Start(context.Background(), cmd, proc.Options{Stdin: true, Lines: lines})
 }
 
-// watchPeer hands each line the peer prints to handle, from a goroutine of its own, and
-// reaps the process after its last line, closing p.exited.
-func watchPeer(p *procPeer, stdout io.Reader, handle func(line string)) {
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<16), 1<<20)
-		for sc.Scan() {
-			handle(sc.Text())
-		}
-	}()
-	go func() {
-		<-readerDone // Wait must follow the last read of stdout
-		_ = p.cmd.Wait()
-		close(p.exited)
-	}()
-}
+// peerReapBound is how long a killed peer process may take to be reaped.
+const peerReapBound = 10 * time.Second
 
 // awaitAddr waits, 10 s at most, for the address the peer prints first (peerLine passes it on
 // addr) and names the peer with it; a peer that exits or stays silent is an error naming it
@@ -269,11 +208,13 @@ func awaitAddr(p *procPeer, addr <-chan string, what string) error {
 	case a := <-addr:
 		p.name = transfer.Peer(a)
 		return nil
-	case <-p.exited:
+	case <-p.child.Exited():
 		return fmt.Errorf("stress: %s exited before printing its address", what)
 	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+		p.child.Kill()
+		if !p.child.Reap(peerReapBound) {
+			return fmt.Errorf("stress: %s printed no address in 10s, and was not reaped within %v of its kill", what, peerReapBound)
+		}
 		return fmt.Errorf("stress: %s printed no address in 10s", what)
 	}
 }
@@ -312,34 +253,28 @@ func (ps *procSoak) stopPeers() {
 // stopThese ends the given peers: stdin closed, pool report checked, exit awaited.
 func (ps *procSoak) stopThese(live []*procPeer) {
 	for _, p := range live {
-		p.wmu.Lock()
-		_ = p.stdin.Close()
-		p.wmu.Unlock()
+		_ = p.child.CloseStdin()
 	}
 	bound := ps.cfg.QueueTimeout + ps.cfg.TransferTimeout + 2*ps.cfg.QuarantineTimeout + 2*ps.cfg.Grace + 10*time.Second
 	for _, p := range live {
 		select {
 		case line := <-p.pool:
 			ps.checkPeerPool(p, line)
-		case <-p.exited:
-			// Its output is read to the end before exited closes, so a POOL line it printed
+		case <-p.child.Exited():
+			// Its output is read to the end before Exited closes, so a POOL line it printed
 			// is waiting by now.
 			select {
 			case line := <-p.pool:
 				ps.checkPeerPool(p, line)
 			default:
 				ps.addBreach(fmt.Sprintf("peer %d.gen%d exited (%v) without reporting its pool; its stderr ends: %q",
-					p.idx, p.gen, p.cmd.ProcessState, p.stderr.String()))
+					p.idx, p.gen, p.child.Cmd.ProcessState, p.child.Tail()))
 			}
 		case <-time.After(bound):
 			ps.addBreach(fmt.Sprintf("peer %d.gen%d did not drain within %v", p.idx, p.gen, bound))
 		}
-		select {
-		case <-p.exited:
-		case <-time.After(10 * time.Second):
-			ps.addBreach(fmt.Sprintf("peer %d.gen%d did not exit within 10s of its drain; killed", p.idx, p.gen))
-			_ = p.cmd.Process.Kill()
-			<-p.exited
+		if err := p.child.Stop(10*time.Second, peerReapBound); err != nil {
+			ps.addBreach(fmt.Sprintf("peer %d.gen%d did not exit within 10s of its drain: %v", p.idx, p.gen, err))
 		}
 	}
 }
@@ -413,7 +348,7 @@ func (ps *procSoak) freezePeers() {
 	peers := ps.livePeers()
 	t0 := time.Now()
 	for _, p := range peers {
-		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+		_ = p.child.Signal(syscall.SIGSTOP)
 	}
 	ps.injected[FaultFreeze].Add(1)
 	ps.log.Info("peers stopped (SIGSTOP)", zap.Int("peers", len(peers)))
@@ -437,7 +372,7 @@ func (ps *procSoak) freezePeers() {
 	}
 	time.Sleep(time.Until(thaw))
 	for _, p := range peers {
-		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		_ = p.child.Signal(syscall.SIGCONT)
 	}
 	ps.log.Info("peers resumed (SIGCONT)")
 	ps.awaitRecovery("SIGCONT of the prefill processes", thaw)
@@ -484,13 +419,11 @@ func (ps *procSoak) killPeer(i int) {
 	if old == nil {
 		return
 	}
-	_ = old.cmd.Process.Signal(syscall.SIGKILL)
+	old.child.Kill()
 	ps.injected[FaultLostPeer].Add(1)
 	ps.log.Info("peer killed (SIGKILL)", zap.Int("peer", i))
-	select {
-	case <-old.exited:
-	case <-time.After(10 * time.Second):
-		ps.addBreach(fmt.Sprintf("peer %d.gen%d still running 10s after SIGKILL", old.idx, old.gen))
+	if !old.child.Reap(peerReapBound) {
+		ps.addBreach(fmt.Sprintf("peer %d.gen%d still running %v after SIGKILL", old.idx, old.gen, peerReapBound))
 	}
 	fresh, err := ps.startPeer(i, old.gen+1)
 	if err != nil {
