@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/bench"
+	"github.com/kvxfer/kvxfer/internal/bench/perftest"
 	"github.com/kvxfer/kvxfer/internal/streambench"
 )
 
@@ -85,7 +86,7 @@ func baselineBinary(fs *flagSet, want bool, out *outputs) (string, error) {
 	if !want {
 		return "", nil
 	}
-	path, err := bench.FindPerftest()
+	path, err := perftest.Find()
 	if err == nil {
 		return path, nil
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/internal/bench"
+	"github.com/kvxfer/kvxfer/internal/bench/perftest"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 )
 
@@ -115,7 +116,7 @@ func TestServeAndConnectMeasure(t *testing.T) {
 	small := []string{"--layers", "2", "--prompts", "64", "--concurrency", "1", "--slot-size", "256KiB", "--max-memory", "256MiB", "--duration", "20ms"}
 	addr, served := startServe(t, small...)
 	args := append(append([]string{"connect", "--json"}, small...), addr)
-	if _, err := bench.FindPerftest(); err != nil {
+	if _, err := perftest.Find(); err != nil {
 		args = append([]string{"connect", "--json", "--baseline=false"}, append(small, addr)...)
 	}
 	code, stdout, stderr := runMain(t, 60*time.Second, args...)

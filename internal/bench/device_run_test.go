@@ -16,15 +16,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/bench/perftest"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
 func TestDeviceRun_PerftestMovesDeviceMemory(t *testing.T) {
-	host := perftestConfig{test: "tag_bw", size: 4096, iters: 10, warmup: 1}
-	require.NotContains(t, host.args(1234), "-m")
+	host := perftest.Config{Test: "tag_bw", Size: 4096, Iters: 10, Warmup: 1}
+	require.NotContains(t, host.Args(1234), "-m")
 	dev := host
-	dev.memType = "cuda"
-	args := dev.args(1234)
+	dev.MemType = "cuda"
+	args := dev.Args(1234)
 	require.Equal(t, []string{"-m", "cuda"}, args[len(args)-2:])
 
 	// The baseline moves the same kind of memory as the run.

@@ -18,7 +18,7 @@
 //	engine*.go                the engine behind an interface the scenarios drive
 //	device*.go                --memory device: device gather and the device engine side
 //	gpu*.go                   --device and `kvxbench devices`: the GPUs NVML reports
-//	perftest.go               the ucx_perftest baseline
+//	perftest/                 the ucx_perftest baseline (a server and a client, bounded)
 //	gather.go, stream.go      host gather and scatter; layer-wise streaming
 //	report.go, progress.go    results as a table, JSON lines (resultSchema) and progress
 //	plot/                     the SVG plot

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/bench/perftest"
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 )
 
@@ -32,7 +33,7 @@ func runBudget(c RunConfig) time.Duration {
 // Loopback is `kvxbench run`: this process is the decode end; it starts --prefill-tp
 // prefill peers by re-executing itself, meets them on a control connection, measures the
 // baseline and the transfers, and ends the peers.
-func Loopback(ctx context.Context, cfg RunConfig, o Output, perftest string, out *Outputs, add func(Result) error) error {
+func Loopback(ctx context.Context, cfg RunConfig, o Output, perftestBin string, out *Outputs, add func(Result) error) error {
 	ctx, cancel := context.WithTimeout(ctx, runBudget(cfg))
 	defer cancel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -56,13 +57,13 @@ func Loopback(ctx context.Context, cfg RunConfig, o Output, perftest string, out
 	if err != nil {
 		return err
 	}
-	return driveDecode(ctx, cfg, o, perftest, "", ctrls, out, add)
+	return driveDecode(ctx, cfg, o, perftestBin, "", ctrls, out, add)
 }
 
 // driveDecode makes the decode end's engine, exchanges engine addresses with every prefill
 // rank, and measures every scenario with its baseline. remoteHost is the prefill host of a
 // two-host run, empty for a loopback run.
-func driveDecode(ctx context.Context, cfg RunConfig, o Output, perftest, remoteHost string, ctrls []*control, out *Outputs, add func(Result) error) error {
+func driveDecode(ctx context.Context, cfg RunConfig, o Output, perftestBin, remoteHost string, ctrls []*control, out *Outputs, add func(Result) error) error {
 	eng, err := newEngineSide(cfg, roleDecode, 0)
 	if err != nil {
 		for _, c := range ctrls {
@@ -83,12 +84,12 @@ func driveDecode(ctx context.Context, cfg RunConfig, o Output, perftest, remoteH
 		}
 		d.peers = append(d.peers, peer)
 	}
-	return measureTransfers(ctx, d, o, perftest, out, add)
+	return measureTransfers(ctx, d, o, perftestBin, out, add)
 }
 
 // measureTransfers runs every scenario that fits in memory, each beside ucx_perftest at its
 // message size, and hands each result to add.
-func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftest string, out *Outputs, add func(Result) error) error {
+func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftestBin string, out *Outputs, add func(Result) error) error {
 	cfg := d.cfg
 	pool, direct, err := d.eng.NewPool(cfg.Decode.SpanBytes())
 	if err != nil {
@@ -116,18 +117,18 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftest stri
 		if err != nil {
 			return err
 		}
-		if perftest != "" {
+		if perftestBin != "" {
 			g, ok := baselines[res.MessageBytes]
 			if !ok {
-				iters, warmup := perftestIters(res.MessageBytes, int64(float64(cfg.Duration.Seconds())*4e9))
-				pc := perftestConfig{binary: perftest, test: "tag_bw", size: res.MessageBytes,
-					tls: cfg.TLS, iters: iters, warmup: warmup, timeout: cfg.Duration*10 + 30*time.Second,
-					memType: perftestMemType(cfg)}
-				var base perftestResult
+				iters, warmup := perftest.Iters(res.MessageBytes, int64(float64(cfg.Duration.Seconds())*4e9))
+				pc := perftest.Config{Binary: perftestBin, Test: "tag_bw", Size: res.MessageBytes,
+					TLS: cfg.TLS, Iters: iters, Warmup: warmup, Timeout: cfg.Duration*10 + 30*time.Second,
+					MemType: perftestMemType(cfg)}
+				var base perftest.Result
 				if d.remoteHost != "" {
 					base, err = runRemotePerftest(ctx, d.ctrls[0], d.remoteHost, pc)
 				} else {
-					base, err = runPerftest(ctx, pc)
+					base, err = perftest.Run(ctx, pc)
 				}
 				if err != nil {
 					return fmt.Errorf("baseline: %w", err)
@@ -150,21 +151,21 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftest stri
 
 // runRemotePerftest measures the baseline between this host and the prefill host of a
 // two-host run: the prefill end starts the server, this end runs the client against it.
-func runRemotePerftest(ctx context.Context, c *control, host string, pc perftestConfig) (perftestResult, error) {
-	ctx, cancel := context.WithTimeout(ctx, pc.timeout)
+func runRemotePerftest(ctx context.Context, c *control, host string, pc perftest.Config) (perftest.Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, pc.Timeout)
 	defer cancel()
-	if err := c.send(message{PerftestServe: &perftestMsg{Test: pc.test, Size: pc.size, TLS: pc.tls,
-		Iters: pc.iters, Warmup: pc.warmup, Timeout: pc.timeout}}); err != nil {
-		return perftestResult{}, err
+	if err := c.send(message{PerftestServe: &perftestMsg{Test: pc.Test, Size: pc.Size, TLS: pc.TLS,
+		Iters: pc.Iters, Warmup: pc.Warmup, Timeout: pc.Timeout}}); err != nil {
+		return perftest.Result{}, err
 	}
 	m, err := c.recvMessage(0)
 	if err != nil {
-		return perftestResult{}, err
+		return perftest.Result{}, err
 	}
 	if m.PerftestPort <= 0 {
-		return perftestResult{}, fmt.Errorf("%w: prefill host answered a perftest request without a port", errPeerNotKvxbench)
+		return perftest.Result{}, fmt.Errorf("%w: prefill host answered a perftest request without a port", errPeerNotKvxbench)
 	}
-	return runPerftestClient(ctx, pc, host, m.PerftestPort, nil)
+	return perftest.RunClient(ctx, pc, host, m.PerftestPort)
 }
 
 // perftestName names the baseline in the table: the test and the transports it ran over.

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/bench/perftest"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 )
@@ -112,7 +113,7 @@ func (p *prefillEnd) serve(ctx context.Context, c *control) error {
 // startPerftest starts a ucx_perftest server for the decode host's baseline, on a free port
 // of every interface, and reaps it (killing it at its timeout) on a goroutine of wg.
 func (p *prefillEnd) startPerftest(ctx context.Context, m perftestMsg, wg *sync.WaitGroup) (int, error) {
-	bin, err := FindPerftest()
+	bin, err := perftest.Find()
 	if err != nil {
 		return 0, fmt.Errorf("prefill host: %w; run connect with --baseline=false", err)
 	}
@@ -125,9 +126,9 @@ func (p *prefillEnd) startPerftest(ctx context.Context, m perftestMsg, wg *sync.
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	cfg := perftestConfig{binary: bin, test: m.Test, size: m.Size, tls: m.TLS, iters: m.Iters, warmup: m.Warmup, timeout: m.Timeout}
+	cfg := perftest.Config{Binary: bin, Test: m.Test, Size: m.Size, TLS: m.TLS, Iters: m.Iters, Warmup: m.Warmup, Timeout: m.Timeout}
 	sctx, cancel := context.WithTimeout(ctx, m.Timeout)
-	server, err := startPerftestServer(sctx, cfg, port)
+	server, err := perftest.StartServer(sctx, cfg, port)
 	if err != nil {
 		cancel()
 		return 0, fmt.Errorf("prefill host: %w", err)
@@ -136,7 +137,7 @@ func (p *prefillEnd) startPerftest(ctx context.Context, m perftestMsg, wg *sync.
 	go func() {
 		defer wg.Done()
 		defer cancel()
-		server.stop(m.Timeout)
+		server.Stop(m.Timeout)
 	}()
 	return port, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/bench/perftest"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
@@ -289,7 +290,7 @@ func TestSweepCoversBlockSizeByBatch(t *testing.T) {
 	old := sweepOne
 	defer func() { sweepOne = old }()
 	var ran []int64
-	sweepOne = func(ctx context.Context, cfg RunConfig, o Output, perftest string, out *Outputs, add func(Result) error) error {
+	sweepOne = func(ctx context.Context, cfg RunConfig, o Output, perftestBin string, out *Outputs, add func(Result) error) error {
 		ran = append(ran, cfg.Dims.TokensPerBlock)
 		n := &fakeNet{slot: cfg.SlotBytes, sends: map[fakeKey]*fakeOp{}, recvs: map[fakeKey]*fakeOp{}}
 		return runFakeWith(t, cfg, n, o, add)
@@ -312,7 +313,7 @@ func TestSweepCoversBlockSizeByBatch(t *testing.T) {
 // The two-host baseline: the prefill end starts ucx_perftest's server when asked over the
 // control connection, the decode end runs the client against it (both on 127.0.0.1 here).
 func TestRemotePerftestOverTheControlConnection(t *testing.T) {
-	bin, err := FindPerftest()
+	bin, err := perftest.Find()
 	if err != nil {
 		t.Skipf("ucx_perftest is not installed (Debian package ucx-utils): %v", err)
 	}
@@ -328,8 +329,8 @@ func TestRemotePerftestOverTheControlConnection(t *testing.T) {
 	p, err := newPrefillEnd(cfg, 0, n.end("prefill0"), "decode")
 	require.NoError(t, err)
 	go func() { served <- p.serve(ctx, pc) }()
-	res, err := runRemotePerftest(ctx, dc, "127.0.0.1", perftestConfig{binary: bin, test: "tag_bw", size: 256 << 10,
-		tls: "shm,self", iters: 100, warmup: 10, timeout: 30 * time.Second})
+	res, err := runRemotePerftest(ctx, dc, "127.0.0.1", perftest.Config{Binary: bin, Test: "tag_bw", Size: 256 << 10,
+		TLS: "shm,self", Iters: 100, Warmup: 10, Timeout: 30 * time.Second})
 	require.NoError(t, err)
 	require.Greater(t, res.GBps, 0.0)
 	require.NoError(t, dc.send(message{Bye: true}))

@@ -97,7 +97,7 @@ func acceptCtx(ctx context.Context, ln net.Listener) (net.Conn, error) {
 // Connect is the decode end of a two-host run: it connects to Serve's control address addr,
 // checks the two layouts agree, and measures every scenario, the baseline's server running
 // on the serve host.
-func Connect(ctx context.Context, cfg RunConfig, addr, perftest string, o Output, out *Outputs) error {
+func Connect(ctx context.Context, cfg RunConfig, addr, perftestBin string, o Output, out *Outputs) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return Usagef("connect %q: %v (write HOST:PORT)", addr, err)
@@ -117,7 +117,7 @@ func Connect(ctx context.Context, cfg RunConfig, addr, perftest string, o Output
 	}
 	// The baseline's server runs on the serve host, started over the control connection.
 	pr := NewPrinter(out.Stdout, o.JSON)
-	if err := driveDecode(ctx, cfg, o, perftest, host, []*control{c}, out, pr.Add); err != nil {
+	if err := driveDecode(ctx, cfg, o, perftestBin, host, []*control{c}, out, pr.Add); err != nil {
 		return err
 	}
 	return pr.Finish(o.Plot)
@@ -125,7 +125,7 @@ func Connect(ctx context.Context, cfg RunConfig, addr, perftest string, o Output
 
 // Sweep measures transfers over block size by batch size, like nixlbench, for tuning: one
 // loopback run per configuration of SweepRuns, each request batch blocks long.
-func Sweep(ctx context.Context, runs []RunConfig, o Output, perftest string, out *Outputs) error {
+func Sweep(ctx context.Context, runs []RunConfig, o Output, perftestBin string, out *Outputs) error {
 	pr := NewPrinter(out.Stdout, o.JSON)
 	for _, cfg := range runs {
 		tpb := cfg.Dims.TokensPerBlock
@@ -134,7 +134,7 @@ func Sweep(ctx context.Context, runs []RunConfig, o Output, perftest string, out
 			r.Name = fmt.Sprintf("sweep %s tpb=%d blocks=%d c=%d", cfg.ShapeName, tpb, r.Tokens/tpb, r.Concurrency)
 			return pr.Add(r)
 		}
-		if err := sweepOne(ctx, cfg, o, perftest, out, add); err != nil {
+		if err := sweepOne(ctx, cfg, o, perftestBin, out, add); err != nil {
 			return fmt.Errorf("block size %d tokens: %w", tpb, err)
 		}
 	}

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package bench
+package perftest
 
 import (
 	"context"
@@ -44,7 +44,7 @@ func TestParsePerftest(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
-			res, err := parsePerftest(tc.out)
+			res, err := parse(tc.out)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 				return
@@ -68,7 +68,7 @@ func TestPerftestItersAreBounded(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
-			n, w := perftestIters(tc.size, tc.target)
+			n, w := Iters(tc.size, tc.target)
 			require.Equal(t, tc.iters, n)
 			require.GreaterOrEqual(t, w, 2)
 			require.LessOrEqual(t, w, 1000)
@@ -78,12 +78,12 @@ func TestPerftestItersAreBounded(t *testing.T) {
 
 // The real ucx_perftest, briefly, over shared memory between two processes on this host.
 func TestRealPerftestBaseline(t *testing.T) {
-	bin, err := FindPerftest()
+	bin, err := Find()
 	if err != nil {
 		t.Skipf("ucx_perftest is not installed (Debian package ucx-utils): %v", err)
 	}
-	res, err := runPerftest(context.Background(), perftestConfig{
-		binary: bin, test: "tag_bw", size: 1 << 20, tls: "shm,self", iters: 200, warmup: 20, timeout: 30 * time.Second,
+	res, err := Run(context.Background(), Config{
+		Binary: bin, Test: "tag_bw", Size: 1 << 20, TLS: "shm,self", Iters: 200, Warmup: 20, Timeout: 30 * time.Second,
 	})
 	require.NoError(t, err)
 	require.Greater(t, res.GBps, 0.05, "1 MiB messages over shared memory")
@@ -101,8 +101,8 @@ func TestPerftestTimeoutLeavesNoProcess(t *testing.T) {
 	script := "#!/bin/sh\necho $$ >> " + pidFile + "\nsleep 60 &\necho $! >> " + pidFile + "\nwait\n"
 	require.NoError(t, os.WriteFile(fake, []byte(script), 0o755))
 	start := time.Now()
-	_, err := runPerftest(context.Background(), perftestConfig{
-		binary: fake, test: "tag_bw", size: 4096, iters: 10, warmup: 2, timeout: 500 * time.Millisecond,
+	_, err := Run(context.Background(), Config{
+		Binary: fake, Test: "tag_bw", Size: 4096, Iters: 10, Warmup: 2, Timeout: 500 * time.Millisecond,
 	})
 	require.ErrorContains(t, err, "did not finish in 500ms")
 	require.Less(t, time.Since(start), 10*time.Second)
@@ -127,8 +127,8 @@ func TestPerftestClientFailureIsReported(t *testing.T) {
 	// As server (no host argument) sleep briefly; as client fail with a message.
 	script := "#!/bin/sh\nif [ \"$1\" = 127.0.0.1 ]; then echo 'UCX ERROR no such transport: bogus' >&2; exit 1; fi\nsleep 0.2\n"
 	require.NoError(t, os.WriteFile(fake, []byte(script), 0o755))
-	_, err := runPerftest(context.Background(), perftestConfig{
-		binary: fake, test: "tag_bw", size: 4096, tls: "bogus", iters: 10, warmup: 2, timeout: 5 * time.Second,
+	_, err := Run(context.Background(), Config{
+		Binary: fake, Test: "tag_bw", Size: 4096, TLS: "bogus", Iters: 10, Warmup: 2, Timeout: 5 * time.Second,
 	})
 	require.ErrorContains(t, err, "ucx_perftest client failed")
 	require.ErrorContains(t, err, "no such transport: bogus")

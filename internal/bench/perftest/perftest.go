@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package bench
+// Package perftest drives ucx_perftest, the limit kvxbench measures transfers against: a
+// server and a client, each in its own process group (internal/peerproc/proc), their figures
+// parsed from the client's -f -v report, every wait bounded by Config.Timeout.
+package perftest
 
 import (
 	"bytes"
@@ -19,29 +22,29 @@ import (
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 )
 
-// perftestConfig is one ucx_perftest measurement between a server and a client on this host.
-type perftestConfig struct {
-	// binary is the ucx_perftest executable (found on PATH by FindPerftest).
-	binary string
-	// test is ucx_perftest's -t: tag_bw, the tagged send/receive our wire uses.
-	test string
-	// size is the message size (-s), the same as our wire messages.
-	size int64
-	// tls is UCX_TLS for both ends; empty leaves UCX's own choice (and the caller's
+// Config is one ucx_perftest measurement between a server and a client.
+type Config struct {
+	// Binary is the ucx_perftest executable (found on PATH by Find).
+	Binary string
+	// Test is ucx_perftest's -t: tag_bw, the tagged send/receive kvxfer's wire uses.
+	Test string
+	// Size is the message size (-s), the same as the wire messages it is compared with.
+	Size int64
+	// TLS is UCX_TLS for both ends; empty leaves UCX's own choice (and the caller's
 	// environment).
-	tls string
-	// memType is ucx_perftest's -m (memory type of both ends' buffers), such as "cuda" for
+	TLS string
+	// MemType is ucx_perftest's -m (memory type of both ends' buffers), such as "cuda" for
 	// --memory device; empty leaves host memory.
-	memType string
-	// iters and warmup are -n and -w.
-	iters, warmup int
-	// timeout bounds the whole measurement, retries included; both processes are killed
+	MemType string
+	// Iters and Warmup are -n and -w.
+	Iters, Warmup int
+	// Timeout bounds the whole measurement, retries included; both processes are killed
 	// with their process groups when it passes.
-	timeout time.Duration
+	Timeout time.Duration
 }
 
-// perftestResult is what ucx_perftest reported.
-type perftestResult struct {
+// Result is what ucx_perftest reported.
+type Result struct {
 	// GBps is the overall bandwidth in 10^9 bytes per second (ucx_perftest prints MiB/s).
 	GBps float64
 	// Iters is the iterations it reports having run.
@@ -50,22 +53,22 @@ type perftestResult struct {
 	AvgLatencyUs float64
 }
 
-// errNoPerftest means ucx_perftest is not installed: the baseline is skipped with a note, not
+// ErrNotFound means ucx_perftest is not installed: the baseline is skipped with a note, not
 // an error, unless --baseline was asked for explicitly.
-var errNoPerftest = errors.New("ucx_perftest not found on PATH (Debian package ucx-utils; `make deps` installs it)")
+var ErrNotFound = errors.New("ucx_perftest not found on PATH (Debian package ucx-utils; `make deps` installs it)")
 
-// FindPerftest returns the path of ucx_perftest, or errNoPerftest.
-func FindPerftest() (string, error) {
+// Find returns the path of ucx_perftest, or ErrNotFound.
+func Find() (string, error) {
 	p, err := exec.LookPath("ucx_perftest")
 	if err != nil {
-		return "", errNoPerftest
+		return "", ErrNotFound
 	}
 	return p, nil
 }
 
-// perftestIters picks -n so that one measurement moves about target bytes, at least 10
+// Iters picks -n so that one measurement moves about target bytes, at least 10
 // messages and at most 100000, and -w a tenth of it.
-func perftestIters(size, target int64) (iters, warmup int) {
+func Iters(size, target int64) (iters, warmup int) {
 	n := target / max(size, 1)
 	iters = int(min(max(n, 10), 100000))
 	warmup = min(max(iters/10, 2), 1000)
@@ -77,59 +80,61 @@ func perftestIters(size, target int64) (iters, warmup int) {
 // bind).
 const maxPortTries = 3
 
-// runPerftest runs ucx_perftest's server and client on 127.0.0.1 and returns the client's
+// Run runs ucx_perftest's server and client on 127.0.0.1 and returns the client's
 // final figures. It never leaves a process behind: each end runs in its own process group,
 // killed when the measurement ends or its timeout passes.
-func runPerftest(ctx context.Context, cfg perftestConfig) (perftestResult, error) {
-	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	var lastErr error
 	for try := 0; try < maxPortTries; try++ {
 		port, err := freePort()
 		if err != nil {
-			return perftestResult{}, fmt.Errorf("ucx_perftest: %w", err)
+			return Result{}, fmt.Errorf("ucx_perftest: %w", err)
 		}
-		res, err := runPerftestOnPort(ctx, cfg, port)
+		res, err := runOnPort(ctx, cfg, port)
 		if err == nil || !errors.Is(err, errServerGone) || ctx.Err() != nil {
 			return res, err
 		}
 		lastErr = err
 	}
-	return perftestResult{}, lastErr
+	return Result{}, lastErr
 }
 
 // errServerGone: the server exited before the client connected (most often: its port was
 // taken); the measurement is retried on another port.
 var errServerGone = errors.New("ucx_perftest server exited before the client connected")
 
-func (cfg perftestConfig) args(port int) []string {
-	args := []string{"-t", cfg.test, "-s", strconv.FormatInt(cfg.size, 10),
-		"-n", strconv.Itoa(cfg.iters), "-w", strconv.Itoa(cfg.warmup), "-p", strconv.Itoa(port), "-f", "-v"}
-	if cfg.memType != "" {
-		args = append(args, "-m", cfg.memType)
+// Args is the command line of either end on port (the client's is preceded by the server's
+// host).
+func (cfg Config) Args(port int) []string {
+	args := []string{"-t", cfg.Test, "-s", strconv.FormatInt(cfg.Size, 10),
+		"-n", strconv.Itoa(cfg.Iters), "-w", strconv.Itoa(cfg.Warmup), "-p", strconv.Itoa(port), "-f", "-v"}
+	if cfg.MemType != "" {
+		args = append(args, "-m", cfg.MemType)
 	}
 	return args
 }
 
-func (cfg perftestConfig) env() []string {
+func (cfg Config) env() []string {
 	env := os.Environ()
-	if cfg.tls != "" {
-		env = append(env, "UCX_TLS="+cfg.tls)
+	if cfg.TLS != "" {
+		env = append(env, "UCX_TLS="+cfg.TLS)
 	}
 	return env
 }
 
-// perftestServer is a running ucx_perftest server.
-type perftestServer struct {
+// Server is a running ucx_perftest server (StartServer).
+type Server struct {
 	child *proc.Child
 	out   limitedBuffer
 }
 
-// startPerftestServer starts the server end on port, in its own process group, killed when
+// StartServer starts the server end on port, in its own process group, killed when
 // ctx ends.
-func startPerftestServer(ctx context.Context, cfg perftestConfig, port int) (*perftestServer, error) {
-	s := &perftestServer{}
-	cmd := exec.Command(cfg.binary, cfg.args(port)...)
+func StartServer(ctx context.Context, cfg Config, port int) (*Server, error) {
+	s := &Server{}
+	cmd := exec.Command(cfg.Binary, cfg.Args(port)...)
 	cmd.Env = cfg.env()
 	var err error
 	if s.child, err = proc.Start(ctx, cmd, proc.Options{Group: true, Stdout: &s.out, Stderr: &s.out}); err != nil {
@@ -138,14 +143,14 @@ func startPerftestServer(ctx context.Context, cfg perftestConfig, port int) (*pe
 	return s, nil
 }
 
-// stop waits a moment for the server to exit by itself (it does once its client is done),
+// Stop waits a moment for the server to exit by itself (it does once its client is done),
 // then kills its group, and returns once it is reaped (bounded).
-func (s *perftestServer) stop(grace time.Duration) {
-	_ = s.child.Stop(grace, perftestReapBound)
+func (s *Server) Stop(grace time.Duration) {
+	_ = s.child.Stop(grace, reapBound)
 }
 
-// perftestReapBound is how long a killed ucx_perftest may take to be reaped.
-const perftestReapBound = 10 * time.Second
+// reapBound is how long a killed ucx_perftest may take to be reaped.
+const reapBound = 10 * time.Second
 
 // runGroup runs cmd to its end in a process group of its own, its output into out, and kills
 // the group when ctx ends first; the wait for its reaping after the kill is bounded.
@@ -157,48 +162,54 @@ func runGroup(ctx context.Context, cmd *exec.Cmd, out io.Writer) error {
 	select {
 	case <-c.Exited():
 	case <-ctx.Done(): // Start kills the group now
-		if !c.Reap(perftestReapBound) {
-			return fmt.Errorf("%w: ucx_perftest (pid %d) within %v", proc.ErrNotReaped, c.Pid(), perftestReapBound)
+		if !c.Reap(reapBound) {
+			return fmt.Errorf("%w: ucx_perftest (pid %d) within %v", proc.ErrNotReaped, c.Pid(), reapBound)
 		}
 	}
 	return c.Err()
 }
 
-func runPerftestOnPort(ctx context.Context, cfg perftestConfig, port int) (perftestResult, error) {
-	server, err := startPerftestServer(ctx, cfg, port)
+func runOnPort(ctx context.Context, cfg Config, port int) (Result, error) {
+	server, err := StartServer(ctx, cfg, port)
 	if err != nil {
-		return perftestResult{}, err
+		return Result{}, err
 	}
-	defer server.stop(time.Second)
-	return runPerftestClient(ctx, cfg, "127.0.0.1", port, server)
+	defer server.Stop(time.Second)
+	return runClient(ctx, cfg, "127.0.0.1", port, server)
 }
 
-// runPerftestClient runs the client against host:port. The client connects when the server
+// RunClient runs the client against a server on host:port started by the other end, as a
+// two-host run's baseline does, and returns its final figures; see runClient.
+func RunClient(ctx context.Context, cfg Config, host string, port int) (Result, error) {
+	return runClient(ctx, cfg, host, port, nil)
+}
+
+// runClient runs the client against host:port. The client connects when the server
 // listens; until then connect() is refused and the client exits at once, so it is retried
 // every 20ms, while the server lives (when it is ours) and within ctx.
-func runPerftestClient(ctx context.Context, cfg perftestConfig, host string, port int, server *perftestServer) (perftestResult, error) {
+func runClient(ctx context.Context, cfg Config, host string, port int, server *Server) (Result, error) {
 	const retryEvery = 20 * time.Millisecond
 	var serverDone <-chan struct{}
 	if server != nil {
 		serverDone = server.child.Exited()
 	}
 	for {
-		client := exec.Command(cfg.binary, append([]string{host}, cfg.args(port)...)...)
+		client := exec.Command(cfg.Binary, append([]string{host}, cfg.Args(port)...)...)
 		client.Env = cfg.env()
 		var clientOut limitedBuffer
 		err := runGroup(ctx, client, &clientOut)
 		if err == nil {
-			return parsePerftest(clientOut.String())
+			return parse(clientOut.String())
 		}
 		if ctx.Err() != nil {
-			return perftestResult{}, fmt.Errorf("ucx_perftest (%s, %d bytes) did not finish in %v: %w", cfg.test, cfg.size, cfg.timeout, ctx.Err())
+			return Result{}, fmt.Errorf("ucx_perftest (%s, %d bytes) did not finish in %v: %w", cfg.Test, cfg.Size, cfg.Timeout, ctx.Err())
 		}
 		if !strings.Contains(clientOut.String(), "Connection refused") {
-			return perftestResult{}, fmt.Errorf("ucx_perftest client failed: %v: %s", err, proc.LastLines(clientOut.String(), 3))
+			return Result{}, fmt.Errorf("ucx_perftest client failed: %v: %s", err, proc.LastLines(clientOut.String(), 3))
 		}
 		select {
 		case <-serverDone:
-			return perftestResult{}, fmt.Errorf("%w: %s", errServerGone, proc.LastLines(server.out.String(), 3))
+			return Result{}, fmt.Errorf("%w: %s", errServerGone, proc.LastLines(server.out.String(), 3))
 		case <-time.After(retryEvery):
 		case <-ctx.Done():
 		}
@@ -206,7 +217,7 @@ func runPerftestClient(ctx context.Context, cfg perftestConfig, host string, por
 }
 
 // freePort asks the kernel for a free TCP port on 127.0.0.1. Another process may take it
-// before ucx_perftest binds it; runPerftest retries on a fresh port when that happens.
+// before ucx_perftest binds it; Run retries on a fresh port when that happens.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -216,10 +227,10 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// parsePerftest reads the client's `-f -v` output: a CSV header line starting with
+// parse reads the client's `-f -v` output: a CSV header line starting with
 // "iterations," and the line of final figures after it. Bandwidth is in MiB/s
 // (ucx_perftest's MB is 2^20 bytes).
-func parsePerftest(out string) (perftestResult, error) {
+func parse(out string) (Result, error) {
 	lines := strings.Split(out, "\n")
 	for i, line := range lines {
 		if !strings.HasPrefix(strings.TrimSpace(line), "iterations,") {
@@ -243,16 +254,16 @@ func parsePerftest(out string) (perftestResult, error) {
 			iters, err2 := strconv.Atoi(field["iterations"])
 			lat, err3 := strconv.ParseFloat(field["avg_lat"], 64)
 			if err := errors.Join(err1, err2, err3); err != nil {
-				return perftestResult{}, fmt.Errorf("ucx_perftest output %q: %w", next, err)
+				return Result{}, fmt.Errorf("ucx_perftest output %q: %w", next, err)
 			}
 			if bw <= 0 {
-				return perftestResult{}, fmt.Errorf("ucx_perftest reported a bandwidth of %v", bw)
+				return Result{}, fmt.Errorf("ucx_perftest reported a bandwidth of %v", bw)
 			}
-			return perftestResult{GBps: bw * (1 << 20) / 1e9, Iters: iters, AvgLatencyUs: lat}, nil
+			return Result{GBps: bw * (1 << 20) / 1e9, Iters: iters, AvgLatencyUs: lat}, nil
 		}
 		break
 	}
-	return perftestResult{}, fmt.Errorf("no final figures in ucx_perftest output: %s", proc.LastLines(out, 3))
+	return Result{}, fmt.Errorf("no final figures in ucx_perftest output: %s", proc.LastLines(out, 3))
 }
 
 // limitedBuffer keeps the first 64 KiB written to it: enough for any ucx_perftest report,
