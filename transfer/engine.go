@@ -35,7 +35,10 @@ type Engine struct {
 	routes     map[routeKey]*xfer
 	pending    map[routeKey]pendingInfo
 	unanswered map[routeKey]unanswered
+	peers      map[Peer]*peerHello // what each peer met said in its hello (negotiate.go)
 	closed     bool
+	// speech is what the engine says in its hello: the build's versions and features.
+	speech speech
 
 	// admission holds one token per sub-transfer past Queued (Config.MaxConcurrent), taken
 	// before the first slot lease or the one-copy start and given back when its goroutine ends.
@@ -100,6 +103,11 @@ type unanswered struct {
 // New validates cfg, carves the staging pool and binds the transport (which progresses its
 // operations on its own goroutines). The engine owns the transport from here on and closes it in Close.
 func New(tr Transport, cfg Config) (*Engine, error) {
+	return newEngine(tr, cfg, buildSpeech())
+}
+
+// newEngine is New for an engine that says sp in its hellos.
+func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 	if tr == nil {
 		return nil, &ConfigError{Field: "Transport", Value: nil, Reason: "a transport is required"}
 	}
@@ -119,6 +127,7 @@ func New(tr Transport, cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
+		peers: make(map[Peer]*peerHello), speech: sp,
 		admission: make(chan struct{}, cfg.MaxConcurrent),
 		closing:   make(chan struct{}),
 	}
@@ -546,6 +555,10 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 		e.log.Debug("dropping malformed control message", zap.String("peer", string(from)), zap.Error(err))
 		return
 	}
+	if h, ok := m.(*Hello); ok {
+		e.onHello(from, h)
+		return
+	}
 	key := routeKey{from, m.Head().Request}
 	e.mu.Lock()
 	x := e.routes[key]
@@ -588,6 +601,7 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 			delete(e.pending, k)
 		}
 	}
+	delete(e.peers, peer) // a peer that comes back may run another build: greet it again
 	e.mu.Unlock()
 	notifyPeerLost(e.obs, peer, err)
 	for _, x := range xs {

@@ -148,7 +148,7 @@ func (x *xfer) rmaTransport() RMATransport {
 // reports false when the RMA mode is off here, and the IOV receives go out as usual.
 func (x *xfer) rmaAsk() bool {
 	rt := x.rmaTransport()
-	if rt == nil {
+	if rt == nil || !x.peerHas(FeatureRMA) {
 		return false
 	}
 	if em, ok := rt.(RMAEmulation); ok && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
@@ -479,6 +479,10 @@ func (x *xfer) rmaOffer(ri *RequestInfo) bool {
 				extra = len(offer.GenKey) + rmaGenBytes
 			}
 			x.rma.offer, err = encodeOffer(x.offerBlocks(len(key)+extra), offer)
+		}
+		if err == nil && len(x.rma.offer) > 1 && !x.peerHas(FeatureMultiPart) {
+			v, _ := x.eng.peerFeatures(x.peer)
+			err = &FeatureError{Peer: x.peer, Feature: FeatureMultiPart, PeerVersion: v}
 		}
 		if err == nil {
 			err = x.sendOffer()

@@ -250,6 +250,9 @@ type fakeRMASender struct {
 
 func (f fakeRMASender) OnControl(from Peer, msg []byte) {
 	m, err := Decode(msg)
+	if answerHello(f.tr, from, m) {
+		return
+	}
 	if ri, ok := m.(*RequestInfo); err == nil && ok && ri.Flags&FlagRMA != 0 {
 		for _, o := range f.offer(ri) {
 			b, err := o.AppendBinary(nil)

@@ -15,7 +15,7 @@ import (
 // sends into the receiver's staging slot). All integers are little-endian; every message
 // starts with the same 24-byte header:
 //
-//	magic u16 = 0x4b58 ("KX") | version u8 = 2 | kind u8 | sub u16 | reserved u16 = 0 | request u64 | nonce u64
+//	magic u16 = 0x4b58 ("KX") | version u8 = 3 | kind u8 | sub u16 | reserved u16 = 0 | request u64 | nonce u64
 //
 // and each kind has a fixed body after it (a data chunk is followed by its payload, an abort by
 // its reason text). Decoding checks every field, so bytes from a confused or hostile peer give
@@ -27,14 +27,21 @@ import (
 // transfer and on every data tag (Tag.Nonce). A message whose nonce is not the transfer's is
 // dropped, so a late message of an old transfer is never taken for a new one.
 //
-// Version 1 (a 16-byte header without the nonce) is not spoken any more: an engine of this
-// version refuses a version-1 message as malformed (and a version-1 engine refuses ours), so
-// both sides of a pair must run a build with the same wire version. docs/ucx.md says how UCX
-// tags carry the nonce.
+// Version 3 adds the hello (KindHello), by which two engines tell each other, when they first
+// meet, which wire versions and features they speak (negotiate.go; docs/ucx.md, "Versions and
+// features"). Its layout is the same in every version from 3 on, so an engine reads the hello
+// of a newer one and the pair speaks the highest version both know. Versions 1 and 2 had no
+// hello: an engine of this version refuses their messages as malformed, and they refuse ours.
+// docs/ucx.md says how UCX tags carry the nonce.
 
 const (
-	wireMagic   = 0x4b58
-	wireVersion = 2
+	wireMagic = 0x4b58
+	// wireVersion is the highest wire version this build speaks, wireMinVersion the lowest.
+	wireVersion    = 3
+	wireMinVersion = 3
+	// helloVersion is the first version with a hello; a hello of it or any later version has
+	// the same layout.
+	helloVersion = 3
 	// HeaderBytes is the size of the common header.
 	HeaderBytes = 24
 	// DataHeaderBytes is the size of a data chunk's header; the payload follows it in the
@@ -48,6 +55,8 @@ const (
 	doneBytes        = HeaderBytes + 8
 	abortFixedBytes  = HeaderBytes + 4
 	abortAckBytes    = HeaderBytes
+	// HelloBytes is the size of a hello, in every version from 3 on.
+	HelloBytes = HeaderBytes + 16
 )
 
 // Kind is a wire message's type.
@@ -73,7 +82,10 @@ const (
 	// KindRMARelease: receiver to sender: the receiver will not read the offered pool again
 	// for this request (it stopped without completing; Done says the same on success).
 	KindRMARelease Kind = 7
-	maxKind             = KindRMARelease
+	// KindHello: either way, once per pair of engines: the wire versions and features the
+	// sender speaks. A hello that is not a reply is answered with one.
+	KindHello Kind = 8
+	maxKind        = KindHello
 )
 
 // Message is any decoded wire message.
@@ -82,6 +94,22 @@ type Message interface {
 	Head() Header
 	// AppendBinary appends the encoding to b.
 	AppendBinary(b []byte) ([]byte, error)
+}
+
+// Hello tells a peer which wire versions and features an engine speaks. Its body is
+//
+//	min version u8 | max version u8 | flags u16 | reserved u32 = 0 | features u64
+//
+// and its header carries version Max, request 0, sub 0 and nonce 0. Features this build does
+// not know (a newer peer's) are kept, not refused: they are features this engine lacks.
+type Hello struct {
+	Header
+	// Min and Max bound the wire versions the sender speaks.
+	Min, Max uint8
+	// Reply: this hello answers one (and is not answered in turn).
+	Reply bool
+	// Features are what the sender speaks beyond the staging path every version has.
+	Features Feature
 }
 
 // Header holds the fields every message carries.
@@ -251,36 +279,90 @@ func (m *AbortAck) AppendBinary(b []byte) ([]byte, error) {
 	return m.Header.append(b, KindAbortAck), nil
 }
 
+// AppendBinary implements Message. The header is stamped with the highest version the sender
+// speaks.
+func (m *Hello) AppendBinary(b []byte) ([]byte, error) {
+	if m.Min < 1 || m.Min > m.Max || m.Max < helloVersion {
+		return nil, fmt.Errorf("hello of versions %d to %d: want 1 <= min <= max, max at least %d", m.Min, m.Max, helloVersion)
+	}
+	if m.Sub != 0 || m.Request != 0 || m.Nonce != 0 {
+		return nil, fmt.Errorf("a hello names no request")
+	}
+	at := len(b)
+	b = m.Header.append(b, KindHello)
+	b[at+2] = m.Max
+	var flags uint16
+	if m.Reply {
+		flags = helloReply
+	}
+	b = append(b, m.Min, m.Max)
+	b = binary.LittleEndian.AppendUint16(b, flags)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	return binary.LittleEndian.AppendUint64(b, uint64(m.Features)), nil
+}
+
+const helloReply = 1 << 0
+
+func decodeHello(h Header, version uint8, b []byte) (*Hello, error) {
+	if len(b) != HelloBytes {
+		return nil, malformed(min(len(b), HelloBytes), "hello of %d bytes, want %d", len(b), HelloBytes)
+	}
+	if h.Sub != 0 || h.Request != 0 || h.Nonce != 0 {
+		return nil, malformed(4, "a hello names no request, sub-transfer or nonce")
+	}
+	m := &Hello{Header: h, Min: b[HeaderBytes], Max: b[HeaderBytes+1], Features: Feature(binary.LittleEndian.Uint64(b[HeaderBytes+8:]))}
+	switch flags, r := binary.LittleEndian.Uint16(b[HeaderBytes+2:]), binary.LittleEndian.Uint32(b[HeaderBytes+4:]); {
+	case m.Min < 1 || m.Min > m.Max:
+		return nil, malformed(HeaderBytes, "versions %d to %d", m.Min, m.Max)
+	case m.Max != version:
+		return nil, malformed(2, "header says version %d, the hello's highest is %d", version, m.Max)
+	case flags&^helloReply != 0:
+		return nil, malformed(HeaderBytes+2, "unknown hello flags %#x", flags)
+	case r != 0:
+		return nil, malformed(HeaderBytes+4, "reserved field is %d, must be 0", r)
+	default:
+		m.Reply = flags&helloReply != 0
+	}
+	return m, nil
+}
+
 func malformed(off int, format string, args ...any) error {
 	return &DecodeError{Offset: off, Reason: fmt.Sprintf(format, args...)}
 }
 
 func decodeHeader(b []byte) (Header, error) {
+	h, _, err := decodeHeaderVersion(b)
+	return h, err
+}
+
+// decodeHeaderVersion checks the common header and returns it with its version: one this
+// build speaks, or, for a hello, any from helloVersion on.
+func decodeHeaderVersion(b []byte) (Header, uint8, error) {
 	if len(b) < HeaderBytes {
-		return Header{}, malformed(len(b), "%d bytes, shorter than the %d-byte header", len(b), HeaderBytes)
+		return Header{}, 0, malformed(len(b), "%d bytes, shorter than the %d-byte header", len(b), HeaderBytes)
 	}
 	if m := binary.LittleEndian.Uint16(b); m != wireMagic {
-		return Header{}, malformed(0, "magic %#04x, want %#04x", m, wireMagic)
+		return Header{}, 0, malformed(0, "magic %#04x, want %#04x", m, wireMagic)
 	}
-	if b[2] != wireVersion {
-		return Header{}, malformed(2, "version %d, this build speaks %d", b[2], wireVersion)
+	v, k := b[2], Kind(b[3])
+	if k == KindHello && v < helloVersion || k != KindHello && (v < wireMinVersion || v > wireVersion) {
+		return Header{}, 0, malformed(2, "version %d, this build speaks %d to %d", v, wireMinVersion, wireVersion)
 	}
-	k := Kind(b[3])
 	if k < KindRequestInfo || k > maxKind {
-		return Header{}, malformed(3, "unknown kind %d", k)
+		return Header{}, 0, malformed(3, "unknown kind %d", k)
 	}
 	if r := binary.LittleEndian.Uint16(b[6:]); r != 0 {
-		return Header{}, malformed(6, "reserved field is %d, must be 0", r)
+		return Header{}, 0, malformed(6, "reserved field is %d, must be 0", r)
 	}
 	return Header{Kind: k, Sub: binary.LittleEndian.Uint16(b[4:]), Request: RequestID(binary.LittleEndian.Uint64(b[8:])),
-		Nonce: binary.LittleEndian.Uint64(b[16:])}, nil
+		Nonce: binary.LittleEndian.Uint64(b[16:])}, v, nil
 }
 
 // Decode parses one control message (request-info, done, abort, abort-ack, rma offer, rma
-// release). A data chunk
-// decodes with DecodeData. Any other input returns a *DecodeError matching ErrMalformed.
+// release, hello). A data chunk decodes with DecodeData. Any other input returns a
+// *DecodeError matching ErrMalformed.
 func Decode(b []byte) (Message, error) {
-	h, err := decodeHeader(b)
+	h, v, err := decodeHeaderVersion(b)
 	if err != nil {
 		return nil, err
 	}
@@ -346,6 +428,8 @@ func Decode(b []byte) (Message, error) {
 			return nil, err
 		}
 		return &RMARelease{Header: h}, nil
+	case KindHello:
+		return decodeHello(h, v, b)
 	}
 	return nil, malformed(3, "kind %d is not a control message", h.Kind)
 }

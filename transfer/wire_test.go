@@ -195,6 +195,8 @@ func FuzzDecode(f *testing.F) {
 		Selection: layout.Selection{LayerEnd: 2, HeadEnd: 4}, Blocks: []int32{1, 2}, Key: []byte("key")}))
 	f.Add(encode(&RMAOffer{Header: Header{Request: 8}, Flags: RMADeclined, Reason: "no"}))
 	f.Add(encode(&RMARelease{Header: Header{Request: 9}}))
+	f.Add(encode(buildSpeech().hello(false)))
+	f.Add(encode(newer.hello(true)))
 	f.Add(encode(&RMAOffer{Header: Header{Request: 10}, Flags: RMAOfferPart, Addr: 4096, PoolBytes: 1 << 20,
 		Layout: layout.Packed(testDims, layout.BlockMajor), Blocks: []int32{2, 3}, First: 1, Total: 3, Key: []byte{5}}))
 	d, _ := (&DataHeader{Header: Header{Nonce: 1 << 63}, Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)

@@ -41,6 +41,9 @@ type xfer struct {
 	path atomic.Int32
 	// admitted: the sub holds one of the engine's MaxConcurrent tokens (its goroutine's).
 	admitted bool
+	// peerFeatures: what the peer speaks (negotiate.go), set by the goroutine before it
+	// chooses a path.
+	peerFeatures Feature
 
 	box       mailbox
 	qctx      context.Context

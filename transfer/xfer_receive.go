@@ -13,10 +13,13 @@ import (
 )
 
 func (x *xfer) runReceive() {
+	if !x.meet() { // negotiate.go: the peer speaks what the request needs
+		return
+	}
 	if !x.reserveTags() {
 		return
 	}
-	if x.directCapable() {
+	if x.directCapable() && x.peerHas(FeatureDirect) {
 		x.runReceiveDirect()
 		return
 	}

@@ -65,7 +65,11 @@ func (x *xfer) runSend() {
 		}
 	}
 	x.wireSub, x.nonce = ri.Sub, ri.Nonce
-	err := x.applyHeld(ri)
+	_, x.peerFeatures = x.eng.peerFeatures(x.peer) // negotiate.go
+	err := x.refuseUnspoken(ri)
+	if err == nil {
+		err = x.applyHeld(ri)
+	}
 	if err == nil {
 		err = layout.CompatibleShapes(x.plan.Shape(), ri.Shape)
 	}

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/layout"
+)
+
+// answerHello answers a hello as an engine of this build would, for the test's fake peers;
+// it reports whether m was a hello.
+func answerHello(tr Transport, from Peer, m Message) bool {
+	h, ok := m.(*Hello)
+	if ok && !h.Reply {
+		_ = tr.SendControl(from, encode(buildSpeech().hello(true)))
+	}
+	return ok
+}
+
+// Speeches of the engines the mixed-version tests pair with one of this build.
+var (
+	// lacking speaks this build's version without the given features: an older build.
+	lacking = func(f Feature) speech { s := buildSpeech(); s.features &^= f; return s }
+	// newer speaks this version and the next, with a feature this build does not know.
+	newer = speech{min: wireMinVersion, max: wireVersion + 1, features: knownFeatures | 1<<40}
+	// tooNew speaks only versions after this build's.
+	tooNew = speech{min: wireVersion + 1, max: wireVersion + 2, features: knownFeatures}
+)
+
+// newSpeakingPair is newPair with engines that say srcSp and dstSp in their hellos.
+func newSpeakingPair(t testing.TB, srcSp, dstSp speech, src, dst Config) *pair {
+	t.Helper()
+	n := NewMemNetwork()
+	a, err := newEngine(n.Transport("prefill"), src, srcSp)
+	require.NoError(t, err)
+	b, err := newEngine(n.Transport("decode"), dst, dstSp)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, a.Close())
+		require.NoError(t, b.Close())
+		requireSlotsAccounted(t, a)
+		requireSlotsAccounted(t, b)
+	})
+	return &pair{net: n, src: a, dst: b}
+}
+
+// patientConfig is directConfig with deadlines an hour away: a request that fails within the
+// test's wait did not wait one out.
+func patientConfig() Config {
+	cfg := rmaConfig()
+	cfg.TransferTimeout, cfg.QueueTimeout, cfg.PendingTTL = time.Hour, time.Hour, time.Hour
+	return cfg
+}
+
+// Mixed versions: an engine of this build (the receiver, "decode") and one that speaks less
+// (an older build), more (a newer one) or nothing in common. A request that needs what the
+// peer lacks fails at once with a *FeatureError naming the feature and the peer's version:
+// the synchronisation point is that no request-info ever left the receiver, while every
+// deadline is an hour away. A request that needs nothing the peer lacks completes on the best
+// path both speak, every byte checked.
+func TestMixedVersions(t *testing.T) {
+	cases := []struct {
+		desc     string
+		sender   speech
+		spec     func(*Spec) // the receive's spec, changed
+		wantErr  *FeatureError
+		wantPath Path
+	}{
+		{"an older peer without streaming: a streaming receive fails at once", lacking(FeatureStreaming),
+			func(s *Spec) { s.Stream = true }, &FeatureError{Peer: "prefill", Feature: FeatureStreaming, PeerVersion: wireVersion, PeerMinVersion: wireMinVersion}, 0},
+		{"an older peer without partial requests: a partial receive fails at once", lacking(FeaturePartial),
+			func(s *Spec) { s.Held = []int{1} }, &FeatureError{Peer: "prefill", Feature: FeaturePartial, PeerVersion: wireVersion, PeerMinVersion: wireMinVersion}, 0},
+		{"a peer with no version in common fails at once", tooNew,
+			nil, &FeatureError{Peer: "prefill", PeerVersion: wireVersion + 2, PeerMinVersion: wireVersion + 1}, 0},
+		{"an older peer without streaming: a plain receive completes", lacking(FeatureStreaming), nil, nil, PathRMA},
+		{"an older peer without rma: the direct path's messages", lacking(FeatureRMA), nil, nil, PathDirect},
+		{"an older peer without direct or rma: staging", lacking(FeatureDirect | FeatureRMA), nil, nil, PathStaging},
+		{"an older peer with none of the features: staging", lacking(knownFeatures), nil, nil, PathStaging},
+		{"a newer peer: the version both speak, every feature", newer, func(s *Spec) { s.Stream = true }, nil, PathRMA},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			p := newSpeakingPair(t, c.sender, buildSpeech(), patientConfig(), patientConfig())
+			src := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 2, 3, 4), 3)
+			dst := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(5, 6, 7, 8), 0) // whole blocks: rma where both speak it
+			p.net.eps["prefill"].AllowDirect(src.mem)
+			p.net.eps["decode"].AllowDirect(dst.mem)
+			var infos atomic.Int32
+			p.net.SetFault(func(fp FaultPoint) Fault {
+				if fp.Kind == KindRequestInfo {
+					infos.Add(1)
+				}
+				return Fault{}
+			})
+			spec := Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem}
+			if c.spec != nil {
+				c.spec(&spec)
+			}
+			hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+			require.NoError(t, err)
+			hr, err := p.dst.Receive(bg, spec)
+			require.NoError(t, err)
+			if c.wantErr != nil {
+				waitClosed(t, hr.Quiesced(), "receiver quiesced")
+				requireState(t, hr, Failed, ErrPeerLacksFeature)
+				var fe *FeatureError
+				require.True(t, errors.As(hr.Status().Err, &fe))
+				require.Equal(t, c.wantErr, fe)
+				require.Zero(t, infos.Load(), "the request never left the receiver")
+				require.Equal(t, CancelledBeforeAdvertise, p.src.Cancel(1), "the sender still waits for a request")
+				return
+			}
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, c.wantPath, hr.Path())
+			require.Equal(t, src.stream(t), dst.stream(t), "every byte")
+		})
+	}
+}
+
+// A sender of this build offers an RMA pool in parts only to a receiver that speaks them: an
+// older receiver gets a decline, and the request moves on the direct path's messages.
+func TestMixedVersionsOfferInPartsOnlyToAPeerThatSpeaksThem(t *testing.T) {
+	tiny := layout.Dims{NumLayers: 1, KVFactor: 1, NumHeads: 1, HeadDim: 4, ElemSize: 2, TokensPerBlock: 1, NumBlocks: 2048}
+	for _, c := range []struct {
+		desc     string
+		receiver speech
+		want     Path
+	}{
+		{"a receiver that speaks parts reads the pool", buildSpeech(), PathRMA},
+		{"an older receiver gets the direct path's messages", lacking(FeatureMultiPart), PathDirect},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := patientConfig()
+			cfg.RMAMinRegionBytes = 1
+			p := newSpeakingPair(t, buildSpeech(), c.receiver, cfg, cfg)
+			src := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(0, 2*rmaMaxOfferBlocks), 5)
+			dst := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(1, 2*rmaMaxOfferBlocks), 0)
+			p.net.eps["prefill"].AllowDirect(src.mem)
+			p.net.eps["decode"].AllowDirect(dst.mem)
+			hs, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, c.want, hr.Path())
+			require.Equal(t, src.stream(t), dst.stream(t), "every byte")
+		})
+	}
+}
+
+// An older engine refuses a request for a feature it does not speak (one sent without
+// reading its hello) with an abort the receiver sees at once, not by dropping it.
+func TestMixedVersionsOlderSenderRefusesWhatItLacks(t *testing.T) {
+	p := newSpeakingPair(t, lacking(FeatureStreaming), buildSpeech(), patientConfig(), patientConfig())
+	src, dst := pools(t, 4)
+	// The receiver met a peer of this build under the sender's name: it asks for streaming.
+	p.dst.onHello("prefill", buildSpeech().hello(true))
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+	require.NoError(t, err)
+	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Stream: true})
+	require.NoError(t, err)
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	requireState(t, hs, Failed, ErrIncompatible)
+	requireState(t, hr, Failed, ErrPeerAborted)
+	require.Contains(t, hr.Status().Err.Error(), "does not speak streaming")
+}
+
+// A hello that does not decode is a *DecodeError (ErrMalformed) and changes nothing: the
+// engine counts it, keeps what it knew of the peer, and transfers in flight and after it
+// complete, every byte checked.
+func TestGarbageHelloLosesNothing(t *testing.T) {
+	good := encode(buildSpeech().hello(false))
+	bad := map[string][]byte{
+		"oversized":             append(append([]byte(nil), good...), 0),
+		"truncated":             good[:HelloBytes-1],
+		"version 2":             func() []byte { b := append([]byte(nil), good...); b[2] = 2; b[HeaderBytes+1] = 2; return b }(),
+		"header and max differ": func() []byte { b := append([]byte(nil), good...); b[2] = wireVersion + 1; return b }(),
+		"min above max":         func() []byte { b := append([]byte(nil), good...); b[HeaderBytes] = wireVersion + 1; return b }(),
+		"min zero":              func() []byte { b := append([]byte(nil), good...); b[HeaderBytes] = 0; return b }(),
+		"unknown flags":         func() []byte { b := append([]byte(nil), good...); b[HeaderBytes+2] = 0x80; return b }(),
+		"reserved set":          func() []byte { b := append([]byte(nil), good...); b[HeaderBytes+4] = 1; return b }(),
+		"names a request":       func() []byte { b := append([]byte(nil), good...); b[8] = 1; return b }(),
+		"names a nonce":         func() []byte { b := append([]byte(nil), good...); b[16] = 1; return b }(),
+	}
+	for desc, b := range bad {
+		_, err := Decode(b)
+		var de *DecodeError
+		require.True(t, errors.As(err, &de), "%s: %v", desc, err)
+		require.ErrorIs(t, err, ErrMalformed, desc)
+	}
+
+	p := newPair(t, fastConfig(), fastConfig())
+	src, dst := pools(t, 6)
+	hs, hr := p.start(t, 1, src, dst) // the engines meet
+	waitClosed(t, hr.Quiesced(), "first receive quiesced")
+	waitClosed(t, hs.Quiesced(), "first send quiesced")
+	requireState(t, hr, Completed)
+	requireState(t, hs, Completed)
+
+	// A second transfer, with its chunks held on the wire while the garbage arrives.
+	p.net.SetFault(dataOnly(Fault{Hang: true}))
+	src2, dst2 := pools(t, 7)
+	hs, hr = p.start(t, 2, src2, dst2)
+	eventually(t, func() bool { return p.net.OnWire() >= 1 }, "a chunk on the wire")
+	for _, b := range bad {
+		require.NoError(t, p.net.eps["prefill"].SendControl("decode", b))
+		require.NoError(t, p.net.eps["decode"].SendControl("prefill", b))
+	}
+	eventually(t, func() bool {
+		return p.dst.Health().MalformedControl == int64(len(bad)) && p.src.Health().MalformedControl == int64(len(bad))
+	}, "every bad hello counted")
+	p.net.SetFault(nil)
+	p.net.Resume()
+	waitClosed(t, hr.Quiesced(), "second receive quiesced")
+	waitClosed(t, hs.Quiesced(), "second send quiesced")
+	requireState(t, hr, Completed)
+	requireState(t, hs, Completed)
+	require.Equal(t, src2.stream(t), dst2.stream(t))
+	p.dst.mu.Lock()
+	known := p.dst.peers["prefill"].hello
+	p.dst.mu.Unlock()
+	require.Equal(t, buildSpeech().hello(true).Features, known.Features, "what the receiver knew of its peer is intact")
+}
+
+func TestHelloRoundTrips(t *testing.T) {
+	for _, m := range []*Hello{buildSpeech().hello(false), buildSpeech().hello(true), newer.hello(false),
+		{Min: 1, Max: 200, Features: ^Feature(0)}} {
+		b := encode(m)
+		require.Len(t, b, HelloBytes)
+		got, err := Decode(b)
+		require.NoError(t, err)
+		want := *m
+		want.Kind = KindHello
+		require.Equal(t, &want, got)
+	}
+	_, err := (&Hello{Min: 2, Max: 2}).AppendBinary(nil)
+	require.Error(t, err, "no hello before version 3")
+	require.Equal(t, "streaming+rma+feature40", (FeatureStreaming | FeatureRMA | 1<<40).String())
+}
