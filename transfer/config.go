@@ -35,9 +35,9 @@ type Config struct {
 	// TransferTimeout is a transfer's deadline, counted from its first slot lease, when its
 	// Spec gives none. Default 30s.
 	TransferTimeout time.Duration
-	// QueueTimeout bounds how long a transfer waits queued (for a slot, and on the sending
-	// side for the receiver's request) when the Send/Receive context has no earlier
-	// deadline. Default 30s.
+	// QueueTimeout bounds how long a transfer waits queued (for a slot; on the receiving side
+	// for the peer's hello, the first time it meets the peer; on the sending side for the
+	// receiver's request) when the Send/Receive context has no earlier deadline. Default 30s.
 	QueueTimeout time.Duration
 	// ProgressDeadline: Health turns unhealthy when no byte has moved and no transfer has
 	// completed for this long while transfers were asked for: in flight, or failing one

@@ -179,17 +179,17 @@ func (e *Engine) greet(p Peer) *peerHello {
 	return ph
 }
 
-// peerFeatures is what a sender knows of its receiver: the features of its hello, or, when
-// none came (the table forgot it), the build's own, which the receiver's request was checked
-// against when it was met.
-func (e *Engine) peerFeatures(p Peer) (version int, features Feature) {
+// peerFeatures is what a sender knows of its receiver: the version the pair speaks, the
+// lowest the receiver speaks, and its features; or, when no hello came (the table forgot
+// it), this engine's own, which the receiver checked its request against when it met us.
+func (e *Engine) peerFeatures(p Peer) (version, minVersion int, features Feature) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if ph, ok := e.peers[p]; ok && chanClosed(ph.met) {
 		v, f, _ := e.agreed(ph.hello)
-		return int(v), f
+		return int(v), int(ph.hello.Min), f
 	}
-	return int(e.speech.max), e.speech.features
+	return int(e.speech.max), int(e.speech.min), e.speech.features
 }
 
 // meet (a receiver, first thing, still Queued) greets the peer and waits for its hello, then
@@ -199,6 +199,37 @@ func (e *Engine) peerFeatures(p Peer) (version int, features Feature) {
 func (x *xfer) meet() bool {
 	e := x.eng
 	ph := e.greet(x.peer)
+	if !chanClosed(ph.met) && !x.awaitHello(ph) {
+		return false
+	}
+	e.mu.Lock()
+	version, features, ok := e.agreed(ph.hello)
+	peerMin, peerMax := ph.hello.Min, ph.hello.Max
+	e.mu.Unlock()
+	x.peerFeatures = features
+	need := Feature(0)
+	if x.stream {
+		need |= FeatureStreaming
+	}
+	if x.heldOf > 0 {
+		need |= FeaturePartial
+	}
+	if lacks := need &^ features; !ok || lacks != 0 {
+		fe := &FeatureError{Peer: x.peer, Feature: lacks, PeerVersion: int(version), PeerMinVersion: int(peerMin)}
+		if !ok {
+			fe.Feature, fe.PeerVersion = 0, int(peerMax)
+		}
+		x.log().Debug("the peer lacks what the request needs", zap.Error(fe))
+		x.queuedExit(&RequestError{ID: x.h.id, Err: fe})
+		return false
+	}
+	return true
+}
+
+// awaitHello waits for the peer's hello, resending ours as a request would be resent. It
+// reports false if the transfer ended instead.
+func (x *xfer) awaitHello(ph *peerHello) bool {
+	e := x.eng
 	backoff, retries := e.cfg.RetryInterval, 0
 	retry := time.NewTimer(backoff)
 	defer retry.Stop()
@@ -224,27 +255,6 @@ func (x *xfer) meet() bool {
 				retry.Reset(backoff)
 			}
 		}
-	}
-	e.mu.Lock()
-	version, features, ok := e.agreed(ph.hello)
-	peerMin := ph.hello.Min
-	e.mu.Unlock()
-	x.peerFeatures = features
-	need := Feature(0)
-	if x.stream {
-		need |= FeatureStreaming
-	}
-	if x.heldOf > 0 {
-		need |= FeaturePartial
-	}
-	if lacks := need &^ features; !ok || lacks != 0 {
-		fe := &FeatureError{Peer: x.peer, Feature: lacks, PeerVersion: int(version), PeerMinVersion: int(peerMin)}
-		if !ok {
-			fe.Feature, fe.PeerVersion = 0, int(ph.hello.Max)
-		}
-		x.log().Debug("the peer lacks what the request needs", zap.Error(fe))
-		x.queuedExit(&RequestError{ID: x.h.id, Err: fe})
-		return false
 	}
 	return true
 }

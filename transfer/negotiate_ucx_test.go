@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // newUCXEngineSpeaking is newUCXEngine (shared memory) for an engine that says sp in its
@@ -20,7 +21,7 @@ func newUCXEngineSpeaking(t testing.TB, cfg Config, sp speech) *ucxEngine {
 	t.Helper()
 	cfg = cfg.withDefaults()
 	cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
-	tr, err := NewUCXTransport(UCXConfig{TLS: "posix,cma,self", KeepaliveInterval: 200 * time.Millisecond,
+	tr, err := ucx.New(ucx.Config{TLS: "posix,cma,self", KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)

@@ -481,8 +481,8 @@ func (x *xfer) rmaOffer(ri *RequestInfo) bool {
 			x.rma.offer, err = encodeOffer(x.offerBlocks(len(key)+extra), offer)
 		}
 		if err == nil && len(x.rma.offer) > 1 && !x.peerHas(FeatureMultiPart) {
-			v, _ := x.eng.peerFeatures(x.peer)
-			err = &FeatureError{Peer: x.peer, Feature: FeatureMultiPart, PeerVersion: v}
+			v, vmin, _ := x.eng.peerFeatures(x.peer)
+			err = &FeatureError{Peer: x.peer, Feature: FeatureMultiPart, PeerVersion: v, PeerMinVersion: vmin}
 		}
 		if err == nil {
 			err = x.sendOffer()

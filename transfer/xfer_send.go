@@ -65,7 +65,7 @@ func (x *xfer) runSend() {
 		}
 	}
 	x.wireSub, x.nonce = ri.Sub, ri.Nonce
-	_, x.peerFeatures = x.eng.peerFeatures(x.peer) // negotiate.go
+	_, _, x.peerFeatures = x.eng.peerFeatures(x.peer) // negotiate.go
 	err := x.refuseUnspoken(ri)
 	if err == nil {
 		err = x.applyHeld(ri)
