@@ -32,12 +32,33 @@ static int wants_shared_memory(const char *tls) {
   return 0;
 }
 
+/* Whether a UCX_TLS list can select TCP: unset or empty (all), "all", a list naming tcp, or an
+ * exclusion list ("^...") that does not name it. */
+static int wants_tcp(const char *tls) {
+  if (tls == NULL || tls[0] == '\0' || strstr(tls, "all") != NULL) return 1;
+  int named = strstr(tls, "tcp") != NULL;
+  return tls[0] == '^' ? !named : named;
+}
+
 ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context_h *out) {
-  /* A transport-level setting: ucp_config_modify in 1.13 only knows UCP's own keys, so it is
-   * set in the environment, which UCX reads when the context opens its transports. The
-   * caller's explicit UCX_MM_ERROR_HANDLING wins (overwrite=0). */
-  if (cfg == NULL || cfg->tls == NULL || wants_shared_memory(cfg->tls))
-    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+  /* Transport-level settings: ucp_config_modify in 1.13 accepts UCT keys but does not apply
+   * them, so they are set in the environment, which UCX reads when the context opens its
+   * transports. The caller's explicit setting wins (overwrite=0). */
+  const char *tls = cfg != NULL ? cfg->tls : NULL;
+  if (tls == NULL || wants_shared_memory(tls)) setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+  /* No zero-copy sends over TCP. When a connection breaks under a partly written zero-copy
+   * send, uct_tcp_ep_sendv completes it twice: once in uct_tcp_ep_handle_disconnected (which
+   * also runs the endpoint's error handling, and UCP may free the request there), then again
+   * on return with UCS_ERR_ENDPOINT_TIMEOUT. UCX 1.13 aborts on it (uct_iface.h `comp->count
+   * > 0`); a build without assertions writes into the freed request. With fewer than one
+   * payload iov the TCP transport offers neither AM nor PUT zero-copy, and UCP copies into
+   * the transport's own buffers instead. Those buffers grow from 8 KiB to 64 KiB, UCX's
+   * default receive buffer (so any peer can take these messages): eight times fewer sends
+   * win back most of what the copy costs. See docs/ucx.md, "TCP without zero-copy". */
+  if (wants_tcp(tls)) {
+    setenv("UCX_TCP_MAX_IOV", "0", 0);
+    setenv("UCX_TCP_TX_SEG_SIZE", "64k", 0);
+  }
 
   ucp_config_t *config = NULL;
   ucs_status_t st = ucp_config_read(NULL, NULL, &config);

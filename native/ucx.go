@@ -103,9 +103,16 @@ type Context struct {
 	mems    int
 }
 
-// NewContext opens UCX with cfg. UCX_MM_ERROR_HANDLING=y is set in the environment (unless
-// already set) when the transports may include shared memory: UCX 1.13 otherwise drops shared
-// memory for endpoints with peer error handling, which kvxfer always uses.
+// NewContext opens UCX with cfg. Two transport settings go into the process's environment,
+// each unless already set there:
+//   - UCX_MM_ERROR_HANDLING=y when the transports may include shared memory: UCX 1.13
+//     otherwise drops shared memory for endpoints with peer error handling, which kvxfer
+//     always uses.
+//   - UCX_TCP_MAX_IOV=0 and UCX_TCP_TX_SEG_SIZE=64k when they may include TCP: UCX's TCP
+//     transport completes a zero-copy send twice when its connection breaks, which aborts a
+//     process that outlives its peer (docs/ucx.md, "TCP without zero-copy"). TCP then copies
+//     each message into 64 KiB buffers; setting UCX_TCP_MAX_IOV yourself brings zero-copy back,
+//     with that risk.
 func NewContext(cfg ContextConfig) (*Context, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err

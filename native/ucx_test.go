@@ -185,6 +185,25 @@ func TestUCX_LoopbackUsesSharedMemory(t *testing.T) {
 	}
 }
 
+// UCX's TCP transport completes a zero-copy send twice when the connection breaks under it
+// (docs/ucx.md, "TCP without zero-copy"): UCX 1.13 aborts the survivor of a killed peer on it.
+// A TCP lane must therefore copy: no protocol of the endpoint may be zero-copy. (UCX 1.13
+// prints "egr/bcopy" or "egr/zcopy"; 1.22 "copy-in copy-out" or "zero-copy".)
+func TestUCX_TCPNeverSendsZeroCopy(t *testing.T) {
+	p := newPair(t, "tcp,self")
+	waitAll(t, 5*time.Second, p.ba.TagSendBytes([]byte("x"), 1), p.a.TagRecvBytes(nil, 8, 1, ^uint64(0)))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := p.ab.Info(ctx)
+	require.NoError(t, err)
+	require.Contains(t, info, "tcp/", "lanes:\n%s", info)
+	require.True(t, strings.Contains(info, "bcopy") || strings.Contains(info, "copy-in copy-out"),
+		"no copying protocol named:\n%s", info)
+	for _, zcopy := range []string{"zcopy", "zero-copy"} {
+		require.NotContains(t, info, zcopy, "lanes:\n%s", info)
+	}
+}
+
 func TestUCX_TaggedTransfersEveryByteChecked(t *testing.T) {
 	sizes := []int64{1, 100, 8 << 10, 64<<10 + 3, 1 << 20, 16<<20 + 5}
 	for _, tr := range transports {
