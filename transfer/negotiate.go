@@ -15,56 +15,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/bits"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
 )
-
-// Feature is one part of the wire protocol that a peer may lack. A hello carries a set of
-// them; the staging path (request-info, data chunks, done, abort) is in every version and is
-// not one.
-type Feature uint64
-
-// The features. Their bits are fixed for every wire version; a later version adds new ones.
-const (
-	// FeatureStreaming: layer-aligned chunks (FlagLayerCut), which a streaming Receive asks for.
-	FeatureStreaming Feature = 1 << 0
-	// FeaturePartial: a request naming the blocks its receiver already holds.
-	FeaturePartial Feature = 1 << 1
-	// FeatureDirect: the one-copy path (FlagDirect).
-	FeatureDirect Feature = 1 << 2
-	// FeatureRMA: the direct path's RMA mode (FlagRMA, KindRMAOffer, KindRMARelease).
-	FeatureRMA Feature = 1 << 3
-	// FeatureMultiPart: more than one control message of blocks for one request (an RMA
-	// offer in parts, RMAOfferPart).
-	FeatureMultiPart Feature = 1 << 4
-
-	// knownFeatures are the features this build speaks.
-	knownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart
-)
-
-var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part"}
-
-// String names the features, joined with "+"; a bit this build does not know is named by its
-// number.
-func (f Feature) String() string {
-	if f == 0 {
-		return "none"
-	}
-	var names []string
-	for f != 0 {
-		i := bits.TrailingZeros64(uint64(f))
-		if i < len(featureNames) {
-			names = append(names, featureNames[i])
-		} else {
-			names = append(names, fmt.Sprintf("feature%d", i))
-		}
-		f &^= 1 << i
-	}
-	return strings.Join(names, "+")
-}
 
 // WireVersions returns the lowest and highest wire versions this build's engines speak: what
 // they say in their hellos, and what a worker may publish for others to check.

@@ -247,3 +247,19 @@ func TestHelloRoundTrips(t *testing.T) {
 	require.Error(t, err, "no hello before version 3")
 	require.Equal(t, "streaming+rma+feature40", (FeatureStreaming | FeatureRMA | 1<<40).String())
 }
+
+// Messages other than a hello travel at the version the pair speaks: one of a version this
+// build does not speak (an older build's without a hello, or a newer one's) is malformed.
+func TestWireVersionsOutsideOursAreRefused(t *testing.T) {
+	for _, v := range []byte{1, 2, wireVersion + 1} {
+		b := encode(&Done{Header: Header{Request: 1, Nonce: 2}, Bytes: 3})
+		b[2] = v
+		_, err := Decode(b)
+		var de *DecodeError
+		require.True(t, errors.As(err, &de), "version %d: %v", v, err)
+		require.Equal(t, 2, de.Offset)
+	}
+	lo, hi := WireVersions()
+	require.Equal(t, [2]int{wireMinVersion, wireVersion}, [2]int{lo, hi})
+	require.Equal(t, knownFeatures, Features())
+}
