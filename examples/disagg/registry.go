@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
@@ -39,7 +41,9 @@ func openRegistry(target string) (discovery.Registry, error) {
 
 // publish announces a worker: its engine's life and address, and its control plane.
 func publish(ctx context.Context, r discovery.Registry, name, role string, fab fabric, control string) error {
-	w := discovery.Worker{Name: name, Role: role, Incarnation: fab.incarnation(), Address: fab.address()}
+	lo, hi := transfer.WireVersions()
+	w := discovery.Worker{Name: name, Role: role, Incarnation: fab.incarnation(), Address: fab.address(),
+		Protocol: discovery.Protocol{Version: hi, MinVersion: lo, Features: strings.Split(transfer.Features().String(), "+")}}
 	if control != "" {
 		w.Endpoints = map[string]string{"control": control}
 	}

@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 )
 
@@ -56,7 +58,7 @@ func publishServe(ctx context.Context, d Discovery, advertise string, httpAddr s
 		return nil, err
 	}
 	w := discovery.Worker{Name: d.Name, Role: rolePrefill, Incarnation: newIncarnation(),
-		Endpoints: map[string]string{"control": advertise}, Protocol: discovery.Protocol{Version: controlVersion}}
+		Endpoints: map[string]string{"control": advertise}, Protocol: wireProtocol()}
 	if httpAddr != "" {
 		w.Endpoints["http"] = httpAddr
 	}
@@ -84,9 +86,6 @@ func LookupServe(ctx context.Context, d Discovery, timeout time.Duration) (strin
 			if w.Role != rolePrefill || addr == "" {
 				return "", fmt.Errorf("--discovery: %s is a %s with no control endpoint, not a kvxbench serve", d.Name, w.Role)
 			}
-			if w.Protocol.Version != controlVersion {
-				return "", fmt.Errorf("%w: %s speaks version %d, this kvxbench %d", errPeerVersion, d.Name, w.Protocol.Version, controlVersion)
-			}
 			return addr, nil
 		}
 		if !errors.Is(err, discovery.ErrNotFound) && ctx.Err() == nil {
@@ -99,4 +98,11 @@ func LookupServe(ctx context.Context, d Discovery, timeout time.Duration) (strin
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// wireProtocol is what this build's engines speak, as a registry entry carries it. (The
+// control protocol's own version is checked when serve and connect say hello.)
+func wireProtocol() discovery.Protocol {
+	lo, hi := transfer.WireVersions()
+	return discovery.Protocol{Version: hi, MinVersion: lo, Features: strings.Split(transfer.Features().String(), "+")}
 }

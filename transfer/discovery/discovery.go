@@ -65,9 +65,16 @@ type Worker struct {
 	Protocol Protocol `json:"protocol"`
 }
 
-// Protocol is a worker's wire protocol version and the features it speaks.
+// Protocol is the engine wire protocol a worker speaks, for others to check before they
+// meet it: fill it from transfer.WireVersions and transfer.Features (this package does not
+// import the engine). Engines also exchange versions and features when they first meet, so
+// these fields inform; they do not replace that check.
 type Protocol struct {
-	Version  int      `json:"version"`
+	// Version is the highest wire version the worker's engine speaks.
+	Version int `json:"version"`
+	// MinVersion is the lowest; zero when the publisher did not say.
+	MinVersion int `json:"min_version,omitempty"`
+	// Features are the engine's features by name ("streaming", "rma", ...).
 	Features []string `json:"features,omitempty"`
 }
 
