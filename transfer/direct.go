@@ -80,7 +80,7 @@ func (x *xfer) postDirect(off, n int64, post func(Peer, Tag, [][]byte, func(Comp
 	iov, err := x.iov(off, n)
 	if err == nil {
 		id, err = post(x.peer, x.tag(rec.seq), iov,
-			func(c Completion) { x.box.push(event{op: rec, c: c}) })
+			func(c Completion) { x.box.Push(event{op: rec, c: c}) })
 		if err != nil {
 			err = transportErr(err)
 		}

@@ -175,7 +175,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 			nonce = newNonce()
 		}
 		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), nonce: nonce, receive: receive, peer: s.Peer, plan: s.Plan,
-			mover: mover, pool: spec.Pool, hostPool: spec.Mover == nil, timeout: timeout, stopCh: make(chan struct{}), box: mailbox{notify: make(chan struct{}, 1)},
+			mover: mover, pool: spec.Pool, hostPool: spec.Mover == nil, timeout: timeout, stopCh: make(chan struct{}),
 			stream: spec.Stream, signals: spec.Ready}
 		if receive && len(spec.Held) > 0 {
 			xs[i].heldOf = len(spec.Plan.Blocks())
@@ -215,9 +215,9 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		if p, ok := e.pending[key]; ok && !receive {
 			delete(e.pending, key)
 			if p.abort != nil {
-				x.box.push(event{msg: p.abort, early: true})
+				x.box.Push(event{msg: p.abort, early: true})
 			} else {
-				x.box.push(event{msg: p.info})
+				x.box.Push(event{msg: p.info})
 			}
 		}
 		x.qctx, x.qcancel = context.WithTimeout(ctx, e.cfg.QueueTimeout)
@@ -583,7 +583,7 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 		return
 	}
 	e.mu.Unlock()
-	x.box.push(event{msg: m})
+	x.box.Push(event{msg: m})
 }
 
 // OnPeerLost fails every transfer with the peer and forgets its early requests.
@@ -605,7 +605,7 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 	e.mu.Unlock()
 	notifyPeerLost(e.obs, peer, err)
 	for _, x := range xs {
-		x.box.push(event{lost: fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)})
+		x.box.Push(event{lost: fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)})
 	}
 }
 

@@ -264,7 +264,7 @@ func (h *Handle) MarkLayersReady(end int) error {
 		}
 	}
 	for _, x := range h.subs {
-		x.box.push(event{ready: true})
+		x.box.Push(event{ready: true})
 	}
 	return nil
 }

@@ -190,8 +190,8 @@ func (x *xfer) awaitHello(ph *peerHello) bool {
 	for !chanClosed(ph.met) {
 		select {
 		case <-ph.met:
-		case <-x.box.notify:
-			for _, ev := range x.box.take(nil) {
+		case <-x.box.Ready():
+			for _, ev := range x.box.Take(nil) {
 				if ev.lost != nil {
 					x.queuedExit(ev.lost)
 					return false

@@ -4,8 +4,9 @@ package transfer
 
 import (
 	"context"
-	"sync"
 	"time"
+
+	"github.com/kvxfer/kvxfer/transfer/internal/queue"
 )
 
 // observerQueue hands a caller's Observer its events on a goroutine of its own, in the order
@@ -16,11 +17,9 @@ import (
 // no goroutine while it is empty.
 type observerQueue struct {
 	user  Observer
-	mu    sync.Mutex
-	q     []func()
-	idle  chan struct{} // closed when the running goroutine found the queue empty; nil when none runs
-	start bool          // user is a StartObserver
-	peers bool          // user is a PeerObserver
+	q     queue.Queue[func()]
+	start bool // user is a StartObserver
+	peers bool // user is a PeerObserver
 }
 
 func newObserverQueue(user Observer) *observerQueue {
@@ -30,27 +29,18 @@ func newObserverQueue(user Observer) *observerQueue {
 }
 
 func (o *observerQueue) push(f func()) {
-	o.mu.Lock()
-	o.q = append(o.q, f)
-	if o.idle == nil {
-		o.idle = make(chan struct{})
-		go o.run(o.idle)
+	if o.q.Push(f) {
+		go o.run()
 	}
-	o.mu.Unlock()
 }
 
-func (o *observerQueue) run(idle chan struct{}) {
+// run delivers until it finds the queue empty; the next push starts another.
+func (o *observerQueue) run() {
 	var batch []func()
 	for {
-		o.mu.Lock()
-		if len(o.q) == 0 {
-			o.idle = nil
-			o.mu.Unlock()
-			close(idle)
+		if batch = o.q.Take(batch); len(batch) == 0 {
 			return
 		}
-		batch, o.q = o.q, batch[:0]
-		o.mu.Unlock()
 		for i, f := range batch {
 			f()
 			batch[i] = nil
@@ -60,18 +50,13 @@ func (o *observerQueue) run(idle chan struct{}) {
 
 // wait returns once everything queued so far has been delivered, or ctx ends.
 func (o *observerQueue) wait(ctx context.Context) error {
-	for {
-		o.mu.Lock()
-		idle := o.idle
-		o.mu.Unlock()
-		if idle == nil {
-			return nil
-		}
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	delivered := make(chan struct{})
+	o.signal(delivered)
+	select {
+	case <-delivered:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

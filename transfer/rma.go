@@ -405,7 +405,7 @@ func (x *xfer) postGet() bool {
 	g := x.rma.gets[x.nextSeq]
 	rec := &opRec{seq: x.nextSeq}
 	id, err := x.rmaTransport().PostGet(x.peer, x.tag(rec.seq), x.rma.key,
-		x.rma.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], func(c Completion) { x.box.push(event{op: rec, c: c}) })
+		x.rma.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], func(c Completion) { x.box.Push(event{op: rec, c: c}) })
 	if err != nil {
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
 		return false

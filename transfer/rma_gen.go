@@ -72,7 +72,7 @@ func (x *xfer) readGeneration() bool {
 	id, err := x.rmaGenerations().PostReadGeneration(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(x.nChunks)},
 		x.rma.genKey, x.rma.genAddr, func(c Completion, value uint64) {
 			rec.gen = value
-			x.box.push(event{op: rec, c: c})
+			x.box.Push(event{op: rec, c: c})
 		})
 	if err != nil {
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/queue"
 )
 
 // xfer is one sub-transfer: one peer's share of a handle. Its own goroutine (run) owns every
@@ -45,7 +46,7 @@ type xfer struct {
 	// chooses a path.
 	peerFeatures Feature
 
-	box       mailbox
+	box       queue.Queue[event] // its mailbox: a push never blocks, so transport callbacks and the inbound handler never wait on a transfer
 	qctx      context.Context
 	qcancel   context.CancelFunc
 	stopOnce  sync.Once
@@ -118,35 +119,6 @@ type event struct {
 	lost  error
 	ready bool // the caller marked more layers ready
 	early bool // msg is an abort the engine held with the request it follows
-}
-
-// mailbox queues events for a transfer's goroutine. push never blocks, so transport
-// callbacks and the inbound handler never wait on a transfer.
-type mailbox struct {
-	mu     sync.Mutex
-	q      []event
-	notify chan struct{} // capacity 1
-}
-
-func (b *mailbox) push(ev event) {
-	b.mu.Lock()
-	b.q = append(b.q, ev)
-	b.mu.Unlock()
-	select {
-	case b.notify <- struct{}{}:
-	default:
-	}
-}
-
-// take moves the queued events into dst (reusing its array) and keeps the queue's own array
-// for the next pushes, so a busy transfer stops allocating once both have grown.
-func (b *mailbox) take(dst []event) []event {
-	b.mu.Lock()
-	dst = append(dst[:0], b.q...)
-	clear(b.q) // drop references to completed operations
-	b.q = b.q[:0]
-	b.mu.Unlock()
-	return dst
 }
 
 // stop wakes the transfer's goroutine with a reason to end (cancel, sibling failure, close).
@@ -497,6 +469,7 @@ func (x *xfer) loop() {
 		x.retryAt = start.Add(backoff)
 	}
 	var closing <-chan struct{}
+	ready := x.box.Ready()
 	for _, ev := range x.backlog {
 		x.handleEvent(ev)
 	}
@@ -513,8 +486,8 @@ func (x *xfer) loop() {
 		x.updateAwaiting()
 		x.arm()
 		select {
-		case <-x.box.notify:
-			x.scratch = x.box.take(x.scratch)
+		case <-ready:
+			x.scratch = x.box.Take(x.scratch)
 			for _, ev := range x.scratch {
 				x.handleEvent(ev)
 			}
@@ -530,7 +503,7 @@ func (x *xfer) loop() {
 			closing = nil
 			// The force close reported its verdicts before the signal: take them first, so
 			// only operations it never proved done are poisoned (select picks at random).
-			x.scratch = x.box.take(x.scratch)
+			x.scratch = x.box.Take(x.scratch)
 			for _, ev := range x.scratch {
 				x.handleEvent(ev)
 			}

@@ -99,7 +99,7 @@ func (x *xfer) postRecv(slot *buffer.Slot) bool {
 	_, n := x.chunkRange(rec.seq)
 	buf := slot.Bytes()[:DataHeaderBytes+n]
 	id, err := x.eng.tr.PostRecv(x.peer, x.tag(rec.seq), buf,
-		func(c Completion) { x.box.push(event{op: rec, c: c}) })
+		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
 	if err != nil {
 		releaseSlot(slot) // never posted: the transport never saw it
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)

@@ -19,8 +19,8 @@ func (x *xfer) runSend() {
 	var ri *RequestInfo
 	for ri == nil {
 		select {
-		case <-x.box.notify:
-			evs := x.box.take(nil)
+		case <-x.box.Ready():
+			evs := x.box.Take(nil)
 			for i, ev := range evs {
 				switch m := ev.msg.(type) {
 				case *RequestInfo:
@@ -52,7 +52,7 @@ func (x *xfer) runSend() {
 				code = AbortCancelled
 			}
 			answered := false
-			for _, ev := range x.box.take(nil) {
+			for _, ev := range x.box.Take(nil) {
 				if m, ok := ev.msg.(*RequestInfo); ok && !answered {
 					x.wireSub, x.nonce, answered = m.Sub, m.Nonce, true
 					x.sendAbort(code, cause)
@@ -238,7 +238,7 @@ func (x *xfer) postSend(slot *buffer.Slot) bool {
 	dh := DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: off, Length: n}
 	_, _ = dh.AppendBinary(buf[:0])
 	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf,
-		func(c Completion) { x.box.push(event{op: rec, c: c}) })
+		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
 	if err != nil {
 		releaseSlot(slot)
 		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
