@@ -34,8 +34,8 @@ func (x *xfer) rmaGenerations() RMAGenerations {
 
 // exposeGeneration (the sender, before it offers) names a generation word in o. Without one
 // the offer goes unvalidated.
-func (x *xfer) exposeGeneration(o *RMAOffer) error {
-	g := x.rmaGenerations()
+func (s *rmaSend) exposeGeneration(o *RMAOffer) error {
+	g := s.x.rmaGenerations()
 	if g == nil {
 		return nil
 	}
@@ -45,32 +45,33 @@ func (x *xfer) exposeGeneration(o *RMAOffer) error {
 	}
 	o.Flags |= RMAValidated
 	o.GenAddr, o.GenKey, o.Generation = addr, key, value
-	x.rma.endGen = end
+	s.endGen = end
 	return nil
 }
 
 // endExposure (the sender) ends the pool's exposure: no read of the receiver's may complete
 // after this, so the generation ends before the transfer can resolve and its blocks be reused.
-func (x *xfer) endExposure() {
-	x.rma.exposure.final = true
-	x.outstanding--
-	if x.rma.endGen != nil {
-		x.rma.endGen()
-		x.rma.endGen = nil
+func (s *rmaSend) endExposure() {
+	s.exposure.final = true
+	s.x.outstanding--
+	if s.endGen != nil {
+		s.endGen()
+		s.endGen = nil
 	}
 }
 
 // readGeneration (the receiver, after its last get) reads the sender's generation word. It
 // reports false when the check was posted (or the transfer is aborting), true when the offer
 // was not validated and the transfer may complete now.
-func (x *xfer) readGeneration() bool {
-	if x.rma.genKey == nil || x.aborting {
+func (r *rmaReceive) readGeneration() bool {
+	x := r.x
+	if r.genKey == nil || x.aborting {
 		return !x.aborting
 	}
 	rec := &opRec{seq: -1}
-	x.rma.genRec = rec
+	r.genRec = rec
 	id, err := x.rmaGenerations().PostReadGeneration(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(x.nChunks)},
-		x.rma.genKey, x.rma.genAddr, func(c Completion, value uint64) {
+		r.genKey, r.genAddr, func(c Completion, value uint64) {
 			rec.gen = value
 			x.box.Push(event{op: rec, c: c})
 		})
@@ -85,11 +86,12 @@ func (x *xfer) readGeneration() bool {
 }
 
 // gotGeneration compares the word the receiver read with the offer's generation.
-func (x *xfer) gotGeneration(value uint64) {
-	if value != x.rma.gen {
-		x.abort(&RequestError{ID: x.h.id, Err: &StaleReadError{Offered: x.rma.gen, Read: value}}, AbortProtocol, x.eng.cfg.CancelGrace)
+func (r *rmaReceive) gotGeneration(value uint64) {
+	x := r.x
+	if value != r.gen {
+		x.abort(&RequestError{ID: x.h.id, Err: &StaleReadError{Offered: r.gen, Read: value}}, AbortProtocol, x.eng.cfg.CancelGrace)
 		return
 	}
-	x.rma.genKey = nil // checked
+	r.genKey = nil // checked
 	x.receivedAll()
 }

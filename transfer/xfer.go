@@ -17,7 +17,9 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/internal/queue"
 )
 
-// xfer is one sub-transfer: one peer's share of a handle. Its own goroutine (run) owns every
+// xfer is one sub-transfer: one peer's share of a handle. It keeps what every path shares: the
+// loop and its timers, the chunk schedule, the mailbox, abort, quarantine and poison
+// (xfer_end.go); how its bytes move is its path (path.go). Its own goroutine (run) owns every
 // field below the line; other goroutines reach it only through its mailbox and stop.
 type xfer struct {
 	h        *Handle
@@ -38,8 +40,8 @@ type xfer struct {
 	heldOf   int           // partial Receive: length of the full block list
 	// layersReady is how many leading layers this sub has scattered (Receive).
 	layersReady atomic.Int64
-	// path is the Path this sub takes, for Handle.Path (set by its goroutine).
-	path atomic.Int32
+	// pathShown is the kind of path, for Handle.Path (written by its goroutine through take).
+	pathShown atomic.Int32
 	// admitted: the sub holds one of the engine's MaxConcurrent tokens (its goroutine's).
 	admitted bool
 	// peerFeatures: what the peer speaks (negotiate.go), set by the goroutine before it
@@ -77,14 +79,12 @@ type xfer struct {
 	cause       error
 	quarantined bool
 	ended       bool
-	// direct: the one-copy path, operations read or write the caller's pool (no slots).
-	direct bool
+	// path moves the bytes (path.go): staging, direct or RMA, on this side; nil until picked.
+	path path
 	// blocksUnknown: a direct operation's memory verdict was unknown; the transfer never
 	// resolves its quarantine (L9, L10).
 	blocksUnknown bool
-	// rma: the direct path's RMA mode (rma.go).
-	rma     rmaXfer
-	retries int
+	retries       int
 	// One timer per transfer serves every deadline below (zero: not set): thousands of idle
 	// transfers then cost the runtime one timer each, not four.
 	deadlineAt time.Time
@@ -281,9 +281,9 @@ func (x *xfer) queueErr(err error) error {
 	return &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrQueueTimeout, err)}
 }
 
-// lease takes the first slot (waiting, bounded by the queue context) and advertises. It
-// returns false if the transfer ended instead.
-func (x *xfer) lease() (*buffer.Slot, bool) {
+// lease takes the first slot (waiting, bounded by the queue context), advertises and puts the
+// transfer on staging path p. It returns false if the transfer ended instead.
+func (x *xfer) lease(p path) (*buffer.Slot, bool) {
 	if !x.admit() {
 		return nil, false
 	}
@@ -296,7 +296,7 @@ func (x *xfer) lease() (*buffer.Slot, bool) {
 		releaseSlot(slot)
 		return nil, false
 	}
-	x.path.Store(int32(PathStaging))
+	x.take(p)
 	x.qcancel() // the queued phase is over; free its timer now, not when the transfer ends
 	return slot, true
 }
@@ -390,7 +390,7 @@ func (x *xfer) updateAwaiting() {
 		x.setAwaiting(live && x.sub == 0)
 		return
 	}
-	if x.rma.mode == rmaOffered { // rma.go: the receiver's gets move the bytes, seen by its engine
+	if p, ok := x.path.(peerMoves); ok && p.peerMoves() { // the receiver's gets move the bytes, seen by its engine
 		x.setAwaiting(!x.aborting && !x.ended)
 		return
 	}
@@ -404,25 +404,6 @@ func (x *xfer) posted(rec *opRec, id OpID) {
 	x.ops = append(x.ops, rec)
 	x.outstanding++
 	x.nextSeq++
-}
-
-// moverFailed settles the slot of a Gather or Scatter that failed. A copy the mover cannot
-// say has ended (ErrQuiescenceUnknown: a GPU kernel past its timeout) may still touch the slot
-// and the caller's blocks, so both are poisoned, never released (L9): the transfer stays
-// quarantined for good and the engine reports the mover wedged. Any other failure ended the
-// copy, and the slot goes back.
-func (x *xfer) moverFailed(slot *buffer.Slot, seq int, err error) {
-	if !errors.Is(err, ErrQuiescenceUnknown) {
-		releaseSlot(slot)
-		return
-	}
-	reason := fmt.Sprintf("the mover cannot say whether its copy of seq %d ended: %v", seq, err)
-	rec := &opRec{seq: seq, slot: slot}
-	if slot != nil {
-		x.poison(rec, reason)
-	}
-	x.poisonBlocks(rec, reason)
-	x.eng.moverWedged.CompareAndSwap(nil, &err)
 }
 
 // releaseSlot releases a slot; nil (a direct transfer's pipeline place) holds nothing.
@@ -445,7 +426,7 @@ func (x *xfer) releaseIdle() {
 	x.idle = x.idle[:0]
 }
 
-// ---- shared by both sides ----
+// ---- shared by both sides and every path ----
 
 func (x *xfer) progress(n int64) {
 	x.moved++
@@ -549,7 +530,9 @@ func (x *xfer) handleEvent(ev event) {
 	case ev.op != nil:
 		x.opDone(ev.op, ev.c)
 	case ev.lost != nil:
-		x.rmaPeerLost()
+		if p, ok := x.path.(peerTalk); ok {
+			p.peerLost()
+		}
 		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.CancelGrace)
 	case ev.ready:
 		x.onReady()
@@ -567,17 +550,13 @@ func (x *xfer) handleEvent(ev event) {
 		case *Done:
 			if !x.receive {
 				x.doneMsg = true
-				x.rmaReleased(true)
+				x.tellPath(m)
 				x.maybeSent()
 			}
-		case *RequestInfo:
-			// A repeated request (the receiver retries) must not start anything twice (L8);
-			// only an RMA offer is sent again, or withdrawn on a decline.
-			x.rmaRepeated(m)
-		case *RMAOffer:
-			x.onRMAOffer(m)
-		case *RMARelease:
-			x.rmaReleased(false)
+		case *RequestInfo, *RMAOffer, *RMARelease:
+			// A repeated request (the receiver retries) must not start anything twice (L8):
+			// only a path the peer talks to (the RMA mode) answers it.
+			x.tellPath(m)
 		case *AbortAck:
 			// An ack needs nothing: each side owns its own slots.
 		}
@@ -615,143 +594,14 @@ func (x *xfer) opDone(rec *opRec, c Completion) {
 	case c.Err != nil:
 		releaseSlot(rec.slot)
 		x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
-	case x.receive && x.direct:
-		x.receivedDirect(rec, c)
-	case x.receive:
-		x.receivedChunk(rec, c)
 	default:
-		x.sentChunk(rec)
+		x.path.completed(rec, c)
 	}
 }
 
-func (x *xfer) poison(rec *opRec, reason string) {
-	if rec.slot == nil {
-		x.poisonBlocks(rec, reason)
-		return
+// tellPath hands the peer's message about the path to a path that listens (peerTalk).
+func (x *xfer) tellPath(m Message) {
+	if p, ok := x.path.(peerTalk); ok {
+		p.fromPeer(m)
 	}
-	if err := rec.slot.Poison(reason); err == nil {
-		x.eng.obs.OnPoison(x.h.id, rec.slot.Index(), reason)
-	}
-}
-
-// abort stops the transfer for cause: it tells the peer (code != 0), asks the transport to
-// cancel every outstanding operation, and ends at once if none is left; otherwise it waits
-// grace for them, then quarantines. A deadline passes no grace: the transfer is already late,
-// so it is quarantined at once. Other causes get Config.CancelGrace, because cancelling an
-// unmatched receive takes the transport microseconds and is no reason to quarantine.
-func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
-	if x.aborting || x.ended {
-		return
-	}
-	x.aborting, x.cause = true, cause
-	x.releaseIdle()
-	if code != 0 {
-		x.sendAbort(code, cause)
-	}
-	for _, op := range x.ops {
-		if !op.final {
-			x.eng.tr.Cancel(op.id)
-		}
-	}
-	switch {
-	case x.outstanding == 0:
-		x.maybeResolve()
-	case grace > 0:
-		x.graceAt = time.Now().Add(grace)
-	default:
-		x.quarantine()
-	}
-}
-
-func (x *xfer) sendAbort(code AbortCode, cause error) {
-	_ = x.eng.tr.SendControl(x.peer, encode(&Abort{Header: x.head(), Code: code, Reason: cause.Error()}))
-}
-
-// quarantine reports the transfer failed while operations may still touch its slots, and
-// starts the clock after which they are poisoned.
-func (x *xfer) quarantine() {
-	if x.quarantined || x.ended {
-		return
-	}
-	x.quarantined = true
-	x.graceAt = time.Time{}
-	x.apply(EvQuarantine, x.cause)
-	x.eng.obs.OnQuarantine(x.h.id, x.sub, x.cause)
-	x.log().Warn("transfer quarantined", zap.Error(x.cause), zap.Int("outstanding", x.outstanding))
-	x.quarAt = time.Now().Add(x.eng.cfg.QuarantineTimeout)
-}
-
-// poisonOutstanding gives up on operations that never reported: their slots leave
-// circulation for good (L9), and a late completion finds nothing to release.
-func (x *xfer) poisonOutstanding(reason string) {
-	for _, op := range x.ops {
-		if !op.final {
-			op.final = true
-			x.outstanding--
-			x.poison(op, reason)
-		}
-	}
-	x.maybeResolve()
-}
-
-// maybeResolve ends an aborting transfer once no operation can touch its slots.
-func (x *xfer) maybeResolve() {
-	if x.outstanding > 0 || x.ended {
-		return
-	}
-	if x.blocksUnknown {
-		// The caller's blocks may still be touched: stay quarantined for good, never tell
-		// the caller they are quiescent (L9, L10), and let the goroutine end.
-		x.quarantine()
-		x.quarAt = time.Time{}
-		if x.h.settledPoisoned.CompareAndSwap(false, true) {
-			n := x.eng.holds.poison(x.h)
-			if len(x.h.spans) == 0 { // a device pool: no ids to refuse, but the blocks count
-				n = x.h.nBlocks
-			}
-			// Blocks first: a Health that counts this transfer counts its blocks too.
-			x.eng.blocksPoisoned.Add(n)
-			x.eng.poisonedForGood.Add(1)
-		}
-		x.ended = true
-		x.setAwaiting(false)
-		x.releaseIdle()
-		return
-	}
-	cancelled := errors.Is(x.cause, ErrCancelled)
-	switch {
-	case x.quarantined && cancelled:
-		x.finish(EvResolveCancelled, nil)
-	case x.quarantined:
-		x.finish(EvResolveFailed, nil)
-	case cancelled:
-		x.finish(EvCancelQuiescent, x.cause)
-	default:
-		x.finish(EvFail, x.cause)
-	}
-}
-
-func (x *xfer) finish(ev Event, cause error) {
-	x.ended = true
-	x.setAwaiting(false) // before the terminal event: a caller woken by it sees the count settled
-	x.releaseIdle()
-	x.apply(ev, cause)
-}
-
-func transportErr(err error) error {
-	if err == nil {
-		err = errors.New("transport reported failure without an error")
-	}
-	return fmt.Errorf("kvxfer: transport: %w", err)
-}
-
-func peerAbortErr(id RequestID, m *Abort) error {
-	err := fmt.Errorf("%w (code %d): %s", ErrPeerAborted, m.Code, m.Reason)
-	switch m.Code { // the peer's reason, where it means the same here
-	case AbortIncompatible:
-		err = fmt.Errorf("%w: %w", ErrIncompatible, err)
-	case AbortDeadline:
-		err = fmt.Errorf("%w: %w", ErrDeadline, err)
-	}
-	return &RequestError{ID: id, Err: err}
 }

@@ -2,15 +2,11 @@
 
 package transfer
 
-// The receiving side of a sub-transfer: request the blocks, post receives into staging slots,
-// scatter each chunk. xfer.go has what both sides share: the loop, timers, abort, quarantine.
+// The receiving side of a sub-transfer: pick the path (path_staging.go, path_direct.go,
+// path_rma.go), request the blocks, and what every receiving path shares: the layers ready so
+// far, the end. xfer.go has what both sides share: the loop, timers, abort, quarantine.
 
-import (
-	"fmt"
-
-	"github.com/kvxfer/kvxfer/buffer"
-	"go.uber.org/zap"
-)
+import "go.uber.org/zap"
 
 func (x *xfer) runReceive() {
 	if !x.meet() { // negotiate.go: the peer speaks what the request needs
@@ -20,52 +16,10 @@ func (x *xfer) runReceive() {
 		return
 	}
 	if x.directCapable() && x.peerHas(FeatureDirect) {
-		x.runReceiveDirect()
+		x.runReceiveDirect() // path_direct.go, path_rma.go
 		return
 	}
-	first, ok := x.lease()
-	if !ok {
-		return
-	}
-	x.setChunks(x.payloadCap(), x.stream)
-	if x.layerCut {
-		x.recvSeen = make([]bool, x.nChunks)
-	}
-	slots := x.extraSlots(first)
-	for i, s := range slots {
-		if !x.postRecv(s) {
-			releaseAll(slots[i+1:]) // never posted
-			break
-		}
-	}
-	if !x.aborting { // a failed post has already told the peer to stop
-		x.sendRequestInfo()
-	}
-	x.loop()
-}
-
-// runReceiveDirect is runReceive on the one-copy path: receives posted straight into the
-// pool, PipelineDepth of them, and a request that says so.
-func (x *xfer) runReceiveDirect() {
-	if !x.startDirect() {
-		return
-	}
-	x.direct = true
-	elem := x.plan.Layout().ElemSize
-	x.setChunks(x.eng.cfg.DirectChunkBytes/elem*elem, x.stream)
-	if x.layerCut {
-		x.recvSeen = make([]bool, x.nChunks)
-	}
-	if x.rmaAsk() { // rma.go: nothing is posted until the sender answers
-		x.loop()
-		x.rmaEnd()
-		return
-	}
-	x.postRecvsAhead()
-	if !x.aborting {
-		x.sendRequestInfo()
-	}
-	x.loop()
+	x.runReceiveStaging() // path_staging.go
 }
 
 func (x *xfer) sendRequestInfo() {
@@ -74,63 +28,12 @@ func (x *xfer) sendRequestInfo() {
 	if x.layerCut {
 		ri.Flags |= FlagLayerCut
 	}
-	if x.direct {
-		ri.Flags |= FlagDirect
-	}
-	if !x.rmaRequest(ri) {
+	if p, ok := x.path.(requestFlags); ok && !p.request(ri) {
 		return
 	}
 	if err := x.eng.tr.SendControl(x.peer, encode(ri)); err != nil {
 		x.log().Debug("request-info not sent; will retry", zap.Error(err))
 	}
-}
-
-// postRecv posts the receive of the next chunk into slot, or releases the slot when every
-// chunk is posted. It returns false if the transfer is aborting.
-func (x *xfer) postRecv(slot *buffer.Slot) bool {
-	if x.direct {
-		return x.postRecvDirect()
-	}
-	if x.nextSeq >= x.nChunks || x.aborting {
-		releaseSlot(slot)
-		return !x.aborting
-	}
-	rec := &opRec{seq: x.nextSeq, slot: slot}
-	_, n := x.chunkRange(rec.seq)
-	buf := slot.Bytes()[:DataHeaderBytes+n]
-	id, err := x.eng.tr.PostRecv(x.peer, x.tag(rec.seq), buf,
-		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
-	if err != nil {
-		releaseSlot(slot) // never posted: the transport never saw it
-		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
-		return false
-	}
-	x.posted(rec, id)
-	return true
-}
-
-func (x *xfer) receivedChunk(rec *opRec, c Completion) {
-	dh, payload, err := DecodeData(rec.slot.Bytes()[:c.Bytes])
-	off, n := x.chunkRange(rec.seq)
-	if err == nil && (dh.Request != x.h.id || dh.Sub != x.wireSub || dh.Nonce != x.nonce || int(dh.Seq) != rec.seq || dh.Offset != off || dh.Length != n) {
-		err = fmt.Errorf("chunk header %+v does not match seq %d at offset %d, %d bytes", dh, rec.seq, off, n)
-	}
-	if err != nil {
-		releaseSlot(rec.slot)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, AbortProtocol, x.eng.cfg.CancelGrace)
-		return
-	}
-	if err := x.mover.Scatter(x.plan, payload, off); err != nil {
-		x.moverFailed(rec.slot, rec.seq, err)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
-		return
-	}
-	x.progress(n)
-	x.markReceived(rec.seq)
-	if !x.postRecv(rec.slot) {
-		return
-	}
-	x.receivedAll()
 }
 
 // receivedAll completes a receive once its last chunk has landed, on whichever path it ran

@@ -2,16 +2,16 @@
 
 package transfer
 
-// The sending side of a sub-transfer: wait for the receiver's request, gather chunks into
-// staging slots and send them, as the model makes layers ready when streaming. xfer.go has
-// what both sides share: the loop, timers, abort, quarantine.
+// The sending side of a sub-transfer: wait for the receiver's request, check it, and start the
+// path it names (path_staging.go, path_direct.go, path_rma.go); and what every sending path
+// shares: the layers a streaming Send has ready, a sent chunk's count, the end. xfer.go has what
+// both sides share: the loop, timers, abort, quarantine.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
-	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
@@ -73,12 +73,12 @@ func (x *xfer) runSend() {
 	if err == nil {
 		err = layout.CompatibleShapes(x.plan.Shape(), ri.Shape)
 	}
-	x.direct = ri.Flags&FlagDirect != 0
-	if err == nil && x.direct && !x.directCapable() {
+	direct := ri.Flags&FlagDirect != 0 // the receiver picked the path: direct or staging
+	if err == nil && direct && !x.directCapable() {
 		err = fmt.Errorf("the receiver asked for the direct (one-copy) path and this sender's pool cannot take it " +
 			"(allocate or register it with the transport, drop the Mover, or set Config.DisableDirect on the receiver)")
 	}
-	if err != nil || (!x.direct && ri.ChunkBytes > x.payloadCap()) {
+	if err != nil || (!direct && ri.ChunkBytes > x.payloadCap()) {
 		if err == nil {
 			err = fmt.Errorf("receiver's %d-byte chunks do not fit this engine's %d-byte slots", ri.ChunkBytes, x.eng.cfg.SlotBytes)
 		}
@@ -91,44 +91,26 @@ func (x *xfer) runSend() {
 	if !x.stream {
 		x.readyBytes = x.plan.Bytes()
 	}
-	if x.direct {
-		if !x.startDirect() {
-			code := AbortInternal
-			if x.m.load() == Cancelled {
-				code = AbortCancelled
-			}
-			x.sendAbort(code, errors.New("the sender stopped before it started"))
-			return
-		}
-		if x.rmaOffer(ri) { // rma.go: the receiver reads the pool; nothing to post
-			x.loop()
-			return
-		}
-		for range min(x.eng.cfg.PipelineDepth, x.nChunks) {
-			if !x.postSendDirect() {
-				break
-			}
-		}
-		x.loop()
-		return
+	started := false
+	if direct {
+		started = x.startDirectSend(ri) // path_direct.go, path_rma.go
+	} else {
+		started = x.startStagingSend() // path_staging.go
 	}
-	first, ok := x.lease()
-	if !ok {
-		code := AbortInternal
-		if x.m.load() == Cancelled {
-			code = AbortCancelled
-		}
-		x.sendAbort(code, errors.New("the sender stopped before it could lease a staging slot"))
+	if !started {
 		return
-	}
-	slots := x.extraSlots(first)
-	for i, s := range slots {
-		if !x.postSend(s) {
-			releaseAll(slots[i+1:]) // never posted
-			break
-		}
 	}
 	x.loop()
+}
+
+// stoppedBeforeStart tells the receiver that this sender ended while it waited for its path
+// (a staging slot, one of MaxConcurrent), so the receiver does not wait for its deadline.
+func (x *xfer) stoppedBeforeStart(what string) {
+	code := AbortInternal
+	if x.m.load() == Cancelled {
+		code = AbortCancelled
+	}
+	x.sendAbort(code, errors.New("the sender stopped before it "+what))
 }
 
 // applyHeld trims the plan by the receiver's held positions (a partial transfer), so both
@@ -200,58 +182,18 @@ func (x *xfer) onReady() {
 		}
 		s := x.idle[len(x.idle)-1]
 		x.idle = x.idle[:len(x.idle)-1]
-		if !x.postSend(s) {
+		if !x.path.post(s) {
 			return
 		}
 	}
 }
 
-// postSend gathers the next chunk into slot and posts it, or releases the slot when every
-// chunk is posted. It returns false if the transfer is aborting.
-func (x *xfer) postSend(slot *buffer.Slot) bool {
-	if x.direct {
-		return x.postSendDirect()
-	}
-	if x.nextSeq >= x.nChunks || x.aborting {
-		releaseSlot(slot)
-		return !x.aborting
-	}
-	rec := &opRec{seq: x.nextSeq, slot: slot}
-	off, n := x.chunkRange(rec.seq)
-	if off+n > x.readyBytes {
-		if err := x.refreshReady(); err != nil {
-			releaseSlot(slot)
-			x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
-			return false
-		}
-		if off+n > x.readyBytes { // wait for the model, not the wire
-			x.idle = append(x.idle, slot)
-			return true
-		}
-	}
-	buf := slot.Bytes()[:DataHeaderBytes+n]
-	if err := x.mover.Gather(x.plan, off, buf[DataHeaderBytes:]); err != nil {
-		x.moverFailed(slot, rec.seq, err)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
-		return false
-	}
-	dh := DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: off, Length: n}
-	_, _ = dh.AppendBinary(buf[:0])
-	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf,
-		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
-	if err != nil {
-		releaseSlot(slot)
-		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
-		return false
-	}
-	x.posted(rec, id)
-	return true
-}
-
+// sentChunk handles a sent chunk on either sending path that sends chunks (staging, direct):
+// the chunk counts, and its pipeline place (its slot, or nil) takes the next one.
 func (x *xfer) sentChunk(rec *opRec) {
 	_, n := x.chunkRange(rec.seq)
 	x.progress(n)
-	if x.postSend(rec.slot) {
+	if x.path.post(rec.slot) {
 		x.maybeSent()
 	}
 }

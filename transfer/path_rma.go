@@ -1,0 +1,391 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+// The RMA path, a mode of the direct path (RMATransport): the receiver reads the sender's
+// blocks with RMA gets, pool range to pool range. A direct receiver whose transport has gets
+// asks for an offer (FlagRMA) and posts nothing until the answer; the sender offers its pool
+// (RMAOffer, in parts when large) and keeps it exposed until the receiver's Done or release,
+// or the peer's loss. A decline on either side, or an offer whose ranges are too small, falls
+// back to the direct path's IOV messages (path_direct.go). The offer's format and checks are
+// in rma.go; the validated reads (generation words) in rma_gen.go.
+
+import (
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/buffer"
+)
+
+// rmaReceive is the receiving side of the RMA path: first asking for an offer (nothing
+// posted, Path undecided), then pulling the offered pool with gets.
+type rmaReceive struct {
+	x       *xfer
+	pulling bool // the offer was accepted: gets are being posted
+	key     []byte
+	addr    uint64
+	gets    []rmaRegion
+	parts   *rmaParts // an offer arriving in parts, until it is whole
+	// a validated offer's generation word (rma_gen.go); genKey nil: nothing to check
+	gen, genAddr uint64
+	genKey       []byte
+	genRec       *opRec // the read of the word, once posted
+}
+
+// rmaSend is the sending side of the RMA path: the pool is offered and exposed to the
+// receiver's gets, which move the whole stream; the sender posts nothing.
+type rmaSend struct {
+	x        *xfer
+	offered  bool         // the pool is offered; false once the receiver declined it
+	exposure *opRec       // outstanding while the receiver may read the pool
+	offer    [][]byte     // the encoded offer (one message, or its parts), resent when a repeated request shows it lost
+	ri       *RequestInfo // the request, to fall back to IOV chunks if the receiver declines
+	endGen   func()       // ends the exposure's generation (rma_gen.go); nil: none
+}
+
+var (
+	_ path         = (*rmaReceive)(nil)
+	_ peerTalk     = (*rmaReceive)(nil)
+	_ requestFlags = (*rmaReceive)(nil)
+	_ path         = (*rmaSend)(nil)
+	_ peerTalk     = (*rmaSend)(nil)
+	_ peerMoves    = (*rmaSend)(nil)
+)
+
+// ---- receiving side ----
+
+// askRMA (a direct receiver, before posting anything) asks the sender for an RMA offer and
+// returns the path waiting for it. It returns nil when the RMA mode is off here, and the IOV
+// receives go out as usual.
+func (x *xfer) askRMA() *rmaReceive {
+	rt := x.rmaTransport()
+	if rt == nil || !x.peerHas(FeatureRMA) {
+		return nil
+	}
+	if em, ok := rt.(RMAEmulation); ok && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
+		x.log().Debug("gets from this peer would be emulated: direct messages instead of rma")
+		return nil
+	}
+	r := &rmaReceive{x: x}
+	x.take(r)
+	x.sendRequestInfo()
+	return r
+}
+
+func (r *rmaReceive) kind() Path {
+	if r.pulling {
+		return PathRMA
+	}
+	return PathUndecided
+}
+
+// request asks for an offer (FlagRMA) while one is wanted. It reports false when no request
+// should go: the offer is in hand, and a repeat would read as a decline.
+func (r *rmaReceive) request(ri *RequestInfo) bool {
+	if r.pulling {
+		return false
+	}
+	ri.Flags |= FlagDirect | FlagRMA
+	return true
+}
+
+func (r *rmaReceive) fromPeer(m Message) {
+	if o, ok := m.(*RMAOffer); ok {
+		r.offered(o)
+	}
+}
+
+func (*rmaReceive) peerLost() {}
+
+// offered takes the sender's answer to FlagRMA: pull with gets, or fall back to IOV messages
+// when the sender declined or the two layouts do not line up.
+func (r *rmaReceive) offered(m *RMAOffer) {
+	x := r.x
+	if r.pulling || x.aborting || m.Sub != x.wireSub {
+		return // a duplicate, or an answer to a request this transfer gave up
+	}
+	if m.Flags&RMADeclined != 0 {
+		x.log().Debug("sender declined rma; direct messages instead", zap.String("reason", m.Reason))
+		r.fallback(false)
+		return
+	}
+	if m.Flags&RMAOfferPart != 0 {
+		if r.parts == nil {
+			r.parts = newRMAParts(m)
+		}
+		whole, err := r.parts.add(m)
+		if err != nil {
+			x.abort(&RequestError{ID: x.h.id, Err: err}, AbortProtocol, x.eng.cfg.CancelGrace)
+			return
+		}
+		if whole == nil {
+			return // more parts to come
+		}
+		m, r.parts = whole, nil
+	}
+	gets, err := x.checkOffer(m)
+	if err != nil {
+		x.abort(&RequestError{ID: x.h.id, Err: err}, AbortProtocol, x.eng.cfg.CancelGrace)
+		return
+	}
+	if gets == nil {
+		r.fallback(true)
+		return
+	}
+	if m.Flags&RMAValidated != 0 {
+		if x.rmaGenerations() == nil {
+			x.log().Debug("rma offer declined: this transport cannot check the sender's generation")
+			r.fallback(true)
+			return
+		}
+		if err := x.rmaGenerations().PrepareReadGeneration(x.peer, m.GenKey); err != nil {
+			x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+			return
+		}
+		r.gen, r.genAddr, r.genKey = m.Generation, m.GenAddr, m.GenKey
+	}
+	if p, ok := x.rmaTransport().(RMAKeyPreparer); ok {
+		if err := p.PrepareKeys(x.peer, m.Key); err != nil {
+			x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+			return
+		}
+	}
+	r.pulling, r.key, r.addr, r.gets = true, m.Key, m.Addr, gets
+	x.take(r)                              // now PathRMA
+	x.nChunks, x.recvSeen = len(gets), nil // layers are reported ready at the end
+	for range min(rmaGetsAhead, len(gets)) {
+		if !r.post(nil) {
+			break
+		}
+	}
+}
+
+// fallback runs the direct path on IOV messages after all. decline tells the sender, which
+// waits with its offer, to send chunks instead (a request without FlagRMA).
+func (r *rmaReceive) fallback(decline bool) {
+	x := r.x
+	d := directReceive{x}
+	x.take(d)
+	if !d.postAhead() {
+		return
+	}
+	if decline {
+		x.sendRequestInfo()
+	}
+}
+
+// post posts the next get straight into the pool. It returns false if the transfer is
+// aborting.
+func (r *rmaReceive) post(*buffer.Slot) bool {
+	x := r.x
+	if x.nextSeq >= x.nChunks || x.aborting {
+		return !x.aborting
+	}
+	g := r.gets[x.nextSeq]
+	rec := &opRec{seq: x.nextSeq}
+	id, err := x.rmaTransport().PostGet(x.peer, x.tag(rec.seq), r.key,
+		r.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], func(c Completion) { x.box.Push(event{op: rec, c: c}) })
+	if err != nil {
+		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	x.posted(rec, id)
+	return true
+}
+
+// completed handles a get that landed in the pool, and then the read of the sender's
+// generation word.
+func (r *rmaReceive) completed(rec *opRec, c Completion) {
+	x := r.x
+	if rec == r.genRec {
+		r.gotGeneration(rec.gen)
+		return
+	}
+	n := r.gets[rec.seq].n
+	if int64(c.Bytes) != n {
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: get %d read %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
+			AbortProtocol, x.eng.cfg.CancelGrace)
+		return
+	}
+	x.progress(n)
+	if !r.post(nil) {
+		return
+	}
+	if x.moved == x.nChunks && !r.readGeneration() {
+		return
+	}
+	x.receivedAll()
+}
+
+// end runs when a receiver that asked for an offer has ended: unless it completed (Done said
+// so), it tells the sender it will not read the pool again, whatever became of the offer (a
+// sender with no exposure, or one our decline ended, ignores the release). Its gets are all
+// final by now, or given up with its own blocks poisoned for good, where a late read lands in
+// memory nobody uses.
+func (r *rmaReceive) end() {
+	x := r.x
+	if x.m.load() != Completed { // also after a decline of ours: the release is the word that lasts
+		_ = x.eng.tr.SendControl(x.peer, encode(&RMARelease{Header: x.head()}))
+	}
+}
+
+// ---- sending side ----
+
+// offerRMA answers a request with FlagRMA (the sender, once started on the direct path): it
+// offers the pool, puts the transfer on the RMA path and reports true, the receiver's gets
+// then being the whole transfer; or it declines, saying why, and returns the encoded decline
+// (nil when the request asked for no offer), and the caller sends IOV chunks.
+func (x *xfer) offerRMA(ri *RequestInfo) (offered bool, decline []byte) {
+	if ri.Flags&FlagRMA == 0 {
+		return false, nil
+	}
+	head := x.head()
+	reason := ""
+	s := &rmaSend{x: x}
+	rt := x.rmaTransport()
+	switch {
+	case rt == nil:
+		reason = "this sender's engine or transport has no rma mode"
+	case x.stream:
+		reason = "a streaming send exposes its layers as they become ready, by messages"
+	}
+	if reason == "" {
+		addr, key, err := rt.RMAKey(x.pool)
+		offer := &RMAOffer{Header: head, Addr: addr, PoolBytes: int64(len(x.pool)),
+			Layout: x.plan.Layout(), Selection: x.plan.Selection(), Blocks: x.plan.Blocks(), Key: key}
+		if err == nil {
+			err = s.exposeGeneration(offer)
+		}
+		if err == nil {
+			extra := 0
+			if offer.Flags&RMAValidated != 0 {
+				extra = len(offer.GenKey) + rmaGenBytes
+			}
+			s.offer, err = encodeOffer(x.offerBlocks(len(key)+extra), offer)
+		}
+		if err == nil && len(s.offer) > 1 && !x.peerHas(FeatureMultiPart) {
+			v, vmin, _ := x.eng.peerFeatures(x.peer)
+			err = &FeatureError{Peer: x.peer, Feature: FeatureMultiPart, PeerVersion: v, PeerMinVersion: vmin}
+		}
+		if err == nil {
+			err = s.sendOffer()
+		}
+		if err != nil {
+			reason = err.Error()
+			if s.endGen != nil { // never exposed after all
+				s.endGen()
+				s.endGen = nil
+			}
+		}
+	}
+	if reason != "" {
+		x.log().Debug("declining rma", zap.String("reason", reason))
+		decline = encode(&RMAOffer{Header: head, Flags: RMADeclined, Reason: reason})
+		_ = x.eng.tr.SendControl(x.peer, decline)
+		return false, decline
+	}
+	s.offered, s.ri = true, ri
+	s.exposure = &opRec{seq: -1} // id 0: no transport op; Cancel ignores it
+	x.ops = append(x.ops, s.exposure)
+	x.outstanding++
+	x.nChunks = 1 // the exposure: it moves the whole stream when Done comes
+	x.take(s)
+	return true, nil
+}
+
+func (*rmaSend) kind() Path { return PathRMA }
+
+// post has nothing to post: the receiver's gets move the bytes.
+func (s *rmaSend) post(slot *buffer.Slot) bool {
+	releaseSlot(slot)
+	return !s.x.aborting
+}
+
+// completed never runs: the exposure is no transport operation; it ends by the peer's word.
+func (*rmaSend) completed(*opRec, Completion) {}
+
+// peerMoves: while the pool is offered the sender sees no progress of its own until Done: the
+// receiver moves the bytes, and its engine's health watches them. The sender counts as
+// awaiting its peer, as a streaming receiver awaits its sender's model; its deadline bounds
+// it either way.
+func (s *rmaSend) peerMoves() bool { return s.offered }
+
+func (s *rmaSend) fromPeer(m Message) {
+	switch m := m.(type) {
+	case *RequestInfo:
+		s.repeated(m)
+	case *Done:
+		s.released(true)
+	case *RMARelease:
+		s.released(false)
+	}
+}
+
+// sendOffer sends the offer's messages. After a failed one it stops: the decline that
+// follows tells the receiver to give up on the parts it holds.
+func (s *rmaSend) sendOffer() error {
+	for _, b := range s.offer {
+		if err := s.x.eng.tr.SendControl(s.x.peer, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// repeated handles a repeated request while the pool is offered: one with FlagRMA shows the
+// offer may have been lost, so it goes again; one without is the receiver's decline: the pool
+// is no longer exposed, and the chunks go as IOV messages.
+func (s *rmaSend) repeated(m *RequestInfo) {
+	x := s.x
+	if !s.offered || s.exposure.final || m.Flags&FlagDirect == 0 {
+		return
+	}
+	if m.Flags&FlagRMA != 0 {
+		if !x.aborting {
+			_ = s.sendOffer()
+		}
+		return
+	}
+	// The receiver declined before reading anything: the pool is no longer exposed, even for
+	// a sender already aborting, which has no other word coming (L10).
+	s.endExposure()
+	s.offered = false
+	if x.aborting {
+		x.maybeResolve()
+		return
+	}
+	d := &directSend{x: x}
+	x.take(d)
+	x.setChunks(s.ri.ChunkBytes, s.ri.Flags&FlagLayerCut != 0)
+	d.postAhead()
+}
+
+// released ends the exposure: the receiver's gets are over (done: it completed, and Done said
+// so), or the peer is gone. Without Done and without an abort of our own, the receiver
+// stopped early: the transfer fails.
+func (s *rmaSend) released(done bool) {
+	x := s.x
+	if !s.offered || s.exposure.final {
+		return
+	}
+	s.endExposure()
+	switch {
+	case x.aborting:
+		x.maybeResolve()
+	case done:
+		x.progress(x.plan.Bytes())
+	default:
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: the receiver stopped reading the offered pool before it completed", ErrPeerAborted)},
+			0, x.eng.cfg.CancelGrace)
+	}
+}
+
+// peerLost: a lost peer cannot read the pool any more (the Transport's word on a lost peer),
+// so the exposure ends; the abort that follows fails the transfer.
+func (s *rmaSend) peerLost() {
+	if !s.offered || s.exposure.final {
+		return
+	}
+	s.endExposure()
+}

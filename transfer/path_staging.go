@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+// The staging path: every chunk goes through a staging slot of the engine's pool. The sender
+// gathers a chunk from the caller's blocks into a slot (the Mover) behind a data header and
+// sends it; the receiver receives it into a slot, checks the header and scatters the payload
+// into its blocks. Each side holds up to PipelineDepth slots, each slot one operation at a
+// time, so a slot goes back to the pool only once its operation is final.
+
+import (
+	"fmt"
+
+	"github.com/kvxfer/kvxfer/buffer"
+)
+
+// stagingSend is the sending side of the staging path.
+type stagingSend struct{ x *xfer }
+
+// stagingReceive is the receiving side of the staging path.
+type stagingReceive struct{ x *xfer }
+
+var (
+	_ path = stagingSend{}
+	_ path = stagingReceive{}
+)
+
+// startStagingSend leases the sender's slots and posts the first chunks. It reports false,
+// having told the receiver, if the transfer ended before it had a slot.
+func (x *xfer) startStagingSend() bool {
+	first, ok := x.lease(stagingSend{x})
+	if !ok {
+		x.stoppedBeforeStart("could lease a staging slot")
+		return false
+	}
+	slots := x.extraSlots(first)
+	for i, s := range slots {
+		if !x.path.post(s) {
+			releaseAll(slots[i+1:]) // never posted
+			break
+		}
+	}
+	return true
+}
+
+// runReceiveStaging is runReceive on the staging path: receives posted into leased slots,
+// then the request.
+func (x *xfer) runReceiveStaging() {
+	first, ok := x.lease(stagingReceive{x})
+	if !ok {
+		return
+	}
+	x.setChunks(x.payloadCap(), x.stream)
+	if x.layerCut {
+		x.recvSeen = make([]bool, x.nChunks)
+	}
+	slots := x.extraSlots(first)
+	for i, s := range slots {
+		if !x.path.post(s) {
+			releaseAll(slots[i+1:]) // never posted
+			break
+		}
+	}
+	if !x.aborting { // a failed post has already told the peer to stop
+		x.sendRequestInfo()
+	}
+	x.loop()
+}
+
+func (stagingSend) kind() Path    { return PathStaging }
+func (stagingReceive) kind() Path { return PathStaging }
+
+// post gathers the next chunk into slot and posts it, or releases the slot when every chunk
+// is posted. It returns false if the transfer is aborting.
+func (p stagingSend) post(slot *buffer.Slot) bool {
+	x := p.x
+	if x.nextSeq >= x.nChunks || x.aborting {
+		releaseSlot(slot)
+		return !x.aborting
+	}
+	rec := &opRec{seq: x.nextSeq, slot: slot}
+	off, n := x.chunkRange(rec.seq)
+	if off+n > x.readyBytes {
+		if err := x.refreshReady(); err != nil {
+			releaseSlot(slot)
+			x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+			return false
+		}
+		if off+n > x.readyBytes { // wait for the model, not the wire
+			x.idle = append(x.idle, slot)
+			return true
+		}
+	}
+	buf := slot.Bytes()[:DataHeaderBytes+n]
+	if err := x.mover.Gather(x.plan, off, buf[DataHeaderBytes:]); err != nil {
+		x.moverFailed(slot, rec.seq, err)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	dh := DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: off, Length: n}
+	_, _ = dh.AppendBinary(buf[:0])
+	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf,
+		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
+	if err != nil {
+		releaseSlot(slot)
+		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	x.posted(rec, id)
+	return true
+}
+
+func (p stagingSend) completed(rec *opRec, _ Completion) { p.x.sentChunk(rec) }
+
+// post posts the receive of the next chunk into slot, or releases the slot when every chunk
+// is posted. It returns false if the transfer is aborting.
+func (p stagingReceive) post(slot *buffer.Slot) bool {
+	x := p.x
+	if x.nextSeq >= x.nChunks || x.aborting {
+		releaseSlot(slot)
+		return !x.aborting
+	}
+	rec := &opRec{seq: x.nextSeq, slot: slot}
+	_, n := x.chunkRange(rec.seq)
+	buf := slot.Bytes()[:DataHeaderBytes+n]
+	id, err := x.eng.tr.PostRecv(x.peer, x.tag(rec.seq), buf,
+		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
+	if err != nil {
+		releaseSlot(slot) // never posted: the transport never saw it
+		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	x.posted(rec, id)
+	return true
+}
+
+// completed checks a received chunk's header, scatters its payload and reuses its slot for
+// the next receive.
+func (p stagingReceive) completed(rec *opRec, c Completion) {
+	x := p.x
+	dh, payload, err := DecodeData(rec.slot.Bytes()[:c.Bytes])
+	off, n := x.chunkRange(rec.seq)
+	if err == nil && (dh.Request != x.h.id || dh.Sub != x.wireSub || dh.Nonce != x.nonce || int(dh.Seq) != rec.seq || dh.Offset != off || dh.Length != n) {
+		err = fmt.Errorf("chunk header %+v does not match seq %d at offset %d, %d bytes", dh, rec.seq, off, n)
+	}
+	if err != nil {
+		releaseSlot(rec.slot)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, AbortProtocol, x.eng.cfg.CancelGrace)
+		return
+	}
+	if err := x.mover.Scatter(x.plan, payload, off); err != nil {
+		x.moverFailed(rec.slot, rec.seq, err)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
+		return
+	}
+	x.progress(n)
+	x.markReceived(rec.seq)
+	if !p.post(rec.slot) {
+		return
+	}
+	x.receivedAll()
+}

@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+// How a sub-transfer ends when it does not complete: abort (tell the peer, cancel what is
+// outstanding), quarantine while the transport may still touch its memory, poison what never
+// proved quiescent (L9, L10), and resolve to the terminal state once nothing can. xfer.go has
+// the loop that drives them.
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvxfer/kvxfer/buffer"
+	"go.uber.org/zap"
+)
+
+// moverFailed settles the slot of a Gather or Scatter that failed. A copy the mover cannot
+// say has ended (ErrQuiescenceUnknown: a GPU kernel past its timeout) may still touch the slot
+// and the caller's blocks, so both are poisoned, never released (L9): the transfer stays
+// quarantined for good and the engine reports the mover wedged. Any other failure ended the
+// copy, and the slot goes back.
+func (x *xfer) moverFailed(slot *buffer.Slot, seq int, err error) {
+	if !errors.Is(err, ErrQuiescenceUnknown) {
+		releaseSlot(slot)
+		return
+	}
+	reason := fmt.Sprintf("the mover cannot say whether its copy of seq %d ended: %v", seq, err)
+	rec := &opRec{seq: seq, slot: slot}
+	if slot != nil {
+		x.poison(rec, reason)
+	}
+	x.poisonBlocks(rec, reason)
+	x.eng.moverWedged.CompareAndSwap(nil, &err)
+}
+
+func (x *xfer) poison(rec *opRec, reason string) {
+	if rec.slot == nil {
+		x.poisonBlocks(rec, reason)
+		return
+	}
+	if err := rec.slot.Poison(reason); err == nil {
+		x.eng.obs.OnPoison(x.h.id, rec.slot.Index(), reason)
+	}
+}
+
+// poisonBlocks is L9 for the direct path: the transport may still touch the caller's own KV
+// blocks, and there is no slot to take out of circulation in their place. The transfer stays
+// quarantined for good (its Quiesced channel never closes, so the caller never frees or
+// reuses those blocks, and the engine refuses new transfers over them), Status says
+// BlocksPoisoned, and Health counts its blocks against Config.PoisonedBlockBudget.
+func (x *xfer) poisonBlocks(rec *opRec, reason string) {
+	if !x.blocksUnknown {
+		x.blocksUnknown = true
+		x.h.blocksPoisoned.Store(true)
+		x.eng.obs.OnPoison(x.h.id, -1, reason)
+		x.log().Error("caller's KV blocks poisoned: the transport may still touch them; the handle never quiesces",
+			zap.Int("seq", rec.seq), zap.String("reason", reason))
+	}
+}
+
+// abort stops the transfer for cause: it tells the peer (code != 0), asks the transport to
+// cancel every outstanding operation, and ends at once if none is left; otherwise it waits
+// grace for them, then quarantines. A deadline passes no grace: the transfer is already late,
+// so it is quarantined at once. Other causes get Config.CancelGrace, because cancelling an
+// unmatched receive takes the transport microseconds and is no reason to quarantine.
+func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
+	if x.aborting || x.ended {
+		return
+	}
+	x.aborting, x.cause = true, cause
+	x.releaseIdle()
+	if code != 0 {
+		x.sendAbort(code, cause)
+	}
+	for _, op := range x.ops {
+		if !op.final {
+			x.eng.tr.Cancel(op.id)
+		}
+	}
+	switch {
+	case x.outstanding == 0:
+		x.maybeResolve()
+	case grace > 0:
+		x.graceAt = time.Now().Add(grace)
+	default:
+		x.quarantine()
+	}
+}
+
+func (x *xfer) sendAbort(code AbortCode, cause error) {
+	_ = x.eng.tr.SendControl(x.peer, encode(&Abort{Header: x.head(), Code: code, Reason: cause.Error()}))
+}
+
+// quarantine reports the transfer failed while operations may still touch its slots, and
+// starts the clock after which they are poisoned.
+func (x *xfer) quarantine() {
+	if x.quarantined || x.ended {
+		return
+	}
+	x.quarantined = true
+	x.graceAt = time.Time{}
+	x.apply(EvQuarantine, x.cause)
+	x.eng.obs.OnQuarantine(x.h.id, x.sub, x.cause)
+	x.log().Warn("transfer quarantined", zap.Error(x.cause), zap.Int("outstanding", x.outstanding))
+	x.quarAt = time.Now().Add(x.eng.cfg.QuarantineTimeout)
+}
+
+// poisonOutstanding gives up on operations that never reported: their slots leave
+// circulation for good (L9), and a late completion finds nothing to release.
+func (x *xfer) poisonOutstanding(reason string) {
+	for _, op := range x.ops {
+		if !op.final {
+			op.final = true
+			x.outstanding--
+			x.poison(op, reason)
+		}
+	}
+	x.maybeResolve()
+}
+
+// maybeResolve ends an aborting transfer once no operation can touch its slots.
+func (x *xfer) maybeResolve() {
+	if x.outstanding > 0 || x.ended {
+		return
+	}
+	if x.blocksUnknown {
+		// The caller's blocks may still be touched: stay quarantined for good, never tell
+		// the caller they are quiescent (L9, L10), and let the goroutine end.
+		x.quarantine()
+		x.quarAt = time.Time{}
+		if x.h.settledPoisoned.CompareAndSwap(false, true) {
+			n := x.eng.holds.poison(x.h)
+			if len(x.h.spans) == 0 { // a device pool: no ids to refuse, but the blocks count
+				n = x.h.nBlocks
+			}
+			// Blocks first: a Health that counts this transfer counts its blocks too.
+			x.eng.blocksPoisoned.Add(n)
+			x.eng.poisonedForGood.Add(1)
+		}
+		x.ended = true
+		x.setAwaiting(false)
+		x.releaseIdle()
+		return
+	}
+	cancelled := errors.Is(x.cause, ErrCancelled)
+	switch {
+	case x.quarantined && cancelled:
+		x.finish(EvResolveCancelled, nil)
+	case x.quarantined:
+		x.finish(EvResolveFailed, nil)
+	case cancelled:
+		x.finish(EvCancelQuiescent, x.cause)
+	default:
+		x.finish(EvFail, x.cause)
+	}
+}
+
+func (x *xfer) finish(ev Event, cause error) {
+	x.ended = true
+	x.setAwaiting(false) // before the terminal event: a caller woken by it sees the count settled
+	x.releaseIdle()
+	x.apply(ev, cause)
+}
+
+func transportErr(err error) error {
+	if err == nil {
+		err = errors.New("transport reported failure without an error")
+	}
+	return fmt.Errorf("kvxfer: transport: %w", err)
+}
+
+func peerAbortErr(id RequestID, m *Abort) error {
+	err := fmt.Errorf("%w (code %d): %s", ErrPeerAborted, m.Code, m.Reason)
+	switch m.Code { // the peer's reason, where it means the same here
+	case AbortIncompatible:
+		err = fmt.Errorf("%w: %w", ErrIncompatible, err)
+	case AbortDeadline:
+		err = fmt.Errorf("%w: %w", ErrDeadline, err)
+	}
+	return &RequestError{ID: id, Err: err}
+}
