@@ -19,13 +19,19 @@ type Queue[T any] struct {
 	mu       sync.Mutex
 	items    []T
 	consumer bool          // a consumer runs: Push reported start and Take has not come back empty since
+	closed   bool          // Close ran: pushes are dropped
 	ready    chan struct{} // capacity 1; made on first use
 }
 
 // Push appends v. It never blocks. It reports true when no consumer was running: the caller
-// starts one, which then counts as running until its Take returns an empty batch.
+// starts one, which then counts as running until its Take returns an empty batch. After Close
+// it drops v and reports false.
 func (q *Queue[T]) Push(v T) (start bool) {
 	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return false
+	}
 	q.items = append(q.items, v)
 	start = !q.consumer
 	q.consumer = true
@@ -67,4 +73,27 @@ func (q *Queue[T]) Take(dst []T) []T {
 		q.consumer = false
 	}
 	return dst
+}
+
+// Len is how many values wait for Take.
+func (q *Queue[T]) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items)
+}
+
+// Close makes every later Push drop its value; what is queued stays for Take. A consumer that
+// saw Closed report true before a Take that came back empty has taken everything it ever
+// will, so it may stop for good.
+func (q *Queue[T]) Close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+}
+
+// Closed reports whether Close has run.
+func (q *Queue[T]) Closed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
 }

@@ -124,3 +124,26 @@ func TestQueueManyPushersOneConsumer(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+func TestQueueCloseDropsLaterPushesAndKeepsWhatIsQueued(t *testing.T) {
+	var q Queue[int]
+	q.Push(1)
+	require.False(t, q.Closed())
+	q.Close()
+	require.True(t, q.Closed())
+	require.False(t, q.Push(2), "a push after Close starts nothing")
+	require.Equal(t, []int{1}, q.Take(nil), "what was queued before Close is still taken")
+	require.Empty(t, q.Take(nil), "what was pushed after Close was dropped")
+	q.Close() // twice is harmless
+	require.True(t, q.Closed())
+}
+
+func TestQueueLenCountsWhatWaits(t *testing.T) {
+	var q Queue[int]
+	require.Zero(t, q.Len())
+	q.Push(1)
+	q.Push(2)
+	require.Equal(t, 2, q.Len())
+	q.Take(nil)
+	require.Zero(t, q.Len())
+}
