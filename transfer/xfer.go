@@ -85,15 +85,7 @@ type xfer struct {
 	// resolves its quarantine (L9, L10).
 	blocksUnknown bool
 	retries       int
-	// One timer per transfer serves every deadline below (zero: not set): thousands of idle
-	// transfers then cost the runtime one timer each, not four.
-	deadlineAt time.Time
-	retryAt    time.Time
-	graceAt    time.Time
-	quarAt     time.Time
-	pollAt     time.Time
-	wake       *time.Timer
-	armedAt    time.Time
+	timers        timers
 
 	// nonce is the transfer's generation on the wire (wire.go): drawn by the receiver (set
 	// before the goroutine starts), taken from its request-info by the sender; every message
@@ -210,56 +202,12 @@ func (x *xfer) run() {
 	}()
 	defer x.setAwaiting(false)
 	defer x.qcancel()
-	defer func() {
-		if x.wake != nil {
-			x.wake.Stop()
-		}
-	}()
+	defer x.timers.stop()
 	if x.receive {
 		x.runReceive()
 	} else {
 		x.runSend()
 	}
-}
-
-// arm points the transfer's one timer at the earliest time set, if that changed.
-func (x *xfer) arm() {
-	var next time.Time
-	for _, t := range []time.Time{x.deadlineAt, x.retryAt, x.graceAt, x.quarAt, x.pollAt} {
-		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-			next = t
-		}
-	}
-	if next.Equal(x.armedAt) {
-		return
-	}
-	x.armedAt = next
-	switch {
-	case next.IsZero():
-		if x.wake != nil {
-			x.wake.Stop()
-		}
-	case x.wake == nil:
-		x.wake = time.NewTimer(time.Until(next))
-	default:
-		x.wake.Reset(time.Until(next)) // since Go 1.23 a Reset timer never delivers a stale tick
-	}
-}
-
-func (x *xfer) wakeC() <-chan time.Time {
-	if x.wake == nil || x.armedAt.IsZero() {
-		return nil
-	}
-	return x.wake.C
-}
-
-// due reports whether t is set and has passed, and clears it if so.
-func due(t *time.Time, now time.Time) bool {
-	if t.IsZero() || now.Before(*t) {
-		return false
-	}
-	*t = time.Time{}
-	return true
 }
 
 // queuedExit ends a transfer that never left Queued.
@@ -443,11 +391,11 @@ func (x *xfer) progress(n int64) {
 // bounded: the deadline always fires, and after it the quarantine timeout (or Close) does.
 func (x *xfer) loop() {
 	start := time.Now()
-	x.deadlineAt = start.Add(x.timeout)
+	x.timers.deadline = start.Add(x.timeout)
 	stop := x.stopCh
 	backoff := x.eng.cfg.RetryInterval
 	if x.receive && x.eng.cfg.MaxRetries > 0 {
-		x.retryAt = start.Add(backoff)
+		x.timers.retry = start.Add(backoff)
 	}
 	var closing <-chan struct{}
 	ready := x.box.Ready()
@@ -459,13 +407,13 @@ func (x *xfer) loop() {
 	for !x.ended {
 		if x.aborting {
 			closing = x.eng.closing
-			x.retryAt = time.Time{}
-			x.pollAt = time.Time{}
-		} else if !x.receive && x.nextSignal < len(x.signals) && x.pollAt.IsZero() {
-			x.pollAt = time.Now().Add(x.eng.cfg.ReadyPollInterval)
+			x.timers.retry = time.Time{}
+			x.timers.poll = time.Time{}
+		} else if !x.receive && x.nextSignal < len(x.signals) && x.timers.poll.IsZero() {
+			x.timers.poll = time.Now().Add(x.eng.cfg.ReadyPollInterval)
 		}
 		x.updateAwaiting()
-		x.arm()
+		x.timers.arm()
 		select {
 		case <-ready:
 			x.scratch = x.box.Take(x.scratch)
@@ -493,8 +441,8 @@ func (x *xfer) loop() {
 				x.quarantine()
 				x.poisonOutstanding("engine closed: the force-closed transport never proved it was done")
 			}
-		case now := <-x.wakeC():
-			x.armedAt = time.Time{} // fired: the next arm must set it again
+		case now := <-x.timers.C():
+			x.timers.fired()
 			x.timersDue(now, &backoff)
 		}
 	}
@@ -502,22 +450,22 @@ func (x *xfer) loop() {
 
 // timersDue runs whatever the transfer's timer was set for and has come due.
 func (x *xfer) timersDue(now time.Time, backoff *time.Duration) {
-	if due(&x.deadlineAt, now) {
+	if due(&x.timers.deadline, now) {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, AbortDeadline, 0)
 	}
-	if due(&x.retryAt, now) && x.moved == 0 && !x.aborting && x.retries < x.eng.cfg.MaxRetries {
+	if due(&x.timers.retry, now) && x.moved == 0 && !x.aborting && x.retries < x.eng.cfg.MaxRetries {
 		x.retries++
 		x.sendRequestInfo()
 		*backoff *= 2
-		x.retryAt = now.Add(*backoff)
+		x.timers.retry = now.Add(*backoff)
 	}
-	if due(&x.graceAt, now) {
+	if due(&x.timers.grace, now) {
 		x.quarantine()
 	}
-	if due(&x.quarAt, now) {
+	if due(&x.timers.quarantine, now) {
 		x.poisonOutstanding("quarantine timeout: the transport never proved it was done")
 	}
-	if due(&x.pollAt, now) {
+	if due(&x.timers.poll, now) {
 		x.onReady()
 	}
 }

@@ -83,7 +83,7 @@ func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
 	case x.outstanding == 0:
 		x.maybeResolve()
 	case grace > 0:
-		x.graceAt = time.Now().Add(grace)
+		x.timers.grace = time.Now().Add(grace)
 	default:
 		x.quarantine()
 	}
@@ -100,11 +100,11 @@ func (x *xfer) quarantine() {
 		return
 	}
 	x.quarantined = true
-	x.graceAt = time.Time{}
+	x.timers.grace = time.Time{}
 	x.apply(EvQuarantine, x.cause)
 	x.eng.obs.OnQuarantine(x.h.id, x.sub, x.cause)
 	x.log().Warn("transfer quarantined", zap.Error(x.cause), zap.Int("outstanding", x.outstanding))
-	x.quarAt = time.Now().Add(x.eng.cfg.QuarantineTimeout)
+	x.timers.quarantine = time.Now().Add(x.eng.cfg.QuarantineTimeout)
 }
 
 // poisonOutstanding gives up on operations that never reported: their slots leave
@@ -129,7 +129,7 @@ func (x *xfer) maybeResolve() {
 		// The caller's blocks may still be touched: stay quarantined for good, never tell
 		// the caller they are quiescent (L9, L10), and let the goroutine end.
 		x.quarantine()
-		x.quarAt = time.Time{}
+		x.timers.quarantine = time.Time{}
 		if x.h.settledPoisoned.CompareAndSwap(false, true) {
 			n := x.eng.holds.poison(x.h)
 			if len(x.h.spans) == 0 { // a device pool: no ids to refuse, but the blocks count

@@ -91,7 +91,7 @@ func (x *xfer) runSend() {
 	if !x.stream {
 		x.readyBytes = x.plan.Bytes()
 	}
-	started := false
+	var started bool
 	if direct {
 		started = x.startDirectSend(ri) // path_direct.go, path_rma.go
 	} else {
