@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/cgo"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,10 @@ func statusErr(op string, st C.ucs_status_t) error {
 	}
 	return &StatusError{Op: op, Status: int(st), Text: statusText(st)}
 }
+
+// TCPReceiveSegmentBytes is UCX_TCP_RX_SEG_SIZE as NewContext sets it: the largest segment a
+// peer may send this process over TCP (ContextConfig.TCPSegmentBytes).
+const TCPReceiveSegmentBytes = 1 << 20
 
 // ContextConfig configures a UCX context. The zero value is valid: every transport UCX finds,
 // keepalive every second, no logging.
@@ -69,6 +74,17 @@ type ContextConfig struct {
 	// rendezvous a peer frozen after it learned the buffer's address writes into it when it
 	// resumes, whatever the receiver did meanwhile. "auto" lets UCX choose.
 	RendezvousScheme string
+	// TCPSegmentBytes is UCX_TCP_TX_SEG_SIZE: the largest piece UCX's TCP transport sends in
+	// one copy, hence one send call; a large message goes as many of them. Default 64 KiB,
+	// which any peer can receive. Up to TCPReceiveSegmentBytes, which this package makes
+	// every TCP receive buffer, so a peer of this package or later takes it: 1 MiB moved a
+	// 4096-token request over loopback about twice as fast as 64 KiB (docs/ucx.md, "TCP
+	// without zero-copy"). A peer with UCX's default receive buffer (64 KiB: any other UCX
+	// program, or kvxfer before it set 1 MiB) cannot take larger ones. Like the other
+	// transport settings it goes into the process's environment, unless set there already,
+	// when the first context that may use TCP opens: later contexts of the process get the
+	// first one's value.
+	TCPSegmentBytes int64
 	// NoRMA leaves out UCP_FEATURE_RMA (puts and gets), for transports that lack it.
 	NoRMA bool
 	// Logger receives lifecycle events; default zap.NewNop().
@@ -82,6 +98,10 @@ func (c *ContextConfig) applyDefaults() error {
 	if c.KeepaliveInterval < 10*time.Millisecond {
 		return fmt.Errorf("%w: ContextConfig.KeepaliveInterval = %v: must be at least 10ms",
 			ErrInvalidArgument, c.KeepaliveInterval)
+	}
+	if c.TCPSegmentBytes != 0 && (c.TCPSegmentBytes < 8<<10 || c.TCPSegmentBytes > TCPReceiveSegmentBytes) {
+		return fmt.Errorf("%w: ContextConfig.TCPSegmentBytes = %d: must be between 8 KiB and %d",
+			ErrInvalidArgument, c.TCPSegmentBytes, TCPReceiveSegmentBytes)
 	}
 	if c.RendezvousScheme == "" {
 		c.RendezvousScheme = "get_zcopy"
@@ -103,16 +123,17 @@ type Context struct {
 	mems    int
 }
 
-// NewContext opens UCX with cfg. Two transport settings go into the process's environment,
+// NewContext opens UCX with cfg. Transport settings go into the process's environment,
 // each unless already set there:
 //   - UCX_MM_ERROR_HANDLING=y when the transports may include shared memory: UCX 1.13
 //     otherwise drops shared memory for endpoints with peer error handling, which kvxfer
 //     always uses.
-//   - UCX_TCP_MAX_IOV=0 and UCX_TCP_TX_SEG_SIZE=64k when they may include TCP: UCX's TCP
-//     transport completes a zero-copy send twice when its connection breaks, which aborts a
-//     process that outlives its peer (docs/ucx.md, "TCP without zero-copy"). TCP then copies
-//     each message into 64 KiB buffers; setting UCX_TCP_MAX_IOV yourself brings zero-copy back,
-//     with that risk.
+//   - UCX_TCP_MAX_IOV=0, UCX_TCP_RX_SEG_SIZE=1m and UCX_TCP_TX_SEG_SIZE (cfg.TCPSegmentBytes,
+//     default 64k) when they may include TCP: UCX's TCP transport completes a zero-copy send
+//     twice when its connection breaks, which aborts a process that outlives its peer
+//     (docs/ucx.md, "TCP without zero-copy"). TCP then copies each message into buffers of
+//     the segment size; setting UCX_TCP_MAX_IOV yourself brings zero-copy back, with that
+//     risk.
 func NewContext(cfg ContextConfig) (*Context, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
@@ -135,6 +156,9 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 	cc.tls = cstr(cfg.TLS)
 	cc.net_devices = cstr(cfg.NetDevices)
 	cc.rndv_scheme = cstr(cfg.RendezvousScheme)
+	if cfg.TCPSegmentBytes != 0 {
+		cc.tcp_tx_seg_size = cstr(strconv.FormatInt(cfg.TCPSegmentBytes, 10))
+	}
 	cc.keepalive_interval = cstr(fmt.Sprintf("%dms", cfg.KeepaliveInterval.Milliseconds()))
 	if !cfg.NoRMA {
 		cc.with_rma = 1

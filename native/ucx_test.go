@@ -37,10 +37,17 @@ type ucxPair struct {
 
 func newPair(t testing.TB, tls string) *ucxPair {
 	t.Helper()
+	return newPairConfig(t, ContextConfig{TLS: tls})
+}
+
+// newPairConfig is newPair with both contexts made from cfg (keepalive 200ms, and loopback
+// only where the transports include TCP).
+func newPairConfig(t testing.TB, cfg ContextConfig) *ucxPair {
+	t.Helper()
 	p := &ucxPair{}
 	var err error
-	cfg := ContextConfig{TLS: tls, KeepaliveInterval: 200 * time.Millisecond}
-	if strings.Contains(tls, "tcp") {
+	cfg.KeepaliveInterval = 200 * time.Millisecond
+	if strings.Contains(cfg.TLS, "tcp") {
 		cfg.NetDevices = "lo"
 	}
 	p.ctxA, err = NewContext(cfg)

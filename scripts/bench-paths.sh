@@ -6,6 +6,7 @@
 #   shm rma, default lanes / --lanes 1            (lanes vs one lane)
 #   shm rma / ucx_perftest -t ucp_get at 64 MiB   (RMA vs ucp_get)
 #   tcp, the engine's choice / tag_bw over TCP    (kvxbench's own baseline, same message size)
+#   tcp --tcp-segment 1MiB / tag_bw               (1 MiB TCP segments: every peer of this build)
 #   tcp --rma-where-emulated / tag_bw             (what the choice avoided)
 #   tcp / tag_bw -e with UCX_RNDV_SCHEME=get_zcopy (UCX as kvxfer sets it up: peer error
 #                                                  handling and the receiver-pulled rendezvous;
@@ -14,6 +15,8 @@
 #   shm TP=2->1 and block-major -> layer-major on the engine's own choice (the direct path's
 #   IOV messages) / tag_bw
 # and prints every figure with the load average beside it, then the ratios by round.
+# BENCH_PATHS_ONLY=WORD runs only the rows whose name contains WORD (e.g. tcp); the ratios of
+# rows not run print as "-".
 set -eu
 KVXBENCH=${1:?usage: bench-paths.sh KVXBENCH [ROUNDS]}
 ROUNDS=${2:-3}
@@ -22,9 +25,12 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 load() { cut -d' ' -f1 /proc/loadavg; }
 
+only() { case "$1" in *"${BENCH_PATHS_ONLY:-}"*) return 0 ;; *) return 1 ;; esac; }
+
 run() { # name flags...
 	name=$1
 	shift
+	only "$name" || return 0
 	l=$(load)
 	"$KVXBENCH" run --json --prompts 4k --concurrency 1 --duration "$DUR" "$@" >"$out/$name.json"
 	python3 - "$name" "$l" "$out/$name.json" <<'PY' | tee -a "$out/rows"
@@ -39,6 +45,7 @@ PY
 perftest() { # name test tls flags [VAR=value...]: ucx_perftest of 64 MiB messages on loopback
 	name=$1 test=$2 tls=$3 flags=$4
 	shift 4
+	only "$name" || return 0
 	l=$(load)
 	port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 	args="-t $test -s 67108864 -n 40 -w 4 -p $port -f -v $flags"
@@ -67,6 +74,7 @@ while [ "$i" -le "$ROUNDS" ]; do
 	run "r$i.shm.lane1" --tls posix,cma,self --lanes 1
 	perftest "r$i.shm.ucp_get" ucp_get posix,cma,self ""
 	run "r$i.tcp.choice" --tls tcp,self
+	run "r$i.tcp.seg1m" --tls tcp,self --tcp-segment 1MiB
 	perftest "r$i.tcp.tag_bw_kvx" tag_bw tcp,self -e UCX_RNDV_SCHEME=get_zcopy
 	run "r$i.tcp.rma" --tls tcp,self --rma-where-emulated
 	run "r$i.shm.staging" --tls posix,cma,self --staging
@@ -78,18 +86,31 @@ while [ "$i" -le "$ROUNDS" ]; do
 done
 
 python3 - "$out/rows" <<'PY'
-import sys, re
+import sys
 rows = {}
 for line in open(sys.argv[1]):
     f = line.split()
     rows[f[0]] = {k: v for k, v in (x.split("=", 1) for x in f[1:] if "=" in x)}
 rounds = sorted({k.split(".")[0] for k in rows})
-g = lambda r, n, k="gbps": float(rows[f"{r}.{n}"][k])
+def g(r, n, k="gbps"):
+    return float(rows[f"{r}.{n}"][k]) if f"{r}.{n}" in rows else None
+def div(a, b):
+    return None if a is None or b is None else a / max(b, 1e-9)
+cols = [
+    ("lanes/1-lane", lambda r: div(g(r, "shm.lanes"), g(r, "shm.lane1"))),
+    ("rma/ucp_get", lambda r: div(g(r, "shm.lanes"), g(r, "shm.ucp_get"))),
+    ("tcp-choice/tag_bw", lambda r: g(r, "tcp.choice", "ratio")),
+    ("tcp-seg1m/tag_bw", lambda r: g(r, "tcp.seg1m", "ratio")),
+    ("tcp-choice/tag_bw(-e,get_zcopy)", lambda r: div(g(r, "tcp.choice"), g(r, "tcp.tag_bw_kvx"))),
+    ("tcp-rma/tag_bw", lambda r: g(r, "tcp.rma", "ratio")),
+    ("staging/tag_bw", lambda r: g(r, "shm.staging", "ratio")),
+    ("staging-tp2/tag_bw", lambda r: g(r, "shm.staging.tp2", "ratio")),
+    ("staging-conv/tag_bw", lambda r: g(r, "shm.staging.conv", "ratio")),
+    ("tp2/tag_bw", lambda r: g(r, "shm.tp2", "ratio")),
+    ("conv/tag_bw", lambda r: g(r, "shm.conv", "ratio")),
+]
 print()
-print("round  lanes/1-lane  rma/ucp_get  tcp-choice/tag_bw  tcp-choice/tag_bw(-e,get_zcopy)  tcp-rma/tag_bw  staging/tag_bw  staging-tp2/tag_bw  staging-conv/tag_bw  tp2/tag_bw  conv/tag_bw")
+print("round  " + "  ".join(c for c, _ in cols))
 for r in rounds:
-    print(f'{r:6} {g(r,"shm.lanes")/g(r,"shm.lane1"):12.2f} {g(r,"shm.lanes")/max(g(r,"shm.ucp_get"),1e-9):12.2f} '
-          f'{g(r,"tcp.choice","ratio"):18.2f} {g(r,"tcp.choice")/max(g(r,"tcp.tag_bw_kvx"),1e-9):29.2f} {g(r,"tcp.rma","ratio"):15.2f} {g(r,"shm.staging","ratio"):15.2f} '
-          f'{g(r,"shm.staging.tp2","ratio"):19.2f} {g(r,"shm.staging.conv","ratio"):20.2f} {g(r,"shm.tp2","ratio"):11.2f} '
-          f'{g(r,"shm.conv","ratio"):12.2f}')
+    print(f"{r:6} " + "  ".join(("-" if v is None else f"{v:.2f}").rjust(len(c)) for c, f in cols for v in [f(r)]))
 PY

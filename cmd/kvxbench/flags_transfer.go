@@ -33,6 +33,7 @@ type transferFlags struct {
 	noRMA          bool
 	rmaEmulated    bool
 	lanes          int
+	tcpSegment     string
 	decodeOrder    string
 	pool           string
 	directChunk    string
@@ -57,6 +58,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
 	fs.StringVar(&f.decodeOrder, "decode-order", "", "the decode pool's order when it differs from --order (layout conversion on the way: block-major, layer-major or layer-major-nhd)")
 	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
+	fs.StringVar(&f.tcpSegment, "tcp-segment", "0", "largest piece UCX's TCP transport sends in one copy (ucx.Config.TCPSegmentBytes), on both ends: up to 1MiB; 0: the transport's default (64KiB, which any peer takes)")
 	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
 	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (ucx.Transport.AllocatePool) or caller (mmap by this process, then ucx.Transport.RegisterHost, as a serving process hands over its own KV cache)")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
@@ -87,6 +89,13 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	}
 	if f.lanes < 0 || f.lanes > ucx.MaxLanes {
 		return bench.RunConfig{}, usagef("--lanes = %d: must be between 0 (the default) and %d", f.lanes, ucx.MaxLanes)
+	}
+	tcpSegment, err := parseBytes("tcp-segment", f.tcpSegment)
+	if err != nil {
+		return bench.RunConfig{}, err
+	}
+	if tcpSegment != 0 && (tcpSegment < 8<<10 || tcpSegment > ucx.MaxTCPSegmentBytes) {
+		return bench.RunConfig{}, usagef("--tcp-segment = %d: must be 0 (the default) or between 8KiB and 1MiB", tcpSegment)
 	}
 	if f.pipelineDepth <= 0 {
 		return bench.RunConfig{}, usagef("--pipeline-depth = %d: must be positive", f.pipelineDepth)
@@ -144,7 +153,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
-		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, Memory: f.memory,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, Memory: f.memory,
 		Pool: f.pool,
 	}, nil
 }

@@ -49,6 +49,9 @@ type RunConfig struct {
 	RMAWhereEmulated bool `json:"rma_where_emulated"`
 	// Lanes is ucx.Config.Lanes of both ends (--lanes; 0: the transport's default).
 	Lanes int `json:"lanes"`
+	// TCPSegmentBytes is ucx.Config.TCPSegmentBytes of both ends (--tcp-segment; 0: the
+	// transport's default).
+	TCPSegmentBytes int64 `json:"tcp_segment_bytes,omitempty"`
 	// Pool is who maps the host pools for the direct path (--pool): "transport"
 	// (AllocatePool) or "caller" (mmap, then RegisterHost).
 	Pool string `json:"pool"`

@@ -11,9 +11,14 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"go.uber.org/zap"
 )
+
+// MaxTCPSegmentBytes bounds Config.TCPSegmentBytes: the receive buffer every transport of
+// this package gives UCX's TCP transport (native.TCPReceiveSegmentBytes).
+const MaxTCPSegmentBytes = native.TCPReceiveSegmentBytes
 
 // Config configures a Transport. Zero values take the documented defaults.
 type Config struct {
@@ -66,6 +71,15 @@ type Config struct {
 	// cma), so one worker bounds every request to one core. 1 keeps every get on the
 	// transport's worker. Default: DefaultLanes, at most GOMAXPROCS.
 	Lanes int
+	// TCPSegmentBytes is the largest piece UCX's TCP transport sends in one copy
+	// (native.ContextConfig.TCPSegmentBytes): a large message over TCP goes as many such
+	// sends, so larger pieces cost fewer system calls and wake-ups on both sides. Default
+	// 64 KiB, which any peer receives. At most MaxTCPSegmentBytes (1 MiB), the
+	// receive buffer of every transport of this package: set it there only when every peer
+	// runs this package too (a peer with UCX's default 64 KiB receive buffer cannot take larger
+	// pieces). Process-wide: the first transport that may use TCP sets it for the process,
+	// unless UCX_TCP_TX_SEG_SIZE is set already.
+	TCPSegmentBytes int64
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -121,6 +135,10 @@ func (c *Config) applyDefaults() error {
 	}
 	if c.Lanes < 1 || c.Lanes > MaxLanes {
 		return &transport.ConfigError{Field: "ucx.Config.Lanes", Value: c.Lanes, Reason: fmt.Sprintf("must be between 1 and %d", MaxLanes)}
+	}
+	if c.TCPSegmentBytes != 0 && (c.TCPSegmentBytes < 8<<10 || c.TCPSegmentBytes > MaxTCPSegmentBytes) {
+		return &transport.ConfigError{Field: "ucx.Config.TCPSegmentBytes", Value: c.TCPSegmentBytes,
+			Reason: fmt.Sprintf("must be between 8 KiB and %d", MaxTCPSegmentBytes)}
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

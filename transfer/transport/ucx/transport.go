@@ -138,7 +138,7 @@ func New(cfg Config) (*Transport, error) {
 		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{}, wake: make(chan struct{}, 1),
 		stop: make(chan struct{}), exited: make(chan struct{})}
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
-		KeepaliveInterval: cfg.KeepaliveInterval, Logger: cfg.Logger})
+		KeepaliveInterval: cfg.KeepaliveInterval, TCPSegmentBytes: cfg.TCPSegmentBytes, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}

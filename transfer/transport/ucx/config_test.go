@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package ucx
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
+)
+
+func TestUCXConfig_TCPSegmentBytesBounded(t *testing.T) {
+	for _, n := range []int64{-1, 4 << 10, native.TCPReceiveSegmentBytes + 1} {
+		_, err := New(Config{TLS: "tcp,self", StagingBytes: 1 << 20, TCPSegmentBytes: n})
+		var ce *transport.ConfigError
+		require.ErrorAs(t, err, &ce, "segment %d", n)
+		require.Equal(t, "ucx.Config.TCPSegmentBytes", ce.Field)
+	}
+}
