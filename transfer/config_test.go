@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // TestConfigErrorIsOneType holds ErrInvalidConfig's promise: every configuration New refuses
@@ -27,7 +28,7 @@ func TestConfigErrorIsOneType(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			cfg := fastConfig()
 			tc.edit(&cfg)
-			tr := NewMemNetwork().Transport("x")
+			tr := mem.NewNetwork().Transport("x")
 			defer func() { require.NoError(t, tr.Close(true)) }()
 			_, err := New(tr, cfg)
 			require.ErrorIs(t, err, ErrInvalidConfig)

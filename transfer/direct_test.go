@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // wireBytes counts the data bytes a network carries, so a test can tell the direct path
@@ -20,12 +21,12 @@ type wireBytes struct {
 	mu     sync.Mutex
 	bytes  int
 	chunks int
-	fault  Fault
+	fault  mem.Fault
 }
 
-func (w *wireBytes) judge(fp FaultPoint) Fault {
+func (w *wireBytes) judge(fp mem.FaultPoint) mem.Fault {
 	if fp.Kind != KindData || fp.Generation {
-		return Fault{}
+		return mem.Fault{}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -53,10 +54,10 @@ func directPair(t *testing.T, src, dst Config, srcPool, dstPool *kvPool) (*pair,
 	w := &wireBytes{}
 	p.net.SetFault(w.judge)
 	if srcPool != nil {
-		p.net.eps["prefill"].AllowDirect(srcPool.mem)
+		p.net.Endpoint("prefill").AllowDirect(srcPool.mem)
 	}
 	if dstPool != nil {
-		p.net.eps["decode"].AllowDirect(dstPool.mem)
+		p.net.Endpoint("decode").AllowDirect(dstPool.mem)
 	}
 	return p, w
 }
@@ -140,7 +141,7 @@ func TestDirectMultiPeerSubsLandInPlace(t *testing.T) {
 	half := testDims
 	half.NumHeads = 2
 	cfg := directConfig()
-	n := NewMemNetwork()
+	n := mem.NewNetwork()
 	var senders [2]*Engine
 	var srcs [2]*kvPool
 	for i := range 2 {
@@ -249,7 +250,7 @@ func TestDirectCancelInFlightWaitsForQuiescence(t *testing.T) {
 	cfg := directConfig()
 	cfg.QuarantineTimeout = 10 * time.Second
 	p, w := directPair(t, cfg, cfg, src, dst)
-	w.fault = Fault{Hang: true}
+	w.fault = mem.Fault{Hang: true}
 	hs, hr := p.start(t, 1, src, dst)
 	eventually(t, func() bool { return p.net.OnWire() >= 2 }, "a direct chunk hung on the wire")
 
@@ -288,9 +289,9 @@ func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
 			dcfg.QuarantineBudget = 1
 			p, w := directPair(t, cfg, dcfg, src, dst)
 			src2, dst2 := pools(t, 6)
-			p.net.eps["prefill"].AllowDirect(src2.mem)
-			p.net.eps["decode"].AllowDirect(dst2.mem)
-			w.fault = Fault{Hang: true, NeverQuiesce: true}
+			p.net.Endpoint("prefill").AllowDirect(src2.mem)
+			p.net.Endpoint("decode").AllowDirect(dst2.mem)
+			w.fault = mem.Fault{Hang: true, NeverQuiesce: true}
 			_, hr := p.start(t, 1, src, dst)
 			_, hr2 := p.start(t, 2, src2, dst2)
 			waitClosed(t, hr.Done(), "receiver done")
@@ -352,11 +353,11 @@ func TestDirectStreamingSendWaitsForReadyLayers(t *testing.T) {
 func TestL2_NoHandleForgottenWhileNotQuiescent(t *testing.T) {
 	cases := []struct {
 		desc     string
-		fault    Fault
+		fault    mem.Fault
 		poisoned bool // quiescence unknown: blocks poisoned for good
 	}{
-		{"blocks poisoned for good", Fault{Hang: true, NeverQuiesce: true}, true},
-		{"quarantined, the transport still holding the blocks", Fault{Hang: true}, false},
+		{"blocks poisoned for good", mem.Fault{Hang: true, NeverQuiesce: true}, true},
+		{"quarantined, the transport still holding the blocks", mem.Fault{Hang: true}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -412,7 +413,7 @@ func TestL2_NoHandleForgottenWhileNotQuiescent(t *testing.T) {
 
 			// Other blocks of the same pool, or the same block ids in another pool, are free.
 			w.mu.Lock()
-			w.fault = Fault{}
+			w.fault = mem.Fault{}
 			w.mu.Unlock()
 			other, err := layout.NewPlan(dst.l, dst.l.All(), blocks(20, 21))
 			require.NoError(t, err)
@@ -458,7 +459,7 @@ func TestCloseTakesQueuedCompletionsBeforePoisoning(t *testing.T) {
 		cfg.TransferTimeout, cfg.QuarantineTimeout = time.Minute, time.Minute
 		cfg.MaxConcurrent = perRound
 		p, w := directPair(t, cfg, cfg, src, dst)
-		w.fault = Fault{Hang: true} // on the wire until the force close ends it, memory done
+		w.fault = mem.Fault{Hang: true} // on the wire until the force close ends it, memory done
 		var hrs, hss []*Handle
 		for i := range perRound {
 			hs, hr := p.start(t, RequestID(i+1), src, dst)

@@ -68,7 +68,14 @@
 //
 // # Testing
 //
-// MemNetwork is an in-process transport that moves real bytes and injects faults (delay, hang,
-// partial failure, dropped or duplicated control messages, late completion, silence about
-// quiescence, lost peers).
+// Package transport/mem's Network is an in-process transport that moves real bytes and injects
+// faults (delay, hang, partial failure, dropped or duplicated control messages, late
+// completion, silence about quiescence, lost peers).
+//
+// # Transports
+//
+// An engine runs over any transport.Transport (package transfer/transport: the contract, its
+// optional capabilities and the errors both sides share; transfer re-exports them). The UCX
+// transport is package transfer/transport/ucx, the in-memory one transfer/transport/mem; a
+// new transport is a new package beside them.
 package transfer

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // exampleLayout is a tiny KV pool: 2 layers, K and V, 2 heads of 64 fp16 values, 16 tokens a
@@ -22,7 +23,7 @@ var exampleLayout = layout.Packed(layout.Dims{NumLayers: 2, KVFactor: 2, NumHead
 // process over UCX, and the decode side learns the request id and block ids from the
 // ucx.ContextParams the prefill side hands over through the serving stack's control plane.
 func ExampleEngine_Receive() {
-	net := transfer.NewMemNetwork()
+	net := mem.NewNetwork()
 	prefill, err := transfer.New(net.Transport("prefill-0"), transfer.Config{})
 	if err != nil {
 		panic(err)
@@ -74,7 +75,7 @@ func ExampleEngine_Receive() {
 // ExampleEngine_Cancel shows what each cancel outcome lets the caller do with the request's KV
 // blocks: free them now, or stop scheduling the request and free them when Quiesced closes.
 func ExampleEngine_Cancel() {
-	eng, err := transfer.New(transfer.NewMemNetwork().Transport("prefill-0"), transfer.Config{})
+	eng, err := transfer.New(mem.NewNetwork().Transport("prefill-0"), transfer.Config{})
 	if err != nil {
 		panic(err)
 	}
@@ -109,7 +110,7 @@ func ExampleEngine_Cancel() {
 // ExampleEngine_Drain shuts an engine down: stop taking requests (in the serving stack), let the
 // transfers in flight finish for a bounded time, then Close, which cancels the rest.
 func ExampleEngine_Drain() {
-	eng, err := transfer.New(transfer.NewMemNetwork().Transport("decode-0"), transfer.Config{})
+	eng, err := transfer.New(mem.NewNetwork().Transport("decode-0"), transfer.Config{})
 	if err != nil {
 		panic(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/stretchr/testify/require"
 )
 
@@ -35,14 +36,14 @@ func TestLateMessageOfAnOldTransferIsNotTakenForANewOne(t *testing.T) {
 			var stale atomic.Bool // the old receive's messages: its first request-info is late, the rest lost
 			stale.Store(true)
 			var infos atomic.Int32
-			p.net.SetFault(func(fp FaultPoint) Fault {
+			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 				if !stale.Load() || fp.From != "decode" || fp.Kind == KindData {
-					return Fault{}
+					return mem.Fault{}
 				}
 				if fp.Kind == KindRequestInfo && infos.Add(1) == 1 {
-					return Fault{Delay: 50 * time.Millisecond}
+					return mem.Fault{Delay: 50 * time.Millisecond}
 				}
-				return Fault{Drop: true}
+				return mem.Fault{Drop: true}
 			})
 
 			old, err := p.src.Send(bg, Spec{ID: 5, Peer: "decode", Plan: oldSrc.plan, Pool: oldSrc.mem, Timeout: 300 * time.Millisecond})
@@ -75,9 +76,9 @@ func TestLateMessageOfAnOldTransferIsNotTakenForANewOne(t *testing.T) {
 	}
 }
 
-// collidingMem is a MemTransport whose tag space collides for the first reservations.
+// collidingMem is a mem.Transport whose tag space collides for the first reservations.
 type collidingMem struct {
-	*MemTransport
+	*mem.Transport
 	mu       sync.Mutex
 	refuse   int
 	nonces   []uint64
@@ -104,10 +105,10 @@ func TestTagCollisionDrawsAnotherNonce(t *testing.T) {
 		want   State
 	}{{"two collisions", 2, Completed}, {"no free tags", maxNonceDraws, Failed}} {
 		t.Run(tc.desc, func(t *testing.T) {
-			n := NewMemNetwork()
+			n := mem.NewNetwork()
 			src, err := New(n.Transport("prefill"), fastConfig())
 			require.NoError(t, err)
-			tr := &collidingMem{MemTransport: n.Transport("decode"), refuse: tc.refuse}
+			tr := &collidingMem{Transport: n.Transport("decode"), refuse: tc.refuse}
 			dst, err := New(tr, fastConfig())
 			require.NoError(t, err)
 			defer func() { require.NoError(t, src.Close()); require.NoError(t, dst.Close()) }()

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -72,7 +73,7 @@ func (p *kvPool) stream(t testing.TB) []byte {
 
 // pair is a sender engine "prefill" and a receiver engine "decode" on one network.
 type pair struct {
-	net      *MemNetwork
+	net      *mem.Network
 	src, dst *Engine
 }
 
@@ -87,7 +88,7 @@ func fastConfig() Config {
 
 func newPair(t testing.TB, src, dst Config) *pair {
 	t.Helper()
-	n := NewMemNetwork()
+	n := mem.NewNetwork()
 	a, err := New(n.Transport("prefill"), src)
 	require.NoError(t, err)
 	b, err := New(n.Transport("decode"), dst)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // start runs one request between the pair and returns the sending and receiving handles.
@@ -39,12 +40,12 @@ func pools(t testing.TB, seed uint64) (src, dst *kvPool) {
 		newKVPool(t, testDims, layout.LayerMajor, nil, blocks(5, 6, 7, 8), 0)
 }
 
-func dataOnly(f Fault) func(FaultPoint) Fault {
-	return func(fp FaultPoint) Fault {
+func dataOnly(f mem.Fault) func(mem.FaultPoint) mem.Fault {
+	return func(fp mem.FaultPoint) mem.Fault {
 		if fp.Kind == KindData {
 			return f
 		}
-		return Fault{}
+		return mem.Fault{}
 	}
 }
 
@@ -59,7 +60,7 @@ func requireState(t testing.TB, h *Handle, want State, errs ...error) {
 
 func TestL2_HandleAndSlotsOutliveCallerReferences(t *testing.T) {
 	p := newPair(t, fastConfig(), fastConfig())
-	p.net.SetFault(dataOnly(Fault{Hang: true}))
+	p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 	src, dst := pools(t, 1)
 	hs, hr := p.start(t, 1, src, dst)
 	eventually(t, func() bool { return p.net.OnWire() > 0 }, "transfer on the wire")
@@ -100,14 +101,14 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 		desc   string
 		cfg    func(*Config)
 		dcfg   func(*Config) // the receiving engine's, when it differs
-		fault  func(FaultPoint) Fault
+		fault  func(mem.FaultPoint) mem.Fault
 		setup  setup
 		want   CancelOutcome
 		final  []State
 		resume bool // hung operations end only when the network resumes
 	}{
 		{desc: "queued receiver: no slot free", cfg: func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 1, 1, 1 },
-			fault: dataOnly(Fault{Hang: true}),
+			fault: dataOnly(mem.Fault{Hang: true}),
 			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
 				p.start(t, 1, src, dst) // holds both engines' only slot, hung
 				eventually(t, func() bool { return p.net.OnWire() > 0 }, "the only slots hung")
@@ -118,7 +119,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 			}, want: CancelledBeforeAdvertise, final: []State{Cancelled}, resume: true},
 		{desc: "queued sender: the request came, no slot free", cfg: func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 1, 1, 1 },
 			dcfg:  func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 2, 2, 1 },
-			fault: dataOnly(Fault{Hang: true}),
+			fault: dataOnly(mem.Fault{Hang: true}),
 			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
 				// Request 1 holds the sender's only slot; request 7's receiver has a slot of
 				// its own (the receiving engine has two) and has asked.
@@ -145,7 +146,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 				return p.dst, h, nil
 			}, want: CancelRequestedInFlight, final: []State{Cancelled}},
 		{desc: "in flight: a chunk moved, the next hung on the wire",
-			fault: func(fp FaultPoint) Fault { return Fault{Hang: fp.Kind == KindData && fp.Tag.Seq == 1} },
+			fault: func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == KindData && fp.Tag.Seq == 1} },
 			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
 				hs, hr := p.start(t, 7, src, dst)
 				eventually(t, func() bool { return hr.Status().State == InFlight && p.net.OnWire() > 0 }, "in flight")
@@ -153,7 +154,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 				return p.dst, hr, hs
 			}, want: CancelRequestedInFlight, final: []State{Cancelled}, resume: true},
 		{desc: "in flight, cancelled by the sender",
-			fault: func(fp FaultPoint) Fault { return Fault{Hang: fp.Kind == KindData && fp.Tag.Seq == 1} },
+			fault: func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == KindData && fp.Tag.Seq == 1} },
 			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
 				hs, hr := p.start(t, 7, src, dst)
 				eventually(t, func() bool { return hs.Status().State == InFlight && p.net.OnWire() > 0 }, "in flight")
@@ -162,7 +163,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 			}, want: CancelRequestedInFlight, final: []State{Cancelled}, resume: true},
 		{desc: "quarantined: its deadline passed with a chunk hung",
 			cfg:   func(c *Config) { c.TransferTimeout = 200 * time.Millisecond },
-			fault: dataOnly(Fault{Hang: true}),
+			fault: dataOnly(mem.Fault{Hang: true}),
 			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
 				hs, hr := p.start(t, 7, src, dst)
 				waitClosed(t, hr.Done(), "quarantined")
@@ -181,16 +182,16 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 			if c.dcfg != nil {
 				c.dcfg(&dcfg)
 			}
-			n := NewMemNetwork()
+			n := mem.NewNetwork()
 			var told sync.Map // sender -> kinds of the control messages it sent
-			n.SetFault(func(fp FaultPoint) Fault {
+			n.SetFault(func(fp mem.FaultPoint) mem.Fault {
 				if fp.Kind != KindData {
 					told.Store([2]any{fp.From, fp.Kind}, true)
 				}
 				if c.fault != nil {
 					return c.fault(fp)
 				}
-				return Fault{}
+				return mem.Fault{}
 			})
 			rt := map[Peer]*recTransport{"prefill": newRecTransport(n.Transport("prefill")), "decode": newRecTransport(n.Transport("decode"))}
 			a, err := New(rt["prefill"], cfg)
@@ -267,7 +268,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 // recTransport records the operations an engine posts, which of them the engine cancelled,
 // and which got their final completion.
 type recTransport struct {
-	*MemTransport
+	*mem.Transport
 	mu        sync.Mutex
 	byReq     map[RequestID][]OpID
 	cancelled map[OpID]bool
@@ -275,8 +276,8 @@ type recTransport struct {
 	ids       map[*int]OpID // by a key made per post (a pointer to a zero-size value would not do)
 }
 
-func newRecTransport(m *MemTransport) *recTransport {
-	return &recTransport{MemTransport: m, byReq: map[RequestID][]OpID{}, cancelled: map[OpID]bool{}, ended: map[OpID]bool{}, ids: map[*int]OpID{}}
+func newRecTransport(m *mem.Transport) *recTransport {
+	return &recTransport{Transport: m, byReq: map[RequestID][]OpID{}, cancelled: map[OpID]bool{}, ended: map[OpID]bool{}, ids: map[*int]OpID{}}
 }
 
 func (r *recTransport) post(tag Tag, done func(Completion), post func(func(Completion)) (OpID, error)) (OpID, error) {
@@ -299,18 +300,18 @@ func (r *recTransport) post(tag Tag, done func(Completion), post func(func(Compl
 }
 
 func (r *recTransport) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
-	return r.post(tag, done, func(cb func(Completion)) (OpID, error) { return r.MemTransport.PostSend(to, tag, buf, cb) })
+	return r.post(tag, done, func(cb func(Completion)) (OpID, error) { return r.Transport.PostSend(to, tag, buf, cb) })
 }
 
 func (r *recTransport) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
-	return r.post(tag, done, func(cb func(Completion)) (OpID, error) { return r.MemTransport.PostRecv(from, tag, buf, cb) })
+	return r.post(tag, done, func(cb func(Completion)) (OpID, error) { return r.Transport.PostRecv(from, tag, buf, cb) })
 }
 
 func (r *recTransport) Cancel(id OpID) {
 	r.mu.Lock()
 	r.cancelled[id] = true
 	r.mu.Unlock()
-	r.MemTransport.Cancel(id)
+	r.Transport.Cancel(id)
 }
 
 // open lists request id's operations without a final completion yet.
@@ -335,7 +336,7 @@ func (r *recTransport) cancelledOrEnded(op OpID) bool {
 func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
 	t.Run("Status answers while the handle's lock is held; Drain honours its context", func(t *testing.T) {
 		p := newPair(t, fastConfig(), fastConfig())
-		p.net.SetFault(dataOnly(Fault{Hang: true}))
+		p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 		src, dst := pools(t, 1)
 		hs, hr := p.start(t, 1, src, dst)
 		eventually(t, func() bool { return p.net.OnWire() > 0 }, "hung on the wire")
@@ -394,8 +395,8 @@ func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
 		require.Contains(t, []State{Cancelled, Completed}, hr.Status().State) // the last chunk may win
 	})
 	t.Run("Cancel returns while the transport's Cancel is stuck", func(t *testing.T) {
-		n := NewMemNetwork()
-		n.SetFault(dataOnly(Fault{Hang: true}))
+		n := mem.NewNetwork()
+		n.SetFault(dataOnly(mem.Fault{Hang: true}))
 		cfg := fastConfig()
 		a, err := New(n.Transport("prefill"), cfg)
 		require.NoError(t, err)
@@ -404,7 +405,7 @@ func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
 			require.NoError(t, a.Close())
 			require.NoError(t, b.Close())
 		})
-		st := &stuckCancel{MemTransport: n.Transport("decode"), gate: newGate(t)}
+		st := &stuckCancel{Transport: n.Transport("decode"), gate: newGate(t)}
 		b, err = New(st, cfg)
 		require.NoError(t, err)
 		p := &pair{net: n, src: a, dst: b}
@@ -439,7 +440,7 @@ func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
 		cfg := fastConfig()
 		cfg.MaxConcurrent, cfg.NumSlots, cfg.PipelineDepth = 1, 1, 1
 		p := newPair(t, cfg, cfg)
-		p.net.SetFault(dataOnly(Fault{Hang: true}))
+		p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 		src, dst := pools(t, 1)
 		hs, hr := p.start(t, 1, src, dst)
 		eventually(t, func() bool { return p.net.OnWire() > 0 }, "the only slots hung on the wire")
@@ -547,13 +548,13 @@ func (m *stuckMover) Scatter(p *layout.Plan, src []byte, off int64) error {
 // stuckCancel is a transport whose first Cancel blocks at its gate, as a transport that
 // waits on its worker would.
 type stuckCancel struct {
-	*MemTransport
+	*mem.Transport
 	*gate
 }
 
 func (s *stuckCancel) Cancel(id OpID) {
 	s.stick()
-	s.MemTransport.Cancel(id)
+	s.Transport.Cancel(id)
 }
 
 // stuckObserver blocks, at its gate, when it hears the first advertise of a sub-transfer.
@@ -581,7 +582,7 @@ func TestL5_EverySlotLeaseEndsInReleaseOrPoison(t *testing.T) {
 	t.Run("the ledger catches a lease that ends while the transport holds the slot", func(t *testing.T) {
 		// A deliberately wrong pool user: it releases its slot with a receive still posted
 		// in it, and the next lease of that slot posts again.
-		n := NewMemNetwork()
+		n := mem.NewNetwork()
 		mem := make([]byte, 1024)
 		pool, err := buffer.New(mem, buffer.Config{SlotBytes: 1024})
 		require.NoError(t, err)
@@ -610,7 +611,7 @@ func testSlotsUnderChurn(t *testing.T) {
 	cfg.QueueTimeout = 300 * time.Millisecond
 	cfg.QuarantineTimeout = 100 * time.Millisecond
 	cfg.MaxConcurrent, cfg.NumSlots = 4, 6
-	n := NewMemNetwork()
+	n := mem.NewNetwork()
 	var ledgers []*slotLedger
 	var engines []*Engine
 	for _, name := range []Peer{"prefill", "decode"} {
@@ -631,17 +632,17 @@ func testSlotsUnderChurn(t *testing.T) {
 	})
 	r := rand.New(rand.NewPCG(5, 5))
 	var fmu sync.Mutex
-	faults := map[RequestID]Fault{}
-	p.net.SetFault(func(fp FaultPoint) Fault {
+	faults := map[RequestID]mem.Fault{}
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		fmu.Lock()
 		defer fmu.Unlock()
 		f := faults[fp.Tag.Request]
 		if fp.Kind != KindData {
-			return Fault{Drop: f.Drop, Duplicate: f.Duplicate}
+			return mem.Fault{Drop: f.Drop, Duplicate: f.Duplicate}
 		}
 		return f
 	})
-	choices := []Fault{{}, {}, {Delay: 5 * time.Millisecond}, {FailAfter: 50}, {Hang: true}, {Hang: true, NeverQuiesce: true},
+	choices := []mem.Fault{{}, {}, {Delay: 5 * time.Millisecond}, {FailAfter: 50}, {Hang: true}, {Hang: true, NeverQuiesce: true},
 		{Delay: 300 * time.Millisecond, IgnoreCancel: true}, {Duplicate: true}}
 
 	// The sampler reads what a caller can: each pool's public Stats.
@@ -847,8 +848,8 @@ func TestL6_EveryOperationCompletesExactlyOnce(t *testing.T) {
 			cfg.TransferTimeout = 150 * time.Millisecond
 			cfg.QuarantineTimeout = 5 * time.Second // Close, not the timer, must end the hung ones
 			cfg.QueueTimeout = 300 * time.Millisecond
-			n := NewMemNetwork()
-			mt := map[Peer]*MemTransport{"prefill": n.Transport("prefill"), "decode": n.Transport("decode")}
+			n := mem.NewNetwork()
+			mt := map[Peer]*mem.Transport{"prefill": n.Transport("prefill"), "decode": n.Transport("decode")}
 			led := map[Peer]*opLedger{"prefill": newOpLedger(mt["prefill"]), "decode": newOpLedger(mt["decode"])}
 			a, err := New(led["prefill"], cfg)
 			require.NoError(t, err)
@@ -864,21 +865,21 @@ func TestL6_EveryOperationCompletesExactlyOnce(t *testing.T) {
 			p := &pair{net: n, src: a, dst: b}
 			// Requests by id % 5: complete, hang until Close, fail, never quiesce, cancelled
 			// in flight with a chunk delayed.
-			n.SetFault(func(fp FaultPoint) Fault {
+			n.SetFault(func(fp mem.FaultPoint) mem.Fault {
 				if fp.Kind != KindData {
-					return Fault{}
+					return mem.Fault{}
 				}
 				switch fp.Tag.Request % 5 {
 				case 1:
-					return Fault{Hang: true}
+					return mem.Fault{Hang: true}
 				case 2:
-					return Fault{FailAfter: 10}
+					return mem.Fault{FailAfter: 10}
 				case 3:
-					return Fault{Hang: true, NeverQuiesce: true}
+					return mem.Fault{Hang: true, NeverQuiesce: true}
 				case 4:
-					return Fault{Delay: 100 * time.Millisecond}
+					return mem.Fault{Delay: 100 * time.Millisecond}
 				}
-				return Fault{}
+				return mem.Fault{}
 			})
 			var ended, hung []*Handle
 			for id := range RequestID(10) {
@@ -953,11 +954,11 @@ func TestL8_DuplicatesNeverStartASecondTransfer(t *testing.T) {
 		cfg := fastConfig()
 		cfg.RetryInterval = time.Millisecond
 		p := newPair(t, cfg, cfg)
-		p.net.SetFault(func(fp FaultPoint) Fault {
+		p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 			if fp.Kind == KindData {
-				return Fault{Delay: 10 * time.Millisecond} // let the retries pile up
+				return mem.Fault{Delay: 10 * time.Millisecond} // let the retries pile up
 			}
-			return Fault{Duplicate: true}
+			return mem.Fault{Duplicate: true}
 		})
 		src, dst := pools(t, 2)
 		hs, hr := p.start(t, 9, src, dst)
@@ -974,11 +975,11 @@ func TestL8_DuplicatesNeverStartASecondTransfer(t *testing.T) {
 func TestL9_UnknownQuiescenceMeansPoisonNeverRelease(t *testing.T) {
 	cases := []struct {
 		desc  string
-		fault Fault
+		fault mem.Fault
 		lose  bool
 	}{
-		{"cancelled op never reports again", Fault{Hang: true, NeverQuiesce: true}, false},
-		{"lost peer leaves the memory unknown", Fault{Hang: true, NeverQuiesce: true}, true},
+		{"cancelled op never reports again", mem.Fault{Hang: true, NeverQuiesce: true}, false},
+		{"lost peer leaves the memory unknown", mem.Fault{Hang: true, NeverQuiesce: true}, true},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -1017,7 +1018,7 @@ func TestL9_LateCompletionAfterPoisonNeverReturnsTheSlot(t *testing.T) {
 	cfg.TransferTimeout = 300 * time.Millisecond
 	cfg.QuarantineTimeout = 50 * time.Millisecond
 	p := newPair(t, cfg, cfg)
-	p.net.SetFault(dataOnly(Fault{Hang: true}))
+	p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 	src, dst := pools(t, 1)
 	hs, hr := p.start(t, 1, src, dst)
 	waitClosed(t, hr.Quiesced(), "receiver quiesced")
@@ -1039,7 +1040,7 @@ func TestL10_QuiescedClosesOnceAndOnlyWhenTheTransportLetsGo(t *testing.T) {
 	dcfg := cfg
 	dcfg.TransferTimeout = 300 * time.Millisecond
 	p := newPair(t, cfg, dcfg)
-	p.net.SetFault(dataOnly(Fault{Hang: true}))
+	p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 	src, dst := pools(t, 1)
 	hs, hr := p.start(t, 1, src, dst)
 
@@ -1097,7 +1098,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		cfg.ProgressDeadline = 100 * time.Millisecond
 		cfg.TransferTimeout = 10 * time.Second
 		p := newPair(t, cfg, cfg)
-		p.net.SetFault(dataOnly(Fault{Hang: true}))
+		p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 		src, dst := pools(t, 1)
 		hs, hr := p.start(t, 1, src, dst)
 		require.True(t, p.dst.Health().Healthy)
@@ -1154,7 +1155,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		cfg.ProgressDeadline = 150 * time.Millisecond
 		cfg.TransferTimeout = 10 * time.Second
 		p := newPair(t, cfg, cfg)
-		p.net.SetFault(dataOnly(Fault{Hang: true}))
+		p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 		src, dst := pools(t, 1)
 		hs, hr := p.start(t, 1, src, dst)
 		eventually(t, func() bool { return hr.Status().State == Advertised || hr.Status().State == InFlight }, "stuck transfer advertised")
@@ -1182,7 +1183,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		cfg.TransferTimeout = 300 * time.Millisecond
 		cfg.QuarantineTimeout = 10 * time.Second
 		p := newPair(t, cfg, cfg)
-		p.net.SetFault(dataOnly(Fault{Hang: true}))
+		p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 		src, dst := pools(t, 1)
 		_, h1 := p.start(t, 1, src, dst)
 		waitClosed(t, h1.Done(), "quarantined")
@@ -1200,7 +1201,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		cfg.TransferTimeout = 300 * time.Millisecond
 		cfg.QuarantineTimeout = 30 * time.Millisecond
 		p := newPair(t, cfg, cfg)
-		p.net.SetFault(dataOnly(Fault{Hang: true, NeverQuiesce: true}))
+		p.net.SetFault(dataOnly(mem.Fault{Hang: true, NeverQuiesce: true}))
 		src, dst := pools(t, 1)
 		_, hr := p.start(t, 1, src, dst)
 		waitClosed(t, hr.Quiesced(), "poisoned")
@@ -1214,7 +1215,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 func TestL13_PoolBelowConcurrencyIsRefused(t *testing.T) {
 	cfg := fastConfig()
 	cfg.MaxConcurrent, cfg.NumSlots = 8, 5
-	tr := NewMemNetwork().Transport("x")
+	tr := mem.NewNetwork().Transport("x")
 	defer func() { require.NoError(t, tr.Close(true)) }() // a failed New leaves the transport with its caller
 	_, err := New(tr, cfg)
 	require.ErrorIs(t, err, ErrInvalidConfig)
@@ -1259,13 +1260,13 @@ func TestL13_MaxConcurrentIsEnforced(t *testing.T) {
 			p := newPair(t, scfg, rcfg)
 			// Every chunk takes 20 ms on the wire, so requests that were let through would
 			// all be in flight together.
-			p.net.SetFault(dataOnly(Fault{Delay: 20 * time.Millisecond}))
+			p.net.SetFault(dataOnly(mem.Fault{Delay: 20 * time.Millisecond}))
 			var hs []*Handle
 			for id := RequestID(1); id <= requests; id++ {
 				src, dst := pools(t, uint64(id))
 				if direct {
-					p.net.eps["prefill"].AllowDirect(src.mem)
-					p.net.eps["decode"].AllowDirect(dst.mem)
+					p.net.Endpoint("prefill").AllowDirect(src.mem)
+					p.net.Endpoint("decode").AllowDirect(dst.mem)
 				}
 				s, r := p.start(t, id, src, dst)
 				hs = append(hs, s, r)
@@ -1313,11 +1314,11 @@ func TestL13_RequestLargerThanTheStagingPoolStreams(t *testing.T) {
 func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
 	half := testDims
 	half.NumHeads = 2
-	setup := func(t *testing.T, obs Observer) (*MemNetwork, [2]*Engine, *Engine, [2]*kvPool, *kvPool, [2]layout.Selection) {
+	setup := func(t *testing.T, obs Observer) (*mem.Network, [2]*Engine, *Engine, [2]*kvPool, *kvPool, [2]layout.Selection) {
 		cfg := fastConfig()
 		cfg.CancelGrace = 50 * time.Millisecond
 		cfg.QuarantineTimeout = 10 * time.Second
-		n := NewMemNetwork()
+		n := mem.NewNetwork()
 		var senders [2]*Engine
 		var srcs [2]*kvPool
 		for i := range 2 {
@@ -1374,14 +1375,14 @@ func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
 	t.Run("a first error waits for the sibling that may still write", func(t *testing.T) {
 		obs := &terminalProbe{}
 		n, senders, recv, srcs, dst, sels := setup(t, obs)
-		n.SetFault(func(fp FaultPoint) Fault {
+		n.SetFault(func(fp mem.FaultPoint) mem.Fault {
 			switch {
 			case fp.Kind != KindData:
-				return Fault{}
+				return mem.Fault{}
 			case fp.From == "prefill-0":
-				return Fault{FailAfter: 8}
+				return mem.Fault{FailAfter: 8}
 			}
-			return Fault{Hang: true}
+			return mem.Fault{Hang: true}
 		})
 		h := receive(t, recv, dst, sels)
 		obs.h.Store(h)
@@ -1395,13 +1396,13 @@ func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
 		waitClosed(t, h.Done(), "decided")
 		require.True(t, obs.sawSub0Fail.Load(), "sub 0 never failed")
 		require.False(t, obs.doneAtSub0Fail.Load(), "the handle was done while sub 1 was still running")
-		requireState(t, h, Quarantined, ErrQuarantined, ErrInjected)
+		requireState(t, h, Quarantined, ErrQuarantined, mem.ErrInjected)
 		quiet(t, n)
 		require.False(t, isClosed(h.Quiesced()), "quiesced while sub 1's slot may still be written")
 
 		n.Resume()
 		waitClosed(t, h.Quiesced(), "resolved")
-		requireState(t, h, Failed, ErrInjected)
+		requireState(t, h, Failed, mem.ErrInjected)
 	})
 }
 
@@ -1447,11 +1448,11 @@ func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {
 			return p.dst, h
 		}, CancelRequestedInFlight, Cancelled, false, ErrCancelled},
 		{"in flight, chunk on the wire", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
-			p.net.SetFault(func(fp FaultPoint) Fault {
+			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 				if fp.Kind == KindData && fp.Tag.Seq == 1 {
-					return Fault{Delay: 100 * time.Millisecond}
+					return mem.Fault{Delay: 100 * time.Millisecond}
 				}
-				return Fault{}
+				return mem.Fault{}
 			})
 			_, h := p.start(t, 1, src, dst)
 			eventually(t, func() bool { return h.Status().State == InFlight }, "in flight")
@@ -1463,7 +1464,7 @@ func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {
 			return p.dst, h
 		}, AlreadyComplete, Completed, true, nil},
 		{"quarantined", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
-			p.net.SetFault(dataOnly(Fault{Hang: true}))
+			p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 			_, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
 			require.NoError(t, err)
 			h, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Timeout: 300 * time.Millisecond})
@@ -1472,7 +1473,7 @@ func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {
 			return p.dst, h
 		}, NotCancellable, Failed, false, ErrDeadline},
 		{"backend unhealthy", func(c *Config) { c.ProgressDeadline = 20 * time.Millisecond }, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
-			p.net.SetFault(dataOnly(Fault{Hang: true}))
+			p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 			_, h := p.start(t, 1, src, dst)
 			eventually(t, func() bool { return !p.dst.Health().Healthy }, "unhealthy")
 			return p.dst, h
@@ -1570,7 +1571,7 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 	})
 
 	t.Run("calls after Close", func(t *testing.T) {
-		n := NewMemNetwork()
+		n := mem.NewNetwork()
 		e, err := New(n.Transport("solo"), fastConfig())
 		require.NoError(t, err)
 		h, err := e.Send(bg, Spec{ID: 3, Peer: "nobody", Plan: src.plan, Pool: src.mem})
@@ -1594,7 +1595,7 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 func TestFaultsEndEveryTransferCleanly(t *testing.T) {
 	cases := []struct {
 		desc   string
-		fault  func(FaultPoint) Fault
+		fault  func(mem.FaultPoint) mem.Fault
 		lose   bool
 		state  State
 		errs   []error
@@ -1602,10 +1603,10 @@ func TestFaultsEndEveryTransferCleanly(t *testing.T) {
 	}{
 		{"first request-info dropped, retry recovers", dropFirst(KindRequestInfo), false, Completed, nil, nil},
 		{"done message dropped: sender fails at its deadline, memory quiescent", dropAll(KindDone), false, Completed, nil, []error{ErrDeadline}},
-		{"chunks delayed", dataOnly(Fault{Delay: 5 * time.Millisecond}), false, Completed, nil, nil},
-		{"chunk fails after 100 bytes", dataOnly(Fault{FailAfter: 100}), false, Failed, []error{ErrInjected}, []error{ErrInjected}},
-		{"peer lost mid-transfer", dataOnly(Fault{Hang: true}), true, Failed, []error{ErrPeerLost}, []error{ErrPeerLost}},
-		{"chunk completes late, after the deadline", dataOnly(Fault{Delay: 600 * time.Millisecond, IgnoreCancel: true}), false, Failed, []error{ErrDeadline}, nil},
+		{"chunks delayed", dataOnly(mem.Fault{Delay: 5 * time.Millisecond}), false, Completed, nil, nil},
+		{"chunk fails after 100 bytes", dataOnly(mem.Fault{FailAfter: 100}), false, Failed, []error{mem.ErrInjected}, []error{mem.ErrInjected}},
+		{"peer lost mid-transfer", dataOnly(mem.Fault{Hang: true}), true, Failed, []error{ErrPeerLost}, []error{ErrPeerLost}},
+		{"chunk completes late, after the deadline", dataOnly(mem.Fault{Delay: 600 * time.Millisecond, IgnoreCancel: true}), false, Failed, []error{ErrDeadline}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -1634,18 +1635,18 @@ func TestFaultsEndEveryTransferCleanly(t *testing.T) {
 	}
 }
 
-func dropFirst(k Kind) func(FaultPoint) Fault {
+func dropFirst(k Kind) func(mem.FaultPoint) mem.Fault {
 	var dropped atomic.Bool
-	return func(fp FaultPoint) Fault {
+	return func(fp mem.FaultPoint) mem.Fault {
 		if fp.Kind == k && dropped.CompareAndSwap(false, true) {
-			return Fault{Drop: true}
+			return mem.Fault{Drop: true}
 		}
-		return Fault{}
+		return mem.Fault{}
 	}
 }
 
-func dropAll(k Kind) func(FaultPoint) Fault {
-	return func(fp FaultPoint) Fault { return Fault{Drop: fp.Kind == k} }
+func dropAll(k Kind) func(mem.FaultPoint) mem.Fault {
+	return func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Drop: fp.Kind == k} }
 }
 
 func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
@@ -1667,7 +1668,7 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
 			c.mut(&cfg)
-			tr := NewMemNetwork().Transport("x")
+			tr := mem.NewNetwork().Transport("x")
 			defer func() { require.NoError(t, tr.Close(true)) }()
 			_, err := New(tr, cfg)
 			require.ErrorIs(t, err, ErrInvalidConfig)
@@ -1709,11 +1710,11 @@ func TestMaxRetriesNoneSendsTheRequestOnce(t *testing.T) {
 			cfg.TransferTimeout = 200 * time.Millisecond // ten retry intervals
 			p := newPair(t, cfg, cfg)                    // the prefill engine never sends
 			var requests atomic.Int64
-			p.net.SetFault(func(fp FaultPoint) Fault {
+			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 				if fp.Kind == KindRequestInfo {
 					requests.Add(1)
 				}
-				return Fault{}
+				return mem.Fault{}
 			})
 			_, dst := pools(t, 1)
 			h, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})

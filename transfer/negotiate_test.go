@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // answerHello answers a hello as an engine of this build would, for the test's fake peers;
@@ -36,7 +37,7 @@ var (
 // newSpeakingPair is newPair with engines that say srcSp and dstSp in their hellos.
 func newSpeakingPair(t testing.TB, srcSp, dstSp speech, src, dst Config) *pair {
 	t.Helper()
-	n := NewMemNetwork()
+	n := mem.NewNetwork()
 	a, err := newEngine(n.Transport("prefill"), src, srcSp)
 	require.NoError(t, err)
 	b, err := newEngine(n.Transport("decode"), dst, dstSp)
@@ -89,14 +90,14 @@ func TestMixedVersions(t *testing.T) {
 			p := newSpeakingPair(t, c.sender, buildSpeech(), patientConfig(), patientConfig())
 			src := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 2, 3, 4), 3)
 			dst := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(5, 6, 7, 8), 0) // whole blocks: rma where both speak it
-			p.net.eps["prefill"].AllowDirect(src.mem)
-			p.net.eps["decode"].AllowDirect(dst.mem)
+			p.net.Endpoint("prefill").AllowDirect(src.mem)
+			p.net.Endpoint("decode").AllowDirect(dst.mem)
 			var infos atomic.Int32
-			p.net.SetFault(func(fp FaultPoint) Fault {
+			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 				if fp.Kind == KindRequestInfo {
 					infos.Add(1)
 				}
-				return Fault{}
+				return mem.Fault{}
 			})
 			spec := Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem}
 			if c.spec != nil {
@@ -144,8 +145,8 @@ func TestMixedVersionsOfferInPartsOnlyToAPeerThatSpeaksThem(t *testing.T) {
 			p := newSpeakingPair(t, buildSpeech(), c.receiver, cfg, cfg)
 			src := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(0, 2*rmaMaxOfferBlocks), 5)
 			dst := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(1, 2*rmaMaxOfferBlocks), 0)
-			p.net.eps["prefill"].AllowDirect(src.mem)
-			p.net.eps["decode"].AllowDirect(dst.mem)
+			p.net.Endpoint("prefill").AllowDirect(src.mem)
+			p.net.Endpoint("decode").AllowDirect(dst.mem)
 			hs, hr := p.start(t, 1, src, dst)
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
 			waitClosed(t, hs.Quiesced(), "sender quiesced")
@@ -208,13 +209,13 @@ func TestGarbageHelloLosesNothing(t *testing.T) {
 	requireState(t, hs, Completed)
 
 	// A second transfer, with its chunks held on the wire while the garbage arrives.
-	p.net.SetFault(dataOnly(Fault{Hang: true}))
+	p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 	src2, dst2 := pools(t, 7)
 	hs, hr = p.start(t, 2, src2, dst2)
 	eventually(t, func() bool { return p.net.OnWire() >= 1 }, "a chunk on the wire")
 	for _, b := range bad {
-		require.NoError(t, p.net.eps["prefill"].SendControl("decode", b))
-		require.NoError(t, p.net.eps["decode"].SendControl("prefill", b))
+		require.NoError(t, p.net.Endpoint("prefill").SendControl("decode", b))
+		require.NoError(t, p.net.Endpoint("decode").SendControl("prefill", b))
 	}
 	eventually(t, func() bool {
 		return p.dst.Health().MalformedControl == int64(len(bad)) && p.src.Health().MalformedControl == int64(len(bad))

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // hookRecorder is an Observer with both optional extensions, recording what it hears.
@@ -48,7 +49,7 @@ func (r *hookRecorder) snapshot() ([]string, []StartInfo) {
 // passes peer losses and connects on.
 func TestObserverHooks_StartComesFirstAndPeersAreReported(t *testing.T) {
 	rec := &hookRecorder{}
-	net := NewMemNetwork()
+	net := mem.NewNetwork()
 	eng, err := New(net.Transport("prefill"), Config{Observer: rec})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, eng.Close()) }()

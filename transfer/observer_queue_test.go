@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/stretchr/testify/require"
 )
 
@@ -105,7 +106,7 @@ func BenchmarkCancelWithSlowObserver(b *testing.B) {
 	cfg := fastConfig()
 	cfg.Observer = obs
 	cfg.MaxConcurrent, cfg.PipelineDepth = 64, 1
-	e, err := New(NewMemNetwork().Transport("decode"), cfg)
+	e, err := New(mem.NewNetwork().Transport("decode"), cfg)
 	require.NoError(b, err)
 	_, dst := pools(b, 1)
 	hs := make([]*Handle, 0, b.N)

@@ -31,7 +31,7 @@ func TestRMAWhereGetsAreEmulatedTheReceiverTakesMessages(t *testing.T) {
 			scfg, rcfg := rmaConfig(), rmaConfig()
 			rcfg.RMAWhereEmulated = c.keepRMA
 			p, w := directPair(t, scfg, rcfg, src, dst)
-			p.net.eps["decode"].EmulateGets("prefill", c.emulated)
+			p.net.Endpoint("decode").EmulateGets("prefill", c.emulated)
 			offers := faultNth(p, w, KindRMAOffer, "", nil)
 			hs, hr := p.start(t, 1, src, dst)
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
@@ -63,7 +63,7 @@ func TestRMAGetsCutForLanes(t *testing.T) {
 			cfg := rmaConfig()
 			cfg.DirectChunkBytes = 64 << 20
 			p, w := directPair(t, cfg, cfg, src, dst)
-			p.net.eps["decode"].SetGetLanes(c.lanes)
+			p.net.Endpoint("decode").SetGetLanes(c.lanes)
 			hs, hr := p.start(t, 1, src, dst)
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
 			waitClosed(t, hs.Quiesced(), "sender quiesced")

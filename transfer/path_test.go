@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // recordingPath is a path that records what the loop hands it.
@@ -39,7 +40,7 @@ func TestPath_SeesOnlyFinalQuiescentSuccesses(t *testing.T) {
 		{desc: "success while aborting", aborting: true, c: Completion{Memory: MemoryDone, Bytes: 8}},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			net := NewMemNetwork()
+			net := mem.NewNetwork()
 			tr := net.Transport("self")
 			t.Cleanup(func() { _ = tr.Close(true) })
 			eng := &Engine{cfg: fastConfig(), tr: tr, log: zap.NewNop(), obs: NopObserver{}}

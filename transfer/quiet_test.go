@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // quiet is the synchronisation point for checks that something did not happen. It returns
@@ -17,7 +19,7 @@ import (
 // its mailbox only once it has a slot.
 // From then on nothing in the engines changes until a timer fires or the test acts, so the
 // check that follows does not race a sleep's length. It fails the test after 10 s.
-func quiet(t testing.TB, n *MemNetwork) {
+func quiet(t testing.TB, n *mem.Network) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	settled := 0
@@ -39,7 +41,7 @@ func quiet(t testing.TB, n *MemNetwork) {
 }
 
 // busy says what is still moving, or "" when nothing is.
-func busy(n *MemNetwork) string {
+func busy(n *mem.Network) string {
 	if why := queued(n); why != "" {
 		return why
 	}
@@ -65,7 +67,7 @@ func busy(n *MemNetwork) string {
 var idleWaits = []string{
 	"transfer.(*xfer).loop(",
 	"transfer.(*xfer).runSend(",
-	"transfer.(*MemTransport).dispatch(",
+	"transport/mem.(*Transport).dispatch(",
 	"buffer.(*Pool).Lease(",
 	"transfer.(*xfer).admit(",         // waiting for one of MaxConcurrent
 	"transfer.(*Engine).waitDrivers(", // a Drain
@@ -83,7 +85,7 @@ func engineBusy(g string) string {
 	}
 	head, top, file := lines[0], lines[1], strings.TrimSpace(lines[2])
 	ours := func(s string) bool {
-		return strings.Contains(s, "kvxfer/kvxfer/transfer.") || strings.Contains(s, "kvxfer/kvxfer/buffer.")
+		return strings.Contains(s, "kvxfer/kvxfer/transfer.") || strings.Contains(s, "kvxfer/kvxfer/transfer/transport/mem.") || strings.Contains(s, "kvxfer/kvxfer/buffer.")
 	}
 	if !ours(g) {
 		return ""
@@ -106,20 +108,9 @@ func engineBusy(g string) string {
 }
 
 // queued says what waits in a delivery queue, or "".
-func queued(n *MemNetwork) string {
-	n.mu.Lock()
-	eps := make([]*MemTransport, 0, len(n.eps))
-	for _, ep := range n.eps {
-		eps = append(eps, ep)
-	}
-	n.mu.Unlock()
-	for _, ep := range eps {
-		ep.qmu.Lock()
-		k := len(ep.queue)
-		ep.qmu.Unlock()
-		if k > 0 || len(ep.notify) > 0 {
-			return "delivery queued at " + string(ep.addr)
-		}
+func queued(n *mem.Network) string {
+	if ep := n.Queued(); ep != "" {
+		return "delivery queued at " + string(ep)
 	}
 	return ""
 }

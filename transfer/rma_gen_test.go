@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/stretchr/testify/require"
 )
 
@@ -18,25 +19,25 @@ import (
 func TestRMAValidatedRead_SenderReusesBlocksMidRead(t *testing.T) {
 	src, dst := rmaPools(t, 61)
 	p := newPair(t, rmaConfig(), rmaConfig())
-	p.net.eps["prefill"].AllowDirect(src.mem)
-	p.net.eps["decode"].AllowDirect(dst.mem)
+	p.net.Endpoint("prefill").AllowDirect(src.mem)
+	p.net.Endpoint("decode").AllowDirect(dst.mem)
 	var hang atomic.Bool
 	hang.Store(true)
-	p.net.SetFault(func(fp FaultPoint) Fault {
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		switch {
 		case fp.Kind == KindData && !fp.Generation && hang.Load():
-			return Fault{Hang: true} // the data gets wait on the wire until Resume
+			return mem.Fault{Hang: true} // the data gets wait on the wire until Resume
 		case fp.Kind == KindAbort && fp.From == "prefill":
-			return Fault{Drop: true} // the receiver never hears that the sender gave up
+			return mem.Fault{Drop: true} // the receiver never hears that the sender gave up
 		}
-		return Fault{}
+		return mem.Fault{}
 	})
 	hs, hr := p.start(t, 1, src, dst)
 	eventually(t, func() bool { return p.net.OnWire() >= 1 }, "gets on the wire")
 	require.Equal(t, PathRMA, hr.Path())
 
 	// A keepalive false alarm at the sender only: it ends the exposure and quiesces.
-	p.net.eps["prefill"].deliver(func(in Inbound) { in.OnPeerLost("decode", fmt.Errorf("%w: false alarm", ErrPeerLost)) })
+	p.net.ReportPeerLost(p.net.Endpoint("prefill"), "decode", fmt.Errorf("%w: false alarm", ErrPeerLost))
 	waitClosed(t, hs.Quiesced(), "sender quiesced")
 	requireState(t, hs, Failed)
 	for i := range src.mem { // the caller reuses its blocks at once, as Quiesced allows
@@ -59,7 +60,7 @@ func TestRMAValidatedRead_UndisturbedCompletes(t *testing.T) {
 	src, dst := rmaPools(t, 62)
 	p, w := directPair(t, rmaConfig(), rmaConfig(), src, dst)
 	var gens atomic.Int32
-	p.net.SetFault(func(fp FaultPoint) Fault {
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		if fp.Generation {
 			gens.Add(1)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // rmaConfig lets the tiny test pools (1 KiB blocks) take the RMA mode.
@@ -136,7 +137,7 @@ func TestRMAStopsWhileGetsAreOutstanding(t *testing.T) {
 			cfg := rmaConfig()
 			cfg.QuarantineTimeout = 10 * time.Second
 			p, w := directPair(t, cfg, cfg, src, dst)
-			w.fault = Fault{Hang: true}
+			w.fault = mem.Fault{Hang: true}
 			hs, hr := p.start(t, 1, src, dst)
 			eventually(t, func() bool { return p.net.OnWire() >= 4 }, "four gets hung on the wire")
 			require.Equal(t, PathRMA, hr.Path())
@@ -184,7 +185,7 @@ func TestRMASenderDeadlineQuarantinesUntilRelease(t *testing.T) {
 	scfg.TransferTimeout = 100 * time.Millisecond
 	scfg.QuarantineTimeout = 10 * time.Second
 	p, w := directPair(t, scfg, rcfg, src, dst)
-	w.fault = Fault{Hang: true}
+	w.fault = mem.Fault{Hang: true}
 	hs, hr := p.start(t, 1, src, dst)
 	waitClosed(t, hs.Done(), "sender done")
 	requireState(t, hs, Quarantined, ErrDeadline)
@@ -206,7 +207,7 @@ func TestL9_RMAUnknownQuiescenceNeverQuiescesTheReceiversBlocks(t *testing.T) {
 	rcfg.TransferTimeout = 100 * time.Millisecond
 	rcfg.QuarantineTimeout = 100 * time.Millisecond
 	p, w := directPair(t, scfg, rcfg, src, dst)
-	w.fault = Fault{Hang: true, NeverQuiesce: true}
+	w.fault = mem.Fault{Hang: true, NeverQuiesce: true}
 	hs, hr := p.start(t, 1, src, dst)
 	waitClosed(t, hr.Done(), "receiver done")
 	eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "receiver's blocks poisoned")
@@ -219,10 +220,10 @@ func TestL9_RMAUnknownQuiescenceNeverQuiescesTheReceiversBlocks(t *testing.T) {
 // faultNth numbers the control messages of kind (from peer from, or any where from is empty)
 // from 1 and gives the n-th the fault f(n) (none where f is nil); every other message goes to
 // w as usual. It returns how many such messages have been sent so far.
-func faultNth(p *pair, w *wireBytes, kind Kind, from Peer, f func(n int) Fault) func() int {
+func faultNth(p *pair, w *wireBytes, kind Kind, from Peer, f func(n int) mem.Fault) func() int {
 	var mu sync.Mutex
 	n := 0
-	p.net.SetFault(func(fp FaultPoint) Fault {
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		if fp.Kind != kind || (from != "" && fp.From != from) {
 			return w.judge(fp)
 		}
@@ -230,7 +231,7 @@ func faultNth(p *pair, w *wireBytes, kind Kind, from Peer, f func(n int) Fault) 
 		defer mu.Unlock()
 		n++
 		if f == nil {
-			return Fault{}
+			return mem.Fault{}
 		}
 		return f(n)
 	})
@@ -244,7 +245,7 @@ func faultNth(p *pair, w *wireBytes, kind Kind, from Peer, f func(n int) Fault) 
 // fakeRMASender answers every request with FlagRMA with the offer a test made, as a
 // confused or hostile sender would.
 type fakeRMASender struct {
-	tr    *MemTransport
+	tr    *mem.Transport
 	offer func(ri *RequestInfo) []*RMAOffer // one offer, or its parts
 }
 
@@ -318,7 +319,7 @@ func TestRMABadOfferIsRejected(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
-			n := NewMemNetwork()
+			n := mem.NewNetwork()
 			evil := n.Transport("prefill")
 			require.NoError(t, evil.Bind(fakeRMASender{tr: evil, offer: c.offer}))
 			evil.AllowDirect(good.mem)
@@ -359,7 +360,7 @@ func TestRMALostHandshakeMessagesAreResent(t *testing.T) {
 			scfg := rmaConfig()
 			scfg.DisableRMA = c.disableOnSender
 			p, w := directPair(t, scfg, rmaConfig(), src, dst)
-			offers := faultNth(p, w, KindRMAOffer, "", func(n int) Fault { return Fault{Drop: n == 1} })
+			offers := faultNth(p, w, KindRMAOffer, "", func(n int) mem.Fault { return mem.Fault{Drop: n == 1} })
 			hs, hr := p.start(t, 1, src, dst)
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
 			waitClosed(t, hs.Quiesced(), "sender quiesced")
@@ -380,7 +381,7 @@ func TestL12_RMAStallIsTheReceiversToReport(t *testing.T) {
 	cfg := rmaConfig()
 	cfg.ProgressDeadline = 50 * time.Millisecond
 	p, w := directPair(t, cfg, cfg, src, dst)
-	w.fault = Fault{Hang: true}
+	w.fault = mem.Fault{Hang: true}
 	hs, hr := p.start(t, 1, src, dst)
 	eventually(t, func() bool { return p.net.OnWire() >= 4 }, "gets hung on the wire")
 	eventually(t, func() bool { return !p.dst.Health().Healthy }, "receiver unhealthy")
@@ -406,16 +407,16 @@ func TestRMAOfferInParts(t *testing.T) {
 		desc       string
 		blocks     int32
 		maxControl int
-		fault      func(n int) Fault // for the n-th offer message (from 1)
-		wantParts  int               // offer messages on the wire: exactly, or at least with a fault
+		fault      func(n int) mem.Fault // for the n-th offer message (from 1)
+		wantParts  int                   // offer messages on the wire: exactly, or at least with a fault
 	}{
 		{"at the bound: one message", rmaMaxOfferBlocks, 0, nil, 1},
 		{"one block over: two parts", rmaMaxOfferBlocks + 1, 0, nil, 2},
 		{"a 128k-token request of 16-token blocks: eleven parts", 8192, 0, nil, 11},
-		{"control messages of 1 KiB: parts sized to them", 2000, 1024, nil, 2000/((1024-rmaOfferFixedBytes-rmaOfferBodyBytes-rmaPartBytes-2*(len(memKeyMagic)+4)-rmaGenBytes)/4) + 1},
-		{"a lost part is sent again", 3 * rmaMaxOfferBlocks, 0, func(n int) Fault { return Fault{Drop: n == 2} }, 3 + 3},
-		{"parts twice and out of order", 8192, 0, func(n int) Fault {
-			return Fault{Duplicate: n%3 == 0, Delay: time.Duration(n%2) * 20 * time.Millisecond}
+		{"control messages of 1 KiB: parts sized to them", 2000, 1024, nil, 2000/((1024-rmaOfferFixedBytes-rmaOfferBodyBytes-rmaPartBytes-2*mem.RMAKeyBytes-rmaGenBytes)/4) + 1},
+		{"a lost part is sent again", 3 * rmaMaxOfferBlocks, 0, func(n int) mem.Fault { return mem.Fault{Drop: n == 2} }, 3 + 3},
+		{"parts twice and out of order", 8192, 0, func(n int) mem.Fault {
+			return mem.Fault{Duplicate: n%3 == 0, Delay: time.Duration(n%2) * 20 * time.Millisecond}
 		}, 11},
 	}
 	for i, c := range cases {
@@ -444,39 +445,6 @@ func TestRMAOfferInParts(t *testing.T) {
 			}
 		})
 	}
-}
-
-// MemTransport.ForgetDirect undoes AllowDirect for that very slice: Direct says no, and a get
-// with a key made before names nothing and is refused; another slice of the same memory is
-// not that pool.
-func TestMemTransportForgetDirect(t *testing.T) {
-	n := NewMemNetwork()
-	a, b := n.Transport("a"), n.Transport("b")
-	for _, tr := range []*MemTransport{a, b} {
-		require.NoError(t, tr.Bind(nopInbound{}))
-		t.Cleanup(func() { require.NoError(t, tr.Close(true)) })
-	}
-	pool, dst := make([]byte, 4096), make([]byte, 64)
-	a.AllowDirect(pool)
-	b.AllowDirect(dst)
-	addr, key, err := a.RMAKey(pool)
-	require.NoError(t, err)
-	require.True(t, a.Direct(pool[100:200]))
-
-	require.False(t, a.ForgetDirect(pool[:100]), "a part of the pool is not the pool")
-	require.True(t, a.ForgetDirect(pool))
-	require.False(t, a.ForgetDirect(pool), "forgotten already")
-	require.False(t, a.Direct(pool))
-	_, _, err = a.RMAKey(pool)
-	require.ErrorIs(t, err, ErrInvalidSpec)
-	_, err = b.PostGet("a", Tag{Request: 1}, key, addr, dst, func(Completion) {})
-	require.ErrorIs(t, err, ErrInvalidSpec, "a key of a forgotten pool names nothing")
-
-	a.AllowDirect(pool)
-	addr2, key2, err := a.RMAKey(pool)
-	require.NoError(t, err)
-	require.Equal(t, addr, addr2)
-	require.NotEqual(t, key, key2, "a pool allowed again has a new key")
 }
 
 // L10 on the RMA mode: a receiver that gave up (its deadline, or a cancel) before the Send was
@@ -528,11 +496,11 @@ func TestL10_RMADeclineAfterTheSendersDeadlineReleasesThePool(t *testing.T) {
 	dst := newKVPool(t, testDims, layout.LayerMajor, nil, blocks(5, 6, 7, 8), 0) // ranges too small: a decline
 	cfg := rmaConfig()
 	p, w := directPair(t, cfg, cfg, src, dst)
-	faultNth(p, w, KindRequestInfo, "decode", func(n int) Fault {
+	faultNth(p, w, KindRequestInfo, "decode", func(n int) mem.Fault {
 		if n >= 2 { // the decline (and any repeat): held past the sender's deadline
-			return Fault{Delay: 150 * time.Millisecond}
+			return mem.Fault{Delay: 150 * time.Millisecond}
 		}
-		return Fault{}
+		return mem.Fault{}
 	})
 	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Timeout: 50 * time.Millisecond})
 	require.NoError(t, err)
@@ -558,11 +526,11 @@ func TestL12_BlocksPoisonedForGoodHaveABudgetOfTheirOwn(t *testing.T) {
 	rcfg.QuarantineBudget = 1
 	rcfg.PoisonedBlockBudget = 8 // two requests of four blocks
 	p, w := directPair(t, scfg, rcfg, nil, nil)
-	w.fault = Fault{Hang: true, NeverQuiesce: true}
+	w.fault = mem.Fault{Hang: true, NeverQuiesce: true}
 	for id := RequestID(1); id <= 3; id++ {
 		src, dst := rmaPools(t, 32+uint64(id)) // poisoned blocks are never used again
-		p.net.eps["prefill"].AllowDirect(src.mem)
-		p.net.eps["decode"].AllowDirect(dst.mem)
+		p.net.Endpoint("prefill").AllowDirect(src.mem)
+		p.net.Endpoint("decode").AllowDirect(dst.mem)
 		_, hr := p.start(t, id, src, dst)
 		waitClosed(t, hr.Done(), "receiver done")
 		eventually(t, func() bool { return p.dst.Health().BlocksPoisoned == int64(id) }, "receiver's blocks poisoned")

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // TestL1_TableReachesOneTerminalStateAndClosesEachChannelOnce checks L1 twice: on the
@@ -132,7 +133,7 @@ func testEngineFollowsTheTable(t *testing.T) {
 	cfg.CancelGrace = 10 * time.Millisecond
 	cfg.QueueTimeout = 300 * time.Millisecond
 	cfg.DirectChunkBytes = 512
-	n := NewMemNetwork()
+	n := mem.NewNetwork()
 	names := []Peer{"prefill", "decode", "prefill-0", "prefill-1"}
 	obs := map[Peer]*tableObserver{}
 	eng := map[Peer]*Engine{}
@@ -164,19 +165,19 @@ func testEngineFollowsTheTable(t *testing.T) {
 	// Faults by request id, on the second chunk only: a faulted request has moved its first
 	// chunk, so it is in flight when the fault strikes.
 	var fmu sync.Mutex
-	faults := map[RequestID]Fault{}
-	n.SetFault(func(fp FaultPoint) Fault {
+	faults := map[RequestID]mem.Fault{}
+	n.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		if fp.Kind != KindData {
-			return Fault{}
+			return mem.Fault{}
 		}
 		fmu.Lock()
 		defer fmu.Unlock()
 		if fp.Tag.Seq != 1 && fp.Tag.Request != 17 { // 17: every chunk
-			return Fault{}
+			return mem.Fault{}
 		}
 		return faults[fp.Tag.Request]
 	})
-	fault := func(id RequestID, f Fault) {
+	fault := func(id RequestID, f mem.Fault) {
 		fmu.Lock()
 		faults[id] = f
 		fmu.Unlock()
@@ -219,8 +220,8 @@ func testEngineFollowsTheTable(t *testing.T) {
 	both(1, 1)
 	{
 		s, d := pools(2)
-		n.eps["prefill"].AllowDirect(s.mem)
-		n.eps["decode"].AllowDirect(d.mem)
+		n.Endpoint("prefill").AllowDirect(s.mem)
+		n.Endpoint("decode").AllowDirect(d.mem)
 		send(2, s, Spec{})
 		recv(2, d, Spec{})
 	}
@@ -252,8 +253,8 @@ func testEngineFollowsTheTable(t *testing.T) {
 		h := recv(7, d, Spec{})
 		eventually(t, func() bool { return h.Status().State == Advertised }, "advertised")
 		require.Equal(t, CancelRequestedInFlight, dst.Cancel(7))
-		fault(8, Fault{Delay: 150 * time.Millisecond})
-		fault(9, Fault{Delay: 150 * time.Millisecond})
+		fault(8, mem.Fault{Delay: 150 * time.Millisecond})
+		fault(9, mem.Fault{Delay: 150 * time.Millisecond})
 		_, hr8 := both(8, 8)
 		hs9, _ := both(9, 9)
 		eventually(t, func() bool { return hr8.Status().State == InFlight }, "8 in flight")
@@ -264,10 +265,10 @@ func testEngineFollowsTheTable(t *testing.T) {
 	// Deadlines: one whose chunk completes late (quarantined, resolved as failed), one whose
 	// chunk never quiesces (slots poisoned), one whose chunk fails (failed in flight).
 	// And one whose every chunk hangs (quarantined while advertised, then poisoned).
-	fault(10, Fault{Delay: 200 * time.Millisecond, IgnoreCancel: true})
-	fault(11, Fault{Hang: true, NeverQuiesce: true})
-	fault(12, Fault{FailAfter: 8})
-	fault(17, Fault{Hang: true})
+	fault(10, mem.Fault{Delay: 200 * time.Millisecond, IgnoreCancel: true})
+	fault(11, mem.Fault{Hang: true, NeverQuiesce: true})
+	fault(12, mem.Fault{FailAfter: 8})
+	fault(17, mem.Fault{Hang: true})
 	for _, id := range []RequestID{10, 11, 12, 17} {
 		s, d := pools(uint64(id))
 		send(id, s, Spec{Timeout: 100 * time.Millisecond})
@@ -276,9 +277,9 @@ func testEngineFollowsTheTable(t *testing.T) {
 	// Blocks poisoned for good on the direct path: a chunk that never quiesces.
 	{
 		s, d := pools(13)
-		n.eps["prefill"].AllowDirect(s.mem)
-		n.eps["decode"].AllowDirect(d.mem)
-		fault(13, Fault{Hang: true, NeverQuiesce: true})
+		n.Endpoint("prefill").AllowDirect(s.mem)
+		n.Endpoint("decode").AllowDirect(d.mem)
+		fault(13, mem.Fault{Hang: true, NeverQuiesce: true})
 		send(13, s, Spec{Timeout: 100 * time.Millisecond})
 		recv(13, d, Spec{Timeout: 100 * time.Millisecond})
 	}
@@ -299,7 +300,7 @@ func testEngineFollowsTheTable(t *testing.T) {
 			require.NoError(t, err)
 			all = append(all, started{eng[peer], h})
 		}
-		fault(14, Fault{FailAfter: 8})
+		fault(14, mem.Fault{FailAfter: 8})
 		h, err := dst.Receive(bg, Spec{ID: 14, Subs: subs, Pool: d.mem})
 		require.NoError(t, err)
 		all = append(all, started{dst, h})
@@ -312,8 +313,8 @@ func testEngineFollowsTheTable(t *testing.T) {
 	n.Resume()
 
 	// The peer is lost mid-transfer, and Close ends what is left.
-	fault(15, Fault{Hang: true})
-	fault(16, Fault{Hang: true})
+	fault(15, mem.Fault{Hang: true})
+	fault(16, mem.Fault{Hang: true})
 	hs15, _ := both(15, 15)
 	hs16, _ := both(16, 16)
 	eventually(t, func() bool { return hs15.Status().State != Queued && hs16.Status().State != Queued && n.OnWire() >= 4 }, "15 and 16 on the wire")

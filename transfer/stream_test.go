@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // streamDims has 4 layers of 16 blocks: 8 KiB a layer, about nine 976-byte chunks with
@@ -190,7 +191,7 @@ func TestL12_StreamWaitingOnTheModelIsNotAStall(t *testing.T) {
 			require.NoError(t, hs.MarkLayersReady(1))
 			eventually(t, func() bool { return hr.LayersReady() == 1 }, "first layer over")
 			if wireStuck {
-				p.net.SetFault(dataOnly(Fault{Hang: true}))
+				p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 				require.NoError(t, hs.MarkLayersReady(2))
 			}
 			time.Sleep(4 * cfg.ProgressDeadline)
@@ -467,7 +468,7 @@ func TestL9_StreamDeadlineWithAHungChunkQuarantinesThenPoisons(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, hs.MarkLayersReady(1))
 	eventually(t, func() bool { return hr.LayersReady() == 1 }, "first layer over")
-	p.net.SetFault(dataOnly(Fault{Hang: true, NeverQuiesce: true}))
+	p.net.SetFault(dataOnly(mem.Fault{Hang: true, NeverQuiesce: true}))
 	require.NoError(t, hs.MarkLayersReady(2)) // layers 3 and 4 never come
 	eventually(t, func() bool { return p.net.OnWire() > 0 }, "a chunk of layer 2 hung")
 

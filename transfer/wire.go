@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // The wire protocol, shared by every Transport: the engine encodes these messages and the
@@ -61,8 +62,8 @@ const (
 	HelloBytes = HeaderBytes + 16
 )
 
-// Kind is a wire message's type.
-type Kind uint8
+// Kind is a wire message's type (transport.Kind: transports see it too).
+type Kind = transport.Kind
 
 // The message kinds.
 const (

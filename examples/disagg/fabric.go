@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -41,7 +42,7 @@ type fabric struct {
 
 // memFabric is a worker on the in-memory network. The in-memory transport has no worker
 // address, so ContextParams carry the peer's name in its place.
-func memFabric(network *transfer.MemNetwork, name transfer.Peer) fabric {
+func memFabric(network *mem.Network, name transfer.Peer) fabric {
 	life := rand.Uint64() | 1
 	return fabric{
 		transport: network.Transport(name),

@@ -25,6 +25,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 func main() {
@@ -291,7 +292,7 @@ func decodeStory(ctx context.Context, decode *decodeWorker, tokens int) error {
 
 // runInProcess runs both roles in this process over the in-memory transport.
 func runInProcess(ctx context.Context, o options, out *printer, log *zap.Logger) (err error) {
-	network := transfer.NewMemNetwork()
+	network := mem.NewNetwork()
 	reg := prometheus.NewRegistry()
 	prefillFab := memFabric(network, "prefill-0")
 	pw, err := newWorker(prefillFab, reg, "prefill", o, log)
@@ -500,8 +501,8 @@ func shutdown(prefill *prefillWorker, workers ...worker) error {
 // freezeDemo hangs every data chunk on the in-memory wire (as a frozen peer or a wedged NIC
 // would), moves request 4 into it, and probes /healthz: 503 with the reason once nothing has
 // moved for the progress deadline, 200 again once the wire moves and the transfer completes.
-func freezeDemo(ctx context.Context, network *transfer.MemNetwork, decode *decodeWorker, o options, healthz string) error {
-	network.SetFault(func(fp transfer.FaultPoint) transfer.Fault { return transfer.Fault{Hang: fp.Kind == transfer.KindData} })
+func freezeDemo(ctx context.Context, network *mem.Network, decode *decodeWorker, o options, healthz string) error {
+	network.SetFault(func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == transfer.KindData} })
 	ho, err := decode.askPrefill(ctx, 4, o.tokens)
 	if err != nil {
 		return err

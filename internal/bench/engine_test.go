@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // memEngines makes the decode and prefill ends as real transfer.Engines over the engine's
@@ -19,7 +20,7 @@ import (
 // without UCX.
 func memEngines(t *testing.T, cfg RunConfig) (decode engineSide, prefill []engineSide) {
 	t.Helper()
-	network := transfer.NewMemNetwork()
+	network := mem.NewNetwork()
 	mk := func(name string) engineSide {
 		tr := network.Transport(transfer.Peer(name))
 		eng, err := transfer.New(tr, engineConfig(cfg))

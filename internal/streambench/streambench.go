@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // Transports named by Config.Transport.
@@ -231,7 +232,7 @@ func newBench(cfg Config) (*bench, error) {
 	srcCfg, dstCfg := cfg.Engine, cfg.Engine
 	switch cfg.Transport {
 	case TransportMem:
-		n := transfer.NewMemNetwork()
+		n := mem.NewNetwork()
 		srcTr, dstTr, b.srcPeer, b.dstPeer = n.Transport("prefill"), n.Transport("decode"), "prefill", "decode"
 	case TransportUCX:
 		var err error

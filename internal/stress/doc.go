@@ -16,7 +16,7 @@
 //   - goroutines return to their starting count and the heap stays under a bound.
 //
 // Run returns a Report whose Breaches list every violation; a run with any breach failed.
-// All engines run in one process over transfer.MemNetwork, whose fault injection stands in
+// All engines run in one process over mem.Network, whose fault injection stands in
 // for the processes and network of a real deployment: a frozen peer is one whose every
 // message is held until it thaws (SIGSTOP), a lost peer is cut off with LosePeer and started
 // again under a new name (SIGKILL and restart). Every wait in this package is bounded.

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // node is one engine of the soak with the instruments the checker reads: a transport wrapper
@@ -21,7 +22,7 @@ type node struct {
 	slot *slotTracker
 	// mem is the in-process soak's transport under slot, to which a direct request names its
 	// pools (nil in the peer-process soak).
-	mem *transfer.MemTransport
+	mem *mem.Transport
 
 	quarantines atomic.Int64
 	poisons     atomic.Int64

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // soak is one run: the network, its engines, the fault state the network's fault function
@@ -22,7 +23,7 @@ import (
 type soak struct {
 	cfg       Config
 	log       *zap.Logger
-	net       *transfer.MemNetwork
+	net       *mem.Network
 	numSlots  int
 	startedAt time.Time
 
@@ -123,7 +124,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 // newSoak builds the network and the three engines of a run from a Config with defaults.
 func newSoak(cfg Config) (*soak, error) {
 	cfg = cfg.withDefaults()
-	s := &soak{cfg: cfg, log: cfg.Logger, net: transfer.NewMemNetwork(), cancelOutcomes: map[string]int64{}, paths: map[string]int64{},
+	s := &soak{cfg: cfg, log: cfg.Logger, net: mem.NewNetwork(), cancelOutcomes: map[string]int64{}, paths: map[string]int64{},
 		injected: map[Fault]*atomic.Int64{}}
 	for _, f := range AllFaults {
 		s.injected[f] = new(atomic.Int64)
@@ -229,16 +230,16 @@ func (s *soak) addBreach(msg string) {
 
 // fault is the network's fault function. It runs under the network's lock: it must not call
 // back into the network.
-func (s *soak) fault(fp transfer.FaultPoint) transfer.Fault {
+func (s *soak) fault(fp mem.FaultPoint) mem.Fault {
 	if p := s.frozenPeer.Load(); p != nil && (fp.From == *p || fp.To == *p) {
 		if d := time.Until(time.Unix(0, s.thawAt.Load())); d > 0 {
 			// A stopped process neither sends nor reads: whatever it would exchange waits
 			// until it runs again.
-			return transfer.Fault{Delay: d}
+			return mem.Fault{Delay: d}
 		}
 	}
 	if fp.Kind != transfer.KindData {
-		return transfer.Fault{}
+		return mem.Fault{}
 	}
 	for i, f := range pointFaults {
 		if !s.armed[i].CompareAndSwap(true, false) {
@@ -249,16 +250,16 @@ func (s *soak) fault(fp transfer.FaultPoint) transfer.Fault {
 			zap.String("from", string(fp.From)), zap.String("to", string(fp.To)))
 		switch f {
 		case FaultHang:
-			return transfer.Fault{Hang: true}
+			return mem.Fault{Hang: true}
 		case FaultLate:
 			// Past any request's deadline, before its quarantine ends: the quarantine is
 			// resolved by the late completion, with a release.
-			return transfer.Fault{Delay: s.cfg.TransferTimeout + s.cfg.QuarantineTimeout/2, IgnoreCancel: true}
+			return mem.Fault{Delay: s.cfg.TransferTimeout + s.cfg.QuarantineTimeout/2, IgnoreCancel: true}
 		case FaultNeverQuiesce:
-			return transfer.Fault{Delay: s.cfg.TransferTimeout + s.cfg.QuarantineTimeout + s.cfg.Grace, NeverQuiesce: true}
+			return mem.Fault{Delay: s.cfg.TransferTimeout + s.cfg.QuarantineTimeout + s.cfg.Grace, NeverQuiesce: true}
 		}
 	}
-	return transfer.Fault{}
+	return mem.Fault{}
 }
 
 // pointInterval is how often a point fault (hang, late, never quiesce) is armed.

@@ -18,6 +18,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery/discoverytest"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -260,7 +261,7 @@ func TestEtcd_Unreachable(t *testing.T) {
 
 	// A transfer under way: decode's Receive is posted and waiting for the sender.
 	l := layout.Packed(layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 2, HeadDim: 16, ElemSize: 2, TokensPerBlock: 4, NumBlocks: 4}, layout.BlockMajor)
-	mem := transfer.NewMemNetwork()
+	mem := mem.NewNetwork()
 	prefill, err := transfer.New(mem.Transport("prefill-0"), transfer.Config{})
 	require.NoError(t, err)
 	defer prefill.Close()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // BenchmarkMetrics_Transfer is the observer cost the engine pays for one transfer of four
@@ -49,7 +50,7 @@ func BenchmarkHandler_Scrape(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	eng, err := transfer.New(transfer.NewMemNetwork().Transport("bench"), transfer.Config{Observer: m})
+	eng, err := transfer.New(mem.NewNetwork().Transport("bench"), transfer.Config{Observer: m})
 	if err != nil {
 		b.Fatal(err)
 	}

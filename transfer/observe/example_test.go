@@ -17,13 +17,14 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // ExampleNewMetrics wires metrics into two engines (over the in-memory transport, so it runs
 // anywhere), moves one request, and reads two of the series.
 func ExampleNewMetrics() {
 	reg := prometheus.NewRegistry()
-	net := transfer.NewMemNetwork()
+	net := mem.NewNetwork()
 	newEngine := func(name string) (*transfer.Engine, *observe.Metrics) {
 		m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg, ConstLabels: prometheus.Labels{"engine": name}})
 		if err != nil {
@@ -65,7 +66,7 @@ func ExampleNewMetrics() {
 func ExampleHandler() {
 	reg := prometheus.NewRegistry()
 	m, _ := observe.NewMetrics(observe.MetricsConfig{Registerer: reg})
-	eng, _ := transfer.New(transfer.NewMemNetwork().Transport("decode-0"), transfer.Config{Observer: m})
+	eng, _ := transfer.New(mem.NewNetwork().Transport("decode-0"), transfer.Config{Observer: m})
 	_ = m.CollectHealth(eng)
 
 	h, err := observe.Handler(observe.HandlerConfig{Health: eng, Gatherer: reg})
@@ -104,7 +105,7 @@ func ExampleHandler() {
 func ExampleMulti() {
 	m, _ := observe.NewMetrics(observe.MetricsConfig{Registerer: prometheus.NewRegistry()})
 	logger := zap.NewExample() // in a server: the process's own logger
-	eng, err := transfer.New(transfer.NewMemNetwork().Transport("prefill-0"), transfer.Config{
+	eng, err := transfer.New(mem.NewNetwork().Transport("prefill-0"), transfer.Config{
 		Logger:   logger,
 		Observer: observe.Multi(m, observe.NewLogObserver(logger.Named("kvxfer"))),
 	})
@@ -122,7 +123,7 @@ func ExampleMulti() {
 // ExampleCombineHealth gives one probe to a process with two engines; the reason names the
 // engine that is unhealthy.
 func ExampleCombineHealth() {
-	net := transfer.NewMemNetwork()
+	net := mem.NewNetwork()
 	prefill, _ := transfer.New(net.Transport("prefill-0"), transfer.Config{})
 	decode, _ := transfer.New(net.Transport("decode-0"), transfer.Config{})
 	defer prefill.Close()

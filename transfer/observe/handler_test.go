@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // get fetches path from srv and returns the status and body.
@@ -90,8 +91,8 @@ func TestL12_WedgedEngineAnswers503(t *testing.T) {
 	cfg.ProgressDeadline = deadline
 	cfg.TransferTimeout = time.Minute // the transfer must stay in flight, not be quarantined
 	p := newPair(t, cfg, nil)
-	p.net.SetFault(func(fp transfer.FaultPoint) transfer.Fault {
-		return transfer.Fault{Hang: fp.Kind == transfer.KindData}
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+		return mem.Fault{Hang: fp.Kind == transfer.KindData}
 	})
 	handler, err := observe.Handler(observe.HandlerConfig{Health: p.decode, Gatherer: p.reg})
 	require.NoError(t, err)

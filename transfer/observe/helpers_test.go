@@ -14,6 +14,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // testDims is a small pool: 1 KiB per block, so a few blocks span several 512-byte chunks.
@@ -25,7 +26,7 @@ const waitBound = 10 * time.Second
 // pair is a prefill engine and a decode engine over one in-memory network, each with its own
 // Metrics (told apart by an "engine" label) on one registry.
 type pair struct {
-	net              *transfer.MemNetwork
+	net              *mem.Network
 	prefill, decode  *transfer.Engine
 	reg              *prometheus.Registry
 	pm, dm           *observe.Metrics
@@ -37,7 +38,7 @@ type pair struct {
 // returns for the engine's name, if extra is set) and closes them when the test ends.
 func newPair(t *testing.T, cfg transfer.Config, extra func(engine string) transfer.Observer) *pair {
 	t.Helper()
-	p := &pair{net: transfer.NewMemNetwork(), reg: prometheus.NewRegistry(), layout: layout.Packed(testDims, layout.BlockMajor)}
+	p := &pair{net: mem.NewNetwork(), reg: prometheus.NewRegistry(), layout: layout.Packed(testDims, layout.BlockMajor)}
 	p.srcPool = make([]byte, p.layout.SpanBytes())
 	for i := range p.srcPool {
 		p.srcPool[i] = byte(i*7 + 3)

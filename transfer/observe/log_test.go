@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // logsTo gives each engine its own LogObserver (it remembers requests by id, and both engines
@@ -68,8 +69,8 @@ func TestLogObserver_QuarantineAndPoisonWarnWithReason(t *testing.T) {
 	cfg.CancelGrace = 10 * time.Millisecond
 	cfg.QuarantineTimeout = 50 * time.Millisecond
 	p := newPair(t, cfg, logsTo(core))
-	p.net.SetFault(func(fp transfer.FaultPoint) transfer.Fault {
-		return transfer.Fault{Hang: fp.Kind == transfer.KindData, NeverQuiesce: fp.Kind == transfer.KindData}
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+		return mem.Fault{Hang: fp.Kind == transfer.KindData, NeverQuiesce: fp.Kind == transfer.KindData}
 	})
 	_, recv := p.start(t, 9, 0, 1)
 	// Two receives (PipelineDepth) matched by two sends: both chunks are on the wire, where a

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // /livez and /readyz split /healthz's verdict: a stalled engine (a frozen peer) is not ready
@@ -116,7 +117,7 @@ func TestCombineHealth_Closed(t *testing.T) {
 
 // A real engine is live until it is closed, idle or not.
 func TestLive_RealEngine(t *testing.T) {
-	e, err := transfer.New(transfer.NewMemNetwork().Transport("a"), transfer.Config{})
+	e, err := transfer.New(mem.NewNetwork().Transport("a"), transfer.Config{})
 	require.NoError(t, err)
 	require.True(t, observe.Live(e.Health()))
 	require.NoError(t, e.Close())

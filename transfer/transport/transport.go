@@ -84,6 +84,14 @@ type Completion struct {
 // package transfer holds the two equal.
 const DataHeaderBytes = 48
 
+// Kind is the type byte of an engine message, at byte 3 of its header (the engine's wire
+// format names the values). A transport never needs it to deliver; the in-memory one reads
+// it so that a fault function can pick messages by kind.
+type Kind uint8
+
+// KindData is the kind of a data chunk: what every PostSend, PostRecv and PostGet moves.
+const KindData Kind = 2
+
 // OpID names a posted operation for Cancel. Transports choose the values; zero is never used.
 type OpID uint64
 

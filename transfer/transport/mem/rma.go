@@ -1,23 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package transfer
+package mem
 
 import (
 	"encoding/binary"
 	"fmt"
 	"sync"
 	"unsafe"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ RMATransport = (*MemTransport)(nil)
+var _ transport.RMATransport = (*Transport)(nil)
 
-// memKeyMagic starts a MemTransport's remote key; the id of the pool in the owner's
+// memKeyMagic starts a Transport's remote key; the id of the pool in the owner's
 // AllowDirect set follows.
 const memKeyMagic = "kvxmemrma"
 
-// RMAKey implements RMATransport for a pool named to AllowDirect (or a part of one): the key
+// RMAKeyBytes is the length of every remote key RMAKey and ExposeGeneration return.
+const RMAKeyBytes = len(memKeyMagic) + 4
+
+// RMAKey implements transport.RMATransport for a pool named to AllowDirect (or a part of one): the key
 // names that pool, the address is pool[0]'s.
-func (t *MemTransport) RMAKey(pool []byte) (uint64, []byte, error) {
+func (t *Transport) RMAKey(pool []byte) (uint64, []byte, error) {
 	t.net.mu.Lock()
 	defer t.net.mu.Unlock()
 	if len(pool) > 0 {
@@ -29,19 +34,19 @@ func (t *MemTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 			}
 		}
 	}
-	return 0, nil, fmt.Errorf("%w: rma key for a pool not named to AllowDirect", ErrInvalidSpec)
+	return 0, nil, fmt.Errorf("%w: rma key for a pool not named to AllowDirect", transport.ErrInvalidSpec)
 }
 
-// PostGet implements RMATransport. The get goes on the wire at once, as a pair with a
+// PostGet implements transport.RMATransport. The get goes on the wire at once, as a pair with a
 // stand-in for the peer's side, so the network's faults apply to it as to a chunk (keyed by
 // tag): Delay, Hang (until Resume), FailAfter, IgnoreCancel and NeverQuiesce. A get outside
 // the pool the key names fails here, never reads past it.
-func (t *MemTransport) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error) {
+func (t *Transport) PostGet(from transport.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
 	return t.postGet(from, tag, key, addr, dst, false, done)
 }
 
 // postGet is PostGet, or with gen a generation read into the transport's own memory.
-func (t *MemTransport) postGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, gen bool, done func(Completion)) (OpID, error) {
+func (t *Transport) postGet(from transport.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, gen bool, done func(transport.Completion)) (transport.OpID, error) {
 	n := t.net
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -49,38 +54,38 @@ func (t *MemTransport) postGet(from Peer, tag Tag, key []byte, addr uint64, dst 
 		return 0, err
 	}
 	if !gen && !t.directLocked(dst) {
-		return 0, fmt.Errorf("%w: get into memory not named to AllowDirect", ErrInvalidSpec)
+		return 0, fmt.Errorf("%w: get into memory not named to AllowDirect", transport.ErrInvalidSpec)
 	}
 	owner := n.eps[from]
 	if len(key) != len(memKeyMagic)+4 || string(key[:len(memKeyMagic)]) != memKeyMagic {
-		return 0, fmt.Errorf("%w: %d-byte key is not a memtransport rma key", ErrInvalidSpec, len(key))
+		return 0, fmt.Errorf("%w: %d-byte key is not a memtransport rma key", transport.ErrInvalidSpec, len(key))
 	}
 	i := binary.LittleEndian.Uint32(key[len(memKeyMagic):])
 	pool, ok := owner.direct[i]
 	if !ok {
-		return 0, fmt.Errorf("%w: rma key names pool %d, which %s does not allow (now)", ErrInvalidSpec, i, from)
+		return 0, fmt.Errorf("%w: rma key names pool %d, which %s does not allow (now)", transport.ErrInvalidSpec, i, from)
 	}
 	base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(pool))))
 	if addr < base || addr-base > uint64(len(pool)) || uint64(len(dst)) > uint64(len(pool))-(addr-base) {
-		return 0, fmt.Errorf("%w: get [%#x, +%d) outside the %d-byte pool at %#x", ErrInvalidSpec, addr, len(dst), len(pool), base)
+		return 0, fmt.Errorf("%w: get [%#x, +%d) outside the %d-byte pool at %#x", transport.ErrInvalidSpec, addr, len(dst), len(pool), base)
 	}
 	off := addr - base
 	l := n.link(from, t.addr)
 	l.nextOp++
-	op := &memOp{id: OpID(l.idx+1)<<opLinkShift | l.nextOp, ep: t, link: l, tag: tag, buf: dst, cb: done}
-	src := &memOp{ep: owner, send: true, link: l, tag: tag, buf: pool[off : off+uint64(len(dst))], cb: func(Completion) {},
-		fault: n.faultFor(FaultPoint{From: from, To: t.addr, Kind: KindData, Tag: tag, Bytes: len(dst), Generation: gen})}
+	op := &memOp{id: transport.OpID(l.idx+1)<<opLinkShift | l.nextOp, ep: t, link: l, tag: tag, buf: dst, cb: done}
+	src := &memOp{ep: owner, send: true, link: l, tag: tag, buf: pool[off : off+uint64(len(dst))], cb: func(transport.Completion) {},
+		fault: n.faultFor(FaultPoint{From: from, To: t.addr, Kind: transport.KindData, Tag: tag, Bytes: len(dst), Generation: gen})}
 	l.ops[op.id] = op
 	n.startWire(src, op)
 	return op.id, nil
 }
 
-var _ RMAGenerations = (*MemTransport)(nil)
+var _ transport.RMAGenerations = (*Transport)(nil)
 
-// memGenWords is how many exposures of one MemTransport may hold a generation word at once.
+// memGenWords is how many exposures of one Transport may hold a generation word at once.
 const memGenWords = 4096
 
-// memGens are a MemTransport's generation words: one region named to the direct set, so a
+// memGens are a Transport's generation words: one region named to the direct set, so a
 // peer's generation read is a get like any other (the network's faults apply to it).
 type memGens struct {
 	words []byte
@@ -89,8 +94,8 @@ type memGens struct {
 	value uint64 // the last value written; every value is written once
 }
 
-// ExposeGeneration implements RMAGenerations.
-func (t *MemTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
+// ExposeGeneration implements transport.RMAGenerations.
+func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 	n := t.net
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -108,7 +113,7 @@ func (t *MemTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error
 		slot, g.free = g.free[k-1], g.free[:k-1]
 	} else if g.next++; slot >= memGenWords {
 		g.next--
-		return 0, nil, 0, nil, fmt.Errorf("%w: all %d generation words in use", ErrInvalidSpec, memGenWords)
+		return 0, nil, 0, nil, fmt.Errorf("%w: all %d generation words in use", transport.ErrInvalidSpec, memGenWords)
 	}
 	word := g.words[8*slot : 8*slot+8]
 	g.value++
@@ -133,17 +138,17 @@ func (t *MemTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error
 	return uint64(uintptr(unsafe.Pointer(&word[0]))), key, value, end, nil
 }
 
-// PrepareReadGeneration implements RMAGenerations: nothing to prepare in memory.
-func (t *MemTransport) PrepareReadGeneration(Peer, []byte) error { return nil }
+// PrepareReadGeneration implements transport.RMAGenerations: nothing to prepare in memory.
+func (t *Transport) PrepareReadGeneration(transport.Peer, []byte) error { return nil }
 
-// PostReadGeneration implements RMAGenerations: a get of the word into the transport's own
+// PostReadGeneration implements transport.RMAGenerations: a get of the word into the transport's own
 // memory. The network completes gets in order of their wire time, and the engine reads the
 // word only once every data get has completed.
-func (t *MemTransport) PostReadGeneration(from Peer, tag Tag, key []byte, addr uint64, done func(Completion, uint64)) (OpID, error) {
+func (t *Transport) PostReadGeneration(from transport.Peer, tag transport.Tag, key []byte, addr uint64, done func(transport.Completion, uint64)) (transport.OpID, error) {
 	buf := make([]byte, 8)
-	return t.postGet(from, tag, key, addr, buf, true, func(c Completion) {
+	return t.postGet(from, tag, key, addr, buf, true, func(c transport.Completion) {
 		var v uint64
-		if c.Err == nil && c.Memory == MemoryDone {
+		if c.Err == nil && c.Memory == transport.MemoryDone {
 			v = binary.LittleEndian.Uint64(buf)
 		}
 		done(c, v)
