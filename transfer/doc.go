@@ -77,5 +77,6 @@
 // An engine runs over any transport.Transport (package transfer/transport: the contract, its
 // optional capabilities and the errors both sides share; transfer re-exports them). The UCX
 // transport is package transfer/transport/ucx, the in-memory one transfer/transport/mem; a
-// new transport is a new package beside them.
+// new transport is a new package beside them that passes the conformance suite in
+// transfer/transport/transporttest.
 package transfer

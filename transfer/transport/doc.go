@@ -9,5 +9,5 @@
 // A transport imports this package and never package transfer, so the engine's tests can
 // import any transport. To add one, write a package beside the in-memory and UCX ones that
 // implements Transport (and whichever capabilities it has) and passes the conformance suite
-// in package transporttest.
+// in package transporttest (call transporttest.Run from the new package's tests).
 package transport
