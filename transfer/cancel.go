@@ -8,7 +8,7 @@ import "fmt"
 // what it may do with the request's KV blocks.
 type CancelOutcome int
 
-// The six outcomes. Only NotFound, AlreadyComplete and CancelledBeforeAdvertise let the caller
+// The six outcomes, then their count. Only NotFound, AlreadyComplete and CancelledBeforeAdvertise let the caller
 // free the request's KV blocks at once; after the others it stops scheduling the request and
 // frees the blocks when the handle's Quiesced channel closes.
 const (
@@ -29,6 +29,12 @@ const (
 	// NotCancellable: the transfer is quarantined: its outcome is decided and its memory
 	// is pinned until the transport lets go; wait for Quiesced.
 	NotCancellable
+
+	// CancelOutcomeCount is the number of outcomes, not one: every outcome is below it. A
+	// new outcome goes just before it, with its name in outcomeNames; a test holds each
+	// outcome below the count to a distinct name, and the metrics (package observe) make a
+	// series for each, labelled with it.
+	CancelOutcomeCount
 )
 
 var outcomeNames = []string{"not-found", "already-complete", "cancelled-before-advertise",

@@ -147,7 +147,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 			m.duration.WithLabelValues(d, o.String())
 		}
 	}
-	for o := transfer.NotFound; o <= transfer.NotCancellable; o++ {
+	for o := range transfer.CancelOutcomeCount {
 		m.cancels.WithLabelValues(o.String())
 	}
 	for _, c := range []struct {

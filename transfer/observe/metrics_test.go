@@ -228,6 +228,21 @@ func TestMetrics_PeerFailuresFromTheEngine(t *testing.T) {
 	}
 }
 
+// Every cancel outcome, up to transfer.CancelOutcomeCount, has its series from the start,
+// labelled with its name, and counts its own calls: an outcome added to the engine is not
+// missing from the metrics.
+func TestMetrics_EveryCancelOutcomeHasASeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg})
+	require.NoError(t, err)
+	require.Len(t, gathered(t, reg)["kvxfer_cancels_total"].GetMetric(), int(transfer.CancelOutcomeCount))
+	for o := range transfer.CancelOutcomeCount {
+		require.Zero(t, value(t, reg, "kvxfer_cancels_total", map[string]string{"outcome": o.String()}), "%v before any cancel", o)
+		m.OnCancel(1, o)
+		require.Equal(t, 1.0, value(t, reg, "kvxfer_cancels_total", map[string]string{"outcome": o.String()}), "%v counted", o)
+	}
+}
+
 // TestMetrics_Exposition pins the names, help, types and labels operators write dashboards
 // against, in the text format Prometheus scrapes.
 func TestMetrics_Exposition(t *testing.T) {
