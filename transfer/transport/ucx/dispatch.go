@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package ucx
+
+// The report queue: UCX completions, control messages and peer failures, delivered in order
+// on the transport's own goroutine, never inside a call the engine made.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/transport"
+)
+
+func (t *Transport) enqueueRequest(r *native.Request) { t.push(ucxReport{req: r}) }
+
+func (t *Transport) push(r ucxReport) {
+	t.qmu.Lock()
+	t.queue = append(t.queue, r)
+	t.qmu.Unlock()
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch delivers reports in order until Close has drained them.
+func (t *Transport) dispatch() {
+	defer close(t.exited)
+	for {
+		t.qmu.Lock()
+		batch := t.queue
+		t.queue = nil
+		t.qmu.Unlock()
+		for _, r := range batch {
+			t.deliver(r)
+		}
+		if len(batch) > 0 {
+			continue
+		}
+		select {
+		case <-t.wake:
+		case <-t.stop:
+			t.qmu.Lock()
+			empty := len(t.queue) == 0
+			t.qmu.Unlock()
+			if empty {
+				return
+			}
+		}
+	}
+}
+
+func (t *Transport) deliver(r ucxReport) {
+	switch {
+	case r.connected != "":
+		t.mu.Lock()
+		in := t.in
+		t.mu.Unlock()
+		if rep, ok := in.(transport.PeerConnectReporter); ok {
+			rep.OnPeerConnected(r.connected)
+		}
+	case r.lost != "":
+		t.mu.Lock()
+		in := t.in
+		t.mu.Unlock()
+		if in != nil {
+			in.OnPeerLost(r.lost, r.err)
+		}
+	case r.busy != nil:
+		t.mu.Lock()
+		op := r.busy
+		live := t.ops[op.id] == op && !op.busy
+		op.busy = op.busy || live
+		t.mu.Unlock()
+		if live {
+			op.done(transport.Completion{Err: fmt.Errorf("%w: send on the wire", transport.ErrCancelled), Memory: transport.MemoryBusy})
+		}
+	case r.req != nil:
+		t.deliverRequest(r.req)
+	}
+}
+
+func (t *Transport) deliverRequest(req *native.Request) {
+	t.mu.Lock()
+	if req == t.ctrl {
+		in := t.in
+		if !t.closed {
+			t.postControlLocked()
+		}
+		t.mu.Unlock()
+		if req.Err() == nil && in != nil {
+			t.deliverControl(in, req.Data())
+		}
+		return
+	}
+	if d := t.drainByReq[req]; d != nil {
+		t.drainDoneLocked(d)
+		t.mu.Unlock()
+		return
+	}
+	op := t.byReq[req]
+	if op == nil {
+		t.mu.Unlock()
+		return // a control send, or an op already given its final verdict
+	}
+	final := req.Settled()
+	if !final && op.busy {
+		t.mu.Unlock()
+		return
+	}
+	if final {
+		delete(t.byReq, req)
+		delete(t.ops, op.id)
+		if !op.send && t.recvTag[op.tag] == op.id {
+			delete(t.recvTag, op.tag)
+			if op.cancel && !t.closed && errors.Is(req.Err(), native.ErrCanceled) {
+				t.startDrainLocked(op.tag)
+				for k := range uint64(t.cfg.DrainAhead) {
+					if seq := op.tag&ucxSeqMask + k + 1; seq <= ucxSeqMask {
+						t.startDrainLocked(op.tag&^ucxSeqMask | seq)
+					}
+				}
+			}
+		}
+	} else {
+		op.busy = true
+	}
+	asked, closed := op.cancel, t.closed
+	t.mu.Unlock()
+	c := transport.Completion{Err: ucxError(req.Err(), op.peer), Memory: transport.MemoryDone}
+	if !asked && !closed && errors.Is(req.Err(), native.ErrCanceled) {
+		// Nobody here asked: the endpoint to the peer failed, and UCX cancelled what was
+		// posted on it. The caller must hear that the peer was lost, not that it cancelled.
+		c.Err = fmt.Errorf("%w: %.16s: its endpoint failed: %w", transport.ErrPeerLost, op.peer, req.Err())
+	}
+	if c.Err == nil {
+		c.Bytes = op.size
+		if !op.send {
+			c.Bytes = int(req.Length())
+		}
+	}
+	if !final {
+		c.Memory = transport.MemoryBusy // abandoned: UCX still holds it; the final verdict follows
+	}
+	op.done(c)
+}
+
+func (t *Transport) deliverControl(in transport.Inbound, b []byte) {
+	if len(b) < 2 {
+		return
+	}
+	n := int(binary.LittleEndian.Uint16(b))
+	if len(b) < 2+n || n == 0 {
+		return
+	}
+	if t.probe.Load().arrived(b[2:2+n], b[2+n:]) {
+		return
+	}
+	in.OnControl(PeerFromAddress(b[2:2+n]), b[2+n:])
+}
+
+// ucxError maps native errors onto the engine's sentinels, keeping the UCX detail.
+func ucxError(err error, peer transport.Peer) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, native.ErrCanceled):
+		return fmt.Errorf("%w: %w", transport.ErrCancelled, err)
+	case errors.Is(err, native.ErrPeerUnreachable), errors.Is(err, native.ErrClosed):
+		return fmt.Errorf("%w: %.16s: %w", transport.ErrPeerLost, peer, err)
+	}
+	return err
+}
