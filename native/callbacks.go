@@ -6,8 +6,8 @@ package native
 
 // Go functions called from C. They live in their own file because a file with //export may
 // only declare C in its preamble; the C adapters that call them are in ucx.go. Both run on a
-// worker's progress goroutine, inside kvx_ucx_progress or kvx_ucx_cancel, so they touch the
-// loop-owned state freely and must never block.
+// worker's progress goroutine, inside kvx_ucx_progress, a post or kvx_ucx_cancel, so they
+// touch the loop-owned state freely and must never block.
 
 /*
 #include <stdint.h>
@@ -27,11 +27,12 @@ func kvxGoRequestDone(user C.uint64_t, status C.int, length C.size_t) {
 	r.onCallback(status, length)
 }
 
-// kvxGoEndpointError receives UCX's report that an endpoint's peer failed. user is the
-// Endpoint's cgo.Handle, deleted when the endpoint is released.
+// kvxGoEndpointError receives UCX's report that an endpoint's peer failed, possibly from
+// inside a post (see Worker.posting). user is the Endpoint's cgo.Handle, deleted when the
+// endpoint is released.
 //
 //export kvxGoEndpointError
 func kvxGoEndpointError(user C.uint64_t, status C.int) {
 	ep := cgo.Handle(user).Value().(*Endpoint)
-	ep.onError(status)
+	ep.reportError(int(status))
 }

@@ -237,6 +237,10 @@ static ucs_status_t kvx_ucx_track(kvx_ucx_worker_t *w, ucs_status_ptr_t sp, uint
   return UCS_INPROGRESS;
 }
 
+/* A post on an endpoint takes the worker from it before the nbx call and never reads the
+ * endpoint record after: UCX 1.13 may run the endpoint's error handler inside the call (a TCP
+ * send that finds the connection reset fails the endpoint on the spot), and a handler that
+ * closed the endpoint there would free the record under the post (native defers that). */
 static void send_param(ucp_request_param_t *p, kvx_ucx_worker_t *w, uint64_t user) {
   memset(p, 0, sizeof(*p));
   p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -281,11 +285,12 @@ ucs_status_t kvx_ucx_ep_create(kvx_ucx_worker_t *w, const void *addr, size_t add
 }
 
 ucs_status_t kvx_ucx_ep_close(kvx_ucx_ep_t *ep, int force, uint64_t user, void **req_out) {
+  kvx_ucx_worker_t *w = ep->w;
   ucp_request_param_t p;
-  send_param(&p, ep->w, user);
+  send_param(&p, w, user);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  return kvx_ucx_track(ep->w, ucp_ep_close_nbx(ep->ep, &p), user, req_out);
+  return kvx_ucx_track(w, ucp_ep_close_nbx(ep->ep, &p), user, req_out);
 }
 
 void kvx_ucx_ep_release(kvx_ucx_ep_t *ep) {
@@ -300,18 +305,20 @@ void kvx_ucx_ep_free(kvx_ucx_ep_t *ep) { free(ep); }
 
 ucs_status_t kvx_ucx_tag_send(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
                               uint64_t user, void **req_out) {
+  kvx_ucx_worker_t *w = ep->w;
   ucp_request_param_t p;
-  send_param(&p, ep->w, user);
-  return kvx_ucx_track(ep->w, ucp_tag_send_nbx(ep->ep, buf, len, tag, &p), user, req_out);
+  send_param(&p, w, user);
+  return kvx_ucx_track(w, ucp_tag_send_nbx(ep->ep, buf, len, tag, &p), user, req_out);
 }
 
 ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_iov_t *iov,
                                   size_t iovcnt, uint64_t user, void **req_out) {
+  kvx_ucx_worker_t *w = ep->w;
   ucp_request_param_t p;
-  send_param(&p, ep->w, user);
+  send_param(&p, w, user);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_iov();
-  return kvx_ucx_track(ep->w, ucp_tag_send_nbx(ep->ep, iov, iovcnt, tag, &p), user, req_out);
+  return kvx_ucx_track(w, ucp_tag_send_nbx(ep->ep, iov, iovcnt, tag, &p), user, req_out);
 }
 
 static ucs_status_t tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t mask, void *buf,
@@ -353,17 +360,19 @@ ucs_status_t kvx_ucx_tag_recv_iov(kvx_ucx_worker_t *w, uint64_t tag, uint64_t ta
 
 ucs_status_t kvx_ucx_put(kvx_ucx_ep_t *ep, const void *buf, size_t len, uint64_t remote_addr,
                          ucp_rkey_h rkey, uint64_t user, void **req_out) {
+  kvx_ucx_worker_t *w = ep->w;
   ucp_request_param_t p;
-  send_param(&p, ep->w, user);
-  return kvx_ucx_track(ep->w, ucp_put_nbx(ep->ep, buf, len, remote_addr, rkey, &p), user,
+  send_param(&p, w, user);
+  return kvx_ucx_track(w, ucp_put_nbx(ep->ep, buf, len, remote_addr, rkey, &p), user,
                        req_out);
 }
 
 ucs_status_t kvx_ucx_get(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remote_addr,
                          ucp_rkey_h rkey, uint64_t user, void **req_out) {
+  kvx_ucx_worker_t *w = ep->w;
   ucp_request_param_t p;
-  send_param(&p, ep->w, user);
-  return kvx_ucx_track(ep->w, ucp_get_nbx(ep->ep, buf, len, remote_addr, rkey, &p), user,
+  send_param(&p, w, user);
+  return kvx_ucx_track(w, ucp_get_nbx(ep->ep, buf, len, remote_addr, rkey, &p), user,
                        req_out);
 }
 
@@ -379,9 +388,10 @@ ucs_status_t kvx_ucx_get_fenced(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_
 }
 
 ucs_status_t kvx_ucx_ep_flush(kvx_ucx_ep_t *ep, uint64_t user, void **req_out) {
+  kvx_ucx_worker_t *w = ep->w;
   ucp_request_param_t p;
-  send_param(&p, ep->w, user);
-  return kvx_ucx_track(ep->w, ucp_ep_flush_nbx(ep->ep, &p), user, req_out);
+  send_param(&p, w, user);
+  return kvx_ucx_track(w, ucp_ep_flush_nbx(ep->ep, &p), user, req_out);
 }
 
 void kvx_ucx_cancel(kvx_ucx_worker_t *w, void *req) {
@@ -522,11 +532,12 @@ ucs_status_t kvx_ucx_mem_register_addr(ucp_context_h ctx, uint64_t addr, size_t 
 
 ucs_status_t kvx_ucx_tag_send_typed(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
                                     int mem_type, uint64_t user, void **req_out) {
+  kvx_ucx_worker_t *w = ep->w;
   ucp_request_param_t p;
-  send_param(&p, ep->w, user);
+  send_param(&p, w, user);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
   p.memory_type = (ucs_memory_type_t)mem_type;
-  return kvx_ucx_track(ep->w, ucp_tag_send_nbx(ep->ep, buf, len, tag, &p), user, req_out);
+  return kvx_ucx_track(w, ucp_tag_send_nbx(ep->ep, buf, len, tag, &p), user, req_out);
 }
 
 ucs_status_t kvx_ucx_tag_recv_typed(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,

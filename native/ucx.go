@@ -275,6 +275,12 @@ type Worker struct {
 	cancelling *Request              // loop-owned: the request inside kvx_ucx_cancel now
 	suspects   map[*Request]struct{} // loop-owned: receives pinned until the worker is gone
 
+	// inUCX (loop-owned) is how deep the loop is in UCX calls that post or cancel; an
+	// endpoint failure UCX reports from inside one waits in lateErrs until the outermost
+	// returns (see Worker.posting).
+	inUCX    int
+	lateErrs []lateEPError
+
 	address []byte
 	stats   atomic.Pointer[WorkerStats]
 }
@@ -618,9 +624,50 @@ func (ep *Endpoint) fail(err error) {
 	})
 }
 
-// onError runs on the loop when UCX reports the peer failed.
+// lateEPError is an endpoint failure UCX reported from inside a post, for after it.
+type lateEPError struct {
+	ep     *Endpoint
+	status int // a ucs_status_t
+}
+
+// posting (loop only) runs f, which calls UCX to post, close or cancel, and then the
+// endpoint failures UCX reported from inside it. UCX 1.13 fails a TCP endpoint inside the send
+// that finds its connection reset (a killed peer), so the error handler runs in the middle of
+// ucp_tag_send_nbx; closing the endpoint there would free the endpoint record the post still
+// reads, and nest a second post inside the first. f is also where the request is tracked, so
+// the close that follows finds it among the endpoint's operations.
+func (w *Worker) posting(f func()) {
+	w.inUCX++
+	f()
+	w.inUCX--
+	if w.inUCX > 0 {
+		return
+	}
+	for len(w.lateErrs) > 0 {
+		e := w.lateErrs[0]
+		w.lateErrs = w.lateErrs[1:]
+		e.ep.onError(C.int(e.status))
+	}
+	w.lateErrs = nil
+}
+
+// reportError runs on the loop when UCX reports the peer failed: at once, or after the post
+// UCX reported it from (see Worker.posting).
+func (ep *Endpoint) reportError(status int) {
+	if ep.w.inUCX > 0 {
+		ep.w.lateErrs = append(ep.w.lateErrs, lateEPError{ep, status})
+		return
+	}
+	ep.onError(C.int(status))
+}
+
+// onError handles UCX's report that the peer failed.
 func (ep *Endpoint) onError(status C.int) {
 	err := statusErr("endpoint", C.ucs_status_t(status))
+	if ep.released {
+		ep.fail(err) // closed (and its record freed) since UCX reported it
+		return
+	}
 	if ep.w.destroying {
 		ep.fail(err) // the worker is going away with every endpoint: nothing to close
 		return
@@ -650,9 +697,11 @@ func (ep *Endpoint) startClose(force bool, why error) {
 	}
 	r := ep.w.newRequest(opClose, nil, ep)
 	r.onDone = func(error) { ep.release() }
-	var creq unsafe.Pointer
-	st := C.kvx_ucx_ep_close(ep.cep, f, C.uint64_t(r.handle), &creq)
-	ep.w.track(r, st, creq, 0)
+	ep.w.posting(func() {
+		var creq unsafe.Pointer
+		st := C.kvx_ucx_ep_close(ep.cep, f, C.uint64_t(r.handle), &creq)
+		ep.w.track(r, st, creq, 0)
+	})
 }
 
 // release (loop only) frees the C endpoint once UCX is done with it. Requests on it that UCX

@@ -38,7 +38,9 @@ extern "C" {
 typedef void (*kvx_ucx_done_fn)(void *arg, uint64_t user, ucs_status_t status, size_t length);
 
 /* Called when UCX reports an endpoint failed (peer died, keepalive expired). user is the
- * endpoint's id given at creation. */
+ * endpoint's id given at creation. It may run inside a post on any endpoint of the worker
+ * (UCX 1.13 fails a TCP endpoint inside the send that finds its connection reset): it must
+ * not close or release an endpoint there, only note the failure for after the post. */
 typedef void (*kvx_ucx_ep_error_fn)(void *arg, uint64_t user, ucs_status_t status);
 
 /* Context settings. NULL/zero fields keep UCX's own defaults (and the environment's UCX_*). */

@@ -245,9 +245,11 @@ func (w *Worker) cancel(r *Request) {
 	if !r.cancellable() {
 		return
 	}
-	w.cancelling = r
-	C.kvx_ucx_cancel(w.cw, r.creq)
-	w.cancelling = nil
+	w.posting(func() {
+		w.cancelling = r
+		C.kvx_ucx_cancel(w.cw, r.creq)
+		w.cancelling = nil
+	})
 }
 
 // Settled reports whether UCX has released the request and no longer touches its memory.
@@ -306,8 +308,10 @@ func (r *Request) post(do func() (C.ucs_status_t, unsafe.Pointer, C.size_t)) *Re
 			r.finish(fmt.Errorf("%v on a failed endpoint: %w", r.kind, err), 0)
 			return
 		}
-		st, creq, n := do()
-		r.w.track(r, st, creq, n)
+		r.w.posting(func() {
+			st, creq, n := do()
+			r.w.track(r, st, creq, n)
+		})
 	})
 	if err != nil {
 		r.finish(err, 0)

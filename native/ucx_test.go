@@ -430,6 +430,36 @@ func TestUCX_ForceCloseCompletesInflightSend(t *testing.T) {
 	}
 }
 
+// UCX 1.13 reports an endpoint's failure from inside the post that finds it (a TCP send that
+// gets a connection reset): the endpoint is closed only once that post has returned, never
+// under it, and then what was pending on it completes with the error.
+func TestUCX_EndpointFailureInsidePostClosesAfterIt(t *testing.T) {
+	p := newPair(t, "tcp,self")
+	src := alloc(t, p.ctxA, 8<<20)
+	send := p.ab.TagSend(src, 0, 8<<20, 77) // nobody receives tag 77
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var closingInside, failedInside, closingAfter bool
+	require.NoError(t, p.a.call(ctx, func() {
+		p.a.posting(func() {
+			p.ab.reportError(endpointTimeoutStatus) // what kvxGoEndpointError does
+			closingInside, failedInside = p.ab.closing, p.ab.Err() != nil
+		})
+		closingAfter = p.ab.closing
+	}))
+	require.False(t, closingInside, "the endpoint was closed inside the post")
+	require.False(t, failedInside)
+	require.True(t, closingAfter, "the failure was not delivered after the post")
+	require.ErrorIs(t, p.ab.Err(), ErrPeerUnreachable)
+	require.Error(t, send.Wait(ctx))
+	select {
+	case <-p.ab.closed:
+	case <-ctx.Done():
+		t.Fatal("the endpoint was not released")
+	}
+	require.Zero(t, src.InUse())
+}
+
 // Worker.Close with receives still posted: each completes, within the close bound.
 func TestL11_WorkerCloseCompletesPendingReceives(t *testing.T) {
 	c, err := NewContext(ContextConfig{TLS: "posix,cma,self"})
