@@ -470,7 +470,8 @@ func (w *Worker) Info(ctx context.Context) (string, error) {
 // Close stops the worker: it force-closes every endpoint, cancels every receive, progresses
 // until all requests have reported back or CloseTimeout passed, and destroys the worker.
 // Requests UCX never reported back complete with ErrClosed: once the worker is destroyed,
-// UCX no longer touches their memory. Close waits at most CloseTimeout plus a second.
+// UCX no longer touches their memory. Close waits at most CloseTimeout plus a second; if that
+// passes (ErrTimeout) the worker goes on stopping, and a later Close waits for it again.
 func (w *Worker) Close() error {
 	w.stopOne.Do(func() { close(w.stopReq) })
 	select {

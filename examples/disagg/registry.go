@@ -32,7 +32,7 @@ const registryTTL = 5 * time.Second
 
 // openRegistry opens the registry at target ("http://..." or "etcd://...").
 func openRegistry(target string) (discovery.Registry, error) {
-	r, err := discovery.Open(target, discovery.Config{TTL: registryTTL, LookupTimeout: 5 * time.Second})
+	r, err := discovery.Open(target, discovery.Config{TTL: registryTTL, LookupTimeout: 20 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("-discovery=%s: %w", target, err)
 	}
