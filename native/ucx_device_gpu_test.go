@@ -87,7 +87,7 @@ func TestUCX_DeviceMemoryTaggedTransfer(t *testing.T) {
 	pending := p.ba.TagRecvDevice(memB, 0, 4096, 999, ^uint64(0))
 	require.ErrorIs(t, memB.Close(), ErrBusy, "a registration under a pending receive stays")
 	pending.Cancel()
-	require.ErrorIs(t, pending.Wait(ctx), ErrCanceled)
+	require.ErrorIs(t, pending.Wait(ctx), ErrCancelled)
 	require.NoError(t, memA.Close())
 	require.NoError(t, memB.Close())
 }

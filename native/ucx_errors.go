@@ -14,14 +14,17 @@ var (
 	// ErrPeerUnreachable: the peer is gone or cannot be reached (connection reset, endpoint
 	// timeout, unreachable address). Retrying on the same endpoint is pointless.
 	ErrPeerUnreachable = errors.New("kvxfer: peer unreachable")
-	// ErrCanceled: the operation was cancelled, by Cancel or by closing its endpoint.
-	ErrCanceled = errors.New("kvxfer: canceled")
+	// ErrCancelled: the operation was cancelled, by Cancel or by closing its endpoint. (The
+	// UCX transport reports it to the engine as transport.ErrCancelled, wrapping it.)
+	ErrCancelled = errors.New("kvxfer: ucx operation cancelled")
 	// ErrTimeout: a bounded wait ran out before the operation finished.
 	ErrTimeout = errors.New("kvxfer: timed out")
 	// ErrTruncated: a message was larger than the receive buffer posted for it.
 	ErrTruncated = errors.New("kvxfer: message truncated")
-	// ErrClosed: the context, worker, endpoint or memory was closed.
-	ErrClosed = errors.New("kvxfer: closed")
+	// ErrClosed: the context, worker, endpoint or memory was closed. It is not the engine's
+	// ErrClosed (the engine or its transport closed): the UCX transport reports a closed
+	// endpoint to the engine as a lost peer.
+	ErrClosed = errors.New("kvxfer: ucx object closed")
 	// ErrBusy: memory cannot be released while operations still use it.
 	ErrBusy = errors.New("kvxfer: in use")
 	// ErrInvalidArgument: a range, size or address given to the transport is wrong.
@@ -66,13 +69,13 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("kvxfer: ucx %s: %s (status %d)", e.Op, e.Text, e.Status)
 }
 
-// Is maps the status onto the sentinels above, so callers test errors.Is(err, ErrCanceled).
+// Is maps the status onto the sentinels above, so callers test errors.Is(err, ErrCancelled).
 func (e *StatusError) Is(target error) bool { return target == sentinelFor(e.Status) }
 
 func sentinelFor(status int) error {
 	switch {
 	case status == statusCanceled:
-		return ErrCanceled
+		return ErrCancelled
 	case status == statusTimedOut:
 		return ErrTimeout
 	case status == statusUnsupported || status == statusNotImplemented:

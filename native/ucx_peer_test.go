@@ -128,7 +128,7 @@ func requireAllTerminal(t *testing.T, reqs []*Request, start time.Time, bound ti
 		if r.Abandoned() {
 			abandoned++
 		}
-		require.True(t, errors.Is(err, ErrPeerUnreachable) || errors.Is(err, ErrCanceled) || errors.Is(err, ErrClosed),
+		require.True(t, errors.Is(err, ErrPeerUnreachable) || errors.Is(err, ErrCancelled) || errors.Is(err, ErrClosed),
 			"request %d: %v", i, err)
 	}
 	return ok, failed, abandoned

@@ -84,7 +84,7 @@ func (r *Request) Completed() bool {
 }
 
 // Err is the request's outcome once Done is closed: nil on success, else an error matching
-// ErrCanceled, ErrPeerUnreachable, ErrClosed, ... Before that it returns nil.
+// ErrCancelled, ErrPeerUnreachable, ErrClosed, ... Before that it returns nil.
 func (r *Request) Err() error {
 	if !r.Completed() {
 		return nil
@@ -120,7 +120,7 @@ func (r *Request) Wait(ctx context.Context) error {
 }
 
 // Cancel asks UCX to cancel the request and returns at once. Only a tagged receive that has
-// not matched a message can really be cancelled: it then completes with ErrCanceled. A send,
+// not matched a message can really be cancelled: it then completes with ErrCancelled. A send,
 // put or get in flight cannot be (UCX 1.13 has no way): it completes on its own, or with an
 // error when its endpoint is force-closed. Cancel reports whether the request is of a kind
 // UCX can cancel; either way, wait for Done before reusing its memory.

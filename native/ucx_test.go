@@ -109,7 +109,7 @@ func TestUCX_StatusCodesMatchHeader(t *testing.T) {
 		status int
 		want   error
 	}{
-		{"cancel", statusCanceled, ErrCanceled},
+		{"cancel", statusCanceled, ErrCancelled},
 		{"keepalive timeout of a dead peer", endpointTimeoutStatus, ErrPeerUnreachable},
 		{"connection reset", statusConnectionReset, ErrPeerUnreachable},
 		{"truncated", statusMessageTruncated, ErrTruncated},
@@ -349,7 +349,7 @@ func TestUCX_CancelUnmatchedReceiveLeavesMemoryUntouched(t *testing.T) {
 	require.True(t, recv.Cancel())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	require.ErrorIs(t, recv.Wait(ctx), ErrCanceled)
+	require.ErrorIs(t, recv.Wait(ctx), ErrCancelled)
 	// A late message with the same tag goes to UCX's unexpected queue, not into dst.
 	require.NoError(t, src.FillPattern(0, 4096, 0, 1))
 	waitAll(t, 5*time.Second, p.ab.TagSend(src, 0, 4096, 9))
@@ -380,7 +380,7 @@ func TestL6_EveryRequestCompletedAndFreedOnce(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := recv.Wait(ctx)
-		if errors.Is(err, ErrCanceled) {
+		if errors.Is(err, ErrCancelled) {
 			cancelled++
 			drain := p.ba.TagRecv(dst, 0, size, 5, ^uint64(0))
 			require.NoError(t, drain.Wait(ctx))
@@ -420,7 +420,7 @@ func TestUCX_ForceCloseCompletesInflightSend(t *testing.T) {
 			require.NoError(t, p.ab.ForceClose(ctx))
 			err := send.Wait(ctx)
 			require.Error(t, err)
-			require.ErrorIs(t, err, ErrCanceled)
+			require.ErrorIs(t, err, ErrCancelled)
 			t.Logf("send completed %v after force close: %v", time.Since(start), err)
 			require.ErrorIs(t, p.ab.Err(), ErrClosed)
 			// Anything posted on the closed endpoint fails at once.
@@ -533,7 +533,7 @@ func TestL2_NothingReleasedWhileInUse(t *testing.T) {
 	require.True(t, recv.Cancel())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	require.ErrorIs(t, recv.Wait(ctx), ErrCanceled)
+	require.ErrorIs(t, recv.Wait(ctx), ErrCancelled)
 	require.Zero(t, m.InUse())
 	require.NoError(t, m.Close())
 	require.ErrorIs(t, w.TagRecv(m, 0, 8, 1, 1).Err(), ErrClosed, "closed memory takes no new requests")

@@ -2,38 +2,16 @@
 
 package observe
 
-import (
-	"errors"
-	"fmt"
-)
+import "github.com/kvxfer/kvxfer/transfer"
 
-// Errors of the package. *ConfigError maps onto ErrInvalidConfig.
+// Errors of the package: the engine's, so one errors.Is matches a bad configuration of either.
 var (
 	// ErrInvalidConfig: a configuration field cannot work; the error is a *ConfigError
-	// naming it.
-	ErrInvalidConfig = errors.New("kvxfer/observe: invalid configuration")
+	// naming it (transfer.ErrInvalidConfig).
+	ErrInvalidConfig = transfer.ErrInvalidConfig
 )
 
-// ConfigError names the configuration field that is wrong and how to fix it.
-type ConfigError struct {
-	// Field is the field's name, for example "MetricsConfig.Registerer".
-	Field string
-	// Reason says what is wrong and what to do instead.
-	Reason string
-	// Err is an underlying cause, such as a Prometheus registration error; may be nil.
-	Err error
-}
-
-// Error names the field, the reason and the cause.
-func (e *ConfigError) Error() string {
-	if e.Err != nil {
-		return fmt.Sprintf("%v: %s: %s: %v", ErrInvalidConfig, e.Field, e.Reason, e.Err)
-	}
-	return fmt.Sprintf("%v: %s: %s", ErrInvalidConfig, e.Field, e.Reason)
-}
-
-// Is matches ErrInvalidConfig.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
-
-// Unwrap returns the underlying cause, if any.
-func (e *ConfigError) Unwrap() error { return e.Err }
+// ConfigError names the configuration field that is wrong and how to fix it; Cause is an
+// underlying error, such as a Prometheus registration error, or nil. It is
+// transfer.ConfigError.
+type ConfigError = transfer.ConfigError

@@ -52,7 +52,7 @@ func (m *Metrics) CollectHealth(src HealthSource) error {
 		return &ConfigError{Field: "CollectHealth(src)", Reason: "required: pass the engine"}
 	}
 	if err := m.reg.Register(newHealthCollector(src, m.constLabels)); err != nil {
-		return &ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering the health gauges (CollectHealth called twice?)", Err: err}
+		return &ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering the health gauges (CollectHealth called twice?)", Cause: err}
 	}
 	return nil
 }

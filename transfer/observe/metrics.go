@@ -159,7 +159,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 		{"kvxfer_peer_connects_total", m.peerConnects}, {"kvxfer_peer_failures_total", m.peerFailures},
 	} {
 		if err := cfg.Registerer.Register(c.c); err != nil {
-			return nil, &ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering " + c.name + " (two engines on one registry need different ConstLabels)", Err: err}
+			return nil, &ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering " + c.name + " (two engines on one registry need different ConstLabels)", Cause: err}
 		}
 	}
 	return m, nil

@@ -58,7 +58,8 @@ var (
 )
 
 // ConfigError names the configuration field that is wrong, its value, and the fix. It is the
-// one type of configuration error the engine and its transports return.
+// one type of configuration error of kvxfer's engine, its transports, package observe and the
+// soak (package buffer, below them, has its own, which a ConfigError carries as its Cause).
 type ConfigError struct {
 	Field  string
 	Value  any
@@ -68,12 +69,16 @@ type ConfigError struct {
 	Cause error
 }
 
-// Error implements error.
+// Error implements error. It leaves out a nil Value (a field that is missing).
 func (e *ConfigError) Error() string {
-	if e.Cause != nil {
-		return fmt.Sprintf("%v: %s = %v: %s: %v", ErrInvalidConfig, e.Field, e.Value, e.Reason, e.Cause)
+	field := e.Field
+	if e.Value != nil {
+		field = fmt.Sprintf("%s = %v", e.Field, e.Value)
 	}
-	return fmt.Sprintf("%v: %s = %v: %s", ErrInvalidConfig, e.Field, e.Value, e.Reason)
+	if e.Cause != nil {
+		return fmt.Sprintf("%v: %s: %s: %v", ErrInvalidConfig, field, e.Reason, e.Cause)
+	}
+	return fmt.Sprintf("%v: %s: %s", ErrInvalidConfig, field, e.Reason)
 }
 
 // Unwrap returns ErrInvalidConfig and the cause, if any.

@@ -35,6 +35,14 @@ func TestTypedErrorsMatchTheirSentinels(t *testing.T) {
 	}
 }
 
+// A ConfigError names the field, and its value when there is one.
+func TestConfigErrorLeavesOutAMissingValue(t *testing.T) {
+	require.Equal(t, "kvxfer: invalid configuration: Transport: a transport is required",
+		(&ConfigError{Field: "Transport", Reason: "a transport is required"}).Error())
+	require.Equal(t, "kvxfer: invalid configuration: Lanes = 99: at most 64",
+		(&ConfigError{Field: "Lanes", Value: 99, Reason: "at most 64"}).Error())
+}
+
 func TestMemoryNamesEveryVerdict(t *testing.T) {
 	seen := map[string]bool{}
 	for _, m := range []Memory{MemoryDone, MemoryBusy, MemoryUnknown} {

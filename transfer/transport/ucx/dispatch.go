@@ -118,7 +118,7 @@ func (t *Transport) deliverRequest(req *native.Request) {
 		delete(t.ops, op.id)
 		if !op.send && t.recvTag[op.tag] == op.id {
 			delete(t.recvTag, op.tag)
-			if op.cancel && !t.closed && errors.Is(req.Err(), native.ErrCanceled) {
+			if op.cancel && !t.closed && errors.Is(req.Err(), native.ErrCancelled) {
 				t.startDrainLocked(op.tag)
 				for k := range uint64(t.cfg.DrainAhead) {
 					if seq := op.tag&ucxSeqMask + k + 1; seq <= ucxSeqMask {
@@ -133,7 +133,7 @@ func (t *Transport) deliverRequest(req *native.Request) {
 	asked, closed := op.cancel, t.closed
 	t.mu.Unlock()
 	c := transport.Completion{Err: ucxError(req.Err(), op.peer), Memory: transport.MemoryDone}
-	if !asked && !closed && errors.Is(req.Err(), native.ErrCanceled) {
+	if !asked && !closed && errors.Is(req.Err(), native.ErrCancelled) {
 		// Nobody here asked: the endpoint to the peer failed, and UCX cancelled what was
 		// posted on it. The caller must hear that the peer was lost, not that it cancelled.
 		c.Err = fmt.Errorf("%w: %.16s: its endpoint failed: %w", transport.ErrPeerLost, op.peer, req.Err())
@@ -169,7 +169,7 @@ func ucxError(err error, peer transport.Peer) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, native.ErrCanceled):
+	case errors.Is(err, native.ErrCancelled):
 		return fmt.Errorf("%w: %w", transport.ErrCancelled, err)
 	case errors.Is(err, native.ErrPeerUnreachable), errors.Is(err, native.ErrClosed):
 		return fmt.Errorf("%w: %.16s: %w", transport.ErrPeerLost, peer, err)
