@@ -6,7 +6,7 @@
 # Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName: the layout plans,
 # the wire decoder, ContextParams, and a peer's worker address (refused by native.CheckAddress
 # or survived by UCX, tried in a child process).
-FUZZ_TARGETS := ./layout:FuzzPlan ./transfer:FuzzDecode ./transfer/transport/ucx:FuzzContextParams \
+FUZZ_TARGETS := ./layout:FuzzPlan ./transfer/internal/wire:FuzzDecode ./transfer/transport/ucx:FuzzContextParams \
 	./native:FuzzWorkerAddress
 FUZZ_TIME ?= 10s
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"go.uber.org/zap"
 )
 
@@ -199,8 +200,8 @@ func (c Config) validate() error {
 		return &ConfigError{Field: field, Value: v, Reason: reason}
 	}
 	switch {
-	case c.SlotBytes <= DataHeaderBytes:
-		return bad("SlotBytes", c.SlotBytes, fmt.Sprintf("must exceed the %d-byte chunk header", DataHeaderBytes))
+	case c.SlotBytes <= wire.DataHeaderBytes:
+		return bad("SlotBytes", c.SlotBytes, fmt.Sprintf("must exceed the %d-byte chunk header", wire.DataHeaderBytes))
 	case c.DirectChunkBytes < 8 || c.DirectChunkBytes > 1<<40:
 		return bad("DirectChunkBytes", c.DirectChunkBytes, "must be in [8, 2^40]")
 	case c.RMAMinRegionBytes < 1:

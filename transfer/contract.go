@@ -2,7 +2,9 @@
 
 package transfer
 
-import "github.com/kvxfer/kvxfer/transfer/transport"
+import (
+	"github.com/kvxfer/kvxfer/transfer/transport"
+)
 
 // The Transport contract lives in package transport, so that a transport (package ucx, package
 // mem, or a new one) is written against it without importing the engine. These aliases name
@@ -54,6 +56,10 @@ type (
 	// (transport.ControlSizeError).
 	ControlSizeError = transport.ControlSizeError
 )
+
+// DataHeaderBytes is the size of a data chunk's header; the payload follows it in the same
+// staging slot, so a slot carries Config.SlotBytes-DataHeaderBytes bytes of KV per chunk.
+const DataHeaderBytes = transport.DataHeaderBytes
 
 // The quiescence verdicts a completion carries (see transport.Memory).
 const (

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -25,7 +26,7 @@ type wireBytes struct {
 }
 
 func (w *wireBytes) judge(fp mem.FaultPoint) mem.Fault {
-	if fp.Kind != KindData || fp.Generation {
+	if fp.Kind != wire.KindData || fp.Generation {
 		return mem.Fault{}
 	}
 	w.mu.Lock()

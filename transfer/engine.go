@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // Engine runs transfers over one Transport. Every method is safe for concurrent use. Only
@@ -83,19 +84,19 @@ type routeKey struct {
 }
 
 type pendingInfo struct {
-	info *RequestInfo
+	info *wire.RequestInfo
 	// abort is the receiver's Abort that followed info: it gave up (its deadline, a cancel)
 	// before the Send was made. The Send then ends at once instead of starting on a request
 	// nobody waits for: on the RMA path it would expose its pool to a receiver that will never
 	// read it nor release it, and the blocks could never be freed (L10).
-	abort *Abort
+	abort *wire.Abort
 	at    time.Time
 }
 
 // unanswered is a Send that ended before its receiver's request arrived: a request that
 // arrives later is answered with an abort, so the receiver does not wait for its deadline.
 type unanswered struct {
-	code   AbortCode
+	code   wire.AbortCode
 	reason string
 	at     time.Time
 }
@@ -172,7 +173,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		h.total.Add(s.Plan.Bytes())
 		var nonce uint64 // a sender takes the receiver's, from its request
 		if receive {
-			nonce = newNonce()
+			nonce = wire.NewNonce()
 		}
 		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), nonce: nonce, receive: receive, peer: s.Peer, plan: s.Plan,
 			mover: mover, pool: spec.Pool, hostPool: spec.Mover == nil, timeout: timeout, stopCh: make(chan struct{}),
@@ -549,13 +550,13 @@ type inbound struct{ e *Engine }
 // not made yet.
 func (in inbound) OnControl(from Peer, msg []byte) {
 	e := in.e
-	m, err := Decode(msg)
+	m, err := wire.Decode(msg)
 	if err != nil {
 		e.malformed.Add(1)
 		e.log.Debug("dropping malformed control message", zap.String("peer", string(from)), zap.Error(err))
 		return
 	}
-	if h, ok := m.(*Hello); ok {
+	if h, ok := m.(*wire.Hello); ok {
 		e.onHello(from, h)
 		return
 	}
@@ -564,16 +565,16 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	x := e.routes[key]
 	if x == nil {
 		switch m := m.(type) {
-		case *RequestInfo:
+		case *wire.RequestInfo:
 			if u, gone := e.unanswered[key]; gone {
 				e.mu.Unlock()
-				_ = e.tr.SendControl(from, encode(&Abort{Header: Header{Sub: m.Sub, Request: m.Request, Nonce: m.Nonce}, Code: u.code, Reason: u.reason}))
+				_ = e.tr.SendControl(from, wire.Encode(&wire.Abort{Header: wire.Header{Sub: m.Sub, Request: m.Request, Nonce: m.Nonce}, Code: u.code, Reason: u.reason}))
 				return
 			}
 			if !e.closed {
 				e.addPendingLocked(key, m)
 			}
-		case *Abort:
+		case *wire.Abort:
 			if p, early := e.pending[key]; early && p.abort == nil && p.info.Nonce == m.Nonce {
 				p.abort = m // the receiver of an early request gave up: its Send must not start
 				e.pending[key] = p
@@ -611,7 +612,7 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 
 // rememberUnanswered records a Send that ended before its request arrived, bounded in count
 // (Config.MaxPending) and age (Config.PendingTTL) like the pending requests.
-func (e *Engine) rememberUnanswered(key routeKey, code AbortCode, cause error) {
+func (e *Engine) rememberUnanswered(key routeKey, code wire.AbortCode, cause error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.unanswered) >= e.cfg.MaxPending {
@@ -631,7 +632,7 @@ func (e *Engine) rememberUnanswered(key routeKey, code AbortCode, cause error) {
 // addPendingLocked keeps a request that arrived before its Send, bounded in count and age; a
 // dropped one is resent by the receiver. A request after an abort of the same id replaces it:
 // the receiver started again. e.mu is held.
-func (e *Engine) addPendingLocked(key routeKey, ri *RequestInfo) {
+func (e *Engine) addPendingLocked(key routeKey, ri *wire.RequestInfo) {
 	if p, ok := e.pending[key]; ok && p.abort == nil {
 		return // a repeat
 	}

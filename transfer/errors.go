@@ -59,8 +59,6 @@ var (
 	// ErrTagCollision: a transport's data tags for a transfer would match another live
 	// transfer's (TagReserver); the engine draws another nonce and tries again.
 	ErrTagCollision = transport.ErrTagCollision
-	// ErrMalformed: wire bytes do not decode; the error is a *DecodeError.
-	ErrMalformed = errors.New("kvxfer: malformed wire message")
 	// ErrSiblingFailed: another sub-transfer of the same multi-peer request failed, so this
 	// one was stopped.
 	ErrSiblingFailed = errors.New("kvxfer: a sibling sub-transfer failed")
@@ -137,17 +135,3 @@ func (e *RequestError) Error() string { return fmt.Sprintf("request %d: %v", e.I
 
 // Unwrap returns the sentinel.
 func (e *RequestError) Unwrap() error { return e.Err }
-
-// DecodeError says why wire bytes did not decode. It matches ErrMalformed.
-type DecodeError struct {
-	Offset int
-	Reason string
-}
-
-// Error implements error.
-func (e *DecodeError) Error() string {
-	return fmt.Sprintf("%v: at byte %d: %s", ErrMalformed, e.Offset, e.Reason)
-}
-
-// Unwrap returns ErrMalformed.
-func (e *DecodeError) Unwrap() error { return ErrMalformed }

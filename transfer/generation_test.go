@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/stretchr/testify/require"
 )
@@ -37,10 +38,10 @@ func TestLateMessageOfAnOldTransferIsNotTakenForANewOne(t *testing.T) {
 			stale.Store(true)
 			var infos atomic.Int32
 			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				if !stale.Load() || fp.From != "decode" || fp.Kind == KindData {
+				if !stale.Load() || fp.From != "decode" || fp.Kind == wire.KindData {
 					return mem.Fault{}
 				}
-				if fp.Kind == KindRequestInfo && infos.Add(1) == 1 {
+				if fp.Kind == wire.KindRequestInfo && infos.Add(1) == 1 {
 					return mem.Fault{Delay: 50 * time.Millisecond}
 				}
 				return mem.Fault{Drop: true}

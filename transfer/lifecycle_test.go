@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -42,7 +43,7 @@ func pools(t testing.TB, seed uint64) (src, dst *kvPool) {
 
 func dataOnly(f mem.Fault) func(mem.FaultPoint) mem.Fault {
 	return func(fp mem.FaultPoint) mem.Fault {
-		if fp.Kind == KindData {
+		if fp.Kind == wire.KindData {
 			return f
 		}
 		return mem.Fault{}
@@ -146,7 +147,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 				return p.dst, h, nil
 			}, want: CancelRequestedInFlight, final: []State{Cancelled}},
 		{desc: "in flight: a chunk moved, the next hung on the wire",
-			fault: func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == KindData && fp.Tag.Seq == 1} },
+			fault: func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == wire.KindData && fp.Tag.Seq == 1} },
 			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
 				hs, hr := p.start(t, 7, src, dst)
 				eventually(t, func() bool { return hr.Status().State == InFlight && p.net.OnWire() > 0 }, "in flight")
@@ -154,7 +155,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 				return p.dst, hr, hs
 			}, want: CancelRequestedInFlight, final: []State{Cancelled}, resume: true},
 		{desc: "in flight, cancelled by the sender",
-			fault: func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == KindData && fp.Tag.Seq == 1} },
+			fault: func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == wire.KindData && fp.Tag.Seq == 1} },
 			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
 				hs, hr := p.start(t, 7, src, dst)
 				eventually(t, func() bool { return hs.Status().State == InFlight && p.net.OnWire() > 0 }, "in flight")
@@ -185,7 +186,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 			n := mem.NewNetwork()
 			var told sync.Map // sender -> kinds of the control messages it sent
 			n.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				if fp.Kind != KindData {
+				if fp.Kind != wire.KindData {
 					told.Store([2]any{fp.From, fp.Kind}, true)
 				}
 				if c.fault != nil {
@@ -228,7 +229,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 				})
 			}
 			open := rt[me].open(h.ID()) // operations posted and not ended when the cancel came
-			told.Delete([2]any{me, KindAbort})
+			told.Delete([2]any{me, wire.KindAbort})
 
 			require.Equal(t, c.want, e.Cancel(h.ID()))
 			if c.want != NotCancellable {
@@ -258,7 +259,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 				waitClosed(t, peer.Quiesced(), "the peer ended")
 				requireState(t, peer, Failed, ErrPeerAborted)
 			} else if c.want != CancelledBeforeAdvertise || e == p.src {
-				_, ok := told.Load([2]any{me, KindAbort})
+				_, ok := told.Load([2]any{me, wire.KindAbort})
 				require.True(t, ok, "the peer %s was not told", other)
 			}
 		})
@@ -637,7 +638,7 @@ func testSlotsUnderChurn(t *testing.T) {
 		fmu.Lock()
 		defer fmu.Unlock()
 		f := faults[fp.Tag.Request]
-		if fp.Kind != KindData {
+		if fp.Kind != wire.KindData {
 			return mem.Fault{Drop: f.Drop, Duplicate: f.Duplicate}
 		}
 		return f
@@ -866,7 +867,7 @@ func TestL6_EveryOperationCompletesExactlyOnce(t *testing.T) {
 			// Requests by id % 5: complete, hang until Close, fail, never quiesce, cancelled
 			// in flight with a chunk delayed.
 			n.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				if fp.Kind != KindData {
+				if fp.Kind != wire.KindData {
 					return mem.Fault{}
 				}
 				switch fp.Tag.Request % 5 {
@@ -955,7 +956,7 @@ func TestL8_DuplicatesNeverStartASecondTransfer(t *testing.T) {
 		cfg.RetryInterval = time.Millisecond
 		p := newPair(t, cfg, cfg)
 		p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-			if fp.Kind == KindData {
+			if fp.Kind == wire.KindData {
 				return mem.Fault{Delay: 10 * time.Millisecond} // let the retries pile up
 			}
 			return mem.Fault{Duplicate: true}
@@ -1377,7 +1378,7 @@ func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
 		n, senders, recv, srcs, dst, sels := setup(t, obs)
 		n.SetFault(func(fp mem.FaultPoint) mem.Fault {
 			switch {
-			case fp.Kind != KindData:
+			case fp.Kind != wire.KindData:
 				return mem.Fault{}
 			case fp.From == "prefill-0":
 				return mem.Fault{FailAfter: 8}
@@ -1449,7 +1450,7 @@ func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {
 		}, CancelRequestedInFlight, Cancelled, false, ErrCancelled},
 		{"in flight, chunk on the wire", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
 			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				if fp.Kind == KindData && fp.Tag.Seq == 1 {
+				if fp.Kind == wire.KindData && fp.Tag.Seq == 1 {
 					return mem.Fault{Delay: 100 * time.Millisecond}
 				}
 				return mem.Fault{}
@@ -1601,8 +1602,8 @@ func TestFaultsEndEveryTransferCleanly(t *testing.T) {
 		errs   []error
 		sender []error
 	}{
-		{"first request-info dropped, retry recovers", dropFirst(KindRequestInfo), false, Completed, nil, nil},
-		{"done message dropped: sender fails at its deadline, memory quiescent", dropAll(KindDone), false, Completed, nil, []error{ErrDeadline}},
+		{"first request-info dropped, retry recovers", dropFirst(wire.KindRequestInfo), false, Completed, nil, nil},
+		{"done message dropped: sender fails at its deadline, memory quiescent", dropAll(wire.KindDone), false, Completed, nil, []error{ErrDeadline}},
 		{"chunks delayed", dataOnly(mem.Fault{Delay: 5 * time.Millisecond}), false, Completed, nil, nil},
 		{"chunk fails after 100 bytes", dataOnly(mem.Fault{FailAfter: 100}), false, Failed, []error{mem.ErrInjected}, []error{mem.ErrInjected}},
 		{"peer lost mid-transfer", dataOnly(mem.Fault{Hang: true}), true, Failed, []error{ErrPeerLost}, []error{ErrPeerLost}},
@@ -1635,7 +1636,7 @@ func TestFaultsEndEveryTransferCleanly(t *testing.T) {
 	}
 }
 
-func dropFirst(k Kind) func(mem.FaultPoint) mem.Fault {
+func dropFirst(k wire.Kind) func(mem.FaultPoint) mem.Fault {
 	var dropped atomic.Bool
 	return func(fp mem.FaultPoint) mem.Fault {
 		if fp.Kind == k && dropped.CompareAndSwap(false, true) {
@@ -1645,7 +1646,7 @@ func dropFirst(k Kind) func(mem.FaultPoint) mem.Fault {
 	}
 }
 
-func dropAll(k Kind) func(mem.FaultPoint) mem.Fault {
+func dropAll(k wire.Kind) func(mem.FaultPoint) mem.Fault {
 	return func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Drop: fp.Kind == k} }
 }
 
@@ -1711,7 +1712,7 @@ func TestMaxRetriesNoneSendsTheRequestOnce(t *testing.T) {
 			p := newPair(t, cfg, cfg)                    // the prefill engine never sends
 			var requests atomic.Int64
 			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				if fp.Kind == KindRequestInfo {
+				if fp.Kind == wire.KindRequestInfo {
 					requests.Add(1)
 				}
 				return mem.Fault{}

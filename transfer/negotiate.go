@@ -2,7 +2,7 @@
 
 package transfer
 
-// Version negotiation. Two engines exchange hellos (wire.go) the first time a receiver asks
+// Version negotiation. Two engines exchange hellos (package wire) the first time a receiver asks
 // its sender for a request: the receiver sends its hello and waits, in Queued, for the
 // answer; the sender records the receiver's hello and answers with its own. Each then knows
 // the wire version the pair speaks (the highest both do) and the features the other lacks,
@@ -17,15 +17,34 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"go.uber.org/zap"
 )
 
 // WireVersions returns the lowest and highest wire versions this build's engines speak: what
 // they say in their hellos, and what a worker may publish for others to check.
-func WireVersions() (min, max int) { return wireMinVersion, wireVersion }
+func WireVersions() (min, max int) { return wire.MinVersion, wire.Version }
 
 // Features returns the features this build's engines speak.
-func Features() Feature { return knownFeatures }
+func Features() Feature { return wire.KnownFeatures }
+
+// Feature is one part of the wire protocol that a peer may lack (a set of them, joined with
+// "+" by String). The staging path is in every wire version and is not one.
+type Feature = wire.Feature
+
+// The features.
+const (
+	// FeatureStreaming: layer-aligned chunks, which a streaming Receive asks for.
+	FeatureStreaming = wire.FeatureStreaming
+	// FeaturePartial: a request naming the blocks its receiver already holds.
+	FeaturePartial = wire.FeaturePartial
+	// FeatureDirect: the one-copy path.
+	FeatureDirect = wire.FeatureDirect
+	// FeatureRMA: the direct path's RMA mode.
+	FeatureRMA = wire.FeatureRMA
+	// FeatureMultiPart: an RMA offer in more than one control message.
+	FeatureMultiPart = wire.FeatureMultiPart
+)
 
 // ErrPeerLacksFeature: the peer does not speak a feature the request needs, or no wire
 // version in common with this engine. The error is a *FeatureError; the request fails
@@ -46,7 +65,7 @@ type FeatureError struct {
 func (e *FeatureError) Error() string {
 	if e.Feature == 0 {
 		return fmt.Sprintf("%v: %s speaks wire versions %d to %d, this engine %d to %d: none in common",
-			ErrPeerLacksFeature, e.Peer, e.PeerMinVersion, e.PeerVersion, wireMinVersion, wireVersion)
+			ErrPeerLacksFeature, e.Peer, e.PeerMinVersion, e.PeerVersion, wire.MinVersion, wire.Version)
 	}
 	return fmt.Sprintf("%v: %s (wire version %d) does not speak %v, which the request needs",
 		ErrPeerLacksFeature, e.Peer, e.PeerVersion, e.Feature)
@@ -59,27 +78,27 @@ func (e *FeatureError) Unwrap() error { return ErrPeerLacksFeature }
 // engine speaks the build's (New); tests make engines that speak less, or more.
 type speech struct {
 	min, max uint8
-	features Feature
+	features wire.Feature
 }
 
 func buildSpeech() speech {
-	return speech{min: wireMinVersion, max: wireVersion, features: knownFeatures}
+	return speech{min: wire.MinVersion, max: wire.Version, features: wire.KnownFeatures}
 }
 
-func (s speech) hello(reply bool) *Hello {
-	return &Hello{Min: s.min, Max: s.max, Reply: reply, Features: s.features}
+func (s speech) hello(reply bool) *wire.Hello {
+	return &wire.Hello{Min: s.min, Max: s.max, Reply: reply, Features: s.features}
 }
 
 // peerHello is what the engine knows of one peer's speech.
 type peerHello struct {
 	met    chan struct{} // closed once the peer's hello arrived
-	hello  Hello         // the latest, valid once met is closed; under Engine.mu
+	hello  wire.Hello    // the latest, valid once met is closed; under Engine.mu
 	sentAt time.Time     // our last hello to it that asked for an answer
 }
 
 // agreed is the pair's speech with the peer: the version both speak (ok false when none)
 // and the peer's features. Called with e.mu held.
-func (e *Engine) agreed(h Hello) (version uint8, features Feature, ok bool) {
+func (e *Engine) agreed(h wire.Hello) (version uint8, features wire.Feature, ok bool) {
 	version = min(e.speech.max, h.Max)
 	return version, h.Features, version >= max(e.speech.min, h.Min)
 }
@@ -103,7 +122,7 @@ func (e *Engine) peerLocked(p Peer) *peerHello {
 }
 
 // onHello records a peer's hello and answers it unless it is itself an answer.
-func (e *Engine) onHello(from Peer, m *Hello) {
+func (e *Engine) onHello(from Peer, m *wire.Hello) {
 	e.mu.Lock()
 	ph := e.peerLocked(from)
 	ph.hello = *m
@@ -112,7 +131,7 @@ func (e *Engine) onHello(from Peer, m *Hello) {
 	}
 	e.mu.Unlock()
 	if !m.Reply {
-		_ = e.tr.SendControl(from, encode(e.speech.hello(true)))
+		_ = e.tr.SendControl(from, wire.Encode(e.speech.hello(true)))
 	}
 }
 
@@ -128,7 +147,7 @@ func (e *Engine) greet(p Peer) *peerHello {
 	}
 	e.mu.Unlock()
 	if send {
-		_ = e.tr.SendControl(p, encode(e.speech.hello(false)))
+		_ = e.tr.SendControl(p, wire.Encode(e.speech.hello(false)))
 	}
 	return ph
 }
@@ -136,7 +155,7 @@ func (e *Engine) greet(p Peer) *peerHello {
 // peerFeatures is what a sender knows of its receiver: the version the pair speaks, the
 // lowest the receiver speaks, and its features; or, when no hello came (the table forgot
 // it), this engine's own, which the receiver checked its request against when it met us.
-func (e *Engine) peerFeatures(p Peer) (version, minVersion int, features Feature) {
+func (e *Engine) peerFeatures(p Peer) (version, minVersion int, features wire.Feature) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if ph, ok := e.peers[p]; ok && chanClosed(ph.met) {
@@ -161,12 +180,12 @@ func (x *xfer) meet() bool {
 	peerMin, peerMax := ph.hello.Min, ph.hello.Max
 	e.mu.Unlock()
 	x.peerFeatures = features
-	need := Feature(0)
+	need := wire.Feature(0)
 	if x.stream {
-		need |= FeatureStreaming
+		need |= wire.FeatureStreaming
 	}
 	if x.heldOf > 0 {
-		need |= FeaturePartial
+		need |= wire.FeaturePartial
 	}
 	if lacks := need &^ features; !ok || lacks != 0 {
 		fe := &FeatureError{Peer: x.peer, Feature: lacks, PeerVersion: int(version), PeerMinVersion: int(peerMin)}
@@ -214,24 +233,24 @@ func (x *xfer) awaitHello(ph *peerHello) bool {
 }
 
 // peerHas reports whether the peer speaks f.
-func (x *xfer) peerHas(f Feature) bool { return x.peerFeatures&f == f }
+func (x *xfer) peerHas(f wire.Feature) bool { return x.peerFeatures&f == f }
 
 // refuseUnspoken (a sender, on the receiver's request) refuses a request for a feature this
 // engine does not speak, which only an engine that speaks less than its build gets: one that
 // read our hello never asks.
-func (x *xfer) refuseUnspoken(ri *RequestInfo) error {
-	need := Feature(0)
-	if ri.Flags&FlagLayerCut != 0 {
-		need |= FeatureStreaming
+func (x *xfer) refuseUnspoken(ri *wire.RequestInfo) error {
+	need := wire.Feature(0)
+	if ri.Flags&wire.FlagLayerCut != 0 {
+		need |= wire.FeatureStreaming
 	}
 	if ri.HeldOf > 0 {
-		need |= FeaturePartial
+		need |= wire.FeaturePartial
 	}
-	if ri.Flags&FlagDirect != 0 {
-		need |= FeatureDirect
+	if ri.Flags&wire.FlagDirect != 0 {
+		need |= wire.FeatureDirect
 	}
-	if ri.Flags&FlagRMA != 0 {
-		need |= FeatureRMA
+	if ri.Flags&wire.FlagRMA != 0 {
+		need |= wire.FeatureRMA
 	}
 	if lacks := need &^ x.eng.speech.features; lacks != 0 {
 		return fmt.Errorf("this engine does not speak %v", lacks)

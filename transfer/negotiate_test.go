@@ -11,15 +11,16 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // answerHello answers a hello as an engine of this build would, for the test's fake peers;
 // it reports whether m was a hello.
-func answerHello(tr Transport, from Peer, m Message) bool {
-	h, ok := m.(*Hello)
+func answerHello(tr Transport, from Peer, m wire.Message) bool {
+	h, ok := m.(*wire.Hello)
 	if ok && !h.Reply {
-		_ = tr.SendControl(from, encode(buildSpeech().hello(true)))
+		_ = tr.SendControl(from, wire.Encode(buildSpeech().hello(true)))
 	}
 	return ok
 }
@@ -29,9 +30,9 @@ var (
 	// lacking speaks this build's version without the given features: an older build.
 	lacking = func(f Feature) speech { s := buildSpeech(); s.features &^= f; return s }
 	// newer speaks this version and the next, with a feature this build does not know.
-	newer = speech{min: wireMinVersion, max: wireVersion + 1, features: knownFeatures | 1<<40}
+	newer = speech{min: wire.MinVersion, max: wire.Version + 1, features: wire.KnownFeatures | 1<<40}
 	// tooNew speaks only versions after this build's.
-	tooNew = speech{min: wireVersion + 1, max: wireVersion + 2, features: knownFeatures}
+	tooNew = speech{min: wire.Version + 1, max: wire.Version + 2, features: wire.KnownFeatures}
 )
 
 // newSpeakingPair is newPair with engines that say srcSp and dstSp in their hellos.
@@ -74,15 +75,15 @@ func TestMixedVersions(t *testing.T) {
 		wantPath Path
 	}{
 		{"an older peer without streaming: a streaming receive fails at once", lacking(FeatureStreaming),
-			func(s *Spec) { s.Stream = true }, &FeatureError{Peer: "prefill", Feature: FeatureStreaming, PeerVersion: wireVersion, PeerMinVersion: wireMinVersion}, 0},
+			func(s *Spec) { s.Stream = true }, &FeatureError{Peer: "prefill", Feature: FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
 		{"an older peer without partial requests: a partial receive fails at once", lacking(FeaturePartial),
-			func(s *Spec) { s.Held = []int{1} }, &FeatureError{Peer: "prefill", Feature: FeaturePartial, PeerVersion: wireVersion, PeerMinVersion: wireMinVersion}, 0},
+			func(s *Spec) { s.Held = []int{1} }, &FeatureError{Peer: "prefill", Feature: FeaturePartial, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
 		{"a peer with no version in common fails at once", tooNew,
-			nil, &FeatureError{Peer: "prefill", PeerVersion: wireVersion + 2, PeerMinVersion: wireVersion + 1}, 0},
+			nil, &FeatureError{Peer: "prefill", PeerVersion: wire.Version + 2, PeerMinVersion: wire.Version + 1}, 0},
 		{"an older peer without streaming: a plain receive completes", lacking(FeatureStreaming), nil, nil, PathRMA},
 		{"an older peer without rma: the direct path's messages", lacking(FeatureRMA), nil, nil, PathDirect},
 		{"an older peer without direct or rma: staging", lacking(FeatureDirect | FeatureRMA), nil, nil, PathStaging},
-		{"an older peer with none of the features: staging", lacking(knownFeatures), nil, nil, PathStaging},
+		{"an older peer with none of the features: staging", lacking(wire.KnownFeatures), nil, nil, PathStaging},
 		{"a newer peer: the version both speak, every feature", newer, func(s *Spec) { s.Stream = true }, nil, PathRMA},
 	}
 	for _, c := range cases {
@@ -94,7 +95,7 @@ func TestMixedVersions(t *testing.T) {
 			p.net.Endpoint("decode").AllowDirect(dst.mem)
 			var infos atomic.Int32
 			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				if fp.Kind == KindRequestInfo {
+				if fp.Kind == wire.KindRequestInfo {
 					infos.Add(1)
 				}
 				return mem.Fault{}
@@ -180,24 +181,24 @@ func TestMixedVersionsOlderSenderRefusesWhatItLacks(t *testing.T) {
 // engine counts it, keeps what it knew of the peer, and transfers in flight and after it
 // complete, every byte checked.
 func TestGarbageHelloLosesNothing(t *testing.T) {
-	good := encode(buildSpeech().hello(false))
+	good := wire.Encode(buildSpeech().hello(false))
 	bad := map[string][]byte{
 		"oversized":             append(append([]byte(nil), good...), 0),
-		"truncated":             good[:HelloBytes-1],
-		"version 2":             func() []byte { b := append([]byte(nil), good...); b[2] = 2; b[HeaderBytes+1] = 2; return b }(),
-		"header and max differ": func() []byte { b := append([]byte(nil), good...); b[2] = wireVersion + 1; return b }(),
-		"min above max":         func() []byte { b := append([]byte(nil), good...); b[HeaderBytes] = wireVersion + 1; return b }(),
-		"min zero":              func() []byte { b := append([]byte(nil), good...); b[HeaderBytes] = 0; return b }(),
-		"unknown flags":         func() []byte { b := append([]byte(nil), good...); b[HeaderBytes+2] = 0x80; return b }(),
-		"reserved set":          func() []byte { b := append([]byte(nil), good...); b[HeaderBytes+4] = 1; return b }(),
+		"truncated":             good[:wire.HelloBytes-1],
+		"version 2":             func() []byte { b := append([]byte(nil), good...); b[2] = 2; b[wire.HeaderBytes+1] = 2; return b }(),
+		"header and max differ": func() []byte { b := append([]byte(nil), good...); b[2] = wire.Version + 1; return b }(),
+		"min above max":         func() []byte { b := append([]byte(nil), good...); b[wire.HeaderBytes] = wire.Version + 1; return b }(),
+		"min zero":              func() []byte { b := append([]byte(nil), good...); b[wire.HeaderBytes] = 0; return b }(),
+		"unknown flags":         func() []byte { b := append([]byte(nil), good...); b[wire.HeaderBytes+2] = 0x80; return b }(),
+		"reserved set":          func() []byte { b := append([]byte(nil), good...); b[wire.HeaderBytes+4] = 1; return b }(),
 		"names a request":       func() []byte { b := append([]byte(nil), good...); b[8] = 1; return b }(),
 		"names a nonce":         func() []byte { b := append([]byte(nil), good...); b[16] = 1; return b }(),
 	}
 	for desc, b := range bad {
-		_, err := Decode(b)
-		var de *DecodeError
+		_, err := wire.Decode(b)
+		var de *wire.DecodeError
 		require.True(t, errors.As(err, &de), "%s: %v", desc, err)
-		require.ErrorIs(t, err, ErrMalformed, desc)
+		require.ErrorIs(t, err, wire.ErrMalformed, desc)
 	}
 
 	p := newPair(t, fastConfig(), fastConfig())
@@ -234,17 +235,17 @@ func TestGarbageHelloLosesNothing(t *testing.T) {
 }
 
 func TestHelloRoundTrips(t *testing.T) {
-	for _, m := range []*Hello{buildSpeech().hello(false), buildSpeech().hello(true), newer.hello(false),
+	for _, m := range []*wire.Hello{buildSpeech().hello(false), buildSpeech().hello(true), newer.hello(false),
 		{Min: 1, Max: 200, Features: ^Feature(0)}} {
-		b := encode(m)
-		require.Len(t, b, HelloBytes)
-		got, err := Decode(b)
+		b := wire.Encode(m)
+		require.Len(t, b, wire.HelloBytes)
+		got, err := wire.Decode(b)
 		require.NoError(t, err)
 		want := *m
-		want.Kind = KindHello
+		want.Kind = wire.KindHello
 		require.Equal(t, &want, got)
 	}
-	_, err := (&Hello{Min: 2, Max: 2}).AppendBinary(nil)
+	_, err := (&wire.Hello{Min: 2, Max: 2}).AppendBinary(nil)
 	require.Error(t, err, "no hello before version 3")
 	require.Equal(t, "streaming+rma+feature40", (FeatureStreaming | FeatureRMA | 1<<40).String())
 }
@@ -252,15 +253,15 @@ func TestHelloRoundTrips(t *testing.T) {
 // Messages other than a hello travel at the version the pair speaks: one of a version this
 // build does not speak (an older build's without a hello, or a newer one's) is malformed.
 func TestWireVersionsOutsideOursAreRefused(t *testing.T) {
-	for _, v := range []byte{1, 2, wireVersion + 1} {
-		b := encode(&Done{Header: Header{Request: 1, Nonce: 2}, Bytes: 3})
+	for _, v := range []byte{1, 2, wire.Version + 1} {
+		b := wire.Encode(&wire.Done{Header: wire.Header{Request: 1, Nonce: 2}, Bytes: 3})
 		b[2] = v
-		_, err := Decode(b)
-		var de *DecodeError
+		_, err := wire.Decode(b)
+		var de *wire.DecodeError
 		require.True(t, errors.As(err, &de), "version %d: %v", v, err)
 		require.Equal(t, 2, de.Offset)
 	}
 	lo, hi := WireVersions()
-	require.Equal(t, [2]int{wireMinVersion, wireVersion}, [2]int{lo, hi})
-	require.Equal(t, knownFeatures, Features())
+	require.Equal(t, [2]int{wire.MinVersion, wire.Version}, [2]int{lo, hi})
+	require.Equal(t, wire.KnownFeatures, Features())
 }

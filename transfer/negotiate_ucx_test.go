@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -53,7 +54,7 @@ func TestUCXTransport_MixedVersions(t *testing.T) {
 	requireState(t, hr, Failed, ErrPeerLacksFeature)
 	var fe *FeatureError
 	require.True(t, errors.As(hr.Status().Err, &fe))
-	require.Equal(t, &FeatureError{Peer: old.tr.Self(), Feature: FeatureStreaming, PeerVersion: wireVersion, PeerMinVersion: wireMinVersion}, fe)
+	require.Equal(t, &FeatureError{Peer: old.tr.Self(), Feature: FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, fe)
 	require.Equal(t, Queued, hs.Status().State, "the sender never got a request")
 	require.NoError(t, hr.Release()) // the id is free again
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // Path is how a transfer moves its bytes. It is decided once per sub-transfer, when the
@@ -93,7 +94,7 @@ type path interface {
 type peerTalk interface {
 	// fromPeer takes a message of this transfer (its nonce checked): *RequestInfo (repeated),
 	// *RMAOffer, *RMARelease or *Done.
-	fromPeer(m Message)
+	fromPeer(m wire.Message)
 	// peerLost runs before the abort that a lost peer causes.
 	peerLost()
 }
@@ -101,7 +102,7 @@ type peerTalk interface {
 // requestFlags is a receiving path that shapes the request it sends (and resends).
 type requestFlags interface {
 	// request adds the path's flags to ri. It reports false when no request should go.
-	request(ri *RequestInfo) bool
+	request(ri *wire.RequestInfo) bool
 }
 
 // peerMoves is a sending path on which the receiver moves the bytes (RMA gets): while it

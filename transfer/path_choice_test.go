@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // Where the transport emulates gets from the sender (UCX over TCP), the receiver takes tagged
@@ -32,7 +33,7 @@ func TestRMAWhereGetsAreEmulatedTheReceiverTakesMessages(t *testing.T) {
 			rcfg.RMAWhereEmulated = c.keepRMA
 			p, w := directPair(t, scfg, rcfg, src, dst)
 			p.net.Endpoint("decode").EmulateGets("prefill", c.emulated)
-			offers := faultNth(p, w, KindRMAOffer, "", nil)
+			offers := faultNth(p, w, wire.KindRMAOffer, "", nil)
 			hs, hr := p.start(t, 1, src, dst)
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
 			waitClosed(t, hs.Quiesced(), "sender quiesced")

@@ -12,6 +12,7 @@ import (
 	"fmt"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // directSend is the sending side of the direct path.
@@ -50,7 +51,7 @@ func (x *xfer) startDirect(p path) bool {
 // startDirectSend starts a sender on the direct path the receiver asked for: it offers the
 // pool for the receiver's gets when asked to (path_rma.go), or posts the first chunks. It
 // reports false, having told the receiver, if the transfer ended before it started.
-func (x *xfer) startDirectSend(ri *RequestInfo) bool {
+func (x *xfer) startDirectSend(ri *wire.RequestInfo) bool {
 	d := &directSend{x: x}
 	if !x.startDirect(d) {
 		x.stoppedBeforeStart("started")
@@ -113,7 +114,7 @@ func (d *directSend) post(*buffer.Slot) bool {
 	off, n := x.chunkRange(x.nextSeq)
 	if off+n > x.readyBytes {
 		if err := x.refreshReady(); err != nil {
-			x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(err, wire.AbortInternal, x.eng.cfg.CancelGrace)
 			return false
 		}
 		if off+n > x.readyBytes { // wait for the model; a nil slot marks a direct place
@@ -128,9 +129,9 @@ func (d *directSend) completed(rec *opRec, _ Completion) { d.x.sentChunk(rec) }
 
 // fromPeer sends a lost decline again: a repeated request still asking for an offer shows
 // the receiver waits for an answer.
-func (d *directSend) fromPeer(m Message) {
+func (d *directSend) fromPeer(m wire.Message) {
 	x := d.x
-	if ri, ok := m.(*RequestInfo); ok && d.decline != nil && ri.Flags&FlagRMA != 0 && x.moved == 0 && !x.aborting {
+	if ri, ok := m.(*wire.RequestInfo); ok && d.decline != nil && ri.Flags&wire.FlagRMA != 0 && x.moved == 0 && !x.aborting {
 		_ = x.eng.tr.SendControl(x.peer, d.decline)
 	}
 }
@@ -169,7 +170,7 @@ func (d directReceive) completed(rec *opRec, c Completion) {
 	_, n := x.chunkRange(rec.seq)
 	if int64(c.Bytes) != n {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: direct chunk %d carried %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
-			AbortProtocol, x.eng.cfg.CancelGrace)
+			wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return
 	}
 	x.progress(n)
@@ -181,8 +182,8 @@ func (d directReceive) completed(rec *opRec, c Completion) {
 }
 
 // request says the receiver takes the direct path.
-func (directReceive) request(ri *RequestInfo) bool {
-	ri.Flags |= FlagDirect
+func (directReceive) request(ri *wire.RequestInfo) bool {
+	ri.Flags |= wire.FlagDirect
 	return true
 }
 
@@ -201,7 +202,7 @@ func (x *xfer) postDirect(off, n int64, post func(Peer, Tag, [][]byte, func(Comp
 		}
 	}
 	if err != nil {
-		x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(err, wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
 	x.posted(rec, id)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // rmaReceive is the receiving side of the RMA path: first asking for an offer (nothing
@@ -37,11 +38,11 @@ type rmaReceive struct {
 // receiver's gets, which move the whole stream; the sender posts nothing.
 type rmaSend struct {
 	x        *xfer
-	offered  bool         // the pool is offered; false once the receiver declined it
-	exposure *opRec       // outstanding while the receiver may read the pool
-	offer    [][]byte     // the encoded offer (one message, or its parts), resent when a repeated request shows it lost
-	ri       *RequestInfo // the request, to fall back to IOV chunks if the receiver declines
-	endGen   func()       // ends the exposure's generation (rma_gen.go); nil: none
+	offered  bool              // the pool is offered; false once the receiver declined it
+	exposure *opRec            // outstanding while the receiver may read the pool
+	offer    [][]byte          // the encoded offer (one message, or its parts), resent when a repeated request shows it lost
+	ri       *wire.RequestInfo // the request, to fall back to IOV chunks if the receiver declines
+	endGen   func()            // ends the exposure's generation (rma_gen.go); nil: none
 }
 
 var (
@@ -60,7 +61,7 @@ var (
 // receives go out as usual.
 func (x *xfer) askRMA() *rmaReceive {
 	rt := x.rmaTransport()
-	if rt == nil || !x.peerHas(FeatureRMA) {
+	if rt == nil || !x.peerHas(wire.FeatureRMA) {
 		return nil
 	}
 	if em, ok := rt.(RMAEmulation); ok && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
@@ -82,16 +83,16 @@ func (r *rmaReceive) kind() Path {
 
 // request asks for an offer (FlagRMA) while one is wanted. It reports false when no request
 // should go: the offer is in hand, and a repeat would read as a decline.
-func (r *rmaReceive) request(ri *RequestInfo) bool {
+func (r *rmaReceive) request(ri *wire.RequestInfo) bool {
 	if r.pulling {
 		return false
 	}
-	ri.Flags |= FlagDirect | FlagRMA
+	ri.Flags |= wire.FlagDirect | wire.FlagRMA
 	return true
 }
 
-func (r *rmaReceive) fromPeer(m Message) {
-	if o, ok := m.(*RMAOffer); ok {
+func (r *rmaReceive) fromPeer(m wire.Message) {
+	if o, ok := m.(*wire.RMAOffer); ok {
 		r.offered(o)
 	}
 }
@@ -100,23 +101,23 @@ func (*rmaReceive) peerLost() {}
 
 // offered takes the sender's answer to FlagRMA: pull with gets, or fall back to IOV messages
 // when the sender declined or the two layouts do not line up.
-func (r *rmaReceive) offered(m *RMAOffer) {
+func (r *rmaReceive) offered(m *wire.RMAOffer) {
 	x := r.x
 	if r.pulling || x.aborting || m.Sub != x.wireSub {
 		return // a duplicate, or an answer to a request this transfer gave up
 	}
-	if m.Flags&RMADeclined != 0 {
+	if m.Flags&wire.RMADeclined != 0 {
 		x.log().Debug("sender declined rma; direct messages instead", zap.String("reason", m.Reason))
 		r.fallback(false)
 		return
 	}
-	if m.Flags&RMAOfferPart != 0 {
+	if m.Flags&wire.RMAOfferPart != 0 {
 		if r.parts == nil {
 			r.parts = newRMAParts(m)
 		}
 		whole, err := r.parts.add(m)
 		if err != nil {
-			x.abort(&RequestError{ID: x.h.id, Err: err}, AbortProtocol, x.eng.cfg.CancelGrace)
+			x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
 			return
 		}
 		if whole == nil {
@@ -126,28 +127,28 @@ func (r *rmaReceive) offered(m *RMAOffer) {
 	}
 	gets, err := x.checkOffer(m)
 	if err != nil {
-		x.abort(&RequestError{ID: x.h.id, Err: err}, AbortProtocol, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return
 	}
 	if gets == nil {
 		r.fallback(true)
 		return
 	}
-	if m.Flags&RMAValidated != 0 {
+	if m.Flags&wire.RMAValidated != 0 {
 		if x.rmaGenerations() == nil {
 			x.log().Debug("rma offer declined: this transport cannot check the sender's generation")
 			r.fallback(true)
 			return
 		}
 		if err := x.rmaGenerations().PrepareReadGeneration(x.peer, m.GenKey); err != nil {
-			x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 			return
 		}
 		r.gen, r.genAddr, r.genKey = m.Generation, m.GenAddr, m.GenKey
 	}
 	if p, ok := x.rmaTransport().(RMAKeyPreparer); ok {
 		if err := p.PrepareKeys(x.peer, m.Key); err != nil {
-			x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 			return
 		}
 	}
@@ -187,7 +188,7 @@ func (r *rmaReceive) post(*buffer.Slot) bool {
 	id, err := x.rmaTransport().PostGet(x.peer, x.tag(rec.seq), r.key,
 		r.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], func(c Completion) { x.box.Push(event{op: rec, c: c}) })
 	if err != nil {
-		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
 	x.posted(rec, id)
@@ -205,7 +206,7 @@ func (r *rmaReceive) completed(rec *opRec, c Completion) {
 	n := r.gets[rec.seq].n
 	if int64(c.Bytes) != n {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: get %d read %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
-			AbortProtocol, x.eng.cfg.CancelGrace)
+			wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return
 	}
 	x.progress(n)
@@ -226,7 +227,7 @@ func (r *rmaReceive) completed(rec *opRec, c Completion) {
 func (r *rmaReceive) end() {
 	x := r.x
 	if x.m.load() != Completed { // also after a decline of ours: the release is the word that lasts
-		_ = x.eng.tr.SendControl(x.peer, encode(&RMARelease{Header: x.head()}))
+		_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.RMARelease{Header: x.head()}))
 	}
 }
 
@@ -236,8 +237,8 @@ func (r *rmaReceive) end() {
 // offers the pool, puts the transfer on the RMA path and reports true, the receiver's gets
 // then being the whole transfer; or it declines, saying why, and returns the encoded decline
 // (nil when the request asked for no offer), and the caller sends IOV chunks.
-func (x *xfer) offerRMA(ri *RequestInfo) (offered bool, decline []byte) {
-	if ri.Flags&FlagRMA == 0 {
+func (x *xfer) offerRMA(ri *wire.RequestInfo) (offered bool, decline []byte) {
+	if ri.Flags&wire.FlagRMA == 0 {
 		return false, nil
 	}
 	head := x.head()
@@ -252,21 +253,21 @@ func (x *xfer) offerRMA(ri *RequestInfo) (offered bool, decline []byte) {
 	}
 	if reason == "" {
 		addr, key, err := rt.RMAKey(x.pool)
-		offer := &RMAOffer{Header: head, Addr: addr, PoolBytes: int64(len(x.pool)),
+		offer := &wire.RMAOffer{Header: head, Addr: addr, PoolBytes: int64(len(x.pool)),
 			Layout: x.plan.Layout(), Selection: x.plan.Selection(), Blocks: x.plan.Blocks(), Key: key}
 		if err == nil {
 			err = s.exposeGeneration(offer)
 		}
 		if err == nil {
 			extra := 0
-			if offer.Flags&RMAValidated != 0 {
-				extra = len(offer.GenKey) + rmaGenBytes
+			if offer.Flags&wire.RMAValidated != 0 {
+				extra = len(offer.GenKey) + wire.OfferGenBytes
 			}
 			s.offer, err = encodeOffer(x.offerBlocks(len(key)+extra), offer)
 		}
-		if err == nil && len(s.offer) > 1 && !x.peerHas(FeatureMultiPart) {
+		if err == nil && len(s.offer) > 1 && !x.peerHas(wire.FeatureMultiPart) {
 			v, vmin, _ := x.eng.peerFeatures(x.peer)
-			err = &FeatureError{Peer: x.peer, Feature: FeatureMultiPart, PeerVersion: v, PeerMinVersion: vmin}
+			err = &FeatureError{Peer: x.peer, Feature: wire.FeatureMultiPart, PeerVersion: v, PeerMinVersion: vmin}
 		}
 		if err == nil {
 			err = s.sendOffer()
@@ -281,7 +282,7 @@ func (x *xfer) offerRMA(ri *RequestInfo) (offered bool, decline []byte) {
 	}
 	if reason != "" {
 		x.log().Debug("declining rma", zap.String("reason", reason))
-		decline = encode(&RMAOffer{Header: head, Flags: RMADeclined, Reason: reason})
+		decline = wire.Encode(&wire.RMAOffer{Header: head, Flags: wire.RMADeclined, Reason: reason})
 		_ = x.eng.tr.SendControl(x.peer, decline)
 		return false, decline
 	}
@@ -311,13 +312,13 @@ func (*rmaSend) completed(*opRec, Completion) {}
 // it either way.
 func (s *rmaSend) peerMoves() bool { return s.offered }
 
-func (s *rmaSend) fromPeer(m Message) {
+func (s *rmaSend) fromPeer(m wire.Message) {
 	switch m := m.(type) {
-	case *RequestInfo:
+	case *wire.RequestInfo:
 		s.repeated(m)
-	case *Done:
+	case *wire.Done:
 		s.released(true)
-	case *RMARelease:
+	case *wire.RMARelease:
 		s.released(false)
 	}
 }
@@ -336,12 +337,12 @@ func (s *rmaSend) sendOffer() error {
 // repeated handles a repeated request while the pool is offered: one with FlagRMA shows the
 // offer may have been lost, so it goes again; one without is the receiver's decline: the pool
 // is no longer exposed, and the chunks go as IOV messages.
-func (s *rmaSend) repeated(m *RequestInfo) {
+func (s *rmaSend) repeated(m *wire.RequestInfo) {
 	x := s.x
-	if !s.offered || s.exposure.final || m.Flags&FlagDirect == 0 {
+	if !s.offered || s.exposure.final || m.Flags&wire.FlagDirect == 0 {
 		return
 	}
-	if m.Flags&FlagRMA != 0 {
+	if m.Flags&wire.FlagRMA != 0 {
 		if !x.aborting {
 			_ = s.sendOffer()
 		}
@@ -357,7 +358,7 @@ func (s *rmaSend) repeated(m *RequestInfo) {
 	}
 	d := &directSend{x: x}
 	x.take(d)
-	x.setChunks(s.ri.ChunkBytes, s.ri.Flags&FlagLayerCut != 0)
+	x.setChunks(s.ri.ChunkBytes, s.ri.Flags&wire.FlagLayerCut != 0)
 	d.postAhead()
 }
 

@@ -12,6 +12,7 @@ import (
 	"fmt"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // stagingSend is the sending side of the staging path.
@@ -83,7 +84,7 @@ func (p stagingSend) post(slot *buffer.Slot) bool {
 	if off+n > x.readyBytes {
 		if err := x.refreshReady(); err != nil {
 			releaseSlot(slot)
-			x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(err, wire.AbortInternal, x.eng.cfg.CancelGrace)
 			return false
 		}
 		if off+n > x.readyBytes { // wait for the model, not the wire
@@ -91,19 +92,19 @@ func (p stagingSend) post(slot *buffer.Slot) bool {
 			return true
 		}
 	}
-	buf := slot.Bytes()[:DataHeaderBytes+n]
-	if err := x.mover.Gather(x.plan, off, buf[DataHeaderBytes:]); err != nil {
+	buf := slot.Bytes()[:wire.DataHeaderBytes+n]
+	if err := x.mover.Gather(x.plan, off, buf[wire.DataHeaderBytes:]); err != nil {
 		x.moverFailed(slot, rec.seq, err)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
-	dh := DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: off, Length: n}
+	dh := wire.DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: off, Length: n}
 	_, _ = dh.AppendBinary(buf[:0])
 	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf,
 		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
 	if err != nil {
 		releaseSlot(slot)
-		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
 	x.posted(rec, id)
@@ -122,12 +123,12 @@ func (p stagingReceive) post(slot *buffer.Slot) bool {
 	}
 	rec := &opRec{seq: x.nextSeq, slot: slot}
 	_, n := x.chunkRange(rec.seq)
-	buf := slot.Bytes()[:DataHeaderBytes+n]
+	buf := slot.Bytes()[:wire.DataHeaderBytes+n]
 	id, err := x.eng.tr.PostRecv(x.peer, x.tag(rec.seq), buf,
 		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
 	if err != nil {
 		releaseSlot(slot) // never posted: the transport never saw it
-		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
 	x.posted(rec, id)
@@ -138,19 +139,19 @@ func (p stagingReceive) post(slot *buffer.Slot) bool {
 // the next receive.
 func (p stagingReceive) completed(rec *opRec, c Completion) {
 	x := p.x
-	dh, payload, err := DecodeData(rec.slot.Bytes()[:c.Bytes])
+	dh, payload, err := wire.DecodeData(rec.slot.Bytes()[:c.Bytes])
 	off, n := x.chunkRange(rec.seq)
 	if err == nil && (dh.Request != x.h.id || dh.Sub != x.wireSub || dh.Nonce != x.nonce || int(dh.Seq) != rec.seq || dh.Offset != off || dh.Length != n) {
 		err = fmt.Errorf("chunk header %+v does not match seq %d at offset %d, %d bytes", dh, rec.seq, off, n)
 	}
 	if err != nil {
 		releaseSlot(rec.slot)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, AbortProtocol, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return
 	}
 	if err := x.mover.Scatter(x.plan, payload, off); err != nil {
 		x.moverFailed(rec.slot, rec.seq, err)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return
 	}
 	x.progress(n)

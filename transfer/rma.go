@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // ErrBadRMAOffer: a sender's RMA offer does not describe memory the receiver may read: a
@@ -76,21 +77,21 @@ func (x *xfer) rmaTransport() RMATransport {
 // everything but the block ids; every other must agree with it, and a position may come
 // again (a part sent again after a repeated request) only with the same id.
 type rmaParts struct {
-	whole RMAOffer // the first part, Blocks growing into the sender's whole list
+	whole wire.RMAOffer // the first part, Blocks growing into the sender's whole list
 	have  []bool
 	count int
 }
 
-func newRMAParts(first *RMAOffer) *rmaParts {
+func newRMAParts(first *wire.RMAOffer) *rmaParts {
 	p := &rmaParts{whole: *first, have: make([]bool, first.Total)}
-	p.whole.Flags &^= RMAOfferPart
+	p.whole.Flags &^= wire.RMAOfferPart
 	p.whole.Blocks, p.whole.First, p.whole.Total = make([]int32, first.Total), 0, 0
 	return p
 }
 
 // add takes one part. It returns the whole offer once every position has come, nil before,
 // and an *RMAOfferError when the part disagrees with the others.
-func (p *rmaParts) add(m *RMAOffer) (*RMAOffer, error) {
+func (p *rmaParts) add(m *wire.RMAOffer) (*wire.RMAOffer, error) {
 	bad := func(field, format string, args ...any) error {
 		return &RMAOfferError{Field: field, Reason: "offer parts disagree: " + fmt.Sprintf(format, args...)}
 	}
@@ -104,7 +105,7 @@ func (p *rmaParts) add(m *RMAOffer) (*RMAOffer, error) {
 		return nil, bad("Layout", "%+v %+v, then %+v %+v", w.Layout, w.Selection, m.Layout, m.Selection)
 	case !bytes.Equal(m.Key, w.Key):
 		return nil, bad("Key", "two different remote keys")
-	case m.Flags&RMAValidated != w.Flags&RMAValidated || m.GenAddr != w.GenAddr || m.Generation != w.Generation || !bytes.Equal(m.GenKey, w.GenKey):
+	case m.Flags&wire.RMAValidated != w.Flags&wire.RMAValidated || m.GenAddr != w.GenAddr || m.Generation != w.Generation || !bytes.Equal(m.GenKey, w.GenKey):
 		return nil, bad("Generation", "generation %d at %#x, then %d at %#x", w.Generation, w.GenAddr, m.Generation, m.GenAddr)
 	}
 	for i, id := range m.Blocks {
@@ -126,7 +127,7 @@ func (p *rmaParts) add(m *RMAOffer) (*RMAOffer, error) {
 
 // checkOffer validates the offer against the advertised pool and this side's plan, and
 // returns the gets to make, or nil when the ranges are too small for the RMA mode.
-func (x *xfer) checkOffer(m *RMAOffer) ([]rmaRegion, error) {
+func (x *xfer) checkOffer(m *wire.RMAOffer) ([]rmaRegion, error) {
 	bad := func(field string, err error, format string, args ...any) error {
 		return &RMAOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
 	}
@@ -226,14 +227,14 @@ func rmaRegions(src, dst *layout.Plan) ([]rmaRegion, bool) {
 func (x *xfer) offerBlocks(keyBytes int) int {
 	n := rmaMaxOfferBlocks
 	if cb, ok := x.eng.tr.(ControlBound); ok {
-		n = min(n, (cb.ControlRoom()-rmaOfferFixedBytes-rmaOfferBodyBytes-rmaPartBytes-keyBytes)/4)
+		n = min(n, (cb.ControlRoom()-wire.OfferFixedBytes-wire.OfferBodyBytes-wire.OfferPartBytes-keyBytes)/4)
 	}
 	return n
 }
 
 // encodeOffer encodes o as one message, or, with more than per blocks, as parts of at most
 // that many.
-func encodeOffer(per int, o *RMAOffer) ([][]byte, error) {
+func encodeOffer(per int, o *wire.RMAOffer) ([][]byte, error) {
 	if per < 1 {
 		return nil, fmt.Errorf("%w: the transport's control messages have no room for an offer with a %d-byte key",
 			ErrInvalidSpec, len(o.Key))
@@ -246,7 +247,7 @@ func encodeOffer(per int, o *RMAOffer) ([][]byte, error) {
 	var msgs [][]byte
 	for first := 0; first < len(all); first += per {
 		p := *o
-		p.Flags |= RMAOfferPart
+		p.Flags |= wire.RMAOfferPart
 		p.First, p.Total, p.Blocks = first, len(all), all[first:min(first+per, len(all))]
 		b, err := p.AppendBinary(nil)
 		if err != nil {

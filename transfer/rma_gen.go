@@ -5,6 +5,8 @@ package transfer
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // ErrStaleRead: a receiver's RMA gets may have read blocks the sender had already let go
@@ -34,7 +36,7 @@ func (x *xfer) rmaGenerations() RMAGenerations {
 
 // exposeGeneration (the sender, before it offers) names a generation word in o. Without one
 // the offer goes unvalidated.
-func (s *rmaSend) exposeGeneration(o *RMAOffer) error {
+func (s *rmaSend) exposeGeneration(o *wire.RMAOffer) error {
 	g := s.x.rmaGenerations()
 	if g == nil {
 		return nil
@@ -43,7 +45,7 @@ func (s *rmaSend) exposeGeneration(o *RMAOffer) error {
 	if err != nil {
 		return fmt.Errorf("kvxfer: a generation word for the exposure: %w", err)
 	}
-	o.Flags |= RMAValidated
+	o.Flags |= wire.RMAValidated
 	o.GenAddr, o.GenKey, o.Generation = addr, key, value
 	s.endGen = end
 	return nil
@@ -76,7 +78,7 @@ func (r *rmaReceive) readGeneration() bool {
 			x.box.Push(event{op: rec, c: c})
 		})
 	if err != nil {
-		x.abort(transportErr(err), AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
 	rec.id = id
@@ -89,7 +91,7 @@ func (r *rmaReceive) readGeneration() bool {
 func (r *rmaReceive) gotGeneration(value uint64) {
 	x := r.x
 	if value != r.gen {
-		x.abort(&RequestError{ID: x.h.id, Err: &StaleReadError{Offered: r.gen, Read: value}}, AbortProtocol, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: &StaleReadError{Offered: r.gen, Read: value}}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return
 	}
 	r.genKey = nil // checked

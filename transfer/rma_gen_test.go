@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/stretchr/testify/require"
 )
@@ -25,9 +26,9 @@ func TestRMAValidatedRead_SenderReusesBlocksMidRead(t *testing.T) {
 	hang.Store(true)
 	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		switch {
-		case fp.Kind == KindData && !fp.Generation && hang.Load():
+		case fp.Kind == wire.KindData && !fp.Generation && hang.Load():
 			return mem.Fault{Hang: true} // the data gets wait on the wire until Resume
-		case fp.Kind == KindAbort && fp.From == "prefill":
+		case fp.Kind == wire.KindAbort && fp.From == "prefill":
 			return mem.Fault{Drop: true} // the receiver never hears that the sender gave up
 		}
 		return mem.Fault{}

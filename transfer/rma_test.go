@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -220,7 +221,7 @@ func TestL9_RMAUnknownQuiescenceNeverQuiescesTheReceiversBlocks(t *testing.T) {
 // faultNth numbers the control messages of kind (from peer from, or any where from is empty)
 // from 1 and gives the n-th the fault f(n) (none where f is nil); every other message goes to
 // w as usual. It returns how many such messages have been sent so far.
-func faultNth(p *pair, w *wireBytes, kind Kind, from Peer, f func(n int) mem.Fault) func() int {
+func faultNth(p *pair, w *wireBytes, kind wire.Kind, from Peer, f func(n int) mem.Fault) func() int {
 	var mu sync.Mutex
 	n := 0
 	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
@@ -246,15 +247,15 @@ func faultNth(p *pair, w *wireBytes, kind Kind, from Peer, f func(n int) mem.Fau
 // confused or hostile sender would.
 type fakeRMASender struct {
 	tr    *mem.Transport
-	offer func(ri *RequestInfo) []*RMAOffer // one offer, or its parts
+	offer func(ri *wire.RequestInfo) []*wire.RMAOffer // one offer, or its parts
 }
 
 func (f fakeRMASender) OnControl(from Peer, msg []byte) {
-	m, err := Decode(msg)
+	m, err := wire.Decode(msg)
 	if answerHello(f.tr, from, m) {
 		return
 	}
-	if ri, ok := m.(*RequestInfo); err == nil && ok && ri.Flags&FlagRMA != 0 {
+	if ri, ok := m.(*wire.RequestInfo); err == nil && ok && ri.Flags&wire.FlagRMA != 0 {
 		for _, o := range f.offer(ri) {
 			b, err := o.AppendBinary(nil)
 			if err == nil {
@@ -272,50 +273,50 @@ func (fakeRMASender) OnPeerLost(Peer, error) {}
 // refused the same way.
 func TestRMABadOfferIsRejected(t *testing.T) {
 	good := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 9, 5, 13), 40)
-	offer := func(ri *RequestInfo) *RMAOffer {
-		return &RMAOffer{Header: Header{Sub: ri.Sub, Request: ri.Request, Nonce: ri.Nonce}, Addr: 1 << 20, PoolBytes: int64(len(good.mem)),
+	offer := func(ri *wire.RequestInfo) *wire.RMAOffer {
+		return &wire.RMAOffer{Header: wire.Header{Sub: ri.Sub, Request: ri.Request, Nonce: ri.Nonce}, Addr: 1 << 20, PoolBytes: int64(len(good.mem)),
 			Layout: good.plan.Layout(), Selection: good.plan.Selection(), Blocks: append([]int32(nil), good.plan.Blocks()...),
 			Key: []byte("not a key")}
 	}
-	mk := func(f func(o *RMAOffer)) func(ri *RequestInfo) []*RMAOffer {
-		return func(ri *RequestInfo) []*RMAOffer {
+	mk := func(f func(o *wire.RMAOffer)) func(ri *wire.RequestInfo) []*wire.RMAOffer {
+		return func(ri *wire.RequestInfo) []*wire.RMAOffer {
 			o := offer(ri)
 			f(o)
-			return []*RMAOffer{o}
+			return []*wire.RMAOffer{o}
 		}
 	}
 	// mkParts sends the good offer as two parts of two blocks, changed by f.
-	mkParts := func(f func(a, b *RMAOffer)) func(ri *RequestInfo) []*RMAOffer {
-		return func(ri *RequestInfo) []*RMAOffer {
+	mkParts := func(f func(a, b *wire.RMAOffer)) func(ri *wire.RequestInfo) []*wire.RMAOffer {
+		return func(ri *wire.RequestInfo) []*wire.RMAOffer {
 			a, b := offer(ri), offer(ri)
-			a.Flags, a.Total, a.Blocks = RMAOfferPart, 4, a.Blocks[:2]
-			b.Flags, b.Total, b.First, b.Blocks = RMAOfferPart, 4, 2, b.Blocks[2:]
+			a.Flags, a.Total, a.Blocks = wire.RMAOfferPart, 4, a.Blocks[:2]
+			b.Flags, b.Total, b.First, b.Blocks = wire.RMAOfferPart, 4, 2, b.Blocks[2:]
 			f(a, b)
-			return []*RMAOffer{a, b}
+			return []*wire.RMAOffer{a, b}
 		}
 	}
 	cases := []struct {
 		desc    string
-		offer   func(ri *RequestInfo) []*RMAOffer
+		offer   func(ri *wire.RequestInfo) []*wire.RMAOffer
 		wantErr error
 	}{
-		{"parts naming different keys", mkParts(func(a, b *RMAOffer) { b.Key = []byte("another key") }), ErrBadRMAOffer},
-		{"parts naming different pools", mkParts(func(a, b *RMAOffer) { b.Addr += 4096 }), ErrBadRMAOffer},
-		{"parts of different totals", mkParts(func(a, b *RMAOffer) { b.Total = 5 }), ErrBadRMAOffer},
-		{"parts naming different layouts", mkParts(func(a, b *RMAOffer) { b.Layout.StrideBlock *= 2 }), ErrBadRMAOffer},
-		{"parts giving one position two ids", mkParts(func(a, b *RMAOffer) { b.First = 1 }), ErrBadRMAOffer},
-		{"assembled parts with a block outside the pool", mkParts(func(a, b *RMAOffer) { b.Blocks[1] = 64 }), ErrBadRMAOffer},
-		{"assembled parts with a key the transport does not know", mkParts(func(a, b *RMAOffer) {}), ErrInvalidSpec},
-		{"block id outside the pool", mk(func(o *RMAOffer) { o.Blocks[2] = 64 }), ErrBadRMAOffer},
-		{"negative block id", mk(func(o *RMAOffer) { o.Blocks[0] = -1 }), ErrBadRMAOffer},
-		{"duplicate block", mk(func(o *RMAOffer) { o.Blocks[1] = o.Blocks[0] }), ErrBadRMAOffer},
-		{"pool smaller than its layout", mk(func(o *RMAOffer) { o.PoolBytes = 4096 }), ErrBadRMAOffer},
-		{"zero element size", mk(func(o *RMAOffer) { o.Layout.ElemSize = 0 }), ErrBadRMAOffer},
-		{"overlapping strides", mk(func(o *RMAOffer) { o.Layout.StrideBlock = 8 }), ErrBadRMAOffer},
-		{"selection outside the layout", mk(func(o *RMAOffer) { o.Selection.LayerEnd = 9 }), ErrBadRMAOffer},
-		{"fewer blocks than requested", mk(func(o *RMAOffer) { o.Blocks = o.Blocks[:3] }), ErrBadRMAOffer},
-		{"address range wraps", mk(func(o *RMAOffer) { o.Addr = ^uint64(0) - 100 }), ErrBadRMAOffer},
-		{"a key the transport does not know", mk(func(o *RMAOffer) {}), ErrInvalidSpec},
+		{"parts naming different keys", mkParts(func(a, b *wire.RMAOffer) { b.Key = []byte("another key") }), ErrBadRMAOffer},
+		{"parts naming different pools", mkParts(func(a, b *wire.RMAOffer) { b.Addr += 4096 }), ErrBadRMAOffer},
+		{"parts of different totals", mkParts(func(a, b *wire.RMAOffer) { b.Total = 5 }), ErrBadRMAOffer},
+		{"parts naming different layouts", mkParts(func(a, b *wire.RMAOffer) { b.Layout.StrideBlock *= 2 }), ErrBadRMAOffer},
+		{"parts giving one position two ids", mkParts(func(a, b *wire.RMAOffer) { b.First = 1 }), ErrBadRMAOffer},
+		{"assembled parts with a block outside the pool", mkParts(func(a, b *wire.RMAOffer) { b.Blocks[1] = 64 }), ErrBadRMAOffer},
+		{"assembled parts with a key the transport does not know", mkParts(func(a, b *wire.RMAOffer) {}), ErrInvalidSpec},
+		{"block id outside the pool", mk(func(o *wire.RMAOffer) { o.Blocks[2] = 64 }), ErrBadRMAOffer},
+		{"negative block id", mk(func(o *wire.RMAOffer) { o.Blocks[0] = -1 }), ErrBadRMAOffer},
+		{"duplicate block", mk(func(o *wire.RMAOffer) { o.Blocks[1] = o.Blocks[0] }), ErrBadRMAOffer},
+		{"pool smaller than its layout", mk(func(o *wire.RMAOffer) { o.PoolBytes = 4096 }), ErrBadRMAOffer},
+		{"zero element size", mk(func(o *wire.RMAOffer) { o.Layout.ElemSize = 0 }), ErrBadRMAOffer},
+		{"overlapping strides", mk(func(o *wire.RMAOffer) { o.Layout.StrideBlock = 8 }), ErrBadRMAOffer},
+		{"selection outside the layout", mk(func(o *wire.RMAOffer) { o.Selection.LayerEnd = 9 }), ErrBadRMAOffer},
+		{"fewer blocks than requested", mk(func(o *wire.RMAOffer) { o.Blocks = o.Blocks[:3] }), ErrBadRMAOffer},
+		{"address range wraps", mk(func(o *wire.RMAOffer) { o.Addr = ^uint64(0) - 100 }), ErrBadRMAOffer},
+		{"a key the transport does not know", mk(func(o *wire.RMAOffer) {}), ErrInvalidSpec},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -360,7 +361,7 @@ func TestRMALostHandshakeMessagesAreResent(t *testing.T) {
 			scfg := rmaConfig()
 			scfg.DisableRMA = c.disableOnSender
 			p, w := directPair(t, scfg, rmaConfig(), src, dst)
-			offers := faultNth(p, w, KindRMAOffer, "", func(n int) mem.Fault { return mem.Fault{Drop: n == 1} })
+			offers := faultNth(p, w, wire.KindRMAOffer, "", func(n int) mem.Fault { return mem.Fault{Drop: n == 1} })
 			hs, hr := p.start(t, 1, src, dst)
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
 			waitClosed(t, hs.Quiesced(), "sender quiesced")
@@ -413,7 +414,7 @@ func TestRMAOfferInParts(t *testing.T) {
 		{"at the bound: one message", rmaMaxOfferBlocks, 0, nil, 1},
 		{"one block over: two parts", rmaMaxOfferBlocks + 1, 0, nil, 2},
 		{"a 128k-token request of 16-token blocks: eleven parts", 8192, 0, nil, 11},
-		{"control messages of 1 KiB: parts sized to them", 2000, 1024, nil, 2000/((1024-rmaOfferFixedBytes-rmaOfferBodyBytes-rmaPartBytes-2*mem.RMAKeyBytes-rmaGenBytes)/4) + 1},
+		{"control messages of 1 KiB: parts sized to them", 2000, 1024, nil, 2000/((1024-wire.OfferFixedBytes-wire.OfferBodyBytes-wire.OfferPartBytes-2*mem.RMAKeyBytes-wire.OfferGenBytes)/4) + 1},
 		{"a lost part is sent again", 3 * rmaMaxOfferBlocks, 0, func(n int) mem.Fault { return mem.Fault{Drop: n == 2} }, 3 + 3},
 		{"parts twice and out of order", 8192, 0, func(n int) mem.Fault {
 			return mem.Fault{Duplicate: n%3 == 0, Delay: time.Duration(n%2) * 20 * time.Millisecond}
@@ -430,7 +431,7 @@ func TestRMAOfferInParts(t *testing.T) {
 			cfg.RMAMinRegionBytes = 1
 			p, w := directPair(t, cfg, cfg, src, dst)
 			p.net.SetMaxControl(c.maxControl) // SendControl refuses more: a part too large would decline the offer
-			offers := faultNth(p, w, KindRMAOffer, "", c.fault)
+			offers := faultNth(p, w, wire.KindRMAOffer, "", c.fault)
 			hs, hr := p.start(t, 1, src, dst)
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
 			waitClosed(t, hs.Quiesced(), "sender quiesced")
@@ -496,7 +497,7 @@ func TestL10_RMADeclineAfterTheSendersDeadlineReleasesThePool(t *testing.T) {
 	dst := newKVPool(t, testDims, layout.LayerMajor, nil, blocks(5, 6, 7, 8), 0) // ranges too small: a decline
 	cfg := rmaConfig()
 	p, w := directPair(t, cfg, cfg, src, dst)
-	faultNth(p, w, KindRequestInfo, "decode", func(n int) mem.Fault {
+	faultNth(p, w, wire.KindRequestInfo, "decode", func(n int) mem.Fault {
 		if n >= 2 { // the decline (and any repeat): held past the sender's deadline
 			return mem.Fault{Delay: 150 * time.Millisecond}
 		}

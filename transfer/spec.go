@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // Spec describes one side of a transfer.
@@ -116,8 +117,8 @@ func (s Spec) resolve(receive bool, cfg Config) ([]SubSpec, Mover, time.Duration
 			return nil, nil, 0, bad("Held", "only a Receive names the blocks it holds", nil)
 		case len(s.Subs) > 0:
 			return nil, nil, 0, bad("Held", "a partial transfer takes Plan, not Subs", nil)
-		case len(s.Plan.Blocks()) > MaxBlocks:
-			return nil, nil, 0, bad("Held", fmt.Sprintf("a partial transfer of %d blocks, at most %d", len(s.Plan.Blocks()), MaxBlocks), layout.ErrOutOfRange)
+		case len(s.Plan.Blocks()) > wire.MaxBlocks:
+			return nil, nil, 0, bad("Held", fmt.Sprintf("a partial transfer of %d blocks, at most %d", len(s.Plan.Blocks()), wire.MaxBlocks), layout.ErrOutOfRange)
 		case len(s.Held) == len(s.Plan.Blocks()) && len(s.Held) > 0:
 			if _, err := s.Plan.WithoutPositions(s.Held); errors.Is(err, layout.ErrOutOfRange) && !hasBadPosition(s.Held, len(s.Plan.Blocks())) {
 				return nil, nil, 0, bad("Held", fmt.Sprintf("all %d blocks held", len(s.Held)), ErrNothingToMove)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -167,7 +168,7 @@ func testEngineFollowsTheTable(t *testing.T) {
 	var fmu sync.Mutex
 	faults := map[RequestID]mem.Fault{}
 	n.SetFault(func(fp mem.FaultPoint) mem.Fault {
-		if fp.Kind != KindData {
+		if fp.Kind != wire.KindData {
 			return mem.Fault{}
 		}
 		fmu.Lock()

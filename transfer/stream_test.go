@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -376,23 +377,23 @@ func TestStreamAndPartialBadInputGivesTypedErrors(t *testing.T) {
 }
 
 func TestRequestInfoExtensionRoundTripsAndStaysOptional(t *testing.T) {
-	h := Header{Kind: KindRequestInfo, Sub: 1, Request: 77}
+	h := wire.Header{Kind: wire.KindRequestInfo, Sub: 1, Request: 77}
 	shape := layout.Shape{Layers: 32, KVFactor: 2, Blocks: 250, Heads: 8, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}
 	cases := []struct {
 		desc  string
-		m     RequestInfo
+		m     wire.RequestInfo
 		bytes int
 	}{
-		{"plain request: no extension, as before", RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2}, requestInfoBytes},
-		{"layer cut only", RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Flags: FlagLayerCut}, requestInfoBytes + 8},
-		{"held blocks", RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Held: []int{0, 1, 2, 3, 200, 255}, HeldOf: 256}, requestInfoBytes + 8 + 32},
-		{"both, odd count", RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Flags: FlagLayerCut, Held: []int{4}, HeldOf: 5}, requestInfoBytes + 8 + 1},
+		{"plain request: no extension, as before", wire.RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2}, wire.RequestInfoBytes},
+		{"layer cut only", wire.RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Flags: wire.FlagLayerCut}, wire.RequestInfoBytes + 8},
+		{"held blocks", wire.RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Held: []int{0, 1, 2, 3, 200, 255}, HeldOf: 256}, wire.RequestInfoBytes + 8 + 32},
+		{"both, odd count", wire.RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Flags: wire.FlagLayerCut, Held: []int{4}, HeldOf: 5}, wire.RequestInfoBytes + 8 + 1},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
-			b := encode(&c.m)
+			b := wire.Encode(&c.m)
 			require.Len(t, b, c.bytes)
-			got, err := Decode(b)
+			got, err := wire.Decode(b)
 			require.NoError(t, err)
 			require.Equal(t, &c.m, got)
 		})
@@ -400,23 +401,23 @@ func TestRequestInfoExtensionRoundTripsAndStaysOptional(t *testing.T) {
 
 	bad := func(desc string, mutate func(b []byte) []byte) {
 		t.Run(desc, func(t *testing.T) {
-			m := RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Held: []int{1}, HeldOf: 5}
-			_, err := Decode(mutate(encode(&m)))
-			require.ErrorIs(t, err, ErrMalformed)
+			m := wire.RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Held: []int{1}, HeldOf: 5}
+			_, err := wire.Decode(mutate(wire.Encode(&m)))
+			require.ErrorIs(t, err, wire.ErrMalformed)
 		})
 	}
-	bad("unknown flag", func(b []byte) []byte { b[requestInfoBytes] |= 0x80; return b })
+	bad("unknown flag", func(b []byte) []byte { b[wire.RequestInfoBytes] |= 0x80; return b })
 	bad("bit past the bitmap", func(b []byte) []byte { b[len(b)-1] |= 0x40; return b })
 	bad("truncated bitmap", func(b []byte) []byte { return b[:len(b)-1] })
-	bad("half an extension", func(b []byte) []byte { return b[:requestInfoBytes+4] })
+	bad("half an extension", func(b []byte) []byte { return b[:wire.RequestInfoBytes+4] })
 	bad("count without held blocks", func(b []byte) []byte { b[len(b)-1] = 0; return b })
 	bad("empty extension", func(b []byte) []byte {
-		b = b[:requestInfoBytes+8]
-		clear(b[requestInfoBytes:])
+		b = b[:wire.RequestInfoBytes+8]
+		clear(b[wire.RequestInfoBytes:])
 		return b
 	})
 
-	_, err := (&RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Held: []int{3, 1}, HeldOf: 5}).AppendBinary(nil)
+	_, err := (&wire.RequestInfo{Header: h, Shape: shape, ChunkBytes: 4096, Depth: 2, Held: []int{3, 1}, HeldOf: 5}).AppendBinary(nil)
 	require.Error(t, err, "positions must rise")
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/queue"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 // xfer is one sub-transfer: one peer's share of a handle. It keeps what every path shares: the
@@ -87,7 +88,7 @@ type xfer struct {
 	retries       int
 	timers        timers
 
-	// nonce is the transfer's generation on the wire (wire.go): drawn by the receiver (set
+	// nonce is the transfer's generation on the wire (package wire): drawn by the receiver (set
 	// before the goroutine starts), taken from its request-info by the sender; every message
 	// and tag carries it.
 	nonce uint64
@@ -107,7 +108,7 @@ type opRec struct {
 type event struct {
 	op    *opRec
 	c     Completion
-	msg   Message
+	msg   wire.Message
 	lost  error
 	ready bool // the caller marked more layers ready
 	early bool // msg is an abort the engine held with the request it follows
@@ -137,7 +138,9 @@ func (x *xfer) apply(ev Event, cause error) bool {
 }
 
 // head is the header of this transfer's messages.
-func (x *xfer) head() Header { return Header{Sub: x.wireSub, Request: x.h.id, Nonce: x.nonce} }
+func (x *xfer) head() wire.Header {
+	return wire.Header{Sub: x.wireSub, Request: x.h.id, Nonce: x.nonce}
+}
 
 // tag is the data tag of chunk seq.
 func (x *xfer) tag(seq int) Tag {
@@ -146,7 +149,7 @@ func (x *xfer) tag(seq int) Tag {
 
 // ours reports whether a message from the peer belongs to this transfer: its nonce is ours.
 // A sender takes its nonce from the request it answers, so before that nothing is its own.
-func (x *xfer) ours(h Header) bool {
+func (x *xfer) ours(h wire.Header) bool {
 	if x.nonce != 0 && h.Nonce == x.nonce {
 		return true
 	}
@@ -178,7 +181,7 @@ func (x *xfer) reserveTags() bool {
 		if !errors.Is(err, ErrTagCollision) {
 			break
 		}
-		x.nonce = newNonce()
+		x.nonce = wire.NewNonce()
 	}
 	x.queuedExit(&RequestError{ID: x.h.id, Err: transportErr(err)})
 	return false
@@ -423,9 +426,9 @@ func (x *xfer) loop() {
 			clear(x.scratch)
 		case <-stop:
 			stop = nil
-			code, grace := AbortCancelled, x.eng.cfg.CancelGrace
+			code, grace := wire.AbortCancelled, x.eng.cfg.CancelGrace
 			if errors.Is(x.stopCause, ErrClosed) {
-				code = AbortClosed
+				code = wire.AbortClosed
 			}
 			x.abort(x.stopCause, code, grace)
 		case <-closing:
@@ -451,7 +454,7 @@ func (x *xfer) loop() {
 // timersDue runs whatever the transfer's timer was set for and has come due.
 func (x *xfer) timersDue(now time.Time, backoff *time.Duration) {
 	if due(&x.timers.deadline, now) {
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, AbortDeadline, 0)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, wire.AbortDeadline, 0)
 	}
 	if due(&x.timers.retry, now) && x.moved == 0 && !x.aborting && x.retries < x.eng.cfg.MaxRetries {
 		x.retries++
@@ -489,23 +492,23 @@ func (x *xfer) handleEvent(ev event) {
 			return
 		}
 		switch m := ev.msg.(type) {
-		case *Abort:
+		case *wire.Abort:
 			if m.Sub != x.wireSub && x.receive {
 				return
 			}
-			_ = x.eng.tr.SendControl(x.peer, encode(&AbortAck{Header: x.head()}))
+			_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.AbortAck{Header: x.head()}))
 			x.abort(peerAbortErr(x.h.id, m), 0, x.eng.cfg.CancelGrace)
-		case *Done:
+		case *wire.Done:
 			if !x.receive {
 				x.doneMsg = true
 				x.tellPath(m)
 				x.maybeSent()
 			}
-		case *RequestInfo, *RMAOffer, *RMARelease:
+		case *wire.RequestInfo, *wire.RMAOffer, *wire.RMARelease:
 			// A repeated request (the receiver retries) must not start anything twice (L8):
 			// only a path the peer talks to (the RMA mode) answers it.
 			x.tellPath(m)
-		case *AbortAck:
+		case *wire.AbortAck:
 			// An ack needs nothing: each side owns its own slots.
 		}
 	}
@@ -519,7 +522,7 @@ func (x *xfer) opDone(rec *opRec, c Completion) {
 	switch c.Memory {
 	case MemoryBusy:
 		if !x.aborting {
-			x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		}
 		return
 	case MemoryUnknown:
@@ -527,7 +530,7 @@ func (x *xfer) opDone(rec *opRec, c Completion) {
 		x.outstanding--
 		x.poison(rec, fmt.Sprintf("transport cannot say whether it is done with seq %d: %v", rec.seq, c.Err))
 		if !x.aborting {
-			x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		} else {
 			x.maybeResolve()
 		}
@@ -541,14 +544,14 @@ func (x *xfer) opDone(rec *opRec, c Completion) {
 		x.maybeResolve()
 	case c.Err != nil:
 		releaseSlot(rec.slot)
-		x.abort(transportErr(c.Err), AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 	default:
 		x.path.completed(rec, c)
 	}
 }
 
 // tellPath hands the peer's message about the path to a path that listens (peerTalk).
-func (x *xfer) tellPath(m Message) {
+func (x *xfer) tellPath(m wire.Message) {
 	if p, ok := x.path.(peerTalk); ok {
 		p.fromPeer(m)
 	}

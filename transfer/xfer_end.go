@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"go.uber.org/zap"
 )
 
@@ -65,7 +66,7 @@ func (x *xfer) poisonBlocks(rec *opRec, reason string) {
 // grace for them, then quarantines. A deadline passes no grace: the transfer is already late,
 // so it is quarantined at once. Other causes get Config.CancelGrace, because cancelling an
 // unmatched receive takes the transport microseconds and is no reason to quarantine.
-func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
+func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 	if x.aborting || x.ended {
 		return
 	}
@@ -89,8 +90,8 @@ func (x *xfer) abort(cause error, code AbortCode, grace time.Duration) {
 	}
 }
 
-func (x *xfer) sendAbort(code AbortCode, cause error) {
-	_ = x.eng.tr.SendControl(x.peer, encode(&Abort{Header: x.head(), Code: code, Reason: cause.Error()}))
+func (x *xfer) sendAbort(code wire.AbortCode, cause error) {
+	_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.Abort{Header: x.head(), Code: code, Reason: cause.Error()}))
 }
 
 // quarantine reports the transfer failed while operations may still touch its slots, and
@@ -171,12 +172,12 @@ func transportErr(err error) error {
 	return fmt.Errorf("kvxfer: transport: %w", err)
 }
 
-func peerAbortErr(id RequestID, m *Abort) error {
+func peerAbortErr(id RequestID, m *wire.Abort) error {
 	err := fmt.Errorf("%w (code %d): %s", ErrPeerAborted, m.Code, m.Reason)
 	switch m.Code { // the peer's reason, where it means the same here
-	case AbortIncompatible:
+	case wire.AbortIncompatible:
 		err = fmt.Errorf("%w: %w", ErrIncompatible, err)
-	case AbortDeadline:
+	case wire.AbortDeadline:
 		err = fmt.Errorf("%w: %w", ErrDeadline, err)
 	}
 	return &RequestError{ID: id, Err: err}

@@ -6,7 +6,10 @@ package transfer
 // path_rma.go), request the blocks, and what every receiving path shares: the layers ready so
 // far, the end. xfer.go has what both sides share: the loop, timers, abort, quarantine.
 
-import "go.uber.org/zap"
+import (
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"go.uber.org/zap"
+)
 
 func (x *xfer) runReceive() {
 	if !x.meet() { // negotiate.go: the peer speaks what the request needs
@@ -15,7 +18,7 @@ func (x *xfer) runReceive() {
 	if !x.reserveTags() {
 		return
 	}
-	if x.directCapable() && x.peerHas(FeatureDirect) {
+	if x.directCapable() && x.peerHas(wire.FeatureDirect) {
 		x.runReceiveDirect() // path_direct.go, path_rma.go
 		return
 	}
@@ -23,15 +26,15 @@ func (x *xfer) runReceive() {
 }
 
 func (x *xfer) sendRequestInfo() {
-	ri := &RequestInfo{Header: x.head(), Shape: x.plan.Shape(),
+	ri := &wire.RequestInfo{Header: x.head(), Shape: x.plan.Shape(),
 		ChunkBytes: x.chunk, Depth: int64(x.eng.cfg.PipelineDepth), Held: x.held, HeldOf: x.heldOf}
 	if x.layerCut {
-		ri.Flags |= FlagLayerCut
+		ri.Flags |= wire.FlagLayerCut
 	}
 	if p, ok := x.path.(requestFlags); ok && !p.request(ri) {
 		return
 	}
-	if err := x.eng.tr.SendControl(x.peer, encode(ri)); err != nil {
+	if err := x.eng.tr.SendControl(x.peer, wire.Encode(ri)); err != nil {
 		x.log().Debug("request-info not sent; will retry", zap.Error(err))
 	}
 }
@@ -43,7 +46,7 @@ func (x *xfer) receivedAll() {
 		return
 	}
 	x.layersReady.Store(x.plan.Selection().Layers())
-	_ = x.eng.tr.SendControl(x.peer, encode(&Done{Header: x.head(), Bytes: x.plan.Bytes()}))
+	_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.Done{Header: x.head(), Bytes: x.plan.Bytes()}))
 	x.finish(EvComplete, nil)
 }
 

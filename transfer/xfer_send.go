@@ -13,19 +13,20 @@ import (
 	"fmt"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
 func (x *xfer) runSend() {
-	var ri *RequestInfo
+	var ri *wire.RequestInfo
 	for ri == nil {
 		select {
 		case <-x.box.Ready():
 			evs := x.box.Take(nil)
 			for i, ev := range evs {
 				switch m := ev.msg.(type) {
-				case *RequestInfo:
+				case *wire.RequestInfo:
 					ri, x.backlog = m, evs[i+1:]
-				case *Abort:
+				case *wire.Abort:
 					// Only an abort the engine held with its request (an early one) is known
 					// to be this transfer's; any other names a request this Send never saw.
 					if ev.early {
@@ -47,13 +48,13 @@ func (x *xfer) runSend() {
 			x.queuedExit(cause)
 			// A request that arrived as we gave up still gets an answer, so the receiver
 			// does not wait for its deadline.
-			code := AbortInternal
+			code := wire.AbortInternal
 			if errors.Is(cause, ErrCancelled) {
-				code = AbortCancelled
+				code = wire.AbortCancelled
 			}
 			answered := false
 			for _, ev := range x.box.Take(nil) {
-				if m, ok := ev.msg.(*RequestInfo); ok && !answered {
+				if m, ok := ev.msg.(*wire.RequestInfo); ok && !answered {
 					x.wireSub, x.nonce, answered = m.Sub, m.Nonce, true
 					x.sendAbort(code, cause)
 				}
@@ -73,7 +74,7 @@ func (x *xfer) runSend() {
 	if err == nil {
 		err = layout.CompatibleShapes(x.plan.Shape(), ri.Shape)
 	}
-	direct := ri.Flags&FlagDirect != 0 // the receiver picked the path: direct or staging
+	direct := ri.Flags&wire.FlagDirect != 0 // the receiver picked the path: direct or staging
 	if err == nil && direct && !x.directCapable() {
 		err = fmt.Errorf("the receiver asked for the direct (one-copy) path and this sender's pool cannot take it " +
 			"(allocate or register it with the transport, drop the Mover, or set Config.DisableDirect on the receiver)")
@@ -83,11 +84,11 @@ func (x *xfer) runSend() {
 			err = fmt.Errorf("receiver's %d-byte chunks do not fit this engine's %d-byte slots", ri.ChunkBytes, x.eng.cfg.SlotBytes)
 		}
 		cause := &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrIncompatible, err)}
-		x.sendAbort(AbortIncompatible, cause)
+		x.sendAbort(wire.AbortIncompatible, cause)
 		x.queuedExit(cause)
 		return
 	}
-	x.setChunks(ri.ChunkBytes, ri.Flags&FlagLayerCut != 0)
+	x.setChunks(ri.ChunkBytes, ri.Flags&wire.FlagLayerCut != 0)
 	if !x.stream {
 		x.readyBytes = x.plan.Bytes()
 	}
@@ -106,16 +107,16 @@ func (x *xfer) runSend() {
 // stoppedBeforeStart tells the receiver that this sender ended while it waited for its path
 // (a staging slot, one of MaxConcurrent), so the receiver does not wait for its deadline.
 func (x *xfer) stoppedBeforeStart(what string) {
-	code := AbortInternal
+	code := wire.AbortInternal
 	if x.m.load() == Cancelled {
-		code = AbortCancelled
+		code = wire.AbortCancelled
 	}
 	x.sendAbort(code, errors.New("the sender stopped before it "+what))
 }
 
 // applyHeld trims the plan by the receiver's held positions (a partial transfer), so both
 // sides drop the same blocks before the shapes are compared.
-func (x *xfer) applyHeld(ri *RequestInfo) error {
+func (x *xfer) applyHeld(ri *wire.RequestInfo) error {
 	if len(ri.Held) == 0 {
 		return nil
 	}
@@ -171,7 +172,7 @@ func (x *xfer) onReady() {
 		return
 	}
 	if err := x.refreshReady(); err != nil {
-		x.abort(err, AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(err, wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return
 	}
 	for len(x.idle) > 0 && !x.aborting {

@@ -25,6 +25,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -502,7 +503,7 @@ func shutdown(prefill *prefillWorker, workers ...worker) error {
 // would), moves request 4 into it, and probes /healthz: 503 with the reason once nothing has
 // moved for the progress deadline, 200 again once the wire moves and the transfer completes.
 func freezeDemo(ctx context.Context, network *mem.Network, decode *decodeWorker, o options, healthz string) error {
-	network.SetFault(func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == transfer.KindData} })
+	network.SetFault(func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == transport.KindData} })
 	ho, err := decode.askPrefill(ctx, 4, o.tokens)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -238,7 +239,7 @@ func (s *soak) fault(fp mem.FaultPoint) mem.Fault {
 			return mem.Fault{Delay: d}
 		}
 	}
-	if fp.Kind != transfer.KindData {
+	if fp.Kind != transport.KindData {
 		return mem.Fault{}
 	}
 	for i, f := range pointFaults {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -92,7 +93,7 @@ func TestL12_WedgedEngineAnswers503(t *testing.T) {
 	cfg.TransferTimeout = time.Minute // the transfer must stay in flight, not be quarantined
 	p := newPair(t, cfg, nil)
 	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-		return mem.Fault{Hang: fp.Kind == transfer.KindData}
+		return mem.Fault{Hang: fp.Kind == transport.KindData}
 	})
 	handler, err := observe.Handler(observe.HandlerConfig{Health: p.decode, Gatherer: p.reg})
 	require.NoError(t, err)

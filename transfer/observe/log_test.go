@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -70,7 +71,7 @@ func TestLogObserver_QuarantineAndPoisonWarnWithReason(t *testing.T) {
 	cfg.QuarantineTimeout = 50 * time.Millisecond
 	p := newPair(t, cfg, logsTo(core))
 	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-		return mem.Fault{Hang: fp.Kind == transfer.KindData, NeverQuiesce: fp.Kind == transfer.KindData}
+		return mem.Fault{Hang: fp.Kind == transport.KindData, NeverQuiesce: fp.Kind == transport.KindData}
 	})
 	_, recv := p.start(t, 9, 0, 1)
 	// Two receives (PipelineDepth) matched by two sends: both chunks are on the wire, where a

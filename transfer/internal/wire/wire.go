@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package transfer
+package wire
 
 import (
 	"encoding/binary"
@@ -27,11 +27,11 @@ import (
 // The nonce tells apart two transfers that share a request id and sub-transfer (the serving
 // stack may reuse ids): the receiver draws a random, non-zero nonce for each sub-transfer,
 // sends it in its request-info, and both sides stamp it on every later message of that
-// transfer and on every data tag (Tag.Nonce). A message whose nonce is not the transfer's is
+// transfer and on every data tag (transport.Tag.Nonce). A message whose nonce is not the transfer's is
 // dropped, so a late message of an old transfer is never taken for a new one.
 //
 // Version 3 adds the hello (KindHello), by which two engines tell each other, when they first
-// meet, which wire versions and features they speak (negotiate.go; docs/ucx.md, "Versions and
+// meet, which wire versions and features they speak (package transfer's negotiate.go; docs/ucx.md, "Versions and
 // features"). Its layout is the same in every version from 3 on, so an engine reads the hello
 // of a newer one and the pair speaks the highest version both know. Versions 1 and 2 had no
 // hello: an engine of this version refuses their messages as malformed, and they refuse ours.
@@ -39,9 +39,9 @@ import (
 
 const (
 	wireMagic = 0x4b58
-	// wireVersion is the highest wire version this build speaks, wireMinVersion the lowest.
-	wireVersion    = 3
-	wireMinVersion = 3
+	// Version is the highest wire version this build speaks, MinVersion the lowest.
+	Version    = 3
+	MinVersion = 3
 	// helloVersion is the first version with a hello; a hello of it or any later version has
 	// the same layout.
 	helloVersion = 3
@@ -53,7 +53,7 @@ const (
 	// MaxAbortReason bounds an abort's reason text.
 	MaxAbortReason = 256
 
-	requestInfoBytes = HeaderBytes + 7*8 + 8 + 8
+	RequestInfoBytes = HeaderBytes + 7*8 + 8 + 8
 	requestExtBytes  = 8 // flags u32, held count u32; the positions follow
 	doneBytes        = HeaderBytes + 8
 	abortFixedBytes  = HeaderBytes + 4
@@ -134,8 +134,8 @@ const (
 	// offer in parts, RMAOfferPart).
 	FeatureMultiPart Feature = 1 << 4
 
-	// knownFeatures are the features this build speaks.
-	knownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart
+	// KnownFeatures are the features this build speaks.
+	KnownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart
 )
 
 var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part"}
@@ -163,7 +163,7 @@ func (f Feature) String() string {
 type Header struct {
 	Kind    Kind
 	Sub     uint16
-	Request RequestID
+	Request transport.RequestID
 	// Nonce is the receiver's random number for this transfer (never 0 in a message an
 	// engine sends): the request id's generation.
 	Nonce uint64
@@ -259,7 +259,7 @@ func (h Header) Head() Header { return h }
 
 func (h Header) append(b []byte, k Kind) []byte {
 	b = binary.LittleEndian.AppendUint16(b, wireMagic)
-	b = append(b, wireVersion, byte(k))
+	b = append(b, Version, byte(k))
 	b = binary.LittleEndian.AppendUint16(b, h.Sub)
 	b = binary.LittleEndian.AppendUint16(b, 0)
 	b = binary.LittleEndian.AppendUint64(b, uint64(h.Request))
@@ -392,8 +392,8 @@ func decodeHeaderVersion(b []byte) (Header, uint8, error) {
 		return Header{}, 0, malformed(0, "magic %#04x, want %#04x", m, wireMagic)
 	}
 	v, k := b[2], Kind(b[3])
-	if k == KindHello && v < helloVersion || k != KindHello && (v < wireMinVersion || v > wireVersion) {
-		return Header{}, 0, malformed(2, "version %d, this build speaks %d to %d", v, wireMinVersion, wireVersion)
+	if k == KindHello && v < helloVersion || k != KindHello && (v < MinVersion || v > Version) {
+		return Header{}, 0, malformed(2, "version %d, this build speaks %d to %d", v, MinVersion, Version)
 	}
 	if k < KindRequestInfo || k > maxKind {
 		return Header{}, 0, malformed(3, "unknown kind %d", k)
@@ -401,7 +401,7 @@ func decodeHeaderVersion(b []byte) (Header, uint8, error) {
 	if r := binary.LittleEndian.Uint16(b[6:]); r != 0 {
 		return Header{}, 0, malformed(6, "reserved field is %d, must be 0", r)
 	}
-	return Header{Kind: k, Sub: binary.LittleEndian.Uint16(b[4:]), Request: RequestID(binary.LittleEndian.Uint64(b[8:])),
+	return Header{Kind: k, Sub: binary.LittleEndian.Uint16(b[4:]), Request: transport.RequestID(binary.LittleEndian.Uint64(b[8:])),
 		Nonce: binary.LittleEndian.Uint64(b[16:])}, v, nil
 }
 
@@ -422,8 +422,8 @@ func Decode(b []byte) (Message, error) {
 	u64 := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[HeaderBytes+8*i:])) }
 	switch h.Kind {
 	case KindRequestInfo:
-		if len(b) != requestInfoBytes && len(b) < requestInfoBytes+requestExtBytes {
-			return nil, malformed(len(b), "request-info of %d bytes: %d, or at least %d with the extension", len(b), requestInfoBytes, requestInfoBytes+requestExtBytes)
+		if len(b) != RequestInfoBytes && len(b) < RequestInfoBytes+requestExtBytes {
+			return nil, malformed(len(b), "request-info of %d bytes: %d, or at least %d with the extension", len(b), RequestInfoBytes, RequestInfoBytes+requestExtBytes)
 		}
 		m := &RequestInfo{Header: h, Shape: layout.Shape{Layers: u64(0), KVFactor: u64(1), Blocks: u64(2),
 			Heads: u64(3), TokensPerBlock: u64(4), HeadDim: u64(5), ElemSize: u64(6)}, ChunkBytes: u64(7), Depth: u64(8)}
@@ -436,7 +436,7 @@ func Decode(b []byte) (Message, error) {
 		if m.ChunkBytes%m.Shape.ElemSize != 0 {
 			return nil, malformed(HeaderBytes+56, "chunk of %d bytes is not a whole number of %d-byte elements", m.ChunkBytes, m.Shape.ElemSize)
 		}
-		if len(b) > requestInfoBytes {
+		if len(b) > RequestInfoBytes {
 			if err := decodeRequestExt(m, b); err != nil {
 				return nil, err
 			}
@@ -487,7 +487,7 @@ const MaxBlocks = 1 << 20
 
 // decodeRequestExt parses request-info's extension: flags, then the held-block bitmap.
 func decodeRequestExt(m *RequestInfo, b []byte) error {
-	at := requestInfoBytes
+	at := RequestInfoBytes
 	m.Flags = RequestFlags(binary.LittleEndian.Uint32(b[at:]))
 	if m.Flags&^knownFlags != 0 {
 		return malformed(at, "unknown request flags %#x", uint32(m.Flags&^knownFlags))
@@ -543,8 +543,8 @@ func DecodeData(b []byte) (DataHeader, []byte, error) {
 	return d, payload, nil
 }
 
-// newNonce draws a transfer's nonce: random, never 0.
-func newNonce() uint64 {
+// NewNonce draws a transfer's nonce: random, never 0.
+func NewNonce() uint64 {
 	for {
 		if n := rand.Uint64(); n != 0 {
 			return n
@@ -552,8 +552,8 @@ func newNonce() uint64 {
 	}
 }
 
-// encode appends m's encoding to a fresh buffer; the encoders cannot fail on valid messages.
-func encode(m Message) []byte {
+// Encode appends m's encoding to a fresh buffer; the encoders cannot fail on valid messages.
+func Encode(m Message) []byte {
 	b, _ := m.AppendBinary(make([]byte, 0, 64))
 	return b
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package transfer
+package wire
 
 import (
 	"encoding/binary"
@@ -9,7 +9,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
+
+// testDims is a small model: 2 layers, K and V, 4 heads of 8 FP16 elements, 4 tokens a block.
+var testDims = layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 8, ElemSize: 2, TokensPerBlock: 4, NumBlocks: 64}
+
+// The data header's size stated in package transport, for transports, is this format's.
+func TestDataHeaderBytesIsTransports(t *testing.T) {
+	require.Equal(t, transport.DataHeaderBytes, DataHeaderBytes)
+	require.Equal(t, transport.KindData, KindData)
+}
 
 func TestWireRoundTrip(t *testing.T) {
 	h := Header{Sub: 3, Request: 0xdeadbeef01, Nonce: 0x0123456789abcdef}
@@ -33,7 +43,7 @@ func TestWireRoundTrip(t *testing.T) {
 		&RMARelease{Header: h},
 	}
 	for _, m := range msgs {
-		b := encode(m)
+		b := Encode(m)
 		got, err := Decode(b)
 		require.NoError(t, err)
 		want := m
@@ -76,10 +86,10 @@ func TestWireRoundTrip(t *testing.T) {
 }
 
 // rmaPartAt is where an offer part's First and Total lie.
-const rmaPartAt = rmaOfferFixedBytes + rmaOfferBodyBytes
+const rmaPartAt = OfferFixedBytes + OfferBodyBytes
 
 func TestWireRejectsGarbage(t *testing.T) {
-	good := encode(&Done{Header: Header{Request: 1}, Bytes: 5})
+	good := Encode(&Done{Header: Header{Request: 1}, Bytes: 5})
 	mut := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
 	cases := []struct {
 		desc string
@@ -96,23 +106,23 @@ func TestWireRejectsGarbage(t *testing.T) {
 		{"truncated body", good[:len(good)-1]},
 		{"data through Decode", mut(func(b []byte) []byte { b[3] = byte(KindData); return b })},
 		{"abort with unknown code", encodeRaw(&Abort{Header: Header{Request: 1}, Code: 99})},
-		{"request-info with zero layers", encode(&RequestInfo{Shape: layout.Shape{KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 2, Depth: 1})},
+		{"request-info with zero layers", Encode(&RequestInfo{Shape: layout.Shape{KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 2, Depth: 1})},
 		{"rma offer with a block count past its bytes", func() []byte {
-			b := encode(&RMAOffer{Header: Header{Request: 1}, Layout: layout.Packed(testDims, layout.BlockMajor), Blocks: []int32{1}, Key: []byte{9}})
+			b := Encode(&RMAOffer{Header: Header{Request: 1}, Layout: layout.Packed(testDims, layout.BlockMajor), Blocks: []int32{1}, Key: []byte{9}})
 			b[HeaderBytes+4] = 2
 			return b
 		}()},
 		{"rma offer without a key", func() []byte {
-			b := encode(&RMAOffer{Header: Header{Request: 1}, Blocks: []int32{1}, Key: []byte{9}})
+			b := Encode(&RMAOffer{Header: Header{Request: 1}, Blocks: []int32{1}, Key: []byte{9}})
 			return b[:len(b)-1]
 		}()},
 		{"rma offer with unknown flags", func() []byte {
-			b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMADeclined})
+			b := Encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMADeclined})
 			b[HeaderBytes] |= 0x80
 			return b
 		}()},
 		{"declined offer with blocks", func() []byte {
-			b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMADeclined})
+			b := Encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMADeclined})
 			b[HeaderBytes+4] = 1
 			return b
 		}()},
@@ -120,18 +130,18 @@ func TestWireRejectsGarbage(t *testing.T) {
 		{"rma offer part of a total past MaxBlocks", mutPart(func(b []byte) { binary.LittleEndian.PutUint32(b[rmaPartAt+4:], MaxBlocks+1) })},
 		{"rma offer part of no blocks", mutPart(func(b []byte) { binary.LittleEndian.PutUint32(b[HeaderBytes+4:], 0) })},
 		{"declined offer part", func() []byte {
-			b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMADeclined})
+			b := Encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMADeclined})
 			b[HeaderBytes] |= byte(RMAOfferPart)
 			return b
 		}()},
 		{"whole rma offer with a part's fields", func() []byte {
-			b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMAOfferPart, Layout: layout.Packed(testDims, layout.BlockMajor),
+			b := Encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMAOfferPart, Layout: layout.Packed(testDims, layout.BlockMajor),
 				Blocks: []int32{1}, First: 0, Total: 2, Key: []byte{9}})
 			b[HeaderBytes] &^= byte(RMAOfferPart)
 			return b
 		}()},
-		{"rma release with a body", append(encode(&RMARelease{Header: Header{Request: 1}}), 0)},
-		{"request-info chunk not whole elements", encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 3, Depth: 1})},
+		{"rma release with a body", append(Encode(&RMARelease{Header: Header{Request: 1}}), 0)},
+		{"request-info chunk not whole elements", Encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 3, Depth: 1})},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -153,7 +163,7 @@ func encodeRaw(m Message) []byte { b, _ := m.AppendBinary(nil); return b }
 
 // mutPart returns a good two-block part (First 0, Total 4) changed by f.
 func mutPart(f func(b []byte)) []byte {
-	b := encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMAOfferPart, Layout: layout.Packed(testDims, layout.BlockMajor),
+	b := Encode(&RMAOffer{Header: Header{Request: 1}, Flags: RMAOfferPart, Layout: layout.Packed(testDims, layout.BlockMajor),
 		Blocks: []int32{1, 2}, Total: 4, Key: []byte{9}})
 	f(b)
 	return b
@@ -177,27 +187,27 @@ func TestWireRefusesToEncodeBadOfferParts(t *testing.T) {
 }
 
 // FuzzDecode feeds arbitrary bytes to both decoders: they must return a message or a typed
-// error, never panic, and whatever decodes must re-encode to the same bytes.
+// error, never panic, and whatever decodes must re-Encode to the same bytes.
 func FuzzDecode(f *testing.F) {
-	f.Add(encode(&Done{Header: Header{Request: 1}, Bytes: 5}))
-	f.Add(encode(&Done{Header: Header{Request: 1, Nonce: 0xfedcba9876543210}, Bytes: 5}))
-	v1 := encode(&Done{Header: Header{Request: 1}, Bytes: 5}) // a version-1 peer: 16-byte header, no nonce
+	f.Add(Encode(&Done{Header: Header{Request: 1}, Bytes: 5}))
+	f.Add(Encode(&Done{Header: Header{Request: 1, Nonce: 0xfedcba9876543210}, Bytes: 5}))
+	v1 := Encode(&Done{Header: Header{Request: 1}, Bytes: 5}) // a version-1 peer: 16-byte header, no nonce
 	v1[2] = 1
 	f.Add(append(v1[:16], v1[HeaderBytes:]...))
-	f.Add(encode(&Abort{Header: Header{Request: 2, Sub: 1, Nonce: 7}, Code: AbortCancelled, Reason: "x"}))
-	f.Add(encode(&AbortAck{Header: Header{Request: 3}}))
-	f.Add(encode(&RequestInfo{Header: Header{Request: 4}, Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2}, ChunkBytes: 64, Depth: 2}))
-	f.Add(encode(&RequestInfo{Header: Header{Request: 5}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
+	f.Add(Encode(&Abort{Header: Header{Request: 2, Sub: 1, Nonce: 7}, Code: AbortCancelled, Reason: "x"}))
+	f.Add(Encode(&AbortAck{Header: Header{Request: 3}}))
+	f.Add(Encode(&RequestInfo{Header: Header{Request: 4}, Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2}, ChunkBytes: 64, Depth: 2}))
+	f.Add(Encode(&RequestInfo{Header: Header{Request: 5}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
 		ChunkBytes: 64, Depth: 2, Flags: FlagLayerCut, Held: []int{0, 9}, HeldOf: 12}))
-	f.Add(encode(&RequestInfo{Header: Header{Request: 6}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
+	f.Add(Encode(&RequestInfo{Header: Header{Request: 6}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
 		ChunkBytes: 1 << 26, Depth: 2, Flags: FlagDirect}))
-	f.Add(encode(&RMAOffer{Header: Header{Request: 7}, Addr: 4096, PoolBytes: 1 << 20, Layout: layout.Packed(testDims, layout.BlockMajor),
+	f.Add(Encode(&RMAOffer{Header: Header{Request: 7}, Addr: 4096, PoolBytes: 1 << 20, Layout: layout.Packed(testDims, layout.BlockMajor),
 		Selection: layout.Selection{LayerEnd: 2, HeadEnd: 4}, Blocks: []int32{1, 2}, Key: []byte("key")}))
-	f.Add(encode(&RMAOffer{Header: Header{Request: 8}, Flags: RMADeclined, Reason: "no"}))
-	f.Add(encode(&RMARelease{Header: Header{Request: 9}}))
-	f.Add(encode(buildSpeech().hello(false)))
-	f.Add(encode(newer.hello(true)))
-	f.Add(encode(&RMAOffer{Header: Header{Request: 10}, Flags: RMAOfferPart, Addr: 4096, PoolBytes: 1 << 20,
+	f.Add(Encode(&RMAOffer{Header: Header{Request: 8}, Flags: RMADeclined, Reason: "no"}))
+	f.Add(Encode(&RMARelease{Header: Header{Request: 9}}))
+	f.Add(Encode(&Hello{Min: MinVersion, Max: Version, Features: KnownFeatures}))
+	f.Add(Encode(&Hello{Min: MinVersion, Max: Version + 1, Reply: true, Features: KnownFeatures | 1<<20})) // a newer peer's
+	f.Add(Encode(&RMAOffer{Header: Header{Request: 10}, Flags: RMAOfferPart, Addr: 4096, PoolBytes: 1 << 20,
 		Layout: layout.Packed(testDims, layout.BlockMajor), Blocks: []int32{2, 3}, First: 1, Total: 3, Key: []byte{5}}))
 	d, _ := (&DataHeader{Header: Header{Nonce: 1 << 63}, Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
 	f.Add(append(d, 7))

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package transfer
+package wire
 
 import (
 	"encoding/binary"
@@ -8,7 +8,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 )
 
-// The RMA mode's two messages (see rma.go). An offer's body after the common header:
+// The RMA mode's two messages (see package transfer's rma.go). An offer's body after the common header:
 //
 //	flags u32 | block count u32 | then, declined: reason length u16 | reason
 //	                              else: address u64 | pool bytes u64 | layout 12 x u64 |
@@ -26,16 +26,16 @@ import (
 //
 // A validated offer (RMAValidated) also names the exposure's generation word: the receiver
 // reads it after its data gets and completes only if it still holds the offered generation
-// (see RMAGenerations). A receiver that predates the flag refuses it as unknown.
+// (see transport.RMAGenerations). A receiver that predates the flag refuses it as unknown.
 //
 // Decoding checks the structure only (lengths, flags, bounds on counts); whether the layout,
 // the block ids and the pool size make sense together is the receiver's check (checkOffer),
 // which fails the request with an *RMAOfferError instead of dropping the message.
 
 const (
-	rmaOfferFixedBytes   = HeaderBytes + 8
-	rmaOfferBodyBytes    = 8 + 8 + 12*8 + 4*8 + 4
-	rmaDeclineFixedBytes = rmaOfferFixedBytes + 2
+	OfferFixedBytes      = HeaderBytes + 8
+	OfferBodyBytes       = 8 + 8 + 12*8 + 4*8 + 4
+	rmaDeclineFixedBytes = OfferFixedBytes + 2
 	// MaxRMAKey bounds a packed remote key in an offer.
 	MaxRMAKey = 1 << 12
 )
@@ -55,8 +55,8 @@ const (
 	// Generation it holds while the pool is exposed; the receiver checks it after its gets.
 	RMAValidated    RMAOfferFlags = 1 << 2
 	knownOfferFlags               = RMADeclined | RMAOfferPart | RMAValidated
-	rmaPartBytes                  = 8  // first u32, total u32
-	rmaGenBytes                   = 16 // generation address u64, generation u64
+	OfferPartBytes                = 8  // first u32, total u32
+	OfferGenBytes                 = 16 // generation address u64, generation u64
 )
 
 // RMAOffer answers a request with FlagRMA: the sender's pool as the transport names it
@@ -171,8 +171,8 @@ func (m *RMARelease) AppendBinary(b []byte) ([]byte, error) {
 }
 
 func decodeRMAOffer(h Header, b []byte) (Message, error) {
-	if len(b) < rmaOfferFixedBytes {
-		return nil, malformed(len(b), "rma offer of %d bytes, shorter than %d", len(b), rmaOfferFixedBytes)
+	if len(b) < OfferFixedBytes {
+		return nil, malformed(len(b), "rma offer of %d bytes, shorter than %d", len(b), OfferFixedBytes)
 	}
 	m := &RMAOffer{Header: h, Flags: RMAOfferFlags(binary.LittleEndian.Uint32(b[HeaderBytes:]))}
 	if m.Flags&^knownOfferFlags != 0 {
@@ -183,17 +183,17 @@ func decodeRMAOffer(h Header, b []byte) (Message, error) {
 		if m.Flags&(RMAOfferPart|RMAValidated) != 0 || n != 0 || len(b) < rmaDeclineFixedBytes {
 			return nil, malformed(HeaderBytes+4, "a declined offer (flags %#x) with %d blocks in %d bytes", uint32(m.Flags), n, len(b))
 		}
-		r := int(binary.LittleEndian.Uint16(b[rmaOfferFixedBytes:]))
+		r := int(binary.LittleEndian.Uint16(b[OfferFixedBytes:]))
 		if r > MaxAbortReason || len(b) != rmaDeclineFixedBytes+r {
-			return nil, malformed(rmaOfferFixedBytes, "reason of %d bytes in a %d-byte message", r, len(b))
+			return nil, malformed(OfferFixedBytes, "reason of %d bytes in a %d-byte message", r, len(b))
 		}
 		m.Reason = string(b[rmaDeclineFixedBytes:])
 		return m, nil
 	}
-	if n > MaxBlocks || int64(len(b)) < int64(rmaOfferFixedBytes+rmaOfferBodyBytes)+4*n {
+	if n > MaxBlocks || int64(len(b)) < int64(OfferFixedBytes+OfferBodyBytes)+4*n {
 		return nil, malformed(HeaderBytes+4, "%d blocks in a %d-byte offer (at most %d)", n, len(b), MaxBlocks)
 	}
-	at := rmaOfferFixedBytes
+	at := OfferFixedBytes
 	m.Addr = binary.LittleEndian.Uint64(b[at:])
 	m.PoolBytes = int64(binary.LittleEndian.Uint64(b[at+8:]))
 	at += 16
@@ -209,7 +209,7 @@ func decodeRMAOffer(h Header, b []byte) (Message, error) {
 	}
 	at += 4
 	if m.Flags&RMAOfferPart != 0 {
-		if len(b) < at+rmaPartBytes {
+		if len(b) < at+OfferPartBytes {
 			return nil, malformed(at, "an offer part of %d bytes has no first and total", len(b))
 		}
 		first, total := int64(binary.LittleEndian.Uint32(b[at:])), int64(binary.LittleEndian.Uint32(b[at+4:]))
@@ -217,14 +217,14 @@ func decodeRMAOffer(h Header, b []byte) (Message, error) {
 			return nil, err
 		}
 		m.First, m.Total = int(first), int(total)
-		at += rmaPartBytes
+		at += OfferPartBytes
 	}
 	if validated {
-		if len(b) < at+rmaGenBytes {
+		if len(b) < at+OfferGenBytes {
 			return nil, malformed(at, "a validated offer of %d bytes has no generation", len(b))
 		}
 		m.GenAddr, m.Generation = binary.LittleEndian.Uint64(b[at:]), binary.LittleEndian.Uint64(b[at+8:])
-		at += rmaGenBytes
+		at += OfferGenBytes
 	}
 	if k == 0 || k > MaxRMAKey || int64(len(b)) != int64(at)+4*n+int64(k)+int64(gk) {
 		return nil, malformed(at-4, "a %d-byte key and a %d-byte generation key after %d blocks in a %d-byte offer", k, gk, n, len(b))
