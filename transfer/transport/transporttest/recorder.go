@@ -36,8 +36,8 @@ type control struct {
 type recorder struct {
 	name string
 	mu   sync.Mutex
-	// inCall is the id of the goroutine inside a call into the transport, or 0.
-	inCall   uint64
+	// calls says which goroutine is inside a call into either transport of the pair.
+	calls    *calls
 	ops      []*op
 	controls []control
 	lost     []transport.Peer
@@ -45,27 +45,43 @@ type recorder struct {
 	changed  chan struct{} // signalled (without blocking) on every report and message
 }
 
-func newRecorder(name string) *recorder {
-	return &recorder{name: name, changed: make(chan struct{}, 1)}
+// calls is shared by the two recorders of a pair: a callback of either transport must not run
+// inside a call into either (the other engine's Inbound inside this one's SendControl, say,
+// would take that engine's locks while this one holds its own).
+type calls struct {
+	mu sync.Mutex
+	g  uint64 // the id of the goroutine inside a call, or 0
 }
 
-func (r *recorder) enter(g uint64) {
-	r.mu.Lock()
-	r.inCall = g
-	r.mu.Unlock()
+func (c *calls) enter(g uint64) {
+	c.mu.Lock()
+	c.g = g
+	c.mu.Unlock()
 }
 
-func (r *recorder) leave() {
-	r.mu.Lock()
-	r.inCall = 0
-	r.mu.Unlock()
+func (c *calls) leave() {
+	c.mu.Lock()
+	c.g = 0
+	c.mu.Unlock()
+}
+
+// inside reports whether the calling goroutine is inside a call into the pair.
+func (c *calls) inside() bool {
+	c.mu.Lock()
+	g := c.g
+	c.mu.Unlock()
+	return g != 0 && g == goid()
+}
+
+func newRecorder(name string, c *calls) *recorder {
+	return &recorder{name: name, calls: c, changed: make(chan struct{}, 1)}
 }
 
 // inside notes a breach when the callback runs on the goroutine of a call into the
 // transport. Called with mu held.
 func (r *recorder) insideLocked(what string) {
-	if r.inCall != 0 && r.inCall == goid() {
-		r.breaches = append(r.breaches, what+" ran inside a call into the transport (a Post, Cancel or SendControl)")
+	if r.calls.inside() {
+		r.breaches = append(r.breaches, what+" ran inside a call into a transport (a Post, Cancel or SendControl)")
 	}
 }
 

@@ -84,8 +84,9 @@ type side struct {
 func (h Harness) pair(t TB) (a, b *side) {
 	t.Helper()
 	ea, eb := h.Pair(t)
-	a = &side{Endpoint: ea, name: "a", rec: newRecorder("a")}
-	b = &side{Endpoint: eb, name: "b", rec: newRecorder("b")}
+	c := &calls{}
+	a = &side{Endpoint: ea, name: "a", rec: newRecorder("a", c)}
+	b = &side{Endpoint: eb, name: "b", rec: newRecorder("b", c)}
 	for _, s := range []*side{a, b} {
 		if err := s.Transport.Bind(s.rec); err != nil {
 			t.Errorf("transport %s: Bind: %v", s.name, err)
@@ -115,11 +116,11 @@ func finish(t TB, h Harness, sides ...*side) {
 	}
 }
 
-// call runs f as a call into s's transport: a callback of s that runs on this goroutine
-// meanwhile ran inside the call, which the contract forbids.
+// call runs f as a call into s's transport: a callback of either transport of the pair that
+// runs on this goroutine meanwhile ran inside the call, which the contract forbids.
 func (s *side) call(f func()) {
-	s.rec.enter(goid())
-	defer s.rec.leave()
+	s.rec.calls.enter(goid())
+	defer s.rec.calls.leave()
 	f()
 }
 

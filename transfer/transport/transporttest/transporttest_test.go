@@ -65,14 +65,14 @@ func runCheck(name string, h Harness) []string {
 
 // memHarness is the in-memory transport, its control messages bounded to 4 KiB; wrap, when
 // set, stands between the suite and each transport.
-func memHarness(wrap func(*mem.Transport) transport.Transport) Harness {
+func memHarness(wrap func(*mem.Transport, transport.Peer) transport.Transport) Harness {
 	return Harness{Wait: 2 * time.Second, Pair: func(t TB) (a, b Endpoint) {
 		n := mem.NewNetwork()
 		n.SetMaxControl(4096)
 		ep := func(name transport.Peer) Endpoint {
 			var tr transport.Transport = n.Transport(name)
 			if wrap != nil {
-				tr = wrap(tr.(*mem.Transport))
+				tr = wrap(tr.(*mem.Transport), name)
 			}
 			return Endpoint{Transport: tr, Peer: name, Buffer: func(n int) []byte { return make([]byte, n) }}
 		}
@@ -86,24 +86,25 @@ func TestChecksCatchBrokenTransports(t *testing.T) {
 	cases := []struct {
 		desc  string
 		check string
-		wrap  func(*mem.Transport) transport.Transport
+		wrap  func(*mem.Transport, transport.Peer) transport.Transport
 		want  string
 	}{
 		{"a cancel reported inside Cancel", "CancelUnmatchedReceive",
-			func(m *mem.Transport) transport.Transport {
+			func(m *mem.Transport, _ transport.Peer) transport.Transport {
 				return &inlineCancel{Transport: m, dones: map[transport.OpID]func(transport.Completion){}}
 			},
 			"inside a call"},
 		{"a send completed inside PostSend", "DataEveryByteOneFinalReport",
-			func(m *mem.Transport) transport.Transport { return &syncSend{Transport: m} }, "inside a call"},
+			func(m *mem.Transport, _ transport.Peer) transport.Transport { return &syncSend{Transport: m} }, "inside a call"},
 		{"every report delivered twice", "DataEveryByteOneFinalReport",
-			func(m *mem.Transport) transport.Transport { return &doubleReport{Transport: m} }, "after its final report"},
+			func(m *mem.Transport, _ transport.Peer) transport.Transport { return &doubleReport{Transport: m} }, "after its final report"},
 		{"reports lost after a force close", "ForceCloseReportsEveryOperation",
-			func(m *mem.Transport) transport.Transport { return &silentClose{Transport: m} }, "no final report"},
+			func(m *mem.Transport, _ transport.Peer) transport.Transport { return &silentClose{Transport: m} }, "no final report"},
 		{"a control room it does not keep", "ControlRoomHonoured",
-			func(m *mem.Transport) transport.Transport { return &smallRoom{Transport: m} }, "want ErrControlTooLarge"},
+			func(m *mem.Transport, _ transport.Peer) transport.Transport { return &smallRoom{Transport: m} }, "want ErrControlTooLarge"},
+		{"a control message delivered inside SendControl", "ControlMessagesArrive", inlineControlWrap(), "inside a call"},
 		{"a success that keeps the memory", "DataEveryByteOneFinalReport",
-			func(m *mem.Transport) transport.Transport { return &busySuccess{Transport: m} }, "MemoryDone"},
+			func(m *mem.Transport, _ transport.Peer) transport.Transport { return &busySuccess{Transport: m} }, "MemoryDone"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -224,4 +225,33 @@ func (w *busySuccess) PostRecv(from transport.Peer, tag transport.Tag, buf []byt
 		}
 		done(c)
 	})
+}
+
+// inlineControl hands a control message to the peer's Inbound inside SendControl, as a naive
+// in-process transport would.
+type inlineControl struct {
+	*mem.Transport
+	self  transport.Peer
+	peers *sync.Map // peer name -> its Inbound
+}
+
+// inlineControlWrap returns a wrap whose transports find each other's Inbound.
+func inlineControlWrap() func(*mem.Transport, transport.Peer) transport.Transport {
+	peers := &sync.Map{}
+	return func(m *mem.Transport, self transport.Peer) transport.Transport {
+		return &inlineControl{Transport: m, self: self, peers: peers}
+	}
+}
+
+func (w *inlineControl) Bind(in transport.Inbound) error {
+	w.peers.Store(w.self, in)
+	return w.Transport.Bind(in)
+}
+
+func (w *inlineControl) SendControl(to transport.Peer, msg []byte) error {
+	if in, ok := w.peers.Load(to); ok {
+		in.(transport.Inbound).OnControl(w.self, msg)
+		return nil
+	}
+	return w.Transport.SendControl(to, msg)
 }
