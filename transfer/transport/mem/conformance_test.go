@@ -9,8 +9,8 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport/transporttest"
 )
 
-// The in-memory transport keeps the Transport contract, its control messages bounded (as
-// SetMaxControl makes them) or not.
+// The in-memory transport keeps the Transport contract, with its direct path and RMA gets,
+// its control messages bounded (as SetMaxControl makes them) or not.
 func TestConformance(t *testing.T) {
 	for _, c := range []struct {
 		desc       string
@@ -24,7 +24,12 @@ func TestConformance(t *testing.T) {
 				n := NewNetwork()
 				n.SetMaxControl(c.maxControl)
 				ep := func(name transport.Peer) transporttest.Endpoint {
-					return transporttest.Endpoint{Transport: n.Transport(name), Peer: name, Buffer: func(k int) []byte { return make([]byte, k) }}
+					tr := n.Transport(name)
+					return transporttest.Endpoint{Transport: tr, Peer: name, Buffer: func(k int) []byte {
+						b := make([]byte, k)
+						tr.AllowDirect(b) // the direct path and RMA gets may use every buffer
+						return b
+					}}
 				}
 				return ep("a"), ep("b")
 			}})

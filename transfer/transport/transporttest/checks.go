@@ -221,3 +221,90 @@ func checkControlRoom(t TB, h Harness) {
 		t.Errorf("the control message of ControlRoom() bytes arrived %d times, want once", got)
 	}
 }
+
+// checkDirectIOV: a transport with the one-copy path (DirectTransport) moves an IOV send into
+// an IOV receive cut differently, every byte, each operation reporting once, finally, with
+// MemoryDone and the total size. Buffers Direct refuses (a harness that gives none it
+// accepts) are not tried.
+func checkDirectIOV(t TB, h Harness) {
+	a, b := h.pair(t)
+	da, okA := a.Transport.(transport.DirectTransport)
+	db, okB := b.Transport.(transport.DirectTransport)
+	const n = 3*4096 + 100
+	src, dst := a.Buffer(n), b.Buffer(n)
+	if !okA || !okB || !da.Direct(src) || !db.Direct(dst) {
+		t.Logf("the transport has no direct path for the harness's buffers")
+		finish(t, h, a, b)
+		return
+	}
+	pattern(src, 0x3C)
+	pattern(dst, 0)
+	tag := transport.Tag{Request: 500, Seq: 1, Nonce: 9}
+	r := b.rec.newOp("IOV receive", tag)
+	var err error
+	b.call(func() {
+		r.id, err = db.PostRecvIOV(a.Peer, tag, [][]byte{dst[:100], dst[100:5000], dst[5000:]}, r.done)
+	})
+	b.rec.posted(r, err)
+	if err != nil {
+		t.Errorf("PostRecvIOV: %v", err)
+		t.FailNow()
+	}
+	s := a.rec.newOp("IOV send", tag)
+	a.call(func() {
+		s.id, err = da.PostSendIOV(b.Peer, tag, [][]byte{src[:4096], src[4096 : 2*4096], src[2*4096:]}, s.done)
+	})
+	a.rec.posted(s, err)
+	if err != nil {
+		t.Errorf("PostSendIOV: %v", err)
+		t.FailNow()
+	}
+	for _, o := range []*op{s, r} {
+		c := o.awaitFinal(t, h.wait())
+		if c.Err != nil || c.Memory != transport.MemoryDone || c.Bytes != n {
+			t.Errorf("%s reported %v, memory %v, %d bytes; want success, MemoryDone, %d bytes", o.what, c.Err, c.Memory, c.Bytes, n)
+		}
+	}
+	if !bytes.Equal(src, dst) {
+		t.Errorf("the IOV receive holds other bytes than the IOV send's")
+	}
+	finish(t, h, a, b)
+}
+
+// checkRMAGet: a transport with RMA gets (RMATransport) reads a range of the peer's pool, named
+// by the peer's RMAKey, into a local buffer: every byte, one final report with MemoryDone.
+// Buffers Direct refuses are not tried.
+func checkRMAGet(t TB, h Harness) {
+	a, b := h.pair(t)
+	ra, okA := a.Transport.(transport.RMATransport)
+	rb, okB := b.Transport.(transport.RMATransport)
+	const n, off = 8192, 512
+	pool, dst := a.Buffer(n), b.Buffer(n-off)
+	if !okA || !okB || !ra.Direct(pool) || !rb.Direct(dst) {
+		t.Logf("the transport has no RMA gets for the harness's buffers")
+		finish(t, h, a, b)
+		return
+	}
+	pattern(pool, 0x71)
+	addr, key, err := ra.RMAKey(pool)
+	if err != nil {
+		t.Errorf("RMAKey: %v", err)
+		t.FailNow()
+	}
+	tag := transport.Tag{Request: 600, Seq: 1}
+	g := b.rec.newOp("get", tag)
+	b.call(func() { g.id, err = rb.PostGet(a.Peer, tag, key, addr+off, dst, g.done) })
+	b.rec.posted(g, err)
+	if err != nil {
+		t.Errorf("PostGet: %v", err)
+		t.FailNow()
+	}
+	c := g.awaitFinal(t, h.wait())
+	if c.Err != nil || c.Memory != transport.MemoryDone {
+		t.Errorf("the get reported %v, memory %v; want success, MemoryDone", c.Err, c.Memory)
+	}
+	if !bytes.Equal(pool[off:], dst) {
+		t.Errorf("the get read other bytes than the peer's pool holds")
+	}
+	finish(t, h, a, b)
+}

@@ -19,6 +19,8 @@
 // cancel of a finished operation does nothing; Close(true) gives every outstanding operation
 // its final report and every later call returns ErrClosed; a transport that bounds its
 // control messages (ControlBound) takes ControlRoom bytes and refuses more with a
-// *ControlSizeError. Each check force-closes the pair at its end and then verifies every
+// *ControlSizeError; a transport with the direct path moves an IOV send into an IOV receive
+// cut differently, and one with RMA gets reads a peer's pool by its RMAKey, every byte and one
+// final report each. Each check force-closes the pair at its end and then verifies every
 // report, so a report after the final one, or none, fails it.
 package transporttest

@@ -57,6 +57,8 @@ var Checks = []Check{
 	{"CancelAfterTheEndDoesNothing", checkCancelAfterTheEnd},
 	{"ForceCloseReportsEveryOperation", checkForceClose},
 	{"ControlRoomHonoured", checkControlRoom},
+	{"DirectIOVEveryByte", checkDirectIOV},
+	{"RMAGetEveryByte", checkRMAGet},
 }
 
 // Run runs every check against h, each as a subtest.

@@ -70,11 +70,16 @@ func memHarness(wrap func(*mem.Transport, transport.Peer) transport.Transport) H
 		n := mem.NewNetwork()
 		n.SetMaxControl(4096)
 		ep := func(name transport.Peer) Endpoint {
-			var tr transport.Transport = n.Transport(name)
+			m := n.Transport(name)
+			var tr transport.Transport = m
 			if wrap != nil {
-				tr = wrap(tr.(*mem.Transport), name)
+				tr = wrap(m, name)
 			}
-			return Endpoint{Transport: tr, Peer: name, Buffer: func(n int) []byte { return make([]byte, n) }}
+			return Endpoint{Transport: tr, Peer: name, Buffer: func(n int) []byte {
+				b := make([]byte, n)
+				m.AllowDirect(b)
+				return b
+			}}
 		}
 		return ep("a"), ep("b")
 	}}
@@ -103,6 +108,10 @@ func TestChecksCatchBrokenTransports(t *testing.T) {
 		{"a control room it does not keep", "ControlRoomHonoured",
 			func(m *mem.Transport, _ transport.Peer) transport.Transport { return &smallRoom{Transport: m} }, "want ErrControlTooLarge"},
 		{"a control message delivered inside SendControl", "ControlMessagesArrive", inlineControlWrap(), "inside a call"},
+		{"an IOV receive that leaves out a piece", "DirectIOVEveryByte",
+			func(m *mem.Transport, _ transport.Peer) transport.Transport { return &shortIOV{Transport: m} }, "IOV receive reported"},
+		{"a get from the wrong address", "RMAGetEveryByte",
+			func(m *mem.Transport, _ transport.Peer) transport.Transport { return &skewedGet{Transport: m} }, "other bytes"},
 		{"a success that keeps the memory", "DataEveryByteOneFinalReport",
 			func(m *mem.Transport, _ transport.Peer) transport.Transport { return &busySuccess{Transport: m} }, "MemoryDone"},
 	}
@@ -254,4 +263,18 @@ func (w *inlineControl) SendControl(to transport.Peer, msg []byte) error {
 		return nil
 	}
 	return w.Transport.SendControl(to, msg)
+}
+
+// shortIOV receives into all but the last piece of an IOV.
+type shortIOV struct{ *mem.Transport }
+
+func (w *shortIOV) PostRecvIOV(from transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+	return w.Transport.PostRecvIOV(from, tag, iov[:len(iov)-1], done)
+}
+
+// skewedGet reads one byte past where it was asked to.
+type skewedGet struct{ *mem.Transport }
+
+func (w *skewedGet) PostGet(from transport.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
+	return w.Transport.PostGet(from, tag, key, addr-1, dst, done)
 }

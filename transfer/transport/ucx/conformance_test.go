@@ -14,7 +14,8 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport/transporttest"
 )
 
-// The UCX transport keeps the Transport contract over shared memory and over TCP on loopback.
+// The UCX transport keeps the Transport contract, with its direct path and RMA gets, over
+// shared memory and over TCP on loopback.
 func TestConformance(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
