@@ -16,7 +16,9 @@
 #   IOV messages) / tag_bw
 # and prints every figure with the load average beside it, then the ratios by round.
 # BENCH_PATHS_ONLY=WORD runs only the rows whose name contains WORD (e.g. tcp); the ratios of
-# rows not run print as "-".
+# rows not run print as "-". BENCH_PATHS_VS=K2 runs each kvxbench row a second time, right
+# after the first, with the kvxbench binary K2 (row NAME.vs), and prints K2's figure over the
+# first binary's for each (before/after pairs: BENCH_PATHS_ONLY=staging BENCH_PATHS_VS=new).
 set -eu
 KVXBENCH=${1:?usage: bench-paths.sh KVXBENCH [ROUNDS]}
 ROUNDS=${2:-3}
@@ -32,7 +34,7 @@ run() { # name flags...
 	shift
 	only "$name" || return 0
 	l=$(load)
-	"$KVXBENCH" run --json --prompts 4k --concurrency 1 --duration "$DUR" "$@" >"$out/$name.json"
+	"${BIN:-$KVXBENCH}" run --json --prompts 4k --concurrency 1 --duration "$DUR" "$@" >"$out/$name.json"
 	python3 - "$name" "$l" "$out/$name.json" <<'PY' | tee -a "$out/rows"
 import json, sys
 name, load, path = sys.argv[1:4]
@@ -40,6 +42,15 @@ d = json.loads(open(path).read().splitlines()[-1])
 print(f'{name} path={d.get("path")} gbps={d["gbps"]:.3f} baseline_gbps={d.get("baseline_gbps", 0):.3f} '
       f'ratio={d.get("ratio", 0):.3f} load={load}')
 PY
+}
+
+pair() { # name flags...: run, then the same row with $BENCH_PATHS_VS
+	run "$@"
+	if [ -n "${BENCH_PATHS_VS:-}" ] && [ -z "${BIN:-}" ]; then
+		name=$1
+		shift
+		BIN=$BENCH_PATHS_VS run "$name.vs" "$@"
+	fi
 }
 
 perftest() { # name test tls flags [VAR=value...]: ucx_perftest of 64 MiB messages on loopback
@@ -70,18 +81,18 @@ PY
 
 i=1
 while [ "$i" -le "$ROUNDS" ]; do
-	run "r$i.shm.lanes" --tls posix,cma,self
-	run "r$i.shm.lane1" --tls posix,cma,self --lanes 1
+	pair "r$i.shm.lanes" --tls posix,cma,self
+	pair "r$i.shm.lane1" --tls posix,cma,self --lanes 1
 	perftest "r$i.shm.ucp_get" ucp_get posix,cma,self ""
-	run "r$i.tcp.choice" --tls tcp,self
-	run "r$i.tcp.seg1m" --tls tcp,self --tcp-segment 1MiB
+	pair "r$i.tcp.choice" --tls tcp,self
+	pair "r$i.tcp.seg1m" --tls tcp,self --tcp-segment 1MiB
 	perftest "r$i.tcp.tag_bw_kvx" tag_bw tcp,self -e UCX_RNDV_SCHEME=get_zcopy
-	run "r$i.tcp.rma" --tls tcp,self --rma-where-emulated
-	run "r$i.shm.staging" --tls posix,cma,self --staging
-	run "r$i.shm.staging.tp2" --tls posix,cma,self --staging --prefill-tp 2
-	run "r$i.shm.staging.conv" --tls posix,cma,self --staging --decode-order layer-major
-	run "r$i.shm.tp2" --tls posix,cma,self --prefill-tp 2
-	run "r$i.shm.conv" --tls posix,cma,self --decode-order layer-major
+	pair "r$i.tcp.rma" --tls tcp,self --rma-where-emulated
+	pair "r$i.shm.staging" --tls posix,cma,self --staging
+	pair "r$i.shm.staging.tp2" --tls posix,cma,self --staging --prefill-tp 2
+	pair "r$i.shm.staging.conv" --tls posix,cma,self --staging --decode-order layer-major
+	pair "r$i.shm.tp2" --tls posix,cma,self --prefill-tp 2
+	pair "r$i.shm.conv" --tls posix,cma,self --decode-order layer-major
 	i=$((i + 1))
 done
 
@@ -113,4 +124,12 @@ print()
 print("round  " + "  ".join(c for c, _ in cols))
 for r in rounds:
     print(f"{r:6} " + "  ".join(("-" if v is None else f"{v:.2f}").rjust(len(c)) for c, f in cols for v in [f(r)]))
+vs = sorted(k for k in rows if k.endswith(".vs"))
+if vs:
+    print()
+    print("pairs (BENCH_PATHS_VS): row  ratio  ratio(vs)  gbps(vs)/gbps  load  load(vs)")
+    for k in vs:
+        a, b = rows[k[:-3]], rows[k]
+        print(f'{k[:-3]:24} {float(a["ratio"]):6.3f} {float(b["ratio"]):9.3f} '
+              f'{float(b["gbps"]) / max(float(a["gbps"]), 1e-9):14.2f} {a["load"]:>5} {b["load"]:>8}')
 PY

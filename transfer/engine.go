@@ -23,8 +23,10 @@ type Engine struct {
 	cfg  Config
 	tr   Transport
 	pool *buffer.Pool
-	log  *zap.Logger
-	obs  Observer
+	// movers copies staging chunks off the transfers' loops (mover_pool.go).
+	movers *moverPool
+	log    *zap.Logger
+	obs    Observer
 	// oq delivers the caller's Observer outside the engine's locks; nil for NopObserver, whose
 	// calls cost nothing under a lock.
 	oq *observerQueue
@@ -131,6 +133,7 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 		peers: make(map[Peer]*peerHello), speech: sp,
 		admission: make(chan struct{}, cfg.MaxConcurrent),
 		closing:   make(chan struct{}),
+		movers:    newMoverPool(),
 	}
 	if _, nop := cfg.Observer.(NopObserver); !nop {
 		e.oq = newObserverQueue(cfg.Observer) // the caller's callbacks run outside the engine's locks

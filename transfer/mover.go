@@ -12,8 +12,10 @@ import (
 
 // Mover copies a plan's stream between the caller's KV pool and staging memory. It is the seam
 // through which the engine touches caller memory: the host mover works on a []byte pool, a
-// device mover (CUDA) will run the same plans on the GPU. The engine calls it from a
-// transfer's own goroutine only, and never after the transfer has ended.
+// device mover (CUDA) will run the same plans on the GPU. The engine calls it from its mover
+// goroutines (at most GOMAXPROCS of them), so several copies of one transfer may run at once,
+// each over its own stream range and its own staging memory; never after the transfer has
+// ended: a transfer ends only once every copy it started has returned.
 //
 // A Gather or Scatter that returns has finished its copy, whatever its error, unless the error
 // matches ErrQuiescenceUnknown: the mover cannot say whether the copy still runs (a device

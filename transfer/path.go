@@ -88,6 +88,13 @@ type path interface {
 	completed(rec *opRec, c Completion)
 }
 
+// stagedPath is a path whose chunks also pass through the mover workers (the staging path):
+// the loop hands it a chunk whose copy ended well, on a transfer not aborting. A failed copy,
+// or one that ends while the transfer aborts, the loop settles itself (movedDone).
+type stagedPath interface {
+	moved(rec *opRec)
+}
+
 // peerTalk is a path the peer's messages about the path reach: an RMA offer, a repeated
 // request (which may change the path), a release, a Done, the loss of the peer. The loop asks
 // for it by type assertion; a path without it ignores them.

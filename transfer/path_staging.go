@@ -5,8 +5,12 @@ package transfer
 // The staging path: every chunk goes through a staging slot of the engine's pool. The sender
 // gathers a chunk from the caller's blocks into a slot (the Mover) behind a data header and
 // sends it; the receiver receives it into a slot, checks the header and scatters the payload
-// into its blocks. Each side holds up to PipelineDepth slots, each slot one operation at a
-// time, so a slot goes back to the pool only once its operation is final.
+// into its blocks. Each side holds up to PipelineDepth slots, each slot in one stage at a time:
+// with the mover (gather or scatter, on the engine's mover workers, mover_pool.go) or with the
+// transport (send or receive). The stages of different slots overlap: while chunk i is on the
+// wire, chunk i+1 is gathered and, on the receiver, chunk i-1 scattered, and the transfer's
+// loop only posts and settles. A slot goes back to the pool only once its operation is final
+// and the mover is done with it.
 
 import (
 	"fmt"
@@ -22,8 +26,10 @@ type stagingSend struct{ x *xfer }
 type stagingReceive struct{ x *xfer }
 
 var (
-	_ path = stagingSend{}
-	_ path = stagingReceive{}
+	_ stagedPath = stagingSend{}
+	_ stagedPath = stagingReceive{}
+	_ path       = stagingSend{}
+	_ path       = stagingReceive{}
 )
 
 // startStagingSend leases the sender's slots and posts the first chunks. It reports false,
@@ -92,23 +98,27 @@ func (p stagingSend) post(slot *buffer.Slot) bool {
 			return true
 		}
 	}
-	buf := slot.Bytes()[:wire.DataHeaderBytes+n]
-	if err := x.mover.Gather(x.plan, off, buf[wire.DataHeaderBytes:]); err != nil {
-		x.moverFailed(slot, rec.seq, err)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("gather: %w", err)}, wire.AbortInternal, x.eng.cfg.CancelGrace)
-		return false
-	}
-	dh := wire.DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: off, Length: n}
+	rec.off, rec.buf = off, slot.Bytes()[wire.DataHeaderBytes:wire.DataHeaderBytes+n]
+	x.nextSeq++ // taken now: the chunk is sent when its gather ends (moved)
+	x.toMover(rec)
+	return true
+}
+
+// moved sends a gathered chunk behind its data header.
+func (p stagingSend) moved(rec *opRec) {
+	x := p.x
+	n := int64(len(rec.buf))
+	buf := rec.slot.Bytes()[:wire.DataHeaderBytes+n]
+	dh := wire.DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: rec.off, Length: n}
 	_, _ = dh.AppendBinary(buf[:0])
 	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf,
 		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
 	if err != nil {
-		releaseSlot(slot)
+		releaseSlot(rec.slot)
 		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
-		return false
+		return
 	}
-	x.posted(rec, id)
-	return true
+	x.track(rec, id)
 }
 
 func (p stagingSend) completed(rec *opRec, _ Completion) { p.x.sentChunk(rec) }
@@ -135,8 +145,7 @@ func (p stagingReceive) post(slot *buffer.Slot) bool {
 	return true
 }
 
-// completed checks a received chunk's header, scatters its payload and reuses its slot for
-// the next receive.
+// completed checks a received chunk's header and hands its payload to the mover to scatter.
 func (p stagingReceive) completed(rec *opRec, c Completion) {
 	x := p.x
 	dh, payload, err := wire.DecodeData(rec.slot.Bytes()[:c.Bytes])
@@ -149,15 +158,61 @@ func (p stagingReceive) completed(rec *opRec, c Completion) {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return
 	}
-	if err := x.mover.Scatter(x.plan, payload, off); err != nil {
-		x.moverFailed(rec.slot, rec.seq, err)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("scatter: %w", err)}, wire.AbortInternal, x.eng.cfg.CancelGrace)
-		return
-	}
-	x.progress(n)
+	rec.off, rec.buf = off, payload
+	x.toMover(rec)
+}
+
+// moved counts a scattered chunk and reuses its slot for the next receive.
+func (p stagingReceive) moved(rec *opRec) {
+	x := p.x
+	x.progress(int64(len(rec.buf)))
 	x.markReceived(rec.seq)
 	if !p.post(rec.slot) {
 		return
 	}
 	x.receivedAll()
+}
+
+// toMover queues rec's copy on the engine's mover workers; its slot is the mover's until the
+// copy's event comes back (movedDone).
+func (x *xfer) toMover(rec *opRec) {
+	x.moving++
+	x.eng.movers.submit(x, rec)
+}
+
+// move runs on a mover worker: it copies rec's chunk and hands the result to the loop.
+func (x *xfer) move(rec *opRec) {
+	if x.receive {
+		rec.moveErr = x.mover.Scatter(x.plan, rec.buf, rec.off)
+	} else {
+		rec.moveErr = x.mover.Gather(x.plan, rec.off, rec.buf)
+	}
+	x.box.Push(event{op: rec, moved: true})
+}
+
+// movedDone settles a copy that ended: a failed one fails the transfer (and poisons what the
+// mover cannot say it let go, moverFailed); on an aborting transfer the slot goes back; else
+// the path sends or counts the chunk.
+func (x *xfer) movedDone(rec *opRec) {
+	x.moving--
+	err := rec.moveErr
+	rec.moveErr = nil
+	switch {
+	case err != nil:
+		x.moverFailed(rec.slot, rec.seq, err)
+		what := "gather"
+		if x.receive {
+			what = "scatter"
+		}
+		if !x.aborting {
+			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%s: %w", what, err)}, wire.AbortInternal, x.eng.cfg.CancelGrace)
+		} else {
+			x.maybeResolve()
+		}
+	case x.aborting:
+		releaseSlot(rec.slot)
+		x.maybeResolve()
+	default:
+		x.path.(stagedPath).moved(rec)
+	}
 }

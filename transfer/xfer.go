@@ -61,6 +61,7 @@ type xfer struct {
 	backlog     []event
 	ops         []*opRec
 	outstanding int
+	moving      int // staging chunks with the mover workers (mover_pool.go): their slots and blocks are not quiescent
 	chunk       int64
 	nChunks     int
 	layerCut    bool  // chunks also end at layer boundaries
@@ -103,6 +104,12 @@ type opRec struct {
 	slot  *buffer.Slot
 	final bool
 	gen   uint64 // a generation read (rma_gen.go): the word's value, set before its event is pushed
+	// The staging path's copy (mover_pool.go): stream bytes [off, off+len(buf)) gathered into
+	// buf (sender) or scattered out of it (receiver); moveErr is its result, written by the
+	// mover worker before it pushes the event.
+	off     int64
+	buf     []byte
+	moveErr error
 }
 
 type event struct {
@@ -111,6 +118,7 @@ type event struct {
 	msg   wire.Message
 	lost  error
 	ready bool // the caller marked more layers ready
+	moved bool // op's staging copy ended (mover_pool.go)
 	early bool // msg is an abort the engine held with the request it follows
 }
 
@@ -351,10 +359,16 @@ func (x *xfer) updateAwaiting() {
 // posted records chunk rec.seq's operation, just posted as id, as outstanding and moves on
 // to the next chunk; every path (staging, direct, RMA) posts through it.
 func (x *xfer) posted(rec *opRec, id OpID) {
+	x.track(rec, id)
+	x.nextSeq++
+}
+
+// track records rec, just posted as id, as outstanding: posted without moving on, for a
+// staging chunk whose sequence number was taken when its gather was queued.
+func (x *xfer) track(rec *opRec, id OpID) {
 	rec.id = id
 	x.ops = append(x.ops, rec)
 	x.outstanding++
-	x.nextSeq++
 }
 
 // releaseSlot releases a slot; nil (a direct transfer's pipeline place) holds nothing.
@@ -478,6 +492,8 @@ func (x *xfer) handleEvent(ev event) {
 		return
 	}
 	switch {
+	case ev.op != nil && ev.moved:
+		x.movedDone(ev.op)
 	case ev.op != nil:
 		x.opDone(ev.op, ev.c)
 	case ev.lost != nil:

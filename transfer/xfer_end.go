@@ -121,9 +121,10 @@ func (x *xfer) poisonOutstanding(reason string) {
 	x.maybeResolve()
 }
 
-// maybeResolve ends an aborting transfer once no operation can touch its slots.
+// maybeResolve ends an aborting transfer once no operation can touch its slots, and no copy of
+// the mover its slots or the caller's blocks.
 func (x *xfer) maybeResolve() {
-	if x.outstanding > 0 || x.ended {
+	if x.outstanding > 0 || x.moving > 0 || x.ended {
 		return
 	}
 	if x.blocksUnknown {
