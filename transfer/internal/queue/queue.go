@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
-// Package queue is the one queue of package transfer: an unbounded FIFO that producers push
-// to without ever blocking (transport callbacks, the inbound handler, the engine reporting to
-// its observer), drained by one consumer at a time in batches. A transfer's mailbox and the
-// observer's delivery queue are both a Queue.
+// Package queue is the one queue of package transfer and its transports: an unbounded FIFO
+// that producers push to without ever blocking (transport callbacks, the inbound handler, the
+// engine reporting to its observer), drained by one consumer at a time in batches. A
+// transfer's mailbox, the observer's delivery queue, the in-memory transport's callbacks and
+// the UCX transport's reports are each a Queue.
 //
 // A consumer is either long-lived, waiting on Ready, or started on demand: Push reports when
 // no consumer runs, and a consumer that takes an empty batch has stopped, so a queue holds no

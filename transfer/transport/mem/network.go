@@ -151,7 +151,7 @@ func (n *Network) faultFor(fp FaultPoint) Fault {
 // transport.Transport returns a new endpoint named addr, with its own callback goroutine (ended by
 // Close).
 func (n *Network) Transport(addr transport.Peer) *Transport {
-	t := &Transport{net: n, addr: addr, notify: make(chan struct{}, 1), closed: make(chan struct{}), exited: make(chan struct{})}
+	t := &Transport{net: n, addr: addr, closed: make(chan struct{}), exited: make(chan struct{})}
 	n.mu.Lock()
 	n.eps[addr] = t
 	n.mu.Unlock()
@@ -176,10 +176,7 @@ func (n *Network) Queued() transport.Peer {
 	}
 	n.mu.Unlock()
 	for _, ep := range eps {
-		ep.qmu.Lock()
-		k := len(ep.queue)
-		ep.qmu.Unlock()
-		if k > 0 || len(ep.notify) > 0 {
+		if ep.callbacks.Len() > 0 || len(ep.callbacks.Ready()) > 0 {
 			return ep.addr
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/queue"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -19,14 +20,14 @@ type Transport struct {
 	net  *Network
 	addr transport.Peer
 
-	qmu     sync.Mutex
-	queue   []func(transport.Inbound)
-	notify  chan struct{}
-	in      transport.Inbound
-	closed  chan struct{}
-	exited  chan struct{}
-	closing bool
-	once    sync.Once
+	// callbacks run in order on the endpoint's own goroutine (dispatch); closed by Close, after
+	// which what reaches the endpoint is dropped.
+	callbacks queue.Queue[func(transport.Inbound)]
+	inMu      sync.Mutex
+	in        transport.Inbound // guarded by inMu
+	closed    chan struct{}
+	exited    chan struct{}
+	once      sync.Once
 	// direct holds the pools AllowDirect named, by the id their RMA keys carry (ids are never
 	// reused, so a key outlives ForgetDirect only as a key that names nothing); guarded by
 	// net.mu.
@@ -119,39 +120,31 @@ func (t *Transport) postIOV(send bool, peer transport.Peer, tag transport.Tag, i
 }
 
 // deliver queues f for the endpoint's callback goroutine; after Close it is dropped.
-func (t *Transport) deliver(f func(transport.Inbound)) {
-	t.qmu.Lock()
-	if t.closing {
-		t.qmu.Unlock()
-		return
-	}
-	t.queue = append(t.queue, f)
-	t.qmu.Unlock()
-	select {
-	case t.notify <- struct{}{}:
-	default:
-	}
-}
+func (t *Transport) deliver(f func(transport.Inbound)) { t.callbacks.Push(f) }
 
 // dispatch runs callbacks in order on the endpoint's own goroutine until Close has drained
 // them.
 func (t *Transport) dispatch() {
 	defer close(t.exited)
+	ready := t.callbacks.Ready()
+	var batch []func(transport.Inbound)
 	for {
-		t.qmu.Lock()
-		q, in, closing := t.queue, t.in, t.closing
-		t.queue = nil
-		t.qmu.Unlock()
-		for _, f := range q {
+		closing := t.callbacks.Closed() // before the Take: one after Close takes the last
+		batch = t.callbacks.Take(batch)
+		t.inMu.Lock()
+		in := t.in
+		t.inMu.Unlock()
+		for _, f := range batch {
 			if in != nil { // an endpoint nobody bound drops what reaches it, like a dead host
 				f(in)
 			}
 		}
-		if closing && len(q) == 0 {
+		if closing && len(batch) == 0 {
 			return
 		}
+		clear(batch)
 		select {
-		case <-t.notify:
+		case <-ready:
 		case <-t.closed:
 		}
 	}
@@ -159,8 +152,8 @@ func (t *Transport) dispatch() {
 
 // Bind implements transport.Transport.
 func (t *Transport) Bind(in transport.Inbound) error {
-	t.qmu.Lock()
-	defer t.qmu.Unlock()
+	t.inMu.Lock()
+	defer t.inMu.Unlock()
 	if t.in != nil {
 		return errors.New("kvxfer: memtransport already bound")
 	}
@@ -336,9 +329,7 @@ func (t *Transport) Close(force bool) error {
 	}
 	delete(n.eps, t.addr)
 	n.mu.Unlock()
-	t.qmu.Lock()
-	t.closing = true
-	t.qmu.Unlock()
+	t.callbacks.Close()
 	<-t.exited // the goroutine only runs queued callbacks, which do not block
 	return nil
 }

@@ -18,37 +18,26 @@ import (
 
 func (t *Transport) enqueueRequest(r *native.Request) { t.push(ucxReport{req: r}) }
 
-func (t *Transport) push(r ucxReport) {
-	t.qmu.Lock()
-	t.queue = append(t.queue, r)
-	t.qmu.Unlock()
-	select {
-	case t.wake <- struct{}{}:
-	default:
-	}
-}
+func (t *Transport) push(r ucxReport) { t.reports.Push(r) }
 
 // dispatch delivers reports in order until Close has drained them.
 func (t *Transport) dispatch() {
 	defer close(t.exited)
+	ready := t.reports.Ready()
+	var batch []ucxReport
 	for {
-		t.qmu.Lock()
-		batch := t.queue
-		t.queue = nil
-		t.qmu.Unlock()
+		batch = t.reports.Take(batch)
 		for _, r := range batch {
 			t.deliver(r)
 		}
 		if len(batch) > 0 {
+			clear(batch) // drop the delivered requests
 			continue
 		}
 		select {
-		case <-t.wake:
+		case <-ready:
 		case <-t.stop:
-			t.qmu.Lock()
-			empty := len(t.queue) == 0
-			t.qmu.Unlock()
-			if empty {
+			if t.reports.Len() == 0 {
 				return
 			}
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/internal/queue"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -95,12 +96,10 @@ type Transport struct {
 	// tagOwners holds the tag hashes receiving transfers reserved (tags.go).
 	tagOwners map[uint64]ucxTagOwner
 
-	qmu    sync.Mutex
-	queue  []ucxReport
-	wake   chan struct{}
-	stop   chan struct{}
-	exited chan struct{}
-	once   sync.Once
+	reports queue.Queue[ucxReport] // the report queue (dispatch.go)
+	stop    chan struct{}
+	exited  chan struct{}
+	once    sync.Once
 }
 
 type ucxOp struct {
@@ -135,7 +134,7 @@ func New(cfg Config) (*Transport, error) {
 	}
 	t := &Transport{cfg: cfg, log: cfg.Logger, eps: map[transport.Peer]*native.Endpoint{}, ops: map[transport.OpID]*ucxOp{},
 		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]transport.OpID{}, tagOwners: map[uint64]ucxTagOwner{},
-		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{}, wake: make(chan struct{}, 1),
+		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{},
 		stop: make(chan struct{}), exited: make(chan struct{})}
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
 		KeepaliveInterval: cfg.KeepaliveInterval, TCPSegmentBytes: cfg.TCPSegmentBytes, Logger: cfg.Logger})
