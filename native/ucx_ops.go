@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package native
+
+/*
+#include <stdlib.h>
+#include "ucx.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+)
+
+// The operations a Request stands for: tagged messages (contiguous, IOV, bytes), RMA (put,
+// get, fenced get, flush) and the remote keys RMA needs. A Request's life is in ucx_request.go.
+
+// TagSend sends mem[off, off+n) as one tagged message.
+func (ep *Endpoint) TagSend(mem *Memory, off, n int64, tag uint64) *Request {
+	r, p, err := ep.w.prepare(opTagSend, ep, mem, off, n)
+	if err != nil {
+		return ep.w.failed(opTagSend, err)
+	}
+	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
+		var creq unsafe.Pointer
+		st := C.kvx_ucx_tag_send(ep.cep, C.uint64_t(tag), p, C.size_t(n), C.uint64_t(r.handle), &creq)
+		return st, creq, 0
+	})
+}
+
+// Segment is a byte range of a Memory region.
+type Segment struct {
+	Offset int64
+	Length int64
+}
+
+// iovFor builds a C iov array over segs of mem; the caller owns (frees) it.
+func iovFor(kind opKind, mem *Memory, segs []Segment) (unsafe.Pointer, int64, error) {
+	if len(segs) == 0 {
+		return nil, 0, fmt.Errorf("%w: %v: no segments", ErrInvalidArgument, kind)
+	}
+	var total int64
+	for i, s := range segs {
+		if s.Offset < 0 || s.Length < 0 || s.Offset > mem.size || s.Length > mem.size-s.Offset {
+			return nil, 0, fmt.Errorf("%w: %v: segment %d [%d, +%d) outside the %d-byte region",
+				ErrInvalidArgument, kind, i, s.Offset, s.Length, mem.size)
+		}
+		total += s.Length
+	}
+	arr := C.malloc(C.size_t(len(segs)) * C.size_t(unsafe.Sizeof(C.ucp_dt_iov_t{})))
+	iov := unsafe.Slice((*C.ucp_dt_iov_t)(arr), len(segs))
+	for i, s := range segs {
+		iov[i].buffer = unsafe.Add(mem.addr, s.Offset)
+		iov[i].length = C.size_t(s.Length)
+	}
+	return arr, total, nil
+}
+
+// TagSendIOV sends the segments of mem, in order, as one tagged message: UCX reads the
+// pieces in place (no gather copy), which is the one-copy path for KV blocks that lie
+// scattered in a registered pool.
+func (ep *Endpoint) TagSendIOV(mem *Memory, segs []Segment, tag uint64) *Request {
+	if mem == nil {
+		return ep.w.failed(opTagSend, fmt.Errorf("%w: tag send: nil memory", ErrInvalidArgument))
+	}
+	arr, _, err := iovFor(opTagSend, mem, segs)
+	if err != nil {
+		return ep.w.failed(opTagSend, err)
+	}
+	if err := mem.pin(); err != nil {
+		C.free(arr)
+		return ep.w.failed(opTagSend, err)
+	}
+	r := ep.w.newRequest(opTagSend, mem, ep)
+	r.cbuf = arr
+	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
+		var creq unsafe.Pointer
+		st := C.kvx_ucx_tag_send_iov(ep.cep, C.uint64_t(tag), (*C.ucp_dt_iov_t)(arr), C.size_t(len(segs)),
+			C.uint64_t(r.handle), &creq)
+		return st, creq, 0
+	})
+}
+
+// TagSendBytes sends a small message from Go memory: it is copied into C memory first,
+// because Go memory is never handed to an asynchronous UCX call.
+func (ep *Endpoint) TagSendBytes(b []byte, tag uint64) *Request {
+	r := ep.w.newRequest(opTagSend, nil, ep)
+	r.cbuf = C.malloc(C.size_t(max(len(b), 1)))
+	copy(unsafe.Slice((*byte)(r.cbuf), len(b)), b)
+	n := len(b)
+	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
+		var creq unsafe.Pointer
+		st := C.kvx_ucx_tag_send(ep.cep, C.uint64_t(tag), r.cbuf, C.size_t(n), C.uint64_t(r.handle), &creq)
+		return st, creq, 0
+	})
+}
+
+// TagRecv posts a receive of one message matching tag under mask into mem[off, off+n). A
+// receive bound to an endpoint (Endpoint.TagRecv) is also cancelled when that endpoint fails
+// or closes; this one only by Cancel or Worker.Close.
+func (w *Worker) TagRecv(mem *Memory, off, n int64, tag, mask uint64) *Request {
+	return w.tagRecv(nil, mem, off, n, tag, mask)
+}
+
+// TagRecv posts a receive (see Worker.TagRecv) bound to ep: when the peer fails or the
+// endpoint is closed, the receive is cancelled if it has not matched yet.
+func (ep *Endpoint) TagRecv(mem *Memory, off, n int64, tag, mask uint64) *Request {
+	return ep.w.tagRecv(ep, mem, off, n, tag, mask)
+}
+
+func (w *Worker) tagRecv(ep *Endpoint, mem *Memory, off, n int64, tag, mask uint64) *Request {
+	r, p, err := w.prepare(opTagRecv, ep, mem, off, n)
+	if err != nil {
+		return w.failed(opTagRecv, err)
+	}
+	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
+		var creq unsafe.Pointer
+		var got C.size_t
+		st := C.kvx_ucx_tag_recv(w.cw, C.uint64_t(tag), C.uint64_t(mask), p, C.size_t(n),
+			C.uint64_t(r.handle), &creq, &got)
+		return st, creq, got
+	})
+}
+
+// TagRecvIOV posts a receive that scatters one message over the segments of mem, in order.
+func (ep *Endpoint) TagRecvIOV(mem *Memory, segs []Segment, tag, mask uint64) *Request {
+	w := ep.w
+	if mem == nil {
+		return w.failed(opTagRecv, fmt.Errorf("%w: tag recv: nil memory", ErrInvalidArgument))
+	}
+	arr, _, err := iovFor(opTagRecv, mem, segs)
+	if err != nil {
+		return w.failed(opTagRecv, err)
+	}
+	if err := mem.pin(); err != nil {
+		C.free(arr)
+		return w.failed(opTagRecv, err)
+	}
+	r := w.newRequest(opTagRecv, mem, ep)
+	r.cbuf = arr
+	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
+		var creq unsafe.Pointer
+		var got C.size_t
+		st := C.kvx_ucx_tag_recv_iov(w.cw, C.uint64_t(tag), C.uint64_t(mask), (*C.ucp_dt_iov_t)(arr),
+			C.size_t(len(segs)), C.uint64_t(r.handle), &creq, &got)
+		return st, creq, got
+	})
+}
+
+// TagRecvBytes posts a receive of a small message of at most maxLen bytes into C memory;
+// Data returns a Go copy once Done is closed. ep may be nil (an unbound receive).
+func (w *Worker) TagRecvBytes(ep *Endpoint, maxLen int, tag, mask uint64) *Request {
+	if maxLen < 0 {
+		return w.failed(opTagRecv, fmt.Errorf("%w: tag recv: negative length", ErrInvalidArgument))
+	}
+	r := w.newRequest(opTagRecv, nil, ep)
+	r.cbuf = C.malloc(C.size_t(max(maxLen, 1)))
+	r.copyOut = true
+	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
+		var creq unsafe.Pointer
+		var got C.size_t
+		st := C.kvx_ucx_tag_recv(w.cw, C.uint64_t(tag), C.uint64_t(mask), r.cbuf, C.size_t(maxLen),
+			C.uint64_t(r.handle), &creq, &got)
+		return st, creq, got
+	})
+}
+
+// Put writes mem[off, off+n) to the peer's registered memory at remoteAddr. It is locally
+// complete when Done closes; Flush makes it remotely complete.
+func (ep *Endpoint) Put(mem *Memory, off, n int64, remoteAddr uint64, rkey *RemoteKey) *Request {
+	return ep.rma(opPut, mem, off, n, remoteAddr, rkey)
+}
+
+// Get reads n bytes at remoteAddr of the peer's registered memory into mem[off, off+n).
+func (ep *Endpoint) Get(mem *Memory, off, n int64, remoteAddr uint64, rkey *RemoteKey) *Request {
+	return ep.rma(opGet, mem, off, n, remoteAddr, rkey)
+}
+
+// GetFenced is Get behind a fence (ucp_worker_fence): it reads only after every operation
+// posted on the worker before it, such as the gets whose data a generation word validates.
+func (ep *Endpoint) GetFenced(mem *Memory, off, n int64, remoteAddr uint64, rkey *RemoteKey) *Request {
+	return ep.rmaOp(opGet, true, mem, off, n, remoteAddr, rkey)
+}
+
+func (ep *Endpoint) rma(kind opKind, mem *Memory, off, n int64, remoteAddr uint64, rkey *RemoteKey) *Request {
+	return ep.rmaOp(kind, false, mem, off, n, remoteAddr, rkey)
+}
+
+func (ep *Endpoint) rmaOp(kind opKind, fenced bool, mem *Memory, off, n int64, remoteAddr uint64, rkey *RemoteKey) *Request {
+	if rkey == nil || rkey.ep != ep {
+		return ep.w.failed(kind, fmt.Errorf("%w: %v: the remote key must be unpacked on this endpoint", ErrInvalidArgument, kind))
+	}
+	r, p, err := ep.w.prepare(kind, ep, mem, off, n)
+	if err != nil {
+		return ep.w.failed(kind, err)
+	}
+	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
+		if rkey.rkey == nil {
+			return C.UCS_ERR_INVALID_PARAM, nil, 0
+		}
+		var creq unsafe.Pointer
+		var st C.ucs_status_t
+		switch {
+		case kind == opPut:
+			st = C.kvx_ucx_put(ep.cep, p, C.size_t(n), C.uint64_t(remoteAddr), rkey.rkey, C.uint64_t(r.handle), &creq)
+		case fenced:
+			st = C.kvx_ucx_get_fenced(ep.cep, p, C.size_t(n), C.uint64_t(remoteAddr), rkey.rkey, C.uint64_t(r.handle), &creq)
+		default:
+			st = C.kvx_ucx_get(ep.cep, p, C.size_t(n), C.uint64_t(remoteAddr), rkey.rkey, C.uint64_t(r.handle), &creq)
+		}
+		return st, creq, 0
+	})
+}
+
+// Flush completes once every put and get issued on the endpoint before it is complete at
+// the peer too.
+func (ep *Endpoint) Flush() *Request {
+	r := ep.w.newRequest(opFlush, nil, ep)
+	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
+		var creq unsafe.Pointer
+		st := C.kvx_ucx_ep_flush(ep.cep, C.uint64_t(r.handle), &creq)
+		return st, creq, 0
+	})
+}
+
+// RemoteKey is a peer's packed memory key unpacked on one endpoint, for Put and Get.
+type RemoteKey struct {
+	ep   *Endpoint
+	rkey C.ucp_rkey_h // loop-owned
+}
+
+// UnpackRemoteKey unpacks a key the peer made with Memory.PackRemoteKey.
+func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*RemoteKey, error) {
+	if len(packed) == 0 {
+		return nil, fmt.Errorf("%w: empty remote key", ErrInvalidArgument)
+	}
+	rk := &RemoteKey{ep: ep}
+	var err error
+	buf := C.CBytes(packed)
+	callErr := ep.w.call(ctx, func() {
+		defer C.free(buf)
+		if ep.w.dead || ep.released {
+			err = ErrClosed
+			return
+		}
+		if ep.cep.failed != 0 || ep.closing {
+			// UCX 1.13 dereferences a failed endpoint's lanes in ucp_ep_rkey_unpack (SIGSEGV,
+			// seen when a key was first unpacked after its peer was killed).
+			err = fmt.Errorf("%w: unpack remote key: the endpoint failed or is closing", ErrClosed)
+			if ep.peerFailed {
+				err = fmt.Errorf("%w: unpack remote key: the endpoint failed", ErrPeerUnreachable)
+			}
+			return
+		}
+		if st := C.kvx_ucx_rkey_unpack(ep.cep, buf, &rk.rkey); st != C.UCS_OK {
+			err = statusErr("unpack remote key", st)
+		}
+	})
+	if callErr != nil {
+		return nil, callErr
+	}
+	return rk, err
+}
+
+// Close destroys the unpacked key. Operations using it must have completed.
+func (rk *RemoteKey) Close() {
+	_ = rk.ep.w.submit(func() {
+		if rk.rkey != nil && !rk.ep.w.dead {
+			C.kvx_ucx_rkey_destroy(rk.rkey)
+		}
+		rk.rkey = nil
+	})
+}
