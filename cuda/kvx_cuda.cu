@@ -16,6 +16,12 @@
  * produce (pool base, buffer, offset, row, and each stride that is actually multiplied by a
  * non-zero index); the odd tail of a range is copied byte by byte. Copies are by bytes, so
  * element size only matters through the row size: FP8, BF16 and FP32 share one kernel.
+ *
+ * Why one file of about 650 lines: the kernels' templates, the launcher that instantiates
+ * them and the C ABI around them form one translation unit, so every build of libkvxcuda.so
+ * (CMake, `make cuda-check`, the GPU job) is one nvcc call with no relocatable device code,
+ * and the ABI's runtime wrappers (memory, streams, events; about 150 lines) sit beside the
+ * only code that uses the device they open.
  */
 #include <cuda_runtime.h>
 
