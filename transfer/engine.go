@@ -477,6 +477,7 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	e.closed = true
+	defer e.movers.close() // after the transfers: their last copies still run
 	xs := make([]*xfer, 0, len(e.routes))
 	for _, x := range e.routes {
 		xs = append(xs, x)

@@ -85,8 +85,7 @@ func (p stagingSend) post(slot *buffer.Slot) bool {
 		releaseSlot(slot)
 		return !x.aborting
 	}
-	rec := &opRec{seq: x.nextSeq, slot: slot}
-	off, n := x.chunkRange(rec.seq)
+	off, n := x.chunkRange(x.nextSeq)
 	if off+n > x.readyBytes {
 		if err := x.refreshReady(); err != nil {
 			releaseSlot(slot)
@@ -98,6 +97,7 @@ func (p stagingSend) post(slot *buffer.Slot) bool {
 			return true
 		}
 	}
+	rec := x.stagingRec(x.nextSeq, slot)
 	rec.off, rec.buf = off, slot.Bytes()[wire.DataHeaderBytes:wire.DataHeaderBytes+n]
 	x.nextSeq++ // taken now: the chunk is sent when its gather ends (moved)
 	x.toMover(rec)
@@ -111,17 +111,19 @@ func (p stagingSend) moved(rec *opRec) {
 	buf := rec.slot.Bytes()[:wire.DataHeaderBytes+n]
 	dh := wire.DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: rec.off, Length: n}
 	_, _ = dh.AppendBinary(buf[:0])
-	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf,
-		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
+	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf, rec.done)
 	if err != nil {
 		releaseSlot(rec.slot)
 		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return
 	}
-	x.track(rec, id)
+	x.trackStaging(rec, id)
 }
 
-func (p stagingSend) completed(rec *opRec, _ Completion) { p.x.sentChunk(rec) }
+func (p stagingSend) completed(rec *opRec, _ Completion) {
+	p.x.spare = append(p.x.spare, rec) // its op is final and handled: the slot's next chunk takes it
+	p.x.sentChunk(rec)
+}
 
 // post posts the receive of the next chunk into slot, or releases the slot when every chunk
 // is posted. It returns false if the transfer is aborting.
@@ -131,17 +133,17 @@ func (p stagingReceive) post(slot *buffer.Slot) bool {
 		releaseSlot(slot)
 		return !x.aborting
 	}
-	rec := &opRec{seq: x.nextSeq, slot: slot}
+	rec := x.stagingRec(x.nextSeq, slot)
 	_, n := x.chunkRange(rec.seq)
 	buf := slot.Bytes()[:wire.DataHeaderBytes+n]
-	id, err := x.eng.tr.PostRecv(x.peer, x.tag(rec.seq), buf,
-		func(c Completion) { x.box.Push(event{op: rec, c: c}) })
+	id, err := x.eng.tr.PostRecv(x.peer, x.tag(rec.seq), buf, rec.done)
 	if err != nil {
 		releaseSlot(slot) // never posted: the transport never saw it
 		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return false
 	}
-	x.posted(rec, id)
+	x.trackStaging(rec, id)
+	x.nextSeq++
 	return true
 }
 
@@ -167,6 +169,7 @@ func (p stagingReceive) moved(rec *opRec) {
 	x := p.x
 	x.progress(int64(len(rec.buf)))
 	x.markReceived(rec.seq)
+	x.spare = append(x.spare, rec) // its op is final and handled: the slot's next chunk takes it
 	if !p.post(rec.slot) {
 		return
 	}
@@ -215,4 +218,34 @@ func (x *xfer) movedDone(rec *opRec) {
 	default:
 		x.path.(stagedPath).moved(rec)
 	}
+}
+
+// stagingRec is the record of chunk seq's operation in slot: one the transfer used before and
+// is done with (x.spare), or a new one with its completion callback, so a staging transfer
+// allocates a record per pipeline place, not per chunk. A record is reused only once its
+// previous operation had its one final completion and the loop handled it (the transport
+// reports each operation once, L6).
+func (x *xfer) stagingRec(seq int, slot *buffer.Slot) *opRec {
+	var rec *opRec
+	if k := len(x.spare); k > 0 {
+		rec = x.spare[k-1]
+		x.spare[k-1] = nil
+		x.spare = x.spare[:k-1]
+	} else {
+		rec = &opRec{final: true} // nothing posted yet: an abort has nothing to cancel
+		rec.done = func(c Completion) { x.box.Push(event{op: rec, c: c}) }
+	}
+	rec.seq, rec.slot, rec.id, rec.off, rec.buf = seq, slot, 0, 0, nil
+	return rec
+}
+
+// trackStaging records a staging operation, just posted as id, as outstanding; a reused
+// record is in x.ops already.
+func (x *xfer) trackStaging(rec *opRec, id OpID) {
+	rec.id, rec.final = id, false
+	if !rec.listed {
+		rec.listed = true
+		x.ops = append(x.ops, rec)
+	}
+	x.outstanding++
 }

@@ -61,7 +61,8 @@ type xfer struct {
 	backlog     []event
 	ops         []*opRec
 	outstanding int
-	moving      int // staging chunks with the mover workers (mover_pool.go): their slots and blocks are not quiescent
+	spare       []*opRec // staging records done with, for the next chunk (stagingRec)
+	moving      int      // staging chunks with the mover workers (mover_pool.go): their slots and blocks are not quiescent
 	chunk       int64
 	nChunks     int
 	layerCut    bool  // chunks also end at layer boundaries
@@ -110,6 +111,10 @@ type opRec struct {
 	off     int64
 	buf     []byte
 	moveErr error
+	// done is a staging record's completion callback, made once (stagingRec); listed: it is
+	// in x.ops.
+	done   func(Completion)
+	listed bool
 }
 
 type event struct {
@@ -359,16 +364,10 @@ func (x *xfer) updateAwaiting() {
 // posted records chunk rec.seq's operation, just posted as id, as outstanding and moves on
 // to the next chunk; every path (staging, direct, RMA) posts through it.
 func (x *xfer) posted(rec *opRec, id OpID) {
-	x.track(rec, id)
-	x.nextSeq++
-}
-
-// track records rec, just posted as id, as outstanding: posted without moving on, for a
-// staging chunk whose sequence number was taken when its gather was queued.
-func (x *xfer) track(rec *opRec, id OpID) {
 	rec.id = id
 	x.ops = append(x.ops, rec)
 	x.outstanding++
+	x.nextSeq++
 }
 
 // releaseSlot releases a slot; nil (a direct transfer's pipeline place) holds nothing.
