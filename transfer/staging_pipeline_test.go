@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // overlapMover holds every Gather (gather) or Scatter at a gate and closes both once two of
@@ -207,5 +209,56 @@ func BenchmarkStagingPipeline(b *testing.B) {
 		require.NoError(b, hr.Status().Err)
 		_ = hs.Release()
 		_ = hr.Release()
+	}
+}
+
+// TestStagingPipeline_TP2To1EveryByte: two senders' halves (heads 0-1 and 2-3, block-major)
+// into one layer-major pool over the staging path, the receiver's scatters of both subs on
+// the mover workers at once; every byte checked.
+func TestStagingPipeline_TP2To1EveryByte(t *testing.T) {
+	half := testDims
+	half.NumHeads = 2
+	cfg := pipelineConfig()
+	cfg.DisableDirect = true
+	n := mem.NewNetwork()
+	var senders [2]*Engine
+	var srcs [2]*kvPool
+	for i := range 2 {
+		e, err := New(n.Transport(Peer(fmt.Sprintf("prefill-%d", i))), cfg)
+		require.NoError(t, err)
+		senders[i] = e
+		srcs[i] = newKVPool(t, half, layout.BlockMajor, nil, seqBlocks(1, 12), uint64(30+i))
+	}
+	recv, err := New(n.Transport("decode"), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, e := range append(senders[:], recv) {
+			require.NoError(t, e.Close())
+			requireSlotsAccounted(t, e)
+		}
+	})
+	dst := newKVPool(t, testDims, layout.LayerMajor, nil, seqBlocks(20, 12), 0)
+	sels := [2]layout.Selection{{LayerEnd: 2, HeadBegin: 0, HeadEnd: 2}, {LayerEnd: 2, HeadBegin: 2, HeadEnd: 4}}
+	var subs []SubSpec
+	for i, s := range sels {
+		plan, err := layout.NewPlan(dst.l, s, dst.plan.Blocks())
+		require.NoError(t, err)
+		subs = append(subs, SubSpec{Peer: Peer(fmt.Sprintf("prefill-%d", i)), Plan: plan})
+	}
+	h, err := recv.Receive(bg, Spec{ID: 78, Subs: subs, Pool: dst.mem})
+	require.NoError(t, err)
+	for i, e := range senders {
+		_, err := e.Send(bg, Spec{ID: 78, Peer: "decode", Plan: srcs[i].plan, Pool: srcs[i].mem})
+		require.NoError(t, err)
+	}
+	waitClosed(t, h.Quiesced(), "received")
+	require.Equal(t, Completed, h.Status().State, "%v", h.Status().Err)
+	require.Equal(t, PathStaging, h.Path())
+	for i, s := range sels {
+		plan, err := layout.NewPlan(dst.l, s, dst.plan.Blocks())
+		require.NoError(t, err)
+		got := make([]byte, plan.Bytes())
+		require.NoError(t, layout.ReferenceGather(plan, dst.mem, got))
+		require.Equal(t, srcs[i].stream(t), got, "half %d", i)
 	}
 }
