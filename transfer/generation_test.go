@@ -29,16 +29,29 @@ func TestLateMessageOfAnOldTransferIsNotTakenForANewOne(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			cfg := fastConfig()
 			cfg.DisableDirect = !tc.direct
+			// The old send's end and release come before the new send: seconds on a loaded host,
+			// and the second receive's repeats back off, so the new send waits for one of them.
+			cfg.QueueTimeout = 15 * time.Second
 			dcfg := cfg
 			dcfg.MaxRetries = 16 // the second receive repeats its request until the old send is gone
 			p := newPair(t, cfg, dcfg)
+			// The engines meet first (their hello), so that the first receive below sends its
+			// request-info at once instead of waiting for the peer's hello.
+			warmSrc, warmDst := pools(t, 3)
+			ws, wr := p.start(t, 4, warmSrc, warmDst)
+			waitClosed(t, wr.Quiesced(), "the engines met")
+			waitClosed(t, ws.Quiesced(), "the engines met")
+			requireState(t, wr, Completed)
+			require.NoError(t, ws.Release())
+			require.NoError(t, wr.Release())
+
 			oldSrc, dst := pools(t, 1)
 			newSrc, _ := pools(t, 2)
-			var stale atomic.Bool // the old receive's messages: its first request-info is late, the rest lost
+			var stale atomic.Bool // the old receive's messages: its first request-info is late, the rest lost (its hello passes: the engines must meet)
 			stale.Store(true)
 			var infos atomic.Int32
 			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				if !stale.Load() || fp.From != "decode" || fp.Kind == wire.KindData {
+				if !stale.Load() || fp.From != "decode" || fp.Kind == wire.KindData || fp.Kind == wire.KindHello {
 					return mem.Fault{}
 				}
 				if fp.Kind == wire.KindRequestInfo && infos.Add(1) == 1 {
@@ -51,6 +64,7 @@ func TestLateMessageOfAnOldTransferIsNotTakenForANewOne(t *testing.T) {
 			require.NoError(t, err)
 			first, err := p.dst.Receive(bg, Spec{ID: 5, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
 			require.NoError(t, err)
+			eventually(t, func() bool { return infos.Load() >= 1 }, "the first receive sent its request-info")
 			p.dst.Cancel(5)
 			waitClosed(t, first.Quiesced(), "first receive cancelled")
 			require.NoError(t, first.Release())
