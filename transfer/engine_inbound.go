@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"go.uber.org/zap"
+)
+
+// What arrives from the transport without a posted receive: control messages, routed to
+// their transfer or kept for a Send not made yet, and lost peers.
+
+// inbound is the engine's face to the transport.
+type inbound struct{ e *Engine }
+
+// OnControl routes a control message to its transfer, or keeps an early request for a Send
+// not made yet.
+func (in inbound) OnControl(from Peer, msg []byte) {
+	e := in.e
+	m, err := wire.Decode(msg)
+	if err != nil {
+		e.malformed.Add(1)
+		e.log.Debug("dropping malformed control message", zap.String("peer", string(from)), zap.Error(err))
+		return
+	}
+	if h, ok := m.(*wire.Hello); ok {
+		e.onHello(from, h)
+		return
+	}
+	key := routeKey{from, m.Head().Request}
+	e.mu.Lock()
+	x := e.routes[key]
+	if x == nil {
+		switch m := m.(type) {
+		case *wire.RequestInfo:
+			if u, gone := e.unanswered[key]; gone {
+				e.mu.Unlock()
+				_ = e.tr.SendControl(from, wire.Encode(&wire.Abort{Header: wire.Header{Sub: m.Sub, Request: m.Request, Nonce: m.Nonce}, Code: u.code, Reason: u.reason}))
+				return
+			}
+			if !e.closed {
+				e.addPendingLocked(key, m)
+			}
+		case *wire.Abort:
+			if p, early := e.pending[key]; early && p.abort == nil && p.info.Nonce == m.Nonce {
+				p.abort = m // the receiver of an early request gave up: its Send must not start
+				e.pending[key] = p
+			}
+		}
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	x.box.Push(event{msg: m})
+}
+
+// OnPeerLost fails every transfer with the peer and forgets its early requests.
+func (in inbound) OnPeerLost(peer Peer, err error) {
+	e := in.e
+	e.mu.Lock()
+	var xs []*xfer
+	for k, x := range e.routes {
+		if k.peer == peer {
+			xs = append(xs, x)
+		}
+	}
+	for k := range e.pending {
+		if k.peer == peer {
+			delete(e.pending, k)
+		}
+	}
+	delete(e.peers, peer) // a peer that comes back may run another build: greet it again
+	e.mu.Unlock()
+	notifyPeerLost(e.obs, peer, err)
+	for _, x := range xs {
+		x.box.Push(event{lost: fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)})
+	}
+}
+
+// rememberUnanswered records a Send that ended before its request arrived, bounded in count
+// (Config.MaxPending) and age (Config.PendingTTL) like the pending requests.
+func (e *Engine) rememberUnanswered(key routeKey, code wire.AbortCode, cause error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.unanswered) >= e.cfg.MaxPending {
+		now := time.Now()
+		for k, u := range e.unanswered {
+			if now.Sub(u.at) > e.cfg.PendingTTL {
+				delete(e.unanswered, k)
+			}
+		}
+		if len(e.unanswered) >= e.cfg.MaxPending {
+			return
+		}
+	}
+	e.unanswered[key] = unanswered{code: code, reason: cause.Error(), at: time.Now()}
+}
+
+// addPendingLocked keeps a request that arrived before its Send, bounded in count and age; a
+// dropped one is resent by the receiver. A request after an abort of the same id replaces it:
+// the receiver started again. e.mu is held.
+func (e *Engine) addPendingLocked(key routeKey, ri *wire.RequestInfo) {
+	if p, ok := e.pending[key]; ok && p.abort == nil {
+		return // a repeat
+	}
+	if len(e.pending) >= e.cfg.MaxPending {
+		now := time.Now()
+		for k, p := range e.pending {
+			if now.Sub(p.at) > e.cfg.PendingTTL {
+				delete(e.pending, k)
+			}
+		}
+		if len(e.pending) >= e.cfg.MaxPending {
+			return
+		}
+	}
+	e.pending[key] = pendingInfo{info: ri, at: time.Now()}
+}

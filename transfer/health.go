@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Health is the engine's verdict on itself, with the reason when unhealthy and the numbers
+// behind it.
+type Health struct {
+	Healthy bool
+	// Reason says why the engine is unhealthy ("" when healthy); several reasons are joined
+	// with "; ".
+	Reason string
+	HealthSnapshot
+}
+
+// HealthSnapshot holds the numbers Health is computed from.
+type HealthSnapshot struct {
+	InFlight         int64         // handles advertised or in flight
+	Quarantined      int64         // handles quarantined now
+	BlocksPoisoned   int64         // of those, the ones quarantined for good with the caller's blocks poisoned (L9); not counted against the budget
+	PoisonedBlocks   int64         // the callers' KV blocks those poisoned, each counted once
+	PoisonedBudget   int           // Config.PoisonedBlockBudget: more PoisonedBlocks is unhealthy
+	Remembered       int64         // handles every caller reference released while not quiescent: kept, with their ids and blocks, until they are
+	QuarantineBudget int           // Config.QuarantineBudget
+	TotalSlots       int           // staging slots, poisoned included
+	FreeSlots        int           // slots free now
+	PoisonedSlots    int           // slots out of circulation for good
+	MinSlots         int           // slots needed to serve MaxConcurrent transfers
+	AwaitingReady    int64         // in-flight streaming transfers waiting on the model's layers, not the wire
+	SinceProgress    time.Duration // since the last chunk moved or transfer completed (or an idle engine was asked for one)
+	ProgressDeadline time.Duration // Config.ProgressDeadline
+	MalformedControl int64         // control messages that did not decode
+	StaleMessages    int64         // messages of an older transfer with the same request id (another nonce), dropped
+	MoverWedged      bool          // a Mover could not say whether its copy ended (ErrQuiescenceUnknown): the device is not trusted
+	TransportWedged  bool          // the transport reports it cannot deliver (TransportHealth)
+	Closed           bool          // the engine is closed
+}
+
+// Health tells the truth (L12): unhealthy when no byte moved and no transfer completed for
+// Config.ProgressDeadline while transfers were asked for (in flight, other than streaming
+// ones waiting on the model's layers, or ending without success one after another),
+// when more transfers wait in quarantine than the budget allows (those quarantined for good
+// with their caller's blocks poisoned are settled, not waiting), when more of the callers'
+// blocks are poisoned for good than Config.PoisonedBlockBudget, when poisoned slots leave
+// fewer than MaxConcurrent, or once a Mover could not say whether its copy ended (a GPU kernel
+// past its timeout: the device is wedged). It never blocks.
+func (e *Engine) Health() Health {
+	st := e.pool.Stats()
+	s := HealthSnapshot{
+		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
+		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
+		ProgressDeadline: e.cfg.ProgressDeadline,
+		MalformedControl: e.malformed.Load(), StaleMessages: e.stale.Load(), BlocksPoisoned: e.poisonedForGood.Load(), Remembered: e.remembered.Load(),
+		PoisonedBlocks: e.blocksPoisoned.Load(), PoisonedBudget: e.cfg.PoisonedBlockBudget,
+	}
+	now := time.Now().UnixNano()
+	stallFrom, lastDemand := e.stallFrom.Load(), e.lastDemand.Load()
+	s.SinceProgress = time.Duration(now - stallFrom)
+	var why []string
+	if e.isClosed() {
+		s.Closed = true
+		why = append(why, "engine closed")
+	}
+	// Transfers were asked for since the clock started: one is in flight now, or none is but
+	// one ended (failed, cancelled, quarantined) less than a deadline ago. A streaming
+	// transfer that waits for its layers is not stalled: the model is computing. It is
+	// bounded by its own deadline, not by this rule.
+	asked := s.InFlight > s.AwaitingReady ||
+		(s.InFlight == 0 && lastDemand > stallFrom && time.Duration(now-lastDemand) <= s.ProgressDeadline)
+	if asked && s.SinceProgress > s.ProgressDeadline {
+		while := fmt.Sprintf("%d are in flight", s.InFlight)
+		if s.InFlight == 0 {
+			while = "transfers were asked for and failed"
+		}
+		why = append(why, fmt.Sprintf("no transfer progressed for %v (deadline %v) while %s",
+			s.SinceProgress.Round(time.Millisecond), s.ProgressDeadline, while))
+	}
+	if th, ok := e.tr.(TransportHealth); ok {
+		if err := th.TransportHealth(); err != nil {
+			s.TransportWedged = true
+			why = append(why, err.Error())
+		}
+	}
+	if p := e.moverWedged.Load(); p != nil {
+		s.MoverWedged = true
+		why = append(why, fmt.Sprintf("mover wedged: %v", *p))
+	}
+	// A transfer quarantined for good with its caller's blocks poisoned is settled: the engine
+	// gave up on it and the caller owns the blocks. Only those still waiting count.
+	if waiting := s.Quarantined - s.BlocksPoisoned; waiting > int64(s.QuarantineBudget) {
+		why = append(why, fmt.Sprintf("%d transfers quarantined, over the budget of %d", waiting, s.QuarantineBudget))
+	}
+	if s.PoisonedBlocks > int64(s.PoisonedBudget) {
+		why = append(why, fmt.Sprintf("%d KV blocks poisoned for good (in %d transfers), over the budget of %d",
+			s.PoisonedBlocks, s.BlocksPoisoned, s.PoisonedBudget))
+	}
+	if usable := s.TotalSlots - s.PoisonedSlots; usable < s.MinSlots {
+		why = append(why, fmt.Sprintf("%d of %d staging slots poisoned: %d usable, %d needed for MaxConcurrent",
+			s.PoisonedSlots, s.TotalSlots, usable, s.MinSlots))
+	}
+	return Health{Healthy: len(why) == 0, Reason: strings.Join(why, "; "), HealthSnapshot: s}
+}
