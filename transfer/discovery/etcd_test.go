@@ -31,13 +31,7 @@ type testEtcd struct {
 	client url.URL
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { t.Helper(); return discoverytest.FreePort(t) }
 
 func startEtcd(t *testing.T) *testEtcd {
 	e := discoverytest.StartEtcd(t)

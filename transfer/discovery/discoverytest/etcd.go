@@ -6,6 +6,7 @@ package discoverytest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"testing"
@@ -22,14 +23,22 @@ type Etcd struct {
 	e                  *embed.Etcd
 }
 
-func freePort(tb testing.TB) int {
+// FreePort returns a 127.0.0.1 port that was free a moment ago, outside the ephemeral range.
+func FreePort(tb testing.TB) int {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	// Below Linux's ephemeral range (32768 and up), which ":0" listeners and outgoing
+	// connections draw from: a port etcd must bind, and bind again on a restart, is then not
+	// taken by another test's socket in between.
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			_ = ln.Close()
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	tb.Fatal("no free 127.0.0.1 port in 20000-31999 after 100 tries")
+	return 0
 }
 
 // StartEtcd starts etcd on two free 127.0.0.1 ports with fast ticks (its minimum lease is then
@@ -37,8 +46,8 @@ func freePort(tb testing.TB) int {
 func StartEtcd(tb testing.TB) *Etcd {
 	tb.Helper()
 	s := &Etcd{tb: tb, dir: tb.TempDir()}
-	s.ClientURL = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", freePort(tb))}
-	s.PeerURL = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", freePort(tb))}
+	s.ClientURL = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", FreePort(tb))}
+	s.PeerURL = url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", FreePort(tb))}
 	s.Start()
 	tb.Cleanup(s.Stop)
 	return s
