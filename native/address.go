@@ -144,6 +144,7 @@ func walkAddress(b []byte, withName bool) error {
 			if err := checkIfaceAttr(b[at+2:at+2+addrIfaceAttr], at+2, transports-1); err != nil {
 				return err
 			}
+			csum := binary.LittleEndian.Uint16(b[at:])
 			at += 2 + addrIfaceAttr
 			l := b[at]
 			at++
@@ -152,6 +153,9 @@ func walkAddress(b []byte, withName bool) error {
 			}
 			n := int(l & addrIfaceLenMask)
 			if err := need(n, fmt.Sprintf("transport %d's interface address", transports-1)); err != nil {
+				return err
+			}
+			if err := checkIfaceAddr(csum, b[at:at+n], at, transports-1); err != nil {
 				return err
 			}
 			at += n
@@ -187,6 +191,24 @@ func checkIfaceAttr(a []byte, at, transport int) error {
 		return &AddressError{at + 4, fmt.Sprintf("transport %d's bandwidth is zero", transport)}
 	case latency < 0:
 		return &AddressError{at + 8, fmt.Sprintf("transport %d's latency %v is negative", transport, latency)}
+	}
+	return nil
+}
+
+// The name checksum UCX 1.13 writes for the posix shared-memory transport (ucs_crc16_string
+// of "posix": CRC-16/X-25), and the bit of its segment id that says the segment is opened with
+// shm_open (UCT_POSIX_SEG_FLAG_SHM_OPEN, mm_posix.c).
+const (
+	addrPosixChecksum   = 0xd3a7
+	posixSegFlagShmOpen = 1 << 62
+)
+
+// checkIfaceAddr checks what UCX asserts on inside a transport's interface address. A posix
+// interface address of 8 bytes is the segment id alone: without a directory after it, the
+// segment must be opened with shm_open, or UCX asserts (mm_posix.c: "dir != NULL") and aborts.
+func checkIfaceAddr(csum uint16, iface []byte, at, tl int) error {
+	if csum == addrPosixChecksum && len(iface) == 8 && binary.LittleEndian.Uint64(iface)&posixSegFlagShmOpen == 0 {
+		return &AddressError{at, fmt.Sprintf("transport %d (posix): a segment id without a directory that does not say shm_open", tl)}
 	}
 	return nil
 }
