@@ -42,6 +42,7 @@ const (
 	addrFlagSysDevice = 0x20 // dev-len: a system device byte follows
 	addrFlagEPAddr    = 0x40 // iface-len: endpoint addresses follow (never in a worker address)
 	addrDevLenMask    = 0x1f
+	addrMDIndexMask   = 0x1f // md: the md index (the high bits are flags)
 	addrIfaceLenMask  = 0x3f
 	addrNullResource  = 0xff // md: the address lists no device
 	addrIfaceAttr     = 16   // the packed interface attributes of format v1, non-unified mode
@@ -64,24 +65,34 @@ func CheckAddress(addr, local []byte) error {
 		return &AddressError{0, fmt.Sprintf("header %#02x (format version %d), this worker's is %#02x (version %d): "+
 			"both sides must run UCX with the same UCX_ADDRESS_VERSION", addr[0], addr[0]&0xf, local[0], local[0]&0xf)}
 	}
-	return walkAddress(addr, withName)
+	posixMD := -1 // the md index this UCX gives the posix transport, if it has it
+	_ = walkAddress(local, withName, func(md byte, csum uint16, _ []byte, _, _ int) error {
+		if csum == addrPosixChecksum {
+			posixMD = int(md & addrMDIndexMask)
+		}
+		return nil
+	})
+	return walkAddress(addr, withName, func(md byte, csum uint16, iface []byte, at, tl int) error {
+		return checkIfaceAddr(md, csum, iface, at, tl, posixMD)
+	})
 }
 
 // addressHasName finds how this UCX lays out its own address: with the worker's name after
 // the uuid (UCX_ADDRESS_DEBUG_INFO) or without.
 func addressHasName(local []byte) (bool, error) {
-	errPlain := walkAddress(local, false)
+	errPlain := walkAddress(local, false, nil)
 	if errPlain == nil {
 		return false, nil
 	}
-	if walkAddress(local, true) == nil {
+	if walkAddress(local, true, nil) == nil {
 		return true, nil
 	}
 	return false, errPlain
 }
 
-// walkAddress checks the layout after the header byte.
-func walkAddress(b []byte, withName bool) error {
+// walkAddress checks the layout after the header byte, and hands each transport's md byte,
+// name checksum and interface address to visit (when not nil).
+func walkAddress(b []byte, withName bool, visit func(md byte, csum uint16, iface []byte, at, tl int) error) error {
 	at := 1 + 8 // header, uuid
 	need := func(n int, what string) error {
 		if n < 0 || at+n > len(b) {
@@ -118,7 +129,8 @@ func walkAddress(b []byte, withName bool) error {
 		if err := need(2, fmt.Sprintf("device %d's md and length", dev)); err != nil {
 			return err
 		}
-		empty := b[at]&addrFlagEmptyDev != 0
+		md := b[at]
+		empty := md&addrFlagEmptyDev != 0
 		lenByte := b[at+1]
 		at += 2
 		n := int(lenByte & addrDevLenMask)
@@ -155,8 +167,10 @@ func walkAddress(b []byte, withName bool) error {
 			if err := need(n, fmt.Sprintf("transport %d's interface address", transports-1)); err != nil {
 				return err
 			}
-			if err := checkIfaceAddr(csum, b[at:at+n], at, transports-1); err != nil {
-				return err
+			if visit != nil {
+				if err := visit(md, csum, b[at:at+n], at, transports-1); err != nil {
+					return err
+				}
 			}
 			at += n
 			last = l&addrFlagLast != 0
@@ -203,11 +217,19 @@ const (
 	posixSegFlagShmOpen = 1 << 62
 )
 
-// checkIfaceAddr checks what UCX asserts on inside a transport's interface address. A posix
-// interface address of 8 bytes is the segment id alone: without a directory after it, the
-// segment must be opened with shm_open, or UCX asserts (mm_posix.c: "dir != NULL") and aborts.
-func checkIfaceAddr(csum uint16, iface []byte, at, tl int) error {
-	if csum == addrPosixChecksum && len(iface) == 8 && binary.LittleEndian.Uint64(iface)&posixSegFlagShmOpen == 0 {
+// checkIfaceAddr checks what UCX asserts on or trusts inside a transport's entry. The posix
+// transport must sit on the md index this UCX gives it (posixMD; UCX attaches the segment
+// through that md and crashes on another one), and an interface address of 8 bytes is the
+// segment id alone: without a directory after it, the segment must be opened with shm_open, or
+// UCX asserts (mm_posix.c: "dir != NULL") and aborts.
+func checkIfaceAddr(md byte, csum uint16, iface []byte, at, tl, posixMD int) error {
+	if csum != addrPosixChecksum {
+		return nil
+	}
+	if posixMD >= 0 && int(md&addrMDIndexMask) != posixMD {
+		return &AddressError{at, fmt.Sprintf("transport %d (posix) on md %d, where this UCX has it on md %d", tl, md&addrMDIndexMask, posixMD)}
+	}
+	if len(iface) == 8 && binary.LittleEndian.Uint64(iface)&posixSegFlagShmOpen == 0 {
 		return &AddressError{at, fmt.Sprintf("transport %d (posix): a segment id without a directory that does not say shm_open", tl)}
 	}
 	return nil
