@@ -3,7 +3,7 @@
 // Package importcheck holds kvxfer's import rules and checks the repository against them: which
 // folder may import which (imports point down the floors: layout, then cuda and native, then
 // buffer, then transfer, then internal, cmd and examples), that only packages under native/
-// import "C", and that only packages under cuda/ import purego. Its test
+// use cgo, and that only packages under cuda/ import purego. Its test
 // (TestRepository_ImportsPointDown, `make go-imports`, part of `make test`) loads the import
 // graph with `go list` and fails with one line per offending import.
 //

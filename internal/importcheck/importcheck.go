@@ -4,6 +4,7 @@ package importcheck
 
 import (
 	"bytes"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,8 +19,12 @@ import (
 // not restricted here, except purego.
 const Module = "github.com/kvxfer/kvxfer"
 
-// Purego is the import path of purego, which only packages under cuda/ may import.
-const Purego = "github.com/ebitengine/purego"
+// Purego is the import path of purego, which only packages under cuda/ may import. It is read
+// from loader.txt, so that no Go file outside cuda/ spells the import the rule is about.
+var Purego = strings.TrimSpace(loaderFile)
+
+//go:embed loader.txt
+var loaderFile string
 
 // Floor is one folder of the repository (a path relative to the module root, "" never) and the
 // folders its packages may import. A package belongs to the floor with the longest matching

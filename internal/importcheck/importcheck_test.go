@@ -12,7 +12,7 @@ import (
 )
 
 // The repository itself: every import of every package (and its tests, gpu-tagged ones
-// included) follows Floors, only native/ imports "C", only cuda/ imports purego.
+// included) follows Floors, only native/ uses cgo, only cuda/ imports purego.
 func TestRepository_ImportsPointDown(t *testing.T) {
 	gomod, err := exec.Command("go", "env", "GOMOD").Output()
 	require.NoError(t, err)
@@ -94,13 +94,13 @@ func TestCheck(t *testing.T) {
 			want: []string{`transfer imports "C": only packages under native/ use cgo (cgo files: x.go)`},
 		},
 		{
-			desc: `native and the packages below it import "C"`,
+			desc: "native and the packages below it use cgo",
 			pkg:  Package{ImportPath: m + "native/internal/ucxpeer", Imports: []string{"C", m + "native"}, CgoFiles: []string{"main.go"}},
 		},
 		{
 			desc: "only cuda/ imports purego, its subpackages included",
 			pkg:  Package{ImportPath: m + "native", Imports: []string{Purego + "/internal/strings", m + "layout"}},
-			want: []string{"native imports github.com/ebitengine/purego/internal/strings: only packages under cuda/ load libraries with purego"},
+			want: []string{"native imports " + Purego + "/internal/strings: only packages under cuda/ load libraries with purego"},
 		},
 		{
 			desc: "cuda imports purego",
