@@ -45,7 +45,12 @@ ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context
    * them, so they are set in the environment, which UCX reads when the context opens its
    * transports. The caller's explicit setting wins (overwrite=0). */
   const char *tls = cfg != NULL ? cfg->tls : NULL;
-  if (tls == NULL || wants_shared_memory(tls)) setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+  if (tls == NULL || wants_shared_memory(tls)) {
+    setenv("UCX_MM_ERROR_HANDLING", "y", 0);
+    /* The receive FIFO of the shared-memory transports, in elements. UCX sizes and indexes a
+     * peer's FIFO by its own setting, so both ends must have the same one (opt-in). */
+    if (cfg != NULL && cfg->mm_fifo_size != NULL) setenv("UCX_MM_FIFO_SIZE", cfg->mm_fifo_size, 0);
+  }
   /* No zero-copy sends over TCP. When a connection breaks under a partly written zero-copy
    * send, uct_tcp_ep_sendv completes it twice: once in uct_tcp_ep_handle_disconnected (which
    * also runs the endpoint's error handling, and UCP may free the request there), then again

@@ -55,62 +55,6 @@ func statusErr(op string, st C.ucs_status_t) error {
 // peer may send this process over TCP (ContextConfig.TCPSegmentBytes).
 const TCPReceiveSegmentBytes = 1 << 20
 
-// ContextConfig configures a UCX context. The zero value is valid: every transport UCX finds,
-// keepalive every second, no logging.
-type ContextConfig struct {
-	// TLS is UCX_TLS for this context, e.g. "posix,cma,self" for shared memory or
-	// "tcp,self" for TCP. Empty: UCX's default (the environment, else all transports).
-	TLS string
-	// NetDevices is UCX_NET_DEVICES, e.g. "lo". Empty: all devices.
-	NetDevices string
-	// KeepaliveInterval is how often UCX checks that a peer is alive; a peer that died
-	// without closing its connection is reported after a few intervals. Default 1s; must be
-	// at least 10ms.
-	KeepaliveInterval time.Duration
-	// RendezvousScheme is UCX_RNDV_SCHEME. Default "get_zcopy": for large messages the
-	// receiver pulls the data, so a sender never writes into a receiver's memory. That is
-	// what makes a cancelled or force-closed receive safe to reuse: with put-based
-	// rendezvous a peer frozen after it learned the buffer's address writes into it when it
-	// resumes, whatever the receiver did meanwhile. "auto" lets UCX choose.
-	RendezvousScheme string
-	// TCPSegmentBytes is UCX_TCP_TX_SEG_SIZE: the largest piece UCX's TCP transport sends in
-	// one copy, hence one send call; a large message goes as many of them. Default 64 KiB,
-	// which any peer can receive. Up to TCPReceiveSegmentBytes, which this package makes
-	// every TCP receive buffer, so a peer of this package or later takes it: 1 MiB moved a
-	// 4096-token request over loopback about twice as fast as 64 KiB (docs/ucx.md, "TCP
-	// without zero-copy"). A peer with UCX's default receive buffer (64 KiB: any other UCX
-	// program, or kvxfer before it set 1 MiB) cannot take larger ones. Like the other
-	// transport settings it goes into the process's environment, unless set there already,
-	// when the first context that may use TCP opens: later contexts of the process get the
-	// first one's value.
-	TCPSegmentBytes int64
-	// NoRMA leaves out UCP_FEATURE_RMA (puts and gets), for transports that lack it.
-	NoRMA bool
-	// Logger receives lifecycle events; default zap.NewNop().
-	Logger *zap.Logger
-}
-
-func (c *ContextConfig) applyDefaults() error {
-	if c.KeepaliveInterval == 0 {
-		c.KeepaliveInterval = time.Second
-	}
-	if c.KeepaliveInterval < 10*time.Millisecond {
-		return fmt.Errorf("%w: ContextConfig.KeepaliveInterval = %v: must be at least 10ms",
-			ErrInvalidArgument, c.KeepaliveInterval)
-	}
-	if c.TCPSegmentBytes != 0 && (c.TCPSegmentBytes < 8<<10 || c.TCPSegmentBytes > TCPReceiveSegmentBytes) {
-		return fmt.Errorf("%w: ContextConfig.TCPSegmentBytes = %d: must be between 8 KiB and %d",
-			ErrInvalidArgument, c.TCPSegmentBytes, TCPReceiveSegmentBytes)
-	}
-	if c.RendezvousScheme == "" {
-		c.RendezvousScheme = "get_zcopy"
-	}
-	if c.Logger == nil {
-		c.Logger = zap.NewNop()
-	}
-	return nil
-}
-
 // Context is a UCX context (ucp_context_h): the transports and the memory registrations.
 // Workers and memory are created from it and must be closed before it.
 type Context struct {
@@ -133,6 +77,8 @@ type Context struct {
 //     (docs/ucx.md, "TCP without zero-copy"). TCP then copies each message into buffers of
 //     the segment size; setting UCX_TCP_MAX_IOV yourself brings zero-copy back, with that
 //     risk.
+//   - UCX_MM_FIFO_SIZE when cfg.ShmFIFOSize is set and the transports may include shared
+//     memory.
 func NewContext(cfg ContextConfig) (*Context, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
@@ -157,6 +103,9 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 	cc.rndv_scheme = cstr(cfg.RendezvousScheme)
 	if cfg.TCPSegmentBytes != 0 {
 		cc.tcp_tx_seg_size = cstr(strconv.FormatInt(cfg.TCPSegmentBytes, 10))
+	}
+	if cfg.ShmFIFOSize != 0 {
+		cc.mm_fifo_size = cstr(strconv.Itoa(cfg.ShmFIFOSize))
 	}
 	cc.keepalive_interval = cstr(fmt.Sprintf("%dms", cfg.KeepaliveInterval.Milliseconds()))
 	if !cfg.NoRMA {

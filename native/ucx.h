@@ -50,6 +50,7 @@ typedef struct kvx_ucx_ctx_config {
   const char *net_devices;        /* UCX_NET_DEVICES, e.g. "lo"; NULL: all */
   const char *rndv_scheme;        /* UCX_RNDV_SCHEME, e.g. "get_zcopy"; NULL: default */
   const char *tcp_tx_seg_size;    /* UCX_TCP_TX_SEG_SIZE, e.g. "1048576"; NULL: 64k */
+  const char *mm_fifo_size;       /* UCX_MM_FIFO_SIZE, e.g. "1024"; NULL: UCX's (64) */
   int with_rma;                   /* request UCP_FEATURE_RMA too */
 } kvx_ucx_ctx_config_t;
 

@@ -14,6 +14,8 @@
 #   shm --staging / tag_bw; --staging with TP=2->1 and with block-major -> layer-major / tag_bw
 #   shm TP=2->1 and block-major -> layer-major on the engine's own choice (the direct path's
 #   IOV messages) / tag_bw
+#   the staging rows, TP=2->1 and conversion again with --shm-fifo 1024 (ucx.Config.ShmFIFOSize,
+#   opt-in: every peer must use the same FIFO) / tag_bw as it comes
 # and prints every figure with the load average beside it, then the ratios by round.
 # BENCH_PATHS_ONLY=WORD runs only the rows whose name contains WORD (e.g. tcp); the ratios of
 # rows not run print as "-". BENCH_PATHS_VS=K2 runs each kvxbench row a second time, right
@@ -93,6 +95,11 @@ while [ "$i" -le "$ROUNDS" ]; do
 	pair "r$i.shm.staging.conv" --tls posix,cma,self --staging --decode-order layer-major
 	pair "r$i.shm.tp2" --tls posix,cma,self --prefill-tp 2
 	pair "r$i.shm.conv" --tls posix,cma,self --decode-order layer-major
+	pair "r$i.fifo.staging" --tls posix,cma,self --shm-fifo 1024 --staging
+	pair "r$i.fifo.staging.tp2" --tls posix,cma,self --shm-fifo 1024 --staging --prefill-tp 2
+	pair "r$i.fifo.staging.conv" --tls posix,cma,self --shm-fifo 1024 --staging --decode-order layer-major
+	pair "r$i.fifo.tp2" --tls posix,cma,self --shm-fifo 1024 --prefill-tp 2
+	pair "r$i.fifo.conv" --tls posix,cma,self --shm-fifo 1024 --decode-order layer-major
 	i=$((i + 1))
 done
 
@@ -119,6 +126,11 @@ cols = [
     ("staging-conv/tag_bw", lambda r: g(r, "shm.staging.conv", "ratio")),
     ("tp2/tag_bw", lambda r: g(r, "shm.tp2", "ratio")),
     ("conv/tag_bw", lambda r: g(r, "shm.conv", "ratio")),
+    ("fifo:staging", lambda r: g(r, "fifo.staging", "ratio")),
+    ("fifo:staging-tp2", lambda r: g(r, "fifo.staging.tp2", "ratio")),
+    ("fifo:staging-conv", lambda r: g(r, "fifo.staging.conv", "ratio")),
+    ("fifo:tp2", lambda r: g(r, "fifo.tp2", "ratio")),
+    ("fifo:conv", lambda r: g(r, "fifo.conv", "ratio")),
 ]
 print()
 print("round  " + "  ".join(c for c, _ in cols))

@@ -34,6 +34,7 @@ type transferFlags struct {
 	rmaEmulated    bool
 	lanes          int
 	tcpSegment     string
+	shmFIFO        int
 	decodeOrder    string
 	pool           string
 	directChunk    string
@@ -58,6 +59,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
 	fs.StringVar(&f.decodeOrder, "decode-order", "", "the decode pool's order when it differs from --order (layout conversion on the way: block-major, layer-major or layer-major-nhd)")
 	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
+	fs.IntVar(&f.shmFIFO, "shm-fifo", 0, "messages the receive FIFO of UCX's shared-memory transport holds (ucx.Config.ShmFIFOSize), on both ends: a power of two from 64 to 16384; 0: UCX's 64. Every process that talks to these over shared memory must use the same value")
 	fs.StringVar(&f.tcpSegment, "tcp-segment", "0", "largest piece UCX's TCP transport sends in one copy (ucx.Config.TCPSegmentBytes), on both ends: up to 1MiB; 0: the transport's default (64KiB, which any peer takes)")
 	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
 	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (ucx.Transport.AllocatePool) or caller (mmap by this process, then ucx.Transport.RegisterHost, as a serving process hands over its own KV cache)")
@@ -96,6 +98,9 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	}
 	if tcpSegment != 0 && (tcpSegment < 8<<10 || tcpSegment > ucx.MaxTCPSegmentBytes) {
 		return bench.RunConfig{}, usagef("--tcp-segment = %d: must be 0 (the default) or between 8KiB and 1MiB", tcpSegment)
+	}
+	if s := f.shmFIFO; s != 0 && (s < 64 || s > 16384 || s&(s-1) != 0) {
+		return bench.RunConfig{}, usagef("--shm-fifo = %d: must be 0 (the default) or a power of two from 64 to 16384", s)
 	}
 	if f.pipelineDepth <= 0 {
 		return bench.RunConfig{}, usagef("--pipeline-depth = %d: must be positive", f.pipelineDepth)
@@ -153,7 +158,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
-		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, Memory: f.memory,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
 		Pool: f.pool,
 	}, nil
 }

@@ -70,6 +70,7 @@ func TestBadInputIsAClearMessageAndNonZeroExit(t *testing.T) {
 		{"negative lanes", []string{"run", "--lanes", "-1"}, exitUsage, "--lanes = -1"},
 		{"too many lanes", []string{"run", "--lanes", "65"}, exitUsage, "--lanes = 65"},
 		{"TCP segment past the receive buffer", []string{"run", "--tcp-segment", "2MiB"}, exitUsage, "--tcp-segment = 2097152"},
+		{"shared-memory FIFO not a power of two", []string{"run", "--shm-fifo", "100"}, exitUsage, "--shm-fifo = 100"},
 		{"TCP segment too small", []string{"run", "--tcp-segment", "4KiB"}, exitUsage, "--tcp-segment = 4096"},
 		{"bad decode order", []string{"run", "--decode-order", "diagonal"}, exitUsage, `--decode-order "diagonal"`},
 		{"MLA heads do not split over TP 2", []string{"run", "--model", "deepseek-v3", "--prefill-tp", "2"}, exitUsage, "the pool's 1 heads do not split evenly"},

@@ -52,6 +52,8 @@ type RunConfig struct {
 	// TCPSegmentBytes is ucx.Config.TCPSegmentBytes of both ends (--tcp-segment; 0: the
 	// transport's default).
 	TCPSegmentBytes int64 `json:"tcp_segment_bytes,omitempty"`
+	// ShmFIFOSize is ucx.Config.ShmFIFOSize of both ends (--shm-fifo; 0: UCX's 64).
+	ShmFIFOSize int `json:"shm_fifo_size,omitempty"`
 	// Pool is who maps the host pools for the direct path (--pool): "transport"
 	// (AllocatePool) or "caller" (mmap, then RegisterHost).
 	Pool string `json:"pool"`

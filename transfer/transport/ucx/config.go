@@ -80,6 +80,14 @@ type Config struct {
 	// pieces). Process-wide: the first transport that may use TCP sets it for the process,
 	// unless UCX_TCP_TX_SEG_SIZE is set already.
 	TCPSegmentBytes int64
+	// ShmFIFOSize is how many messages the receive FIFO of UCX's shared-memory transport
+	// holds (native.ContextConfig.ShmFIFOSize, UCX_MM_FIFO_SIZE); 0 keeps UCX's 64. The
+	// staging and IOV paths over shared memory send their messages through that FIFO, and
+	// 1024 moved them about twice as fast here (docs/benchmarks.md, "Shared-memory FIFO").
+	// Opt-in because UCX checks nothing: every process on the host that talks to this one
+	// over shared memory must use the same value, or they hang or crash. Process-wide, like
+	// TCPSegmentBytes. A power of two from 64 to 16384.
+	ShmFIFOSize int
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -139,6 +147,9 @@ func (c *Config) applyDefaults() error {
 	if c.TCPSegmentBytes != 0 && (c.TCPSegmentBytes < 8<<10 || c.TCPSegmentBytes > MaxTCPSegmentBytes) {
 		return &transport.ConfigError{Field: "ucx.Config.TCPSegmentBytes", Value: c.TCPSegmentBytes,
 			Reason: fmt.Sprintf("must be between 8 KiB and %d", MaxTCPSegmentBytes)}
+	}
+	if f := c.ShmFIFOSize; f != 0 && (f < 64 || f > 16384 || f&(f-1) != 0) {
+		return &transport.ConfigError{Field: "ucx.Config.ShmFIFOSize", Value: f, Reason: "must be 0 or a power of two from 64 to 16384"}
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()

@@ -21,3 +21,12 @@ func TestUCXConfig_TCPSegmentBytesBounded(t *testing.T) {
 		require.Equal(t, "ucx.Config.TCPSegmentBytes", ce.Field)
 	}
 }
+
+func TestUCXConfig_ShmFIFOSizeBounded(t *testing.T) {
+	for _, n := range []int{-64, 32, 100, 32768} {
+		_, err := New(Config{TLS: "posix,self", StagingBytes: 1 << 20, ShmFIFOSize: n})
+		var ce *transport.ConfigError
+		require.ErrorAs(t, err, &ce, "FIFO %d", n)
+		require.Equal(t, "ucx.Config.ShmFIFOSize", ce.Field)
+	}
+}

@@ -85,7 +85,7 @@ func (t *Transport) startProbe() {
 
 func (p *ucxProbe) open(cfg Config, target []byte) error {
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
-		KeepaliveInterval: cfg.KeepaliveInterval, TCPSegmentBytes: cfg.TCPSegmentBytes, Logger: cfg.Logger, NoRMA: true})
+		KeepaliveInterval: cfg.KeepaliveInterval, TCPSegmentBytes: cfg.TCPSegmentBytes, ShmFIFOSize: cfg.ShmFIFOSize, Logger: cfg.Logger, NoRMA: true})
 	if err != nil {
 		return err
 	}

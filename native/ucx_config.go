@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package native
+
+/*
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+)
+
+// ContextConfig configures a UCX context. The zero value is valid: every transport UCX finds,
+// keepalive every second, no logging.
+type ContextConfig struct {
+	// TLS is UCX_TLS for this context, e.g. "posix,cma,self" for shared memory or
+	// "tcp,self" for TCP. Empty: UCX's default (the environment, else all transports).
+	TLS string
+	// NetDevices is UCX_NET_DEVICES, e.g. "lo". Empty: all devices.
+	NetDevices string
+	// KeepaliveInterval is how often UCX checks that a peer is alive; a peer that died
+	// without closing its connection is reported after a few intervals. Default 1s; must be
+	// at least 10ms.
+	KeepaliveInterval time.Duration
+	// RendezvousScheme is UCX_RNDV_SCHEME. Default "get_zcopy": for large messages the
+	// receiver pulls the data, so a sender never writes into a receiver's memory. That is
+	// what makes a cancelled or force-closed receive safe to reuse: with put-based
+	// rendezvous a peer frozen after it learned the buffer's address writes into it when it
+	// resumes, whatever the receiver did meanwhile. "auto" lets UCX choose.
+	RendezvousScheme string
+	// TCPSegmentBytes is UCX_TCP_TX_SEG_SIZE: the largest piece UCX's TCP transport sends in
+	// one copy, hence one send call; a large message goes as many of them. Default 64 KiB,
+	// which any peer can receive. Up to TCPReceiveSegmentBytes, which this package makes
+	// every TCP receive buffer, so a peer of this package or later takes it: 1 MiB moved a
+	// 4096-token request over loopback about twice as fast as 64 KiB (docs/ucx.md, "TCP
+	// without zero-copy"). A peer with UCX's default receive buffer (64 KiB: any other UCX
+	// program, or kvxfer before it set 1 MiB) cannot take larger ones. Like the other
+	// transport settings it goes into the process's environment, unless set there already,
+	// when the first context that may use TCP opens: later contexts of the process get the
+	// first one's value.
+	TCPSegmentBytes int64
+	// ShmFIFOSize is UCX_MM_FIFO_SIZE: how many messages the receive FIFO of UCX's
+	// shared-memory transports (posix, sysv) holds; 0 keeps UCX's (64). A large message
+	// goes through that FIFO in 8 KiB pieces when no zero-copy lane carries it (the case
+	// with peer error handling on UCX 1.13), and 64 of them stall the sender on every
+	// round: 1024 moved a 4096-token request about twice as fast over shared memory
+	// (docs/benchmarks.md, "Shared-memory FIFO"). UCX sizes and indexes a peer's FIFO by
+	// its own setting and checks nothing, so every process on the host that talks to this
+	// one over shared memory must use the same value: a mismatch hangs or crashes them.
+	// A power of two from 64 to 16384. Like the TCP settings it goes into the process's
+	// environment, unless set there already, when the first context that may use shared
+	// memory opens.
+	ShmFIFOSize int
+	// NoRMA leaves out UCP_FEATURE_RMA (puts and gets), for transports that lack it.
+	NoRMA bool
+	// Logger receives lifecycle events; default zap.NewNop().
+	Logger *zap.Logger
+}
+
+func (c *ContextConfig) applyDefaults() error {
+	if c.KeepaliveInterval == 0 {
+		c.KeepaliveInterval = time.Second
+	}
+	if c.KeepaliveInterval < 10*time.Millisecond {
+		return fmt.Errorf("%w: ContextConfig.KeepaliveInterval = %v: must be at least 10ms",
+			ErrInvalidArgument, c.KeepaliveInterval)
+	}
+	if c.TCPSegmentBytes != 0 && (c.TCPSegmentBytes < 8<<10 || c.TCPSegmentBytes > TCPReceiveSegmentBytes) {
+		return fmt.Errorf("%w: ContextConfig.TCPSegmentBytes = %d: must be between 8 KiB and %d",
+			ErrInvalidArgument, c.TCPSegmentBytes, TCPReceiveSegmentBytes)
+	}
+	if f := c.ShmFIFOSize; f != 0 && (f < 64 || f > 16384 || f&(f-1) != 0) {
+		return fmt.Errorf("%w: ContextConfig.ShmFIFOSize = %d: must be 0 or a power of two from 64 to 16384",
+			ErrInvalidArgument, f)
+	}
+	if c.RendezvousScheme == "" {
+		c.RendezvousScheme = "get_zcopy"
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return nil
+}
+
+// ProcessEnv is the value of name in the process's environment as C code (UCX) reads it.
+// NewContext puts its transport settings there; os.Getenv does not see them, since Go reads
+// a copy of the environment made when the process started.
+func ProcessEnv(name string) (string, bool) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	v := C.getenv(cs)
+	if v == nil {
+		return "", false
+	}
+	return C.GoString(v), true
+}

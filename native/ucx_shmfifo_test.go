@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package native
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// shmFIFOChildEnv carries, to a child test process, the ContextConfig.ShmFIFOSize it opens its
+// contexts with ("0": the default).
+const shmFIFOChildEnv = "KVX_SHMFIFO_CHILD"
+
+// TestUCX_ShmFIFOChild is the child side of TestUCX_ShmFIFOSize: the setting goes into the
+// process's environment when its first context opens, so each value needs a process of its
+// own. It moves one IOV message of 16 MiB and 5 bytes between two workers over shared memory
+// (about two thousand FIFO pieces, so the FIFO wraps many times), every byte checked, and
+// prints the UCX_MM_FIFO_SIZE its UCX read.
+func TestUCX_ShmFIFOChild(t *testing.T) {
+	v, ok := os.LookupEnv(shmFIFOChildEnv)
+	if !ok {
+		t.Skip("run by TestUCX_ShmFIFOSize only")
+	}
+	size, err := strconv.Atoi(v)
+	require.NoError(t, err)
+	p := newPairConfig(t, ContextConfig{TLS: "posix,self", ShmFIFOSize: size})
+	const n = 16<<20 + 5
+	src := alloc(t, p.ctxA, n)
+	dst := alloc(t, p.ctxB, n)
+	require.NoError(t, src.FillPattern(0, n, 0, 13))
+	a, b := int64(n/3), int64(n/2)
+	recv := p.ba.TagRecvIOV(dst, []Segment{{0, n / 4}, {n / 4, n - n/4}}, 9, ^uint64(0))
+	send := p.ab.TagSendIOV(src, []Segment{{0, a}, {a, b - a}, {b, n - b}}, 9)
+	waitAll(t, 60*time.Second, recv, send)
+	require.Equal(t, int64(n), recv.Length())
+	bad, err := dst.CheckPattern(0, n, 0, 13)
+	require.NoError(t, err)
+	require.Equal(t, int64(-1), bad, "first wrong byte")
+	fifo, set := ProcessEnv("UCX_MM_FIFO_SIZE")
+	if !set {
+		fifo = "unset"
+	}
+	fmt.Printf("CHILD: fifo=%s\n", fifo)
+}
+
+// TestUCX_ShmFIFOSize: a context opened with ContextConfig.ShmFIFOSize gives UCX that receive
+// FIFO (UCX_MM_FIFO_SIZE), and leaves UCX's own when it is 0; a message of many FIFO pieces
+// arrives intact either way. A value the caller set in the environment wins.
+func TestUCX_ShmFIFOSize(t *testing.T) {
+	for _, tc := range []struct {
+		name, env string // env: UCX_MM_FIFO_SIZE the parent sets; "" none
+		size      int
+		want      string
+	}{
+		{"default", "", 0, "unset"},
+		{"1024", "", 1024, "1024"},
+		{"environment wins", "256", 1024, "256"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestUCX_ShmFIFOChild$", "-test.count=1", "-test.v")
+			for _, kv := range os.Environ() {
+				if !strings.HasPrefix(kv, "UCX_MM_FIFO_SIZE=") {
+					cmd.Env = append(cmd.Env, kv)
+				}
+			}
+			if tc.env != "" {
+				cmd.Env = append(cmd.Env, "UCX_MM_FIFO_SIZE="+tc.env)
+			}
+			cmd.Env = append(cmd.Env, shmFIFOChildEnv+"="+strconv.Itoa(tc.size))
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "child:\n%s", out)
+			m := regexp.MustCompile(`CHILD: fifo=(\w+)`).FindSubmatch(out)
+			require.NotNil(t, m, "child said nothing:\n%s", out)
+			require.Equal(t, tc.want, string(m[1]))
+		})
+	}
+}
+
+func TestUCX_ShmFIFOSizeRefused(t *testing.T) {
+	for _, size := range []int{-64, 32, 100, 32768} {
+		_, err := NewContext(ContextConfig{TLS: "posix,self", ShmFIFOSize: size})
+		require.Error(t, err, "size %d", size)
+		require.True(t, errors.Is(err, ErrInvalidArgument), "size %d: %v", size, err)
+	}
+}
