@@ -93,6 +93,23 @@ func addressHasName(local []byte) (bool, error) {
 // walkAddress checks the layout after the header byte, and hands each transport's md byte,
 // name checksum and interface address to visit (when not nil).
 func walkAddress(b []byte, withName bool, visit func(md byte, csum uint16, iface []byte, at, tl int) error) error {
+	if visit == nil {
+		return walkAddressEntries(b, withName, nil)
+	}
+	return walkAddressEntries(b, withName, func(e addrEntry) error { return visit(e.md, e.csum, e.iface, e.at, e.tl) })
+}
+
+// addrEntry is one transport of a worker address: its device's md byte and device address,
+// its name checksum, its interface address (at: that address's offset) and its index.
+type addrEntry struct {
+	md         byte
+	dev, iface []byte
+	csum       uint16
+	at, tl     int
+}
+
+// walkAddressEntries is walkAddress handing each transport's whole entry to visit.
+func walkAddressEntries(b []byte, withName bool, visit func(addrEntry) error) error {
 	at := 1 + 8 // header, uuid
 	need := func(n int, what string) error {
 		if n < 0 || at+n > len(b) {
@@ -137,6 +154,7 @@ func walkAddress(b []byte, withName bool, visit func(md byte, csum uint16, iface
 		if err := need(n, fmt.Sprintf("device %d's address", dev)); err != nil {
 			return err
 		}
+		devAddr := b[at : at+n]
 		at += n
 		for _, f := range []byte{addrFlagNumPaths, addrFlagSysDevice} {
 			if lenByte&f != 0 {
@@ -168,7 +186,7 @@ func walkAddress(b []byte, withName bool, visit func(md byte, csum uint16, iface
 				return err
 			}
 			if visit != nil {
-				if err := visit(md, csum, b[at:at+n], at, transports-1); err != nil {
+				if err := visit(addrEntry{md: md, dev: devAddr, iface: b[at : at+n], csum: csum, at: at, tl: transports - 1}); err != nil {
 					return err
 				}
 			}

@@ -53,12 +53,12 @@ func TestAddressChild(t *testing.T) {
 
 // connectInChild connects to addr from a child process and returns what it printed; a child
 // that dies (UCX asserts abort the process) fails the test with its output.
-func connectInChild(t testing.TB, tls string, addr []byte) string {
+func connectInChild(t testing.TB, tls string, addr []byte, env ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestAddressChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), addrChildEnv+"="+hex.EncodeToString(addr), addrChildEnv+"_TLS="+tls)
+	cmd.Env = append(append(os.Environ(), addrChildEnv+"="+hex.EncodeToString(addr), addrChildEnv+"_TLS="+tls), env...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "the child connecting to %x died:\n%s", addr, out)
 	for _, line := range strings.Split(string(out), "\n") {

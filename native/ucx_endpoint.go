@@ -28,12 +28,16 @@ import (
 // Connect creates an endpoint to the worker at addr, with peer error handling: if the peer
 // dies, every operation on the endpoint completes with an error and Failed closes. An address
 // this UCX cannot read (CheckAddress) is refused with an *AddressError before UCX sees it,
-// since UCX trusts the bytes and aborts the process on some garbage.
+// since UCX trusts the bytes and aborts the process on some garbage; so is a peer on this host
+// whose shared-memory receive FIFO differs in size from this process's (ContextConfig.ShmFIFOSize).
 func (w *Worker) Connect(ctx context.Context, addr []byte) (*Endpoint, error) {
 	if len(addr) == 0 {
 		return nil, fmt.Errorf("%w: empty worker address", ErrInvalidArgument)
 	}
 	if err := CheckAddress(addr, w.address); err != nil { // UCX would read past it or abort
+		return nil, err
+	}
+	if err := checkPeerFIFO(addr, w.address); err != nil { // UCX would overrun or lose messages
 		return nil, err
 	}
 	ep := &Endpoint{w: w, failed: make(chan struct{}), closed: make(chan struct{}),

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package native
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestConnectRefusesAPeerWithAnotherShmFIFO: a process whose shared-memory receive FIFO differs
+// in size from its peer's (UCX_MM_FIFO_SIZE, ContextConfig.ShmFIFOSize) is refused with
+// ErrBadAddress before UCX attaches the peer's FIFO by its own size; one with the same FIFO
+// connects. The child connects to this process's worker over posix.
+func TestConnectRefusesAPeerWithAnotherShmFIFO(t *testing.T) {
+	if v, ok := ProcessEnv("UCX_MM_FIFO_SIZE"); ok {
+		t.Skipf("this process runs with UCX_MM_FIFO_SIZE=%s; the test needs UCX's default", v)
+	}
+	c, err := NewContext(ContextConfig{TLS: "posix,self"})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	w, err := c.NewWorker(WorkerConfig{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close()) }()
+	if _, ok := findPosixFIFO(w.Address(), mustHaveName(t, w.Address())); !ok {
+		t.Skip("this UCX names its posix FIFO without procfs (UCX_POSIX_USE_PROC_LINK=n)")
+	}
+	got := connectInChild(t, "posix,self", w.Address(), "UCX_MM_FIFO_SIZE=1024")
+	require.True(t, strings.HasPrefix(got, "refused:") && strings.Contains(got, "UCX_MM_FIFO_SIZE"), "child: %s", got)
+	require.Equal(t, "connected", connectInChild(t, "posix,self", w.Address(), "UCX_MM_FIFO_SIZE=64"))
+	require.Equal(t, "connected", connectInChild(t, "posix,self", w.Address()))
+}
+
+// TestFindPosixFIFONamesThisProcess: this process's own worker address names its FIFO as one of
+// this process's file descriptors, a file that exists.
+func TestFindPosixFIFONamesThisProcess(t *testing.T) {
+	c, err := NewContext(ContextConfig{TLS: "posix,self"})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	w, err := c.NewWorker(WorkerConfig{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close()) }()
+	f, ok := findPosixFIFO(w.Address(), mustHaveName(t, w.Address()))
+	if !ok {
+		t.Skip("this UCX names its posix FIFO without procfs (UCX_POSIX_USE_PROC_LINK=n)")
+	}
+	require.Equal(t, uint64(os.Getpid()), f.pid)
+	target, err := os.Readlink(f.path())
+	require.NoError(t, err)
+	require.Contains(t, target, "ucx_shm_posix", "the FIFO's file")
+	require.Nil(t, checkPeerFIFO(w.Address(), w.Address()), "a FIFO is its own size")
+}
+
+func mustHaveName(t *testing.T, addr []byte) bool {
+	t.Helper()
+	withName, err := addressHasName(addr)
+	require.NoError(t, err)
+	return withName
+}
