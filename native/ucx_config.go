@@ -11,6 +11,9 @@ import "C"
 
 import (
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -100,4 +103,54 @@ func ProcessEnv(name string) (string, bool) {
 		return "", false
 	}
 	return C.GoString(v), true
+}
+
+// TCPSendSegmentBytes is the largest piece this context's TCP transport sends in one copy: the
+// UCX_TCP_TX_SEG_SIZE of the process's environment (NewContext sets it, unless set already), or
+// 0 when the context's transports cannot include TCP. A value UCX reads but this cannot
+// ("inf", "auto") counts as the largest, MaxInt64.
+func (c *Context) TCPSendSegmentBytes() int64 {
+	tls := c.cfg.TLS
+	if tls == "" {
+		tls, _ = ProcessEnv("UCX_TLS")
+	}
+	if !wantsTCP(tls) {
+		return 0
+	}
+	v, ok := ProcessEnv("UCX_TCP_TX_SEG_SIZE")
+	if !ok {
+		return 8 << 10 // UCX 1.13's own default
+	}
+	return parseMemUnits(v)
+}
+
+// wantsTCP is ucx.c's wants_tcp: whether a UCX_TLS list can select TCP.
+func wantsTCP(tls string) bool {
+	if tls == "" || strings.Contains(tls, "all") {
+		return true
+	}
+	named := strings.Contains(tls, "tcp")
+	if tls[0] == '^' {
+		return !named
+	}
+	return named
+}
+
+// parseMemUnits reads a UCX size ("65536", "64k", "1m", "2G"), or MaxInt64 when it cannot.
+func parseMemUnits(v string) int64 {
+	v = strings.ToLower(strings.TrimSpace(v))
+	mult := int64(1)
+	switch {
+	case strings.HasSuffix(v, "g"), strings.HasSuffix(v, "gb"):
+		mult = 1 << 30
+	case strings.HasSuffix(v, "m"), strings.HasSuffix(v, "mb"):
+		mult = 1 << 20
+	case strings.HasSuffix(v, "k"), strings.HasSuffix(v, "kb"):
+		mult = 1 << 10
+	}
+	n, err := strconv.ParseInt(strings.TrimRight(v, "bkmg"), 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return math.MaxInt64
+	}
+	return n * mult
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"go.uber.org/zap"
 )
 
@@ -44,6 +45,9 @@ const (
 	FeatureRMA = wire.FeatureRMA
 	// FeatureMultiPart: an RMA offer in more than one control message.
 	FeatureMultiPart = wire.FeatureMultiPart
+	// FeatureLargeSegments: a receiver that takes the large pieces some transports send
+	// (transport.LargeSegmentSender: UCX's TCP segments above 64 KiB).
+	FeatureLargeSegments = wire.FeatureLargeSegments
 )
 
 // ErrPeerLacksFeature: the peer does not speak a feature the request needs, or no wire
@@ -238,6 +242,18 @@ func (x *xfer) peerHas(f wire.Feature) bool { return x.peerFeatures&f == f }
 // refuseUnspoken (a sender, on the receiver's request) refuses a request for a feature this
 // engine does not speak, which only an engine that speaks less than its build gets: one that
 // read our hello never asks.
+// refuseSmallReceiver (a sender, before anything is sent) refuses a receiver that does not say
+// it takes the large pieces this engine's transport sends (transport.LargeSegmentSender): such
+// a receiver's transport would read past its buffer or abort.
+func (x *xfer) refuseSmallReceiver() error {
+	ls, ok := x.eng.tr.(transport.LargeSegmentSender)
+	if !ok || !ls.SendsLargeSegments() || x.peerFeatures&wire.FeatureLargeSegments != 0 {
+		return nil
+	}
+	v, vmin, _ := x.eng.peerFeatures(x.peer)
+	return &FeatureError{Peer: x.peer, Feature: wire.FeatureLargeSegments, PeerVersion: v, PeerMinVersion: vmin}
+}
+
 func (x *xfer) refuseUnspoken(ri *wire.RequestInfo) error {
 	need := wire.Feature(0)
 	if ri.Flags&wire.FlagLayerCut != 0 {

@@ -66,3 +66,57 @@ func TestUCXTransport_MixedVersions(t *testing.T) {
 	requireState(t, hs, Completed)
 	require.Equal(t, s.stream(t), r.stream(t), "every byte")
 }
+
+// Over UCX's TCP transport, whose segments are 1 MiB by default (ucx.Config.TCPSegmentBytes), a
+// sender sends nothing to a receiver that does not say it takes them (an older build, whose
+// receive buffer would be UCX's 64 KiB): it fails with a *FeatureError naming
+// FeatureLargeSegments, the receiver hears why, and its pool is untouched. Over shared memory
+// there are no TCP segments and the same pair completes.
+func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
+	cfg := ucxTestConfig()
+	cfg.TransferTimeout, cfg.QueueTimeout = time.Hour, time.Hour
+	for _, c := range []struct {
+		tls, dev string
+		refused  bool
+	}{{"tcp,self", "lo", true}, {"posix,cma,self", "", false}} {
+		t.Run(c.tls, func(t *testing.T) {
+			cur := newUCXEngine(t, c.tls, c.dev, cfg)
+			if c.refused && !cur.tr.SendsLargeSegments() {
+				t.Skip("this process's UCX_TCP_TX_SEG_SIZE is at most 64 KiB (set in its environment)")
+			}
+			require.Equal(t, c.refused, cur.tr.SendsLargeSegments())
+			oc := cfg.withDefaults()
+			oc.NumSlots = oc.MaxConcurrent * oc.PipelineDepth
+			otr, err := ucx.New(ucx.Config{TLS: c.tls, NetDevices: c.dev, KeepaliveInterval: 200 * time.Millisecond,
+				StagingBytes: int64(oc.NumSlots) * oc.SlotBytes, CloseTimeout: 2 * time.Second})
+			require.NoError(t, err)
+			oc.StagingMemory = otr.StagingMemory()
+			old, err := newEngine(otr, oc, lacking(FeatureLargeSegments))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = old.Close() })
+
+			s := newUCXKV(t, dims, layout.BlockMajor, []int32{3, 9, 27}, 11)
+			r := newUCXKV(t, dims, layout.BlockMajor, []int32{1, 2, 40}, 0)
+			before := r.stream(t)
+			hs, err := cur.e.Send(bg, Spec{ID: 1, Peer: otr.Self(), Plan: s.plan, Pool: s.mem})
+			require.NoError(t, err)
+			hr, err := old.Receive(bg, Spec{ID: 1, Peer: cur.tr.Self(), Plan: r.plan, Pool: r.mem})
+			require.NoError(t, err)
+			waitQuiesced(t, hr, 30*time.Second)
+			waitQuiesced(t, hs, 30*time.Second)
+			if !c.refused {
+				requireState(t, hs, Completed)
+				requireState(t, hr, Completed)
+				require.Equal(t, s.stream(t), r.stream(t), "every byte")
+				return
+			}
+			requireState(t, hs, Failed, ErrPeerLacksFeature)
+			var fe *FeatureError
+			require.True(t, errors.As(hs.Status().Err, &fe))
+			require.Equal(t, FeatureLargeSegments, fe.Feature)
+			requireState(t, hr, Failed, ErrPeerAborted)
+			require.Equal(t, before, r.stream(t), "no byte reached the older receiver")
+		})
+	}
+}

@@ -69,6 +69,9 @@ func (x *xfer) runSend() {
 	_, _, x.peerFeatures = x.eng.peerFeatures(x.peer) // negotiate.go
 	err := x.refuseUnspoken(ri)
 	if err == nil {
+		err = x.refuseSmallReceiver()
+	}
+	if err == nil {
 		err = x.applyHeld(ri)
 	}
 	if err == nil {

@@ -133,12 +133,16 @@ const (
 	// FeatureMultiPart: more than one control message of blocks for one request (an RMA
 	// offer in parts, RMAOfferPart).
 	FeatureMultiPart Feature = 1 << 4
+	// FeatureLargeSegments: the engine's transport receives the pieces a transport that says
+	// so sends above the usual size (UCX's TCP segments of up to 1 MiB, where UCX's default
+	// receive buffer takes 64 KiB).
+	FeatureLargeSegments Feature = 1 << 5
 
 	// KnownFeatures are the features this build speaks.
-	KnownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart
+	KnownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart | FeatureLargeSegments
 )
 
-var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part"}
+var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part", "large-segments"}
 
 // String names the features, joined with "+"; a bit this build does not know is named by its
 // number.

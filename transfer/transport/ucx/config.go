@@ -73,12 +73,15 @@ type Config struct {
 	Lanes int
 	// TCPSegmentBytes is the largest piece UCX's TCP transport sends in one copy
 	// (native.ContextConfig.TCPSegmentBytes): a large message over TCP goes as many such
-	// sends, so larger pieces cost fewer system calls and wake-ups on both sides. Default
-	// 64 KiB, which any peer receives. At most MaxTCPSegmentBytes (1 MiB), the
-	// receive buffer of every transport of this package: set it there only when every peer
-	// runs this package too (a peer with UCX's default 64 KiB receive buffer cannot take larger
-	// pieces). Process-wide: the first transport that may use TCP sets it for the process,
-	// unless UCX_TCP_TX_SEG_SIZE is set already.
+	// sends, so larger pieces cost fewer system calls and wake-ups on both sides: 1 MiB moved
+	// a 4096-token request over loopback several times as fast as 64 KiB (docs/ucx.md, "TCP:
+	// what the engine does"). Default and most: MaxTCPSegmentBytes (1 MiB), the receive
+	// buffer of every transport of this package. A receiver with UCX's default 64 KiB buffer
+	// (an engine of an earlier build) cannot take them: the engine sends data only to a peer
+	// whose hello says it can (transfer.FeatureLargeSegments) and refuses the others with a
+	// *transfer.FeatureError before anything is sent; set 64 KiB to serve such peers.
+	// Process-wide: the first transport that may use TCP sets it for the process, unless
+	// UCX_TCP_TX_SEG_SIZE is set already (SendsLargeSegments reports what holds).
 	TCPSegmentBytes int64
 	// ShmFIFOSize is how many messages the receive FIFO of UCX's shared-memory transport
 	// holds (native.ContextConfig.ShmFIFOSize, UCX_MM_FIFO_SIZE); 0 keeps UCX's 64. The
@@ -144,7 +147,10 @@ func (c *Config) applyDefaults() error {
 	if c.Lanes < 1 || c.Lanes > MaxLanes {
 		return &transport.ConfigError{Field: "ucx.Config.Lanes", Value: c.Lanes, Reason: fmt.Sprintf("must be between 1 and %d", MaxLanes)}
 	}
-	if c.TCPSegmentBytes != 0 && (c.TCPSegmentBytes < 8<<10 || c.TCPSegmentBytes > MaxTCPSegmentBytes) {
+	if c.TCPSegmentBytes == 0 {
+		c.TCPSegmentBytes = MaxTCPSegmentBytes
+	}
+	if c.TCPSegmentBytes < 8<<10 || c.TCPSegmentBytes > MaxTCPSegmentBytes {
 		return &transport.ConfigError{Field: "ucx.Config.TCPSegmentBytes", Value: c.TCPSegmentBytes,
 			Reason: fmt.Sprintf("must be between 8 KiB and %d", MaxTCPSegmentBytes)}
 	}
@@ -155,4 +161,17 @@ func (c *Config) applyDefaults() error {
 		c.Logger = zap.NewNop()
 	}
 	return nil
+}
+
+// DefaultTCPReceiveSegmentBytes is the receive buffer of UCX's TCP transport as UCX sets it
+// (UCX_TCP_RX_SEG_SIZE): what a peer not of this package takes in one segment.
+const DefaultTCPReceiveSegmentBytes = 64 << 10
+
+var _ transport.LargeSegmentSender = (*Transport)(nil)
+
+// SendsLargeSegments implements transport.LargeSegmentSender: whether this transport's TCP
+// segments (the process's UCX_TCP_TX_SEG_SIZE, which the first transport set) are larger than
+// DefaultTCPReceiveSegmentBytes. Always false when its transports cannot include TCP.
+func (t *Transport) SendsLargeSegments() bool {
+	return t.uctx.TCPSendSegmentBytes() > DefaultTCPReceiveSegmentBytes
 }

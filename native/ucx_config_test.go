@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"regexp"
@@ -95,5 +96,19 @@ func TestUCX_ShmFIFOSizeRefused(t *testing.T) {
 		_, err := NewContext(ContextConfig{TLS: "posix,self", ShmFIFOSize: size})
 		require.Error(t, err, "size %d", size)
 		require.True(t, errors.Is(err, ErrInvalidArgument), "size %d: %v", size, err)
+	}
+}
+
+func TestParseMemUnits(t *testing.T) {
+	for in, want := range map[string]int64{"65536": 65536, "64k": 64 << 10, "64K": 64 << 10, "1m": 1 << 20,
+		"1MB": 1 << 20, "2g": 2 << 30, "8kb": 8 << 10, "inf": math.MaxInt64, "auto": math.MaxInt64, "": math.MaxInt64} {
+		require.Equal(t, want, parseMemUnits(in), in)
+	}
+}
+
+func TestWantsTCP(t *testing.T) {
+	for tls, want := range map[string]bool{"": true, "all": true, "tcp,self": true, "posix,cma,self": false,
+		"^tcp": false, "^posix": true, "sm,self": false} {
+		require.Equal(t, want, wantsTCP(tls), tls)
 	}
 }
