@@ -14,6 +14,7 @@ import (
 // (UCT_POSIX_SEG_FLAG_PROC_LINK and UCT_POSIX_PROCFS_MMID_*_BITS, mm_posix.c).
 const (
 	posixSegFlagProcLink = 1 << 63
+	posixSegFlagPIDNS    = 1 << 60
 	posixProcIDBits      = 30
 )
 
@@ -22,7 +23,9 @@ const (
 type posixFIFO struct {
 	dev     []byte
 	pid, fd uint64
-	at      int // offset of the segment id in the address
+	nsFlag  bool   // the pid is in a pid namespace the address names (UCT_POSIX_SEG_FLAG_PID_NS)
+	rest    []byte // what follows the segment id: the namespace, a directory
+	at      int    // offset of the segment id in the address
 }
 
 func (f posixFIFO) path() string { return fmt.Sprintf("/proc/%d/fd/%d", f.pid, f.fd) }
@@ -39,7 +42,8 @@ func findPosixFIFO(addr []byte, withName bool) (f posixFIFO, ok bool) {
 			return nil
 		}
 		const mask = 1<<posixProcIDBits - 1
-		f, ok = posixFIFO{dev: e.dev, pid: id & mask, fd: (id >> posixProcIDBits) & mask, at: e.at}, true
+		f, ok = posixFIFO{dev: e.dev, pid: id & mask, fd: (id >> posixProcIDBits) & mask,
+			nsFlag: id&posixSegFlagPIDNS != 0, rest: e.iface[8:], at: e.at}, true
 		return nil
 	})
 	return f, ok
@@ -62,8 +66,8 @@ func checkPeerFIFO(addr, local []byte) error {
 		return nil // not this process's pid: a layout this check does not know
 	}
 	peer, ok := findPosixFIFO(addr, withName)
-	if !ok || !bytes.Equal(peer.dev, mine.dev) {
-		return nil // no posix transport, or another host
+	if !ok || !bytes.Equal(peer.dev, mine.dev) || peer.nsFlag != mine.nsFlag || !bytes.Equal(peer.rest, mine.rest) {
+		return nil // no posix transport, another host, or another pid namespace: its pid is not ours to look up
 	}
 	a, errA := os.Stat(mine.path())
 	b, errB := os.Stat(peer.path())

@@ -5,6 +5,7 @@
 package native
 
 import (
+	"encoding/binary"
 	"os"
 	"strings"
 	"testing"
@@ -60,4 +61,50 @@ func mustHaveName(t *testing.T, addr []byte) bool {
 	withName, err := addressHasName(addr)
 	require.NoError(t, err)
 	return withName
+}
+
+// TestPeerFIFOCheckedOnlyWhereItsPidIsOurs: the FIFO check compares segment sizes only for a
+// peer on this host in this pid namespace. A peer address naming another file of this process
+// (a segment of another size) is refused; the same address with another host's system id, or
+// in another pid namespace, is left to UCX.
+func TestPeerFIFOCheckedOnlyWhereItsPidIsOurs(t *testing.T) {
+	c, err := NewContext(ContextConfig{TLS: "posix,self"})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	w, err := c.NewWorker(WorkerConfig{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close()) }()
+	local := w.Address()
+	withName := mustHaveName(t, local)
+	mine, ok := findPosixFIFO(local, withName)
+	if !ok {
+		t.Skip("this UCX names its posix FIFO without procfs (UCX_POSIX_USE_PROC_LINK=n)")
+	}
+	other, err := os.CreateTemp(t.TempDir(), "fifo")
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, other.Truncate(12345))
+
+	// peer is local with its FIFO pointed at other, and mutate applied to its posix entry.
+	peer := func(mutate func(seg []byte, dev []byte)) []byte {
+		a := append([]byte(nil), local...)
+		seg := a[mine.at : mine.at+8]
+		id := binary.LittleEndian.Uint64(seg)
+		id = id&^(uint64(1<<posixProcIDBits-1)<<posixProcIDBits) | uint64(other.Fd())<<posixProcIDBits
+		binary.LittleEndian.PutUint64(seg, id)
+		_ = walkAddressEntries(a, withName, func(e addrEntry) error {
+			if e.csum == addrPosixChecksum && mutate != nil {
+				mutate(e.iface, e.dev)
+			}
+			return nil
+		})
+		return a
+	}
+	err = checkPeerFIFO(peer(nil), local)
+	require.ErrorIs(t, err, ErrBadAddress, "a FIFO of another size")
+	require.Contains(t, err.Error(), "UCX_MM_FIFO_SIZE")
+	require.NoError(t, checkPeerFIFO(peer(func(_, dev []byte) { dev[0] ^= 1 }), local), "another host")
+	require.NoError(t, checkPeerFIFO(peer(func(seg, _ []byte) {
+		binary.LittleEndian.PutUint64(seg, binary.LittleEndian.Uint64(seg)^posixSegFlagPIDNS)
+	}), local), "another pid namespace")
 }
