@@ -17,6 +17,12 @@ func (x *xfer) directCapable() bool {
 	return x.eng.direct.Direct(x.pool)
 }
 
+// piecesTooSmall reports whether this side's pool holds the stream in pieces under
+// Config.DirectMinRunBytes, which staging moves faster than the direct path's IOV entries.
+func (x *xfer) piecesTooSmall() bool {
+	return x.plan.RunUnits()*x.plan.Layout().RowBytes() < x.eng.cfg.DirectMinRunBytes
+}
+
 // iov lists the pool ranges holding stream bytes [off, off+n): what a direct operation hands
 // the transport.
 func (x *xfer) iov(off, n int64) ([][]byte, error) {

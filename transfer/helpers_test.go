@@ -83,6 +83,7 @@ func fastConfig() Config {
 		SlotBytes: 1024, MaxConcurrent: 4, PipelineDepth: 2, TransferTimeout: 2 * time.Second,
 		QueueTimeout: 2 * time.Second, ProgressDeadline: time.Second, QuarantineTimeout: time.Second,
 		CancelGrace: 20 * time.Millisecond, RetryInterval: 20 * time.Millisecond, CloseTimeout: 5 * time.Second,
+		DirectMinRunBytes: None, // the test layouts' rows are a few hundred bytes: every path stays reachable
 	}
 }
 

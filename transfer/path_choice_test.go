@@ -80,3 +80,45 @@ func TestRMAGetsCutForLanes(t *testing.T) {
 		})
 	}
 }
+
+// A receiver whose pool holds the stream in pieces under Config.DirectMinRunBytes (a
+// token-major layout: one row of one head per piece) takes staging, which moves such pieces
+// faster than IOV entries; with pieces at least that long, or the bound off (None), it takes the
+// direct path. Path says which ran on both sides, and every byte arrives either way.
+func TestDirectLeavesPiecesUnderDirectMinRunBytesToStaging(t *testing.T) {
+	dims := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 32, ElemSize: 2, TokensPerBlock: 8, NumBlocks: 8}
+	row := dims.HeadDim * dims.ElemSize // 64 bytes: the NHD layout's piece
+	for _, c := range []struct {
+		desc     string
+		dstOrder layout.Order
+		minRun   int64
+		want     Path
+	}{
+		{"NHD pieces under the default bound: staging", layout.LayerMajorNHD, 0, PathStaging},
+		{"NHD pieces, bound off: direct", layout.LayerMajorNHD, None, PathDirect},
+		{"NHD pieces at the bound: direct", layout.LayerMajorNHD, row, PathDirect},
+		{"NHD pieces one byte under the bound: staging", layout.LayerMajorNHD, row + 1, PathStaging},
+		{"block-major pieces (2 KiB) at the default bound: direct", layout.BlockMajor, 0, PathDirect},
+		{"block-major pieces one byte under the bound: staging", layout.BlockMajor, row*dims.NumHeads*dims.TokensPerBlock + 1, PathStaging},
+		{"block-major pieces at the bound: direct", layout.BlockMajor, row * dims.NumHeads * dims.TokensPerBlock, PathDirect},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			src := newKVPool(t, dims, layout.BlockMajor, nil, blocks(1, 2, 3), 17)
+			dst := newKVPool(t, dims, c.dstOrder, nil, blocks(4, 5, 6), 0)
+			scfg, rcfg := directConfig(), directConfig()
+			rcfg.DirectMinRunBytes = c.minRun
+			p, _ := directPair(t, scfg, rcfg, src, dst)
+			hs, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, c.want, hr.Path())
+			require.Equal(t, c.want, hs.Path())
+			want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
+			require.NoError(t, layout.ReferenceGather(src.plan, src.mem, want))
+			require.NoError(t, layout.ReferenceGather(dst.plan, dst.mem, got))
+			require.Equal(t, want, got, "every byte")
+		})
+	}
+}

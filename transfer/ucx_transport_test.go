@@ -87,7 +87,8 @@ func (k *ucxKV) stream(t testing.TB) []byte {
 func ucxTestConfig() Config {
 	return Config{SlotBytes: 256 << 10, MaxConcurrent: 8, PipelineDepth: 2, TransferTimeout: 10 * time.Second,
 		QueueTimeout: 10 * time.Second, ProgressDeadline: 2 * time.Second, QuarantineTimeout: 2 * time.Second,
-		CancelGrace: 50 * time.Millisecond, RetryInterval: 50 * time.Millisecond, CloseTimeout: 5 * time.Second}
+		CancelGrace: 50 * time.Millisecond, RetryInterval: 50 * time.Millisecond, CloseTimeout: 5 * time.Second,
+		DirectMinRunBytes: None} // the test layouts' rows are a few hundred bytes: every path stays reachable
 }
 
 func waitQuiesced(t testing.TB, h *Handle, d time.Duration) {

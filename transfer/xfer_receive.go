@@ -18,7 +18,7 @@ func (x *xfer) runReceive() {
 	if !x.reserveTags() {
 		return
 	}
-	if x.directCapable() && x.peerHas(wire.FeatureDirect) {
+	if x.directCapable() && x.peerHas(wire.FeatureDirect) && !x.piecesTooSmall() {
 		x.runReceiveDirect() // path_direct.go, path_rma.go
 		return
 	}
