@@ -38,6 +38,8 @@ type (
 	RMALanes = transport.RMALanes
 	// RMAGenerations validates RMA reads (transport.RMAGenerations).
 	RMAGenerations = transport.RMAGenerations
+	// DeviceRMATransport gets into and out of registered device memory (transport.DeviceRMATransport).
+	DeviceRMATransport = transport.DeviceRMATransport
 	// TagReserver reserves narrow data tags (transport.TagReserver).
 	TagReserver = transport.TagReserver
 	// ControlBound bounds control messages (transport.ControlBound).

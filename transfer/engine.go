@@ -168,6 +168,9 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	if err != nil {
 		return nil, err
 	}
+	if err := e.checkDeviceSpec(spec); err != nil { // device.go
+		return nil, err
+	}
 	h := &Handle{id: spec.ID, eng: e, done: make(chan struct{}), quiesced: make(chan struct{}), callerRefs: 1, engineRef: true,
 		receive: receive, stream: spec.Stream, layers: subs[0].Plan.Selection().Layers()}
 	xs := make([]*xfer, len(subs))
@@ -178,7 +181,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 			nonce = wire.NewNonce()
 		}
 		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), nonce: nonce, receive: receive, peer: s.Peer, plan: s.Plan,
-			mover: mover, pool: spec.Pool, hostPool: spec.Mover == nil, timeout: timeout, stopCh: make(chan struct{}),
+			mover: mover, pool: spec.Pool, dev: spec.Device, hostPool: spec.Mover == nil && !spec.Device.set(), hasMover: spec.Mover != nil, timeout: timeout, stopCh: make(chan struct{}),
 			stream: spec.Stream, signals: spec.Ready}
 		if receive && len(spec.Held) > 0 {
 			xs[i].heldOf = len(spec.Plan.Blocks())
@@ -192,6 +195,9 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	}
 	if ph, ok := e.tr.(PoolHolder); ok && spec.Mover == nil && len(spec.Pool) > 0 {
 		h.releasePool = ph.HoldPool(spec.Pool) // registered memory stays registered until Quiesced
+	}
+	if spec.Device.set() {
+		h.releasePool = e.holdDevice(spec)
 	}
 
 	e.mu.Lock()

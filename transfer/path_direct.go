@@ -61,6 +61,16 @@ func (x *xfer) startDirectSend(ri *wire.RequestInfo) bool {
 	if offered { // the receiver reads the pool; nothing to post
 		return true
 	}
+	if x.dev.set() { // device.go: a device pool moves only by gets
+		reason := "this sender could not offer its device pool for gets"
+		if m, err := wire.Decode(decline); err == nil {
+			if o, ok := m.(*wire.RMAOffer); ok {
+				reason += ": " + o.Reason
+			}
+		}
+		x.abort(&RequestError{ID: x.h.id, Err: &DeviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.CancelGrace)
+		return true
+	}
 	d.decline = decline
 	d.postAhead()
 	return true

@@ -64,7 +64,7 @@ func (x *xfer) askRMA() *rmaReceive {
 	if rt == nil || !x.peerHas(wire.FeatureRMA) {
 		return nil
 	}
-	if em, ok := rt.(RMAEmulation); ok && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
+	if em, ok := rt.(RMAEmulation); ok && !x.dev.set() && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
 		x.log().Debug("gets from this peer would be emulated: direct messages instead of rma")
 		return nil
 	}
@@ -107,6 +107,9 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		return // a duplicate, or an answer to a request this transfer gave up
 	}
 	if m.Flags&wire.RMADeclined != 0 {
+		if r.deviceNoFallback("the sender declined rma: " + m.Reason) {
+			return
+		}
 		x.log().Debug("sender declined rma; direct messages instead", zap.String("reason", m.Reason))
 		r.fallback(false)
 		return
@@ -131,11 +134,17 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		return
 	}
 	if gets == nil {
+		if r.deviceNoFallback("the two pools' ranges do not line up for gets (a layout conversion needs staging: a host pool and a Mover)") {
+			return
+		}
 		r.fallback(true)
 		return
 	}
 	if m.Flags&wire.RMAValidated != 0 {
 		if x.rmaGenerations() == nil {
+			if r.deviceNoFallback("this transport cannot check the sender's generation word") {
+				return
+			}
 			x.log().Debug("rma offer declined: this transport cannot check the sender's generation")
 			r.fallback(true)
 			return
@@ -185,8 +194,14 @@ func (r *rmaReceive) post(*buffer.Slot) bool {
 	}
 	g := r.gets[x.nextSeq]
 	rec := &opRec{seq: x.nextSeq}
-	id, err := x.rmaTransport().PostGet(x.peer, x.tag(rec.seq), r.key,
-		r.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], func(c Completion) { x.box.Push(event{op: rec, c: c}) })
+	done := func(c Completion) { x.box.Push(event{op: rec, c: c}) }
+	var id OpID
+	var err error
+	if x.dev.set() { // device.go: named by address, never by a slice
+		id, err = x.eng.deviceGets().PostGetAt(x.peer, x.tag(rec.seq), r.key, r.addr+uint64(g.src), x.dev.Addr+uint64(g.dst), g.n, done)
+	} else {
+		id, err = x.rmaTransport().PostGet(x.peer, x.tag(rec.seq), r.key, r.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], done)
+	}
 	if err != nil {
 		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		return false
@@ -252,8 +267,8 @@ func (x *xfer) offerRMA(ri *wire.RequestInfo) (offered bool, decline []byte) {
 		reason = "a streaming send exposes its layers as they become ready, by messages"
 	}
 	if reason == "" {
-		addr, key, err := rt.RMAKey(x.pool)
-		offer := &wire.RMAOffer{Header: head, Addr: addr, PoolBytes: int64(len(x.pool)),
+		addr, key, err := x.rmaKey(rt)
+		offer := &wire.RMAOffer{Header: head, Addr: addr, PoolBytes: x.poolBytes(),
 			Layout: x.plan.Layout(), Selection: x.plan.Selection(), Blocks: x.plan.Blocks(), Key: key}
 		if err == nil {
 			err = s.exposeGeneration(offer)

@@ -151,7 +151,7 @@ func (x *xfer) checkOffer(m *wire.RMAOffer) ([]rmaRegion, error) {
 	}
 	var gets []rmaRegion
 	for _, r := range regions {
-		if r.src < 0 || r.n > m.PoolBytes || r.src > m.PoolBytes-r.n || r.dst < 0 || r.dst > int64(len(x.pool))-r.n {
+		if r.src < 0 || r.n > m.PoolBytes || r.src > m.PoolBytes-r.n || r.dst < 0 || r.dst > x.poolBytes()-r.n {
 			return nil, bad("plan", nil, "range [%d, +%d) -> [%d, +%d) leaves a pool", r.src, r.n, r.dst, r.n)
 		}
 		step := x.getBytes()

@@ -27,8 +27,14 @@ type Spec struct {
 	// when the handle's Quiesced channel closes (or at once after a Cancel outcome that says
 	// so). Ignored when Mover is set.
 	Pool []byte
-	// Mover, if set, replaces the host mover over Pool (device memory, say).
+	// Mover, if set, replaces the host mover over Pool (device memory, say). With Device it
+	// is the staging route a device pool takes when the RMA route cannot run (device.go).
 	Mover Mover
+	// Device is a KV pool in device memory that the caller registered with the transport
+	// (ucx.Transport.RegisterDevice), in place of Pool: the receiver's RMA gets then move it
+	// GPU to GPU, with no staging and no kernel (docs/kvcache.md, "GPU memory"). Leave Pool
+	// empty when it is set.
+	Device DevicePool
 	// Timeout is the transfer's deadline, counted from its first staging slot lease.
 	// Default Config.TransferTimeout.
 	Timeout time.Duration
@@ -169,6 +175,9 @@ func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Dura
 	if timeout == 0 {
 		timeout = cfg.TransferTimeout
 	}
+	if err := s.checkDevice(); err != nil {
+		return nil, nil, 0, err
+	}
 	mover := s.Mover
 	seen := make(map[Peer]int, len(subs))
 	for i, sub := range subs {
@@ -186,7 +195,11 @@ func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Dura
 		if sub.Plan == nil {
 			return nil, nil, 0, bad(field, "nil plan", nil)
 		}
-		if mover == nil {
+		if s.Device.set() {
+			if span := sub.Plan.PoolSpan(); s.Device.Len < span {
+				return nil, nil, 0, bad("Device.Len", fmt.Sprintf("%d bytes, the plan's layout spans %d: blocks lie past the region", s.Device.Len, span), layout.ErrBufferTooSmall)
+			}
+		} else if mover == nil {
 			if span := sub.Plan.PoolSpan(); int64(len(s.Pool)) < span {
 				return nil, nil, 0, bad("Pool", fmt.Sprintf("%d bytes, the plan's layout spans %d", len(s.Pool), span), layout.ErrBufferTooSmall)
 			}
@@ -197,6 +210,9 @@ func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Dura
 			return nil, nil, 0, bad(fmt.Sprintf("Subs[%d].Plan", j),
 				fmt.Sprintf("writes bytes of the pool that Subs[%d] writes too", i), layout.ErrDuplicateBlock)
 		}
+	}
+	if mover == nil && s.Device.set() {
+		mover = noDeviceMover{}
 	}
 	if mover == nil {
 		mover = HostMover(s.Pool)

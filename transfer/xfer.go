@@ -31,8 +31,10 @@ type xfer struct {
 	peer     Peer
 	plan     *layout.Plan
 	mover    Mover
-	pool     []byte // the caller's pool (direct path)
-	hostPool bool   // no Mover: the pool is host memory moved through the plan
+	pool     []byte     // the caller's pool (direct path)
+	dev      DevicePool // the caller's device pool instead (device.go)
+	hostPool bool       // no Mover and no device pool: the pool is host memory moved through the plan
+	hasMover bool       // the spec has a Mover (a device pool may stage through it)
 	timeout  time.Duration
 	m        machine // written only through Handle.subApplyLocked / cancel, under h.mu
 	stream   bool

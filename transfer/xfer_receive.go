@@ -15,6 +15,10 @@ func (x *xfer) runReceive() {
 	if !x.meet() { // negotiate.go: the peer speaks what the request needs
 		return
 	}
+	if x.dev.set() {
+		x.runReceiveDevice() // device.go
+		return
+	}
 	if !x.reserveTags() {
 		return
 	}

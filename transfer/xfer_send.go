@@ -78,7 +78,9 @@ func (x *xfer) runSend() {
 		err = layout.CompatibleShapes(x.plan.Shape(), ri.Shape)
 	}
 	direct := ri.Flags&wire.FlagDirect != 0 // the receiver picked the path: direct or staging
-	if err == nil && direct && !x.directCapable() {
+	if err == nil && x.dev.set() {
+		err = x.deviceSendRefusal(direct, ri.Flags&wire.FlagRMA != 0) // device.go
+	} else if err == nil && direct && !x.directCapable() {
 		err = fmt.Errorf("the receiver asked for the direct (one-copy) path and this sender's pool cannot take it " +
 			"(allocate or register it with the transport, drop the Mover, or set Config.DisableDirect on the receiver)")
 	}

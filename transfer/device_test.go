@@ -1,0 +1,288 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+)
+
+// fakeDevice is an in-memory transport with device gets: its "device regions" are host
+// slices standing in for registered GPU memory, named to the engine only by address and
+// length, as a real device region is. Every get still runs on the mem network.
+type fakeDevice struct {
+	*mem.Transport
+	gets    bool
+	mu      sync.Mutex
+	regions [][]byte
+	holds   atomic.Int64 // transfers holding a region now
+	held    atomic.Int64 // HoldDevice calls, ever
+}
+
+var _ transport.DeviceRMATransport = (*fakeDevice)(nil)
+
+func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
+// register makes b a device region of this transport.
+func (d *fakeDevice) register(b []byte) DevicePool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.regions = append(d.regions, b)
+	d.AllowDirect(b)
+	return DevicePool{Addr: addrOf(b), Len: int64(len(b))}
+}
+
+func (d *fakeDevice) find(addr uint64, n int64) ([]byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range d.regions {
+		base := addrOf(r)
+		if addr >= base && n >= 0 && addr-base+uint64(n) <= uint64(len(r)) {
+			off := addr - base
+			return r[off : off+uint64(n) : off+uint64(n)], nil
+		}
+	}
+	return nil, &transport.RegionError{Op: "find", Addr: addr, Len: n, Reason: "not inside a device registration", Err: transport.ErrBadRegion}
+}
+
+func (d *fakeDevice) DeviceGets() bool { return d.gets }
+
+func (d *fakeDevice) CheckDevice(addr uint64, n int64) error { _, err := d.find(addr, n); return err }
+
+func (d *fakeDevice) HoldDevice(addr uint64, n int64) func() {
+	if _, err := d.find(addr, n); err != nil {
+		return nil
+	}
+	d.holds.Add(1)
+	d.held.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { d.holds.Add(-1) }) }
+}
+
+func (d *fakeDevice) RMAKeyAt(addr uint64, n int64) (uint64, []byte, error) {
+	b, err := d.find(addr, n)
+	if err != nil {
+		return 0, nil, err
+	}
+	return d.RMAKey(b)
+}
+
+func (d *fakeDevice) PostGetAt(from transport.Peer, tag transport.Tag, key []byte, addr, dstAddr uint64, n int64, done func(transport.Completion)) (transport.OpID, error) {
+	b, err := d.find(dstAddr, n)
+	if err != nil {
+		return 0, err
+	}
+	return d.PostGet(from, tag, key, addr, b, done)
+}
+
+// countingMover is a host mover that counts its copies: a device transfer on the rma route
+// must never call it.
+type countingMover struct {
+	Mover
+	calls atomic.Int64
+}
+
+func (m *countingMover) Gather(p *layout.Plan, off int64, dst []byte) error {
+	m.calls.Add(1)
+	return m.Mover.Gather(p, off, dst)
+}
+
+func (m *countingMover) Scatter(p *layout.Plan, src []byte, off int64) error {
+	m.calls.Add(1)
+	return m.Mover.Scatter(p, src, off)
+}
+
+type devicePair struct {
+	*pair
+	srcT, dstT *fakeDevice
+}
+
+func newDevicePair(t *testing.T, scfg, rcfg Config, srcGets, dstGets bool) (*devicePair, *wireBytes) {
+	t.Helper()
+	n := mem.NewNetwork()
+	w := &wireBytes{}
+	n.SetFault(w.judge)
+	st := &fakeDevice{Transport: n.Transport("prefill"), gets: srcGets}
+	dt := &fakeDevice{Transport: n.Transport("decode"), gets: dstGets}
+	a, err := New(st, scfg)
+	require.NoError(t, err)
+	b, err := New(dt, rcfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, a.Close())
+		require.NoError(t, b.Close())
+		requireSlotsAccounted(t, a)
+		requireSlotsAccounted(t, b)
+	})
+	return &devicePair{pair: &pair{net: n, src: a, dst: b}, srcT: st, dstT: dt}, w
+}
+
+// A device pool moves by gets when both engines and the peer allow it (path rma, no staging:
+// the Mover is never called, and only the stream's bytes cross, once), stages through its
+// Mover where the rma route cannot run, and otherwise fails on both sides with a
+// *DeviceRouteError saying why.
+func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
+	cases := []struct {
+		desc                 string
+		srcDevice, dstDevice bool // else a host pool named to the direct set
+		srcGets, dstGets     bool
+		dstOrder             layout.Order
+		dstMover, srcMover   bool
+		disableRMAOnRecv     bool
+		wantPath             Path
+		wantErr              error // both sides fail with it
+	}{
+		{desc: "device to device: gets", srcDevice: true, dstDevice: true, srcGets: true, dstGets: true,
+			dstMover: true, wantPath: PathRMA},
+		{desc: "host pool to device pool: gets", dstDevice: true, srcGets: true, dstGets: true, wantPath: PathRMA},
+		{desc: "device pool to host pool: gets", srcDevice: true, srcGets: true, dstGets: true, wantPath: PathRMA},
+		{desc: "no device gets here, Movers given: staging", srcDevice: true, dstDevice: true, dstMover: true, srcMover: true,
+			wantPath: PathStaging},
+		{desc: "rma disabled on the receiver, Movers given: staging", srcDevice: true, dstDevice: true, srcGets: true, dstGets: true,
+			dstMover: true, srcMover: true, disableRMAOnRecv: true, wantPath: PathStaging},
+		{desc: "rma disabled on the receiver, no Mover: refused", srcDevice: true, dstDevice: true, srcGets: true, dstGets: true,
+			disableRMAOnRecv: true, wantErr: ErrDeviceRoute},
+		{desc: "layouts that do not line up for gets: refused", srcDevice: true, dstDevice: true, srcGets: true, dstGets: true,
+			dstOrder: layout.LayerMajor, wantErr: ErrDeviceRoute},
+		{desc: "receiver asks for staging, device sender without Mover: refused", srcDevice: true, dstDevice: true, srcGets: true,
+			dstMover: true, wantErr: ErrDeviceRoute},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src, dst := rmaPools(t, 5)
+			if c.dstOrder != layout.BlockMajor {
+				dst = newKVPool(t, testDims, c.dstOrder, nil, blocks(2, 7, 3, 11), 0)
+			}
+			scfg, rcfg := rmaConfig(), rmaConfig()
+			rcfg.DisableRMA = c.disableRMAOnRecv
+			p, w := newDevicePair(t, scfg, rcfg, c.srcGets, c.dstGets)
+			sspec := Spec{ID: 1, Peer: "decode", Plan: src.plan}
+			rspec := Spec{ID: 1, Peer: "prefill", Plan: dst.plan}
+			var movers []*countingMover
+			side := func(s *Spec, t *fakeDevice, pool *kvPool, device, mover bool) {
+				if device {
+					s.Device = t.register(pool.mem)
+				} else {
+					t.AllowDirect(pool.mem)
+					s.Pool = pool.mem
+				}
+				if mover {
+					m := &countingMover{Mover: HostMover(pool.mem)}
+					movers = append(movers, m)
+					s.Mover = m
+				}
+			}
+			side(&sspec, p.srcT, src, c.srcDevice, c.srcMover)
+			side(&rspec, p.dstT, dst, c.dstDevice, c.dstMover)
+			hs, err := p.src.Send(bg, sspec)
+			require.NoError(t, err)
+			hr, err := p.dst.Receive(bg, rspec)
+			require.NoError(t, err)
+			waitClosed(t, hr.Quiesced(), "receiver quiesced")
+			waitClosed(t, hs.Quiesced(), "sender quiesced")
+			require.Zero(t, p.srcT.holds.Load()+p.dstT.holds.Load(), "a device registration still held after Quiesced")
+			require.Equal(t, boolInt(c.srcDevice && c.srcGets)+boolInt(c.dstDevice && c.dstGets), p.srcT.held.Load()+p.dstT.held.Load(),
+				"each device pool held by its transfer")
+			if c.wantErr != nil {
+				for _, h := range []*Handle{hr, hs} {
+					requireState(t, h, Failed)
+				}
+				var re *DeviceRouteError // on the side that refused; the other hears why in the abort
+				require.True(t, errors.As(hr.Status().Err, &re) || errors.As(hs.Status().Err, &re), "a *DeviceRouteError on one side: %v / %v", hr.Status().Err, hs.Status().Err)
+				require.ErrorIs(t, re, c.wantErr)
+				return
+			}
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, c.wantPath, hr.Path())
+			require.Equal(t, c.wantPath, hs.Path())
+			want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
+			require.NoError(t, layout.ReferenceGather(src.plan, src.mem, want))
+			require.NoError(t, layout.ReferenceGather(dst.plan, dst.mem, got))
+			require.Equal(t, want, got, "every byte")
+			if c.wantPath == PathRMA {
+				bytes, _ := w.total()
+				require.Equal(t, len(want), bytes, "bare stream bytes by gets, nothing staged or sent twice")
+				for _, m := range movers {
+					require.Zero(t, m.calls.Load(), "the rma route never stages")
+				}
+			}
+			require.Zero(t, p.net.Pending(), "every operation has its final verdict")
+		})
+	}
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// A device spec that cannot run is refused at Send or Receive with a *SpecError (nothing
+// starts, nothing held): both pools set, a plan past the region, an address outside every
+// device registration (host memory, say), and a transport without device gets and no Mover.
+func TestDeviceSpecRefusals(t *testing.T) {
+	src, _ := rmaPools(t, 3)
+	cases := []struct {
+		desc    string
+		gets    bool
+		spec    func(d *fakeDevice) Spec
+		field   string
+		wantErr error
+	}{
+		{desc: "Pool and Device both set", gets: true, field: "Device", spec: func(d *fakeDevice) Spec {
+			return Spec{Pool: src.mem, Device: d.register(src.mem)}
+		}},
+		{desc: "zero address", gets: true, field: "Device.Addr", spec: func(d *fakeDevice) Spec {
+			return Spec{Device: DevicePool{Len: 1 << 20}}
+		}},
+		{desc: "blocks past the region", gets: true, field: "Device.Len", wantErr: layout.ErrBufferTooSmall, spec: func(d *fakeDevice) Spec {
+			dev := d.register(src.mem)
+			dev.Len = src.plan.PoolSpan() - 1
+			return Spec{Device: dev}
+		}},
+		{desc: "not a device registration", gets: true, field: "Device", wantErr: transport.ErrBadRegion, spec: func(d *fakeDevice) Spec {
+			return Spec{Device: DevicePool{Addr: addrOf(src.mem), Len: int64(len(src.mem))}}
+		}},
+		{desc: "no device gets and no Mover", gets: false, field: "Device", wantErr: ErrDeviceRoute, spec: func(d *fakeDevice) Spec {
+			return Spec{Device: d.register(src.mem)}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			p, _ := newDevicePair(t, rmaConfig(), rmaConfig(), c.gets, c.gets)
+			for _, receive := range []bool{false, true} {
+				s := c.spec(p.srcT)
+				s.ID, s.Peer, s.Plan = 7, "decode", src.plan
+				var err error
+				if receive {
+					_, err = p.src.Receive(bg, s)
+				} else {
+					_, err = p.src.Send(bg, s)
+				}
+				require.ErrorIs(t, err, ErrInvalidSpec)
+				var se *SpecError
+				require.ErrorAs(t, err, &se)
+				require.Equal(t, c.field, se.Field, fmt.Sprint(err))
+				if c.wantErr != nil {
+					require.ErrorIs(t, err, c.wantErr)
+				}
+				require.Zero(t, p.srcT.holds.Load(), "nothing held")
+				p.src.mu.Lock()
+				require.Empty(t, p.src.handles, "nothing started")
+				p.src.mu.Unlock()
+			}
+		})
+	}
+}
