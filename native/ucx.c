@@ -566,3 +566,18 @@ ucs_status_t kvx_ucx_tag_recv_typed(kvx_ucx_worker_t *w, uint64_t tag, uint64_t 
   if (st == UCS_OK && len_out != NULL) *len_out = info.length;
   return st;
 }
+
+ucs_status_t kvx_ucx_get_typed(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remote_addr,
+                               ucp_rkey_h rkey, int mem_type, ucp_mem_h memh, uint64_t user,
+                               void **req_out) {
+  kvx_ucx_worker_t *w = ep->w;
+  ucp_request_param_t p;
+  send_param(&p, w, user);
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+  p.memory_type = (ucs_memory_type_t)mem_type;
+  if (memh != NULL) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = memh;
+  }
+  return kvx_ucx_track(w, ucp_get_nbx(ep->ep, buf, len, remote_addr, rkey, &p), user, req_out);
+}

@@ -187,6 +187,12 @@ ucs_status_t kvx_ucx_tag_send_typed(kvx_ucx_ep_t *ep, uint64_t tag, const void *
 ucs_status_t kvx_ucx_tag_recv_typed(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,
                                     void *buf, size_t len, int mem_type, uint64_t user,
                                     void **req_out, size_t *len_out);
+/* kvx_ucx_get into a registered region of memory type mem_type, naming its memh
+ * (UCP_OP_ATTR_FIELD_MEMORY_TYPE, UCP_OP_ATTR_FIELD_MEMH): UCX neither probes the buffer's
+ * type nor looks its registration up again, and a CUDA buffer goes GPU to GPU. */
+ucs_status_t kvx_ucx_get_typed(kvx_ucx_ep_t *ep, void *buf, size_t len, uint64_t remote_addr,
+                               ucp_rkey_h rkey, int mem_type, ucp_mem_h memh, uint64_t user,
+                               void **req_out);
 
 #ifdef __cplusplus
 }

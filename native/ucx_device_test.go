@@ -138,6 +138,8 @@ func TestUCX_DeviceOpsRefuseHostRegions(t *testing.T) {
 		{"TagSendDevice from host memory", func() *Request { return p.ab.TagSendDevice(m, 0, 4096, 1) }},
 		{"TagRecvDevice into host memory", func() *Request { return p.ab.TagRecvDevice(m, 0, 4096, 1, ^uint64(0)) }},
 		{"TagSendDevice from no memory", func() *Request { return p.ab.TagSendDevice(nil, 0, 4096, 1) }},
+		{"GetDevice into host memory", func() *Request { return p.ab.GetDevice(m, 0, 4096, m.Addr(), nil) }},
+		{"GetDevice into no memory", func() *Request { return p.ab.GetDevice(nil, 0, 4096, m.Addr(), nil) }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {

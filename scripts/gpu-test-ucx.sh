@@ -3,7 +3,8 @@
 # gpu-test-ucx.sh BUILDDIR PROMPTS [RUNFLAGS]: the device transfer over UCX, `make gpu-test-ucx`
 # (mk/cuda.mk), on the libkvxcuda.so that gpu-test built in BUILDDIR. native/, transfer/ and
 # kvxbench are built against the CUDA-enabled UCX of the libucx-cu12 wheel
-# (scripts/ucx-cuda-env.sh); the device transfer tests run, then `kvxbench run --memory device`:
+# (scripts/ucx-cuda-env.sh); the device transfer tests run (registered cudaMalloc memory moved by
+# gets GPU to GPU, in one process and two, reported beside `ucx_perftest -t ucp_get -m cuda`), then `kvxbench run --memory device`:
 # two processes on this GPU, pools and staging slots in device memory, PROMPTS through the
 # engine, every byte checked, beside `ucx_perftest -m cuda`. A failing test does not stop the
 # run (GPU time is scarce: one session should show both); the script still fails at the end.
@@ -25,6 +26,21 @@ ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c || true
 
 rc=0
 "$GO" test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice|UCXRegion_Device' ./native/ ./transfer/ ./transfer/transport/ucx/ || rc=1
+echo "gpu-test-ucx: registered cudaMalloc memory moved by gets GPU to GPU, two processes (the 'device-rma two-process' lines above),"
+echo "gpu-test-ucx: beside ucx_perftest ucp_get, cuda memory on both sides, 2 MiB messages (one Llama-3-8B KV block), $build/perftest-cuda-get.log:"
+port=$((20000 + RANDOM % 10000))
+ucx_perftest -p "$port" >"$build/perftest-cuda-server.log" 2>&1 &
+server=$!
+for try in 1 2 3 4 5 6 7 8 9 10; do # the server needs a moment to listen; each try is bounded
+	if timeout 120 ucx_perftest 127.0.0.1 -p "$port" -t ucp_get -m cuda,cuda -s 2097152 -n 2000 -w 100 >"$build/perftest-cuda-get.log" 2>&1; then
+		tail -n 3 "$build/perftest-cuda-get.log"
+		break
+	fi
+	[ "$try" = 10 ] && { echo "gpu-test-ucx: ucx_perftest -m cuda failed; see $build/perftest-cuda-get.log"; rc=1; }
+	sleep 0.5
+done
+kill "$server" 2>/dev/null || true
+wait "$server" 2>/dev/null || true
 "$GO" build -o "$build/kvxbench" ./cmd/kvxbench
 echo "gpu-test-ucx: the GPUs as NVML reports them (kvxbench devices; the runs below take --device auto):"
 "$build/kvxbench" devices || rc=1

@@ -10,7 +10,7 @@
 // one after another) with that peer: -mode engine-send sends it, -mode engine-recv receives it
 // and checks every byte when -check. -total is the request's block count (EngineDims), -chunk
 // the staging slot size. It prints "GOT <bytes>" as the transfer moves (when -report > 0),
-// "DONE <state> <OK|BAD|error>" at the end of each request, "ERR <reason>" and exits 1 on any
+// "PATH <path>" (with -device) and "DONE <state> <OK|BAD|error>" at the end of each request, "ERR <reason>" and exits 1 on any
 // failure, and exits 0 once its standard input closes. Every wait is bounded by -timeout.
 package main
 
@@ -41,6 +41,7 @@ type options struct {
 	check              bool
 	direct             bool
 	caller             bool
+	device             bool
 	rmaWhereEmulated   bool
 	timeout, keepalive time.Duration
 }
@@ -60,6 +61,7 @@ func main() {
 	flag.Uint64Var(&o.requestID, "id", 1, "request id")
 	flag.BoolVar(&o.direct, "direct", false, "the KV pool is mapped by the transport (AllocatePool), so the one-copy path may run")
 	flag.BoolVar(&o.caller, "caller", false, "the KV pool is mapped by this process (mmap) and registered with the transport (RegisterHost), as a serving process's own KV cache")
+	flag.BoolVar(&o.device, "device", false, "the KV pool is in cudaMalloc memory of GPU 0 registered with the transport (RegisterDevice), moved by gets GPU to GPU (needs a CUDA-enabled UCX)")
 	flag.BoolVar(&o.rmaWhereEmulated, "rma-where-emulated", false, "a receiver keeps the RMA mode where UCX emulates gets (TCP), as the tests of that mode want")
 	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another")
 	flag.Parse()
@@ -148,10 +150,17 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 		}
 		pool = region.Pool()
 	}
+	var dev *deviceKV
+	if o.device {
+		if dev, err = newDeviceKV(tr, pool); err != nil {
+			return err
+		}
+		defer func() { _ = dev.close() }()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	for k := 0; k < o.repeat; k++ {
-		if err := engineRequest(ctx, o, eng, transfer.Peer(peerHex), o.requestID+uint64(k), plan, pool, send); err != nil {
+		if err := engineRequest(ctx, o, eng, transfer.Peer(peerHex), o.requestID+uint64(k), plan, pool, dev, send); err != nil {
 			return err
 		}
 	}
@@ -162,8 +171,11 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 
 // engineRequest moves one request and prints its GOT and DONE lines.
 func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer transfer.Peer, id uint64,
-	plan *layout.Plan, pool []byte, send bool) error {
+	plan *layout.Plan, pool []byte, dev *deviceKV, send bool) error {
 	spec := transfer.Spec{ID: transfer.RequestID(id), Peer: peer, Plan: plan, Pool: pool, Timeout: o.timeout}
+	if dev != nil {
+		spec.Pool, spec.Device = nil, dev.spec()
+	}
 	var h *transfer.Handle
 	var err error
 	if send {
@@ -197,9 +209,18 @@ func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer tr
 		verdict = st.Err.Error()
 	case !send && o.check:
 		want, _, _ := EnginePool(plan.Layout().NumBlocks, o.seed, true)
-		if string(want) != string(pool) {
+		got := pool
+		if dev != nil {
+			if got, err = dev.readBack(len(pool)); err != nil {
+				return err
+			}
+		}
+		if string(want) != string(got) {
 			verdict = "BAD"
 		}
+	}
+	if dev != nil {
+		fmt.Printf("PATH %v\n", h.Path())
 	}
 	fmt.Printf("DONE %v %s\n", st.State, verdict)
 	return nil

@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"bytes"
+	"os"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+)
+
+// A device spec on a UCX without CUDA (Debian's 1.13): without a Mover it is refused at Send
+// and Receive with a *SpecError matching ErrDeviceRoute, nothing registered, held or started;
+// with one, the engine stages it (path staging, chosen automatically), every byte checked.
+// The "device" pools here are host memory standing in behind HostMover: no GPU is needed to
+// show the choice.
+func TestUCXRegion_DeviceSpecWithoutCUDAStagesOrRefuses(t *testing.T) {
+	src := newUCXEngine(t, "posix,cma,self", "", ucxTestConfig())
+	dst := newUCXEngine(t, "posix,cma,self", "", ucxTestConfig())
+	if src.tr.DeviceMemory() {
+		t.Skip("this UCX reaches CUDA memory: the GPU tests cover it (make gpu-test)")
+	}
+	dims := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 2, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 8}
+	s := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(0, 4), 3)
+	r := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(2, 4), 0)
+	pretend := func(k *ucxKV) DevicePool { // Go memory never reaches UCX on the staging route
+		return DevicePool{Addr: uint64(uintptr(unsafe.Pointer(&k.mem[0]))), Len: int64(len(k.mem))}
+	}
+
+	t.Run("no Mover: refused", func(t *testing.T) {
+		for _, receive := range []bool{false, true} {
+			spec := Spec{ID: 1600, Peer: dst.tr.Self(), Plan: s.plan, Device: pretend(s)}
+			var err error
+			if receive {
+				_, err = src.e.Receive(bg, spec)
+			} else {
+				_, err = src.e.Send(bg, spec)
+			}
+			require.ErrorIs(t, err, ErrInvalidSpec)
+			require.ErrorIs(t, err, ErrDeviceRoute)
+			var se *SpecError
+			require.ErrorAs(t, err, &se)
+			require.Equal(t, "Device", se.Field)
+			require.Zero(t, ucxhooks.Hooks.Registrations(src.tr), "nothing registered")
+			src.e.mu.Lock()
+			require.Empty(t, src.e.handles, "nothing started")
+			src.e.mu.Unlock()
+		}
+	})
+
+	t.Run("with a Mover: staging", func(t *testing.T) {
+		hs, err := src.e.Send(bg, Spec{ID: 1601, Peer: dst.tr.Self(), Plan: s.plan, Device: pretend(s), Mover: HostMover(s.mem)})
+		require.NoError(t, err)
+		hr, err := dst.e.Receive(bg, Spec{ID: 1601, Peer: src.tr.Self(), Plan: r.plan, Device: pretend(r), Mover: HostMover(r.mem)})
+		require.NoError(t, err)
+		waitQuiesced(t, hr, 20*time.Second)
+		waitQuiesced(t, hs, 20*time.Second)
+		require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+		require.Equal(t, Completed, hs.Status().State, "%v", hs.Status().Err)
+		require.Equal(t, PathStaging, hr.Path())
+		require.Equal(t, PathStaging, hs.Path())
+		require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
+	})
+}
+
+// The transport's device-RMA calls refuse what is not a device registration with a
+// *RegionError matching ErrBadRegion (host memory it registered is named as such), hold
+// nothing, and refuse everything once closed.
+func TestUCXRegion_DeviceRMACallsRefuseHostMemory(t *testing.T) {
+	u := newUCXEngine(t, "posix,cma,self", "", ucxTestConfig())
+	page := os.Getpagesize()
+	mem := mmapPool(t, 4*page, "anon")
+	reg, err := u.tr.RegisterHost(mem)
+	require.NoError(t, err)
+	addr, n := reg.Addr(), reg.Len()
+	checks := []struct {
+		desc string
+		call func() error
+	}{
+		{"CheckDevice", func() error { return u.tr.CheckDevice(addr, n) }},
+		{"RMAKeyAt", func() error { _, _, err := u.tr.RMAKeyAt(addr, n); return err }},
+		{"PostGetAt", func() error {
+			_, err := u.tr.PostGetAt(u.tr.Self(), Tag{}, mustKey(t, reg), addr, addr, n, func(Completion) { t.Error("a refused get completed") })
+			return err
+		}},
+		{"CheckDevice, zero length", func() error { return u.tr.CheckDevice(1<<40, 0) }},
+	}
+	for _, c := range checks {
+		t.Run(c.desc, func(t *testing.T) {
+			err := c.call()
+			require.ErrorIs(t, err, ErrBadRegion)
+			var re *RegionError
+			require.ErrorAs(t, err, &re)
+			if re.Len > 0 {
+				require.Contains(t, re.Reason, "host memory")
+			}
+		})
+	}
+	require.Nil(t, u.tr.HoldDevice(addr, n), "host memory is never held as a device region")
+	require.NoError(t, reg.Unregister())
+	require.NoError(t, u.e.Close())
+	require.ErrorIs(t, u.tr.CheckDevice(1<<40, 1<<20), ErrClosed)
+}
