@@ -49,6 +49,12 @@
 // reads it with gets, pool range to pool range; Handle.Path says which path ran, and
 // Config.DisableRMA keeps the IOV messages. See docs/onecopy.md.
 //
+// A KV pool in device memory the caller registered with the transport
+// (ucx.Transport.RegisterDevice) goes in Spec.Device, by address and length: the RMA mode then
+// reads it GPU to GPU (DeviceRMATransport), with no slot and no kernel; where that cannot run,
+// the engine stages it through the Spec's Mover, or fails with a *DeviceRouteError saying why
+// (device.go; docs/kvcache.md, "GPU memory").
+//
 // # Multi-peer requests
 //
 // A Receive may name several peers (Spec.Subs), each with its own plan: a TP=1 rank receiving
