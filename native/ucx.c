@@ -470,6 +470,13 @@ void kvx_ucx_rkey_destroy(ucp_rkey_h rkey) {
   if (rkey != NULL) ucp_rkey_destroy(rkey);
 }
 
+int kvx_ucx_rkey_mapped(ucp_rkey_h rkey, uint64_t remote_addr) {
+  void *p = NULL;
+  ucs_status_t st = ucp_rkey_ptr(rkey, remote_addr, &p);
+  /* UCS_ERR_INVALID_ADDR: mapped, the address outside the mapping */
+  return st == UCS_OK || st == UCS_ERR_INVALID_ADDR;
+}
+
 /* --- test patterns ------------------------------------------------------------------------ */
 
 static inline uint64_t mix(uint64_t x) {

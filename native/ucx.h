@@ -158,6 +158,9 @@ ucs_status_t kvx_ucx_mem_release(ucp_context_h ctx, ucp_mem_h memh);
 ucs_status_t kvx_ucx_rkey_pack(ucp_context_h ctx, ucp_mem_h memh, void **buf, size_t *len);
 ucs_status_t kvx_ucx_rkey_unpack(kvx_ucx_ep_t *ep, const void *buf, ucp_rkey_h *rkey);
 void kvx_ucx_rkey_destroy(ucp_rkey_h rkey);
+/* 1 when a transport maps the key's memory into this process (ucp_rkey_ptr: posix's attached
+ * segment), so gets through it are loads; 0 when none does (UCS_ERR_UNREACHABLE). */
+int kvx_ucx_rkey_mapped(ucp_rkey_h rkey, uint64_t remote_addr);
 
 /* Test patterns: every 8-byte word holds a function of (seed, its absolute offset), so a
  * misplaced, missing or duplicated chunk shows up. fill writes [off, off+len) of buf as the

@@ -229,9 +229,17 @@ func (ep *Endpoint) Flush() *Request {
 
 // RemoteKey is a peer's packed memory key unpacked on one endpoint, for Put and Get.
 type RemoteKey struct {
-	ep   *Endpoint
-	rkey C.ucp_rkey_h // loop-owned
+	ep     *Endpoint
+	rkey   C.ucp_rkey_h // loop-owned
+	mapped bool
 }
+
+// Mapped reports whether a transport maps the key's memory into this process (ucp_rkey_ptr,
+// asked once at unpack): posix's attached segment does for memory UCX allocated, and gets
+// through such a key are loads. Without a mapping, UCX 1.13 over shared memory has no lane
+// that gets from it natively and emulates gets with active messages: memory the peer
+// registered (Context.Register) rather than allocated is such.
+func (rk *RemoteKey) Mapped() bool { return rk.mapped }
 
 // UnpackRemoteKey unpacks a key the peer made with Memory.PackRemoteKey.
 func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*RemoteKey, error) {
@@ -258,7 +266,9 @@ func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*Remote
 		}
 		if st := C.kvx_ucx_rkey_unpack(ep.cep, buf, &rk.rkey); st != C.UCS_OK {
 			err = statusErr("unpack remote key", st)
+			return
 		}
+		rk.mapped = C.kvx_ucx_rkey_mapped(rk.rkey, 0) != 0
 	})
 	if callErr != nil {
 		return nil, callErr
