@@ -131,6 +131,17 @@ func (m *Memory) unpin() {
 	m.mu.Unlock()
 }
 
+// Hold keeps the region from Close, as a request on it does, while a copy outside UCX (a
+// process_vm_readv into it) uses it: release once, when that copy has returned. It fails once
+// the region is closed.
+func (m *Memory) Hold() (release func(), err error) {
+	if err := m.pin(); err != nil {
+		return nil, err
+	}
+	var once sync.Once
+	return func() { once.Do(m.unpin) }, nil
+}
+
 // InUse is how many requests use the region now. It never blocks for long.
 func (m *Memory) InUse() int {
 	m.mu.Lock()

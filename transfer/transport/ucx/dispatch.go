@@ -71,6 +71,8 @@ func (t *Transport) deliver(r ucxReport) {
 		}
 	case r.req != nil:
 		t.deliverRequest(r.req)
+	case r.cma != nil:
+		t.deliverCMA(r.cma, r.err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"go.uber.org/zap"
@@ -37,6 +38,9 @@ func (t *Transport) stripesGets(peer transport.Peer) bool {
 type ucxGetLanes struct {
 	ep     *native.Endpoint
 	native bool
+	// sharedMemoryOnly: every lane is a shared-memory transport of this host (posix, sysv,
+	// cma, self), none a network or RDMA one that could get from memory a peer registered.
+	sharedMemoryOnly bool
 }
 
 // GetsEmulated implements transport.RMAEmulation by what UCX says about the endpoint to peer
@@ -45,37 +49,51 @@ type ucxGetLanes struct {
 // per endpoint; a replaced endpoint is asked again. When UCX cannot be asked it answers false,
 // and the receiver keeps the RMA mode, which works on every transport.
 func (t *Transport) GetsEmulated(peer transport.Peer) bool {
+	l, ok := t.getLanes(peer)
+	return ok && !l.native
+}
+
+// getLanes is what UCX reported about the endpoint to peer, asked once per endpoint; ok is
+// false when it cannot be asked (closed, no endpoint).
+func (t *Transport) getLanes(peer transport.Peer) (ucxGetLanes, bool) {
 	if t.ensureEndpoint(peer) != nil {
-		return false
+		return ucxGetLanes{}, false
 	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
-		return false
+		return ucxGetLanes{}, false
 	}
 	ep, err := t.endpointLocked(peer)
 	if err != nil {
 		t.mu.Unlock()
-		return false
+		return ucxGetLanes{}, false
 	}
 	if l, ok := t.rma.getLanes[peer]; ok && l.ep == ep {
 		t.mu.Unlock()
-		return !l.native
+		return l, true
 	}
 	t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
 	defer cancel()
 	lanes, err := ep.Lanes(ctx) // a worker round trip: not under mu
 	if err != nil {
-		return false
+		return ucxGetLanes{}, false
+	}
+	l := ucxGetLanes{ep: ep, native: lanes.NativeGet, sharedMemoryOnly: len(lanes.Transports) > 0}
+	for _, tl := range lanes.Transports {
+		// "posix/memory.0", "cma/memory.0", "self/memory0": UCX names its shared-memory
+		// transports' one device "memory"
+		_, dev, _ := strings.Cut(tl, "/")
+		l.sharedMemoryOnly = l.sharedMemoryOnly && strings.HasPrefix(dev, "memory")
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.rma.getLanes == nil {
 		t.rma.getLanes = map[transport.Peer]ucxGetLanes{}
 	}
-	t.rma.getLanes[peer] = ucxGetLanes{ep: ep, native: lanes.NativeGet}
-	return !lanes.NativeGet
+	t.rma.getLanes[peer] = l
+	return l, true
 }
 
 // ucxLanes are the workers a Transport's gets are striped over, lane 0 being the

@@ -36,6 +36,7 @@ type ucxRemoteKey struct {
 	ep       *native.Endpoint
 	inflight int
 	dead     bool
+	cma      ucxCMARoute // lane 0's key: whether gets through it go by process_vm_readv (cma.go)
 }
 
 // RMAKey implements transport.RMATransport: pool must lie in a region this transport mapped
@@ -89,10 +90,16 @@ func (t *Transport) PrepareKeys(from transport.Peer, poolKey []byte) error {
 
 // PostGet implements transport.RMATransport with one ucp_get_nbx into mapped memory. UCX cannot cancel
 // a get, so the operation is marked as a send is: Cancel reports it transport.MemoryBusy while it runs,
-// and a forced close of its endpoint ends it.
+// and a forced close of its endpoint ends it. Where UCX would emulate the get and the peer is a
+// process on this host, process_vm_readv reads it instead (cma.go), with the same reports.
 func (t *Transport) PostGet(from transport.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
+	}
+	if pid, ok := t.cmaRoute(from, key, addr); ok {
+		if id, taken, err := t.postCMAGet(from, pid, addr, dst, done); taken {
+			return id, err
+		}
 	}
 	stripe := t.stripesGets(from)
 	if stripe {

@@ -73,6 +73,7 @@ type Transport struct {
 	closed  bool
 	ctrl    *native.Request
 	rma     ucxRMA                   // rma.go: packed and unpacked RMA keys
+	cma     ucxCMA                   // cma.go: gets served by process_vm_readv
 	regs    ucxRegs                  // region.go: the caller's registered memory
 	gens    ucxGens                  // rma_gen.go: RMA exposures' generation words
 	probe   atomic.Pointer[ucxProbe] // probe.go: nil until Bind, or when left out; read without mu
@@ -112,11 +113,13 @@ type ucxOp struct {
 	tag    uint64
 	busy   bool // transport.MemoryBusy reported
 	cancel bool
+	cma    *ucxCMAGet // cma.go: a get process_vm_readv serves (req is nil)
 }
 
 type ucxReport struct {
 	req  *native.Request // a request reported by the worker
 	busy *ucxOp          // a cancelled send still on the wire
+	cma  *ucxOp          // a process_vm_readv get that ended (cma.go), with err
 	lost transport.Peer  // a peer whose endpoint failed
 	err  error
 	// connected: a peer this transport just opened an endpoint to (first or again), for
@@ -157,6 +160,7 @@ func New(cfg Config) (*Transport, error) {
 	t.self = PeerFromAddress(t.addr)
 	t.life = rand.Uint64()
 	t.regions = []*native.Memory{staging}
+	t.initCMA()
 	go t.dispatch()
 	return t, nil
 }
@@ -423,6 +427,14 @@ func (t *Transport) Cancel(id transport.OpID) {
 		return
 	}
 	op.cancel = true
+	if op.cma != nil {
+		busy := t.cancelCMALocked(op)
+		t.mu.Unlock()
+		if busy {
+			t.push(ucxReport{busy: op})
+		}
+		return
+	}
 	t.mu.Unlock()
 	if !op.send {
 		op.req.Cancel()
@@ -470,6 +482,7 @@ func (t *Transport) Close(force bool) error {
 	t.closeRMAKeys()
 	errs = append(errs, t.closeLanes(ctx, force)) // lanes.go: their requests report as w's do
 	errs = append(errs, w.Close())                // settles every request, reporting each
+	t.cma.wg.Wait()                               // cma.go: each read is one bounded syscall
 	close(t.stop)
 	select {
 	case <-t.exited:
