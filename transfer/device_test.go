@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
@@ -285,4 +286,43 @@ func TestDeviceSpecRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The validated-read rule holds unchanged for device pools (the generation word lives in the
+// sender's host memory): a sender that gives up and reuses its device blocks while the
+// receiver's gets are on the wire makes the receiver fail with ErrStaleRead, never complete.
+func TestRMAValidatedRead_DevicePoolsSenderReusesBlocksMidRead(t *testing.T) {
+	src, dst := rmaPools(t, 63)
+	p, _ := newDevicePair(t, rmaConfig(), rmaConfig(), true, true)
+	var hang atomic.Bool
+	hang.Store(true)
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+		switch {
+		case fp.Kind == wire.KindData && !fp.Generation && hang.Load():
+			return mem.Fault{Hang: true} // the data gets wait on the wire until Resume
+		case fp.Kind == wire.KindAbort && fp.From == "prefill":
+			return mem.Fault{Drop: true} // the receiver never hears that the sender gave up
+		}
+		return mem.Fault{}
+	})
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Device: p.srcT.register(src.mem)})
+	require.NoError(t, err)
+	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Device: p.dstT.register(dst.mem)})
+	require.NoError(t, err)
+	eventually(t, func() bool { return p.net.OnWire() >= 1 }, "gets on the wire")
+	require.Equal(t, PathRMA, hr.Path())
+
+	p.net.ReportPeerLost(p.net.Endpoint("prefill"), "decode", fmt.Errorf("%w: false alarm", ErrPeerLost))
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	requireState(t, hs, Failed)
+	require.Zero(t, p.srcT.holds.Load(), "the sender's device registration is free once quiesced")
+	for i := range src.mem { // the caller reuses its device blocks at once, as Quiesced allows
+		src.mem[i] = ^src.mem[i]
+	}
+	hang.Store(false)
+	p.net.Resume()
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	requireState(t, hr, Failed)
+	require.ErrorIs(t, hr.Status().Err, ErrStaleRead)
+	require.Zero(t, p.net.Pending(), "every operation has its final verdict")
 }
