@@ -45,23 +45,31 @@ type ucxCMA struct {
 	slots  chan struct{}  // bounds the reads in flight: Lanes of them
 	wg     sync.WaitGroup // reads in flight or waiting for a slot; Close waits for them
 	// readv is unix.ProcessVMReadv; tests replace it (before the first get) to refuse reads.
-	readv         func(pid int, local []unix.Iovec, remote []unix.RemoteIovec, flags uint) (int, error)
+	readv func(pid int, local []unix.Iovec, remote []unix.RemoteIovec, flags uint) (int, error)
+	// alive is pidfd_send_signal(pidfd, 0): whether the process a pidfd names still runs;
+	// tests replace it to report it gone.
+	alive         func(pidfd int) error
 	refusedLogged atomic.Bool
 	gets, bytes   atomic.Uint64
 	refused       atomic.Uint64
 }
 
 // ucxCMARoute is what was decided for a peer's key: read by process_vm_readv from pid, or not.
+// pidfd (when use) names that very process, so a read is known to have read the peer and not a
+// process that got its pid after it died: closed with the key (retireKeyLocked).
 type ucxCMARoute struct {
 	decided bool
 	use     bool
 	pid     int
+	pidfd   int
 }
 
 // ucxCMAGet is a get PostGet handed to process_vm_readv. started and finished are under
 // Transport.mu.
 type ucxCMAGet struct {
+	key      *ucxRemoteKey // its inflight counts this read
 	pid      int
+	pidfd    int
 	addr     uint64
 	dst      []byte
 	release  func() // the hold on dst's region
@@ -74,6 +82,7 @@ func (t *Transport) initCMA() {
 	t.cma.self, t.cma.selfOK = native.AddressInfo(t.addr, t.addr)
 	t.cma.slots = make(chan struct{}, max(1, t.cfg.Lanes))
 	t.cma.readv = unix.ProcessVMReadv
+	t.cma.alive = func(pidfd int) error { return unix.PidfdSendSignal(pidfd, 0, nil, 0) }
 }
 
 // CMAStats reports the gets served by process_vm_readv so far.
@@ -85,37 +94,35 @@ func (t *Transport) CMAStats() CMAStats {
 // key has no shared-memory mapping here (native.RemoteKey.Mapped), UCX would emulate its gets
 // (no native get lane, or only shared-memory lanes, none of which reach registered memory in
 // UCX 1.13), and the peer's worker address names a process on this host in this pid
-// namespace. A first read of one byte at addr checks the kernel allows it (ptrace access:
-// EPERM under Yama's ptrace_scope or across users); a refused one leaves the key to UCX,
-// logged once.
-func (t *Transport) cmaRoute(from transport.Peer, key []byte, addr uint64) (pid int, use bool) {
+// namespace. A pidfd opened on that pid and a first read of one byte at addr check the kernel
+// allows it (pidfd_open since Linux 5.3; ptrace access: EPERM under Yama's ptrace_scope or
+// across users); a refused one leaves the key to UCX, logged once.
+func (t *Transport) cmaRoute(from transport.Peer, key []byte, addr uint64) (*ucxRemoteKey, bool) {
 	if !t.cma.selfOK {
-		return 0, false
+		return nil, false
 	}
 	if t.ensureKey(from, 0, key) != nil {
-		return 0, false // PostGet's own unpack says why
+		return nil, false // PostGet's own unpack says why
 	}
 	id := ucxKeyID{peer: from, key: string(key)}
 	t.mu.Lock()
 	k := t.rma.keys[id]
 	if k == nil || k.rk == nil || k.dead {
 		t.mu.Unlock()
-		return 0, false
+		return nil, false
 	}
 	if k.cma.decided {
 		t.mu.Unlock()
-		return k.cma.pid, k.cma.use
+		return k, k.cma.use
 	}
 	mapped := k.rk.Mapped()
 	t.mu.Unlock()
-	route := ucxCMARoute{decided: true}
+	route := ucxCMARoute{decided: true, pidfd: -1}
 	if !mapped {
 		route.pid, route.use = t.cmaPeer(from)
 	}
 	if route.use {
-		one := make([]byte, 1)
-		if _, err := t.cmaRead(route.pid, one, addr); err != nil {
-			route.use = false
+		if err := t.cmaProbe(&route, addr); err != nil {
 			t.cma.refused.Add(1)
 			if !t.cma.refusedLogged.Swap(true) {
 				t.log.Warn("ucx: process_vm_readv refused; gets from caller-registered pools go through UCX's emulation",
@@ -124,11 +131,41 @@ func (t *Transport) cmaRoute(from transport.Peer, key []byte, addr uint64) (pid 
 		}
 	}
 	t.mu.Lock()
-	if t.rma.keys[id] == k {
-		k.cma = route
+	defer t.mu.Unlock()
+	if t.rma.keys[id] != k || k.dead || k.cma.decided { // retired, or decided by another get meanwhile
+		closeRoute(&route)
+		return k, k.cma.use && !k.dead
 	}
-	t.mu.Unlock()
-	return route.pid, route.use
+	k.cma = route
+	return k, route.use
+}
+
+// cmaProbe opens the pidfd of route's process and reads one byte at addr from it; on an error
+// route is left unused.
+func (t *Transport) cmaProbe(route *ucxCMARoute, addr uint64) error {
+	fd, err := unix.PidfdOpen(route.pid, 0)
+	if err != nil {
+		route.use = false
+		return fmt.Errorf("pidfd_open: %w", err)
+	}
+	route.pidfd = fd
+	if _, err := t.cmaRead(route.pid, make([]byte, 1), addr); err != nil {
+		closeRoute(route)
+		return err
+	}
+	if err := t.cma.alive(fd); err != nil {
+		closeRoute(route)
+		return fmt.Errorf("pidfd_send_signal: %w", err)
+	}
+	return nil
+}
+
+// closeRoute closes route's pidfd, if it has one, and leaves it unused.
+func closeRoute(route *ucxCMARoute) {
+	if route.pidfd > 0 {
+		_ = unix.Close(route.pidfd)
+	}
+	route.use, route.pidfd = false, -1
 }
 
 // cmaPeer is the pid of peer when process_vm_readv could read it and UCX would otherwise
@@ -154,11 +191,14 @@ func (t *Transport) cmaPeer(peer transport.Peer) (int, bool) {
 
 // postCMAGet posts a get that process_vm_readv serves; taken is false when dst cannot be read
 // into that way (device memory), and the caller posts a UCX get.
-func (t *Transport) postCMAGet(from transport.Peer, pid int, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
+func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return 0, true, transport.ErrClosed
+	}
+	if k.dead || !k.cma.use {
+		return 0, false, nil // its endpoint failed meanwhile: UCX's get says so
 	}
 	mem, _, err := t.regionLocked(dst)
 	if err != nil {
@@ -173,7 +213,8 @@ func (t *Transport) postCMAGet(from transport.Peer, pid int, addr uint64, dst []
 	}
 	t.nextOp++
 	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: len(dst), done: done,
-		cma: &ucxCMAGet{pid: pid, addr: addr, dst: dst, release: release}}
+		cma: &ucxCMAGet{key: k, pid: k.cma.pid, pidfd: k.cma.pidfd, addr: addr, dst: dst, release: release}}
+	k.inflight++
 	t.ops[op.id] = op
 	t.cma.wg.Add(1)
 	go t.runCMAGet(op)
@@ -198,6 +239,11 @@ func (t *Transport) runCMAGet(op *ucxOp) {
 	g.started = true
 	t.mu.Unlock()
 	n, err := t.cmaRead(g.pid, g.dst, g.addr)
+	if err == nil {
+		if gone := t.cma.alive(g.pidfd); gone != nil { // the pid may name another process now
+			err = fmt.Errorf("%w: %w", unix.ESRCH, gone)
+		}
+	}
 	<-t.cma.slots
 	t.mu.Lock()
 	g.finished = true
@@ -245,6 +291,7 @@ func (t *Transport) deliverCMA(op *ucxOp, err error) {
 	if !live {
 		return
 	}
+	t.keyUnused(op.cma.key)
 	c := transport.Completion{Err: err, Memory: transport.MemoryDone}
 	if err == nil {
 		c.Bytes = op.size

@@ -275,3 +275,47 @@ func TestConformance_CMA(t *testing.T) {
 	require.NotZero(t, gets, "the RMA check's get took the process_vm_readv route")
 }
 
+
+// A read that returned but whose process is gone by then (its pidfd says so: the pid may name
+// another process now) fails the get as a lost peer, whatever bytes it read.
+func TestUCXCMA_ProcessGoneAfterTheReadFailsTheGet(t *testing.T) {
+	a, b, rb, pool, dst := cmaPair(t, 1<<20, nil)
+	var mu sync.Mutex
+	checks := 0
+	b.cma.alive = func(pidfd int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if checks++; checks > 1 { // the first read (one byte) saw it alive
+			return unix.ESRCH
+		}
+		return unix.PidfdSendSignal(pidfd, 0, nil, 0)
+	}
+	id := cmaGet(t, a, b, rb, pool, 0, dst)
+	cs := awaitCMAFinal(t, rb, id)
+	require.Len(t, cs, 1)
+	require.ErrorIs(t, cs[0].Err, transport.ErrPeerLost)
+	require.Equal(t, transport.MemoryDone, cs[0].Memory)
+	require.Zero(t, b.CMAStats().Gets)
+}
+
+// The pidfd a key's route holds is closed with the key: here, when the transport closes.
+func TestUCXCMA_PidfdClosedWithTheKey(t *testing.T) {
+	a, b, rb, pool, dst := cmaPair(t, 1<<20, nil)
+	id := cmaGet(t, a, b, rb, pool, 0, dst)
+	cs := awaitCMAFinal(t, rb, id)
+	require.NoError(t, cs[0].Err)
+	b.mu.Lock()
+	fd := -1
+	for kid, k := range b.rma.keys {
+		if kid.lane == 0 && k.cma.use {
+			fd = k.cma.pidfd
+		}
+	}
+	b.mu.Unlock()
+	require.Positive(t, fd, "the route holds a pidfd")
+	_, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	require.NoError(t, err, "open while the key lives")
+	require.NoError(t, b.Close(true))
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	require.ErrorIs(t, err, unix.EBADF, "closed with the key")
+}

@@ -96,8 +96,8 @@ func (t *Transport) PostGet(from transport.Peer, tag transport.Tag, key []byte, 
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}
-	if pid, ok := t.cmaRoute(from, key, addr); ok {
-		if id, taken, err := t.postCMAGet(from, pid, addr, dst, done); taken {
+	if k, ok := t.cmaRoute(from, key, addr); ok {
+		if id, taken, err := t.postCMAGet(from, k, addr, dst, done); taken {
 			return id, err
 		}
 	}
@@ -251,6 +251,7 @@ func (t *Transport) retireKeyLocked(k *ucxRemoteKey) {
 	if k.inflight == 0 && k.rk != nil {
 		k.rk.Close()
 		k.rk = nil
+		closeRoute(&k.cma) // cma.go: its pidfd
 	}
 }
 
