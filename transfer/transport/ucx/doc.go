@@ -2,7 +2,8 @@
 
 // Package ucx is kvxfer's UCX transport: a transport.Transport over one UCX context and
 // worker (package native holds every cgo call), with the engine's optional capabilities
-// (the direct path's IOV messages and RMA gets over lanes, validated reads, narrow tag
+// (the direct path's IOV messages and RMA gets over lanes, or by process_vm_readv where UCX
+// would emulate the gets from a pool a peer on this host registered, validated reads, narrow tag
 // reservation, a bounded control message, a receive probe that tells a wedged worker), and
 // the device transport that stages chunks in GPU memory.
 //
