@@ -275,7 +275,6 @@ func TestConformance_CMA(t *testing.T) {
 	require.NotZero(t, gets, "the RMA check's get took the process_vm_readv route")
 }
 
-
 // A read that returned but whose process is gone by then (its pidfd says so: the pid may name
 // another process now) fails the get as a lost peer, whatever bytes it read.
 func TestUCXCMA_ProcessGoneAfterTheReadFailsTheGet(t *testing.T) {
