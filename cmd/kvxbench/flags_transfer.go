@@ -37,6 +37,7 @@ type transferFlags struct {
 	shmFIFO        int
 	decodeOrder    string
 	pool           string
+	callerPages    string
 	directChunk    string
 	http           string
 }
@@ -62,6 +63,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.IntVar(&f.shmFIFO, "shm-fifo", 0, "messages the receive FIFO of UCX's shared-memory transport holds (ucx.Config.ShmFIFOSize), on both ends: a power of two from 64 to 16384; 0: UCX's 64. Every process that talks to these over shared memory must use the same value")
 	fs.StringVar(&f.tcpSegment, "tcp-segment", "0", "largest piece UCX's TCP transport sends in one copy (ucx.Config.TCPSegmentBytes), on both ends: 8KiB to 1MiB; 0: the transport's default (1MiB, which only engines of this build or later take; 64KiB serves any peer)")
 	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
+	fs.StringVar(&f.callerPages, "caller-pages", "thp", "with --pool caller: thp maps the pools with transparent huge pages (madvise MADV_HUGEPAGE), as a serving process maps a large KV cache; 4k keeps the kernel's base pages")
 	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (ucx.Transport.AllocatePool) or caller (mmap by this process, then ucx.Transport.RegisterHost, as a serving process hands over its own KV cache)")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
 	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
@@ -83,6 +85,8 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	switch {
 	case f.pool != "transport" && f.pool != "caller":
 		return bench.RunConfig{}, usagef("--pool %q: choose transport or caller", f.pool)
+	case f.callerPages != "thp" && f.callerPages != "4k":
+		return bench.RunConfig{}, usagef("--caller-pages %q: choose thp or 4k", f.callerPages)
 	case f.pool == "caller" && (f.staging || f.memory == "device"):
 		return bench.RunConfig{}, usagef("--pool caller registers host pools for the direct path; drop --staging and --memory device")
 	}
@@ -159,7 +163,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
 		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
-		Pool: f.pool,
+		Pool: f.pool, CallerPages: f.callerPages,
 	}, nil
 }
 

@@ -70,6 +70,7 @@ func TestBadInputIsAClearMessageAndNonZeroExit(t *testing.T) {
 		{"negative lanes", []string{"run", "--lanes", "-1"}, exitUsage, "--lanes = -1"},
 		{"too many lanes", []string{"run", "--lanes", "65"}, exitUsage, "--lanes = 65"},
 		{"TCP segment past the receive buffer", []string{"run", "--tcp-segment", "2MiB"}, exitUsage, "--tcp-segment = 2097152"},
+		{"caller pages neither thp nor 4k", []string{"run", "--pool", "caller", "--caller-pages", "1g"}, exitUsage, "--caller-pages \"1g\""},
 		{"shared-memory FIFO not a power of two", []string{"run", "--shm-fifo", "100"}, exitUsage, "--shm-fifo = 100"},
 		{"TCP segment too small", []string{"run", "--tcp-segment", "4KiB"}, exitUsage, "--tcp-segment = 4096"},
 		{"bad decode order", []string{"run", "--decode-order", "diagonal"}, exitUsage, `--decode-order "diagonal"`},

@@ -57,6 +57,10 @@ type RunConfig struct {
 	// Pool is who maps the host pools for the direct path (--pool): "transport"
 	// (AllocatePool) or "caller" (mmap, then RegisterHost).
 	Pool string `json:"pool"`
+	// CallerPages is the page size of caller pools (--caller-pages): "thp" asks for
+	// transparent huge pages (madvise MADV_HUGEPAGE), as a serving process maps a large KV
+	// cache; "4k" leaves the kernel's base pages.
+	CallerPages string `json:"caller_pages,omitempty"`
 	// Memory is where the KV pools and staging slots live: "host" or "device" (--memory;
 	// device_engine.go).
 	Memory string `json:"memory"`

@@ -24,6 +24,8 @@ type engineAdapter struct {
 	obs    *observability // nil without --http
 	// unmaps release the caller-mapped pools (--pool caller) once the engine is closed.
 	unmaps []func()
+	// hugePages asks for transparent huge pages on the caller-mapped pools (--caller-pages thp).
+	hugePages bool
 }
 
 var _ engineSide = (*engineAdapter)(nil)

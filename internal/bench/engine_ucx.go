@@ -55,13 +55,15 @@ func newUCXEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) 
 	if !cfg.Staging {
 		a.mapPool, a.direct = tr.AllocatePool, tr.Direct
 		if cfg.Pool == "caller" {
+			a.hugePages = cfg.CallerPages != "4k"
 			a.mapPool = a.callerPool(tr)
 		}
 	}
 	return a, nil
 }
 
-// callerPool maps pools the way a serving process maps its own KV cache (mmap), then
+// callerPool maps pools the way a serving process maps its own KV cache (mmap, with
+// transparent huge pages unless --caller-pages 4k), then
 // registers each with the transport once (RegisterHost). The transport's Close unregisters
 // them; the adapter's Close unmaps them after it.
 func (a *engineAdapter) callerPool(tr *ucx.Transport) func(n int64) ([]byte, error) {
@@ -69,6 +71,11 @@ func (a *engineAdapter) callerPool(tr *ucx.Transport) func(n int64) ([]byte, err
 		mem, err := syscall.Mmap(-1, 0, int(n), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 		if err != nil {
 			return nil, fmt.Errorf("mapping a %d-byte KV pool: %w", n, err)
+		}
+		if a.hugePages {
+			// Before the first touch, so the pages come huge. A kernel without transparent
+			// huge pages refuses the advice; the pool then keeps base pages, as with 4k.
+			_ = syscall.Madvise(mem, syscall.MADV_HUGEPAGE)
 		}
 		region, err := tr.RegisterHost(mem)
 		if err != nil {
