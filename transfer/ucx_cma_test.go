@@ -121,13 +121,7 @@ func TestUCXCMA_PeerKilledMidTransfer(t *testing.T) {
 		}
 	}
 	require.Zero(t, ops, "ops left after the peer died")
-	if keys != 0 {
-		// Seen about once in twenty runs: one unpacked key of the dead peer whose endpoint
-		// never reported its failure (a lane endpoint made as the peer died) stays until the
-		// transport closes. A bounded leak, one key per dead peer; a known issue, not a
-		// wedge: every operation above has ended and the blocks are quiescent or poisoned.
-		t.Logf("known issue: %d remote key(s) of the killed peer left until Close", keys)
-	}
+	require.Zero(t, keys, "remote keys left after the peer died")
 	if isClosed(h.Quiesced()) {
 		require.NoError(t, region.Unregister(), "the region is free once the receive quiesced")
 	}

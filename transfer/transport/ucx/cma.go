@@ -252,6 +252,7 @@ func (t *Transport) runCMAGet(op *ucxOp) {
 	switch {
 	case errors.Is(err, unix.ESRCH):
 		err = fmt.Errorf("%w: %.16s: process %d is gone: %w", transport.ErrPeerLost, op.peer, g.pid, err)
+		t.dropPeerKeys(op.peer)
 	case err != nil:
 		err = fmt.Errorf("%w: process_vm_readv of [%#x, +%d) from process %d, %d bytes read: %w",
 			transport.ErrBadRegion, g.addr, len(g.dst), g.pid, n, err)
@@ -304,4 +305,20 @@ func (t *Transport) deliverCMA(op *ucxOp, err error) {
 // not begun reads nothing and reports cancelled when its goroutine finds it so.
 func (t *Transport) cancelCMALocked(op *ucxOp) (busy bool) {
 	return op.cma.started && !op.cma.finished
+}
+
+// dropPeerKeys retires every key unpacked from peer, on every lane, once a read by
+// process_vm_readv proved the peer's process gone: nothing can be read through them again,
+// and the peer's endpoints may not report its death for a while (UCX's keepalive), which is
+// when dropKeysOnFailure would have retired them. A key some get still uses goes with its
+// last get (keyUnused).
+func (t *Transport) dropPeerKeys(peer transport.Peer) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, k := range t.rma.keys {
+		if id.peer == peer {
+			delete(t.rma.keys, id)
+			t.retireKeyLocked(k)
+		}
+	}
 }

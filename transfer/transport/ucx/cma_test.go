@@ -295,6 +295,12 @@ func TestUCXCMA_ProcessGoneAfterTheReadFailsTheGet(t *testing.T) {
 	require.ErrorIs(t, cs[0].Err, transport.ErrPeerLost)
 	require.Equal(t, transport.MemoryDone, cs[0].Memory)
 	require.Zero(t, b.CMAStats().Gets)
+	// The peer's keys go at once, on every lane, though its endpoints still look alive: the
+	// read proved the process gone, and UCX's keepalive may take long to say so.
+	b.mu.Lock()
+	keys := len(b.rma.keys)
+	b.mu.Unlock()
+	require.Zero(t, keys, "keys of a peer whose process is gone")
 }
 
 // The pidfd a key's route holds is closed with the key: here, when the transport closes.
