@@ -93,9 +93,18 @@ type Config struct {
 	// up (see RMAMinRegionBytes); a sender with DisableRMA declines such a request. See
 	// docs/onecopy.md.
 	DisableRMA bool
+	// DisablePull keeps the staging path on tagged data messages. By default, when both
+	// engines' transports implement RMATransport and map their staging memory (ucx.Transport's
+	// StagingMemory), and gets to the peer are not emulated, the receiver reads each chunk out
+	// of the sender's slot with a get (the pull wire, docs/staging.md): over UCX 1.13 shared
+	// memory a tagged message is copied through the receiver's FIFO in 8 KiB pieces, a get
+	// from mapped memory is one memcpy. A sender with DisablePull declines, and the chunks go
+	// as messages.
+	DisablePull bool
 	// RMAWhereEmulated keeps the RMA mode where the transport says its gets to the peer are
 	// emulated (RMAEmulation: UCX 1.13 over TCP). By default such a receiver takes the direct
-	// path's tagged messages instead, and Handle.Path says PathDirect.
+	// path's tagged messages instead, and Handle.Path says PathDirect; on the staging path it
+	// keeps the data messages instead of the pull wire.
 	RMAWhereEmulated bool
 	// RMAMinRegionBytes is the smallest mean size of the pool-to-pool ranges (each as long as
 	// both sides' bytes stay contiguous) for which a receiver takes the RMA mode: below it

@@ -31,6 +31,8 @@ type Engine struct {
 	oq *observerQueue
 	// direct is tr when it implements the one-copy extension, else nil.
 	direct DirectTransport
+	// slots is the staging memory as the pull wire exposes it (path_pull.go).
+	slots slotExposure
 
 	mu         sync.Mutex
 	handles    map[RequestID]*Handle
@@ -139,6 +141,8 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 		e.obs = e.oq
 	}
 	e.direct, _ = tr.(DirectTransport)
+	e.slots.mem = mem[:int64(cfg.NumSlots)*cfg.SlotBytes]
+	e.slots.mapped = e.direct != nil && e.direct.Direct(e.slots.mem)
 	e.stallFrom.Store(time.Now().UnixNano())
 	if err := tr.Bind(inbound{e}); err != nil {
 		return nil, fmt.Errorf("kvxfer: binding the transport: %w", err)

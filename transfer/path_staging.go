@@ -32,13 +32,18 @@ var (
 	_ path       = stagingReceive{}
 )
 
-// startStagingSend leases the sender's slots and posts the first chunks. It reports false,
-// having told the receiver, if the transfer ended before it had a slot.
-func (x *xfer) startStagingSend() bool {
+// startStagingSend leases the sender's slots and posts the first chunks, answering a request
+// for the pull wire first (path_pull.go). It reports false, having told the receiver, if the
+// transfer ended before it had a slot.
+func (x *xfer) startStagingSend(ri *wire.RequestInfo) bool {
 	first, ok := x.lease(stagingSend{x})
 	if !ok {
 		x.stoppedBeforeStart("could lease a staging slot")
 		return false
+	}
+	if ri.Flags&wire.FlagPull != 0 && !x.answerPull() {
+		releaseSlot(first)
+		return true // aborting: the loop resolves it
 	}
 	slots := x.extraSlots(first)
 	for i, s := range slots {
@@ -62,6 +67,10 @@ func (x *xfer) runReceiveStaging() {
 		x.recvSeen = make([]bool, x.nChunks)
 	}
 	slots := x.extraSlots(first)
+	if x.pullWanted() {
+		x.runReceivePull(slots) // path_pull.go
+		return
+	}
 	for i, s := range slots {
 		if !x.path.post(s) {
 			releaseAll(slots[i+1:]) // never posted
@@ -107,10 +116,7 @@ func (p stagingSend) post(slot *buffer.Slot) bool {
 // moved sends a gathered chunk behind its data header.
 func (p stagingSend) moved(rec *opRec) {
 	x := p.x
-	n := int64(len(rec.buf))
-	buf := rec.slot.Bytes()[:wire.DataHeaderBytes+n]
-	dh := wire.DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: rec.off, Length: n}
-	_, _ = dh.AppendBinary(buf[:0])
+	buf := x.stampChunk(rec)
 	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf, rec.done)
 	if err != nil {
 		releaseSlot(rec.slot)
@@ -118,6 +124,16 @@ func (p stagingSend) moved(rec *opRec) {
 		return
 	}
 	x.trackStaging(rec, id)
+}
+
+// stampChunk writes the data header of a gathered chunk in front of its payload and returns
+// the chunk as it goes on the wire: header and payload.
+func (x *xfer) stampChunk(rec *opRec) []byte {
+	n := int64(len(rec.buf))
+	buf := rec.slot.Bytes()[:wire.DataHeaderBytes+n]
+	dh := wire.DataHeader{Header: x.head(), Seq: uint32(rec.seq), Offset: rec.off, Length: n}
+	_, _ = dh.AppendBinary(buf[:0])
+	return buf
 }
 
 func (p stagingSend) completed(rec *opRec, _ Completion) {
@@ -149,8 +165,16 @@ func (p stagingReceive) post(slot *buffer.Slot) bool {
 
 // completed checks a received chunk's header and hands its payload to the mover to scatter.
 func (p stagingReceive) completed(rec *opRec, c Completion) {
-	x := p.x
-	dh, payload, err := wire.DecodeData(rec.slot.Bytes()[:c.Bytes])
+	if p.x.checkChunk(rec, rec.slot.Bytes()[:c.Bytes]) {
+		p.x.toMover(rec)
+	}
+}
+
+// checkChunk checks the data header of the chunk received into rec's slot (b, header and
+// payload) and points rec at its payload for the scatter. A chunk that is not this transfer's
+// seq rec.seq releases the slot and fails the transfer as a protocol error.
+func (x *xfer) checkChunk(rec *opRec, b []byte) bool {
+	dh, payload, err := wire.DecodeData(b)
 	off, n := x.chunkRange(rec.seq)
 	if err == nil && (dh.Request != x.h.id || dh.Sub != x.wireSub || dh.Nonce != x.nonce || int(dh.Seq) != rec.seq || dh.Offset != off || dh.Length != n) {
 		err = fmt.Errorf("chunk header %+v does not match seq %d at offset %d, %d bytes", dh, rec.seq, off, n)
@@ -158,10 +182,10 @@ func (p stagingReceive) completed(rec *opRec, c Completion) {
 	if err != nil {
 		releaseSlot(rec.slot)
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
-		return
+		return false
 	}
 	rec.off, rec.buf = off, payload
-	x.toMover(rec)
+	return true
 }
 
 // moved counts a scattered chunk and reuses its slot for the next receive.

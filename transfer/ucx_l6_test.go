@@ -43,7 +43,8 @@ func testL6UCX(t *testing.T, closeUnderWay bool) {
 		kinds []string
 		path  Path
 	}{
-		{"staging", func(c *Config) { c.DisableDirect = true }, []string{"send", "receive"}, PathStaging},
+		{"staging", func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, []string{"send", "receive"}, PathStaging},
+		{"staging pull", func(c *Config) { c.DisableDirect, c.RMAWhereEmulated = true, true }, []string{"get"}, PathStaging}, // over TCP too
 		{"direct IOV messages", func(c *Config) { c.DisableRMA = true; c.DirectChunkBytes = 64 << 10 }, []string{"IOV send", "IOV receive"}, PathDirect},
 		{"RMA gets", func(c *Config) {
 			c.RMAWhereEmulated = true
@@ -65,7 +66,7 @@ func testL6UCX(t *testing.T, closeUnderWay bool) {
 					if pc.path == PathRMA {
 						o = layout.BlockMajor // gets need ranges contiguous on both sides
 					}
-					if pc.path == PathStaging {
+					if pc.path == PathStaging { // Go memory: staging whatever the config
 						return newUCXKV(t, dims, o, seqBlocks(0, 16), seed)
 					}
 					return mappedKV(t, u, dims, o, seqBlocks(0, 16), seed)

@@ -99,6 +99,7 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxPeerTestConfig()
 			cfg.TransferTimeout = 60 * time.Second // the failure must come from the replacement, not the deadline
+			cfg.DisablePull = true                 // receives posted in the worker, not gets waiting for announcements
 			recv := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *ucx.Config) {
 				c.ProbeTimeout, c.ReplaceWedgedWorker = time.Second, true
 			})

@@ -226,6 +226,7 @@ func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
 			cfg.TransferTimeout = 2 * time.Second
+			cfg.DisablePull = true // the stall holds sends: the chunks must go as messages
 			dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			src := newStallingUCXEngine(t, tr.tls, tr.dev, cfg, stallAfter)
 			s := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(0, 32), 3) // 16 MiB

@@ -45,6 +45,8 @@ type xfer struct {
 	layersReady atomic.Int64
 	// pathShown is the kind of path, for Handle.Path (written by its goroutine through take).
 	pathShown atomic.Int32
+	// pulled: the staging path runs on the pull wire (path_pull.go), for Handle.Pulled.
+	pulled atomic.Bool
 	// admitted: the sub holds one of the engine's MaxConcurrent tokens (its goroutine's).
 	admitted bool
 	// peerFeatures: what the peer speaks (negotiate.go), set by the goroutine before it
@@ -521,7 +523,7 @@ func (x *xfer) handleEvent(ev event) {
 				x.tellPath(m)
 				x.maybeSent()
 			}
-		case *wire.RequestInfo, *wire.RMAOffer, *wire.RMARelease:
+		case *wire.RequestInfo, *wire.RMAOffer, *wire.RMARelease, *wire.Slots, *wire.SlotReady, *wire.SlotTaken:
 			// A repeated request (the receiver retries) must not start anything twice (L8):
 			// only a path the peer talks to (the RMA mode) answers it.
 			x.tellPath(m)

@@ -101,7 +101,7 @@ func (x *xfer) runSend() {
 	if direct {
 		started = x.startDirectSend(ri) // path_direct.go, path_rma.go
 	} else {
-		started = x.startStagingSend() // path_staging.go
+		started = x.startStagingSend(ri) // path_staging.go, path_pull.go
 	}
 	if !started {
 		return

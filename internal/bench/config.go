@@ -45,6 +45,9 @@ type RunConfig struct {
 	// NoRMA keeps the direct path on IOV messages (--no-rma); by default the decode end reads
 	// the prefill pool with RMA gets where the layouts line up.
 	NoRMA bool `json:"no_rma"`
+	// NoPull keeps the staging path on tagged data messages (--no-pull); by default the decode
+	// end reads each chunk out of the prefill end's slot with a get where gets are one copy.
+	NoPull bool `json:"no_pull,omitempty"`
 	// RMAWhereEmulated keeps the RMA mode where UCX emulates gets (--rma-where-emulated).
 	RMAWhereEmulated bool `json:"rma_where_emulated"`
 	// Lanes is ucx.Config.Lanes of both ends (--lanes; 0: the transport's default).

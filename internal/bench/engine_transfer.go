@@ -42,7 +42,7 @@ func engineConfig(cfg RunConfig) transfer.Config {
 	return transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: maxConc, PipelineDepth: cfg.PipelineDepth,
 		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout,
 		DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes, DisableRMA: cfg.NoRMA,
-		RMAWhereEmulated: cfg.RMAWhereEmulated}
+		RMAWhereEmulated: cfg.RMAWhereEmulated, DisablePull: cfg.NoPull}
 }
 
 func (e *engineAdapter) Address() []byte { return e.addr }
@@ -118,4 +118,9 @@ func (h handle) Done() <-chan struct{}     { return h.h.Done() }
 func (h handle) Quiesced() <-chan struct{} { return h.h.Quiesced() }
 func (h handle) Err() error                { return h.h.Status().Err }
 func (h handle) Release()                  { _ = h.h.Release() }
-func (h handle) Path() string              { return h.h.Path().String() }
+func (h handle) Path() string {
+	if p := h.h.Path(); p != transfer.PathStaging || !h.h.Pulled() {
+		return p.String()
+	}
+	return "staging-pull"
+}

@@ -68,7 +68,8 @@ type Result struct {
 	// Path is how a transfer moved its bytes, as the engine's handles said: "rma" (the
 	// one-copy path's RMA mode: the decode end reads the prefill pool with gets), "direct"
 	// (the one-copy path's IOV messages: UCX reads and writes the pools in place) or
-	// "staging" (gather, wire, scatter through slots); several joined with "+" when the
+	// "staging" (gather, wire, scatter through slots; "staging-pull" when the decode end read
+	// each chunk out of the prefill end's slot with a get); several joined with "+" when the
 	// requests of a scenario differed.
 	Path string `json:"path,omitempty"`
 	// P99FewSamples marks a p99 taken from fewer than minP99Samples requests: by nearest rank

@@ -88,7 +88,11 @@ const (
 	// KindHello: either way, once per pair of engines: the wire versions and features the
 	// sender speaks. A hello that is not a reply is answered with one.
 	KindHello Kind = 8
-	maxKind        = KindHello
+	// KindSlots, KindSlotReady, KindSlotTaken: the staging path's pull wire (pull.go).
+	KindSlots     Kind = 9
+	KindSlotReady Kind = 10
+	KindSlotTaken Kind = 11
+	maxKind            = KindSlotTaken
 )
 
 // Message is any decoded wire message.
@@ -137,12 +141,15 @@ const (
 	// so sends above the usual size (UCX's TCP segments of up to 1 MiB, where UCX's default
 	// receive buffer takes 64 KiB).
 	FeatureLargeSegments Feature = 1 << 5
+	// FeatureSlotPull: the staging path's pull wire (FlagPull, KindSlots, KindSlotReady,
+	// KindSlotTaken; pull.go).
+	FeatureSlotPull Feature = 1 << 6
 
 	// KnownFeatures are the features this build speaks.
-	KnownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart | FeatureLargeSegments
+	KnownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart | FeatureLargeSegments | FeatureSlotPull
 )
 
-var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part", "large-segments"}
+var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part", "large-segments", "slot-pull"}
 
 // String names the features, joined with "+"; a bit this build does not know is named by its
 // number.
@@ -214,8 +221,13 @@ const (
 	// (RMATransport) and posts nothing until the sender answers with a KindRMAOffer: the
 	// offer, or a decline, after which the direct path runs as without the flag. A later
 	// request without FlagRMA from the same receiver declines an offer it cannot use.
-	FlagRMA    RequestFlags = 1 << 2
-	knownFlags              = FlagLayerCut | FlagDirect | FlagRMA
+	FlagRMA RequestFlags = 1 << 2
+	// FlagPull, without FlagDirect: the receiver can read the sender's staging slots with RMA
+	// gets and posts nothing until the sender answers with a KindSlots message: its slots'
+	// key, after which each chunk is announced (KindSlotReady) instead of sent, or a decline,
+	// after which the chunks come as tagged messages as without the flag (pull.go).
+	FlagPull   RequestFlags = 1 << 3
+	knownFlags              = FlagLayerCut | FlagDirect | FlagRMA | FlagPull
 )
 
 // DataHeader precedes one chunk's payload.
@@ -481,6 +493,8 @@ func Decode(b []byte) (Message, error) {
 		return &RMARelease{Header: h}, nil
 	case KindHello:
 		return decodeHello(h, v, b)
+	case KindSlots, KindSlotReady, KindSlotTaken:
+		return decodePull(h, b)
 	}
 	return nil, malformed(3, "kind %d is not a control message", h.Kind)
 }
@@ -495,6 +509,9 @@ func decodeRequestExt(m *RequestInfo, b []byte) error {
 	m.Flags = RequestFlags(binary.LittleEndian.Uint32(b[at:]))
 	if m.Flags&^knownFlags != 0 {
 		return malformed(at, "unknown request flags %#x", uint32(m.Flags&^knownFlags))
+	}
+	if m.Flags&FlagPull != 0 && m.Flags&FlagDirect != 0 {
+		return malformed(at, "FlagPull is a staging request's, not a direct one's")
 	}
 	n := int(binary.LittleEndian.Uint32(b[at+4:]))
 	if m.Flags == 0 && n == 0 { // never encoded: one message, one encoding

@@ -1,0 +1,377 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+// The staging path's pull wire (the protocol is in wire/pull.go; docs/staging.md says when it
+// runs): the sender gathers each chunk into a slot of its staging memory as on the plain
+// staging path, but announces it (SlotReady) instead of sending it, and the receiver reads it
+// with one RMA get into a slot of its own, says so (SlotTaken) and scatters it. Over UCX 1.13
+// shared memory with peer error handling a tagged message is copied through the receiver's
+// FIFO in 8 KiB pieces, twice; a get from memory UCX mapped is one memcpy.
+//
+// The lifecycle is the staging path's: each announced chunk is an operation of the sender
+// (id 0: no transport operation; Cancel ignores it) whose slot the receiver may read until it
+// ends. It ends well with the receiver's SlotTaken or Done, and otherwise only when the
+// receiver cannot read it any more: its RMARelease (sent once its own gets are final) or the
+// transport's report that it is lost. An exposure nobody ends is quarantined and its slot
+// poisoned like any operation the transport never finished (L9, L10).
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+)
+
+// slotExposure is the engine's staging memory as the pull wire exposes it to peers' gets.
+type slotExposure struct {
+	mem    []byte
+	mapped bool // the transport may read and write it in place (DirectTransport.Direct)
+	once   sync.Once
+	addr   uint64
+	key    []byte
+	err    error
+}
+
+// slotKey describes the staging memory for a peer's gets, packed once.
+func (e *Engine) slotKey() (uint64, []byte, error) {
+	s := &e.slots
+	s.once.Do(func() {
+		rt, ok := e.tr.(RMATransport)
+		switch {
+		case !ok:
+			s.err = errors.New("this sender's transport has no rma gets")
+		case !s.mapped:
+			s.err = errors.New("this sender's staging memory is not mapped by its transport (Config.StagingMemory: use the transport's staging memory)")
+		default:
+			s.addr, s.key, s.err = rt.RMAKey(s.mem)
+		}
+	})
+	return s.addr, s.key, s.err
+}
+
+// Pulled reports, without blocking, whether the staging path moves this transfer's chunks on
+// the pull wire (the receiver reads each out of the sender's slot with a get: Config.DisablePull)
+// rather than as tagged messages; for a multi-peer Receive, whether any sub-transfer does.
+// Handle.Path still says PathStaging.
+func (h *Handle) Pulled() bool {
+	for _, x := range h.subs {
+		if x.pulled.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// pullWanted reports whether a staging receiver asks for the pull wire.
+func (x *xfer) pullWanted() bool {
+	e := x.eng
+	if e.cfg.DisablePull || !e.slots.mapped || e.speech.features&wire.FeatureSlotPull == 0 || !x.peerHas(wire.FeatureSlotPull) {
+		return false
+	}
+	rt, ok := e.tr.(RMATransport)
+	if !ok {
+		return false
+	}
+	if em, ok := rt.(RMAEmulation); ok && !e.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
+		return false
+	}
+	return true
+}
+
+// ---- receiving side ----
+
+// pullReceive is the receiving side of the pull wire. Its free slots wait in x.idle (an abort
+// gives them back); a chunk announced before a slot is free waits in queue.
+type pullReceive struct {
+	x       *xfer
+	pulling bool // the sender's slots are in hand
+	key     []byte
+	addr    uint64
+	bytes   int64
+	queue   []wire.SlotReady // announced, not yet read
+	seen    []bool           // announced, by seq
+}
+
+var (
+	_ path         = (*pullReceive)(nil)
+	_ stagedPath   = (*pullReceive)(nil)
+	_ peerTalk     = (*pullReceive)(nil)
+	_ requestFlags = (*pullReceive)(nil)
+	_ path         = (*pullSend)(nil)
+	_ stagedPath   = (*pullSend)(nil)
+	_ peerTalk     = (*pullSend)(nil)
+)
+
+// runReceivePull runs a staging receive on the pull wire with the slots it leased: the
+// request asks for the sender's slots, and nothing is posted until the answer.
+func (x *xfer) runReceivePull(slots []*buffer.Slot) {
+	r := &pullReceive{x: x, seen: make([]bool, x.nChunks)}
+	x.idle = append(x.idle, slots...)
+	x.take(r)
+	x.sendRequestInfo()
+	x.loop()
+	// Unless it completed, tell the sender its slots will not be read again: every get of
+	// ours is final (or given up with its slot poisoned). A sender that declined, or never
+	// exposed a slot, ignores it.
+	if x.m.load() != Completed {
+		_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.RMARelease{Header: x.head()}))
+	}
+}
+
+func (*pullReceive) kind() Path { return PathStaging }
+
+// request asks for the sender's slots while they are not in hand.
+func (r *pullReceive) request(ri *wire.RequestInfo) bool {
+	if r.pulling {
+		return false
+	}
+	ri.Flags |= wire.FlagPull
+	return true
+}
+
+func (r *pullReceive) fromPeer(m wire.Message) {
+	switch m := m.(type) {
+	case *wire.Slots:
+		r.offered(m)
+	case *wire.SlotReady:
+		r.announced(m)
+	}
+}
+
+func (*pullReceive) peerLost() {}
+
+// protocol fails the transfer for a message of the sender's that breaks the pull wire.
+func (r *pullReceive) protocol(format string, args ...any) {
+	x := r.x
+	x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: pull wire: %s", ErrProtocol, fmt.Sprintf(format, args...))}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
+}
+
+// offered takes the sender's answer: its slots, or a decline, after which the chunks come as
+// data messages into the slots this receiver holds.
+func (r *pullReceive) offered(m *wire.Slots) {
+	x := r.x
+	if r.pulling || x.aborting || m.Sub != x.wireSub {
+		return
+	}
+	if m.Flags&wire.SlotsDeclined != 0 {
+		if len(r.queue) > 0 {
+			r.protocol("the sender declined after announcing %d chunks", len(r.queue))
+			return
+		}
+		x.take(stagingReceive{x})
+		free := x.idle
+		x.idle = nil
+		for i, s := range free {
+			if !x.path.post(s) {
+				releaseAll(free[i+1:])
+				break
+			}
+		}
+		return
+	}
+	if p, ok := x.eng.tr.(RMAKeyPreparer); ok {
+		if err := p.PrepareKeys(x.peer, m.Key); err != nil {
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			return
+		}
+	}
+	r.pulling, r.key, r.addr, r.bytes = true, m.Key, m.Addr, m.Bytes
+	x.pulled.Store(true)
+	r.pump()
+}
+
+// announced queues a chunk the sender has gathered, checked against the schedule.
+func (r *pullReceive) announced(m *wire.SlotReady) {
+	x := r.x
+	if x.aborting || m.Sub != x.wireSub {
+		return
+	}
+	seq := int(m.Seq)
+	if seq >= x.nChunks || r.seen[seq] {
+		r.protocol("chunk %d announced twice or past the %d chunks", seq, x.nChunks)
+		return
+	}
+	if _, n := x.chunkRange(seq); m.Length != wire.DataHeaderBytes+n {
+		r.protocol("chunk %d announced with %d bytes, want %d", seq, m.Length, wire.DataHeaderBytes+n)
+		return
+	}
+	r.seen[seq] = true
+	r.queue = append(r.queue, *m)
+	r.pump()
+}
+
+// pump reads announced chunks into free slots.
+func (r *pullReceive) pump() {
+	x := r.x
+	rt, _ := x.eng.tr.(RMATransport)
+	for r.pulling && !x.aborting && len(r.queue) > 0 && len(x.idle) > 0 {
+		m := r.queue[0]
+		r.queue = r.queue[1:]
+		if m.Offset > r.bytes-m.Length {
+			r.protocol("chunk %d at [%d, +%d) lies outside the sender's %d bytes of slots", m.Seq, m.Offset, m.Length, r.bytes)
+			return
+		}
+		slot := x.idle[len(x.idle)-1]
+		x.idle = x.idle[:len(x.idle)-1]
+		rec := x.stagingRec(int(m.Seq), slot)
+		dst := slot.Bytes()[:m.Length:m.Length]
+		id, err := rt.PostGet(x.peer, x.tag(rec.seq), r.key, r.addr+uint64(m.Offset), dst, rec.done)
+		if err != nil {
+			releaseSlot(slot) // never posted
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			return
+		}
+		x.trackStaging(rec, id)
+		x.nextSeq++
+	}
+}
+
+// post takes back a slot whose chunk is scattered: it reads the next announced chunk, or
+// waits for one, or goes back to the pool once every chunk is read.
+func (r *pullReceive) post(slot *buffer.Slot) bool {
+	x := r.x
+	if x.nextSeq >= x.nChunks || x.aborting {
+		releaseSlot(slot)
+		return !x.aborting
+	}
+	x.idle = append(x.idle, slot)
+	r.pump()
+	return !x.aborting
+}
+
+// completed checks a chunk read out of the sender's slot, frees that slot and scatters it.
+func (r *pullReceive) completed(rec *opRec, c Completion) {
+	x := r.x
+	if !x.checkChunk(rec, rec.slot.Bytes()[:c.Bytes]) {
+		return
+	}
+	_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.SlotTaken{Header: x.head(), Seq: uint32(rec.seq)}))
+	x.toMover(rec)
+}
+
+// moved counts a scattered chunk and reuses its slot.
+func (r *pullReceive) moved(rec *opRec) {
+	x := r.x
+	x.progress(int64(len(rec.buf)))
+	x.markReceived(rec.seq)
+	x.spare = append(x.spare, rec)
+	if !r.post(rec.slot) {
+		return
+	}
+	x.receivedAll()
+}
+
+// ---- sending side ----
+
+// pullSend is the sending side of the pull wire: the staging path's gathers, each chunk
+// announced instead of sent.
+type pullSend struct {
+	stagingSend
+	offer []byte // the encoded Slots, sent again when a repeated request shows it lost
+}
+
+// answerPull answers a request with FlagPull: it exposes the staging memory and puts the
+// transfer on the pull wire, or declines, saying why, and the chunks go as data messages. It
+// reports false if the transfer is aborting.
+func (x *xfer) answerPull() bool {
+	head := x.head()
+	addr, key, err := x.eng.slotKey()
+	switch {
+	case x.eng.cfg.DisablePull:
+		err = errors.New("this sender's Config.DisablePull is set")
+	case x.eng.speech.features&wire.FeatureSlotPull == 0:
+		err = errors.New("this sender does not speak the pull wire")
+	}
+	var offer []byte
+	if err == nil {
+		offer, err = (&wire.Slots{Header: head, Addr: addr, Bytes: int64(len(x.eng.slots.mem)), Key: key}).AppendBinary(nil)
+	}
+	if err != nil {
+		_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.Slots{Header: head, Flags: wire.SlotsDeclined, Reason: err.Error()}))
+		return true
+	}
+	x.take(&pullSend{stagingSend: stagingSend{x}, offer: offer})
+	x.pulled.Store(true)
+	if err := x.eng.tr.SendControl(x.peer, offer); err != nil {
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	return true
+}
+
+// moved announces a gathered chunk. From here until it ends the chunk is an operation whose
+// slot the receiver may read.
+func (p *pullSend) moved(rec *opRec) {
+	x := p.x
+	buf := x.stampChunk(rec)
+	x.trackStaging(rec, 0)
+	m := &wire.SlotReady{Header: x.head(), Seq: uint32(rec.seq), Offset: int64(rec.slot.Index()) * x.eng.cfg.SlotBytes, Length: int64(len(buf))}
+	if err := x.eng.tr.SendControl(x.peer, wire.Encode(m)); err != nil {
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+	}
+}
+
+func (p *pullSend) fromPeer(m wire.Message) {
+	x := p.x
+	switch m := m.(type) {
+	case *wire.SlotTaken:
+		rec := p.exposed(int(m.Seq))
+		if rec == nil {
+			if !x.aborting {
+				x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: pull wire: chunk %d taken but not announced", ErrProtocol, m.Seq)},
+					wire.AbortProtocol, x.eng.cfg.CancelGrace)
+			}
+			return
+		}
+		x.opDone(rec, Completion{Bytes: wire.DataHeaderBytes + len(rec.buf), Memory: MemoryDone})
+	case *wire.Done:
+		// Every byte arrived: the receiver reads none of the slots again.
+		for _, rec := range x.ops {
+			if !rec.final {
+				x.opDone(rec, Completion{Bytes: wire.DataHeaderBytes + len(rec.buf), Memory: MemoryDone})
+			}
+		}
+	case *wire.RMARelease:
+		if !x.aborting {
+			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: the receiver stopped reading the slots before it completed", ErrPeerAborted)},
+				0, x.eng.cfg.CancelGrace)
+		}
+		p.endExposures()
+	case *wire.RequestInfo:
+		if m.Flags&wire.FlagPull != 0 && !x.aborting {
+			_ = x.eng.tr.SendControl(x.peer, p.offer)
+		}
+	}
+}
+
+// peerLost: a lost peer reads nothing any more (the Transport's word), so the slots it could
+// read go back; the abort that follows fails the transfer.
+func (p *pullSend) peerLost() { p.endExposures() }
+
+// endExposures ends every announced chunk the receiver has not taken: it will not read them.
+func (p *pullSend) endExposures() {
+	x := p.x
+	for _, rec := range x.ops {
+		if !rec.final {
+			rec.final = true
+			x.outstanding--
+			releaseSlot(rec.slot)
+		}
+	}
+	if x.aborting {
+		x.maybeResolve()
+	}
+}
+
+// exposed returns the announced, not yet taken chunk seq, or nil.
+func (p *pullSend) exposed(seq int) *opRec {
+	for _, rec := range p.x.ops {
+		if !rec.final && rec.seq == seq {
+			return rec
+		}
+	}
+	return nil
+}

@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+)
+
+// newPullPair is newPair with each engine's staging memory named to its transport
+// (mem.Transport.AllowDirect), as ucx.Transport's StagingMemory is mapped: the staging path
+// then runs on the pull wire unless a Config says otherwise.
+func newPullPair(t testing.TB, src, dst Config) *pair {
+	t.Helper()
+	n := mem.NewNetwork()
+	mk := func(name string, cfg Config) *Engine {
+		tr := n.Transport(Peer(name))
+		cfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+		tr.AllowDirect(cfg.StagingMemory)
+		e, err := New(tr, cfg)
+		require.NoError(t, err)
+		return e
+	}
+	p := &pair{net: n, src: mk("prefill", src), dst: mk("decode", dst)}
+	t.Cleanup(func() {
+		require.NoError(t, p.src.Close())
+		require.NoError(t, p.dst.Close())
+		requireSlotsAccounted(t, p.src)
+		requireSlotsAccounted(t, p.dst)
+	})
+	return p
+}
+
+func pullConfig() Config {
+	c := pipelineConfig()
+	c.DisableDirect = true // the pools are Go memory moved through a Mover anyway
+	return c
+}
+
+// kindCounter counts the control messages of each kind that travel, and applies fault to
+// each first.
+type kindCounter struct {
+	mu    sync.Mutex
+	n     map[wire.Kind]int
+	fault func(mem.FaultPoint) mem.Fault
+}
+
+func countKinds(p *pair, fault func(mem.FaultPoint) mem.Fault) *kindCounter {
+	k := &kindCounter{n: map[wire.Kind]int{}, fault: fault}
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+		k.mu.Lock()
+		k.n[fp.Kind]++
+		k.mu.Unlock()
+		if k.fault != nil {
+			return k.fault(fp)
+		}
+		return mem.Fault{}
+	})
+	return k
+}
+
+func (k *kindCounter) count(kind wire.Kind) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.n[kind]
+}
+
+// startStaged starts a staging Send and Receive of id (Movers on both sides).
+func (p *pair) startStaged(t *testing.T, id RequestID, src, dst *kvPool) (hs, hr *Handle) {
+	t.Helper()
+	hs, err := p.src.Send(bg, Spec{ID: id, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: HostMover(src.mem)})
+	require.NoError(t, err)
+	hr, err = p.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: HostMover(dst.mem)})
+	require.NoError(t, err)
+	return hs, hr
+}
+
+// TestPull_ChunksAreReadOutOfTheSendersSlots: with both staging memories exposed, every chunk
+// is announced (SlotReady), read and taken (SlotTaken); no data message carries it. A sender or
+// receiver with DisablePull keeps the data messages, and the bytes arrive either way.
+func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		srcOff, dstOff   bool
+		wantPull, wantOf bool
+	}{
+		{name: "both pull", wantPull: true},
+		{name: "sender declines", srcOff: true, wantOf: true},
+		{name: "receiver does not ask", dstOff: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc, dc := pullConfig(), pullConfig()
+			sc.DisablePull, dc.DisablePull = tc.srcOff, tc.dstOff
+			p := newPullPair(t, sc, dc)
+			k := countKinds(p, nil)
+			src, dst := pools(t, 31)
+			hs, hr := p.startStaged(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receive quiesced")
+			waitClosed(t, hs.Quiesced(), "send quiesced")
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, src.stream(t), dst.stream(t))
+			require.Equal(t, PathStaging, hr.Path())
+			chunks := int((src.plan.Bytes() + hr.subs[0].chunk - 1) / hr.subs[0].chunk)
+			require.Greater(t, chunks, 2)
+			if tc.wantPull {
+				require.Equal(t, chunks, k.count(wire.KindSlotReady), "every chunk announced once")
+				require.Equal(t, chunks, k.count(wire.KindSlotTaken), "every chunk taken once")
+				require.Equal(t, 1, k.count(wire.KindSlots))
+				require.Equal(t, chunks, k.count(wire.KindData), "one get per chunk, no data message")
+			} else {
+				require.Zero(t, k.count(wire.KindSlotReady))
+				require.Zero(t, k.count(wire.KindSlotTaken))
+				require.Equal(t, chunks, k.count(wire.KindData))
+				if tc.wantOf {
+					require.Equal(t, 1, k.count(wire.KindSlots), "the decline")
+				} else {
+					require.Zero(t, k.count(wire.KindSlots))
+				}
+			}
+		})
+	}
+}
+
+// TestPull_SendersSlotStaysOutWhileTheReceiverMayReadIt (L9, L10 on the pull wire): a
+// sender cancelled while the receiver's get of its slot hangs on the wire keeps that slot
+// leased, and its handle unquiesced, until the receiver's get is final and its release
+// arrives; then the slot goes back, not poisoned.
+func TestPull_SendersSlotStaysOutWhileTheReceiverMayReadIt(t *testing.T) {
+	cfg := pullConfig()
+	cfg.QuarantineTimeout = time.Minute // only the release may end the exposure here
+	p := newPullPair(t, cfg, cfg)
+	k := countKinds(p, func(fp mem.FaultPoint) mem.Fault {
+		if fp.Kind == wire.KindData && fp.Tag.Seq == 1 {
+			return mem.Fault{Hang: true}
+		}
+		return mem.Fault{}
+	})
+	src, dst := pools(t, 32)
+	hs, hr := p.startStaged(t, 1, src, dst)
+	eventually(t, func() bool { return p.net.OnWire() >= 1 }, "the get of chunk 1 on the wire")
+	p.src.Cancel(1)
+	waitClosed(t, hr.Done(), "the receiver heard the sender's abort")
+	time.Sleep(50 * time.Millisecond) // grace and more: nothing may release the slot now
+	require.False(t, isClosed(hs.Quiesced()), "the sender quiesced while its slot was being read")
+	require.NotZero(t, p.src.pool.Stats().Leased, "the slot being read went back to the pool")
+	require.Zero(t, k.count(wire.KindRMARelease), "released before the get was final")
+	p.net.Resume()
+	waitClosed(t, hr.Quiesced(), "receive quiesced once its get was final")
+	waitClosed(t, hs.Quiesced(), "send quiesced on the receiver's release")
+	require.Equal(t, 1, k.count(wire.KindRMARelease))
+	require.ErrorIs(t, hs.Status().Err, ErrCancelled)
+	st := p.src.pool.Stats()
+	require.Zero(t, st.Poisoned, "the release proved the slot unread")
+	require.Equal(t, st.Total, st.Free)
+}
+
+// TestPull_ExposureNobodyEndsIsPoisoned: when the receiver's release never arrives, the
+// sender's announced slot is poisoned at the quarantine timeout, never reused.
+func TestPull_ExposureNobodyEndsIsPoisoned(t *testing.T) {
+	cfg := pullConfig()
+	cfg.QuarantineTimeout = 100 * time.Millisecond
+	p := newPullPair(t, cfg, cfg)
+	countKinds(p, func(fp mem.FaultPoint) mem.Fault {
+		switch {
+		case fp.Kind == wire.KindData && fp.Tag.Seq == 1:
+			return mem.Fault{Hang: true}
+		case fp.Kind == wire.KindRMARelease:
+			return mem.Fault{Drop: true}
+		}
+		return mem.Fault{}
+	})
+	src, dst := pools(t, 33)
+	hs, hr := p.startStaged(t, 1, src, dst)
+	eventually(t, func() bool { return p.net.OnWire() >= 1 }, "the get of chunk 1 on the wire")
+	p.src.Cancel(1)
+	waitClosed(t, hs.Quiesced(), "send resolved at the quarantine timeout")
+	require.NotZero(t, p.src.pool.Stats().Poisoned, "the slot nobody proved unread was reused")
+	p.net.Resume()
+	waitClosed(t, hr.Quiesced(), "receive quiesced")
+}
+
+// TestPull_LostReceiverEndsTheExposure: a receiver the transport reports lost reads nothing
+// more, so the sender's announced slots go back at once.
+func TestPull_LostReceiverEndsTheExposure(t *testing.T) {
+	cfg := pullConfig()
+	cfg.QuarantineTimeout = time.Minute
+	p := newPullPair(t, cfg, cfg)
+	countKinds(p, func(fp mem.FaultPoint) mem.Fault {
+		if fp.Kind == wire.KindData && fp.Tag.Seq == 1 {
+			return mem.Fault{Hang: true}
+		}
+		return mem.Fault{}
+	})
+	src, dst := pools(t, 34)
+	hs, _ := p.startStaged(t, 1, src, dst)
+	eventually(t, func() bool { return p.net.OnWire() >= 1 }, "the get of chunk 1 on the wire")
+	p.net.LosePeer("decode")
+	waitClosed(t, hs.Quiesced(), "send quiesced when its receiver was lost")
+	require.ErrorIs(t, hs.Status().Err, ErrPeerLost)
+	st := p.src.pool.Stats()
+	require.Zero(t, st.Poisoned)
+	require.Equal(t, st.Total, st.Free)
+}
+
+// TestPull_GarbageAnnouncementsFailTheTransferAndLoseNothing: a chunk announced outside the
+// sender's slots, twice, or with the wrong length is a protocol error; both sides end and every
+// slot of both goes back.
+func TestPull_GarbageAnnouncementsFailTheTransferAndLoseNothing(t *testing.T) {
+	for name, bad := range map[string]func(m *wire.SlotReady){
+		"outside the slots": func(m *wire.SlotReady) { m.Offset = 1 << 40 },
+		"wrong length":      func(m *wire.SlotReady) { m.Length++ },
+		"past the chunks":   func(m *wire.SlotReady) { m.Seq = 1 << 20 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := pullConfig()
+			p := newPullPair(t, cfg, cfg)
+			var once sync.Once
+			var ours atomic.Bool
+			first := make(chan struct{})
+			countKinds(p, func(fp mem.FaultPoint) mem.Fault {
+				if fp.Kind == wire.KindSlotReady && !ours.Load() {
+					once.Do(func() { close(first) })
+					return mem.Fault{Drop: true} // the test speaks for the sender
+				}
+				return mem.Fault{}
+			})
+			src, dst := pools(t, 35)
+			hs, hr := p.startStaged(t, 1, src, dst)
+			waitClosed(t, first, "the sender announced a chunk")
+			x := hr.subs[0]
+			_, n := x.chunkRange(0)
+			m := &wire.SlotReady{Header: wire.Header{Sub: x.wireSub, Request: 1, Nonce: x.nonce}, Seq: 0, Length: wire.DataHeaderBytes + n}
+			bad(m)
+			ours.Store(true)
+			require.NoError(t, p.net.Endpoint("prefill").SendControl("decode", wire.Encode(m)))
+			waitClosed(t, hr.Quiesced(), "receive quiesced")
+			waitClosed(t, hs.Quiesced(), "send quiesced")
+			require.ErrorIs(t, hr.Status().Err, ErrProtocol)
+			require.ErrorIs(t, hs.Status().Err, ErrPeerAborted)
+			for _, e := range []*Engine{p.src, p.dst} {
+				st := e.pool.Stats()
+				require.Zero(t, st.Poisoned)
+				require.Equal(t, st.Total, st.Free)
+			}
+		})
+	}
+}
