@@ -11,11 +11,11 @@
 #   tcp / tag_bw -e with UCX_RNDV_SCHEME=get_zcopy (UCX as kvxfer sets it up: peer error
 #                                                  handling and the receiver-pulled rendezvous;
 #                                                  kvxbench's baseline runs with neither)
-#   shm --staging / tag_bw; --staging with TP=2->1 and with block-major -> layer-major / tag_bw
-#   shm TP=2->1 and block-major -> layer-major on the engine's own choice (the direct path's
-#   IOV messages) / tag_bw
-#   the staging rows, TP=2->1 and conversion again with --shm-fifo 1024 (ucx.Config.ShmFIFOSize,
-#   opt-in: every peer must use the same FIFO) / tag_bw as it comes
+#   shm --staging / tag_bw (the pull wire), and --staging --no-pull (tagged data messages);
+#   --staging with TP=2->1 and with block-major -> layer-major / tag_bw
+#   shm TP=2->1 and block-major -> layer-major on the engine's own choice / tag_bw
+#   --staging --no-pull again with --shm-fifo 1024 (ucx.Config.ShmFIFOSize, opt-in: every peer
+#   must use the same FIFO) / tag_bw as it comes
 # and prints every figure with the load average beside it, then the ratios by round.
 # BENCH_PATHS_ONLY=WORD runs only the rows whose name contains WORD (e.g. tcp); the ratios of
 # rows not run print as "-". BENCH_PATHS_VS=K2 runs each kvxbench row a second time, right
@@ -91,15 +91,12 @@ while [ "$i" -le "$ROUNDS" ]; do
 	perftest "r$i.tcp.tag_bw_kvx" tag_bw tcp,self -e UCX_RNDV_SCHEME=get_zcopy
 	pair "r$i.tcp.rma" --tls tcp,self --rma-where-emulated
 	pair "r$i.shm.staging" --tls posix,cma,self --staging
+	pair "r$i.shm.staging.msg" --tls posix,cma,self --staging --no-pull
 	pair "r$i.shm.staging.tp2" --tls posix,cma,self --staging --prefill-tp 2
 	pair "r$i.shm.staging.conv" --tls posix,cma,self --staging --decode-order layer-major
 	pair "r$i.shm.tp2" --tls posix,cma,self --prefill-tp 2
 	pair "r$i.shm.conv" --tls posix,cma,self --decode-order layer-major
-	pair "r$i.fifo.staging" --tls posix,cma,self --shm-fifo 1024 --staging
-	pair "r$i.fifo.staging.tp2" --tls posix,cma,self --shm-fifo 1024 --staging --prefill-tp 2
-	pair "r$i.fifo.staging.conv" --tls posix,cma,self --shm-fifo 1024 --staging --decode-order layer-major
-	pair "r$i.fifo.tp2" --tls posix,cma,self --shm-fifo 1024 --prefill-tp 2
-	pair "r$i.fifo.conv" --tls posix,cma,self --shm-fifo 1024 --decode-order layer-major
+	pair "r$i.fifo.staging.msg" --tls posix,cma,self --shm-fifo 1024 --staging --no-pull
 	i=$((i + 1))
 done
 
@@ -122,15 +119,12 @@ cols = [
     ("tcp-choice/tag_bw(-e,get_zcopy)", lambda r: div(g(r, "tcp.choice"), g(r, "tcp.tag_bw_kvx"))),
     ("tcp-rma/tag_bw", lambda r: g(r, "tcp.rma", "ratio")),
     ("staging/tag_bw", lambda r: g(r, "shm.staging", "ratio")),
+    ("staging-msg/tag_bw", lambda r: g(r, "shm.staging.msg", "ratio")),
     ("staging-tp2/tag_bw", lambda r: g(r, "shm.staging.tp2", "ratio")),
     ("staging-conv/tag_bw", lambda r: g(r, "shm.staging.conv", "ratio")),
     ("tp2/tag_bw", lambda r: g(r, "shm.tp2", "ratio")),
     ("conv/tag_bw", lambda r: g(r, "shm.conv", "ratio")),
-    ("fifo:staging", lambda r: g(r, "fifo.staging", "ratio")),
-    ("fifo:staging-tp2", lambda r: g(r, "fifo.staging.tp2", "ratio")),
-    ("fifo:staging-conv", lambda r: g(r, "fifo.staging.conv", "ratio")),
-    ("fifo:tp2", lambda r: g(r, "fifo.tp2", "ratio")),
-    ("fifo:conv", lambda r: g(r, "fifo.conv", "ratio")),
+    ("fifo:staging-msg", lambda r: g(r, "fifo.staging.msg", "ratio")),
 ]
 print()
 print("round  " + "  ".join(c for c, _ in cols))

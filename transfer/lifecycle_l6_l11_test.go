@@ -31,7 +31,8 @@ func TestL6_EveryOperationCompletesExactlyOnce(t *testing.T) {
 		{"staging", fastConfig, false, pools, []string{"send", "receive"}, PathStaging},
 		{"direct IOV messages", func() Config { c := directConfig(); c.DisableRMA = true; return c }, true, pools,
 			[]string{"IOV send", "IOV receive"}, PathDirect},
-		{"RMA gets", rmaConfig, true, rmaPools, []string{"get"}, PathRMA},
+		{"RMA gets", rmaConfig, true, rmaPools, []string{"get", "generation read"}, PathRMA},
+		{"staging pull", pullConfig, false, pools, []string{"get", "generation read"}, PathStaging},
 	}
 	for _, pc := range paths {
 		t.Run(pc.name, func(t *testing.T) {
@@ -42,9 +43,16 @@ func TestL6_EveryOperationCompletesExactlyOnce(t *testing.T) {
 			n := mem.NewNetwork()
 			mt := map[Peer]*mem.Transport{"prefill": n.Transport("prefill"), "decode": n.Transport("decode")}
 			led := map[Peer]*opLedger{"prefill": newOpLedger(mt["prefill"]), "decode": newOpLedger(mt["decode"])}
-			a, err := New(led["prefill"], cfg)
+			acfg, bcfg := cfg, cfg
+			if pc.name == "staging pull" { // staging memory the transport may expose (newPullPair)
+				acfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+				bcfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+				mt["prefill"].AllowDirect(acfg.StagingMemory)
+				mt["decode"].AllowDirect(bcfg.StagingMemory)
+			}
+			a, err := New(led["prefill"], acfg)
 			require.NoError(t, err)
-			b, err := New(led["decode"], cfg)
+			b, err := New(led["decode"], bcfg)
 			require.NoError(t, err)
 			closed := false
 			t.Cleanup(func() {

@@ -165,6 +165,36 @@ func (l *opLedger) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []by
 	})
 }
 
+// ExposeGeneration implements RMAGenerations.
+func (l *opLedger) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
+	g, ok := l.inner.(RMAGenerations)
+	if !ok {
+		return 0, nil, 0, nil, fmt.Errorf("%T has no generation words", l.inner)
+	}
+	return g.ExposeGeneration()
+}
+
+// PrepareReadGeneration implements RMAGenerations.
+func (l *opLedger) PrepareReadGeneration(from Peer, key []byte) error {
+	g, ok := l.inner.(RMAGenerations)
+	if !ok {
+		return fmt.Errorf("%T has no generation words", l.inner)
+	}
+	return g.PrepareReadGeneration(from, key)
+}
+
+// PostReadGeneration implements RMAGenerations; the read is an operation like any other.
+func (l *opLedger) PostReadGeneration(from Peer, tag Tag, key []byte, addr uint64, done func(Completion, uint64)) (OpID, error) {
+	var value uint64 // written by the transport's callback before cb runs
+	return l.track("generation read", tag, func(c Completion) { done(c, value) }, func(cb func(Completion)) (OpID, error) {
+		g, ok := l.inner.(RMAGenerations)
+		if !ok {
+			return 0, fmt.Errorf("%T has no generation words", l.inner)
+		}
+		return g.PostReadGeneration(from, tag, key, addr, func(c Completion, v uint64) { value = v; cb(c) })
+	})
+}
+
 // GetsEmulated implements RMAEmulation (false where the inner transport cannot tell).
 func (l *opLedger) GetsEmulated(peer Peer) bool {
 	em, ok := l.inner.(RMAEmulation)
@@ -189,6 +219,7 @@ func (l *opLedger) ControlRoom() int {
 
 var (
 	_ RMAEmulation    = (*opLedger)(nil)
+	_ RMAGenerations  = (*opLedger)(nil)
 	_ TransportHealth = (*opLedger)(nil)
 	_ ControlBound    = (*opLedger)(nil)
 )

@@ -72,7 +72,7 @@ func (x *xfer) pullWanted() bool {
 		return false
 	}
 	rt, ok := e.tr.(RMATransport)
-	if !ok {
+	if !ok || x.rmaGenerations() == nil { // a validated offer must be checkable here
 		return false
 	}
 	if em, ok := rt.(RMAEmulation); ok && !e.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
@@ -93,6 +93,11 @@ type pullReceive struct {
 	bytes   int64
 	queue   []wire.SlotReady // announced, not yet read
 	seen    []bool           // announced, by seq
+	// a validated offer's generation word, read after the last get (as rma_gen.go does);
+	// genKey nil: nothing to check
+	gen, genAddr uint64
+	genKey       []byte
+	genRec       *opRec
 }
 
 var (
@@ -178,6 +183,13 @@ func (r *pullReceive) offered(m *wire.Slots) {
 			return
 		}
 	}
+	if m.Flags&wire.SlotsValidated != 0 {
+		if err := x.rmaGenerations().PrepareReadGeneration(x.peer, m.GenKey); err != nil {
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			return
+		}
+		r.gen, r.genAddr, r.genKey = m.Generation, m.GenAddr, m.GenKey
+	}
 	r.pulling, r.key, r.addr, r.bytes = true, m.Key, m.Addr, m.Bytes
 	x.pulled.Store(true)
 	r.pump()
@@ -245,6 +257,15 @@ func (r *pullReceive) post(slot *buffer.Slot) bool {
 // completed checks a chunk read out of the sender's slot, frees that slot and scatters it.
 func (r *pullReceive) completed(rec *opRec, c Completion) {
 	x := r.x
+	if rec == r.genRec {
+		if rec.gen != r.gen {
+			x.abort(&RequestError{ID: x.h.id, Err: &StaleReadError{Offered: r.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
+			return
+		}
+		r.genKey = nil // checked
+		x.receivedAll()
+		return
+	}
 	if !x.checkChunk(rec, rec.slot.Bytes()[:c.Bytes]) {
 		return
 	}
@@ -261,7 +282,33 @@ func (r *pullReceive) moved(rec *opRec) {
 	if !r.post(rec.slot) {
 		return
 	}
+	if x.moved == x.nChunks && r.genKey != nil {
+		r.readGeneration()
+		return
+	}
 	x.receivedAll()
+}
+
+// readGeneration (after the last chunk's get and scatter) reads the sender's generation word,
+// fenced after every get: a get that read a slot the sender had let go without the receiver's
+// word (it believed the receiver lost) precedes a read of the changed word, and the transfer
+// fails with a *StaleReadError instead of completing (rma_gen.go has the rule).
+func (r *pullReceive) readGeneration() {
+	x := r.x
+	rec := &opRec{seq: -1}
+	r.genRec = rec
+	id, err := x.rmaGenerations().PostReadGeneration(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(x.nChunks)},
+		r.genKey, r.genAddr, func(c Completion, value uint64) {
+			rec.gen = value
+			x.box.Push(event{op: rec, c: c})
+		})
+	if err != nil {
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		return
+	}
+	rec.id = id
+	x.ops = append(x.ops, rec)
+	x.outstanding++
 }
 
 // ---- sending side ----
@@ -270,7 +317,8 @@ func (r *pullReceive) moved(rec *opRec) {
 // announced instead of sent.
 type pullSend struct {
 	stagingSend
-	offer []byte // the encoded Slots, sent again when a repeated request shows it lost
+	offer  []byte // the encoded Slots, sent again when a repeated request shows it lost
+	endGen func() // ends the exposure's generation (RMAGenerations); nil: none, or ended
 }
 
 // answerPull answers a request with FlagPull: it exposes the staging memory and puts the
@@ -285,15 +333,24 @@ func (x *xfer) answerPull() bool {
 	case x.eng.speech.features&wire.FeatureSlotPull == 0:
 		err = errors.New("this sender does not speak the pull wire")
 	}
+	m := &wire.Slots{Header: head, Addr: addr, Bytes: int64(len(x.eng.slots.mem)), Key: key}
+	var endGen func()
+	if g := x.rmaGenerations(); err == nil && g != nil {
+		m.GenAddr, m.GenKey, m.Generation, endGen, err = g.ExposeGeneration()
+		m.Flags |= wire.SlotsValidated
+	}
 	var offer []byte
 	if err == nil {
-		offer, err = (&wire.Slots{Header: head, Addr: addr, Bytes: int64(len(x.eng.slots.mem)), Key: key}).AppendBinary(nil)
+		offer, err = m.AppendBinary(nil)
 	}
 	if err != nil {
+		if endGen != nil {
+			endGen()
+		}
 		_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.Slots{Header: head, Flags: wire.SlotsDeclined, Reason: err.Error()}))
 		return true
 	}
-	x.take(&pullSend{stagingSend: stagingSend{x}, offer: offer})
+	x.take(&pullSend{stagingSend: stagingSend{x}, offer: offer, endGen: endGen})
 	x.pulled.Store(true)
 	if err := x.eng.tr.SendControl(x.peer, offer); err != nil {
 		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
@@ -351,9 +408,12 @@ func (p *pullSend) fromPeer(m wire.Message) {
 // read go back; the abort that follows fails the transfer.
 func (p *pullSend) peerLost() { p.endExposures() }
 
-// endExposures ends every announced chunk the receiver has not taken: it will not read them.
+// endExposures ends every announced chunk the receiver has not taken: it will not read them
+// (its release), or it is lost and, should the transport be wrong about that, its last read
+// of the generation word finds the word changed before any slot is reused.
 func (p *pullSend) endExposures() {
 	x := p.x
+	p.end()
 	for _, rec := range x.ops {
 		if !rec.final {
 			rec.final = true
@@ -363,6 +423,15 @@ func (p *pullSend) endExposures() {
 	}
 	if x.aborting {
 		x.maybeResolve()
+	}
+}
+
+// end ends the exposure's generation, once: after endExposures, or when the transfer has
+// ended (every slot taken, or poisoned for good).
+func (p *pullSend) end() {
+	if p.endGen != nil {
+		p.endGen()
+		p.endGen = nil
 	}
 }
 

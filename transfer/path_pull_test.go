@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,11 +53,18 @@ type kindCounter struct {
 	fault func(mem.FaultPoint) mem.Fault
 }
 
+// genRead counts the reads of a generation word (mem.FaultPoint.Generation), apart from data.
+const genRead wire.Kind = 255
+
 func countKinds(p *pair, fault func(mem.FaultPoint) mem.Fault) *kindCounter {
 	k := &kindCounter{n: map[wire.Kind]int{}, fault: fault}
 	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		k.mu.Lock()
-		k.n[fp.Kind]++
+		if fp.Generation {
+			k.n[genRead]++
+		} else {
+			k.n[fp.Kind]++
+		}
 		k.mu.Unlock()
 		if k.fault != nil {
 			return k.fault(fp)
@@ -115,6 +123,7 @@ func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
 				require.Equal(t, chunks, k.count(wire.KindSlotTaken), "every chunk taken once")
 				require.Equal(t, 1, k.count(wire.KindSlots))
 				require.Equal(t, chunks, k.count(wire.KindData), "one get per chunk, no data message")
+				require.Equal(t, 1, k.count(genRead), "the sender's generation word read once, after the last get")
 			} else {
 				require.Zero(t, k.count(wire.KindSlotReady))
 				require.Zero(t, k.count(wire.KindSlotTaken))
@@ -129,11 +138,11 @@ func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
 	}
 }
 
-// TestPull_SendersSlotStaysOutWhileTheReceiverMayReadIt (L9, L10 on the pull wire): a
+// TestL10_PullSendersSlotStaysOutWhileTheReceiverMayReadIt (L9, L10 on the pull wire): a
 // sender cancelled while the receiver's get of its slot hangs on the wire keeps that slot
 // leased, and its handle unquiesced, until the receiver's get is final and its release
 // arrives; then the slot goes back, not poisoned.
-func TestPull_SendersSlotStaysOutWhileTheReceiverMayReadIt(t *testing.T) {
+func TestL10_PullSendersSlotStaysOutWhileTheReceiverMayReadIt(t *testing.T) {
 	cfg := pullConfig()
 	cfg.QuarantineTimeout = time.Minute // only the release may end the exposure here
 	p := newPullPair(t, cfg, cfg)
@@ -162,9 +171,9 @@ func TestPull_SendersSlotStaysOutWhileTheReceiverMayReadIt(t *testing.T) {
 	require.Equal(t, st.Total, st.Free)
 }
 
-// TestPull_ExposureNobodyEndsIsPoisoned: when the receiver's release never arrives, the
+// TestL9_PullExposureNobodyEndsIsPoisoned: when the receiver's release never arrives, the
 // sender's announced slot is poisoned at the quarantine timeout, never reused.
-func TestPull_ExposureNobodyEndsIsPoisoned(t *testing.T) {
+func TestL9_PullExposureNobodyEndsIsPoisoned(t *testing.T) {
 	cfg := pullConfig()
 	cfg.QuarantineTimeout = 100 * time.Millisecond
 	p := newPullPair(t, cfg, cfg)
@@ -187,9 +196,9 @@ func TestPull_ExposureNobodyEndsIsPoisoned(t *testing.T) {
 	waitClosed(t, hr.Quiesced(), "receive quiesced")
 }
 
-// TestPull_LostReceiverEndsTheExposure: a receiver the transport reports lost reads nothing
+// TestL10_PullLostReceiverEndsTheExposure: a receiver the transport reports lost reads nothing
 // more, so the sender's announced slots go back at once.
-func TestPull_LostReceiverEndsTheExposure(t *testing.T) {
+func TestL10_PullLostReceiverEndsTheExposure(t *testing.T) {
 	cfg := pullConfig()
 	cfg.QuarantineTimeout = time.Minute
 	p := newPullPair(t, cfg, cfg)
@@ -252,4 +261,46 @@ func TestPull_GarbageAnnouncementsFailTheTransferAndLoseNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPullValidatedRead_SenderReusesASlotMidRead: a sender told (falsely) that its receiver is
+// gone ends the exposure of the slot the receiver is still reading and reuses it, a new gather
+// overwriting the payload before its header (as stampChunk does); the receiver, which never
+// heard, reads the torn slot, whose header still matches, then the changed generation word,
+// and fails with a *StaleReadError: it never completes with bytes that changed under it.
+func TestPullValidatedRead_SenderReusesASlotMidRead(t *testing.T) {
+	cfg := pullConfig()
+	p := newPullPair(t, cfg, cfg)
+	src, dst := pools(t, 36)
+	var hang atomic.Bool
+	hang.Store(true)
+	capB := cfg.SlotBytes - wire.DataHeaderBytes
+	capB -= capB % src.plan.Layout().ElemSize
+	var last atomic.Uint32
+	last.Store(uint32((src.plan.Bytes()+capB-1)/capB - 1))
+	countKinds(p, func(fp mem.FaultPoint) mem.Fault {
+		switch {
+		case fp.Kind == wire.KindData && !fp.Generation && fp.Tag.Seq == last.Load() && hang.Load():
+			return mem.Fault{Hang: true}
+		case fp.Kind == wire.KindAbort && fp.From == "prefill":
+			return mem.Fault{Drop: true}
+		}
+		return mem.Fault{}
+	})
+	hs, hr := p.startStaged(t, 1, src, dst)
+	eventually(t, func() bool { return p.net.OnWire() >= 1 && hr.Status().Bytes > 0 }, "the last chunk's get on the wire")
+	p.net.ReportPeerLost(p.net.Endpoint("prefill"), "decode", fmt.Errorf("%w: false alarm", ErrPeerLost))
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	requireState(t, hs, Failed)
+	for i := 0; i < len(p.src.slots.mem); i += int(cfg.SlotBytes) { // every slot's payload rewritten, headers kept
+		for j := i + wire.DataHeaderBytes; j < i+int(cfg.SlotBytes); j++ {
+			p.src.slots.mem[j] = ^p.src.slots.mem[j]
+		}
+	}
+	hang.Store(false)
+	p.net.Resume()
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	requireState(t, hr, Failed)
+	require.ErrorIs(t, hr.Status().Err, ErrStaleRead)
+	require.Zero(t, p.net.Pending(), "every operation has its final verdict")
 }

@@ -44,7 +44,7 @@ func testL6UCX(t *testing.T, closeUnderWay bool) {
 		path  Path
 	}{
 		{"staging", func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, []string{"send", "receive"}, PathStaging},
-		{"staging pull", func(c *Config) { c.DisableDirect, c.RMAWhereEmulated = true, true }, []string{"get"}, PathStaging}, // over TCP too
+		{"staging pull", func(c *Config) { c.DisableDirect, c.RMAWhereEmulated = true, true }, []string{"get", "generation read"}, PathStaging}, // over TCP too
 		{"direct IOV messages", func(c *Config) { c.DisableRMA = true; c.DirectChunkBytes = 64 << 10 }, []string{"IOV send", "IOV receive"}, PathDirect},
 		{"RMA gets", func(c *Config) {
 			c.RMAWhereEmulated = true

@@ -107,6 +107,9 @@ func (x *xfer) runSend() {
 		return
 	}
 	x.loop()
+	if p, ok := x.path.(*pullSend); ok {
+		p.end() // path_pull.go: the generation word goes back
+	}
 }
 
 // stoppedBeforeStart tells the receiver that this sender ended while it waited for its path

@@ -33,6 +33,7 @@ type transferFlags struct {
 	noRMA          bool
 	noPull         bool
 	rmaEmulated    bool
+	rmaMinRegion   string
 	lanes          int
 	tcpSegment     string
 	shmFIFO        int
@@ -49,7 +50,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.prompts, "prompts", "1k,4k,16k", "prompt lengths in tokens, comma-separated")
 	fs.StringVar(&f.concurrency, "concurrency", "1,16", "requests in flight at once, comma-separated")
 	fs.StringVar(&f.slotSize, "slot-size", "4MiB", "staging slot size: the largest message on the wire in staging mode")
-	fs.IntVar(&f.pipelineDepth, "pipeline-depth", 2, "staging slots one transfer may hold, so the gather of chunk i+1 overlaps the wire of chunk i")
+	fs.IntVar(&f.pipelineDepth, "pipeline-depth", 4, "staging slots one transfer may hold, so the gather of chunk i+1 overlaps the wire of chunk i and the scatter of chunk i-1 (4: on the pull wire every stage has a slot to spare; docs/benchmarks.md)")
 	fs.StringVar(&f.tls, "tls", "", "UCX_TLS for the engine and the baseline, such as shm,self or tcp (default: $UCX_TLS, else UCX's choice)")
 	fs.StringVar(&f.memory, "memory", "host", "where the KV pools live: host or device")
 	fs.StringVar(&f.device, "device", "auto", deviceUsage)
@@ -63,6 +64,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
 	fs.IntVar(&f.shmFIFO, "shm-fifo", 0, "messages the receive FIFO of UCX's shared-memory transport holds (ucx.Config.ShmFIFOSize), on both ends: a power of two from 64 to 16384; 0: UCX's 64. Every process that talks to these over shared memory must use the same value")
 	fs.StringVar(&f.tcpSegment, "tcp-segment", "0", "largest piece UCX's TCP transport sends in one copy (ucx.Config.TCPSegmentBytes), on both ends: 8KiB to 1MiB; 0: the transport's default (1MiB, which only engines of this build or later take; 64KiB serves any peer)")
+	fs.StringVar(&f.rmaMinRegion, "rma-min-region", "", "the smallest mean pool-to-pool range for which the decode end takes RMA gets (transfer.Config.RMAMinRegionBytes; default: the engine's)")
 	fs.BoolVar(&f.rmaEmulated, "rma-where-emulated", false, "keep the RMA mode where UCX emulates gets (TCP); by default the decode end takes tagged IOV messages there, as the endpoint's lanes say")
 	fs.StringVar(&f.callerPages, "caller-pages", "thp", "with --pool caller: thp maps the pools with transparent huge pages (madvise MADV_HUGEPAGE), as a serving process maps a large KV cache; 4k keeps the kernel's base pages")
 	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (ucx.Transport.AllocatePool) or caller (mmap by this process, then ucx.Transport.RegisterHost, as a serving process hands over its own KV cache)")
@@ -104,6 +106,15 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	}
 	if tcpSegment != 0 && (tcpSegment < 8<<10 || tcpSegment > ucx.MaxTCPSegmentBytes) {
 		return bench.RunConfig{}, usagef("--tcp-segment = %d: must be 0 (the default) or between 8KiB and 1MiB", tcpSegment)
+	}
+	var rmaMinRegion int64
+	if f.rmaMinRegion != "" {
+		if rmaMinRegion, err = parseBytes("rma-min-region", f.rmaMinRegion); err != nil {
+			return bench.RunConfig{}, err
+		}
+		if rmaMinRegion <= 0 {
+			return bench.RunConfig{}, usagef("--rma-min-region = %d: must be positive", rmaMinRegion)
+		}
 	}
 	if s := f.shmFIFO; s != 0 && (s < 64 || s > 16384 || s&(s-1) != 0) {
 		return bench.RunConfig{}, usagef("--shm-fifo = %d: must be 0 (the default) or a power of two from 64 to 16384", s)
@@ -164,7 +175,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
-		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, RMAWhereEmulated: f.rmaEmulated, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, RMAWhereEmulated: f.rmaEmulated, RMAMinRegionBytes: rmaMinRegion, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
 		Pool: f.pool, CallerPages: f.callerPages,
 	}, nil
 }

@@ -50,6 +50,8 @@ type RunConfig struct {
 	NoPull bool `json:"no_pull,omitempty"`
 	// RMAWhereEmulated keeps the RMA mode where UCX emulates gets (--rma-where-emulated).
 	RMAWhereEmulated bool `json:"rma_where_emulated"`
+	// RMAMinRegionBytes is transfer.Config.RMAMinRegionBytes (--rma-min-region); 0: the engine's.
+	RMAMinRegionBytes int64 `json:"rma_min_region_bytes,omitempty"`
 	// Lanes is ucx.Config.Lanes of both ends (--lanes; 0: the transport's default).
 	Lanes int `json:"lanes"`
 	// TCPSegmentBytes is ucx.Config.TCPSegmentBytes of both ends (--tcp-segment; 0: the

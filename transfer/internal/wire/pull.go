@@ -31,9 +31,14 @@ type SlotsFlags uint32
 const (
 	// SlotsDeclined: the sender will not expose its slots (Slots.Reason says why); the chunks
 	// come as tagged data messages.
-	SlotsDeclined  SlotsFlags = 1 << 0
-	knownSlots                = SlotsDeclined
+	SlotsDeclined SlotsFlags = 1 << 0
+	// SlotsValidated: the message names the exposure's generation word (GenAddr, GenKey) and
+	// the Generation it holds while the slots are exposed; the receiver reads it after its
+	// last get, as on the RMA path (transport.RMAGenerations).
+	SlotsValidated SlotsFlags = 1 << 1
+	knownSlots                = SlotsDeclined | SlotsValidated
 	slotsFixed                = HeaderBytes + 4 + 4 + 8 + 8 // flags, key or reason length, addr, bytes
+	slotsGenFixed             = 8 + 8 + 4                   // generation address, generation, key length
 	slotReadyBytes            = HeaderBytes + 4 + 4 + 8 + 8 // seq, reserved, offset, length
 	slotTakenBytes            = HeaderBytes + 4 + 4         // seq, reserved
 	// MaxSlotsKey bounds the packed key a Slots message carries.
@@ -50,6 +55,11 @@ type Slots struct {
 	Addr   uint64
 	Bytes  int64
 	Key    []byte
+	// GenAddr, GenKey and Generation (SlotsValidated only): the exposure's generation word,
+	// the packed key of the region holding it, and the value it holds while exposed.
+	GenAddr    uint64
+	GenKey     []byte
+	Generation uint64
 }
 
 // SlotReady announces that chunk Seq lies in the sender's staging memory at [Offset,
@@ -77,15 +87,27 @@ func (m *Slots) AppendBinary(b []byte) ([]byte, error) {
 			r = r[:MaxAbortReason]
 		}
 		body = []byte(r)
+		if m.Flags != SlotsDeclined {
+			return nil, fmt.Errorf("a decline of slots has no other flag")
+		}
 	} else if len(m.Key) == 0 || len(m.Key) > MaxSlotsKey || m.Bytes <= 0 {
 		return nil, fmt.Errorf("slots of %d bytes with a %d-byte key: want bytes > 0 and a key of 1 to %d bytes", m.Bytes, len(m.Key), MaxSlotsKey)
+	} else if v := m.Flags&SlotsValidated != 0; v && (len(m.GenKey) == 0 || len(m.GenKey) > MaxSlotsKey) || !v && (m.GenKey != nil || m.GenAddr != 0 || m.Generation != 0) {
+		return nil, fmt.Errorf("a generation key of %d bytes: want 1 to %d with SlotsValidated, none without", len(m.GenKey), MaxSlotsKey)
 	}
 	b = m.Header.append(b, KindSlots)
 	b = binary.LittleEndian.AppendUint32(b, uint32(m.Flags))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(body)))
 	b = binary.LittleEndian.AppendUint64(b, m.Addr)
 	b = binary.LittleEndian.AppendUint64(b, uint64(m.Bytes))
-	return append(b, body...), nil
+	b = append(b, body...)
+	if m.Flags&SlotsValidated != 0 {
+		b = binary.LittleEndian.AppendUint64(b, m.GenAddr)
+		b = binary.LittleEndian.AppendUint64(b, m.Generation)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(m.GenKey)))
+		b = append(b, m.GenKey...)
+	}
+	return b, nil
 }
 
 // AppendBinary implements Message.
@@ -115,13 +137,26 @@ func decodePull(h Header, b []byte) (Message, error) {
 		}
 		m := &Slots{Header: h, Flags: SlotsFlags(u32(HeaderBytes)), Addr: uint64(u64(HeaderBytes + 8)), Bytes: u64(HeaderBytes + 16)}
 		n := int(u32(HeaderBytes + 4))
+		end := slotsFixed + n // where the generation part starts
+		if m.Flags&SlotsValidated != 0 {
+			if n > MaxSlotsKey || len(b) < end+slotsGenFixed {
+				return nil, malformed(len(b), "a validated slots message of %d bytes has no generation word", len(b))
+			}
+			m.GenAddr, m.Generation = uint64(u64(end)), uint64(u64(end+8))
+			g := int(u32(end + 16))
+			if g == 0 || g > MaxSlotsKey || len(b) != end+slotsGenFixed+g {
+				return nil, malformed(end+16, "generation key of %d bytes in a %d-byte slots message", g, len(b))
+			}
+			m.GenKey = append([]byte(nil), b[end+slotsGenFixed:]...)
+			b = b[:end]
+		}
 		switch {
 		case m.Flags&^knownSlots != 0:
 			return nil, malformed(HeaderBytes, "unknown slots flags %#x", uint32(m.Flags&^knownSlots))
 		case len(b) != slotsFixed+n:
 			return nil, malformed(HeaderBytes+4, "a %d-byte body in a %d-byte slots message", n, len(b))
 		case m.Flags&SlotsDeclined != 0:
-			if n > MaxAbortReason || m.Addr != 0 || m.Bytes != 0 {
+			if n > MaxAbortReason || m.Addr != 0 || m.Bytes != 0 || m.Flags != SlotsDeclined {
 				return nil, malformed(HeaderBytes+4, "a decline names no memory and gives at most %d bytes of reason", MaxAbortReason)
 			}
 			m.Reason = string(b[slotsFixed:])

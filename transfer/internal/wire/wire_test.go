@@ -211,6 +211,7 @@ func FuzzDecode(f *testing.F) {
 		Layout: layout.Packed(testDims, layout.BlockMajor), Blocks: []int32{2, 3}, First: 1, Total: 3, Key: []byte{5}}))
 	f.Add(Encode(&Slots{Header: Header{Request: 11, Nonce: 3}, Addr: 4096, Bytes: 1 << 20, Key: []byte("key")}))
 	f.Add(Encode(&Slots{Header: Header{Request: 12, Nonce: 3}, Flags: SlotsDeclined, Reason: "no"}))
+	f.Add(Encode(&Slots{Header: Header{Request: 15, Nonce: 3}, Flags: SlotsValidated, Addr: 4096, Bytes: 1 << 20, Key: []byte("key"), GenAddr: 8, GenKey: []byte{1}, Generation: 2}))
 	f.Add(Encode(&SlotReady{Header: Header{Request: 13, Nonce: 3}, Seq: 4, Offset: 1 << 22, Length: 1<<22 + DataHeaderBytes}))
 	f.Add(Encode(&SlotTaken{Header: Header{Request: 14, Nonce: 3}, Seq: 4}))
 	d, _ := (&DataHeader{Header: Header{Nonce: 1 << 63}, Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)

@@ -191,6 +191,9 @@ func NewDevice(cfg DeviceConfig) (*DeviceTransport, error) {
 	t.mu.Lock()
 	t.pools = append(t.pools, d.devMem) // unmapped by Close after the worker has settled everything
 	t.mu.Unlock()
+	// Go memory, never a UCX region: Direct refuses it, so an engine over this transport keeps
+	// the staging path's messages and never offers these slots to a peer's gets (the pull wire,
+	// docs/staging.md), which would read the headers without the payloads on the device.
 	d.headers = make([]byte, cfg.StagingBytes)
 	return d, nil
 }
