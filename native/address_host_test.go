@@ -143,3 +143,35 @@ func TestRemoteKey_MappedOnlyForAllocatedSharedMemory(t *testing.T) {
 		})
 	}
 }
+
+// A mapped key shows the peer's memory in this process: View reads what the peer wrote, and
+// sees the peer's later writes; a key that is not mapped has no view.
+func TestRemoteKey_ViewShowsThePeersMemory(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newPair(t, tr.tls)
+			m := alloc(t, p.ctxB, 1<<20)
+			b := m.Bytes()
+			for i := range b {
+				b[i] = byte(i * 7)
+			}
+			packed, err := m.PackRemoteKey()
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			rk, err := p.ab.UnpackRemoteKey(ctx, packed)
+			cancel()
+			require.NoError(t, err)
+			defer rk.Close()
+			v := rk.View(m.Addr()+4096, 8192)
+			if tr.name != "shm" {
+				require.Nil(t, v, "a key over %s maps nothing here", tr.name)
+				return
+			}
+			require.Len(t, v, 8192)
+			require.Equal(t, b[4096:4096+8192], v)
+			b[4096] = 0xaa
+			require.Equal(t, byte(0xaa), v[0], "the view is the peer's memory, not a copy")
+			require.Nil(t, rk.View(m.Addr(), 0))
+		})
+	}
+}

@@ -477,6 +477,12 @@ int kvx_ucx_rkey_mapped(ucp_rkey_h rkey, uint64_t remote_addr) {
   return st == UCS_OK || st == UCS_ERR_INVALID_ADDR;
 }
 
+void *kvx_ucx_rkey_ptr(ucp_rkey_h rkey, uint64_t remote_addr) {
+  void *p = NULL;
+  if (rkey == NULL || ucp_rkey_ptr(rkey, remote_addr, &p) != UCS_OK) return NULL;
+  return p;
+}
+
 /* --- test patterns ------------------------------------------------------------------------ */
 
 static inline uint64_t mix(uint64_t x) {

@@ -161,6 +161,8 @@ void kvx_ucx_rkey_destroy(ucp_rkey_h rkey);
 /* 1 when a transport maps the key's memory into this process (ucp_rkey_ptr: posix's attached
  * segment), so gets through it are loads; 0 when none does (UCS_ERR_UNREACHABLE). */
 int kvx_ucx_rkey_mapped(ucp_rkey_h rkey, uint64_t remote_addr);
+/* Where the peer's remote_addr is mapped in this process (ucp_rkey_ptr), or NULL. */
+void *kvx_ucx_rkey_ptr(ucp_rkey_h rkey, uint64_t remote_addr);
 
 /* Test patterns: every 8-byte word holds a function of (seed, its absolute offset), so a
  * misplaced, missing or duplicated chunk shows up. fill writes [off, off+len) of buf as the

@@ -241,6 +241,24 @@ type RemoteKey struct {
 // registered (Context.Register) rather than allocated is such.
 func (rk *RemoteKey) Mapped() bool { return rk.mapped }
 
+// View returns n bytes of the peer's memory at remoteAddr as this process maps them, where the
+// key is Mapped (ucp_rkey_ptr of the range's first and last byte, contiguous), else nil. Loads
+// from it read the peer's memory, as a get through the key would; the mapping lasts as long as
+// the key (Close) and outlives the peer's process. UCX does not check the range against the
+// peer's memory (neither does a get through the key): the caller bounds it by what the peer
+// named. The caller must not Close the key while it reads, and writes nothing through it.
+func (rk *RemoteKey) View(remoteAddr uint64, n int) []byte {
+	if !rk.mapped || n <= 0 || rk.rkey == nil {
+		return nil
+	}
+	first := C.kvx_ucx_rkey_ptr(rk.rkey, C.uint64_t(remoteAddr))
+	last := C.kvx_ucx_rkey_ptr(rk.rkey, C.uint64_t(remoteAddr+uint64(n-1)))
+	if first == nil || last == nil || uintptr(last)-uintptr(first) != uintptr(n-1) {
+		return nil
+	}
+	return unsafe.Slice((*byte)(first), n)
+}
+
 // UnpackRemoteKey unpacks a key the peer made with Memory.PackRemoteKey.
 func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*RemoteKey, error) {
 	if len(packed) == 0 {

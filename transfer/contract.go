@@ -34,6 +34,8 @@ type (
 	RMAEmulation = transport.RMAEmulation
 	// RMAKeyPreparer unpacks a peer's key ahead of the first get (transport.RMAKeyPreparer).
 	RMAKeyPreparer = transport.RMAKeyPreparer
+	// RMAMapper shows a peer's memory in this process (transport.RMAMapper).
+	RMAMapper = transport.RMAMapper
 	// RMALanes spreads gets over lanes (transport.RMALanes).
 	RMALanes = transport.RMALanes
 	// RMAGenerations validates RMA reads (transport.RMAGenerations).

@@ -28,6 +28,16 @@ type Mover interface {
 	Scatter(p *layout.Plan, src []byte, off int64) error
 }
 
+// AnySourceScatterer is an optional extension of Mover, for a Mover whose Scatter reads its
+// source with the CPU wherever it lies in host memory (HostMover's does). The staging path's
+// pull wire then hands it chunks straight out of the sender's slots, where the transport maps
+// them into this process (RMAMapper), instead of a copy in a slot of this engine: one copy of
+// every byte fewer. A Mover that needs its source in the engine's staging memory (a device
+// mover that looks the slot up in a registered region) does not implement it, or says false.
+type AnySourceScatterer interface {
+	ScatterReadsAnyHostMemory() bool
+}
+
 // HostMover returns the Mover for a KV pool in host memory. It copies with the C gather and
 // scatter of package native (the same layout header as the CUDA kernels); a build without cgo
 // falls back to a Go loop over the same plan math.
@@ -43,6 +53,9 @@ func (m hostMover) Gather(p *layout.Plan, off int64, dst []byte) error {
 	}
 	return err
 }
+
+// ScatterReadsAnyHostMemory implements AnySourceScatterer.
+func (hostMover) ScatterReadsAnyHostMemory() bool { return true }
 
 // Scatter implements Mover.
 func (m hostMover) Scatter(p *layout.Plan, src []byte, off int64) error {

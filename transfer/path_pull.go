@@ -93,6 +93,10 @@ type pullReceive struct {
 	bytes   int64
 	queue   []wire.SlotReady // announced, not yet read
 	seen    []bool           // announced, by seq
+	// mapper shows the sender's slots in this process (RMAMapper): the scatter then reads
+	// each chunk in place, one copy fewer than a get into a slot; nil once a slot is not mapped
+	// here, or when the Mover may need its source in a slot (AnySourceScatterer).
+	mapper RMAMapper
 	// a validated offer's generation word, read after the last get (as rma_gen.go does);
 	// genKey nil: nothing to check
 	gen, genAddr uint64
@@ -191,6 +195,11 @@ func (r *pullReceive) offered(m *wire.Slots) {
 		r.gen, r.genAddr, r.genKey = m.Generation, m.GenAddr, m.GenKey
 	}
 	r.pulling, r.key, r.addr, r.bytes = true, m.Key, m.Addr, m.Bytes
+	if mp, ok := x.eng.tr.(RMAMapper); ok && !x.eng.cfg.DisablePullInPlace {
+		if a, ok := x.mover.(AnySourceScatterer); ok && a.ScatterReadsAnyHostMemory() {
+			r.mapper = mp
+		}
+	}
 	x.pulled.Store(true)
 	r.pump()
 }
@@ -229,6 +238,12 @@ func (r *pullReceive) pump() {
 		slot := x.idle[len(x.idle)-1]
 		x.idle = x.idle[:len(x.idle)-1]
 		rec := x.stagingRec(int(m.Seq), slot)
+		if r.mapper != nil && !r.readInPlace(rec, m) {
+			return
+		}
+		if rec.inPlace {
+			continue
+		}
 		dst := slot.Bytes()[:m.Length:m.Length]
 		id, err := rt.PostGet(x.peer, x.tag(rec.seq), r.key, r.addr+uint64(m.Offset), dst, rec.done)
 		if err != nil {
@@ -239,6 +254,32 @@ func (r *pullReceive) pump() {
 		x.trackStaging(rec, id)
 		x.nextSeq++
 	}
+}
+
+// readInPlace hands chunk m to the mover to scatter straight out of the sender's slot, mapped
+// here, when the transport shows it (rec.unmap set; rec's own slot is only the pipeline
+// place). Without a view it leaves rec alone, and the chunk and every later one are read with
+// gets. It reports false when the transfer is aborting.
+func (r *pullReceive) readInPlace(rec *opRec, m wire.SlotReady) bool {
+	x := r.x
+	view, release, err := r.mapper.MapRemote(x.peer, r.key, r.addr+uint64(m.Offset), int(m.Length))
+	if err != nil {
+		releaseSlot(rec.slot)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		return false
+	}
+	if view == nil {
+		r.mapper = nil
+		return true
+	}
+	x.nextSeq++
+	if !x.checkChunk(rec, view) { // the slot went back, the transfer aborts
+		release()
+		return false
+	}
+	rec.unmap, rec.inPlace = release, true
+	x.toMover(rec) // moved sends SlotTaken once the scatter has read the slot
+	return true
 }
 
 // post takes back a slot whose chunk is scattered: it reads the next announced chunk, or
@@ -273,9 +314,14 @@ func (r *pullReceive) completed(rec *opRec, c Completion) {
 	x.toMover(rec)
 }
 
-// moved counts a scattered chunk and reuses its slot.
+// moved counts a scattered chunk and reuses its slot. A chunk read in place is taken only now,
+// its scatter done with the sender's slot (movedDone ended the view).
 func (r *pullReceive) moved(rec *opRec) {
 	x := r.x
+	if rec.inPlace {
+		rec.inPlace = false
+		_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.SlotTaken{Header: x.head(), Seq: uint32(rec.seq)}))
+	}
 	x.progress(int64(len(rec.buf)))
 	x.markReceived(rec.seq)
 	x.spare = append(x.spare, rec)

@@ -39,7 +39,15 @@ func newPullPair(t testing.TB, src, dst Config) *pair {
 	return p
 }
 
+// pullConfig reads the chunks with gets, which the network's faults reach; inPlaceConfig
+// lets the scatter read them in the sender's slot.
 func pullConfig() Config {
+	c := inPlaceConfig()
+	c.DisablePullInPlace = true
+	return c
+}
+
+func inPlaceConfig() Config {
 	c := pipelineConfig()
 	c.DisableDirect = true // the pools are Go memory moved through a Mover anyway
 	return c
@@ -98,14 +106,17 @@ func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
 		name             string
 		srcOff, dstOff   bool
 		wantPull, wantOf bool
+		inPlace          bool
 	}{
 		{name: "both pull", wantPull: true},
+		{name: "in place", wantPull: true, inPlace: true},
 		{name: "sender declines", srcOff: true, wantOf: true},
 		{name: "receiver does not ask", dstOff: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc, dc := pullConfig(), pullConfig()
 			sc.DisablePull, dc.DisablePull = tc.srcOff, tc.dstOff
+			dc.DisablePullInPlace = !tc.inPlace
 			p := newPullPair(t, sc, dc)
 			k := countKinds(p, nil)
 			src, dst := pools(t, 31)
@@ -122,7 +133,11 @@ func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
 				require.Equal(t, chunks, k.count(wire.KindSlotReady), "every chunk announced once")
 				require.Equal(t, chunks, k.count(wire.KindSlotTaken), "every chunk taken once")
 				require.Equal(t, 1, k.count(wire.KindSlots))
-				require.Equal(t, chunks, k.count(wire.KindData), "one get per chunk, no data message")
+				gets := chunks
+				if tc.inPlace {
+					gets = 0 // the scatter read each slot where it lies
+				}
+				require.Equal(t, gets, k.count(wire.KindData), "one get per chunk, no data message")
 				require.Equal(t, 1, k.count(genRead), "the sender's generation word read once, after the last get")
 			} else {
 				require.Zero(t, k.count(wire.KindSlotReady))
@@ -156,8 +171,9 @@ func TestL10_PullSendersSlotStaysOutWhileTheReceiverMayReadIt(t *testing.T) {
 	hs, hr := p.startStaged(t, 1, src, dst)
 	eventually(t, func() bool { return p.net.OnWire() >= 1 }, "the get of chunk 1 on the wire")
 	p.src.Cancel(1)
-	waitClosed(t, hr.Done(), "the receiver heard the sender's abort")
+	waitClosed(t, hs.Done(), "the sender cancelled (quarantined while its slot is read)")
 	time.Sleep(50 * time.Millisecond) // grace and more: nothing may release the slot now
+	require.False(t, isClosed(hr.Quiesced()), "the receiver quiesced while its scatter ran")
 	require.False(t, isClosed(hs.Quiesced()), "the sender quiesced while its slot was being read")
 	require.NotZero(t, p.src.pool.Stats().Leased, "the slot being read went back to the pool")
 	require.Zero(t, k.count(wire.KindRMARelease), "released before the get was final")
@@ -304,3 +320,42 @@ func TestPullValidatedRead_SenderReusesASlotMidRead(t *testing.T) {
 	require.ErrorIs(t, hr.Status().Err, ErrStaleRead)
 	require.Zero(t, p.net.Pending(), "every operation has its final verdict")
 }
+
+// TestL10_PullInPlaceSendersSlotStaysOutWhileTheScatterReadsIt (L9, L10 on the pull wire read
+// in place): a sender cancelled while the receiver's scatter still reads its slot where it
+// lies keeps that slot leased, and its handle unquiesced, until the scatter is over and the
+// receiver's release arrives; then the slot goes back, not poisoned.
+func TestL10_PullInPlaceSendersSlotStaysOutWhileTheScatterReadsIt(t *testing.T) {
+	cfg := inPlaceConfig()
+	cfg.QuarantineTimeout = time.Minute // only the release may end the exposure here
+	p := newPullPair(t, cfg, cfg)
+	k := countKinds(p, nil)
+	src, dst := pools(t, 37)
+	g := newGate(t)
+	m := &stuckMover{Mover: HostMover(dst.mem), gate: g}
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: HostMover(src.mem)})
+	require.NoError(t, err)
+	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: anySource{m}})
+	require.NoError(t, err)
+	waitClosed(t, g.entered, "a scatter reading the sender's slot, held")
+	p.src.Cancel(1)
+	waitClosed(t, hs.Done(), "the sender cancelled (quarantined while its slot is read)")
+	time.Sleep(50 * time.Millisecond) // grace and more: nothing may release the slot now
+	require.False(t, isClosed(hr.Quiesced()), "the receiver quiesced while its scatter ran")
+	require.False(t, isClosed(hs.Quiesced()), "the sender quiesced while its slot was being read")
+	require.NotZero(t, p.src.pool.Stats().Leased, "the slot being read went back to the pool")
+	require.Zero(t, k.count(wire.KindRMARelease), "released while the scatter read the slot")
+	g.let()
+	waitClosed(t, hr.Quiesced(), "receive quiesced once its scatter returned")
+	waitClosed(t, hs.Quiesced(), "send quiesced on the receiver's release")
+	require.Equal(t, 1, k.count(wire.KindRMARelease))
+	require.Zero(t, k.count(wire.KindData), "every chunk read in place")
+	st := p.src.pool.Stats()
+	require.Zero(t, st.Poisoned, "the release proved the slot unread")
+	require.Equal(t, st.Total, st.Free)
+}
+
+// anySource says its wrapped Mover's Scatter reads any host memory (AnySourceScatterer).
+type anySource struct{ Mover }
+
+func (anySource) ScatterReadsAnyHostMemory() bool { return true }

@@ -13,6 +13,7 @@ package transfer
 // and the mover is done with it.
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/kvxfer/kvxfer/buffer"
@@ -224,6 +225,10 @@ func (x *xfer) movedDone(rec *opRec) {
 	x.moving--
 	err := rec.moveErr
 	rec.moveErr = nil
+	if rec.unmap != nil && !errors.Is(err, ErrQuiescenceUnknown) { // a copy that may still read keeps its view for good
+		rec.unmap()
+		rec.unmap = nil
+	}
 	switch {
 	case err != nil:
 		x.moverFailed(rec.slot, rec.seq, err)
@@ -259,7 +264,7 @@ func (x *xfer) stagingRec(seq int, slot *buffer.Slot) *opRec {
 		rec = &opRec{final: true} // nothing posted yet: an abort has nothing to cancel
 		rec.done = func(c Completion) { x.box.Push(event{op: rec, c: c}) }
 	}
-	rec.seq, rec.slot, rec.id, rec.off, rec.buf = seq, slot, 0, 0, nil
+	rec.seq, rec.slot, rec.id, rec.off, rec.buf, rec.inPlace = seq, slot, 0, 0, nil, false
 	return rec
 }
 

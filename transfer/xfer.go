@@ -115,6 +115,11 @@ type opRec struct {
 	off     int64
 	buf     []byte
 	moveErr error
+	// unmap ends the view of the sender's slot that buf lies in (the pull wire reading a
+	// mapped slot in place, path_pull.go); nil: buf is in rec's own slot. inPlace: the chunk
+	// was read so (its SlotTaken goes once the scatter is done).
+	unmap   func()
+	inPlace bool
 	// done is a staging record's completion callback, made once (stagingRec); listed: it is
 	// in x.ops.
 	done   func(Completion)

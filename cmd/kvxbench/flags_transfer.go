@@ -32,6 +32,7 @@ type transferFlags struct {
 	staging        bool
 	noRMA          bool
 	noPull         bool
+	pullGets       bool
 	rmaEmulated    bool
 	rmaMinRegion   string
 	lanes          int
@@ -69,6 +70,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.callerPages, "caller-pages", "thp", "with --pool caller: thp maps the pools with transparent huge pages (madvise MADV_HUGEPAGE), as a serving process maps a large KV cache; 4k keeps the kernel's base pages")
 	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (ucx.Transport.AllocatePool) or caller (mmap by this process, then ucx.Transport.RegisterHost, as a serving process hands over its own KV cache)")
 	fs.BoolVar(&f.noPull, "no-pull", false, "keep the staging path on tagged data messages: the decode end does not read the chunks out of the prefill end's slots with gets (transfer.Config.DisablePull)")
+	fs.BoolVar(&f.pullGets, "pull-gets", false, "on the pull wire, read each chunk with a get into a slot even where the decode end maps the prefill end's slots (transfer.Config.DisablePullInPlace; by default the scatter reads them in place)")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
 	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
 }
@@ -175,7 +177,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
-		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, RMAWhereEmulated: f.rmaEmulated, RMAMinRegionBytes: rmaMinRegion, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, PullGets: f.pullGets, RMAWhereEmulated: f.rmaEmulated, RMAMinRegionBytes: rmaMinRegion, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
 		Pool: f.pool, CallerPages: f.callerPages,
 	}, nil
 }

@@ -91,6 +91,10 @@ func (m *timedMover) Gather(p *layout.Plan, off int64, dst []byte) error {
 	return err
 }
 
+// ScatterReadsAnyHostMemory implements transfer.AnySourceScatterer: the host scatter reads its
+// source wherever it lies, so the pull wire may hand it the prefill end's slot in place.
+func (m *timedMover) ScatterReadsAnyHostMemory() bool { return true }
+
 func (m *timedMover) Scatter(p *layout.Plan, src []byte, off int64) error {
 	t := time.Now()
 	err := native.HostScatter(p, src, off, m.pool)

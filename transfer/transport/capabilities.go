@@ -79,6 +79,21 @@ type RMAKeyPreparer interface {
 	PrepareKeys(from Peer, poolKey []byte) error
 }
 
+// RMAMapper is an optional extension of RMATransport, for a transport that can show a peer's
+// memory in this process (UCX's shared memory maps the segment of memory UCX allocated for the
+// peer: ucp_rkey_ptr). A reader then loads the bytes itself instead of posting a get: one copy
+// fewer where the reader copies them on anyway (the staging path's scatter, straight out of
+// the sender's slot).
+type RMAMapper interface {
+	// MapRemote returns bytes [addr, addr+n) of peer from's memory named by key (as the peer's
+	// RMAKey gave it) as a slice of this process's memory, and release, which ends the use
+	// (once; later calls do nothing). Until release the view stays readable, whatever becomes
+	// of the peer. It returns a nil view and no error where the memory is not mapped here
+	// (the caller gets instead). The caller bounds [addr, addr+n) by what the peer named: the
+	// transport may not check it.
+	MapRemote(from Peer, key []byte, addr uint64, n int) (view []byte, release func(), err error)
+}
+
 // RMALanes is an optional extension of RMATransport, for a transport that spreads gets over
 // several lanes that copy in parallel (the UCX transport's lanes). A receiver then cuts a request too
 // small to give every lane two gets of DirectChunkBytes into smaller gets, so that it uses them

@@ -154,3 +154,30 @@ func (t *Transport) PostReadGeneration(from transport.Peer, tag transport.Tag, k
 		done(c, v)
 	})
 }
+
+var _ transport.RMAMapper = (*Transport)(nil)
+
+// MapRemote implements transport.RMAMapper: in one process every pool is mapped, so the view is
+// the owner's pool itself, bounded by the pool the key names (a range outside it is refused,
+// never shown). No fault applies to the reads through it: they are the caller's own loads.
+func (t *Transport) MapRemote(from transport.Peer, key []byte, addr uint64, n int) ([]byte, func(), error) {
+	net := t.net
+	net.mu.Lock()
+	defer net.mu.Unlock()
+	if err := t.checkLocked(from); err != nil {
+		return nil, nil, err
+	}
+	if len(key) != len(memKeyMagic)+4 || string(key[:len(memKeyMagic)]) != memKeyMagic {
+		return nil, nil, fmt.Errorf("%w: %d-byte key is not a memtransport rma key", transport.ErrInvalidSpec, len(key))
+	}
+	pool, ok := net.eps[from].direct[binary.LittleEndian.Uint32(key[len(memKeyMagic):])]
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: the rma key names a pool %s does not allow (now)", transport.ErrInvalidSpec, from)
+	}
+	base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(pool))))
+	if n <= 0 || addr < base || addr-base > uint64(len(pool)) || uint64(n) > uint64(len(pool))-(addr-base) {
+		return nil, nil, fmt.Errorf("%w: view [%#x, +%d) outside the %d-byte pool at %#x", transport.ErrInvalidSpec, addr, n, len(pool), base)
+	}
+	off := addr - base
+	return pool[off : off+uint64(n) : off+uint64(n)], func() {}, nil
+}

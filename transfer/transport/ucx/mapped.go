@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package ucx
+
+import (
+	"sync"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
+)
+
+var _ transport.RMAMapper = (*Transport)(nil)
+
+// MapRemote implements transport.RMAMapper: where the peer's key is mapped here (memory UCX
+// allocated for the peer, seen over shared memory: native.RemoteKey.View), the view is that
+// mapping. The key, unpacked on the transport's own endpoint to from, counts the view as a
+// get in flight until release, so neither the peer's loss nor a replaced endpoint destroys it
+// (and unmaps the segment) while the caller reads.
+func (t *Transport) MapRemote(from transport.Peer, key []byte, addr uint64, n int) ([]byte, func(), error) {
+	if err := t.ensureEndpoint(from); err != nil {
+		return nil, nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, nil, transport.ErrClosed
+	}
+	ep, err := t.laneEndpointLocked(0, from)
+	if err != nil {
+		return nil, nil, err
+	}
+	rk, err := t.remoteKeyLocked(from, 0, ep, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	view := rk.rk.View(addr, n)
+	if view == nil {
+		return nil, nil, nil
+	}
+	rk.inflight++
+	var once sync.Once
+	return view, func() { once.Do(func() { t.keyUnused(rk) }) }, nil
+}
