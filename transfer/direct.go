@@ -2,6 +2,11 @@
 
 package transfer
 
+import (
+	"cmp"
+	"slices"
+)
+
 // directRecvAhead is how many direct receives a transfer keeps posted (at least
 // PipelineDepth): they hold no slot, only the caller's memory, which is reserved for the
 // transfer anyway.
@@ -21,6 +26,44 @@ func (x *xfer) directCapable() bool {
 // Config.DirectMinRunBytes, which staging moves faster than the direct path's IOV entries.
 func (x *xfer) piecesTooSmall() bool {
 	return x.plan.RunUnits()*x.plan.Layout().RowBytes() < x.eng.cfg.DirectMinRunBytes
+}
+
+// pullBeatsDirect (a receiver choosing its path) reports whether the staging path's pull
+// wire, reading the sender's slots in place, would move this pool faster than the direct path.
+// Where the pool's own contiguous ranges average under RMAMinRegionBytes, no RMA offer can be
+// taken whatever the sender's layout (its gets are pieces of these ranges), so the direct path
+// would send IOV messages; measured on UCX 1.13 shared memory, those moved TP=2->1 (16 KiB
+// ranges) at half the in-place pull wire's rate and block-major -> layer-major (32 KiB) at
+// 0.8 of it (docs/benchmarks.md, "The pull wire"). Config.DisablePullInPlace (or DisablePull)
+// keeps such pools on the direct path.
+func (x *xfer) pullBeatsDirect() bool {
+	if x.eng.cfg.DisablePullInPlace || !x.pullWanted() {
+		return false
+	}
+	if _, ok := x.eng.tr.(RMAMapper); !ok {
+		return false
+	}
+	if a, ok := x.mover.(AnySourceScatterer); !ok || !a.ScatterReadsAnyHostMemory() {
+		return false
+	}
+	limit := x.eng.cfg.RMAMinRegionBytes
+	pieces := x.plan.Bytes() / (x.plan.RunUnits() * x.plan.Layout().RowBytes())
+	if pieces > rmaMaxPieces {
+		return true // pieces too many to walk: small ones
+	}
+	// The ranges as an RMA offer's would merge: by pool offset, not stream order (a
+	// block-major pool streams layer by layer, yet each of its blocks is one range).
+	type span struct{ at, n int64 }
+	var spans []span
+	_ = x.plan.Runs(0, x.plan.Bytes(), func(at, _, n int64) { spans = append(spans, span{at, n}) })
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.at, b.at) })
+	runs := int64(0)
+	for i, sp := range spans {
+		if i == 0 || spans[i-1].at+spans[i-1].n != sp.at {
+			runs++
+		}
+	}
+	return runs > 0 && x.plan.Bytes()/runs < limit
 }
 
 // iov lists the pool ranges holding stream bytes [off, off+n): what a direct operation hands

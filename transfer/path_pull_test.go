@@ -359,3 +359,45 @@ func TestL10_PullInPlaceSendersSlotStaysOutWhileTheScatterReadsIt(t *testing.T) 
 type anySource struct{ Mover }
 
 func (anySource) ScatterReadsAnyHostMemory() bool { return true }
+
+// TestDirectLeavesSmallRangesToThePullWire: a direct-capable receiver whose own pool ranges
+// average under RMAMinRegionBytes (no RMA offer could be taken) takes the staging path's pull
+// wire, read in place, instead of the direct path's IOV messages, which it beats there
+// (docs/benchmarks.md); with ranges above the bound, or DisablePullInPlace, it stays direct.
+func TestDirectLeavesSmallRangesToThePullWire(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		minRegion int64
+		noInPlace bool
+		want      Path
+	}{
+		{name: "small ranges", want: PathStaging},
+		{name: "ranges above RMAMinRegionBytes", minRegion: 256, want: PathDirect},
+		{name: "DisablePullInPlace", noInPlace: true, want: PathDirect},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := pipelineConfig()
+			cfg.DisableRMA = true
+			if tc.minRegion > 0 {
+				cfg.RMAMinRegionBytes = tc.minRegion
+			}
+			cfg.DisablePullInPlace = tc.noInPlace
+			p := newPullPair(t, cfg, cfg)
+			src, dst := pools(t, 38) // block-major to layer-major: 256-byte pieces, 2 KiB ranges
+			p.net.Endpoint("prefill").AllowDirect(src.mem)
+			p.net.Endpoint("decode").AllowDirect(dst.mem)
+			k := countKinds(p, nil)
+			hs, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receive quiesced")
+			waitClosed(t, hs.Quiesced(), "send quiesced")
+			requireState(t, hr, Completed)
+			require.Equal(t, src.stream(t), dst.stream(t))
+			require.Equal(t, tc.want, hr.Path())
+			require.Equal(t, tc.want == PathStaging, hr.Pulled())
+			if tc.want == PathStaging {
+				require.NotZero(t, k.count(wire.KindSlotReady))
+				require.Zero(t, k.count(wire.KindData), "read in place")
+			}
+		})
+	}
+}

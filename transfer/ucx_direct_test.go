@@ -90,7 +90,9 @@ func TestUCXDirect_FallbackAndRefusal(t *testing.T) {
 	dims := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 16}
 	tr := ucxTransports[0]
 	src := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
-	dst := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
+	dcfg := ucxTestConfig()
+	dcfg.DisablePullInPlace = true // else the layer-major receiver below takes the pull wire, not direct
+	dst := newUCXEngine(t, tr.tls, tr.dev, dcfg)
 	ids := []int32{1, 2, 3, 4}
 
 	s := mappedKV(t, src, dims, layout.BlockMajor, ids, 3)
