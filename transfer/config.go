@@ -101,12 +101,12 @@ type Config struct {
 	// from mapped memory is one memcpy. A sender with DisablePull declines, and the chunks go
 	// as messages.
 	DisablePull bool
-	// DisablePullInPlace makes a pull receiver read each chunk with a get into a slot of its
+	// DisableInPlaceReads makes a pull receiver read each chunk with a get into a slot of its
 	// own even where its transport maps the sender's slots into this process (RMAMapper: UCX
 	// over shared memory). By default the scatter then reads the chunk in place, one copy
 	// fewer; only a Spec without a Mover, or with a Mover that says it may
 	// (AnySourceScatterer: HostMover does), reads in place.
-	DisablePullInPlace bool
+	DisableInPlaceReads bool
 	// RMAWhereEmulated keeps the RMA mode where the transport says its gets to the peer are
 	// emulated (RMAEmulation: UCX 1.13 over TCP). By default such a receiver takes the direct
 	// path's tagged messages instead, and Handle.Path says PathDirect; on the staging path it

@@ -34,10 +34,10 @@ func (x *xfer) piecesTooSmall() bool {
 // taken whatever the sender's layout (its gets are pieces of these ranges), so the direct path
 // would send IOV messages; measured on UCX 1.13 shared memory, those moved TP=2->1 (16 KiB
 // ranges) at half the in-place pull wire's rate and block-major -> layer-major (32 KiB) at
-// 0.8 of it (docs/benchmarks.md, "The pull wire"). Config.DisablePullInPlace (or DisablePull)
+// 0.8 of it (docs/benchmarks.md, "The pull wire"). Config.DisableInPlaceReads (or DisablePull)
 // keeps such pools on the direct path.
 func (x *xfer) pullBeatsDirect() bool {
-	if x.eng.cfg.DisablePullInPlace || !x.pullWanted() {
+	if x.eng.cfg.DisableInPlaceReads || !x.pullWanted() {
 		return false
 	}
 	if _, ok := x.eng.tr.(RMAMapper); !ok {

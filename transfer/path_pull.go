@@ -195,7 +195,7 @@ func (r *pullReceive) offered(m *wire.Slots) {
 		r.gen, r.genAddr, r.genKey = m.Generation, m.GenAddr, m.GenKey
 	}
 	r.pulling, r.key, r.addr, r.bytes = true, m.Key, m.Addr, m.Bytes
-	if mp, ok := x.eng.tr.(RMAMapper); ok && !x.eng.cfg.DisablePullInPlace {
+	if mp, ok := x.eng.tr.(RMAMapper); ok && !x.eng.cfg.DisableInPlaceReads {
 		if a, ok := x.mover.(AnySourceScatterer); ok && a.ScatterReadsAnyHostMemory() {
 			r.mapper = mp
 		}

@@ -30,6 +30,8 @@ func newPullPair(t testing.TB, src, dst Config) *pair {
 		return e
 	}
 	p := &pair{net: n, src: mk("prefill", src), dst: mk("decode", dst)}
+	n.Endpoint("prefill").MapPeers(true) // as UCX over shared memory maps the peer's slots
+	n.Endpoint("decode").MapPeers(true)
 	t.Cleanup(func() {
 		require.NoError(t, p.src.Close())
 		require.NoError(t, p.dst.Close())
@@ -43,7 +45,7 @@ func newPullPair(t testing.TB, src, dst Config) *pair {
 // lets the scatter read them in the sender's slot.
 func pullConfig() Config {
 	c := inPlaceConfig()
-	c.DisablePullInPlace = true
+	c.DisableInPlaceReads = true
 	return c
 }
 
@@ -116,7 +118,7 @@ func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sc, dc := pullConfig(), pullConfig()
 			sc.DisablePull, dc.DisablePull = tc.srcOff, tc.dstOff
-			dc.DisablePullInPlace = !tc.inPlace
+			dc.DisableInPlaceReads = !tc.inPlace
 			p := newPullPair(t, sc, dc)
 			k := countKinds(p, nil)
 			src, dst := pools(t, 31)
@@ -363,7 +365,7 @@ func (anySource) ScatterReadsAnyHostMemory() bool { return true }
 // TestDirectLeavesSmallRangesToThePullWire: a direct-capable receiver whose own pool ranges
 // average under RMAMinRegionBytes (no RMA offer could be taken) takes the staging path's pull
 // wire, read in place, instead of the direct path's IOV messages, which it beats there
-// (docs/benchmarks.md); with ranges above the bound, or DisablePullInPlace, it stays direct.
+// (docs/benchmarks.md); with ranges above the bound, or DisableInPlaceReads, it stays direct.
 func TestDirectLeavesSmallRangesToThePullWire(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -373,7 +375,7 @@ func TestDirectLeavesSmallRangesToThePullWire(t *testing.T) {
 	}{
 		{name: "small ranges", want: PathStaging},
 		{name: "ranges above RMAMinRegionBytes", minRegion: 256, want: PathDirect},
-		{name: "DisablePullInPlace", noInPlace: true, want: PathDirect},
+		{name: "DisableInPlaceReads", noInPlace: true, want: PathDirect},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := pipelineConfig()
@@ -381,7 +383,7 @@ func TestDirectLeavesSmallRangesToThePullWire(t *testing.T) {
 			if tc.minRegion > 0 {
 				cfg.RMAMinRegionBytes = tc.minRegion
 			}
-			cfg.DisablePullInPlace = tc.noInPlace
+			cfg.DisableInPlaceReads = tc.noInPlace
 			p := newPullPair(t, cfg, cfg)
 			src, dst := pools(t, 38) // block-major to layer-major: 256-byte pieces, 2 KiB ranges
 			p.net.Endpoint("prefill").AllowDirect(src.mem)

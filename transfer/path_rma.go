@@ -32,6 +32,9 @@ type rmaReceive struct {
 	gen, genAddr uint64
 	genKey       []byte
 	genRec       *opRec // the read of the word, once posted
+	// inPlace reads the offered pool where the transport maps it here (rma_inplace.go); nil:
+	// gets.
+	inPlace *rmaInPlace
 }
 
 // rmaSend is the sending side of the RMA path: the pool is offered and exposed to the
@@ -164,6 +167,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 	r.pulling, r.key, r.addr, r.gets = true, m.Key, m.Addr, gets
 	x.take(r)                              // now PathRMA
 	x.nChunks, x.recvSeen = len(gets), nil // layers are reported ready at the end
+	r.inPlace = x.rmaInPlace()
 	for range min(rmaGetsAhead, len(gets)) {
 		if !r.post(nil) {
 			break
@@ -191,6 +195,11 @@ func (r *rmaReceive) post(*buffer.Slot) bool {
 	x := r.x
 	if x.nextSeq >= x.nChunks || x.aborting {
 		return !x.aborting
+	}
+	if r.inPlace != nil {
+		if posted, more := r.copyInPlace(); posted || !more {
+			return !x.aborting
+		}
 	}
 	g := r.gets[x.nextSeq]
 	rec := &opRec{seq: x.nextSeq}
@@ -241,6 +250,7 @@ func (r *rmaReceive) completed(rec *opRec, c Completion) {
 // memory nobody uses.
 func (r *rmaReceive) end() {
 	x := r.x
+	r.releaseView()              // rma_inplace.go: every copy has returned
 	if x.m.load() != Completed { // also after a decline of ours: the release is the word that lasts
 		_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.RMARelease{Header: x.head()}))
 	}

@@ -210,9 +210,14 @@ func (x *xfer) toMover(rec *opRec) {
 
 // move runs on a mover worker: it copies rec's chunk and hands the result to the loop.
 func (x *xfer) move(rec *opRec) {
-	if x.receive {
+	switch {
+	case rec.batch != nil: // RMA ranges read in place (rma_inplace.go): plain copies
+		for _, g := range rec.batch {
+			copy(x.pool[g.dst:g.dst+g.n], rec.buf[g.src:g.src+g.n])
+		}
+	case x.receive:
 		rec.moveErr = x.mover.Scatter(x.plan, rec.buf, rec.off)
-	} else {
+	default:
 		rec.moveErr = x.mover.Gather(x.plan, rec.off, rec.buf)
 	}
 	x.box.Push(event{op: rec, moved: true})

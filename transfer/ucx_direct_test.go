@@ -91,7 +91,7 @@ func TestUCXDirect_FallbackAndRefusal(t *testing.T) {
 	tr := ucxTransports[0]
 	src := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
 	dcfg := ucxTestConfig()
-	dcfg.DisablePullInPlace = true // else the layer-major receiver below takes the pull wire, not direct
+	dcfg.DisableInPlaceReads = true // else the layer-major receiver below takes the pull wire, not direct
 	dst := newUCXEngine(t, tr.tls, tr.dev, dcfg)
 	ids := []int32{1, 2, 3, 4}
 

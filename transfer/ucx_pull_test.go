@@ -51,7 +51,7 @@ func newCountingUCXEngine(t testing.TB, tls string, cfg Config) (*ucxEngine, *co
 
 // Over UCX shared memory the pull wire's receiver scatters each chunk straight out of the
 // sender's slot, which the transport maps into its process: no get, every byte arrives, and
-// every slot of both engines goes back. DisablePullInPlace reads each chunk with a get
+// every slot of both engines goes back. DisableInPlaceReads reads each chunk with a get
 // instead; over TCP (gets emulated) the chunks are messages.
 func TestUCXPull_ScatterReadsTheSendersSlotInPlace(t *testing.T) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
@@ -66,7 +66,7 @@ func TestUCXPull_ScatterReadsTheSendersSlotInPlace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
-			cfg.DisableDirect, cfg.DisablePullInPlace = true, tc.gets
+			cfg.DisableDirect, cfg.DisableInPlaceReads = true, tc.gets
 			src, _ := newCountingUCXEngine(t, tc.tls, cfg)
 			dst, dc := newCountingUCXEngine(t, tc.tls, cfg)
 			chunks := 0
@@ -96,6 +96,40 @@ func TestUCXPull_ScatterReadsTheSendersSlotInPlace(t *testing.T) {
 			for _, u := range []*ucxEngine{src, dst} {
 				st := u.e.pool.Stats()
 				require.Equal(t, st.Total, st.Free, "every slot back: %+v", st)
+			}
+		})
+	}
+}
+
+// Over UCX shared memory the RMA receiver copies the ranges out of the sender's pool, which
+// the transport maps into its process, instead of posting gets; over TCP nothing is mapped and
+// the ranges are gets (RMAWhereEmulated keeps the RMA mode there).
+func TestUCXRMA_ReadsTheOfferedPoolInPlace(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
+	for _, tc := range []struct{ name, tls string }{{"shm", "posix,cma,self"}, {"tcp", "tcp,self"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := ucxTestConfig()
+			cfg.RMAMinRegionBytes, cfg.RMAWhereEmulated = 64<<10, true
+			src, _ := newCountingUCXEngine(t, tc.tls, cfg)
+			dst, dc := newCountingUCXEngine(t, tc.tls, cfg)
+			sb, rb := make([]int32, 21), make([]int32, 21)
+			for j := range sb {
+				sb[j], rb[j] = int32(j*3)%64, int32(63-j)
+			}
+			s := mappedKV(t, src, dims, layout.BlockMajor, sb, 23)
+			r := mappedKV(t, dst, dims, layout.BlockMajor, rb, 0)
+			hs, hr := startKV(t, src, dst, 31, s, r)
+			waitQuiesced(t, hr, 20*time.Second)
+			waitQuiesced(t, hs, 20*time.Second)
+			require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+			require.Equal(t, PathRMA, hr.Path())
+			require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
+			if tc.name == "shm" {
+				require.Zero(t, dc.gets.Load(), "a range read with a get")
+				require.Equal(t, int64(1), dc.maps.Load(), "the offered pool mapped once")
+			} else {
+				require.Zero(t, dc.maps.Load())
+				require.NotZero(t, dc.gets.Load())
 			}
 		})
 	}

@@ -120,6 +120,9 @@ type opRec struct {
 	// was read so (its SlotTaken goes once the scatter is done).
 	unmap   func()
 	inPlace bool
+	// batch are RMA ranges read in place (rma_inplace.go): the mover copies each out of buf,
+	// the sender's pool as mapped here, into the pool.
+	batch []rmaRegion
 	// done is a staging record's completion callback, made once (stagingRec); listed: it is
 	// in x.ops.
 	done   func(Completion)

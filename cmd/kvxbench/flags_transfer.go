@@ -32,7 +32,7 @@ type transferFlags struct {
 	staging        bool
 	noRMA          bool
 	noPull         bool
-	pullGets       bool
+	noInPlace      bool
 	rmaEmulated    bool
 	rmaMinRegion   string
 	lanes          int
@@ -62,7 +62,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.directChunk, "direct-chunk", "64MiB", "the largest message of the direct path (no slot bounds it)")
 	fs.BoolVar(&f.staging, "staging", false, "force the staging path (gather, wire, scatter through slots); by default the pools are mapped by UCX and transfers take the one-copy direct path")
 	fs.StringVar(&f.decodeOrder, "decode-order", "", "the decode pool's order when it differs from --order (layout conversion on the way: block-major, layer-major or layer-major-nhd)")
-	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
+	fs.IntVar(&f.lanes, "lanes", 0, "UCX workers (each its own thread) the decode end stripes a request's RMA gets over, or, where it reads the prefill pool in place, how many copies of one request run at once; 1 is a single worker; 0: the transport's default (up to 4, at most the cores)")
 	fs.IntVar(&f.shmFIFO, "shm-fifo", 0, "messages the receive FIFO of UCX's shared-memory transport holds (ucx.Config.ShmFIFOSize), on both ends: a power of two from 64 to 16384; 0: UCX's 64. Every process that talks to these over shared memory must use the same value")
 	fs.StringVar(&f.tcpSegment, "tcp-segment", "0", "largest piece UCX's TCP transport sends in one copy (ucx.Config.TCPSegmentBytes), on both ends: 8KiB to 1MiB; 0: the transport's default (1MiB, which only engines of this build or later take; 64KiB serves any peer)")
 	fs.StringVar(&f.rmaMinRegion, "rma-min-region", "", "the smallest mean pool-to-pool range for which the decode end takes RMA gets (transfer.Config.RMAMinRegionBytes; default: the engine's)")
@@ -70,7 +70,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.callerPages, "caller-pages", "thp", "with --pool caller: thp maps the pools with transparent huge pages (madvise MADV_HUGEPAGE), as a serving process maps a large KV cache; 4k keeps the kernel's base pages")
 	fs.StringVar(&f.pool, "pool", "transport", "who maps the host KV pools: transport (ucx.Transport.AllocatePool) or caller (mmap by this process, then ucx.Transport.RegisterHost, as a serving process hands over its own KV cache)")
 	fs.BoolVar(&f.noPull, "no-pull", false, "keep the staging path on tagged data messages: the decode end does not read the chunks out of the prefill end's slots with gets (transfer.Config.DisablePull)")
-	fs.BoolVar(&f.pullGets, "pull-gets", false, "on the pull wire, read each chunk with a get into a slot even where the decode end maps the prefill end's slots (transfer.Config.DisablePullInPlace; by default the scatter reads them in place)")
+	fs.BoolVar(&f.noInPlace, "no-in-place", false, "on the pull wire, read each chunk with a get into a slot even where the decode end maps the prefill end's slots (transfer.Config.DisableInPlaceReads; by default the scatter reads them in place)")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
 	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
 }
@@ -177,7 +177,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
-		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, PullGets: f.pullGets, RMAWhereEmulated: f.rmaEmulated, RMAMinRegionBytes: rmaMinRegion, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
+		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, NoInPlace: f.noInPlace, RMAWhereEmulated: f.rmaEmulated, RMAMinRegionBytes: rmaMinRegion, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
 		Pool: f.pool, CallerPages: f.callerPages,
 	}, nil
 }

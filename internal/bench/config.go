@@ -48,9 +48,9 @@ type RunConfig struct {
 	// NoPull keeps the staging path on tagged data messages (--no-pull); by default the decode
 	// end reads each chunk out of the prefill end's slot with a get where gets are one copy.
 	NoPull bool `json:"no_pull,omitempty"`
-	// PullGets reads each pulled chunk with a get into a slot even where the decode end maps the
-	// prefill end's slots (--pull-gets: transfer.Config.DisablePullInPlace).
-	PullGets bool `json:"pull_gets,omitempty"`
+	// NoInPlace reads each pulled chunk with a get into a slot even where the decode end maps the
+	// prefill end's slots (--no-in-place: transfer.Config.DisableInPlaceReads).
+	NoInPlace bool `json:"no_in_place,omitempty"`
 	// RMAWhereEmulated keeps the RMA mode where UCX emulates gets (--rma-where-emulated).
 	RMAWhereEmulated bool `json:"rma_where_emulated"`
 	// RMAMinRegionBytes is transfer.Config.RMAMinRegionBytes (--rma-min-region); 0: the engine's.

@@ -42,7 +42,7 @@ func engineConfig(cfg RunConfig) transfer.Config {
 	return transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: maxConc, PipelineDepth: cfg.PipelineDepth,
 		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout,
 		DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes, DisableRMA: cfg.NoRMA,
-		RMAWhereEmulated: cfg.RMAWhereEmulated, DisablePull: cfg.NoPull, DisablePullInPlace: cfg.PullGets, RMAMinRegionBytes: cfg.RMAMinRegionBytes}
+		RMAWhereEmulated: cfg.RMAWhereEmulated, DisablePull: cfg.NoPull, DisableInPlaceReads: cfg.NoInPlace, RMAMinRegionBytes: cfg.RMAMinRegionBytes}
 }
 
 func (e *engineAdapter) Address() []byte { return e.addr }

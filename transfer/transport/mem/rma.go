@@ -157,15 +157,28 @@ func (t *Transport) PostReadGeneration(from transport.Peer, tag transport.Tag, k
 
 var _ transport.RMAMapper = (*Transport)(nil)
 
-// MapRemote implements transport.RMAMapper: in one process every pool is mapped, so the view is
-// the owner's pool itself, bounded by the pool the key names (a range outside it is refused,
-// never shown). No fault applies to the reads through it: they are the caller's own loads.
+// MapPeers makes MapRemote show peers' pools (on) or nothing (off, the default: every read is
+// a get, which the network's faults reach), as a transport that maps a peer's memory into this
+// process would.
+func (t *Transport) MapPeers(on bool) {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	t.mapping = on
+}
+
+// MapRemote implements transport.RMAMapper: after MapPeers(true) the view is the owner's pool
+// itself (one process), bounded by the pool the key names (a range outside it is refused, never
+// shown); before, it is nil, as for memory not mapped here. No fault applies to the reads
+// through a view: they are the caller's own loads.
 func (t *Transport) MapRemote(from transport.Peer, key []byte, addr uint64, n int) ([]byte, func(), error) {
 	net := t.net
 	net.mu.Lock()
 	defer net.mu.Unlock()
 	if err := t.checkLocked(from); err != nil {
 		return nil, nil, err
+	}
+	if !t.mapping {
+		return nil, nil, nil
 	}
 	if len(key) != len(memKeyMagic)+4 || string(key[:len(memKeyMagic)]) != memKeyMagic {
 		return nil, nil, fmt.Errorf("%w: %d-byte key is not a memtransport rma key", transport.ErrInvalidSpec, len(key))

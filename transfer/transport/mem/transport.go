@@ -36,6 +36,7 @@ type Transport struct {
 	emulated   map[transport.Peer]bool // EmulateGets (emul.go); guarded by net.mu
 	gens       memGens                 // rma.go: generation words, guarded by net.mu
 	getLanes   int                     // SetGetLanes (emul.go); guarded by net.mu
+	mapping    bool                    // MapPeers (rma.go); guarded by net.mu
 }
 
 var (

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+// The RMA path's reads in place: where the transport maps the sender's offered pool into this
+// process (RMAMapper: UCX over shared memory, for memory UCX allocated), the receiver copies
+// the ranges itself, on the engine's mover workers, instead of posting gets. A get over UCX
+// 1.13's shared memory is a glibc memmove on the transport's worker thread, one range at a
+// time per lane, with a command and a completion around each; a copy on the movers runs at the
+// host's memcpy rate, in batches, as many at once as the lanes allow. Nothing else changes:
+// the ranges are the offer's, every copy ends before the loop posts the read of the
+// generation word, and a copy, which cannot be cancelled, ends on its own in bounded time; the
+// transfer resolves only once every copy has returned (x.moving), and only then does the view
+// of the sender's pool go back.
+
+import "github.com/kvxfer/kvxfer/transfer/internal/wire"
+
+// inPlaceBatchBytes is about how many bytes one mover job copies: few enough jobs that their
+// hand-offs cost little, enough that every lane has one while another is handed back.
+const inPlaceBatchBytes = 8 << 20
+
+// rmaInPlace is a receiver's state for reading the offered pool in place.
+type rmaInPlace struct {
+	mapper  RMAMapper
+	limit   int    // jobs at once: the transport's lanes (RMALanes), at least 1
+	view    []byte // the offered pool as mapped here, from the first job on
+	release func()
+}
+
+// rmaInPlace reports how this receiver may read the offer in place, or nil: gets.
+func (x *xfer) rmaInPlace() *rmaInPlace {
+	mp, ok := x.eng.tr.(RMAMapper)
+	if !ok || x.eng.cfg.DisableInPlaceReads || x.dev.set() {
+		return nil
+	}
+	limit := 1
+	if l, ok := x.eng.tr.(RMALanes); ok {
+		limit = max(1, l.GetLanes())
+	}
+	return &rmaInPlace{mapper: mp, limit: limit}
+}
+
+// copyInPlace hands the next ranges, up to inPlaceBatchBytes, to a mover to copy out of the
+// sender's mapped pool. It reports posted when it did; more false when the jobs in flight are
+// at the limit (the next waits for one to end). With neither, the pool is not mapped here:
+// every range is a get.
+func (r *rmaReceive) copyInPlace() (posted, more bool) {
+	x := r.x
+	ip := r.inPlace
+	if x.moving >= ip.limit {
+		return false, false
+	}
+	if ip.view == nil {
+		span := int64(0)
+		for _, g := range r.gets {
+			span = max(span, g.src+g.n)
+		}
+		view, release, err := ip.mapper.MapRemote(x.peer, r.key, r.addr, int(span))
+		if err != nil {
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			return false, false
+		}
+		if view == nil {
+			r.inPlace = nil
+			return false, true
+		}
+		ip.view, ip.release = view, release
+	}
+	first, n := x.nextSeq, int64(0)
+	for x.nextSeq < x.nChunks && (x.nextSeq == first || n+r.gets[x.nextSeq].n <= inPlaceBatchBytes) {
+		n += r.gets[x.nextSeq].n
+		x.nextSeq++
+	}
+	x.toMover(&opRec{seq: first, buf: ip.view, batch: r.gets[first:x.nextSeq]})
+	return true, true
+}
+
+// moved counts ranges copied in place, as completed does a get's.
+func (r *rmaReceive) moved(rec *opRec) {
+	x := r.x
+	for _, g := range rec.batch {
+		x.progress(g.n)
+	}
+	if !r.post(nil) {
+		return
+	}
+	if x.moved == x.nChunks && !r.readGeneration() {
+		return
+	}
+	x.receivedAll()
+}
+
+// releaseView ends the view of the sender's pool once the transfer has ended (no copy runs).
+func (r *rmaReceive) releaseView() {
+	if ip := r.inPlace; ip != nil && ip.release != nil {
+		ip.release()
+		ip.release = nil
+	}
+}
+
+var _ stagedPath = (*rmaReceive)(nil)
