@@ -118,6 +118,11 @@ type Config struct {
 	// message does better. Default 256 KiB; a block-major pool moving whole blocks has ranges
 	// of at least one block.
 	RMAMinRegionBytes int64
+	// InPlaceMinRegionBytes replaces RMAMinRegionBytes where the receiver reads the offered
+	// pool in place (RMAMapper: UCX shared memory, docs/onecopy.md "Reads in place"): each range
+	// is then a copy call, not a get, and layout conversion and heterogeneous TP take the RMA
+	// mode down to ranges of this mean size (or RMAMinRegionBytes, if smaller). Default 4 KiB.
+	InPlaceMinRegionBytes int64
 	// DirectMinRunBytes is the smallest contiguous piece of the receiver's pool (its plan's
 	// run: Plan.RunUnits rows) for which a receiver takes the direct path: below it (a
 	// token-major layout such as layer-major-nhd, whose pieces are one row of one head) each
@@ -143,6 +148,7 @@ const (
 	DefaultSlotBytes         = 4 << 20
 	DefaultDirectChunkBytes  = 64 << 20
 	DefaultRMAMinRegionBytes = 256 << 10
+	DefaultInPlaceMinRegion  = 4 << 10
 	DefaultDirectMinRunBytes = 2 << 10
 	DefaultMaxConcurrent     = 64
 	DefaultPipelineDepth     = 2
@@ -190,6 +196,9 @@ func (c Config) withDefaults() Config {
 	if c.RMAMinRegionBytes == 0 {
 		c.RMAMinRegionBytes = DefaultRMAMinRegionBytes
 	}
+	if c.InPlaceMinRegionBytes == 0 {
+		c.InPlaceMinRegionBytes = DefaultInPlaceMinRegion
+	}
 	if c.DirectMinRunBytes == 0 { // None stays: no bound (withDefaults may run twice)
 		c.DirectMinRunBytes = DefaultDirectMinRunBytes
 	}
@@ -236,6 +245,8 @@ func (c Config) validate() error {
 		return bad("DirectMinRunBytes", c.DirectMinRunBytes, "must not be negative (None, -1, sets no bound)")
 	case c.RMAMinRegionBytes < 1:
 		return bad("RMAMinRegionBytes", c.RMAMinRegionBytes, "must be at least 1 byte")
+	case c.InPlaceMinRegionBytes < 1:
+		return bad("InPlaceMinRegionBytes", c.InPlaceMinRegionBytes, "must be at least 1 byte")
 	case c.MaxConcurrent < 1:
 		return bad("MaxConcurrent", c.MaxConcurrent, "must be at least 1")
 	case c.PipelineDepth < 1:

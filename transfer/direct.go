@@ -34,11 +34,13 @@ func (x *xfer) piecesTooSmall() bool {
 // taken whatever the sender's layout (its gets are pieces of these ranges), so the direct path
 // would send IOV messages; measured on UCX 1.13 shared memory, those moved TP=2->1 (16 KiB
 // ranges) at half the in-place pull wire's rate and block-major -> layer-major (32 KiB) at
-// 0.8 of it (docs/benchmarks.md, "The pull wire"). Config.DisableInPlaceReads (or DisablePull)
-// keeps such pools on the direct path.
+// 0.8 of it (docs/benchmarks.md, "The pull wire"). Where an RMA offer would be read in place
+// (rmaInPlaceLikely) the direct path's RMA mode takes such ranges itself (InPlaceMinRegionBytes),
+// one copy where the pull wire makes two, and this does not apply. Config.DisableInPlaceReads
+// (or DisablePull) keeps such pools on the direct path.
 func (x *xfer) pullBeatsDirect() bool {
-	if x.eng.cfg.DisableInPlaceReads || !x.pullWanted() {
-		return false
+	if x.eng.cfg.DisableInPlaceReads || !x.pullWanted() || x.rmaInPlaceLikely() {
+		return false // an RMA offer read in place takes small ranges too, in one copy
 	}
 	if _, ok := x.eng.tr.(RMAMapper); !ok {
 		return false

@@ -131,7 +131,15 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		}
 		m, r.parts = whole, nil
 	}
-	gets, err := x.checkOffer(m)
+	r.inPlace = x.rmaInPlace()
+	if r.inPlace != nil && !r.mapOffer(m) {
+		return // aborting
+	}
+	gets, err := x.checkOffer(m, r.inPlace != nil)
+	if err == nil && gets == nil {
+		r.releaseView()
+		r.inPlace = nil
+	}
 	if err != nil {
 		x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return
@@ -167,7 +175,6 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 	r.pulling, r.key, r.addr, r.gets = true, m.Key, m.Addr, gets
 	x.take(r)                              // now PathRMA
 	x.nChunks, x.recvSeen = len(gets), nil // layers are reported ready at the end
-	r.inPlace = x.rmaInPlace()
 	for range min(rmaGetsAhead, len(gets)) {
 		if !r.post(nil) {
 			break

@@ -126,8 +126,9 @@ func (p *rmaParts) add(m *wire.RMAOffer) (*wire.RMAOffer, error) {
 }
 
 // checkOffer validates the offer against the advertised pool and this side's plan, and
-// returns the gets to make, or nil when the ranges are too small for the RMA mode.
-func (x *xfer) checkOffer(m *wire.RMAOffer) ([]rmaRegion, error) {
+// returns the gets to make, or nil when the ranges are too small for the RMA mode: under
+// RMAMinRegionBytes on average, or InPlaceMinRegionBytes when they are read in place.
+func (x *xfer) checkOffer(m *wire.RMAOffer, inPlace bool) ([]rmaRegion, error) {
 	bad := func(field string, err error, format string, args ...any) error {
 		return &RMAOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
 	}
@@ -145,7 +146,11 @@ func (x *xfer) checkOffer(m *wire.RMAOffer) ([]rmaRegion, error) {
 		return nil, bad("Blocks", err, "the offered stream is not the requested one: %v", err)
 	}
 	regions, ok := rmaRegions(src, x.plan)
-	if !ok || x.plan.Bytes()/int64(len(regions)) < x.eng.cfg.RMAMinRegionBytes {
+	least := x.eng.cfg.RMAMinRegionBytes
+	if inPlace {
+		least = min(least, x.eng.cfg.InPlaceMinRegionBytes)
+	}
+	if !ok || x.plan.Bytes()/int64(len(regions)) < least {
 		x.log().Debug("rma offer declined: pool ranges too small", zap.Int("ranges", len(regions)), zap.Bool("too many pieces", !ok))
 		return nil, nil
 	}

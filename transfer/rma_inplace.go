@@ -13,7 +13,11 @@ package transfer
 // transfer resolves only once every copy has returned (x.moving), and only then does the view
 // of the sender's pool go back.
 
-import "github.com/kvxfer/kvxfer/transfer/internal/wire"
+import (
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+)
 
 // inPlaceBatchBytes is about how many bytes one mover job copies: few enough jobs that their
 // hand-offs cost little, enough that every lane has one while another is handed back.
@@ -27,6 +31,22 @@ type rmaInPlace struct {
 	release func()
 }
 
+// rmaInPlaceLikely (a receiver choosing its path, before any offer) reports whether an RMA
+// offer from this peer would be read in place: the RMA mode runs, gets are not emulated, and
+// the transport maps peers' memory (whether it maps this sender's pool shows only at the
+// offer).
+func (x *xfer) rmaInPlaceLikely() bool {
+	rt := x.rmaTransport()
+	if rt == nil || x.eng.cfg.DisableInPlaceReads || !x.peerHas(wire.FeatureRMA) {
+		return false
+	}
+	if _, ok := rt.(RMAMapper); !ok {
+		return false
+	}
+	em, ok := rt.(RMAEmulation)
+	return !ok || x.eng.cfg.RMAWhereEmulated || !em.GetsEmulated(x.peer)
+}
+
 // rmaInPlace reports how this receiver may read the offer in place, or nil: gets.
 func (x *xfer) rmaInPlace() *rmaInPlace {
 	mp, ok := x.eng.tr.(RMAMapper)
@@ -38,6 +58,25 @@ func (x *xfer) rmaInPlace() *rmaInPlace {
 		limit = max(1, l.GetLanes())
 	}
 	return &rmaInPlace{mapper: mp, limit: limit}
+}
+
+// mapOffer maps the offered pool here, before the offer's ranges are judged (in place, small
+// ones serve). Where it is not mapped it leaves r.inPlace nil: gets. It reports false when
+// the transfer is aborting.
+func (r *rmaReceive) mapOffer(m *wire.RMAOffer) bool {
+	x := r.x
+	if m.PoolBytes <= 0 { // checkOffer says what is wrong with it
+		r.inPlace = nil
+		return true
+	}
+	view, release, err := r.inPlace.mapper.MapRemote(x.peer, m.Key, m.Addr, int(m.PoolBytes))
+	if err != nil || view == nil { // not mapped here (or not as offered): gets, which checkOffer and the transport judge
+		x.log().Debug("offered pool not mapped here: gets", zap.Error(err))
+		r.inPlace = nil
+		return true
+	}
+	r.inPlace.view, r.inPlace.release = view, release
+	return true
 }
 
 // copyInPlace hands the next ranges, up to inPlaceBatchBytes, to a mover to copy out of the

@@ -20,15 +20,23 @@ func TestRMAReadsTheOfferedPoolInPlace(t *testing.T) {
 		mapping bool
 		off     bool
 		inPlace bool
+		convert bool // block-major to layer-major: 256-byte ranges
+		want    Path
 	}{
-		{name: "mapped", mapping: true, inPlace: true},
-		{name: "mapped, DisableInPlaceReads", mapping: true, off: true},
-		{name: "not mapped", mapping: false},
+		{name: "mapped", mapping: true, inPlace: true, want: PathRMA},
+		{name: "mapped, DisableInPlaceReads", mapping: true, off: true, want: PathRMA},
+		{name: "not mapped", mapping: false, want: PathRMA},
+		{name: "conversion, mapped: small ranges in place", mapping: true, inPlace: true, convert: true, want: PathRMA},
+		{name: "conversion, not mapped: IOV messages", convert: true, want: PathDirect},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := rmaConfig()
 			cfg.DisableInPlaceReads = tc.off
 			src, dst := rmaPools(t, 71)
+			if tc.convert {
+				cfg.RMAMinRegionBytes, cfg.InPlaceMinRegionBytes = 64<<10, 128
+				src, dst = pools(t, 71)
+			}
 			p := newPair(t, cfg, cfg)
 			for _, ep := range []string{"prefill", "decode"} {
 				p.net.Endpoint(Peer(ep)).MapPeers(tc.mapping)
@@ -41,8 +49,11 @@ func TestRMAReadsTheOfferedPoolInPlace(t *testing.T) {
 			waitClosed(t, hs.Quiesced(), "send quiesced")
 			requireState(t, hr, Completed)
 			requireState(t, hs, Completed)
-			require.Equal(t, PathRMA, hr.Path())
+			require.Equal(t, tc.want, hr.Path())
 			require.Equal(t, src.stream(t), dst.stream(t))
+			if tc.want != PathRMA {
+				return
+			}
 			require.Equal(t, 1, k.count(genRead), "the generation word read after the ranges")
 			if tc.inPlace {
 				require.Zero(t, k.count(wire.KindData), "a range read with a get")
