@@ -3,6 +3,7 @@
 # bench-paths.sh KVXBENCH [ROUNDS]: issue "fast on every path" in one run. Each round runs, in
 # turn, the 4096-token Llama-3-8B request (concurrency 1) on every path and its limit, so each
 # ratio compares figures taken minutes apart under the same load:
+#   kvxbench memcpy, two threads / one            (what the host gives two copiers now)
 #   shm rma, default lanes / --lanes 1            (lanes vs one lane)
 #   shm rma / ucx_perftest -t ucp_get at 64 MiB   (RMA vs ucp_get)
 #   tcp, the engine's choice / tag_bw over TCP    (kvxbench's own baseline, same message size)
@@ -81,8 +82,25 @@ print(f'{name} perftest={what.strip().replace(" ", "+")} gbps={gbps:.3f} load={l
 PY
 }
 
+memcpy() { # name: kvxbench memcpy, one and two threads, as the lanes rows' host limit
+	name=$1
+	only "$name" || return 0
+	l=$(load)
+	"$KVXBENCH" memcpy --rounds 1 >"$out/$name.txt"
+	python3 - "$name" "$l" "$out/$name.txt" <<'PY' | tee -a "$out/rows"
+import sys
+name, load, path = sys.argv[1:4]
+g = {}
+for line in open(path):
+    f = dict(x.split("=", 1) for x in line.split())
+    g[f["threads"]] = float(f["gbps"])
+print(f'{name} memcpy gbps={g["1"]:.3f} gbps2={g["2"]:.3f} load={load}')
+PY
+}
+
 i=1
 while [ "$i" -le "$ROUNDS" ]; do
+	memcpy "r$i.shm.memcpy"
 	pair "r$i.shm.lanes" --tls posix,cma,self
 	pair "r$i.shm.lane1" --tls posix,cma,self --lanes 1
 	perftest "r$i.shm.ucp_get" ucp_get posix,cma,self ""
@@ -113,6 +131,7 @@ def div(a, b):
     return None if a is None or b is None else a / max(b, 1e-9)
 cols = [
     ("lanes/1-lane", lambda r: div(g(r, "shm.lanes"), g(r, "shm.lane1"))),
+    ("memcpy2/1", lambda r: div(g(r, "shm.memcpy", "gbps2"), g(r, "shm.memcpy"))),
     ("rma/ucp_get", lambda r: div(g(r, "shm.lanes"), g(r, "shm.ucp_get"))),
     ("tcp-choice/tag_bw", lambda r: g(r, "tcp.choice", "ratio")),
     ("tcp-seg64k/tag_bw", lambda r: g(r, "tcp.seg64k", "ratio")),

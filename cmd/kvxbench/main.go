@@ -57,6 +57,7 @@ func commands() []command {
 		{name: "sweep", summary: "transfer bandwidth over block size by batch size, for tuning", run: cmdSweep},
 		{name: "serve", summary: "the prefill end of a two-host run; prints the address for connect", run: cmdServe},
 		{name: "connect", summary: "the decode end of a two-host run: connect ADDR", run: cmdConnect},
+		{name: "memcpy", summary: "the host's copy rate with 1..N threads over shared mappings, to read --lanes against", run: cmdMemcpy},
 		{name: "devices", summary: "the GPUs NVML reports, which --memory device --device picks from", run: cmdDevices},
 		{name: "stress", summary: "fault soak: cancel storms, frozen, killed and partitioned peers; fails on any breach", run: cmdStress},
 		{name: "peer", summary: "internal: the second process of run", hidden: true, run: cmdPeer},
