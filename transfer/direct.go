@@ -39,14 +39,8 @@ func (x *xfer) piecesTooSmall() bool {
 // one copy where the pull wire makes two, and this does not apply. Config.DisableInPlaceReads
 // (or DisablePull) keeps such pools on the direct path.
 func (x *xfer) pullBeatsDirect() bool {
-	if x.eng.cfg.DisableInPlaceReads || !x.pullWanted() || x.rmaInPlaceLikely() {
+	if !x.pullWanted() || x.pullMapper() == nil || x.rmaInPlaceLikely() {
 		return false // an RMA offer read in place takes small ranges too, in one copy
-	}
-	if _, ok := x.eng.tr.(RMAMapper); !ok {
-		return false
-	}
-	if a, ok := x.mover.(AnySourceScatterer); !ok || !a.ScatterReadsAnyHostMemory() {
-		return false
 	}
 	limit := x.eng.cfg.RMAMinRegionBytes
 	pieces := x.plan.Bytes() / (x.plan.RunUnits() * x.plan.Layout().RowBytes())

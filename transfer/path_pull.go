@@ -65,6 +65,20 @@ func (h *Handle) Pulled() bool {
 	return false
 }
 
+// pullMapper is what shows a pull receiver the sender's slots in place, or nil: the transport
+// maps peers' memory (RMAMapper), DisableInPlaceReads is off, and the Mover scatters from any
+// host memory (AnySourceScatterer).
+func (x *xfer) pullMapper() RMAMapper {
+	mp, ok := x.eng.tr.(RMAMapper)
+	if !ok || x.eng.cfg.DisableInPlaceReads {
+		return nil
+	}
+	if a, ok := x.mover.(AnySourceScatterer); !ok || !a.ScatterReadsAnyHostMemory() {
+		return nil
+	}
+	return mp
+}
+
 // pullWanted reports whether a staging receiver asks for the pull wire.
 func (x *xfer) pullWanted() bool {
 	e := x.eng
@@ -75,10 +89,7 @@ func (x *xfer) pullWanted() bool {
 	if !ok || x.rmaGenerations() == nil { // a validated offer must be checkable here
 		return false
 	}
-	if em, ok := rt.(RMAEmulation); ok && !e.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
-		return false
-	}
-	return true
+	return !x.getsEmulated(rt)
 }
 
 // ---- receiving side ----
@@ -96,12 +107,8 @@ type pullReceive struct {
 	// mapper shows the sender's slots in this process (RMAMapper): the scatter then reads
 	// each chunk in place, one copy fewer than a get into a slot; nil once a slot is not mapped
 	// here, or when the Mover may need its source in a slot (AnySourceScatterer).
-	mapper RMAMapper
-	// a validated offer's generation word, read after the last get (as rma_gen.go does);
-	// genKey nil: nothing to check
-	gen, genAddr uint64
-	genKey       []byte
-	genRec       *opRec
+	mapper   RMAMapper
+	genCheck // a validated offer's generation word, read after the last chunk (rma_gen.go)
 }
 
 var (
@@ -195,11 +202,7 @@ func (r *pullReceive) offered(m *wire.Slots) {
 		r.gen, r.genAddr, r.genKey = m.Generation, m.GenAddr, m.GenKey
 	}
 	r.pulling, r.key, r.addr, r.bytes = true, m.Key, m.Addr, m.Bytes
-	if mp, ok := x.eng.tr.(RMAMapper); ok && !x.eng.cfg.DisableInPlaceReads {
-		if a, ok := x.mover.(AnySourceScatterer); ok && a.ScatterReadsAnyHostMemory() {
-			r.mapper = mp
-		}
-	}
+	r.mapper = x.pullMapper()
 	x.pulled.Store(true)
 	r.pump()
 }
@@ -298,13 +301,7 @@ func (r *pullReceive) post(slot *buffer.Slot) bool {
 // completed checks a chunk read out of the sender's slot, frees that slot and scatters it.
 func (r *pullReceive) completed(rec *opRec, c Completion) {
 	x := r.x
-	if rec == r.genRec {
-		if rec.gen != r.gen {
-			x.abort(&RequestError{ID: x.h.id, Err: &StaleReadError{Offered: r.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
-			return
-		}
-		r.genKey = nil // checked
-		x.receivedAll()
+	if r.gotGeneration(x, rec) {
 		return
 	}
 	if !x.checkChunk(rec, rec.slot.Bytes()[:c.Bytes]) {
@@ -328,33 +325,13 @@ func (r *pullReceive) moved(rec *opRec) {
 	if !r.post(rec.slot) {
 		return
 	}
-	if x.moved == x.nChunks && r.genKey != nil {
-		r.readGeneration()
+	// After the last chunk the sender's generation word, fenced behind every read: a read of
+	// a slot the sender let go without our word (it believed us lost) precedes a read of the
+	// changed word, and the transfer fails instead of completing (rma_gen.go has the rule).
+	if x.moved == x.nChunks && !r.readGeneration(x) {
 		return
 	}
 	x.receivedAll()
-}
-
-// readGeneration (after the last chunk's get and scatter) reads the sender's generation word,
-// fenced after every get: a get that read a slot the sender had let go without the receiver's
-// word (it believed the receiver lost) precedes a read of the changed word, and the transfer
-// fails with a *StaleReadError instead of completing (rma_gen.go has the rule).
-func (r *pullReceive) readGeneration() {
-	x := r.x
-	rec := &opRec{seq: -1}
-	r.genRec = rec
-	id, err := x.rmaGenerations().PostReadGeneration(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(x.nChunks)},
-		r.genKey, r.genAddr, func(c Completion, value uint64) {
-			rec.gen = value
-			x.box.Push(event{op: rec, c: c})
-		})
-	if err != nil {
-		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
-		return
-	}
-	rec.id = id
-	x.ops = append(x.ops, rec)
-	x.outstanding++
 }
 
 // ---- sending side ----

@@ -22,16 +22,13 @@ import (
 // rmaReceive is the receiving side of the RMA path: first asking for an offer (nothing
 // posted, Path undecided), then pulling the offered pool with gets.
 type rmaReceive struct {
-	x       *xfer
-	pulling bool // the offer was accepted: gets are being posted
-	key     []byte
-	addr    uint64
-	gets    []rmaRegion
-	parts   *rmaParts // an offer arriving in parts, until it is whole
-	// a validated offer's generation word (rma_gen.go); genKey nil: nothing to check
-	gen, genAddr uint64
-	genKey       []byte
-	genRec       *opRec // the read of the word, once posted
+	x        *xfer
+	pulling  bool // the offer was accepted: gets are being posted
+	key      []byte
+	addr     uint64
+	gets     []rmaRegion
+	parts    *rmaParts // an offer arriving in parts, until it is whole
+	genCheck           // a validated offer's generation word (rma_gen.go)
 	// inPlace reads the offered pool where the transport maps it here (rma_inplace.go); nil:
 	// gets.
 	inPlace *rmaInPlace
@@ -67,7 +64,7 @@ func (x *xfer) askRMA() *rmaReceive {
 	if rt == nil || !x.peerHas(wire.FeatureRMA) {
 		return nil
 	}
-	if em, ok := rt.(RMAEmulation); ok && !x.dev.set() && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer) {
+	if !x.dev.set() && x.getsEmulated(rt) {
 		x.log().Debug("gets from this peer would be emulated: direct messages instead of rma")
 		return nil
 	}
@@ -131,9 +128,8 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		}
 		m, r.parts = whole, nil
 	}
-	r.inPlace = x.rmaInPlace()
-	if r.inPlace != nil && !r.mapOffer(m) {
-		return // aborting
+	if r.inPlace = x.rmaInPlace(); r.inPlace != nil {
+		r.mapOffer(m) // rma_inplace.go
 	}
 	gets, err := x.checkOffer(m, r.inPlace != nil)
 	if err == nil && gets == nil {
@@ -203,10 +199,9 @@ func (r *rmaReceive) post(*buffer.Slot) bool {
 	if x.nextSeq >= x.nChunks || x.aborting {
 		return !x.aborting
 	}
-	if r.inPlace != nil {
-		if posted, more := r.copyInPlace(); posted || !more {
-			return !x.aborting
-		}
+	if r.inPlace != nil { // rma_inplace.go: a copy, not a get
+		r.copyInPlace()
+		return true
 	}
 	g := r.gets[x.nextSeq]
 	rec := &opRec{seq: x.nextSeq}
@@ -230,8 +225,7 @@ func (r *rmaReceive) post(*buffer.Slot) bool {
 // generation word.
 func (r *rmaReceive) completed(rec *opRec, c Completion) {
 	x := r.x
-	if rec == r.genRec {
-		r.gotGeneration(rec.gen)
+	if r.gotGeneration(x, rec) {
 		return
 	}
 	n := r.gets[rec.seq].n
@@ -244,7 +238,7 @@ func (r *rmaReceive) completed(rec *opRec, c Completion) {
 	if !r.post(nil) {
 		return
 	}
-	if x.moved == x.nChunks && !r.readGeneration() {
+	if x.moved == x.nChunks && !r.readGeneration(x) {
 		return
 	}
 	x.receivedAll()

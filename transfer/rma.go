@@ -65,6 +65,14 @@ type rmaRegion struct {
 
 // rmaTransport returns the engine's transport as an RMATransport, when it is one and the
 // engine allows the mode.
+// getsEmulated reports whether gets from the peer would be emulated (RMAEmulation: UCX 1.13
+// over TCP) and the configuration does not keep the RMA mode there (RMAWhereEmulated): no
+// one-copy read of the peer's memory is to be had then, by the RMA mode or the pull wire.
+func (x *xfer) getsEmulated(rt RMATransport) bool {
+	em, ok := rt.(RMAEmulation)
+	return ok && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer)
+}
+
 func (x *xfer) rmaTransport() RMATransport {
 	if x.eng.cfg.DisableRMA {
 		return nil

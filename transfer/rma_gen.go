@@ -62,18 +62,26 @@ func (s *rmaSend) endExposure() {
 	}
 }
 
-// readGeneration (the receiver, after its last get) reads the sender's generation word. It
-// reports false when the check was posted (or the transfer is aborting), true when the offer
-// was not validated and the transfer may complete now.
-func (r *rmaReceive) readGeneration() bool {
-	x := r.x
-	if r.genKey == nil || x.aborting {
+// genCheck is a receiver's check of a validated offer's generation word, on the RMA path and
+// the pull wire alike: the word's address, key and offered value, and the read once posted.
+// genKey nil: nothing (more) to check.
+type genCheck struct {
+	gen, genAddr uint64
+	genKey       []byte
+	genRec       *opRec
+}
+
+// readGeneration (the receiver, after its last read) reads the sender's generation word, fenced
+// behind every get to the sender. It reports false when the check was posted (or the transfer
+// is aborting), true when there is nothing to check and the transfer may complete now.
+func (g *genCheck) readGeneration(x *xfer) bool {
+	if g.genKey == nil || x.aborting {
 		return !x.aborting
 	}
 	rec := &opRec{seq: -1}
-	r.genRec = rec
+	g.genRec = rec
 	id, err := x.rmaGenerations().PostReadGeneration(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(x.nChunks)},
-		r.genKey, r.genAddr, func(c Completion, value uint64) {
+		g.genKey, g.genAddr, func(c Completion, value uint64) {
 			rec.gen = value
 			x.box.Push(event{op: rec, c: c})
 		})
@@ -87,13 +95,18 @@ func (r *rmaReceive) readGeneration() bool {
 	return false
 }
 
-// gotGeneration compares the word the receiver read with the offer's generation.
-func (r *rmaReceive) gotGeneration(value uint64) {
-	x := r.x
-	if value != r.gen {
-		x.abort(&RequestError{ID: x.h.id, Err: &StaleReadError{Offered: r.gen, Read: value}}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
-		return
+// gotGeneration handles rec if it is the read of the word: the transfer completes when the
+// word still holds the offered value and fails with a *StaleReadError otherwise. It reports
+// whether rec was that read.
+func (g *genCheck) gotGeneration(x *xfer, rec *opRec) bool {
+	if rec != g.genRec {
+		return false
 	}
-	r.genKey = nil // checked
+	if rec.gen != g.gen {
+		x.abort(&RequestError{ID: x.h.id, Err: &StaleReadError{Offered: g.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
+		return true
+	}
+	g.genKey = nil // checked
 	x.receivedAll()
+	return true
 }

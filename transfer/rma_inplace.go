@@ -40,11 +40,8 @@ func (x *xfer) rmaInPlaceLikely() bool {
 	if rt == nil || x.eng.cfg.DisableInPlaceReads || !x.peerHas(wire.FeatureRMA) {
 		return false
 	}
-	if _, ok := rt.(RMAMapper); !ok {
-		return false
-	}
-	em, ok := rt.(RMAEmulation)
-	return !ok || x.eng.cfg.RMAWhereEmulated || !em.GetsEmulated(x.peer)
+	_, maps := rt.(RMAMapper)
+	return maps && !x.getsEmulated(rt)
 }
 
 // rmaInPlace reports how this receiver may read the offer in place, or nil: gets.
@@ -61,57 +58,37 @@ func (x *xfer) rmaInPlace() *rmaInPlace {
 }
 
 // mapOffer maps the offered pool here, before the offer's ranges are judged (in place, small
-// ones serve). Where it is not mapped it leaves r.inPlace nil: gets. It reports false when
-// the transfer is aborting.
-func (r *rmaReceive) mapOffer(m *wire.RMAOffer) bool {
+// ones serve). Where it is not mapped (or not as offered) it leaves r.inPlace nil: gets, which
+// checkOffer and the transport judge.
+func (r *rmaReceive) mapOffer(m *wire.RMAOffer) {
 	x := r.x
 	if m.PoolBytes <= 0 { // checkOffer says what is wrong with it
 		r.inPlace = nil
-		return true
+		return
 	}
 	view, release, err := r.inPlace.mapper.MapRemote(x.peer, m.Key, m.Addr, int(m.PoolBytes))
-	if err != nil || view == nil { // not mapped here (or not as offered): gets, which checkOffer and the transport judge
+	if err != nil || view == nil {
 		x.log().Debug("offered pool not mapped here: gets", zap.Error(err))
 		r.inPlace = nil
-		return true
+		return
 	}
 	r.inPlace.view, r.inPlace.release = view, release
-	return true
 }
 
 // copyInPlace hands the next ranges, up to inPlaceBatchBytes, to a mover to copy out of the
-// sender's mapped pool. It reports posted when it did; more false when the jobs in flight are
-// at the limit (the next waits for one to end). With neither, the pool is not mapped here:
-// every range is a get.
-func (r *rmaReceive) copyInPlace() (posted, more bool) {
+// sender's mapped pool, unless the jobs in flight are at the limit: the next then waits for
+// one to end (moved posts again).
+func (r *rmaReceive) copyInPlace() {
 	x := r.x
-	ip := r.inPlace
-	if x.moving >= ip.limit {
-		return false, false
-	}
-	if ip.view == nil {
-		span := int64(0)
-		for _, g := range r.gets {
-			span = max(span, g.src+g.n)
-		}
-		view, release, err := ip.mapper.MapRemote(x.peer, r.key, r.addr, int(span))
-		if err != nil {
-			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
-			return false, false
-		}
-		if view == nil {
-			r.inPlace = nil
-			return false, true
-		}
-		ip.view, ip.release = view, release
+	if x.moving >= r.inPlace.limit {
+		return
 	}
 	first, n := x.nextSeq, int64(0)
 	for x.nextSeq < x.nChunks && (x.nextSeq == first || n+r.gets[x.nextSeq].n <= inPlaceBatchBytes) {
 		n += r.gets[x.nextSeq].n
 		x.nextSeq++
 	}
-	x.toMover(&opRec{seq: first, buf: ip.view, batch: r.gets[first:x.nextSeq]})
-	return true, true
+	x.toMover(&opRec{seq: first, buf: r.inPlace.view, batch: r.gets[first:x.nextSeq]})
 }
 
 // moved counts ranges copied in place, as completed does a get's.
@@ -123,7 +100,7 @@ func (r *rmaReceive) moved(rec *opRec) {
 	if !r.post(nil) {
 		return
 	}
-	if x.moved == x.nChunks && !r.readGeneration() {
+	if x.moved == x.nChunks && !r.readGeneration(x) {
 		return
 	}
 	x.receivedAll()
