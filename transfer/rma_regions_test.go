@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"cmp"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
+)
+
+// The regions an RMA receiver reads must move every byte of the stream from where the
+// sender's plan holds it to where the receiver's plan wants it, as the reference gather and
+// scatter would, in ranges sorted by the receiver's offset, disjoint and merged wherever both
+// sides continue. Random layouts on both sides (every nesting order, padding, selections);
+// the piece counts go past the point where the receiver sorts by radix instead of comparison.
+func TestRMARegionsMoveWhatGatherAndScatterWould(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 8))
+	for i := range 300 {
+		d := layouttest.RandomLayout(r).Dims()
+		d.NumBlocks = 1 + r.Int64N(40) // enough blocks for hundreds of pieces
+		srcL, dstL := layouttest.RandomStrides(r, d), layouttest.RandomStrides(r, d)
+		sel := layouttest.RandomSelection(r, srcL)
+		n := 1 + r.IntN(int(d.NumBlocks))
+		src, err := layout.NewPlan(srcL, sel, blockIDs(r.Perm(int(d.NumBlocks))[:n]))
+		require.NoError(t, err)
+		dst, err := layout.NewPlan(dstL, sel, blockIDs(r.Perm(int(d.NumBlocks))[:n]))
+		require.NoError(t, err)
+
+		regions, ok := rmaRegions(src, dst)
+		require.True(t, ok)
+		srcPool := make([]byte, src.PoolSpan())
+		layouttest.Fill(r, srcPool)
+		stream := make([]byte, src.Bytes())
+		require.NoError(t, layout.ReferenceGather(src, srcPool, stream))
+		want := make([]byte, dst.PoolSpan())
+		require.NoError(t, layout.ReferenceScatter(dst, stream, want))
+		got := make([]byte, dst.PoolSpan())
+		copy(got, want) // bytes outside the plan are not the regions' business
+		var moved int64
+		_ = dst.Runs(0, dst.Bytes(), func(at, _, k int64) { clear(got[at : at+k]) })
+		for k, g := range regions {
+			require.Positive(t, g.n, "case %d region %d", i, k)
+			if k > 0 {
+				p := regions[k-1]
+				require.LessOrEqual(t, p.dst+p.n, g.dst, "case %d: regions sorted by the receiver's offset and disjoint", i)
+				require.False(t, p.dst+p.n == g.dst && p.src+p.n == g.src, "case %d: regions %d and %d continue each other unmerged", i, k-1, k)
+			}
+			copy(got[g.dst:g.dst+g.n], srcPool[g.src:g.src+g.n])
+			moved += g.n
+		}
+		require.Equal(t, src.Bytes(), moved, "case %d", i)
+		require.Equal(t, want, got, "case %d", i)
+	}
+}
+
+func TestSortByDstSortsAnyOffsets(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 3))
+	for _, n := range []int{0, 1, 63, 64, 65, 1000, 20000} {
+		for _, top := range []int64{1, 1 << 11, 1 << 22, 1 << 40, 1<<62 + 12345} {
+			p := make([]rmaRegion, n)
+			for i := range p {
+				p[i] = rmaRegion{src: int64(i), dst: r.Int64N(top), n: 1}
+			}
+			want := slices.Clone(p)
+			slices.SortStableFunc(want, func(a, b rmaRegion) int { return cmp.Compare(a.dst, b.dst) })
+			got := sortByDst(slices.Clone(p))
+			if n >= 64 {
+				require.Equal(t, want, got, "n=%d top=%d: the radix sort is stable too", n, top)
+			} else {
+				require.True(t, slices.IsSortedFunc(got, func(a, b rmaRegion) int { return cmp.Compare(a.dst, b.dst) }))
+			}
+		}
+	}
+}
+
+func blockIDs(perm []int) []int32 {
+	ids := make([]int32, len(perm))
+	for i, v := range perm {
+		ids[i] = int32(v)
+	}
+	return ids
+}
