@@ -210,6 +210,7 @@ type Worker struct {
 	cw  *C.kvx_ucx_worker_t
 
 	cmds    chan func()
+	wake    *waker        // the loop's sleep, ended by a command or Close
 	stopReq chan struct{} // closed by Close to ask the loop to stop
 	stopped chan struct{} // closed by the loop once the worker is destroyed
 	stopOne sync.Once
@@ -250,11 +251,16 @@ func (c *Context) NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if err := cfg.applyDefaults(c.cfg.Logger); err != nil {
 		return nil, err
 	}
+	wake, err := newWaker()
+	if err != nil {
+		return nil, err
+	}
 	if err := c.acquire(1, 0); err != nil {
+		wake.close()
 		return nil, err
 	}
 	w := &Worker{
-		ctx: c, cfg: cfg, log: cfg.Logger,
+		ctx: c, cfg: cfg, log: cfg.Logger, wake: wake,
 		cmds: make(chan func(), 1024), stopReq: make(chan struct{}), stopped: make(chan struct{}),
 		pending: make(map[*Request]struct{}), endpoints: make(map[*Endpoint]struct{}),
 		suspects: make(map[*Request]struct{}),
@@ -273,6 +279,7 @@ func (c *Context) NewWorker(cfg WorkerConfig) (*Worker, error) {
 func (w *Worker) loop(ready chan<- error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	defer w.wake.close()
 	if st := C.kvx_go_worker_create(w.ctx.ctx, &w.cw); st != C.UCS_OK {
 		ready <- statusErr("create worker", st)
 		close(w.stopped)
@@ -291,8 +298,6 @@ func (w *Worker) loop(ready chan<- error) {
 	w.publishStats()
 	ready <- nil
 
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
 	empty, sleep := 0, time.Duration(0)
 	for {
 		// Checked every round, busy or not: a peer that never stops sending must not keep
@@ -314,21 +319,23 @@ func (w *Worker) loop(ready chan<- error) {
 			continue
 		}
 		w.publishStats()
-		// Back off from 10us up to MaxSleep, waking at once for a command.
+		// Back off from 10us up to MaxSleep, waking at once for a command or Close.
 		if sleep == 0 {
 			sleep = 10 * time.Microsecond
 		} else if sleep *= 2; sleep > w.cfg.MaxSleep {
 			sleep = w.cfg.MaxSleep
 		}
-		timer.Reset(sleep)
-		select {
-		case f := <-w.cmds:
-			f()
-			empty, sleep = 0, 0
-		case <-w.stopReq:
-		case <-timer.C:
-		}
-		timer.Stop()
+		w.wake.sleep(sleep, w.idle)
+	}
+}
+
+// idle (the loop, about to sleep) reports whether no command waits and Close has not begun.
+func (w *Worker) idle() bool {
+	select {
+	case <-w.stopReq:
+		return false
+	default:
+		return len(w.cmds) == 0
 	}
 }
 
@@ -376,6 +383,14 @@ func (w *Worker) submit(f func()) error {
 	}
 	select {
 	case w.cmds <- f:
+		w.wake.wake()
+		return nil
+	default:
+		w.wake.wake() // full: the loop is behind; it must not sleep on it
+	}
+	select {
+	case w.cmds <- f:
+		w.wake.wake()
 		return nil
 	case <-w.stopReq:
 		return ErrClosed
@@ -421,7 +436,7 @@ func (w *Worker) Info(ctx context.Context) (string, error) {
 // UCX no longer touches their memory. Close waits at most CloseTimeout plus a second; if that
 // passes (ErrTimeout) the worker goes on stopping, and a later Close waits for it again.
 func (w *Worker) Close() error {
-	w.stopOne.Do(func() { close(w.stopReq) })
+	w.stopOne.Do(func() { close(w.stopReq); w.wake.wake() })
 	select {
 	case <-w.stopped:
 		return nil
