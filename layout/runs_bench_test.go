@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
 
 // BenchmarkRuns walks a whole 4096-token Llama-3-8B request (128 blocks of 32 tokens, in a
 // random order of a 160-block pool) as pool ranges: what a receiver does per request before
 // it can post anything (the RMA offer's regions, the IOV lists, the overlap check).
 func BenchmarkRuns(b *testing.B) {
-	d := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 32, NumBlocks: 160}
+	d := layouttest.Llama3_8B(160).Dims()
 	for _, o := range []layout.Order{layout.BlockMajor, layout.LayerMajor} {
 		l := layout.Packed(d, o)
 		ids := make([]int32, 128)

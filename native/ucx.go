@@ -383,14 +383,7 @@ func (w *Worker) submit(f func()) error {
 	}
 	select {
 	case w.cmds <- f:
-		w.wake.wake()
-		return nil
-	default:
-		w.wake.wake() // full: the loop is behind; it must not sleep on it
-	}
-	select {
-	case w.cmds <- f:
-		w.wake.wake()
+		w.wake.wake() // a full queue was woken for by whoever filled it
 		return nil
 	case <-w.stopReq:
 		return ErrClosed

@@ -18,7 +18,7 @@ import (
 // runtime's poller, so the sleep ends when asked (a Go timer cannot: with every P idle the
 // runtime waits for its next timer in epoll with a millisecond timeout, and the loop's 10 us
 // first back-off slept about 1.1 ms on the 2-core VM, so a control message to an idle worker
-// waited that long before anybody looked; docs/benchmarks.md, "Control messages"), without
+// waited that long before anybody looked; docs/benchmarks.md, "Per-request overhead"), without
 // holding a P the way a sleeping system call would, and ends at once when a command or Close
 // re-arms the timer to expire now.
 type waker struct {

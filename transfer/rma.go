@@ -197,10 +197,11 @@ func (x *xfer) getBytes() int64 {
 func rmaRegions(src, dst *layout.Plan) ([]rmaRegion, bool) {
 	type run struct{ pool, stream, n int64 }
 	runs := func(p *layout.Plan) ([]run, bool) {
-		if p.Bytes()/(p.Layout().RowBytes()*p.RunUnits()) > rmaMaxPieces {
+		most := p.Bytes() / (p.Layout().RowBytes() * p.RunUnits())
+		if most > rmaMaxPieces {
 			return nil, false
 		}
-		rs := make([]run, 0, p.Bytes()/(p.Layout().RowBytes()*p.RunUnits()))
+		rs := make([]run, 0, most)
 		_ = p.Runs(0, p.Bytes(), func(poolOff, streamOff, n int64) { rs = append(rs, run{poolOff, streamOff, n}) })
 		return rs, true
 	}

@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
 
 // BenchmarkRMARegions pairs the sender's and the receiver's plans of a 4096-token Llama-3-8B
 // request (128 blocks in a random order of each 160-block pool) into the offer's regions:
 // what a receiver works out between an offer's arrival and its first read.
 func BenchmarkRMARegions(b *testing.B) {
-	d := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 32, NumBlocks: 160}
+	d := layouttest.Llama3_8B(160).Dims()
 	plan := func(o layout.Order, seed uint64) *layout.Plan {
 		l := layout.Packed(d, o)
 		ids := make([]int32, 128)
