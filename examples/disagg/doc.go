@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Command disagg is a runnable tour of kvxfer in disaggregated serving: a prefill worker and a
-// decode worker, each with a KV pool and a kvxfer engine (over UCX, with UCX-mapped staging
-// slots; the pool itself stays Go memory, gathered through them), hand each request's
+// decode worker, each with a KV pool and a kvxfer engine (over UCX; each pool is mmap'd by the
+// worker and registered with the transport, so blocks move by RMA straight between the pools), hand each request's
 // ContextParams over a small HTTP control plane on 127.0.0.1, move one request's KV blocks,
-// abort a second before it moves and give up on a third in flight, and print what happened
+// abort a second before it moves and give up on a third (one the prefill worker never sends) in flight, and print what happened
 // to each request's blocks.
 //
 // Usage:

@@ -28,7 +28,8 @@
 // closed engine, an engine that does not answer): see Handler for which Kubernetes probe uses
 // which. A process whose engine comes later answers its probes from the start through Pending.
 //
-// Observers run synchronously inside the engine, sometimes under a handle's lock. Everything
-// in this package keeps to that contract: it takes one short mutex or atomic update per event
-// and never calls back into the engine.
+// The engine calls observers from a goroutine of its own, one event at a time, never under a
+// lock a transfer needs (transfer.Observer). A slow observer still delays the events queued
+// behind it, a handle's Done and Quiesced among them, so everything in this package takes one
+// short mutex or atomic update per event and never calls back into the engine.
 package observe

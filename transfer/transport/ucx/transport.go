@@ -186,7 +186,8 @@ func (t *Transport) WorkerAddress() []byte {
 func (t *Transport) StagingMemory() []byte { return t.staging.Bytes() }
 
 // ContextParams describes request id over plan (this side's blocks) for the peer that will
-// receive it: what a prefill engine hands to decode. Staging mode: no RMA regions.
+// receive it: what a prefill engine hands to decode. It names no RMA regions whatever path the
+// transfer takes: what RMA reads (regions, remote keys) travels in the offer on the engines' wire.
 func (t *Transport) ContextParams(id transport.RequestID, plan *layout.Plan) *ContextParams {
 	t.mu.Lock()
 	life, addr := t.life, append([]byte(nil), t.addr...)
