@@ -80,17 +80,42 @@ type Protocol struct {
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 
+// maxQuoted bounds how much of a string from input (a registry entry, a name a caller passed)
+// an error quotes: enough to recognise it, never a whole 200 KiB field.
+const maxQuoted = 64
+
+// quoteInput quotes s for an error, cut to maxQuoted bytes with its full length said.
+func quoteInput(s string) string {
+	if len(s) <= maxQuoted {
+		return fmt.Sprintf("%q", s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:maxQuoted], len(s))
+}
+
 // Validate checks what Publish requires; the error matches ErrInvalid and names the field.
 func (w *Worker) Validate() error {
 	switch {
 	case !nameRE.MatchString(w.Name):
-		return fmt.Errorf("%w: Worker.Name %q: want 1 to 128 of [A-Za-z0-9._-]", ErrInvalid, w.Name)
+		return fmt.Errorf("%w: Worker.Name %s: want 1 to 128 of [A-Za-z0-9._-]", ErrInvalid, quoteInput(w.Name))
 	case w.Role == "" || len(w.Role) > 64:
-		return fmt.Errorf("%w: Worker.Role %q: want 1 to 64 bytes", ErrInvalid, w.Role)
+		return fmt.Errorf("%w: Worker.Role %s: want 1 to 64 bytes", ErrInvalid, quoteInput(w.Role))
 	case w.Incarnation == 0:
 		return fmt.Errorf("%w: Worker.Incarnation: zero (give each life of the worker its own, non-zero)", ErrInvalid)
 	case len(w.Address) > ucx.ContextParamsMaxAddress:
 		return fmt.Errorf("%w: Worker.Address: %d bytes, at most %d", ErrInvalid, len(w.Address), ucx.ContextParamsMaxAddress)
+	}
+	return nil
+}
+
+// checkEntry checks a worker entry a registry answered with, as Publish checks what it
+// announces: a registry is input like any peer, and an entry that fails is refused with an
+// error that quotes at most maxQuoted bytes of it.
+func checkEntry(registry, name string, w Worker) error {
+	if err := w.Validate(); err != nil {
+		return fmt.Errorf("kvxfer/discovery: entry for %s from %s: %w", name, registry, err)
+	}
+	if w.Name != name {
+		return fmt.Errorf("%w: entry for %s from %s names %s", ErrInvalid, name, registry, quoteInput(w.Name))
 	}
 	return nil
 }

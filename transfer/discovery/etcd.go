@@ -101,7 +101,7 @@ func (r *etcdRegistry) Publish(ctx context.Context, w Worker) (Registration, err
 // Lookup implements Registry.
 func (r *etcdRegistry) Lookup(ctx context.Context, name string) (Worker, error) {
 	if !nameRE.MatchString(name) {
-		return Worker{}, fmt.Errorf("%w: name %q", ErrInvalid, name)
+		return Worker{}, fmt.Errorf("%w: name %s", ErrInvalid, quoteInput(name))
 	}
 	var w Worker
 	err := retry(ctx, r.cfg.LookupTimeout, r.target, "lookup "+name, permanent, r.call(ctx, func(ctx context.Context) error {
@@ -113,10 +113,13 @@ func (r *etcdRegistry) Lookup(ctx context.Context, name string) (Worker, error) 
 			return err
 		}
 		if len(resp.Kvs) == 0 {
-			return fmt.Errorf("%w: %q (etcd %s)", ErrNotFound, name, r.target)
+			return fmt.Errorf("%w: %s (etcd %s)", ErrNotFound, quoteInput(name), r.target)
 		}
 		return decodeWorker(resp.Kvs[0].Value, &w)
 	}))
+	if err == nil {
+		err = checkEntry(r.target, name, w)
+	}
 	return w, err
 }
 

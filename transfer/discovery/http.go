@@ -70,7 +70,7 @@ func (m *memRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if name != "" && !nameRE.MatchString(name) {
-		http.Error(w, fmt.Sprintf("bad worker name %q", name), http.StatusBadRequest)
+		http.Error(w, fmt.Sprintf("bad worker name %s", quoteInput(name)), http.StatusBadRequest)
 		return
 	}
 	m.mu.Lock()
@@ -111,7 +111,7 @@ func (m *memRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			err = wk.Validate()
 		}
 		if err == nil && wk.Name != name {
-			err = fmt.Errorf("body names %q, path %q", wk.Name, name)
+			err = fmt.Errorf("body names %s, path %s", quoteInput(wk.Name), quoteInput(name))
 		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
@@ -206,7 +206,7 @@ type httpStatusError struct {
 }
 
 func (e *httpStatusError) Error() string {
-	return fmt.Sprintf("registry answered %d: %s", e.code, e.body)
+	return fmt.Sprintf("registry answered %d: %s", e.code, quoteInput(e.body))
 }
 
 func (r *httpRegistry) isClosed() bool {
@@ -277,12 +277,15 @@ func (r *httpRegistry) Publish(ctx context.Context, w Worker) (Registration, err
 // Lookup implements Registry.
 func (r *httpRegistry) Lookup(ctx context.Context, name string) (Worker, error) {
 	if !nameRE.MatchString(name) {
-		return Worker{}, fmt.Errorf("%w: name %q", ErrInvalid, name)
+		return Worker{}, fmt.Errorf("%w: name %s", ErrInvalid, quoteInput(name))
 	}
 	var w Worker
 	err := retry(ctx, r.cfg.LookupTimeout, r.base, "lookup "+name, permanent, func(ctx context.Context) error {
 		return r.do(ctx, http.MethodGet, WorkersPath+"/"+name, nil, &w)
 	})
+	if err == nil {
+		err = checkEntry(r.base, name, w)
+	}
 	return w, err
 }
 

@@ -5,7 +5,10 @@ package discovery
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -128,4 +131,31 @@ func TestHTTP_HandlerRefusesBadInput(t *testing.T) {
 	ws, err := r.List(ctx, "")
 	require.NoError(t, err)
 	require.Empty(t, ws)
+}
+
+// A registry entry is input: a 200 KiB field in it is refused with an error that quotes a
+// bounded part of it, once, not the whole field.
+func TestLookupBoundsWhatAnErrorQuotesFromTheRegistry(t *testing.T) {
+	huge := strings.Repeat("r", 200<<10)
+	cases := []struct {
+		desc  string
+		entry string
+	}{
+		{"a huge role", fmt.Sprintf(`{"name":"w","role":%q,"incarnation":1}`, huge)},
+		{"a huge name in the body", fmt.Sprintf(`{"name":%q,"role":"prefill","incarnation":1}`, huge)},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.WriteString(w, c.entry)
+			}))
+			defer srv.Close()
+			reg, err := Open(srv.URL, Config{LookupTimeout: 2 * time.Second})
+			require.NoError(t, err)
+			defer reg.Close()
+			_, err = reg.Lookup(context.Background(), "w")
+			require.ErrorIs(t, err, ErrInvalid)
+			require.Less(t, len(err.Error()), 512, "the error quotes a bounded part of the entry")
+		})
+	}
 }
