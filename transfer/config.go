@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"go.uber.org/zap"
 )
@@ -253,6 +254,17 @@ func (c Config) validate() error {
 		return bad("PipelineDepth", c.PipelineDepth, "must be at least 1")
 	case c.NumSlots < 1:
 		return bad("NumSlots", c.NumSlots, "must be at least 1")
+	case c.NumSlots < c.MaxConcurrent:
+		// Said here, in this Config's fields (and the UCX transport's, which sizes
+		// StagingMemory), before the staging pool would say it in its own.
+		from := "NumSlots"
+		if c.StagingMemory != nil {
+			from = fmt.Sprintf("StagingMemory's %d bytes (ucx.Config.StagingBytes sizes the UCX transport's)", len(c.StagingMemory))
+		}
+		return &ConfigError{Field: "NumSlots", Value: c.NumSlots, Cause: buffer.ErrUndersized, Reason: fmt.Sprintf(
+			"%d staging slots of SlotBytes = %d (from %s), but MaxConcurrent = %d needs at least %d slots: each transfer "+
+				"past Queued holds one (L13); give more StagingMemory (ucx.Config.StagingBytes), shrink SlotBytes, or lower MaxConcurrent",
+			c.NumSlots, c.SlotBytes, from, c.MaxConcurrent, c.MaxConcurrent)}
 	case c.StagingMemory != nil && int64(len(c.StagingMemory)) < int64(c.NumSlots)*c.SlotBytes:
 		return bad("StagingMemory", len(c.StagingMemory), fmt.Sprintf("holds fewer than NumSlots*SlotBytes = %d bytes", int64(c.NumSlots)*c.SlotBytes))
 	case c.QuarantineBudget < 0:

@@ -147,6 +147,10 @@ func TestL13_PoolBelowConcurrencyIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	require.ErrorIs(t, err, buffer.ErrUndersized)
 	require.Contains(t, err.Error(), "needs at least 8 slots")
+	// The error speaks of the fields the caller set, not the staging pool's own names.
+	require.Contains(t, err.Error(), "MaxConcurrent = 8")
+	require.Contains(t, err.Error(), "lower MaxConcurrent")
+	require.NotContains(t, err.Error(), "Concurrency = ")
 }
 
 // activeSubs counts an engine's sub-transfers past Queued and not yet ended, and the most it
