@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
+	_ "github.com/kvxfer/kvxfer/transfer/discovery/etcd" // etcd:// targets
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 

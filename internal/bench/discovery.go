@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
+	_ "github.com/kvxfer/kvxfer/transfer/discovery/etcd" // etcd:// targets
 )
 
 // --discovery: serve publishes its control address in a registry (etcd://HOST:PORT/PREFIX, or

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
@@ -183,9 +184,12 @@ func (c Config) withDefaults() (Config, error) {
 }
 
 // Open connects to the registry target names: "http://HOST:PORT" (an embedded registry,
-// Serve or Handler), or "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]" (default prefix
+// Serve or Handler), or a target of a backend linked in by importing its package, such as
+// "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]" (package transfer/discovery/etcd; default prefix
 // "/kvxfer"). It does not wait for the registry to answer: a registry that is down yet makes
-// the first calls retry.
+// the first calls retry. Every backend's answers are checked as Publish checks a Worker:
+// a lookup of a malformed name, or an entry that is malformed or names another worker, fails
+// with ErrInvalid; List skips malformed entries (logged).
 func Open(target string, cfg Config) (Registry, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -193,30 +197,83 @@ func Open(target string, cfg Config) (Registry, error) {
 	}
 	u, err := url.Parse(target)
 	if err != nil {
-		return nil, fmt.Errorf("%w: target %q: %v", ErrInvalid, target, err)
+		return nil, fmt.Errorf("%w: target %s: %v", ErrInvalid, quoteInput(target), err)
 	}
-	switch u.Scheme {
-	case "http":
+	if u.Scheme == "http" {
 		if u.Host == "" {
-			return nil, fmt.Errorf("%w: target %q: no host", ErrInvalid, target)
+			return nil, fmt.Errorf("%w: target %s: no host", ErrInvalid, quoteInput(target))
 		}
-		return newHTTPRegistry(strings.TrimSuffix(target, "/"), cfg), nil
-	case "etcd":
-		if u.Host == "" {
-			return nil, fmt.Errorf("%w: target %q: no endpoints (etcd://HOST:PORT[,HOST:PORT]/PREFIX)", ErrInvalid, target)
-		}
-		prefix := strings.TrimSuffix(u.Path, "/")
-		if prefix == "" {
-			prefix = "/kvxfer"
-		}
-		var eps []string
-		for _, h := range strings.Split(u.Host, ",") {
-			eps = append(eps, "http://"+h)
-		}
-		return newEtcdRegistry(target, eps, prefix, cfg)
-	default:
-		return nil, fmt.Errorf("%w: target %q: want http://HOST:PORT or etcd://HOST:PORT/PREFIX", ErrInvalid, target)
+		return checked{newHTTPRegistry(strings.TrimSuffix(target, "/"), cfg), target, cfg.Logger}, nil
 	}
+	backends.Lock()
+	open := backends.open[u.Scheme]
+	backends.Unlock()
+	if open == nil {
+		hint := ""
+		if u.Scheme == "etcd" {
+			hint = ` (link the backend: import _ "github.com/kvxfer/kvxfer/transfer/discovery/etcd")`
+		}
+		return nil, fmt.Errorf("%w: target %s: want http://HOST:PORT or a linked backend's scheme%s", ErrInvalid, quoteInput(target), hint)
+	}
+	r, err := open(target, u, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return checked{r, target, cfg.Logger}, nil
+}
+
+// backends are the registries linked in besides the HTTP one, by URL scheme.
+var backends = struct {
+	sync.Mutex
+	open map[string]BackendOpener
+}{open: map[string]BackendOpener{}}
+
+// BackendOpener opens a registry backend for target (already parsed as u), with cfg's
+// defaults applied and validated.
+type BackendOpener func(target string, u *url.URL, cfg Config) (Registry, error)
+
+// RegisterBackend makes Open accept targets of scheme. A backend's package calls it from its
+// init, so a program links a backend (and its client library) only by importing it. It
+// panics if scheme is "http" or already registered, as a programming error.
+func RegisterBackend(scheme string, open BackendOpener) {
+	backends.Lock()
+	defer backends.Unlock()
+	if _, dup := backends.open[scheme]; dup || scheme == "http" || open == nil {
+		panic("kvxfer/discovery: RegisterBackend: scheme " + scheme + " taken, or no opener")
+	}
+	backends.open[scheme] = open
+}
+
+// checked wraps every backend with the checks a registry's answers need whoever stores them:
+// the registry is input like any peer.
+type checked struct {
+	Registry
+	target string
+	log    *zap.Logger
+}
+
+func (c checked) Lookup(ctx context.Context, name string) (Worker, error) {
+	if !nameRE.MatchString(name) {
+		return Worker{}, fmt.Errorf("%w: name %s", ErrInvalid, quoteInput(name))
+	}
+	w, err := c.Registry.Lookup(ctx, name)
+	if err == nil {
+		err = checkEntry(c.target, name, w)
+	}
+	return w, err
+}
+
+func (c checked) List(ctx context.Context, role string) ([]Worker, error) {
+	ws, err := c.Registry.List(ctx, role)
+	out := ws[:0]
+	for _, w := range ws {
+		if verr := w.Validate(); verr != nil {
+			c.log.Warn("skipping a malformed worker entry", zap.String("registry", c.target), zap.Error(verr))
+			continue
+		}
+		out = append(out, w)
+	}
+	return out, err
 }
 
 // CheckParams compares cp with what the registry says of its sender, the worker called
@@ -241,16 +298,18 @@ func CheckParams(ctx context.Context, r Registry, name string, cp *ucx.ContextPa
 	return nil
 }
 
-// retry runs op until it succeeds, fails for good (permanent returns true), ctx ends or
-// bound passes, backing off from 20ms, doubling to 500ms.
-func retry(ctx context.Context, bound time.Duration, target, what string, permanent func(error) bool, op func(ctx context.Context) error) error {
+// Retry runs op until it succeeds, fails for good (an error matching ErrNotFound, ErrInvalid
+// or ErrClosed), ctx ends or bound passes, backing off from 20ms, doubling to 500ms; then it
+// fails with an *UnavailableError naming target and what. Backends use it for every call to
+// their store, so every backend keeps Config.LookupTimeout the same way.
+func Retry(ctx context.Context, bound time.Duration, target, what string, op func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	wait := 20 * time.Millisecond
 	var last error
 	for attempt := 1; ; attempt++ {
 		last = op(ctx)
-		if last == nil || permanent(last) {
+		if last == nil || errors.Is(last, ErrNotFound) || errors.Is(last, ErrInvalid) || errors.Is(last, ErrClosed) {
 			return last
 		}
 		t := time.NewTimer(wait)

@@ -9,7 +9,11 @@
 //	http://HOST:PORT              the embedded default: a small HTTP registry (Handler, Serve)
 //	                              that one process of the deployment runs; needs nothing else
 //	etcd://HOST:PORT[,HOST:PORT]/PREFIX
-//	                              etcd (v3 API), the store a serving cluster already runs
+//	                              etcd (v3 API), the store a serving cluster already runs;
+//	                              linked only by importing transfer/discovery/etcd
+//
+// Whatever the backend, its answers are input: Open checks every entry a lookup returns as
+// Publish checks a Worker, and errors quote at most 64 bytes of anything they name.
 //
 // Both keep an entry alive only while its worker does: Publish holds a lease of Config.TTL
 // (etcd's lease; a heartbeat for the HTTP registry) and renews it until Withdraw or Close, so

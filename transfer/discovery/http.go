@@ -184,6 +184,10 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 // httpRegistry is the client of the embedded registry.
+// attempt bounds one call to the registry, so a retry loop notices an unreachable one within
+// its bound.
+const attempt = time.Second
+
 type httpRegistry struct {
 	base   string
 	cfg    Config
@@ -260,7 +264,7 @@ func (r *httpRegistry) Publish(ctx context.Context, w Worker) (Registration, err
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	g := &httpRegistration{r: r, w: w, body: body, stop: make(chan struct{}), done: make(chan struct{})}
-	if err := retry(ctx, r.cfg.LookupTimeout, r.base, "publish "+w.Name, permanent, g.put); err != nil {
+	if err := Retry(ctx, r.cfg.LookupTimeout, r.base, "publish "+w.Name, g.put); err != nil {
 		return nil, err
 	}
 	r.mu.Lock()
@@ -276,16 +280,10 @@ func (r *httpRegistry) Publish(ctx context.Context, w Worker) (Registration, err
 
 // Lookup implements Registry.
 func (r *httpRegistry) Lookup(ctx context.Context, name string) (Worker, error) {
-	if !nameRE.MatchString(name) {
-		return Worker{}, fmt.Errorf("%w: name %s", ErrInvalid, quoteInput(name))
-	}
 	var w Worker
-	err := retry(ctx, r.cfg.LookupTimeout, r.base, "lookup "+name, permanent, func(ctx context.Context) error {
+	err := Retry(ctx, r.cfg.LookupTimeout, r.base, "lookup "+name, func(ctx context.Context) error {
 		return r.do(ctx, http.MethodGet, WorkersPath+"/"+name, nil, &w)
 	})
-	if err == nil {
-		err = checkEntry(r.base, name, w)
-	}
 	return w, err
 }
 
@@ -296,7 +294,7 @@ func (r *httpRegistry) List(ctx context.Context, role string) ([]Worker, error) 
 	if role != "" {
 		q = "?role=" + url.QueryEscape(role)
 	}
-	err := retry(ctx, r.cfg.LookupTimeout, r.base, "list", permanent, func(ctx context.Context) error {
+	err := Retry(ctx, r.cfg.LookupTimeout, r.base, "list", func(ctx context.Context) error {
 		out = nil
 		return r.do(ctx, http.MethodGet, WorkersPath+q, nil, &out)
 	})

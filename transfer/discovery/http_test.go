@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -77,7 +78,7 @@ func TestHTTP_Lifecycle(t *testing.T) {
 	require.NoError(t, err)
 	err = CheckParams(ctx, look, "prefill-0", &ucx.ContextParams{Incarnation: 1, WorkerAddress: p1.Address})
 	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
-	require.NoError(t, pub.(*httpRegistry).do(ctx, http.MethodDelete, WorkersPath+"/prefill-0?incarnation=1", nil, nil))
+	require.NoError(t, pub.(checked).Registry.(*httpRegistry).do(ctx, http.MethodDelete, WorkersPath+"/prefill-0?incarnation=1", nil, nil))
 	got, err = look.Lookup(ctx, "prefill-0")
 	require.NoError(t, err)
 	require.Equal(t, uint64(2), got.Incarnation)
@@ -113,7 +114,7 @@ func TestHTTP_Unreachable(t *testing.T) {
 // Bad requests to the registry are refused with 400 and change nothing.
 func TestHTTP_HandlerRefusesBadInput(t *testing.T) {
 	srv := serveRegistry(t)
-	r := openHTTP(t, srv.URL(), Config{TTL: time.Second}).(*httpRegistry)
+	r := openHTTP(t, srv.URL(), Config{TTL: time.Second}).(checked).Registry.(*httpRegistry)
 	ctx := t.Context()
 	cases := []struct{ method, path, body string }{
 		{http.MethodPut, WorkersPath + "/a?ttl=1", "{not json"},
@@ -158,4 +159,37 @@ func TestLookupBoundsWhatAnErrorQuotesFromTheRegistry(t *testing.T) {
 			require.Less(t, len(err.Error()), 512, "the error quotes a bounded part of the entry")
 		})
 	}
+}
+
+// waitBound bounds every wait here.
+const waitBound = 15 * time.Second
+
+func worker(name, role string, inc uint64) Worker {
+	return Worker{Name: name, Role: role, Incarnation: inc, Address: []byte("ucx-" + name + fmt.Sprint(inc)),
+		Endpoints: map[string]string{"control": "127.0.0.1:7400"}, Protocol: Protocol{Version: 1, Features: []string{"rma"}}}
+}
+
+// Open refuses targets it cannot use, naming them.
+func TestOpen_BadTargets(t *testing.T) {
+	for _, target := range []string{"", "etcd://", "redis://x:1", "http://", "::"} {
+		_, err := Open(target, Config{})
+		require.ErrorIs(t, err, ErrInvalid, target)
+	}
+	_, err := Open("http://127.0.0.1:1", Config{TTL: 10 * time.Millisecond})
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// A program that uses only the embedded HTTP registry links no etcd client: the etcd backend
+// is a package of its own, linked by importing it.
+func TestHTTPRegistryLinksNoEtcd(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command on PATH to list the package's dependencies")
+	}
+	out, err := exec.Command(gobin, "list", "-deps", "github.com/kvxfer/kvxfer/transfer/discovery").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NotContains(t, string(out), "go.etcd.io/", "package discovery depends on etcd")
+	_, err = Open("etcd://127.0.0.1:2379/x", Config{})
+	require.ErrorIs(t, err, ErrInvalid)
+	require.Contains(t, err.Error(), `import _ "github.com/kvxfer/kvxfer/transfer/discovery/etcd"`)
 }

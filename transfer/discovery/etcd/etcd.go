@@ -1,26 +1,47 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package discovery
+package etcd
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/discovery"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
 
-// etcdRegistry keeps each worker under PREFIX/workers/NAME, its value the Worker as JSON,
-// attached to a lease of Config.TTL that the publisher keeps alive.
+func init() { discovery.RegisterBackend("etcd", open) }
+
+// open opens "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]" (default prefix "/kvxfer").
+func open(target string, u *url.URL, cfg discovery.Config) (discovery.Registry, error) {
+	if u.Host == "" {
+		return nil, fmt.Errorf("%w: target %q: no endpoints (etcd://HOST:PORT[,HOST:PORT]/PREFIX)", discovery.ErrInvalid, target)
+	}
+	prefix := strings.TrimSuffix(u.Path, "/")
+	if prefix == "" {
+		prefix = "/kvxfer"
+	}
+	var eps []string
+	for _, h := range strings.Split(u.Host, ",") {
+		eps = append(eps, "http://"+h)
+	}
+	return newEtcdRegistry(target, eps, prefix, cfg)
+}
+
+// etcdRegistry keeps each worker under PREFIX/workers/NAME, its value the discovery.Worker as JSON,
+// attached to a lease of discovery.Config.TTL that the publisher keeps alive.
 type etcdRegistry struct {
 	target string
 	prefix string
-	cfg    Config
+	cfg    discovery.Config
 	cli    *clientv3.Client
 
 	mu     sync.Mutex
@@ -28,13 +49,13 @@ type etcdRegistry struct {
 	regs   map[*etcdRegistration]struct{}
 }
 
-func newEtcdRegistry(target string, endpoints []string, prefix string, cfg Config) (*etcdRegistry, error) {
+func newEtcdRegistry(target string, endpoints []string, prefix string, cfg discovery.Config) (*etcdRegistry, error) {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: cfg.LookupTimeout,
 		Logger: cfg.Logger.Named("etcd-client").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)),
 		// Fail over to another endpoint, and notice a dead connection, within a TTL.
 		DialKeepAliveTime: cfg.TTL, DialKeepAliveTimeout: cfg.TTL})
 	if err != nil {
-		return nil, fmt.Errorf("%w: etcd client for %s: %v", ErrInvalid, target, err)
+		return nil, fmt.Errorf("%w: etcd client for %s: %v", discovery.ErrInvalid, target, err)
 	}
 	return &etcdRegistry{target: target, prefix: prefix + "/workers/", cfg: cfg, cli: cli, regs: map[*etcdRegistration]struct{}{}}, nil
 }
@@ -54,30 +75,26 @@ func (r *etcdRegistry) call(ctx context.Context, op func(ctx context.Context) er
 	}
 }
 
-func permanent(err error) bool {
-	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrClosed)
-}
-
 func (r *etcdRegistry) isClosed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.closed
 }
 
-// Publish implements Registry.
-func (r *etcdRegistry) Publish(ctx context.Context, w Worker) (Registration, error) {
+// Publish implements discovery.Registry.
+func (r *etcdRegistry) Publish(ctx context.Context, w discovery.Worker) (discovery.Registration, error) {
 	if err := w.Validate(); err != nil {
 		return nil, err
 	}
 	value, err := json.Marshal(w)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %v", discovery.ErrInvalid, err)
 	}
 	reg := &etcdRegistration{r: r, w: w, key: r.prefix + w.Name, value: string(value), stop: make(chan struct{}), done: make(chan struct{})}
 	var lease clientv3.LeaseID
-	err = retry(ctx, r.cfg.LookupTimeout, r.target, "publish "+w.Name, permanent, r.call(ctx, func(ctx context.Context) error {
+	err = discovery.Retry(ctx, r.cfg.LookupTimeout, r.target, "publish "+w.Name, r.call(ctx, func(ctx context.Context) error {
 		if r.isClosed() {
-			return ErrClosed
+			return discovery.ErrClosed
 		}
 		var err error
 		lease, err = reg.put(ctx)
@@ -90,7 +107,7 @@ func (r *etcdRegistry) Publish(ctx context.Context, w Worker) (Registration, err
 	if r.closed {
 		r.mu.Unlock()
 		_, _ = r.cli.Revoke(context.Background(), lease)
-		return nil, ErrClosed
+		return nil, discovery.ErrClosed
 	}
 	r.regs[reg] = struct{}{}
 	r.mu.Unlock()
@@ -98,37 +115,31 @@ func (r *etcdRegistry) Publish(ctx context.Context, w Worker) (Registration, err
 	return reg, nil
 }
 
-// Lookup implements Registry.
-func (r *etcdRegistry) Lookup(ctx context.Context, name string) (Worker, error) {
-	if !nameRE.MatchString(name) {
-		return Worker{}, fmt.Errorf("%w: name %s", ErrInvalid, quoteInput(name))
-	}
-	var w Worker
-	err := retry(ctx, r.cfg.LookupTimeout, r.target, "lookup "+name, permanent, r.call(ctx, func(ctx context.Context) error {
+// Lookup implements discovery.Registry.
+func (r *etcdRegistry) Lookup(ctx context.Context, name string) (discovery.Worker, error) {
+	var w discovery.Worker
+	err := discovery.Retry(ctx, r.cfg.LookupTimeout, r.target, "lookup "+name, r.call(ctx, func(ctx context.Context) error {
 		if r.isClosed() {
-			return ErrClosed
+			return discovery.ErrClosed
 		}
 		resp, err := r.cli.Get(ctx, r.prefix+name)
 		if err != nil {
 			return err
 		}
 		if len(resp.Kvs) == 0 {
-			return fmt.Errorf("%w: %s (etcd %s)", ErrNotFound, quoteInput(name), r.target)
+			return fmt.Errorf("%w: %q (etcd %s)", discovery.ErrNotFound, name, r.target)
 		}
 		return decodeWorker(resp.Kvs[0].Value, &w)
 	}))
-	if err == nil {
-		err = checkEntry(r.target, name, w)
-	}
 	return w, err
 }
 
-// List implements Registry.
-func (r *etcdRegistry) List(ctx context.Context, role string) ([]Worker, error) {
-	var out []Worker
-	err := retry(ctx, r.cfg.LookupTimeout, r.target, "list", permanent, r.call(ctx, func(ctx context.Context) error {
+// List implements discovery.Registry.
+func (r *etcdRegistry) List(ctx context.Context, role string) ([]discovery.Worker, error) {
+	var out []discovery.Worker
+	err := discovery.Retry(ctx, r.cfg.LookupTimeout, r.target, "list", r.call(ctx, func(ctx context.Context) error {
 		if r.isClosed() {
-			return ErrClosed
+			return discovery.ErrClosed
 		}
 		resp, err := r.cli.Get(ctx, r.prefix, clientv3.WithPrefix())
 		if err != nil {
@@ -136,7 +147,7 @@ func (r *etcdRegistry) List(ctx context.Context, role string) ([]Worker, error) 
 		}
 		out = out[:0]
 		for _, kv := range resp.Kvs {
-			var w Worker
+			var w discovery.Worker
 			if err := decodeWorker(kv.Value, &w); err != nil {
 				r.cfg.Logger.Warn("skipping a malformed worker entry", zap.ByteString("key", kv.Key), zap.Error(err))
 				continue
@@ -151,7 +162,7 @@ func (r *etcdRegistry) List(ctx context.Context, role string) ([]Worker, error) 
 	return out, err
 }
 
-// Close implements Registry: withdraws every registration, then closes the client.
+// Close implements discovery.Registry: withdraws every registration, then closes the client.
 func (r *etcdRegistry) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -172,7 +183,7 @@ func (r *etcdRegistry) Close() error {
 	return errors.Join(errs...)
 }
 
-func decodeWorker(b []byte, w *Worker) error {
+func decodeWorker(b []byte, w *discovery.Worker) error {
 	if err := json.Unmarshal(b, w); err != nil {
 		return fmt.Errorf("kvxfer/discovery: malformed worker entry: %w", err)
 	}
@@ -183,7 +194,7 @@ func decodeWorker(b []byte, w *Worker) error {
 // longer than the TTL), it publishes again under a new lease, with backoff, until withdrawn.
 type etcdRegistration struct {
 	r          *etcdRegistry
-	w          Worker
+	w          discovery.Worker
 	key, value string
 	once       sync.Once
 	stop, done chan struct{}
@@ -191,7 +202,7 @@ type etcdRegistration struct {
 	lease      clientv3.LeaseID
 }
 
-func (g *etcdRegistration) Worker() Worker { return g.w }
+func (g *etcdRegistration) Worker() discovery.Worker { return g.w }
 
 // put grants a lease and writes the entry under it.
 func (g *etcdRegistration) put(ctx context.Context) (clientv3.LeaseID, error) {
@@ -250,7 +261,7 @@ func (g *etcdRegistration) keepAlive(lease clientv3.LeaseID) {
 	}
 }
 
-// Withdraw implements Registration: revokes the lease, which deletes the entry (only this
+// Withdraw implements discovery.Registration: revokes the lease, which deletes the entry (only this
 // incarnation's: a newer one was written under another lease).
 func (g *etcdRegistration) Withdraw(ctx context.Context) error {
 	g.r.mu.Lock()

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package discovery
+package etcd
 
 import (
 	"bytes"
@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/discovery/discoverytest"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
@@ -103,22 +105,34 @@ func (p *proxy) cut() {
 	p.wg.Wait()
 }
 
-func openEtcd(t *testing.T, s *testEtcd, cfg Config) *etcdRegistry {
+func openEtcd(t *testing.T, s *testEtcd, cfg discovery.Config) discovery.Registry {
 	t.Helper()
-	r, err := Open(s.target(), cfg)
+	r, err := discovery.Open(s.target(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+// rawEtcd opens the backend itself, past discovery.Open's checks, for a test that needs its
+// etcd client.
+func rawEtcd(t *testing.T, s *testEtcd) *etcdRegistry {
+	t.Helper()
+	u, err := url.Parse(s.target())
+	require.NoError(t, err)
+	r, err := open(s.target(), u, discovery.Config{TTL: time.Second, LookupTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = r.Close() })
 	return r.(*etcdRegistry)
 }
 
-func worker(name, role string, inc uint64) Worker {
-	return Worker{Name: name, Role: role, Incarnation: inc, Address: []byte("ucx-" + name + fmt.Sprint(inc)),
-		Endpoints: map[string]string{"control": "127.0.0.1:7400"}, Protocol: Protocol{Version: 1, Features: []string{"rma"}}}
+func worker(name, role string, inc uint64) discovery.Worker {
+	return discovery.Worker{Name: name, Role: role, Incarnation: inc, Address: []byte("ucx-" + name + fmt.Sprint(inc)),
+		Endpoints: map[string]string{"control": "127.0.0.1:7400"}, Protocol: discovery.Protocol{Version: 1, Features: []string{"rma"}}}
 }
 
 func TestEtcd_PublishLookupList(t *testing.T) {
 	s := startEtcd(t)
-	r := openEtcd(t, s, Config{TTL: time.Second})
+	r := openEtcd(t, s, discovery.Config{TTL: time.Second})
 	ctx := t.Context()
 	p0 := worker("prefill-0", "prefill", 1)
 	_, err := r.Publish(ctx, p0)
@@ -130,7 +144,7 @@ func TestEtcd_PublishLookupList(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, p0, got)
 	_, err = r.Lookup(ctx, "prefill-9")
-	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, discovery.ErrNotFound)
 
 	ws, err := r.List(ctx, "decode")
 	require.NoError(t, err)
@@ -143,11 +157,11 @@ func TestEtcd_PublishLookupList(t *testing.T) {
 	bad := p0
 	bad.Incarnation = 0
 	_, err = r.Publish(ctx, bad)
-	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, discovery.ErrInvalid)
 	bad = p0
 	bad.Name = "a/b"
 	_, err = r.Publish(ctx, bad)
-	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorIs(t, err, discovery.ErrInvalid)
 }
 
 // A worker that dies (stops renewing without withdrawing) disappears within the TTL; one that
@@ -155,8 +169,8 @@ func TestEtcd_PublishLookupList(t *testing.T) {
 func TestEtcd_DeadWorkerExpires(t *testing.T) {
 	s := startEtcd(t)
 	const ttl = 2 * time.Second // renewed every TTL/3: room for a loaded host
-	pub := openEtcd(t, s, Config{TTL: ttl})
-	look := openEtcd(t, s, Config{TTL: ttl})
+	pub := openEtcd(t, s, discovery.Config{TTL: ttl})
+	look := openEtcd(t, s, discovery.Config{TTL: ttl})
 	ctx := t.Context()
 	reg, err := pub.Publish(ctx, worker("prefill-0", "prefill", 7))
 	require.NoError(t, err)
@@ -171,7 +185,7 @@ func TestEtcd_DeadWorkerExpires(t *testing.T) {
 	reg.(*etcdRegistration).abandon()
 	require.Eventually(t, func() bool {
 		_, err := look.Lookup(ctx, "prefill-0")
-		return errors.Is(err, ErrNotFound)
+		return errors.Is(err, discovery.ErrNotFound)
 	}, waitBound, 20*time.Millisecond)
 	// etcd checks leases every 500ms: the entry is gone within the TTL and that check.
 	require.Less(t, time.Since(died), ttl+3*time.Second, "a dead worker's entry ends with its lease")
@@ -180,7 +194,7 @@ func TestEtcd_DeadWorkerExpires(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, reg2.Withdraw(ctx))
 	_, err = look.Lookup(ctx, "decode-0")
-	require.ErrorIs(t, err, ErrNotFound, "withdrawn at once")
+	require.ErrorIs(t, err, discovery.ErrNotFound, "withdrawn at once")
 	require.NoError(t, reg2.Withdraw(ctx), "a second withdraw is harmless")
 }
 
@@ -190,24 +204,24 @@ func TestEtcd_DeadWorkerExpires(t *testing.T) {
 func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 	s := startEtcd(t)
 	const ttl = time.Second
-	old := openEtcd(t, s, Config{TTL: ttl})
-	look := openEtcd(t, s, Config{TTL: ttl})
+	old := openEtcd(t, s, discovery.Config{TTL: ttl})
+	look := openEtcd(t, s, discovery.Config{TTL: ttl})
 	ctx := t.Context()
 	reg, err := old.Publish(ctx, worker("prefill-0", "prefill", 1))
 	require.NoError(t, err)
 	oldLease := reg.(*etcdRegistration).lease
 	oldParams := &ucx.ContextParams{Incarnation: 1, WorkerAddress: reg.Worker().Address}
-	require.NoError(t, CheckParams(ctx, look, "prefill-0", oldParams))
+	require.NoError(t, discovery.CheckParams(ctx, look, "prefill-0", oldParams))
 	reg.(*etcdRegistration).abandon() // killed
 
-	restarted := openEtcd(t, s, Config{TTL: ttl})
+	restarted := openEtcd(t, s, discovery.Config{TTL: ttl})
 	_, err = restarted.Publish(ctx, worker("prefill-0", "prefill", 2))
 	require.NoError(t, err)
 	got, err := look.Lookup(ctx, "prefill-0")
 	require.NoError(t, err)
 	require.Equal(t, uint64(2), got.Incarnation)
 
-	err = CheckParams(ctx, look, "prefill-0", oldParams)
+	err = discovery.CheckParams(ctx, look, "prefill-0", oldParams)
 	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
 	var se *ucx.StaleIncarnationError
 	require.ErrorAs(t, err, &se)
@@ -215,8 +229,9 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 	require.Equal(t, uint64(2), se.Current)
 
 	// The old lease runs out; the new entry stays.
+	raw := rawEtcd(t, s)
 	require.Eventually(t, func() bool {
-		ttlResp, err := look.cli.TimeToLive(ctx, oldLease)
+		ttlResp, err := raw.cli.TimeToLive(ctx, oldLease)
 		return err == nil && ttlResp.TTL == -1
 	}, waitBound, 50*time.Millisecond)
 	got, err = look.Lookup(ctx, "prefill-0")
@@ -225,13 +240,13 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 
 	// And once the new life dies too, its params are stale as well: the worker is gone.
 	newParams := &ucx.ContextParams{Incarnation: 2, WorkerAddress: got.Address}
-	require.NoError(t, CheckParams(ctx, look, "prefill-0", newParams))
+	require.NoError(t, discovery.CheckParams(ctx, look, "prefill-0", newParams))
 	require.NoError(t, restarted.Close())
-	err = CheckParams(ctx, look, "prefill-0", newParams)
+	err = discovery.CheckParams(ctx, look, "prefill-0", newParams)
 	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
 }
 
-// etcd going away: lookups fail with ErrUnavailable after bounded retries, a transfer already
+// etcd going away: lookups fail with discovery.ErrUnavailable after bounded retries, a transfer already
 // under way completes regardless, and once etcd is back the publisher's entry is there again.
 func TestEtcd_Unreachable(t *testing.T) {
 	s := startEtcd(t)
@@ -239,14 +254,14 @@ func TestEtcd_Unreachable(t *testing.T) {
 	target := "etcd://" + px.addr + "/kvxfer-test"
 	const ttl = time.Second
 	const bound = 300 * time.Millisecond
-	open := func(cfg Config) Registry {
-		r, err := Open(target, cfg)
+	open := func(cfg discovery.Config) discovery.Registry {
+		r, err := discovery.Open(target, cfg)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = r.Close() })
 		return r
 	}
-	pub := open(Config{TTL: ttl})
-	look := open(Config{TTL: ttl, LookupTimeout: bound})
+	pub := open(discovery.Config{TTL: ttl})
+	look := open(discovery.Config{TTL: ttl, LookupTimeout: bound})
 	ctx := t.Context()
 	_, err := pub.Publish(ctx, worker("prefill-0", "prefill", 3))
 	require.NoError(t, err)
@@ -275,13 +290,13 @@ func TestEtcd_Unreachable(t *testing.T) {
 	px.cut()
 	start := time.Now()
 	_, err = look.Lookup(ctx, "prefill-0")
-	require.ErrorIs(t, err, ErrUnavailable)
-	var ue *UnavailableError
+	require.ErrorIs(t, err, discovery.ErrUnavailable)
+	var ue *discovery.UnavailableError
 	require.ErrorAs(t, err, &ue)
 	require.Greater(t, ue.Attempts, 1, "retried")
 	require.Less(t, time.Since(start), bound+2*attempt, "bounded")
 	_, err = look.List(ctx, "")
-	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, discovery.ErrUnavailable)
 
 	send, err := prefill.Send(ctx, transfer.Spec{ID: 1, Peer: "decode-0", Plan: plan, Pool: src})
 	require.NoError(t, err)
@@ -297,10 +312,10 @@ func TestEtcd_Unreachable(t *testing.T) {
 
 	// The lease runs out while etcd is unreachable: the entry is gone for good...
 	require.Eventually(t, func() bool {
-		direct := openEtcd(t, s, Config{TTL: ttl, LookupTimeout: bound})
+		direct := openEtcd(t, s, discovery.Config{TTL: ttl, LookupTimeout: bound})
 		_, err := direct.Lookup(ctx, "prefill-0")
 		_ = direct.Close()
-		return errors.Is(err, ErrNotFound)
+		return errors.Is(err, discovery.ErrNotFound)
 	}, waitBound, 100*time.Millisecond)
 	// ...until etcd is reachable again: the publisher publishes again, under a new lease,
 	// without being asked.
@@ -309,14 +324,4 @@ func TestEtcd_Unreachable(t *testing.T) {
 		w, err := look.Lookup(ctx, "prefill-0")
 		return err == nil && w.Incarnation == 3
 	}, waitBound, 50*time.Millisecond)
-}
-
-// Open refuses targets it cannot use, naming them.
-func TestOpen_BadTargets(t *testing.T) {
-	for _, target := range []string{"", "etcd://", "redis://x:1", "http://", "::"} {
-		_, err := Open(target, Config{})
-		require.ErrorIs(t, err, ErrInvalid, target)
-	}
-	_, err := Open("http://127.0.0.1:1", Config{TTL: 10 * time.Millisecond})
-	require.ErrorIs(t, err, ErrInvalid)
 }
