@@ -4,12 +4,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	_ "github.com/kvxfer/kvxfer/transfer/discovery/etcd" // etcd:// targets
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
@@ -42,9 +39,8 @@ func openRegistry(target string) (discovery.Registry, error) {
 
 // publish announces a worker: its engine's life and address, and its control plane.
 func publish(ctx context.Context, r discovery.Registry, name, role string, fab fabric, control string) error {
-	lo, hi := transfer.WireVersions()
-	w := discovery.Worker{Name: name, Role: role, Incarnation: fab.incarnation(), Address: fab.address(),
-		Protocol: discovery.Protocol{Version: hi, MinVersion: lo, Features: strings.Split(transfer.Features().String(), "+")}}
+	// The registry fills in Protocol (the wire versions and features this build speaks).
+	w := discovery.Worker{Name: name, Role: role, Incarnation: fab.incarnation(), Address: fab.address()}
 	if control != "" {
 		w.Endpoints = map[string]string{"control": control}
 	}
@@ -57,23 +53,14 @@ func publish(ctx context.Context, r discovery.Registry, name, role string, fab f
 // findPrefill waits (bounded by ctx) for the prefill worker to appear and returns its
 // control plane's URL.
 func findPrefill(ctx context.Context, r discovery.Registry) (string, error) {
-	for {
-		w, err := r.Lookup(ctx, prefillName)
-		if err == nil {
-			if c := w.Endpoints["control"]; c != "" {
-				return c, nil
-			}
-			return "", fmt.Errorf("%s published no control endpoint", prefillName)
-		}
-		if !errors.Is(err, discovery.ErrNotFound) {
-			return "", err
-		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("%s did not appear in the registry: %w", prefillName, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
+	w, err := discovery.WaitFor(ctx, r, prefillName)
+	if err != nil {
+		return "", err
 	}
+	if c := w.Endpoints["control"]; c != "" {
+		return c, nil
+	}
+	return "", fmt.Errorf("%s published no control endpoint", prefillName)
 }
 
 // checkParams refuses params of a prefill life that is over.

@@ -9,10 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
-	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	_ "github.com/kvxfer/kvxfer/transfer/discovery/etcd" // etcd:// targets
 )
@@ -59,7 +57,7 @@ func publishServe(ctx context.Context, d Discovery, advertise string, httpAddr s
 		return nil, err
 	}
 	w := discovery.Worker{Name: d.Name, Role: rolePrefill, Incarnation: newIncarnation(),
-		Endpoints: map[string]string{"control": advertise}, Protocol: wireProtocol()}
+		Endpoints: map[string]string{"control": advertise}, Protocol: discovery.BuildProtocol()}
 	if httpAddr != "" {
 		w.Endpoints["http"] = httpAddr
 	}
@@ -80,30 +78,16 @@ func LookupServe(ctx context.Context, d Discovery, timeout time.Duration) (strin
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	for {
-		w, err := r.Lookup(ctx, d.Name)
-		if err == nil {
-			addr := w.Endpoints["control"]
-			if w.Role != rolePrefill || addr == "" {
-				return "", fmt.Errorf("--discovery: %s is a %s with no control endpoint, not a kvxbench serve", d.Name, w.Role)
-			}
-			return addr, nil
-		}
-		if !errors.Is(err, discovery.ErrNotFound) && ctx.Err() == nil {
-			return "", fmt.Errorf("--discovery %s: %w", d.Target, err)
-		}
-		// A lookup cut short by the deadline is the same answer as one that found nothing.
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("%w: %s did not appear in %s within %v", errPeerUnreachable, d.Name, d.Target, timeout)
-		case <-time.After(50 * time.Millisecond):
-		}
+	w, err := discovery.WaitFor(ctx, r, d.Name)
+	switch {
+	case errors.Is(err, discovery.ErrNotFound):
+		return "", fmt.Errorf("%w: %s did not appear in %s within %v", errPeerUnreachable, d.Name, d.Target, timeout)
+	case err != nil:
+		return "", fmt.Errorf("--discovery %s: %w", d.Target, err)
 	}
-}
-
-// wireProtocol is what this build's engines speak, as a registry entry carries it. (The
-// control protocol's own version is checked when serve and connect say hello.)
-func wireProtocol() discovery.Protocol {
-	lo, hi := transfer.WireVersions()
-	return discovery.Protocol{Version: hi, MinVersion: lo, Features: strings.Split(transfer.Features().String(), "+")}
+	addr := w.Endpoints["control"]
+	if w.Role != rolePrefill || addr == "" {
+		return "", fmt.Errorf("--discovery: %s is a %s with no control endpoint, not a kvxbench serve", d.Name, w.Role)
+	}
+	return addr, nil
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"go.uber.org/zap"
 )
@@ -67,9 +68,9 @@ type Worker struct {
 }
 
 // Protocol is the engine wire protocol a worker speaks, for others to check before they
-// meet it: fill it from transfer.WireVersions and transfer.Features (this package does not
-// import the engine). Engines also exchange versions and features when they first meet, so
-// these fields inform; they do not replace that check.
+// meet it. A Registry from Open fills a Worker's zero Protocol with this build's
+// (BuildProtocol). Engines also exchange versions and features when they first meet, so these
+// fields inform; they do not replace that check.
 type Protocol struct {
 	// Version is the highest wire version the worker's engine speaks.
 	Version int `json:"version"`
@@ -244,12 +245,49 @@ func RegisterBackend(scheme string, open BackendOpener) {
 	backends.open[scheme] = open
 }
 
+// BuildProtocol is what this build's engines speak (transfer.WireVersions, transfer.Features).
+func BuildProtocol() Protocol {
+	lo, hi := transfer.WireVersions()
+	return Protocol{Version: hi, MinVersion: lo, Features: strings.Split(transfer.Features().String(), "+")}
+}
+
+// WaitFor looks name up until it appears, the registry fails otherwise, or ctx ends: a decode
+// worker that starts before its prefill worker waits for it with one call. A name that never
+// appeared before ctx ended fails with an error matching ErrNotFound and ctx's error.
+func WaitFor(ctx context.Context, r Registry, name string) (Worker, error) {
+	wait := 20 * time.Millisecond
+	for {
+		w, err := r.Lookup(ctx, name)
+		if err == nil {
+			return w, nil
+		}
+		if !errors.Is(err, ErrNotFound) && ctx.Err() == nil {
+			return Worker{}, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Worker{}, fmt.Errorf("%w: %q did not appear before %w", ErrNotFound, name, context.Cause(ctx))
+		case <-t.C:
+		}
+		wait = min(2*wait, 250*time.Millisecond)
+	}
+}
+
 // checked wraps every backend with the checks a registry's answers need whoever stores them:
 // the registry is input like any peer.
 type checked struct {
 	Registry
 	target string
 	log    *zap.Logger
+}
+
+func (c checked) Publish(ctx context.Context, w Worker) (Registration, error) {
+	if w.Protocol.Version == 0 && w.Protocol.MinVersion == 0 && len(w.Protocol.Features) == 0 {
+		w.Protocol = BuildProtocol()
+	}
+	return c.Registry.Publish(ctx, w)
 }
 
 func (c checked) Lookup(ctx context.Context, name string) (Worker, error) {

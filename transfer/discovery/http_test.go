@@ -193,3 +193,31 @@ func TestHTTPRegistryLinksNoEtcd(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalid)
 	require.Contains(t, err.Error(), `import _ "github.com/kvxfer/kvxfer/transfer/discovery/etcd"`)
 }
+
+// WaitFor finds a worker that publishes after the wait began, and fails typed, bounded by its
+// context, for one that never does; Publish fills in the build's protocol.
+func TestWaitForAndTheFilledProtocol(t *testing.T) {
+	srv := serveRegistry(t)
+	pub := openHTTP(t, srv.URL(), Config{TTL: time.Second})
+	look := openHTTP(t, srv.URL(), Config{})
+	ctx, cancel := context.WithTimeout(t.Context(), waitBound)
+	defer cancel()
+	found := make(chan error, 1)
+	go func() {
+		w, err := WaitFor(ctx, look, "late-0")
+		if err == nil && w.Protocol.Version != BuildProtocol().Version {
+			err = fmt.Errorf("protocol %+v, want the build's", w.Protocol)
+		}
+		found <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // let the wait start before the name exists (either order passes)
+	_, err := pub.Publish(ctx, Worker{Name: "late-0", Role: "prefill", Incarnation: 1})
+	require.NoError(t, err)
+	require.NoError(t, <-found)
+
+	short, cancelShort := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancelShort()
+	_, err = WaitFor(short, look, "never-0")
+	require.ErrorIs(t, err, ErrNotFound)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
