@@ -64,6 +64,7 @@ type Context struct {
 	closed  bool
 	workers int
 	mems    int
+	stopLog func() // ends routing UCX's log lines to cfg.Logger
 }
 
 // NewContext opens UCX with cfg. Transport settings go into the process's environment,
@@ -112,7 +113,10 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 		cc.with_rma = 1
 	}
 	c := &Context{cfg: cfg}
+	// Routed before ucp_init, so what UCX says while it opens goes to the logger too.
+	c.stopLog = routeUCXLog(cfg.Logger)
 	if st := C.kvx_ucx_context_create(&cc, &c.ctx); st != C.UCS_OK {
+		c.stopLog()
 		return nil, statusErr("init context", st)
 	}
 	return c, nil
@@ -131,6 +135,7 @@ func (c *Context) Close() error {
 	}
 	c.closed = true
 	C.kvx_ucx_context_destroy(c.ctx)
+	c.stopLog() // after the destroy: UCX may log while it cleans up
 	return nil
 }
 
