@@ -23,7 +23,7 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	m, err := wire.Decode(msg)
 	if err != nil {
 		e.malformed.Add(1)
-		e.log.Debug("dropping malformed control message", zap.String("peer", string(from)), zap.Error(err))
+		e.log.Debug("dropping malformed control message", zap.String("peer", from.Short()), zap.Error(err))
 		return
 	}
 	if h, ok := m.(*wire.Hello); ok {

@@ -152,7 +152,7 @@ func (x *xfer) stop(cause error) {
 }
 
 func (x *xfer) log() *zap.Logger {
-	return x.eng.log.With(zap.Uint64("request", uint64(x.h.id)), zap.Int("sub", x.sub), zap.String("peer", string(x.peer)))
+	return x.eng.log.With(zap.Uint64("request", uint64(x.h.id)), zap.Int("sub", x.sub), zap.String("peer", x.peer.Short()))
 }
 
 // apply moves this sub-transfer through the table under the handle's lock.

@@ -67,7 +67,7 @@ func (l *LogObserver) requestFields(id transfer.RequestID, sub int) []zap.Field 
 		return fields
 	}
 	if sub >= 0 && sub < len(info.Peers) {
-		fields = append(fields, zap.String("peer", string(info.Peers[sub])))
+		fields = append(fields, zap.String("peer", info.Peers[sub].Short()))
 	} else {
 		fields = append(fields, zap.Strings("peers", peerStrings(info.Peers)))
 	}
@@ -130,10 +130,10 @@ func (l *LogObserver) OnProgress(transfer.RequestID, int64, time.Time) {}
 
 // OnPeerConnected implements transfer.PeerObserver.
 func (l *LogObserver) OnPeerConnected(peer transfer.Peer) {
-	l.log.Debug("peer connected", zap.String("peer", string(peer)))
+	l.log.Debug("peer connected", zap.String("peer", peer.Short()))
 }
 
 // OnPeerLost implements transfer.PeerObserver.
 func (l *LogObserver) OnPeerLost(peer transfer.Peer, err error) {
-	l.log.Warn("peer lost", zap.String("peer", string(peer)), zap.NamedError("reason", err))
+	l.log.Warn("peer lost", zap.String("peer", peer.Short()), zap.NamedError("reason", err))
 }

@@ -2,6 +2,11 @@
 
 package transport
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
 // RequestID names one request across the prefill and decode workers. The serving stack
 // chooses it (it travels in ContextParams) and both sides use the same value.
 type RequestID uint64
@@ -9,6 +14,17 @@ type RequestID uint64
 // Peer is a transport's name for a remote engine: an address or peer id that the Transport
 // understands. The engine only compares peers and passes them back to the transport.
 type Peer string
+
+// Short is a short, stable name for p in logs and messages: "peer-" and the first 12 hex
+// digits of SHA-256 of p, the same in every process that names the same peer (a UCX worker
+// address is some 200 hex digits). A peer id already shorter than that is itself.
+func (p Peer) Short() string {
+	if len(p) <= 17 {
+		return string(p)
+	}
+	sum := sha256.Sum256([]byte(p))
+	return "peer-" + hex.EncodeToString(sum[:6])
+}
 
 // Tag names one data chunk on the wire. A receive matches a send only when the peer and all
 // four fields are equal. The sub-transfer index keeps the chunks of a multi-peer request

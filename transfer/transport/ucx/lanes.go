@@ -226,7 +226,7 @@ func (t *Transport) watchLane(l *ucxLane, peer transport.Peer, ep *native.Endpoi
 	if closed {
 		return
 	}
-	t.log.Warn("ucx peer lost on a lane", zap.String("peer", string(peer)[:min(16, len(peer))]), zap.Error(ep.Err()))
+	t.log.Warn("ucx peer lost on a lane", zap.String("peer", peer.Short()), zap.Error(ep.Err()))
 	t.push(ucxReport{lost: peer, err: ep.Err()})
 }
 

@@ -315,7 +315,7 @@ func (t *Transport) watch(peer transport.Peer, ep *native.Endpoint) {
 		delete(t.eps, peer) // the next operation reconnects
 	}
 	t.mu.Unlock()
-	t.log.Warn("ucx peer lost", zap.String("peer", string(peer)[:min(16, len(peer))]), zap.Error(ep.Err()))
+	t.log.Warn("ucx peer lost", zap.String("peer", peer.Short()), zap.Error(ep.Err()))
 	t.push(ucxReport{lost: peer, err: ep.Err()})
 }
 
