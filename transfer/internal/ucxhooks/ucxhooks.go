@@ -31,4 +31,8 @@ var Hooks struct {
 	Ops, Registrations func(tr any) int
 	// ReplacesWedgedWorker reports Config.ReplaceWedgedWorker.
 	ReplacesWedgedWorker func(tr any) bool
+	// AllowSameProcessCMA lets a peer in this very process prove itself for the
+	// process_vm_readv route, which every other process refuses: for tests whose two engines
+	// share a process. Call it before the first get.
+	AllowSameProcessCMA func(tr any)
 }

@@ -12,16 +12,25 @@ package ucx
 // it mapped itself) UCX emulates gets with active messages, which the peer's worker answers
 // with copies through both processes (0.3 of the bandwidth). Its cma transport reads another
 // process's memory with one copy, but serves no gets in 1.13. So for such a key, when the peer
-// is a process on this host in this pid namespace (its worker address says which: native.
-// AddressInfo), PostGet reads the pool with process_vm_readv on a goroutine, at most Lanes at
-// once. Nothing changes on the wire; the sender cannot tell.
+// is a process on this host in this pid namespace, PostGet reads the pool with
+// process_vm_readv on a goroutine, at most Lanes at once. Nothing changes on the data wire;
+// the sender cannot tell.
+//
+// A peer is untrusted input (docs/security.md, "Same-host reads (process_vm_readv)"): its
+// worker address only says where to ask. Before the first read through a key the peer proves,
+// through the kernel, which process it is and which ranges the key covers (cma_proof.go);
+// every read lies inside those ranges (a *CMARangeError otherwise), goes in pieces of at most
+// cmaPieceBytes, each bounded by Config.CMAReadTimeout (a peer's memory may block a read for
+// ever: userfaultfd, FUSE), and is checked against the proven process's pidfd after it.
 
 import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -30,42 +39,104 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-// CMAStats counts the gets this transport served with process_vm_readv.
+// cmaPieceBytes is the most one process_vm_readv call reads: the unit Config.CMAReadTimeout
+// bounds. 4 MiB is a millisecond's copy, so the bound says nothing about a read's size.
+const cmaPieceBytes = 4 << 20
+
+// CMAStats counts the gets this transport served with process_vm_readv, and the keys and reads
+// it kept from it.
 type CMAStats struct {
-	Gets    uint64 // gets read by process_vm_readv that succeeded
-	Bytes   uint64 // their bytes
-	Refused uint64 // pool keys whose first read the kernel refused (EPERM, ENOSYS, ...): UCX gets them
+	Gets     uint64 // gets read by process_vm_readv that succeeded
+	Bytes    uint64 // their bytes
+	Refused  uint64 // pool keys whose first read the kernel refused (EPERM, ENOSYS, ...): UCX gets them
+	Unproven uint64 // pool keys whose peer did not prove its process and ranges (cma_proof.go): UCX gets them
+	Blocked  uint64 // reads that did not return within Config.CMAReadTimeout: their gets failed, memory unknown
 }
+
+// CMARangeError: a get through the process_vm_readv route asked for a range outside every
+// registration the peer proved its key covers. The get is refused before anything is read.
+type CMARangeError struct {
+	Peer   transport.Peer
+	Addr   uint64
+	Len    int
+	Ranges []string // the proven ranges, as [addr, +len)
+}
+
+func (e *CMARangeError) Error() string {
+	return fmt.Sprintf("kvxfer: %.16s: get of [%#x, +%d) lies outside the ranges the peer's key covers %v", e.Peer, e.Addr, e.Len, e.Ranges)
+}
+
+// Unwrap makes a *CMARangeError a transport.ErrBadRegion.
+func (e *CMARangeError) Unwrap() error { return transport.ErrBadRegion }
 
 // ucxCMA is the transport's process_vm_readv state; the route decided for a key lives on its
 // lane-0 ucxRemoteKey (cma).
 type ucxCMA struct {
 	self   native.AddressHost // this process, as its worker address says (ok: selfOK)
 	selfOK bool
-	slots  chan struct{}  // bounds the reads in flight: Lanes of them
-	wg     sync.WaitGroup // reads in flight or waiting for a slot; Close waits for them
+	slots  chan struct{} // bounds the reads in flight: Lanes of them
+	// wg counts the gets not yet final (a get the watchdog declared blocked is final); Close
+	// waits for it, which each piece's bound bounds.
+	wg sync.WaitGroup
 	// readv is unix.ProcessVMReadv; tests replace it (before the first get) to refuse reads.
 	readv func(pid int, local []unix.Iovec, remote []unix.RemoteIovec, flags uint) (int, error)
 	// alive is pidfd_send_signal(pidfd, 0): whether the process a pidfd names still runs;
 	// tests replace it to report it gone.
-	alive         func(pidfd int) error
+	alive func(pidfd int) error
+	// peerPidfd says which process is on the other end of a proof's connection
+	// (peerPidfdOf); tests replace it.
+	peerPidfd func(conn *net.UnixConn) (pid, pidfd int, err error)
+	// allowSelf lets a peer in this very process prove itself: tests only, whose two
+	// transports share a process. Every other process refuses its own pid.
+	allowSelf bool
+	// answers bounds the challenges answered at once; answering counts them for Close.
+	answers   chan struct{}
+	answering sync.WaitGroup
+	// stuck counts reads declared blocked whose system call has not returned: each holds an
+	// OS thread. At Lanes of them no new read starts (the route is shut until one returns).
+	stuck         atomic.Int64
+	blockedPeers  sync.Map // transport.Peer -> true: a read from it blocked; no more reads
 	refusedLogged atomic.Bool
+	unproveLogged atomic.Bool
+	blockedLogged atomic.Bool
 	gets, bytes   atomic.Uint64
 	refused       atomic.Uint64
+	unproven      atomic.Uint64
+	blocked       atomic.Uint64
 }
 
 // ucxCMARoute is what was decided for a peer's key: read by process_vm_readv from pid, or not.
-// pidfd (when use) names that very process, so a read is known to have read the peer and not a
-// process that got its pid after it died: closed with the key (retireKeyLocked).
+// pidfd (when use) names the process that proved itself, so a read is known to have read the
+// peer and not a process that got its pid after it died; ranges are what the key covers.
+// Closed with the key (retireKeyLocked).
 type ucxCMARoute struct {
 	decided bool
 	use     bool
 	pid     int
 	pidfd   int
+	ranges  []cmaRange
 }
 
-// ucxCMAGet is a get PostGet handed to process_vm_readv. started and finished are under
-// Transport.mu.
+// covers reports whether [addr, addr+n) lies inside one of the route's ranges.
+func (r *ucxCMARoute) covers(addr uint64, n int) bool {
+	for _, g := range r.ranges {
+		if addr >= g.addr && addr-g.addr <= g.len && uint64(n) <= g.len-(addr-g.addr) {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *ucxCMARoute) rangeNames() []string {
+	s := make([]string, len(r.ranges))
+	for i, g := range r.ranges {
+		s[i] = fmt.Sprintf("[%#x, +%d)", g.addr, g.len)
+	}
+	return s
+}
+
+// ucxCMAGet is a get PostGet handed to process_vm_readv. started, finished and blocked are
+// under Transport.mu.
 type ucxCMAGet struct {
 	key      *ucxRemoteKey // its inflight counts this read
 	pid      int
@@ -74,31 +145,43 @@ type ucxCMAGet struct {
 	dst      []byte
 	release  func() // the hold on dst's region
 	started  bool
-	finished bool
+	finished bool // its final completion is queued
+	blocked  bool // declared blocked: final with memory unknown while its system call runs on
 }
 
 // initCMA readies the process_vm_readv route (New).
 func (t *Transport) initCMA() {
 	t.cma.self, t.cma.selfOK = native.AddressInfo(t.addr, t.addr)
 	t.cma.slots = make(chan struct{}, max(1, t.cfg.Lanes))
+	t.cma.answers = make(chan struct{}, cmaProofAnswers)
 	t.cma.readv = unix.ProcessVMReadv
 	t.cma.alive = func(pidfd int) error { return unix.PidfdSendSignal(pidfd, 0, nil, 0) }
+	t.cma.peerPidfd = peerPidfdOf
 }
 
 // CMAStats reports the gets served by process_vm_readv so far.
 func (t *Transport) CMAStats() CMAStats {
-	return CMAStats{Gets: t.cma.gets.Load(), Bytes: t.cma.bytes.Load(), Refused: t.cma.refused.Load()}
+	return CMAStats{Gets: t.cma.gets.Load(), Bytes: t.cma.bytes.Load(), Refused: t.cma.refused.Load(),
+		Unproven: t.cma.unproven.Load(), Blocked: t.cma.blocked.Load()}
+}
+
+// shut reports whether no new read may start: too many reads are blocked, or one from peer was.
+func (c *ucxCMA) shut(peer transport.Peer) bool {
+	_, blocked := c.blockedPeers.Load(peer)
+	return blocked || c.stuck.Load() >= int64(cap(c.slots))
 }
 
 // cmaRoute decides, once per peer key, whether gets from it go by process_vm_readv: when the
 // key has no shared-memory mapping here (native.RemoteKey.Mapped), UCX would emulate its gets
 // (no native get lane, or only shared-memory lanes, none of which reach registered memory in
-// UCX 1.13), and the peer's worker address names a process on this host in this pid
-// namespace. A pidfd opened on that pid and a first read of one byte at addr check the kernel
-// allows it (pidfd_open since Linux 5.3; ptrace access: EPERM under Yama's ptrace_scope or
-// across users); a refused one leaves the key to UCX, logged once.
-func (t *Transport) cmaRoute(from transport.Peer, key []byte, addr uint64) (*ucxRemoteKey, bool) {
-	if !t.cma.selfOK {
+// UCX 1.13), the peer's worker address says it is a process on this host in this pid
+// namespace, and the peer proves it (proveCMA: the kernel names its process, and it names the
+// ranges the key covers). A first read of one byte of the first range, bounded by
+// Config.CMAReadTimeout, checks the kernel allows it (pidfd since Linux 5.3; ptrace access:
+// EPERM under Yama's ptrace_scope or across users). A key that fails either is left to UCX,
+// counted, and logged once.
+func (t *Transport) cmaRoute(from transport.Peer, key []byte) (*ucxRemoteKey, bool) {
+	if !t.cma.selfOK || t.cma.shut(from) {
 		return nil, false
 	}
 	if t.ensureKey(from, 0, key) != nil {
@@ -118,17 +201,8 @@ func (t *Transport) cmaRoute(from transport.Peer, key []byte, addr uint64) (*ucx
 	mapped := k.rk.Mapped()
 	t.mu.Unlock()
 	route := ucxCMARoute{decided: true, pidfd: -1}
-	if !mapped {
-		route.pid, route.use = t.cmaPeer(from)
-	}
-	if route.use {
-		if err := t.cmaProbe(&route, addr); err != nil {
-			t.cma.refused.Add(1)
-			if !t.cma.refusedLogged.Swap(true) {
-				t.log.Warn("ucx: process_vm_readv refused; gets from caller-registered pools go through UCX's emulation",
-					zap.Int("pid", route.pid), zap.Error(err))
-			}
-		}
+	if claimed, ok := t.cmaPeer(from); ok && !mapped {
+		t.proveRoute(&route, from, key, claimed)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -140,21 +214,62 @@ func (t *Transport) cmaRoute(from transport.Peer, key []byte, addr uint64) (*ucx
 	return k, route.use
 }
 
-// cmaProbe opens the pidfd of route's process and reads one byte at addr from it; on an error
-// route is left unused.
-func (t *Transport) cmaProbe(route *ucxCMARoute, addr uint64) error {
-	fd, err := unix.PidfdOpen(route.pid, 0)
+// proveRoute asks the peer for its proof and, given it, probes the first range: route.use says
+// whether both passed.
+func (t *Transport) proveRoute(route *ucxCMARoute, from transport.Peer, key []byte, claimed int) {
+	proof, err := t.proveCMA(from, key, claimed)
 	if err != nil {
-		route.use = false
-		return fmt.Errorf("pidfd_open: %w", err)
+		t.cma.unproven.Add(1)
+		if !t.cma.unproveLogged.Swap(true) {
+			t.log.Warn("ucx: a peer on this host did not prove its process; gets from its caller-registered pools go through UCX's emulation",
+				zap.Int("claimedPID", claimed), zap.Error(err))
+		}
+		return
 	}
-	route.pidfd = fd
-	if _, err := t.cmaRead(route.pid, make([]byte, 1), addr); err != nil {
+	route.pid, route.pidfd, route.ranges, route.use = proof.pid, proof.pidfd, proof.ranges, true
+	if err := t.cmaProbe(route); err != nil {
 		closeRoute(route)
-		return err
+		t.cma.refused.Add(1)
+		if !t.cma.refusedLogged.Swap(true) {
+			t.log.Warn("ucx: process_vm_readv refused; gets from caller-registered pools go through UCX's emulation",
+				zap.Int("pid", proof.pid), zap.Error(err))
+		}
 	}
-	if err := t.cma.alive(fd); err != nil {
-		closeRoute(route)
+}
+
+// cmaProbe reads one byte of route's first range, bounded by Config.CMAReadTimeout (a read
+// that does not return is left to run on its goroutine, counted stuck), and checks the
+// process is still the one that proved itself.
+func (t *Transport) cmaProbe(route *ucxCMARoute) error {
+	type result struct{ err error }
+	res := make(chan result, 1)
+	var mu sync.Mutex
+	abandoned := false
+	go func() {
+		_, err := t.cmaRead(route.pid, make([]byte, 1), route.ranges[0].addr)
+		res <- result{err}
+		mu.Lock()
+		if abandoned {
+			t.cma.stuck.Add(-1)
+		}
+		mu.Unlock()
+	}()
+	timer := time.NewTimer(t.cfg.CMAReadTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			return r.err
+		}
+	case <-timer.C:
+		mu.Lock()
+		abandoned = true
+		t.cma.stuck.Add(1)
+		mu.Unlock()
+		t.cma.blocked.Add(1)
+		return fmt.Errorf("a one-byte read did not return within %v", t.cfg.CMAReadTimeout)
+	}
+	if err := t.cma.alive(route.pidfd); err != nil {
 		return fmt.Errorf("pidfd_send_signal: %w", err)
 	}
 	return nil
@@ -162,14 +277,14 @@ func (t *Transport) cmaProbe(route *ucxCMARoute, addr uint64) error {
 
 // closeRoute closes route's pidfd, if it has one, and leaves it unused.
 func closeRoute(route *ucxCMARoute) {
-	if route.pidfd > 0 {
+	if route.pidfd >= 0 && route.decided {
 		_ = unix.Close(route.pidfd)
 	}
 	route.use, route.pidfd = false, -1
 }
 
-// cmaPeer is the pid of peer when process_vm_readv could read it and UCX would otherwise
-// emulate gets to it.
+// cmaPeer is the pid peer's worker address claims, when process_vm_readv could read it and
+// UCX would otherwise emulate gets to it. A claim only: proveCMA checks it.
 func (t *Transport) cmaPeer(peer transport.Peer) (int, bool) {
 	addr, err := hex.DecodeString(string(peer))
 	if err != nil {
@@ -190,15 +305,19 @@ func (t *Transport) cmaPeer(peer transport.Peer) (int, bool) {
 }
 
 // postCMAGet posts a get that process_vm_readv serves; taken is false when dst cannot be read
-// into that way (device memory), and the caller posts a UCX get.
+// into that way (device memory), or no new read may start (cmaShut), and the caller posts a
+// UCX get. A get outside the ranges the peer proved is refused (*CMARangeError).
 func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return 0, true, transport.ErrClosed
 	}
-	if k.dead || !k.cma.use {
+	if k.dead || !k.cma.use || t.cma.shut(from) {
 		return 0, false, nil // its endpoint failed meanwhile: UCX's get says so
+	}
+	if !k.cma.covers(addr, len(dst)) {
+		return 0, true, &CMARangeError{Peer: from, Addr: addr, Len: len(dst), Ranges: k.cma.rangeNames()}
 	}
 	mem, _, err := t.regionLocked(dst)
 	if err != nil {
@@ -221,12 +340,15 @@ func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64
 	return op.id, true, nil
 }
 
-// runCMAGet reads op's bytes once a slot is free, and reports its final completion through
-// the report queue. A get cancelled (or closed) before it began reads nothing.
+// runCMAGet reads op's bytes once a slot is free, piece by piece, and reports its final
+// completion through the report queue. A get cancelled (or closed) before it began reads
+// nothing; one cancelled or closed between pieces reads no further piece. A piece that does
+// not return within Config.CMAReadTimeout is declared blocked (cmaBlocked) and the get final
+// with its memory unknown; the goroutine then only waits for the system call to give its
+// destination back.
 func (t *Transport) runCMAGet(op *ucxOp) {
-	defer t.cma.wg.Done()
 	g := op.cma
-	t.cma.slots <- struct{}{}
+	t.cma.slots <- struct{}{} // each holder returns it within a piece's bound, or when declared blocked
 	t.mu.Lock()
 	if op.cancel || t.closed {
 		g.finished = true
@@ -234,33 +356,92 @@ func (t *Transport) runCMAGet(op *ucxOp) {
 		<-t.cma.slots
 		g.release()
 		t.push(ucxReport{cma: op, err: fmt.Errorf("%w: the get had not begun", transport.ErrCancelled)})
+		t.cma.wg.Done()
 		return
 	}
 	g.started = true
 	t.mu.Unlock()
-	n, err := t.cmaRead(g.pid, g.dst, g.addr)
+	read, err := 0, error(nil)
+	watchdog := time.AfterFunc(t.cfg.CMAReadTimeout, func() { t.cmaBlocked(op) })
+	for read < len(g.dst) && err == nil {
+		piece := min(cmaPieceBytes, len(g.dst)-read)
+		if read > 0 {
+			t.mu.Lock()
+			stop, closed := op.cancel, t.closed
+			t.mu.Unlock()
+			if stop || closed {
+				err = fmt.Errorf("%w: stopped after %d of %d bytes", transport.ErrCancelled, read, len(g.dst))
+				if closed && !stop {
+					err = fmt.Errorf("%w: closed after %d of %d bytes", transport.ErrClosed, read, len(g.dst))
+				}
+				break
+			}
+			watchdog.Reset(t.cfg.CMAReadTimeout)
+		}
+		var n int
+		n, err = t.cmaRead(g.pid, g.dst[read:read+piece], g.addr+uint64(read))
+		read += n
+		if !watchdog.Stop() {
+			break // declared blocked meanwhile: final already
+		}
+	}
+	t.mu.Lock()
+	blocked := g.blocked
+	g.finished = true
+	t.mu.Unlock()
+	if blocked { // its final is out; its slot was given back then
+		g.release() // the system call returned: nothing writes dst any more
+		t.cma.stuck.Add(-1)
+		return
+	}
 	if err == nil {
 		if gone := t.cma.alive(g.pidfd); gone != nil { // the pid may name another process now
+			clear(g.dst) // what it read may be another process's: none of it stays
 			err = fmt.Errorf("%w: %w", unix.ESRCH, gone)
 		}
 	}
 	<-t.cma.slots
-	t.mu.Lock()
-	g.finished = true
-	t.mu.Unlock()
 	g.release() // the syscall returned: nothing writes dst any more
 	switch {
 	case errors.Is(err, unix.ESRCH):
 		err = fmt.Errorf("%w: %.16s: process %d is gone: %w", transport.ErrPeerLost, op.peer, g.pid, err)
 		t.dropPeerKeys(op.peer)
+	case errors.Is(err, transport.ErrCancelled), errors.Is(err, transport.ErrClosed):
 	case err != nil:
 		err = fmt.Errorf("%w: process_vm_readv of [%#x, +%d) from process %d, %d bytes read: %w",
-			transport.ErrBadRegion, g.addr, len(g.dst), g.pid, n, err)
+			transport.ErrBadRegion, g.addr, len(g.dst), g.pid, read, err)
 	default:
 		t.cma.gets.Add(1)
-		t.cma.bytes.Add(uint64(n))
+		t.cma.bytes.Add(uint64(read))
 	}
 	t.push(ucxReport{cma: op, err: err})
+	t.cma.wg.Done()
+}
+
+// cmaBlocked declares op's read blocked: a piece did not return within Config.CMAReadTimeout.
+// The get is final now, failed with its memory unknown (its destination may still be written,
+// so the engine poisons it: L9); its slot goes back, its peer's memory is read no more (and
+// its gets go through UCX), and the goroutine stays counted stuck until the call returns.
+func (t *Transport) cmaBlocked(op *ucxOp) {
+	g := op.cma
+	t.mu.Lock()
+	if g.finished {
+		t.mu.Unlock()
+		return
+	}
+	g.finished, g.blocked = true, true
+	t.cma.stuck.Add(1) // under mu: the goroutine takes it back only after it saw blocked
+	t.mu.Unlock()
+	t.cma.blocked.Add(1)
+	t.cma.blockedPeers.Store(op.peer, true)
+	<-t.cma.slots
+	if !t.cma.blockedLogged.Swap(true) {
+		t.log.Warn("ucx: a process_vm_readv read did not return (the peer's memory blocks it: userfaultfd, FUSE?); its get failed with memory unknown, and that peer's memory is read through UCX from now on",
+			zap.String("peer", string(op.peer)[:min(16, len(op.peer))]), zap.Int("pid", g.pid), zap.Duration("timeout", t.cfg.CMAReadTimeout))
+	}
+	t.push(ucxReport{cma: op, cmaUnknown: true, err: fmt.Errorf("%w: %.16s: process_vm_readv of [%#x, +%d) from process %d did not return within %v: its destination may still be written",
+		transport.ErrQuiescenceUnknown, op.peer, g.addr, len(g.dst), g.pid, t.cfg.CMAReadTimeout)})
+	t.cma.wg.Done()
 }
 
 // cmaRead reads len(dst) bytes at addr of process pid into dst, in as many calls as the kernel
@@ -284,7 +465,7 @@ func (t *Transport) cmaRead(pid int, dst []byte, addr uint64) (int, error) {
 }
 
 // deliverCMA delivers a process_vm_readv get's final completion.
-func (t *Transport) deliverCMA(op *ucxOp, err error) {
+func (t *Transport) deliverCMA(op *ucxOp, err error, unknown bool) {
 	t.mu.Lock()
 	live := t.ops[op.id] == op
 	delete(t.ops, op.id)
@@ -294,6 +475,9 @@ func (t *Transport) deliverCMA(op *ucxOp, err error) {
 	}
 	t.keyUnused(op.cma.key)
 	c := transport.Completion{Err: err, Memory: transport.MemoryDone}
+	if unknown {
+		c.Memory = transport.MemoryUnknown
+	}
 	if err == nil {
 		c.Bytes = op.size
 	}
@@ -301,8 +485,8 @@ func (t *Transport) deliverCMA(op *ucxOp, err error) {
 }
 
 // cancelCMALocked is Cancel for a process_vm_readv get: one running reports MemoryBusy now, as
-// a UCX get does (a syscall cannot be stopped), and its final completion when it returns; one
-// not begun reads nothing and reports cancelled when its goroutine finds it so.
+// a UCX get does (a system call cannot be stopped), and its final completion when its piece
+// returns; one not begun reads nothing and reports cancelled when its goroutine finds it so.
 func (t *Transport) cancelCMALocked(op *ucxOp) (busy bool) {
 	return op.cma.started && !op.cma.finished
 }
@@ -321,4 +505,12 @@ func (t *Transport) dropPeerKeys(peer transport.Peer) {
 			t.retireKeyLocked(k)
 		}
 	}
+}
+
+// closeCMA waits for the process_vm_readv gets to be final and the challenges being answered
+// to end (Close): each get within one piece's Config.CMAReadTimeout (a blocked one is final
+// once declared so, its thread left to the kernel), each answer within cmaProofTimeout.
+func (t *Transport) closeCMA() {
+	t.cma.wg.Wait()
+	t.cma.answering.Wait()
 }

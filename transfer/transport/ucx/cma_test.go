@@ -79,6 +79,7 @@ func TestUCXCMA_RegisteredPoolsReadByProcessVMReadv(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			srcMem, dstMem := mmapRegion(t, n), mmapRegion(t, n)
 			a, b, _, rb := newUCXPair(t, c.tls, c.dev)
+			b.cma.allowSelf = true // both ends in this process; cma_peer_test.go has two
 			pool := registered(t, a, srcMem)
 			if c.allocated {
 				var err error
@@ -113,6 +114,7 @@ func cmaPair(t *testing.T, n int, readv func(pid int, local []unix.Iovec, remote
 	a, b, _, rb = newUCXPair(t, "posix,cma,self", "")
 	pool, dst = registered(t, a, srcMem), registered(t, b, dstMem)
 	fill(pool, 9)
+	b.cma.allowSelf = true // both ends in this process; cma_peer_test.go has two
 	if readv != nil {
 		b.cma.readv = readv
 	}
@@ -250,6 +252,7 @@ func TestConformance_CMA(t *testing.T) {
 			tb.Cleanup(func() { _ = syscall.Munmap(mem) })
 			e := conformanceEndpoint(tb, "posix,cma,self", "")
 			tr := e.Transport.(*Transport)
+			tr.cma.allowSelf = true // both ends in this process
 			pool, err := tr.RegisterHost(mem)
 			require.NoError(tb, err)
 			mu.Lock()
@@ -284,7 +287,7 @@ func TestUCXCMA_ProcessGoneAfterTheReadFailsTheGet(t *testing.T) {
 	b.cma.alive = func(pidfd int) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if checks++; checks > 1 { // the first read (one byte) saw it alive
+		if checks++; checks > 2 { // the proof and the first read (one byte) saw it alive
 			return unix.ESRCH
 		}
 		return unix.PidfdSendSignal(pidfd, 0, nil, 0)

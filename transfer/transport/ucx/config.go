@@ -91,6 +91,14 @@ type Config struct {
 	// over shared memory must use the same value, or they hang or crash. Process-wide, like
 	// TCPSegmentBytes. A power of two from 64 to 16384.
 	ShmFIFOSize int
+	// CMAReadTimeout bounds one process_vm_readv call of a get from a peer's pool on this
+	// host (cma.go; docs/security.md, "Same-host reads (process_vm_readv)"): a call reads at
+	// most 4 MiB, a millisecond's copy, but a peer's memory backed by userfaultfd or FUSE can
+	// hold it for ever, and the kernel lets no signal stop it. A call past the bound fails its
+	// get with its memory unknown (the engine poisons the destination, L9), that peer's memory
+	// is read through UCX from then on, and Close stops waiting for it. Default
+	// DefaultCMAReadTimeout.
+	CMAReadTimeout time.Duration
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -157,11 +165,20 @@ func (c *Config) applyDefaults() error {
 	if f := c.ShmFIFOSize; f != 0 && (f < 64 || f > 16384 || f&(f-1) != 0) {
 		return &transport.ConfigError{Field: "ucx.Config.ShmFIFOSize", Value: f, Reason: "must be 0 or a power of two from 64 to 16384"}
 	}
+	if c.CMAReadTimeout == 0 {
+		c.CMAReadTimeout = DefaultCMAReadTimeout
+	}
+	if c.CMAReadTimeout < 0 {
+		return &transport.ConfigError{Field: "ucx.Config.CMAReadTimeout", Value: c.CMAReadTimeout, Reason: "must be positive"}
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
 	return nil
 }
+
+// DefaultCMAReadTimeout is Config.CMAReadTimeout's default.
+const DefaultCMAReadTimeout = 5 * time.Second
 
 // DefaultTCPReceiveSegmentBytes is the receive buffer of UCX's TCP transport as UCX sets it
 // (UCX_TCP_RX_SEG_SIZE): what a peer not of this package takes in one segment.

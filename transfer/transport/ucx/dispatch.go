@@ -72,7 +72,7 @@ func (t *Transport) deliver(r ucxReport) {
 	case r.req != nil:
 		t.deliverRequest(r.req)
 	case r.cma != nil:
-		t.deliverCMA(r.cma, r.err)
+		t.deliverCMA(r.cma, r.err, r.cmaUnknown)
 	}
 }
 
@@ -149,7 +149,7 @@ func (t *Transport) deliverControl(in transport.Inbound, b []byte) {
 	if len(b) < 2+n || n == 0 {
 		return
 	}
-	if t.probe.Load().arrived(b[2:2+n], b[2+n:]) {
+	if t.probe.Load().arrived(b[2:2+n], b[2+n:]) || t.answerChallenge(b[2+n:]) {
 		return
 	}
 	in.OnControl(PeerFromAddress(b[2:2+n]), b[2+n:])

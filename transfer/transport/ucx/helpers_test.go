@@ -5,6 +5,7 @@
 package ucx
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -12,7 +13,12 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == cmaChildArg {
+		os.Exit(runCMAChild(os.Args[2:]))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // ucxTransports are the UCX transports the tests run over: shared memory, and TCP over
 // loopback.

@@ -69,4 +69,5 @@ func init() {
 	}
 	h.Registrations = func(tr any) int { return tr.(*Transport).registrations() }
 	h.ReplacesWedgedWorker = func(tr any) bool { return tr.(*Transport).cfg.ReplaceWedgedWorker }
+	h.AllowSameProcessCMA = func(tr any) { tr.(*Transport).cma.allowSelf = true }
 }

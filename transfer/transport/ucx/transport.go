@@ -120,8 +120,10 @@ type ucxReport struct {
 	req  *native.Request // a request reported by the worker
 	busy *ucxOp          // a cancelled send still on the wire
 	cma  *ucxOp          // a process_vm_readv get that ended (cma.go), with err
-	lost transport.Peer  // a peer whose endpoint failed
-	err  error
+	// cmaUnknown: cma's read was declared blocked, so its memory is unknown
+	cmaUnknown bool
+	lost       transport.Peer // a peer whose endpoint failed
+	err        error
 	// connected: a peer this transport just opened an endpoint to (first or again), for
 	// the engine's transport.PeerConnectReporter
 	connected transport.Peer
@@ -483,7 +485,7 @@ func (t *Transport) Close(force bool) error {
 	t.closeRMAKeys()
 	errs = append(errs, t.closeLanes(ctx, force)) // lanes.go: their requests report as w's do
 	errs = append(errs, w.Close())                // settles every request, reporting each
-	t.cma.wg.Wait()                               // cma.go: each read is one bounded syscall
+	t.closeCMA()                                  // cma.go: each read final within Config.CMAReadTimeout
 	close(t.stop)
 	select {
 	case <-t.exited:
