@@ -156,7 +156,7 @@ func (t *Transport) initCMA() {
 	t.cma.answers = make(chan struct{}, cmaProofAnswers)
 	t.cma.readv = unix.ProcessVMReadv
 	t.cma.alive = func(pidfd int) error { return unix.PidfdSendSignal(pidfd, 0, nil, 0) }
-	t.cma.peerPidfd = peerPidfdOf
+	t.cma.peerPidfd = func(conn *net.UnixConn) (int, int, error) { return peerPidfdOf(conn, true) }
 }
 
 // CMAStats reports the gets served by process_vm_readv so far.
@@ -198,6 +198,15 @@ func (t *Transport) cmaRoute(from transport.Peer, key []byte) (*ucxRemoteKey, bo
 		t.mu.Unlock()
 		return k, k.cma.use
 	}
+	if wait := k.proving; wait != nil { // another get is deciding: one proof per key
+		t.mu.Unlock()
+		<-wait // bounded by cmaProofTimeout and the probe's read bound
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return k, k.cma.use && !k.dead
+	}
+	proving := make(chan struct{})
+	k.proving = proving
 	mapped := k.rk.Mapped()
 	t.mu.Unlock()
 	route := ucxCMARoute{decided: true, pidfd: -1}
@@ -206,9 +215,11 @@ func (t *Transport) cmaRoute(from transport.Peer, key []byte) (*ucxRemoteKey, bo
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.rma.keys[id] != k || k.dead || k.cma.decided { // retired, or decided by another get meanwhile
+	k.proving = nil
+	close(proving)
+	if t.rma.keys[id] != k || k.dead { // retired meanwhile
 		closeRoute(&route)
-		return k, k.cma.use && !k.dead
+		return k, false
 	}
 	k.cma = route
 	return k, route.use

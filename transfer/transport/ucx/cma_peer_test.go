@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -427,4 +428,123 @@ func TestL11_CMABlockedReadEndsWithinItsBound(t *testing.T) {
 	child.Signal(t, syscall.SIGKILL)
 	require.Eventually(t, func() bool { return b.cma.stuck.Load() == 0 }, 20*time.Second, time.Millisecond,
 		"the blocked call returns once the peer is gone")
+}
+
+// A proof's answer is data: the reader trusts it only when every part holds, and tells which
+// did not. Each case answers over a real unix connection from this process, with the pid and
+// pidfd taken as each kernel path takes them.
+func TestCMA_ProofRefusesLies(t *testing.T) {
+	var nonce, other [cmaNonceBytes]byte
+	nonce[0], other[0] = 1, 2
+	peerAddr := []byte("the peer's worker address")
+	good := []cmaRange{{0x10000, 4096}, {0x40000, 1 << 20}}
+	many := make([]cmaRange, cmaProofRanges+1)
+	for i := range many {
+		many[i] = cmaRange{uint64(i+1) << 20, 4096}
+	}
+	answer := appendAnswer(nil, nonce, peerAddr, good)
+	self := os.Getpid()
+	cases := []struct {
+		desc      string
+		answer    []byte
+		claimed   int
+		allowSelf bool
+		hangUp    bool   // the answering side closes at once instead of waiting for the ack
+		want      string // in the error; "" for a proof
+	}{
+		{"the peer's answer", answer, self, true, false, ""},
+		{"another nonce", appendAnswer(nil, other, peerAddr, good), self, true, false, "another nonce"},
+		{"another worker's address", appendAnswer(nil, nonce, []byte("another worker"), good), self, true, false, "another worker"},
+		{"a pid the address does not claim", answer, self + 1, true, false, "names"},
+		{"this very process", answer, self, false, false, "this very process"},
+		{"a range that wraps around", appendAnswer(nil, nonce, peerAddr, []cmaRange{{^uint64(0) - 10, 100}}), self, true, false, "range"},
+		{"an empty range", appendAnswer(nil, nonce, peerAddr, []cmaRange{{0x1000, 0}}), self, true, false, "range"},
+		{"no range", appendAnswer(nil, nonce, peerAddr, nil), self, true, false, "0 ranges"},
+		{"more ranges than the bound", appendAnswer(nil, nonce, peerAddr, many), self, true, false, "ranges"},
+		{"an address longer than the bound", appendAnswer(nil, nonce, make([]byte, cmaMaxAddressBytes+1), good), self, true, false, "worker address"},
+		{"not an answer", bytes.Repeat([]byte{'x'}, 64), self, true, false, "not an answer"},
+		{"cut short", answer[:len(answer)-3], self, true, true, "reading the answer"},
+		{"gone before the ack", answer, self, true, true, "hung up"},
+	}
+	for _, exact := range []bool{true, false} {
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("%s/exact pidfd %v", c.desc, exact), func(t *testing.T) {
+				ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: fmt.Sprintf("@kvxfer-cma-test-%d-%x", self, time.Now().UnixNano()), Net: "unix"})
+				require.NoError(t, err)
+				defer ln.Close()
+				answered := make(chan struct{})
+				go func() {
+					defer close(answered)
+					conn, err := net.Dial("unix", ln.Addr().String())
+					if err != nil {
+						return
+					}
+					defer conn.Close()
+					_, _ = conn.Write(c.answer)
+					if !c.hangUp {
+						_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+						_, _ = conn.Read(make([]byte, 1))
+					}
+				}()
+				conn, err := ln.AcceptUnix()
+				require.NoError(t, err)
+				if c.hangUp {
+					<-answered
+				}
+				tr := &Transport{}
+				tr.cma.allowSelf = c.allowSelf
+				tr.cma.alive = func(pidfd int) error { return unix.PidfdSendSignal(pidfd, 0, nil, 0) }
+				tr.cma.peerPidfd = func(conn *net.UnixConn) (int, int, error) { return peerPidfdOf(conn, exact) }
+				proof, err := tr.checkAnswer(conn, time.Now().Add(10*time.Second), nonce, peerAddr, c.claimed)
+				_ = conn.Close()
+				<-answered
+				if c.want != "" {
+					require.ErrorContains(t, err, c.want)
+					return
+				}
+				require.NoError(t, err)
+				defer unix.Close(proof.pidfd)
+				require.Equal(t, self, proof.pid)
+				require.Equal(t, self, pidfdPID(t, proof.pidfd), "the pidfd names the connecting process")
+				require.Equal(t, good, proof.ranges)
+			})
+		}
+	}
+}
+
+// A challenge is data too: the answering side connects only to a socket named as this package
+// names its own, and reads every length before it uses it.
+func TestCMA_ChallengeIsChecked(t *testing.T) {
+	var nonce [cmaNonceBytes]byte
+	nonce[3] = 9
+	sock := cmaSocketPrefix + strings.Repeat("ab", cmaNonceBytes)
+	good := cmaChallenge(nonce, sock, []byte("key"))
+	withName := func(name string) []byte { return cmaChallenge(nonce, name, []byte("key")) }
+	for _, c := range []struct {
+		desc string
+		msg  []byte
+		want string
+	}{
+		{"a challenge", good, ""},
+		{"another magic", append([]byte("KVXCMAQ2"), good[8:]...), "not a challenge"},
+		{"too short", good[:20], "not a challenge"},
+		{"a socket not of this package", withName("/run/some-daemon.sock" + strings.Repeat("x", cmaSocketNameLen-21)), "bad socket name"},
+		{"a socket name not in hex", withName(cmaSocketPrefix + strings.Repeat("zz", cmaNonceBytes)), "bad socket name"},
+		{"a socket name of another length", withName(sock + "00"), "socket name length"},
+		{"no key", cmaChallenge(nonce, sock, nil), "key length"},
+		{"a key longer than the message", good[:len(good)-1], "key length"},
+		{"bytes after the key", append(bytes.Clone(good), 0), "key length"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			gotNonce, gotSock, key, err := parseChallenge(c.msg)
+			if c.want != "" {
+				require.ErrorContains(t, err, c.want)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, nonce, gotNonce)
+			require.Equal(t, sock, gotSock)
+			require.Equal(t, []byte("key"), key)
+		})
+	}
 }

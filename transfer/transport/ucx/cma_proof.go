@@ -169,8 +169,10 @@ func (t *Transport) checkAnswer(conn *net.UnixConn, deadline time.Time, nonce [c
 }
 
 // peerPidfdOf is how a proof learns which process is on the other end of conn: a pidfd of it
-// and its pid in this pid namespace.
-func peerPidfdOf(conn *net.UnixConn) (pid, pidfd int, err error) {
+// and its pid in this pid namespace. exact asks for SO_PEERPIDFD first (Linux 6.5); without
+// it, or where the kernel lacks it, SO_PEERCRED's pid is opened with pidfd_open, and the
+// connection must still be open after that (the peer holds it until the reader's ack).
+func peerPidfdOf(conn *net.UnixConn, exact bool) (pid, pidfd int, err error) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return 0, -1, err
@@ -179,6 +181,9 @@ func peerPidfdOf(conn *net.UnixConn) (pid, pidfd int, err error) {
 	pidfd = -1
 	cerr := raw.Control(func(fd uintptr) {
 		if cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err != nil {
+			return
+		}
+		if !exact {
 			return
 		}
 		if pidfd, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PEERPIDFD); err != nil {

@@ -37,6 +37,8 @@ type ucxRemoteKey struct {
 	inflight int
 	dead     bool
 	cma      ucxCMARoute // lane 0's key: whether gets through it go by process_vm_readv (cma.go)
+	// proving is closed once the get deciding cma has decided it; the others wait for it.
+	proving chan struct{}
 }
 
 // RMAKey implements transport.RMATransport: pool must lie in a region this transport mapped
