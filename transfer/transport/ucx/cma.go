@@ -305,8 +305,8 @@ func (t *Transport) cmaPeer(peer transport.Peer) (int, bool) {
 	local := t.addr
 	t.mu.Unlock()
 	h, ok := native.AddressInfo(addr, local)
-	if !ok || !t.cma.self.SameProcessSpace(h) {
-		return 0, false
+	if !ok || !t.cma.self.SameProcessSpace(h) || (h.PID == t.cma.self.PID && !t.cma.allowSelf) {
+		return 0, false // this very process is never read for a peer: no ptrace check guards it
 	}
 	l, ok := t.getLanes(peer)
 	if !ok || (l.native && !l.sharedMemoryOnly) {

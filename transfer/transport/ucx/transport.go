@@ -450,7 +450,9 @@ func (t *Transport) Cancel(id transport.OpID) {
 
 // Close implements transport.Transport. It closes every endpoint (forced, or flushed within
 // CloseTimeout), cancels the control receive, stops the worker (which settles every request:
-// once it is gone UCX touches no memory), delivers every final verdict, and releases UCX.
+// once it is gone UCX touches no memory), waits for the process_vm_readv gets at most
+// CMAReadTimeout (cma.go: one blocked past it is final already, its destination left
+// registered), delivers every final verdict, and releases UCX.
 func (t *Transport) Close(force bool) error {
 	first := false
 	t.once.Do(func() { first = true })
