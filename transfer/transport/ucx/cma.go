@@ -63,7 +63,7 @@ type CMARangeError struct {
 }
 
 func (e *CMARangeError) Error() string {
-	return fmt.Sprintf("kvxfer: %.16s: get of [%#x, +%d) lies outside the ranges the peer's key covers %v", e.Peer, e.Addr, e.Len, e.Ranges)
+	return fmt.Sprintf("kvxfer: %s: get of [%#x, +%d) lies outside the ranges the peer's key covers %v", e.Peer.Short(), e.Addr, e.Len, e.Ranges)
 }
 
 // Unwrap makes a *CMARangeError a transport.ErrBadRegion.
@@ -233,7 +233,7 @@ func (t *Transport) proveRoute(route *ucxCMARoute, from transport.Peer, key []by
 		t.cma.unproven.Add(1)
 		if !t.cma.unproveLogged.Swap(true) {
 			t.log.Warn("ucx: a peer on this host did not prove its process; gets from its caller-registered pools go through UCX's emulation",
-				zap.Int("claimedPID", claimed), zap.Error(err))
+				zap.String("peer", from.Short()), zap.Int("claimedPID", claimed), zap.Error(err))
 		}
 		return
 	}
@@ -415,7 +415,7 @@ func (t *Transport) runCMAGet(op *ucxOp) {
 	g.release() // the syscall returned: nothing writes dst any more
 	switch {
 	case errors.Is(err, unix.ESRCH):
-		err = fmt.Errorf("%w: %.16s: process %d is gone: %w", transport.ErrPeerLost, op.peer, g.pid, err)
+		err = fmt.Errorf("%w: %s: process %d is gone: %w", transport.ErrPeerLost, op.peer.Short(), g.pid, err)
 		t.dropPeerKeys(op.peer)
 	case errors.Is(err, transport.ErrCancelled), errors.Is(err, transport.ErrClosed):
 	case err != nil:
@@ -448,10 +448,10 @@ func (t *Transport) cmaBlocked(op *ucxOp) {
 	<-t.cma.slots
 	if !t.cma.blockedLogged.Swap(true) {
 		t.log.Warn("ucx: a process_vm_readv read did not return (the peer's memory blocks it: userfaultfd, FUSE?); its get failed with memory unknown, and that peer's memory is read through UCX from now on",
-			zap.String("peer", string(op.peer)[:min(16, len(op.peer))]), zap.Int("pid", g.pid), zap.Duration("timeout", t.cfg.CMAReadTimeout))
+			zap.String("peer", op.peer.Short()), zap.Int("pid", g.pid), zap.Duration("timeout", t.cfg.CMAReadTimeout))
 	}
-	t.push(ucxReport{cma: op, cmaUnknown: true, err: fmt.Errorf("%w: %.16s: process_vm_readv of [%#x, +%d) from process %d did not return within %v: its destination may still be written",
-		transport.ErrQuiescenceUnknown, op.peer, g.addr, len(g.dst), g.pid, t.cfg.CMAReadTimeout)})
+	t.push(ucxReport{cma: op, cmaUnknown: true, err: fmt.Errorf("%w: %s: process_vm_readv of [%#x, +%d) from process %d did not return within %v: its destination may still be written",
+		transport.ErrQuiescenceUnknown, op.peer.Short(), g.addr, len(g.dst), g.pid, t.cfg.CMAReadTimeout)})
 	t.cma.wg.Done()
 }
 

@@ -123,7 +123,7 @@ func (t *Transport) proveCMA(peer transport.Peer, key []byte, claimed int) (cmaP
 		}
 		errs = append(errs, err)
 	}
-	return cmaProof{}, fmt.Errorf("%w: %.16s: %w", ErrCMAUnproven, peer, errors.Join(errs...))
+	return cmaProof{}, fmt.Errorf("%w: %s: %w", ErrCMAUnproven, peer.Short(), errors.Join(errs...))
 }
 
 // checkAnswer reads one answer on conn and returns the proof it gives, with a pidfd of the
