@@ -15,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/peerproc"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // Over shared memory, a receiver pulling from a pool the sender registered (its own mmap, not
@@ -126,4 +127,43 @@ func TestUCXCMA_PeerKilledMidTransfer(t *testing.T) {
 	if isClosed(h.Quiesced()) {
 		require.NoError(t, region.Unregister(), "the region is free once the receive quiesced")
 	}
+}
+
+// Two processes: the peer's registered pool is half backed by a userfaultfd nobody serves, so
+// this side's process_vm_readv of that half blocks (no signal ends it). The receive fails
+// within the read bound, its blocks poisoned rather than released (the call may still write
+// them, L9), and the engine and its transport close though the call still runs; it returns
+// once the peer is gone.
+func TestL9_UCXCMABlockedReadPoisonsTheBlocks(t *testing.T) {
+	const blocks = 16 // 32 MiB
+	bin := peerproc.BuildEnginePeer(t)
+	peer := peerproc.Start(t, bin, append(ucxPeerArgs("posix,cma,self", "", "engine-send", blocks, 86, 30*time.Second), "-caller", "-uffd-tail")...)
+	cfg := ucxPeerTestConfig()
+	cfg.TransferTimeout = 30 * time.Second // the read's bound, not the deadline, ends it
+	local := newUCXEngine(t, "posix,cma,self", "", cfg, func(c *ucx.Config) { c.CMAReadTimeout = 300 * time.Millisecond })
+	peer.Connect(t, string(local.tr.Self()))
+	goPool, plan := ucxEnginePool(t, blocks, 5, false)
+	region, err := local.tr.RegisterHost(mmapPool(t, len(goPool), "anon"))
+	require.NoError(t, err)
+	h, err := local.e.Receive(bg, Spec{ID: 86, Peer: Peer(peer.Addr), Plan: plan, Pool: region.Pool(), Timeout: 30 * time.Second})
+	require.NoError(t, err)
+	waitClosed(t, h.Done(), "receiver done")
+	require.Equal(t, PathRMA, h.Path())
+	require.Eventually(t, func() bool { return h.Status().BlocksPoisoned }, cfg.QuarantineTimeout+20*time.Second, time.Millisecond,
+		"the blocked call may still write them: %+v", h.Status())
+	st := h.Status()
+	t.Logf("%v: %v", st.State, st.Err)
+	require.Error(t, st.Err)
+	require.False(t, isClosed(h.Quiesced()), "poisoned blocks never quiesce")
+	require.NotZero(t, local.tr.CMAStats().Blocked)
+	closed := make(chan error, 1)
+	go func() { closed <- local.e.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(60 * time.Second):
+		require.FailNow(t, "the engine's Close waits for a blocked read")
+	}
+	peer.Signal(t, syscall.SIGKILL)
+	require.Eventually(t, func() bool { return ucxhooks.Hooks.CMAReadsStuck(local.tr) == 0 }, 20*time.Second, time.Millisecond,
+		"the blocked call returns once the peer is gone")
 }

@@ -41,6 +41,7 @@ type options struct {
 	check              bool
 	direct             bool
 	caller             bool
+	uffdTail           bool
 	device             bool
 	rmaWhereEmulated   bool
 	timeout, keepalive time.Duration
@@ -61,6 +62,7 @@ func main() {
 	flag.Uint64Var(&o.requestID, "id", 1, "request id")
 	flag.BoolVar(&o.direct, "direct", false, "the KV pool is mapped by the transport (AllocatePool), so the one-copy path may run")
 	flag.BoolVar(&o.caller, "caller", false, "the KV pool is mapped by this process (mmap) and registered with the transport (RegisterHost), as a serving process's own KV cache")
+	flag.BoolVar(&o.uffdTail, "uffd-tail", false, "with -caller: the pool's second half is backed by a userfaultfd nobody serves, so a peer's process_vm_readv of it blocks until this process exits")
 	flag.BoolVar(&o.device, "device", false, "the KV pool is in cudaMalloc memory of GPU 0 registered with the transport (RegisterDevice), moved by gets GPU to GPU (needs a CUDA-enabled UCX)")
 	flag.BoolVar(&o.rmaWhereEmulated, "rma-where-emulated", false, "a receiver keeps the RMA mode where UCX emulates gets (TCP), as the tests of that mode want")
 	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another")
@@ -149,6 +151,11 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 			return err
 		}
 		pool = region.Pool()
+		if o.uffdTail {
+			if err := blockWithUserfaultfd(pool[len(pool)/2/4096*4096:]); err != nil {
+				return err
+			}
+		}
 	}
 	var dev *deviceKV
 	if o.device {

@@ -35,4 +35,7 @@ var Hooks struct {
 	// process_vm_readv route, which every other process refuses: for tests whose two engines
 	// share a process. Call it before the first get.
 	AllowSameProcessCMA func(tr any)
+	// CMAReadsStuck counts the process_vm_readv calls declared blocked that have not
+	// returned yet (each holds a thread).
+	CMAReadsStuck func(tr any) int
 }

@@ -70,4 +70,5 @@ func init() {
 	h.Registrations = func(tr any) int { return tr.(*Transport).registrations() }
 	h.ReplacesWedgedWorker = func(tr any) bool { return tr.(*Transport).cfg.ReplaceWedgedWorker }
 	h.AllowSameProcessCMA = func(tr any) { tr.(*Transport).cma.allowSelf = true }
+	h.CMAReadsStuck = func(tr any) int { return int(tr.(*Transport).cma.stuck.Load()) }
 }
