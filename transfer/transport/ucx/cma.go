@@ -316,7 +316,7 @@ func (t *Transport) cmaPeer(peer transport.Peer) (int, bool) {
 }
 
 // postCMAGet posts a get that process_vm_readv serves; taken is false when dst cannot be read
-// into that way (device memory), or no new read may start (cmaShut), and the caller posts a
+// into that way (device memory), or no new read may start (ucxCMA.shut), and the caller posts a
 // UCX get. A get outside the ranges the peer proved is refused (*CMARangeError).
 func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
 	t.mu.Lock()

@@ -77,37 +77,37 @@ type cmaProof struct {
 	ranges []cmaRange
 }
 
-// ErrCMAUnproven: a peer did not prove which process it is (no answer in time, a wrong
+// errCMAUnproven: a peer did not prove which process it is (no answer in time, a wrong
 // nonce, another worker's address, another pid than its address names, this very process),
 // so its memory is not read with process_vm_readv; its gets go through UCX.
-var ErrCMAUnproven = errors.New("kvxfer: the peer did not prove its process")
+var errCMAUnproven = errors.New("kvxfer: the peer did not prove its process")
 
 // proveCMA asks peer (whose worker address claims pid claimed) to prove it is that process and
 // which ranges key covers; see the top of this file. It never reads the peer's memory.
 func (t *Transport) proveCMA(peer transport.Peer, key []byte, claimed int) (cmaProof, error) {
 	peerAddr, err := hex.DecodeString(string(peer))
 	if err != nil {
-		return cmaProof{}, fmt.Errorf("%w: %w", ErrCMAUnproven, err)
+		return cmaProof{}, fmt.Errorf("%w: %w", errCMAUnproven, err)
 	}
 	var nonce, name [cmaNonceBytes]byte
 	if _, err := rand.Read(nonce[:]); err != nil {
-		return cmaProof{}, fmt.Errorf("%w: nonce: %w", ErrCMAUnproven, err)
+		return cmaProof{}, fmt.Errorf("%w: nonce: %w", errCMAUnproven, err)
 	}
 	if _, err := rand.Read(name[:]); err != nil {
-		return cmaProof{}, fmt.Errorf("%w: socket name: %w", ErrCMAUnproven, err)
+		return cmaProof{}, fmt.Errorf("%w: socket name: %w", errCMAUnproven, err)
 	}
 	sock := cmaSocketPrefix + hex.EncodeToString(name[:])
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + sock, Net: "unix"})
 	if err != nil {
-		return cmaProof{}, fmt.Errorf("%w: listen: %w", ErrCMAUnproven, err)
+		return cmaProof{}, fmt.Errorf("%w: listen: %w", errCMAUnproven, err)
 	}
 	defer ln.Close()
 	deadline := time.Now().Add(cmaProofTimeout)
 	if err := ln.SetDeadline(deadline); err != nil {
-		return cmaProof{}, fmt.Errorf("%w: %w", ErrCMAUnproven, err)
+		return cmaProof{}, fmt.Errorf("%w: %w", errCMAUnproven, err)
 	}
 	if err := t.SendControl(peer, cmaChallenge(nonce, sock, key)); err != nil {
-		return cmaProof{}, fmt.Errorf("%w: sending the challenge: %w", ErrCMAUnproven, err)
+		return cmaProof{}, fmt.Errorf("%w: sending the challenge: %w", errCMAUnproven, err)
 	}
 	var errs []error
 	for range cmaProofAccepts {
@@ -123,7 +123,7 @@ func (t *Transport) proveCMA(peer transport.Peer, key []byte, claimed int) (cmaP
 		}
 		errs = append(errs, err)
 	}
-	return cmaProof{}, fmt.Errorf("%w: %s: %w", ErrCMAUnproven, peer.Short(), errors.Join(errs...))
+	return cmaProof{}, fmt.Errorf("%w: %s: %w", errCMAUnproven, peer.Short(), errors.Join(errs...))
 }
 
 // checkAnswer reads one answer on conn and returns the proof it gives, with a pidfd of the
