@@ -26,6 +26,9 @@ func (ep *Endpoint) GetDevice(mem *Memory, off, n int64, remoteAddr uint64, rkey
 	if rkey == nil || rkey.ep != ep {
 		return ep.w.failed(opGet, fmt.Errorf("%w: get device: the remote key must be unpacked on this endpoint", ErrInvalidArgument))
 	}
+	if err := rkey.checkRange(remoteAddr, n); err != nil {
+		return ep.w.failed(opGet, fmt.Errorf("get device: %w", err))
+	}
 	r, p, err := ep.w.prepare(opGet, ep, mem, off, n)
 	if err != nil {
 		return ep.w.failed(opGet, err)

@@ -40,7 +40,7 @@ func (w *Worker) Connect(ctx context.Context, addr []byte) (*Endpoint, error) {
 	if err := checkPeerFIFO(addr, w.address); err != nil { // UCX would overrun or lose messages
 		return nil, err
 	}
-	ep := &Endpoint{w: w, failed: make(chan struct{}), closed: make(chan struct{}),
+	ep := &Endpoint{w: w, peerAddr: append([]byte(nil), addr...), failed: make(chan struct{}), closed: make(chan struct{}),
 		recvs: make(map[*Request]struct{}), ops: make(map[*Request]struct{})}
 	var err error
 	caddr := C.CBytes(addr)
@@ -71,9 +71,10 @@ func (w *Worker) Connect(ctx context.Context, addr []byte) (*Endpoint, error) {
 
 // Endpoint is a connection to one peer worker. Its operations return Requests at once.
 type Endpoint struct {
-	w      *Worker
-	cep    *C.kvx_ucx_ep_t
-	handle cgo.Handle
+	w        *Worker
+	cep      *C.kvx_ucx_ep_t
+	handle   cgo.Handle
+	peerAddr []byte // the peer's worker address, which says how to read its remote keys
 
 	failOnce   sync.Once
 	failed     chan struct{} // closed when the peer failed or the endpoint was closed

@@ -33,6 +33,12 @@ var (
 	// UCX version's, cut short); the error is an *AddressError. UCX itself would abort the
 	// process on some of these, so Connect checks before UCX sees the bytes.
 	ErrBadAddress = errors.New("kvxfer: malformed worker address")
+	// ErrBadRemoteKey: a peer's packed remote key is not one this UCX packs (garbage, cut
+	// short, a field changed); the error is a *RemoteKeyError.
+	ErrBadRemoteKey = errors.New("kvxfer: malformed remote key")
+	// ErrOutOfBounds: a range through a peer's key lies outside the memory the key names;
+	// the error is a *BoundsError.
+	ErrOutOfBounds = errors.New("kvxfer: range outside the peer's memory")
 	// ErrUCX: any other UCX failure.
 	ErrUCX = errors.New("kvxfer: ucx error")
 )
@@ -93,3 +99,17 @@ func sentinelFor(status int) error {
 	}
 	return ErrUCX
 }
+
+// BoundsError is a range [Addr, Addr+Len) refused because it does not lie inside the peer's
+// memory [Base, Base+Size) that its key names. It matches ErrOutOfBounds.
+type BoundsError struct {
+	Addr, Len  uint64
+	Base, Size uint64
+}
+
+func (e *BoundsError) Error() string {
+	return fmt.Sprintf("%v: [%#x, +%d) is not inside [%#x, +%d)", ErrOutOfBounds, e.Addr, e.Len, e.Base, e.Size)
+}
+
+// Unwrap returns ErrOutOfBounds.
+func (e *BoundsError) Unwrap() error { return ErrOutOfBounds }

@@ -194,6 +194,9 @@ func (ep *Endpoint) rmaOp(kind opKind, fenced bool, mem *Memory, off, n int64, r
 	if rkey == nil || rkey.ep != ep {
 		return ep.w.failed(kind, fmt.Errorf("%w: %v: the remote key must be unpacked on this endpoint", ErrInvalidArgument, kind))
 	}
+	if err := rkey.checkRange(remoteAddr, n); err != nil {
+		return ep.w.failed(kind, fmt.Errorf("%v: %w", kind, err))
+	}
 	r, p, err := ep.w.prepare(kind, ep, mem, off, n)
 	if err != nil {
 		return ep.w.failed(kind, err)
@@ -232,6 +235,7 @@ type RemoteKey struct {
 	ep     *Endpoint
 	rkey   C.ucp_rkey_h // loop-owned
 	mapped bool
+	seg    *keySegment // the shared-memory segment the key names, checked before UCX attached it; nil: none
 }
 
 // Mapped reports whether a transport maps the key's memory into this process (ucp_rkey_ptr,
@@ -241,31 +245,75 @@ type RemoteKey struct {
 // registered (Context.Register) rather than allocated is such.
 func (rk *RemoteKey) Mapped() bool { return rk.mapped }
 
+// bounds is the peer's memory that a mapped key was checked to name: the segment's address in
+// the peer and its size (the length a posix key declares, no more than its file has; a sysv
+// segment's real size).
+func (rk *RemoteKey) bounds() (base, size uint64, ok bool) {
+	if !rk.mapped || rk.seg == nil {
+		return 0, 0, false
+	}
+	return rk.seg.base, rk.seg.size, true
+}
+
+// checkRange refuses, with a *BoundsError, a range of n bytes at remoteAddr that does not lie
+// inside the segment a mapped key names. UCX's shared-memory transports turn a remote address
+// into a local pointer by adding an offset and check nothing, so a get or a view through a
+// mapped key outside its segment would read whatever this process has there (or fault).
+// Through a key that is not mapped, the peer's side serves the range and this process's
+// memory is not at stake.
+func (rk *RemoteKey) checkRange(remoteAddr uint64, n int64) error {
+	if !rk.mapped || n <= 0 {
+		return nil // a key that maps nothing; a size that prepare refuses
+	}
+	if base, size, ok := rk.bounds(); !ok || !contains(base, size, remoteAddr, uint64(n)) {
+		return &BoundsError{Addr: remoteAddr, Len: uint64(n), Base: base, Size: size} // a mapped key always has bounds
+	}
+	return nil
+}
+
 // View returns n bytes of the peer's memory at remoteAddr as this process maps them, where the
-// key is Mapped (ucp_rkey_ptr of the range's first and last byte, contiguous), else nil. Loads
-// from it read the peer's memory, as a get through the key would; the mapping lasts as long as
-// the key (Close) and outlives the peer's process. UCX does not check the range against the
-// peer's memory (neither does a get through the key): the caller bounds it by what the peer
-// named. The caller must not Close the key while it reads, and writes nothing through it.
-func (rk *RemoteKey) View(remoteAddr uint64, n int) []byte {
+// key is Mapped (ucp_rkey_ptr of the range's first and last byte, contiguous); nil and no error
+// where it is not, or n is not positive. A range outside the segment the key names is refused
+// with a *BoundsError (ErrOutOfBounds): the segment's address and length come from the key,
+// checked against the segment's real size before UCX attached it. Loads from the view read the
+// peer's memory, as a get through the key would; the mapping lasts as long as the key (Close)
+// and outlives the peer's process. The caller must not Close the key while it reads, and
+// writes nothing through it. A peer can still shrink its own posix segment file after the key
+// was checked; a read past the new end faults (docs/security.md).
+func (rk *RemoteKey) View(remoteAddr uint64, n int) ([]byte, error) {
 	if !rk.mapped || n <= 0 || rk.rkey == nil {
-		return nil
+		return nil, nil
+	}
+	if err := rk.checkRange(remoteAddr, int64(n)); err != nil {
+		return nil, err
 	}
 	first := C.kvx_ucx_rkey_ptr(rk.rkey, C.uint64_t(remoteAddr))
 	last := C.kvx_ucx_rkey_ptr(rk.rkey, C.uint64_t(remoteAddr+uint64(n-1)))
 	if first == nil || last == nil || uintptr(last)-uintptr(first) != uintptr(n-1) {
-		return nil
+		return nil, nil
 	}
-	return unsafe.Slice((*byte)(first), n)
+	return unsafe.Slice((*byte)(first), n), nil
 }
 
-// UnpackRemoteKey unpacks a key the peer made with Memory.PackRemoteKey.
+// UnpackRemoteKey unpacks a key the peer made with Memory.PackRemoteKey. The key is checked
+// before UCX sees it (CheckRemoteKey, against the peer's worker address), and so is the
+// shared-memory segment it names, if this process will attach it: one UCX would assert on,
+// read past or fail to attach (which crashes UCX 1.13) is refused with a *RemoteKeyError
+// (ErrBadRemoteKey).
 func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*RemoteKey, error) {
 	if len(packed) == 0 {
 		return nil, fmt.Errorf("%w: empty remote key", ErrInvalidArgument)
 	}
+	seg, err := parseRemoteKey(packed, ep.peerAddr, ep.w.address)
+	if err != nil {
+		return nil, fmt.Errorf("unpack remote key: %w", err)
+	}
+	if seg != nil && seg.reachable {
+		if err := seg.check(); err != nil {
+			return nil, fmt.Errorf("unpack remote key: %w", err)
+		}
+	}
 	rk := &RemoteKey{ep: ep}
-	var err error
 	buf := C.CBytes(packed)
 	callErr := ep.w.call(ctx, func() {
 		defer C.free(buf)
@@ -287,11 +335,22 @@ func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*Remote
 			return
 		}
 		rk.mapped = C.kvx_ucx_rkey_mapped(rk.rkey, 0) != 0
+		if rk.mapped && (seg == nil || !seg.reachable) {
+			// UCX mapped memory this check did not see it would attach: no bound is known.
+			C.kvx_ucx_rkey_destroy(rk.rkey)
+			rk.rkey = nil
+			err = fmt.Errorf("unpack remote key: %w", &RemoteKeyError{0, "UCX maps memory through it that names no segment this check attached"})
+			return
+		}
+		rk.seg = seg
 	})
 	if callErr != nil {
 		return nil, callErr
 	}
-	return rk, err
+	if err != nil {
+		return nil, err
+	}
+	return rk, nil
 }
 
 // Close destroys the unpacked key. Operations using it must have completed.

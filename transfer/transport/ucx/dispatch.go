@@ -164,6 +164,8 @@ func ucxError(err error, peer transport.Peer) error {
 		return fmt.Errorf("%w: %w", transport.ErrCancelled, err)
 	case errors.Is(err, native.ErrPeerUnreachable), errors.Is(err, native.ErrClosed):
 		return fmt.Errorf("%w: %.16s: %w", transport.ErrPeerLost, peer, err)
+	case errors.Is(err, native.ErrOutOfBounds), errors.Is(err, native.ErrBadRemoteKey):
+		return fmt.Errorf("%w: %.16s: %w", transport.ErrProtocol, peer, err) // it named memory it does not have
 	}
 	return err
 }

@@ -3,6 +3,7 @@
 package ucx
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -14,7 +15,10 @@ var _ transport.RMAMapper = (*Transport)(nil)
 // allocated for the peer, seen over shared memory: native.RemoteKey.View), the view is that
 // mapping. The key, unpacked on the transport's own endpoint to from, counts the view as a
 // get in flight until release, so neither the peer's loss nor a replaced endpoint destroys it
-// (and unmaps the segment) while the caller reads.
+// (and unmaps the segment) while the caller reads. A key UCX could not safely unpack
+// (native.ErrBadRemoteKey), and a range outside the segment the key names
+// (native.ErrOutOfBounds), are refused as transport.ErrProtocol: the peer named memory it
+// does not have (docs/security.md).
 func (t *Transport) MapRemote(from transport.Peer, key []byte, addr uint64, n int) ([]byte, func(), error) {
 	if err := t.ensureEndpoint(from); err != nil {
 		return nil, nil, err
@@ -32,7 +36,10 @@ func (t *Transport) MapRemote(from transport.Peer, key []byte, addr uint64, n in
 	if err != nil {
 		return nil, nil, err
 	}
-	view := rk.rk.View(addr, n)
+	view, err := rk.rk.View(addr, n)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %.16s: mapping its memory: %w", transport.ErrProtocol, from, err)
+	}
 	if view == nil {
 		return nil, nil, nil
 	}

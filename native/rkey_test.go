@@ -1,0 +1,405 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package native
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+)
+
+// rkeyChildEnv carries, hex-encoded, the packed key a child test process unpacks; the other
+// variables the peer's worker address, the transports, and what to do with the key.
+const rkeyChildEnv = "KVX_RKEY_CHILD"
+
+// TestRemoteKeyChild is the child side of unpackInChild: it connects a fresh worker to the
+// peer (a live worker in the parent, whose memory the key names, or with no peer given one of
+// its own), unpacks the key and, when
+// told, views or gets a range through it, reading every byte of a view. A crash inside UCX or
+// on a read kills only this process.
+func TestRemoteKeyChild(t *testing.T) {
+	h, ok := os.LookupEnv(rkeyChildEnv)
+	if !ok {
+		t.Skip("run by unpackInChild only")
+	}
+	key, err := hex.DecodeString(h)
+	require.NoError(t, err)
+	peer, err := hex.DecodeString(os.Getenv(rkeyChildEnv + "_PEER"))
+	require.NoError(t, err)
+	tls := os.Getenv(rkeyChildEnv + "_TLS")
+	cfg := ContextConfig{TLS: tls}
+	if strings.Contains(tls, "tcp") {
+		cfg.NetDevices = "lo"
+	}
+	c, err := NewContext(cfg)
+	require.NoError(t, err)
+	w, err := c.NewWorker(WorkerConfig{})
+	require.NoError(t, err)
+	if len(peer) == 0 { // no peer in the parent: a worker of this process's own
+		pc, err := NewContext(cfg)
+		require.NoError(t, err)
+		pw, err := pc.NewWorker(WorkerConfig{})
+		require.NoError(t, err)
+		peer = pw.Address()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ep, err := w.Connect(ctx, peer)
+	require.NoError(t, err)
+	rk, err := ep.UnpackRemoteKey(ctx, key)
+	switch {
+	case errors.Is(err, ErrBadRemoteKey):
+		fmt.Println("CHILD: refused:", err)
+		os.Exit(0)
+	case err != nil:
+		fmt.Println("CHILD: failed:", err)
+		os.Exit(0)
+	}
+	op, addr, n := parseRKeyOp(t, os.Getenv(rkeyChildEnv+"_OP"))
+	switch op {
+	case "view":
+		v, err := rk.View(addr, n)
+		if err != nil {
+			require.ErrorIs(t, err, ErrOutOfBounds)
+			fmt.Println("CHILD: view refused:", err)
+			os.Exit(0)
+		}
+		fmt.Println("CHILD: view read", readAll(v))
+	case "get":
+		mem, err := c.Allocate(int64(n))
+		require.NoError(t, err)
+		err = ep.Get(mem, 0, int64(n), addr, rk).Wait(ctx)
+		if err != nil {
+			fmt.Println("CHILD: get failed:", err)
+			os.Exit(0)
+		}
+		fmt.Println("CHILD: get read", n)
+	default:
+		// The whole memory the key was checked to name: every byte must be readable.
+		read := 0
+		if base, size, ok := rk.bounds(); ok {
+			v, err := rk.View(base, int(size))
+			require.NoError(t, err)
+			read = readAll(v)
+		}
+		fmt.Println("CHILD: unpacked, mapped", rk.Mapped(), "read", read)
+	}
+	os.Exit(0) // what mattered is that nothing faulted; the parent's worker outlives this one
+}
+
+// readAll loads every byte of v (so a view past the peer's memory faults here) and returns
+// how many it read.
+func readAll(v []byte) int {
+	var sum byte
+	for _, b := range v {
+		sum ^= b
+	}
+	_ = sum
+	return len(v)
+}
+
+// parseRKeyOp reads "view:ADDR:N" or "get:ADDR:N" (ADDR in hex); "" is no operation.
+func parseRKeyOp(t testing.TB, s string) (op string, addr uint64, n int) {
+	if s == "" {
+		return "", 0, 0
+	}
+	f := strings.Split(s, ":")
+	require.Len(t, f, 3, "op %q", s)
+	addr, err := strconv.ParseUint(f[1], 16, 64)
+	require.NoError(t, err)
+	n, err = strconv.Atoi(f[2])
+	require.NoError(t, err)
+	return f[0], addr, n
+}
+
+// unpackInChild unpacks key from a child process connected to the worker at peer (nil: one in
+// the child; over TCP it must be, since UCX 1.13 can abort a worker whose TCP peer exits in
+// the middle of wireup, and the parent must survive the child), then runs
+// op there ("" or parseRKeyOp's form), and returns what the child printed; a child that dies
+// (a UCX assert, a fault reading the peer's memory) fails the test with its output.
+func unpackInChild(t testing.TB, tls string, peer, key []byte, op string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestRemoteKeyChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), rkeyChildEnv+"="+hex.EncodeToString(key), rkeyChildEnv+"_PEER="+hex.EncodeToString(peer),
+		rkeyChildEnv+"_TLS="+tls, rkeyChildEnv+"_OP="+op)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the child unpacking %x died:\n%s", key, out)
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "CHILD: ") {
+			return strings.TrimPrefix(line, "CHILD: ")
+		}
+	}
+	t.Fatalf("the child said nothing:\n%s", out)
+	return ""
+}
+
+// rkeyPeer is the parent side: a live worker (the peer a child connects to over shared memory)
+// and memory UCX allocated through its context, whose key the tests edit.
+type rkeyPeer struct {
+	tls  string
+	addr []byte // what a child connects to: the worker's address, nil over TCP
+	ctx  *Context
+	w    *Worker
+	mem  *Memory
+	key  []byte
+	kind string // the transport that maps mem into a peer: "posix", "sysv", or "" (none: tcp)
+}
+
+// The transports whose keys the tests feed in: shared memory through posix and through sysv
+// (UCX's default allocates with sysv), and TCP, which maps nothing.
+var rkeyTransports = []struct{ name, tls, kind string }{
+	{"posix", "posix,cma,self", "posix"},
+	{"sysv", "sysv,cma,self", "sysv"},
+	{"tcp", "tcp,self", ""},
+}
+
+func newRKeyPeer(t testing.TB, tls, kind string, size int64) *rkeyPeer {
+	t.Helper()
+	cfg := ContextConfig{TLS: tls}
+	if strings.Contains(tls, "tcp") {
+		cfg.NetDevices = "lo"
+	}
+	c, err := NewContext(cfg)
+	require.NoError(t, err)
+	w, err := c.NewWorker(WorkerConfig{})
+	require.NoError(t, err)
+	m, err := c.Allocate(size)
+	require.NoError(t, err)
+	key, err := m.PackRemoteKey()
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, m.Close())
+		require.NoError(t, w.Close())
+		require.NoError(t, c.Close())
+	})
+	var addr []byte
+	if !strings.Contains(tls, "tcp") {
+		addr = w.Address()
+	}
+	return &rkeyPeer{tls: tls, addr: addr, ctx: c, w: w, mem: m, key: key, kind: kind}
+}
+
+// tlKey finds the transport key of kind ("posix", "sysv") in a packed key made by this UCX
+// (md map | memory type | per md: length, bytes) and returns its offset and length.
+func tlKey(t testing.TB, key []byte, mdIndex int) (at, n int) {
+	t.Helper()
+	mdMap := binary.LittleEndian.Uint64(key)
+	at = 9
+	for i := 0; i < 64; i++ {
+		if mdMap&(1<<i) == 0 {
+			continue
+		}
+		n = int(key[at])
+		if i == mdIndex {
+			return at + 1, n
+		}
+		at += 1 + n
+	}
+	t.Fatalf("md %d not in key %x", mdIndex, key)
+	return 0, 0
+}
+
+// mappedMD is the md index of the transport key that maps the memory (the only one with a
+// non-empty key over shared memory).
+func mappedMD(t testing.TB, key []byte) int {
+	t.Helper()
+	mdMap := binary.LittleEndian.Uint64(key)
+	at := 9
+	for i := 0; i < 64; i++ {
+		if mdMap&(1<<i) == 0 {
+			continue
+		}
+		if key[at] != 0 {
+			return i
+		}
+		at += 1 + int(key[at])
+	}
+	return -1
+}
+
+func edited(key []byte, f func(b []byte) []byte) []byte { return f(append([]byte(nil), key...)) }
+
+// TestRemoteKey_ViewStaysInsideThePeersSegment: a view through a mapped key is refused with
+// ErrOutOfBounds unless it lies inside the segment the key names (its address and length, no
+// larger than the segment really is): a 1 TiB view over a 1 MiB segment, one at an address of
+// this process's own, one reaching past the segment's end, and ranges whose end wraps around.
+func TestRemoteKey_ViewStaysInsideThePeersSegment(t *testing.T) {
+	for _, tr := range rkeyTransports[:2] {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newPair(t, tr.tls)
+			m := alloc(t, p.ctxB, 1<<20)
+			packed, err := m.PackRemoteKey()
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			rk, err := p.ab.UnpackRemoteKey(ctx, packed)
+			cancel()
+			require.NoError(t, err)
+			defer rk.Close()
+			require.True(t, rk.Mapped())
+			own := make([]byte, 4096)
+			base, size := m.Addr(), uint64(m.Len())
+			for _, c := range []struct {
+				desc string
+				addr uint64
+				n    int
+				ok   bool
+			}{
+				{"the whole segment", base, int(size), true},
+				{"its last byte", base + size - 1, 1, true},
+				{"1 TiB from its start", base, 1 << 40, false},
+				{"at an address of this process's own", uint64(uintptr(unsafe.Pointer(&own[0]))), len(own), false},
+				{"one byte before it", base - 1, 2, false},
+				{"from its last page to past its end", base + size - 4096, 8192, false},
+				{"just past its end", base + size, 1, false},
+				{"an end that wraps around", ^uint64(0) - 10, 100, false},
+				{"a length that wraps the address around", base + 4096, int(^uint64(0) >> 1), false},
+			} {
+				v, err := rk.View(c.addr, c.n)
+				if c.ok {
+					require.NoError(t, err, c.desc)
+					require.Len(t, v, c.n, c.desc)
+					continue
+				}
+				require.ErrorIs(t, err, ErrOutOfBounds, c.desc)
+				var be *BoundsError
+				require.ErrorAs(t, err, &be, c.desc)
+				require.Nil(t, v, c.desc)
+			}
+		})
+	}
+}
+
+// TestRemoteKey_ReadPastTheSegmentIsRefusedNotAFault: in a child process (a fault would kill
+// it and fail the test, where in the suite it would kill the suite), a view and a get that
+// reach past the end of the peer's segment are refused, and within it they read every byte.
+func TestRemoteKey_ReadPastTheSegmentIsRefusedNotAFault(t *testing.T) {
+	for _, tr := range rkeyTransports[:2] {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newRKeyPeer(t, tr.tls, tr.kind, 1<<20)
+			end := p.mem.Addr() + uint64(p.mem.Len())
+			for _, c := range []struct {
+				desc, op, want string
+			}{
+				{"a view of the last page", fmt.Sprintf("view:%x:%d", end-4096, 4096), "view read 4096"},
+				{"a view from the last page to 1 MiB past the end", fmt.Sprintf("view:%x:%d", end-4096, 4096+1<<20), "view refused:"},
+				{"a get of the last page", fmt.Sprintf("get:%x:%d", end-4096, 4096), "get read 4096"},
+				{"a get from the last page to 1 MiB past the end", fmt.Sprintf("get:%x:%d", end-4096, 4096+1<<20), "get failed:"},
+			} {
+				t.Run(c.desc, func(t *testing.T) {
+					got := unpackInChild(t, p.tls, p.addr, p.key, c.op)
+					require.True(t, strings.HasPrefix(got, c.want), "the child: %s", got)
+					if c.want == "get failed:" {
+						require.Contains(t, got, ErrOutOfBounds.Error())
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestRemoteKey_RefusesABadKey: a key UCX would assert on, read past, or attach wrongly (a
+// peer's garbage, a real key cut short, with bytes after it, or with a field changed) is
+// refused with ErrBadRemoteKey before UCX sees it, in a child process so that a UCX abort
+// fails the test; the real key still unpacks and every byte it names reads.
+func TestRemoteKey_RefusesABadKey(t *testing.T) {
+	for _, tr := range rkeyTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newRKeyPeer(t, tr.tls, tr.kind, 1<<20)
+			good := p.key
+			md := mappedMD(t, good)
+			mapped := func(f func(b []byte, at int)) []byte {
+				if md < 0 {
+					return nil
+				}
+				return edited(good, func(b []byte) []byte { at, _ := tlKey(t, b, md); f(b, at); return b })
+			}
+			cases := []struct {
+				desc string
+				key  []byte
+			}{
+				{"one byte", []byte{7}},
+				{"an md map and nothing else", good[:8]},
+				{"cut short by one byte", good[:len(good)-1]},
+				{"a byte after the end", append(append([]byte(nil), good...), 0)},
+				{"an unknown memory type", edited(good, func(b []byte) []byte { b[8] = 0x7f; return b })},
+				{"an md map naming every md", edited(good, func(b []byte) []byte { binary.LittleEndian.PutUint64(b, ^uint64(0)); return b })},
+				{"a transport key length past the end", edited(good, func(b []byte) []byte { b[9] = 0xff; return b })},
+				{"an empty transport key made longer", edited(good, func(b []byte) []byte { b[9]++; return append(b, 0) })},
+			}
+			if md >= 0 {
+				cases = append(cases, []struct {
+					desc string
+					key  []byte
+				}{
+					{"the mapped transport's key cut short", edited(good, func(b []byte) []byte {
+						at, n := tlKey(t, b, md)
+						b[at-1] = byte(n - 4)
+						return append(b[:at+n-4], b[at+n:]...)
+					})},
+				}...)
+			}
+			switch p.kind {
+			case "posix":
+				cases = append(cases, []struct {
+					desc string
+					key  []byte
+				}{
+					{"a zero length (UCX asserts)", mapped(func(b []byte, at int) { binary.LittleEndian.PutUint64(b[at+16:], 0) })},
+					{"1 TiB over a 1 MiB segment", mapped(func(b []byte, at int) { binary.LittleEndian.PutUint64(b[at+16:], 1<<40) })},
+					{"an address whose end wraps", mapped(func(b []byte, at int) { binary.LittleEndian.PutUint64(b[at+8:], ^uint64(0)-4096) })},
+					{"a segment id without procfs or shm_open flags (a directory the key lacks)",
+						mapped(func(b []byte, at int) { b[at+7] &^= 0xc0 })},
+					{"a shm_open segment that does not exist", mapped(func(b []byte, at int) { b[at+7] &^= 0x80 })},
+					{"another process's file descriptor", mapped(func(b []byte, at int) {
+						id := binary.LittleEndian.Uint64(b[at:])
+						binary.LittleEndian.PutUint64(b[at:], id&^(1<<30-1)|1) // pid 1
+					})},
+					{"a file descriptor the peer does not have", mapped(func(b []byte, at int) {
+						id := binary.LittleEndian.Uint64(b[at:])
+						binary.LittleEndian.PutUint64(b[at:], id&^((1<<30-1)<<30)|(1<<30-2)<<30)
+					})},
+					{"a file descriptor that is not shared memory (the peer's stdin)", mapped(func(b []byte, at int) {
+						id := binary.LittleEndian.Uint64(b[at:])
+						binary.LittleEndian.PutUint64(b[at:], id&^((1<<30-1)<<30))
+					})},
+				}...)
+			case "sysv":
+				cases = append(cases, []struct {
+					desc string
+					key  []byte
+				}{
+					{"a shared memory id that does not exist", mapped(func(b []byte, at int) { binary.LittleEndian.PutUint32(b[at:], 0x7ffffff0) })},
+					{"an owner address whose segment end wraps", mapped(func(b []byte, at int) { binary.LittleEndian.PutUint64(b[at+4:], ^uint64(0)-4096) })},
+				}...)
+			}
+			for _, c := range cases {
+				t.Run(c.desc, func(t *testing.T) {
+					got := unpackInChild(t, p.tls, p.addr, c.key, "")
+					t.Logf("the child: %s", got)
+					require.True(t, strings.HasPrefix(got, "refused:"), "the child: %s", got)
+				})
+			}
+			got := unpackInChild(t, p.tls, p.addr, good, "")
+			want := "unpacked, mapped false read 0"
+			if p.kind != "" {
+				want = fmt.Sprintf("unpacked, mapped true read %d", p.mem.Len())
+			}
+			require.Equal(t, want, got)
+		})
+	}
+}
