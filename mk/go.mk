@@ -1,17 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 # Go: tidiness, vet, the tests under -race, the fuzz targets, and the disagg example.
 # go-test first builds libkvxcuda.so (mk/cuda.mk), whose loading the cuda tests check.
-.PHONY: go-tidy go-vet go-imports go-test go-fuzz fuzz-ucx-address serving-test disagg disagg-ucx
+.PHONY: go-tidy go-vet go-imports go-test go-fuzz fuzz-ucx-address fuzz-ucx-rkey serving-test disagg disagg-ucx
 
 # Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName: the layout plans,
-# the wire decoder and ContextParams, kvxfer's own parsers.
-FUZZ_TARGETS := ./layout:FuzzPlan ./transfer/internal/wire:FuzzDecode ./transfer/transport/ucx:FuzzContextParams
+# the wire decoder and ContextParams, kvxfer's own parsers, and a peer's remote key (refused by
+# native.CheckRemoteKey or unpacked, and every byte it names read, in a child process).
+# FUZZ_MINIMIZE_TIME bounds the minimizing of each new input: FuzzRemoteKey reruns a child
+# process for every try.
+FUZZ_TARGETS := ./layout:FuzzPlan ./transfer/internal/wire:FuzzDecode ./transfer/transport/ucx:FuzzContextParams ./native:FuzzRemoteKey
 FUZZ_TIME ?= 10s
+FUZZ_MINIMIZE_TIME ?= 10s
 # A peer's worker address (refused by native.CheckAddress or survived by UCX, tried in a child
 # process) is fuzzed by `make fuzz-ucx-address`, not in `make test`: what it finds are UCX 1.13
 # asserts on crafted addresses (UCX trusts every byte), each one then refused by CheckAddress and
 # kept as a seed. Its seeds run in go-test as plain tests on every `make test`.
 FUZZ_ADDRESS_TIME ?= 5m
+# The remote key fuzzer's long run, as the address fuzzer's (make test runs it for FUZZ_TIME).
+FUZZ_RKEY_TIME ?= 5m
 
 # go.mod and go.sum must be what `go mod tidy` makes: direct requirements marked as such, none
 # missing or left over. `-diff` changes nothing and fails, printing the diff, when they are not.
@@ -33,11 +39,14 @@ go-test: ## Every Go test with -race (two-process and UCX tests included).
 go-fuzz: ## Run every fuzz target for FUZZ_TIME (default 10s).
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} in $${t%%:*} for $(FUZZ_TIME)"; \
-		scripts/fuzz.sh $(GO) "$${t%%:*}" "$${t#*:}" $(FUZZ_TIME) || exit 1; \
+		scripts/fuzz.sh $(GO) "$${t%%:*}" "$${t#*:}" $(FUZZ_TIME) $(FUZZ_MINIMIZE_TIME) || exit 1; \
 	done
 
 fuzz-ucx-address: ## Fuzz native.CheckAddress against this host's UCX for FUZZ_ADDRESS_TIME (default 5m).
 	scripts/fuzz.sh $(GO) ./native FuzzWorkerAddress $(FUZZ_ADDRESS_TIME)
+
+fuzz-ucx-rkey: ## Fuzz native.CheckRemoteKey against this host's UCX for FUZZ_RKEY_TIME (default 5m).
+	scripts/fuzz.sh $(GO) ./native FuzzRemoteKey $(FUZZ_RKEY_TIME) $(FUZZ_MINIMIZE_TIME)
 
 # Serving integration (transfer/observe, examples/disagg). Their tests run in go-test with
 # everything else; these targets run them alone.

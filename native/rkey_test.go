@@ -5,15 +5,19 @@
 package native
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -21,23 +25,22 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// rkeyChildEnv carries, hex-encoded, the packed key a child test process unpacks; the other
-// variables the peer's worker address, the transports, and what to do with the key.
+// rkeyChildEnv carries the peer's worker address (hex) a child test process connects to; the
+// other variable the transports. The keys come on the child's standard input.
 const rkeyChildEnv = "KVX_RKEY_CHILD"
 
-// TestRemoteKeyChild is the child side of unpackInChild: it connects a fresh worker to the
-// peer (a live worker in the parent, whose memory the key names, or with no peer given one of
-// its own), unpacks the key and, when
-// told, views or gets a range through it, reading every byte of a view. A crash inside UCX or
-// on a read kills only this process.
+// TestRemoteKeyChild is the child side of rkeyChild: it connects a fresh worker to the peer (a
+// live worker in the parent, whose memory the keys name, or with no peer given one of its
+// own), prints "CHILD: ready", then for each line "OP KEY" on its standard input (KEY in hex,
+// OP "-" or parseRKeyOp's form) unpacks the key, views or gets the range when told (reading
+// every byte of a view) and prints one line "CHILD: <outcome>". A crash inside UCX or on a
+// read kills only this process.
 func TestRemoteKeyChild(t *testing.T) {
 	h, ok := os.LookupEnv(rkeyChildEnv)
 	if !ok {
-		t.Skip("run by unpackInChild only")
+		t.Skip("run by rkeyChild only")
 	}
-	key, err := hex.DecodeString(h)
-	require.NoError(t, err)
-	peer, err := hex.DecodeString(os.Getenv(rkeyChildEnv + "_PEER"))
+	peer, err := hex.DecodeString(h)
 	require.NoError(t, err)
 	tls := os.Getenv(rkeyChildEnv + "_TLS")
 	cfg := ContextConfig{TLS: tls}
@@ -55,49 +58,60 @@ func TestRemoteKeyChild(t *testing.T) {
 		require.NoError(t, err)
 		peer = pw.Address()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ep, err := w.Connect(ctx, peer)
 	require.NoError(t, err)
+	fmt.Println("CHILD: ready")
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<16), 1<<20)
+	for in.Scan() {
+		op, h, _ := strings.Cut(in.Text(), " ")
+		key, err := hex.DecodeString(h)
+		require.NoError(t, err)
+		fmt.Println("CHILD:", unpackAndRead(t, c, ep, key, op))
+	}
+	os.Exit(0) // what mattered is that nothing faulted; the parent's worker outlives this one
+}
+
+// unpackAndRead is one key's turn in the child: the outcome of unpacking it and of op.
+func unpackAndRead(t *testing.T, c *Context, ep *Endpoint, key []byte, op string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	rk, err := ep.UnpackRemoteKey(ctx, key)
 	switch {
 	case errors.Is(err, ErrBadRemoteKey):
-		fmt.Println("CHILD: refused:", err)
-		os.Exit(0)
+		return "refused: " + err.Error()
 	case err != nil:
-		fmt.Println("CHILD: failed:", err)
-		os.Exit(0)
+		return "failed: " + err.Error()
 	}
-	op, addr, n := parseRKeyOp(t, os.Getenv(rkeyChildEnv+"_OP"))
+	defer rk.Close()
+	op, addr, n := parseRKeyOp(t, op)
 	switch op {
 	case "view":
 		v, err := rk.View(addr, n)
 		if err != nil {
 			require.ErrorIs(t, err, ErrOutOfBounds)
-			fmt.Println("CHILD: view refused:", err)
-			os.Exit(0)
+			return "view refused: " + err.Error()
 		}
-		fmt.Println("CHILD: view read", readAll(v))
+		return fmt.Sprint("view read ", readAll(v))
 	case "get":
 		mem, err := c.Allocate(int64(n))
 		require.NoError(t, err)
-		err = ep.Get(mem, 0, int64(n), addr, rk).Wait(ctx)
-		if err != nil {
-			fmt.Println("CHILD: get failed:", err)
-			os.Exit(0)
+		defer func() { require.NoError(t, mem.Close()) }()
+		if err := ep.Get(mem, 0, int64(n), addr, rk).Wait(ctx); err != nil {
+			return "get failed: " + err.Error()
 		}
-		fmt.Println("CHILD: get read", n)
-	default:
-		// The whole memory the key was checked to name: every byte must be readable.
-		read := 0
-		if base, size, ok := rk.bounds(); ok {
-			v, err := rk.View(base, int(size))
-			require.NoError(t, err)
-			read = readAll(v)
-		}
-		fmt.Println("CHILD: unpacked, mapped", rk.Mapped(), "read", read)
+		return fmt.Sprint("get read ", n)
 	}
-	os.Exit(0) // what mattered is that nothing faulted; the parent's worker outlives this one
+	// The whole memory the key was checked to name: every byte must be readable.
+	read := 0
+	if base, size, ok := rk.bounds(); ok {
+		v, err := rk.View(base, int(size))
+		require.NoError(t, err)
+		read = readAll(v)
+	}
+	return fmt.Sprint("unpacked, mapped ", rk.Mapped(), " read ", read)
 }
 
 // readAll loads every byte of v (so a view past the peer's memory faults here) and returns
@@ -111,9 +125,9 @@ func readAll(v []byte) int {
 	return len(v)
 }
 
-// parseRKeyOp reads "view:ADDR:N" or "get:ADDR:N" (ADDR in hex); "" is no operation.
+// parseRKeyOp reads "view:ADDR:N" or "get:ADDR:N" (ADDR in hex); "-" is no operation.
 func parseRKeyOp(t testing.TB, s string) (op string, addr uint64, n int) {
-	if s == "" {
+	if s == "-" {
 		return "", 0, 0
 	}
 	f := strings.Split(s, ":")
@@ -125,27 +139,116 @@ func parseRKeyOp(t testing.TB, s string) (op string, addr uint64, n int) {
 	return f[0], addr, n
 }
 
-// unpackInChild unpacks key from a child process connected to the worker at peer (nil: one in
-// the child; over TCP it must be, since UCX 1.13 can abort a worker whose TCP peer exits in
-// the middle of wireup, and the parent must survive the child), then runs
-// op there ("" or parseRKeyOp's form), and returns what the child printed; a child that dies
-// (a UCX assert, a fault reading the peer's memory) fails the test with its output.
+// rkeyChild is a child process that unpacks keys for the parent (TestRemoteKeyChild), one per
+// line, connected to the worker at peer (nil: one in the child; over TCP it must be, since UCX
+// 1.13 can abort a worker whose TCP peer exits in the middle of wireup, and the parent must
+// survive the child). One child serves many keys: starting one costs far more than a key.
+type rkeyChild struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string // the child's "CHILD: " lines; closed when its output ends
+	output *lockedBuffer
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startRKeyChild starts a child and waits (at most a minute: a loaded host starts processes
+// slowly) until it is connected and ready.
+func startRKeyChild(t testing.TB, tls string, peer []byte) *rkeyChild {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRemoteKeyChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), rkeyChildEnv+"="+hex.EncodeToString(peer), rkeyChildEnv+"_TLS="+tls)
+	ch := &rkeyChild{cmd: cmd, lines: make(chan string, 1), output: &lockedBuffer{}}
+	var err error
+	ch.stdin, err = cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = ch.output
+	require.NoError(t, cmd.Start())
+	go func() {
+		defer close(ch.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			_, _ = ch.output.Write(append(sc.Bytes(), '\n'))
+			if line, ok := strings.CutPrefix(sc.Text(), "CHILD: "); ok {
+				ch.lines <- line
+			}
+		}
+	}()
+	t.Cleanup(ch.stop)
+	require.Equal(t, "ready", ch.next(t, time.Minute), "the child did not start")
+	return ch
+}
+
+// next is the child's next line, or fails the test when it died or said nothing within d.
+func (ch *rkeyChild) next(t testing.TB, d time.Duration) string {
+	t.Helper()
+	select {
+	case line, ok := <-ch.lines:
+		if !ok {
+			err := ch.cmd.Wait()
+			t.Fatalf("the child died (%v):\n%s", err, ch.output)
+		}
+		return line
+	case <-time.After(d):
+		t.Fatalf("the child said nothing for %v:\n%s", d, ch.output)
+	}
+	return ""
+}
+
+// try has the child unpack key and run op ("-" or parseRKeyOp's form), and returns what it
+// said; a child that dies on it (a UCX assert, a fault reading the peer's memory) fails the
+// test with its output.
+func (ch *rkeyChild) try(t testing.TB, key []byte, op string) string {
+	t.Helper()
+	_, err := fmt.Fprintf(ch.stdin, "%s %s\n", op, hex.EncodeToString(key))
+	require.NoError(t, err, "the child is gone:\n%s", ch.output)
+	return ch.next(t, 8*time.Second) // under the fuzzing worker's 10 s per input
+}
+
+// stop ends the child: its standard input closes and it exits; killed if it does not.
+func (ch *rkeyChild) stop() {
+	_ = ch.stdin.Close()
+	done := make(chan struct{})
+	go func() {
+		for range ch.lines {
+		}
+		_ = ch.cmd.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = ch.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// unpackInChild unpacks key in a child process of its own (a crash of one case must not hide
+// the next), connected to the worker at peer (nil: one in the child), runs op there, and
+// returns what the child said.
 func unpackInChild(t testing.TB, tls string, peer, key []byte, op string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestRemoteKeyChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), rkeyChildEnv+"="+hex.EncodeToString(key), rkeyChildEnv+"_PEER="+hex.EncodeToString(peer),
-		rkeyChildEnv+"_TLS="+tls, rkeyChildEnv+"_OP="+op)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the child unpacking %x died:\n%s", key, out)
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(line, "CHILD: ") {
-			return strings.TrimPrefix(line, "CHILD: ")
-		}
+	if op == "" {
+		op = "-"
 	}
-	t.Fatalf("the child said nothing:\n%s", out)
-	return ""
+	return startRKeyChild(t, tls, peer).try(t, key, op)
 }
 
 // rkeyPeer is the parent side: a live worker (the peer a child connects to over shared memory)
@@ -402,4 +505,39 @@ func TestRemoteKey_RefusesABadKey(t *testing.T) {
 			require.Equal(t, want, got)
 		})
 	}
+}
+
+// FuzzRemoteKey: whatever bytes a peer sends as a remote key, CheckRemoteKey refuses them with
+// a *RemoteKeyError or a child process unpacks them without dying, and reads every byte of the
+// memory the key was checked to name. The child connects to a live worker here (over posix or
+// sysv, as which picks), so that keys naming this process's segments pass the checks that tie
+// a segment to its peer and reach UCX's attach; one child serves every input, and one that
+// dies fails the input it was given. The seeds are both workers'
+// real keys (fresh each run: they name this process's pid and descriptors) and those kept
+// under testdata.
+func FuzzRemoteKey(f *testing.F) {
+	peers := []*rkeyPeer{
+		newRKeyPeer(f, "posix,cma,self", "posix", 1<<20),
+		newRKeyPeer(f, "sysv,cma,self", "sysv", 1<<20),
+	}
+	children := make([]*rkeyChild, len(peers)) // one child serves every key that reaches UCX
+	for i, p := range peers {
+		children[i] = startRKeyChild(f, p.tls, p.addr)
+	}
+	for i, p := range peers {
+		f.Add(uint8(i), p.key)
+		f.Add(uint8(i), p.key[:len(p.key)-1])
+		f.Add(uint8(i), append(append([]byte(nil), p.key...), 0))
+	}
+	f.Fuzz(func(t *testing.T, which uint8, key []byte) {
+		p := peers[int(which)%len(peers)]
+		if err := CheckRemoteKey(key, p.addr, p.addr); err != nil {
+			var ke *RemoteKeyError
+			require.ErrorAs(t, err, &ke)
+			require.ErrorIs(t, err, ErrBadRemoteKey)
+			return
+		}
+		got := children[int(which)%len(peers)].try(t, key, "-") // fails the input if the child died
+		require.False(t, strings.HasPrefix(got, "failed:"), "UCX failed a key the checks accepted: %s", got)
+	})
 }
