@@ -89,8 +89,9 @@ type RMAMapper interface {
 	// RMAKey gave it) as a slice of this process's memory, and release, which ends the use
 	// (once; later calls do nothing). Until release the view stays readable, whatever becomes
 	// of the peer. It returns a nil view and no error where the memory is not mapped here
-	// (the caller gets instead). The caller bounds [addr, addr+n) by what the peer named: the
-	// transport may not check it.
+	// (the caller gets instead). The caller bounds [addr, addr+n) by what the peer named; the
+	// UCX transport also refuses a range outside the memory the key names (ErrProtocol,
+	// docs/security.md), but a transport need not.
 	MapRemote(from Peer, key []byte, addr uint64, n int) (view []byte, release func(), err error)
 }
 
