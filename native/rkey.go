@@ -165,9 +165,14 @@ func parseRemoteKey(key, peer, local []byte) (*keySegment, error) {
 		mds[i].devs = append(mds[i].devs, e.dev)
 		return nil
 	})
-	ownerPID := 0
+	ownerPID, sameNS := 0, true
 	if f, ok := findPosixFIFO(peer, withName); ok {
 		ownerPID = int(f.pid)
+		if mine, ok := findPosixFIFO(local, withName); ok {
+			// A peer in another pid namespace: UCX's posix transport does not reach it, and
+			// its pid names another process here.
+			sameNS = f.nsFlag == mine.nsFlag && bytes.Equal(f.rest, mine.rest)
+		}
 	} else if h, ok := AddressInfo(peer, local); ok {
 		ownerPID = h.PID
 	}
@@ -211,7 +216,7 @@ func parseRemoteKey(key, peer, local []byte) (*keySegment, error) {
 			if seg != nil {
 				return nil, &RemoteKeyError{at, fmt.Sprintf("md %d names a second shared-memory segment (memory is allocated by one md)", i)}
 			}
-			s.reachable = bytes.Equal(md.devs[0], ours[md.csums[0]])
+			s.reachable = bytes.Equal(md.devs[0], ours[md.csums[0]]) && (s.kind != rkeyPosix || sameNS)
 			s.ownerPID = ownerPID
 			seg = s
 		}
