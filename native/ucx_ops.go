@@ -339,7 +339,7 @@ func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*Remote
 			// UCX mapped memory this check did not see it would attach: no bound is known.
 			C.kvx_ucx_rkey_destroy(rk.rkey)
 			rk.rkey = nil
-			err = fmt.Errorf("unpack remote key: %w", &RemoteKeyError{0, "UCX maps memory through it that names no segment this check attached"})
+			err = fmt.Errorf("unpack remote key: %w", &RemoteKeyError{0, "UCX maps memory through the key where this check found no segment to bound it"})
 			return
 		}
 		rk.seg = seg
