@@ -134,7 +134,7 @@ func (x *xfer) maybeResolve() {
 		x.timers.quarantine = time.Time{}
 		if x.h.settledPoisoned.CompareAndSwap(false, true) {
 			n := x.eng.holds.poison(x.h)
-			if len(x.h.spans) == 0 { // a device pool: no ids to refuse, but the blocks count
+			if len(x.h.spans) == 0 { // a pool behind a Mover: no ids to refuse, but the blocks count
 				n = x.h.nBlocks
 			}
 			// Blocks first: a Health that counts this transfer counts its blocks too.
