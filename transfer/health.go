@@ -51,11 +51,14 @@ type HealthSnapshot struct {
 // past its timeout: the device is wedged). It never blocks.
 func (e *Engine) Health() Health {
 	st := e.pool.Stats()
+	// The settled count first: a handle joins it only after it joined the quarantined count
+	// and never leaves either, so a snapshot never holds more settled than quarantined.
+	settled := e.poisonedForGood.Load()
 	s := HealthSnapshot{
 		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
 		ProgressDeadline: e.cfg.ProgressDeadline,
-		MalformedControl: e.malformed.Load(), StaleMessages: e.stale.Load(), BlocksPoisoned: e.poisonedForGood.Load(), Remembered: e.remembered.Load(),
+		MalformedControl: e.malformed.Load(), StaleMessages: e.stale.Load(), BlocksPoisoned: settled, Remembered: e.remembered.Load(),
 		PoisonedBlocks: e.blocksPoisoned.Load(), PoisonedBudget: e.cfg.PoisonedBlockBudget,
 	}
 	now := time.Now().UnixNano()

@@ -139,7 +139,9 @@ func (x *xfer) maybeResolve() {
 			}
 			// Blocks first: a Health that counts this transfer counts its blocks too.
 			x.eng.blocksPoisoned.Add(n)
-			x.eng.poisonedForGood.Add(1)
+			x.h.mu.Lock()
+			x.h.countPoisonedLocked() // now, or when its last sibling has an outcome
+			x.h.mu.Unlock()
 		}
 		x.ended = true
 		x.setAwaiting(false)
