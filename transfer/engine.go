@@ -40,7 +40,10 @@ type Engine struct {
 	pending    map[routeKey]pendingInfo
 	unanswered map[routeKey]unanswered
 	peers      map[Peer]*peerHello // what each peer met said in its hello (negotiate.go)
-	closed     bool
+	// lostPeers are the peers reported lost and not heard from since, each told to the
+	// observer once however many times the transport reports it (engine_inbound.go).
+	lostPeers map[Peer]time.Time
+	closed    bool
 	// speech is what the engine says in its hello: the build's versions and features.
 	speech speech
 
@@ -131,7 +134,7 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
-		peers: make(map[Peer]*peerHello), speech: sp,
+		peers: make(map[Peer]*peerHello), lostPeers: make(map[Peer]time.Time), speech: sp,
 		admission: make(chan struct{}, cfg.MaxConcurrent),
 		closing:   make(chan struct{}),
 		movers:    newMoverPool(),

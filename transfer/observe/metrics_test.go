@@ -4,7 +4,10 @@ package observe_test
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -228,6 +231,62 @@ func TestMetrics_PeerFailuresFromTheEngine(t *testing.T) {
 	}
 }
 
+// lostPeers records, in order, the peers an engine reported lost to its observer.
+type lostPeers struct {
+	transfer.NopObserver
+	mu    sync.Mutex
+	peers []transfer.Peer
+}
+
+func (l *lostPeers) OnPeerConnected(transfer.Peer) {}
+
+func (l *lostPeers) OnPeerLost(peer transfer.Peer, _ error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.peers = append(l.peers, peer)
+}
+
+func (l *lostPeers) saw(peer transfer.Peer) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Contains(l.peers, peer)
+}
+
+// TestMetrics_OneDeadPeerCountsOnce: a transport may report one lost peer several times (UCX
+// does for its own endpoint and for each lane's, and again for an endpoint remade to send the
+// dead peer a last message), and kvxfer_peer_failures_total counts it once, until the peer is
+// heard from again. A report of another peer after them is the barrier: the observer hears
+// reports in order.
+func TestMetrics_OneDeadPeerCountsOnce(t *testing.T) {
+	rec := &lostPeers{}
+	p := newPair(t, smallConfig(), func(engine string) transfer.Observer {
+		if engine == "prefill" {
+			return rec
+		}
+		return transfer.NopObserver{}
+	})
+	prefill := p.net.Endpoint("prefill")
+	lost := fmt.Errorf("%w: test: endpoint failed", transfer.ErrPeerLost)
+	failures := func() float64 {
+		return value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": "prefill"})
+	}
+	for range 3 {
+		p.net.ReportPeerLost(prefill, "decode", lost)
+	}
+	p.net.ReportPeerLost(prefill, "barrier-1", lost)
+	eventually(t, waitBound, func() bool { return rec.saw("barrier-1") }, "the reports delivered")
+	require.Equal(t, 2.0, failures(), "decode three times and barrier-1 once: two peers lost")
+
+	// Decode is heard from again (a transfer runs), so its next loss is a new one.
+	send, recv := p.start(t, 1, 1, 2)
+	waitQuiesced(t, recv)
+	waitQuiesced(t, send)
+	p.net.ReportPeerLost(prefill, "decode", lost)
+	p.net.ReportPeerLost(prefill, "barrier-2", lost)
+	eventually(t, waitBound, func() bool { return rec.saw("barrier-2") }, "the reports delivered")
+	require.Equal(t, 4.0, failures(), "decode lost again after it was heard from")
+}
+
 // Every cancel outcome, up to transfer.CancelOutcomeCount, has its series from the start,
 // labelled with its name, and counts its own calls: an outcome added to the engine is not
 // missing from the metrics.
@@ -268,7 +327,7 @@ kvxfer_cancels_total{engine="decode",outcome="not-found"} 0
 # TYPE kvxfer_transferred_bytes_total counter
 kvxfer_transferred_bytes_total{direction="receive",engine="decode"} 0
 kvxfer_transferred_bytes_total{direction="send",engine="decode"} 4096
-# HELP kvxfer_peer_failures_total Peers the transport reported lost.
+# HELP kvxfer_peer_failures_total Peers the transport reported lost, each loss once: a peer counts again only after it was heard from.
 # TYPE kvxfer_peer_failures_total counter
 kvxfer_peer_failures_total{engine="decode"} 1
 `
