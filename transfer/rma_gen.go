@@ -56,6 +56,15 @@ func (s *rmaSend) exposeGeneration(o *wire.RMAOffer) error {
 func (s *rmaSend) endExposure() {
 	s.exposure.final = true
 	s.x.outstanding--
+	s.endGeneration()
+}
+
+// endGeneration ends the exposure's generation, once: when the exposure ends, or when the
+// transfer has ended without that (its exposure poisoned for good: the blocks are never
+// reused, so the word may change now, and a late read of it fails the receiver). An
+// exposure that kept its word for good would leak it, and with every word held each later
+// offer is declined.
+func (s *rmaSend) endGeneration() {
 	if s.endGen != nil {
 		s.endGen()
 		s.endGen = nil

@@ -107,8 +107,11 @@ func (x *xfer) runSend() {
 		return
 	}
 	x.loop()
-	if p, ok := x.path.(*pullSend); ok {
-		p.end() // path_pull.go: the generation word goes back
+	switch p := x.path.(type) { // the generation word goes back, an exposure poisoned for good's too
+	case *pullSend:
+		p.end() // path_pull.go
+	case *rmaSend:
+		p.endGeneration() // rma_gen.go
 	}
 }
 
