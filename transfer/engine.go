@@ -60,6 +60,9 @@ type Engine struct {
 	// blocks are poisoned and they never leave quarantine (L9). Health leaves them out of the
 	// quarantine budget.
 	poisonedForGood atomic.Int64
+	// genDeclines counts the rma and pull offers declined because every generation word of
+	// the transport was held (rma_gen.go).
+	genDeclines atomic.Int64
 	// blocksPoisoned counts the caller's KV blocks those handles poisoned (each block once).
 	blocksPoisoned atomic.Int64
 	// remembered counts handles whose caller released every reference while they were not

@@ -106,6 +106,20 @@ func (t *Transport) SetGenerationWords(n int) {
 	}
 }
 
+var _ transport.GenerationWords = (*Transport)(nil)
+
+// GenerationWords implements transport.GenerationWords.
+func (t *Transport) GenerationWords() (held, total int) {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	g := &t.gens
+	total = g.limit
+	if total == 0 {
+		total = memGenWords
+	}
+	return g.next - len(g.free), total
+}
+
 // ExposeGeneration implements transport.RMAGenerations.
 func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 	n := t.net
@@ -128,7 +142,7 @@ func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 		slot, g.free = g.free[k-1], g.free[:k-1]
 	} else if g.next++; slot >= g.limit {
 		g.next--
-		return 0, nil, 0, nil, fmt.Errorf("%w: all %d generation words in use", transport.ErrInvalidSpec, g.limit)
+		return 0, nil, 0, nil, fmt.Errorf("%w: all %d generation words in use", transport.ErrNoGenerationWord, g.limit)
 	}
 	word := g.words[8*slot : 8*slot+8]
 	g.value++
