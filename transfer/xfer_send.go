@@ -111,7 +111,11 @@ func (x *xfer) runSend() {
 	case *pullSend:
 		p.end() // path_pull.go
 	case *rmaSend:
-		p.endGeneration() // rma_gen.go
+		// rma_gen.go. Not once Close has begun: the transport is closing, its words no longer
+		// matter, and it may have unmapped them.
+		if !x.eng.isClosed() {
+			p.endGeneration()
+		}
 	}
 }
 
