@@ -40,6 +40,8 @@ type (
 	RMALanes = transport.RMALanes
 	// RMAGenerations validates RMA reads (transport.RMAGenerations).
 	RMAGenerations = transport.RMAGenerations
+	// GenerationWords counts a transport's generation words (transport.GenerationWords).
+	GenerationWords = transport.GenerationWords
 	// DeviceRMATransport gets into and out of registered device memory (transport.DeviceRMATransport).
 	DeviceRMATransport = transport.DeviceRMATransport
 	// TagReserver reserves narrow data tags (transport.TagReserver).

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
@@ -325,4 +326,112 @@ func TestRMAValidatedRead_DevicePoolsSenderReusesBlocksMidRead(t *testing.T) {
 	requireState(t, hr, Failed)
 	require.ErrorIs(t, hr.Status().Err, ErrStaleRead)
 	require.Zero(t, p.net.Pending(), "every operation has its final verdict")
+}
+
+// unknownMover is a mover whose every copy ends in ErrQuiescenceUnknown, as a device mover's
+// kernel that overran its sync timeout (or whose event could not be recorded) does.
+type unknownMover struct{ Mover }
+
+func (unknownMover) Gather(*layout.Plan, int64, []byte) error {
+	return fmt.Errorf("%w: test: kernel state unknown", ErrQuiescenceUnknown)
+}
+
+func (unknownMover) Scatter(*layout.Plan, []byte, int64) error {
+	return fmt.Errorf("%w: test: kernel state unknown", ErrQuiescenceUnknown)
+}
+
+// L2 with L9 for device pools (Spec.Device): a Receive whose device blocks a hung get may still
+// write (quarantined), or whose blocks are poisoned for good (a get that never quiesced, a
+// mover that cannot say its copy ended), holds them as a host pool's are: a new Receive over
+// them, or a Send of them, is refused with ErrBlocksBusy naming the holder, until they
+// quiesce; another device pool is free.
+func TestL2_DeviceBlocksHeldWhileNotQuiescent(t *testing.T) {
+	cases := []struct {
+		desc     string
+		gets     bool      // the rma route (device gets), else staging through the Movers
+		fault    mem.Fault // on the receiver's data gets (rma route)
+		poisoned bool
+	}{
+		{desc: "rma: a get hung on the wire, quarantined", gets: true, fault: mem.Fault{Hang: true}},
+		{desc: "rma: a get that never quiesces, poisoned", gets: true, fault: mem.Fault{Hang: true, NeverQuiesce: true}, poisoned: true},
+		{desc: "staging: the mover cannot say its copy ended, poisoned", poisoned: true},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			src, dst := rmaPools(t, 17)
+			rcfg := rmaConfig()
+			rcfg.TransferTimeout = 100 * time.Millisecond
+			rcfg.QuarantineTimeout = time.Minute
+			if c.poisoned {
+				rcfg.QuarantineTimeout = 50 * time.Millisecond
+			}
+			p, _ := newDevicePair(t, rmaConfig(), rcfg, c.gets, c.gets)
+			var hang atomic.Bool
+			hang.Store(true)
+			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+				if fp.Kind == wire.KindData && !fp.Generation && hang.Load() {
+					return c.fault
+				}
+				return mem.Fault{}
+			})
+			sspec := Spec{ID: 1, Peer: "decode", Plan: src.plan, Device: p.srcT.register(src.mem)}
+			dev := p.dstT.register(dst.mem)
+			rspec := Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Device: dev}
+			if !c.gets {
+				sspec.Mover = HostMover(src.mem)
+				rspec.Mover = unknownMover{}
+			}
+			_, err := p.src.Send(bg, sspec)
+			require.NoError(t, err)
+			hr, err := p.dst.Receive(bg, rspec)
+			require.NoError(t, err)
+			waitClosed(t, hr.Done(), "receiver done")
+			if c.poisoned {
+				eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "blocks poisoned")
+				require.NoError(t, p.dst.Drain(bg), "the transfer's goroutine ended")
+				require.Equal(t, int64(len(dst.plan.Blocks())), p.dst.Health().PoisonedBlocks, "each device block counted once")
+			} else {
+				requireState(t, hr, Quarantined, ErrDeadline)
+			}
+			require.False(t, isClosed(hr.Quiesced()))
+
+			for _, s := range []struct {
+				desc string
+				try  func() (*Handle, error)
+			}{
+				{"receive over the same device blocks", func() (*Handle, error) {
+					return p.dst.Receive(bg, Spec{ID: 2, Peer: "prefill", Plan: dst.plan, Device: dev, Mover: rspec.Mover})
+				}},
+				{"send of the same device blocks", func() (*Handle, error) {
+					return p.dst.Send(bg, Spec{ID: 3, Peer: "prefill", Plan: dst.plan, Device: dev, Mover: rspec.Mover})
+				}},
+			} {
+				_, err := s.try()
+				require.ErrorIs(t, err, ErrBlocksBusy, s.desc)
+				var be *BlocksBusyError
+				require.ErrorAs(t, err, &be, s.desc)
+				require.Equal(t, RequestID(1), be.Holder, s.desc)
+				require.Equal(t, c.poisoned, be.Poisoned, s.desc)
+			}
+
+			// The same block ids in another device pool are free.
+			_, dst2 := rmaPools(t, 18)
+			h2, err := p.dst.Receive(bg, Spec{ID: 4, Peer: "prefill", Plan: dst2.plan, Device: p.dstT.register(dst2.mem), Mover: rspec.Mover})
+			require.NoError(t, err, "another device pool")
+			require.Contains(t, []CancelOutcome{CancelledBeforeAdvertise, CancelRequestedInFlight, BackendUnhealthy}, p.dst.Cancel(4), "a wedged mover makes the engine unhealthy")
+			waitClosed(t, h2.Quiesced(), "receive over another device pool cancelled")
+
+			if c.poisoned {
+				require.False(t, isClosed(hr.Quiesced()))
+				return
+			}
+			hang.Store(false)
+			p.net.Resume()
+			waitClosed(t, hr.Quiesced(), "the transport let go")
+			h, err := p.dst.Receive(bg, Spec{ID: 5, Peer: "prefill", Plan: dst.plan, Device: dev})
+			require.NoError(t, err, "quiescent device blocks are the caller's again")
+			require.Contains(t, []CancelOutcome{CancelledBeforeAdvertise, CancelRequestedInFlight}, p.dst.Cancel(5))
+			waitClosed(t, h.Quiesced(), "cancelled")
+		})
+	}
 }

@@ -40,7 +40,10 @@ type Engine struct {
 	pending    map[routeKey]pendingInfo
 	unanswered map[routeKey]unanswered
 	peers      map[Peer]*peerHello // what each peer met said in its hello (negotiate.go)
-	closed     bool
+	// lostPeers are the peers reported lost and not heard from since, each told to the
+	// observer once however many times the transport reports it (engine_inbound.go).
+	lostPeers map[Peer]time.Time
+	closed    bool
 	// speech is what the engine says in its hello: the build's versions and features.
 	speech speech
 
@@ -57,6 +60,9 @@ type Engine struct {
 	// blocks are poisoned and they never leave quarantine (L9). Health leaves them out of the
 	// quarantine budget.
 	poisonedForGood atomic.Int64
+	// genDeclines counts the rma and pull offers declined because every generation word of
+	// the transport was held (rma_gen.go).
+	genDeclines atomic.Int64
 	// blocksPoisoned counts the caller's KV blocks those handles poisoned (each block once).
 	blocksPoisoned atomic.Int64
 	// remembered counts handles whose caller released every reference while they were not
@@ -131,7 +137,7 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
-		peers: make(map[Peer]*peerHello), speech: sp,
+		peers: make(map[Peer]*peerHello), lostPeers: make(map[Peer]time.Time), speech: sp,
 		admission: make(chan struct{}, cfg.MaxConcurrent),
 		closing:   make(chan struct{}),
 		movers:    newMoverPool(),

@@ -32,6 +32,7 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	}
 	key := routeKey{from, m.Head().Request}
 	e.mu.Lock()
+	e.heardLocked(from)
 	x := e.routes[key]
 	if x == nil {
 		switch m := m.(type) {
@@ -57,10 +58,17 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	x.box.Push(event{msg: m})
 }
 
-// OnPeerLost fails every transfer with the peer and forgets its early requests.
+// OnPeerLost fails every transfer with the peer and forgets its early requests. The observer
+// hears of the loss once: a transport may report one loss several times (UCX does for each
+// endpoint to the peer, lanes' included, and for one remade to send it a last message), and a
+// peer counts as lost anew only once it was heard from since.
 func (in inbound) OnPeerLost(peer Peer, err error) {
 	e := in.e
 	e.mu.Lock()
+	_, told := e.lostPeers[peer]
+	if !told {
+		e.rememberLostLocked(peer)
+	}
 	var xs []*xfer
 	for k, x := range e.routes {
 		if k.peer == peer {
@@ -74,9 +82,37 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 	}
 	delete(e.peers, peer) // a peer that comes back may run another build: greet it again
 	e.mu.Unlock()
-	notifyPeerLost(e.obs, peer, err)
+	if !told {
+		notifyPeerLost(e.obs, peer, err)
+	}
 	for _, x := range xs {
 		x.box.Push(event{lost: fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)})
+	}
+}
+
+// rememberLostLocked records peer as lost and not heard from since, bounded in count
+// (Config.MaxPending) and age (Config.PendingTTL) like the pending requests: past the bound a
+// loss is not remembered, and a repeated report of it is told again. e.mu is held.
+func (e *Engine) rememberLostLocked(peer Peer) {
+	now := time.Now()
+	if len(e.lostPeers) >= e.cfg.MaxPending {
+		for p, at := range e.lostPeers {
+			if now.Sub(at) > e.cfg.PendingTTL {
+				delete(e.lostPeers, p)
+			}
+		}
+		if len(e.lostPeers) >= e.cfg.MaxPending {
+			return
+		}
+	}
+	e.lostPeers[peer] = now
+}
+
+// heardLocked forgets that peer was lost: it spoke, so its next loss is a new one. e.mu is
+// held.
+func (e *Engine) heardLocked(peer Peer) {
+	if len(e.lostPeers) > 0 {
+		delete(e.lostPeers, peer)
 	}
 }
 

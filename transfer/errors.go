@@ -75,6 +75,9 @@ var (
 	// ErrTransportWedged: the transport can tell that nothing will reach this engine any more
 	// (ucx.Transport's receive probe); Health reports it until the process restarts.
 	ErrTransportWedged = transport.ErrTransportWedged
+	// ErrNoGenerationWord: every generation word of the transport is held, so an rma or pull
+	// offer was declined (the transfer falls back to messages); Health reports it.
+	ErrNoGenerationWord = transport.ErrNoGenerationWord
 )
 
 // ConfigError names the Config field that is wrong, its value, and the fix. It is the one type

@@ -48,9 +48,12 @@ type Handle struct {
 	err         atomic.Pointer[error]
 	// blocksPoisoned: see Status.BlocksPoisoned.
 	blocksPoisoned atomic.Bool
-	// settledPoisoned: the handle is counted in Engine.poisonedForGood (once, whatever
-	// number of its sub-transfers ended so).
+	// settledPoisoned: a sub-transfer ended with the caller's blocks poisoned for good (set
+	// once, whatever number of its sub-transfers ended so; its blocks are counted then).
 	settledPoisoned atomic.Bool
+	// countedPoisoned: the handle is counted in Engine.poisonedForGood, which happens once it
+	// is both settledPoisoned and Quarantined (countPoisonedLocked). h.mu.
+	countedPoisoned bool
 
 	done     chan struct{}
 	quiesced chan struct{}
@@ -144,6 +147,7 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 	h.eng.account(from, r.next)
 	if r.next == Quarantined {
 		h.eng.holds.hold(h) // its blocks are the transport's until it quiesces
+		h.countPoisonedLocked()
 	}
 	h.eng.obs.OnTransition(h.id, -1, from, r.next, ev)
 	if r.closesDone {
@@ -165,6 +169,19 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 		h.eng.signal(h.quiesced)
 	}
 	return true
+}
+
+// countPoisonedLocked counts the handle in Engine.poisonedForGood once it is quarantined with
+// a sub-transfer's blocks poisoned for good, in whichever order the two happen: a multi-peer
+// handle is quarantined only when its last sibling has an outcome (L14), and counting it as
+// settled before it counts as quarantined would hide another quarantined handle from the
+// budget (Health subtracts the one from the other). h.mu is held.
+func (h *Handle) countPoisonedLocked() {
+	if h.countedPoisoned || !h.settledPoisoned.Load() || h.m.load() != Quarantined {
+		return
+	}
+	h.countedPoisoned = true
+	h.eng.poisonedForGood.Add(1)
 }
 
 // subApplyLocked moves one sub-transfer by ev, then lets the handle follow. h.mu is held.

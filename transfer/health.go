@@ -39,6 +39,10 @@ type HealthSnapshot struct {
 	MoverWedged      bool          // a Mover could not say whether its copy ended (ErrQuiescenceUnknown): the device is not trusted
 	TransportWedged  bool          // the transport reports it cannot deliver (TransportHealth)
 	Closed           bool          // the engine is closed
+	// Generation words (validated rma and pull reads, rma_gen.go): held now and in all, of
+	// a transport that counts them (GenerationWords), and the offers declined for want of one.
+	GenerationWordsHeld, GenerationWords int
+	GenerationDeclines                   int64
 }
 
 // Health tells the truth (L12): unhealthy when no byte moved and no transfer completed for
@@ -47,15 +51,19 @@ type HealthSnapshot struct {
 // when more transfers wait in quarantine than the budget allows (those quarantined for good
 // with their caller's blocks poisoned are settled, not waiting), when more of the callers'
 // blocks are poisoned for good than Config.PoisonedBlockBudget, when poisoned slots leave
-// fewer than MaxConcurrent, or once a Mover could not say whether its copy ended (a GPU kernel
+// fewer than MaxConcurrent, while every generation word of the transport is held (rma and pull
+// offers are declined then), or once a Mover could not say whether its copy ended (a GPU kernel
 // past its timeout: the device is wedged). It never blocks.
 func (e *Engine) Health() Health {
 	st := e.pool.Stats()
+	// The settled count first: a handle joins it only after it joined the quarantined count
+	// and never leaves either, so a snapshot never holds more settled than quarantined.
+	settled := e.poisonedForGood.Load()
 	s := HealthSnapshot{
 		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
 		ProgressDeadline: e.cfg.ProgressDeadline,
-		MalformedControl: e.malformed.Load(), StaleMessages: e.stale.Load(), BlocksPoisoned: e.poisonedForGood.Load(), Remembered: e.remembered.Load(),
+		MalformedControl: e.malformed.Load(), StaleMessages: e.stale.Load(), BlocksPoisoned: settled, Remembered: e.remembered.Load(),
 		PoisonedBlocks: e.blocksPoisoned.Load(), PoisonedBudget: e.cfg.PoisonedBlockBudget,
 	}
 	now := time.Now().UnixNano()
@@ -85,6 +93,9 @@ func (e *Engine) Health() Health {
 			s.TransportWedged = true
 			why = append(why, err.Error())
 		}
+	}
+	if w := e.generationHealth(&s); w != "" {
+		why = append(why, w)
 	}
 	if p := e.moverWedged.Load(); p != nil {
 		s.MoverWedged = true

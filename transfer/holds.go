@@ -12,17 +12,24 @@ import (
 // poisoned for good (L9). A new Send or Receive over one of them is refused (ErrBlocksBusy),
 // so a caller that reuses blocks before Quiesced closes, or ever after they were poisoned, is
 // told at once instead of racing the transport. Transfers still running are not checked: their
-// caller knows they run, and two Sends may read the same blocks.
+// caller knows they run, and two Sends may read the same blocks. Device pools (Spec.Device) are
+// held the same way, named by their device address.
 
-// blockSpan is one sub-transfer's blocks in its host pool, fixed when the request starts.
+// poolKey names a pool: two specs name the same pool when their keys match.
+type poolKey struct {
+	host   *byte  // a host pool's first byte
+	device uint64 // a device pool's address (Spec.Device.Addr)
+}
+
+// blockSpan is one sub-transfer's blocks in its pool, fixed when the request starts.
 type blockSpan struct {
-	pool   *byte // the pool's first byte: two specs name the same pool when these match
+	pool   poolKey
 	blocks []int32
 }
 
 // blockKey names one block of one pool.
 type blockKey struct {
-	pool *byte
+	pool poolKey
 	id   int32
 }
 
@@ -41,16 +48,22 @@ type blockHolds struct {
 	m  map[blockKey]*blockHold
 }
 
-// spansOf returns the blocks a spec's sub-transfers name in its host pool; none for a spec
-// with a Mover (the engine cannot tell one device pool from another) or no pool.
+// spansOf returns the blocks a spec's sub-transfers name in its pool: its device pool (by
+// address), else its host pool; none for a host spec with a Mover (the engine cannot tell one
+// pool behind a Mover from another) or no pool.
 func spansOf(spec Spec, subs []SubSpec) []blockSpan {
-	if spec.Mover != nil || len(spec.Pool) == 0 {
+	var pool poolKey
+	switch {
+	case spec.Device.set():
+		pool.device = spec.Device.Addr
+	case spec.Mover != nil || len(spec.Pool) == 0:
 		return nil
+	default:
+		pool.host = unsafe.SliceData(spec.Pool)
 	}
-	base := unsafe.SliceData(spec.Pool)
 	spans := make([]blockSpan, len(subs))
 	for i, s := range subs {
-		spans[i] = blockSpan{pool: base, blocks: s.Plan.Blocks()}
+		spans[i] = blockSpan{pool: pool, blocks: s.Plan.Blocks()}
 	}
 	return spans
 }

@@ -352,3 +352,116 @@ func (o *terminalProbe) OnTransition(id RequestID, sub int, from, to State, ev E
 		}
 	}
 }
+
+// L14 with L12: a multi-peer handle counts against the quarantine budget once it is
+// quarantined, and as settled (BlocksPoisoned) only then. A sub-transfer whose blocks are
+// poisoned for good while its sibling still runs made the handle count as settled before it
+// counted as quarantined: the budget's count went negative and hid another handle's
+// quarantine. Every order of the siblings' ends keeps the count whole.
+func TestL14_PoisonedSubNeverHidesAQuarantineFromTheBudget(t *testing.T) {
+	half := testDims
+	half.NumHeads = 2
+	cases := []struct {
+		desc    string
+		sibling mem.Fault // on sub 0's data (from prefill-0); sub 1's hang until prefill-1 is lost, memory unknown
+		first   bool      // the sibling ends before sub 1 is poisoned
+	}{
+		{desc: "the sibling completed, then sub 1 poisoned", first: true},
+		{desc: "the sibling failed, then sub 1 poisoned", sibling: mem.Fault{FailAfter: 8}, first: true},
+		{desc: "sub 1 poisoned while the sibling still runs", sibling: mem.Fault{Hang: true, IgnoreCancel: true}},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := directConfig()
+			n := mem.NewNetwork()
+			var senders [2]*Engine
+			var srcs [2]*kvPool
+			for i := range 2 {
+				name := Peer(fmt.Sprintf("prefill-%d", i))
+				e, err := New(n.Transport(name), cfg)
+				require.NoError(t, err)
+				senders[i] = e
+				srcs[i] = newKVPool(t, half, layout.BlockMajor, nil, blocks(1, 2, 3), uint64(10+i))
+				n.Endpoint(name).AllowDirect(srcs[i].mem)
+			}
+			dcfg := cfg
+			dcfg.QuarantineBudget = None
+			dcfg.TransferTimeout, dcfg.QuarantineTimeout, dcfg.CancelGrace = time.Minute, time.Minute, time.Minute
+			dcfg.ProgressDeadline = time.Minute
+			recv, err := New(n.Transport("decode"), dcfg)
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				for _, e := range append(senders[:], recv) {
+					require.NoError(t, e.Close())
+				}
+			})
+			dst := newKVPool(t, testDims, layout.LayerMajorNHD, nil, blocks(4, 5, 6), 0)
+			other := newKVPool(t, half, layout.BlockMajor, nil, blocks(1, 2, 3), 0)
+			n.Endpoint("decode").AllowDirect(dst.mem)
+			n.Endpoint("decode").AllowDirect(other.mem)
+			var sub1Sent, sub0Sent atomic.Bool
+			n.SetFault(func(fp mem.FaultPoint) mem.Fault {
+				switch {
+				case fp.Kind != wire.KindData:
+					return mem.Fault{}
+				case fp.Tag.Request == 88:
+					return mem.Fault{Hang: true}
+				case fp.From == "prefill-1":
+					sub1Sent.Store(true)
+					return mem.Fault{Hang: true, NeverQuiesce: true}
+				}
+				sub0Sent.Store(true)
+				return c.sibling
+			})
+			health := func(what string) Health {
+				h := recv.Health()
+				require.GreaterOrEqual(t, h.Quarantined, h.BlocksPoisoned, "%s: settled transfers counted that are not quarantined: %+v", what, h.HealthSnapshot)
+				return h
+			}
+
+			var subs []SubSpec
+			for i, s := range []layout.Selection{{LayerEnd: 2, HeadBegin: 0, HeadEnd: 2}, {LayerEnd: 2, HeadBegin: 2, HeadEnd: 4}} {
+				plan, err := layout.NewPlan(dst.l, s, dst.plan.Blocks())
+				require.NoError(t, err)
+				subs = append(subs, SubSpec{Peer: Peer(fmt.Sprintf("prefill-%d", i)), Plan: plan})
+			}
+			h, err := recv.Receive(bg, Spec{ID: 77, Subs: subs, Pool: dst.mem})
+			require.NoError(t, err)
+			// Sub 1 first, so its data hangs on the wire before its sibling ends.
+			for _, i := range []int{1, 0} {
+				_, err := senders[i].Send(bg, Spec{ID: 77, Peer: "decode", Plan: srcs[i].plan, Pool: srcs[i].mem})
+				require.NoError(t, err)
+				if i == 1 {
+					eventually(t, func() bool { return sub1Sent.Load() && n.OnWire() >= 1 }, "sub 1's data hung")
+				}
+			}
+			eventually(t, sub0Sent.Load, "the sibling's data sent")
+			if c.first {
+				eventually(t, func() bool { return h.subs[0].m.load().Terminal() }, "the sibling ended")
+			}
+			n.LosePeer("prefill-1")
+			eventually(t, func() bool { return h.Status().BlocksPoisoned }, "sub 1's blocks poisoned")
+			health("sub 1 poisoned")
+
+			// Another transfer quarantined: over a budget of none, whatever else is settled.
+			_, err = senders[0].Send(bg, Spec{ID: 88, Peer: "decode", Plan: srcs[0].plan, Pool: srcs[0].mem})
+			require.NoError(t, err)
+			h88, err := recv.Receive(bg, Spec{ID: 88, Peer: "prefill-0", Plan: other.plan, Pool: other.mem, Timeout: 100 * time.Millisecond})
+			require.NoError(t, err)
+			waitClosed(t, h88.Done(), "the other transfer's deadline")
+			requireState(t, h88, Quarantined, ErrDeadline)
+			hl := health("another quarantined")
+			require.False(t, hl.Healthy, "a quarantined transfer over a budget of none: %+v", hl.HealthSnapshot)
+			require.Contains(t, hl.Reason, "quarantined, over the budget")
+
+			n.Resume() // the sibling's hung data ends: the handle quarantines, settled for good
+			waitClosed(t, h.Done(), "the multi-peer handle decided")
+			requireState(t, h, Quarantined)
+			eventually(t, func() bool { return recv.Health().BlocksPoisoned == 1 }, "the handle settled")
+			waitClosed(t, h88.Quiesced(), "the other transfer resolved")
+			hl = health("the other resolved")
+			require.True(t, hl.Healthy, "only the settled handle is left: %s", hl.Reason)
+			require.False(t, isClosed(h.Quiesced()))
+		})
+	}
+}

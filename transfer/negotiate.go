@@ -128,6 +128,7 @@ func (e *Engine) peerLocked(p Peer) *peerHello {
 // onHello records a peer's hello and answers it unless it is itself an answer.
 func (e *Engine) onHello(from Peer, m *wire.Hello) {
 	e.mu.Lock()
+	e.heardLocked(from)
 	ph := e.peerLocked(from)
 	ph.hello = *m
 	if !chanClosed(ph.met) {

@@ -52,7 +52,8 @@ type PeerObserver interface {
 	// OnPeerConnected reports that the transport reached peer (a new or re-established
 	// connection). The engine reports it when its transport does.
 	OnPeerConnected(peer Peer)
-	// OnPeerLost reports that the transport lost peer, and why.
+	// OnPeerLost reports that the transport lost peer, and why: once per loss, however many
+	// times the transport reports it, until the peer is heard from again.
 	OnPeerLost(peer Peer, err error)
 }
 

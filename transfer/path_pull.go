@@ -360,6 +360,7 @@ func (x *xfer) answerPull() bool {
 	var endGen func()
 	if g := x.rmaGenerations(); err == nil && g != nil {
 		m.GenAddr, m.GenKey, m.Generation, endGen, err = g.ExposeGeneration()
+		x.noGenerationWord(err) // rma_gen.go
 		m.Flags |= wire.SlotsValidated
 	}
 	var offer []byte

@@ -300,10 +300,7 @@ func (x *xfer) offerRMA(ri *wire.RequestInfo) (offered bool, decline []byte) {
 		}
 		if err != nil {
 			reason = err.Error()
-			if s.endGen != nil { // never exposed after all
-				s.endGen()
-				s.endGen = nil
-			}
+			s.endGeneration() // never exposed after all
 		}
 	}
 	if reason != "" {

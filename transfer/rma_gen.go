@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"go.uber.org/zap"
+
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
@@ -43,6 +45,7 @@ func (s *rmaSend) exposeGeneration(o *wire.RMAOffer) error {
 	}
 	addr, key, value, end, err := g.ExposeGeneration()
 	if err != nil {
+		s.x.noGenerationWord(err)
 		return fmt.Errorf("kvxfer: a generation word for the exposure: %w", err)
 	}
 	o.Flags |= wire.RMAValidated
@@ -51,11 +54,48 @@ func (s *rmaSend) exposeGeneration(o *wire.RMAOffer) error {
 	return nil
 }
 
+// noGenerationWord counts and logs an offer about to be declined because every generation word
+// of the transport is held: the transfer falls back to messages, which Health and the log
+// must not keep quiet about.
+func (x *xfer) noGenerationWord(err error) {
+	if !errors.Is(err, ErrNoGenerationWord) {
+		return
+	}
+	x.eng.genDeclines.Add(1)
+	x.log().Warn("offer declined: every generation word of the transport is held; the transfer falls back to messages", zap.Error(err))
+}
+
+// generationHealth fills s's generation word counts and returns why they make the engine
+// unhealthy, or "": every word held, so each rma or pull offer is declined until one comes
+// back (the words of exposures that end, or that were poisoned for good, do).
+func (e *Engine) generationHealth(s *HealthSnapshot) string {
+	s.GenerationDeclines = e.genDeclines.Load()
+	gw, ok := e.tr.(GenerationWords)
+	if !ok {
+		return ""
+	}
+	s.GenerationWordsHeld, s.GenerationWords = gw.GenerationWords()
+	if s.GenerationWords == 0 || s.GenerationWordsHeld < s.GenerationWords {
+		return ""
+	}
+	return fmt.Sprintf("all %d generation words held: rma and pull offers are declined and fall back to messages (%d declined so far)",
+		s.GenerationWords, s.GenerationDeclines)
+}
+
 // endExposure (the sender) ends the pool's exposure: no read of the receiver's may complete
 // after this, so the generation ends before the transfer can resolve and its blocks be reused.
 func (s *rmaSend) endExposure() {
 	s.exposure.final = true
 	s.x.outstanding--
+	s.endGeneration()
+}
+
+// endGeneration ends the exposure's generation, once: when the exposure ends, or when the
+// transfer has ended without that (its exposure poisoned for good: the blocks are never
+// reused, so the word may change now, and a late read of it fails the receiver). An
+// exposure that kept its word for good would leak it, and with every word held each later
+// offer is declined.
+func (s *rmaSend) endGeneration() {
 	if s.endGen != nil {
 		s.endGen()
 		s.endGen = nil

@@ -33,7 +33,9 @@ type Spec struct {
 	// Device is a KV pool in device memory that the caller registered with the transport
 	// (ucx.Transport.RegisterDevice), in place of Pool: the receiver's RMA gets then move it
 	// GPU to GPU, with no staging and no kernel (docs/kvcache.md, "GPU memory"). Leave Pool
-	// empty when it is set.
+	// empty when it is set. Its blocks are held as a host pool's are while an earlier
+	// transfer over them is not quiescent: a new one over them is refused with ErrBlocksBusy
+	// (the pool named by Addr).
 	Device DevicePool
 	// Timeout is the transfer's deadline, counted from its first staging slot lease.
 	// Default Config.TransferTimeout.

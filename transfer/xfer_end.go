@@ -134,12 +134,14 @@ func (x *xfer) maybeResolve() {
 		x.timers.quarantine = time.Time{}
 		if x.h.settledPoisoned.CompareAndSwap(false, true) {
 			n := x.eng.holds.poison(x.h)
-			if len(x.h.spans) == 0 { // a device pool: no ids to refuse, but the blocks count
+			if len(x.h.spans) == 0 { // a pool behind a Mover: no ids to refuse, but the blocks count
 				n = x.h.nBlocks
 			}
 			// Blocks first: a Health that counts this transfer counts its blocks too.
 			x.eng.blocksPoisoned.Add(n)
-			x.eng.poisonedForGood.Add(1)
+			x.h.mu.Lock()
+			x.h.countPoisonedLocked() // now, or when its last sibling has an outcome
+			x.h.mu.Unlock()
 		}
 		x.ended = true
 		x.setAwaiting(false)

@@ -107,8 +107,15 @@ func (x *xfer) runSend() {
 		return
 	}
 	x.loop()
-	if p, ok := x.path.(*pullSend); ok {
-		p.end() // path_pull.go: the generation word goes back
+	switch p := x.path.(type) { // the generation word goes back, an exposure poisoned for good's too
+	case *pullSend:
+		p.end() // path_pull.go
+	case *rmaSend:
+		// rma_gen.go. Not once Close has begun: the transport is closing, its words no longer
+		// matter, and it may have unmapped them.
+		if !x.eng.isClosed() {
+			p.endGeneration()
+		}
 	}
 }
 

@@ -44,6 +44,11 @@ var _ HealthSource = (*transfer.Engine)(nil)
 //	kvxfer_malformed_control_messages_total control messages that did not decode
 //	kvxfer_transport_wedged                 1 when the transport reports it cannot deliver
 //	                                        (UCX's receive probe): restart the process
+//	kvxfer_generation_words_held            generation words held by rma and pull exposures
+//	kvxfer_generation_words                 the transport's generation words in all: when
+//	                                        every one is held, offers are declined (unhealthy)
+//	kvxfer_offers_declined_no_generation_word_total
+//	                                        rma and pull offers declined for want of a word
 //
 // Call it once per Metrics, after the engine exists (the engine takes the Metrics as its
 // observer at construction, so the two cannot be made in one step).
@@ -64,6 +69,7 @@ type healthCollector struct {
 	slots, free, poisoned, minSlots, sinceProgress, deadline, bad *prometheus.Desc
 	wedged, blocksPoisoned, poisonedBlocks, poisonedBudget        *prometheus.Desc
 	remembered                                                    *prometheus.Desc
+	genHeld, genWords, genDeclines                                *prometheus.Desc
 }
 
 func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector {
@@ -85,6 +91,9 @@ func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector
 		poisonedBlocks: d("kvxfer_blocks_poisoned", "The callers' KV blocks poisoned for good, each counted once: never to be used again; the engine refuses transfers over them."),
 		poisonedBudget: d("kvxfer_poisoned_block_budget", "Poisoned blocks the engine tolerates before it reports unhealthy (Config.PoisonedBlockBudget); past it only a restart helps."),
 		remembered:     d("kvxfer_transfers_remembered_unquiesced", "Handles their callers released while not quiescent: the engine keeps them, their ids and their blocks, until they are (for ever when poisoned)."),
+		genHeld:        d("kvxfer_generation_words_held", "Generation words held by rma and pull exposures (validated reads); when every word is held, offers are declined and the engine is unhealthy."),
+		genWords:       d("kvxfer_generation_words", "The transport's generation words in all (0: it does not count them)."),
+		genDeclines:    d("kvxfer_offers_declined_no_generation_word_total", "RMA and pull offers declined because every generation word was held: those transfers fell back to messages."),
 		wedged:         d("kvxfer_transport_wedged", "1 when the transport reports that nothing will reach this engine any more (UCX's receive probe: a wedged shared-memory queue); only a restart helps."),
 	}
 }
@@ -93,7 +102,7 @@ func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.healthy, c.inFlight, c.quarantined, c.budget, c.slots, c.free,
 		c.poisoned, c.minSlots, c.sinceProgress, c.deadline, c.bad, c.wedged, c.blocksPoisoned, c.poisonedBlocks, c.poisonedBudget,
-		c.remembered} {
+		c.remembered, c.genHeld, c.genWords, c.genDeclines} {
 		ch <- d
 	}
 }
@@ -124,6 +133,9 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.sinceProgress, h.SinceProgress.Seconds())
 	gauge(c.deadline, h.ProgressDeadline.Seconds())
 	ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(h.MalformedControl))
+	gauge(c.genHeld, float64(h.GenerationWordsHeld))
+	gauge(c.genWords, float64(h.GenerationWords))
+	ch <- prometheus.MustNewConstMetric(c.genDeclines, prometheus.CounterValue, float64(h.GenerationDeclines))
 	wedged := 0.0
 	if h.TransportWedged {
 		wedged = 1
@@ -177,6 +189,9 @@ func CombineHealth(engines ...NamedHealth) HealthFunc {
 			o.PoisonedSlots += s.PoisonedSlots
 			o.MinSlots += s.MinSlots
 			o.MalformedControl += s.MalformedControl
+			o.GenerationWordsHeld += s.GenerationWordsHeld
+			o.GenerationWords += s.GenerationWords
+			o.GenerationDeclines += s.GenerationDeclines
 			o.TransportWedged = o.TransportWedged || s.TransportWedged
 			o.Closed = o.Closed || s.Closed
 			o.MoverWedged = o.MoverWedged || s.MoverWedged

@@ -134,7 +134,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 		}),
 		peerFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvxfer_peer_failures_total", ConstLabels: cl,
-			Help: "Peers the transport reported lost.",
+			Help: "Peers the transport reported lost, each loss once: a peer counts again only after it was heard from.",
 		}),
 		reg: cfg.Registerer, constLabels: cl, maxTracked: cfg.MaxTracked,
 		live: make(map[transfer.RequestID]tracked),

@@ -4,7 +4,10 @@ package observe_test
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,12 +208,14 @@ func TestMetrics_HealthGaugesReadAtScrape(t *testing.T) {
 	h = transfer.Health{Reason: "wedged", HealthSnapshot: transfer.HealthSnapshot{InFlight: 3, Quarantined: 2, BlocksPoisoned: 1,
 		PoisonedBlocks: 6, PoisonedBudget: 4, Remembered: 7,
 		TotalSlots: 8, FreeSlots: 1, PoisonedSlots: 4, MinSlots: 4, SinceProgress: 1500 * time.Millisecond,
-		ProgressDeadline: time.Second, MalformedControl: 5, TransportWedged: true}}
+		ProgressDeadline: time.Second, MalformedControl: 5, TransportWedged: true,
+		GenerationWordsHeld: 4096, GenerationWords: 4096, GenerationDeclines: 9}}
 	for name, want := range map[string]float64{"kvxfer_healthy": 0, "kvxfer_transfers_in_flight": 3,
 		"kvxfer_quarantined_transfers": 2, "kvxfer_blocks_poisoned_transfers": 1, "kvxfer_staging_slots": 8, "kvxfer_staging_slots_free": 1,
 		"kvxfer_staging_slots_poisoned": 4, "kvxfer_staging_slots_min": 4, "kvxfer_since_last_progress_seconds": 1.5,
 		"kvxfer_progress_deadline_seconds": 1, "kvxfer_malformed_control_messages_total": 5, "kvxfer_transport_wedged": 1,
-		"kvxfer_blocks_poisoned": 6, "kvxfer_poisoned_block_budget": 4, "kvxfer_transfers_remembered_unquiesced": 7} {
+		"kvxfer_blocks_poisoned": 6, "kvxfer_poisoned_block_budget": 4, "kvxfer_transfers_remembered_unquiesced": 7,
+		"kvxfer_generation_words_held": 4096, "kvxfer_generation_words": 4096, "kvxfer_offers_declined_no_generation_word_total": 9} {
 		require.Equal(t, want, value(t, reg, name, nil), name)
 	}
 }
@@ -226,6 +231,62 @@ func TestMetrics_PeerFailuresFromTheEngine(t *testing.T) {
 			return value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": engine}) == 1
 		}, "%s hears one peer lost", engine)
 	}
+}
+
+// lostPeers records, in order, the peers an engine reported lost to its observer.
+type lostPeers struct {
+	transfer.NopObserver
+	mu    sync.Mutex
+	peers []transfer.Peer
+}
+
+func (l *lostPeers) OnPeerConnected(transfer.Peer) {}
+
+func (l *lostPeers) OnPeerLost(peer transfer.Peer, _ error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.peers = append(l.peers, peer)
+}
+
+func (l *lostPeers) saw(peer transfer.Peer) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Contains(l.peers, peer)
+}
+
+// TestMetrics_OneDeadPeerCountsOnce: a transport may report one lost peer several times (UCX
+// does for its own endpoint and for each lane's, and again for an endpoint remade to send the
+// dead peer a last message), and kvxfer_peer_failures_total counts it once, until the peer is
+// heard from again. A report of another peer after them is the barrier: the observer hears
+// reports in order.
+func TestMetrics_OneDeadPeerCountsOnce(t *testing.T) {
+	rec := &lostPeers{}
+	p := newPair(t, smallConfig(), func(engine string) transfer.Observer {
+		if engine == "prefill" {
+			return rec
+		}
+		return transfer.NopObserver{}
+	})
+	prefill := p.net.Endpoint("prefill")
+	lost := fmt.Errorf("%w: test: endpoint failed", transfer.ErrPeerLost)
+	failures := func() float64 {
+		return value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": "prefill"})
+	}
+	for range 3 {
+		p.net.ReportPeerLost(prefill, "decode", lost)
+	}
+	p.net.ReportPeerLost(prefill, "barrier-1", lost)
+	eventually(t, waitBound, func() bool { return rec.saw("barrier-1") }, "the reports delivered")
+	require.Equal(t, 2.0, failures(), "decode three times and barrier-1 once: two peers lost")
+
+	// Decode is heard from again (a transfer runs), so its next loss is a new one.
+	send, recv := p.start(t, 1, 1, 2)
+	waitQuiesced(t, recv)
+	waitQuiesced(t, send)
+	p.net.ReportPeerLost(prefill, "decode", lost)
+	p.net.ReportPeerLost(prefill, "barrier-2", lost)
+	eventually(t, waitBound, func() bool { return rec.saw("barrier-2") }, "the reports delivered")
+	require.Equal(t, 4.0, failures(), "decode lost again after it was heard from")
 }
 
 // Every cancel outcome, up to transfer.CancelOutcomeCount, has its series from the start,
@@ -268,7 +329,7 @@ kvxfer_cancels_total{engine="decode",outcome="not-found"} 0
 # TYPE kvxfer_transferred_bytes_total counter
 kvxfer_transferred_bytes_total{direction="receive",engine="decode"} 0
 kvxfer_transferred_bytes_total{direction="send",engine="decode"} 4096
-# HELP kvxfer_peer_failures_total Peers the transport reported lost.
+# HELP kvxfer_peer_failures_total Peers the transport reported lost, each loss once: a peer counts again only after it was heard from.
 # TYPE kvxfer_peer_failures_total counter
 kvxfer_peer_failures_total{engine="decode"} 1
 `

@@ -141,6 +141,14 @@ type RMAGenerations interface {
 	PostReadGeneration(from Peer, tag Tag, key []byte, addr uint64, done func(c Completion, value uint64)) (OpID, error)
 }
 
+// GenerationWords is an optional extension of RMAGenerations: how many generation words the
+// transport has, and how many exposures hold one now. When none is free ExposeGeneration fails
+// with ErrNoGenerationWord, and the engine's Health says so.
+type GenerationWords interface {
+	// GenerationWords reports the words held and the words in all. It never blocks for long.
+	GenerationWords() (held, total int)
+}
+
 // PoolHolder is an optional extension of Transport for pools the caller registered with the
 // transport and may unregister (the UCX transport's regions). The engine holds a Spec's pool from
 // the start of the transfer until its Quiesced channel closes, so the transport can refuse to

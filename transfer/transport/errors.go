@@ -38,6 +38,9 @@ var (
 	// (the UCX transport's receive probe); the engine's Health reports it until the process
 	// restarts.
 	ErrTransportWedged = errors.New("kvxfer: transport wedged")
+	// ErrNoGenerationWord: every generation word of the transport is held by an exposure
+	// (RMAGenerations.ExposeGeneration); the offer that needed one is declined.
+	ErrNoGenerationWord = errors.New("kvxfer: every generation word is held")
 )
 
 // Errors of caller-memory registration (the UCX transport's RegisterHost, RegisterDevice).

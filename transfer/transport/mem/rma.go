@@ -82,7 +82,8 @@ func (t *Transport) postGet(from transport.Peer, tag transport.Tag, key []byte, 
 
 var _ transport.RMAGenerations = (*Transport)(nil)
 
-// memGenWords is how many exposures of one Transport may hold a generation word at once.
+// memGenWords is how many exposures of one Transport may hold a generation word at once,
+// unless SetGenerationWords says otherwise.
 const memGenWords = 4096
 
 // memGens are a Transport's generation words: one region named to the direct set, so a
@@ -91,7 +92,32 @@ type memGens struct {
 	words []byte
 	free  []int
 	next  int
+	limit int    // words in the region; 0: memGenWords
 	value uint64 // the last value written; every value is written once
+}
+
+// SetGenerationWords makes the transport's generation region n words, so tests can run it
+// out. Call it before the first exposure; later it changes nothing.
+func (t *Transport) SetGenerationWords(n int) {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	if t.gens.words == nil && n > 0 {
+		t.gens.limit = n
+	}
+}
+
+var _ transport.GenerationWords = (*Transport)(nil)
+
+// GenerationWords implements transport.GenerationWords.
+func (t *Transport) GenerationWords() (held, total int) {
+	t.net.mu.Lock()
+	defer t.net.mu.Unlock()
+	g := &t.gens
+	total = g.limit
+	if total == 0 {
+		total = memGenWords
+	}
+	return g.next - len(g.free), total
 }
 
 // ExposeGeneration implements transport.RMAGenerations.
@@ -100,8 +126,11 @@ func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	g := &t.gens
+	if g.limit == 0 {
+		g.limit = memGenWords
+	}
 	if g.words == nil {
-		g.words = make([]byte, 8*memGenWords)
+		g.words = make([]byte, 8*g.limit)
 		if t.direct == nil {
 			t.direct = map[uint32][]byte{}
 		}
@@ -111,9 +140,9 @@ func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 	slot := g.next
 	if k := len(g.free); k > 0 {
 		slot, g.free = g.free[k-1], g.free[:k-1]
-	} else if g.next++; slot >= memGenWords {
+	} else if g.next++; slot >= g.limit {
 		g.next--
-		return 0, nil, 0, nil, fmt.Errorf("%w: all %d generation words in use", transport.ErrInvalidSpec, memGenWords)
+		return 0, nil, 0, nil, fmt.Errorf("%w: all %d generation words in use", transport.ErrNoGenerationWord, g.limit)
 	}
 	word := g.words[8*slot : 8*slot+8]
 	g.value++

@@ -477,9 +477,11 @@ func (m *DeviceMover) plan(p *layout.Plan) (*cuda.DevicePlan, *cuda.Event, error
 	return dp, ev, nil
 }
 
-// run enqueues one kernel and waits for it, at most SyncTimeout. A kernel that overruns may
-// still write its slot and the pool, so its error matches transport.ErrQuiescenceUnknown (the engine
-// poisons both) and the transport stops trusting the GPU: every later operation fails.
+// run enqueues one kernel and waits for it, at most SyncTimeout. A launched kernel whose end
+// cannot be told (it overran, its event reports a fault, or no event could be recorded behind
+// it) may still write its slot and the pool, so its error matches
+// transport.ErrQuiescenceUnknown (the engine poisons both, L9) and the transport stops
+// trusting the GPU: every later operation fails. A kernel that failed to launch runs nothing.
 func (m *DeviceMover) run(p *layout.Plan, launch func(dp *cuda.DevicePlan) error) error {
 	if err := m.d.usable(); err != nil {
 		return err
@@ -493,19 +495,26 @@ func (m *DeviceMover) run(p *layout.Plan, launch func(dp *cuda.DevicePlan) error
 		return err
 	}
 	if err := ev.Record(m.d.stream); err != nil {
-		m.putEvent(ev)
-		return err
+		_ = ev.Close() // never recorded: nothing can fire it
+		return m.unknownEnd("no event could be recorded behind a launched gather or scatter kernel", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.d.cfg.SyncTimeout)
 	defer cancel()
 	if err := ev.Wait(ctx); err != nil {
-		wedged := &DeviceMemoryError{Reason: fmt.Sprintf("a gather or scatter kernel did not finish within %v; the device staging region is no longer trusted", m.d.cfg.SyncTimeout), Err: err}
-		var werr error = wedged
-		m.d.wedged.CompareAndSwap(nil, &werr)
-		return fmt.Errorf("%w: %w", transport.ErrQuiescenceUnknown, wedged) // the event is dropped, not reused: it may still fire
+		// The event is dropped, not reused: it may still fire.
+		return m.unknownEnd(fmt.Sprintf("a gather or scatter kernel did not finish within %v", m.d.cfg.SyncTimeout), err)
 	}
 	m.putEvent(ev)
 	return nil
+}
+
+// unknownEnd wedges the transport (the device staging region is no longer trusted) and
+// returns the error of a copy whose end cannot be told.
+func (m *DeviceMover) unknownEnd(why string, err error) error {
+	wedged := &DeviceMemoryError{Reason: why + "; the device staging region is no longer trusted", Err: err}
+	var werr error = wedged
+	m.d.wedged.CompareAndSwap(nil, &werr)
+	return fmt.Errorf("%w: %w", transport.ErrQuiescenceUnknown, wedged)
 }
 
 func (m *DeviceMover) putEvent(ev *cuda.Event) {

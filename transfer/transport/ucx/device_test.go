@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/cuda/cudatest"
+	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
@@ -171,5 +173,69 @@ func TestUCXDevice_ChunkReportsFollowTheCallbackRules(t *testing.T) {
 			require.Equal(t, 1, finals, "exactly one final report")
 			require.NotEqual(t, transport.MemoryBusy, got[len(got)-1].Memory, "the final report is last")
 		})
+	}
+}
+
+// L9 for the DeviceMover: a copy whose end cannot be told is unknown quiescence. A kernel that
+// launched but whose event could not be recorded behind it (or whose event reports a fault)
+// may still write its slot and the caller's pool, so Gather and Scatter fail with an error
+// matching transport.ErrQuiescenceUnknown (the engine then poisons both) and the transport
+// stops trusting the GPU; a kernel that failed to launch runs nothing, and its error is plain.
+// The CUDA calls are cudatest's fake, each answer injected.
+func TestL9_DeviceMoverCopyOfUnknownEndIsUnknownQuiescence(t *testing.T) {
+	l := layout.Packed(layout.Dims{NumLayers: 1, KVFactor: 2, NumHeads: 1, HeadDim: 8, ElemSize: 2, TokensPerBlock: 4, NumBlocks: 4}, layout.BlockMajor)
+	plan, err := layout.NewPlan(l, l.All(), []int32{1, 3})
+	require.NoError(t, err)
+	fault := func(code int32) func() int32 { return func() int32 { return code } }
+	cases := []struct {
+		desc        string
+		faults      cudatest.Faults
+		wantErr     bool
+		wantUnknown bool // ErrQuiescenceUnknown, and the transport wedged
+	}{
+		{desc: "launched, recorded, done"},
+		{desc: "the kernel fails to launch: nothing runs", wantErr: true,
+			faults: cudatest.Faults{Launch: func(string) int32 { return cudatest.Launch }}},
+		{desc: "launched, the event cannot be recorded behind it", wantErr: true, wantUnknown: true,
+			faults: cudatest.Faults{EventRecord: fault(cudatest.Launch)}},
+		{desc: "launched and recorded, the event reports a fault", wantErr: true, wantUnknown: true,
+			faults: cudatest.Faults{EventQuery: fault(cudatest.Launch)}},
+	}
+	for _, c := range cases {
+		for _, op := range []string{"gather", "scatter"} {
+			t.Run(c.desc+"/"+op, func(t *testing.T) {
+				d := fakeDeviceTransport(t)
+				faults := c.faults
+				d.rt = cudatest.NewRuntime(&faults)
+				var err error
+				d.dev, err = d.rt.Alloc(int64(len(d.headers)))
+				require.NoError(t, err)
+				d.stream, err = d.rt.NewStream()
+				require.NoError(t, err)
+				m, err := d.NewMover(7, cuda.Mem{Addr: 1 << 44, Size: plan.PoolSpan()})
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = m.Close() })
+				slot := d.StagingMemory()[4096 : 4096+plan.Bytes()]
+				move := func() error {
+					if op == "gather" {
+						return m.Gather(plan, 0, slot)
+					}
+					return m.Scatter(plan, slot, 0)
+				}
+				err = move()
+				if !c.wantErr {
+					require.NoError(t, err)
+					require.Nil(t, d.wedged.Load())
+					return
+				}
+				require.Error(t, err)
+				require.Equal(t, c.wantUnknown, errors.Is(err, transport.ErrQuiescenceUnknown), "%v", err)
+				require.Equal(t, c.wantUnknown, d.wedged.Load() != nil, "the transport stops trusting the GPU")
+				if c.wantUnknown {
+					faults = cudatest.Faults{} // the GPU answers again: the transport still refuses
+					require.ErrorIs(t, move(), ErrDeviceMemory, "a copy after an unknown end")
+				}
+			})
+		}
 	}
 }

@@ -54,6 +54,10 @@ func (t *Transport) deliver(r ucxReport) {
 			rep.OnPeerConnected(r.connected)
 		}
 	case r.lost != "":
+		// Its keys go now, not when its endpoints fail or the transport closes: a loss seen
+		// on one endpoint (a lane's, or a failed read) may be all this side ever hears of a
+		// dead peer. A key some get still uses goes with its last get.
+		t.dropPeerKeys(r.lost)
 		t.mu.Lock()
 		in := t.in
 		t.mu.Unlock()

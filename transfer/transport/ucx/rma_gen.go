@@ -14,7 +14,10 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ transport.RMAGenerations = (*Transport)(nil)
+var (
+	_ transport.RMAGenerations  = (*Transport)(nil)
+	_ transport.GenerationWords = (*Transport)(nil)
+)
 
 // ucxGenWords is how many exposures may hold a generation word at once, and how many
 // generation reads may be in flight; the region holds both (64 KiB).
@@ -31,6 +34,7 @@ type ucxGens struct {
 	next    int
 	landing []int // landing words free
 	value   atomic.Uint64
+	held    atomic.Int64 // exposure words held, read without mu (GenerationWords)
 }
 
 func (g *ucxGens) word(i int) *uint64 {
@@ -75,13 +79,14 @@ func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 	if k := len(g.free); k > 0 {
 		slot, g.free = g.free[k-1], g.free[:k-1]
 	} else if slot >= ucxGenWords {
-		return 0, nil, 0, nil, fmt.Errorf("kvxfer: all %d generation words in use", ucxGenWords)
+		return 0, nil, 0, nil, fmt.Errorf("%w: all %d in use", transport.ErrNoGenerationWord, ucxGenWords)
 	} else {
 		g.next++
 	}
 	w := g.word(slot)
 	value := g.value.Add(1)
 	atomic.StoreUint64(w, value)
+	g.held.Add(1)
 	var once sync.Once
 	end := func() {
 		once.Do(func() {
@@ -89,9 +94,16 @@ func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 			t.mu.Lock()
 			g.free = append(g.free, slot)
 			t.mu.Unlock()
+			g.held.Add(-1)
 		})
 	}
 	return uint64(uintptr(unsafe.Pointer(w))), g.key, value, end, nil
+}
+
+// GenerationWords implements transport.GenerationWords: the exposure words held now, of
+// ucxGenWords. It takes no lock: the engine's Health asks, and never blocks.
+func (t *Transport) GenerationWords() (held, total int) {
+	return int(t.gens.held.Load()), ucxGenWords
 }
 
 // PrepareReadGeneration implements transport.RMAGenerations: it unpacks key on the transport's own

@@ -316,6 +316,9 @@ func (t *Transport) watch(peer transport.Peer, ep *native.Endpoint) {
 	if t.eps[peer] == ep {
 		delete(t.eps, peer) // the next operation reconnects
 	}
+	if l, ok := t.rma.getLanes[peer]; ok && l.ep == ep {
+		delete(t.rma.getLanes, peer) // lanes.go: a remade endpoint is asked again
+	}
 	t.mu.Unlock()
 	t.log.Warn("ucx peer lost", zap.String("peer", peer.Short()), zap.Error(ep.Err()))
 	t.push(ucxReport{lost: peer, err: ep.Err()})
