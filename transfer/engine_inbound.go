@@ -26,8 +26,19 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 		e.log.Debug("dropping malformed control message", zap.String("peer", from.Short()), zap.Error(err))
 		return
 	}
-	if h, ok := m.(*wire.Hello); ok {
-		e.onHello(from, h)
+	switch m := m.(type) {
+	case *wire.Hello:
+		e.onHello(from, m)
+		return
+	case *wire.HelloChallenge:
+		if e.readsProofs(from) {
+			e.onChallenge(from, m)
+		}
+		return
+	case *wire.HelloProof:
+		if e.readsProofs(from) {
+			e.onProof(from, m)
+		}
 		return
 	}
 	key := routeKey{from, m.Head().Request}
@@ -58,6 +69,17 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	x.box.Push(event{msg: m})
 }
 
+// readsProofs reports whether this engine reads hello challenges and proofs: an engine that
+// speaks only wire 3 (a test's older build) drops them as malformed, as that build does.
+func (e *Engine) readsProofs(from Peer) bool {
+	if e.speech.max >= wire.ProofVersion {
+		return true
+	}
+	e.malformed.Add(1)
+	e.log.Debug("dropping a hello challenge or proof: this engine speaks wire 3", zap.String("peer", string(from)))
+	return false
+}
+
 // OnPeerLost fails every transfer with the peer and forgets its early requests. The observer
 // hears of the loss once: a transport may report one loss several times (UCX does for each
 // endpoint to the peer, lanes' included, and for one remade to send it a last message), and a
@@ -80,7 +102,7 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 			delete(e.pending, k)
 		}
 	}
-	delete(e.peers, peer) // a peer that comes back may run another build: greet it again
+	delete(e.peers, peer) // its proof and challenge too: a peer that comes back may run another build
 	e.mu.Unlock()
 	if !told {
 		notifyPeerLost(e.obs, peer, err)

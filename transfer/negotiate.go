@@ -7,12 +7,21 @@ package transfer
 // answer; the sender records the receiver's hello and answers with its own. Each then knows
 // the wire version the pair speaks (the highest both do) and the features the other lacks,
 // so a request that needs one fails at once with a *FeatureError, and one that can do
-// without (the direct path, RMA, an offer in parts) takes the path both speak. The engine
-// forgets a peer's hello when the transport reports the peer lost: a restarted peer may run
-// another build.
+// without (the direct path, RMA, an offer in parts) takes the path both speak.
+//
+// A hello's sender address is whatever its sender wrote, so from wire 4 on a hello proves
+// nothing by itself (docs/protocol.md, "The hello handshake"): the engine answers it and sends
+// a challenge to the address it named, and takes the peer's speech only from a proof that
+// echoes that challenge, which only the worker behind the address received. A wire-3 peer
+// proves nothing: its hello is taken as it says, but for large segments, and never over a
+// proven one. A peer the engine knows nothing of (never met, forgotten from the table, or lost:
+// a restarted peer may run another build) is unknown, with no features, and a transfer with it
+// greets it and waits for its proof.
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"time"
@@ -95,9 +104,24 @@ func (s speech) hello(reply bool) *wire.Hello {
 
 // peerHello is what the engine knows of one peer's speech.
 type peerHello struct {
-	met    chan struct{} // closed once the peer's hello arrived
-	hello  wire.Hello    // the latest, valid once met is closed; under Engine.mu
+	met    chan struct{} // closed once the peer's speech is known: proven, or a wire-3 hello
+	hello  wire.Hello    // that speech, valid once met is closed; under Engine.mu
+	proven bool          // hello came from a proof: no hello changes it
 	sentAt time.Time     // our last hello to it that asked for an answer
+	// waiting counts the transfers waiting on met: the table does not forget the entry
+	// while any does.
+	waiting   int
+	challenge challenge
+}
+
+// challenge is the one challenge outstanding for a peer's address, and the last one answered
+// (a proof that echoes it again is a replay).
+type challenge struct {
+	value          [wire.ChallengeBytes]byte
+	drawnAt        time.Time // zero: none outstanding
+	sentAt         time.Time
+	answered       [wire.ChallengeBytes]byte
+	answeredBefore bool
 }
 
 // agreed is the pair's speech with the peer: the version both speak (ok false when none)
@@ -107,17 +131,28 @@ func (e *Engine) agreed(h wire.Hello) (version uint8, features wire.Feature, ok 
 	return version, h.Features, version >= max(e.speech.min, h.Min)
 }
 
-// peerLocked returns the peer's entry, made if new. e.mu is held. The table holds at most
-// MaxPending peers: past that, peers nobody waits on are forgotten (they are greeted again).
-func (e *Engine) peerLocked(p Peer) *peerHello {
+// proves reports whether this engine takes a peer's speech only from a proof: both speak
+// wire 4 or later.
+func (e *Engine) proves(peerMax uint8) bool {
+	return min(e.speech.max, peerMax) >= wire.ProofVersion
+}
+
+// peerLocked returns the peer's entry, made if new, or nil when the table is full of entries
+// transfers wait on and forWaiter is false (a hello nobody asked for). e.mu is held. The table
+// holds MaxPending peers: past that, peers nobody waits on are forgotten with their proofs
+// and challenges (a transfer with one greets it again).
+func (e *Engine) peerLocked(p Peer, forWaiter bool) *peerHello {
 	if ph, ok := e.peers[p]; ok {
 		return ph
 	}
 	if len(e.peers) >= e.cfg.MaxPending {
 		for k, ph := range e.peers {
-			if chanClosed(ph.met) {
+			if ph.waiting == 0 {
 				delete(e.peers, k)
 			}
+		}
+		if len(e.peers) >= e.cfg.MaxPending && !forWaiter {
+			return nil
 		}
 	}
 	ph := &peerHello{met: make(chan struct{})}
@@ -125,18 +160,95 @@ func (e *Engine) peerLocked(p Peer) *peerHello {
 	return ph
 }
 
-// onHello records a peer's hello and answers it unless it is itself an answer.
+// learnLocked records the peer's speech and wakes whoever waits for it. e.mu is held.
+func (ph *peerHello) learnLocked(h wire.Hello, proven bool) {
+	ph.hello, ph.proven = h, proven
+	if !chanClosed(ph.met) {
+		close(ph.met)
+	}
+}
+
+// onHello answers a peer's hello unless it is itself an answer. A wire-3 peer's hello is its
+// speech (less large segments, which it cannot prove); a wire-4 peer's is challenged, and
+// changes nothing until proven.
 func (e *Engine) onHello(from Peer, m *wire.Hello) {
 	e.mu.Lock()
 	e.heardLocked(from)
-	ph := e.peerLocked(from)
-	ph.hello = *m
-	if !chanClosed(ph.met) {
-		close(ph.met)
+	ph := e.peerLocked(from, false)
+	if ph == nil {
+		e.mu.Unlock()
+		e.log.Debug("dropping a hello: the peer table is full of peers transfers wait on", zap.String("peer", string(from)))
+		return
+	}
+	var ch *wire.HelloChallenge
+	switch {
+	case !e.proves(m.Max):
+		if !ph.proven {
+			h := *m
+			if e.speech.max >= wire.ProofVersion {
+				h.Features &^= wire.FeatureLargeSegments
+			}
+			ph.learnLocked(h, false)
+		}
+	case !m.Reply || !ph.proven: // a peer met again may have restarted: prove it anew
+		ch = e.challengeLocked(ph)
 	}
 	e.mu.Unlock()
 	if !m.Reply {
 		_ = e.tr.SendControl(from, wire.Encode(e.speech.hello(true)))
+	}
+	if ch != nil {
+		_ = e.tr.SendControl(from, wire.Encode(ch))
+	}
+}
+
+// challengeLocked returns the challenge to send to the peer, or nil when the outstanding one
+// went less than a RetryInterval ago. One is outstanding per peer; it is resent as it is
+// until answered, or replaced after PendingTTL. e.mu is held.
+func (e *Engine) challengeLocked(ph *peerHello) *wire.HelloChallenge {
+	c, now := &ph.challenge, time.Now()
+	switch {
+	case c.drawnAt.IsZero() || now.Sub(c.drawnAt) > e.cfg.PendingTTL:
+		_, _ = rand.Read(c.value[:]) // never fails (crypto/rand)
+		c.drawnAt = now
+	case now.Sub(c.sentAt) < e.cfg.RetryInterval:
+		return nil
+	}
+	c.sentAt = now
+	return &wire.HelloChallenge{Challenge: c.value}
+}
+
+// onChallenge proves this engine's hello to the address the challenge came from: only the
+// worker behind that address gets the proof.
+func (e *Engine) onChallenge(from Peer, m *wire.HelloChallenge) {
+	p := &wire.HelloProof{Echo: m.Challenge, Min: e.speech.min, Max: e.speech.max, Features: e.speech.features}
+	_ = e.tr.SendControl(from, wire.Encode(p))
+}
+
+// onProof takes the peer's speech from a proof that echoes the challenge outstanding for its
+// address; any other is refused, counted, and changes nothing.
+func (e *Engine) onProof(from Peer, m *wire.HelloProof) {
+	e.mu.Lock()
+	ph := e.peers[from]
+	refusal := HelloRefusal(-1)
+	switch {
+	case ph == nil:
+		refusal = HelloRefusedUnsolicited
+	case ph.challenge.answeredBefore && subtle.ConstantTimeCompare(m.Echo[:], ph.challenge.answered[:]) == 1:
+		refusal = HelloRefusedReplayed
+	case ph.challenge.drawnAt.IsZero() || time.Since(ph.challenge.drawnAt) > e.cfg.PendingTTL:
+		refusal = HelloRefusedUnsolicited
+	case subtle.ConstantTimeCompare(m.Echo[:], ph.challenge.value[:]) != 1:
+		refusal = HelloRefusedMismatch
+	default:
+		c := &ph.challenge
+		c.answered, c.answeredBefore, c.drawnAt = c.value, true, time.Time{}
+		ph.learnLocked(wire.Hello{Header: wire.Header{Kind: wire.KindHello}, Min: m.Min, Max: m.Max, Features: m.Features}, true)
+	}
+	e.mu.Unlock()
+	if refusal >= 0 {
+		e.log.Debug("refusing a hello proof", zap.String("peer", string(from)), zap.Stringer("reason", refusal))
+		notifyHelloRefused(e.obs, from, refusal)
 	}
 }
 
@@ -144,7 +256,7 @@ func (e *Engine) onHello(from Peer, m *wire.Hello) {
 // returns the peer's entry.
 func (e *Engine) greet(p Peer) *peerHello {
 	e.mu.Lock()
-	ph := e.peerLocked(p)
+	ph := e.peerLocked(p, true)
 	now := time.Now()
 	send := !chanClosed(ph.met) && now.Sub(ph.sentAt) >= e.cfg.RetryInterval
 	if send {
@@ -157,9 +269,9 @@ func (e *Engine) greet(p Peer) *peerHello {
 	return ph
 }
 
-// peerFeatures is what a sender knows of its receiver: the version the pair speaks, the
-// lowest the receiver speaks, and its features; or, when no hello came (the table forgot
-// it), this engine's own, which the receiver checked its request against when it met us.
+// peerFeatures is what the engine knows of a peer: the version the pair speaks, the lowest the
+// peer speaks, and its features; or, for a peer it knows nothing of (never met, forgotten or
+// lost), the lowest version this engine speaks and no features.
 func (e *Engine) peerFeatures(p Peer) (version, minVersion int, features wire.Feature) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -167,7 +279,24 @@ func (e *Engine) peerFeatures(p Peer) (version, minVersion int, features wire.Fe
 		v, f, _ := e.agreed(ph.hello)
 		return int(v), int(ph.hello.Min), f
 	}
-	return int(e.speech.max), int(e.speech.min), e.speech.features
+	return int(e.speech.min), int(e.speech.min), 0
+}
+
+// know (a sender, on the receiver's request) makes sure the engine knows the receiver's speech:
+// if it does not (its entry was forgotten, or the receiver was lost and came back), it greets
+// the receiver and waits for its proof as a receiver waits for a hello, and sets
+// x.peerFeatures. It reports false if the transfer ended; the receiver has heard why.
+func (x *xfer) know() bool {
+	e := x.eng
+	ph := e.greet(x.peer)
+	if !chanClosed(ph.met) && !x.awaitHello(ph) {
+		x.stoppedBeforeStart("learned the receiver's wire versions and features")
+		return false
+	}
+	e.mu.Lock()
+	_, x.peerFeatures, _ = e.agreed(ph.hello)
+	e.mu.Unlock()
+	return true
 }
 
 // meet (a receiver, first thing, still Queued) greets the peer and waits for its hello, then
@@ -208,6 +337,14 @@ func (x *xfer) meet() bool {
 // reports false if the transfer ended instead.
 func (x *xfer) awaitHello(ph *peerHello) bool {
 	e := x.eng
+	e.mu.Lock()
+	ph.waiting++
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		ph.waiting--
+		e.mu.Unlock()
+	}()
 	backoff, retries := e.cfg.RetryInterval, 0
 	retry := time.NewTimer(backoff)
 	defer retry.Stop()

@@ -164,8 +164,11 @@ func TestMixedVersionsOfferInPartsOnlyToAPeerThatSpeaksThem(t *testing.T) {
 func TestMixedVersionsOlderSenderRefusesWhatItLacks(t *testing.T) {
 	p := newSpeakingPair(t, lacking(FeatureStreaming), buildSpeech(), patientConfig(), patientConfig())
 	src, dst := pools(t, 4)
-	// The receiver met a peer of this build under the sender's name: it asks for streaming.
-	p.dst.onHello("prefill", buildSpeech().hello(true))
+	// The receiver believes the sender speaks what this build does (as if it had proven it):
+	// it asks for streaming.
+	p.dst.mu.Lock()
+	p.dst.peerLocked("prefill", true).learnLocked(*buildSpeech().hello(true), true)
+	p.dst.mu.Unlock()
 	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
 	require.NoError(t, err)
 	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Stream: true})

@@ -57,6 +57,41 @@ type PeerObserver interface {
 	OnPeerLost(peer Peer, err error)
 }
 
+// HelloRefusal says why the engine refused a peer's proof of its hello (docs/protocol.md, "The
+// hello handshake"): each is a peer that claimed what it could not prove, or a message
+// misrouted or replayed; the peer's entry is unchanged.
+type HelloRefusal int
+
+// The reasons.
+const (
+	// HelloRefusedUnsolicited: a proof from an address this engine has no challenge
+	// outstanding for (never sent one, or forgot it: expired, evicted, the peer lost).
+	HelloRefusedUnsolicited HelloRefusal = iota
+	// HelloRefusedMismatch: a proof that echoes bytes other than the challenge outstanding
+	// for its address.
+	HelloRefusedMismatch
+	// HelloRefusedReplayed: a proof that echoes a challenge already answered.
+	HelloRefusedReplayed
+	// HelloRefusalCount is the number of reasons, for tables indexed by them.
+	HelloRefusalCount
+)
+
+var helloRefusalNames = [HelloRefusalCount]string{"unsolicited", "mismatch", "replayed"}
+
+// String names the reason as metrics label it.
+func (r HelloRefusal) String() string {
+	if r >= 0 && r < HelloRefusalCount {
+		return helloRefusalNames[r]
+	}
+	return "unknown"
+}
+
+// TrustObserver is an optional extension of Observer: it hears each message of a peer's hello
+// that the engine refused. Same rules as Observer.
+type TrustObserver interface {
+	OnHelloRefused(peer Peer, reason HelloRefusal)
+}
+
 // notifyStart tells o about h, just accepted, if it listens for starts; the StartInfo is built
 // only then, so an engine without such an observer pays one type assertion.
 func notifyStart(o Observer, h *Handle, receive bool) {
@@ -72,6 +107,13 @@ func notifyStart(o Observer, h *Handle, receive bool) {
 func notifyPeerLost(o Observer, peer Peer, err error) {
 	if p, ok := o.(PeerObserver); ok {
 		p.OnPeerLost(peer, err)
+	}
+}
+
+// notifyHelloRefused tells o about a refused hello proof if it listens for them.
+func notifyHelloRefused(o Observer, peer Peer, reason HelloRefusal) {
+	if p, ok := o.(TrustObserver); ok {
+		p.OnHelloRefused(peer, reason)
 	}
 }
 

@@ -20,12 +20,14 @@ type observerQueue struct {
 	q     queue.Queue[func()]
 	start bool // user is a StartObserver
 	peers bool // user is a PeerObserver
+	trust bool // user is a TrustObserver
 }
 
 func newObserverQueue(user Observer) *observerQueue {
 	_, start := user.(StartObserver)
 	_, peers := user.(PeerObserver)
-	return &observerQueue{user: user, start: start, peers: peers}
+	_, trust := user.(TrustObserver)
+	return &observerQueue{user: user, start: start, peers: peers, trust: trust}
 }
 
 func (o *observerQueue) push(f func()) {
@@ -106,5 +108,12 @@ func (o *observerQueue) OnPeerConnected(peer Peer) {
 func (o *observerQueue) OnPeerLost(peer Peer, err error) {
 	if o.peers {
 		o.push(func() { o.user.(PeerObserver).OnPeerLost(peer, err) })
+	}
+}
+
+// OnHelloRefused implements TrustObserver for a user that is one.
+func (o *observerQueue) OnHelloRefused(peer Peer, reason HelloRefusal) {
+	if o.trust {
+		o.push(func() { o.user.(TrustObserver).OnHelloRefused(peer, reason) })
 	}
 }

@@ -66,7 +66,9 @@ func (x *xfer) runSend() {
 		}
 	}
 	x.wireSub, x.nonce = ri.Sub, ri.Nonce
-	_, _, x.peerFeatures = x.eng.peerFeatures(x.peer) // negotiate.go
+	if !x.know() { // negotiate.go: what the receiver proved it speaks
+		return
+	}
 	err := x.refuseUnspoken(ri)
 	if err == nil {
 		err = x.refuseSmallReceiver()

@@ -35,16 +35,28 @@ import (
 // features"). Its layout is the same in every version from 3 on, so an engine reads the hello
 // of a newer one and the pair speaks the highest version both know. Versions 1 and 2 had no
 // hello: an engine of this version refuses their messages as malformed, and they refuse ours.
-// docs/ucx.md says how UCX tags carry the nonce.
+//
+// Version 4 binds a hello to the worker that owns its sender address, which a hello alone
+// cannot prove (the address is whatever the sender wrote): the engine that gets a hello answers
+// it as before and sends a challenge (KindHelloChallenge, 16 random bytes) to the address the
+// hello named; the peer's features count only from a proof (KindHelloProof) that echoes it and
+// restates the peer's versions and features (docs/protocol.md, "The hello handshake"). Version 4
+// changes no layout of version 3, so every message is stamped with the first version that has
+// its layout: 3 for the kinds of version 3 (a wire-3 peer reads them), 4 for the challenge and
+// the proof (which go only to a peer whose hello says 4), and the hello with its sender's
+// highest. docs/ucx.md says how UCX tags carry the nonce.
 
 const (
 	wireMagic = 0x4b58
 	// Version is the highest wire version this build speaks, MinVersion the lowest.
-	Version    = 3
+	Version    = 4
 	MinVersion = 3
 	// helloVersion is the first version with a hello; a hello of it or any later version has
-	// the same layout.
+	// the same layout. Every kind of version 3 keeps its layout in version 4 and is stamped 3.
 	helloVersion = 3
+	// ProofVersion is the first version with the hello challenge and proof, which a message of
+	// those kinds is stamped with.
+	ProofVersion = 4
 	// HeaderBytes is the size of the common header.
 	HeaderBytes = 24
 	// DataHeaderBytes is the size of a data chunk's header; the payload follows it in the
@@ -60,6 +72,11 @@ const (
 	abortAckBytes    = HeaderBytes
 	// HelloBytes is the size of a hello, in every version from 3 on.
 	HelloBytes = HeaderBytes + 16
+	// ChallengeBytes is the size of a hello challenge's random bytes.
+	ChallengeBytes = 16
+	// HelloChallengeBytes and HelloProofBytes are the sizes of a challenge and a proof.
+	HelloChallengeBytes = HeaderBytes + ChallengeBytes
+	HelloProofBytes     = HeaderBytes + ChallengeBytes + 16
 )
 
 // Kind is a wire message's type (transport.Kind: transports see it too).
@@ -92,7 +109,13 @@ const (
 	KindSlots     Kind = 9
 	KindSlotReady Kind = 10
 	KindSlotTaken Kind = 11
-	maxKind            = KindSlotTaken
+	// KindHelloChallenge: either way, from version 4, to the address a hello named: prove that
+	// hello by echoing these bytes.
+	KindHelloChallenge Kind = 12
+	// KindHelloProof: the answer to a challenge: its bytes and the sender's versions and
+	// features, which the challenger takes from this message only.
+	KindHelloProof Kind = 13
+	maxKind             = KindHelloProof
 )
 
 // Message is any decoded wire message.
@@ -275,7 +298,7 @@ func (h Header) Head() Header { return h }
 
 func (h Header) append(b []byte, k Kind) []byte {
 	b = binary.LittleEndian.AppendUint16(b, wireMagic)
-	b = append(b, Version, byte(k))
+	b = append(b, kindVersion(k), byte(k))
 	b = binary.LittleEndian.AppendUint16(b, h.Sub)
 	b = binary.LittleEndian.AppendUint16(b, 0)
 	b = binary.LittleEndian.AppendUint64(b, uint64(h.Request))
@@ -366,6 +389,95 @@ func (m *Hello) AppendBinary(b []byte) ([]byte, error) {
 
 const helloReply = 1 << 0
 
+// kindVersion is the version a message of kind k is stamped with: the first whose layout it
+// has (a hello overwrites it with its sender's highest).
+func kindVersion(k Kind) uint8 {
+	if k == KindHelloChallenge || k == KindHelloProof {
+		return ProofVersion
+	}
+	return helloVersion
+}
+
+// HelloChallenge asks the engine at the address a hello named to prove that hello. Its body is
+// the challenge's random bytes; its header carries version 4, request 0, sub 0 and nonce 0.
+type HelloChallenge struct {
+	Header
+	Challenge [ChallengeBytes]byte
+}
+
+// HelloProof answers a HelloChallenge. Its body is
+//
+//	echo [16] | min version u8 | max version u8 | flags u16 = 0 | reserved u32 = 0 | features u64
+//
+// (the challenge's bytes, then a hello's body); its header carries version 4, request 0, sub 0
+// and nonce 0. Max is at least 4: only an engine of version 4 or later proves.
+type HelloProof struct {
+	Header
+	Echo [ChallengeBytes]byte
+	// Min, Max and Features are the sender's speech, as in its Hello.
+	Min, Max uint8
+	Features Feature
+}
+
+// AppendBinary implements Message.
+func (m *HelloChallenge) AppendBinary(b []byte) ([]byte, error) {
+	if m.Sub != 0 || m.Request != 0 || m.Nonce != 0 {
+		return nil, fmt.Errorf("a hello challenge names no request")
+	}
+	b = m.Header.append(b, KindHelloChallenge)
+	return append(b, m.Challenge[:]...), nil
+}
+
+// AppendBinary implements Message.
+func (m *HelloProof) AppendBinary(b []byte) ([]byte, error) {
+	if m.Min < 1 || m.Min > m.Max || m.Max < ProofVersion {
+		return nil, fmt.Errorf("hello proof of versions %d to %d: want 1 <= min <= max, max at least %d", m.Min, m.Max, ProofVersion)
+	}
+	if m.Sub != 0 || m.Request != 0 || m.Nonce != 0 {
+		return nil, fmt.Errorf("a hello proof names no request")
+	}
+	b = m.Header.append(b, KindHelloProof)
+	b = append(b, m.Echo[:]...)
+	b = append(b, m.Min, m.Max)
+	b = binary.LittleEndian.AppendUint16(b, 0)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	return binary.LittleEndian.AppendUint64(b, uint64(m.Features)), nil
+}
+
+// decodeHelloChallenge and decodeHelloProof parse the two kinds of version 4.
+func decodeHelloChallenge(h Header, b []byte) (*HelloChallenge, error) {
+	if len(b) != HelloChallengeBytes {
+		return nil, malformed(min(len(b), HelloChallengeBytes), "hello challenge of %d bytes, want %d", len(b), HelloChallengeBytes)
+	}
+	if h.Sub != 0 || h.Request != 0 || h.Nonce != 0 {
+		return nil, malformed(4, "a hello challenge names no request, sub-transfer or nonce")
+	}
+	m := &HelloChallenge{Header: h}
+	copy(m.Challenge[:], b[HeaderBytes:])
+	return m, nil
+}
+
+func decodeHelloProof(h Header, b []byte) (*HelloProof, error) {
+	if len(b) != HelloProofBytes {
+		return nil, malformed(min(len(b), HelloProofBytes), "hello proof of %d bytes, want %d", len(b), HelloProofBytes)
+	}
+	if h.Sub != 0 || h.Request != 0 || h.Nonce != 0 {
+		return nil, malformed(4, "a hello proof names no request, sub-transfer or nonce")
+	}
+	at := HeaderBytes + ChallengeBytes
+	m := &HelloProof{Header: h, Min: b[at], Max: b[at+1], Features: Feature(binary.LittleEndian.Uint64(b[at+8:]))}
+	copy(m.Echo[:], b[HeaderBytes:])
+	switch flags, r := binary.LittleEndian.Uint16(b[at+2:]), binary.LittleEndian.Uint32(b[at+4:]); {
+	case m.Min < 1 || m.Min > m.Max || m.Max < ProofVersion:
+		return nil, malformed(at, "versions %d to %d in a proof, which only an engine of version %d or later sends", m.Min, m.Max, ProofVersion)
+	case flags != 0:
+		return nil, malformed(at+2, "unknown hello proof flags %#x", flags)
+	case r != 0:
+		return nil, malformed(at+4, "reserved field is %d, must be 0", r)
+	}
+	return m, nil
+}
+
 func decodeHello(h Header, version uint8, b []byte) (*Hello, error) {
 	if len(b) != HelloBytes {
 		return nil, malformed(min(len(b), HelloBytes), "hello of %d bytes, want %d", len(b), HelloBytes)
@@ -411,6 +523,9 @@ func decodeHeaderVersion(b []byte) (Header, uint8, error) {
 	if k == KindHello && v < helloVersion || k != KindHello && (v < MinVersion || v > Version) {
 		return Header{}, 0, malformed(2, "version %d, this build speaks %d to %d", v, MinVersion, Version)
 	}
+	if k != KindHello && v != kindVersion(k) { // one message, one encoding
+		return Header{}, 0, malformed(2, "a kind-%d message of version %d: it is stamped %d", k, v, kindVersion(k))
+	}
 	if k < KindRequestInfo || k > maxKind {
 		return Header{}, 0, malformed(3, "unknown kind %d", k)
 	}
@@ -422,7 +537,7 @@ func decodeHeaderVersion(b []byte) (Header, uint8, error) {
 }
 
 // Decode parses one control message (request-info, done, abort, abort-ack, rma offer, rma
-// release, hello). A data chunk decodes with DecodeData. Any other input returns a
+// release, hello, hello challenge and proof, the pull wire's). A data chunk decodes with DecodeData. Any other input returns a
 // *DecodeError matching ErrMalformed.
 func Decode(b []byte) (Message, error) {
 	h, v, err := decodeHeaderVersion(b)
@@ -493,6 +608,10 @@ func Decode(b []byte) (Message, error) {
 		return &RMARelease{Header: h}, nil
 	case KindHello:
 		return decodeHello(h, v, b)
+	case KindHelloChallenge:
+		return decodeHelloChallenge(h, b)
+	case KindHelloProof:
+		return decodeHelloProof(h, b)
 	case KindSlots, KindSlotReady, KindSlotTaken:
 		return decodePull(h, b)
 	}

@@ -41,6 +41,9 @@ func TestWireRoundTrip(t *testing.T) {
 		&RMAOffer{Header: h, Flags: RMAOfferPart | RMAValidated, Addr: 0x7f0000001000, PoolBytes: 1 << 30, Layout: layout.Packed(testDims, layout.BlockMajor),
 			Blocks: []int32{4, 5}, First: 768, Total: 770, Key: []byte{1, 2, 3}, GenAddr: 8, GenKey: []byte{6}, Generation: 9},
 		&RMARelease{Header: h},
+		&HelloChallenge{Challenge: [ChallengeBytes]byte{0: 1, 15: 0xff}},
+		goodProof(),
+		&HelloProof{Echo: [ChallengeBytes]byte{9}, Min: ProofVersion, Max: 200, Features: ^Feature(0)}, // a newer peer's
 	}
 	for _, m := range msgs {
 		b := Encode(m)
@@ -71,6 +74,14 @@ func TestWireRoundTrip(t *testing.T) {
 		case *RMARelease:
 			c := *w
 			c.Kind = KindRMARelease
+			want = &c
+		case *HelloChallenge:
+			c := *w
+			c.Kind = KindHelloChallenge
+			want = &c
+		case *HelloProof:
+			c := *w
+			c.Kind = KindHelloProof
 			want = &c
 		}
 		require.Equal(t, want, got)
@@ -141,6 +152,20 @@ func TestWireRejectsGarbage(t *testing.T) {
 			return b
 		}()},
 		{"rma release with a body", append(Encode(&RMARelease{Header: Header{Request: 1}}), 0)},
+		{"a version-3 kind stamped 4", mut(func(b []byte) []byte { b[2] = ProofVersion; return b })},
+		{"a challenge stamped 3", func() []byte { b := Encode(&HelloChallenge{}); b[2] = 3; return b }()},
+		{"a challenge naming a request", func() []byte { b := Encode(&HelloChallenge{}); b[8] = 1; return b }()},
+		{"a short challenge", Encode(&HelloChallenge{})[:HelloChallengeBytes-1]},
+		{"a long challenge", append(Encode(&HelloChallenge{}), 0)},
+		{"a proof stamped 3", func() []byte { b := Encode(goodProof()); b[2] = 3; return b }()},
+		{"a proof naming a nonce", func() []byte { b := Encode(goodProof()); b[16] = 1; return b }()},
+		{"a short proof", Encode(goodProof())[:HelloProofBytes-1]},
+		{"a long proof", append(Encode(goodProof()), 0)},
+		{"a proof of a wire-3 engine", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes+1] = 3; return b }()},
+		{"a proof with min above max", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes] = 9; return b }()},
+		{"a proof with min zero", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes] = 0; return b }()},
+		{"a proof with flags", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes+2] = 1; return b }()},
+		{"a proof with reserved set", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes+4] = 1; return b }()},
 		{"request-info chunk not whole elements", Encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 3, Depth: 1})},
 	}
 	for _, c := range cases {
@@ -157,6 +182,11 @@ func TestWireRejectsGarbage(t *testing.T) {
 	require.ErrorIs(t, err, ErrMalformed)
 	_, _, err = DecodeData(good)
 	require.ErrorIs(t, err, ErrMalformed)
+}
+
+// goodProof is a valid hello proof, for the garbage cases to break.
+func goodProof() *HelloProof {
+	return &HelloProof{Echo: [ChallengeBytes]byte{1, 2, 3}, Min: MinVersion, Max: Version, Features: KnownFeatures}
 }
 
 func encodeRaw(m Message) []byte { b, _ := m.AppendBinary(nil); return b }
@@ -214,6 +244,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add(Encode(&Slots{Header: Header{Request: 15, Nonce: 3}, Flags: SlotsValidated, Addr: 4096, Bytes: 1 << 20, Key: []byte("key"), GenAddr: 8, GenKey: []byte{1}, Generation: 2}))
 	f.Add(Encode(&SlotReady{Header: Header{Request: 13, Nonce: 3}, Seq: 4, Offset: 1 << 22, Length: 1<<22 + DataHeaderBytes}))
 	f.Add(Encode(&SlotTaken{Header: Header{Request: 14, Nonce: 3}, Seq: 4}))
+	f.Add(Encode(&HelloChallenge{Challenge: [ChallengeBytes]byte{7, 7, 7}}))
+	f.Add(Encode(goodProof()))
+	f.Add(Encode(&HelloProof{Echo: [ChallengeBytes]byte{1}, Min: MinVersion, Max: Version + 1, Features: KnownFeatures | 1<<30}))
 	d, _ := (&DataHeader{Header: Header{Nonce: 1 << 63}, Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
 	f.Add(append(d, 7))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -234,4 +267,28 @@ func FuzzDecode(f *testing.F) {
 		re, _ := dh.AppendBinary(nil)
 		require.Equal(t, b, append(re, payload...))
 	})
+}
+
+// A wire-3 peer reads every kind of version 3 that an engine of version 4 sends: they are
+// stamped 3, and only the challenge and the proof (sent only to a peer whose hello says 4)
+// are stamped 4. A proof that says it comes from a wire-3 engine does not encode.
+func TestWireKindsOfVersion3AreStampedThree(t *testing.T) {
+	h := Header{Request: 1, Nonce: 2}
+	for _, c := range []struct {
+		desc string
+		m    Message
+		want uint8
+	}{
+		{"done", &Done{Header: h, Bytes: 1}, 3},
+		{"abort", &Abort{Header: h, Code: AbortClosed}, 3},
+		{"rma release", &RMARelease{Header: h}, 3},
+		{"slot taken", &SlotTaken{Header: h, Seq: 1}, 3},
+		{"hello: its sender's highest", &Hello{Min: MinVersion, Max: Version}, Version},
+		{"challenge", &HelloChallenge{}, ProofVersion},
+		{"proof", goodProof(), ProofVersion},
+	} {
+		require.Equal(t, c.want, Encode(c.m)[2], c.desc)
+	}
+	_, err := (&HelloProof{Min: 3, Max: 3}).AppendBinary(nil)
+	require.Error(t, err, "a wire-3 engine proves nothing")
 }

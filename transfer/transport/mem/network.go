@@ -227,6 +227,22 @@ func (n *Network) ReportPeerLost(ep *Transport, peer transport.Peer, err error) 
 	ep.deliver(func(in transport.Inbound) { in.OnPeerLost(peer, err) })
 }
 
+// Spoof delivers msg to the endpoint named to as if from had sent it, without from's
+// knowledge: what a peer that lies about its address does over a transport whose frames name
+// their sender themselves (UCX's control frames carry a self-declared worker address). Faults
+// do not apply; it fails only when to is unknown.
+func (n *Network) Spoof(from, to transport.Peer, msg []byte) error {
+	n.mu.Lock()
+	dst := n.eps[to]
+	n.mu.Unlock()
+	if dst == nil {
+		return fmt.Errorf("%w: no endpoint %s", transport.ErrPeerLost, to)
+	}
+	b := append([]byte(nil), msg...)
+	dst.deliver(func(in transport.Inbound) { in.OnControl(from, b) })
+	return nil
+}
+
 // LosePeer cuts addr off: every operation to, from or of addr fails with transport.ErrPeerLost (memory
 // done, or unknown under NeverQuiesce), later posts and control messages fail, and every
 // endpoint hears OnPeerLost.

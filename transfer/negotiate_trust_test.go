@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+)
+
+// A hello names its sender in a field the sender writes, so it proves nothing: these tests
+// forge hellos and proofs "from" a peer (mem.Network.Spoof, what a lying peer does over UCX)
+// and check that what the engine believes of that peer, and what it sends it, follow only what
+// the real peer proved (docs/protocol.md, "The hello handshake").
+
+// wire3 is an engine of wire version 3: an older build, which sends hellos and no proofs.
+var wire3 = speech{min: 3, max: 3, features: wire.KnownFeatures}
+
+// trustTrio is a sender ("prefill") whose transport sends large pieces when large is set, a
+// receiver ("decode") that says sp, and the network, on which a test forges messages.
+type trustTrio struct {
+	net      *mem.Network
+	src, dst *Engine
+	hellos   atomic.Int32 // hellos from the sender to the receiver
+	refusals *refusalCounter
+}
+
+func newTrustTrio(t *testing.T, large bool, sp speech, srcCfg Config) *trustTrio {
+	t.Helper()
+	tt := &trustTrio{net: mem.NewNetwork(), refusals: &refusalCounter{}}
+	var srcTr Transport = tt.net.Transport("prefill")
+	if large {
+		srcTr = largeSegments{srcTr.(*mem.Transport)}
+	}
+	srcCfg.Observer = tt.refusals
+	a, err := newEngine(srcTr, srcCfg, buildSpeech())
+	require.NoError(t, err)
+	b, err := newEngine(tt.net.Transport("decode"), patientConfig(), sp)
+	require.NoError(t, err)
+	tt.src, tt.dst = a, b
+	tt.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+		if fp.Kind == wire.KindHello && fp.From == "prefill" && fp.To == "decode" {
+			tt.hellos.Add(1)
+		}
+		return mem.Fault{}
+	})
+	t.Cleanup(func() {
+		require.NoError(t, a.Close())
+		require.NoError(t, b.Close())
+		requireSlotsAccounted(t, a)
+		requireSlotsAccounted(t, b)
+	})
+	return tt
+}
+
+// transfer moves request id from the sender to the receiver and checks the outcome: refused
+// (the sender would send large pieces to a receiver that did not prove it takes them; not a
+// byte reaches it) or completed, every byte.
+func (tt *trustTrio) transfer(t *testing.T, id RequestID, refused bool) {
+	t.Helper()
+	src, dst := pools(t, uint64(id))
+	before := dst.stream(t)
+	hs, err := tt.src.Send(bg, Spec{ID: id, Peer: "decode", Plan: src.plan, Pool: src.mem})
+	require.NoError(t, err)
+	hr, err := tt.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+	require.NoError(t, err)
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	if !refused {
+		requireState(t, hs, Completed)
+		requireState(t, hr, Completed)
+		require.Equal(t, src.stream(t), dst.stream(t), "every byte")
+		return
+	}
+	requireState(t, hs, Failed, ErrIncompatible, ErrPeerLacksFeature)
+	var fe *FeatureError
+	require.True(t, errors.As(hs.Status().Err, &fe))
+	require.Equal(t, FeatureLargeSegments, fe.Feature)
+	requireState(t, hr, Failed, ErrPeerAborted)
+	require.Equal(t, before, dst.stream(t), "no byte reached the receiver")
+}
+
+// believed is what e would act on for peer p: the features of its hello, once known.
+func believed(e *Engine, p Peer) Feature {
+	_, _, f := e.peerFeatures(p)
+	return f
+}
+
+// refusalCounter counts the hello messages an engine refused, by reason.
+type refusalCounter struct {
+	NopObserver
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (r *refusalCounter) OnHelloRefused(_ Peer, reason HelloRefusal) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n = map[string]int{}
+	}
+	r.n[reason.String()]++
+}
+
+func (r *refusalCounter) count(reason HelloRefusal) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[reason.String()]
+}
+
+// TestForgedHelloChangesNothing: a third party sends the sender a hello "from" the receiver
+// that claims features the receiver lacks (large segments, for an older receiver), or fewer
+// than it has, before or after the two met. What the sender believes of the receiver is what
+// the receiver itself proved (never a feature it lacks), and large pieces go only to a
+// receiver that proved it takes them.
+func TestForgedHelloChangesNothing(t *testing.T) {
+	older := lacking(FeatureLargeSegments)
+	for _, c := range []struct {
+		desc     string
+		receiver speech
+		metFirst bool // the pair met (a transfer) before the forgery
+		forged   *wire.Hello
+		refused  bool // the transfer after it is refused: the receiver lacks large segments
+	}{
+		{"a hello claiming large segments for an older receiver it never met", older, false,
+			&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: wire.KnownFeatures}, true},
+		{"a hello claiming large segments for an older receiver it met", older, true,
+			&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: wire.KnownFeatures}, true},
+		{"a wire-3 hello claiming large segments for an older receiver it never met", older, false,
+			&wire.Hello{Min: 3, Max: 3, Features: wire.KnownFeatures}, true},
+		{"a wire-3 hello claiming large segments for an older receiver it met", older, true,
+			&wire.Hello{Min: 3, Max: 3, Features: wire.KnownFeatures}, true},
+		{"a hello claiming no features for a receiver of this build it met", buildSpeech(), true,
+			&wire.Hello{Min: wire.MinVersion, Max: wire.Version}, false},
+		{"a wire-3 hello claiming no features for a receiver of this build it met", buildSpeech(), true,
+			&wire.Hello{Min: 3, Max: 3}, false},
+		{"an answer claiming no features for a receiver of this build it met", buildSpeech(), true,
+			&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Reply: true}, false},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			tt := newTrustTrio(t, true, c.receiver, patientConfig())
+			if c.metFirst {
+				tt.transfer(t, 1, c.refused)
+				require.Equal(t, c.receiver.features, believed(tt.src, "decode"), "what the receiver proved")
+			}
+			require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(c.forged)))
+			tt.transfer(t, 2, c.refused)
+			got := believed(tt.src, "decode")
+			require.Zero(t, got&^c.receiver.features, "the sender believes %v, which the receiver lacks", got&^c.receiver.features)
+			if c.metFirst {
+				require.Equal(t, c.receiver.features, got, "the forgery changed nothing")
+			}
+		})
+	}
+}
+
+// TestForgottenPeerGetsConservativeFeatures: when the sender's table forgets a receiver (a third
+// engine's hello evicted it, MaxPending 1) or the transport reports it lost, the sender believes
+// nothing of it (never its own features), greets it again on its next request and waits for its
+// proof: an older receiver still gets no large pieces, and one of this build is served.
+func TestForgottenPeerGetsConservativeFeatures(t *testing.T) {
+	for _, c := range []struct {
+		desc     string
+		receiver speech
+		forget   func(t *testing.T, tt *trustTrio)
+		refused  bool
+	}{
+		{"evicted by a third engine, an older receiver", lacking(FeatureLargeSegments), evictByThirdEngine, true},
+		{"evicted by a third engine, a receiver of this build", buildSpeech(), evictByThirdEngine, false},
+		{"lost, an older receiver", lacking(FeatureLargeSegments), losePeer, true},
+		{"lost, a receiver of this build", buildSpeech(), losePeer, false},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := patientConfig()
+			cfg.MaxPending = 1
+			tt := newTrustTrio(t, true, c.receiver, cfg)
+			tt.transfer(t, 1, c.refused)
+			require.Equal(t, c.receiver.features, believed(tt.src, "decode"))
+			c.forget(t, tt)
+			require.Zero(t, believed(tt.src, "decode"), "a forgotten peer is unknown: no features")
+			hellos := tt.hellos.Load()
+			tt.transfer(t, 2, c.refused)
+			require.Greater(t, tt.hellos.Load(), hellos, "the sender greeted the receiver again")
+			require.Equal(t, c.receiver.features, believed(tt.src, "decode"), "what the receiver proved again")
+		})
+	}
+}
+
+// evictByThirdEngine has a third engine meet the sender, whose table (MaxPending 1) then
+// forgets the receiver.
+func evictByThirdEngine(t *testing.T, tt *trustTrio) {
+	third, err := New(tt.net.Transport("third"), patientConfig())
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, third.Close()) })
+	src, dst := pools(t, 9)
+	hs, err := tt.src.Send(bg, Spec{ID: 9, Peer: "third", Plan: src.plan, Pool: src.mem})
+	require.NoError(t, err)
+	hr, err := third.Receive(bg, Spec{ID: 9, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+	require.NoError(t, err)
+	waitClosed(t, hr.Quiesced(), "third receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender to the third quiesced")
+	requireState(t, hs, Completed)
+}
+
+// losePeer has the sender's transport report the receiver lost (a false alarm: the receiver
+// still runs, and meets the sender again).
+func losePeer(t *testing.T, tt *trustTrio) {
+	tt.net.ReportPeerLost(tt.net.Endpoint("prefill"), "decode", errors.New("keepalive missed"))
+	eventually(t, func() bool {
+		tt.src.mu.Lock()
+		defer tt.src.mu.Unlock()
+		_, known := tt.src.peers["decode"]
+		return !known
+	}, "the sender forgot the receiver")
+}
+
+// TestWire3PeerInteroperates: an engine of this build and one of wire version 3 (which sends no
+// proof) complete transfers both ways, every byte; the older engine's claims are taken without
+// proof but for large segments, which a sender that sends large pieces never gives it.
+func TestWire3PeerInteroperates(t *testing.T) {
+	for _, c := range []struct {
+		desc                  string
+		sender, receiver      speech
+		large, refused        bool
+		believed              Feature // what the sender believes of the receiver
+		believedByTheReceiver Feature
+	}{
+		{"a wire-3 sender to this build", wire3, buildSpeech(), false, false, wire.KnownFeatures, wire.KnownFeatures &^ FeatureLargeSegments},
+		{"this build to a wire-3 receiver", buildSpeech(), wire3, false, false, wire.KnownFeatures &^ FeatureLargeSegments, wire.KnownFeatures},
+		{"large pieces to a wire-3 receiver that claims them", buildSpeech(), wire3, true, true, wire.KnownFeatures &^ FeatureLargeSegments, wire.KnownFeatures},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			n := mem.NewNetwork()
+			var srcTr Transport = n.Transport("prefill")
+			if c.large {
+				srcTr = largeSegments{srcTr.(*mem.Transport)}
+			}
+			a, err := newEngine(srcTr, patientConfig(), c.sender)
+			require.NoError(t, err)
+			b, err := newEngine(n.Transport("decode"), patientConfig(), c.receiver)
+			require.NoError(t, err)
+			tt := &trustTrio{net: n, src: a, dst: b}
+			t.Cleanup(func() {
+				require.NoError(t, a.Close())
+				require.NoError(t, b.Close())
+			})
+			tt.transfer(t, 1, c.refused)
+			tt.transfer(t, 2, c.refused)
+			require.Equal(t, c.believed, believed(a, "decode"))
+			require.Equal(t, c.believedByTheReceiver, believed(b, "prefill"))
+		})
+	}
+}
+
+// TestHelloProofMustEchoAnOutstandingChallenge: a proof counts only when it echoes the
+// challenge this engine has outstanding for the address it came from. A forged proof with no
+// challenge outstanding, one echoing other bytes, and a replay of one already answered are
+// each refused and counted by reason (TrustObserver, kvxfer_hello_refused_total), and what
+// the engine believes of the peer does not change.
+func TestHelloProofMustEchoAnOutstandingChallenge(t *testing.T) {
+	forged := func(echo [wire.ChallengeBytes]byte) []byte {
+		return wire.Encode(&wire.HelloProof{Echo: echo, Min: wire.MinVersion, Max: wire.Version, Features: wire.KnownFeatures | 1<<40})
+	}
+	for _, c := range []struct {
+		desc   string
+		setup  func(t *testing.T, tt *trustTrio) []byte // returns the forged proof
+		reason HelloRefusal
+		met    bool // the pair met first: the sender believes the receiver's proof
+	}{
+		{"a proof nobody asked for", func(t *testing.T, tt *trustTrio) []byte {
+			return forged([wire.ChallengeBytes]byte{1, 2, 3})
+		}, HelloRefusedUnsolicited, false},
+		{"a proof echoing other bytes than the challenge", func(t *testing.T, tt *trustTrio) []byte {
+			// The challenge never reaches the receiver, so it stays outstanding.
+			tt.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+				return mem.Fault{Drop: fp.From == "prefill" && fp.To == "decode"}
+			})
+			require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(buildSpeech().hello(false))))
+			eventually(t, func() bool {
+				tt.src.mu.Lock()
+				defer tt.src.mu.Unlock()
+				ph := tt.src.peers["decode"]
+				return ph != nil && !ph.challenge.drawnAt.IsZero()
+			}, "a challenge outstanding for the receiver")
+			tt.src.mu.Lock()
+			echo := tt.src.peers["decode"].challenge.value
+			tt.src.mu.Unlock()
+			echo[0] ^= 1
+			return forged(echo)
+		}, HelloRefusedMismatch, false},
+		{"a replay of a proof already answered", func(t *testing.T, tt *trustTrio) []byte {
+			tt.src.mu.Lock()
+			defer tt.src.mu.Unlock()
+			ph := tt.src.peers["decode"]
+			require.True(t, ph.challenge.answeredBefore)
+			return forged(ph.challenge.answered)
+		}, HelloRefusedReplayed, true},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			tt := newTrustTrio(t, false, lacking(FeatureStreaming), patientConfig())
+			want := Feature(0)
+			if c.met {
+				tt.transfer(t, 1, false)
+				want = lacking(FeatureStreaming).features
+			}
+			proof := c.setup(t, tt)
+			require.NoError(t, tt.net.Spoof("decode", "prefill", proof))
+			eventually(t, func() bool { return tt.refusals.count(c.reason) == 1 }, "the proof refused and counted")
+			require.Equal(t, want, believed(tt.src, "decode"), "what the sender believes of the receiver")
+			for r := range HelloRefusalCount {
+				if r != c.reason {
+					require.Zero(t, tt.refusals.count(r), r.String())
+				}
+			}
+		})
+	}
+}
