@@ -35,6 +35,7 @@ var (
 	_ transfer.Observer      = (*LogObserver)(nil)
 	_ transfer.StartObserver = (*LogObserver)(nil)
 	_ transfer.PeerObserver  = (*LogObserver)(nil)
+	_ transfer.TrustObserver = (*LogObserver)(nil)
 )
 
 // NewLogObserver returns a LogObserver writing to log (zap.NewNop() if nil). Give it a named
@@ -136,4 +137,9 @@ func (l *LogObserver) OnPeerConnected(peer transfer.Peer) {
 // OnPeerLost implements transfer.PeerObserver.
 func (l *LogObserver) OnPeerLost(peer transfer.Peer, err error) {
 	l.log.Warn("peer lost", zap.String("peer", peer.Short()), zap.NamedError("reason", err))
+}
+
+// OnHelloRefused implements transfer.TrustObserver.
+func (l *LogObserver) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) {
+	l.log.Warn("hello proof refused", zap.String("peer", string(peer)), zap.Stringer("reason", reason))
 }

@@ -58,6 +58,7 @@ type MetricsConfig struct {
 //	cancels_total{outcome}                        counter, Engine.Cancel by outcome
 //	quarantines_total                             counter, sub-transfers quarantined
 //	peer_connects_total, peer_failures_total      counters, from the transport
+//	hello_refused_total{reason}                   counter, peers' hello proofs refused
 //
 // outcome is completed, failed, cancelled, or quarantined (failed for the caller while its
 // memory was still pinned). A transfer's duration runs from the engine accepting the
@@ -69,6 +70,7 @@ type Metrics struct {
 	quarantines  prometheus.Counter
 	peerConnects prometheus.Counter
 	peerFailures prometheus.Counter
+	helloRefused *prometheus.CounterVec
 
 	reg         prometheus.Registerer
 	constLabels prometheus.Labels
@@ -89,6 +91,7 @@ var (
 	_ transfer.Observer      = (*Metrics)(nil)
 	_ transfer.StartObserver = (*Metrics)(nil)
 	_ transfer.PeerObserver  = (*Metrics)(nil)
+	_ transfer.TrustObserver = (*Metrics)(nil)
 )
 
 // NewMetrics validates cfg, creates the series and registers them on cfg.Registerer.
@@ -136,6 +139,10 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 			Name: "kvxfer_peer_failures_total", ConstLabels: cl,
 			Help: "Peers the transport reported lost, each loss once: a peer counts again only after it was heard from.",
 		}),
+		helloRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvxfer_hello_refused_total", ConstLabels: cl,
+			Help: "Hello proofs from peers that the engine refused, by reason (unsolicited, mismatch, replayed): a peer claimed what it could not prove, or a proof was replayed.",
+		}, []string{"reason"}),
 		reg: cfg.Registerer, constLabels: cl, maxTracked: cfg.MaxTracked,
 		live: make(map[transfer.RequestID]tracked),
 	}
@@ -150,6 +157,9 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 	for o := range transfer.CancelOutcomeCount {
 		m.cancels.WithLabelValues(o.String())
 	}
+	for r := range transfer.HelloRefusalCount {
+		m.helloRefused.WithLabelValues(r.String())
+	}
 	for _, c := range []struct {
 		name string
 		c    prometheus.Collector
@@ -157,6 +167,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 		{"kvxfer_transfer_duration_seconds", m.duration}, {"kvxfer_transferred_bytes_total", m.bytes},
 		{"kvxfer_cancels_total", m.cancels}, {"kvxfer_quarantines_total", m.quarantines},
 		{"kvxfer_peer_connects_total", m.peerConnects}, {"kvxfer_peer_failures_total", m.peerFailures},
+		{"kvxfer_hello_refused_total", m.helloRefused},
 	} {
 		if err := cfg.Registerer.Register(c.c); err != nil {
 			return nil, &ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering " + c.name + " (two engines on one registry need different ConstLabels)", Cause: err}
@@ -244,6 +255,11 @@ func (m *Metrics) OnPeerConnected(transfer.Peer) { m.peerConnects.Inc() }
 
 // OnPeerLost implements transfer.PeerObserver.
 func (m *Metrics) OnPeerLost(transfer.Peer, error) { m.peerFailures.Inc() }
+
+// OnHelloRefused implements transfer.TrustObserver: it counts the refusal by reason.
+func (m *Metrics) OnHelloRefused(_ transfer.Peer, reason transfer.HelloRefusal) {
+	m.helloRefused.WithLabelValues(reason.String()).Inc()
+}
 
 // SentBytes returns the counter of stream bytes this engine sent (for tests and examples;
 // Prometheus reads it through the registry).

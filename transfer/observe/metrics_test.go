@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/observe"
 )
 
@@ -287,6 +288,23 @@ func TestMetrics_OneDeadPeerCountsOnce(t *testing.T) {
 	p.net.ReportPeerLost(prefill, "barrier-2", lost)
 	eventually(t, waitBound, func() bool { return rec.saw("barrier-2") }, "the reports delivered")
 	require.Equal(t, 4.0, failures(), "decode lost again after it was heard from")
+}
+
+// TestMetrics_HelloRefusalsFromTheEngine: every refusal reason has its series from the start,
+// and a hello proof the engine never asked for (forged "from" a peer) is counted under its
+// reason through the engine's TrustObserver hook.
+func TestMetrics_HelloRefusalsFromTheEngine(t *testing.T) {
+	p := newPair(t, smallConfig(), nil)
+	prefill := map[string]string{"engine": "prefill"}
+	for r := range transfer.HelloRefusalCount {
+		require.Zero(t, value(t, p.reg, "kvxfer_hello_refused_total", map[string]string{"engine": "prefill", "reason": r.String()}), r.String())
+	}
+	forged := wire.Encode(&wire.HelloProof{Min: wire.MinVersion, Max: wire.Version, Features: wire.KnownFeatures})
+	require.NoError(t, p.net.Spoof("decode", "prefill", forged))
+	prefill["reason"] = transfer.HelloRefusedUnsolicited.String()
+	eventually(t, waitBound, func() bool {
+		return value(t, p.reg, "kvxfer_hello_refused_total", prefill) == 1
+	}, "the forged proof counted")
 }
 
 // Every cancel outcome, up to transfer.CancelOutcomeCount, has its series from the start,

@@ -14,10 +14,11 @@ type multi []transfer.Observer
 var (
 	_ transfer.StartObserver = multi(nil)
 	_ transfer.PeerObserver  = multi(nil)
+	_ transfer.TrustObserver = multi(nil)
 )
 
 // Multi returns an Observer that passes every event to each of obs, in the order given (nil
-// entries are skipped). The optional StartObserver and PeerObserver events reach those of obs
+// entries are skipped). The optional StartObserver, PeerObserver and TrustObserver events reach those of obs
 // that implement them, so Multi(metrics, logs) loses nothing that either would hear alone.
 // Config.Observer takes one observer; this is how it takes several.
 func Multi(obs ...transfer.Observer) transfer.Observer {
@@ -88,6 +89,15 @@ func (m multi) OnPeerLost(peer transfer.Peer, err error) {
 	for _, o := range m {
 		if p, ok := o.(transfer.PeerObserver); ok {
 			p.OnPeerLost(peer, err)
+		}
+	}
+}
+
+// OnHelloRefused implements transfer.TrustObserver.
+func (m multi) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) {
+	for _, o := range m {
+		if p, ok := o.(transfer.TrustObserver); ok {
+			p.OnHelloRefused(peer, reason)
 		}
 	}
 }
