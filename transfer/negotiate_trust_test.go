@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,12 +45,7 @@ func newTrustTrio(t *testing.T, large bool, sp speech, srcCfg Config) *trustTrio
 	b, err := newEngine(tt.net.Transport("decode"), patientConfig(), sp)
 	require.NoError(t, err)
 	tt.src, tt.dst = a, b
-	tt.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-		if fp.Kind == wire.KindHello && fp.From == "prefill" && fp.To == "decode" {
-			tt.hellos.Add(1)
-		}
-		return mem.Fault{}
-	})
+	tt.countHellos()
 	t.Cleanup(func() {
 		require.NoError(t, a.Close())
 		require.NoError(t, b.Close())
@@ -57,6 +53,16 @@ func newTrustTrio(t *testing.T, large bool, sp speech, srcCfg Config) *trustTrio
 		requireSlotsAccounted(t, b)
 	})
 	return tt
+}
+
+// countHellos counts the hellos from the sender to the receiver, and delivers every message.
+func (tt *trustTrio) countHellos() {
+	tt.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+		if fp.Kind == wire.KindHello && fp.From == "prefill" && fp.To == "decode" {
+			tt.hellos.Add(1)
+		}
+		return mem.Fault{}
+	})
 }
 
 // transfer moves request id from the sender to the receiver and checks the outcome: refused
@@ -149,9 +155,26 @@ func TestForgedHelloChangesNothing(t *testing.T) {
 				tt.transfer(t, 1, c.refused)
 				require.Equal(t, c.receiver.features, believed(tt.src, "decode"), "what the receiver proved")
 			}
+			// The forgery, then a proof nobody asked for, while nothing from the sender reaches
+			// the receiver (which would prove itself again): once the proof is refused, the
+			// sender has read the forged hello, and believes what it did before, or nothing.
+			believedBefore := believed(tt.src, "decode")
+			tt.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+				return mem.Fault{Drop: fp.From == "prefill" && fp.To == "decode"}
+			})
 			require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(c.forged)))
-			tt.transfer(t, 2, c.refused)
+			require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(&wire.HelloProof{Min: wire.MinVersion, Max: wire.Version})))
+			eventually(t, func() bool {
+				return tt.refusals.count(HelloRefusedUnsolicited)+tt.refusals.count(HelloRefusedMismatch) == 1
+			}, "the forged proof refused")
 			got := believed(tt.src, "decode")
+			require.Zero(t, got&^c.receiver.features, "the sender believes %v, which the receiver lacks", got&^c.receiver.features)
+			if c.metFirst {
+				require.Equal(t, believedBefore, got, "the forgery changed nothing")
+			}
+			tt.countHellos()
+			tt.transfer(t, 2, c.refused)
+			got = believed(tt.src, "decode")
 			require.Zero(t, got&^c.receiver.features, "the sender believes %v, which the receiver lacks", got&^c.receiver.features)
 			if c.metFirst {
 				require.Equal(t, c.receiver.features, got, "the forgery changed nothing")
@@ -277,23 +300,15 @@ func TestHelloProofMustEchoAnOutstandingChallenge(t *testing.T) {
 			return forged([wire.ChallengeBytes]byte{1, 2, 3})
 		}, HelloRefusedUnsolicited, false},
 		{"a proof echoing other bytes than the challenge", func(t *testing.T, tt *trustTrio) []byte {
-			// The challenge never reaches the receiver, so it stays outstanding.
-			tt.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				return mem.Fault{Drop: fp.From == "prefill" && fp.To == "decode"}
-			})
-			require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(buildSpeech().hello(false))))
-			eventually(t, func() bool {
-				tt.src.mu.Lock()
-				defer tt.src.mu.Unlock()
-				ph := tt.src.peers["decode"]
-				return ph != nil && !ph.challenge.drawnAt.IsZero()
-			}, "a challenge outstanding for the receiver")
-			tt.src.mu.Lock()
-			echo := tt.src.peers["decode"].challenge.value
-			tt.src.mu.Unlock()
+			echo := outstandingChallenge(t, tt)
 			echo[0] ^= 1
 			return forged(echo)
 		}, HelloRefusedMismatch, false},
+		{"a proof of a challenge sent before the peer was lost", func(t *testing.T, tt *trustTrio) []byte {
+			echo := outstandingChallenge(t, tt)
+			losePeer(t, tt)
+			return forged(echo)
+		}, HelloRefusedUnsolicited, false},
 		{"a replay of a proof already answered", func(t *testing.T, tt *trustTrio) []byte {
 			tt.src.mu.Lock()
 			defer tt.src.mu.Unlock()
@@ -320,4 +335,44 @@ func TestHelloProofMustEchoAnOutstandingChallenge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// outstandingChallenge has the sender challenge the receiver, with a hello forged "from" it,
+// and returns the challenge, which never reaches the receiver: it stays outstanding.
+func outstandingChallenge(t *testing.T, tt *trustTrio) [wire.ChallengeBytes]byte {
+	tt.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+		return mem.Fault{Drop: fp.From == "prefill" && fp.To == "decode"}
+	})
+	require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(buildSpeech().hello(false))))
+	var echo [wire.ChallengeBytes]byte
+	eventually(t, func() bool {
+		tt.src.mu.Lock()
+		defer tt.src.mu.Unlock()
+		ph := tt.src.peers["decode"]
+		if ph == nil || ph.challenge.drawnAt.IsZero() {
+			return false
+		}
+		echo = ph.challenge.value
+		return true
+	}, "a challenge outstanding for the receiver")
+	return echo
+}
+
+// TestForgedHellosAreBoundedByMaxPending: hellos forged from many addresses (each answered
+// with a challenge nobody proves) never hold more than MaxPending entries, and a transfer with
+// a real peer still meets it and completes.
+func TestForgedHellosAreBoundedByMaxPending(t *testing.T) {
+	cfg := patientConfig()
+	cfg.MaxPending = 4
+	tt := newTrustTrio(t, false, buildSpeech(), cfg)
+	for i := range 100 {
+		require.NoError(t, tt.net.Spoof(Peer(fmt.Sprintf("forged-%d", i)), "prefill", wire.Encode(buildSpeech().hello(false))))
+	}
+	require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(&wire.HelloProof{Min: wire.MinVersion, Max: wire.Version})))
+	eventually(t, func() bool { return tt.refusals.count(HelloRefusedUnsolicited) == 1 }, "every forged hello read")
+	tt.src.mu.Lock()
+	n := len(tt.src.peers)
+	tt.src.mu.Unlock()
+	require.LessOrEqual(t, n, cfg.MaxPending)
+	tt.transfer(t, 1, false)
 }

@@ -12,17 +12,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
-// newUCXEngineSpeaking is newUCXEngine (shared memory) for an engine that says sp in its
-// hellos.
-func newUCXEngineSpeaking(t testing.TB, cfg Config, sp speech) *ucxEngine {
+// newUCXEngineSpeaking is newUCXEngine for an engine that says sp in its hellos.
+func newUCXEngineSpeaking(t testing.TB, tls, dev string, cfg Config, sp speech) *ucxEngine {
 	t.Helper()
 	cfg = cfg.withDefaults()
 	cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
-	tr, err := ucx.New(ucx.Config{TLS: "posix,cma,self", KeepaliveInterval: 200 * time.Millisecond,
+	tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
@@ -41,7 +41,7 @@ func TestUCXTransport_MixedVersions(t *testing.T) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
 	cfg := ucxTestConfig()
 	cfg.TransferTimeout, cfg.QueueTimeout = time.Hour, time.Hour
-	old := newUCXEngineSpeaking(t, cfg, lacking(FeatureStreaming|FeaturePartial))
+	old := newUCXEngineSpeaking(t, "posix,cma,self", "", cfg, lacking(FeatureStreaming|FeaturePartial))
 	cur := newUCXEngine(t, "posix,cma,self", "", cfg)
 
 	s := newUCXKV(t, dims, layout.BlockMajor, []int32{3, 9, 27}, 11)
@@ -117,6 +117,79 @@ func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T)
 			require.Equal(t, FeatureLargeSegments, fe.Feature)
 			requireState(t, hr, Failed, ErrPeerAborted)
 			require.Equal(t, before, r.stream(t), "no byte reached the older receiver")
+		})
+	}
+}
+
+// TestUCXTransport_ForgedHelloChangesNothing: a third engine puts on the wire control frames that
+// name the receiver's worker address as their sender: hellos claiming large segments for an
+// older receiver (wire 4 and wire 3), then a proof nobody asked for. The sender refuses the
+// proof (counted), believes of the receiver only what the receiver proved, and over TCP, whose
+// segments are 1 MiB, sends the older receiver nothing; over shared memory the transfer
+// completes. Forged hellos claiming no features after the two met change nothing either.
+func TestUCXTransport_ForgedHelloChangesNothing(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
+	cfg := ucxTestConfig()
+	cfg.TransferTimeout = time.Hour
+	older := lacking(FeatureLargeSegments)
+	for _, c := range []struct {
+		tls, dev string
+		refused  bool
+	}{{"tcp,self", "lo", true}, {"posix,cma,self", "", false}} {
+		t.Run(c.tls, func(t *testing.T) {
+			refusals := &refusalCounter{}
+			scfg := cfg
+			scfg.Observer = refusals
+			src := newUCXEngine(t, c.tls, c.dev, scfg)
+			if c.refused && !src.tr.SendsLargeSegments() {
+				t.Skip("this process's UCX_TCP_TX_SEG_SIZE is at most 64 KiB (set in its environment)")
+			}
+			dst := newUCXEngineSpeaking(t, c.tls, c.dev, cfg, older)
+			forger := newUCXEngine(t, c.tls, c.dev, cfg)
+			refused := func() int { return refusals.count(HelloRefusedUnsolicited) + refusals.count(HelloRefusedMismatch) }
+			// forge sends the messages "from" the receiver, then a proof nobody asked for, and
+			// returns once the sender refused that proof: it has read every frame before it.
+			forge := func(ms ...wire.Message) {
+				before := refused()
+				ms = append(ms, &wire.HelloProof{Min: wire.MinVersion, Max: wire.Version, Features: wire.KnownFeatures})
+				for _, m := range ms {
+					require.NoError(t, ucxhooks.Hooks.SendControlAs(forger.tr, src.tr.Self(), dst.tr.Self(), wire.Encode(m)))
+				}
+				eventually(t, func() bool { return refused() > before }, "the forged proof refused")
+			}
+			transfer := func(id RequestID) {
+				s := newUCXKV(t, dims, layout.BlockMajor, []int32{3, 9, 27}, uint64(id))
+				r := newUCXKV(t, dims, layout.BlockMajor, []int32{1, 2, 40}, 0)
+				before := r.stream(t)
+				hs, err := src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+				require.NoError(t, err)
+				hr, err := dst.e.Receive(bg, Spec{ID: id, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+				require.NoError(t, err)
+				waitQuiesced(t, hr, 30*time.Second)
+				waitQuiesced(t, hs, 30*time.Second)
+				if !c.refused {
+					requireState(t, hs, Completed)
+					requireState(t, hr, Completed)
+					require.Equal(t, s.stream(t), r.stream(t), "every byte")
+					return
+				}
+				requireState(t, hs, Failed, ErrPeerLacksFeature)
+				var fe *FeatureError
+				require.True(t, errors.As(hs.Status().Err, &fe))
+				require.Equal(t, FeatureLargeSegments, fe.Feature)
+				requireState(t, hr, Failed, ErrPeerAborted)
+				require.Equal(t, before, r.stream(t), "no byte reached the older receiver")
+			}
+
+			forge(&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: wire.KnownFeatures},
+				&wire.Hello{Min: 3, Max: 3, Features: wire.KnownFeatures})
+			transfer(1)
+			eventually(t, func() bool { return believed(src.e, dst.tr.Self()) == older.features }, "the sender believes what the receiver proved")
+
+			forge(&wire.Hello{Min: wire.MinVersion, Max: wire.Version}, &wire.Hello{Min: 3, Max: 3})
+			require.Equal(t, older.features, believed(src.e, dst.tr.Self()), "forged hellos changed nothing")
+			transfer(2)
+			require.Equal(t, older.features, believed(src.e, dst.tr.Self()))
 		})
 	}
 }

@@ -38,4 +38,7 @@ var Hooks struct {
 	// CMAReadsStuck counts the process_vm_readv calls declared blocked that have not
 	// returned yet (each holds a thread).
 	CMAReadsStuck func(tr any) int
+	// SendControlAs sends msg to peer to in a control frame that names as (another worker's
+	// address) for its sender: what a peer that lies about its address puts on the wire.
+	SendControlAs func(tr any, to, as transport.Peer, msg []byte) error
 }

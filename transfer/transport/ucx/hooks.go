@@ -5,6 +5,8 @@
 package ucx
 
 import (
+	"encoding/hex"
+
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -71,4 +73,22 @@ func init() {
 	h.ReplacesWedgedWorker = func(tr any) bool { return tr.(*Transport).cfg.ReplaceWedgedWorker }
 	h.AllowSameProcessCMA = func(tr any) { tr.(*Transport).cma.allowSelf = true }
 	h.CMAReadsStuck = func(tr any) int { return int(tr.(*Transport).cma.stuck.Load()) }
+	h.SendControlAs = func(tr any, to, as transport.Peer, msg []byte) error {
+		t := tr.(*Transport)
+		from, err := hex.DecodeString(string(as))
+		if err != nil {
+			return err
+		}
+		if err := t.ensureEndpoint(to); err != nil {
+			return err
+		}
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		ep, err := t.endpointLocked(to)
+		if err != nil {
+			return err
+		}
+		ep.TagSendBytes(ucxControlFrame(from, msg), ucxKindCtrl)
+		return nil
+	}
 }
