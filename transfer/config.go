@@ -66,9 +66,13 @@ type Config struct {
 	RetryInterval time.Duration
 	// MaxRetries bounds those resends. Default 6; None sends the request once.
 	MaxRetries int
-	// MaxPending bounds the requests kept for Sends not made yet. Default 4096.
+	// MaxPending bounds the requests kept for Sends not made yet, and the peers whose hellos
+	// the engine remembers (with the challenge outstanding for each: docs/protocol.md, "The
+	// hello handshake"); past it, peers no transfer waits on are forgotten, and met again.
+	// Default 4096.
 	MaxPending int
-	// PendingTTL is how long such a request is kept. Default 30s.
+	// PendingTTL is how long such a request is kept, and how long a hello challenge stays
+	// outstanding before a new one replaces it. Default 30s.
 	PendingTTL time.Duration
 	// CloseTimeout bounds how long Close waits for the transfers to end, and Drain when its
 	// context has no deadline; the transport's force close adds its own bound. Default 10s.
