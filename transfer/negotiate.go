@@ -181,8 +181,9 @@ func (e *Engine) onHello(from Peer, m *wire.Hello) {
 		return
 	}
 	var ch *wire.HelloChallenge
+	_, _, common := e.agreed(*m)
 	switch {
-	case !e.proves(m.Max):
+	case !e.proves(m.Max) || !common: // nothing to prove: it can only fail a request at once
 		if !ph.proven {
 			h := *m
 			if e.speech.max >= wire.ProofVersion {
@@ -255,8 +256,22 @@ func (e *Engine) onProof(from Peer, m *wire.HelloProof) {
 // greet sends the engine's hello to p unless one went less than a RetryInterval ago, and
 // returns the peer's entry.
 func (e *Engine) greet(p Peer) *peerHello {
+	ph, release := e.greetWaiting(p)
+	release()
+	return ph
+}
+
+// greetWaiting is greet for a transfer that may wait on the entry: the table keeps it until
+// release is called.
+func (e *Engine) greetWaiting(p Peer) (ph *peerHello, release func()) {
 	e.mu.Lock()
-	ph := e.peerLocked(p, true)
+	ph = e.peerLocked(p, true)
+	ph.waiting++
+	release = func() {
+		e.mu.Lock()
+		ph.waiting--
+		e.mu.Unlock()
+	}
 	now := time.Now()
 	send := !chanClosed(ph.met) && now.Sub(ph.sentAt) >= e.cfg.RetryInterval
 	if send {
@@ -266,7 +281,7 @@ func (e *Engine) greet(p Peer) *peerHello {
 	if send {
 		_ = e.tr.SendControl(p, wire.Encode(e.speech.hello(false)))
 	}
-	return ph
+	return ph, release
 }
 
 // peerFeatures is what the engine knows of a peer: the version the pair speaks, the lowest the
@@ -288,7 +303,8 @@ func (e *Engine) peerFeatures(p Peer) (version, minVersion int, features wire.Fe
 // x.peerFeatures. It reports false if the transfer ended; the receiver has heard why.
 func (x *xfer) know() bool {
 	e := x.eng
-	ph := e.greet(x.peer)
+	ph, release := e.greetWaiting(x.peer)
+	defer release()
 	if !chanClosed(ph.met) && !x.awaitHello(ph) {
 		x.stoppedBeforeStart("learned the receiver's wire versions and features")
 		return false
@@ -305,7 +321,8 @@ func (x *xfer) know() bool {
 // phase. It reports false if the transfer ended.
 func (x *xfer) meet() bool {
 	e := x.eng
-	ph := e.greet(x.peer)
+	ph, release := e.greetWaiting(x.peer)
+	defer release()
 	if !chanClosed(ph.met) && !x.awaitHello(ph) {
 		return false
 	}
@@ -337,14 +354,6 @@ func (x *xfer) meet() bool {
 // reports false if the transfer ended instead.
 func (x *xfer) awaitHello(ph *peerHello) bool {
 	e := x.eng
-	e.mu.Lock()
-	ph.waiting++
-	e.mu.Unlock()
-	defer func() {
-		e.mu.Lock()
-		ph.waiting--
-		e.mu.Unlock()
-	}()
 	backoff, retries := e.cfg.RetryInterval, 0
 	retry := time.NewTimer(backoff)
 	defer retry.Stop()
