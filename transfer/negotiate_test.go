@@ -15,14 +15,23 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
-// answerHello answers a hello as an engine of this build would, for the test's fake peers;
-// it reports whether m was a hello.
+// answerHello answers a hello, and proves it when challenged, as an engine of this build would,
+// for the test's fake peers; it reports whether m was one of those messages.
 func answerHello(tr Transport, from Peer, m wire.Message) bool {
-	h, ok := m.(*wire.Hello)
-	if ok && !h.Reply {
-		_ = tr.SendControl(from, wire.Encode(buildSpeech().hello(true)))
+	sp := buildSpeech()
+	switch m := m.(type) {
+	case *wire.Hello:
+		if !m.Reply {
+			_ = tr.SendControl(from, wire.Encode(sp.hello(true)))
+		}
+		return true
+	case *wire.HelloChallenge:
+		_ = tr.SendControl(from, wire.Encode(&wire.HelloProof{Echo: m.Challenge, Min: sp.min, Max: sp.max, Features: sp.features}))
+		return true
+	case *wire.HelloProof:
+		return true
 	}
-	return ok
+	return false
 }
 
 // Speeches of the engines the mixed-version tests pair with one of this build.
