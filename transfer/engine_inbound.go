@@ -76,7 +76,7 @@ func (e *Engine) readsProofs(from Peer) bool {
 		return true
 	}
 	e.malformed.Add(1)
-	e.log.Debug("dropping a hello challenge or proof: this engine speaks wire 3", zap.String("peer", string(from)))
+	e.log.Debug("dropping a hello challenge or proof: this engine speaks wire 3", zap.String("peer", from.Short()))
 	return false
 }
 

@@ -177,7 +177,7 @@ func (e *Engine) onHello(from Peer, m *wire.Hello) {
 	ph := e.peerLocked(from, false)
 	if ph == nil {
 		e.mu.Unlock()
-		e.log.Debug("dropping a hello: the peer table is full of peers transfers wait on", zap.String("peer", string(from)))
+		e.log.Debug("dropping a hello: the peer table is full of peers transfers wait on", zap.String("peer", from.Short()))
 		return
 	}
 	var ch *wire.HelloChallenge
@@ -248,7 +248,7 @@ func (e *Engine) onProof(from Peer, m *wire.HelloProof) {
 	}
 	e.mu.Unlock()
 	if refusal >= 0 {
-		e.log.Debug("refusing a hello proof", zap.String("peer", string(from)), zap.Stringer("reason", refusal))
+		e.log.Debug("refusing a hello proof", zap.String("peer", from.Short()), zap.Stringer("reason", refusal))
 		notifyHelloRefused(e.obs, from, refusal)
 	}
 }
