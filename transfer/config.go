@@ -137,6 +137,16 @@ type Config struct {
 	// side's layout counts: the receiver does not know the sender's. Default 2 KiB; None
 	// takes the direct path whatever the pieces.
 	DirectMinRunBytes int64
+	// ClusterKeys, when set, authenticate the hello handshake (docs/protocol.md, "The cluster
+	// key"): each key is ClusterKeyBytes random bytes; the first seals every hello, hello
+	// challenge and proof this engine sends, and any one opens those it gets. A message not
+	// sealed by a key it holds (an engine without keys, of wire 3, another fleet's, or forged)
+	// is dropped before it is answered, counted (TrustObserver.OnAuthRefused,
+	// kvxfer_auth_refused_total), and changes nothing, so transfers with such a peer end at
+	// their queued deadline. Every engine of a fleet must hold a key before any one sets them;
+	// to rotate, add the new key second everywhere, then move it first, then drop the old.
+	// Default none: hellos are proven by their challenge alone.
+	ClusterKeys [][]byte
 	// Logger receives lifecycle events. Default zap.NewNop().
 	Logger *zap.Logger
 	// Observer hears every transition, cancel, quarantine, poison and progress. Default
@@ -279,6 +289,17 @@ func (c Config) validate() error {
 		return bad("MaxRetries", c.MaxRetries, "must not be negative (None, -1, sets zero)")
 	case c.MaxPending < 0:
 		return bad("MaxPending", c.MaxPending, "must not be negative")
+	}
+	seen := map[string]int{}
+	for i, k := range c.ClusterKeys { // the value named is the length: key bytes are never printed
+		field := fmt.Sprintf("ClusterKeys[%d]", i)
+		if len(k) != ClusterKeyBytes {
+			return bad(field, len(k), fmt.Sprintf("a key of %d bytes: want %d random bytes", len(k), ClusterKeyBytes))
+		}
+		if j, ok := seen[string(k)]; ok {
+			return bad(field, len(k), fmt.Sprintf("repeats ClusterKeys[%d]", j))
+		}
+		seen[string(k)] = i
 	}
 	for _, d := range []struct {
 		name string

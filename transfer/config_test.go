@@ -24,6 +24,8 @@ func TestConfigErrorIsOneType(t *testing.T) {
 	}{
 		{"a pool below the concurrency", func(c *Config) { c.MaxConcurrent, c.NumSlots = 8, 5 }, "NumSlots", buffer.ErrUndersized},
 		{"a negative slot size", func(c *Config) { c.SlotBytes = -1 }, "SlotBytes", nil},
+		{"a short cluster key", func(c *Config) { c.ClusterKeys = [][]byte{clusterKey(1), clusterKey(2)[:16]} }, "ClusterKeys[1]", nil},
+		{"a cluster key twice", func(c *Config) { c.ClusterKeys = [][]byte{clusterKey(1), clusterKey(1)} }, "ClusterKeys[1]", nil},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			cfg := fastConfig()

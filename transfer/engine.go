@@ -46,6 +46,8 @@ type Engine struct {
 	closed    bool
 	// speech is what the engine says in its hello: the build's versions and features.
 	speech speech
+	// keys seal and open the hello handshake; nil without Config.ClusterKeys.
+	keys *wire.Keyring
 
 	// admission holds one token per sub-transfer past Queued (Config.MaxConcurrent), taken
 	// before the first slot lease or the one-copy start and given back when its goroutine ends.
@@ -145,6 +147,11 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 	if _, nop := cfg.Observer.(NopObserver); !nop {
 		e.oq = newObserverQueue(cfg.Observer) // the caller's callbacks run outside the engine's locks
 		e.obs = e.oq
+	}
+	if len(cfg.ClusterKeys) > 0 {
+		if e.keys, err = wire.NewKeyring(cfg.ClusterKeys); err != nil {
+			return nil, &ConfigError{Field: "ClusterKeys", Value: len(cfg.ClusterKeys), Reason: "the keys do not make a keyring", Cause: err}
+		}
 	}
 	e.direct, _ = tr.(DirectTransport)
 	e.slots.mem = mem[:int64(cfg.NumSlots)*cfg.SlotBytes]

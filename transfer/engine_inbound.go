@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,6 +25,9 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	if err != nil {
 		e.malformed.Add(1)
 		e.log.Debug("dropping malformed control message", zap.String("peer", from.Short()), zap.Error(err))
+		return
+	}
+	if !e.authentic(from, msg, m) {
 		return
 	}
 	switch m := m.(type) {
@@ -67,6 +71,42 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	}
 	e.mu.Unlock()
 	x.box.Push(event{msg: m})
+}
+
+// authentic reports whether m, decoded from msg, may be read: with Config.ClusterKeys, a
+// hello, challenge or proof must be sealed by a key this engine holds, and one that is not is
+// refused and counted before it is answered (no endpoint is made for it). Other messages,
+// and everything without keys, pass.
+func (e *Engine) authentic(from Peer, msg []byte, m wire.Message) bool {
+	if e.keys == nil {
+		return true
+	}
+	var what string
+	var seal wire.Seal
+	switch m := m.(type) {
+	case *wire.Hello:
+		what, seal = "hello", m.Seal
+	case *wire.HelloChallenge:
+		what, seal = "challenge", m.Seal
+	case *wire.HelloProof:
+		what, seal = "proof", m.Seal
+	default:
+		return true
+	}
+	err := e.keys.Open(msg, seal)
+	if err == nil {
+		return true
+	}
+	ae := &AuthError{Peer: from, What: what, Reason: AuthUnsealed}
+	switch {
+	case errors.Is(err, wire.ErrUnknownKey):
+		ae.Reason = AuthUnknownKey
+	case errors.Is(err, wire.ErrBadMAC):
+		ae.Reason = AuthBadMAC
+	}
+	e.log.Debug("refusing an unauthenticated message", zap.String("peer", from.Short()), zap.Error(ae))
+	notifyAuthRefused(e.obs, ae)
+	return false
 }
 
 // readsProofs reports whether this engine reads hello challenges and proofs: an engine that

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -59,6 +60,10 @@ var (
 	// ErrTagCollision: a transport's data tags for a transfer would match another live
 	// transfer's (TagReserver); the engine draws another nonce and tries again.
 	ErrTagCollision = transport.ErrTagCollision
+	// ErrUnauthenticated: with Config.ClusterKeys set, a peer's hello, hello challenge or proof
+	// was not sealed by a key this engine holds; the error is an *AuthError. The engine drops
+	// the message and counts it; nothing it knows of the peer changes.
+	ErrUnauthenticated = errors.New("kvxfer: peer message not authenticated")
 	// ErrSiblingFailed: another sub-transfer of the same multi-peer request failed, so this
 	// one was stopped.
 	ErrSiblingFailed = errors.New("kvxfer: a sibling sub-transfer failed")
@@ -138,3 +143,55 @@ func (e *RequestError) Error() string { return fmt.Sprintf("request %d: %v", e.I
 
 // Unwrap returns the sentinel.
 func (e *RequestError) Unwrap() error { return e.Err }
+
+// ClusterKeyBytes is the size of each of Config.ClusterKeys.
+const ClusterKeyBytes = wire.ClusterKeyBytes
+
+// AuthRefusal says why a peer's message did not authenticate.
+type AuthRefusal int
+
+// The reasons.
+const (
+	// AuthUnsealed: the message carries no seal (its sender holds no key, or speaks wire 3).
+	AuthUnsealed AuthRefusal = iota
+	// AuthUnknownKey: sealed with a key this engine does not hold (another fleet's, or one
+	// rotated out).
+	AuthUnknownKey
+	// AuthBadMAC: sealed under a key this engine holds, but the bytes are not what was sealed:
+	// changed on the way, or forged.
+	AuthBadMAC
+	// AuthRefusalCount is the number of reasons, for tables indexed by them.
+	AuthRefusalCount
+)
+
+var authRefusalNames = [AuthRefusalCount]string{"unsealed", "unknown-key", "bad-mac"}
+
+// String names the reason as metrics label it.
+func (r AuthRefusal) String() string {
+	if r >= 0 && r < AuthRefusalCount {
+		return authRefusalNames[r]
+	}
+	return "unknown"
+}
+
+// AuthMessages names the messages a cluster key seals, as AuthError.What and metrics label
+// them.
+var AuthMessages = []string{"hello", "challenge", "proof"}
+
+// AuthError is a peer's message refused for want of authentication. It matches
+// ErrUnauthenticated.
+type AuthError struct {
+	// Peer is the address the message claimed to come from (not proven).
+	Peer Peer
+	// What is one of AuthMessages.
+	What   string
+	Reason AuthRefusal
+}
+
+// Error implements error.
+func (e *AuthError) Error() string {
+	return fmt.Sprintf("%v: a %s from %s: %v", ErrUnauthenticated, e.What, e.Peer.Short(), e.Reason)
+}
+
+// Unwrap returns ErrUnauthenticated.
+func (e *AuthError) Unwrap() error { return ErrUnauthenticated }

@@ -196,10 +196,10 @@ func (e *Engine) onHello(from Peer, m *wire.Hello) {
 	}
 	e.mu.Unlock()
 	if !m.Reply {
-		_ = e.tr.SendControl(from, wire.Encode(e.speech.hello(true)))
+		_ = e.tr.SendControl(from, e.seal(e.speech.hello(true)))
 	}
 	if ch != nil {
-		_ = e.tr.SendControl(from, wire.Encode(ch))
+		_ = e.tr.SendControl(from, e.seal(ch))
 	}
 }
 
@@ -219,11 +219,19 @@ func (e *Engine) challengeLocked(ph *peerHello) *wire.HelloChallenge {
 	return &wire.HelloChallenge{Challenge: c.value}
 }
 
+// seal encodes a message of the hello handshake, sealed when the engine holds cluster keys.
+func (e *Engine) seal(m wire.Message) []byte {
+	if e.keys != nil {
+		return e.keys.SealMessage(m)
+	}
+	return wire.Encode(m)
+}
+
 // onChallenge proves this engine's hello to the address the challenge came from: only the
 // worker behind that address gets the proof.
 func (e *Engine) onChallenge(from Peer, m *wire.HelloChallenge) {
 	p := &wire.HelloProof{Echo: m.Challenge, Min: e.speech.min, Max: e.speech.max, Features: e.speech.features}
-	_ = e.tr.SendControl(from, wire.Encode(p))
+	_ = e.tr.SendControl(from, e.seal(p))
 }
 
 // onProof takes the peer's speech from a proof that echoes the challenge outstanding for its
@@ -279,7 +287,7 @@ func (e *Engine) greetWaiting(p Peer) (ph *peerHello, release func()) {
 	}
 	e.mu.Unlock()
 	if send {
-		_ = e.tr.SendControl(p, wire.Encode(e.speech.hello(false)))
+		_ = e.tr.SendControl(p, e.seal(e.speech.hello(false)))
 	}
 	return ph, release
 }

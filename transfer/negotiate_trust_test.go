@@ -114,6 +114,26 @@ func (r *refusalCounter) OnHelloRefused(_ Peer, reason HelloRefusal) {
 	r.n[reason.String()]++
 }
 
+func (r *refusalCounter) OnAuthRefused(err *AuthError) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n = map[string]int{}
+	}
+	r.n[err.What+" "+err.Reason.String()]++
+	r.n["auth"]++
+}
+
+// auth counts the messages refused unauthenticated: all of them, or those named what and why.
+func (r *refusalCounter) auth(whatWhy ...string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(whatWhy) == 0 {
+		return r.n["auth"]
+	}
+	return r.n[whatWhy[0]+" "+whatWhy[1]]
+}
+
 func (r *refusalCounter) count(reason HelloRefusal) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -87,9 +87,13 @@ func (r HelloRefusal) String() string {
 }
 
 // TrustObserver is an optional extension of Observer: it hears each message of a peer's hello
-// that the engine refused. Same rules as Observer.
+// handshake that the engine refused. Same rules as Observer.
 type TrustObserver interface {
+	// OnHelloRefused reports a proof that did not answer a challenge of this engine's.
 	OnHelloRefused(peer Peer, reason HelloRefusal)
+	// OnAuthRefused reports a hello, challenge or proof that no cluster key of this engine's
+	// sealed (Config.ClusterKeys).
+	OnAuthRefused(err *AuthError)
 }
 
 // notifyStart tells o about h, just accepted, if it listens for starts; the StartInfo is built
@@ -114,6 +118,13 @@ func notifyPeerLost(o Observer, peer Peer, err error) {
 func notifyHelloRefused(o Observer, peer Peer, reason HelloRefusal) {
 	if p, ok := o.(TrustObserver); ok {
 		p.OnHelloRefused(peer, reason)
+	}
+}
+
+// notifyAuthRefused tells o about an unauthenticated message if it listens for them.
+func notifyAuthRefused(o Observer, err *AuthError) {
+	if p, ok := o.(TrustObserver); ok {
+		p.OnAuthRefused(err)
 	}
 }
 

@@ -117,3 +117,10 @@ func (o *observerQueue) OnHelloRefused(peer Peer, reason HelloRefusal) {
 		o.push(func() { o.user.(TrustObserver).OnHelloRefused(peer, reason) })
 	}
 }
+
+// OnAuthRefused implements TrustObserver for a user that is one.
+func (o *observerQueue) OnAuthRefused(err *AuthError) {
+	if o.trust {
+		o.push(func() { o.user.(TrustObserver).OnAuthRefused(err) })
+	}
+}

@@ -141,5 +141,11 @@ func (l *LogObserver) OnPeerLost(peer transfer.Peer, err error) {
 
 // OnHelloRefused implements transfer.TrustObserver.
 func (l *LogObserver) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) {
-	l.log.Warn("hello proof refused", zap.String("peer", string(peer)), zap.Stringer("reason", reason))
+	l.log.Warn("hello proof refused", zap.String("peer", peer.Short()), zap.Stringer("reason", reason))
+}
+
+// OnAuthRefused implements transfer.TrustObserver.
+func (l *LogObserver) OnAuthRefused(err *transfer.AuthError) {
+	l.log.Warn("unauthenticated peer message refused", zap.String("peer", err.Peer.Short()), zap.String("what", err.What),
+		zap.Stringer("reason", err.Reason))
 }

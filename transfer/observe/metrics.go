@@ -59,6 +59,7 @@ type MetricsConfig struct {
 //	quarantines_total                             counter, sub-transfers quarantined
 //	peer_connects_total, peer_failures_total      counters, from the transport
 //	hello_refused_total{reason}                   counter, peers' hello proofs refused
+//	auth_refused_total{what,reason}               counter, unauthenticated handshake messages
 //
 // outcome is completed, failed, cancelled, or quarantined (failed for the caller while its
 // memory was still pinned). A transfer's duration runs from the engine accepting the
@@ -71,6 +72,7 @@ type Metrics struct {
 	peerConnects prometheus.Counter
 	peerFailures prometheus.Counter
 	helloRefused *prometheus.CounterVec
+	authRefused  *prometheus.CounterVec
 
 	reg         prometheus.Registerer
 	constLabels prometheus.Labels
@@ -143,6 +145,10 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 			Name: "kvxfer_hello_refused_total", ConstLabels: cl,
 			Help: "Hello proofs from peers that the engine refused, by reason (unsolicited, mismatch, replayed): a peer claimed what it could not prove, or a proof was replayed.",
 		}, []string{"reason"}),
+		authRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvxfer_auth_refused_total", ConstLabels: cl,
+			Help: "Hellos, hello challenges and proofs refused because no cluster key of this engine sealed them (Config.ClusterKeys), by message and reason (unsealed, unknown-key, bad-mac).",
+		}, []string{"what", "reason"}),
 		reg: cfg.Registerer, constLabels: cl, maxTracked: cfg.MaxTracked,
 		live: make(map[transfer.RequestID]tracked),
 	}
@@ -160,6 +166,11 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 	for r := range transfer.HelloRefusalCount {
 		m.helloRefused.WithLabelValues(r.String())
 	}
+	for _, what := range transfer.AuthMessages {
+		for r := range transfer.AuthRefusalCount {
+			m.authRefused.WithLabelValues(what, r.String())
+		}
+	}
 	for _, c := range []struct {
 		name string
 		c    prometheus.Collector
@@ -167,7 +178,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 		{"kvxfer_transfer_duration_seconds", m.duration}, {"kvxfer_transferred_bytes_total", m.bytes},
 		{"kvxfer_cancels_total", m.cancels}, {"kvxfer_quarantines_total", m.quarantines},
 		{"kvxfer_peer_connects_total", m.peerConnects}, {"kvxfer_peer_failures_total", m.peerFailures},
-		{"kvxfer_hello_refused_total", m.helloRefused},
+		{"kvxfer_hello_refused_total", m.helloRefused}, {"kvxfer_auth_refused_total", m.authRefused},
 	} {
 		if err := cfg.Registerer.Register(c.c); err != nil {
 			return nil, &ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering " + c.name + " (two engines on one registry need different ConstLabels)", Cause: err}
@@ -255,6 +266,11 @@ func (m *Metrics) OnPeerConnected(transfer.Peer) { m.peerConnects.Inc() }
 
 // OnPeerLost implements transfer.PeerObserver.
 func (m *Metrics) OnPeerLost(transfer.Peer, error) { m.peerFailures.Inc() }
+
+// OnAuthRefused implements transfer.TrustObserver: it counts the refusal by message and reason.
+func (m *Metrics) OnAuthRefused(err *transfer.AuthError) {
+	m.authRefused.WithLabelValues(err.What, err.Reason.String()).Inc()
+}
 
 // OnHelloRefused implements transfer.TrustObserver: it counts the refusal by reason.
 func (m *Metrics) OnHelloRefused(_ transfer.Peer, reason transfer.HelloRefusal) {

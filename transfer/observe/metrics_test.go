@@ -307,6 +307,24 @@ func TestMetrics_HelloRefusalsFromTheEngine(t *testing.T) {
 	}, "the forged proof counted")
 }
 
+// TestMetrics_AuthRefusalsFromTheEngine: every message and reason has its series from the start,
+// and a hello that no cluster key sealed, sent to an engine with keys, is counted under
+// hello/unsealed through the engine's TrustObserver hook.
+func TestMetrics_AuthRefusalsFromTheEngine(t *testing.T) {
+	cfg := smallConfig()
+	cfg.ClusterKeys = [][]byte{make([]byte, transfer.ClusterKeyBytes)}
+	p := newPair(t, cfg, nil)
+	for _, what := range transfer.AuthMessages {
+		for r := range transfer.AuthRefusalCount {
+			require.Zero(t, value(t, p.reg, "kvxfer_auth_refused_total", map[string]string{"engine": "prefill", "what": what, "reason": r.String()}))
+		}
+	}
+	require.NoError(t, p.net.Spoof("decode", "prefill", wire.Encode(&wire.Hello{Min: wire.MinVersion, Max: wire.Version})))
+	eventually(t, waitBound, func() bool {
+		return value(t, p.reg, "kvxfer_auth_refused_total", map[string]string{"engine": "prefill", "what": "hello", "reason": "unsealed"}) == 1
+	}, "the unsealed hello counted")
+}
+
 // Every cancel outcome, up to transfer.CancelOutcomeCount, has its series from the start,
 // labelled with its name, and counts its own calls: an outcome added to the engine is not
 // missing from the metrics.

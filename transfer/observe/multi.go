@@ -101,3 +101,12 @@ func (m multi) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) 
 		}
 	}
 }
+
+// OnAuthRefused implements transfer.TrustObserver.
+func (m multi) OnAuthRefused(err *transfer.AuthError) {
+	for _, o := range m {
+		if p, ok := o.(transfer.TrustObserver); ok {
+			p.OnAuthRefused(err)
+		}
+	}
+}

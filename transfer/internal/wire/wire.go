@@ -140,6 +140,8 @@ type Hello struct {
 	Reply bool
 	// Features are what the sender speaks beyond the staging path every version has.
 	Features Feature
+	// Seal signs the hello under a cluster key (seal.go); a wire-3 peer never sends one.
+	Seal Seal
 }
 
 // Feature is one part of the wire protocol that a peer may lack. A hello carries a set of
@@ -384,7 +386,8 @@ func (m *Hello) AppendBinary(b []byte) ([]byte, error) {
 	b = append(b, m.Min, m.Max)
 	b = binary.LittleEndian.AppendUint16(b, flags)
 	b = binary.LittleEndian.AppendUint32(b, 0)
-	return binary.LittleEndian.AppendUint64(b, uint64(m.Features)), nil
+	b = binary.LittleEndian.AppendUint64(b, uint64(m.Features))
+	return m.Seal.append(b), nil
 }
 
 const helloReply = 1 << 0
@@ -403,6 +406,8 @@ func kindVersion(k Kind) uint8 {
 type HelloChallenge struct {
 	Header
 	Challenge [ChallengeBytes]byte
+	// Seal signs the challenge under a cluster key (seal.go).
+	Seal Seal
 }
 
 // HelloProof answers a HelloChallenge. Its body is
@@ -417,6 +422,8 @@ type HelloProof struct {
 	// Min, Max and Features are the sender's speech, as in its Hello.
 	Min, Max uint8
 	Features Feature
+	// Seal signs the proof under a cluster key (seal.go).
+	Seal Seal
 }
 
 // AppendBinary implements Message.
@@ -425,7 +432,7 @@ func (m *HelloChallenge) AppendBinary(b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("a hello challenge names no request")
 	}
 	b = m.Header.append(b, KindHelloChallenge)
-	return append(b, m.Challenge[:]...), nil
+	return m.Seal.append(append(b, m.Challenge[:]...)), nil
 }
 
 // AppendBinary implements Message.
@@ -441,31 +448,34 @@ func (m *HelloProof) AppendBinary(b []byte) ([]byte, error) {
 	b = append(b, m.Min, m.Max)
 	b = binary.LittleEndian.AppendUint16(b, 0)
 	b = binary.LittleEndian.AppendUint32(b, 0)
-	return binary.LittleEndian.AppendUint64(b, uint64(m.Features)), nil
+	b = binary.LittleEndian.AppendUint64(b, uint64(m.Features))
+	return m.Seal.append(b), nil
 }
 
 // decodeHelloChallenge and decodeHelloProof parse the two kinds of version 4.
 func decodeHelloChallenge(h Header, b []byte) (*HelloChallenge, error) {
-	if len(b) != HelloChallengeBytes {
-		return nil, malformed(min(len(b), HelloChallengeBytes), "hello challenge of %d bytes, want %d", len(b), HelloChallengeBytes)
+	seal, b, err := openSeal(b, HelloChallengeBytes, "hello challenge")
+	if err != nil {
+		return nil, err
 	}
 	if h.Sub != 0 || h.Request != 0 || h.Nonce != 0 {
 		return nil, malformed(4, "a hello challenge names no request, sub-transfer or nonce")
 	}
-	m := &HelloChallenge{Header: h}
+	m := &HelloChallenge{Header: h, Seal: seal}
 	copy(m.Challenge[:], b[HeaderBytes:])
 	return m, nil
 }
 
 func decodeHelloProof(h Header, b []byte) (*HelloProof, error) {
-	if len(b) != HelloProofBytes {
-		return nil, malformed(min(len(b), HelloProofBytes), "hello proof of %d bytes, want %d", len(b), HelloProofBytes)
+	seal, b, err := openSeal(b, HelloProofBytes, "hello proof")
+	if err != nil {
+		return nil, err
 	}
 	if h.Sub != 0 || h.Request != 0 || h.Nonce != 0 {
 		return nil, malformed(4, "a hello proof names no request, sub-transfer or nonce")
 	}
 	at := HeaderBytes + ChallengeBytes
-	m := &HelloProof{Header: h, Min: b[at], Max: b[at+1], Features: Feature(binary.LittleEndian.Uint64(b[at+8:]))}
+	m := &HelloProof{Header: h, Min: b[at], Max: b[at+1], Features: Feature(binary.LittleEndian.Uint64(b[at+8:])), Seal: seal}
 	copy(m.Echo[:], b[HeaderBytes:])
 	switch flags, r := binary.LittleEndian.Uint16(b[at+2:]), binary.LittleEndian.Uint32(b[at+4:]); {
 	case m.Min < 1 || m.Min > m.Max || m.Max < ProofVersion:
@@ -479,13 +489,14 @@ func decodeHelloProof(h Header, b []byte) (*HelloProof, error) {
 }
 
 func decodeHello(h Header, version uint8, b []byte) (*Hello, error) {
-	if len(b) != HelloBytes {
-		return nil, malformed(min(len(b), HelloBytes), "hello of %d bytes, want %d", len(b), HelloBytes)
+	seal, b, err := openSeal(b, HelloBytes, "hello")
+	if err != nil {
+		return nil, err
 	}
 	if h.Sub != 0 || h.Request != 0 || h.Nonce != 0 {
 		return nil, malformed(4, "a hello names no request, sub-transfer or nonce")
 	}
-	m := &Hello{Header: h, Min: b[HeaderBytes], Max: b[HeaderBytes+1], Features: Feature(binary.LittleEndian.Uint64(b[HeaderBytes+8:]))}
+	m := &Hello{Header: h, Min: b[HeaderBytes], Max: b[HeaderBytes+1], Features: Feature(binary.LittleEndian.Uint64(b[HeaderBytes+8:])), Seal: seal}
 	switch flags, r := binary.LittleEndian.Uint16(b[HeaderBytes+2:]), binary.LittleEndian.Uint32(b[HeaderBytes+4:]); {
 	case m.Min < 1 || m.Min > m.Max:
 		return nil, malformed(HeaderBytes, "versions %d to %d", m.Min, m.Max)
