@@ -44,7 +44,8 @@ import (
 // changes no layout of version 3, so every message is stamped with the first version that has
 // its layout: 3 for the kinds of version 3 (a wire-3 peer reads them), 4 for the challenge and
 // the proof (which go only to a peer whose hello says 4), and the hello with its sender's
-// highest. docs/ucx.md says how UCX tags carry the nonce.
+// highest. With cluster keys, a hello, challenge or proof is followed by a seal, its MAC
+// (seal.go). docs/ucx.md says how UCX tags carry the nonce.
 
 const (
 	wireMagic = 0x4b58
