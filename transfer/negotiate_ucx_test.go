@@ -193,3 +193,42 @@ func TestUCXTransport_ForgedHelloChangesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestUCXTransport_ClusterKeys: over UCX (shared memory and TCP), two engines holding the same
+// cluster key meet and transfer, every byte, their sealed handshake intact on the wire; a
+// hello a third engine writes "from" the receiver without the key is refused before it is
+// answered, counted as unsealed, and changes nothing.
+func TestUCXTransport_ClusterKeys(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
+	for _, c := range []struct{ tls, dev string }{{"tcp,self", "lo"}, {"posix,cma,self", ""}} {
+		t.Run(c.tls, func(t *testing.T) {
+			cfg := ucxTestConfig()
+			cfg.ClusterKeys = [][]byte{clusterKey(9)}
+			refusals := &refusalCounter{}
+			scfg := cfg
+			scfg.Observer = refusals
+			src := newUCXEngine(t, c.tls, c.dev, scfg)
+			dst := newUCXEngine(t, c.tls, c.dev, cfg)
+			forger := newUCXEngine(t, c.tls, c.dev, ucxTestConfig())
+			s := newUCXKV(t, dims, layout.BlockMajor, []int32{3, 9, 27}, 5)
+			r := newUCXKV(t, dims, layout.BlockMajor, []int32{1, 2, 40}, 0)
+			hs, err := src.e.Send(bg, Spec{ID: 1, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
+			require.NoError(t, err)
+			hr, err := dst.e.Receive(bg, Spec{ID: 1, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem})
+			require.NoError(t, err)
+			waitQuiesced(t, hr, 30*time.Second)
+			waitQuiesced(t, hs, 30*time.Second)
+			requireState(t, hs, Completed)
+			requireState(t, hr, Completed)
+			require.Equal(t, s.stream(t), r.stream(t), "every byte")
+			require.Zero(t, refusals.auth())
+			proved := believed(src.e, dst.tr.Self())
+			require.Equal(t, wire.KnownFeatures, proved)
+
+			forged := wire.Encode(&wire.Hello{Min: 3, Max: 3})
+			require.NoError(t, ucxhooks.Hooks.SendControlAs(forger.tr, src.tr.Self(), dst.tr.Self(), forged))
+			eventually(t, func() bool { return refusals.auth("hello", "unsealed") == 1 }, "the unsealed hello refused")
+			require.Equal(t, proved, believed(src.e, dst.tr.Self()), "the forgery changed nothing")
+		})
+	}
+}

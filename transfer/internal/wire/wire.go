@@ -18,7 +18,7 @@ import (
 // sends into the receiver's staging slot). All integers are little-endian; every message
 // starts with the same 24-byte header:
 //
-//	magic u16 = 0x4b58 ("KX") | version u8 = 3 | kind u8 | sub u16 | reserved u16 = 0 | request u64 | nonce u64
+//	magic u16 = 0x4b58 ("KX") | version u8 (3, or 4: below) | kind u8 | sub u16 | reserved u16 = 0 | request u64 | nonce u64
 //
 // and each kind has a fixed body after it (a data chunk is followed by its payload, an abort by
 // its reason text). Decoding checks every field, so bytes from a confused or hostile peer give
@@ -131,8 +131,9 @@ type Message interface {
 //
 //	min version u8 | max version u8 | flags u16 | reserved u32 = 0 | features u64
 //
-// and its header carries version Max, request 0, sub 0 and nonce 0. Features this build does
-// not know (a newer peer's) are kept, not refused: they are features this engine lacks.
+// (then a seal, with cluster keys) and its header carries version Max, request 0, sub 0 and
+// nonce 0. Features this build does not know (a newer peer's) are kept, not refused: they are
+// features this engine lacks.
 type Hello struct {
 	Header
 	// Min and Max bound the wire versions the sender speaks.
