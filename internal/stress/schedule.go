@@ -270,14 +270,15 @@ func liveHeap() uint64 {
 	return sample[0].Value.Uint64()
 }
 
-// recordCancel counts one Engine.Cancel outcome.
-// recordPath counts a completed request by the path its receive took.
-func (s *soak) recordPath(p transfer.Path) {
+// recordPath counts a completed request by the path its receive took (a transfer.Path's
+// name, or a finer one of the peer-process mix: staging-pull, rma-host).
+func (s *soak) recordPath(key string) {
 	s.mu.Lock()
-	s.paths[p.String()]++
+	s.paths[key]++
 	s.mu.Unlock()
 }
 
+// recordCancel counts one Engine.Cancel outcome.
 func (s *soak) recordCancel(outcome string) {
 	s.mu.Lock()
 	s.cancelOutcomes[outcome]++
