@@ -35,6 +35,8 @@ var typedErrors = []struct {
 	{"closed", transfer.ErrClosed}, {"sibling-failed", transfer.ErrSiblingFailed}, {"protocol", transfer.ErrProtocol},
 	{"incompatible", transfer.ErrIncompatible}, {"quiescence-unknown", transfer.ErrQuiescenceUnknown},
 	{"transport-wedged", transfer.ErrTransportWedged}, {"tag-collision", transfer.ErrTagCollision},
+	{"stale-read", transfer.ErrStaleRead}, {"bad-rma-offer", transfer.ErrBadRMAOffer},
+	{"peer-lacks-feature", transfer.ErrPeerLacksFeature}, {"bad-region", transfer.ErrBadRegion},
 }
 
 // errorClass names the kvxfer sentinel err matches: "-" for no error, untypedError for an

@@ -188,7 +188,7 @@ func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
 	p := &procPeer{idx: idx, gen: gen, pool: make(chan string, 1), term: make(chan int, 1)}
 	addr := make(chan string, 1)
 	var err error
-	if p.child, err = spawnPeer(exec.Command(ps.exe), ps.configFor(idx), func(line string) { ps.peerLine(p, line, addr) }); err != nil {
+	if p.child, err = spawnPeer(exec.Command(ps.exe), ps.configFor(idx, gen), func(line string) { ps.peerLine(p, line, addr) }); err != nil {
 		return nil, fmt.Errorf("stress: starting peer %d: %w", idx, err)
 	}
 	if err := awaitAddr(p, addr, fmt.Sprintf("peer %d", idx)); err != nil {
@@ -343,7 +343,8 @@ func (ps *procSoak) checkPeerPool(p *procPeer, line string) {
 }
 
 // schedule: per cycle, at 15% both peers are stopped (SIGSTOP) for FreezeFor, at 45% one is
-// killed (SIGKILL) and started again.
+// killed (SIGKILL) and started again, at 70% every side is restarted in turn (SIGTERM, drain,
+// close, a new incarnation: a rolling update).
 func (ps *procSoak) schedule(ctx context.Context) {
 	c := ps.cycle()
 	for k := 0; ; k++ {
@@ -364,7 +365,7 @@ func (ps *procSoak) schedule(ctx context.Context) {
 			if !sleepUntil(ctx, base.Add(c*70/100)) {
 				return
 			}
-			ps.rollingRestart(k % 3)
+			ps.rollingRestart()
 		}
 		if !sleepUntil(ctx, base.Add(c)) {
 			return

@@ -202,11 +202,15 @@ func (ps *procSoak) decodeTransport() *ucx.Transport {
 	return ps.tr
 }
 
-// configFor is prefill process idx's configuration: the plain one has the pull wire and the
-// RMA mode off; both publish themselves in the registry as prefill-<idx>.
-func (ps *procSoak) configFor(idx int) peerConfig {
+// configFor is prefill process idx's configuration (generation gen): the plain one has the
+// pull wire and the RMA mode off; both publish themselves in the registry as prefill-<idx>.
+// Every other incarnation ends abruptly when restarted (abruptEnd).
+func (ps *procSoak) configFor(idx, gen int) peerConfig {
 	pc := ps.pc
 	pc.Plain = idx == plainPeer
+	if abruptEnd(idx + gen) {
+		pc.DrainFor = 0
+	}
 	pc.Name = fmt.Sprintf("prefill-%d", idx)
 	if ps.registry != nil {
 		pc.Registry = ps.registry.URL()
@@ -307,16 +311,24 @@ func (ps *procSoak) requestToDeadPeer(dead *procPeer) {
 	}
 }
 
-// rollingRestart (fault restart) restarts one side under load, as a rolling update does:
-// side 0 or 1 a prefill process, side 2 decode in this process.
-func (ps *procSoak) rollingRestart(side int) {
-	ps.injected[FaultRestart].Add(1)
-	ps.restarts.Add(1)
-	if side == 2 {
-		ps.restartDecode()
-		return
+// abruptEnd says whether the restart of an engine's incarnation n gives its Drain no time at
+// all: its Close then meets every transfer in flight, as when a pod's termination grace runs
+// out (docs/serving.md, "Graceful shutdown"). The others drain for DrainFor first, which on
+// this soak's small transfers usually ends them all; alternating covers both promises.
+func abruptEnd(n int) bool { return n%2 == 1 }
+
+// rollingRestart (fault restart) restarts every side in turn under load, as a rolling update
+// does: the two prefill processes, then decode in this process.
+func (ps *procSoak) rollingRestart() {
+	for side := range 3 {
+		ps.injected[FaultRestart].Add(1)
+		ps.restarts.Add(1)
+		if side == 2 {
+			ps.restartDecode()
+		} else {
+			ps.restartPeer(side)
+		}
 	}
-	ps.restartPeer(side)
 }
 
 // restartPeer: the new incarnation starts and is found through discovery; the old one is sent
@@ -362,7 +374,7 @@ func (ps *procSoak) restartPeer(i int) {
 
 // restartDecode replaces decode in this process under load: a new incarnation (new UCX
 // worker) takes the new requests and the peers are told its address; the old one is drained
-// for DrainFor and closed with what is still in flight (its receives fail ErrClosed), and its
+// for DrainFor (or not at all: abruptEnd) and closed with what is still in flight (its receives fail ErrClosed), and its
 // pool must account for every slot.
 func (ps *procSoak) restartDecode() {
 	ps.mu.Lock()
@@ -389,8 +401,12 @@ func (ps *procSoak) restartDecode() {
 			_ = p.send(line) // a peer that died meanwhile starts with the new address
 		}
 	}
-	ps.log.Info("decode restarting", zap.Int("gen", gen))
-	ctx, cancel := context.WithTimeout(context.Background(), ps.cfg.DrainFor)
+	drainFor := ps.cfg.DrainFor
+	if abruptEnd(gen) {
+		drainFor = 0
+	}
+	ps.log.Info("decode restarting", zap.Int("gen", gen), zap.Duration("drain_for", drainFor))
+	ctx, cancel := context.WithTimeout(context.Background(), drainFor)
 	_ = old.eng.Drain(ctx) // a deadline missed is the point: Close meets what is left
 	cancel()
 	if old.eng.Health().InFlight > 0 {
