@@ -104,6 +104,7 @@ func (n *netPair) remove() {
 
 func (n *netPair) cut() error     { return runIP("ip", "-n", n.nsA, "link", "set", n.devA, "down") }
 func (n *netPair) restore() error { return runIP("ip", "-n", n.nsA, "link", "set", n.devA, "up") }
+
 // lossTable is the nftables table the lossy link's drop rules live in, in each namespace.
 const lossTable = "kvxsoak"
 

@@ -7,8 +7,8 @@ package stress
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
