@@ -88,10 +88,14 @@ const (
 	// RouteCMA: as RouteRMA, but the sender's pool is its own mmap registered with UCX
 	// (RegisterHost): over shared memory decode reads it with process_vm_readv.
 	RouteCMA Route = "cma"
+	// RouteRMASend: the other way, decode sends to the default prefill process, which reads
+	// decode's registered pool with RMA gets into a UCX-allocated one of its own and checks
+	// the bytes: decode is then the RMA sender whose exposed pool waits on its peer.
+	RouteRMASend Route = "rma-send"
 )
 
 // AllRoutes lists every route of the mix.
-var AllRoutes = []Route{RouteStaging, RoutePull, RouteDirect, RouteRMA, RouteCMA}
+var AllRoutes = []Route{RouteStaging, RoutePull, RouteDirect, RouteRMA, RouteCMA, RouteRMASend}
 
 // ParseRoutes reads a comma-separated list of routes ("all" for every one).
 func ParseRoutes(s string) ([]Route, error) {

@@ -92,7 +92,34 @@ func newNetPair() (*netPair, error) {
 			return nil, err
 		}
 	}
+	if err := n.awaitCarrier(5 * time.Second); err != nil {
+		n.remove()
+		return nil, err
+	}
 	return n, nil
+}
+
+// awaitCarrier waits, bounded, until both ends of the veth pair have their carrier
+// (LOWER_UP). `ip link set up` returns before it comes, and UCX's TCP transport takes only
+// running interfaces: a peer started too soon fails with "No such device" (seen once in a
+// 60 s soak).
+func (n *netPair) awaitCarrier(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for _, end := range [][2]string{{n.nsA, n.devA}, {n.nsB, n.devB}} {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			out, err := exec.CommandContext(ctx, "ip", "-n", end[0], "-o", "link", "show", "dev", end[1]).Output()
+			cancel()
+			if err == nil && strings.Contains(string(out), "LOWER_UP") {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s in %s has no carrier %v after it was set up: %q", end[1], end[0], within, strings.TrimSpace(string(out)))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // remove deletes both namespaces (the veth pair goes with them); it is safe to call twice.

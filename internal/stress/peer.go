@@ -105,7 +105,7 @@ func seededPool(heads, nb int64, seed uint64, blocks []int32) (*layout.Plan, []b
 //	parent: SEND <id> <heads> <nb> <seed> <timeout-ms> <b1,b2,...> [<pool>]
 //	                                          pool: go (default), alloc (UCX-allocated) or
 //	                                          host (an mmap registered with RegisterHost)
-//	parent: RECV <id> <heads> <nb> <seed> <timeout-ms> <src b1,...> <dst b1,...>
+//	parent: RECV <id> <heads> <nb> <seed> <timeout-ms> <src b1,...> <dst b1,...> [<pool>]
 //	                                          receive, and check against the seeded source
 //	parent: HEALTH                            peer: HEALTH <1|0> <reason>
 //	parent: CANCEL <id>
@@ -203,7 +203,7 @@ loop:
 				healthy = 1
 			}
 			say("HEALTH %d %s", healthy, strings.ReplaceAll(h.Reason+" ", " ", "_"))
-		case len(f) == 8 && f[0] == "RECV":
+		case (len(f) == 8 || len(f) == 9) && f[0] == "RECV":
 			var v [5]uint64
 			for i := range v {
 				v[i], _ = strconv.ParseUint(f[i+1], 10, 64)
@@ -213,9 +213,18 @@ loop:
 			want := checksum(srcPlan, srcPool)
 			dstPlan, _ := seededPool(heads, nb, 0, parseBlocks(f[7]))
 			dstPool := make([]byte, dstPlan.Layout().SpanBytes())
+			giveBack := func() {}
+			if len(f) == 9 {
+				var ok bool
+				if dstPool, giveBack, ok = pools.place(f[8], dstPool); !ok {
+					say("END %d refused:no_free_%s_window", id, f[8])
+					continue
+				}
+			}
 			started := time.Now()
 			h, err := eng.Receive(context.Background(), transfer.Spec{ID: id, Peer: decode, Plan: dstPlan, Pool: dstPool, Timeout: timeout})
 			if err != nil {
+				giveBack()
 				say("END %d refused:%v", id, strings.ReplaceAll(err.Error(), " ", "_"))
 				continue
 			}
@@ -234,6 +243,7 @@ loop:
 				}
 				say("END %d %v %s %s", id, h.Status().State, verdict, errorClass(h.Status().Err))
 				_ = h.Release()
+				giveBack()
 			}()
 		case len(f) == 2 && f[0] == "CANCEL":
 			id, _ := strconv.ParseUint(f[1], 10, 64)

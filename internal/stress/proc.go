@@ -60,6 +60,9 @@ type procSoak struct {
 	all      []*procPeer
 	tr       *ucx.Transport // decode's transport, this incarnation's
 	freezing atomic.Bool
+	// signalPhase is how long the signal faults run (the partition has the rest of the run):
+	// the schedule's cycle is at most this long, so each cycle's faults all happen.
+	signalPhase time.Duration
 
 	// The path mix (procmix.go).
 	decodePool  []byte   // decode's KV pool: an mmap every incarnation registers (RegisterHost)
@@ -137,6 +140,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 		partitionFor = max(cfg.Duration/3, 4*cfg.FreezeFor)
 		mainFor = max(cfg.Duration-partitionFor, cfg.Duration/2)
 	}
+	ps.signalPhase = mainFor
 	s.startedAt = time.Now()
 	trafficCtx, stopTraffic := context.WithTimeout(ctx, mainFor)
 	defer stopTraffic()
@@ -255,6 +259,11 @@ func (ps *procSoak) peerLine(p *procPeer, line string, addr chan<- string) {
 			addr <- f[1]
 		}
 	case "END":
+		// A receive this process checked (route rma-send): the sender here cannot see its bytes.
+		if len(f) >= 4 && f[3] == "corrupt" {
+			ps.corrupt.Add(1)
+			ps.addBreach(fmt.Sprintf("peer %d.gen%d: request %s completed, but its bytes do not match what decode sent", p.idx, p.gen, f[1]))
+		}
 	case "TERM":
 		if len(f) == 2 {
 			n, _ := strconv.Atoi(f[1])
@@ -342,11 +351,11 @@ func (ps *procSoak) checkPeerPool(p *procPeer, line string) {
 	}
 }
 
-// schedule: per cycle, at 15% both peers are stopped (SIGSTOP) for FreezeFor, at 45% one is
+// schedule: per cycle (a minute, or the signal phase if shorter), at 15% both peers are stopped (SIGSTOP) for FreezeFor, at 45% one is
 // killed (SIGKILL) and started again, at 70% every side is restarted in turn (SIGTERM, drain,
 // close, a new incarnation: a rolling update).
 func (ps *procSoak) schedule(ctx context.Context) {
-	c := ps.cycle()
+	c := min(ps.cycle(), ps.signalPhase)
 	for k := 0; ; k++ {
 		base := ps.startedAt.Add(time.Duration(k) * c)
 		if ps.cfg.has(FaultFreeze) {
@@ -514,6 +523,10 @@ func (ps *procSoak) request(r *rand.Rand) {
 	route := ps.pickRoute(r)
 	ps.inflight[route].Add(1)
 	defer ps.inflight[route].Add(-1)
+	if route == RouteRMASend {
+		ps.requestToPeer(r, id)
+		return
+	}
 	nb, tp, timeout, tight := cfg.drawRequest(r)
 	if tight {
 		ps.injected[FaultDeadline].Add(1)

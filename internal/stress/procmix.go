@@ -11,6 +11,7 @@ package stress
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -49,7 +50,7 @@ func (r Route) sender() int {
 // senderPool is the pool kind the sender puts the route's blocks in (peer.go, SEND).
 func (r Route) senderPool() string {
 	switch r {
-	case RouteDirect, RouteRMA:
+	case RouteDirect, RouteRMA, RouteRMASend:
 		return "alloc"
 	case RouteCMA:
 		return "host"
@@ -59,6 +60,82 @@ func (r Route) senderPool() string {
 
 // registered reports whether the route's receive goes into decode's registered pool.
 func (r Route) registered() bool { return r.senderPool() != "go" }
+
+// requestToPeer runs one request of route rma-send: decode sends from a window of its
+// registered pool, the default prefill process receives into a window of its UCX-allocated
+// pool (RMA gets of decode's pool) and checks the bytes itself (a corrupt END is a breach).
+func (ps *procSoak) requestToPeer(r *rand.Rand, id transfer.RequestID) {
+	cfg := ps.cfg
+	ps.peerMu.Lock()
+	p := ps.peers[defaultPeer]
+	ps.peerMu.Unlock()
+	if p == nil {
+		ps.refused.Add(1)
+		time.Sleep(time.Millisecond) // the peer is restarting; do not spin
+		return
+	}
+	nb, _, timeout, tight := cfg.drawRequest(r)
+	if tight {
+		ps.injected[FaultDeadline].Add(1)
+	}
+	src, dst := randomBlocks(r, nb, nb+2), randomBlocks(r, nb, nb+2)
+	seed := uint64(id) * 2
+	plan, seeded := seededPool(kvHeads, nb, seed, src)
+	pool, window, windowOut := ps.receivePool(RouteRMASend, int64(len(seeded)))
+	copy(pool, seeded)
+	dec := ps.decodeNode()
+	sd := &side{name: "send on " + string(dec.name), eng: dec.eng, started: time.Now()}
+	h, err := dec.eng.Send(context.Background(), transfer.Spec{ID: id, Peer: p.name, Plan: plan, Pool: pool, Timeout: timeout})
+	if err != nil {
+		if windowOut {
+			ps.decodeWins.put(window)
+		}
+		if errors.Is(err, transfer.ErrClosed) { // decode is restarting (fault restart)
+			ps.refused.Add(1)
+			return
+		}
+		ps.addBreach(fmt.Sprintf("request %d: send refused: %v", id, err))
+		return
+	}
+	sd.h = h
+	ps.started.Add(1)
+	if err := p.send(fmt.Sprintf("RECV %d %d %d %d %d %s %s alloc", id, kvHeads, nb, seed, timeout.Milliseconds(),
+		blocksString(src), blocksString(dst))); err != nil {
+		ps.refused.Add(1) // the peer died; the send ends by its own bounds
+	}
+	if cfg.has(FaultCancel) && r.Float64() < cfg.CancelFraction {
+		time.Sleep(time.Duration(r.IntN(30)) * time.Millisecond)
+		if r.IntN(2) == 0 {
+			ps.recordCancel(dec.eng.Cancel(id).String())
+		} else {
+			_ = p.send(fmt.Sprintf("CANCEL %d", id))
+			ps.recordCancel("sent-to-peer")
+		}
+		ps.injected[FaultCancel].Add(1)
+	}
+	ps.await(id, sd, timeout)
+	if sd.h == nil {
+		return // never quiescent (its blocks poisoned): its window stays out for good
+	}
+	switch st := sd.h.Status(); st.State {
+	case transfer.Completed:
+		ps.completed.Add(1)
+		ps.recordPath(sd.h.Path().String() + "-send")
+	case transfer.Failed:
+		ps.failed.Add(1)
+		if errorClass(st.Err) == untypedError {
+			ps.addBreach(fmt.Sprintf("request %d (route %s): failed with an error that matches no kvxfer sentinel: %v", id, RouteRMASend, st.Err))
+		}
+	case transfer.Cancelled:
+		ps.cancelled.Add(1)
+	}
+	if err := sd.h.Release(); err != nil {
+		ps.addBreach(fmt.Sprintf("request %d: release: %v", id, err))
+	}
+	if windowOut {
+		ps.decodeWins.put(window)
+	}
+}
 
 // pickRoute draws a request's route, or takes the one a freeze pinned.
 func (ps *procSoak) pickRoute(r *rand.Rand) Route {
@@ -441,9 +518,10 @@ func (ps *procSoak) checkMix() {
 	}
 	ps.mu.Unlock()
 	ps.cmaReads.Store(int64(cma.Gets))
-	want := map[Route]string{RouteStaging: "staging", RoutePull: "staging-pull", RouteDirect: "direct", RouteRMA: "rma", RouteCMA: "rma-host"}
+	want := map[Route]string{RouteStaging: "staging", RoutePull: "staging-pull", RouteDirect: "direct", RouteRMA: "rma", RouteCMA: "rma-host",
+		RouteRMASend: "rma-send"}
 	for _, r := range ps.cfg.Routes {
-		if ps.tls != "" && (r == RoutePull || r == RouteRMA || r == RouteCMA) {
+		if ps.tls != "" && (r == RoutePull || r == RouteRMA || r == RouteCMA || r == RouteRMASend) {
 			// UCX_TLS chosen by hand (tcp): gets may be emulated, and the engines then take
 			// the tagged messages by design (docs/onecopy.md); counted, not required.
 			continue
