@@ -43,6 +43,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&cfg.Grace, "grace", DefaultGrace, "slack on every bound the checker enforces")
 	fs.DurationVar(&cfg.RecoveryBound, "recovery", DefaultRecoveryBound, "health must be back within this after a peer is")
 	routes := fs.String("paths", "all", "--processes: the routes of the mix, comma-separated (staging, pull, direct, rma, cma), or all")
+	fs.BoolVar(&cfg.DecodeDisablesPull, "decode-no-pull", false, "--processes: decode never asks for the pull wire (staging by tagged messages only)")
 	fs.DurationVar(&cfg.DrainFor, "drain-for", DefaultDrainFor, "deadline of a restarted engine's Drain before its Close (fault restart)")
 	fs.DurationVar(&cfg.DeadPeerBound, "dead-peer-bound", DefaultDeadPeerBound, "a request to a peer known dead must fail within this (fault dead-peer)")
 	fs.DurationVar(&cfg.FrozenSeenSlack, "frozen-seen-slack", DefaultFrozenSeenSlack, "a freeze with one path in flight must be seen within the progress deadline plus this (fault freeze-paths)")

@@ -179,6 +179,10 @@ type Config struct {
 	// Routes is the peer-process soak's mix: each request takes one of them at random.
 	// Default (nil): AllRoutes.
 	Routes []Route
+	// DecodeDisablesPull sets Config.DisablePull on the peer-process soak's decode engine, so
+	// it never asks for the pull wire and the staging route's prefill process never declines
+	// one: plain tagged data messages on both sides (the pull route then stages the same way).
+	DecodeDisablesPull bool
 	// DrainFor is the deadline of the Drain a restarted engine gets before its Close (fault
 	// restart): shorter than TransferTimeout, so Close meets transfers still in flight.
 	// Default 1s.

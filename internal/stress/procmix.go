@@ -260,7 +260,7 @@ func (ps *procSoak) newDecode(name transfer.Peer) (*node, *ucx.Transport, error)
 		NumSlots: ps.numSlots, StagingMemory: tr.StagingMemory(), TransferTimeout: cfg.TransferTimeout,
 		QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline, QuarantineTimeout: cfg.QuarantineTimeout,
 		CloseTimeout: cfg.QuarantineTimeout + cfg.Grace, Logger: cfg.EngineLogger, Observer: n,
-		RMAMinRegionBytes: mixRMAMinRegionBytes}); err != nil {
+		RMAMinRegionBytes: mixRMAMinRegionBytes, DisablePull: cfg.DecodeDisablesPull}); err != nil {
 		_ = tr.Close(true)
 		return nil, nil, err
 	}
@@ -521,6 +521,9 @@ func (ps *procSoak) checkMix() {
 	want := map[Route]string{RouteStaging: "staging", RoutePull: "staging-pull", RouteDirect: "direct", RouteRMA: "rma", RouteCMA: "rma-host",
 		RouteRMASend: "rma-send"}
 	for _, r := range ps.cfg.Routes {
+		if r == RoutePull && ps.cfg.DecodeDisablesPull {
+			continue
+		}
 		if ps.tls != "" && (r == RoutePull || r == RouteRMA || r == RouteCMA || r == RouteRMASend) {
 			// UCX_TLS chosen by hand (tcp): gets may be emulated, and the engines then take
 			// the tagged messages by design (docs/onecopy.md); counted, not required.
