@@ -171,8 +171,8 @@ type Config struct {
 	DeadlineFraction float64
 	// DirectFraction of the in-process soak's requests name their pools to the transport, so
 	// they take the one-copy path (RMA gets where whole blocks line up, IOV messages for the
-	// TP=2 halves) instead of staging slots. Default 0.25. The peer-process soak moves
-	// everything by staging (its pools are not mapped).
+	// TP=2 halves) instead of staging slots. Default 0.25. The peer-process soak draws a
+	// route per request instead (Routes).
 	DirectFraction float64
 	// NoDirect sends every request by staging (DirectFraction is then ignored).
 	NoDirect bool
