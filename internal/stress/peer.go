@@ -328,11 +328,11 @@ func publish(tr *ucx.Transport, pc peerConfig) (discovery.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
-	minV, maxV := transfer.WireVersions()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// Open's registry fills in the build's wire protocol.
 	reg, err := r.Publish(ctx, discovery.Worker{Name: pc.Name, Role: "prefill", Incarnation: tr.Incarnation(),
-		Address: tr.WorkerAddress(), Protocol: discovery.Protocol{Version: maxV, MinVersion: minV}})
+		Address: tr.WorkerAddress()})
 	if err != nil {
 		return nil, fmt.Errorf("publishing %s: %w", pc.Name, err)
 	}
