@@ -16,7 +16,7 @@ soak-build: ## Build the soak driver into $(BUILD)/kvxsoak.
 
 # Both parts run even when the first fails, so one run shows every breach; either failing fails
 # the target.
-soak-ci: soak-build ## 2-minute fault soak: cancel storms, deadlines, hung/late/never-quiescent chunks, frozen, killed and partitioned peers.
+soak-ci: soak-build ## 2-minute fault soak: cancel storms, deadlines, hung/late/never-quiescent chunks, frozen, killed and partitioned peers, a lossy link, every path.
 	@rc=0; \
 	$(SOAK_BIN) --duration 60s $(SOAK_FLAGS) || rc=1; \
 	$(SOAK_BIN) --processes --duration 60s --concurrency 64 --faults $(SOAK_CI_PROCESS_FAULTS) $(SOAK_FLAGS) || rc=1; \
@@ -26,8 +26,8 @@ soak-ci: soak-build ## 2-minute fault soak: cancel storms, deadlines, hung/late/
 # process's late chunks stranded its slots until they were poisoned); the UCX transport now
 # drains cancelled receives' tags (docs/ucx.md), and the freeze is back. The lifecycle faults
 # (restart, dead-peer, freeze-paths: docs/stress.md) are left out until the engine passes them:
-# Close under load over UCX, a Receive to a dead peer that waits out its queue timeout. Once it
-# does, this line becomes
+# Close under load over UCX, a Receive to a dead peer that waits out its queue timeout, an RMA
+# sender that stays healthy while its receiver is stopped. Once it does, this line becomes
 #   SOAK_CI_PROCESS_FAULTS ?= cancel,deadline,freeze,lost-peer,partition,restart,dead-peer,freeze-paths
 # `make soak` runs every fault (its default, all), these included.
 SOAK_CI_PROCESS_FAULTS ?= cancel,deadline,freeze,lost-peer,partition
