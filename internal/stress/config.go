@@ -42,7 +42,9 @@ const (
 	// rate to 1 Gbit/s, while requests keep flowing. Skipped, loudly, where network
 	// namespaces (or nft, or tc) are not to be had.
 	FaultPartition Fault = "partition"
-	// FaultRestart (--processes only): rolling restarts under load, each side in turn. A
+	// FaultRestart: rolling restarts under load. In-process, a prefill engine still
+	// connected is replaced by a new one, drained for DrainFor (every other time not at all)
+	// and closed with what is in flight. With processes, each side in turn: a
 	// prefill process gets SIGTERM, drains for DrainFor, closes its engine with whatever is
 	// still in flight and exits; its next incarnation publishes itself in a discovery registry,
 	// where the soak finds its address. Decode, in this process, is drained for DrainFor,
@@ -64,7 +66,7 @@ var AllFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultN
 	FaultRestart, FaultDeadPeer, FaultFreezePaths}
 
 // memFaults are the faults the in-process soak (Run) injects.
-var memFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer}
+var memFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultRestart}
 
 // Route is one way the peer-process soak moves a request between the processes: which
 // prefill process sends it (the serving default, or one with the pull wire and the RMA mode

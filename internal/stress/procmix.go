@@ -388,12 +388,6 @@ func (ps *procSoak) requestToDeadPeer(dead *procPeer) {
 	}
 }
 
-// abruptEnd says whether the restart of an engine's incarnation n gives its Drain no time at
-// all: its Close then meets every transfer in flight, as when a pod's termination grace runs
-// out (docs/serving.md, "Graceful shutdown"). The others drain for DrainFor first, which on
-// this soak's small transfers usually ends them all; alternating covers both promises.
-func abruptEnd(n int) bool { return n%2 == 1 }
-
 // rollingRestart (fault restart) restarts every side in turn under load, as a rolling update
 // does: the two prefill processes, then decode in this process.
 func (ps *procSoak) rollingRestart() {
