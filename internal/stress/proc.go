@@ -115,10 +115,10 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	if cfg.has(FaultFreeze) {
 		ps.pc.Stopped = cfg.FreezeFor
 	}
+	defer ps.closeMix() // also what a failed openMix started
 	if err := ps.openMix(windows); err != nil {
 		return nil, err
 	}
-	defer ps.closeMix()
 	n, tr, err := ps.newDecode("decode")
 	if err != nil {
 		return nil, err
