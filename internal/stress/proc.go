@@ -259,6 +259,9 @@ func (ps *procSoak) peerLine(p *procPeer, line string, addr chan<- string) {
 			addr <- f[1]
 		}
 	case "END":
+		if len(f) >= 3 && strings.HasPrefix(f[2], "refused:no_free_") {
+			ps.windowsExhausted.Add(1) // every window of that pool poisoned for good (L9)
+		}
 		// A receive this process checked (route rma-send): the sender here cannot see its bytes.
 		if len(f) >= 4 && f[3] == "corrupt" {
 			ps.corrupt.Add(1)

@@ -176,15 +176,14 @@ func (ps *procSoak) pinRoute(k int) (Route, bool) {
 // receivePool is a request's receive pool: Go memory, or a window of decode's registered
 // pool for the routes that need one (given back by the caller once the handle is quiescent).
 // With every window out (poisoned for good, L9), the request falls back to Go memory and
-// staging, logged.
+// staging, counted in the report's windows_exhausted.
 func (ps *procSoak) receivePool(route Route, n int64) (pool []byte, window int, out bool) {
 	if !route.registered() {
 		return make([]byte, n), 0, false
 	}
 	i, mem, ok := ps.decodeWins.take()
 	if !ok {
-		ps.log.Warn("every window of decode's registered pool is out; this request goes by Go memory",
-			zap.String("route", string(route)))
+		ps.windowsExhausted.Add(1)
 		return make([]byte, n), 0, false
 	}
 	clear(mem[:n])
@@ -541,6 +540,7 @@ func (ps *procSoak) fillReport(r *Report) {
 	r.CMAReads, r.Crashes = ps.cmaReads.Load(), ps.crashes.Load()
 	r.Restarts, r.RestartsUnderLoad = ps.restarts.Load(), ps.underLoad.Load()
 	r.DeadPeerRequests = ps.deadChecked.Load()
+	r.WindowsExhausted = ps.windowsExhausted.Load()
 	r.LongestDeadPeerSeconds = time.Duration(ps.longestDeadPeer.Load()).Seconds()
 	ps.mu.Lock()
 	for route, d := range ps.frozenSeen {

@@ -74,6 +74,11 @@ type Report struct {
 	// CMAReads counts decode's reads by process_vm_readv (ucx.Transport.CMAStats; peer-process
 	// soak, route cma).
 	CMAReads int64 `json:"cma_reads"`
+	// WindowsExhausted counts requests of the peer-process mix that found every window of a
+	// registered pool out (each window a handle never quiescent keeps, L9): decode's fall back
+	// to Go memory, a peer's are refused. Reported, not bounded: it shows poisoned blocks
+	// piling up faster than restarts give them back.
+	WindowsExhausted int64 `json:"windows_exhausted"`
 	// Crashes counts peer processes that ended other than as the soak told them: a signal it
 	// did not send, or a non-zero exit (must be 0).
 	Crashes int64 `json:"crashes"`
@@ -158,6 +163,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if r.CMAReads > 0 {
 		row("CMA reads (process_vm_readv)", r.CMAReads)
+	}
+	if r.WindowsExhausted > 0 {
+		row("requests that found every registered window out", r.WindowsExhausted)
 	}
 	row("crashes (must be 0)", r.Crashes)
 	if r.Restarts > 0 {
