@@ -3,7 +3,9 @@
 # Both run the same code as `kvxbench stress` (internal/stress.Command), built on its own so the
 # soak does not wait on the rest of kvxbench. SOAK_FLAGS adds flags (`--json`, `--faults ...`).
 # Each run has two parts: the in-process soak (every chunk-level fault) and the peer-process
-# soak over UCX (SIGSTOP, SIGKILL, and a network partition where namespaces are allowed).
+# soak over UCX (a mix of every path through registered pools; SIGSTOP, SIGKILL, rolling
+# restarts, and a cut and lossy network where namespaces are allowed: nftables and tc, which
+# scripts/deps.sh installs).
 .PHONY: soak-ci soak soak-build
 
 SOAK_BIN := $(BUILD)/kvxsoak
@@ -14,15 +16,20 @@ soak-build: ## Build the soak driver into $(BUILD)/kvxsoak.
 
 # Both parts run even when the first fails, so one run shows every breach; either failing fails
 # the target.
-soak-ci: soak-build ## 2-minute fault soak: cancel storms, deadlines, hung/late/never-quiescent chunks, frozen, killed and partitioned peers.
+soak-ci: soak-build ## 2-minute fault soak: cancel storms, deadlines, hung/late/never-quiescent chunks, frozen, killed and partitioned peers, a lossy link, every path.
 	@rc=0; \
 	$(SOAK_BIN) --duration 60s $(SOAK_FLAGS) || rc=1; \
 	$(SOAK_BIN) --processes --duration 60s --concurrency 64 --faults $(SOAK_CI_PROCESS_FAULTS) $(SOAK_FLAGS) || rc=1; \
 	exit $$rc
 
-# Every fault the peer-process soak knows. SIGSTOP/SIGCONT was once left out (a frozen prefill
+# The peer-process soak's faults in soak-ci. SIGSTOP/SIGCONT was once left out (a frozen prefill
 # process's late chunks stranded its slots until they were poisoned); the UCX transport now
-# drains cancelled receives' tags (docs/ucx.md), and the freeze is back.
+# drains cancelled receives' tags (docs/ucx.md), and the freeze is back. The lifecycle faults
+# (restart, dead-peer, freeze-paths: docs/stress.md) are left out until the engine passes them:
+# Close under load over UCX, a Receive to a dead peer that waits out its queue timeout, an RMA
+# sender that stays healthy while its receiver is stopped. Once it does, this line becomes
+#   SOAK_CI_PROCESS_FAULTS ?= cancel,deadline,freeze,lost-peer,partition,restart,dead-peer,freeze-paths
+# `make soak` runs every fault (its default, all), these included.
 SOAK_CI_PROCESS_FAULTS ?= cancel,deadline,freeze,lost-peer,partition
 
 soak: soak-build ## 30-minute fault soak; prints the summary tables, exits non-zero on any breach.

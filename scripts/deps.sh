@@ -4,7 +4,8 @@
 # Usage: scripts/deps.sh [extra Debian packages...]
 set -euo pipefail
 
-want=(build-essential pkg-config cmake libucx-dev ucx-utils iproute2 "$@")
+# iproute2 (ip, tc) and nftables (nft): the soak's network faults (docs/stress.md).
+want=(build-essential pkg-config cmake libucx-dev ucx-utils iproute2 nftables "$@")
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")

@@ -35,6 +35,11 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"concurrency", Config{Concurrency: -1}, "Concurrency"},
 		{"slot too small", Config{SlotBytes: 100}, "SlotBytes"},
 		{"freeze shorter than the progress deadline", Config{FreezeFor: time.Second, ProgressDeadline: 2 * time.Second}, "FreezeFor"},
+		{"loss over half the packets", Config{LossPercent: 60}, "LossPercent"},
+		{"negative drain deadline", Config{DrainFor: -time.Second}, "DrainFor"},
+		{"negative dead-peer bound", Config{DeadPeerBound: -time.Second}, "DeadPeerBound"},
+		{"dead-peer without lost-peer", Config{Faults: []Fault{FaultDeadPeer}}, "Faults"},
+		{"freeze-paths without freeze", Config{Faults: []Fault{FaultFreezePaths}}, "Faults"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -72,6 +77,75 @@ func TestParseFaults(t *testing.T) {
 			require.Equal(t, c.want, got)
 		})
 	}
+}
+
+func TestParseRoutes(t *testing.T) {
+	cases := []struct {
+		desc string
+		in   string
+		want []Route
+		bad  bool
+	}{
+		{"all", "all", AllRoutes, false},
+		{"empty means all", "", AllRoutes, false},
+		{"some, deduplicated", "rma, cma,rma", []Route{RouteRMA, RouteCMA}, false},
+		{"unknown", "rdma", nil, true},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			got, err := ParseRoutes(c.in)
+			if c.bad {
+				require.ErrorIs(t, err, ErrInvalidConfig)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, c.want, got)
+		})
+	}
+}
+
+// A failed transfer's error must say what happened in terms a caller can act on: a kvxfer
+// sentinel, however deeply wrapped.
+func TestErrorClassNamesTheSentinel(t *testing.T) {
+	cases := []struct {
+		desc string
+		err  error
+		want string
+	}{
+		{"no error", nil, "-"},
+		{"deadline, wrapped", &transfer.RequestError{ID: 7, Err: transfer.ErrDeadline}, "deadline"},
+		{"peer lost, wrapped twice", fmt.Errorf("sub 1: %w", &transfer.RequestError{ID: 7, Err: transfer.ErrPeerLost}), "peer-lost"},
+		{"quarantined before its cause", fmt.Errorf("%w: %w", transfer.ErrQuarantined, transfer.ErrDeadline), "quarantined"},
+		{"stale RMA read", fmt.Errorf("request 3: %w", transfer.ErrStaleRead), "stale-read"},
+		{"a bare string", errors.New("something broke"), untypedError},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			require.Equal(t, c.want, errorClass(c.err))
+		})
+	}
+}
+
+// Windows of a registered pool never overlap, run out rather than share, and come back.
+func TestWindowsNeverShareBlocks(t *testing.T) {
+	mem := make([]byte, 3*4096)
+	w := newWindows(mem, 4096, 3)
+	seen := map[int]bool{}
+	for range 3 {
+		i, b, ok := w.take()
+		require.True(t, ok)
+		require.False(t, seen[i], "window %d handed out twice", i)
+		seen[i] = true
+		require.Len(t, b, 4096)
+		require.Equal(t, cap(b), 4096, "a window must not reach into the next")
+	}
+	_, _, ok := w.take()
+	require.False(t, ok, "a fourth window from three")
+	w.put(1)
+	i, _, ok := w.take()
+	require.True(t, ok)
+	require.Equal(t, 1, i)
+	require.Zero(t, Config{}.withDefaults().windowBytes()%4096, "windows must start on pages for RegisterHost")
 }
 
 // nopTransport accepts every post and never completes it: enough for the tracker, which only

@@ -42,6 +42,12 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&cfg.FreezeFor, "freeze", DefaultFreezeFor, "how long a frozen peer stays frozen (fault freeze)")
 	fs.DurationVar(&cfg.Grace, "grace", DefaultGrace, "slack on every bound the checker enforces")
 	fs.DurationVar(&cfg.RecoveryBound, "recovery", DefaultRecoveryBound, "health must be back within this after a peer is")
+	routes := fs.String("paths", "all", "--processes: the routes of the mix, comma-separated (staging, pull, direct, rma, cma), or all")
+	fs.BoolVar(&cfg.DecodeDisablesPull, "decode-no-pull", false, "--processes: decode never asks for the pull wire (staging by tagged messages only)")
+	fs.DurationVar(&cfg.DrainFor, "drain-for", DefaultDrainFor, "deadline of a restarted engine's Drain before its Close (fault restart)")
+	fs.DurationVar(&cfg.DeadPeerBound, "dead-peer-bound", DefaultDeadPeerBound, "a request to a peer known dead must fail within this (fault dead-peer)")
+	fs.DurationVar(&cfg.FrozenSeenSlack, "frozen-seen-slack", DefaultFrozenSeenSlack, "a freeze with one path in flight must be seen within the progress deadline plus this (fault freeze-paths)")
+	fs.IntVar(&cfg.LossPercent, "loss", DefaultLossPercent, "percent of packets the lossy link drops (fault partition)")
 	maxHeapMiB := fs.Uint64("max-heap-mib", DefaultMaxHeapBytes>>20, "heap bound, MiB")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
 	processes := fs.Bool("processes", false, "run the prefill side as two peer processes over UCX (SIGSTOP, SIGKILL) instead of in-process engines")
@@ -61,6 +67,9 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return &UsageError{Msg: err.Error()}
 	}
 	cfg.NoFaults = len(cfg.Faults) == 0
+	if cfg.Routes, err = ParseRoutes(*routes); err != nil {
+		return &UsageError{Msg: err.Error()}
+	}
 	cfg.NoDirect = cfg.DirectFraction == 0
 	cfg.MaxHeapBytes = *maxHeapMiB << 20
 	if *verbose {

@@ -23,6 +23,8 @@ func TestCommandRefusesBadInput(t *testing.T) {
 		{"unknown fault", []string{"--faults", "cancel,meteor"}, "meteor"},
 		{"stray argument", []string{"extra"}, "no arguments"},
 		{"impossible config", []string{"--cancel-fraction", "2"}, "CancelFraction"},
+		{"unknown path", []string{"--paths", "staging,rdma"}, "rdma"},
+		{"loss past half the packets", []string{"--loss", "90"}, "LossPercent"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {

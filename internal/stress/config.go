@@ -38,15 +38,85 @@ const (
 	FaultLostPeer Fault = "lost-peer"
 	// FaultPartition (--processes only): a prefill and a decode peer process in two network
 	// namespaces joined by a veth pair, over UCX TCP; the link is cut and restored, then made
-	// lossy with netem. Skipped, loudly, where network namespaces are not allowed.
+	// lossy: nftables drops LossPercent of the packets at random and a tbf qdisc limits the
+	// rate to 1 Gbit/s, while requests keep flowing. Skipped, loudly, where network
+	// namespaces (or nft, or tc) are not to be had.
 	FaultPartition Fault = "partition"
+	// FaultRestart: rolling restarts under load. In-process, a prefill engine still
+	// connected is replaced by a new one, drained for DrainFor (every other time not at all)
+	// and closed with what is in flight. With processes, each side in turn: a
+	// prefill process gets SIGTERM, drains for DrainFor, closes its engine with whatever is
+	// still in flight and exits; its next incarnation publishes itself in a discovery registry,
+	// where the soak finds its address. Decode, in this process, is drained for DrainFor,
+	// closed under load, and replaced by a new engine on a new UCX worker whose address the
+	// peers are told. Every exit must be clean (a crash is a breach) and every pool accounted.
+	FaultRestart Fault = "restart"
+	// FaultDeadPeer (--processes only, with lost-peer): once decode has heard that a killed
+	// prefill process is lost, a request to it must fail within DeadPeerBound.
+	FaultDeadPeer Fault = "dead-peer"
+	// FaultFreezePaths (--processes only, with freeze): each freeze first pins every new
+	// request to one path of the mix (in turn, a different one each cycle) and waits for the
+	// others to end, so the peers are stopped with only that path in flight; decode must turn
+	// unhealthy within ProgressDeadline + FrozenSeenSlack.
+	FaultFreezePaths Fault = "freeze-paths"
 )
 
 // AllFaults lists every fault, in the order the report prints them.
-var AllFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultPartition}
+var AllFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultPartition,
+	FaultRestart, FaultDeadPeer, FaultFreezePaths}
 
 // memFaults are the faults the in-process soak (Run) injects.
-var memFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer}
+var memFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultRestart}
+
+// Route is one way the peer-process soak moves a request between the processes: which
+// prefill process sends it (the serving default, or one with the pull wire and the RMA mode
+// off) and which pools both sides use (Go memory, or pools registered with UCX).
+type Route string
+
+// The routes of the peer-process soak's mix.
+const (
+	// RouteStaging: Go memory on both sides, the plain prefill process: staging slots and
+	// tagged data messages.
+	RouteStaging Route = "staging"
+	// RoutePull: Go memory on both sides, the default prefill process: the staging path's pull
+	// wire (the receiver reads the sender's slots).
+	RoutePull Route = "pull"
+	// RouteDirect: registered pools on both sides, the plain prefill process: the one-copy
+	// path's IOV messages.
+	RouteDirect Route = "direct"
+	// RouteRMA: registered pools (the sender's allocated by UCX), the default prefill process:
+	// RMA gets (read in place over shared memory).
+	RouteRMA Route = "rma"
+	// RouteCMA: as RouteRMA, but the sender's pool is its own mmap registered with UCX
+	// (RegisterHost): over shared memory decode reads it with process_vm_readv.
+	RouteCMA Route = "cma"
+	// RouteRMASend: the other way, decode sends to the default prefill process, which reads
+	// decode's registered pool with RMA gets into a UCX-allocated one of its own and checks
+	// the bytes: decode is then the RMA sender whose exposed pool waits on its peer.
+	RouteRMASend Route = "rma-send"
+)
+
+// AllRoutes lists every route of the mix.
+var AllRoutes = []Route{RouteStaging, RoutePull, RouteDirect, RouteRMA, RouteCMA, RouteRMASend}
+
+// ParseRoutes reads a comma-separated list of routes ("all" for every one).
+func ParseRoutes(s string) ([]Route, error) {
+	s = strings.TrimSpace(s)
+	if s == "all" || s == "" {
+		return slices.Clone(AllRoutes), nil
+	}
+	var out []Route
+	for _, name := range strings.Split(s, ",") {
+		r := Route(strings.TrimSpace(name))
+		if !slices.Contains(AllRoutes, r) {
+			return nil, &ConfigError{Field: "Routes", Value: name, Reason: fmt.Sprintf("unknown route; known: %v", AllRoutes)}
+		}
+		if !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
 
 // only keeps the faults of fs that are also in allowed, in order.
 func only(fs, allowed []Fault) []Fault {
@@ -103,11 +173,31 @@ type Config struct {
 	DeadlineFraction float64
 	// DirectFraction of the in-process soak's requests name their pools to the transport, so
 	// they take the one-copy path (RMA gets where whole blocks line up, IOV messages for the
-	// TP=2 halves) instead of staging slots. Default 0.25. The peer-process soak moves
-	// everything by staging (its pools are not mapped).
+	// TP=2 halves) instead of staging slots. Default 0.25. The peer-process soak draws a
+	// route per request instead (Routes).
 	DirectFraction float64
 	// NoDirect sends every request by staging (DirectFraction is then ignored).
 	NoDirect bool
+	// Routes is the peer-process soak's mix: each request takes one of them at random.
+	// Default (nil): AllRoutes.
+	Routes []Route
+	// DecodeDisablesPull sets Config.DisablePull on the peer-process soak's decode engine, so
+	// it never asks for the pull wire and the staging route's prefill process never declines
+	// one: plain tagged data messages on both sides (the pull route then stages the same way).
+	DecodeDisablesPull bool
+	// DrainFor is the deadline of the Drain a restarted engine gets before its Close (fault
+	// restart): shorter than TransferTimeout, so Close meets transfers still in flight.
+	// Default 1s.
+	DrainFor time.Duration
+	// DeadPeerBound is how long a request to a peer decode knows is dead may take to fail
+	// (fault dead-peer). Default 1s.
+	DeadPeerBound time.Duration
+	// FrozenSeenSlack is how long after ProgressDeadline a frozen peer on one path must be
+	// seen (fault freeze-paths). Default 1s.
+	FrozenSeenSlack time.Duration
+	// LossPercent is the share of packets the lossy link drops at random (fault partition).
+	// Default 3; at most 50.
+	LossPercent int
 	// Faults lists the faults to inject. Default (nil): AllFaults. Use NoFaults for none.
 	Faults []Fault
 	// NoFaults turns every fault off (Faults is then ignored).
@@ -164,6 +254,10 @@ const (
 	DefaultGrace             = 2 * time.Second
 	DefaultRecoveryBound     = 10 * time.Second
 	DefaultMaxHeapBytes      = 2 << 30
+	DefaultDrainFor          = time.Second
+	DefaultDeadPeerBound     = time.Second
+	DefaultFrozenSeenSlack   = time.Second
+	DefaultLossPercent       = 3
 )
 
 func (c Config) withDefaults() Config {
@@ -214,6 +308,15 @@ func (c Config) withDefaults() Config {
 	if c.MaxHeapBytes == 0 {
 		c.MaxHeapBytes = DefaultMaxHeapBytes
 	}
+	if c.Routes == nil {
+		c.Routes = slices.Clone(AllRoutes)
+	}
+	dur(&c.DrainFor, DefaultDrainFor)
+	dur(&c.DeadPeerBound, DefaultDeadPeerBound)
+	dur(&c.FrozenSeenSlack, DefaultFrozenSeenSlack)
+	if c.LossPercent == 0 {
+		c.LossPercent = DefaultLossPercent
+	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -241,7 +344,8 @@ func (c Config) validate() error {
 		v    time.Duration
 	}{{"Duration", c.Duration}, {"TransferTimeout", c.TransferTimeout}, {"QueueTimeout", c.QueueTimeout},
 		{"ProgressDeadline", c.ProgressDeadline}, {"QuarantineTimeout", c.QuarantineTimeout}, {"FreezeFor", c.FreezeFor},
-		{"Grace", c.Grace}, {"RecoveryBound", c.RecoveryBound}} {
+		{"Grace", c.Grace}, {"RecoveryBound", c.RecoveryBound}, {"DrainFor", c.DrainFor}, {"DeadPeerBound", c.DeadPeerBound},
+		{"FrozenSeenSlack", c.FrozenSeenSlack}} {
 		if d.v < 0 {
 			return bad(d.name, d.v, "must be positive")
 		}
@@ -257,6 +361,14 @@ func (c Config) validate() error {
 		return bad("FreezeFor", c.FreezeFor, fmt.Sprintf("must exceed ProgressDeadline (%v), or health has no stall to report", c.ProgressDeadline))
 	case c.Duration < 2*time.Second:
 		return bad("Duration", c.Duration, "must be at least 2s")
+	case c.LossPercent < 0 || c.LossPercent > 50:
+		return bad("LossPercent", c.LossPercent, "must be between 1 and 50")
+	case len(c.Routes) == 0:
+		return bad("Routes", c.Routes, "needs at least one route")
+	case c.has(FaultDeadPeer) && !c.has(FaultLostPeer):
+		return bad("Faults", c.Faults, "dead-peer needs lost-peer (it times requests to the peer lost-peer kills)")
+	case c.has(FaultFreezePaths) && !c.has(FaultFreeze):
+		return bad("Faults", c.Faults, "freeze-paths needs freeze (it pins a path for each freeze)")
 	}
 	return nil
 }

@@ -19,5 +19,9 @@
 // All engines run in one process over mem.Network, whose fault injection stands in
 // for the processes and network of a real deployment: a frozen peer is one whose every
 // message is held until it thaws (SIGSTOP), a lost peer is cut off with LosePeer and started
-// again under a new name (SIGKILL and restart). Every wait in this package is bounded.
+// again under a new name (SIGKILL and restart). RunProcesses puts the prefill engines in peer
+// processes over UCX instead: each request takes a route of a mix (staging, pull wire, direct,
+// RMA, process_vm_readv, and decode as the RMA sender) through registered pools, and the
+// lifecycle faults (SIGSTOP, SIGKILL, rolling restarts through a discovery registry, a cut and
+// a lossy link) run against real processes. Every wait in this package is bounded.
 package stress

@@ -26,6 +26,9 @@ type node struct {
 
 	quarantines atomic.Int64
 	poisons     atomic.Int64
+
+	lostMu sync.Mutex
+	lost   map[transfer.Peer]chan struct{} // closed once the transport reported the peer lost
 	// maxPoisoned is the most poisoned slots Health has reported; it may only grow.
 	maxPoisoned atomic.Int64
 }
@@ -207,6 +210,40 @@ func (n *node) OnPoison(_ transfer.RequestID, slot int, _ string) {
 	}
 	n.poisons.Add(1)
 	n.slot.markPoisoned(slot)
+}
+
+var _ transfer.PeerObserver = (*node)(nil)
+
+// OnPeerConnected implements transfer.PeerObserver.
+func (n *node) OnPeerConnected(transfer.Peer) {}
+
+// OnPeerLost implements transfer.PeerObserver: peerLost's waiters hear of it.
+func (n *node) OnPeerLost(peer transfer.Peer, _ error) {
+	ch := n.lostChan(peer)
+	n.lostMu.Lock()
+	defer n.lostMu.Unlock()
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
+// peerLost returns a channel closed once the engine's transport has reported peer lost.
+func (n *node) peerLost(peer transfer.Peer) <-chan struct{} { return n.lostChan(peer) }
+
+func (n *node) lostChan(peer transfer.Peer) chan struct{} {
+	n.lostMu.Lock()
+	defer n.lostMu.Unlock()
+	if n.lost == nil {
+		n.lost = map[transfer.Peer]chan struct{}{}
+	}
+	ch, ok := n.lost[peer]
+	if !ok {
+		ch = make(chan struct{})
+		n.lost[peer] = ch
+	}
+	return ch
 }
 
 // OnProgress implements transfer.Observer.

@@ -10,9 +10,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -90,7 +92,34 @@ func newNetPair() (*netPair, error) {
 			return nil, err
 		}
 	}
+	if err := n.awaitCarrier(5 * time.Second); err != nil {
+		n.remove()
+		return nil, err
+	}
 	return n, nil
+}
+
+// awaitCarrier waits, bounded, until both ends of the veth pair have their carrier
+// (LOWER_UP). `ip link set up` returns before it comes, and UCX's TCP transport takes only
+// running interfaces: a peer started too soon fails with "No such device" (seen once in a
+// 60 s soak).
+func (n *netPair) awaitCarrier(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for _, end := range [][2]string{{n.nsA, n.devA}, {n.nsB, n.devB}} {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			out, err := exec.CommandContext(ctx, "ip", "-n", end[0], "-o", "link", "show", "dev", end[1]).Output()
+			cancel()
+			if err == nil && strings.Contains(string(out), "LOWER_UP") {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s in %s has no carrier %v after it was set up: %q", end[1], end[0], within, strings.TrimSpace(string(out)))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // remove deletes both namespaces (the veth pair goes with them); it is safe to call twice.
@@ -102,15 +131,72 @@ func (n *netPair) remove() {
 
 func (n *netPair) cut() error     { return runIP("ip", "-n", n.nsA, "link", "set", n.devA, "down") }
 func (n *netPair) restore() error { return runIP("ip", "-n", n.nsA, "link", "set", n.devA, "up") }
-func (n *netPair) lossy(pct int) error {
-	return runIP("tc", "-n", n.nsA, "qdisc", "add", "dev", n.devA, "root", "netem", "loss", fmt.Sprintf("%d%%", pct))
+
+// lossTable is the nftables table the lossy link's drop rules live in, in each namespace.
+const lossTable = "kvxsoak"
+
+// lossyCommands are the commands that make the link lossy: in each namespace an nftables rule
+// drops pct% of the outgoing packets at random (numgen random), and a tbf qdisc limits the
+// prefill side's rate to 1 Gbit/s. netem would do both, but many kernels (this one) lack
+// sch_netem; nf_tables and sch_tbf are in every distribution kernel.
+func (n *netPair) lossyCommands(pct int) [][]string {
+	var cmds [][]string
+	for _, ns := range []string{n.nsA, n.nsB} {
+		nft := []string{"ip", "netns", "exec", ns, "nft"}
+		cmds = append(cmds,
+			append(slices.Clone(nft), "add", "table", "inet", lossTable),
+			append(slices.Clone(nft), "add", "chain", "inet", lossTable, "out", "{ type filter hook output priority 0 ; }"),
+			append(slices.Clone(nft), "add", "rule", "inet", lossTable, "out", "numgen", "random", "mod", "100", "<", strconv.Itoa(pct), "drop"))
+	}
+	return append(cmds, []string{"tc", "-n", n.nsA, "qdisc", "add", "dev", n.devA, "root", "tbf", "rate", "1gbit", "burst", "256kb", "latency", "50ms"})
 }
+
+// clearLossCommands undo lossyCommands.
+func (n *netPair) clearLossCommands() [][]string {
+	return [][]string{
+		{"ip", "netns", "exec", n.nsA, "nft", "delete", "table", "inet", lossTable},
+		{"ip", "netns", "exec", n.nsB, "nft", "delete", "table", "inet", lossTable},
+		{"tc", "-n", n.nsA, "qdisc", "del", "dev", n.devA, "root"},
+	}
+}
+
+// lossy makes the link drop pct% of the packets each way and limits its rate; on a failure
+// it undoes what it did.
+func (n *netPair) lossy(pct int) error {
+	for _, c := range n.lossyCommands(pct) {
+		if err := runIP(c...); err != nil {
+			_ = n.clearLoss()
+			return err
+		}
+	}
+	return nil
+}
+
+// clearLoss undoes lossy, every step tried; the first error is returned.
 func (n *netPair) clearLoss() error {
-	return runIP("tc", "-n", n.nsA, "qdisc", "del", "dev", n.devA, "root")
+	var first error
+	for _, c := range n.clearLossCommands() {
+		if err := runIP(c...); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// lossyUnavailable says why this machine cannot make the link lossy ("" when it can): the
+// nft or tc command missing (scripts/deps.sh installs nftables and iproute2).
+func lossyUnavailable() string {
+	for _, cmd := range []string{"nft", "tc"} {
+		if _, err := exec.LookPath(cmd); err != nil {
+			return fmt.Sprintf("%s not found (Debian packages nftables and iproute2; scripts/deps.sh installs them)", cmd)
+		}
+	}
+	return ""
 }
 
 // nsPeer is a peer process inside a namespace, with the replies the partition phase waits on.
 type nsPeer struct {
+	lastCompleted atomic.Int64 // unix nanoseconds of its last END completed
 	*procPeer
 	health chan string
 	mu     sync.Mutex
@@ -121,6 +207,7 @@ type nsPeer struct {
 func (ps *procSoak) startNSPeer(idx int, ns, dev string) (*nsPeer, error) {
 	pc := ps.pc
 	pc.TLS, pc.NetDevices = "tcp", dev
+	pc.Windows = 0 // the partition's requests use Go memory
 	p := &nsPeer{procPeer: &procPeer{idx: idx, pool: make(chan string, 1)},
 		health: make(chan string, 1), ends: map[uint64]chan string{}}
 	addr := make(chan string, 1)
@@ -136,6 +223,9 @@ func (ps *procSoak) startNSPeer(idx int, ns, dev string) (*nsPeer, error) {
 			}
 		case len(f) >= 3 && f[0] == "END":
 			id, _ := strconv.ParseUint(f[1], 10, 64)
+			if f[2] == "completed" {
+				p.lastCompleted.Store(time.Now().UnixNano())
+			}
 			p.mu.Lock()
 			ch := p.ends[id]
 			delete(p.ends, id)
@@ -167,26 +257,39 @@ func (p *nsPeer) expectEnd(id uint64) chan string {
 
 // healthy asks the peer for its engine's health; ok is false if it did not answer in time.
 func (p *nsPeer) healthy() (healthy, ok bool) {
+	healthy, _, ok = p.healthReason()
+	return healthy, ok
+}
+
+// healthReason is healthy with the reason the peer gave (spaces as underscores).
+func (p *nsPeer) healthReason() (healthy bool, reason string, ok bool) {
 	select { // drop a stale answer
 	case <-p.health:
 	default:
 	}
 	if p.send("HEALTH") != nil {
-		return false, false
+		return false, "", false
 	}
 	select {
 	case line := <-p.health:
-		return strings.HasPrefix(line, "HEALTH 1"), true
+		f := strings.Fields(line)
+		if len(f) >= 3 {
+			reason = f[2]
+		}
+		return strings.HasPrefix(line, "HEALTH 1"), reason, true
 	case <-time.After(2 * time.Second):
-		return false, false
+		return false, "", false
 	}
 }
 
 // partition is the network phase of the process soak: a prefill peer in one namespace sends
 // to a decode peer in another over UCX TCP across a veth pair; the link is cut for FreezeFor
 // (decode must turn unhealthy within the progress deadline, and healthy within RecoveryBound
-// of the restore), then made lossy (30% loss) as long, while requests keep flowing. Where the
-// machine refuses network namespaces, the phase is skipped, loudly.
+// of the restore), then made lossy (LossPercent% of the packets dropped each way, 1 Gbit/s) for
+// a fifth of the phase, while requests keep flowing: each must complete byte-exact or fail
+// with a typed error, health must not call the link stalled while transfers complete over it,
+// and decode must be healthy within RecoveryBound once it is clean again. Where the machine
+// refuses network namespaces, the phase is skipped, loudly.
 func (ps *procSoak) partition(ctx context.Context, d time.Duration) {
 	net, err := newNetPair()
 	if err != nil {
@@ -247,28 +350,55 @@ func (ps *procSoak) partition(ctx context.Context, d time.Duration) {
 		}
 	}
 	if sleepUntil(trafficCtx, start.Add(d*3/5)) {
-		if err := net.lossy(30); err != nil {
-			if strings.Contains(err.Error(), "qdisc kind is unknown") {
-				msg := fmt.Sprintf("lossy link skipped: this kernel has no netem qdisc (sch_netem): %v", err)
-				fmt.Fprintln(os.Stderr, "kvxbench stress: WARNING: "+msg)
-				ps.skip(msg)
-			} else {
-				ps.addBreach(fmt.Sprintf("partition: netem loss: %v", err))
-			}
-		} else {
-			ps.injected[FaultPartition].Add(1)
-			ps.log.Info("link lossy (30%)", zap.String("dev", net.devA))
-			sleepUntil(trafficCtx, time.Now().Add(ps.cfg.FreezeFor))
-			if err := net.clearLoss(); err != nil {
-				ps.addBreach(fmt.Sprintf("partition: clearing netem: %v", err))
-			}
-		}
+		ps.lossyLink(trafficCtx, net, decode, d/5)
 	}
 	<-trafficCtx.Done()
 	bound := ps.quiesceBound(ps.cfg.TransferTimeout) + ps.cfg.Grace
 	if !waitBounded(&workers, closedChan(), bound) {
 		ps.addBreach(fmt.Sprintf("partition: requests still waiting %v after the traffic stopped", bound))
 	}
+}
+
+// lossyLink makes the link lossy for d, checks health while it is, and waits for decode's
+// recovery once it is clean again.
+func (ps *procSoak) lossyLink(ctx context.Context, net *netPair, decode *nsPeer, d time.Duration) {
+	if why := lossyUnavailable(); why != "" {
+		msg := "lossy link skipped: " + why
+		fmt.Fprintln(os.Stderr, "kvxbench stress: WARNING: "+msg)
+		ps.skip(msg)
+		return
+	}
+	if err := net.lossy(ps.cfg.LossPercent); err != nil {
+		msg := fmt.Sprintf("lossy link skipped: nftables or tbf refused in the namespace (nf_tables, sch_tbf): %v", err)
+		fmt.Fprintln(os.Stderr, "kvxbench stress: WARNING: "+msg)
+		ps.skip(msg)
+		return
+	}
+	ps.injected[FaultPartition].Add(1)
+	ps.log.Info("link lossy", zap.String("dev", net.devA), zap.Int("loss_percent", ps.cfg.LossPercent))
+	t0 := time.Now()
+	completedBefore := ps.completed.Load()
+	for sleepUntil(ctx, time.Now().Add(250*time.Millisecond)) && time.Since(t0) < d {
+		asked := time.Now()
+		healthy, reason, ok := decode.healthReason()
+		last := time.Unix(0, decode.lastCompleted.Load())
+		// A transfer completed less than half a progress deadline before the question: an
+		// engine that then says nothing progressed for a whole deadline is not telling the
+		// truth (its other reasons, such as poisoned slots, may be).
+		if ok && !healthy && strings.Contains(reason, "no_transfer_progressed") && asked.Sub(last) < ps.cfg.ProgressDeadline/2 {
+			ps.addBreach(fmt.Sprintf("lossy link: the decode peer reported %q %v after a transfer completed over the link",
+				strings.ReplaceAll(reason, "_", " "), asked.Sub(last).Round(time.Millisecond)))
+		}
+	}
+	if err := net.clearLoss(); err != nil {
+		ps.addBreach(fmt.Sprintf("partition: clearing the lossy link: %v", err))
+	}
+	ps.log.Info("link clean", zap.Int64("completed_while_lossy", ps.completed.Load()-completedBefore))
+	if ps.completed.Load() == completedBefore {
+		ps.addBreach(fmt.Sprintf("lossy link: nothing completed in %v at %d%% loss: TCP retransmits, so transfers must still move",
+			time.Since(t0).Round(time.Millisecond), ps.cfg.LossPercent))
+	}
+	ps.awaitPeerHealth(decode, true, time.Now(), ps.cfg.RecoveryBound, "the lossy link cleaned")
 }
 
 // awaitPeerHealth polls a peer's health until it is want, bounded by within after since.
@@ -324,6 +454,9 @@ func (ps *procSoak) nsRequest(r *rand.Rand, prefill, decode *nsPeer) {
 			ps.completed.Add(1)
 		case f[2] == "failed":
 			ps.failed.Add(1)
+			if len(f) >= 5 && f[4] == untypedError {
+				ps.addBreach(fmt.Sprintf("partition: request %d failed with an error that matches no kvxfer sentinel", id))
+			}
 		case f[2] == "cancelled":
 			ps.cancelled.Add(1)
 		}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -25,12 +26,13 @@ import (
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // procFaults are the faults the process mode injects; the chunk-level ones need the
 // in-memory transport's hooks.
-var procFaults = []Fault{FaultCancel, FaultDeadline, FaultFreeze, FaultLostPeer, FaultPartition}
+var procFaults = []Fault{FaultCancel, FaultDeadline, FaultFreeze, FaultLostPeer, FaultPartition, FaultRestart, FaultDeadPeer, FaultFreezePaths}
 
 func init() { runProcesses = RunProcesses }
 
@@ -40,6 +42,9 @@ type procPeer struct {
 	name     transfer.Peer
 	child    *proc.Child // its stderr's end goes with a breach (Child.Tail)
 	pool     chan string // its POOL line
+	term     chan int    // its TERM line: transfers in flight when its Close began
+	// incarnation is what it published in the registry (fault restart's discovery).
+	incarnation uint64
 }
 
 func (p *procPeer) send(line string) error { return p.child.Send(line) }
@@ -47,13 +52,31 @@ func (p *procPeer) send(line string) error { return p.child.Send(line) }
 // procSoak adds peer processes to a soak whose only in-process engine is decode, over UCX.
 type procSoak struct {
 	*soak
-	tr       *ucx.Transport
+	tls      string
 	exe      string
 	pc       peerConfig
-	peerMu   sync.Mutex
+	peerMu   sync.Mutex // guards peers, all, tr
 	peers    [2]*procPeer
 	all      []*procPeer
+	tr       *ucx.Transport // decode's transport, this incarnation's
 	freezing atomic.Bool
+	// signalPhase is how long the signal faults run (the partition has the rest of the run):
+	// the schedule's cycle is at most this long, so each cycle's faults all happen.
+	signalPhase time.Duration
+
+	// The path mix (procmix.go).
+	decodePool  []byte   // decode's KV pool: an mmap every incarnation registers (RegisterHost)
+	decodeWins  *windows // its windows, one per request on a registered route
+	inflight    map[Route]*atomic.Int64
+	pinned      atomic.Pointer[Route] // freeze-paths: every new request takes this route
+	registry    *discovery.Server     // where the peers publish themselves
+	lookup      discovery.Registry
+	restarts    atomic.Int64 // rolling restarts done (either side)
+	underLoad   atomic.Int64 // of them, Closes that met transfers in flight
+	deadChecked atomic.Int64 // requests to a known dead peer timed
+	frozenSeen  map[Route]time.Duration
+	retiredCMA  ucx.CMAStats // CMA reads of decode's retired incarnations
+	retiredRepl int64        // workers they replaced
 }
 
 // RunProcesses is Run with the prefill side in two peer processes over UCX (TLS tls; empty
@@ -80,31 +103,27 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 		s.injected[f] = new(atomic.Int64)
 	}
 	s.numSlots = 2*cfg.MaxConcurrent + 16
-	ps := &procSoak{soak: s, exe: exe}
+	ps := &procSoak{soak: s, tls: tls, exe: exe, inflight: map[Route]*atomic.Int64{}, frozenSeen: map[Route]time.Duration{}}
+	for _, r := range AllRoutes {
+		ps.inflight[r] = new(atomic.Int64)
+	}
+	windows := cfg.Concurrency + 64 // a window per request, and room for those poisoned for good
 	ps.pc = peerConfig{TLS: tls, SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent, NumSlots: s.numSlots,
 		QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline, QuarantineTimeout: cfg.QuarantineTimeout,
-		Grace: cfg.Grace, Lifetime: cfg.Duration + 5*time.Minute}
+		Grace: cfg.Grace, Lifetime: cfg.Duration + 5*time.Minute, RMAMinRegionBytes: mixRMAMinRegionBytes,
+		Windows: windows, WindowBytes: cfg.windowBytes(), DrainFor: cfg.DrainFor}
 	if cfg.has(FaultFreeze) {
 		ps.pc.Stopped = cfg.FreezeFor
 	}
-	// A peer killed while writing into decode's shared-memory receive queue wedges it for good
-	// (docs/ucx.md): decode replaces its worker, and announce gives the peers its new address.
-	tr, err := ucx.New(ucx.Config{TLS: tls, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(s.numSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
-		ProbeTimeout: 3 * time.Second, ReplaceWedgedWorker: true})
-	if err != nil {
-		return nil, fmt.Errorf("stress: opening UCX: %w", err)
-	}
-	ps.tr = tr
-	n := &node{name: "decode"}
-	n.slot = newSlotTracker(tr, tr.StagingMemory(), cfg.SlotBytes)
-	if n.eng, err = transfer.New(n.slot, transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent,
-		NumSlots: s.numSlots, StagingMemory: tr.StagingMemory(), TransferTimeout: cfg.TransferTimeout,
-		QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline, QuarantineTimeout: cfg.QuarantineTimeout,
-		CloseTimeout: cfg.QuarantineTimeout + cfg.Grace, Logger: cfg.EngineLogger, Observer: n}); err != nil {
-		_ = tr.Close(true)
+	defer ps.closeMix() // also what a failed openMix started
+	if err := ps.openMix(windows); err != nil {
 		return nil, err
 	}
+	n, tr, err := ps.newDecode("decode")
+	if err != nil {
+		return nil, err
+	}
+	ps.tr = tr
 	s.decode = n
 	for i := range ps.peers {
 		if ps.peers[i], err = ps.startPeer(i, 0); err != nil {
@@ -121,6 +140,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 		partitionFor = max(cfg.Duration/3, 4*cfg.FreezeFor)
 		mainFor = max(cfg.Duration-partitionFor, cfg.Duration/2)
 	}
+	ps.signalPhase = mainFor
 	s.startedAt = time.Now()
 	trafficCtx, stopTraffic := context.WithTimeout(ctx, mainFor)
 	defer stopTraffic()
@@ -154,9 +174,12 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	stopMonitor()
 	<-monitorDone
 	<-announceDone
+	ps.checkMix()
 	s.closeAll()
+	ps.closeMix()
 	goroutinesEnd := s.waitGoroutines(goroutinesStart)
 	rep := s.report(goroutinesStart, goroutinesEnd)
+	ps.fillReport(rep)
 	if len(rep.Breaches) > 0 {
 		return rep, fmt.Errorf("%w: %d breaches, first: %s", ErrBreach, len(rep.Breaches), rep.Breaches[0])
 	}
@@ -166,16 +189,21 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 // startPeer starts prefill peer process idx (generation gen), waits (bounded) for its
 // address, and tells it decode's.
 func (ps *procSoak) startPeer(idx, gen int) (*procPeer, error) {
-	p := &procPeer{idx: idx, gen: gen, pool: make(chan string, 1)}
+	p := &procPeer{idx: idx, gen: gen, pool: make(chan string, 1), term: make(chan int, 1)}
 	addr := make(chan string, 1)
 	var err error
-	if p.child, err = spawnPeer(exec.Command(ps.exe), ps.pc, func(line string) { ps.peerLine(p, line, addr) }); err != nil {
+	if p.child, err = spawnPeer(exec.Command(ps.exe), ps.configFor(idx, gen), func(line string) { ps.peerLine(p, line, addr) }); err != nil {
 		return nil, fmt.Errorf("stress: starting peer %d: %w", idx, err)
 	}
 	if err := awaitAddr(p, addr, fmt.Sprintf("peer %d", idx)); err != nil {
 		return nil, err
 	}
-	if err := p.send("PEER " + hex.EncodeToString(ps.tr.WorkerAddress())); err != nil {
+	if err := ps.discover(p); err != nil {
+		p.child.Kill()
+		p.child.Reap(peerReapBound)
+		return nil, err
+	}
+	if err := p.send("PEER " + hex.EncodeToString(ps.decodeTransport().WorkerAddress())); err != nil {
 		return nil, err
 	}
 	ps.peerMu.Lock()
@@ -231,6 +259,25 @@ func (ps *procSoak) peerLine(p *procPeer, line string, addr chan<- string) {
 			addr <- f[1]
 		}
 	case "END":
+		if len(f) >= 3 && strings.HasPrefix(f[2], "refused:no_free_") {
+			ps.windowsExhausted.Add(1) // every window of that pool poisoned for good (L9)
+		}
+		// A receive this process checked (route rma-send): the sender here cannot see its bytes.
+		if len(f) >= 4 && f[3] == "corrupt" {
+			ps.corrupt.Add(1)
+			ps.addBreach(fmt.Sprintf("peer %d.gen%d: request %s completed, but its bytes do not match what decode sent", p.idx, p.gen, f[1]))
+		}
+	case "TERM":
+		if len(f) == 2 {
+			n, _ := strconv.Atoi(f[1])
+			select {
+			case p.term <- n:
+			default:
+			}
+		}
+	case "BLOCKS":
+		ps.blocksPoisoned.Add(1)
+		ps.log.Info("a peer's blocks poisoned", zap.Int("peer", p.idx), zap.Int("gen", p.gen), zap.Strings("line", f[1:]))
 	case "WEDGED":
 		ps.wedged.Add(1)
 		ps.addBreach(fmt.Sprintf("peer %d.gen%d: request %s", p.idx, p.gen, strings.Join(f[1:], " ")))
@@ -275,6 +322,8 @@ func (ps *procSoak) stopThese(live []*procPeer) {
 		}
 		if err := p.child.Stop(10*time.Second, peerReapBound); err != nil {
 			ps.addBreach(fmt.Sprintf("peer %d.gen%d did not exit within 10s of its drain: %v", p.idx, p.gen, err))
+		} else {
+			ps.checkExit(p)
 		}
 	}
 }
@@ -305,23 +354,30 @@ func (ps *procSoak) checkPeerPool(p *procPeer, line string) {
 	}
 }
 
-// schedule: per cycle, at 15% both peers are stopped (SIGSTOP) for FreezeFor, at 45% one is
-// killed (SIGKILL) and started again.
+// schedule: per cycle (a minute, or the signal phase if shorter), at 15% both peers are stopped (SIGSTOP) for FreezeFor, at 45% one is
+// killed (SIGKILL) and started again, at 70% every side is restarted in turn (SIGTERM, drain,
+// close, a new incarnation: a rolling update).
 func (ps *procSoak) schedule(ctx context.Context) {
-	c := ps.cycle()
+	c := min(ps.cycle(), ps.signalPhase)
 	for k := 0; ; k++ {
 		base := ps.startedAt.Add(time.Duration(k) * c)
 		if ps.cfg.has(FaultFreeze) {
 			if !sleepUntil(ctx, base.Add(c*15/100)) {
 				return
 			}
-			ps.freezePeers()
+			ps.freezePeers(k)
 		}
 		if ps.cfg.has(FaultLostPeer) {
 			if !sleepUntil(ctx, base.Add(c*45/100)) {
 				return
 			}
 			ps.killPeer(k % 2)
+		}
+		if ps.cfg.has(FaultRestart) {
+			if !sleepUntil(ctx, base.Add(c*70/100)) {
+				return
+			}
+			ps.rollingRestart()
 		}
 		if !sleepUntil(ctx, base.Add(c)) {
 			return
@@ -344,7 +400,9 @@ func (ps *procSoak) livePeers() []*procPeer {
 // freezePeers stops every prefill process: decode, whose every transfer is then stalled, must
 // turn unhealthy within the progress deadline (plus Grace), and be healthy within
 // RecoveryBound of SIGCONT.
-func (ps *procSoak) freezePeers() {
+func (ps *procSoak) freezePeers(k int) {
+	route, pinned := ps.pinRoute(k)
+	defer ps.pinned.Store(nil)
 	peers := ps.livePeers()
 	t0 := time.Now()
 	for _, p := range peers {
@@ -353,22 +411,35 @@ func (ps *procSoak) freezePeers() {
 	ps.injected[FaultFreeze].Add(1)
 	ps.log.Info("peers stopped (SIGSTOP)", zap.Int("peers", len(peers)))
 	thaw := t0.Add(ps.cfg.FreezeFor)
-	detectBy := t0.Add(min(ps.cfg.ProgressDeadline+ps.cfg.Grace, ps.cfg.FreezeFor))
+	slack := ps.cfg.Grace
+	if pinned {
+		slack = ps.cfg.FrozenSeenSlack
+	}
+	detectBy := t0.Add(min(ps.cfg.ProgressDeadline+slack, ps.cfg.FreezeFor))
 	detected := false
 	for !detected && time.Now().Before(detectBy) {
-		h := ps.decode.eng.Health()
+		h := ps.decodeNode().eng.Health()
 		ps.log.Debug("decode health while the peers are stopped", zap.Duration("since_stop", time.Since(t0)),
 			zap.Bool("healthy", h.Healthy), zap.Int64("in_flight", h.InFlight), zap.Duration("since_progress", h.SinceProgress))
 		if !h.Healthy {
 			detected = true
 			storeMax(&ps.longestDetect, time.Since(t0))
+			if pinned {
+				ps.mu.Lock()
+				ps.frozenSeen[route] = max(ps.frozenSeen[route], time.Since(t0))
+				ps.mu.Unlock()
+			}
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	if !detected {
-		ps.addBreach(fmt.Sprintf("decode stayed healthy for %v while every prefill process was stopped (progress deadline %v)",
-			detectBy.Sub(t0).Round(time.Millisecond), ps.cfg.ProgressDeadline))
+		on := ""
+		if pinned {
+			on = fmt.Sprintf(" with only the %s route in flight", route)
+		}
+		ps.addBreach(fmt.Sprintf("decode stayed healthy for %v while every prefill process was stopped%s (progress deadline %v)",
+			detectBy.Sub(t0).Round(time.Millisecond), on, ps.cfg.ProgressDeadline))
 	}
 	time.Sleep(time.Until(thaw))
 	for _, p := range peers {
@@ -384,19 +455,26 @@ func (ps *procSoak) announce(ctx context.Context) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	seen := 0
+	var lastTr *ucx.Transport
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		n := ps.tr.WorkersReplaced()
+		tr := ps.decodeTransport()
+		if tr != lastTr { // decode restarted: its new transport has replaced none yet
+			lastTr, seen = tr, 0
+		}
+		n := tr.WorkersReplaced()
 		if n == seen {
 			continue
 		}
 		seen = n
-		ps.workersReplaced.Store(int64(n))
-		line := "PEER " + hex.EncodeToString(ps.tr.WorkerAddress())
+		ps.mu.Lock()
+		ps.workersReplaced.Store(ps.retiredRepl + int64(n))
+		ps.mu.Unlock()
+		line := "PEER " + hex.EncodeToString(tr.WorkerAddress())
 		ps.peerMu.Lock()
 		live := append([]*procPeer(nil), ps.peers[:]...)
 		ps.peerMu.Unlock()
@@ -425,6 +503,9 @@ func (ps *procSoak) killPeer(i int) {
 	if !old.child.Reap(peerReapBound) {
 		ps.addBreach(fmt.Sprintf("peer %d.gen%d still running %v after SIGKILL", old.idx, old.gen, peerReapBound))
 	}
+	if ps.cfg.has(FaultDeadPeer) {
+		ps.requestToDeadPeer(old)
+	}
 	fresh, err := ps.startPeer(i, old.gen+1)
 	if err != nil {
 		ps.addBreach(fmt.Sprintf("restarting peer %d: %v", i, err))
@@ -437,10 +518,18 @@ func (ps *procSoak) killPeer(i int) {
 	ps.awaitRecovery(fmt.Sprintf("the restart of peer %d", i), time.Now())
 }
 
-// request runs one request: decode receives here, the peers send.
+// request runs one request: decode receives here, the peers send, by a route of the mix
+// (procmix.go): which prefill process sends it, and which pools both sides use.
 func (ps *procSoak) request(r *rand.Rand) {
 	cfg := ps.cfg
 	id := transfer.RequestID(ps.lastRequest.Add(1))
+	route := ps.pickRoute(r)
+	ps.inflight[route].Add(1)
+	defer ps.inflight[route].Add(-1)
+	if route == RouteRMASend {
+		ps.requestToPeer(r, id)
+		return
+	}
 	nb, tp, timeout, tight := cfg.drawRequest(r)
 	if tight {
 		ps.injected[FaultDeadline].Add(1)
@@ -453,7 +542,7 @@ func (ps *procSoak) request(r *rand.Rand) {
 	if tp {
 		use, heads = peers[:], kvHeads/2
 	} else {
-		use = []*procPeer{peers[r.IntN(2)]}
+		use = []*procPeer{peers[route.sender()]}
 	}
 	for _, p := range use {
 		if p == nil {
@@ -463,7 +552,7 @@ func (ps *procSoak) request(r *rand.Rand) {
 		}
 	}
 	dstLayout := kvLayout(kvHeads, nb+2)
-	dstPool := make([]byte, dstLayout.SpanBytes())
+	dstPool, window, windowOut := ps.receivePool(route, dstLayout.SpanBytes())
 	dstBlocks := randomBlocks(r, nb, nb+2)
 	var subs []transfer.SubSpec
 	var sums []uint32
@@ -480,11 +569,8 @@ func (ps *procSoak) request(r *rand.Rand) {
 		dst, err := layout.NewPlan(dstLayout, sel, dstBlocks)
 		must(err)
 		subs = append(subs, transfer.SubSpec{Peer: p.name, Plan: dst})
-		bs := make([]string, len(blocks))
-		for j, b := range blocks {
-			bs[j] = strconv.Itoa(int(b))
-		}
-		lines = append(lines, fmt.Sprintf("SEND %d %d %d %d %d %s", id, heads, nb, seed, timeout.Milliseconds(), strings.Join(bs, ",")))
+		lines = append(lines, fmt.Sprintf("SEND %d %d %d %d %d %s %s", id, heads, nb, seed, timeout.Milliseconds(),
+			blocksString(blocks), route.senderPool()))
 	}
 	spec := transfer.Spec{ID: id, Pool: dstPool, Timeout: timeout}
 	if tp {
@@ -492,9 +578,17 @@ func (ps *procSoak) request(r *rand.Rand) {
 	} else {
 		spec.Peer, spec.Plan = subs[0].Peer, subs[0].Plan
 	}
-	sd := &side{name: "receive on decode", eng: ps.decode.eng, started: time.Now()}
-	h, err := ps.decode.eng.Receive(context.Background(), spec)
+	dec := ps.decodeNode()
+	sd := &side{name: "receive on " + string(dec.name), eng: dec.eng, started: time.Now()}
+	h, err := dec.eng.Receive(context.Background(), spec)
 	if err != nil {
+		if windowOut {
+			ps.decodeWins.put(window)
+		}
+		if errors.Is(err, transfer.ErrClosed) { // decode is restarting (fault restart)
+			ps.refused.Add(1)
+			return
+		}
 		ps.addBreach(fmt.Sprintf("request %d: receive refused: %v", id, err))
 		return
 	}
@@ -508,7 +602,7 @@ func (ps *procSoak) request(r *rand.Rand) {
 	if cfg.has(FaultCancel) && r.Float64() < cfg.CancelFraction {
 		time.Sleep(time.Duration(r.IntN(30)) * time.Millisecond)
 		if r.IntN(2) == 0 {
-			ps.recordCancel(ps.decode.eng.Cancel(id).String())
+			ps.recordCancel(dec.eng.Cancel(id).String())
 		} else {
 			_ = use[r.IntN(len(use))].send(fmt.Sprintf("CANCEL %d", id))
 			ps.recordCancel("sent-to-peer")
@@ -517,20 +611,24 @@ func (ps *procSoak) request(r *rand.Rand) {
 	}
 	ps.await(id, sd, timeout)
 	if sd.h == nil {
-		return
+		return // never quiescent (its blocks poisoned): its window stays out for good
 	}
 	switch st := sd.h.Status(); st.State {
 	case transfer.Completed:
 		ps.completed.Add(1)
-		ps.recordPath(sd.h.Path())
+		ps.recordPath(pathKey(sd.h, route))
 		for i := range subs {
 			if got := checksum(subs[i].Plan, dstPool); got != sums[i] {
 				ps.corrupt.Add(1)
-				ps.addBreach(fmt.Sprintf("request %d: completed, but sub %d has checksum %08x, sent %08x", id, i, got, sums[i]))
+				ps.addBreach(fmt.Sprintf("request %d (route %s, path %v): completed, but sub %d has checksum %08x, sent %08x",
+					id, route, sd.h.Path(), i, got, sums[i]))
 			}
 		}
 	case transfer.Failed:
 		ps.failed.Add(1)
+		if errorClass(st.Err) == untypedError {
+			ps.addBreach(fmt.Sprintf("request %d (route %s): failed with an error that matches no kvxfer sentinel: %v", id, route, st.Err))
+		}
 	case transfer.Cancelled:
 		ps.cancelled.Add(1)
 	}
@@ -539,5 +637,8 @@ func (ps *procSoak) request(r *rand.Rand) {
 	}
 	if err := sd.h.Release(); err != nil {
 		ps.addBreach(fmt.Sprintf("request %d: release: %v", id, err))
+	}
+	if windowOut {
+		ps.decodeWins.put(window)
 	}
 }

@@ -71,6 +71,30 @@ type Report struct {
 	// WorkersReplaced counts decode's UCX workers replaced because a killed peer wedged their
 	// shared-memory receive queue (peer-process soak; ucx.Config.ReplaceWedgedWorker).
 	WorkersReplaced int64 `json:"workers_replaced"`
+	// CMAReads counts decode's reads by process_vm_readv (ucx.Transport.CMAStats; peer-process
+	// soak, route cma).
+	CMAReads int64 `json:"cma_reads"`
+	// WindowsExhausted counts requests of the peer-process mix that found every window of a
+	// registered pool out (each window a handle never quiescent keeps, L9): decode's fall back
+	// to Go memory, a peer's are refused. Reported, not bounded: it shows poisoned blocks
+	// piling up faster than restarts give them back.
+	WindowsExhausted int64 `json:"windows_exhausted"`
+	// Crashes counts peer processes that ended other than as the soak told them: a signal it
+	// did not send, or a non-zero exit (must be 0).
+	Crashes int64 `json:"crashes"`
+	// Restarts counts rolling restarts (fault restart), either side; RestartsUnderLoad those
+	// whose Close met transfers still in flight after the drain's deadline.
+	Restarts          int64 `json:"restarts"`
+	RestartsUnderLoad int64 `json:"restarts_under_load"`
+	// DeadPeerRequests counts requests to a peer decode knew was dead (fault dead-peer), and
+	// LongestDeadPeerSeconds the longest any took to end (each must fail within
+	// Config.DeadPeerBound).
+	DeadPeerRequests       int64   `json:"dead_peer_requests"`
+	LongestDeadPeerSeconds float64 `json:"longest_dead_peer_seconds"`
+	// FrozenSeenSeconds is, per route, the longest a freeze with only that route in flight took
+	// to turn decode unhealthy (fault freeze-paths; each must be under ProgressDeadline +
+	// Config.FrozenSeenSlack, or a breach says so).
+	FrozenSeenSeconds map[string]float64 `json:"frozen_seen_seconds,omitempty"`
 	// SecondsUnhealthy is the time any live engine reported unhealthy.
 	SecondsUnhealthy float64 `json:"seconds_unhealthy"`
 	// LongestDetectSeconds is the longest time from a freeze to the stalled engines
@@ -136,6 +160,22 @@ func (r *Report) WriteTable(w io.Writer) error {
 	row("accounting errors (must be 0)", r.AccountingErrors)
 	if r.WorkersReplaced > 0 {
 		row("wedged UCX workers replaced", r.WorkersReplaced)
+	}
+	if r.CMAReads > 0 {
+		row("CMA reads (process_vm_readv)", r.CMAReads)
+	}
+	if r.WindowsExhausted > 0 {
+		row("requests that found every registered window out", r.WindowsExhausted)
+	}
+	row("crashes (must be 0)", r.Crashes)
+	if r.Restarts > 0 {
+		row("rolling restarts / Close under load", fmt.Sprintf("%d / %d", r.Restarts, r.RestartsUnderLoad))
+	}
+	if r.DeadPeerRequests > 0 {
+		row("requests to a dead peer / longest", fmt.Sprintf("%d / %.2fs", r.DeadPeerRequests, r.LongestDeadPeerSeconds))
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.FrozenSeenSeconds)) {
+		row("  frozen peer seen, "+k+" in flight", fmt.Sprintf("%.2fs", r.FrozenSeenSeconds[k]))
 	}
 	row("seconds unhealthy", fmt.Sprintf("%.1f", r.SecondsUnhealthy))
 	row("longest detect", fmt.Sprintf("%.2fs", r.LongestDetectSeconds))

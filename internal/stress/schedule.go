@@ -41,6 +41,12 @@ func (s *soak) schedule(ctx context.Context) {
 			}
 			s.losePeer(k % 2)
 		}
+		if s.cfg.has(FaultRestart) {
+			if !sleepUntil(ctx, base.Add(c*70/100)) {
+				return
+			}
+			s.restartUnderLoad(k % 2)
+		}
 		if !sleepUntil(ctx, base.Add(c)) {
 			return
 		}
@@ -174,6 +180,50 @@ func (s *soak) losePeer(i int) {
 	s.awaitRecovery(fmt.Sprintf("the restart of %s as %s", old.name, name), time.Now())
 }
 
+// abruptEnd says whether the restart of an engine's incarnation n gives its Drain no time at
+// all: its Close then meets every transfer in flight, as when a pod's termination grace runs
+// out (docs/serving.md, "Graceful shutdown"). The others drain for DrainFor first, which on
+// this soak's small transfers usually ends them all; alternating covers both promises.
+func abruptEnd(n int) bool { return n%2 == 1 }
+
+// restartUnderLoad (fault restart, in-process) restarts prefill engine i the way a rolling
+// update does, still connected and under load: Drain with a deadline (none at all every other
+// cycle: abruptEnd), then Close with whatever is in flight, then a new engine under a new
+// name. Unlike lost-peer, nothing cuts the old engine off first: its Close must end its
+// transfers itself, and its peers must see them end.
+func (s *soak) restartUnderLoad(i int) {
+	s.mu.Lock()
+	old := s.prefill[i]
+	s.mu.Unlock()
+	s.injected[FaultRestart].Add(1)
+	drainFor := s.cfg.DrainFor
+	if abruptEnd(int(s.injected[FaultRestart].Load())) {
+		drainFor = 0
+	}
+	s.log.Info("engine restarting under load", zap.String("engine", string(old.name)), zap.Duration("drain_for", drainFor))
+	s.mu.Lock()
+	s.gens[i]++
+	name := s.prefillName(i)
+	s.mu.Unlock()
+	fresh, err := s.newNode(name) // the new incarnation first, as a rolling update starts it
+	if err != nil {
+		s.addBreach(fmt.Sprintf("restart: starting %s: %v", name, err))
+		return
+	}
+	s.mu.Lock()
+	s.prefill[i] = fresh // new requests go to it from now on
+	s.retired = append(s.retired, old)
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), drainFor)
+	_ = old.eng.Drain(ctx) // a deadline missed is the point: Close meets what is left
+	cancel()
+	if err := old.eng.Close(); err != nil {
+		s.addBreach(fmt.Sprintf("restart: closing %s under load: %v", old.name, err))
+	}
+	s.checkDrained(old)
+	s.awaitRecovery(fmt.Sprintf("the restart of %s as %s", old.name, name), time.Now())
+}
+
 // awaitRecovery waits, bounded by RecoveryBound, for every live engine to be healthy after
 // what happened at since.
 func (s *soak) awaitRecovery(what string, since time.Time) {
@@ -270,14 +320,15 @@ func liveHeap() uint64 {
 	return sample[0].Value.Uint64()
 }
 
-// recordCancel counts one Engine.Cancel outcome.
-// recordPath counts a completed request by the path its receive took.
-func (s *soak) recordPath(p transfer.Path) {
+// recordPath counts a completed request by the path its receive took (a transfer.Path's
+// name, or a finer one of the peer-process mix: staging-pull, rma-host).
+func (s *soak) recordPath(key string) {
 	s.mu.Lock()
-	s.paths[p.String()]++
+	s.paths[key]++
 	s.mu.Unlock()
 }
 
+// recordCancel counts one Engine.Cancel outcome.
 func (s *soak) recordCancel(outcome string) {
 	s.mu.Lock()
 	s.cancelOutcomes[outcome]++

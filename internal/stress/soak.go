@@ -59,6 +59,11 @@ type soak struct {
 	maxLiveHeap                                                 atomic.Uint64
 	// Findings reported by peer processes, which have no node here.
 	extraPoisoned, extraLeaked, extraReused atomic.Int64
+	// The peer-process soak's mix and lifecycle faults (procmix.go).
+	crashes          atomic.Int64 // peer processes that ended other than as told
+	cmaReads         atomic.Int64 // decode's process_vm_readv reads (ucx.Transport.CMAStats)
+	longestDeadPeer  atomic.Int64 // nanoseconds: the longest a request to a known dead peer took to end
+	windowsExhausted atomic.Int64 // requests a peer refused: every window of its registered pool out for good
 }
 
 // The point faults, armed one at a time by the schedule and taken by the next data chunk.
@@ -426,17 +431,18 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 	return r
 }
 
-// errorsIsClosed reports whether err says the engine was closing: the restarted peer's old
-// engine refuses new requests, which is not a breach.
 // leavesQuiescenceUnknown reports whether fault f can leave an operation that never says
 // whether it let go of its memory: the only cause of poisoned blocks (or slots).
 func leavesQuiescenceUnknown(f Fault) bool {
 	switch f {
-	case FaultHang, FaultNeverQuiesce, FaultLate, FaultFreeze, FaultLostPeer, FaultPartition:
+	case FaultHang, FaultNeverQuiesce, FaultLate, FaultFreeze, FaultLostPeer, FaultPartition, FaultRestart, FaultFreezePaths:
 		return true
 	}
 	return false
 }
+
+// errorsIsClosed reports whether err says the engine was closing: the restarted peer's old
+// engine refuses new requests, which is not a breach.
 
 func errorsIsClosed(err error) bool { return errors.Is(err, transfer.ErrClosed) }
 

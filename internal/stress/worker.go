@@ -206,7 +206,7 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 		switch st := recv.h.Status(); st.State {
 		case transfer.Completed:
 			s.completed.Add(1)
-			s.recordPath(recv.h.Path())
+			s.recordPath(recv.h.Path().String())
 			for i, sh := range shares {
 				if got := checksum(subs[i].Plan, dstPool); got != sh.sum {
 					s.corrupt.Add(1)

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package stress
+
+import (
+	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
+)
+
+// ucxTracked is a UCX transport with the soak's slot checks: it embeds *ucx.Transport, so the
+// engine finds every optional capability a serving process's engine finds (the pull wire's
+// generation words, reads in place, RMA emulation, tag reservation, lanes, pool holds...),
+// and runs the paths a serving process runs. Wrapping it in slotTracker alone would hide
+// them, and the peer-process soak once moved every request by plain staging because of it.
+// Only the posts that carry a buffer are checked.
+type ucxTracked struct {
+	*ucx.Transport
+	slots *slotTracker
+}
+
+var (
+	_ transfer.RMATransport    = (*ucxTracked)(nil)
+	_ transfer.TransportHealth = (*ucxTracked)(nil)
+)
+
+func newUCXTracked(tr *ucx.Transport, slotBytes int64) *ucxTracked {
+	return &ucxTracked{Transport: tr, slots: newSlotTracker(tr, tr.StagingMemory(), slotBytes)}
+}
+
+// PostSend implements transfer.Transport: a staging slot's send, checked.
+func (u *ucxTracked) PostSend(to transfer.Peer, tag transfer.Tag, buf []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	u.slots.check("send", tag, buf)
+	return u.Transport.PostSend(to, tag, buf, done)
+}
+
+// PostRecv implements transfer.Transport: a staging slot's receive, checked.
+func (u *ucxTracked) PostRecv(from transfer.Peer, tag transfer.Tag, buf []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	u.slots.check("receive", tag, buf)
+	return u.Transport.PostRecv(from, tag, buf, done)
+}
+
+// PostSendIOV implements transfer.DirectTransport: never staging memory.
+func (u *ucxTracked) PostSendIOV(to transfer.Peer, tag transfer.Tag, iov [][]byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	u.slots.checkDirect("direct send", tag, iov...)
+	return u.Transport.PostSendIOV(to, tag, iov, done)
+}
+
+// PostRecvIOV implements transfer.DirectTransport: never staging memory.
+func (u *ucxTracked) PostRecvIOV(from transfer.Peer, tag transfer.Tag, iov [][]byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	u.slots.checkDirect("direct receive", tag, iov...)
+	return u.Transport.PostRecvIOV(from, tag, iov, done)
+}
+
+// PostGet implements transfer.RMATransport: the pull wire gets into a staging slot of its
+// own (checked as a slot), the RMA mode into the caller's pool.
+func (u *ucxTracked) PostGet(from transfer.Peer, tag transfer.Tag, key []byte, addr uint64, dst []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+	if u.slots.inStaging(dst) {
+		u.slots.check("get", tag, dst)
+	}
+	return u.Transport.PostGet(from, tag, key, addr, dst, done)
+}
