@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kvxfer/kvxfer/layout"
+)
+
+// goodbyePaths are the paths a graceful departure must leave clean on the survivor, with
+// the configuration that puts a transfer on each (as testL6UCX picks them).
+var goodbyePaths = []struct {
+	name    string
+	cfg     func(*Config)
+	path    Path
+	shmOnly bool // the path exists only where the transport maps a peer's memory
+}{
+	{"staging", func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, PathStaging, false},
+	{"staging pull", func(c *Config) { c.DisableDirect, c.RMAWhereEmulated = true, true }, PathStaging, false},
+	{"direct IOV messages", func(c *Config) { c.DisableRMA = true; c.DirectChunkBytes = 256 << 10 }, PathDirect, false},
+	{"RMA gets", func(c *Config) {
+		c.RMAWhereEmulated, c.DisableInPlaceReads = true, true
+		c.RMAMinRegionBytes, c.DirectChunkBytes = 1<<10, 256<<10
+	}, PathRMA, false},
+	{"RMA read in place", func(c *Config) {
+		c.RMAMinRegionBytes, c.InPlaceMinRegionBytes, c.DirectChunkBytes = 1<<10, 1<<10, 256<<10
+	}, PathRMA, true},
+}
+
+// TestL9_UCXGracefulPeerLeavesNothingPoisoned: a peer that leaves gracefully (Drain, then
+// Close, as a rolling restart does) with transfers in flight to or from this engine leaves
+// nothing poisoned here: its goodbye says which of its transfers ended with their operations
+// quiescent, so the survivor's handles end, quiesce, and keep no slot or block out of
+// circulation. Over UCX shared memory and TCP, on every path, with the survivor sending and
+// receiving.
+func TestL9_UCXGracefulPeerLeavesNothingPoisoned(t *testing.T) {
+	dims := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 24}
+	for _, tr := range ucxTransports {
+		for _, pc := range goodbyePaths {
+			if pc.shmOnly && tr.name != "shm" {
+				continue
+			}
+			for _, survivorSends := range []bool{true, false} {
+				role := "survivor receives"
+				if survivorSends {
+					role = "survivor sends"
+				}
+				t.Run(tr.name+"/"+pc.name+"/"+role, func(t *testing.T) {
+					cfg := ucxTestConfig()
+					cfg.SlotBytes = 256 << 10
+					cfg.TransferTimeout = 60 * time.Second // the departure, not a deadline, ends them
+					cfg.QuarantineTimeout = 3 * time.Second
+					pc.cfg(&cfg)
+					cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+					survivor := newUCXEngine(t, tr.tls, tr.dev, cfg)
+					leaving := newUCXEngine(t, tr.tls, tr.dev, cfg)
+					src, dst := leaving, survivor
+					if survivorSends {
+						src, dst = survivor, leaving
+					}
+					kv := func(u *ucxEngine, seed uint64) *ucxKV {
+						if pc.path == PathStaging {
+							return newUCXKV(t, dims, layout.BlockMajor, seqBlocks(0, 24), seed)
+						}
+						return mappedKV(t, u, dims, layout.BlockMajor, seqBlocks(0, 24), seed)
+					}
+					var mine []*Handle // the survivor's
+					for i := range 4 {
+						hs, hr := startKV(t, src, dst, RequestID(900+i), kv(src, uint64(i+1)), kv(dst, 0))
+						if survivorSends {
+							mine = append(mine, hs)
+						} else {
+							mine = append(mine, hr)
+						}
+					}
+					eventually(t, func() bool { return mine[0].Status().Bytes > 0 }, "bytes moving")
+					require.Equal(t, pc.path, mine[0].Path())
+
+					// A rolling restart: drain briefly, then close.
+					ctx, cancel := context.WithTimeout(bg, 10*time.Millisecond)
+					_ = leaving.e.Drain(ctx)
+					cancel()
+					require.NoError(t, leaving.e.Close())
+
+					inFlight := 0
+					for _, h := range mine {
+						select {
+						case <-h.Quiesced():
+						case <-time.After(cfg.QuarantineTimeout + 20*time.Second):
+						}
+						st := h.Status()
+						if st.State != Completed {
+							inFlight++
+						}
+						t.Logf("request %d: %v, %d of %d bytes, blocks poisoned %v (%v)", h.ID(), st.State, st.Bytes, st.Total, st.BlocksPoisoned, st.Err)
+						require.False(t, st.BlocksPoisoned, "request %d: %v", h.ID(), st.Err)
+						require.True(t, isClosed(h.Quiesced()), "request %d not quiesced: %+v", h.ID(), st)
+					}
+					require.NotZero(t, inFlight, "no transfer was still in flight when the peer left: the test proved nothing")
+					ps := survivor.e.pool.Stats()
+					require.Zero(t, ps.Poisoned, "slots poisoned: %+v", ps)
+					require.Zero(t, ps.Leased, "slots leased: %+v", ps)
+					hl := survivor.e.Health()
+					require.Zero(t, hl.PoisonedBlocks)
+				})
+			}
+		}
+	}
+}
