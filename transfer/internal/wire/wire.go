@@ -45,7 +45,8 @@ import (
 // its layout: 3 for the kinds of version 3 (a wire-3 peer reads them), 4 for the challenge and
 // the proof (which go only to a peer whose hello says 4), and the hello with its sender's
 // highest. With cluster keys, a hello, challenge or proof is followed by a seal, its MAC
-// (seal.go). docs/ucx.md says how UCX tags carry the nonce.
+// (seal.go). Version 4 also adds the goodbye (KindGoodbye, goodbye.go), sent only to a peer
+// whose hello says it takes it. docs/ucx.md says how UCX tags carry the nonce.
 
 const (
 	wireMagic = 0x4b58
@@ -116,7 +117,10 @@ const (
 	// KindHelloProof: the answer to a challenge: its bytes and the sender's versions and
 	// features, which the challenger takes from this message only.
 	KindHelloProof Kind = 13
-	maxKind             = KindHelloProof
+	// KindGoodbye (wire 4, FeatureGoodbye): a departing engine's list of the transfers it
+	// ended with their operations quiescent (goodbye.go).
+	KindGoodbye Kind = 14
+	maxKind          = KindGoodbye
 )
 
 // Message is any decoded wire message.
@@ -171,12 +175,16 @@ const (
 	// FeatureSlotPull: the staging path's pull wire (FlagPull, KindSlots, KindSlotReady,
 	// KindSlotTaken; pull.go).
 	FeatureSlotPull Feature = 1 << 6
+	// FeatureGoodbye: the goodbye (wire 4, KindGoodbye; goodbye.go). An engine sends one only
+	// to a peer whose hello says it takes it, and whose pair speaks wire 4.
+	FeatureGoodbye Feature = 1 << 7
 
 	// KnownFeatures are the features this build speaks.
-	KnownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart | FeatureLargeSegments | FeatureSlotPull
+	KnownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart | FeatureLargeSegments | FeatureSlotPull |
+		FeatureGoodbye
 )
 
-var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part", "large-segments", "slot-pull"}
+var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part", "large-segments", "slot-pull", "goodbye"}
 
 // String names the features, joined with "+"; a bit this build does not know is named by its
 // number.
@@ -397,7 +405,7 @@ const helloReply = 1 << 0
 // kindVersion is the version a message of kind k is stamped with: the first whose layout it
 // has (a hello overwrites it with its sender's highest).
 func kindVersion(k Kind) uint8 {
-	if k == KindHelloChallenge || k == KindHelloProof {
+	if k == KindHelloChallenge || k == KindHelloProof || k == KindGoodbye {
 		return ProofVersion
 	}
 	return helloVersion
@@ -627,6 +635,8 @@ func Decode(b []byte) (Message, error) {
 		return decodeHelloProof(h, b)
 	case KindSlots, KindSlotReady, KindSlotTaken:
 		return decodePull(h, b)
+	case KindGoodbye:
+		return decodeGoodbye(h, b)
 	}
 	return nil, malformed(3, "kind %d is not a control message", h.Kind)
 }

@@ -251,6 +251,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(ring.SealMessage(&HelloChallenge{Challenge: [ChallengeBytes]byte{1}}))
 	f.Add(ring.SealMessage(goodProof()))
 	f.Add(Encode(&HelloProof{Echo: [ChallengeBytes]byte{1}, Min: MinVersion, Max: Version + 1, Features: KnownFeatures | 1<<30}))
+	f.Add(Encode(&Goodbye{Flags: GoodbyeLast, Ended: []Ended{{Request: 16, Sub: 1, Nonce: 3, Role: RoleSender}, {Request: 17, Nonce: 4, Role: RoleReceiver}}}))
+	f.Add(Encode(&Goodbye{}))
 	d, _ := (&DataHeader{Header: Header{Nonce: 1 << 63}, Seq: 2, Offset: 8, Length: 1}).AppendBinary(nil)
 	f.Add(append(d, 7))
 	f.Fuzz(func(t *testing.T, b []byte) {
