@@ -56,6 +56,8 @@ type (
 	// PeerConnectReporter is the engine Inbound's report of a reached peer
 	// (transport.PeerConnectReporter).
 	PeerConnectReporter = transport.PeerConnectReporter
+	// PeerCloser is transport.PeerCloser.
+	PeerCloser = transport.PeerCloser
 	// RegionError says why a registration was refused (transport.RegionError).
 	RegionError = transport.RegionError
 	// ControlSizeError refuses a control message over the transport's bound

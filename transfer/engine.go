@@ -43,6 +43,7 @@ type Engine struct {
 	// lostPeers are the peers reported lost and not heard from since, each told to the
 	// observer once however many times the transport reports it (engine_inbound.go).
 	lostPeers map[Peer]time.Time
+	goodbye   goodbyeState // goodbye.go
 	closed    bool
 	// speech is what the engine says in its hello: the build's versions and features.
 	speech speech
@@ -200,6 +201,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), nonce: nonce, receive: receive, peer: s.Peer, plan: s.Plan,
 			mover: mover, pool: spec.Pool, dev: spec.Device, hostPool: spec.Mover == nil && !spec.Device.set(), hasMover: spec.Mover != nil, timeout: timeout, stopCh: make(chan struct{}),
 			stream: spec.Stream, signals: spec.Ready}
+		xs[i].publishIdent()
 		if receive && len(spec.Held) > 0 {
 			xs[i].heldOf = len(spec.Plan.Blocks())
 			xs[i].held = slices.Sorted(slices.Values(spec.Held))
@@ -366,14 +368,19 @@ func (e *Engine) idle(now int64) bool {
 // when ctx has no deadline); it does not refuse new transfers. A transfer whose goroutine has
 // ended has its outcome and is quiescent, except one whose caller's blocks are poisoned for
 // good (Status.BlocksPoisoned, counted in HealthSnapshot.BlocksPoisoned): that one never
-// quiesces, and Drain does not wait for it. Meant for shutdown, before Close.
+// quiesces, and Drain does not wait for it. Meant for shutdown, before Close. Then it tells
+// each peer that takes a goodbye (wire 4) which transfers with it ended here, failed or
+// cancelled, with every operation quiescent, so the peer ends its side of them at once and
+// poisons nothing for them (docs/lifecycle.md, "Leaving gracefully").
 func (e *Engine) Drain(ctx context.Context) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.CloseTimeout)
 		defer cancel()
 	}
-	return e.waitDrivers(ctx)
+	err := e.waitDrivers(ctx)
+	e.sayGoodbye(false) // goodbye.go
+	return err
 }
 
 func (e *Engine) waitDrivers(ctx context.Context) error {
@@ -390,8 +397,9 @@ func (e *Engine) waitDrivers(ctx context.Context) error {
 }
 
 // Close stops the engine: new Sends and Receives fail with ErrClosed, every live transfer is
-// cancelled, the transport is force-closed, slots it cannot prove done are poisoned, and the
-// goroutines end. It waits for the transfers at most Config.CloseTimeout in all (CancelGrace of
+// cancelled, each peer that takes one gets a goodbye naming the transfers that ended here with
+// their operations quiescent (as Drain sends), the transport is force-closed, slots it cannot
+// prove done are poisoned, and the goroutines end. It waits for the transfers at most Config.CloseTimeout in all (CancelGrace of
 // it for them to stop gracefully); the transport's force close in between takes its own
 // bounded time (Transport.Close). Handles stay readable.
 func (e *Engine) Close() error {
@@ -417,6 +425,7 @@ func (e *Engine) Close() error {
 	graceCtx, graceCancel := context.WithTimeout(ctx, e.cfg.CancelGrace)
 	_ = e.waitDrivers(graceCtx)
 	graceCancel()
+	e.sayGoodbye(true) // goodbye.go: before the endpoints close
 	trErr := e.tr.Close(true)
 	close(e.closing)
 	err := e.waitDrivers(ctx)

@@ -44,6 +44,9 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 			e.onProof(from, m)
 		}
 		return
+	case *wire.Goodbye:
+		e.onGoodbye(from, m) // goodbye.go
+		return
 	}
 	key := routeKey{from, m.Head().Request}
 	e.mu.Lock()

@@ -52,6 +52,10 @@ type xfer struct {
 	// peerFeatures: what the peer speaks (negotiate.go), set by the goroutine before it
 	// chooses a path.
 	peerFeatures Feature
+	// ident is the wire name (wireSub, nonce) as last published by the goroutine, and
+	// farewell that a peer's goodbye named it (goodbye.go); both read by the inbound handler.
+	ident    atomic.Pointer[wireIdent]
+	farewell atomic.Bool
 
 	box       queue.Queue[event] // its mailbox: a push never blocks, so transport callbacks and the inbound handler never wait on a transfer
 	qctx      context.Context
@@ -91,8 +95,10 @@ type xfer struct {
 	// blocksUnknown: a direct operation's memory verdict was unknown; the transfer never
 	// resolves its quarantine (L9, L10).
 	blocksUnknown bool
-	retries       int
-	timers        timers
+	// slotPoisoned: a staging slot of the transfer was poisoned; its goodbye leaves it out.
+	slotPoisoned bool
+	retries      int
+	timers       timers
 
 	// nonce is the transfer's generation on the wire (package wire): drawn by the receiver (set
 	// before the goroutine starts), taken from its request-info by the sender; every message
@@ -137,6 +143,8 @@ type event struct {
 	ready bool // the caller marked more layers ready
 	moved bool // op's staging copy ended (mover_pool.go)
 	early bool // msg is an abort the engine held with the request it follows
+	// goodbye: the peer's goodbye named this transfer (goodbye.go)
+	goodbye bool
 }
 
 // stop wakes the transfer's goroutine with a reason to end (cancel, sibling failure, close).
@@ -207,6 +215,7 @@ func (x *xfer) reserveTags() bool {
 			break
 		}
 		x.nonce = wire.NewNonce()
+		x.publishIdent()
 	}
 	x.queuedExit(&RequestError{ID: x.h.id, Err: transportErr(err)})
 	return false
@@ -222,6 +231,7 @@ func (x *xfer) giveBackTags() {
 
 func (x *xfer) run() {
 	defer x.eng.driverDone(x)
+	defer x.rememberEnded() // goodbye.go
 	defer x.giveBackTags()
 	defer func() {
 		if x.admitted {
@@ -514,6 +524,8 @@ func (x *xfer) handleEvent(ev event) {
 		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.CancelGrace)
 	case ev.ready:
 		x.onReady()
+	case ev.goodbye:
+		x.peerLeft()
 	case ev.msg != nil:
 		if !x.ours(ev.msg.Head()) {
 			return

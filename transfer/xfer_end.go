@@ -41,6 +41,7 @@ func (x *xfer) poison(rec *opRec, reason string) {
 		x.poisonBlocks(rec, reason)
 		return
 	}
+	x.slotPoisoned = true
 	if err := rec.slot.Poison(reason); err == nil {
 		x.eng.obs.OnPoison(x.h.id, rec.slot.Index(), reason)
 	}

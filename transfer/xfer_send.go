@@ -66,6 +66,7 @@ func (x *xfer) runSend() {
 		}
 	}
 	x.wireSub, x.nonce = ri.Sub, ri.Nonce
+	x.publishIdent()
 	if !x.know() { // negotiate.go: what the receiver proved it speaks
 		return
 	}

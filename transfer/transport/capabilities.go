@@ -184,3 +184,16 @@ type PeerConnectReporter interface {
 type LargeSegmentSender interface {
 	SendsLargeSegments() bool
 }
+
+// PeerCloser is a transport that can close its connection to one peer while it keeps serving
+// the others. The engine asks for it when a departing peer's goodbye (docs/protocol.md) has
+// ended every transfer this engine had with it: on UCX a send whose peer left without
+// matching it stays on the endpoint, busy, until the endpoint closes, so closing it is what
+// gives those operations their final verdict. Every outstanding operation with the peer then
+// reports as under Close(true): MemoryDone where the transport proves it let go, else
+// MemoryUnknown (or, where the transport cannot tell yet, MemoryBusy until it can). A later
+// operation with the peer connects again. ClosePeer never blocks and never calls back inside
+// the call.
+type PeerCloser interface {
+	ClosePeer(peer Peer)
+}

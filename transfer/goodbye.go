@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+// The goodbye (wire 4, docs/protocol.md "Goodbye"). A departing engine (Drain, Close) tells
+// each peer it had transfers with which of them ended on its side with every operation
+// quiescent; the survivor ends those as an acknowledged abort would, instead of waiting for
+// the peer's loss, and, once the goodbye has ended every transfer it had with the peer, closes
+// its connection to the peer so that its own operations still on it get their final verdict
+// from its transport. Nothing here frees memory on the peer's word alone: the survivor's own
+// operations end only by their transport's verdicts (L9), and a transfer the goodbye does not
+// name, or names with another nonce, sub-transfer or role, keeps the lost-peer rule.
+
+import (
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+)
+
+// wireIdent is how a sub-transfer is named on the wire, published for the inbound handler,
+// which matches a goodbye against it without touching the transfer's own fields.
+type wireIdent struct {
+	sub   uint16
+	nonce uint64
+}
+
+// publishIdent makes the sub-transfer's wire name (wireSub, nonce) visible to onGoodbye; its
+// goroutine calls it whenever it sets them.
+func (x *xfer) publishIdent() { x.ident.Store(&wireIdent{sub: x.wireSub, nonce: x.nonce}) }
+
+// endedClean is a transfer this engine ended, not completed, with every operation quiescent:
+// what its goodbye lists.
+type endedClean struct {
+	peer  Peer
+	ended wire.Ended
+	at    time.Time
+}
+
+// goodbyeState is what an engine keeps for goodbyes, under Engine.mu.
+type goodbyeState struct {
+	// ended lists, oldest first, the transfers to name in this engine's goodbye, at most
+	// MaxPending, none older than PendingTTL: past that the peer has given up on them anyway.
+	ended []endedClean
+	// sent counts goodbye messages sent; matched and refused the entries of peers' goodbyes
+	// that ended a transfer here, and those that named none of this engine's (another
+	// transfer's nonce, a role that does not fit, a transfer never had with that peer).
+	sent, matched, refused atomic.Int64
+}
+
+// rememberEnded records, as its goroutine ends, a sub-transfer that failed or was cancelled
+// with every operation ending MemoryDone: no slot poisoned, the caller's blocks not. A
+// completed one is left out (its peer heard Done or completed itself), and so is one that
+// never got past Queued (nothing of it reached the peer).
+func (x *xfer) rememberEnded() {
+	st := x.m.load()
+	if x.nonce == 0 || x.blocksUnknown || x.slotPoisoned || (st != Failed && st != Cancelled) || x.path == nil {
+		return
+	}
+	role := wire.RoleSender
+	if x.receive {
+		role = wire.RoleReceiver
+	}
+	e := x.eng
+	now := time.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	g := &e.goodbye
+	drop := 0
+	for drop < len(g.ended) && (len(g.ended)-drop >= e.cfg.MaxPending || now.Sub(g.ended[drop].at) > e.cfg.PendingTTL) {
+		drop++
+	}
+	g.ended = append(g.ended[drop:], endedClean{peer: x.peer, at: now,
+		ended: wire.Ended{Request: x.h.id, Sub: x.wireSub, Nonce: x.nonce, Role: role}})
+}
+
+// takesGoodbyeLocked reports whether peer said in its hello that it takes a goodbye, in a wire
+// version that has one. A peer not met, or forgotten, gets none. e.mu is held.
+func (e *Engine) takesGoodbyeLocked(p Peer) bool {
+	ph, ok := e.peers[p]
+	if !ok || !chanClosed(ph.met) {
+		return false
+	}
+	v, f, ok := e.agreed(ph.hello)
+	return ok && v >= 4 && f&wire.FeatureGoodbye != 0
+}
+
+// sayGoodbye sends each peer that takes one a goodbye naming the transfers with it that this
+// engine ended cleanly (rememberEnded); with leaving (Close), also each peer it still has
+// transfers with, so the goodbye reaches every peer before the endpoints close. Drain and
+// Close call it; it never blocks on a peer (SendControl is best effort).
+func (e *Engine) sayGoodbye(leaving bool) {
+	e.mu.Lock()
+	now := time.Now()
+	byPeer := map[Peer][]wire.Ended{}
+	for _, r := range e.goodbye.ended {
+		if now.Sub(r.at) <= e.cfg.PendingTTL {
+			byPeer[r.peer] = append(byPeer[r.peer], r.ended)
+		}
+	}
+	if leaving {
+		for k := range e.routes {
+			if _, ok := byPeer[k.peer]; !ok {
+				byPeer[k.peer] = nil
+			}
+		}
+	}
+	for p := range byPeer {
+		if !e.takesGoodbyeLocked(p) {
+			delete(byPeer, p)
+		}
+	}
+	e.mu.Unlock()
+	room := math.MaxInt32
+	if cb, ok := e.tr.(ControlBound); ok {
+		room = cb.ControlRoom()
+	}
+	for p, ended := range byPeer {
+		parts, err := wire.GoodbyeParts(ended, room)
+		if err != nil {
+			e.log.Warn("no goodbye: the transport's control messages are too small", zap.String("peer", string(p)), zap.Error(err))
+			continue
+		}
+		for _, m := range parts {
+			if err := e.tr.SendControl(p, wire.Encode(m)); err != nil {
+				e.log.Debug("goodbye not sent", zap.String("peer", string(p)), zap.Error(err))
+				break
+			}
+			e.goodbye.sent.Add(1)
+		}
+	}
+}
+
+// onGoodbye takes a peer's goodbye: each transfer it names that this engine has with that peer,
+// with the same nonce and sub-transfer and the other role, is told the peer ended it with its
+// operations quiescent (xfer.peerLeft). On the last part, when every transfer this engine has
+// with the peer under way was so named, the engine closes its connection to the peer
+// (PeerCloser): its own operations still on it then end with their transport's verdict. A
+// goodbye that names a transfer it does not have, or names one wrongly (someone else's
+// message claiming the peer's address cannot know the nonces), ends nothing and closes
+// nothing that still carries a transfer.
+func (e *Engine) onGoodbye(from Peer, m *wire.Goodbye) {
+	var told []*xfer
+	refused := 0
+	e.mu.Lock()
+	for _, en := range m.Ended {
+		x := e.routes[routeKey{from, en.Request}]
+		if x == nil || !x.named(en) {
+			refused++
+			continue
+		}
+		x.farewell.Store(true)
+		told = append(told, x)
+	}
+	closePeer := false
+	if m.Flags&wire.GoodbyeLast != 0 {
+		closePeer = true
+		for k, x := range e.routes {
+			if k.peer == from && x.m.load() != Queued && !x.farewell.Load() {
+				closePeer = false // a transfer the goodbye did not end still runs on the connection
+				break
+			}
+		}
+	}
+	e.mu.Unlock()
+	e.goodbye.matched.Add(int64(len(told)))
+	e.goodbye.refused.Add(int64(refused))
+	if refused > 0 {
+		e.log.Debug("goodbye named transfers this engine does not have with the peer", zap.String("peer", string(from)), zap.Int("refused", refused))
+	}
+	for _, x := range told {
+		x.box.Push(event{goodbye: true})
+	}
+	if pc, ok := e.tr.(PeerCloser); ok && closePeer {
+		pc.ClosePeer(from) // its completions come after the events just pushed
+	}
+}
+
+// named reports whether a goodbye's entry names this sub-transfer: its nonce and sub-transfer
+// as on the wire, and the departing side in the other role.
+func (x *xfer) named(en wire.Ended) bool {
+	id := x.ident.Load()
+	if id == nil || id.nonce == 0 || id.nonce != en.Nonce || id.sub != en.Sub {
+		return false
+	}
+	return (en.Role == wire.RoleSender) == x.receive
+}
+
+// peerLeft ends the transfer on the peer's goodbye: the peer's operations for it are over, so
+// what this side exposed to it (an RMA offer, announced slots) is no longer read, as on an
+// acknowledged abort; its own operations are cancelled and the transfer resolves when their
+// transport reports them final (the goodbye's endpoint close gives those still on the wire
+// their verdict). Nothing is released on the peer's word that this side's transport holds.
+func (x *xfer) peerLeft() {
+	if p, ok := x.path.(peerTalk); ok {
+		p.peerLost()
+	}
+	if x.aborting {
+		x.maybeResolve()
+		return
+	}
+	x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w (code %d): it ended the transfer and said goodbye", ErrPeerAborted, wire.AbortClosed)},
+		0, x.eng.cfg.CancelGrace)
+}
