@@ -11,7 +11,9 @@
 // and checks every byte when -check. -total is the request's block count (EngineDims), -chunk
 // the staging slot size. It prints "GOT <bytes>" as the transfer moves (when -report > 0),
 // "PATH <path>" (with -device) and "DONE <state> <OK|BAD|error>" at the end of each request, "ERR <reason>" and exits 1 on any
-// failure, and exits 0 once its standard input closes. Every wait is bounded by -timeout.
+// failure, and exits 0 once its standard input closes. On SIGTERM it leaves as a serving
+// process in a rolling restart does: Drain for -drain, Close (which says goodbye to the test's
+// engine), print "LEFT" and exit 0. Every wait is bounded by -timeout.
 package main
 
 import (
@@ -22,6 +24,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"strings"
 	"syscall"
 	"time"
@@ -34,6 +37,8 @@ import (
 type options struct {
 	requestID          uint64
 	repeat             int
+	drain              time.Duration
+	disableRMA         bool
 	mode, tls, netDevs string
 	total, chunk       int64
 	report             int
@@ -66,6 +71,8 @@ func main() {
 	flag.BoolVar(&o.device, "device", false, "the KV pool is in cudaMalloc memory of GPU 0 registered with the transport (RegisterDevice), moved by gets GPU to GPU (needs a CUDA-enabled UCX)")
 	flag.BoolVar(&o.rmaWhereEmulated, "rma-where-emulated", false, "a receiver keeps the RMA mode where UCX emulates gets (TCP), as the tests of that mode want")
 	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another")
+	flag.BoolVar(&o.disableRMA, "disable-rma", false, "the direct path sends IOV messages instead of RMA gets (transfer.Config.DisableRMA)")
+	flag.DurationVar(&o.drain, "drain", 10*time.Millisecond, "on SIGTERM, how long to Drain before Close")
 	flag.Parse()
 	stdin := bufio.NewScanner(os.Stdin)
 	stdin.Buffer(make([]byte, 1<<16), 1<<20)
@@ -113,11 +120,12 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 	}
 	eng, err := transfer.New(tr, transfer.Config{SlotBytes: o.chunk, MaxConcurrent: 4, PipelineDepth: 2,
 		NumSlots: 8, StagingMemory: tr.StagingMemory(), TransferTimeout: o.timeout, QueueTimeout: o.timeout,
-		RMAWhereEmulated: o.rmaWhereEmulated})
+		RMAWhereEmulated: o.rmaWhereEmulated, DisableRMA: o.disableRMA})
 	if err != nil {
 		return err
 	}
 	defer func() { _ = eng.Close() }()
+	leaveOnTerm(eng, o.drain)
 	fmt.Printf("ADDR %s\n", hex.EncodeToString(tr.WorkerAddress()))
 	if !stdin.Scan() {
 		return fmt.Errorf("no PEER line on stdin")
@@ -231,4 +239,21 @@ func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer tr
 	}
 	fmt.Printf("DONE %v %s\n", st.State, verdict)
 	return nil
+}
+
+// leaveOnTerm makes SIGTERM a graceful departure: Drain for drain, Close, "LEFT", exit 0.
+func leaveOnTerm(eng *transfer.Engine, drain time.Duration) {
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	go func() {
+		<-term
+		ctx, cancel := context.WithTimeout(context.Background(), drain)
+		_ = eng.Drain(ctx)
+		cancel()
+		if err := eng.Close(); err != nil {
+			fmt.Printf("CLOSE %v\n", err)
+		}
+		fmt.Println("LEFT")
+		os.Exit(0)
+	}()
 }
