@@ -344,3 +344,26 @@ func (t *Transport) ControlRoom() int {
 	}
 	return math.MaxInt
 }
+
+var _ transport.PeerCloser = (*Transport)(nil)
+
+// ClosePeer implements transport.PeerCloser as UCX's endpoint force close does: every
+// operation of this endpoint with peer, and the peer's operation paired with it on the wire,
+// ends with transport.ErrPeerLost (memory done, or unknown under NeverQuiesce); what either side
+// posts later is matched afresh.
+func (t *Transport) ClosePeer(peer transport.Peer) {
+	n := t.net
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if t.isClosed() {
+		return
+	}
+	err := fmt.Errorf("%w: %s: connection closed", transport.ErrPeerLost, peer)
+	for _, op := range n.sortedOps(func(l *link) bool {
+		return (l.from == t.addr && l.to == peer) || (l.from == peer && l.to == t.addr)
+	}) {
+		if op.ep == t {
+			n.cut(op, err)
+		}
+	}
+}
