@@ -3,7 +3,9 @@
 package transfer
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -152,4 +154,55 @@ func TestGoodbyeOnlyToPeersThatTakeIt(t *testing.T) {
 			n.Resume()
 		})
 	}
+}
+
+// TestL9_GoodbyeNamesOnlyTransfersEndedQuiescent: a departing engine's goodbye names a
+// transfer it ended with every operation quiescent (a receive cancelled before anything
+// matched it), and not one whose slot it poisoned (its deadline passed with a chunk the
+// transport never let go): the survivor ends the first cleanly and keeps the second under the
+// lost-peer rule. The departing side's aborts are lost, so only the goodbye can tell.
+func TestL9_GoodbyeNamesOnlyTransfersEndedQuiescent(t *testing.T) {
+	src := fastConfig()
+	src.TransferTimeout = time.Minute
+	dst := fastConfig()
+	dst.TransferTimeout, dst.QuarantineTimeout = 300*time.Millisecond, 200*time.Millisecond
+	p := newPair(t, src, dst)
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+		switch {
+		case fp.Kind == wire.KindAbort && fp.From == "decode":
+			return mem.Fault{Drop: true}
+		case fp.Kind == wire.KindData && fp.Tag.Request == 2:
+			return mem.Fault{Hang: true, NeverQuiesce: true}
+		}
+		return mem.Fault{}
+	})
+	// Request 1: a streaming Send with no layer ready posts nothing; its receiver is cancelled
+	// with its receives unmatched.
+	s1, d1 := pools(t, 1)
+	hs1, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: s1.plan, Pool: s1.mem, Stream: true})
+	require.NoError(t, err)
+	hr1, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: d1.plan, Pool: d1.mem, Stream: true})
+	require.NoError(t, err)
+	eventually(t, func() bool { return hs1.Status().State == Advertised && hr1.Status().State == Advertised }, "request 1 advertised")
+	require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(1))
+	waitClosed(t, hr1.Quiesced(), "request 1's receiver quiesced")
+	requireState(t, hr1, Cancelled)
+	// Request 2: a chunk hangs on the wire and never quiesces; the receiver's deadline
+	// quarantines it and the quarantine timeout poisons its slot.
+	s2, d2 := pools(t, 2)
+	hs2, hr2 := p.start(t, 2, s2, d2)
+	waitClosed(t, hr2.Quiesced(), "request 2's receiver resolved by poison")
+	require.NotZero(t, p.dst.pool.Stats().Poisoned)
+	eventually(t, func() bool { return p.dst.liveDrivers.Load() == 0 }, "the receiver's transfers ended")
+
+	ctx, cancel := context.WithTimeout(bg, time.Second)
+	defer cancel()
+	require.NoError(t, p.dst.Drain(ctx))
+	eventually(t, func() bool { return p.src.goodbye.matched.Load() == 1 }, "the goodbye named request 1")
+	require.Zero(t, p.src.goodbye.refused.Load(), "the goodbye named no other transfer")
+	require.False(t, hs2.subs[0].farewell.Load(), "request 2 is not named: its slot was poisoned")
+	waitClosed(t, hs1.Quiesced(), "request 1's sender quiesced on the goodbye")
+	requireState(t, hs1, Failed, ErrPeerAborted)
+	require.Zero(t, p.src.pool.Stats().Poisoned)
+	require.False(t, isClosed(hs2.Done()), "request 2 keeps running here: %+v", hs2.Status())
 }
