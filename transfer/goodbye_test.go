@@ -206,3 +206,40 @@ func TestL9_GoodbyeNamesOnlyTransfersEndedQuiescent(t *testing.T) {
 	require.Zero(t, p.src.pool.Stats().Poisoned)
 	require.False(t, isClosed(hs2.Done()), "request 2 keeps running here: %+v", hs2.Status())
 }
+
+// A goodbye too long for one control message goes in parts that fit the transport's
+// ControlRoom, and the survivor ends every transfer the parts name.
+func TestGoodbyeInPartsFitsControlRoom(t *testing.T) {
+	const n = 14
+	cfg := fastConfig()
+	cfg.MaxConcurrent, cfg.TransferTimeout = n, time.Minute
+	p := newPair(t, cfg, cfg)
+	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+		if fp.Kind == wire.KindAbort && fp.From == "decode" {
+			return mem.Fault{Drop: true} // only the goodbye tells the survivor
+		}
+		return mem.Fault{}
+	})
+	var hs []*Handle
+	for i := range n {
+		s, d := pools(t, uint64(i+1))
+		h, err := p.src.Send(bg, Spec{ID: RequestID(i + 1), Peer: "decode", Plan: s.plan, Pool: s.mem, Stream: true})
+		require.NoError(t, err)
+		hr, err := p.dst.Receive(bg, Spec{ID: RequestID(i + 1), Peer: "prefill", Plan: d.plan, Pool: d.mem, Stream: true})
+		require.NoError(t, err)
+		eventually(t, func() bool { return h.Status().State == Advertised && hr.Status().State == Advertised }, "advertised")
+		require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(hr.ID()))
+		waitClosed(t, hr.Quiesced(), "receiver quiesced")
+		hs = append(hs, h)
+	}
+	eventually(t, func() bool { return p.dst.liveDrivers.Load() == 0 }, "the receiver's transfers ended")
+	room := 32 + 5*wire.GoodbyeEntryBytes // five transfers a part: three parts
+	p.net.SetMaxControl(room)
+	require.NoError(t, p.dst.Drain(bg))
+	require.Equal(t, int64(3), p.dst.goodbye.sent.Load())
+	eventually(t, func() bool { return p.src.goodbye.matched.Load() == n }, "every part arrived and matched")
+	for _, h := range hs {
+		waitClosed(t, h.Quiesced(), "sender quiesced on the goodbye")
+		requireState(t, h, Failed, ErrPeerAborted)
+	}
+}
