@@ -122,12 +122,12 @@ func (e *Engine) sayGoodbye(leaving bool) {
 	for p, ended := range byPeer {
 		parts, err := wire.GoodbyeParts(ended, room)
 		if err != nil {
-			e.log.Warn("no goodbye: the transport's control messages are too small", zap.String("peer", string(p)), zap.Error(err))
+			e.log.Warn("no goodbye: the transport's control messages are too small", zap.String("peer", p.Short()), zap.Error(err))
 			continue
 		}
 		for _, m := range parts {
 			if err := e.tr.SendControl(p, wire.Encode(m)); err != nil {
-				e.log.Debug("goodbye not sent", zap.String("peer", string(p)), zap.Error(err))
+				e.log.Debug("goodbye not sent", zap.String("peer", p.Short()), zap.Error(err))
 				break
 			}
 			e.goodbye.sent.Add(1)
@@ -170,7 +170,7 @@ func (e *Engine) onGoodbye(from Peer, m *wire.Goodbye) {
 	e.goodbye.matched.Add(int64(len(told)))
 	e.goodbye.refused.Add(int64(refused))
 	if refused > 0 {
-		e.log.Debug("goodbye named transfers this engine does not have with the peer", zap.String("peer", string(from)), zap.Int("refused", refused))
+		e.log.Debug("goodbye named transfers this engine does not have with the peer", zap.String("peer", from.Short()), zap.Int("refused", refused))
 	}
 	for _, x := range told {
 		x.box.Push(event{goodbye: true})
