@@ -12,6 +12,7 @@ package transfer
 // name, or names with another nonce, sub-transfer or role, keeps the lost-peer rule.
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"sync/atomic"
@@ -94,6 +95,9 @@ func (e *Engine) takesGoodbyeLocked(p Peer) bool {
 // transfers with, so the goodbye reaches every peer before the endpoints close. Drain and
 // Close call it; it never blocks on a peer (SendControl is best effort).
 func (e *Engine) sayGoodbye(leaving bool) {
+	if leaving {
+		e.settleBeforeGoodbye()
+	}
 	e.mu.Lock()
 	now := time.Now()
 	byPeer := map[Peer][]wire.Ended{}
@@ -133,6 +137,31 @@ func (e *Engine) sayGoodbye(leaving bool) {
 			e.goodbye.sent.Add(1)
 		}
 	}
+}
+
+// settleBeforeGoodbye (Close, its transfers already told to stop) closes the connection to
+// every peer that still has a transfer here whose operations did not end within CancelGrace
+// (a receive UCX matched, a send on the wire), and waits at most another CancelGrace for those
+// transfers to take the verdicts the close gives their operations. What ends so, with every
+// verdict MemoryDone, the goodbye can name; the rest keep the lost-peer rule on the other
+// side. The transport's own Close, right after, would have closed these connections anyway.
+func (e *Engine) settleBeforeGoodbye() {
+	pc, ok := e.tr.(PeerCloser)
+	if !ok || e.liveDrivers.Load() == 0 {
+		return
+	}
+	e.mu.Lock()
+	peers := map[Peer]bool{}
+	for k := range e.routes {
+		peers[k.peer] = true
+	}
+	e.mu.Unlock()
+	for p := range peers {
+		pc.ClosePeer(p)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CancelGrace)
+	defer cancel()
+	_ = e.waitDrivers(ctx)
 }
 
 // onGoodbye takes a peer's goodbye: each transfer it names that this engine has with that peer,
