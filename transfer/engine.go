@@ -399,7 +399,7 @@ func (e *Engine) waitDrivers(ctx context.Context) error {
 // Close stops the engine: new Sends and Receives fail with ErrClosed, every live transfer is
 // cancelled, each peer that takes one gets a goodbye naming the transfers that ended here with
 // their operations quiescent (as Drain sends; the connections to peers whose transfers did not
-// stop within CancelGrace are closed first, and Close waits up to another CancelGrace for
+// stop within CancelGrace are closed first, and Close waits up to half of CloseTimeout for
 // their verdicts), the transport is force-closed, slots it cannot
 // prove done are poisoned, and the goroutines end. It waits for the transfers at most Config.CloseTimeout in all (CancelGrace of
 // it for them to stop gracefully); the transport's force close in between takes its own

@@ -141,8 +141,9 @@ func (e *Engine) sayGoodbye(leaving bool) {
 
 // settleBeforeGoodbye (Close, its transfers already told to stop) closes the connection to
 // every peer that still has a transfer here whose operations did not end within CancelGrace
-// (a receive UCX matched, a send on the wire), and waits at most another CancelGrace for those
-// transfers to take the verdicts the close gives their operations. What ends so, with every
+// (a receive UCX matched, a send on the wire), and waits at most half of CloseTimeout for those
+// transfers to take the verdicts the close gives their operations (on a loaded host a
+// CancelGrace was found too short; Close's own wait for its transfers shares the same bound). What ends so, with every
 // verdict MemoryDone, the goodbye can name; the rest keep the lost-peer rule on the other
 // side. The transport's own Close, right after, would have closed these connections anyway.
 func (e *Engine) settleBeforeGoodbye() {
@@ -159,7 +160,7 @@ func (e *Engine) settleBeforeGoodbye() {
 	for p := range peers {
 		pc.ClosePeer(p)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CancelGrace)
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CloseTimeout/2)
 	defer cancel()
 	_ = e.waitDrivers(ctx)
 }
