@@ -417,7 +417,19 @@ func (e *Engine) Close() error {
 	graceCtx, graceCancel := context.WithTimeout(ctx, e.cfg.CancelGrace)
 	_ = e.waitDrivers(graceCtx)
 	graceCancel()
-	trErr := e.tr.Close(true)
+	// The transport's close may unmap memory the mover workers copy into or out of (its
+	// staging slots, pools it allocated, a peer's slots mapped here): copies not begun are
+	// refused from here on, and the transport closes only once those running have returned.
+	var trErr error
+	if running := e.movers.fence(ctx); running > 0 {
+		trErr = fmt.Errorf("kvxfer: %d copies still running after CloseTimeout; the transport closes once they return: %w", running, ErrQuiescenceUnknown)
+		go func() {
+			<-e.movers.quietCh()
+			_ = e.tr.Close(true)
+		}()
+	} else {
+		trErr = e.tr.Close(true)
+	}
 	close(e.closing)
 	err := e.waitDrivers(ctx)
 	e.pool.Close()
