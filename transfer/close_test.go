@@ -255,33 +255,37 @@ func TestL1_CloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 				cfg := pipelineConfig()
 				cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 2048, 512
 				cfg.QuarantineTimeout = 10 * time.Second // Close, not the timer, ends what is left
-				pc.cfg(&cfg)
 				n := mem.NewNetwork()
 				// Every message and get held a while: the transfers are still moving at Close.
 				n.SetFault(func(mem.FaultPoint) mem.Fault { return mem.Fault{Delay: 10 * time.Millisecond} })
-				mk := func(name Peer) closeSide {
-					tr := n.Transport(name)
-					ecfg := cfg
-					ecfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
-					if pc.pull {
-						tr.AllowDirect(ecfg.StagingMemory) // as UCX's staging memory is mapped
-					}
-					n.Endpoint(name).MapPeers(pc.in)
-					e, err := New(tr, ecfg)
-					require.NoError(t, err)
-					t.Cleanup(func() { _ = e.Close() })
-					return closeSide{e: e, self: name, kv: func(t testing.TB, ids []int32, seed uint64) ([]byte, *layout.Plan) {
-						k := newKVPool(t, testDims, layout.BlockMajor, nil, ids, seed)
-						if pc.path != PathStaging {
-							tr.AllowDirect(k.mem)
-						}
-						return k.mem, k.plan
-					}}
-				}
+				mk := func(name Peer) closeSide { return memPathSide(t, n, name, pc, cfg) }
 				closeMidTransfer(t, mk("prefill"), mk("decode"), pc, closeSender, 16)
 			})
 		}
 	}
+}
+
+// memPathSide is an engine named name on n, configured from cfg to run on path pc, whose pools
+// the transport can move on it.
+func memPathSide(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg Config) closeSide {
+	t.Helper()
+	pc.cfg(&cfg)
+	tr := n.Transport(name)
+	cfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+	if pc.pull {
+		tr.AllowDirect(cfg.StagingMemory) // as UCX's staging memory is mapped
+	}
+	n.Endpoint(name).MapPeers(pc.in)
+	e, err := New(tr, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	return closeSide{e: e, self: name, kv: func(t testing.TB, ids []int32, seed uint64) ([]byte, *layout.Plan) {
+		k := newKVPool(t, testDims, layout.BlockMajor, nil, ids, seed)
+		if pc.path != PathStaging {
+			tr.AllowDirect(k.mem)
+		}
+		return k.mem, k.plan
+	}}
 }
 
 // slowMover is the host mover with every copy taking at least delay, as a large chunk's does

@@ -280,6 +280,7 @@ func (h *Handle) cancel() CancelOutcome {
 	defer h.mu.Unlock()
 	switch st := h.m.load(); {
 	case st.Terminal():
+		h.signalNowLocked() // FreeNow: the caller may find Done and Quiesced closed
 		return AlreadyComplete
 	case st == Quarantined:
 		return NotCancellable
@@ -293,6 +294,7 @@ func (h *Handle) cancel() CancelOutcome {
 			x.stop(cause)
 		}
 		h.applyLocked(EvCancelQueued, cause)
+		h.signalNowLocked() // FreeNow, as for AlreadyComplete
 		return CancelledBeforeAdvertise
 	default:
 		h.cancelRequested = true
@@ -303,14 +305,14 @@ func (h *Handle) cancel() CancelOutcome {
 	}
 }
 
-// signal closes a handle's Done or Quiesced: at once, or after the observer has heard every
-// event before it (observerQueue).
-func (e *Engine) signal(ch chan struct{}) {
+// signal closes a handle's Done or Quiesced (closeCh): at once, or after the observer has
+// heard every event before it (observerQueue). Cancel may close them sooner (signalNowLocked).
+func (e *Engine) signal(closeCh func()) {
 	if e.oq != nil {
-		e.oq.signal(ch)
+		e.oq.push(closeCh)
 		return
 	}
-	close(ch)
+	closeCh()
 }
 
 func chanClosed(ch <-chan struct{}) bool {
