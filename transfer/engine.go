@@ -395,7 +395,17 @@ func (e *Engine) waitDrivers(ctx context.Context) error {
 // cancelled, the transport is force-closed, slots it cannot prove done are poisoned, and the
 // goroutines end. It waits for the transfers at most Config.CloseTimeout in all (CancelGrace of
 // it for them to stop gracefully); the transport's force close in between takes its own
-// bounded time (Transport.Close). Handles stay readable.
+// bounded time (Transport.Close). Handles stay readable, and each ends: Done closes, terminal
+// or, where the force close could not say the transport let go of the caller's blocks,
+// quarantined for good with them poisoned (L9).
+//
+// The transport's Close may unmap memory (UCX unmaps its staging slots, the pools it allocated
+// and the peers' memory mapped here), so no copy may run into or out of it then: after the
+// grace, copies on the mover workers not yet begun are refused (the transfer fails, having
+// touched nothing) and those running are waited for, within CloseTimeout; the transport is
+// closed only after. A copy still running at that bound (a device copy past its timeout) keeps
+// the transport open until it returns, and Close says so with an error matching
+// ErrQuiescenceUnknown.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	if e.closed {
