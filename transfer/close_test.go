@@ -65,15 +65,23 @@ func TestL2_CloseUnmapsNothingUnderACopy(t *testing.T) {
 		cfg    func() Config
 		pull   bool // staging memory exposed, the peer's slots mapped: the pull wire, read in place
 		gather bool // the sender's gather is stuck, else the receiver's scatter
+		// pastBound: the copy stays stuck past CloseTimeout: Close returns, saying so, and
+		// the transport closes only once the copy returns.
+		pastBound bool
 	}{
-		{"staging: the closing sender's gather", fastConfig, false, true},
-		{"staging: the closing receiver's scatter", fastConfig, false, false},
-		{"pull wire: the closing sender's gather", inPlaceConfig, true, true},
-		{"pull wire: the closing receiver's scatter out of the sender's mapped slot", inPlaceConfig, true, false},
+		{"staging: the closing sender's gather", fastConfig, false, true, false},
+		{"staging: the closing receiver's scatter", fastConfig, false, false, false},
+		{"pull wire: the closing sender's gather", inPlaceConfig, true, true, false},
+		{"pull wire: the closing receiver's scatter out of the sender's mapped slot", inPlaceConfig, true, false, false},
+		{"staging: the closing sender's gather, past CloseTimeout", fastConfig, false, true, true},
+		{"pull wire: the closing receiver's scatter, past CloseTimeout", inPlaceConfig, true, false, true},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := c.cfg()
+			if c.pastBound {
+				cfg.CloseTimeout = 300 * time.Millisecond
+			}
 			var copying atomic.Int32
 			n := mem.NewNetwork()
 			spies := map[Peer]*closeSpy{}
@@ -108,21 +116,37 @@ func TestL2_CloseUnmapsNothingUnderACopy(t *testing.T) {
 			hr, err := engines["decode"].Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: rm})
 			require.NoError(t, err)
 			waitClosed(t, stuck.entered, "a copy stuck on a mover worker")
-			require.Equal(t, c.pull, hr.Pulled(), "the wire the case is about")
+			stuckSide := hr
+			if c.gather {
+				stuckSide = hs // it answered the pull before its first gather; the receiver hears later
+			}
+			require.Equal(t, c.pull, stuckSide.Pulled(), "the wire the case is about")
 
 			closed := make(chan error, 1)
 			go func() { closed <- engines[closing].Close() }()
-			select {
-			case <-spies[closing].closing:
-				t.Errorf("the transport's Close began while the copy ran")
-			case <-time.After(cfg.CancelGrace + time.Second): // Close waits for the copy as long as CloseTimeout
-			}
-			stuck.let()
-			select {
-			case err := <-closed:
-				require.NoError(t, err)
-			case <-time.After(10 * time.Second):
-				t.Fatal("Close did not return once the copy had")
+			if c.pastBound {
+				select {
+				case err := <-closed:
+					require.ErrorIs(t, err, ErrQuiescenceUnknown, "Close says a copy still ran")
+				case <-time.After(10 * time.Second):
+					t.Fatal("Close waited for the copy past CloseTimeout")
+				}
+				require.False(t, isClosed(spies[closing].closing), "the transport's Close began while the copy ran")
+				stuck.let()
+				waitClosed(t, spies[closing].closing, "the transport closed once the copy returned")
+			} else {
+				select {
+				case <-spies[closing].closing:
+					t.Errorf("the transport's Close began while the copy ran")
+				case <-time.After(cfg.CancelGrace + time.Second): // Close waits for the copy as long as CloseTimeout
+				}
+				stuck.let()
+				select {
+				case err := <-closed:
+					require.NoError(t, err)
+				case <-time.After(10 * time.Second):
+					t.Fatal("Close did not return once the copy had")
+				}
 			}
 			require.Zero(t, spies[closing].atClose.Load(), "copies running when the transport's Close began")
 			other := engines["prefill"]
@@ -131,7 +155,8 @@ func TestL2_CloseUnmapsNothingUnderACopy(t *testing.T) {
 			}
 			require.NoError(t, other.Close())
 			for _, h := range []*Handle{hs, hr} {
-				waitClosed(t, h.Done(), "done")
+				// Quiesced: past the bound the stuck one was quarantined until its copy returned.
+				waitClosed(t, h.Quiesced(), "quiesced")
 				require.True(t, h.Status().State.Terminal(), "request %d: %+v", h.ID(), h.Status())
 			}
 			for _, e := range engines {

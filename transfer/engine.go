@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -432,15 +433,15 @@ func (e *Engine) Close() error {
 	// The transport's close may unmap memory the mover workers copy into or out of (its
 	// staging slots, pools it allocated, a peer's slots mapped here): copies not begun are
 	// refused from here on, and the transport closes only once those running have returned.
-	var trErr error
+	var copiesErr, trErr error
 	if running := e.movers.fence(ctx); running > 0 {
-		trErr = fmt.Errorf("kvxfer: %d copies still running after CloseTimeout; the transport closes once they return: %w", running, ErrQuiescenceUnknown)
+		copiesErr = fmt.Errorf("kvxfer: %d copies still running after CloseTimeout; the transport closes once they return: %w", running, ErrQuiescenceUnknown)
 		go func() {
 			<-e.movers.quietCh()
 			_ = e.tr.Close(true)
 		}()
-	} else {
-		trErr = e.tr.Close(true)
+	} else if err := e.tr.Close(true); err != nil {
+		trErr = fmt.Errorf("kvxfer: closing the transport: %w", err)
 	}
 	close(e.closing)
 	err := e.waitDrivers(ctx)
@@ -452,13 +453,7 @@ func (e *Engine) Close() error {
 			err = fmt.Errorf("kvxfer: the observer had not heard every event within CloseTimeout: %w", werr)
 		}
 	}
-	if err != nil {
-		return err
-	}
-	if trErr != nil {
-		return fmt.Errorf("kvxfer: closing the transport: %w", trErr)
-	}
-	return nil
+	return errors.Join(copiesErr, err, trErr)
 }
 
 // forget drops a handle whose references are all gone, so its id may be used again.
