@@ -249,6 +249,11 @@ type WorkerStats struct {
 	EPErrors   uint64 // endpoint error callbacks
 	EPsOpen    uint64 // endpoints not yet released
 	Pending    int    // requests not yet completed
+	// Dropped counts requests UCX still held when the closing worker was destroyed: UCX 1.13
+	// keeps some after a forced close (docs/ucx.md, "Abandoned requests") and releases them
+	// with the worker, without a callback. Each was reported failed; Requests = Callbacks +
+	// Dropped once the worker is closed.
+	Dropped uint64
 }
 
 // NewWorker creates a worker and starts its progress goroutine.
@@ -464,6 +469,7 @@ func (w *Worker) shutdown() {
 		w.log.Warn("ucx worker closing with requests UCX never completed", zap.Int("requests", n))
 	}
 	w.publishStats() // the last look at the C counters: the worker is freed next
+	dropped := uint64(len(w.pending))
 	w.destroying = true
 	C.kvx_ucx_worker_destroy(w.cw)
 	w.dead = true
@@ -479,7 +485,7 @@ func (w *Worker) shutdown() {
 	}
 	if s := w.stats.Load(); s != nil {
 		final := *s
-		final.Pending = 0
+		final.Pending, final.Dropped = 0, dropped
 		w.stats.Store(&final)
 	}
 	// Commands queued after the loop stopped fail their requests rather than hang them.

@@ -51,7 +51,10 @@ func iovFor(kind opKind, mem *Memory, segs []Segment) (unsafe.Pointer, int64, er
 		}
 		total += s.Length
 	}
-	arr := C.malloc(C.size_t(len(segs)) * C.size_t(unsafe.Sizeof(C.ucp_dt_iov_t{})))
+	// Zeroed: Go stores pointers into it below, and a pointer store runs the garbage
+	// collector's write barrier, which also reads the old value; malloc's leftovers can look
+	// like a pointer into the Go heap and make the runtime abort ("found bad pointer in Go heap").
+	arr := C.calloc(C.size_t(len(segs)), C.size_t(unsafe.Sizeof(C.ucp_dt_iov_t{})))
 	iov := unsafe.Slice((*C.ucp_dt_iov_t)(arr), len(segs))
 	for i, s := range segs {
 		iov[i].buffer = unsafe.Add(mem.addr, s.Offset)

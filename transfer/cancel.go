@@ -49,7 +49,8 @@ func (o CancelOutcome) String() string {
 }
 
 // FreeNow reports whether the caller may free the request's KV blocks as soon as Cancel
-// returns, without waiting for Quiesced.
+// returns, without waiting for Quiesced. When Cancel returns such an outcome for a handle,
+// that handle's Done and Quiesced are already closed, whatever the Observer is doing.
 func (o CancelOutcome) FreeNow() bool {
 	return o == NotFound || o == AlreadyComplete || o == CancelledBeforeAdvertise
 }

@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -282,6 +283,7 @@ func (h *Handle) cancel() CancelOutcome {
 	defer h.mu.Unlock()
 	switch st := h.m.load(); {
 	case st.Terminal():
+		h.signalNowLocked() // FreeNow: the caller may find Done and Quiesced closed
 		return AlreadyComplete
 	case st == Quarantined:
 		return NotCancellable
@@ -295,6 +297,7 @@ func (h *Handle) cancel() CancelOutcome {
 			x.stop(cause)
 		}
 		h.applyLocked(EvCancelQueued, cause)
+		h.signalNowLocked() // FreeNow, as for AlreadyComplete
 		return CancelledBeforeAdvertise
 	default:
 		h.cancelRequested = true
@@ -305,14 +308,14 @@ func (h *Handle) cancel() CancelOutcome {
 	}
 }
 
-// signal closes a handle's Done or Quiesced: at once, or after the observer has heard every
-// event before it (observerQueue).
-func (e *Engine) signal(ch chan struct{}) {
+// signal closes a handle's Done or Quiesced (closeCh): at once, or after the observer has
+// heard every event before it (observerQueue). Cancel may close them sooner (signalNowLocked).
+func (e *Engine) signal(closeCh func()) {
 	if e.oq != nil {
-		e.oq.signal(ch)
+		e.oq.push(closeCh)
 		return
 	}
-	close(ch)
+	closeCh()
 }
 
 func chanClosed(ch <-chan struct{}) bool {
@@ -403,7 +406,17 @@ func (e *Engine) waitDrivers(ctx context.Context) error {
 // their verdicts), the transport is force-closed, slots it cannot
 // prove done are poisoned, and the goroutines end. It waits for the transfers at most Config.CloseTimeout in all (CancelGrace of
 // it for them to stop gracefully); the transport's force close in between takes its own
-// bounded time (Transport.Close). Handles stay readable.
+// bounded time (Transport.Close). Handles stay readable, and each ends: Done closes, terminal
+// or, where the force close could not say the transport let go of the caller's blocks,
+// quarantined for good with them poisoned (L9).
+//
+// The transport's Close may unmap memory (UCX unmaps its staging slots, the pools it allocated
+// and the peers' memory mapped here), so no copy may run into or out of it then: after the
+// grace, copies on the mover workers not yet begun are refused (the transfer fails, having
+// touched nothing) and those running are waited for, within CloseTimeout; the transport is
+// closed only after. A copy still running at that bound (a device copy past its timeout) keeps
+// the transport open until it returns, and Close says so with an error matching
+// ErrQuiescenceUnknown.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	if e.closed {
@@ -428,7 +441,19 @@ func (e *Engine) Close() error {
 	_ = e.waitDrivers(graceCtx)
 	graceCancel()
 	e.sayGoodbye(true) // goodbye.go: before the endpoints close
-	trErr := e.tr.Close(true)
+	// The transport's close may unmap memory the mover workers copy into or out of (its
+	// staging slots, pools it allocated, a peer's slots mapped here): copies not begun are
+	// refused from here on, and the transport closes only once those running have returned.
+	var copiesErr, trErr error
+	if running := e.movers.fence(ctx); running > 0 {
+		copiesErr = fmt.Errorf("kvxfer: %d copies still running after CloseTimeout; the transport closes once they return: %w", running, ErrQuiescenceUnknown)
+		go func() {
+			<-e.movers.quietCh()
+			_ = e.tr.Close(true)
+		}()
+	} else if err := e.tr.Close(true); err != nil {
+		trErr = fmt.Errorf("kvxfer: closing the transport: %w", err)
+	}
 	close(e.closing)
 	err := e.waitDrivers(ctx)
 	e.pool.Close()
@@ -439,13 +464,7 @@ func (e *Engine) Close() error {
 			err = fmt.Errorf("kvxfer: the observer had not heard every event within CloseTimeout: %w", werr)
 		}
 	}
-	if err != nil {
-		return err
-	}
-	if trErr != nil {
-		return fmt.Errorf("kvxfer: closing the transport: %w", trErr)
-	}
-	return nil
+	return errors.Join(copiesErr, err, trErr)
 }
 
 // forget drops a handle whose references are all gone, so its id may be used again.

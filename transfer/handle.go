@@ -57,6 +57,9 @@ type Handle struct {
 
 	done     chan struct{}
 	quiesced chan struct{}
+	// doneOnce and quiescedOnce close them: through the observer's queue (Engine.signal), or
+	// at once when Cancel answers a FreeNow outcome (signalNowLocked), whichever comes first.
+	doneOnce, quiescedOnce sync.Once
 	// quiescent: the table said the handle quiesced (Quiesced closes then, or once the
 	// observer has heard the moves before it). h.mu.
 	quiescent bool
@@ -151,7 +154,7 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 	}
 	h.eng.obs.OnTransition(h.id, -1, from, r.next, ev)
 	if r.closesDone {
-		h.eng.signal(h.done)
+		h.eng.signal(h.closeDone)
 	}
 	if r.quiesces {
 		if h.releasePool != nil {
@@ -166,7 +169,7 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 			h.eng.remembered.Add(-1)
 		}
 		h.quiescent = true
-		h.eng.signal(h.quiesced)
+		h.eng.signal(h.closeQuiesced)
 	}
 	return true
 }
@@ -182,6 +185,20 @@ func (h *Handle) countPoisonedLocked() {
 	}
 	h.countedPoisoned = true
 	h.eng.poisonedForGood.Add(1)
+}
+
+func (h *Handle) closeDone()     { h.doneOnce.Do(func() { close(h.done) }) }
+func (h *Handle) closeQuiesced() { h.quiescedOnce.Do(func() { close(h.quiesced) }) }
+
+// signalNowLocked closes Done and Quiesced at once, ahead of the observer's queue, for a
+// handle the table has made terminal: Cancel is about to tell the caller it may free the
+// blocks (FreeNow), and a caller that was told so finds both closed. The observer still hears
+// every move, in order, later. h.mu is held.
+func (h *Handle) signalNowLocked() {
+	if h.m.load().Terminal() {
+		h.closeDone()
+		h.closeQuiesced()
+	}
 }
 
 // subApplyLocked moves one sub-transfer by ev, then lets the handle follow. h.mu is held.

@@ -3,6 +3,8 @@
 package transfer
 
 import (
+	"context"
+	"fmt"
 	"runtime"
 	"sync"
 )
@@ -12,18 +14,28 @@ import (
 // wire's completions, its chunks i+1 (gather) or i-1 (scatter) are being copied. A worker
 // starts when a copy is queued, none is idle and fewer than the limit run; it then waits for
 // the next copy until the engine closes (close), so a steady stream of chunks starts no
-// goroutine per chunk. After close a worker ends once the queue is empty (a transfer that
-// outlived Close still gets its copies). Each finished copy goes back to its transfer as a
-// mailbox event (event.moved), which the loop settles: the slot is the transfer's again.
+// goroutine per chunk. After close a worker ends once the queue is empty. Each finished copy
+// goes back to its transfer as a mailbox event (event.moved), which the loop settles: the slot
+// is the transfer's again.
+//
+// Engine.Close fences the pool before it closes the transport, which may unmap the memory the
+// copies touch (its staging slots, pools it allocated, peers' slots mapped here): from then on
+// a copy not yet begun is refused (it comes back failed, having touched nothing), and fence
+// waits, bounded, for the copies still running.
 type moverPool struct {
 	mu      sync.Mutex
 	wake    sync.Cond
 	jobs    []moveJob // FIFO: head at jobs[head]
 	head    int
-	running int
+	running int // workers
 	idle    int
 	limit   int
 	closed  bool
+	// busy counts copies running now; fenced refuses new ones; quiet, made by a fence that
+	// found copies running, closes when busy drops to zero.
+	busy   int
+	fenced bool
+	quiet  chan struct{}
 }
 
 // moveJob is one copy: a gather of rec's chunk into its slot (sender) or a scatter of its
@@ -39,9 +51,14 @@ func newMoverPool() *moverPool {
 	return p
 }
 
-// submit queues a copy; it never blocks.
+// submit queues a copy; it never blocks. After fence the copy is refused at once.
 func (p *moverPool) submit(x *xfer, rec *opRec) {
 	p.mu.Lock()
+	if p.fenced {
+		p.mu.Unlock()
+		refuse(moveJob{x: x, rec: rec})
+		return
+	}
 	if p.head > 0 && p.head*2 >= len(p.jobs) { // half spent: move the rest to the front
 		k := copy(p.jobs, p.jobs[p.head:])
 		clear(p.jobs[k:])
@@ -70,9 +87,15 @@ func (p *moverPool) work() {
 			j := p.jobs[p.head]
 			p.jobs[p.head] = moveJob{}
 			p.head++
+			p.busy++
 			p.mu.Unlock()
 			j.x.move(j.rec)
 			p.mu.Lock()
+			p.busy--
+			if p.busy == 0 && p.quiet != nil {
+				close(p.quiet)
+				p.quiet = nil
+			}
 			continue
 		}
 		if p.closed {
@@ -83,6 +106,63 @@ func (p *moverPool) work() {
 		p.idle++
 		p.wake.Wait() // whoever wakes it took it off idle
 	}
+}
+
+// errCopyRefused is why a copy queued after fence never ran.
+var errCopyRefused = fmt.Errorf("%w: the engine is closing; copy not started", ErrClosed)
+
+// refuse hands a copy back without running it: its slot and blocks were never touched.
+func refuse(j moveJob) {
+	j.rec.moveErr = errCopyRefused
+	j.x.box.Push(event{op: j.rec, moved: true})
+}
+
+// fence refuses every copy not yet begun, now and later, and waits until the copies running
+// have returned, or ctx ends; it reports how many still run then. A host copy always returns;
+// a device copy past its timeout may not (ErrQuiescenceUnknown).
+func (p *moverPool) fence(ctx context.Context) int {
+	p.mu.Lock()
+	p.fenced = true
+	queued := p.jobs[p.head:]
+	p.jobs, p.head = nil, 0
+	busy := p.busy
+	var quiet chan struct{}
+	if busy > 0 {
+		if p.quiet == nil {
+			p.quiet = make(chan struct{})
+		}
+		quiet = p.quiet
+	}
+	p.mu.Unlock()
+	for _, j := range queued {
+		refuse(j)
+	}
+	if quiet == nil {
+		return 0
+	}
+	select {
+	case <-quiet:
+		return 0
+	case <-ctx.Done():
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.busy
+	}
+}
+
+// quietCh closes once no copy runs (closed already if none does).
+func (p *moverPool) quietCh() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.busy == 0 {
+		done := make(chan struct{})
+		close(done)
+		return done
+	}
+	if p.quiet == nil {
+		p.quiet = make(chan struct{})
+	}
+	return p.quiet
 }
 
 // close lets the workers end once the queue is empty.

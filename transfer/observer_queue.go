@@ -13,8 +13,9 @@ import (
 // the engine made them, so no caller callback runs under a lock that Cancel, Status or a
 // completion needs: a slow observer delays only itself. A handle's Done and Quiesced close
 // through the same queue, so an observer has heard every move of a handle before its caller
-// wakes on them (a slow observer delays those signals, never the transfers). The queue holds
-// no goroutine while it is empty.
+// wakes on them (a slow observer delays those signals, never the transfers), except after a
+// Cancel that answered FreeNow, which closes them at once (Handle.signalNowLocked). The queue
+// holds no goroutine while it is empty.
 type observerQueue struct {
 	user  Observer
 	q     queue.Queue[func()]

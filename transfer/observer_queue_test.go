@@ -44,7 +44,8 @@ func (o *blockingObserver) OnStart(StartInfo) { o.starts.Add(1) }
 // TestCancelReturnsWhileTheObserverBlocks: a caller's Observer runs outside every lock that
 // Cancel, Status and completions need: with the observer stuck inside a callback, Cancel,
 // Status and a new Receive return, and once it is let go it hears every move of each handle
-// in order, before that handle's Done closes.
+// in order, before that handle's Done closes (unless Cancel answered FreeNow: then Done was
+// closed when it returned).
 func TestCancelReturnsWhileTheObserverBlocks(t *testing.T) {
 	obs := &blockingObserver{entered: make(chan struct{}), release: make(chan struct{}), moves: map[RequestID][]State{}}
 	cfg := fastConfig()
@@ -74,6 +75,16 @@ func TestCancelReturnsWhileTheObserverBlocks(t *testing.T) {
 	}
 	require.Contains(t, []CancelOutcome{CancelledBeforeAdvertise, CancelRequestedInFlight}, out)
 	close(obs.release)
+	if out.FreeNow() {
+		// Done closed as Cancel returned (TestL10_FreeNowCancelFindsDoneAndQuiescedClosed);
+		// the observer hears the moves after.
+		eventually(t, func() bool {
+			obs.mu.Lock()
+			defer obs.mu.Unlock()
+			m := obs.moves[1]
+			return len(m) > 0 && m[len(m)-1] == Cancelled
+		}, "the observer heard the last move")
+	}
 	waitClosed(t, h.Done(), "cancelled")
 	obs.mu.Lock()
 	moves := append([]State(nil), obs.moves[1]...)

@@ -28,12 +28,7 @@ func TestL6_UCXEveryOperationCompletesExactlyOnce(t *testing.T) { testL6UCX(t, f
 
 // TestL6_UCXSenderEngineClosesMidTransfer adds transfers still under way when the sending
 // engine closes.
-func TestL6_UCXSenderEngineClosesMidTransfer(t *testing.T) {
-	t.Skip("skipped for a defect it found: Engine.Close force-closes the UCX transport, which unmaps the staging slots, " +
-		"while transfer goroutines may still gather into or scatter from them (native code): the test process died " +
-		"with SIGSEGV (forwarded by runtime.sigfwd) in about 1 of 10 runs over TCP")
-	testL6UCX(t, true)
-}
+func TestL6_UCXSenderEngineClosesMidTransfer(t *testing.T) { testL6UCX(t, true) }
 
 func testL6UCX(t *testing.T, closeUnderWay bool) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
@@ -133,12 +128,17 @@ func testL6UCX(t *testing.T, closeUnderWay bool) {
 				for _, k := range pc.kinds {
 					require.NotZero(t, posted[k], "no %s posted: %v", k, posted)
 				}
-				for _, u := range []*ucxEngine{src, dst} {
+				for name, u := range map[string]*ucxEngine{"sender": src, "receiver": dst} {
 					for i, w := range ucxWorkers(u.tr) {
 						s := w.Stats()
-						require.Zero(t, s.Pending, "worker %d: %+v", i, s)
-						require.Equal(t, s.Requests, s.Callbacks, "worker %d: every request completed once: %+v", i, s)
-						require.Equal(t, s.Callbacks, s.Freed, "worker %d: every request freed once: %+v", i, s)
+						require.Zero(t, s.Pending, "%s worker %d: %+v", name, i, s)
+						if !closeUnderWay {
+							require.Zero(t, s.Dropped, "%s worker %d: requests UCX never completed: %+v", name, i, s)
+						}
+						// Closed under way, UCX 1.13 may keep a request past the forced close
+						// until the worker is destroyed (docs/ucx.md, "Abandoned requests").
+						require.Equal(t, s.Requests, s.Callbacks+s.Dropped, "%s worker %d: every request completed once: %+v", name, i, s)
+						require.Equal(t, s.Callbacks, s.Freed, "%s worker %d: every request freed once: %+v", name, i, s)
 					}
 				}
 				t.Logf("posted %v", posted)

@@ -451,6 +451,14 @@ func (x *xfer) loop() {
 			x.timers.poll = time.Now().Add(x.eng.cfg.ReadyPollInterval)
 		}
 		x.updateAwaiting()
+		if stop != nil && chanClosed(stop) {
+			// A stop goes before any event already waiting (select picks at random): after
+			// Engine.Close's grace the transport may unmap the slots, and only a transfer
+			// that is not aborting still writes a chunk header into one or reads one.
+			stop = nil
+			x.stopped()
+			continue
+		}
 		x.timers.arm()
 		select {
 		case <-ready:
@@ -461,11 +469,7 @@ func (x *xfer) loop() {
 			clear(x.scratch)
 		case <-stop:
 			stop = nil
-			code, grace := wire.AbortCancelled, x.eng.cfg.CancelGrace
-			if errors.Is(x.stopCause, ErrClosed) {
-				code = wire.AbortClosed
-			}
-			x.abort(x.stopCause, code, grace)
+			x.stopped()
 		case <-closing:
 			closing = nil
 			// The force close reported its verdicts before the signal: take them first, so
@@ -484,6 +488,15 @@ func (x *xfer) loop() {
 			x.timersDue(now, &backoff)
 		}
 	}
+}
+
+// stopped aborts the transfer for the reason stop gave it.
+func (x *xfer) stopped() {
+	code := wire.AbortCancelled
+	if errors.Is(x.stopCause, ErrClosed) {
+		code = wire.AbortClosed
+	}
+	x.abort(x.stopCause, code, x.eng.cfg.CancelGrace)
 }
 
 // timersDue runs whatever the transfer's timer was set for and has come due.

@@ -239,3 +239,49 @@ func TestUCXTransport_ContractRefusesCollidingReceives(t *testing.T) {
 	})
 	require.NoError(t, err, "the next chunk's tag is distinct")
 }
+
+// A forced close is this side going away, not its peers: the endpoints it force-closes must
+// not be reported as lost peers (an engine would fail its transfers with a lost peer instead
+// of ErrClosed, and a PeerObserver would count peers that are alive).
+func TestUCXTransport_ContractForceCloseLosesNoPeer(t *testing.T) {
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			a, b, ra, rb := newUCXPair(t, tr.tls, tr.dev)
+			require.NoError(t, a.SendControl(b.Self(), []byte("hello from a")))
+			require.NoError(t, b.SendControl(a.Self(), []byte("hello from b")))
+			require.Eventually(t, func() bool {
+				ra.mu.Lock()
+				defer ra.mu.Unlock()
+				rb.mu.Lock()
+				defer rb.mu.Unlock()
+				return len(ra.control) == 1 && len(rb.control) == 1
+			}, 10*time.Second, time.Millisecond, "each side has an endpoint to the other")
+			require.NoError(t, a.Close(true)) // every report is delivered before Close returns
+			ra.mu.Lock()
+			defer ra.mu.Unlock()
+			require.Empty(t, ra.lost, "a peer reported lost by our own close")
+		})
+	}
+}
+
+// An exposure's generation may end after Close (an engine's transfer that outlived its Close
+// ends its RMA exposure then): ending it must not write the generation region Close unmapped.
+func TestUCXTransport_ContractGenerationEndedAfterClose(t *testing.T) {
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			a, _, _, _ := newUCXPair(t, tr.tls, tr.dev)
+			var ends []func()
+			for range 64 {
+				_, _, _, end, err := a.ExposeGeneration()
+				require.NoError(t, err)
+				ends = append(ends, end)
+			}
+			require.NoError(t, a.Close(true))
+			for _, end := range ends {
+				end() // the process dies here if it writes the unmapped region
+			}
+			_, _, _, _, err := a.ExposeGeneration()
+			require.ErrorIs(t, err, transport.ErrClosed)
+		})
+	}
+}

@@ -88,13 +88,17 @@ func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 	atomic.StoreUint64(w, value)
 	g.held.Add(1)
 	var once sync.Once
+	mem := g.mem
 	end := func() {
 		once.Do(func() {
-			atomic.StoreUint64(w, g.value.Add(1)) // a value no exposure was given, before any reuse
+			defer g.held.Add(-1) // after mu: the word is no longer held either way
 			t.mu.Lock()
+			defer t.mu.Unlock()
+			if g.mem != mem { // Close unmapped the region (closeGens): no peer reads it any more
+				return
+			}
+			atomic.StoreUint64(w, g.value.Add(1)) // a value no exposure was given, before any reuse
 			g.free = append(g.free, slot)
-			t.mu.Unlock()
-			g.held.Add(-1)
 		})
 	}
 	return uint64(uintptr(unsafe.Pointer(w))), g.key, value, end, nil

@@ -319,7 +319,11 @@ func (t *Transport) watch(peer transport.Peer, ep *native.Endpoint) {
 	if l, ok := t.rma.getLanes[peer]; ok && l.ep == ep {
 		delete(t.rma.getLanes, peer) // lanes.go: a remade endpoint is asked again
 	}
+	closed := t.closed // Close force-closed it: the peer is not lost, this side is gone
 	t.mu.Unlock()
+	if closed {
+		return
+	}
 	t.log.Warn("ucx peer lost", zap.String("peer", peer.Short()), zap.Error(ep.Err()))
 	t.push(ucxReport{lost: peer, err: ep.Err()})
 }

@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+)
+
+// closeSpy is a mem transport that notes, when its Close begins, how many copies of the
+// engine's mover workers were running: a transport may unmap memory they touch in Close
+// (UCX unmaps its staging slots, the pools it allocated and the peers' slots mapped here).
+type closeSpy struct {
+	*mem.Transport
+	copying *atomic.Int32
+	atClose atomic.Int32
+	once    sync.Once
+	closing chan struct{}
+}
+
+func (s *closeSpy) Close(force bool) error {
+	s.once.Do(func() {
+		s.atClose.Store(s.copying.Load())
+		close(s.closing)
+	})
+	return s.Transport.Close(force)
+}
+
+// countingStuckMover is stuckMover that also counts the copies running.
+type countingStuckMover struct {
+	stuckMover
+	copying *atomic.Int32
+}
+
+func (m *countingStuckMover) Gather(p *layout.Plan, off int64, dst []byte) error {
+	m.copying.Add(1)
+	defer m.copying.Add(-1)
+	return m.stuckMover.Gather(p, off, dst)
+}
+
+func (m *countingStuckMover) Scatter(p *layout.Plan, src []byte, off int64) error {
+	m.copying.Add(1)
+	defer m.copying.Add(-1)
+	return m.stuckMover.Scatter(p, src, off)
+}
+
+// ScatterReadsAnyHostMemory implements AnySourceScatterer, as the host mover it wraps does: the
+// pull wire's chunks are then scattered out of the sender's slot mapped here.
+func (m *countingStuckMover) ScatterReadsAnyHostMemory() bool { return true }
+
+// TestL2_CloseUnmapsNothingUnderACopy: Engine.Close force-closes the transport, which may unmap
+// the memory a mover worker is copying into or out of (the process died of it over UCX). With
+// a copy stuck on a mover worker of the engine that closes, the transport's Close must not
+// begin until the copy has returned; then every handle ends and no slot is lost.
+func TestL2_CloseUnmapsNothingUnderACopy(t *testing.T) {
+	cases := []struct {
+		desc   string
+		cfg    func() Config
+		pull   bool // staging memory exposed, the peer's slots mapped: the pull wire, read in place
+		gather bool // the sender's gather is stuck, else the receiver's scatter
+		// pastBound: the copy stays stuck past CloseTimeout: Close returns, saying so, and
+		// the transport closes only once the copy returns.
+		pastBound bool
+	}{
+		{"staging: the closing sender's gather", fastConfig, false, true, false},
+		{"staging: the closing receiver's scatter", fastConfig, false, false, false},
+		{"pull wire: the closing sender's gather", inPlaceConfig, true, true, false},
+		{"pull wire: the closing receiver's scatter out of the sender's mapped slot", inPlaceConfig, true, false, false},
+		{"staging: the closing sender's gather, past CloseTimeout", fastConfig, false, true, true},
+		{"pull wire: the closing receiver's scatter, past CloseTimeout", inPlaceConfig, true, false, true},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := c.cfg()
+			if c.pastBound {
+				cfg.CloseTimeout = 300 * time.Millisecond
+			}
+			var copying atomic.Int32
+			n := mem.NewNetwork()
+			spies := map[Peer]*closeSpy{}
+			engines := map[Peer]*Engine{}
+			for _, name := range []Peer{"prefill", "decode"} {
+				ecfg := cfg
+				tr := n.Transport(name)
+				if c.pull {
+					ecfg.StagingMemory = make([]byte, int64(ecfg.NumSlots)*ecfg.SlotBytes)
+					tr.AllowDirect(ecfg.StagingMemory)
+					n.Endpoint(name).MapPeers(true)
+				}
+				spies[name] = &closeSpy{Transport: tr, copying: &copying, closing: make(chan struct{})}
+				e, err := New(spies[name], ecfg)
+				require.NoError(t, err)
+				engines[name] = e
+				t.Cleanup(func() { _ = e.Close() })
+			}
+			src, dst := pools(t, 1)
+			closing := Peer("decode")
+			sm := &countingStuckMover{stuckMover: stuckMover{Mover: HostMover(src.mem), gate: newGate(t), gather: true}, copying: &copying}
+			rm := &countingStuckMover{stuckMover: stuckMover{Mover: HostMover(dst.mem), gate: newGate(t)}, copying: &copying}
+			stuck := rm.gate
+			if c.gather {
+				closing, stuck = "prefill", sm.gate
+				rm.let()
+			} else {
+				sm.let()
+			}
+			hs, err := engines["prefill"].Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: sm})
+			require.NoError(t, err)
+			hr, err := engines["decode"].Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: rm})
+			require.NoError(t, err)
+			waitClosed(t, stuck.entered, "a copy stuck on a mover worker")
+			stuckSide := hr
+			if c.gather {
+				stuckSide = hs // it answered the pull before its first gather; the receiver hears later
+			}
+			require.Equal(t, c.pull, stuckSide.Pulled(), "the wire the case is about")
+
+			closed := make(chan error, 1)
+			go func() { closed <- engines[closing].Close() }()
+			if c.pastBound {
+				select {
+				case err := <-closed:
+					require.ErrorIs(t, err, ErrQuiescenceUnknown, "Close says a copy still ran")
+				case <-time.After(10 * time.Second):
+					t.Fatal("Close waited for the copy past CloseTimeout")
+				}
+				require.False(t, isClosed(spies[closing].closing), "the transport's Close began while the copy ran")
+				stuck.let()
+				waitClosed(t, spies[closing].closing, "the transport closed once the copy returned")
+			} else {
+				select {
+				case <-spies[closing].closing:
+					t.Errorf("the transport's Close began while the copy ran")
+				case <-time.After(cfg.CancelGrace + time.Second): // Close waits for the copy as long as CloseTimeout
+				}
+				stuck.let()
+				select {
+				case err := <-closed:
+					require.NoError(t, err)
+				case <-time.After(10 * time.Second):
+					t.Fatal("Close did not return once the copy had")
+				}
+			}
+			require.Zero(t, spies[closing].atClose.Load(), "copies running when the transport's Close began")
+			other := engines["prefill"]
+			if closing == "prefill" {
+				other = engines["decode"]
+			}
+			require.NoError(t, other.Close())
+			for _, h := range []*Handle{hs, hr} {
+				// Quiesced: past the bound the stuck one was quarantined until its copy returned.
+				waitClosed(t, h.Quiesced(), "quiesced")
+				require.True(t, h.Status().State.Terminal(), "request %d: %+v", h.ID(), h.Status())
+			}
+			for _, e := range engines {
+				requireSlotsAccounted(t, e)
+			}
+		})
+	}
+}
+
+// closeSide is an engine with transfers, for closeMidTransfer: kv makes a pool over some of its
+// blocks (filled from seed when seed != 0) that its transport can move on the path under test.
+type closeSide struct {
+	e     *Engine
+	self  Peer                    // its name to the other engine
+	mover func(pool []byte) Mover // the Spec's Mover, or nil for none
+	kv    func(t testing.TB, blocks []int32, seed uint64) ([]byte, *layout.Plan)
+}
+
+// closePath is one path closeMidTransfer runs on: cfg adds what picks it (over the transport's
+// own base configuration), in: the receiver reads the sender's memory where it is mapped.
+type closePath struct {
+	name string
+	cfg  func(*Config)
+	path Path
+	pull bool
+	in   bool
+}
+
+// closePaths are the paths a Close may find transfers on: the staging slots with the chunks as
+// messages or pulled (with gets, or read in place out of the sender's slot mapped here), and the
+// one-copy paths (IOV messages, RMA gets, RMA ranges read in place).
+var closePaths = []closePath{
+	{name: "staging", cfg: func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, path: PathStaging},
+	{name: "pull", cfg: func(c *Config) { c.DisableDirect, c.DisableInPlaceReads = true, true }, path: PathStaging, pull: true},
+	{name: "pull in place", cfg: func(c *Config) { c.DisableDirect = true }, path: PathStaging, pull: true, in: true},
+	{name: "direct", cfg: func(c *Config) { c.DisableRMA = true }, path: PathDirect},
+	{name: "RMA", cfg: func(c *Config) { c.DisableInPlaceReads = true }, path: PathRMA},
+	{name: "RMA in place", cfg: func(*Config) {}, path: PathRMA, in: true},
+}
+
+// closeMidTransfer starts transfers from src to dst, closes one engine (the sender's when
+// closeSender) while they move, then the other, and checks what Close promises: the process
+// lives (no copy or transport operation touches memory the transport unmapped), every handle
+// ends (Done closed; terminal, or quarantined for good with its blocks poisoned, L9), and no
+// staging slot is lost (free + leased + poisoned = total, none leased). It returns the handles.
+func closeMidTransfer(t *testing.T, src, dst closeSide, pc closePath, closeSender bool, nBlocks int32) []*Handle {
+	t.Helper()
+	const transfers = 6
+	var hs []*Handle
+	for i := range int32(transfers) {
+		smem, splan := src.kv(t, seqBlocks(i*nBlocks%64, nBlocks), uint64(i+1))
+		dmem, dplan := dst.kv(t, seqBlocks(64-nBlocks, nBlocks), 0)
+		id := RequestID(500 + i)
+		sspec, rspec := Spec{ID: id, Peer: dst.self, Plan: splan, Pool: smem}, Spec{ID: id, Peer: src.self, Plan: dplan, Pool: dmem}
+		if src.mover != nil {
+			sspec.Mover = src.mover(smem)
+		}
+		if dst.mover != nil {
+			rspec.Mover = dst.mover(dmem)
+		}
+		s, err := src.e.Send(bg, sspec)
+		require.NoError(t, err)
+		r, err := dst.e.Receive(bg, rspec)
+		require.NoError(t, err)
+		hs = append(hs, s, r)
+	}
+	onPath := func(h *Handle) bool { return h.Path() == pc.path && (!pc.pull || h.Pulled()) }
+	eventually(t, func() bool {
+		done := 0
+		for _, h := range hs {
+			if onPath(h) && !isClosed(h.Done()) {
+				return true
+			}
+			if isClosed(h.Done()) {
+				done++
+			}
+		}
+		return done == len(hs) // fails below
+	}, "a transfer moving on the path")
+	first, second := dst.e, src.e
+	if closeSender {
+		first, second = src.e, dst.e
+	}
+	moving := 0
+	for _, h := range hs {
+		if !isClosed(h.Done()) {
+			moving++
+		}
+	}
+	require.NotZero(t, moving, "every transfer ended before Close")
+	t.Logf("%d of %d handles not done when Close began", moving, len(hs))
+	require.NoError(t, first.Close())
+	require.NoError(t, second.Close())
+	for _, h := range hs {
+		select {
+		case <-h.Done():
+		case <-time.After(20 * time.Second):
+			t.Fatalf("request %d not done after its engines closed: %+v", h.ID(), h.Status())
+		}
+		st := h.Status()
+		require.True(t, st.State.Terminal() || st.State == Quarantined && st.BlocksPoisoned,
+			"request %d ends terminal, or quarantined for good with its blocks poisoned: %+v", h.ID(), st)
+		if h.Path() != PathUndecided { // a pull may be cut short before the sender answered it
+			require.Equal(t, pc.path, h.Path(), "request %d", h.ID())
+		}
+	}
+	for _, e := range []*Engine{src.e, dst.e} {
+		requireSlotsAccounted(t, e)
+	}
+	return hs
+}
+
+// TestL1_CloseWithTransfersInFlightOnEveryPath closes an engine, the sender's or the receiver's,
+// with transfers moving on each path (mem transport; ucx_close_test.go runs it over UCX shared
+// memory and TCP): every handle ends and no slot is lost (closeMidTransfer).
+func TestL1_CloseWithTransfersInFlightOnEveryPath(t *testing.T) {
+	for _, pc := range closePaths {
+		for _, closeSender := range []bool{true, false} {
+			side := map[bool]string{true: "sender", false: "receiver"}[closeSender]
+			t.Run(pc.name+"/close the "+side, func(t *testing.T) {
+				cfg := pipelineConfig()
+				cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 2048, 512
+				cfg.QuarantineTimeout = 10 * time.Second // Close, not the timer, ends what is left
+				n := mem.NewNetwork()
+				// Every message and get held a while: the transfers are still moving at Close.
+				n.SetFault(func(mem.FaultPoint) mem.Fault { return mem.Fault{Delay: 10 * time.Millisecond} })
+				mk := func(name Peer) closeSide { return memPathSide(t, n, name, pc, cfg) }
+				closeMidTransfer(t, mk("prefill"), mk("decode"), pc, closeSender, 16)
+			})
+		}
+	}
+}
+
+// memPathSide is an engine named name on n, configured from cfg to run on path pc, whose pools
+// the transport can move on it.
+func memPathSide(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg Config) closeSide {
+	t.Helper()
+	pc.cfg(&cfg)
+	tr := n.Transport(name)
+	cfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+	if pc.pull {
+		tr.AllowDirect(cfg.StagingMemory) // as UCX's staging memory is mapped
+	}
+	n.Endpoint(name).MapPeers(pc.in)
+	e, err := New(tr, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	return closeSide{e: e, self: name, kv: func(t testing.TB, ids []int32, seed uint64) ([]byte, *layout.Plan) {
+		k := newKVPool(t, testDims, layout.BlockMajor, nil, ids, seed)
+		if pc.path != PathStaging {
+			tr.AllowDirect(k.mem)
+		}
+		return k.mem, k.plan
+	}}
+}
+
+// slowMover is the host mover with every copy taking at least delay, as a large chunk's does
+// on a busy host: Close then finds copies running on the mover workers.
+type slowMover struct {
+	Mover
+	delay time.Duration
+}
+
+func (m slowMover) Gather(p *layout.Plan, off int64, dst []byte) error {
+	time.Sleep(m.delay)
+	return m.Mover.Gather(p, off, dst)
+}
+
+func (m slowMover) Scatter(p *layout.Plan, src []byte, off int64) error {
+	time.Sleep(m.delay)
+	return m.Mover.Scatter(p, src, off)
+}
+
+// ScatterReadsAnyHostMemory implements AnySourceScatterer, as the host mover does.
+func (slowMover) ScatterReadsAnyHostMemory() bool { return true }
