@@ -13,6 +13,7 @@ package peerproc
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,24 +28,63 @@ import (
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 )
 
+// UCXPeerEnv and EnginePeerEnv name prebuilt peers that Build and BuildEnginePeer return
+// instead of building them: a host without Go (the GPU machine, which runs the test binaries of
+// the GPU bundle, scripts/gpu-run.sh) runs the two-process tests with peers built elsewhere,
+// against the same UCX. The value must be an absolute path to an executable file.
+const (
+	UCXPeerEnv    = "KVX_UCXPEER_BIN"
+	EnginePeerEnv = "KVX_ENGINEPEER_BIN"
+)
+
 // Build builds ucxpeer into the calling test's temporary directory, removed when that test
-// ends. Call it from the top-level test and pass the path to its subtests: one build per test.
+// ends, or returns the prebuilt one $KVX_UCXPEER_BIN names. Call it from the top-level test and
+// pass the path to its subtests: one build per test.
 func Build(t testing.TB) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "ucxpeer")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/kvxfer/kvxfer/native/internal/ucxpeer").CombinedOutput()
-	require.NoError(t, err, "go build ucxpeer:\n%s", out)
-	return bin
+	return buildPeer(t, UCXPeerEnv, "ucxpeer", "github.com/kvxfer/kvxfer/native/internal/ucxpeer")
 }
 
 // BuildEnginePeer builds transfer/internal/enginepeer, the engine-over-UCX peer of transfer's
-// two-process tests (it speaks the same protocol), as Build builds ucxpeer.
+// two-process tests (it speaks the same protocol), as Build builds ucxpeer; $KVX_ENGINEPEER_BIN
+// names a prebuilt one.
 func BuildEnginePeer(t testing.TB) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "enginepeer")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/kvxfer/kvxfer/transfer/internal/enginepeer").CombinedOutput()
-	require.NoError(t, err, "go build enginepeer:\n%s", out)
+	return buildPeer(t, EnginePeerEnv, "enginepeer", "github.com/kvxfer/kvxfer/transfer/internal/enginepeer")
+}
+
+func buildPeer(t testing.TB, env, name, pkg string) string {
+	t.Helper()
+	bin, err := prebuiltPeer(env)
+	require.NoError(t, err)
+	if bin != "" {
+		return bin
+	}
+	bin = filepath.Join(t.TempDir(), name)
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	require.NoError(t, err, "go build %s:\n%s", name, out)
 	return bin
+}
+
+// prebuiltPeer returns the peer the environment variable env names, or "" when it is unset. A
+// value that cannot be run is an error, never a silent fallback to building: the host that
+// sets it may have no Go.
+func prebuiltPeer(env string) (string, error) {
+	bin := os.Getenv(env)
+	if bin == "" {
+		return "", nil
+	}
+	if !filepath.IsAbs(bin) { // the tests run in their package directories
+		return "", fmt.Errorf("%s=%s: not an absolute path", env, bin)
+	}
+	info, err := os.Stat(bin)
+	if err != nil {
+		return "", fmt.Errorf("%s=%s: %w", env, bin, err)
+	}
+	if !info.Mode().IsRegular() || info.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("%s=%s: not an executable file (%v)", env, bin, info.Mode())
+	}
+	return bin, nil
 }
 
 // Proc is a running peer. The test's cleanup continues and kills it and waits (bounded) for it
