@@ -10,7 +10,11 @@
 #                 transfer's in native/ and transfer/) always compile.
 #   gpu-test      the GPU CI job (scripts/gpu-test.sh, then gpu-test-ucx); see docs/cuda.md and
 #                 docs/ucx.md ("Device memory").
-.PHONY: cuda-check cuda-lib cuda-vet gpu-test gpu-test-ucx
+#   gpu-bundle    the same checks for a GPU machine with no Go and no UCX: build them here
+#                 (scripts/gpu-bundle.sh) into one archive that scripts/gpu-run.sh runs there;
+#                 gpu-bundle-rehearse runs it here, where it must stop at "no GPU"
+#                 (docs/gpu-results.md, "Running the bundle").
+.PHONY: cuda-check cuda-lib cuda-vet gpu-test gpu-test-ucx gpu-bundle gpu-bundle-rehearse
 
 CUDA_ARCHS := 80 90
 CUDA_CHECK_DIR := $(BUILD)/cuda-check
@@ -58,3 +62,17 @@ gpu-test: ## GPU CI job: kernels (gpu-tagged tests, device bandwidth benchmark),
 
 gpu-test-ucx: ## Device transfer over the libucx-cu12 UCX: device tests, kvxbench run --memory device beside ucx_perftest -m cuda (after gpu-test's build).
 	@GO=$(GO) scripts/gpu-test-ucx.sh $(GPU_BUILD) '$(GPU_PROMPTS)' '$(GPU_RUN_FLAGS)'
+
+# The GPU bundle, for a GPU machine that has the driver but no Go, no UCX and no registry: the
+# gpu-tagged test binaries, the two-process tests' peers, kvxbench, libkvxcuda.so (sm_80, sm_90),
+# libcudart and the wheel's UCX with ucx_perftest, in one .tar.xz well under the 64 MiB the
+# device tool carries. `bash scripts/gpu-run.sh $(GPU_BUNDLE)` runs it there. The rehearsal is
+# not in `make test`: it rebuilds five -race test binaries against the other UCX and runs the
+# preflight, minutes on a loaded 2-core box (docs/gpu-results.md has the figures).
+GPU_BUNDLE := $(BUILD)/gpu-bundle.tar.xz
+
+gpu-bundle: cuda-lib ## Build $(BUILD)/gpu-bundle.tar.xz: test binaries, peers, kvxbench, libkvxcuda.so, UCX for scripts/gpu-run.sh (no GPU needed).
+	@GO=$(GO) scripts/gpu-bundle.sh $(BUILD)/gpu-bundle $(GPU_BUNDLE)
+
+gpu-bundle-rehearse: gpu-bundle ## Build the GPU bundle and run scripts/gpu-run.sh on it here: no GPU means exit 3 after a complete preflight.
+	@scripts/gpu-rehearse.sh $(GPU_BUNDLE) $(BUILD)/gpu-rehearsal
