@@ -174,7 +174,7 @@ step gpu-native-device pkgtest native "$b/bin/native.test" -test.count=1 -test.v
 step gpu-transfer-device pkgtest transfer "$b/bin/transfer.test" -test.count=1 -test.v -test.timeout 40s -test.run "$device_tests"
 step gpu-ucx-device pkgtest transfer/transport/ucx "$b/bin/ucx.test" -test.count=1 -test.v -test.timeout 25s -test.run "$device_tests"
 for l in gpu-native-device gpu-transfer-device gpu-ucx-device; do
-	figures "$OUT/$l.log" 'device-rma|^--- FAIL|^(ok|FAIL|PASS)$'
+	figures "$OUT/$l.log" 'device-rma|^--- (PASS|FAIL|SKIP)|^(ok|FAIL|PASS)$'
 done
 step gpu-ucx-transports bash -c "ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c" &&
 	figures "$OUT/gpu-ucx-transports.log" 'Transport'
