@@ -67,8 +67,8 @@ gpu-test-ucx: ## Device transfer over the libucx-cu12 UCX: device tests, kvxbenc
 # gpu-tagged test binaries, the two-process tests' peers, kvxbench, libkvxcuda.so (sm_80, sm_90),
 # libcudart and the wheel's UCX with ucx_perftest, in one .tar.xz well under the 64 MiB the
 # device tool carries. `bash scripts/gpu-run.sh $(GPU_BUNDLE)` runs it there. The rehearsal is
-# not in `make test`: it rebuilds five -race test binaries against the other UCX and runs the
-# preflight, minutes on a loaded 2-core box (docs/gpu-results.md has the figures).
+# not in `make test`: it relinks five -race test binaries and three more against the other UCX
+# and runs the preflight, 7 to 9 minutes on a loaded 2-core box (docs/gpu-results.md).
 GPU_BUNDLE := $(BUILD)/gpu-bundle.tar.xz
 
 gpu-bundle: cuda-lib ## Build $(BUILD)/gpu-bundle.tar.xz: test binaries, peers, kvxbench, libkvxcuda.so, UCX for scripts/gpu-run.sh (no GPU needed).
