@@ -59,6 +59,11 @@ strip=(-ldflags='-s -w')
 "$GO" build "${strip[@]}" -o "$dir/bin/enginepeer" ./transfer/internal/enginepeer
 "$GO" build "${strip[@]}" -o "$dir/bin/kvxbench" ./cmd/kvxbench
 
+# libkvxcuda.so links libcudart dynamically (one runtime, shared with the Go loader), so it must
+# want the soname shipped here: cuda-lib builds with a system toolkit where there is one.
+want=$(readelf -d build/cuda/libkvxcuda.so | sed -n 's/.*NEEDED.*\[\(libcudart\.so\.[0-9]*\)\].*/\1/p')
+[ "$want" = "$(basename "$cudart")" ] || { echo "gpu-bundle: build/cuda/libkvxcuda.so needs ${want:-no libcudart}," \
+	"the bundle ships $(basename "$cudart"); rebuild it with the PyPI CUDA 13 (CUDA_HOME=$cuda make cuda-lib)" >&2; exit 1; }
 cp build/cuda/libkvxcuda.so "$dir/lib/"
 cp "$cudart" "$dir/lib/"
 # Shared objects only (the wheel's static archives and headers are half its size), symlinks kept.
