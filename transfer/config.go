@@ -43,8 +43,8 @@ type Config struct {
 	QueueTimeout time.Duration
 	// ProgressDeadline: Health turns unhealthy when no byte has moved and no transfer has
 	// completed for this long while transfers were asked for: in flight, or failing one
-	// after another (a request that starts less than this after the last one ended keeps
-	// the clock running). Default 10s.
+	// after another, active or still queued (a request that starts less than this after the
+	// last one ended keeps the clock running). Default 10s.
 	ProgressDeadline time.Duration
 	// QuarantineBudget: Health turns unhealthy when more transfers than this wait in
 	// quarantine at once (those quarantined for good with their caller's blocks poisoned are

@@ -34,9 +34,11 @@ type Status struct {
 // transfer is quiescent, so nothing it points to goes away while the transport can reach it
 // (L2). When every reference is gone the id may be used again.
 type Handle struct {
-	id    RequestID
-	eng   *Engine
-	total atomic.Int64 // a partial Send learns its size from the receiver's request
+	id  RequestID
+	eng *Engine
+	// queuedAt is when Send or Receive made the handle (unix nanoseconds), for Health.
+	queuedAt int64
+	total    atomic.Int64 // a partial Send learns its size from the receiver's request
 	// Streaming: layers is the plan's layer count; readyLayers the caller's latest
 	// MarkLayersReady (Send only).
 	receive     bool
@@ -147,7 +149,7 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 	if cause != nil && (h.err.Load() == nil || ev == EvQuarantine) {
 		h.err.Store(&cause)
 	}
-	h.eng.account(from, r.next)
+	h.eng.account(from, r.next, h.queuedAt)
 	if r.next == Quarantined {
 		h.eng.holds.hold(h) // its blocks are the transport's until it quiesces
 		h.countPoisonedLocked()
