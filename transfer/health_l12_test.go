@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // L12 for requests that fail before they became active: waiting for a silent peer's hello,
@@ -90,5 +93,103 @@ func TestL12_FailuresWhileQueuedAreAStall(t *testing.T) {
 			// The requests stopped: nothing is asked for, and health recovers.
 			eventually(t, func() bool { return e.Health().Healthy }, "healthy once the failed requests stopped")
 		})
+	}
+}
+
+// memPath is one way a transfer moves its bytes between two engines on a mem.Network: the
+// pair, the pools and how both handles start, and the path the receiver must report.
+type memPath struct {
+	name   string
+	setup  func(t *testing.T, cfg Config) (p *pair, start func(id RequestID) (hs, hr *Handle))
+	want   Path
+	pulled bool // the staging path runs on the pull wire (Handle.Pulled)
+}
+
+// memPaths are the paths a mem.Network pair can take: staging through data messages, the pull
+// wire (the receiver's gets of the sender's slots), the direct path's IOV messages, its RMA
+// mode with gets, and the RMA mode read in place where the sender's pool is mapped here.
+func memPaths() []memPath {
+	direct := func(t *testing.T, cfg Config, mapped bool, src, dst *kvPool) (*pair, func(RequestID) (*Handle, *Handle)) {
+		p, _ := directPair(t, cfg, cfg, src, dst)
+		for _, ep := range []Peer{"prefill", "decode"} {
+			p.net.Endpoint(ep).MapPeers(mapped)
+		}
+		return p, func(id RequestID) (*Handle, *Handle) { return p.start(t, id, src, dst) }
+	}
+	return []memPath{
+		{"staging", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			cfg.DisableDirect = true
+			p := newPair(t, cfg, cfg)
+			src, dst := pools(t, 3)
+			return p, func(id RequestID) (*Handle, *Handle) { return p.start(t, id, src, dst) }
+		}, PathStaging, false},
+		{"pull", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			cfg.DisableDirect, cfg.DisableInPlaceReads = true, true
+			cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+			p := newPullPair(t, cfg, cfg)
+			src, dst := pools(t, 4)
+			return p, func(id RequestID) (*Handle, *Handle) { return p.startStaged(t, id, src, dst) }
+		}, PathStaging, true},
+		{"direct", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			cfg.DisableRMA, cfg.DirectChunkBytes = true, 512
+			src, dst := pools(t, 5)
+			return direct(t, cfg, false, src, dst)
+		}, PathDirect, false},
+		{"rma", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			cfg.RMAMinRegionBytes, cfg.DirectChunkBytes = 512, 1<<20
+			src, dst := rmaPools(t, 6)
+			return direct(t, cfg, false, src, dst)
+		}, PathRMA, false},
+		{"rma in place", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			cfg.RMAMinRegionBytes, cfg.DirectChunkBytes = 512, 1<<20
+			src, dst := rmaPools(t, 7)
+			return direct(t, cfg, true, src, dst)
+		}, PathRMA, false},
+	}
+}
+
+// L12 on every path, for a frozen peer: every data operation (chunk, get, read of a
+// generation word) hangs on the wire, as it does when the other side's process is stopped,
+// so neither side moves a byte. The side still running must report unhealthy within the
+// progress deadline: a receiver whose sender froze, and a sender whose receiver froze, even
+// where the receiver's reads move the bytes (the RMA mode, read with gets or in place) and
+// the sender sees nothing of them. Once the freeze ends the transfer completes and both
+// sides are healthy again.
+func TestL12_FrozenPeerTurnsTheOtherSideUnhealthyOnEveryPath(t *testing.T) {
+	const slack = time.Second // a loaded CI box
+	for _, mp := range memPaths() {
+		for _, frozen := range []string{"receiver", "sender"} {
+			t.Run(mp.name+"/frozen "+frozen, func(t *testing.T) {
+				cfg := fastConfig()
+				cfg.ProgressDeadline = 200 * time.Millisecond
+				cfg.TransferTimeout = 30 * time.Second
+				p, start := mp.setup(t, cfg)
+				hang := func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == wire.KindData} }
+				p.net.SetFault(hang)
+				hs, hr := start(1)
+				eventually(t, func() bool { return p.net.OnWire() > 0 }, "an operation hung on the wire")
+				froze := time.Now()
+				require.Equal(t, mp.want, hr.Path())
+				require.Equal(t, mp.pulled, hr.Pulled())
+				watcher := map[string]*Engine{"receiver": p.src, "sender": p.dst}[frozen]
+				for watcher.Health().Healthy && time.Since(froze) < cfg.ProgressDeadline+slack {
+					time.Sleep(time.Millisecond)
+				}
+				h := watcher.Health()
+				require.False(t, h.Healthy, "healthy %v after the %s froze: %+v", time.Since(froze), frozen, h)
+				require.Contains(t, h.Reason, "no transfer progressed")
+				require.Equal(t, int64(1), h.InFlight)
+
+				p.net.SetFault(nil)
+				p.net.Resume()
+				waitClosed(t, hr.Quiesced(), "receiver quiesced")
+				waitClosed(t, hs.Quiesced(), "sender quiesced")
+				requireState(t, hr, Completed)
+				requireState(t, hs, Completed)
+				for _, e := range []*Engine{p.src, p.dst} {
+					require.True(t, e.Health().Healthy, "after the thaw: %s", e.Health().Reason)
+				}
+			})
+		}
 	}
 }

@@ -374,28 +374,6 @@ func TestRMALostHandshakeMessagesAreResent(t *testing.T) {
 	}
 }
 
-// L12 on the RMA mode: the receiver's engine, whose gets move the bytes, turns unhealthy when
-// they stall; the sender, which only waits for its pool to be read, does not (its deadline
-// bounds it), and neither does it while the gets run.
-func TestL12_RMAStallIsTheReceiversToReport(t *testing.T) {
-	src, dst := rmaPools(t, 60)
-	cfg := rmaConfig()
-	cfg.ProgressDeadline = 50 * time.Millisecond
-	p, w := directPair(t, cfg, cfg, src, dst)
-	w.fault = mem.Fault{Hang: true}
-	hs, hr := p.start(t, 1, src, dst)
-	eventually(t, func() bool { return p.net.OnWire() >= 4 }, "gets hung on the wire")
-	eventually(t, func() bool { return !p.dst.Health().Healthy }, "receiver unhealthy")
-	require.Contains(t, p.dst.Health().Reason, "no transfer progressed")
-	require.True(t, p.src.Health().Healthy, "sender: %s", p.src.Health().Reason)
-	require.Equal(t, int64(1), p.src.Health().AwaitingReady)
-	p.net.Resume()
-	waitClosed(t, hs.Quiesced(), "sender quiesced")
-	waitClosed(t, hr.Quiesced(), "receiver quiesced")
-	requireState(t, hs, Completed)
-	require.Zero(t, p.src.Health().AwaitingReady)
-}
-
 // A request of more blocks than one offer message carries is offered in parts of
 // rmaMaxOfferBlocks, or fewer where the transport's control messages are smaller
 // (ControlBound), which the receiver assembles; every byte lands where the sender's

@@ -369,15 +369,12 @@ func (x *xfer) setAwaiting(v bool) {
 // updateAwaiting: a streaming Send awaits the model when nothing of it is on the wire and some
 // layer is not ready; a streaming Receive (its first sub, so a handle counts once) awaits its
 // sender's model for as long as it runs: it cannot tell the two apart, and its deadline
-// bounds it either way.
+// bounds it either way. Nothing else awaits: a sender whose receiver reads its blocks (the RMA
+// mode) waits on a peer that may be frozen, and is stalled when no Done comes (L12).
 func (x *xfer) updateAwaiting() {
 	live := x.stream && !x.aborting && !x.ended
 	if x.receive {
 		x.setAwaiting(live && x.sub == 0)
-		return
-	}
-	if p, ok := x.path.(peerMoves); ok && p.peerMoves() { // the receiver's gets move the bytes, seen by its engine
-		x.setAwaiting(!x.aborting && !x.ended)
 		return
 	}
 	x.setAwaiting(live && x.outstanding == 0 && x.readyBytes < x.plan.Bytes())
