@@ -100,7 +100,7 @@ func TestL12_FailuresWhileQueuedAreAStall(t *testing.T) {
 // pair, the pools and how both handles start, and the path the receiver must report.
 type memPath struct {
 	name   string
-	setup  func(t *testing.T, cfg Config) (p *pair, start func(id RequestID) (hs, hr *Handle))
+	setup  func(t *testing.T, src, dst Config) (p *pair, start func(id RequestID) (hs, hr *Handle))
 	want   Path
 	pulled bool // the staging path runs on the pull wire (Handle.Pulled)
 }
@@ -109,41 +109,49 @@ type memPath struct {
 // wire (the receiver's gets of the sender's slots), the direct path's IOV messages, its RMA
 // mode with gets, and the RMA mode read in place where the sender's pool is mapped here.
 func memPaths() []memPath {
-	direct := func(t *testing.T, cfg Config, mapped bool, src, dst *kvPool) (*pair, func(RequestID) (*Handle, *Handle)) {
-		p, _ := directPair(t, cfg, cfg, src, dst)
+	direct := func(t *testing.T, scfg, rcfg Config, mapped bool, src, dst *kvPool) (*pair, func(RequestID) (*Handle, *Handle)) {
+		p, _ := directPair(t, scfg, rcfg, src, dst)
 		for _, ep := range []Peer{"prefill", "decode"} {
 			p.net.Endpoint(ep).MapPeers(mapped)
 		}
 		return p, func(id RequestID) (*Handle, *Handle) { return p.start(t, id, src, dst) }
 	}
 	return []memPath{
-		{"staging", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			cfg.DisableDirect = true
-			p := newPair(t, cfg, cfg)
+		{"staging", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			scfg.DisableDirect, rcfg.DisableDirect = true, true
+			p := newPair(t, scfg, rcfg)
 			src, dst := pools(t, 3)
 			return p, func(id RequestID) (*Handle, *Handle) { return p.start(t, id, src, dst) }
 		}, PathStaging, false},
-		{"pull", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			cfg.DisableDirect, cfg.DisableInPlaceReads = true, true
-			cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
-			p := newPullPair(t, cfg, cfg)
+		{"pull", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			for _, c := range []*Config{&scfg, &rcfg} {
+				c.DisableDirect, c.DisableInPlaceReads = true, true
+				c.NumSlots = c.MaxConcurrent * c.PipelineDepth
+			}
+			p := newPullPair(t, scfg, rcfg)
 			src, dst := pools(t, 4)
 			return p, func(id RequestID) (*Handle, *Handle) { return p.startStaged(t, id, src, dst) }
 		}, PathStaging, true},
-		{"direct", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			cfg.DisableRMA, cfg.DirectChunkBytes = true, 512
+		{"direct", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			for _, c := range []*Config{&scfg, &rcfg} {
+				c.DisableRMA, c.DirectChunkBytes = true, 512
+			}
 			src, dst := pools(t, 5)
-			return direct(t, cfg, false, src, dst)
+			return direct(t, scfg, rcfg, false, src, dst)
 		}, PathDirect, false},
-		{"rma", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			cfg.RMAMinRegionBytes, cfg.DirectChunkBytes = 512, 1<<20
+		{"rma", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			for _, c := range []*Config{&scfg, &rcfg} {
+				c.RMAMinRegionBytes, c.DirectChunkBytes = 512, 1<<20
+			}
 			src, dst := rmaPools(t, 6)
-			return direct(t, cfg, false, src, dst)
+			return direct(t, scfg, rcfg, false, src, dst)
 		}, PathRMA, false},
-		{"rma in place", func(t *testing.T, cfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			cfg.RMAMinRegionBytes, cfg.DirectChunkBytes = 512, 1<<20
+		{"rma in place", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			for _, c := range []*Config{&scfg, &rcfg} {
+				c.RMAMinRegionBytes, c.DirectChunkBytes = 512, 1<<20
+			}
 			src, dst := rmaPools(t, 7)
-			return direct(t, cfg, true, src, dst)
+			return direct(t, scfg, rcfg, true, src, dst)
 		}, PathRMA, false},
 	}
 }
@@ -163,7 +171,7 @@ func TestL12_FrozenPeerTurnsTheOtherSideUnhealthyOnEveryPath(t *testing.T) {
 				cfg := fastConfig()
 				cfg.ProgressDeadline = 200 * time.Millisecond
 				cfg.TransferTimeout = 30 * time.Second
-				p, start := mp.setup(t, cfg)
+				p, start := mp.setup(t, cfg, cfg)
 				hang := func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == wire.KindData} }
 				p.net.SetFault(hang)
 				hs, hr := start(1)

@@ -87,6 +87,7 @@ type xfer struct {
 	moved       int // chunks fully handled
 	doneMsg     bool
 	aborting    bool
+	heldAbort   wire.AbortCode // a cancelling receiver's abort, held until its operations end (xfer_end.go)
 	cause       error
 	quarantined bool
 	ended       bool
@@ -546,7 +547,7 @@ func (x *xfer) handleEvent(ev event) {
 				return
 			}
 			_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.AbortAck{Header: x.head()}))
-			x.abort(peerAbortErr(x.h.id, m), 0, x.eng.cfg.CancelGrace)
+			x.abort(peerAbortErr(x.h.id, m, !x.receive), 0, x.eng.cfg.CancelGrace)
 		case *wire.Done:
 			if !x.receive {
 				x.doneMsg = true
