@@ -41,11 +41,12 @@ type Engine struct {
 	pending    map[routeKey]pendingInfo
 	unanswered map[routeKey]unanswered
 	peers      map[Peer]*peerHello // what each peer met said in its hello (negotiate.go)
-	// lostPeers are the peers reported lost and not heard from since, each told to the
-	// observer once however many times the transport reports it (engine_inbound.go).
-	lostPeers map[Peer]time.Time
-	goodbye   goodbyeState // goodbye.go
-	closed    bool
+	// lost are the peers the transport reported lost and not heard from since: each told to
+	// the observer once however many times the transport reports it, and refused to new
+	// Receives for Config.LostPeerTTL (engine_inbound.go).
+	lost    map[Peer]lostPeer
+	goodbye goodbyeState // goodbye.go
+	closed  bool
 	// speech is what the engine says in its hello: the build's versions and features.
 	speech speech
 	// keys seal and open the hello handshake; nil without Config.ClusterKeys.
@@ -145,7 +146,7 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
-		peers: make(map[Peer]*peerHello), lostPeers: make(map[Peer]time.Time), speech: sp,
+		peers: make(map[Peer]*peerHello), lost: make(map[Peer]lostPeer), speech: sp,
 		admission: make(chan struct{}, cfg.MaxConcurrent),
 		closing:   make(chan struct{}),
 		movers:    newMoverPool(),

@@ -242,6 +242,13 @@ func (x *xfer) run() {
 	defer x.setAwaiting(false)
 	defer x.qcancel()
 	defer x.timers.stop()
+	// A peer the transport lost fails the request at once, before any hello or request goes
+	// to an address nobody answers (UCX would retry the connection until QueueTimeout). A loss
+	// reported after this check finds the route and is in the mailbox (OnPeerLost).
+	if err := x.eng.PeerLost(x.peer); err != nil {
+		x.queuedExit(&RequestError{ID: x.h.id, Err: err})
+		return
+	}
 	if x.receive {
 		x.runReceive()
 	} else {
