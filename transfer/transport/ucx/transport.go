@@ -278,9 +278,24 @@ func (t *Transport) connect(w *native.Worker, peer transport.Peer, hook func()) 
 	defer cancel()
 	ep, err := w.Connect(ctx, addr)
 	if err != nil {
+		if t.unreachable(ctx, err) {
+			// UCX could not reach the address at all (a refused connection, a shared-memory
+			// segment whose process is gone): the peer is lost as surely as when an endpoint
+			// fails, and the engine must hear it, or a request waits out its queue for a hello
+			// nobody sends (UCX's keepalive never runs on an endpoint that was never made).
+			t.log.Warn("ucx peer unreachable", zap.String("peer", string(peer)[:min(16, len(peer))]), zap.Error(err))
+			t.push(ucxReport{lost: peer, err: err})
+		}
 		return nil, fmt.Errorf("%w: connect: %w", transport.ErrPeerLost, err)
 	}
 	return ep, nil
+}
+
+// unreachable reports whether a failed connect says the peer cannot be reached, rather than
+// that its address is malformed, this worker closed, or the worker was too busy to answer.
+func (t *Transport) unreachable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, native.ErrBadAddress) && !errors.Is(err, native.ErrInvalidArgument) &&
+		!errors.Is(err, native.ErrClosed) && !errors.Is(err, native.ErrTimeout)
 }
 
 // endpointLocked returns the endpoint to peer. The caller ran ensureEndpoint first, so it
