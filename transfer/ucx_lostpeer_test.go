@@ -36,7 +36,7 @@ func TestL11_UCXKilledPeerIsLostWithinTheBound(t *testing.T) {
 				p := Peer(peer.Addr)
 				if when == "endpoint before the kill" {
 					peer.Connect(t, string(local.tr.Self())) // the peer greets us; we answer on our endpoint
-					require.Eventually(t, func() bool { // its hello came: both endpoints exist
+					require.Eventually(t, func() bool {      // its hello came: both endpoints exist
 						local.e.mu.Lock()
 						defer local.e.mu.Unlock()
 						ph, ok := local.e.peers[p]
