@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"go.uber.org/zap"
 )
 
@@ -143,7 +144,9 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 		}
 	}
 	delete(e.peers, peer) // its proof and challenge too: a peer that comes back may run another build
-	if !told {
+	// A retirement is this side's own reset (the UCX transport replacing its worker): the
+	// peer may be alive, and is not refused to new transfers.
+	if !told && !errors.Is(err, transport.ErrEndpointRetired) {
 		e.rememberLostLocked(peer, err)
 	}
 	e.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -96,6 +97,15 @@ func TestLostPeersAreForgottenAndBounded(t *testing.T) {
 		waitClosed(t, hs.Quiesced(), "sent")
 		requireState(t, hr, Completed)
 		require.Equal(t, src.stream(t), dst.stream(t))
+	})
+	t.Run("this side's own endpoint retired", func(t *testing.T) {
+		// The UCX transport replacing a wedged worker closes its endpoints: their transfers
+		// fail, but the peers may be alive, and requests with them must not be refused.
+		p := newPair(t, fastConfig(), fastConfig())
+		p.net.ReportPeerLost(p.net.Endpoint("decode"), "prefill", fmt.Errorf("%w: %w", ErrPeerLost, transport.ErrEndpointRetired))
+		p.net.ReportPeerLost(p.net.Endpoint("decode"), "other", alarm) // delivered after the first
+		eventually(t, func() bool { return p.dst.PeerLost("other") != nil }, "the reports delivered")
+		require.NoError(t, p.dst.PeerLost("prefill"))
 	})
 	t.Run("after LostPeerTTL", func(t *testing.T) {
 		cfg := fastConfig()
