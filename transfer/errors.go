@@ -207,11 +207,7 @@ type PeerLostError struct {
 }
 
 func (e *PeerLostError) Error() string {
-	name := string(e.Peer)
-	if len(name) > 24 { // a UCX peer is its worker address in hex, hundreds of characters
-		name = name[:24] + "..."
-	}
-	return fmt.Sprintf("kvxfer: peer %s was lost %v ago: %v", name, time.Since(e.Since).Round(time.Millisecond), e.Err)
+	return fmt.Sprintf("kvxfer: peer %s was lost %v ago: %v", e.Peer.Short(), time.Since(e.Since).Round(time.Millisecond), e.Err)
 }
 
 // Unwrap matches ErrPeerLost and the transport's report.

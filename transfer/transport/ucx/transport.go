@@ -286,7 +286,7 @@ func (t *Transport) connect(w *native.Worker, peer transport.Peer, hook func()) 
 			// segment whose process is gone): the peer is lost as surely as when an endpoint
 			// fails, and the engine must hear it, or a request waits out its queue for a hello
 			// nobody sends (UCX's keepalive never runs on an endpoint that was never made).
-			t.log.Warn("ucx peer unreachable", zap.String("peer", string(peer)[:min(16, len(peer))]), zap.Error(err))
+			t.log.Warn("ucx peer unreachable", zap.String("peer", peer.Short()), zap.Error(err))
 			t.push(ucxReport{lost: peer, err: err})
 		}
 		return nil, fmt.Errorf("%w: connect: %w", transport.ErrPeerLost, err)
