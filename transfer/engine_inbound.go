@@ -235,7 +235,8 @@ func (e *Engine) rememberLostLocked(peer Peer, err error) {
 
 // PeerLost reports, without blocking, whether the transport reported peer lost less than
 // Config.LostPeerTTL ago with no word from the peer since: a *PeerLostError matching
-// ErrPeerLost, or nil. A Send or Receive with such a peer fails at once with it.
+// ErrPeerLost, or nil. A Receive from such a peer fails at once with it (a Send waits for
+// its receiver's request, which a live peer sends and which clears the loss).
 // discovery.CheckParams asks it too (discovery.LostPeers), so params of a sender that died
 // are refused before its registry entry expires.
 func (e *Engine) PeerLost(peer Peer) error {

@@ -197,9 +197,9 @@ func (e *AuthError) Error() string {
 // Unwrap returns ErrUnauthenticated.
 func (e *AuthError) Unwrap() error { return ErrUnauthenticated }
 
-// PeerLostError says that the transport reported Peer lost, when, and why. A Send or Receive
-// with a peer the engine remembers lost (Config.LostPeerTTL) fails at once with it; it
-// matches ErrPeerLost.
+// PeerLostError says that the transport reported Peer lost, when, and why. A Receive from a
+// peer the engine remembers lost (Config.LostPeerTTL) fails at once with it; it matches
+// ErrPeerLost.
 type PeerLostError struct {
 	Peer  Peer
 	Since time.Time // when the transport reported it

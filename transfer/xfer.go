@@ -242,10 +242,12 @@ func (x *xfer) run() {
 	defer x.setAwaiting(false)
 	defer x.qcancel()
 	defer x.timers.stop()
-	// A peer the transport lost fails the request at once, before any hello or request goes
-	// to an address nobody answers (UCX would retry the connection until QueueTimeout). A loss
-	// reported after this check finds the route and is in the mailbox (OnPeerLost).
-	if err := x.eng.PeerLost(x.peer); err != nil {
+	// A Receive from a peer the transport lost fails at once, before any hello or request
+	// goes to an address nobody answers (UCX would retry the connection until QueueTimeout).
+	// A Send reaches out to nobody: it waits for its receiver's request, which a live peer
+	// (a false alarm) sends and which clears the loss. A loss reported after this check
+	// finds the route and is in the mailbox (OnPeerLost).
+	if err := x.eng.PeerLost(x.peer); err != nil && x.receive {
 		x.queuedExit(&RequestError{ID: x.h.id, Err: err})
 		return
 	}
