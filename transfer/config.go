@@ -43,8 +43,8 @@ type Config struct {
 	QueueTimeout time.Duration
 	// ProgressDeadline: Health turns unhealthy when no byte has moved and no transfer has
 	// completed for this long while transfers were asked for: in flight, or failing one
-	// after another (a request that starts less than this after the last one ended keeps
-	// the clock running). Default 10s.
+	// after another, active or still queued (a request that starts less than this after the
+	// last one ended keeps the clock running). Default 10s.
 	ProgressDeadline time.Duration
 	// QuarantineBudget: Health turns unhealthy when more transfers than this wait in
 	// quarantine at once (those quarantined for good with their caller's blocks poisoned are
@@ -74,6 +74,11 @@ type Config struct {
 	// PendingTTL is how long such a request is kept, and how long a hello challenge stays
 	// outstanding before a new one replaces it. Default 30s.
 	PendingTTL time.Duration
+	// LostPeerTTL is how long the engine remembers a peer its transport reported lost: a
+	// Receive from it fails at once (a *PeerLostError matching ErrPeerLost) instead of
+	// waiting out QueueTimeout for a peer that is gone. A message from the peer ends it
+	// sooner (a false alarm). At most MaxPending peers are remembered. Default 30s.
+	LostPeerTTL time.Duration
 	// CloseTimeout bounds how long Close waits for the transfers to end, and Drain when its
 	// context has no deadline; the transport's force close adds its own bound. Default 10s.
 	CloseTimeout time.Duration
@@ -178,6 +183,7 @@ const (
 	DefaultMaxRetries        = 6
 	DefaultMaxPending        = 4096
 	DefaultPendingTTL        = 30 * time.Second
+	DefaultLostPeerTTL       = 30 * time.Second
 	DefaultCloseTimeout      = 10 * time.Second
 	DefaultReadyPollInterval = 100 * time.Microsecond
 )
@@ -236,6 +242,7 @@ func (c Config) withDefaults() Config {
 	defCount(&c.MaxRetries, DefaultMaxRetries)
 	defInt(&c.MaxPending, DefaultMaxPending)
 	def(&c.PendingTTL, DefaultPendingTTL)
+	def(&c.LostPeerTTL, DefaultLostPeerTTL)
 	def(&c.CloseTimeout, DefaultCloseTimeout)
 	def(&c.ReadyPollInterval, DefaultReadyPollInterval)
 	if c.Logger == nil {
@@ -308,7 +315,7 @@ func (c Config) validate() error {
 		{"TransferTimeout", c.TransferTimeout}, {"QueueTimeout", c.QueueTimeout},
 		{"ProgressDeadline", c.ProgressDeadline}, {"QuarantineTimeout", c.QuarantineTimeout},
 		{"CancelGrace", c.CancelGrace}, {"RetryInterval", c.RetryInterval}, {"PendingTTL", c.PendingTTL},
-		{"CloseTimeout", c.CloseTimeout}, {"ReadyPollInterval", c.ReadyPollInterval},
+		{"LostPeerTTL", c.LostPeerTTL}, {"CloseTimeout", c.CloseTimeout}, {"ReadyPollInterval", c.ReadyPollInterval},
 	} {
 		if d.v < 0 {
 			return bad(d.name, d.v, "must be positive")

@@ -41,11 +41,12 @@ type Engine struct {
 	pending    map[routeKey]pendingInfo
 	unanswered map[routeKey]unanswered
 	peers      map[Peer]*peerHello // what each peer met said in its hello (negotiate.go)
-	// lostPeers are the peers reported lost and not heard from since, each told to the
-	// observer once however many times the transport reports it (engine_inbound.go).
-	lostPeers map[Peer]time.Time
-	goodbye   goodbyeState // goodbye.go
-	closed    bool
+	// lost are the peers the transport reported lost and not heard from since: each told to
+	// the observer once however many times the transport reports it, and refused to new
+	// Receives for Config.LostPeerTTL (engine_inbound.go).
+	lost    map[Peer]lostPeer
+	goodbye goodbyeState // goodbye.go
+	closed  bool
 	// speech is what the engine says in its hello: the build's versions and features.
 	speech speech
 	// keys seal and open the hello handshake; nil without Config.ClusterKeys.
@@ -80,10 +81,14 @@ type Engine struct {
 	// for since. lastDemand is the last time a transfer started or ended (Advertised in or
 	// out): the engine counts as asked for while one is active or one ended less than a
 	// ProgressDeadline ago, so requests that fail one after another are a stall too.
-	stallFrom  atomic.Int64
-	lastDemand atomic.Int64
-	malformed  atomic.Int64
-	stale      atomic.Int64 // messages of another transfer that reused a request id, dropped
+	// lastFailure is the last time a transfer ended without completing, active or still
+	// queued (a request that timed out waiting for its peer's hello, its request or
+	// admission): Health counts the engine asked for while one did less than a deadline ago.
+	stallFrom   atomic.Int64
+	lastDemand  atomic.Int64
+	lastFailure atomic.Int64
+	malformed   atomic.Int64
+	stale       atomic.Int64 // messages of another transfer that reused a request id, dropped
 	// moverWedged is the first error by which a Mover said it cannot tell whether its copy
 	// ended (ErrQuiescenceUnknown); Health reports it until the process restarts.
 	moverWedged atomic.Pointer[error]
@@ -141,7 +146,7 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
-		peers: make(map[Peer]*peerHello), lostPeers: make(map[Peer]time.Time), speech: sp,
+		peers: make(map[Peer]*peerHello), lost: make(map[Peer]lostPeer), speech: sp,
 		admission: make(chan struct{}, cfg.MaxConcurrent),
 		closing:   make(chan struct{}),
 		movers:    newMoverPool(),
@@ -190,7 +195,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	if err := e.checkDeviceSpec(spec); err != nil { // device.go
 		return nil, err
 	}
-	h := &Handle{id: spec.ID, eng: e, done: make(chan struct{}), quiesced: make(chan struct{}), callerRefs: 1, engineRef: true,
+	h := &Handle{id: spec.ID, eng: e, queuedAt: time.Now().UnixNano(), done: make(chan struct{}), quiesced: make(chan struct{}), callerRefs: 1, engineRef: true,
 		receive: receive, stream: spec.Stream, layers: subs[0].Plan.Selection().Layers()}
 	xs := make([]*xfer, len(subs))
 	for i, s := range subs {
@@ -334,7 +339,20 @@ func (e *Engine) isClosed() bool {
 }
 
 // account keeps Health's counters in step with handle transitions; applyLocked calls it.
-func (e *Engine) account(from, to State) {
+// queuedAt is when the handle was asked for (unix nanoseconds).
+func (e *Engine) account(from, to State, queuedAt int64) {
+	if from == Queued && to == Failed {
+		// A request that failed before it became active (no hello, no request, no admission
+		// within QueueTimeout) was asked for all the same: it counts as an active failure
+		// does, its wait included, so requests that fail queued one after another are a stall
+		// (L12). A caller's cancel of a queued request is no sign of a stall.
+		now := time.Now().UnixNano()
+		if e.inFlight.Load() == 0 && e.idle(queuedAt) && queuedAt > e.stallFrom.Load() {
+			e.stallFrom.Store(queuedAt) // the clock runs from its ask, not from older progress
+		}
+		e.lastDemand.Store(now)
+		e.lastFailure.Store(now)
+	}
 	if !from.active() && to.active() {
 		now := time.Now().UnixNano()
 		if e.inFlight.Add(1) == 1 && e.idle(now) {
@@ -343,9 +361,12 @@ func (e *Engine) account(from, to State) {
 		e.lastDemand.Store(now)
 	} else if from.active() && !to.active() {
 		e.inFlight.Add(-1)
-		e.lastDemand.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		e.lastDemand.Store(now)
 		if to == Completed { // a failure, cancel or quarantine is no sign of a live peer
 			e.touch()
+		} else {
+			e.lastFailure.Store(now)
 		}
 	}
 	if to == Quarantined {

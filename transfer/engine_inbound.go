@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"go.uber.org/zap"
 )
 
@@ -130,10 +131,7 @@ func (e *Engine) readsProofs(from Peer) bool {
 func (in inbound) OnPeerLost(peer Peer, err error) {
 	e := in.e
 	e.mu.Lock()
-	_, told := e.lostPeers[peer]
-	if !told {
-		e.rememberLostLocked(peer)
-	}
+	_, told := e.lost[peer]
 	var xs []*xfer
 	for k, x := range e.routes {
 		if k.peer == peer {
@@ -146,6 +144,11 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 		}
 	}
 	delete(e.peers, peer) // its proof and challenge too: a peer that comes back may run another build
+	// A retirement is this side's own reset (the UCX transport replacing its worker): the
+	// peer may be alive, and is not refused to new transfers.
+	if !told && !errors.Is(err, transport.ErrEndpointRetired) {
+		e.rememberLostLocked(peer, err)
+	}
 	e.mu.Unlock()
 	if !told {
 		notifyPeerLost(e.obs, peer, err)
@@ -155,29 +158,11 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 	}
 }
 
-// rememberLostLocked records peer as lost and not heard from since, bounded in count
-// (Config.MaxPending) and age (Config.PendingTTL) like the pending requests: past the bound a
-// loss is not remembered, and a repeated report of it is told again. e.mu is held.
-func (e *Engine) rememberLostLocked(peer Peer) {
-	now := time.Now()
-	if len(e.lostPeers) >= e.cfg.MaxPending {
-		for p, at := range e.lostPeers {
-			if now.Sub(at) > e.cfg.PendingTTL {
-				delete(e.lostPeers, p)
-			}
-		}
-		if len(e.lostPeers) >= e.cfg.MaxPending {
-			return
-		}
-	}
-	e.lostPeers[peer] = now
-}
-
 // heardLocked forgets that peer was lost: it spoke, so its next loss is a new one. e.mu is
 // held.
 func (e *Engine) heardLocked(peer Peer) {
-	if len(e.lostPeers) > 0 {
-		delete(e.lostPeers, peer)
+	if len(e.lost) > 0 {
+		delete(e.lost, peer)
 	}
 }
 
@@ -219,4 +204,51 @@ func (e *Engine) addPendingLocked(key routeKey, ri *wire.RequestInfo) {
 		}
 	}
 	e.pending[key] = pendingInfo{info: ri, at: time.Now()}
+}
+
+// lostPeer is a peer the transport reported lost: when, and its report.
+type lostPeer struct {
+	at  time.Time
+	err error
+}
+
+// rememberLostLocked remembers peer as lost and not heard from since, bounded in count
+// (Config.MaxPending: past it the expired entries go, then the oldest) and age
+// (Config.LostPeerTTL). e.mu is held.
+func (e *Engine) rememberLostLocked(peer Peer, err error) {
+	now := time.Now()
+	if _, ok := e.lost[peer]; !ok && len(e.lost) >= max(e.cfg.MaxPending, 1) {
+		var oldest Peer
+		for p, l := range e.lost {
+			if now.Sub(l.at) > e.cfg.LostPeerTTL {
+				delete(e.lost, p)
+			} else if oldest == "" || l.at.Before(e.lost[oldest].at) {
+				oldest = p
+			}
+		}
+		if len(e.lost) >= max(e.cfg.MaxPending, 1) {
+			delete(e.lost, oldest)
+		}
+	}
+	e.lost[peer] = lostPeer{at: now, err: err}
+}
+
+// PeerLost reports, without blocking, whether the transport reported peer lost less than
+// Config.LostPeerTTL ago with no word from the peer since: a *PeerLostError matching
+// ErrPeerLost, or nil. A Receive from such a peer fails at once with it (a Send waits for
+// its receiver's request, which a live peer sends and which clears the loss).
+// discovery.CheckParams asks it too (discovery.LostPeers), so params of a sender that died
+// are refused before its registry entry expires.
+func (e *Engine) PeerLost(peer Peer) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l, ok := e.lost[peer]
+	if !ok {
+		return nil
+	}
+	if time.Since(l.at) > e.cfg.LostPeerTTL {
+		delete(e.lost, peer)
+		return nil
+	}
+	return &PeerLostError{Peer: peer, Since: l.at, Err: l.err}
 }

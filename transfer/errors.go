@@ -5,6 +5,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -195,3 +196,19 @@ func (e *AuthError) Error() string {
 
 // Unwrap returns ErrUnauthenticated.
 func (e *AuthError) Unwrap() error { return ErrUnauthenticated }
+
+// PeerLostError says that the transport reported Peer lost, when, and why. A Receive from a
+// peer the engine remembers lost (Config.LostPeerTTL) fails at once with it; it matches
+// ErrPeerLost.
+type PeerLostError struct {
+	Peer  Peer
+	Since time.Time // when the transport reported it
+	Err   error     // the transport's report
+}
+
+func (e *PeerLostError) Error() string {
+	return fmt.Sprintf("kvxfer: peer %s was lost %v ago: %v", e.Peer.Short(), time.Since(e.Since).Round(time.Millisecond), e.Err)
+}
+
+// Unwrap matches ErrPeerLost and the transport's report.
+func (e *PeerLostError) Unwrap() []error { return []error{ErrPeerLost, e.Err} }

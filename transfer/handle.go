@@ -34,9 +34,11 @@ type Status struct {
 // transfer is quiescent, so nothing it points to goes away while the transport can reach it
 // (L2). When every reference is gone the id may be used again.
 type Handle struct {
-	id    RequestID
-	eng   *Engine
-	total atomic.Int64 // a partial Send learns its size from the receiver's request
+	id  RequestID
+	eng *Engine
+	// queuedAt is when Send or Receive made the handle (unix nanoseconds), for Health.
+	queuedAt int64
+	total    atomic.Int64 // a partial Send learns its size from the receiver's request
 	// Streaming: layers is the plan's layer count; readyLayers the caller's latest
 	// MarkLayersReady (Send only).
 	receive     bool
@@ -147,7 +149,7 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 	if cause != nil && (h.err.Load() == nil || ev == EvQuarantine) {
 		h.err.Store(&cause)
 	}
-	h.eng.account(from, r.next)
+	h.eng.account(from, r.next, h.queuedAt)
 	if r.next == Quarantined {
 		h.eng.holds.hold(h) // its blocks are the transport's until it quiesces
 		h.countPoisonedLocked()
@@ -238,14 +240,18 @@ func (h *Handle) recordErrLocked(failed *xfer, cause error) {
 // settleLocked derives the handle's state from its subs': it decides the outcome only when
 // every sub has one, and resolves a quarantine only when every sub is terminal (L14).
 func (h *Handle) settleLocked() {
-	allOutcome, allTerminal, allCompleted, anyQuarantined := true, true, true, false
+	allOutcome, allTerminal, allCompleted, allCancelled, anyQuarantined := true, true, true, true, false
 	for _, x := range h.subs {
 		s := x.m.load()
 		allOutcome = allOutcome && (s.Terminal() || s == Quarantined)
 		allTerminal = allTerminal && s.Terminal()
 		allCompleted = allCompleted && s == Completed
+		allCancelled = allCancelled && s == Cancelled
 		anyQuarantined = anyQuarantined || s == Quarantined
 	}
+	// Cancelled by the caller, or every sub cancelled on its own account (a Send whose
+	// receiver withdrew its request: peerAbortErr).
+	cancelled := h.cancelRequested || allCancelled
 	var cause error
 	if p := h.err.Load(); p != nil {
 		cause = *p
@@ -253,7 +259,7 @@ func (h *Handle) settleLocked() {
 	switch st := h.m.load(); {
 	case !allOutcome:
 	case st == Quarantined:
-		if allTerminal && h.cancelRequested {
+		if allTerminal && cancelled {
 			h.applyLocked(EvResolveCancelled, nil)
 		} else if allTerminal {
 			h.applyLocked(EvResolveFailed, nil)
@@ -261,7 +267,7 @@ func (h *Handle) settleLocked() {
 	case st.Terminal():
 	case allCompleted:
 		h.applyLocked(EvComplete, nil)
-	case st == Queued && h.cancelRequested:
+	case st == Queued && cancelled:
 		h.applyLocked(EvCancelQueued, &RequestError{ID: h.id, Err: ErrCancelled})
 	case st == Queued:
 		h.applyLocked(EvFail, cause)
@@ -270,7 +276,7 @@ func (h *Handle) settleLocked() {
 		if allTerminal { // cannot happen with a quarantined sub; kept for the table's sake
 			h.settleLocked()
 		}
-	case h.cancelRequested:
+	case cancelled:
 		h.applyLocked(EvCancelQuiescent, &RequestError{ID: h.id, Err: ErrCancelled})
 	default:
 		h.applyLocked(EvFail, cause)

@@ -47,7 +47,9 @@ type HealthSnapshot struct {
 
 // Health tells the truth (L12): unhealthy when no byte moved and no transfer completed for
 // Config.ProgressDeadline while transfers were asked for (in flight, other than streaming
-// ones waiting on the model's layers, or ending without success one after another),
+// ones waiting on the model's layers, or ending without success one after another, whether
+// active or still queued: a request that timed out waiting for its peer's hello, its
+// receiver's request or admission counts as an active failure does),
 // when more transfers wait in quarantine than the budget allows (those quarantined for good
 // with their caller's blocks poisoned are settled, not waiting), when more of the callers'
 // blocks are poisoned for good than Config.PoisonedBlockBudget, when poisoned slots leave
@@ -67,22 +69,22 @@ func (e *Engine) Health() Health {
 		PoisonedBlocks: e.blocksPoisoned.Load(), PoisonedBudget: e.cfg.PoisonedBlockBudget,
 	}
 	now := time.Now().UnixNano()
-	stallFrom, lastDemand := e.stallFrom.Load(), e.lastDemand.Load()
+	stallFrom, lastFailure := e.stallFrom.Load(), e.lastFailure.Load()
 	s.SinceProgress = time.Duration(now - stallFrom)
 	var why []string
 	if e.isClosed() {
 		s.Closed = true
 		why = append(why, "engine closed")
 	}
-	// Transfers were asked for since the clock started: one is in flight now, or none is but
-	// one ended (failed, cancelled, quarantined) less than a deadline ago. A streaming
-	// transfer that waits for its layers is not stalled: the model is computing. It is
-	// bounded by its own deadline, not by this rule.
+	// Transfers were asked for since the clock started: one is in flight now, or one ended
+	// without completing (failed, cancelled, quarantined; active or still queued) less than
+	// a deadline ago. A streaming transfer that waits for its layers is not stalled: the
+	// model is computing. It is bounded by its own deadline, not by this rule.
 	asked := s.InFlight > s.AwaitingReady ||
-		(s.InFlight == 0 && lastDemand > stallFrom && time.Duration(now-lastDemand) <= s.ProgressDeadline)
+		(lastFailure > stallFrom && time.Duration(now-lastFailure) <= s.ProgressDeadline)
 	if asked && s.SinceProgress > s.ProgressDeadline {
 		while := fmt.Sprintf("%d are in flight", s.InFlight)
-		if s.InFlight == 0 {
+		if s.InFlight <= s.AwaitingReady {
 			while = "transfers were asked for and failed"
 		}
 		why = append(why, fmt.Sprintf("no transfer progressed for %v (deadline %v) while %s",

@@ -112,12 +112,6 @@ type requestFlags interface {
 	request(ri *wire.RequestInfo) bool
 }
 
-// peerMoves is a sending path on which the receiver moves the bytes (RMA gets): while it
-// reports true the sender counts as awaiting its peer, not as stalled (see Health).
-type peerMoves interface {
-	peerMoves() bool
-}
-
 // take puts the sub-transfer on path p, and shows p's kind to Handle.Path.
 func (x *xfer) take(p path) {
 	x.path = p

@@ -51,7 +51,6 @@ var (
 	_ requestFlags = (*rmaReceive)(nil)
 	_ path         = (*rmaSend)(nil)
 	_ peerTalk     = (*rmaSend)(nil)
-	_ peerMoves    = (*rmaSend)(nil)
 )
 
 // ---- receiving side ----
@@ -328,12 +327,6 @@ func (s *rmaSend) post(slot *buffer.Slot) bool {
 
 // completed never runs: the exposure is no transport operation; it ends by the peer's word.
 func (*rmaSend) completed(*opRec, Completion) {}
-
-// peerMoves: while the pool is offered the sender sees no progress of its own until Done: the
-// receiver moves the bytes, and its engine's health watches them. The sender counts as
-// awaiting its peer, as a streaming receiver awaits its sender's model; its deadline bounds
-// it either way.
-func (s *rmaSend) peerMoves() bool { return s.offered }
 
 func (s *rmaSend) fromPeer(m wire.Message) {
 	switch m := m.(type) {

@@ -126,7 +126,7 @@ func TestRMAStopsWhileGetsAreOutstanding(t *testing.T) {
 		recvQuietEarly bool // the receiver quiesces before any resume
 	}{
 		{desc: "receiver cancels", stop: func(p *pair) {}, wantCancel: CancelRequestedInFlight, resume: true,
-			wantRecv: Cancelled, wantSend: Failed, wantSendErr: ErrPeerAborted},
+			wantRecv: Cancelled, wantSend: Cancelled, wantSendErr: ErrPeerAborted},
 		{desc: "sender cancels", stop: func(p *pair) {}, wantCancel: CancelRequestedInFlight, resume: true,
 			wantRecv: Failed, wantRecvErr: ErrPeerAborted, wantSend: Cancelled},
 		{desc: "sender lost", stop: func(p *pair) { p.net.LosePeer("prefill") }, recvQuietEarly: true,
@@ -374,28 +374,6 @@ func TestRMALostHandshakeMessagesAreResent(t *testing.T) {
 	}
 }
 
-// L12 on the RMA mode: the receiver's engine, whose gets move the bytes, turns unhealthy when
-// they stall; the sender, which only waits for its pool to be read, does not (its deadline
-// bounds it), and neither does it while the gets run.
-func TestL12_RMAStallIsTheReceiversToReport(t *testing.T) {
-	src, dst := rmaPools(t, 60)
-	cfg := rmaConfig()
-	cfg.ProgressDeadline = 50 * time.Millisecond
-	p, w := directPair(t, cfg, cfg, src, dst)
-	w.fault = mem.Fault{Hang: true}
-	hs, hr := p.start(t, 1, src, dst)
-	eventually(t, func() bool { return p.net.OnWire() >= 4 }, "gets hung on the wire")
-	eventually(t, func() bool { return !p.dst.Health().Healthy }, "receiver unhealthy")
-	require.Contains(t, p.dst.Health().Reason, "no transfer progressed")
-	require.True(t, p.src.Health().Healthy, "sender: %s", p.src.Health().Reason)
-	require.Equal(t, int64(1), p.src.Health().AwaitingReady)
-	p.net.Resume()
-	waitClosed(t, hs.Quiesced(), "sender quiesced")
-	waitClosed(t, hr.Quiesced(), "receiver quiesced")
-	requireState(t, hs, Completed)
-	require.Zero(t, p.src.Health().AwaitingReady)
-}
-
 // A request of more blocks than one offer message carries is offered in parts of
 // rmaMaxOfferBlocks, or fewer where the transport's control messages are smaller
 // (ControlBound), which the receiver assembles; every byte lands where the sender's
@@ -479,7 +457,11 @@ func TestL10_RMAReceiverGoneBeforeTheSendExposesNothing(t *testing.T) {
 			require.NoError(t, err)
 			waitClosed(t, hs.Quiesced(), "sender quiesced")
 			st := hs.Status()
-			require.Equal(t, Failed, st.State, "%v", st.Err)
+			want := Failed
+			if how == "cancel" {
+				want = Cancelled // the receiver withdrew its request: nothing failed here
+			}
+			require.Equal(t, want, st.State, "%v", st.Err)
 			require.ErrorIs(t, st.Err, ErrPeerAborted, "the Send ends at once, on the receiver's word")
 			require.False(t, st.BlocksPoisoned)
 			require.NotEqual(t, PathRMA, hs.Path(), "the pool was never offered")

@@ -137,7 +137,7 @@ func TestStreamMidStreamFailuresFollowTheLifecycle(t *testing.T) {
 			Failed, []error{ErrPeerLost}, Failed, []error{ErrPeerLost}},
 		{"receiver cancels", 0, false, func(p *pair, hs *Handle) {
 			require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(hs.ID()))
-		}, Failed, []error{ErrPeerAborted}, Cancelled, []error{ErrCancelled}},
+		}, Cancelled, []error{ErrPeerAborted, ErrCancelled}, Cancelled, []error{ErrCancelled}},
 		{"signal fails", 0, true, func(*pair, *Handle) {},
 			Failed, []error{ErrReadySignal}, Failed, []error{ErrPeerAborted}},
 	}

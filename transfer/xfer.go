@@ -87,6 +87,7 @@ type xfer struct {
 	moved       int // chunks fully handled
 	doneMsg     bool
 	aborting    bool
+	heldAbort   wire.AbortCode // a cancelling receiver's abort, held until its operations end (xfer_end.go)
 	cause       error
 	quarantined bool
 	ended       bool
@@ -241,6 +242,15 @@ func (x *xfer) run() {
 	defer x.setAwaiting(false)
 	defer x.qcancel()
 	defer x.timers.stop()
+	// A Receive from a peer the transport lost fails at once, before any hello or request
+	// goes to an address nobody answers (UCX would retry the connection until QueueTimeout).
+	// A Send reaches out to nobody: it waits for its receiver's request, which a live peer
+	// (a false alarm) sends and which clears the loss. A loss reported after this check
+	// finds the route and is in the mailbox (OnPeerLost).
+	if err := x.eng.PeerLost(x.peer); err != nil && x.receive {
+		x.queuedExit(&RequestError{ID: x.h.id, Err: err})
+		return
+	}
 	if x.receive {
 		x.runReceive()
 	} else {
@@ -369,15 +379,12 @@ func (x *xfer) setAwaiting(v bool) {
 // updateAwaiting: a streaming Send awaits the model when nothing of it is on the wire and some
 // layer is not ready; a streaming Receive (its first sub, so a handle counts once) awaits its
 // sender's model for as long as it runs: it cannot tell the two apart, and its deadline
-// bounds it either way.
+// bounds it either way. Nothing else awaits: a sender whose receiver reads its blocks (the RMA
+// mode) waits on a peer that may be frozen, and is stalled when no Done comes (L12).
 func (x *xfer) updateAwaiting() {
 	live := x.stream && !x.aborting && !x.ended
 	if x.receive {
 		x.setAwaiting(live && x.sub == 0)
-		return
-	}
-	if p, ok := x.path.(peerMoves); ok && p.peerMoves() { // the receiver's gets move the bytes, seen by its engine
-		x.setAwaiting(!x.aborting && !x.ended)
 		return
 	}
 	x.setAwaiting(live && x.outstanding == 0 && x.readyBytes < x.plan.Bytes())
@@ -549,7 +556,7 @@ func (x *xfer) handleEvent(ev event) {
 				return
 			}
 			_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.AbortAck{Header: x.head()}))
-			x.abort(peerAbortErr(x.h.id, m), 0, x.eng.cfg.CancelGrace)
+			x.abort(peerAbortErr(x.h.id, m, !x.receive), 0, x.eng.cfg.CancelGrace)
 		case *wire.Done:
 			if !x.receive {
 				x.doneMsg = true

@@ -73,7 +73,13 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 	}
 	x.aborting, x.cause = true, cause
 	x.releaseIdle()
-	if code != 0 {
+	if code == wire.AbortCancelled && x.receive && x.outstanding+x.moving > 0 && grace > 0 {
+		// A receiver's cancel tells the sender only once its own operations have ended
+		// (maybeResolve) or its grace has (quarantine): then the abort proves it reads the
+		// sender's slots or pool no more, its release follows at once, and the sender ends a
+		// clean cancel instead of waiting out its own grace into quarantine.
+		x.heldAbort = code
+	} else if code != 0 {
 		x.sendAbort(code, cause)
 	}
 	for _, op := range x.ops {
@@ -95,6 +101,15 @@ func (x *xfer) sendAbort(code wire.AbortCode, cause error) {
 	_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.Abort{Header: x.head(), Code: code, Reason: cause.Error()}))
 }
 
+// sendHeldAbort sends the abort that a cancelling receiver held while its operations ended.
+func (x *xfer) sendHeldAbort() {
+	if x.heldAbort != 0 {
+		code := x.heldAbort
+		x.heldAbort = 0
+		x.sendAbort(code, x.cause)
+	}
+}
+
 // quarantine reports the transfer failed while operations may still touch its slots, and
 // starts the clock after which they are poisoned.
 func (x *xfer) quarantine() {
@@ -103,6 +118,7 @@ func (x *xfer) quarantine() {
 	}
 	x.quarantined = true
 	x.timers.grace = time.Time{}
+	x.sendHeldAbort() // the operations did not end in the grace: the sender must know anyway
 	x.apply(EvQuarantine, x.cause)
 	x.eng.obs.OnQuarantine(x.h.id, x.sub, x.cause)
 	x.log().Warn("transfer quarantined", zap.Error(x.cause), zap.Int("outstanding", x.outstanding))
@@ -128,6 +144,7 @@ func (x *xfer) maybeResolve() {
 	if x.outstanding > 0 || x.moving > 0 || x.ended {
 		return
 	}
+	x.sendHeldAbort()
 	if x.blocksUnknown {
 		// The caller's blocks may still be touched: stay quarantined for good, never tell
 		// the caller they are quiescent (L9, L10), and let the goroutine end.
@@ -176,13 +193,20 @@ func transportErr(err error) error {
 	return fmt.Errorf("kvxfer: transport: %w", err)
 }
 
-func peerAbortErr(id RequestID, m *wire.Abort) error {
+// peerAbortErr is the error of a transfer whose peer aborted it. On the sending side, a
+// receiver's cancel is a cancel here too (ErrCancelled): it withdrew its request, and nothing
+// failed. A receiver whose sender cancelled did not get its blocks: that stays a failure.
+func peerAbortErr(id RequestID, m *wire.Abort, sender bool) error {
 	err := fmt.Errorf("%w (code %d): %s", ErrPeerAborted, m.Code, m.Reason)
 	switch m.Code { // the peer's reason, where it means the same here
 	case wire.AbortIncompatible:
 		err = fmt.Errorf("%w: %w", ErrIncompatible, err)
 	case wire.AbortDeadline:
 		err = fmt.Errorf("%w: %w", ErrDeadline, err)
+	case wire.AbortCancelled:
+		if sender {
+			err = fmt.Errorf("%w: %w", ErrCancelled, err)
+		}
 	}
 	return &RequestError{ID: id, Err: err}
 }

@@ -30,7 +30,7 @@ func (x *xfer) runSend() {
 					// Only an abort the engine held with its request (an early one) is known
 					// to be this transfer's; any other names a request this Send never saw.
 					if ev.early {
-						x.queuedExit(peerAbortErr(x.h.id, m))
+						x.queuedExit(peerAbortErr(x.h.id, m, true))
 						return
 					}
 					x.ours(m.Header)

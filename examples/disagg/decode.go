@@ -77,9 +77,10 @@ func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (*
 	if cp.RequestID != transfer.RequestID(id) {
 		return nil, fmt.Errorf("asked for request %d, got ContextParams of request %d", id, cp.RequestID)
 	}
-	// Params of a prefill life that is over (it restarted or died since) fail here, at once,
-	// instead of a Receive that waits out its deadline.
-	if err := checkParams(ctx, d.reg, cp); err != nil {
+	// Params of a prefill life that is over (it restarted or died since, which this engine's
+	// transport may know before the registry does) fail here, at once, instead of a Receive
+	// that waits out its deadline.
+	if err := checkParams(ctx, d.reg, cp, d.eng); err != nil {
 		return nil, fmt.Errorf("request %d: %w", id, err)
 	}
 	d.out.printf("decode: request %d: ContextParams (%d bytes) from %s: prefill blocks %v", id, len(blob),

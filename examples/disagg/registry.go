@@ -63,10 +63,11 @@ func findPrefill(ctx context.Context, r discovery.Registry) (string, error) {
 	return "", fmt.Errorf("%s published no control endpoint", prefillName)
 }
 
-// checkParams refuses params of a prefill life that is over.
-func checkParams(ctx context.Context, r discovery.Registry, cp *ucx.ContextParams) error {
+// checkParams refuses params of a prefill life that is over: one the engine's transport lost,
+// or one the registry no longer lists.
+func checkParams(ctx context.Context, r discovery.Registry, cp *ucx.ContextParams, lost discovery.LostPeers) error {
 	if r == nil {
-		return nil
+		return lost.PeerLost(ucx.PeerFromAddress(cp.WorkerAddress))
 	}
-	return discovery.CheckParams(ctx, r, prefillName, cp)
+	return discovery.CheckParams(ctx, r, prefillName, cp, lost)
 }

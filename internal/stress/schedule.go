@@ -108,9 +108,9 @@ func (s *soak) freeze() {
 
 	detectBy := t0.Add(min(s.cfg.ProgressDeadline+s.cfg.Grace, s.cfg.FreezeFor))
 	seen := map[transfer.Peer]time.Duration{}
-	// An engine all of whose transfers in flight await the peer (an RMA sender's exposed pool,
-	// read by the receiver, whose engine reports a stall; a streaming transfer awaiting its
-	// model) has no stall of its own to report at that moment (L12 on the RMA mode).
+	// An engine all of whose transfers in flight await the model (a streaming transfer waiting
+	// for its layers) has no stall of its own to report at that moment. An RMA sender whose
+	// receiver froze is no longer excused: no Done comes, and it reports the stall (L12).
 	excused := map[transfer.Peer]bool{}
 	for len(seen) < len(stalled) && time.Now().Before(detectBy) {
 		for _, n := range stalled {

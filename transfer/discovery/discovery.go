@@ -314,12 +314,29 @@ func (c checked) List(ctx context.Context, role string) ([]Worker, error) {
 	return out, err
 }
 
-// CheckParams compares cp with what the registry says of its sender, the worker called
-// name, now: the same transport address and Incarnation. A sender that died (no entry) or
-// restarted (another incarnation or address) fails at once with an error matching
-// ucx.ErrStaleIncarnation, rather than a transfer that waits out its deadline; an
-// unreachable registry fails with ErrUnavailable.
-func CheckParams(ctx context.Context, r Registry, name string, cp *ucx.ContextParams) error {
+// LostPeers is what the receiving engine knows of the peers its transport lost:
+// *transfer.Engine implements it. A registry entry outlives its worker by up to Config.TTL;
+// the transport usually knows sooner.
+type LostPeers interface {
+	// PeerLost returns an error matching transfer.ErrPeerLost when the transport reported
+	// peer lost (and it has not spoken since), nil otherwise. It never blocks.
+	PeerLost(peer transfer.Peer) error
+}
+
+// CheckParams compares cp with what the receiving engine and the registry know of its sender,
+// the worker called name, now. A sender whose transport address the engine's transport
+// reported lost (lost; nil skips this) fails at once with an error matching
+// transfer.ErrPeerLost that names the worker, though its registry entry may still be there.
+// Otherwise the registry must list the same transport address and Incarnation: a sender that
+// died (no entry) or restarted (another incarnation or address) fails at once with an error
+// matching ucx.ErrStaleIncarnation. Either way the request is refused rather than left to
+// wait out its deadline; an unreachable registry fails with ErrUnavailable.
+func CheckParams(ctx context.Context, r Registry, name string, cp *ucx.ContextParams, lost LostPeers) error {
+	if lost != nil {
+		if err := lost.PeerLost(ucx.PeerFromAddress(cp.WorkerAddress)); err != nil {
+			return fmt.Errorf("kvxfer/discovery: worker %s: %w", name, err)
+		}
+	}
 	w, err := r.Lookup(ctx, name)
 	if errors.Is(err, ErrNotFound) {
 		return &ucx.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Reason: "the worker is gone from the registry"}

@@ -19,8 +19,10 @@
 // (etcd's lease; a heartbeat for the HTTP registry) and renews it until Withdraw or Close, so
 // a worker that dies disappears within the TTL, and one that restarts publishes a new
 // Incarnation under the same name. CheckParams compares a ContextParams with what the
-// registry says of its sender now and fails with ucx.ErrStaleIncarnation when the
-// sender has died or restarted since, so a request is never pulled from the wrong life.
+// receiving engine's transport knows (LostPeers: a sender it lost fails with ErrPeerLost,
+// before its entry's TTL runs out) and what the registry says of its sender now, and fails
+// with ucx.ErrStaleIncarnation when the sender has died or restarted since, so a request is
+// never pulled from the wrong life.
 //
 // Lookups retry an unreachable registry with exponential backoff, bounded by
 // Config.LookupTimeout, then fail with an error matching ErrUnavailable. A registry going

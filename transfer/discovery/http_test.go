@@ -76,7 +76,7 @@ func TestHTTP_Lifecycle(t *testing.T) {
 	restarted := openHTTP(t, srv.URL(), Config{TTL: ttl})
 	reg2, err := restarted.Publish(ctx, worker("prefill-0", "prefill", 2))
 	require.NoError(t, err)
-	err = CheckParams(ctx, look, "prefill-0", &ucx.ContextParams{Incarnation: 1, WorkerAddress: p1.Address})
+	err = CheckParams(ctx, look, "prefill-0", &ucx.ContextParams{Incarnation: 1, WorkerAddress: p1.Address}, nil)
 	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
 	require.NoError(t, pub.(checked).Registry.(*httpRegistry).do(ctx, http.MethodDelete, WorkersPath+"/prefill-0?incarnation=1", nil, nil))
 	got, err = look.Lookup(ctx, "prefill-0")
@@ -91,7 +91,7 @@ func TestHTTP_Lifecycle(t *testing.T) {
 		return errors.Is(err, ErrNotFound)
 	}, waitBound, 20*time.Millisecond)
 	require.Less(t, time.Since(died), ttl+3*time.Second)
-	err = CheckParams(ctx, look, "prefill-0", &ucx.ContextParams{Incarnation: 2, WorkerAddress: got.Address})
+	err = CheckParams(ctx, look, "prefill-0", &ucx.ContextParams{Incarnation: 2, WorkerAddress: got.Address}, nil)
 	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
 }
 

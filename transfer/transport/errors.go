@@ -17,6 +17,10 @@ var (
 	ErrCancelled = errors.New("kvxfer: transfer cancelled")
 	// ErrPeerLost: the transport lost the peer.
 	ErrPeerLost = errors.New("kvxfer: peer lost")
+	// ErrEndpointRetired: OnPeerLost's error matches it when this side ended its own
+	// endpoint to the peer (the UCX transport replacing a wedged worker): the transfers on it
+	// fail, but the peer may well be alive, so the engine does not remember it lost.
+	ErrEndpointRetired = errors.New("kvxfer: this side retired its endpoint to the peer")
 	// ErrProtocol: a peer sent a message that breaks the wire protocol.
 	ErrProtocol = errors.New("kvxfer: protocol violation")
 	// ErrInvalidSpec: a transfer's spec, or an argument a transport call got from it (a peer

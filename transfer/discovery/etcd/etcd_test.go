@@ -211,7 +211,7 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 	require.NoError(t, err)
 	oldLease := reg.(*etcdRegistration).lease
 	oldParams := &ucx.ContextParams{Incarnation: 1, WorkerAddress: reg.Worker().Address}
-	require.NoError(t, discovery.CheckParams(ctx, look, "prefill-0", oldParams))
+	require.NoError(t, discovery.CheckParams(ctx, look, "prefill-0", oldParams, nil))
 	reg.(*etcdRegistration).abandon() // killed
 
 	restarted := openEtcd(t, s, discovery.Config{TTL: ttl})
@@ -221,7 +221,7 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(2), got.Incarnation)
 
-	err = discovery.CheckParams(ctx, look, "prefill-0", oldParams)
+	err = discovery.CheckParams(ctx, look, "prefill-0", oldParams, nil)
 	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
 	var se *ucx.StaleIncarnationError
 	require.ErrorAs(t, err, &se)
@@ -240,9 +240,9 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 
 	// And once the new life dies too, its params are stale as well: the worker is gone.
 	newParams := &ucx.ContextParams{Incarnation: 2, WorkerAddress: got.Address}
-	require.NoError(t, discovery.CheckParams(ctx, look, "prefill-0", newParams))
+	require.NoError(t, discovery.CheckParams(ctx, look, "prefill-0", newParams, nil))
 	require.NoError(t, restarted.Close())
-	err = discovery.CheckParams(ctx, look, "prefill-0", newParams)
+	err = discovery.CheckParams(ctx, look, "prefill-0", newParams, nil)
 	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
 }
 

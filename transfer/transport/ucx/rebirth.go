@@ -44,6 +44,9 @@ func (t *Transport) replaceWorker(cause error) {
 	}
 	old, oldEps := t.w, t.eps
 	t.w, t.eps = nw, map[transport.Peer]*native.Endpoint{}
+	for _, ep := range oldEps {
+		t.retired[ep] = struct{}{} // watch reports their peers lost as retired, not dead
+	}
 	t.addr = nw.Address()
 	t.self = PeerFromAddress(t.addr)
 	t.life = rand.Uint64()

@@ -61,9 +61,12 @@ type Transport struct {
 	life    uint64 // this transport's incarnation, for ContextParams
 	staging *native.Memory
 
-	mu      sync.Mutex
-	in      transport.Inbound
-	eps     map[transport.Peer]*native.Endpoint
+	mu  sync.Mutex
+	in  transport.Inbound
+	eps map[transport.Peer]*native.Endpoint
+	// retired are the endpoints replaceWorker closed, until watch reports their peers (lost,
+	// with transport.ErrEndpointRetired: the peer itself may be alive).
+	retired map[*native.Endpoint]struct{}
 	regions []*native.Memory
 	pools   []*native.Memory // AllocatePool's regions, unmapped in Close
 	ops     map[transport.OpID]*ucxOp
@@ -137,7 +140,7 @@ func New(cfg Config) (*Transport, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
-	t := &Transport{cfg: cfg, log: cfg.Logger, eps: map[transport.Peer]*native.Endpoint{}, ops: map[transport.OpID]*ucxOp{},
+	t := &Transport{cfg: cfg, log: cfg.Logger, eps: map[transport.Peer]*native.Endpoint{}, retired: map[*native.Endpoint]struct{}{}, ops: map[transport.OpID]*ucxOp{},
 		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]transport.OpID{}, tagOwners: map[uint64]ucxTagOwner{},
 		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{},
 		stop: make(chan struct{}), exited: make(chan struct{})}
@@ -278,9 +281,24 @@ func (t *Transport) connect(w *native.Worker, peer transport.Peer, hook func()) 
 	defer cancel()
 	ep, err := w.Connect(ctx, addr)
 	if err != nil {
+		if t.unreachable(ctx, err) {
+			// UCX could not reach the address at all (a refused connection, a shared-memory
+			// segment whose process is gone): the peer is lost as surely as when an endpoint
+			// fails, and the engine must hear it, or a request waits out its queue for a hello
+			// nobody sends (UCX's keepalive never runs on an endpoint that was never made).
+			t.log.Warn("ucx peer unreachable", zap.String("peer", peer.Short()), zap.Error(err))
+			t.push(ucxReport{lost: peer, err: err})
+		}
 		return nil, fmt.Errorf("%w: connect: %w", transport.ErrPeerLost, err)
 	}
 	return ep, nil
+}
+
+// unreachable reports whether a failed connect says the peer cannot be reached, rather than
+// that its address is malformed, this worker closed, or the worker was too busy to answer.
+func (t *Transport) unreachable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, native.ErrBadAddress) && !errors.Is(err, native.ErrInvalidArgument) &&
+		!errors.Is(err, native.ErrClosed) && !errors.Is(err, native.ErrTimeout)
 }
 
 // endpointLocked returns the endpoint to peer. The caller ran ensureEndpoint first, so it
@@ -320,12 +338,18 @@ func (t *Transport) watch(peer transport.Peer, ep *native.Endpoint) {
 		delete(t.rma.getLanes, peer) // lanes.go: a remade endpoint is asked again
 	}
 	closed := t.closed // Close force-closed it: the peer is not lost, this side is gone
+	_, retired := t.retired[ep]
+	delete(t.retired, ep)
 	t.mu.Unlock()
 	if closed {
 		return
 	}
-	t.log.Warn("ucx peer lost", zap.String("peer", peer.Short()), zap.Error(ep.Err()))
-	t.push(ucxReport{lost: peer, err: ep.Err()})
+	err := ep.Err()
+	if retired { // closed by replaceWorker: its transfers fail, the peer is not known dead
+		err = fmt.Errorf("%w: %w", transport.ErrEndpointRetired, err)
+	}
+	t.log.Warn("ucx peer lost", zap.String("peer", peer.Short()), zap.Error(err))
+	t.push(ucxReport{lost: peer, err: err})
 }
 
 // regionLocked finds the registered region holding buf.

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+)
+
+// L11 for a peer already gone: a Receive from a peer the transport reported lost fails at once
+// with a *PeerLostError naming it (matching ErrPeerLost), and nothing is sent to it (no hello,
+// no request: over UCX each would retry a connection to an address nobody answers), instead of
+// waiting out QueueTimeout. (A Send waits as before: it sends nothing, and a live receiver's
+// request clears a false alarm; TestForgottenPeerGetsConservativeFeatures.) The engine forgets the loss when the peer speaks again
+// (a false alarm) or after LostPeerTTL, and remembers at most MaxPending peers.
+func TestL11_ARequestToALostPeerFailsAtOnce(t *testing.T) {
+	cases := []struct {
+		desc string
+		// lose reports the peer lost to the engine that will ask, and returns that engine
+		// and the peer's name.
+		lose    func(p *pair) (*Engine, Peer)
+		request func(p *pair, src, dst *kvPool) (*Handle, error)
+	}{
+		{"a Receive from a sender that died",
+			func(p *pair) (*Engine, Peer) { p.net.LosePeer("prefill"); return p.dst, "prefill" },
+			func(p *pair, _, dst *kvPool) (*Handle, error) {
+				return p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			}},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := fastConfig()
+			cfg.QueueTimeout = 30 * time.Second
+			p := newPair(t, cfg, cfg)
+			src, dst := pools(t, 1)
+			e, peer := c.lose(p)
+			eventually(t, func() bool { return e.PeerLost(peer) != nil }, "the loss reported")
+			var toPeer atomic.Int64
+			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+				if fp.To == peer {
+					toPeer.Add(1)
+				}
+				return mem.Fault{}
+			})
+			start := time.Now()
+			h, err := c.request(p, src, dst)
+			require.NoError(t, err)
+			select {
+			case <-h.Done():
+			case <-time.After(time.Second):
+				t.Fatalf("not done %v after a request to a lost peer (QueueTimeout %v): %+v", time.Since(start), cfg.QueueTimeout, h.Status())
+			}
+			t.Logf("failed %v after the request", time.Since(start))
+			st := h.Status()
+			require.Equal(t, Failed, st.State, "%v", st.Err)
+			require.ErrorIs(t, st.Err, ErrPeerLost)
+			var pl *PeerLostError
+			require.True(t, errors.As(st.Err, &pl), "%v", st.Err)
+			require.Equal(t, peer, pl.Peer)
+			require.Contains(t, st.Err.Error(), string(peer))
+			waitClosed(t, h.Quiesced(), "quiesced")
+			require.Zero(t, toPeer.Load(), "messages went to the lost peer")
+		})
+	}
+}
+
+// A false alarm (the transport reported a live peer lost) ends with the peer's next message:
+// requests with it then run as before; a loss is forgotten after LostPeerTTL; and at most
+// MaxPending lost peers are remembered, the oldest going first.
+func TestLostPeersAreForgottenAndBounded(t *testing.T) {
+	alarm := fmt.Errorf("%w: false alarm", ErrPeerLost)
+	t.Run("the peer speaks again", func(t *testing.T) {
+		p := newPair(t, fastConfig(), fastConfig())
+		p.net.ReportPeerLost(p.net.Endpoint("decode"), "prefill", alarm)
+		eventually(t, func() bool { return p.dst.PeerLost("prefill") != nil }, "the false alarm reported")
+		// The prefill engine greets decode (a Receive of its own): decode hears it.
+		src, dst := pools(t, 2)
+		back, err := p.src.Receive(bg, Spec{ID: 50, Peer: "decode", Plan: dst.plan, Pool: dst.mem})
+		require.NoError(t, err)
+		eventually(t, func() bool { return p.dst.PeerLost("prefill") == nil }, "the loss forgotten")
+		p.src.Cancel(50)
+		waitClosed(t, back.Quiesced(), "the greeting receive ended")
+		hs, hr := p.start(t, 1, src, dst)
+		waitClosed(t, hr.Quiesced(), "received")
+		waitClosed(t, hs.Quiesced(), "sent")
+		requireState(t, hr, Completed)
+		require.Equal(t, src.stream(t), dst.stream(t))
+	})
+	t.Run("this side's own endpoint retired", func(t *testing.T) {
+		// The UCX transport replacing a wedged worker closes its endpoints: their transfers
+		// fail, but the peers may be alive, and requests with them must not be refused.
+		p := newPair(t, fastConfig(), fastConfig())
+		p.net.ReportPeerLost(p.net.Endpoint("decode"), "prefill", fmt.Errorf("%w: %w", ErrPeerLost, transport.ErrEndpointRetired))
+		p.net.ReportPeerLost(p.net.Endpoint("decode"), "other", alarm) // delivered after the first
+		eventually(t, func() bool { return p.dst.PeerLost("other") != nil }, "the reports delivered")
+		require.NoError(t, p.dst.PeerLost("prefill"))
+	})
+	t.Run("after LostPeerTTL", func(t *testing.T) {
+		cfg := fastConfig()
+		cfg.LostPeerTTL = 50 * time.Millisecond
+		p := newPair(t, cfg, cfg)
+		p.net.ReportPeerLost(p.net.Endpoint("decode"), "prefill", alarm)
+		eventually(t, func() bool { return p.dst.PeerLost("prefill") != nil }, "the loss reported")
+		eventually(t, func() bool { return p.dst.PeerLost("prefill") == nil }, "the loss forgotten")
+	})
+	t.Run("at most MaxPending", func(t *testing.T) {
+		cfg := fastConfig()
+		cfg.MaxPending = 4
+		p := newPair(t, cfg, cfg)
+		for i := range 10 {
+			p.net.ReportPeerLost(p.net.Endpoint("decode"), Peer(fmt.Sprintf("gone-%d", i)), alarm)
+		}
+		eventually(t, func() bool { return p.dst.PeerLost("gone-9") != nil }, "the last loss reported")
+		p.dst.mu.Lock()
+		n := len(p.dst.lost)
+		p.dst.mu.Unlock()
+		require.Equal(t, cfg.MaxPending, n)
+		for i := range 6 {
+			require.NoError(t, p.dst.PeerLost(Peer(fmt.Sprintf("gone-%d", i))), "gone-%d outlived newer losses", i)
+		}
+	})
+}
