@@ -99,9 +99,15 @@ func TestL11_LeaseWaitIsBounded(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 2*time.Second)
 
+	// A cancel ends the wait too: on a pool whose own bound is far away, so a loaded host
+	// cannot let the LeaseTimeout win the race (seen in a CI run).
+	patient, err := New(make([]byte, 64), Config{SlotBytes: 64, LeaseTimeout: time.Minute})
+	require.NoError(t, err)
+	_, err = patient.TryLease()
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
-	_, err = p.Lease(ctx)
+	_, err = patient.Lease(ctx)
 	require.ErrorIs(t, err, context.Canceled)
 
 	// A waiter gets the slot as soon as it is released.
