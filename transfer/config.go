@@ -148,7 +148,9 @@ type Config struct {
 	// sealed by a key it holds (an engine without keys, of wire 3, another fleet's, or forged)
 	// is dropped before it is answered, counted (TrustObserver.OnAuthRefused,
 	// kvxfer_auth_refused_total), and changes nothing, so transfers with such a peer end at
-	// their queued deadline. Every engine of a fleet must hold a key before any one sets them;
+	// their queued deadline. The same keys sign and check ContextParams (Engine.SignParams,
+	// Engine.VerifyParams; "params" in the metric). Every engine of a fleet must hold a key
+	// before any one sets them;
 	// to rotate, add the new key second everywhere, then move it first, then drop the old.
 	// Default none: hellos are proven by their challenge alone.
 	ClusterKeys [][]byte

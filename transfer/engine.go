@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -156,6 +157,10 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 		e.obs = e.oq
 	}
 	if len(cfg.ClusterKeys) > 0 {
+		e.cfg.ClusterKeys = make([][]byte, len(cfg.ClusterKeys)) // the caller's slices may change
+		for i, k := range cfg.ClusterKeys {
+			e.cfg.ClusterKeys[i] = bytes.Clone(k)
+		}
 		if e.keys, err = wire.NewKeyring(cfg.ClusterKeys); err != nil {
 			return nil, &ConfigError{Field: "ClusterKeys", Value: len(cfg.ClusterKeys), Reason: "the keys do not make a keyring", Cause: err}
 		}

@@ -61,10 +61,11 @@ var (
 	// ErrTagCollision: a transport's data tags for a transfer would match another live
 	// transfer's (TagReserver); the engine draws another nonce and tries again.
 	ErrTagCollision = transport.ErrTagCollision
-	// ErrUnauthenticated: with Config.ClusterKeys set, a peer's hello, hello challenge or proof
-	// was not sealed by a key this engine holds; the error is an *AuthError. The engine drops
-	// the message and counts it; nothing it knows of the peer changes.
-	ErrUnauthenticated = errors.New("kvxfer: peer message not authenticated")
+	// ErrUnauthenticated: with Config.ClusterKeys set, a peer's hello, hello challenge or proof,
+	// or a ContextParams blob (Engine.VerifyParams), was not sealed by a key this engine holds;
+	// the error is an *AuthError. The engine drops the message and counts it; nothing it knows
+	// of the peer changes.
+	ErrUnauthenticated = transport.ErrUnauthenticated
 	// ErrSiblingFailed: another sub-transfer of the same multi-peer request failed, so this
 	// one was stopped.
 	ErrSiblingFailed = errors.New("kvxfer: a sibling sub-transfer failed")
@@ -148,54 +149,23 @@ func (e *RequestError) Unwrap() error { return e.Err }
 // ClusterKeyBytes is the size of each of Config.ClusterKeys.
 const ClusterKeyBytes = wire.ClusterKeyBytes
 
-// AuthRefusal says why a peer's message did not authenticate.
-type AuthRefusal int
+// AuthRefusal says why a peer's message did not authenticate (transport.AuthRefusal).
+type AuthRefusal = transport.AuthRefusal
 
-// The reasons.
+// The reasons (transport's).
 const (
-	// AuthUnsealed: the message carries no seal (its sender holds no key, or speaks wire 3).
-	AuthUnsealed AuthRefusal = iota
-	// AuthUnknownKey: sealed with a key this engine does not hold (another fleet's, or one
-	// rotated out).
-	AuthUnknownKey
-	// AuthBadMAC: sealed under a key this engine holds, but the bytes are not what was sealed:
-	// changed on the way, or forged.
-	AuthBadMAC
-	// AuthRefusalCount is the number of reasons, for tables indexed by them.
-	AuthRefusalCount
+	AuthUnsealed     = transport.AuthUnsealed
+	AuthUnknownKey   = transport.AuthUnknownKey
+	AuthBadMAC       = transport.AuthBadMAC
+	AuthRefusalCount = transport.AuthRefusalCount
 )
 
-var authRefusalNames = [AuthRefusalCount]string{"unsealed", "unknown-key", "bad-mac"}
+// AuthMessages names what a cluster key seals, as AuthError.What and metrics label them.
+var AuthMessages = transport.AuthMessages
 
-// String names the reason as metrics label it.
-func (r AuthRefusal) String() string {
-	if r >= 0 && r < AuthRefusalCount {
-		return authRefusalNames[r]
-	}
-	return "unknown"
-}
-
-// AuthMessages names the messages a cluster key seals, as AuthError.What and metrics label
-// them.
-var AuthMessages = []string{"hello", "challenge", "proof"}
-
-// AuthError is a peer's message refused for want of authentication. It matches
-// ErrUnauthenticated.
-type AuthError struct {
-	// Peer is the address the message claimed to come from (not proven).
-	Peer Peer
-	// What is one of AuthMessages.
-	What   string
-	Reason AuthRefusal
-}
-
-// Error implements error.
-func (e *AuthError) Error() string {
-	return fmt.Sprintf("%v: a %s from %s: %v", ErrUnauthenticated, e.What, e.Peer.Short(), e.Reason)
-}
-
-// Unwrap returns ErrUnauthenticated.
-func (e *AuthError) Unwrap() error { return ErrUnauthenticated }
+// AuthError is a peer's message or a ContextParams blob refused for want of authentication
+// (transport.AuthError). It matches ErrUnauthenticated.
+type AuthError = transport.AuthError
 
 // PeerLostError says that the transport reported Peer lost, when, and why. A Receive from a
 // peer the engine remembers lost (Config.LostPeerTTL) fails at once with it; it matches

@@ -91,8 +91,8 @@ func (r HelloRefusal) String() string {
 type TrustObserver interface {
 	// OnHelloRefused reports a proof that did not answer a challenge of this engine's.
 	OnHelloRefused(peer Peer, reason HelloRefusal)
-	// OnAuthRefused reports a hello, challenge or proof that no cluster key of this engine's
-	// sealed (Config.ClusterKeys).
+	// OnAuthRefused reports a hello, challenge or proof, or ContextParams given to
+	// Engine.VerifyParams, that no cluster key of this engine's sealed (Config.ClusterKeys).
 	OnAuthRefused(err *AuthError)
 }
 

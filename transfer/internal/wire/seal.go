@@ -24,6 +24,7 @@ const (
 	SealBytes       = KeyIDBytes + MACBytes
 	ClusterKeyBytes = 32
 	helloMACLabel   = "kvxfer hello v4"
+	paramsMACLabel  = "kvxfer params v3"
 )
 
 // Seal is a message's MAC trailer; the zero Seal is no seal.
@@ -60,8 +61,9 @@ type Keyring struct {
 }
 
 type ringKey struct {
-	id  [KeyIDBytes]byte
-	mac []byte // derived for hello MACs
+	id     [KeyIDBytes]byte
+	mac    []byte // derived for hello MACs
+	params []byte // derived for ContextParams MACs
 }
 
 // NewKeyring derives the MAC keys from keys, each ClusterKeyBytes long and all different.
@@ -83,7 +85,11 @@ func NewKeyring(keys [][]byte) (*Keyring, error) {
 		if err != nil {
 			return nil, err
 		}
-		rk.mac = mk
+		pk, err := hkdf.Key(sha256.New, k, nil, paramsMACLabel, MACBytes)
+		if err != nil {
+			return nil, err
+		}
+		rk.mac, rk.params = mk, pk
 		r.keys = append(r.keys, rk)
 	}
 	return r, nil
@@ -112,10 +118,52 @@ func (r *Keyring) SealMessage(m Message) []byte {
 }
 
 // sign fills the mac of b, sealed with a zero mac.
-func (k ringKey) sign(b []byte) []byte {
-	h := hmac.New(sha256.New, k.mac)
+func (k ringKey) sign(b []byte) []byte { return signWith(k.mac, b) }
+
+func signWith(key, b []byte) []byte {
+	h := hmac.New(sha256.New, key)
 	h.Write(b)
 	copy(b[len(b)-MACBytes:], h.Sum(nil))
+	return b
+}
+
+// SealParams seals a ContextParams blob (docs/protocol.md, "ContextParams v3"): b ends in its
+// seal, `key id [8] | mac [32]`, and its checksum field is zero (the caller fills it after).
+// SealParams writes the first key's id and the mac, HMAC-SHA256 under the key derived with the
+// label "kvxfer params v3" over b with the mac zero. The label keeps a params mac from ever
+// passing for a hello's, and the other way.
+func (r *Keyring) SealParams(b []byte) {
+	k := r.keys[0]
+	copy(b[len(b)-SealBytes:], k.id[:])
+	clear(b[len(b)-MACBytes:])
+	signWith(k.params, b)
+}
+
+// OpenParams checks a ContextParams blob's seal: b ends in the seal and its checksum field is
+// zero. Nil when a key of the ring made it, else ErrUnsealed (b too short to hold one),
+// ErrUnknownKey or ErrBadMAC. b is not modified.
+func (r *Keyring) OpenParams(b []byte) error {
+	if len(b) < SealBytes {
+		return ErrUnsealed
+	}
+	seal := Seal{Sealed: true}
+	copy(seal.KeyID[:], b[len(b)-SealBytes:])
+	copy(seal.MAC[:], b[len(b)-MACBytes:])
+	for _, k := range r.keys {
+		if k.id != seal.KeyID {
+			continue
+		}
+		c := append([]byte(nil), b...)
+		if !hmac.Equal(signWith(k.params, clearMAC(c))[len(c)-MACBytes:], seal.MAC[:]) {
+			return ErrBadMAC
+		}
+		return nil
+	}
+	return ErrUnknownKey
+}
+
+func clearMAC(b []byte) []byte {
+	clear(b[len(b)-MACBytes:])
 	return b
 }
 

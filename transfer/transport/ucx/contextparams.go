@@ -10,6 +10,7 @@ import (
 	"hash/crc32"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -50,16 +51,23 @@ func (e *StaleIncarnationError) Unwrap() error { return ErrStaleIncarnation }
 //
 // The blob is versioned and checksummed:
 //
-//	magic "KVXP" | version u16 | flags u16 (0) | length u32 (whole blob) | crc32c u32 (of the
+//	magic "KVXP" | version u16 (3) | flags u16 | length u32 (whole blob) | crc32c u32 (of the
 //	whole blob with this field zero)
 //	request u64 | incarnation u64 | layout 12 x i64 | selection 4 x i64
 //	blocks u32 n, n x i32 | address u32 n, n bytes
+//	[secret 16 bytes, when flags has ContextParamsFlagSecret]
+//	[key id 8 bytes | mac 32 bytes, when flags has ContextParamsFlagMAC]
 //
-// (Version 1 also carried a list of registered regions that nothing filled; this build
-// refuses it.)
+// all little-endian (docs/protocol.md, "ContextParams v3"). The optional sections follow in
+// flag order; a blob without them is version 2's but for the version field, and decoding reads
+// version 2 (flags zero) too. The flags 2 (Exposure) and 4 (Anonymous) are designed, not built:
+// a blob that sets them, or any other unknown flag, is refused. (Version 1 also carried a list
+// of registered regions that nothing filled; this build refuses it.) Decoding accepts exactly
+// one encoding per value, so a decoded blob re-encodes to the same bytes.
 //
-// all little-endian. Decoding accepts exactly one encoding per value, so a decoded blob
-// re-encodes to the same bytes.
+// Decoding needs no key and checks no seal: with cluster keys, the receiver calls Verify (or
+// transfer.Engine.VerifyParams, which counts what it refuses) before using the params, and the
+// sender seals them with Sign (or Engine.SignParams) before MarshalBinary.
 type ContextParams struct {
 	// transport.RequestID names the request on both sides.
 	RequestID transport.RequestID
@@ -75,13 +83,40 @@ type ContextParams struct {
 	Layout    layout.Layout
 	Selection layout.Selection
 	Blocks    []int32
+	// Secret is the request's capability (section Secret): nil, or ContextParamsSecretBytes
+	// random bytes the sender's engine drew for this request. Whoever holds the blob holds the
+	// secret; it never travels on the engines' wire.
+	Secret []byte
+	// Seal is the cluster key's MAC over the blob (section MAC): nil when unsigned. Sign sets
+	// it, Verify checks it; any change to the params after Sign makes Verify refuse them.
+	Seal *ParamsSeal
+}
+
+// ParamsSeal is a ContextParams blob's MAC section: the id of the cluster key that signed it
+// (the first 8 bytes of the key's SHA-256) and HMAC-SHA256, under a key derived from it by
+// HKDF-SHA256 with the label "kvxfer params v3", over the whole blob with the mac and the
+// checksum zero.
+type ParamsSeal struct {
+	KeyID [wire.KeyIDBytes]byte
+	MAC   [wire.MACBytes]byte
 }
 
 // Bounds of the format, generous for real use and small enough that a hostile length cannot
 // make the decoder allocate much.
 const (
-	// ContextParamsVersion is the format version this package writes and reads.
-	ContextParamsVersion = 2
+	// ContextParamsVersion is the format version this package writes; it reads it and
+	// ContextParamsMinVersion.
+	ContextParamsVersion = 3
+	// ContextParamsMinVersion is the oldest version this package reads (2: no flags).
+	ContextParamsMinVersion = 2
+	// ContextParamsFlagSecret announces the Secret section.
+	ContextParamsFlagSecret = 1
+	// ContextParamsFlagMAC announces the MAC section (Seal).
+	ContextParamsFlagMAC = 8
+	// ContextParamsSecretBytes is the size of a per-request secret.
+	ContextParamsSecretBytes = 16
+	// ContextParamsSealBytes is the size of the MAC section: key id and mac.
+	ContextParamsSealBytes = wire.SealBytes
 	// ContextParamsMaxBlocks bounds the block list (a 1M-token request at 16 tokens a block).
 	ContextParamsMaxBlocks = 1 << 16
 	// ContextParamsMaxAddress bounds the worker address.
@@ -113,6 +148,8 @@ func (c *ContextParams) Validate() error {
 		return bad("WorkerAddress", "%d bytes, at most %d", len(c.WorkerAddress), ContextParamsMaxAddress)
 	case len(c.Blocks) > ContextParamsMaxBlocks:
 		return bad("Blocks", "%d blocks, at most %d", len(c.Blocks), ContextParamsMaxBlocks)
+	case c.Secret != nil && len(c.Secret) != ContextParamsSecretBytes:
+		return bad("Secret", "%d bytes, want %d or none", len(c.Secret), ContextParamsSecretBytes)
 	}
 	if _, err := c.Plan(); err != nil {
 		return fmt.Errorf("%w: plan: %w", ErrBadMetadata, err)
@@ -122,15 +159,32 @@ func (c *ContextParams) Validate() error {
 
 // MarshalBinary encodes the params after validating them.
 func (c *ContextParams) MarshalBinary() ([]byte, error) {
+	out, err := c.encode(c.Seal)
+	if err != nil {
+		return nil, err
+	}
+	binary.LittleEndian.PutUint32(out[cpCRCOffset:], crc32.Checksum(out, cpCRCTable))
+	return out, nil
+}
+
+// encode is MarshalBinary with the given seal and the checksum left zero.
+func (c *ContextParams) encode(seal *ParamsSeal) ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	var b bytes.Buffer
 	le := binary.LittleEndian
 	put := func(v any) { _ = binary.Write(&b, le, v) } // bytes.Buffer writes cannot fail
+	var flags uint16
+	if c.Secret != nil {
+		flags |= ContextParamsFlagSecret
+	}
+	if seal != nil {
+		flags |= ContextParamsFlagMAC
+	}
 	b.WriteString(cpMagic)
 	put(uint16(ContextParamsVersion))
-	put(uint16(0)) // flags
+	put(flags)
 	put(uint32(0)) // length, patched below
 	put(uint32(0)) // crc, patched below
 	put(uint64(c.RequestID))
@@ -148,10 +202,80 @@ func (c *ContextParams) MarshalBinary() ([]byte, error) {
 	put(c.Blocks)
 	put(uint32(len(c.WorkerAddress)))
 	b.Write(c.WorkerAddress)
+	b.Write(c.Secret)
+	if seal != nil {
+		b.Write(seal.KeyID[:])
+		b.Write(seal.MAC[:])
+	}
 	out := b.Bytes()
 	le.PutUint32(out[8:], uint32(len(out)))
-	le.PutUint32(out[cpCRCOffset:], crc32.Checksum(out, cpCRCTable))
 	return out, nil
+}
+
+// Sign seals the params with the first of keys (cluster keys, as transfer.Config.ClusterKeys):
+// it sets Seal to the MAC of their encoding. Sign last: any change after it makes Verify refuse
+// the params. An error (no keys, or keys that are not ClusterKeyBytes each and all different,
+// or invalid params) matches ErrBadMetadata for the params and names the keys otherwise.
+func (c *ContextParams) Sign(keys [][]byte) error {
+	ring, err := paramsRing(keys)
+	if err != nil {
+		return err
+	}
+	if ring == nil {
+		return errors.New("kvxfer: signing context params: no cluster key")
+	}
+	b, err := c.encode(&ParamsSeal{})
+	if err != nil {
+		return err
+	}
+	ring.SealParams(b)
+	s := &ParamsSeal{}
+	copy(s.KeyID[:], b[len(b)-ContextParamsSealBytes:])
+	copy(s.MAC[:], b[len(b)-wire.MACBytes:])
+	c.Seal = s
+	return nil
+}
+
+// Verify checks the params' seal against keys (any of them may have signed; none: nothing is
+// checked and Verify returns nil). Params with no seal, sealed under a key not among keys, or
+// whose encoding is not what was sealed (a request id, block, address, incarnation or secret
+// changed, or a seal copied from other params) are refused with an *transport.AuthError (What
+// "params", Peer the sender they name) matching transport.ErrUnauthenticated. Keys that make no
+// keyring are an error of their own.
+func (c *ContextParams) Verify(keys [][]byte) error {
+	ring, err := paramsRing(keys)
+	if err != nil || ring == nil {
+		return err
+	}
+	refuse := func(r transport.AuthRefusal) error {
+		return &transport.AuthError{Peer: SenderPeer(c), What: "params", Reason: r}
+	}
+	if c.Seal == nil {
+		return refuse(transport.AuthUnsealed)
+	}
+	b, err := c.encode(c.Seal)
+	if err != nil {
+		return err
+	}
+	switch err := ring.OpenParams(b); {
+	case err == nil:
+		return nil
+	case errors.Is(err, wire.ErrUnknownKey):
+		return refuse(transport.AuthUnknownKey)
+	default:
+		return refuse(transport.AuthBadMAC)
+	}
+}
+
+func paramsRing(keys [][]byte) (*wire.Keyring, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	ring, err := wire.NewKeyring(keys)
+	if err != nil {
+		return nil, fmt.Errorf("kvxfer: cluster keys for context params: %w", err)
+	}
+	return ring, nil
 }
 
 // cpReader reads the body with bounds checks; the first failure sticks.
@@ -205,11 +329,16 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	if string(blob[:4]) != cpMagic {
 		return nil, fmt.Errorf("%w: magic %q, want %q", ErrBadMetadata, blob[:4], cpMagic)
 	}
-	if v := le.Uint16(blob[4:]); v != ContextParamsVersion {
-		return nil, fmt.Errorf("%w: version %d, this build reads version %d", ErrBadMetadata, v, ContextParamsVersion)
+	version, flags := le.Uint16(blob[4:]), le.Uint16(blob[6:])
+	if version < ContextParamsMinVersion || version > ContextParamsVersion {
+		return nil, fmt.Errorf("%w: version %d, this build reads versions %d to %d", ErrBadMetadata, version, ContextParamsMinVersion, ContextParamsVersion)
 	}
-	if f := le.Uint16(blob[6:]); f != 0 {
-		return nil, fmt.Errorf("%w: unknown flags %#x", ErrBadMetadata, f)
+	known := uint16(ContextParamsFlagSecret | ContextParamsFlagMAC)
+	if version == 2 {
+		known = 0
+	}
+	if flags&^known != 0 {
+		return nil, fmt.Errorf("%w: unknown flags %#x in version %d", ErrBadMetadata, flags&^known, version)
 	}
 	if n := le.Uint32(blob[8:]); int64(n) != int64(len(blob)) {
 		return nil, fmt.Errorf("%w: header says %d bytes, blob has %d", ErrBadMetadata, n, len(blob))
@@ -252,6 +381,14 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 		return nil, fmt.Errorf("%w: %d-byte address, at most %d", ErrBadMetadata, na, ContextParamsMaxAddress)
 	}
 	c.WorkerAddress = append([]byte(nil), r.take(int(na), "worker address")...)
+	if flags&ContextParamsFlagSecret != 0 {
+		c.Secret = append([]byte(nil), r.take(ContextParamsSecretBytes, "secret")...)
+	}
+	if flags&ContextParamsFlagMAC != 0 {
+		c.Seal = &ParamsSeal{}
+		copy(c.Seal.KeyID[:], r.take(wire.KeyIDBytes, "key id"))
+		copy(c.Seal.MAC[:], r.take(wire.MACBytes, "mac"))
+	}
 	if r.err != nil {
 		return nil, r.err
 	}

@@ -102,7 +102,9 @@ func TestContextParams_GarbageIsBadMetadata(t *testing.T) {
 		{"wrong magic", edit(func(b []byte) []byte { b[0] = 'X'; return reseal(b) })},
 		{"next version", edit(func(b []byte) []byte { le.PutUint16(b[4:], ContextParamsVersion+1); return reseal(b) })},
 		{"old version", edit(func(b []byte) []byte { le.PutUint16(b[4:], 0); return reseal(b) })},
-		{"unknown flags", edit(func(b []byte) []byte { le.PutUint16(b[6:], 1); return reseal(b) })},
+		{"unknown flags", edit(func(b []byte) []byte { le.PutUint16(b[6:], 0x10); return reseal(b) })},
+		{"a secret announced, none there", edit(func(b []byte) []byte { le.PutUint16(b[6:], ContextParamsFlagSecret); return reseal(b) })},
+		{"a seal announced, none there", edit(func(b []byte) []byte { le.PutUint16(b[6:], ContextParamsFlagMAC); return reseal(b) })},
 		{"length disagrees", edit(func(b []byte) []byte { le.PutUint32(b[8:], uint32(len(b)+1)); return b })},
 		{"one bit flipped in the body", edit(func(b []byte) []byte { b[40] ^= 1; return b })},
 		{"truncated and resealed", edit(func(b []byte) []byte { return reseal(b[:len(b)-3]) })},
@@ -147,6 +149,17 @@ func FuzzContextParams(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(blob)
+	withSecret(small)
+	if err := small.Sign([][]byte{paramsKey(9)}); err != nil {
+		f.Fatal(err)
+	}
+	if blob, err = small.MarshalBinary(); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(blob) // version 3, both sections
+	v2 := append([]byte(nil), good...)
+	binary.LittleEndian.PutUint16(v2[4:], 2)
+	f.Add(reseal(v2))
 	f.Add([]byte("KVXP"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -158,6 +171,10 @@ func FuzzContextParams(f *testing.F) {
 		}
 		again, err := c.MarshalBinary()
 		require.NoError(t, err)
+		if binary.LittleEndian.Uint16(b[4:]) == 2 { // re-encoded as version 3, otherwise the same
+			binary.LittleEndian.PutUint16(again[4:], 2)
+			reseal(again)
+		}
 		require.Equal(t, b, again)
 	})
 }

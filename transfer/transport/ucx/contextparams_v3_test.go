@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package ucx
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
+)
+
+func paramsKey(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+
+func withSecret(c *ContextParams) *ContextParams {
+	c.Secret = bytes.Repeat([]byte{0xa5}, ContextParamsSecretBytes)
+	return c
+}
+
+// TestContextParams_V3Sections: the secret and the seal round-trip, alone and together, each
+// announced by its flag; a blob without them is version 2's bytes but for the version field,
+// and a version-2 blob still decodes to the same params.
+func TestContextParams_V3Sections(t *testing.T) {
+	key := paramsKey(1)
+	signed := func(c *ContextParams) *ContextParams {
+		require.NoError(t, c.Sign([][]byte{key}))
+		return c
+	}
+	for _, tc := range []struct {
+		desc  string
+		in    *ContextParams
+		flags uint16
+		extra int
+	}{
+		{"no sections", llamaParams(), 0, 0},
+		{"a secret", withSecret(llamaParams()), ContextParamsFlagSecret, ContextParamsSecretBytes},
+		{"a seal", signed(llamaParams()), ContextParamsFlagMAC, ContextParamsSealBytes},
+		{"a secret and a seal", signed(withSecret(llamaParams())), ContextParamsFlagSecret | ContextParamsFlagMAC, ContextParamsSecretBytes + ContextParamsSealBytes},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			blob, err := tc.in.MarshalBinary()
+			require.NoError(t, err)
+			require.Equal(t, uint16(3), binary.LittleEndian.Uint16(blob[4:]))
+			require.Equal(t, tc.flags, binary.LittleEndian.Uint16(blob[6:]))
+			bare := *tc.in
+			bare.Secret, bare.Seal = nil, nil
+			plain, err := bare.MarshalBinary()
+			require.NoError(t, err)
+			require.Equal(t, len(plain)+tc.extra, len(blob), "each section its size")
+			out, err := UnmarshalContextParams(blob)
+			require.NoError(t, err)
+			require.Equal(t, tc.in, out)
+			again, err := out.MarshalBinary()
+			require.NoError(t, err)
+			require.Equal(t, blob, again, "one encoding per value")
+		})
+	}
+	t.Run("version 2", func(t *testing.T) {
+		v3, err := llamaParams().MarshalBinary()
+		require.NoError(t, err)
+		v2 := append([]byte(nil), v3...)
+		binary.LittleEndian.PutUint16(v2[4:], 2)
+		reseal(v2)
+		require.Equal(t, v3[6:cpCRCOffset], v2[6:cpCRCOffset])
+		require.Equal(t, v3[cpHeaderSize:], v2[cpHeaderSize:], "byte-identical but the version (and so the crc)")
+		out, err := UnmarshalContextParams(v2)
+		require.NoError(t, err)
+		require.Equal(t, llamaParams(), out)
+	})
+	t.Run("version 2 with a section", func(t *testing.T) {
+		v3, err := withSecret(llamaParams()).MarshalBinary()
+		require.NoError(t, err)
+		binary.LittleEndian.PutUint16(v3[4:], 2)
+		_, err = UnmarshalContextParams(reseal(v3))
+		require.ErrorIs(t, err, ErrBadMetadata, "version 2 has no flags")
+	})
+	t.Run("a secret of the wrong size is not encoded", func(t *testing.T) {
+		c := llamaParams()
+		c.Secret = []byte{1, 2, 3}
+		_, err := c.MarshalBinary()
+		require.ErrorIs(t, err, ErrBadMetadata)
+		require.Contains(t, err.Error(), "Secret")
+	})
+	t.Run("designed sections are refused", func(t *testing.T) {
+		for _, f := range []uint16{2, 4, 16, 0x8000} {
+			b, err := llamaParams().MarshalBinary()
+			require.NoError(t, err)
+			binary.LittleEndian.PutUint16(b[6:], f)
+			_, err = UnmarshalContextParams(reseal(b))
+			require.ErrorIs(t, err, ErrBadMetadata, "flag %#x", f)
+		}
+	})
+}
+
+// TestContextParams_VerifyRefusesForgeries: with cluster keys, params their own key signed
+// verify, under any key order (a rotation); unsigned, forged, changed, transplanted (a seal
+// replayed onto another request's blob) and other-fleet params are refused with an *AuthError
+// that names "params", the sender and the reason, and matches ErrUnauthenticated. Decoding
+// needs no key: every one decodes.
+func TestContextParams_VerifyRefusesForgeries(t *testing.T) {
+	cur, old, other := paramsKey(1), paramsKey(2), paramsKey(3)
+	sign := func(c *ContextParams, key []byte) []byte {
+		require.NoError(t, c.Sign([][]byte{key}))
+		b, err := c.MarshalBinary()
+		require.NoError(t, err)
+		return b
+	}
+	good := func() []byte { return sign(withSecret(llamaParams()), cur) }
+	// flip changes a byte of a signed blob and fixes its crc, as a forger would.
+	flip := func(at func(b []byte) int) []byte {
+		b := good()
+		b[at(b)] ^= 1
+		return reseal(b)
+	}
+	for _, tc := range []struct {
+		desc   string
+		blob   []byte
+		keys   [][]byte
+		reason transport.AuthRefusal // -1: verifies
+	}{
+		{"signed by the key", good(), [][]byte{cur}, -1},
+		{"signed by the old key in a rotation", sign(withSecret(llamaParams()), old), [][]byte{cur, old}, -1},
+		{"no keys: nothing to check", func() []byte { b, _ := llamaParams().MarshalBinary(); return b }(), nil, -1},
+		{"unsigned", func() []byte { b, _ := withSecret(llamaParams()).MarshalBinary(); return b }(), [][]byte{cur}, transport.AuthUnsealed},
+		{"another fleet's key", sign(withSecret(llamaParams()), other), [][]byte{cur}, transport.AuthUnknownKey},
+		{"request id changed", flip(func([]byte) int { return cpHeaderSize }), [][]byte{cur}, transport.AuthBadMAC},
+		{"incarnation changed", flip(func([]byte) int { return cpHeaderSize + 8 }), [][]byte{cur}, transport.AuthBadMAC},
+		{"a block changed", flip(func([]byte) int { return cpHeaderSize + 16 + 16*8 + 4 }), [][]byte{cur}, transport.AuthBadMAC},
+		{"the secret changed", flip(func(b []byte) int { return len(b) - ContextParamsSealBytes - 1 }), [][]byte{cur}, transport.AuthBadMAC},
+		{"the mac changed", flip(func(b []byte) int { return len(b) - 1 }), [][]byte{cur}, transport.AuthBadMAC},
+		{"a made-up mac under the key's id", func() []byte {
+			b := good()
+			clear(b[len(b)-32:])
+			return reseal(b)
+		}(), [][]byte{cur}, transport.AuthBadMAC},
+		{"another request's seal replayed onto this blob", func() []byte {
+			donor := withSecret(llamaParams())
+			donor.RequestID++
+			d := sign(donor, cur)
+			b := good()
+			copy(b[len(b)-ContextParamsSealBytes:], d[len(d)-ContextParamsSealBytes:])
+			return reseal(b)
+		}(), [][]byte{cur}, transport.AuthBadMAC},
+		{"the secret stripped", func() []byte {
+			c, err := UnmarshalContextParams(good())
+			require.NoError(t, err)
+			c.Secret = nil
+			b, err := c.MarshalBinary()
+			require.NoError(t, err)
+			return b
+		}(), [][]byte{cur}, transport.AuthBadMAC},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			c, err := UnmarshalContextParams(tc.blob)
+			require.NoError(t, err, "decoding needs no key")
+			err = c.Verify(tc.keys)
+			if tc.reason < 0 {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, transport.ErrUnauthenticated)
+			var ae *transport.AuthError
+			require.True(t, errors.As(err, &ae))
+			require.Equal(t, "params", ae.What)
+			require.Equal(t, tc.reason, ae.Reason)
+			require.Equal(t, SenderPeer(c), ae.Peer)
+		})
+	}
+	t.Run("keys that make no keyring", func(t *testing.T) {
+		require.Error(t, llamaParams().Sign([][]byte{{1, 2}}))
+		require.Error(t, llamaParams().Verify([][]byte{{1, 2}}))
+		require.Error(t, llamaParams().Sign(nil), "signing needs a key")
+	})
+}
