@@ -74,6 +74,11 @@ func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (*
 	if err != nil {
 		return nil, err
 	}
+	// With cluster keys, params a key of ours did not seal (forged, or changed on the way)
+	// are refused and counted before anything they name is used; without, this is a no-op.
+	if err := d.eng.VerifyParams(cp); err != nil {
+		return nil, fmt.Errorf("request %d: %w", id, err)
+	}
 	if cp.RequestID != transfer.RequestID(id) {
 		return nil, fmt.Errorf("asked for request %d, got ContextParams of request %d", id, cp.RequestID)
 	}

@@ -112,8 +112,13 @@ func (w *prefillWorker) prefill(ctx context.Context, req prefillRequest) ([]byte
 	w.wg.Add(1)
 	go w.cleanupWhenQuiesced(id, p)
 	// A blob that does not encode is our bug; the offer stands and the decode worker's
-	// abort (or the transfer's deadline) frees the blocks.
-	return w.params(id, plan).MarshalBinary()
+	// abort (or the transfer's deadline) frees the blocks. With cluster keys the engine seals
+	// the params (last, after every change), so the decode worker can tell them from a forgery.
+	cp := w.params(id, plan)
+	if err := w.eng.SignParams(cp); err != nil {
+		return nil, err
+	}
+	return cp.MarshalBinary()
 }
 
 // cleanupWhenQuiesced frees a request's blocks once the engine is done with them, unless an
