@@ -16,6 +16,9 @@ import (
 // with the label "kvxfer hello v4", over the whole message with the mac zero. A sealed message
 // is its unsealed layout followed by the seal, so its size says whether it carries one; a
 // wire-3 engine refuses a sealed message as malformed, and sends none.
+//
+// The same keyring seals ContextParams blobs (SealParams, OpenParams), with a key derived under
+// its own label, "kvxfer params v3", so neither kind of seal ever opens as the other.
 
 // Sizes of a seal and its parts.
 const (

@@ -63,3 +63,22 @@ func TestSealOpensOnlyWhatAKeyOfTheRingMade(t *testing.T) {
 		require.Error(t, err)
 	}
 }
+
+// A ContextParams seal is made under its own derived key (label "kvxfer params v3"): the same
+// bytes sealed as params do not open as a hello's seal, nor a sealed hello as params, so a
+// seal of one kind can never be replayed as the other.
+func TestParamsSealIsNotAHelloSeal(t *testing.T) {
+	ring, err := NewKeyring([][]byte{testKey(1)})
+	require.NoError(t, err)
+	hello := ring.SealMessage(&Hello{Min: MinVersion, Max: Version, Features: KnownFeatures})
+	require.ErrorIs(t, ring.OpenParams(hello), ErrBadMAC, "a hello's seal is no params seal")
+
+	params := append(bytes.Repeat([]byte{7}, 64), make([]byte, SealBytes)...)
+	ring.SealParams(params)
+	require.NoError(t, ring.OpenParams(params))
+	seal := Seal{Sealed: true}
+	copy(seal.KeyID[:], params[len(params)-SealBytes:])
+	copy(seal.MAC[:], params[len(params)-MACBytes:])
+	require.ErrorIs(t, ring.Open(params, seal), ErrBadMAC, "a params seal is no hello's seal")
+	require.ErrorIs(t, ring.OpenParams(params[:SealBytes-1]), ErrUnsealed)
+}
