@@ -154,6 +154,12 @@ type Config struct {
 	// to rotate, add the new key second everywhere, then move it first, then drop the old.
 	// Default none: hellos are proven by their challenge alone.
 	ClusterKeys [][]byte
+	// RequireClaimProof: a Send with a Spec.Secret takes a request only with a valid claim
+	// proof of that secret even without cluster keys (with keys, it always does). A receiver
+	// that sends none (one without the secret, or of an earlier build) is refused
+	// (docs/protocol.md, "ContextParams v3"). Default false: without keys, a Send takes a
+	// request from its named peer as it always has.
+	RequireClaimProof bool
 	// Logger receives lifecycle events. Default zap.NewNop().
 	Logger *zap.Logger
 	// Observer hears every transition, cancel, quarantine, poison and progress. Default

@@ -52,6 +52,9 @@ type Engine struct {
 	speech speech
 	// keys seal and open the hello handshake; nil without Config.ClusterKeys.
 	keys *wire.Keyring
+	// incarnation names this life of the engine in its claims (a receiver's proof is bound to
+	// it); drawn at New.
+	incarnation uint64
 
 	// admission holds one token per sub-transfer past Queued (Config.MaxConcurrent), taken
 	// before the first slot lease or the one-copy start and given back when its goroutine ends.
@@ -145,7 +148,8 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 		return nil, &ConfigError{Field: "NumSlots", Value: cfg.NumSlots, Reason: "the staging pool refused it", Cause: err}
 	}
 	e := &Engine{
-		cfg: cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
+		incarnation: wire.NewNonce(),
+		cfg:         cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
 		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
 		peers: make(map[Peer]*peerHello), lost: make(map[Peer]lostPeer), speech: sp,
 		admission: make(chan struct{}, cfg.MaxConcurrent),
@@ -211,7 +215,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		}
 		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), nonce: nonce, receive: receive, peer: s.Peer, plan: s.Plan,
 			mover: mover, pool: spec.Pool, dev: spec.Device, hostPool: spec.Mover == nil && !spec.Device.set(), hasMover: spec.Mover != nil, timeout: timeout, stopCh: make(chan struct{}),
-			stream: spec.Stream, signals: spec.Ready}
+			stream: spec.Stream, signals: spec.Ready, secret: bytes.Clone(spec.Secret)}
 		xs[i].publishIdent()
 		if receive && len(spec.Held) > 0 {
 			xs[i].heldOf = len(spec.Plan.Blocks())

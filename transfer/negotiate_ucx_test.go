@@ -232,3 +232,55 @@ func TestUCXTransport_ClusterKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestL10_UCXForgedClaimLeavesTheSendToTheRealReceiver: over UCX (TCP and shared memory), a
+// Send with a per-request secret and cluster keys refuses a request a third engine writes
+// "from" its receiver with a made-up proof, and then its receiver's own request with the
+// wrong secret (that Receive fails with ErrUnauthenticated), each counted; the Send frees and
+// poisons nothing for them and completes with the receiver that holds the secret, every byte.
+func TestL10_UCXForgedClaimLeavesTheSendToTheRealReceiver(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
+	for _, c := range []struct{ tls, dev string }{{"tcp,self", "lo"}, {"posix,cma,self", ""}} {
+		t.Run(c.tls, func(t *testing.T) {
+			cfg := ucxTestConfig()
+			cfg.ClusterKeys = [][]byte{clusterKey(9)}
+			refusals := &refusalCounter{}
+			scfg := cfg
+			scfg.Observer = refusals
+			src := newUCXEngine(t, c.tls, c.dev, scfg)
+			dst := newUCXEngine(t, c.tls, c.dev, cfg)
+			forger := newUCXEngine(t, c.tls, c.dev, ucxTestConfig())
+			s := newUCXKV(t, dims, layout.BlockMajor, []int32{3, 9, 27}, 5)
+			r := newUCXKV(t, dims, layout.BlockMajor, []int32{1, 2, 40}, 0)
+			secret := NewClaimSecret()
+			hs, err := src.e.Send(bg, Spec{ID: 1, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem, Secret: secret})
+			require.NoError(t, err)
+
+			forged := wire.Encode(&wire.RequestInfo{Header: wire.Header{Request: 1, Nonce: 77}, Shape: r.plan.Shape(),
+				ChunkBytes: 4096, Depth: 2, Flags: wire.FlagClaim, Claim: wire.Claim{Incarnation: 1, Proof: [wire.ClaimProofBytes]byte{1}}})
+			require.NoError(t, ucxhooks.Hooks.SendControlAs(forger.tr, src.tr.Self(), dst.tr.Self(), forged))
+			eventually(t, func() bool { return refusals.auth("claim", "bad-mac") == 1 }, "the forged claim refused")
+
+			h1, err := dst.e.Receive(bg, Spec{ID: 1, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem, Secret: NewClaimSecret()})
+			require.NoError(t, err)
+			waitQuiesced(t, h1, 30*time.Second)
+			requireState(t, h1, Failed, ErrUnauthenticated)
+			require.Equal(t, 2, refusals.auth("claim", "bad-mac"))
+			require.NoError(t, h1.Release())
+			select {
+			case <-hs.Done():
+				t.Fatalf("a refused claim ended the Send: %+v", hs.Status())
+			default:
+			}
+
+			h2, err := dst.e.Receive(bg, Spec{ID: 1, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem, Secret: secret})
+			require.NoError(t, err)
+			waitQuiesced(t, h2, 30*time.Second)
+			waitQuiesced(t, hs, 30*time.Second)
+			requireState(t, h2, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, s.stream(t), r.stream(t), "every byte")
+			require.Equal(t, 2, refusals.auth(), "the two claims, nothing else")
+		})
+	}
+}

@@ -17,6 +17,13 @@ import (
 type Spec struct {
 	// ID is the request id both sides use.
 	ID RequestID
+	// Secret is the request's per-request secret (ContextParamsSecretBytes: ClaimSecretBytes
+	// random bytes, or nil). A Send with one draws it into the request's ContextParams (see
+	// NewClaimSecret) and, with cluster keys or Config.RequireClaimProof, takes only a request
+	// whose claim proves it: a refused claim fails that receiver with ErrUnauthenticated and
+	// the Send keeps waiting for the real one. A Receive passes the secret its ContextParams
+	// carry; it sends the proof, never the secret, and only to a sender that speaks claims.
+	Secret []byte
 	// Peer is the other engine, as the transport names it. Leave empty when Subs is set.
 	Peer Peer
 	// Plan names this side's blocks in this side's pool: the sender gathers it, the receiver
@@ -172,6 +179,9 @@ func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Dura
 	}
 	if s.Timeout < 0 {
 		return nil, nil, 0, bad("Timeout", "must not be negative", nil)
+	}
+	if s.Secret != nil && len(s.Secret) != ClaimSecretBytes {
+		return nil, nil, 0, bad("Secret", fmt.Sprintf("%d bytes, want %d or none", len(s.Secret), ClaimSecretBytes), nil)
 	}
 	timeout := s.Timeout
 	if timeout == 0 {

@@ -41,6 +41,7 @@ type xfer struct {
 	signals  []LayerSignal // streaming Send: polled, never waited on
 	held     []int         // partial Receive: positions of the full block list already held
 	heldOf   int           // partial Receive: length of the full block list
+	secret   []byte        // Spec.Secret: a Send checks claims of it, a Receive proves it (claim.go)
 	// layersReady is how many leading layers this sub has scattered (Receive).
 	layersReady atomic.Int64
 	// pathShown is the kind of path, for Handle.Path (written by its goroutine through take).

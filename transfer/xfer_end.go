@@ -207,6 +207,8 @@ func peerAbortErr(id RequestID, m *wire.Abort, sender bool) error {
 		if sender {
 			err = fmt.Errorf("%w: %w", ErrCancelled, err)
 		}
+	case wire.AbortUnauthenticated:
+		err = fmt.Errorf("%w: %w", ErrUnauthenticated, err)
 	}
 	return &RequestError{ID: id, Err: err}
 }

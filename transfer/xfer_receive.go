@@ -35,6 +35,7 @@ func (x *xfer) sendRequestInfo() {
 	if x.layerCut {
 		ri.Flags |= wire.FlagLayerCut
 	}
+	x.claim(ri) // claim.go
 	if p, ok := x.path.(requestFlags); ok && !p.request(ri) {
 		return
 	}

@@ -25,6 +25,9 @@ func (x *xfer) runSend() {
 			for i, ev := range evs {
 				switch m := ev.msg.(type) {
 				case *wire.RequestInfo:
+					if x.claimRefused(m) { // claim.go: a forged claim is answered, and the Send waits on
+						break
+					}
 					ri, x.backlog = m, evs[i+1:]
 				case *wire.Abort:
 					// Only an abort the engine held with its request (an early one) is known

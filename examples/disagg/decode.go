@@ -114,7 +114,7 @@ func (d *decodeWorker) receive(ctx context.Context, cp *ucx.ContextParams) error
 	}
 	began := time.Now()
 	peer := d.senderPeer(cp)
-	h, err := d.eng.Receive(ctx, transfer.Spec{ID: cp.RequestID, Peer: peer, Plan: plan, Pool: d.pool.mem})
+	h, err := d.eng.Receive(ctx, transfer.Spec{ID: cp.RequestID, Peer: peer, Plan: plan, Pool: d.pool.mem, Secret: cp.Secret})
 	if err != nil {
 		d.pool.release(blocks) // never started
 		return err

@@ -98,7 +98,10 @@ func (w *prefillWorker) prefill(ctx context.Context, req prefillRequest) ([]byte
 		return nil, err
 	}
 	// Send returns at once; ctx bounds only the wait for the decode worker's request.
-	h, err := w.eng.Send(context.WithoutCancel(ctx), transfer.Spec{ID: id, Peer: transfer.Peer(req.Decode), Plan: plan, Pool: w.pool.mem})
+	// The request's secret goes in the Send and in its ContextParams, so only the holder of
+	// the blob can claim it (checked with cluster keys or Config.RequireClaimProof).
+	secret := transfer.NewClaimSecret()
+	h, err := w.eng.Send(context.WithoutCancel(ctx), transfer.Spec{ID: id, Peer: transfer.Peer(req.Decode), Plan: plan, Pool: w.pool.mem, Secret: secret})
 	if err != nil {
 		w.pool.release(blocks) // never started: nothing can touch them
 		return nil, err
@@ -115,6 +118,7 @@ func (w *prefillWorker) prefill(ctx context.Context, req prefillRequest) ([]byte
 	// abort (or the transfer's deadline) frees the blocks. With cluster keys the engine seals
 	// the params (last, after every change), so the decode worker can tell them from a forgery.
 	cp := w.params(id, plan)
+	cp.Secret = secret
 	if err := w.eng.SignParams(cp); err != nil {
 		return nil, err
 	}

@@ -41,8 +41,10 @@ func (r AuthRefusal) String() string {
 }
 
 // AuthMessages names what a cluster key seals, as AuthError.What and metrics label them: the
-// hello handshake's three messages and ContextParams blobs ("params").
-var AuthMessages = []string{"hello", "challenge", "proof", "params"}
+// hello handshake's three messages, ContextParams blobs ("params"), and a request's claim of
+// its secret ("claim": AuthUnsealed when it carries no proof, AuthBadMAC when the proof is
+// not of the secret).
+var AuthMessages = []string{"hello", "challenge", "proof", "params", "claim"}
 
 // AuthError is a peer's message refused for want of authentication. It matches
 // ErrUnauthenticated.

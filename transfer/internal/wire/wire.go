@@ -3,6 +3,8 @@
 package wire
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"math/bits"
@@ -178,13 +180,16 @@ const (
 	// FeatureGoodbye: the goodbye (wire 4, KindGoodbye; goodbye.go). An engine sends one only
 	// to a peer whose hello says it takes it, and whose pair speaks wire 4.
 	FeatureGoodbye Feature = 1 << 7
+	// FeatureClaimProof: a request's claim (FlagClaim: the receiver's incarnation and its
+	// proof of the request's secret) and the abort code AbortUnauthenticated.
+	FeatureClaimProof Feature = 1 << 8
 
 	// KnownFeatures are the features this build speaks.
 	KnownFeatures = FeatureStreaming | FeaturePartial | FeatureDirect | FeatureRMA | FeatureMultiPart | FeatureLargeSegments | FeatureSlotPull |
-		FeatureGoodbye
+		FeatureGoodbye | FeatureClaimProof
 )
 
-var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part", "large-segments", "slot-pull", "goodbye"}
+var featureNames = []string{"streaming", "partial", "direct", "rma", "multi-part", "large-segments", "slot-pull", "goodbye", "claim-proof"}
 
 // String names the features, joined with "+"; a bit this build does not know is named by its
 // number.
@@ -236,6 +241,41 @@ type RequestInfo struct {
 	// request.
 	Held   []int
 	HeldOf int
+	// Claim, with FlagClaim: the receiver's proof that it holds the request's secret
+	// (ClaimProof), after the held-block bitmap.
+	Claim Claim
+}
+
+// Claim is a request's proof of its secret: the receiver's incarnation (one life of its
+// engine) and ClaimProof over this request, sub-transfer, nonce and incarnation.
+type Claim struct {
+	Incarnation uint64
+	Proof       [ClaimProofBytes]byte
+}
+
+// Sizes of a claim.
+const (
+	ClaimProofBytes = 16
+	claimBytes      = 8 + ClaimProofBytes
+	claimLabel      = "kvxfer claim"
+)
+
+// ClaimProof is HMAC-SHA256(secret, "kvxfer claim" | request u64 | sub u16 | nonce u64 |
+// incarnation u64), little-endian, truncated to ClaimProofBytes (docs/protocol.md,
+// "ContextParams v3"). Bound to the nonce, a recorded claim proves nothing for another
+// transfer; bound to the incarnation, nothing for another life of the receiver.
+func ClaimProof(secret []byte, request transport.RequestID, sub uint16, nonce, incarnation uint64) [ClaimProofBytes]byte {
+	h := hmac.New(sha256.New, secret)
+	b := append([]byte(claimLabel), make([]byte, 8+2+8+8)...)
+	at := len(claimLabel)
+	binary.LittleEndian.PutUint64(b[at:], uint64(request))
+	binary.LittleEndian.PutUint16(b[at+8:], sub)
+	binary.LittleEndian.PutUint64(b[at+10:], nonce)
+	binary.LittleEndian.PutUint64(b[at+18:], incarnation)
+	h.Write(b)
+	var p [ClaimProofBytes]byte
+	copy(p[:], h.Sum(nil))
+	return p
 }
 
 // RequestFlags are options of a request-info message.
@@ -261,8 +301,11 @@ const (
 	// gets and posts nothing until the sender answers with a KindSlots message: its slots'
 	// key, after which each chunk is announced (KindSlotReady) instead of sent, or a decline,
 	// after which the chunks come as tagged messages as without the flag (pull.go).
-	FlagPull   RequestFlags = 1 << 3
-	knownFlags              = FlagLayerCut | FlagDirect | FlagRMA | FlagPull
+	FlagPull RequestFlags = 1 << 3
+	// FlagClaim: the request carries a Claim after its bitmap; sent only to a sender whose
+	// proven hello has FeatureClaimProof.
+	FlagClaim  RequestFlags = 1 << 4
+	knownFlags              = FlagLayerCut | FlagDirect | FlagRMA | FlagPull | FlagClaim
 )
 
 // DataHeader precedes one chunk's payload.
@@ -290,7 +333,10 @@ const (
 	AbortProtocol     AbortCode = 4
 	AbortInternal     AbortCode = 5
 	AbortClosed       AbortCode = 6
-	maxAbortCode                = AbortClosed
+	// AbortUnauthenticated: the request's claim did not prove the request's secret; sent only
+	// to a peer with FeatureClaimProof (an older one gets AbortIncompatible).
+	AbortUnauthenticated AbortCode = 7
+	maxAbortCode                   = AbortUnauthenticated
 )
 
 // Abort stops a transfer.
@@ -341,6 +387,10 @@ func (m *RequestInfo) AppendBinary(b []byte) ([]byte, error) {
 		}
 		b[at+p/8] |= 1 << (p % 8)
 		prev = p
+	}
+	if m.Flags&FlagClaim != 0 {
+		b = binary.LittleEndian.AppendUint64(b, m.Claim.Incarnation)
+		b = append(b, m.Claim.Proof[:]...)
 	}
 	return b, nil
 }
@@ -659,8 +709,18 @@ func decodeRequestExt(m *RequestInfo, b []byte) error {
 	if m.Flags == 0 && n == 0 { // never encoded: one message, one encoding
 		return malformed(at, "an empty request-info extension")
 	}
-	if n > MaxBlocks || len(b) != at+requestExtBytes+(n+7)/8 {
+	claim := 0
+	if m.Flags&FlagClaim != 0 {
+		claim = claimBytes
+	}
+	if n > MaxBlocks || len(b) != at+requestExtBytes+(n+7)/8+claim {
 		return malformed(at+4, "bitmap of %d blocks in a %d-byte request-info (at most %d blocks)", n, len(b), MaxBlocks)
+	}
+	if claim != 0 {
+		c := b[len(b)-claimBytes:]
+		m.Claim.Incarnation = binary.LittleEndian.Uint64(c)
+		copy(m.Claim.Proof[:], c[8:])
+		b = b[:len(b)-claimBytes]
 	}
 	bits := b[at+requestExtBytes:]
 	if n%8 != 0 && bits[len(bits)-1]>>(n%8) != 0 {

@@ -31,6 +31,10 @@ func TestWireRoundTrip(t *testing.T) {
 		&Abort{Header: h, Code: AbortDeadline, Reason: "too slow"},
 		&AbortAck{Header: h},
 		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64 << 20, Depth: 2, Flags: FlagDirect | FlagRMA},
+		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64, Depth: 2, Flags: FlagClaim,
+			Claim: Claim{Incarnation: 0xabcdef, Proof: [ClaimProofBytes]byte{1, 2, 3, 15: 16}}},
+		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64, Depth: 2, Flags: FlagClaim | FlagLayerCut, Held: []int{3}, HeldOf: 10,
+			Claim: Claim{Incarnation: 1, Proof: [ClaimProofBytes]byte{9}}},
 		&RMAOffer{Header: h, Addr: 0x7f0000001000, PoolBytes: 1 << 30, Layout: layout.Packed(testDims, layout.BlockMajor),
 			Selection: layout.Selection{LayerEnd: 2, HeadBegin: 1, HeadEnd: 3}, Blocks: []int32{7, 3, -1}, Key: []byte{1, 2, 3}},
 		&RMAOffer{Header: h, Flags: RMADeclined, Reason: "streaming"},
@@ -167,6 +171,13 @@ func TestWireRejectsGarbage(t *testing.T) {
 		{"a proof with flags", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes+2] = 1; return b }()},
 		{"a proof with reserved set", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes+4] = 1; return b }()},
 		{"request-info chunk not whole elements", Encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 3, Depth: 1})},
+		{"request-info with a claim cut short", claimed()[:len(claimed())-1]},
+		{"request-info with a claim and a byte more", append(claimed(), 0)},
+		{"request-info with a claim's bytes but no flag", func() []byte {
+			b := claimed()
+			b[RequestInfoBytes] &^= byte(FlagClaim)
+			return b
+		}()},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -201,6 +212,32 @@ func mutPart(f func(b []byte)) []byte {
 
 // The encoder refuses a part that is not one: no blocks, past its total, or a total past
 // MaxBlocks, and a decline that claims to be a part.
+// claimed is a request-info with a claim, for the decoder's tables.
+func claimed() []byte {
+	return Encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2},
+		ChunkBytes: 2, Depth: 1, Flags: FlagClaim, Claim: Claim{Incarnation: 5, Proof: [ClaimProofBytes]byte{7}}})
+}
+
+// A claim's proof is bound to every field it covers: the same secret over another request,
+// sub-transfer, nonce or receiver incarnation, or another secret, proves something else.
+func TestClaimProofBindsItsFields(t *testing.T) {
+	secret := []byte("0123456789abcdef")
+	p := ClaimProof(secret, 1, 2, 3, 4)
+	require.Equal(t, p, ClaimProof(secret, 1, 2, 3, 4), "deterministic")
+	for _, c := range []struct {
+		desc string
+		got  [ClaimProofBytes]byte
+	}{
+		{"another request", ClaimProof(secret, 9, 2, 3, 4)},
+		{"another sub-transfer", ClaimProof(secret, 1, 9, 3, 4)},
+		{"another nonce", ClaimProof(secret, 1, 2, 9, 4)},
+		{"another incarnation", ClaimProof(secret, 1, 2, 3, 9)},
+		{"another secret", ClaimProof([]byte("fedcba9876543210"), 1, 2, 3, 4)},
+	} {
+		require.NotEqual(t, p, c.got, c.desc)
+	}
+}
+
 func TestWireRefusesToEncodeBadOfferParts(t *testing.T) {
 	l := layout.Packed(testDims, layout.BlockMajor)
 	for _, m := range []*RMAOffer{
@@ -231,6 +268,7 @@ func FuzzDecode(f *testing.F) {
 		ChunkBytes: 64, Depth: 2, Flags: FlagLayerCut, Held: []int{0, 9}, HeldOf: 12}))
 	f.Add(Encode(&RequestInfo{Header: Header{Request: 6}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
 		ChunkBytes: 1 << 26, Depth: 2, Flags: FlagDirect}))
+	f.Add(claimed())
 	f.Add(Encode(&RMAOffer{Header: Header{Request: 7}, Addr: 4096, PoolBytes: 1 << 20, Layout: layout.Packed(testDims, layout.BlockMajor),
 		Selection: layout.Selection{LayerEnd: 2, HeadEnd: 4}, Blocks: []int32{1, 2}, Key: []byte("key")}))
 	f.Add(Encode(&RMAOffer{Header: Header{Request: 8}, Flags: RMADeclined, Reason: "no"}))
