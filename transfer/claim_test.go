@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -87,6 +88,77 @@ func TestL10_ForgedClaimLeavesTheSendToTheRealReceiver(t *testing.T) {
 			requireState(t, hs, Completed)
 			require.Equal(t, sp.stream(t), dp.stream(t), "every byte")
 			require.Equal(t, 1, refusals.auth(), "one refusal")
+		})
+	}
+}
+
+// TestL10_ReplayedClaimProvesNothingForTheNextSend: a request recorded from a transfer that
+// completed (its claim valid for that transfer's secret, nonce and receiver), replayed "from"
+// the receiver to a new Send of the same request id, is refused (counted as bad-mac: the new
+// Send has a new secret) and the new Send completes with the real receiver.
+func TestL10_ReplayedClaimProvesNothingForTheNextSend(t *testing.T) {
+	n := mem.NewNetwork()
+	src, dst := patientConfig(), patientConfig()
+	src.ClusterKeys, dst.ClusterKeys = [][]byte{clusterKey(5)}, [][]byte{clusterKey(5)}
+	refusals := &refusalCounter{}
+	src.Observer = refusals
+	a, err := New(n.Transport("prefill"), src)
+	require.NoError(t, err)
+	b, err := New(n.Transport("decode"), dst)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, a.Close())
+		require.NoError(t, b.Close())
+	})
+	sp, dp := pools(t, 3)
+	run := func(secret []byte, before func()) *Handle {
+		hs, err := a.Send(bg, Spec{ID: 1, Peer: "decode", Plan: sp.plan, Pool: sp.mem, Secret: secret})
+		require.NoError(t, err)
+		if before != nil {
+			before()
+		}
+		hr, err := b.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dp.plan, Pool: dp.mem, Secret: secret})
+		require.NoError(t, err)
+		waitClosed(t, hr.Quiesced(), "receiver quiesced")
+		waitClosed(t, hs.Quiesced(), "sender quiesced")
+		requireState(t, hr, Completed)
+		requireState(t, hs, Completed)
+		require.NoError(t, hs.Release())
+		require.NoError(t, hr.Release())
+		return hr
+	}
+	first := NewClaimSecret()
+	hr := run(first, nil)
+	nonce := hr.subs[0].nonce
+	recorded := &wire.RequestInfo{Header: wire.Header{Request: 1, Nonce: nonce}, Shape: dp.plan.Shape(), ChunkBytes: 4096, Depth: 2,
+		Flags: wire.FlagClaim, Claim: wire.Claim{Incarnation: b.incarnation, Proof: wire.ClaimProof(first, 1, 0, nonce, b.incarnation)}}
+	run(NewClaimSecret(), func() {
+		require.NoError(t, n.Spoof("decode", "prefill", wire.Encode(recorded)))
+		eventually(t, func() bool { return refusals.auth("claim", "bad-mac") == 1 }, "the replayed claim refused")
+	})
+	require.Equal(t, sp.stream(t), dp.stream(t), "every byte")
+	require.Equal(t, 1, refusals.auth(), "the replay, nothing else")
+}
+
+// A Spec's secret is ClaimSecretBytes or none; any other size is a *SpecError naming Secret.
+func TestSpecSecretIsValidated(t *testing.T) {
+	e, err := New(mem.NewNetwork().Transport("prefill"), patientConfig())
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
+	sp, _ := pools(t, 1)
+	for _, c := range []struct {
+		desc   string
+		secret []byte
+	}{
+		{"short", make([]byte, ClaimSecretBytes-1)},
+		{"long", make([]byte, ClaimSecretBytes+1)},
+		{"empty, not nil", []byte{}},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			_, err := e.Send(bg, Spec{ID: 1, Peer: "decode", Plan: sp.plan, Pool: sp.mem, Secret: c.secret})
+			var se *SpecError
+			require.ErrorAs(t, err, &se)
+			require.Equal(t, "Secret", se.Field)
 		})
 	}
 }
