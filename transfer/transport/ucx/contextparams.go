@@ -51,7 +51,7 @@ func (e *StaleIncarnationError) Unwrap() error { return ErrStaleIncarnation }
 //
 // The blob is versioned and checksummed:
 //
-//	magic "KVXP" | version u16 (3) | flags u16 | length u32 (whole blob) | crc32c u32 (of the
+//	magic "KVXP" | version u16 (2 or 3) | flags u16 | length u32 (whole blob) | crc32c u32 (of the
 //	whole blob with this field zero)
 //	request u64 | incarnation u64 | layout 12 x i64 | selection 4 x i64
 //	blocks u32 n, n x i32 | address u32 n, n bytes
@@ -59,8 +59,9 @@ func (e *StaleIncarnationError) Unwrap() error { return ErrStaleIncarnation }
 //	[key id 8 bytes | mac 32 bytes, when flags has ContextParamsFlagMAC]
 //
 // all little-endian (docs/protocol.md, "ContextParams v3"). The optional sections follow in
-// flag order; a blob without them is version 2's but for the version field, and decoding reads
-// version 2 (flags zero) too. The flags 2 (Exposure) and 4 (Anonymous) are designed, not built:
+// flag order. Params without them are written as version 2 (flags zero), which a decoder of the
+// previous release reads; a version-3 blob without them, those bytes but for the version
+// field, decodes too. The flags 2 (Exposure) and 4 (Anonymous) are designed, not built:
 // a blob that sets them, or any other unknown flag, is refused. (Version 1 also carried a list
 // of registered regions that nothing filled; this build refuses it.) Decoding accepts exactly
 // one encoding per value, so a decoded blob re-encodes to the same bytes.
@@ -104,10 +105,12 @@ type ParamsSeal struct {
 // Bounds of the format, generous for real use and small enough that a hostile length cannot
 // make the decoder allocate much.
 const (
-	// ContextParamsVersion is the format version this package writes; it reads it and
-	// ContextParamsMinVersion.
+	// ContextParamsVersion is the newest format version this package reads and writes: a blob
+	// with a section (Secret, Seal) is written in it.
 	ContextParamsVersion = 3
-	// ContextParamsMinVersion is the oldest version this package reads (2: no flags).
+	// ContextParamsMinVersion is the oldest version this package reads (2: no flags), and the
+	// one it writes params without sections in, so a decoder of the previous release reads
+	// them.
 	ContextParamsMinVersion = 2
 	// ContextParamsFlagSecret announces the Secret section.
 	ContextParamsFlagSecret = 1
@@ -182,8 +185,12 @@ func (c *ContextParams) encode(seal *ParamsSeal) ([]byte, error) {
 	if seal != nil {
 		flags |= ContextParamsFlagMAC
 	}
+	version := uint16(ContextParamsVersion)
+	if flags == 0 {
+		version = ContextParamsMinVersion // the oldest format that carries them (docs/deploy.md, section 7)
+	}
 	b.WriteString(cpMagic)
-	put(uint16(ContextParamsVersion))
+	put(version)
 	put(flags)
 	put(uint32(0)) // length, patched below
 	put(uint32(0)) // crc, patched below

@@ -21,8 +21,10 @@ func withSecret(c *ContextParams) *ContextParams {
 }
 
 // TestContextParams_V3Sections: the secret and the seal round-trip, alone and together, each
-// announced by its flag; a blob without them is version 2's bytes but for the version field,
-// and a version-2 blob still decodes to the same params.
+// announced by its flag in a version-3 blob; params without them are written as version 2
+// (the oldest format that carries them, so a decoder of the previous release reads them), and
+// a version-3 blob without sections is those bytes but for the version field and decodes to
+// the same params.
 func TestContextParams_V3Sections(t *testing.T) {
 	key := paramsKey(1)
 	signed := func(c *ContextParams) *ContextParams {
@@ -30,20 +32,21 @@ func TestContextParams_V3Sections(t *testing.T) {
 		return c
 	}
 	for _, tc := range []struct {
-		desc  string
-		in    *ContextParams
-		flags uint16
-		extra int
+		desc    string
+		in      *ContextParams
+		version uint16
+		flags   uint16
+		extra   int
 	}{
-		{"no sections", llamaParams(), 0, 0},
-		{"a secret", withSecret(llamaParams()), ContextParamsFlagSecret, ContextParamsSecretBytes},
-		{"a seal", signed(llamaParams()), ContextParamsFlagMAC, ContextParamsSealBytes},
-		{"a secret and a seal", signed(withSecret(llamaParams())), ContextParamsFlagSecret | ContextParamsFlagMAC, ContextParamsSecretBytes + ContextParamsSealBytes},
+		{"no sections: version 2", llamaParams(), 2, 0, 0},
+		{"a secret", withSecret(llamaParams()), 3, ContextParamsFlagSecret, ContextParamsSecretBytes},
+		{"a seal", signed(llamaParams()), 3, ContextParamsFlagMAC, ContextParamsSealBytes},
+		{"a secret and a seal", signed(withSecret(llamaParams())), 3, ContextParamsFlagSecret | ContextParamsFlagMAC, ContextParamsSecretBytes + ContextParamsSealBytes},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			blob, err := tc.in.MarshalBinary()
 			require.NoError(t, err)
-			require.Equal(t, uint16(3), binary.LittleEndian.Uint16(blob[4:]))
+			require.Equal(t, tc.version, binary.LittleEndian.Uint16(blob[4:]))
 			require.Equal(t, tc.flags, binary.LittleEndian.Uint16(blob[6:]))
 			bare := *tc.in
 			bare.Secret, bare.Seal = nil, nil
@@ -58,15 +61,15 @@ func TestContextParams_V3Sections(t *testing.T) {
 			require.Equal(t, blob, again, "one encoding per value")
 		})
 	}
-	t.Run("version 2", func(t *testing.T) {
-		v3, err := llamaParams().MarshalBinary()
+	t.Run("version 3 without sections", func(t *testing.T) {
+		v2, err := llamaParams().MarshalBinary()
 		require.NoError(t, err)
-		v2 := append([]byte(nil), v3...)
-		binary.LittleEndian.PutUint16(v2[4:], 2)
-		reseal(v2)
-		require.Equal(t, v3[6:cpCRCOffset], v2[6:cpCRCOffset])
-		require.Equal(t, v3[cpHeaderSize:], v2[cpHeaderSize:], "byte-identical but the version (and so the crc)")
-		out, err := UnmarshalContextParams(v2)
+		v3 := append([]byte(nil), v2...)
+		binary.LittleEndian.PutUint16(v3[4:], 3)
+		reseal(v3)
+		require.Equal(t, v2[6:cpCRCOffset], v3[6:cpCRCOffset])
+		require.Equal(t, v2[cpHeaderSize:], v3[cpHeaderSize:], "byte-identical but the version (and so the crc)")
+		out, err := UnmarshalContextParams(v3)
 		require.NoError(t, err)
 		require.Equal(t, llamaParams(), out)
 	})
