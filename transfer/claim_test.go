@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -80,8 +81,9 @@ func TestL10_ForgedClaimLeavesTheSendToTheRealReceiver(t *testing.T) {
 			}
 			require.NoError(t, h1.Release()) // its id is free for the real receiver
 			// The real receiver, with the blob's secret, still gets every byte.
-			h2, err := b.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dp.plan, Pool: dp.mem, Secret: secret})
-			require.NoError(t, err)
+			h2 := startOnceFree(t, func() (*Handle, error) {
+				return b.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dp.plan, Pool: dp.mem, Secret: secret})
+			})
 			waitClosed(t, h2.Quiesced(), "the real receiver quiesced")
 			requireState(t, h2, Completed)
 			waitClosed(t, hs.Quiesced(), "sender quiesced")
@@ -112,13 +114,15 @@ func TestL10_ReplayedClaimProvesNothingForTheNextSend(t *testing.T) {
 	})
 	sp, dp := pools(t, 3)
 	run := func(secret []byte, before func()) *Handle {
-		hs, err := a.Send(bg, Spec{ID: 1, Peer: "decode", Plan: sp.plan, Pool: sp.mem, Secret: secret})
-		require.NoError(t, err)
+		hs := startOnceFree(t, func() (*Handle, error) {
+			return a.Send(bg, Spec{ID: 1, Peer: "decode", Plan: sp.plan, Pool: sp.mem, Secret: secret})
+		})
 		if before != nil {
 			before()
 		}
-		hr, err := b.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dp.plan, Pool: dp.mem, Secret: secret})
-		require.NoError(t, err)
+		hr := startOnceFree(t, func() (*Handle, error) {
+			return b.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dp.plan, Pool: dp.mem, Secret: secret})
+		})
 		waitClosed(t, hr.Quiesced(), "receiver quiesced")
 		waitClosed(t, hs.Quiesced(), "sender quiesced")
 		requireState(t, hr, Completed)
@@ -161,4 +165,22 @@ func TestSpecSecretIsValidated(t *testing.T) {
 			require.Equal(t, "Secret", se.Field)
 		})
 	}
+}
+
+// startOnceFree starts a transfer whose request id a released handle held: the engine lets the
+// id go when that handle's goroutine has left, which may be just after Quiesced closed, so
+// ErrDuplicate is retried for a bounded time.
+func startOnceFree(t *testing.T, start func() (*Handle, error)) *Handle {
+	t.Helper()
+	var h *Handle
+	eventually(t, func() bool {
+		var err error
+		h, err = start()
+		if errors.Is(err, ErrDuplicate) {
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}, "the request id free again")
+	return h
 }

@@ -273,8 +273,9 @@ func TestL10_UCXForgedClaimLeavesTheSendToTheRealReceiver(t *testing.T) {
 			default:
 			}
 
-			h2, err := dst.e.Receive(bg, Spec{ID: 1, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem, Secret: secret})
-			require.NoError(t, err)
+			h2 := startOnceFree(t, func() (*Handle, error) {
+				return dst.e.Receive(bg, Spec{ID: 1, Peer: src.tr.Self(), Plan: r.plan, Pool: r.mem, Secret: secret})
+			})
 			waitQuiesced(t, h2, 30*time.Second)
 			waitQuiesced(t, hs, 30*time.Second)
 			requireState(t, h2, Completed)
