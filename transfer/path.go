@@ -95,6 +95,22 @@ type stagedPath interface {
 	moved(rec *opRec)
 }
 
+// awaitsAnswer is a receiving path that asked its sender a question (the pull wire's slots,
+// the RMA mode's offer) and posts nothing until the answer. A sender that declines sends its
+// first chunks as tagged messages right behind the decline, and a send no receive takes
+// cannot be cancelled over UCX (docs/ucx.md): when the receiver aborts before the answer,
+// takeDeclined posts the receives the decline would have made it post, which the abort then
+// cancels with the rest, so the transport takes those chunks as it takes those of any
+// cancelled receive (over UCX, its drains) and the sender's operations end instead of
+// stranding it into quarantine and poison (its slot, or on the direct path its caller's
+// blocks for good). A sender that offered sends no chunk, and the receives are cancelled
+// unmatched.
+type awaitsAnswer interface {
+	// takeDeclined posts those receives, the transfer already aborting; it does nothing
+	// once the answer came.
+	takeDeclined()
+}
+
 // peerTalk is a path the peer's messages about the path reach: an RMA offer, a repeated
 // request (which may change the path), a release, a Done, the loss of the peer. The loop asks
 // for it by type assertion; a path without it ignores them.

@@ -115,6 +115,7 @@ var (
 	_ path         = (*pullReceive)(nil)
 	_ stagedPath   = (*pullReceive)(nil)
 	_ peerTalk     = (*pullReceive)(nil)
+	_ awaitsAnswer = (*pullReceive)(nil)
 	_ requestFlags = (*pullReceive)(nil)
 	_ path         = (*pullSend)(nil)
 	_ stagedPath   = (*pullSend)(nil)
@@ -158,6 +159,23 @@ func (r *pullReceive) fromPeer(m wire.Message) {
 }
 
 func (*pullReceive) peerLost() {}
+
+// takeDeclined implements awaitsAnswer: before the sender's slots are in hand, a receive of
+// a data message into each slot this receiver holds, as a decline would have posted.
+func (r *pullReceive) takeDeclined() {
+	x := r.x
+	if r.pulling || len(r.queue) > 0 {
+		return // the answer came: the sender announces its chunks, and sends none
+	}
+	p := stagingReceive{x}
+	for len(x.idle) > 0 && x.idle[0] != nil && x.nextSeq < x.nChunks {
+		s := x.idle[0]
+		x.idle = x.idle[1:]
+		if !p.postChunk(s) {
+			return
+		}
+	}
+}
 
 // protocol fails the transfer for a message of the sender's that breaks the pull wire.
 func (r *pullReceive) protocol(format string, args ...any) {

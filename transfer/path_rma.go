@@ -48,6 +48,7 @@ type rmaSend struct {
 var (
 	_ path         = (*rmaReceive)(nil)
 	_ peerTalk     = (*rmaReceive)(nil)
+	_ awaitsAnswer = (*rmaReceive)(nil)
 	_ requestFlags = (*rmaReceive)(nil)
 	_ path         = (*rmaSend)(nil)
 	_ peerTalk     = (*rmaSend)(nil)
@@ -97,6 +98,25 @@ func (r *rmaReceive) fromPeer(m wire.Message) {
 }
 
 func (*rmaReceive) peerLost() {}
+
+// takeDeclined implements awaitsAnswer: before an offer is in hand, the direct receives a
+// decline would have posted (directReceive.postAhead). A device pool has no fallback, so no
+// sender of one sends chunks.
+func (r *rmaReceive) takeDeclined() {
+	x := r.x
+	if r.pulling || x.dev.set() {
+		return
+	}
+	for range min(max(x.eng.cfg.PipelineDepth, directRecvAhead), x.nChunks) {
+		if x.nextSeq >= x.nChunks {
+			return
+		}
+		off, n := x.chunkRange(x.nextSeq)
+		if !x.postDirect(off, n, x.eng.direct.PostRecvIOV) {
+			return
+		}
+	}
+}
 
 // offered takes the sender's answer to FlagRMA: pull with gets, or fall back to IOV messages
 // when the sender declined or the two layouts do not line up.

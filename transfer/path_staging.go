@@ -150,6 +150,13 @@ func (p stagingReceive) post(slot *buffer.Slot) bool {
 		releaseSlot(slot)
 		return !x.aborting
 	}
+	return p.postChunk(slot)
+}
+
+// postChunk posts the receive of chunk x.nextSeq into slot (there is one). It returns false,
+// having aborted the transfer, if the post fails.
+func (p stagingReceive) postChunk(slot *buffer.Slot) bool {
+	x := p.x
 	rec := x.stagingRec(x.nextSeq, slot)
 	_, n := x.chunkRange(rec.seq)
 	buf := slot.Bytes()[:wire.DataHeaderBytes+n]

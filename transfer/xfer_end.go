@@ -72,7 +72,6 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 		return
 	}
 	x.aborting, x.cause = true, cause
-	x.releaseIdle()
 	if code == wire.AbortCancelled && x.receive && x.outstanding+x.moving > 0 && grace > 0 {
 		// A receiver's cancel tells the sender only once its own operations have ended
 		// (maybeResolve) or its grace has (quarantine): then the abort proves it reads the
@@ -82,6 +81,10 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 	} else if code != 0 {
 		x.sendAbort(code, cause)
 	}
+	if a, ok := x.path.(awaitsAnswer); ok {
+		a.takeDeclined() // before releaseIdle: the pull wire's receives go into its idle slots
+	}
+	x.releaseIdle()
 	for _, op := range x.ops {
 		if !op.final {
 			x.eng.tr.Cancel(op.id)

@@ -10,7 +10,8 @@
 // one after another) with that peer: -mode engine-send sends it, -mode engine-recv receives it
 // and checks every byte when -check. -total is the request's block count (EngineDims), -chunk
 // the staging slot size. It prints "GOT <bytes>" as the transfer moves (when -report > 0),
-// "PATH <path>" (with -device) and "DONE <state> <OK|BAD|error>" at the end of each request, "ERR <reason>" and exits 1 on any
+// "PATH <path>" (with -device) and "DONE <state> <OK|BAD|error>" at the end of each request (then
+// "QUIESCED ..." with -quiesce-bound), "ERR <reason>" and exits 1 on any
 // failure, and exits 0 once its standard input closes. On SIGTERM it leaves as a serving
 // process in a rolling restart does: Drain for -drain, Close (which says goodbye to the test's
 // engine), print "LEFT" and exit 0. Every wait is bounded by -timeout.
@@ -49,6 +50,9 @@ type options struct {
 	uffdTail           bool
 	device             bool
 	rmaWhereEmulated   bool
+	disablePull        bool
+	quarantine         time.Duration
+	quiesceBound       time.Duration
 	timeout, keepalive time.Duration
 }
 
@@ -73,6 +77,10 @@ func main() {
 	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another")
 	flag.BoolVar(&o.disableRMA, "disable-rma", false, "the direct path sends IOV messages instead of RMA gets (transfer.Config.DisableRMA)")
 	flag.DurationVar(&o.drain, "drain", 10*time.Millisecond, "on SIGTERM, how long to Drain before Close")
+	flag.BoolVar(&o.disablePull, "disable-pull", false, "Config.DisablePull: a sender declines the pull wire")
+	flag.DurationVar(&o.quarantine, "quarantine", 0, "Config.QuarantineTimeout (0: the default)")
+	flag.DurationVar(&o.quiesceBound, "quiesce-bound", 0, "after each DONE, wait this long for the handle to quiesce and print "+
+		"\"QUIESCED <true|false> <poisoned slots> <blocks poisoned>\" (0: no such line)")
 	flag.Parse()
 	stdin := bufio.NewScanner(os.Stdin)
 	stdin.Buffer(make([]byte, 1<<16), 1<<20)
@@ -120,7 +128,8 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 	}
 	eng, err := transfer.New(tr, transfer.Config{SlotBytes: o.chunk, MaxConcurrent: 4, PipelineDepth: 2,
 		NumSlots: 8, StagingMemory: tr.StagingMemory(), TransferTimeout: o.timeout, QueueTimeout: o.timeout,
-		RMAWhereEmulated: o.rmaWhereEmulated, DisableRMA: o.disableRMA})
+		RMAWhereEmulated: o.rmaWhereEmulated, DisablePull: o.disablePull, DisableRMA: o.disableRMA,
+		QuarantineTimeout: o.quarantine})
 	if err != nil {
 		return err
 	}
@@ -238,6 +247,15 @@ func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer tr
 		fmt.Printf("PATH %v\n", h.Path())
 	}
 	fmt.Printf("DONE %v %s\n", st.State, verdict)
+	if o.quiesceBound > 0 {
+		quiesced := false
+		select {
+		case <-h.Quiesced():
+			quiesced = true
+		case <-time.After(o.quiesceBound):
+		}
+		fmt.Printf("QUIESCED %v %d %v\n", quiesced, eng.Health().PoisonedSlots, h.Status().BlocksPoisoned)
+	}
 	return nil
 }
 
