@@ -81,8 +81,10 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 	} else if code != 0 {
 		x.sendAbort(code, cause)
 	}
-	if a, ok := x.path.(awaitsAnswer); ok {
-		a.takeDeclined() // before releaseIdle: the pull wire's receives go into its idle slots
+	// A lost peer sends nothing more; any other abort may meet chunks a declining sender
+	// already sent. Before releaseIdle: the pull wire's receives go into its idle slots.
+	if a, ok := x.path.(awaitsAnswer); ok && !errors.Is(cause, ErrPeerLost) {
+		a.takeDeclined()
 	}
 	x.releaseIdle()
 	for _, op := range x.ops {
