@@ -69,7 +69,7 @@ func TestL3_AReceiverAbortedBeforeTheDeclineStrandsNoChunkOfTheSender(t *testing
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			scfg, rcfg := c.config(), c.config()
-			scfg.QuarantineTimeout = 300 * time.Millisecond // the sender's slot or blocks poisoned quickly if its chunks strand
+			scfg.QuarantineTimeout = 2 * time.Second // past the chunks' delay; the sender's slot or blocks poisoned soon if they strand
 			sp, rp := &poisonCounter{}, &poisonCounter{}
 			scfg.Observer, rcfg.Observer = sp, rp
 			p, start := c.setup(t, scfg, rcfg)
@@ -83,13 +83,17 @@ func TestL3_AReceiverAbortedBeforeTheDeclineStrandsNoChunkOfTheSender(t *testing
 					}
 					return mem.Fault{Drop: true} // the receiver aborts before it hears
 				case fp.From == "prefill" && fp.Kind == wire.KindData:
-					return mem.Fault{IgnoreCancel: true} // as a UCX rendezvous send: only a receive ends it
+					// As a UCX rendezvous send: only a receive ends it. Its bytes take a
+					// while, so the sender reads the receiver's abort before any completes
+					// and posts no chunk past those the receiver took.
+					return mem.Fault{IgnoreCancel: true, Delay: 100 * time.Millisecond}
 				}
 				return mem.Fault{}
 			})
 			hs, hr := start()
 			waitClosed(t, declined, "the sender's decline")
-			eventually(t, func() bool { return p.net.Pending() > 0 }, "the sender's chunks posted behind its decline")
+			// Every send the sender's pipeline holds, and it posts no more until one completes.
+			eventually(t, func() bool { return p.net.Pending() == scfg.PipelineDepth }, "the sender's chunks posted behind its decline")
 			require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(1))
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
 			waitClosed(t, hs.Done(), "sender done")

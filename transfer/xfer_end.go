@@ -81,9 +81,11 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 	} else if code != 0 {
 		x.sendAbort(code, cause)
 	}
-	// A lost peer sends nothing more; any other abort may meet chunks a declining sender
-	// already sent. Before releaseIdle: the pull wire's receives go into its idle slots.
-	if a, ok := x.path.(awaitsAnswer); ok && !errors.Is(cause, ErrPeerLost) {
+	// Any abort may meet chunks a declining sender already sent, but those of a lost peer
+	// and of a closing engine: a lost peer sends nothing more, and the force close that
+	// follows Close ends the peer's operations with this side. Before releaseIdle: the pull
+	// wire's receives go into its idle slots.
+	if a, ok := x.path.(awaitsAnswer); ok && !errors.Is(cause, ErrPeerLost) && !errors.Is(cause, ErrClosed) {
 		a.takeDeclined()
 	}
 	x.releaseIdle()
