@@ -212,8 +212,16 @@ func (p stagingReceive) moved(rec *opRec) {
 // copy's event comes back (movedDone).
 func (x *xfer) toMover(rec *opRec) {
 	x.moving++
+	if x.readsPeer(rec) {
+		x.movingPeer++
+	}
 	x.eng.movers.submit(x, rec)
 }
+
+// readsPeer reports whether rec's copy reads the peer's memory in place (RMA ranges, or a
+// pulled chunk scattered straight out of the sender's slot), which a cancelling receiver's
+// abort must wait for; a scatter out of its own slot touches nothing of the sender's.
+func (x *xfer) readsPeer(rec *opRec) bool { return rec.batch != nil || rec.inPlace }
 
 // move runs on a mover worker: it copies rec's chunk and hands the result to the loop.
 func (x *xfer) move(rec *opRec) {
@@ -237,6 +245,9 @@ func (x *xfer) movedDone(rec *opRec) {
 	x.moving--
 	err := rec.moveErr
 	rec.moveErr = nil
+	if x.readsPeer(rec) && !errors.Is(err, ErrQuiescenceUnknown) {
+		x.movingPeer-- // a copy that may still read keeps the abort held until quarantine
+	}
 	if rec.unmap != nil && !errors.Is(err, ErrQuiescenceUnknown) { // a copy that may still read keeps its view for good
 		rec.unmap()
 		rec.unmap = nil

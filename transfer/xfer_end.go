@@ -72,7 +72,7 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 		return
 	}
 	x.aborting, x.cause = true, cause
-	if code == wire.AbortCancelled && x.receive && x.outstanding+x.moving > 0 && grace > 0 {
+	if code == wire.AbortCancelled && x.receive && x.outstanding+x.movingPeer > 0 && grace > 0 {
 		// A receiver's cancel tells the sender only once its own operations have ended
 		// (maybeResolve) or its grace has (quarantine): then the abort proves it reads the
 		// sender's slots or pool no more, its release follows at once, and the sender ends a
@@ -148,10 +148,12 @@ func (x *xfer) poisonOutstanding(reason string) {
 // maybeResolve ends an aborting transfer once no operation can touch its slots, and no copy of
 // the mover its slots or the caller's blocks.
 func (x *xfer) maybeResolve() {
+	if x.outstanding == 0 && x.movingPeer == 0 {
+		x.sendHeldAbort() // nothing reads the sender's memory any more: the abort says so
+	}
 	if x.outstanding > 0 || x.moving > 0 || x.ended {
 		return
 	}
-	x.sendHeldAbort()
 	if x.blocksUnknown {
 		// The caller's blocks may still be touched: stay quarantined for good, never tell
 		// the caller they are quiescent (L9, L10), and let the goroutine end.
