@@ -25,9 +25,12 @@ soak-ci: soak-build ## 2-minute fault soak: cancel storms, deadlines, hung/late/
 # The peer-process soak's faults in soak-ci. SIGSTOP/SIGCONT was once left out (a frozen prefill
 # process's late chunks stranded its slots until they were poisoned); the UCX transport now
 # drains cancelled receives' tags (docs/ucx.md), and the freeze is back. The lifecycle faults
-# (restart, dead-peer, freeze-paths: docs/stress.md) are left out until the engine passes them:
-# Close under load over UCX, a Receive to a dead peer that waits out its queue timeout, an RMA
-# sender that stays healthy while its receiver is stopped. Once it does, this line becomes
+# (restart, dead-peer, freeze-paths: docs/stress.md) are left out of soak-ci for now: the engine
+# defects they were written to catch are fixed (Close under load over UCX, a Receive to a dead
+# peer waiting out its queue timeout, an RMA sender healthy while its receiver is stopped), but
+# one of two 60 s runs with them crashed the soak process itself (SIGSEGV in C code, the
+# intermittent crash docs/stress.md records), which a CI leg must not turn into a coin flip.
+# Once that is understood, this line becomes
 #   SOAK_CI_PROCESS_FAULTS ?= cancel,deadline,freeze,lost-peer,partition,restart,dead-peer,freeze-paths
 # `make soak` runs every fault (its default, all), these included.
 SOAK_CI_PROCESS_FAULTS ?= cancel,deadline,freeze,lost-peer,partition
