@@ -30,6 +30,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/peerproc/uffd"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
@@ -169,7 +170,7 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 		}
 		pool = region.Pool()
 		if o.uffdTail {
-			if err := blockWithUserfaultfd(pool[len(pool)/2/4096*4096:]); err != nil {
+			if err := uffd.Block(pool[len(pool)/2/4096*4096:]); err != nil {
 				return err
 			}
 		}

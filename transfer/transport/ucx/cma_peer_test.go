@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/internal/peerproc"
+	"github.com/kvxfer/kvxfer/internal/peerproc/uffd"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
@@ -122,7 +123,7 @@ func runCMAChild(args []string) int {
 				mem[i] = cmaSecret
 			}
 			fill(pool, byte(num(2)))
-		} else if err := blockWithUserfaultfd(mem[n:]); err != nil {
+		} else if err := uffd.Block(mem[n:]); err != nil {
 			return fail(err)
 		}
 		addr, key := r.RemoteKey()
@@ -134,34 +135,6 @@ func runCMAChild(args []string) int {
 	}
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return 0
-}
-
-// blockWithUserfaultfd registers mem with a new userfaultfd for missing pages, drops its
-// pages, and never serves the faults: every access to mem from outside blocks until this
-// process exits (the file is then released).
-func blockWithUserfaultfd(mem []byte) error {
-	const (
-		uffdAPI          = 0xAA
-		uffdioAPI        = 0xc018aa3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
-		uffdioRegister   = 0xc020aa00 // _IOWR(0xAA, 0x00, struct uffdio_register)
-		uffdRegisterMiss = 1
-	)
-	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
-	if errno != 0 {
-		return fmt.Errorf("userfaultfd: %w", errno)
-	}
-	api := [3]uint64{uffdAPI, 0, 0}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioAPI, uintptr(unsafe.Pointer(&api))); errno != 0 {
-		return fmt.Errorf("UFFDIO_API: %w", errno)
-	}
-	if err := unix.Madvise(mem, unix.MADV_DONTNEED); err != nil {
-		return err
-	}
-	reg := [4]uint64{addrOf(mem), uint64(len(mem)), uffdRegisterMiss, 0}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioRegister, uintptr(unsafe.Pointer(&reg))); errno != 0 {
-		return fmt.Errorf("UFFDIO_REGISTER: %w", errno)
-	}
-	return nil
 }
 
 // cmaChild is a running child with what it printed.

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package main
+// Package uffd makes memory that blocks whoever reads it from outside, for the tests and test
+// peers that check a process_vm_readv read is bounded in time: a pool backed by a stalled
+// userfaultfd (or a FUSE file) holds such a read until the faults are served.
+package uffd
 
 import (
 	"fmt"
@@ -9,11 +12,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// blockWithUserfaultfd (-uffd-tail) drops mem's pages and registers mem with a userfaultfd
-// for missing pages that nobody serves: a reader's process_vm_readv of it blocks until this
-// process exits and the file is released, as a pool backed by a stalled userfaultfd or FUSE
-// file would block it. This process never touches mem again.
-func blockWithUserfaultfd(mem []byte) error {
+// Block drops mem's pages and registers mem with a new userfaultfd for missing pages that
+// nobody serves: every access to mem from outside this process blocks until the process
+// exits and the file is released. The caller never touches mem again.
+func Block(mem []byte) error {
 	const (
 		uffdAPI          = 0xAA
 		uffdioAPI        = 0xc018aa3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
