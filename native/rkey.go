@@ -222,11 +222,24 @@ func parseRemoteKey(key, peer, local []byte) (*keySegment, error) {
 		}
 		at += n
 	}
-	if at != len(key) {
-		return nil, &RemoteKeyError{at, fmt.Sprintf("%d bytes after the last md's key", len(key)-at)}
+	if extra := len(key) - at; extra != 0 && (extra > rkeyTrailerBytes || rkeyTrailerBytes == 0) {
+		return nil, &RemoteKeyError{at, fmt.Sprintf("%d bytes after the last md's key", extra)}
 	}
 	return seg, nil
 }
+
+// rkeyTrailerBytes bounds what a key may carry after its md keys. UCX 1.13 packs nothing
+// there. Later versions append a section on the memory's system device (its id, and distances
+// to other devices: 1 byte for host memory in UCX 1.22), which this check bounds but does not
+// parse: with such a UCX a peer's garbage there reaches UCX's own parser (docs/security.md,
+// "Remote keys").
+var rkeyTrailerBytes = func() int {
+	var major, minor int
+	if _, err := fmt.Sscanf(UCXVersion(), "%d.%d", &major, &minor); err != nil || (major == 1 && minor <= 13) {
+		return 0
+	}
+	return 64
+}()
 
 // rkeyTransportOf is the one transport md i is, among those the peer's address lists on it.
 func rkeyTransportOf(md *rkeyMD, i, at int) (rkeyTransport, error) {
