@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -582,14 +581,7 @@ func (ps *procSoak) request(r *rand.Rand) {
 	sd := &side{name: "receive on " + string(dec.name), eng: dec.eng, started: time.Now()}
 	h, err := dec.eng.Receive(context.Background(), spec)
 	if err != nil {
-		if windowOut {
-			ps.decodeWins.put(window)
-		}
-		if errors.Is(err, transfer.ErrClosed) { // decode is restarting (fault restart)
-			ps.refused.Add(1)
-			return
-		}
-		ps.addBreach(fmt.Sprintf("request %d: receive refused: %v", id, err))
+		ps.startRefused(id, "receive", err, window, windowOut)
 		return
 	}
 	sd.h = h

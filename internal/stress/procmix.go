@@ -87,14 +87,7 @@ func (ps *procSoak) requestToPeer(r *rand.Rand, id transfer.RequestID) {
 	sd := &side{name: "send on " + string(dec.name), eng: dec.eng, started: time.Now()}
 	h, err := dec.eng.Send(context.Background(), transfer.Spec{ID: id, Peer: p.name, Plan: plan, Pool: pool, Timeout: timeout})
 	if err != nil {
-		if windowOut {
-			ps.decodeWins.put(window)
-		}
-		if errors.Is(err, transfer.ErrClosed) { // decode is restarting (fault restart)
-			ps.refused.Add(1)
-			return
-		}
-		ps.addBreach(fmt.Sprintf("request %d: send refused: %v", id, err))
+		ps.startRefused(id, "send", err, window, windowOut)
 		return
 	}
 	sd.h = h
@@ -560,4 +553,18 @@ func (ps *procSoak) fillReport(r *Report) {
 		r.FrozenSeenSeconds[string(route)] = d.Seconds()
 	}
 	ps.mu.Unlock()
+}
+
+// startRefused settles a request decode's engine refused to start (a Send on route
+// rma-send, a Receive on the others): its window goes back; a decode that is restarting (fault
+// restart) refuses as expected, anything else is a breach.
+func (ps *procSoak) startRefused(id transfer.RequestID, what string, err error, window int, windowOut bool) {
+	if windowOut {
+		ps.decodeWins.put(window)
+	}
+	if errors.Is(err, transfer.ErrClosed) {
+		ps.refused.Add(1)
+		return
+	}
+	ps.addBreach(fmt.Sprintf("request %d: %s refused: %v", id, what, err))
 }
