@@ -465,6 +465,11 @@ func runDecode(ctx context.Context, o options, out *printer, log *zap.Logger) (e
 	}
 	out.printf("metrics: decode received %.0f bytes", testutil.ToFloat64(dw.metrics.ReceivedBytes()))
 	out.printf("KV blocks free: decode %d of %d", decode.pool.freeBlocks(), poolDims.NumBlocks)
+	// Withdrawn before saying done: the registry may be the prefill process's control plane,
+	// which stops once it hears done (the deferred Close is then a no-op).
+	if err := registry.Close(); err != nil {
+		return err
+	}
 	return decode.done(ctx)
 }
 
