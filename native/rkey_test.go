@@ -32,9 +32,10 @@ const rkeyChildEnv = "KVX_RKEY_CHILD"
 // TestRemoteKeyChild is the child side of rkeyChild: it connects a fresh worker to the peer (a
 // live worker in the parent, whose memory the keys name, or with no peer given one of its
 // own), prints "CHILD: ready", then for each line "OP KEY" on its standard input (KEY in hex,
-// OP "-" or parseRKeyOp's form) unpacks the key, views or gets the range when told (reading
-// every byte of a view) and prints one line "CHILD: <outcome>". A crash inside UCX or on a
-// read kills only this process.
+// OP "-", "pause" or parseRKeyOp's form) unpacks the key, views or gets the range when told (reading
+// every byte of a view) and prints one line "CHILD: <outcome>". With "pause" it prints
+// "CHILD: checked" once the key's segment was checked and waits for a line before UCX attaches
+// it. A crash inside UCX or on a read kills only this process.
 func TestRemoteKeyChild(t *testing.T) {
 	h, ok := os.LookupEnv(rkeyChildEnv)
 	if !ok {
@@ -69,7 +70,17 @@ func TestRemoteKeyChild(t *testing.T) {
 		op, h, _ := strings.Cut(in.Text(), " ")
 		key, err := hex.DecodeString(h)
 		require.NoError(t, err)
+		if op == "pause" {
+			// Stop between the check of the key's segment and UCX's attach of it: say so, and
+			// go on at the parent's next line (the parent meanwhile takes the segment away).
+			op = "-"
+			afterSegmentCheck = func() {
+				fmt.Println("CHILD: checked")
+				in.Scan()
+			}
+		}
 		fmt.Println("CHILD:", unpackAndRead(t, c, ep, key, op))
+		afterSegmentCheck = nil
 	}
 	os.Exit(0) // what mattered is that nothing faulted; the parent's worker outlives this one
 }
@@ -411,6 +422,29 @@ func TestRemoteKey_ReadPastTheSegmentIsRefusedNotAFault(t *testing.T) {
 					}
 				})
 			}
+		})
+	}
+}
+
+// TestRemoteKey_SegmentGoneBetweenCheckAndAttach: the peer's segment goes away (the peer
+// released its memory, as a restarting or killed peer does) after UnpackRemoteKey checked it
+// and before UCX attached it. UCX 1.13 then fails the attach inside ucp_ep_rkey_unpack and
+// destroys the half-made key, which crashed the process (SIGSEGV at 0x38, seen in the peer
+// soak). The segment checked must be the one UCX attaches: the key still unpacks, in a child
+// process (a crash fails the test), and every byte it names reads.
+func TestRemoteKey_SegmentGoneBetweenCheckAndAttach(t *testing.T) {
+	for _, tr := range rkeyTransports[:2] {
+		t.Run(tr.name, func(t *testing.T) {
+			const size = 1 << 20
+			p := newRKeyPeer(t, tr.tls, tr.kind, size)
+			ch := startRKeyChild(t, p.tls, p.addr)
+			_, err := fmt.Fprintf(ch.stdin, "pause %s\n", hex.EncodeToString(p.key))
+			require.NoError(t, err)
+			require.Equal(t, "checked", ch.next(t, 8*time.Second))
+			require.NoError(t, p.mem.Close()) // the segment's last holder but the child's check
+			_, err = fmt.Fprintln(ch.stdin, "go")
+			require.NoError(t, err)
+			require.Equal(t, fmt.Sprint("unpacked, mapped true read ", size), ch.next(t, 8*time.Second))
 		})
 	}
 }

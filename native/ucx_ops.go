@@ -13,6 +13,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -302,7 +303,8 @@ func (rk *RemoteKey) View(remoteAddr uint64, n int) ([]byte, error) {
 // before UCX sees it (CheckRemoteKey, against the peer's worker address), and so is the
 // shared-memory segment it names, if this process will attach it: one UCX would assert on,
 // read past or fail to attach (which crashes UCX 1.13) is refused with a *RemoteKeyError
-// (ErrBadRemoteKey).
+// (ErrBadRemoteKey). The segment checked is held until UCX has attached it (keySegment.hold),
+// so a peer that releases it or dies in between cannot make UCX's attach fail.
 func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*RemoteKey, error) {
 	if len(packed) == 0 {
 		return nil, fmt.Errorf("%w: empty remote key", ErrInvalidArgument)
@@ -311,15 +313,27 @@ func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*Remote
 	if err != nil {
 		return nil, fmt.Errorf("unpack remote key: %w", err)
 	}
+	attach, release := packed, func() {}
 	if seg != nil && seg.reachable {
-		if err := seg.check(); err != nil {
+		if attach, release, err = seg.hold(packed); err != nil {
 			return nil, fmt.Errorf("unpack remote key: %w", err)
 		}
+		if afterSegmentCheck != nil {
+			afterSegmentCheck()
+		}
 	}
+	// The loop's command and this caller (when ctx ends first) race to claim the held
+	// segment: the command unpacks only if it claims it first, the loser of the race leaves
+	// it, and whichever claimed it releases it once UCX no longer needs it.
+	var claimed atomic.Bool
 	rk := &RemoteKey{ep: ep}
-	buf := C.CBytes(packed)
+	buf := C.CBytes(attach)
 	callErr := ep.w.call(ctx, func() {
 		defer C.free(buf)
+		if !claimed.CompareAndSwap(false, true) {
+			return // the caller gave up on this command and released the segment
+		}
+		defer release() // UCX attached the segment (or failed) by now: the mapping holds it
 		if ep.w.dead || ep.released {
 			err = ErrClosed
 			return
@@ -348,6 +362,9 @@ func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*Remote
 		rk.seg = seg
 	})
 	if callErr != nil {
+		if claimed.CompareAndSwap(false, true) {
+			release() // the command never ran and now never will unpack
+		}
 		return nil, callErr
 	}
 	if err != nil {
@@ -355,6 +372,10 @@ func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*Remote
 	}
 	return rk, nil
 }
+
+// afterSegmentCheck, when set (tests only), runs between the check of a key's segment and UCX's
+// attach of it.
+var afterSegmentCheck func()
 
 // Close destroys the unpacked key. Operations using it must have completed.
 func (rk *RemoteKey) Close() {
