@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Go: tidiness, vet, the tests under -race, the fuzz targets, and the disagg example.
 # go-test first builds libkvxcuda.so (mk/cuda.mk), whose loading the cuda tests check.
-.PHONY: go-tidy go-vet go-imports go-test go-fuzz fuzz-ucx-address fuzz-ucx-rkey serving-test disagg disagg-ucx
+.PHONY: go-tidy go-vet go-imports api-surface go-test go-fuzz fuzz-ucx-address fuzz-ucx-rkey serving-test disagg disagg-ucx
 
 # Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName: the layout plans,
 # the wire decoder and ContextParams, kvxfer's own parsers, and a peer's remote key (refused by
@@ -32,6 +32,11 @@ go-vet: ## go vet of every package.
 # only cuda/ imports purego. One line per offending import.
 go-imports: ## Imports point down (native never imports transfer); "C" only in native/, purego only in cuda/.
 	$(GO) test -count=1 -run '^TestRepository_ImportsPointDown$$' ./internal/importcheck/
+
+# Each public package's exported identifiers (as `go doc -all` lists them) within its budget in
+# internal/apisurface.Budgets; -v prints the table. Part of go-test too.
+api-surface: ## Exported identifiers per public package, against their budgets (internal/apisurface).
+	$(GO) test -count=1 -v -run '^TestRepository_APISurface$$' ./internal/apisurface/
 
 go-test: ## Every Go test with -race (two-process and UCX tests included).
 	$(GO) test -race -count=1 -timeout 20m ./...

@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package apisurface
+
+// Budgets caps each public package's exported identifiers (Count), by folder relative to the
+// module root. A package may shrink below its budget; lower the budget with it, so the surface
+// never grows back unnoticed. A new public package needs an entry.
+//
+// The goal: the packages a serving program imports (UserPackages) list at most UserGoal in all.
+var Budgets = map[string]int{
+	"buffer":                           42,
+	"cuda":                             68,
+	"cuda/cudatest":                    5,
+	"cuda/gpuinfo":                     27,
+	"layout":                           84,
+	"layout/layouttest":                7,
+	"native":                           159,
+	"transfer":                         345,
+	"transfer/discovery":               53,
+	"transfer/discovery/discoverytest": 8,
+	"transfer/discovery/etcd":          0,
+	"transfer/observe":                 69,
+	"transfer/transport":               127,
+	"transfer/transport/mem":           57,
+	"transfer/transport/transporttest": 18,
+	"transfer/transport/ucx":           165,
+}
+
+// UserPackages are the packages a prefill/decode program imports (examples/); UserGoal is
+// what their surfaces may add up to.
+var UserPackages = []string{"transfer", "transfer/transport/ucx", "transfer/discovery", "transfer/observe", "layout"}
+
+// UserGoal is the most exported identifiers UserPackages may list in all.
+const UserGoal = 350
