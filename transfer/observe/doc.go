@@ -18,8 +18,9 @@
 //	obs := observe.Multi(m, observe.NewLogObserver(logger))
 //	eng, err := transfer.New(tr, transfer.Config{Observer: obs, Logger: logger})
 //	err = m.CollectHealth(eng)
-//	h, err := observe.Handler(observe.HandlerConfig{Health: eng, Gatherer: reg})
-//	go http.Serve(listener, h) // serves /livez, /readyz, /healthz and /metrics
+//	srv, err := observe.Serve(addr, observe.HandlerConfig{Health: eng, Gatherer: reg})
+//	// serves /livez, /readyz, /healthz and /metrics; with Registry: discovery.Handler(),
+//	// the embedded registry on the same listener too (or mount observe.Handler on a mux)
 //
 // The handler answers /readyz (and /healthz, its older name) with 503 and Health's reason
 // whenever the engine says it is unhealthy, which includes a wedged engine (transfers in

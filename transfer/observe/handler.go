@@ -33,6 +33,10 @@ type HandlerConfig struct {
 	// not answer within it is reported dead. Default DefaultLivenessTimeout; negative is
 	// refused.
 	LivenessTimeout time.Duration
+	// Registry, if set, is served on the same mux at every path the probes and /metrics do
+	// not take: pass discovery.Handler() (which answers under discovery.WorkersPath and 404s
+	// the rest) and one listener serves the probes, the metrics and the embedded registry.
+	Registry http.Handler
 }
 
 // Handler returns an http.Handler serving:
@@ -43,6 +47,7 @@ type HandlerConfig struct {
 //	              within budget, staging slots enough); 503 with Health's reason when not
 //	GET /healthz  the same answer as /readyz, kept for probes configured before the split
 //	GET /metrics  the Prometheus exposition of cfg.Gatherer
+//	anything else cfg.Registry (the embedded registry, discovery.Handler()), or 404
 //
 // Point Kubernetes' livenessProbe at /livez and its readinessProbe at /readyz. A stall, such
 // as transfers to a frozen peer that make no progress, turns /readyz to 503 so the pod gets
@@ -90,6 +95,9 @@ func Handler(cfg HandlerConfig) (http.Handler, error) {
 			ErrorLog:      zapErrorLog{log},
 			ErrorHandling: promhttp.ContinueOnError,
 		}))
+	}
+	if cfg.Registry != nil {
+		mux.Handle("/", cfg.Registry)
 	}
 	return mux, nil
 }
