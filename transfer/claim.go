@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // ClaimSecretBytes is the size of a per-request secret (Spec.Secret; ucx.ContextParams.Secret).
@@ -55,13 +56,13 @@ func (x *xfer) claimRefused(ri *wire.RequestInfo) bool {
 	if !x.claimsChecked() {
 		return false
 	}
-	ae := &AuthError{Peer: x.peer, What: "claim", Reason: AuthUnsealed}
+	ae := &AuthError{Peer: x.peer, What: "claim", Reason: transport.AuthUnsealed}
 	if ri.Flags&wire.FlagClaim != 0 {
 		want := wire.ClaimProof(x.secret, ri.Request, ri.Sub, ri.Nonce, ri.Claim.Incarnation)
 		if hmac.Equal(want[:], ri.Claim.Proof[:]) {
 			return false
 		}
-		ae.Reason = AuthBadMAC
+		ae.Reason = transport.AuthBadMAC
 	}
 	e := x.eng
 	e.log.Debug("refusing a request's claim", zap.Uint64("request", uint64(ri.Request)), zap.Uint64("nonce", ri.Nonce), zap.Error(ae))

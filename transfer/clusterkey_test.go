@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -74,7 +75,7 @@ func TestClusterKeysAuthenticateTheHandshake(t *testing.T) {
 			total, why := 0, 0
 			for _, r := range []*refusalCounter{srcRefusals, dstRefusals} {
 				total += r.auth()
-				for _, what := range AuthMessages {
+				for _, what := range transport.AuthMessages {
 					why += r.auth(what, c.refused)
 				}
 			}
@@ -129,7 +130,7 @@ func TestClusterKeysRefuseForgedMessages(t *testing.T) {
 			require.Zero(t, believed(tt.src, "decode"))
 			tt.net.SetFault(nil) // a barrier: SetFault takes the network's lock
 			require.Zero(t, sent, "nothing answered the forgery")
-			ae := &AuthError{Peer: "decode", What: c.what, Reason: AuthBadMAC}
+			ae := &AuthError{Peer: "decode", What: c.what, Reason: transport.AuthBadMAC}
 			require.True(t, errors.Is(ae, ErrUnauthenticated))
 			require.Contains(t, ae.Error(), c.what)
 		})

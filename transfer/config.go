@@ -11,12 +11,12 @@ import (
 	"go.uber.org/zap"
 )
 
-// Config tunes an Engine. Zero values take the defaults documented on each field (and listed
-// as Default* constants); the budgets and MaxRetries, whose zero is a setting of its own, take
+// Config tunes an Engine. Zero values take the defaults documented on each field (a few also
+// listed as Default* constants); the budgets and MaxRetries, whose zero is a setting of its own, take
 // None for zero. New validates the result once and names the first field that cannot work.
 type Config struct {
 	// SlotBytes is the size of one staging slot, header included: a chunk carries
-	// SlotBytes-DataHeaderBytes bytes of KV. Peers must agree (the receiver's chunk size must
+	// SlotBytes-transport.DataHeaderBytes bytes of KV. Peers must agree (the receiver's chunk size must
 	// fit the sender's slots). Default 4 MiB.
 	SlotBytes int64
 	// MaxConcurrent is the most sub-transfers past Queued at once (advertised, in flight, or
@@ -87,7 +87,7 @@ type Config struct {
 	// milliseconds, so the poll adds little delay and little CPU.
 	ReadyPollInterval time.Duration
 	// DisableDirect forces every transfer through staging slots. By default a transfer takes
-	// the one-copy (direct) path when the transport implements DirectTransport, both sides'
+	// the one-copy (direct) path when the transport implements transport.DirectTransport, both sides'
 	// pools are direct-capable (Transport.Direct), the spec has no Mover, and the receiver
 	// asks for it: the transport then reads and writes the caller's pool in place, and no
 	// slot is leased. Set it on the receiver to make a pair use staging (the receiver decides;
@@ -98,13 +98,13 @@ type Config struct {
 	// posted at once. Default 64 MiB.
 	DirectChunkBytes int64
 	// DisableRMA keeps the direct path on tagged IOV messages. By default, when the transport
-	// implements RMATransport, a direct receiver asks the sender for its pool (FlagRMA) and
+	// implements transport.RMATransport, a direct receiver asks the sender for its pool (FlagRMA) and
 	// reads the blocks with RMA gets, pool range to pool range, whenever the two layouts line
 	// up (see RMAMinRegionBytes); a sender with DisableRMA declines such a request. See
 	// docs/onecopy.md.
 	DisableRMA bool
 	// DisablePull keeps the staging path on tagged data messages. By default, when both
-	// engines' transports implement RMATransport and map their staging memory (ucx.Transport's
+	// engines' transports implement transport.RMATransport and map their staging memory (ucx.Transport's
 	// StagingMemory), and gets to the peer are not emulated, the receiver reads each chunk out
 	// of the sender's slot with a get (the pull wire, docs/staging.md): over UCX 1.13 shared
 	// memory a tagged message is copied through the receiver's FIFO in 8 KiB pieces, a get
@@ -112,13 +112,13 @@ type Config struct {
 	// as messages.
 	DisablePull bool
 	// DisableInPlaceReads makes a pull receiver read each chunk with a get into a slot of its
-	// own even where its transport maps the sender's slots into this process (RMAMapper: UCX
+	// own even where its transport maps the sender's slots into this process (transport.RMAMapper: UCX
 	// over shared memory). By default the scatter then reads the chunk in place, one copy
 	// fewer; only a Spec without a Mover, or with a Mover that says it may
 	// (AnySourceScatterer: HostMover does), reads in place.
 	DisableInPlaceReads bool
 	// RMAWhereEmulated keeps the RMA mode where the transport says its gets to the peer are
-	// emulated (RMAEmulation: UCX 1.13 over TCP). By default such a receiver takes the direct
+	// emulated (transport.RMAEmulation: UCX 1.13 over TCP). By default such a receiver takes the direct
 	// path's tagged messages instead, and Handle.Path says PathDirect; on the staging path it
 	// keeps the data messages instead of the pull wire.
 	RMAWhereEmulated bool
@@ -129,7 +129,7 @@ type Config struct {
 	// of at least one block.
 	RMAMinRegionBytes int64
 	// InPlaceMinRegionBytes replaces RMAMinRegionBytes where the receiver reads the offered
-	// pool in place (RMAMapper: UCX shared memory, docs/onecopy.md "Reads in place"): each range
+	// pool in place (transport.RMAMapper: UCX shared memory, docs/onecopy.md "Reads in place"): each range
 	// is then a copy call, not a get, and layout conversion and heterogeneous TP take the RMA
 	// mode down to ranges of this mean size (or RMAMinRegionBytes, if smaller). Default 4 KiB.
 	InPlaceMinRegionBytes int64
@@ -171,29 +171,34 @@ type Config struct {
 // PoisonedBlockBudget, MaxRetries) to zero.
 const None = -1
 
-// Defaults of Config.
+// Defaults of Config that other packages size against (a transport's staging, the probes'
+// deadlines); the rest are documented on their fields.
 const (
-	DefaultSlotBytes         = 4 << 20
-	DefaultDirectChunkBytes  = 64 << 20
-	DefaultRMAMinRegionBytes = 256 << 10
-	DefaultInPlaceMinRegion  = 4 << 10
-	DefaultDirectMinRunBytes = 2 << 10
-	DefaultMaxConcurrent     = 64
-	DefaultPipelineDepth     = 2
-	DefaultTransferTimeout   = 30 * time.Second
-	DefaultQueueTimeout      = 30 * time.Second
-	DefaultProgressDeadline  = 10 * time.Second
-	DefaultQuarantineBudget  = 8
-	DefaultPoisonedBlocks    = 1024
-	DefaultQuarantineTimeout = 10 * time.Second
-	DefaultCancelGrace       = 100 * time.Millisecond
-	DefaultRetryInterval     = 200 * time.Millisecond
-	DefaultMaxRetries        = 6
-	DefaultMaxPending        = 4096
-	DefaultPendingTTL        = 30 * time.Second
-	DefaultLostPeerTTL       = 30 * time.Second
-	DefaultCloseTimeout      = 10 * time.Second
-	DefaultReadyPollInterval = 100 * time.Microsecond
+	DefaultSlotBytes        = 4 << 20
+	DefaultDirectChunkBytes = 64 << 20
+	DefaultMaxConcurrent    = 64
+	DefaultPipelineDepth    = 2
+	DefaultProgressDeadline = 10 * time.Second
+	DefaultQuarantineBudget = 8
+	DefaultPoisonedBlocks   = 1024
+	DefaultCancelGrace      = 100 * time.Millisecond
+)
+
+// The other defaults of Config, each documented on its field.
+const (
+	defaultRMAMinRegionBytes = 256 << 10
+	defaultInPlaceMinRegion  = 4 << 10
+	defaultDirectMinRunBytes = 2 << 10
+	defaultTransferTimeout   = 30 * time.Second
+	defaultQueueTimeout      = 30 * time.Second
+	defaultQuarantineTimeout = 10 * time.Second
+	defaultRetryInterval     = 200 * time.Millisecond
+	defaultMaxRetries        = 6
+	defaultMaxPending        = 4096
+	defaultPendingTTL        = 30 * time.Second
+	defaultLostPeerTTL       = 30 * time.Second
+	defaultCloseTimeout      = 10 * time.Second
+	defaultReadyPollInterval = 100 * time.Microsecond
 )
 
 func (c Config) withDefaults() Config {
@@ -223,13 +228,13 @@ func (c Config) withDefaults() Config {
 		c.DirectChunkBytes = DefaultDirectChunkBytes
 	}
 	if c.RMAMinRegionBytes == 0 {
-		c.RMAMinRegionBytes = DefaultRMAMinRegionBytes
+		c.RMAMinRegionBytes = defaultRMAMinRegionBytes
 	}
 	if c.InPlaceMinRegionBytes == 0 {
-		c.InPlaceMinRegionBytes = DefaultInPlaceMinRegion
+		c.InPlaceMinRegionBytes = defaultInPlaceMinRegion
 	}
 	if c.DirectMinRunBytes == 0 { // None stays: no bound (withDefaults may run twice)
-		c.DirectMinRunBytes = DefaultDirectMinRunBytes
+		c.DirectMinRunBytes = defaultDirectMinRunBytes
 	}
 	defInt(&c.PipelineDepth, DefaultPipelineDepth)
 	if c.NumSlots == 0 && c.SlotBytes > 0 {
@@ -239,20 +244,20 @@ func (c Config) withDefaults() Config {
 			c.NumSlots = c.MaxConcurrent * c.PipelineDepth
 		}
 	}
-	def(&c.TransferTimeout, DefaultTransferTimeout)
-	def(&c.QueueTimeout, DefaultQueueTimeout)
+	def(&c.TransferTimeout, defaultTransferTimeout)
+	def(&c.QueueTimeout, defaultQueueTimeout)
 	def(&c.ProgressDeadline, DefaultProgressDeadline)
 	defCount(&c.QuarantineBudget, DefaultQuarantineBudget)
 	defCount(&c.PoisonedBlockBudget, DefaultPoisonedBlocks)
-	def(&c.QuarantineTimeout, DefaultQuarantineTimeout)
+	def(&c.QuarantineTimeout, defaultQuarantineTimeout)
 	def(&c.CancelGrace, DefaultCancelGrace)
-	def(&c.RetryInterval, DefaultRetryInterval)
-	defCount(&c.MaxRetries, DefaultMaxRetries)
-	defInt(&c.MaxPending, DefaultMaxPending)
-	def(&c.PendingTTL, DefaultPendingTTL)
-	def(&c.LostPeerTTL, DefaultLostPeerTTL)
-	def(&c.CloseTimeout, DefaultCloseTimeout)
-	def(&c.ReadyPollInterval, DefaultReadyPollInterval)
+	def(&c.RetryInterval, defaultRetryInterval)
+	defCount(&c.MaxRetries, defaultMaxRetries)
+	defInt(&c.MaxPending, defaultMaxPending)
+	def(&c.PendingTTL, defaultPendingTTL)
+	def(&c.LostPeerTTL, defaultLostPeerTTL)
+	def(&c.CloseTimeout, defaultCloseTimeout)
+	def(&c.ReadyPollInterval, defaultReadyPollInterval)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}

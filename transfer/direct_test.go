@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -240,7 +241,7 @@ func TestDirectFallsBackToStagingOrRefusesClearly(t *testing.T) {
 			if c.wantDirect {
 				require.Equal(t, int(src.plan.Bytes()), bytes)
 			} else {
-				require.Equal(t, int(src.plan.Bytes())+chunks*DataHeaderBytes, bytes, "staged chunks carry headers")
+				require.Equal(t, int(src.plan.Bytes())+chunks*transport.DataHeaderBytes, bytes, "staged chunks carry headers")
 			}
 		})
 	}

@@ -4,6 +4,12 @@
 // (prefill) engine to a receiving (decode) engine through staging slots, over any Transport,
 // and never wedges.
 //
+// A program starts with a few names: New (a Transport and a Config, whose zero value works),
+// Engine.Send and Engine.Receive (a Spec: request id, peer, plan, pool), the *Handle they
+// return (Status, Done, Quiesced, Release), Engine.Cancel and its CancelOutcome's FreeNow,
+// Engine.Health, and RequestIDs for a serving engine's string request ids. The rest tunes,
+// observes or explains those.
+//
 // # Lifecycle
 //
 // Send and Receive return a *Handle at once; either side may be called first. A handle moves
@@ -38,20 +44,20 @@
 //
 // # The direct (one-copy) path
 //
-// When the transport implements DirectTransport and both sides' pools are reachable in place
+// When the transport implements transport.DirectTransport and both sides' pools are reachable in place
 // (ucx.Transport.AllocatePool), the receiver asks for the direct path (FlagDirect): each chunk
 // is one IOV message straight from the sender's pool into the receiver's, no slot, no gather
 // or scatter. Same lifecycle; the one difference is L9 on caller memory: an operation whose
 // quiescence is unknown leaves the handle Quarantined for good, Status.BlocksPoisoned set and
 // Quiesced never closed. Config.DisableDirect forces staging. When the transport also
-// implements RMATransport and the two layouts line up (same block-major layout, say), the
+// implements transport.RMATransport and the two layouts line up (same block-major layout, say), the
 // direct path runs in its RMA mode: the sender offers its pool (RMAOffer) and the receiver
 // reads it with gets, pool range to pool range; Handle.Path says which path ran, and
 // Config.DisableRMA keeps the IOV messages. See docs/onecopy.md.
 //
 // A KV pool in device memory the caller registered with the transport
 // (ucx.Transport.RegisterDevice) goes in Spec.Device, by address and length: the RMA mode then
-// reads it GPU to GPU (DeviceRMATransport), with no slot and no kernel; where that cannot run,
+// reads it GPU to GPU (transport.DeviceRMATransport), with no slot and no kernel; where that cannot run,
 // the engine stages it through the Spec's Mover, or fails with a *DeviceRouteError saying why
 // (device.go; docs/kvcache.md, "GPU memory").
 //
@@ -81,7 +87,8 @@
 // # Transports
 //
 // An engine runs over any transport.Transport (package transfer/transport: the contract, its
-// optional capabilities and the errors both sides share; transfer re-exports them). The UCX
+// optional capabilities and the errors both sides share; transfer re-exports only the errors
+// and the few types a caller of the engine meets: Transport, Peer, RequestID). The UCX
 // transport is package transfer/transport/ucx, the in-memory one transfer/transport/mem; a
 // new transport is a new package beside them that passes the conformance suite in
 // transfer/transport/transporttest.

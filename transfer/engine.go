@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // Engine runs transfers over one Transport. Every method is safe for concurrent use. Only
@@ -32,7 +33,7 @@ type Engine struct {
 	// calls cost nothing under a lock.
 	oq *observerQueue
 	// direct is tr when it implements the one-copy extension, else nil.
-	direct DirectTransport
+	direct transport.DirectTransport
 	// slots is the staging memory as the pull wire exposes it (path_pull.go).
 	slots slotExposure
 
@@ -169,7 +170,7 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 			return nil, &ConfigError{Field: "ClusterKeys", Value: len(cfg.ClusterKeys), Reason: "the keys do not make a keyring", Cause: err}
 		}
 	}
-	e.direct, _ = tr.(DirectTransport)
+	e.direct, _ = tr.(transport.DirectTransport)
 	e.slots.mem = mem[:int64(cfg.NumSlots)*cfg.SlotBytes]
 	e.slots.mapped = e.direct != nil && e.direct.Direct(e.slots.mem)
 	e.stallFrom.Store(time.Now().UnixNano())
@@ -227,7 +228,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	for _, s := range subs {
 		h.nBlocks += int64(len(s.Plan.Blocks()))
 	}
-	if ph, ok := e.tr.(PoolHolder); ok && spec.Mover == nil && len(spec.Pool) > 0 {
+	if ph, ok := e.tr.(transport.PoolHolder); ok && spec.Mover == nil && len(spec.Pool) > 0 {
 		h.releasePool = ph.HoldPool(spec.Pool) // registered memory stays registered until Quiesced
 	}
 	if spec.Device.set() {

@@ -101,12 +101,12 @@ func (e *Engine) authentic(from Peer, msg []byte, m wire.Message) bool {
 	if err == nil {
 		return true
 	}
-	ae := &AuthError{Peer: from, What: what, Reason: AuthUnsealed}
+	ae := &AuthError{Peer: from, What: what, Reason: transport.AuthUnsealed}
 	switch {
 	case errors.Is(err, wire.ErrUnknownKey):
-		ae.Reason = AuthUnknownKey
+		ae.Reason = transport.AuthUnknownKey
 	case errors.Is(err, wire.ErrBadMAC):
-		ae.Reason = AuthBadMAC
+		ae.Reason = transport.AuthBadMAC
 	}
 	e.log.Debug("refusing an unauthenticated message", zap.String("peer", from.Short()), zap.Error(ae))
 	notifyAuthRefused(e.obs, ae)

@@ -59,7 +59,7 @@ var (
 	// Health reports the mover wedged.
 	ErrQuiescenceUnknown = transport.ErrQuiescenceUnknown
 	// ErrTagCollision: a transport's data tags for a transfer would match another live
-	// transfer's (TagReserver); the engine draws another nonce and tries again.
+	// transfer's (transport.TagReserver); the engine draws another nonce and tries again.
 	ErrTagCollision = transport.ErrTagCollision
 	// ErrUnauthenticated: with Config.ClusterKeys set, a peer's hello, hello challenge or proof,
 	// or a ContextParams blob (Engine.VerifyParams), was not sealed by a key this engine holds;
@@ -82,9 +82,6 @@ var (
 	// ErrTransportWedged: the transport can tell that nothing will reach this engine any more
 	// (ucx.Transport's receive probe); Health reports it until the process restarts.
 	ErrTransportWedged = transport.ErrTransportWedged
-	// ErrNoGenerationWord: every generation word of the transport is held, so an rma or pull
-	// offer was declined (the transfer falls back to messages); Health reports it.
-	ErrNoGenerationWord = transport.ErrNoGenerationWord
 )
 
 // ConfigError names the Config field that is wrong, its value, and the fix. It is the one type
@@ -148,20 +145,6 @@ func (e *RequestError) Unwrap() error { return e.Err }
 
 // ClusterKeyBytes is the size of each of Config.ClusterKeys.
 const ClusterKeyBytes = wire.ClusterKeyBytes
-
-// AuthRefusal says why a peer's message did not authenticate (transport.AuthRefusal).
-type AuthRefusal = transport.AuthRefusal
-
-// The reasons (transport's).
-const (
-	AuthUnsealed     = transport.AuthUnsealed
-	AuthUnknownKey   = transport.AuthUnknownKey
-	AuthBadMAC       = transport.AuthBadMAC
-	AuthRefusalCount = transport.AuthRefusalCount
-)
-
-// AuthMessages names what a cluster key seals, as AuthError.What and metrics label them.
-var AuthMessages = transport.AuthMessages
 
 // AuthError is a peer's message or a ContextParams blob refused for want of authentication
 // (transport.AuthError). It matches ErrUnauthenticated.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/stretchr/testify/require"
 )
@@ -100,7 +101,7 @@ type collidingMem struct {
 	released int
 }
 
-func (c *collidingMem) ReserveTags(_ Peer, tag Tag) (func(), error) {
+func (c *collidingMem) ReserveTags(_ Peer, tag transport.Tag) (func(), error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.nonces = append(c.nonces, tag.Nonce)

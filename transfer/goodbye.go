@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // wireIdent is how a sub-transfer is named on the wire, published for the inbound handler,
@@ -54,7 +55,7 @@ type goodbyeState struct {
 }
 
 // rememberEnded records, as its goroutine ends, a sub-transfer that failed or was cancelled
-// with every operation ending MemoryDone: no slot poisoned, the caller's blocks not. A
+// with every operation ending transport.MemoryDone: no slot poisoned, the caller's blocks not. A
 // completed one is left out (its peer heard Done or completed itself), and so is one that
 // never got past Queued (nothing of it reached the peer).
 func (x *xfer) rememberEnded() {
@@ -120,7 +121,7 @@ func (e *Engine) sayGoodbye(leaving bool) {
 	}
 	e.mu.Unlock()
 	room := math.MaxInt32
-	if cb, ok := e.tr.(ControlBound); ok {
+	if cb, ok := e.tr.(transport.ControlBound); ok {
 		room = cb.ControlRoom()
 	}
 	for p, ended := range byPeer {
@@ -144,10 +145,10 @@ func (e *Engine) sayGoodbye(leaving bool) {
 // (a receive UCX matched, a send on the wire), and waits at most half of CloseTimeout for those
 // transfers to take the verdicts the close gives their operations (on a loaded host a
 // CancelGrace was found too short; Close's own wait for its transfers shares the same bound). What ends so, with every
-// verdict MemoryDone, the goodbye can name; the rest keep the lost-peer rule on the other
+// verdict transport.MemoryDone, the goodbye can name; the rest keep the lost-peer rule on the other
 // side. The transport's own Close, right after, would have closed these connections anyway.
 func (e *Engine) settleBeforeGoodbye() {
-	pc, ok := e.tr.(PeerCloser)
+	pc, ok := e.tr.(transport.PeerCloser)
 	if !ok || e.liveDrivers.Load() == 0 {
 		return
 	}
@@ -169,7 +170,7 @@ func (e *Engine) settleBeforeGoodbye() {
 // with the same nonce and sub-transfer and the other role, is told the peer ended it with its
 // operations quiescent (xfer.peerLeft). On the last part, when every transfer this engine has
 // with the peer under way was so named, the engine closes its connection to the peer
-// (PeerCloser): its own operations still on it then end with their transport's verdict. A
+// (transport.PeerCloser): its own operations still on it then end with their transport's verdict. A
 // goodbye that names a transfer it does not have, or names one wrongly (someone else's
 // message claiming the peer's address cannot know the nonces), ends nothing and closes
 // nothing that still carries a transfer.
@@ -205,7 +206,7 @@ func (e *Engine) onGoodbye(from Peer, m *wire.Goodbye) {
 	for _, x := range told {
 		x.box.Push(event{goodbye: true})
 	}
-	if pc, ok := e.tr.(PeerCloser); ok && closePeer {
+	if pc, ok := e.tr.(transport.PeerCloser); ok && closePeer {
 		pc.ClosePeer(from) // its completions come after the events just pushed
 	}
 }

@@ -72,7 +72,7 @@ type Handle struct {
 	cancelRequested bool
 	callerRefs      int
 	engineRef       bool
-	// releasePool ends the transport's hold on the caller's registered pool (PoolHolder),
+	// releasePool ends the transport's hold on the caller's registered pool (transport.PoolHolder),
 	// just before Quiesced closes; nil when there is none.
 	releasePool func()
 	// remembered: every caller reference went while the handle was not quiescent, so it is

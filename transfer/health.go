@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // Health is the engine's verdict on itself, with the reason when unhealthy and the numbers
@@ -37,10 +39,10 @@ type HealthSnapshot struct {
 	MalformedControl int64         // control messages that did not decode
 	StaleMessages    int64         // messages of an older transfer with the same request id (another nonce), dropped
 	MoverWedged      bool          // a Mover could not say whether its copy ended (ErrQuiescenceUnknown): the device is not trusted
-	TransportWedged  bool          // the transport reports it cannot deliver (TransportHealth)
+	TransportWedged  bool          // the transport reports it cannot deliver (transport.TransportHealth)
 	Closed           bool          // the engine is closed
 	// Generation words (validated rma and pull reads, rma_gen.go): held now and in all, of
-	// a transport that counts them (GenerationWords), and the offers declined for want of one.
+	// a transport that counts them (transport.GenerationWords), and the offers declined for want of one.
 	GenerationWordsHeld, GenerationWords int
 	GenerationDeclines                   int64
 }
@@ -90,7 +92,7 @@ func (e *Engine) Health() Health {
 		why = append(why, fmt.Sprintf("no transfer progressed for %v (deadline %v) while %s",
 			s.SinceProgress.Round(time.Millisecond), s.ProgressDeadline, while))
 	}
-	if th, ok := e.tr.(TransportHealth); ok {
+	if th, ok := e.tr.(transport.TransportHealth); ok {
 		if err := th.TransportHealth(); err != nil {
 			s.TransportWedged = true
 			why = append(why, err.Error())

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -248,7 +249,7 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 		mut   func(*Config)
 		field string
 	}{
-		{"slot no larger than the header", func(c *Config) { c.SlotBytes = DataHeaderBytes }, "SlotBytes"},
+		{"slot no larger than the header", func(c *Config) { c.SlotBytes = transport.DataHeaderBytes }, "SlotBytes"},
 		{"negative concurrency", func(c *Config) { c.MaxConcurrent = -1 }, "MaxConcurrent"},
 		{"negative depth", func(c *Config) { c.PipelineDepth = -2 }, "PipelineDepth"},
 		{"negative quarantine budget", func(c *Config) { c.QuarantineBudget = -2 }, "QuarantineBudget"},
@@ -280,7 +281,7 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 	d := Config{}.withDefaults()
 	require.Equal(t, DefaultQuarantineBudget, d.QuarantineBudget)
 	require.Equal(t, DefaultPoisonedBlocks, d.PoisonedBlockBudget)
-	require.Equal(t, DefaultMaxRetries, d.MaxRetries)
+	require.Equal(t, defaultMaxRetries, d.MaxRetries)
 	require.Equal(t, int64(DefaultSlotBytes), d.SlotBytes)
 	require.Equal(t, DefaultMaxConcurrent*DefaultPipelineDepth, d.NumSlots)
 	require.True(t, strings.Contains((&ConfigError{Field: "F", Value: 1, Reason: "r"}).Error(), "F = 1: r"))

@@ -18,6 +18,7 @@ import (
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -240,7 +241,7 @@ type stuckCancel struct {
 	*gate
 }
 
-func (s *stuckCancel) Cancel(id OpID) {
+func (s *stuckCancel) Cancel(id transport.OpID) {
 	s.stick()
 	s.Transport.Cancel(id)
 }
@@ -284,7 +285,7 @@ func TestL5_EverySlotLeaseEndsInReleaseOrPoison(t *testing.T) {
 		for seq := range 2 {
 			s, err := pool.Lease(bg)
 			require.NoError(t, err)
-			_, err = tr.PostRecv("prefill", Tag{Request: 1, Seq: uint32(seq)}, s.Bytes(), func(Completion) {})
+			_, err = tr.PostRecv("prefill", transport.Tag{Request: 1, Seq: uint32(seq)}, s.Bytes(), func(transport.Completion) {})
 			require.NoError(t, err)
 			require.NoError(t, s.Release()) // wrong: the receive may still write the slot
 		}
@@ -455,16 +456,16 @@ type slotLedger struct {
 	pool                  *buffer.Pool // set before the first post
 
 	mu       sync.Mutex
-	live     map[int]Tag // slot -> the operation the transport holds in it
+	live     map[int]transport.Tag // slot -> the operation the transport holds in it
 	problems []string
 }
 
 func newSlotLedger(tr Transport, staging []byte, slotBytes int64) *slotLedger {
 	return &slotLedger{Transport: tr, base: uintptr(unsafe.Pointer(unsafe.SliceData(staging))), size: uintptr(len(staging)),
-		slotBytes: uintptr(slotBytes), live: map[int]Tag{}}
+		slotBytes: uintptr(slotBytes), live: map[int]transport.Tag{}}
 }
 
-func (l *slotLedger) post(tag Tag, buf []byte, done func(Completion), post func(func(Completion)) (OpID, error)) (OpID, error) {
+func (l *slotLedger) post(tag transport.Tag, buf []byte, done func(transport.Completion), post func(func(transport.Completion)) (transport.OpID, error)) (transport.OpID, error) {
 	at := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
 	if at < l.base || at >= l.base+l.size {
 		return post(done) // a direct operation: not a slot
@@ -481,8 +482,8 @@ func (l *slotLedger) post(tag Tag, buf []byte, done func(Completion), post func(
 			l.problems = append(l.problems, fmt.Sprintf("slot %d posted after it was poisoned (request %d chunk %d)", slot, tag.Request, tag.Seq))
 		}
 	}
-	id, err := post(func(c Completion) {
-		if c.Memory == MemoryDone { // MemoryUnknown: the slot is poisoned and keeps its op
+	id, err := post(func(c transport.Completion) {
+		if c.Memory == transport.MemoryDone { // MemoryUnknown: the slot is poisoned and keeps its op
 			l.mu.Lock()
 			if l.live[slot] == tag {
 				delete(l.live, slot)
@@ -497,12 +498,16 @@ func (l *slotLedger) post(tag Tag, buf []byte, done func(Completion), post func(
 	return id, err
 }
 
-func (l *slotLedger) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
-	return l.post(tag, buf, done, func(cb func(Completion)) (OpID, error) { return l.Transport.PostSend(to, tag, buf, cb) })
+func (l *slotLedger) PostSend(to Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+	return l.post(tag, buf, done, func(cb func(transport.Completion)) (transport.OpID, error) {
+		return l.Transport.PostSend(to, tag, buf, cb)
+	})
 }
 
-func (l *slotLedger) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
-	return l.post(tag, buf, done, func(cb func(Completion)) (OpID, error) { return l.Transport.PostRecv(from, tag, buf, cb) })
+func (l *slotLedger) PostRecv(from Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+	return l.post(tag, buf, done, func(cb func(transport.Completion)) (transport.OpID, error) {
+		return l.Transport.PostRecv(from, tag, buf, cb)
+	})
 }
 
 func (l *slotLedger) findings() []string {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -266,22 +267,22 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 type recTransport struct {
 	*mem.Transport
 	mu        sync.Mutex
-	byReq     map[RequestID][]OpID
-	cancelled map[OpID]bool
-	ended     map[OpID]bool
-	ids       map[*int]OpID // by a key made per post (a pointer to a zero-size value would not do)
+	byReq     map[RequestID][]transport.OpID
+	cancelled map[transport.OpID]bool
+	ended     map[transport.OpID]bool
+	ids       map[*int]transport.OpID // by a key made per post (a pointer to a zero-size value would not do)
 }
 
 func newRecTransport(m *mem.Transport) *recTransport {
-	return &recTransport{Transport: m, byReq: map[RequestID][]OpID{}, cancelled: map[OpID]bool{}, ended: map[OpID]bool{}, ids: map[*int]OpID{}}
+	return &recTransport{Transport: m, byReq: map[RequestID][]transport.OpID{}, cancelled: map[transport.OpID]bool{}, ended: map[transport.OpID]bool{}, ids: map[*int]transport.OpID{}}
 }
 
-func (r *recTransport) post(tag Tag, done func(Completion), post func(func(Completion)) (OpID, error)) (OpID, error) {
+func (r *recTransport) post(tag transport.Tag, done func(transport.Completion), post func(func(transport.Completion)) (transport.OpID, error)) (transport.OpID, error) {
 	r.mu.Lock() // held across the post so the callback cannot run before the id is known
 	defer r.mu.Unlock()
 	ref := new(int)
-	id, err := post(func(c Completion) {
-		if c.Memory != MemoryBusy {
+	id, err := post(func(c transport.Completion) {
+		if c.Memory != transport.MemoryBusy {
 			r.mu.Lock()
 			r.ended[r.ids[ref]] = true
 			r.mu.Unlock()
@@ -295,15 +296,19 @@ func (r *recTransport) post(tag Tag, done func(Completion), post func(func(Compl
 	return id, err
 }
 
-func (r *recTransport) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
-	return r.post(tag, done, func(cb func(Completion)) (OpID, error) { return r.Transport.PostSend(to, tag, buf, cb) })
+func (r *recTransport) PostSend(to Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+	return r.post(tag, done, func(cb func(transport.Completion)) (transport.OpID, error) {
+		return r.Transport.PostSend(to, tag, buf, cb)
+	})
 }
 
-func (r *recTransport) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
-	return r.post(tag, done, func(cb func(Completion)) (OpID, error) { return r.Transport.PostRecv(from, tag, buf, cb) })
+func (r *recTransport) PostRecv(from Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+	return r.post(tag, done, func(cb func(transport.Completion)) (transport.OpID, error) {
+		return r.Transport.PostRecv(from, tag, buf, cb)
+	})
 }
 
-func (r *recTransport) Cancel(id OpID) {
+func (r *recTransport) Cancel(id transport.OpID) {
 	r.mu.Lock()
 	r.cancelled[id] = true
 	r.mu.Unlock()
@@ -311,10 +316,10 @@ func (r *recTransport) Cancel(id OpID) {
 }
 
 // open lists request id's operations without a final completion yet.
-func (r *recTransport) open(id RequestID) []OpID {
+func (r *recTransport) open(id RequestID) []transport.OpID {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var ops []OpID
+	var ops []transport.OpID
 	for _, op := range r.byReq[id] {
 		if !r.ended[op] {
 			ops = append(ops, op)
@@ -323,7 +328,7 @@ func (r *recTransport) open(id RequestID) []OpID {
 	return ops
 }
 
-func (r *recTransport) cancelledOrEnded(op OpID) bool {
+func (r *recTransport) cancelledOrEnded(op transport.OpID) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.cancelled[op] || r.ended[op]

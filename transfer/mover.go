@@ -31,7 +31,7 @@ type Mover interface {
 // AnySourceScatterer is an optional extension of Mover, for a Mover whose Scatter reads its
 // source with the CPU wherever it lies in host memory (HostMover's does). The staging path's
 // pull wire then hands it chunks straight out of the sender's slots, where the transport maps
-// them into this process (RMAMapper), instead of a copy in a slot of this engine: one copy of
+// them into this process (transport.RMAMapper), instead of a copy in a slot of this engine: one copy of
 // every byte fewer. A Mover that needs its source in the engine's staging memory (a device
 // mover that looks the slot up in a registered region) does not implement it, or says false.
 type AnySourceScatterer interface {

@@ -2,6 +2,8 @@
 
 package transfer
 
+import "github.com/kvxfer/kvxfer/transfer/transport"
+
 // This file holds optional extensions of Observer, kept apart from the lifecycle so the state
 // machine does not change when a metrics or logging package needs one more fact. An Observer
 // that also implements one of these interfaces hears the extra events; one that does not is
@@ -140,7 +142,7 @@ func startInfo(h *Handle, receive bool) StartInfo {
 	return info
 }
 
-var _ PeerConnectReporter = inbound{}
+var _ transport.PeerConnectReporter = inbound{}
 
 // OnPeerConnected passes the transport's report on to the observer.
 func (in inbound) OnPeerConnected(peer Peer) {

@@ -5,6 +5,8 @@ package transfer
 import (
 	"fmt"
 	"sync"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // opLedger wraps a transport (and whichever of DirectTransport, RMATransport, RMAEmulation,
@@ -23,7 +25,7 @@ type opLedger struct {
 
 type ledgerOp struct {
 	kind          string
-	tag           Tag
+	tag           transport.Tag
 	finals, busys int
 	refused       bool
 }
@@ -32,11 +34,11 @@ func newOpLedger(inner Transport) *opLedger {
 	return &opLedger{inner: inner, kinds: map[string]int{}}
 }
 
-func (l *opLedger) track(kind string, tag Tag, done func(Completion), post func(func(Completion)) (OpID, error)) (OpID, error) {
+func (l *opLedger) track(kind string, tag transport.Tag, done func(transport.Completion), post func(func(transport.Completion)) (transport.OpID, error)) (transport.OpID, error) {
 	op := &ledgerOp{kind: kind, tag: tag}
 	// The lock is not held across the post: a transport may complete an operation before
 	// the post returns, on the posting goroutine.
-	id, err := post(func(c Completion) {
+	id, err := post(func(c transport.Completion) {
 		l.mu.Lock()
 		switch {
 		case op.refused:
@@ -44,7 +46,7 @@ func (l *opLedger) track(kind string, tag Tag, done func(Completion), post func(
 		case op.finals > 0:
 			l.problems = append(l.problems, fmt.Sprintf("%s of request %d chunk %d reported %v after its final completion", kind, tag.Request, tag.Seq, c.Memory))
 		}
-		if c.Memory == MemoryBusy {
+		if c.Memory == transport.MemoryBusy {
 			op.busys++
 		} else {
 			op.finals++
@@ -104,50 +106,52 @@ func (l *opLedger) posted() map[string]int {
 }
 
 // Bind implements Transport.
-func (l *opLedger) Bind(in Inbound) error { return l.inner.Bind(in) }
+func (l *opLedger) Bind(in transport.Inbound) error { return l.inner.Bind(in) }
 
 // SendControl implements Transport.
 func (l *opLedger) SendControl(to Peer, msg []byte) error { return l.inner.SendControl(to, msg) }
 
 // PostSend implements Transport.
-func (l *opLedger) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
-	return l.track("send", tag, done, func(cb func(Completion)) (OpID, error) { return l.inner.PostSend(to, tag, buf, cb) })
+func (l *opLedger) PostSend(to Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+	return l.track("send", tag, done, func(cb func(transport.Completion)) (transport.OpID, error) { return l.inner.PostSend(to, tag, buf, cb) })
 }
 
 // PostRecv implements Transport.
-func (l *opLedger) PostRecv(from Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
-	return l.track("receive", tag, done, func(cb func(Completion)) (OpID, error) { return l.inner.PostRecv(from, tag, buf, cb) })
+func (l *opLedger) PostRecv(from Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+	return l.track("receive", tag, done, func(cb func(transport.Completion)) (transport.OpID, error) {
+		return l.inner.PostRecv(from, tag, buf, cb)
+	})
 }
 
 // Cancel implements Transport.
-func (l *opLedger) Cancel(id OpID) { l.inner.Cancel(id) }
+func (l *opLedger) Cancel(id transport.OpID) { l.inner.Cancel(id) }
 
 // Close implements Transport.
 func (l *opLedger) Close(force bool) error { return l.inner.Close(force) }
 
 // Direct implements DirectTransport.
 func (l *opLedger) Direct(pool []byte) bool {
-	d, ok := l.inner.(DirectTransport)
+	d, ok := l.inner.(transport.DirectTransport)
 	return ok && d.Direct(pool)
 }
 
 // PostSendIOV implements DirectTransport.
-func (l *opLedger) PostSendIOV(to Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error) {
-	return l.track("IOV send", tag, done, func(cb func(Completion)) (OpID, error) {
-		return l.inner.(DirectTransport).PostSendIOV(to, tag, iov, cb)
+func (l *opLedger) PostSendIOV(to Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+	return l.track("IOV send", tag, done, func(cb func(transport.Completion)) (transport.OpID, error) {
+		return l.inner.(transport.DirectTransport).PostSendIOV(to, tag, iov, cb)
 	})
 }
 
 // PostRecvIOV implements DirectTransport.
-func (l *opLedger) PostRecvIOV(from Peer, tag Tag, iov [][]byte, done func(Completion)) (OpID, error) {
-	return l.track("IOV receive", tag, done, func(cb func(Completion)) (OpID, error) {
-		return l.inner.(DirectTransport).PostRecvIOV(from, tag, iov, cb)
+func (l *opLedger) PostRecvIOV(from Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+	return l.track("IOV receive", tag, done, func(cb func(transport.Completion)) (transport.OpID, error) {
+		return l.inner.(transport.DirectTransport).PostRecvIOV(from, tag, iov, cb)
 	})
 }
 
 // RMAKey implements RMATransport.
 func (l *opLedger) RMAKey(pool []byte) (uint64, []byte, error) {
-	r, ok := l.inner.(RMATransport)
+	r, ok := l.inner.(transport.RMATransport)
 	if !ok {
 		return 0, nil, fmt.Errorf("%T has no RMA", l.inner)
 	}
@@ -155,9 +159,9 @@ func (l *opLedger) RMAKey(pool []byte) (uint64, []byte, error) {
 }
 
 // PostGet implements RMATransport.
-func (l *opLedger) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error) {
-	return l.track("get", tag, done, func(cb func(Completion)) (OpID, error) {
-		r, ok := l.inner.(RMATransport)
+func (l *opLedger) PostGet(from Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
+	return l.track("get", tag, done, func(cb func(transport.Completion)) (transport.OpID, error) {
+		r, ok := l.inner.(transport.RMATransport)
 		if !ok {
 			return 0, fmt.Errorf("%T has no RMA", l.inner)
 		}
@@ -167,7 +171,7 @@ func (l *opLedger) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []by
 
 // ExposeGeneration implements RMAGenerations.
 func (l *opLedger) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
-	g, ok := l.inner.(RMAGenerations)
+	g, ok := l.inner.(transport.RMAGenerations)
 	if !ok {
 		return 0, nil, 0, nil, fmt.Errorf("%T has no generation words", l.inner)
 	}
@@ -176,7 +180,7 @@ func (l *opLedger) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 
 // PrepareReadGeneration implements RMAGenerations.
 func (l *opLedger) PrepareReadGeneration(from Peer, key []byte) error {
-	g, ok := l.inner.(RMAGenerations)
+	g, ok := l.inner.(transport.RMAGenerations)
 	if !ok {
 		return fmt.Errorf("%T has no generation words", l.inner)
 	}
@@ -184,26 +188,26 @@ func (l *opLedger) PrepareReadGeneration(from Peer, key []byte) error {
 }
 
 // PostReadGeneration implements RMAGenerations; the read is an operation like any other.
-func (l *opLedger) PostReadGeneration(from Peer, tag Tag, key []byte, addr uint64, done func(Completion, uint64)) (OpID, error) {
+func (l *opLedger) PostReadGeneration(from Peer, tag transport.Tag, key []byte, addr uint64, done func(transport.Completion, uint64)) (transport.OpID, error) {
 	var value uint64 // written by the transport's callback before cb runs
-	return l.track("generation read", tag, func(c Completion) { done(c, value) }, func(cb func(Completion)) (OpID, error) {
-		g, ok := l.inner.(RMAGenerations)
+	return l.track("generation read", tag, func(c transport.Completion) { done(c, value) }, func(cb func(transport.Completion)) (transport.OpID, error) {
+		g, ok := l.inner.(transport.RMAGenerations)
 		if !ok {
 			return 0, fmt.Errorf("%T has no generation words", l.inner)
 		}
-		return g.PostReadGeneration(from, tag, key, addr, func(c Completion, v uint64) { value = v; cb(c) })
+		return g.PostReadGeneration(from, tag, key, addr, func(c transport.Completion, v uint64) { value = v; cb(c) })
 	})
 }
 
 // GetsEmulated implements RMAEmulation (false where the inner transport cannot tell).
 func (l *opLedger) GetsEmulated(peer Peer) bool {
-	em, ok := l.inner.(RMAEmulation)
+	em, ok := l.inner.(transport.RMAEmulation)
 	return ok && em.GetsEmulated(peer)
 }
 
 // TransportHealth implements TransportHealth (nil where the inner transport has none).
 func (l *opLedger) TransportHealth() error {
-	if th, ok := l.inner.(TransportHealth); ok {
+	if th, ok := l.inner.(transport.TransportHealth); ok {
 		return th.TransportHealth()
 	}
 	return nil
@@ -211,24 +215,24 @@ func (l *opLedger) TransportHealth() error {
 
 // ControlRoom implements ControlBound.
 func (l *opLedger) ControlRoom() int {
-	if cb, ok := l.inner.(ControlBound); ok {
+	if cb, ok := l.inner.(transport.ControlBound); ok {
 		return cb.ControlRoom()
 	}
 	return 1 << 30
 }
 
 var (
-	_ RMAEmulation    = (*opLedger)(nil)
-	_ RMAGenerations  = (*opLedger)(nil)
-	_ TransportHealth = (*opLedger)(nil)
-	_ ControlBound    = (*opLedger)(nil)
+	_ transport.RMAEmulation    = (*opLedger)(nil)
+	_ transport.RMAGenerations  = (*opLedger)(nil)
+	_ transport.TransportHealth = (*opLedger)(nil)
+	_ transport.ControlBound    = (*opLedger)(nil)
 )
 
 // finals counts the final reports among cs (those that are not MemoryBusy).
-func finals(cs []Completion) int {
+func finals(cs []transport.Completion) int {
 	n := 0
 	for _, c := range cs {
-		if c.Memory != MemoryBusy {
+		if c.Memory != transport.MemoryBusy {
 			n++
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // Path is how a transfer moves its bytes. It is decided once per sub-transfer, when the
@@ -63,7 +64,7 @@ func (h *Handle) Path() Path {
 //
 //   - Post every operation through x.posted, its callback pushing the completion into the
 //     mailbox. The transport gives each operation exactly one final completion with its
-//     memory verdict; the loop settles every failure, MemoryBusy and MemoryUnknown verdict
+//     memory verdict; the loop settles every failure, transport.MemoryBusy and transport.MemoryUnknown verdict
 //     (abort, quarantine, poison: L9, L10) before a path sees anything, and hands the path
 //     only final, quiescent successes (completed).
 //   - Never give back a slot, nor let the caller's blocks go, while an operation that may
@@ -85,7 +86,7 @@ type path interface {
 	post(slot *buffer.Slot) bool
 	// completed handles an operation's final completion that succeeded with its memory
 	// quiescent, on a transfer not aborting: count it, post the next, and end when all moved.
-	completed(rec *opRec, c Completion)
+	completed(rec *opRec, c transport.Completion)
 }
 
 // stagedPath is a path whose chunks also pass through the mover workers (the staging path):

@@ -4,7 +4,7 @@ package transfer
 
 // The direct (one-copy) path: each chunk is one tagged IOV message read straight out of the
 // sender's pool and written straight into the receiver's, with no staging slot on either side
-// (DirectTransport). The receiver picks it when its transport can reach its pool in place,
+// (transport.DirectTransport). The receiver picks it when its transport can reach its pool in place,
 // and says so in its request (FlagDirect); the sender follows. The RMA mode (path_rma.go)
 // starts from here and falls back to it.
 
@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // directSend is the sending side of the direct path.
@@ -135,7 +136,7 @@ func (d *directSend) post(*buffer.Slot) bool {
 	return x.postDirect(off, n, x.eng.direct.PostSendIOV)
 }
 
-func (d *directSend) completed(rec *opRec, _ Completion) { d.x.sentChunk(rec) }
+func (d *directSend) completed(rec *opRec, _ transport.Completion) { d.x.sentChunk(rec) }
 
 // fromPeer sends a lost decline again: a repeated request still asking for an offer shows
 // the receiver waits for an answer.
@@ -175,7 +176,7 @@ func (d directReceive) post(*buffer.Slot) bool {
 
 // completed handles a direct chunk that landed in the pool: no header to check (the tag named
 // it), only its length.
-func (d directReceive) completed(rec *opRec, c Completion) {
+func (d directReceive) completed(rec *opRec, c transport.Completion) {
 	x := d.x
 	_, n := x.chunkRange(rec.seq)
 	if int64(c.Bytes) != n {
@@ -200,13 +201,13 @@ func (directReceive) request(ri *wire.RequestInfo) bool {
 // postDirect posts chunk x.nextSeq, stream bytes [off, off+n), as one IOV operation straight
 // on the pool (post is the transport's PostSendIOV or PostRecvIOV). It returns false, having
 // aborted the transfer, if the post fails.
-func (x *xfer) postDirect(off, n int64, post func(Peer, Tag, [][]byte, func(Completion)) (OpID, error)) bool {
+func (x *xfer) postDirect(off, n int64, post func(Peer, transport.Tag, [][]byte, func(transport.Completion)) (transport.OpID, error)) bool {
 	rec := &opRec{seq: x.nextSeq}
-	var id OpID
+	var id transport.OpID
 	iov, err := x.iov(off, n)
 	if err == nil {
 		id, err = post(x.peer, x.tag(rec.seq), iov,
-			func(c Completion) { x.box.Push(event{op: rec, c: c}) })
+			func(c transport.Completion) { x.box.Push(event{op: rec, c: c}) })
 		if err != nil {
 			err = transportErr(err)
 		}

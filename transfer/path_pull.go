@@ -23,12 +23,13 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // slotExposure is the engine's staging memory as the pull wire exposes it to peers' gets.
 type slotExposure struct {
 	mem    []byte
-	mapped bool // the transport may read and write it in place (DirectTransport.Direct)
+	mapped bool // the transport may read and write it in place (transport.DirectTransport.Direct)
 	once   sync.Once
 	addr   uint64
 	key    []byte
@@ -39,7 +40,7 @@ type slotExposure struct {
 func (e *Engine) slotKey() (uint64, []byte, error) {
 	s := &e.slots
 	s.once.Do(func() {
-		rt, ok := e.tr.(RMATransport)
+		rt, ok := e.tr.(transport.RMATransport)
 		switch {
 		case !ok:
 			s.err = errors.New("this sender's transport has no rma gets")
@@ -66,10 +67,10 @@ func (h *Handle) Pulled() bool {
 }
 
 // pullMapper is what shows a pull receiver the sender's slots in place, or nil: the transport
-// maps peers' memory (RMAMapper), DisableInPlaceReads is off, and the Mover scatters from any
+// maps peers' memory (transport.RMAMapper), DisableInPlaceReads is off, and the Mover scatters from any
 // host memory (AnySourceScatterer).
-func (x *xfer) pullMapper() RMAMapper {
-	mp, ok := x.eng.tr.(RMAMapper)
+func (x *xfer) pullMapper() transport.RMAMapper {
+	mp, ok := x.eng.tr.(transport.RMAMapper)
 	if !ok || x.eng.cfg.DisableInPlaceReads {
 		return nil
 	}
@@ -85,7 +86,7 @@ func (x *xfer) pullWanted() bool {
 	if e.cfg.DisablePull || !e.slots.mapped || e.speech.features&wire.FeatureSlotPull == 0 || !x.peerHas(wire.FeatureSlotPull) {
 		return false
 	}
-	rt, ok := e.tr.(RMATransport)
+	rt, ok := e.tr.(transport.RMATransport)
 	if !ok || x.rmaGenerations() == nil { // a validated offer must be checkable here
 		return false
 	}
@@ -104,10 +105,10 @@ type pullReceive struct {
 	bytes   int64
 	queue   []wire.SlotReady // announced, not yet read
 	seen    []bool           // announced, by seq
-	// mapper shows the sender's slots in this process (RMAMapper): the scatter then reads
+	// mapper shows the sender's slots in this process (transport.RMAMapper): the scatter then reads
 	// each chunk in place, one copy fewer than a get into a slot; nil once a slot is not mapped
 	// here, or when the Mover may need its source in a slot (AnySourceScatterer).
-	mapper   RMAMapper
+	mapper   transport.RMAMapper
 	genCheck // a validated offer's generation word, read after the last chunk (rma_gen.go)
 }
 
@@ -206,7 +207,7 @@ func (r *pullReceive) offered(m *wire.Slots) {
 		}
 		return
 	}
-	if p, ok := x.eng.tr.(RMAKeyPreparer); ok {
+	if p, ok := x.eng.tr.(transport.RMAKeyPreparer); ok {
 		if err := p.PrepareKeys(x.peer, m.Key); err != nil {
 			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 			return
@@ -248,7 +249,7 @@ func (r *pullReceive) announced(m *wire.SlotReady) {
 // pump reads announced chunks into free slots.
 func (r *pullReceive) pump() {
 	x := r.x
-	rt, _ := x.eng.tr.(RMATransport)
+	rt, _ := x.eng.tr.(transport.RMATransport)
 	for r.pulling && !x.aborting && len(r.queue) > 0 && len(x.idle) > 0 {
 		m := r.queue[0]
 		r.queue = r.queue[1:]
@@ -317,7 +318,7 @@ func (r *pullReceive) post(slot *buffer.Slot) bool {
 }
 
 // completed checks a chunk read out of the sender's slot, frees that slot and scatters it.
-func (r *pullReceive) completed(rec *opRec, c Completion) {
+func (r *pullReceive) completed(rec *opRec, c transport.Completion) {
 	x := r.x
 	if r.gotGeneration(x, rec) {
 		return
@@ -359,7 +360,7 @@ func (r *pullReceive) moved(rec *opRec) {
 type pullSend struct {
 	stagingSend
 	offer  []byte // the encoded Slots, sent again when a repeated request shows it lost
-	endGen func() // ends the exposure's generation (RMAGenerations); nil: none, or ended
+	endGen func() // ends the exposure's generation (transport.RMAGenerations); nil: none, or ended
 }
 
 // answerPull answers a request with FlagPull: it exposes the staging memory and puts the
@@ -425,12 +426,12 @@ func (p *pullSend) fromPeer(m wire.Message) {
 			}
 			return
 		}
-		x.opDone(rec, Completion{Bytes: wire.DataHeaderBytes + len(rec.buf), Memory: MemoryDone})
+		x.opDone(rec, transport.Completion{Bytes: wire.DataHeaderBytes + len(rec.buf), Memory: transport.MemoryDone})
 	case *wire.Done:
 		// Every byte arrived: the receiver reads none of the slots again.
 		for _, rec := range x.ops {
 			if !rec.final {
-				x.opDone(rec, Completion{Bytes: wire.DataHeaderBytes + len(rec.buf), Memory: MemoryDone})
+				x.opDone(rec, transport.Completion{Bytes: wire.DataHeaderBytes + len(rec.buf), Memory: transport.MemoryDone})
 			}
 		}
 	case *wire.RMARelease:

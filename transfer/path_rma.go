@@ -2,7 +2,7 @@
 
 package transfer
 
-// The RMA path, a mode of the direct path (RMATransport): the receiver reads the sender's
+// The RMA path, a mode of the direct path (transport.RMATransport): the receiver reads the sender's
 // blocks with RMA gets, pool range to pool range. A direct receiver whose transport has gets
 // asks for an offer (FlagRMA) and posts nothing until the answer; the sender offers its pool
 // (RMAOffer, in parts when large) and keeps it exposed until the receiver's Done or release,
@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // rmaReceive is the receiving side of the RMA path: first asking for an offer (nothing
@@ -181,7 +182,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		}
 		r.gen, r.genAddr, r.genKey = m.Generation, m.GenAddr, m.GenKey
 	}
-	if p, ok := x.rmaTransport().(RMAKeyPreparer); ok {
+	if p, ok := x.rmaTransport().(transport.RMAKeyPreparer); ok {
 		if err := p.PrepareKeys(x.peer, m.Key); err != nil {
 			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 			return
@@ -224,8 +225,8 @@ func (r *rmaReceive) post(*buffer.Slot) bool {
 	}
 	g := r.gets[x.nextSeq]
 	rec := &opRec{seq: x.nextSeq}
-	done := func(c Completion) { x.box.Push(event{op: rec, c: c}) }
-	var id OpID
+	done := func(c transport.Completion) { x.box.Push(event{op: rec, c: c}) }
+	var id transport.OpID
 	var err error
 	if x.dev.set() { // device.go: named by address, never by a slice
 		id, err = x.eng.deviceGets().PostGetAt(x.peer, x.tag(rec.seq), r.key, r.addr+uint64(g.src), x.dev.Addr+uint64(g.dst), g.n, done)
@@ -242,7 +243,7 @@ func (r *rmaReceive) post(*buffer.Slot) bool {
 
 // completed handles a get that landed in the pool, and then the read of the sender's
 // generation word.
-func (r *rmaReceive) completed(rec *opRec, c Completion) {
+func (r *rmaReceive) completed(rec *opRec, c transport.Completion) {
 	x := r.x
 	if r.gotGeneration(x, rec) {
 		return
@@ -346,7 +347,7 @@ func (s *rmaSend) post(slot *buffer.Slot) bool {
 }
 
 // completed never runs: the exposure is no transport operation; it ends by the peer's word.
-func (*rmaSend) completed(*opRec, Completion) {}
+func (*rmaSend) completed(*opRec, transport.Completion) {}
 
 func (s *rmaSend) fromPeer(m wire.Message) {
 	switch m := m.(type) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // stagingSend is the sending side of the staging path.
@@ -137,7 +138,7 @@ func (x *xfer) stampChunk(rec *opRec) []byte {
 	return buf
 }
 
-func (p stagingSend) completed(rec *opRec, _ Completion) {
+func (p stagingSend) completed(rec *opRec, _ transport.Completion) {
 	p.x.spare = append(p.x.spare, rec) // its op is final and handled: the slot's next chunk takes it
 	p.x.sentChunk(rec)
 }
@@ -172,7 +173,7 @@ func (p stagingReceive) postChunk(slot *buffer.Slot) bool {
 }
 
 // completed checks a received chunk's header and hands its payload to the mover to scatter.
-func (p stagingReceive) completed(rec *opRec, c Completion) {
+func (p stagingReceive) completed(rec *opRec, c transport.Completion) {
 	if p.x.checkChunk(rec, rec.slot.Bytes()[:c.Bytes]) {
 		p.x.toMover(rec)
 	}
@@ -285,7 +286,7 @@ func (x *xfer) stagingRec(seq int, slot *buffer.Slot) *opRec {
 		x.spare = x.spare[:k-1]
 	} else {
 		rec = &opRec{final: true} // nothing posted yet: an abort has nothing to cancel
-		rec.done = func(c Completion) { x.box.Push(event{op: rec, c: c}) }
+		rec.done = func(c transport.Completion) { x.box.Push(event{op: rec, c: c}) }
 	}
 	rec.seq, rec.slot, rec.id, rec.off, rec.buf, rec.inPlace = seq, slot, 0, 0, nil, false
 	return rec
@@ -293,7 +294,7 @@ func (x *xfer) stagingRec(seq int, slot *buffer.Slot) *opRec {
 
 // trackStaging records a staging operation, just posted as id, as outstanding; a reused
 // record is in x.ops already.
-func (x *xfer) trackStaging(rec *opRec, id OpID) {
+func (x *xfer) trackStaging(rec *opRec, id transport.OpID) {
 	rec.id, rec.final = id, false
 	if !rec.listed {
 		rec.listed = true

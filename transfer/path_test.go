@@ -10,15 +10,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // recordingPath is a path that records what the loop hands it.
 type recordingPath struct{ got []*opRec }
 
-func (*recordingPath) kind() Path                           { return PathDirect }
-func (*recordingPath) post(*buffer.Slot) bool               { return true }
-func (p *recordingPath) completed(rec *opRec, _ Completion) { p.got = append(p.got, rec) }
+func (*recordingPath) kind() Path                                     { return PathDirect }
+func (*recordingPath) post(*buffer.Slot) bool                         { return true }
+func (p *recordingPath) completed(rec *opRec, _ transport.Completion) { p.got = append(p.got, rec) }
 
 // TestPath_SeesOnlyFinalQuiescentSuccesses holds the loop to what path.go promises every path:
 // an operation's completion reaches the path only when it is final, succeeded and left its
@@ -28,16 +29,16 @@ func TestPath_SeesOnlyFinalQuiescentSuccesses(t *testing.T) {
 	for _, tc := range []struct {
 		desc      string
 		aborting  bool
-		c         Completion
+		c         transport.Completion
 		reaches   bool
 		poisoned  bool // the caller's blocks: the op had no slot
 		abortsNow bool
 	}{
-		{desc: "success, memory done", c: Completion{Memory: MemoryDone, Bytes: 8}, reaches: true},
-		{desc: "failure, memory done", c: Completion{Memory: MemoryDone, Err: errors.New("boom")}, abortsNow: true},
-		{desc: "busy: not final", c: Completion{Memory: MemoryBusy, Err: ErrCancelled}, abortsNow: true},
-		{desc: "unknown: poisoned, never released", c: Completion{Memory: MemoryUnknown, Err: errors.New("lost")}, poisoned: true, abortsNow: true},
-		{desc: "success while aborting", aborting: true, c: Completion{Memory: MemoryDone, Bytes: 8}},
+		{desc: "success, memory done", c: transport.Completion{Memory: transport.MemoryDone, Bytes: 8}, reaches: true},
+		{desc: "failure, memory done", c: transport.Completion{Memory: transport.MemoryDone, Err: errors.New("boom")}, abortsNow: true},
+		{desc: "busy: not final", c: transport.Completion{Memory: transport.MemoryBusy, Err: ErrCancelled}, abortsNow: true},
+		{desc: "unknown: poisoned, never released", c: transport.Completion{Memory: transport.MemoryUnknown, Err: errors.New("lost")}, poisoned: true, abortsNow: true},
+		{desc: "success while aborting", aborting: true, c: transport.Completion{Memory: transport.MemoryDone, Bytes: 8}},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			net := mem.NewNetwork()
@@ -62,7 +63,7 @@ func TestPath_SeesOnlyFinalQuiescentSuccesses(t *testing.T) {
 			if tc.abortsNow {
 				require.True(t, x.aborting, "the loop aborts the transfer itself")
 			}
-			if tc.c.Memory == MemoryBusy {
+			if tc.c.Memory == transport.MemoryBusy {
 				require.False(t, rec.final, "a busy op is not final: its slot stays out until its verdict")
 				require.Equal(t, 2, x.outstanding)
 			} else {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // ErrBadRMAOffer: a sender's RMA offer does not describe memory the receiver may read: a
@@ -48,7 +49,7 @@ const (
 	rmaGetsAhead = 16
 	// rmaMaxOfferBlocks bounds the block ids of one offer message; a larger request's offer
 	// goes in parts of this many, or fewer where the transport's control messages have less
-	// room (ControlBound: UCX's default of 4 KiB holds this many with a shared-memory address).
+	// room (transport.ControlBound: UCX's default of 4 KiB holds this many with a shared-memory address).
 	rmaMaxOfferBlocks = 768
 	// rmaMaxPieces bounds the pool-to-pool pieces a receiver works out before coalescing
 	// them; a plan with more runs has ranges far too small for gets anyway.
@@ -63,21 +64,21 @@ type rmaRegion struct {
 	src, dst, n int64
 }
 
-// rmaTransport returns the engine's transport as an RMATransport, when it is one and the
+// rmaTransport returns the engine's transport as an transport.RMATransport, when it is one and the
 // engine allows the mode.
-// getsEmulated reports whether gets from the peer would be emulated (RMAEmulation: UCX 1.13
+// getsEmulated reports whether gets from the peer would be emulated (transport.RMAEmulation: UCX 1.13
 // over TCP) and the configuration does not keep the RMA mode there (RMAWhereEmulated): no
 // one-copy read of the peer's memory is to be had then, by the RMA mode or the pull wire.
-func (x *xfer) getsEmulated(rt RMATransport) bool {
-	em, ok := rt.(RMAEmulation)
+func (x *xfer) getsEmulated(rt transport.RMATransport) bool {
+	em, ok := rt.(transport.RMAEmulation)
 	return ok && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer)
 }
 
-func (x *xfer) rmaTransport() RMATransport {
+func (x *xfer) rmaTransport() transport.RMATransport {
 	if x.eng.cfg.DisableRMA {
 		return nil
 	}
-	rt, _ := x.eng.tr.(RMATransport)
+	rt, _ := x.eng.tr.(transport.RMATransport)
 	return rt
 }
 
@@ -177,11 +178,11 @@ func (x *xfer) checkOffer(m *wire.RMAOffer, inPlace bool) ([]rmaRegion, error) {
 }
 
 // getBytes is the largest get: DirectChunkBytes, or less where the transport stripes gets
-// over lanes (RMALanes) and the request is too small to give each lane two gets of that size,
+// over lanes (transport.RMALanes) and the request is too small to give each lane two gets of that size,
 // but never under rmaMinStripe.
 func (x *xfer) getBytes() int64 {
 	step := x.eng.cfg.DirectChunkBytes
-	if l, ok := x.eng.tr.(RMALanes); ok {
+	if l, ok := x.eng.tr.(transport.RMALanes); ok {
 		if n := int64(l.GetLanes()); n > 1 {
 			per := (x.plan.Bytes() + 2*n - 1) / (2 * n)
 			step = min(step, max(rmaMinStripe, per))
@@ -236,11 +237,11 @@ func rmaRegions(src, dst *layout.Plan) ([]rmaRegion, bool) {
 }
 
 // offerBlocks is how many block ids one offer message carries: rmaMaxOfferBlocks, or fewer
-// where the transport's control messages (ControlBound) have less room for a part with a key
+// where the transport's control messages (transport.ControlBound) have less room for a part with a key
 // of keyBytes. Below one it is an error.
 func (x *xfer) offerBlocks(keyBytes int) int {
 	n := rmaMaxOfferBlocks
-	if cb, ok := x.eng.tr.(ControlBound); ok {
+	if cb, ok := x.eng.tr.(transport.ControlBound); ok {
 		n = min(n, (cb.ControlRoom()-wire.OfferFixedBytes-wire.OfferBodyBytes-wire.OfferPartBytes-keyBytes)/4)
 	}
 	return n

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // ErrStaleRead: a receiver's RMA gets may have read blocks the sender had already let go
@@ -30,9 +31,9 @@ func (e *StaleReadError) Error() string {
 // Is matches ErrStaleRead.
 func (e *StaleReadError) Is(target error) bool { return target == ErrStaleRead }
 
-// rmaGenerations returns the engine's transport as an RMAGenerations, when it is one.
-func (x *xfer) rmaGenerations() RMAGenerations {
-	g, _ := x.eng.tr.(RMAGenerations)
+// rmaGenerations returns the engine's transport as an transport.RMAGenerations, when it is one.
+func (x *xfer) rmaGenerations() transport.RMAGenerations {
+	g, _ := x.eng.tr.(transport.RMAGenerations)
 	return g
 }
 
@@ -58,7 +59,7 @@ func (s *rmaSend) exposeGeneration(o *wire.RMAOffer) error {
 // of the transport is held: the transfer falls back to messages, which Health and the log
 // must not keep quiet about.
 func (x *xfer) noGenerationWord(err error) {
-	if !errors.Is(err, ErrNoGenerationWord) {
+	if !errors.Is(err, transport.ErrNoGenerationWord) {
 		return
 	}
 	x.eng.genDeclines.Add(1)
@@ -70,7 +71,7 @@ func (x *xfer) noGenerationWord(err error) {
 // back (the words of exposures that end, or that were poisoned for good, do).
 func (e *Engine) generationHealth(s *HealthSnapshot) string {
 	s.GenerationDeclines = e.genDeclines.Load()
-	gw, ok := e.tr.(GenerationWords)
+	gw, ok := e.tr.(transport.GenerationWords)
 	if !ok {
 		return ""
 	}
@@ -120,8 +121,8 @@ func (g *genCheck) readGeneration(x *xfer) bool {
 	}
 	rec := &opRec{seq: -1}
 	g.genRec = rec
-	id, err := x.rmaGenerations().PostReadGeneration(x.peer, Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(x.nChunks)},
-		g.genKey, g.genAddr, func(c Completion, value uint64) {
+	id, err := x.rmaGenerations().PostReadGeneration(x.peer, transport.Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(x.nChunks)},
+		g.genKey, g.genAddr, func(c transport.Completion, value uint64) {
 			rec.gen = value
 			x.box.Push(event{op: rec, c: c})
 		})

@@ -3,7 +3,7 @@
 package transfer
 
 // The RMA path's reads in place: where the transport maps the sender's offered pool into this
-// process (RMAMapper: UCX over shared memory, for memory UCX allocated), the receiver copies
+// process (transport.RMAMapper: UCX over shared memory, for memory UCX allocated), the receiver copies
 // the ranges itself, on the engine's mover workers, instead of posting gets. A get over UCX
 // 1.13's shared memory is a glibc memmove on the transport's worker thread, one range at a
 // time per lane, with a command and a completion around each; a copy on the movers runs at the
@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // inPlaceBatchBytes is about how many bytes one mover job copies: few enough jobs that their
@@ -25,8 +26,8 @@ const inPlaceBatchBytes = 8 << 20
 
 // rmaInPlace is a receiver's state for reading the offered pool in place.
 type rmaInPlace struct {
-	mapper  RMAMapper
-	limit   int    // jobs at once: the transport's lanes (RMALanes), at least 1
+	mapper  transport.RMAMapper
+	limit   int    // jobs at once: the transport's lanes (transport.RMALanes), at least 1
 	view    []byte // the offered pool as mapped here, from the first job on
 	release func()
 }
@@ -40,18 +41,18 @@ func (x *xfer) rmaInPlaceLikely() bool {
 	if rt == nil || x.eng.cfg.DisableInPlaceReads || !x.peerHas(wire.FeatureRMA) {
 		return false
 	}
-	_, maps := rt.(RMAMapper)
+	_, maps := rt.(transport.RMAMapper)
 	return maps && !x.getsEmulated(rt)
 }
 
 // rmaInPlace reports how this receiver may read the offer in place, or nil: gets.
 func (x *xfer) rmaInPlace() *rmaInPlace {
-	mp, ok := x.eng.tr.(RMAMapper)
+	mp, ok := x.eng.tr.(transport.RMAMapper)
 	if !ok || x.eng.cfg.DisableInPlaceReads || x.dev.set() {
 		return nil
 	}
 	limit := 1
-	if l, ok := x.eng.tr.(RMALanes); ok {
+	if l, ok := x.eng.tr.(transport.RMALanes); ok {
 		limit = max(1, l.GetLanes())
 	}
 	return &rmaInPlace{mapper: mp, limit: limit}

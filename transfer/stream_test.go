@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -91,7 +92,7 @@ func TestStreamedSendGivesTheReferenceBytesLayerByLayer(t *testing.T) {
 				}
 				want := int64(l) * perLayer
 				if !c.receiveStream {
-					chunk := fastConfig().SlotBytes - DataHeaderBytes
+					chunk := fastConfig().SlotBytes - transport.DataHeaderBytes
 					want = want / chunk * chunk // plain chunks: only those wholly inside ready layers
 				}
 				requireMovedStays(t, hs, want)

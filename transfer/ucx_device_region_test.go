@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // A device spec on a UCX without CUDA (Debian's 1.13): without a Mover it is refused at Send
@@ -88,7 +89,7 @@ func TestUCXRegion_DeviceRMACallsRefuseHostMemory(t *testing.T) {
 		{"CheckDevice", func() error { return u.tr.CheckDevice(addr, n) }},
 		{"RMAKeyAt", func() error { _, _, err := u.tr.RMAKeyAt(addr, n); return err }},
 		{"PostGetAt", func() error {
-			_, err := u.tr.PostGetAt(u.tr.Self(), Tag{}, mustKey(t, reg), addr, addr, n, func(Completion) { t.Error("a refused get completed") })
+			_, err := u.tr.PostGetAt(u.tr.Self(), transport.Tag{}, mustKey(t, reg), addr, addr, n, func(transport.Completion) { t.Error("a refused get completed") })
 			return err
 		}},
 		{"CheckDevice, zero length", func() error { return u.tr.CheckDevice(1<<40, 0) }},

@@ -21,7 +21,7 @@ type countingUCX struct {
 	gets, maps atomic.Int64
 }
 
-func (c *countingUCX) PostGet(from Peer, tag Tag, key []byte, addr uint64, dst []byte, done func(Completion)) (OpID, error) {
+func (c *countingUCX) PostGet(from Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
 	c.gets.Add(1)
 	return c.Transport.PostGet(from, tag, key, addr, dst, done)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -288,11 +289,11 @@ type stallingUCX struct {
 
 	mu   sync.Mutex
 	sent int
-	held map[OpID]func(Completion)
-	next OpID
+	held map[transport.OpID]func(transport.Completion)
+	next transport.OpID
 }
 
-func (s *stallingUCX) PostSend(to Peer, tag Tag, buf []byte, done func(Completion)) (OpID, error) {
+func (s *stallingUCX) PostSend(to Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	s.mu.Lock()
 	if s.sent < s.n {
 		s.sent++
@@ -300,7 +301,7 @@ func (s *stallingUCX) PostSend(to Peer, tag Tag, buf []byte, done func(Completio
 		return s.Transport.PostSend(to, tag, buf, done)
 	}
 	s.next++
-	id := OpID(1)<<62 | s.next
+	id := transport.OpID(1)<<62 | s.next
 	s.held[id] = done
 	s.mu.Unlock()
 	return id, nil
@@ -312,8 +313,8 @@ func (s *stallingUCX) heldCount() int {
 	return len(s.held)
 }
 
-func (s *stallingUCX) Cancel(id OpID) {
-	if id&(OpID(1)<<62) == 0 {
+func (s *stallingUCX) Cancel(id transport.OpID) {
+	if id&(transport.OpID(1)<<62) == 0 {
 		s.Transport.Cancel(id)
 	}
 }
@@ -321,10 +322,10 @@ func (s *stallingUCX) Cancel(id OpID) {
 func (s *stallingUCX) Close(force bool) error {
 	s.mu.Lock()
 	held := s.held
-	s.held = map[OpID]func(Completion){}
+	s.held = map[transport.OpID]func(transport.Completion){}
 	s.mu.Unlock()
 	for _, done := range held {
-		done(Completion{Err: ErrClosed, Memory: MemoryDone})
+		done(transport.Completion{Err: ErrClosed, Memory: transport.MemoryDone})
 	}
 	return s.Transport.Close(force)
 }
@@ -346,7 +347,7 @@ func newStallingUCXEngine(t testing.TB, tls, dev string, cfg Config, n int) *sta
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
-	st := &stallingUCX{Transport: tr, n: n, held: map[OpID]func(Completion){}}
+	st := &stallingUCX{Transport: tr, n: n, held: map[transport.OpID]func(transport.Completion){}}
 	e, err := New(st, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })

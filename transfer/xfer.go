@@ -16,6 +16,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/queue"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // xfer is one sub-transfer: one peer's share of a handle. It keeps what every path shares: the
@@ -107,13 +108,13 @@ type xfer struct {
 	// before the goroutine starts), taken from its request-info by the sender; every message
 	// and tag carries it.
 	nonce uint64
-	// releaseTags gives back the data tags a receive reserved (TagReserver), or is nil.
+	// releaseTags gives back the data tags a receive reserved (transport.TagReserver), or is nil.
 	releaseTags func()
 }
 
 // opRec is one posted send or receive and the slot it uses.
 type opRec struct {
-	id    OpID
+	id    transport.OpID
 	seq   int
 	slot  *buffer.Slot
 	final bool
@@ -134,13 +135,13 @@ type opRec struct {
 	batch []rmaRegion
 	// done is a staging record's completion callback, made once (stagingRec); listed: it is
 	// in x.ops.
-	done   func(Completion)
+	done   func(transport.Completion)
 	listed bool
 }
 
 type event struct {
 	op    *opRec
-	c     Completion
+	c     transport.Completion
 	msg   wire.Message
 	lost  error
 	ready bool // the caller marked more layers ready
@@ -179,8 +180,8 @@ func (x *xfer) head() wire.Header {
 }
 
 // tag is the data tag of chunk seq.
-func (x *xfer) tag(seq int) Tag {
-	return Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(seq), Nonce: x.nonce}
+func (x *xfer) tag(seq int) transport.Tag {
+	return transport.Tag{Request: x.h.id, Sub: x.wireSub, Seq: uint32(seq), Nonce: x.nonce}
 }
 
 // ours reports whether a message from the peer belongs to this transfer: its nonce is ours.
@@ -195,7 +196,7 @@ func (x *xfer) ours(h wire.Header) bool {
 	return false
 }
 
-// maxNonceDraws bounds how often a receive draws a nonce whose tags collide (TagReserver).
+// maxNonceDraws bounds how often a receive draws a nonce whose tags collide (transport.TagReserver).
 // With a 28-bit tag hash, 10,000 live transfers collide with a fresh draw about once in
 // 27,000; eight collisions in a row mean the tag space is full.
 const maxNonceDraws = 8
@@ -203,7 +204,7 @@ const maxNonceDraws = 8
 // reserveTags reserves the receive's data tags where the transport can collide, drawing
 // another nonce on a collision. It reports false (the transfer ended) if no nonce fits.
 func (x *xfer) reserveTags() bool {
-	tr, ok := x.eng.tr.(TagReserver)
+	tr, ok := x.eng.tr.(transport.TagReserver)
 	if !ok {
 		return true
 	}
@@ -328,7 +329,7 @@ func (x *xfer) extraSlots(first *buffer.Slot) []*buffer.Slot {
 }
 
 func (x *xfer) payloadCap() int64 {
-	c := x.eng.cfg.SlotBytes - DataHeaderBytes
+	c := x.eng.cfg.SlotBytes - transport.DataHeaderBytes
 	return c - c%x.plan.Layout().ElemSize
 }
 
@@ -394,7 +395,7 @@ func (x *xfer) updateAwaiting() {
 
 // posted records chunk rec.seq's operation, just posted as id, as outstanding and moves on
 // to the next chunk; every path (staging, direct, RMA) posts through it.
-func (x *xfer) posted(rec *opRec, id OpID) {
+func (x *xfer) posted(rec *opRec, id transport.OpID) {
 	rec.id = id
 	x.ops = append(x.ops, rec)
 	x.outstanding++
@@ -575,18 +576,18 @@ func (x *xfer) handleEvent(ev event) {
 	}
 }
 
-func (x *xfer) opDone(rec *opRec, c Completion) {
+func (x *xfer) opDone(rec *opRec, c transport.Completion) {
 	if rec.final {
 		x.log().Warn("transport reported an operation after its final completion", zap.Int("seq", rec.seq))
 		return
 	}
 	switch c.Memory {
-	case MemoryBusy:
+	case transport.MemoryBusy:
 		if !x.aborting {
 			x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.CancelGrace)
 		}
 		return
-	case MemoryUnknown:
+	case transport.MemoryUnknown:
 		rec.final = true
 		x.outstanding--
 		x.poison(rec, fmt.Sprintf("transport cannot say whether it is done with seq %d: %v", rec.seq, c.Err))

@@ -15,7 +15,7 @@ var Budgets = map[string]int{
 	"layout":                           84,
 	"layout/layouttest":                7,
 	"native":                           159,
-	"transfer":                         348,
+	"transfer":                         302,
 	"transfer/discovery":               53,
 	"transfer/discovery/discoverytest": 8,
 	"transfer/discovery/etcd":          0,
@@ -23,7 +23,7 @@ var Budgets = map[string]int{
 	"transfer/transport":               127,
 	"transfer/transport/mem":           57,
 	"transfer/transport/transporttest": 18,
-	"transfer/transport/ucx":           165,
+	"transfer/transport/ucx":           144,
 }
 
 // UserPackages are the packages a prefill/decode program imports (examples/); UserGoal is

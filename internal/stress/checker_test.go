@@ -19,6 +19,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 func TestConfigErrorsNameTheField(t *testing.T) {
@@ -152,15 +153,15 @@ func TestWindowsNeverShareBlocks(t *testing.T) {
 // looks at the buffers.
 type nopTransport struct{}
 
-func (nopTransport) Bind(transfer.Inbound) error             { return nil }
+func (nopTransport) Bind(transport.Inbound) error            { return nil }
 func (nopTransport) SendControl(transfer.Peer, []byte) error { return nil }
-func (nopTransport) Cancel(transfer.OpID)                    {}
+func (nopTransport) Cancel(transport.OpID)                   {}
 func (nopTransport) Progress(time.Duration) bool             { return false }
 func (nopTransport) Close(bool) error                        { return nil }
-func (nopTransport) PostSend(transfer.Peer, transfer.Tag, []byte, func(transfer.Completion)) (transfer.OpID, error) {
+func (nopTransport) PostSend(transfer.Peer, transport.Tag, []byte, func(transport.Completion)) (transport.OpID, error) {
 	return 1, nil
 }
-func (nopTransport) PostRecv(transfer.Peer, transfer.Tag, []byte, func(transfer.Completion)) (transfer.OpID, error) {
+func (nopTransport) PostRecv(transfer.Peer, transport.Tag, []byte, func(transport.Completion)) (transport.OpID, error) {
 	return 1, nil
 }
 
@@ -185,9 +186,9 @@ func TestL5_SlotTrackerCatchesAPoisonedSlotReused(t *testing.T) {
 	for _, c := range cases {
 		var err error
 		if c.send {
-			_, err = tr.PostSend("p", transfer.Tag{Request: 9}, c.buf, nil)
+			_, err = tr.PostSend("p", transport.Tag{Request: 9}, c.buf, nil)
 		} else {
-			_, err = tr.PostRecv("p", transfer.Tag{Request: 9}, c.buf, nil)
+			_, err = tr.PostRecv("p", transport.Tag{Request: 9}, c.buf, nil)
 		}
 		require.NoError(t, err, c.desc)
 		poisoned, reused, foreign := tr.findings()
@@ -195,7 +196,7 @@ func TestL5_SlotTrackerCatchesAPoisonedSlotReused(t *testing.T) {
 		require.Len(t, reused, c.reused, c.desc)
 		require.Empty(t, foreign, c.desc)
 	}
-	_, err := tr.PostSend("p", transfer.Tag{Request: 10}, make([]byte, 10), nil)
+	_, err := tr.PostSend("p", transport.Tag{Request: 10}, make([]byte, 10), nil)
 	require.NoError(t, err)
 	_, _, foreign := tr.findings()
 	require.Len(t, foreign, 1, "a buffer outside the staging memory is reported")

@@ -18,7 +18,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
-	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
@@ -32,19 +31,19 @@ func TestUCXTracked_KeepsEveryCapabilityTheEngineAsksFor(t *testing.T) {
 		desc  string
 		iface reflect.Type
 	}{
-		{"direct (IOV messages)", reflect.TypeFor[transfer.DirectTransport]()},
-		{"RMA gets", reflect.TypeFor[transfer.RMATransport]()},
-		{"RMA emulation (TCP)", reflect.TypeFor[transfer.RMAEmulation]()},
-		{"remote keys prepared ahead", reflect.TypeFor[transfer.RMAKeyPreparer]()},
-		{"reads in place", reflect.TypeFor[transfer.RMAMapper]()},
-		{"lanes", reflect.TypeFor[transfer.RMALanes]()},
-		{"generation words (pull wire, validated reads)", reflect.TypeFor[transfer.RMAGenerations]()},
-		{"pool holds", reflect.TypeFor[transfer.PoolHolder]()},
-		{"tag reservation (drains)", reflect.TypeFor[transfer.TagReserver]()},
-		{"transport health (receive probe)", reflect.TypeFor[transfer.TransportHealth]()},
-		{"control room", reflect.TypeFor[transfer.ControlBound]()},
+		{"direct (IOV messages)", reflect.TypeFor[transport.DirectTransport]()},
+		{"RMA gets", reflect.TypeFor[transport.RMATransport]()},
+		{"RMA emulation (TCP)", reflect.TypeFor[transport.RMAEmulation]()},
+		{"remote keys prepared ahead", reflect.TypeFor[transport.RMAKeyPreparer]()},
+		{"reads in place", reflect.TypeFor[transport.RMAMapper]()},
+		{"lanes", reflect.TypeFor[transport.RMALanes]()},
+		{"generation words (pull wire, validated reads)", reflect.TypeFor[transport.RMAGenerations]()},
+		{"pool holds", reflect.TypeFor[transport.PoolHolder]()},
+		{"tag reservation (drains)", reflect.TypeFor[transport.TagReserver]()},
+		{"transport health (receive probe)", reflect.TypeFor[transport.TransportHealth]()},
+		{"control room", reflect.TypeFor[transport.ControlBound]()},
 		{"large segments (TCP)", reflect.TypeFor[transport.LargeSegmentSender]()},
-		{"device gets", reflect.TypeFor[transfer.DeviceRMATransport]()},
+		{"device gets", reflect.TypeFor[transport.DeviceRMATransport]()},
 	}
 	raw, tracked := reflect.TypeFor[*ucx.Transport](), reflect.TypeFor[*ucxTracked]()
 	for _, c := range capabilities {

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -50,9 +51,9 @@ type slotTracker struct {
 }
 
 var (
-	_ transfer.Transport       = (*slotTracker)(nil)
-	_ transfer.TransportHealth = (*slotTracker)(nil)
-	_ transfer.RMATransport    = (*slotTracker)(nil)
+	_ transfer.Transport        = (*slotTracker)(nil)
+	_ transport.TransportHealth = (*slotTracker)(nil)
+	_ transport.RMATransport    = (*slotTracker)(nil)
 )
 
 func newSlotTracker(inner transfer.Transport, staging []byte, slotBytes int64) *slotTracker {
@@ -66,7 +67,7 @@ func newSlotTracker(inner transfer.Transport, staging []byte, slotBytes int64) *
 }
 
 // check records a post into a poisoned slot or outside the staging memory.
-func (s *slotTracker) check(what string, tag transfer.Tag, buf []byte) {
+func (s *slotTracker) check(what string, tag transport.Tag, buf []byte) {
 	if len(buf) == 0 {
 		return
 	}
@@ -102,13 +103,13 @@ func (s *slotTracker) findings() (poisoned int, reused, foreign []string) {
 // memory was named, which checkDirect reports.
 
 // rma returns the wrapped transport's one-copy side, or nil.
-func (s *slotTracker) rma() transfer.RMATransport {
-	rt, _ := s.inner.(transfer.RMATransport)
+func (s *slotTracker) rma() transport.RMATransport {
+	rt, _ := s.inner.(transport.RMATransport)
 	return rt
 }
 
 // checkDirect records a one-copy operation on staging memory.
-func (s *slotTracker) checkDirect(what string, tag transfer.Tag, bufs ...[]byte) {
+func (s *slotTracker) checkDirect(what string, tag transport.Tag, bufs ...[]byte) {
 	for _, b := range bufs {
 		if len(b) > 0 && s.inStaging(b) {
 			s.addForeign(what, tag, "a one-copy operation on staging memory")
@@ -123,7 +124,7 @@ func (s *slotTracker) inStaging(buf []byte) bool {
 }
 
 // addForeign records a post that does not belong where it went (the first 16 of them).
-func (s *slotTracker) addForeign(what string, tag transfer.Tag, why string) {
+func (s *slotTracker) addForeign(what string, tag transport.Tag, why string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.foreign) < 16 {
@@ -131,32 +132,32 @@ func (s *slotTracker) addForeign(what string, tag transfer.Tag, why string) {
 	}
 }
 
-// Direct implements transfer.DirectTransport.
+// Direct implements transport.DirectTransport.
 func (s *slotTracker) Direct(pool []byte) bool { rt := s.rma(); return rt != nil && rt.Direct(pool) }
 
-// PostSendIOV implements transfer.DirectTransport.
-func (s *slotTracker) PostSendIOV(to transfer.Peer, tag transfer.Tag, iov [][]byte, done func(transfer.Completion)) (transfer.OpID, error) {
+// PostSendIOV implements transport.DirectTransport.
+func (s *slotTracker) PostSendIOV(to transfer.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	s.checkDirect("direct send", tag, iov...)
 	return s.rma().PostSendIOV(to, tag, iov, done)
 }
 
-// PostRecvIOV implements transfer.DirectTransport.
-func (s *slotTracker) PostRecvIOV(from transfer.Peer, tag transfer.Tag, iov [][]byte, done func(transfer.Completion)) (transfer.OpID, error) {
+// PostRecvIOV implements transport.DirectTransport.
+func (s *slotTracker) PostRecvIOV(from transfer.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	s.checkDirect("direct receive", tag, iov...)
 	return s.rma().PostRecvIOV(from, tag, iov, done)
 }
 
-// RMAKey implements transfer.RMATransport.
+// RMAKey implements transport.RMATransport.
 func (s *slotTracker) RMAKey(pool []byte) (uint64, []byte, error) { return s.rma().RMAKey(pool) }
 
-// PostGet implements transfer.RMATransport.
-func (s *slotTracker) PostGet(from transfer.Peer, tag transfer.Tag, key []byte, addr uint64, dst []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+// PostGet implements transport.RMATransport.
+func (s *slotTracker) PostGet(from transfer.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
 	s.checkDirect("get", tag, dst)
 	return s.rma().PostGet(from, tag, key, addr, dst, done)
 }
 
 // Bind implements transfer.Transport.
-func (s *slotTracker) Bind(in transfer.Inbound) error { return s.inner.Bind(in) }
+func (s *slotTracker) Bind(in transport.Inbound) error { return s.inner.Bind(in) }
 
 // SendControl implements transfer.Transport.
 func (s *slotTracker) SendControl(to transfer.Peer, msg []byte) error {
@@ -164,19 +165,19 @@ func (s *slotTracker) SendControl(to transfer.Peer, msg []byte) error {
 }
 
 // PostSend implements transfer.Transport.
-func (s *slotTracker) PostSend(to transfer.Peer, tag transfer.Tag, buf []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+func (s *slotTracker) PostSend(to transfer.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	s.check("send", tag, buf)
 	return s.inner.PostSend(to, tag, buf, done)
 }
 
 // PostRecv implements transfer.Transport.
-func (s *slotTracker) PostRecv(from transfer.Peer, tag transfer.Tag, buf []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+func (s *slotTracker) PostRecv(from transfer.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	s.check("receive", tag, buf)
 	return s.inner.PostRecv(from, tag, buf, done)
 }
 
 // Cancel implements transfer.Transport.
-func (s *slotTracker) Cancel(op transfer.OpID) { s.inner.Cancel(op) }
+func (s *slotTracker) Cancel(op transport.OpID) { s.inner.Cancel(op) }
 
 // Close implements transfer.Transport.
 func (s *slotTracker) Close(force bool) error { return s.inner.Close(force) }
@@ -184,7 +185,7 @@ func (s *slotTracker) Close(force bool) error { return s.inner.Close(force) }
 // TransportHealth forwards the inner transport's report (UCX's receive probe), so the
 // engine's Health says what it would without the tracker.
 func (s *slotTracker) TransportHealth() error {
-	if th, ok := s.inner.(transfer.TransportHealth); ok {
+	if th, ok := s.inner.(transport.TransportHealth); ok {
 		return th.TransportHealth()
 	}
 	return nil

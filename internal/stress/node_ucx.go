@@ -6,6 +6,7 @@ package stress
 
 import (
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -21,8 +22,8 @@ type ucxTracked struct {
 }
 
 var (
-	_ transfer.RMATransport    = (*ucxTracked)(nil)
-	_ transfer.TransportHealth = (*ucxTracked)(nil)
+	_ transport.RMATransport    = (*ucxTracked)(nil)
+	_ transport.TransportHealth = (*ucxTracked)(nil)
 )
 
 func newUCXTracked(tr *ucx.Transport, slotBytes int64) *ucxTracked {
@@ -30,32 +31,32 @@ func newUCXTracked(tr *ucx.Transport, slotBytes int64) *ucxTracked {
 }
 
 // PostSend implements transfer.Transport: a staging slot's send, checked.
-func (u *ucxTracked) PostSend(to transfer.Peer, tag transfer.Tag, buf []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+func (u *ucxTracked) PostSend(to transfer.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	u.slots.check("send", tag, buf)
 	return u.Transport.PostSend(to, tag, buf, done)
 }
 
 // PostRecv implements transfer.Transport: a staging slot's receive, checked.
-func (u *ucxTracked) PostRecv(from transfer.Peer, tag transfer.Tag, buf []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+func (u *ucxTracked) PostRecv(from transfer.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	u.slots.check("receive", tag, buf)
 	return u.Transport.PostRecv(from, tag, buf, done)
 }
 
-// PostSendIOV implements transfer.DirectTransport: never staging memory.
-func (u *ucxTracked) PostSendIOV(to transfer.Peer, tag transfer.Tag, iov [][]byte, done func(transfer.Completion)) (transfer.OpID, error) {
+// PostSendIOV implements transport.DirectTransport: never staging memory.
+func (u *ucxTracked) PostSendIOV(to transfer.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	u.slots.checkDirect("direct send", tag, iov...)
 	return u.Transport.PostSendIOV(to, tag, iov, done)
 }
 
-// PostRecvIOV implements transfer.DirectTransport: never staging memory.
-func (u *ucxTracked) PostRecvIOV(from transfer.Peer, tag transfer.Tag, iov [][]byte, done func(transfer.Completion)) (transfer.OpID, error) {
+// PostRecvIOV implements transport.DirectTransport: never staging memory.
+func (u *ucxTracked) PostRecvIOV(from transfer.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	u.slots.checkDirect("direct receive", tag, iov...)
 	return u.Transport.PostRecvIOV(from, tag, iov, done)
 }
 
-// PostGet implements transfer.RMATransport: the pull wire gets into a staging slot of its
+// PostGet implements transport.RMATransport: the pull wire gets into a staging slot of its
 // own (checked as a slot), the RMA mode into the caller's pool.
-func (u *ucxTracked) PostGet(from transfer.Peer, tag transfer.Tag, key []byte, addr uint64, dst []byte, done func(transfer.Completion)) (transfer.OpID, error) {
+func (u *ucxTracked) PostGet(from transfer.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
 	if u.slots.inStaging(dst) {
 		u.slots.check("get", tag, dst)
 	}

@@ -2,7 +2,7 @@
 
 package stress
 
-import "github.com/kvxfer/kvxfer/transfer"
+import "github.com/kvxfer/kvxfer/transfer/transport"
 
 // windows cuts a registered KV pool into equal windows, one per request in flight, so that
 // requests sharing the pool never share blocks. A window is taken before the request starts
@@ -41,7 +41,7 @@ func (w *windows) put(i int) { w.free <- i }
 // blocks (drawRequest) and two spare, with every head, rounded up to whole pages so each
 // window starts on a page as RegisterHost wants of a pool.
 func (c Config) windowBytes() int64 {
-	payload := c.SlotBytes - transfer.DataHeaderBytes
+	payload := c.SlotBytes - transport.DataHeaderBytes
 	blockBytes := kvLayout(kvHeads, 1).BlockBytes()
 	maxBlocks := payload/blockBytes + 6 + 2
 	n := kvLayout(kvHeads, maxBlocks).SpanBytes()

@@ -15,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // The KV geometry of every request: 2 layers, K and V, 4 KV heads of 32 fp16 values, 16
@@ -63,7 +64,7 @@ type senderShare struct {
 // chunk by chunk), whether two TP=2 prefill ranks feed it, and its deadline (tight reports a
 // 1-20 ms one, the deadline fault).
 func (c Config) drawRequest(r *rand.Rand) (blocks int64, tp bool, timeout time.Duration, tight bool) {
-	payload := c.SlotBytes - transfer.DataHeaderBytes
+	payload := c.SlotBytes - transport.DataHeaderBytes
 	blockBytes := kvLayout(kvHeads, 1).BlockBytes()
 	if r.Float64() < c.LargeFraction {
 		blocks = payload/blockBytes + 1 + r.Int64N(6)

@@ -14,6 +14,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -66,7 +67,7 @@ func newPair(t *testing.T, cfg transfer.Config, extra func(engine string) transf
 // smallConfig is an engine configuration with small slots (several chunks per transfer) and
 // short deadlines, so failure paths finish in milliseconds.
 func smallConfig() transfer.Config {
-	return transfer.Config{SlotBytes: transfer.DataHeaderBytes + 512, MaxConcurrent: 4, PipelineDepth: 2,
+	return transfer.Config{SlotBytes: transport.DataHeaderBytes + 512, MaxConcurrent: 4, PipelineDepth: 2,
 		TransferTimeout: 5 * time.Second, QueueTimeout: 5 * time.Second}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // Label values of the direction label. A transfer whose start the engine did not report (an
@@ -166,8 +167,8 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 	for r := range transfer.HelloRefusalCount {
 		m.helloRefused.WithLabelValues(r.String())
 	}
-	for _, what := range transfer.AuthMessages {
-		for r := range transfer.AuthRefusalCount {
+	for _, what := range transport.AuthMessages {
+		for r := range transport.AuthRefusalCount {
 			m.authRefused.WithLabelValues(what, r.String())
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/observe"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 func TestNewMetrics_RefusesBadConfig(t *testing.T) {
@@ -314,8 +315,8 @@ func TestMetrics_AuthRefusalsFromTheEngine(t *testing.T) {
 	cfg := smallConfig()
 	cfg.ClusterKeys = [][]byte{make([]byte, transfer.ClusterKeyBytes)}
 	p := newPair(t, cfg, nil)
-	for _, what := range transfer.AuthMessages {
-		for r := range transfer.AuthRefusalCount {
+	for _, what := range transport.AuthMessages {
+		for r := range transport.AuthRefusalCount {
 			require.Zero(t, value(t, p.reg, "kvxfer_auth_refused_total", map[string]string{"engine": "prefill", "what": what, "reason": r.String()}))
 		}
 	}
