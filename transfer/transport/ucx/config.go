@@ -47,7 +47,7 @@ type Config struct {
 	DrainAhead int
 	// MaxDrains bounds the drain receives posted at once, so a cancel storm cannot grow
 	// memory without bound; past it a cancelled receive gets no drain (counted in
-	// DrainStats.Skipped) and a late send to it strands as before. Default 65536.
+	// drainCounters.Skipped) and a late send to it strands as before. Default 65536.
 	MaxDrains int
 	// ProbeInterval is how often a second worker in this process sends the transport's worker
 	// a small message over the transports a local peer would use (see probe.go): UCX's
@@ -69,7 +69,7 @@ type Config struct {
 	// side are striped over (lanes.go): the transport's own worker and Lanes-1 more, made
 	// on the first get. A get is one copy made by the thread that posts it (shared memory,
 	// cma), so one worker bounds every request to one core. 1 keeps every get on the
-	// transport's worker. Default: DefaultLanes, at most GOMAXPROCS.
+	// transport's worker. Default: 4, at most GOMAXPROCS.
 	Lanes int
 	// TCPSegmentBytes is the largest piece UCX's TCP transport sends in one copy
 	// (native.ContextConfig.TCPSegmentBytes): a large message over TCP goes as many such
@@ -96,8 +96,7 @@ type Config struct {
 	// most 4 MiB, a millisecond's copy, but a peer's memory backed by userfaultfd or FUSE can
 	// hold it for ever, and the kernel lets no signal stop it. A call past the bound fails its
 	// get with its memory unknown (the engine poisons the destination, L9), that peer's memory
-	// is read through UCX from then on, and Close stops waiting for it. Default
-	// DefaultCMAReadTimeout.
+	// is read through UCX from then on, and Close stops waiting for it. Default 5s.
 	CMAReadTimeout time.Duration
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
@@ -123,34 +122,34 @@ func (c *Config) applyDefaults() error {
 		return &transport.ConfigError{Field: "ucx.Config.CloseTimeout", Value: c.CloseTimeout, Reason: "must be positive"}
 	}
 	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
+		c.DrainTimeout = defaultDrainTimeout
 	}
 	if c.DrainTimeout < 0 {
 		return &transport.ConfigError{Field: "ucx.Config.DrainTimeout", Value: c.DrainTimeout, Reason: "must be positive"}
 	}
 	if c.DrainAhead == 0 {
-		c.DrainAhead = DefaultDrainAhead
+		c.DrainAhead = defaultDrainAhead
 	}
 	if c.DrainAhead < 0 || c.DrainAhead > 1024 {
 		return &transport.ConfigError{Field: "ucx.Config.DrainAhead", Value: c.DrainAhead, Reason: "must be between 1 and 1024"}
 	}
 	if c.MaxDrains == 0 {
-		c.MaxDrains = DefaultMaxDrains
+		c.MaxDrains = defaultMaxDrains
 	}
 	if c.MaxDrains < 0 {
 		return &transport.ConfigError{Field: "ucx.Config.MaxDrains", Value: c.MaxDrains, Reason: "must be positive"}
 	}
 	if c.ProbeInterval == 0 {
-		c.ProbeInterval = DefaultProbeInterval
+		c.ProbeInterval = defaultProbeInterval
 	}
 	if c.ProbeTimeout == 0 {
-		c.ProbeTimeout = DefaultProbeTimeout
+		c.ProbeTimeout = defaultProbeTimeout
 	}
 	if c.ProbeTimeout < 0 || (c.ProbeInterval > 0 && c.ProbeTimeout < c.ProbeInterval) {
 		return &transport.ConfigError{Field: "ucx.Config.ProbeTimeout", Value: c.ProbeTimeout, Reason: "must be positive and at least ProbeInterval"}
 	}
 	if c.Lanes == 0 {
-		c.Lanes = max(1, min(DefaultLanes, runtime.GOMAXPROCS(0)))
+		c.Lanes = max(1, min(defaultLanes, runtime.GOMAXPROCS(0)))
 	}
 	if c.Lanes < 1 || c.Lanes > MaxLanes {
 		return &transport.ConfigError{Field: "ucx.Config.Lanes", Value: c.Lanes, Reason: fmt.Sprintf("must be between 1 and %d", MaxLanes)}
@@ -166,7 +165,7 @@ func (c *Config) applyDefaults() error {
 		return &transport.ConfigError{Field: "ucx.Config.ShmFIFOSize", Value: f, Reason: "must be 0 or a power of two from 64 to 16384"}
 	}
 	if c.CMAReadTimeout == 0 {
-		c.CMAReadTimeout = DefaultCMAReadTimeout
+		c.CMAReadTimeout = defaultCMAReadTimeout
 	}
 	if c.CMAReadTimeout < 0 {
 		return &transport.ConfigError{Field: "ucx.Config.CMAReadTimeout", Value: c.CMAReadTimeout, Reason: "must be positive"}
@@ -177,18 +176,18 @@ func (c *Config) applyDefaults() error {
 	return nil
 }
 
-// DefaultCMAReadTimeout is Config.CMAReadTimeout's default.
-const DefaultCMAReadTimeout = 5 * time.Second
+// defaultCMAReadTimeout is Config.CMAReadTimeout's default.
+const defaultCMAReadTimeout = 5 * time.Second
 
-// DefaultTCPReceiveSegmentBytes is the receive buffer of UCX's TCP transport as UCX sets it
+// defaultTCPReceiveSegmentBytes is the receive buffer of UCX's TCP transport as UCX sets it
 // (UCX_TCP_RX_SEG_SIZE): what a peer not of this package takes in one segment.
-const DefaultTCPReceiveSegmentBytes = 64 << 10
+const defaultTCPReceiveSegmentBytes = 64 << 10
 
 var _ transport.LargeSegmentSender = (*Transport)(nil)
 
 // SendsLargeSegments implements transport.LargeSegmentSender: whether this transport's TCP
 // segments (the process's UCX_TCP_TX_SEG_SIZE, which the first transport set) are larger than
-// DefaultTCPReceiveSegmentBytes. Always false when its transports cannot include TCP.
+// defaultTCPReceiveSegmentBytes. Always false when its transports cannot include TCP.
 func (t *Transport) SendsLargeSegments() bool {
-	return t.uctx.TCPSendSegmentBytes() > DefaultTCPReceiveSegmentBytes
+	return t.uctx.TCPSendSegmentBytes() > defaultTCPReceiveSegmentBytes
 }

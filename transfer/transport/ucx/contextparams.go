@@ -55,8 +55,8 @@ func (e *StaleIncarnationError) Unwrap() error { return ErrStaleIncarnation }
 //	whole blob with this field zero)
 //	request u64 | incarnation u64 | layout 12 x i64 | selection 4 x i64
 //	blocks u32 n, n x i32 | address u32 n, n bytes
-//	[secret 16 bytes, when flags has ContextParamsFlagSecret]
-//	[key id 8 bytes | mac 32 bytes, when flags has ContextParamsFlagMAC]
+//	[secret 16 bytes, when flags has contextParamsFlagSecret]
+//	[key id 8 bytes | mac 32 bytes, when flags has contextParamsFlagMAC]
 //
 // all little-endian (docs/protocol.md, "ContextParams v3"). The optional sections follow in
 // flag order. Params without them are written as version 2 (flags zero), which a decoder of the
@@ -105,23 +105,23 @@ type ParamsSeal struct {
 // Bounds of the format, generous for real use and small enough that a hostile length cannot
 // make the decoder allocate much.
 const (
-	// ContextParamsVersion is the newest format version this package reads and writes: a blob
+	// contextParamsVersion is the newest format version this package reads and writes: a blob
 	// with a section (Secret, Seal) is written in it.
-	ContextParamsVersion = 3
-	// ContextParamsMinVersion is the oldest version this package reads (2: no flags), and the
+	contextParamsVersion = 3
+	// contextParamsMinVersion is the oldest version this package reads (2: no flags), and the
 	// one it writes params without sections in, so a decoder of the previous release reads
 	// them.
-	ContextParamsMinVersion = 2
-	// ContextParamsFlagSecret announces the Secret section.
-	ContextParamsFlagSecret = 1
-	// ContextParamsFlagMAC announces the MAC section (Seal).
-	ContextParamsFlagMAC = 8
+	contextParamsMinVersion = 2
+	// contextParamsFlagSecret announces the Secret section.
+	contextParamsFlagSecret = 1
+	// contextParamsFlagMAC announces the MAC section (Seal).
+	contextParamsFlagMAC = 8
 	// ContextParamsSecretBytes is the size of a per-request secret.
 	ContextParamsSecretBytes = 16
-	// ContextParamsSealBytes is the size of the MAC section: key id and mac.
-	ContextParamsSealBytes = wire.SealBytes
-	// ContextParamsMaxBlocks bounds the block list (a 1M-token request at 16 tokens a block).
-	ContextParamsMaxBlocks = 1 << 16
+	// contextParamsSealBytes is the size of the MAC section: key id and mac.
+	contextParamsSealBytes = wire.SealBytes
+	// contextParamsMaxBlocks bounds the block list (a 1M-token request at 16 tokens a block).
+	contextParamsMaxBlocks = 1 << 16
 	// ContextParamsMaxAddress bounds the worker address.
 	ContextParamsMaxAddress = 1 << 16
 
@@ -149,8 +149,8 @@ func (c *ContextParams) Validate() error {
 		return bad("WorkerAddress", "empty")
 	case len(c.WorkerAddress) > ContextParamsMaxAddress:
 		return bad("WorkerAddress", "%d bytes, at most %d", len(c.WorkerAddress), ContextParamsMaxAddress)
-	case len(c.Blocks) > ContextParamsMaxBlocks:
-		return bad("Blocks", "%d blocks, at most %d", len(c.Blocks), ContextParamsMaxBlocks)
+	case len(c.Blocks) > contextParamsMaxBlocks:
+		return bad("Blocks", "%d blocks, at most %d", len(c.Blocks), contextParamsMaxBlocks)
 	case c.Secret != nil && len(c.Secret) != ContextParamsSecretBytes:
 		return bad("Secret", "%d bytes, want %d or none", len(c.Secret), ContextParamsSecretBytes)
 	}
@@ -180,14 +180,14 @@ func (c *ContextParams) encode(seal *ParamsSeal) ([]byte, error) {
 	put := func(v any) { _ = binary.Write(&b, le, v) } // bytes.Buffer writes cannot fail
 	var flags uint16
 	if c.Secret != nil {
-		flags |= ContextParamsFlagSecret
+		flags |= contextParamsFlagSecret
 	}
 	if seal != nil {
-		flags |= ContextParamsFlagMAC
+		flags |= contextParamsFlagMAC
 	}
-	version := uint16(ContextParamsVersion)
+	version := uint16(contextParamsVersion)
 	if flags == 0 {
-		version = ContextParamsMinVersion // the oldest format that carries them (docs/deploy.md, section 7)
+		version = contextParamsMinVersion // the oldest format that carries them (docs/deploy.md, section 7)
 	}
 	b.WriteString(cpMagic)
 	put(version)
@@ -237,7 +237,7 @@ func (c *ContextParams) Sign(keys [][]byte) error {
 	}
 	ring.SealParams(b)
 	s := &ParamsSeal{}
-	copy(s.KeyID[:], b[len(b)-ContextParamsSealBytes:])
+	copy(s.KeyID[:], b[len(b)-contextParamsSealBytes:])
 	copy(s.MAC[:], b[len(b)-wire.MACBytes:])
 	c.Seal = s
 	return nil
@@ -337,10 +337,10 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 		return nil, fmt.Errorf("%w: magic %q, want %q", ErrBadMetadata, blob[:4], cpMagic)
 	}
 	version, flags := le.Uint16(blob[4:]), le.Uint16(blob[6:])
-	if version < ContextParamsMinVersion || version > ContextParamsVersion {
-		return nil, fmt.Errorf("%w: version %d, this build reads versions %d to %d", ErrBadMetadata, version, ContextParamsMinVersion, ContextParamsVersion)
+	if version < contextParamsMinVersion || version > contextParamsVersion {
+		return nil, fmt.Errorf("%w: version %d, this build reads versions %d to %d", ErrBadMetadata, version, contextParamsMinVersion, contextParamsVersion)
 	}
-	known := uint16(ContextParamsFlagSecret | ContextParamsFlagMAC)
+	known := uint16(contextParamsFlagSecret | contextParamsFlagMAC)
 	if version == 2 {
 		known = 0
 	}
@@ -374,8 +374,8 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	}
 	c.Selection = layout.Selection{LayerBegin: sv[0], LayerEnd: sv[1], HeadBegin: sv[2], HeadEnd: sv[3]}
 	nb := r.u32("block count")
-	if r.err == nil && nb > ContextParamsMaxBlocks {
-		return nil, fmt.Errorf("%w: %d blocks, at most %d", ErrBadMetadata, nb, ContextParamsMaxBlocks)
+	if r.err == nil && nb > contextParamsMaxBlocks {
+		return nil, fmt.Errorf("%w: %d blocks, at most %d", ErrBadMetadata, nb, contextParamsMaxBlocks)
 	}
 	if raw := r.take(int(nb)*4, "blocks"); raw != nil {
 		c.Blocks = make([]int32, nb)
@@ -388,10 +388,10 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 		return nil, fmt.Errorf("%w: %d-byte address, at most %d", ErrBadMetadata, na, ContextParamsMaxAddress)
 	}
 	c.WorkerAddress = append([]byte(nil), r.take(int(na), "worker address")...)
-	if flags&ContextParamsFlagSecret != 0 {
+	if flags&contextParamsFlagSecret != 0 {
 		c.Secret = append([]byte(nil), r.take(ContextParamsSecretBytes, "secret")...)
 	}
-	if flags&ContextParamsFlagMAC != 0 {
+	if flags&contextParamsFlagMAC != 0 {
 		c.Seal = &ParamsSeal{}
 		copy(c.Seal.KeyID[:], r.take(wire.KeyIDBytes, "key id"))
 		copy(c.Seal.MAC[:], r.take(wire.MACBytes, "mac"))

@@ -39,9 +39,9 @@ func TestContextParams_V3Sections(t *testing.T) {
 		extra   int
 	}{
 		{"no sections: version 2", llamaParams(), 2, 0, 0},
-		{"a secret", withSecret(llamaParams()), 3, ContextParamsFlagSecret, ContextParamsSecretBytes},
-		{"a seal", signed(llamaParams()), 3, ContextParamsFlagMAC, ContextParamsSealBytes},
-		{"a secret and a seal", signed(withSecret(llamaParams())), 3, ContextParamsFlagSecret | ContextParamsFlagMAC, ContextParamsSecretBytes + ContextParamsSealBytes},
+		{"a secret", withSecret(llamaParams()), 3, contextParamsFlagSecret, ContextParamsSecretBytes},
+		{"a seal", signed(llamaParams()), 3, contextParamsFlagMAC, contextParamsSealBytes},
+		{"a secret and a seal", signed(withSecret(llamaParams())), 3, contextParamsFlagSecret | contextParamsFlagMAC, ContextParamsSecretBytes + contextParamsSealBytes},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			blob, err := tc.in.MarshalBinary()
@@ -132,7 +132,7 @@ func TestContextParams_VerifyRefusesForgeries(t *testing.T) {
 		{"request id changed", flip(func([]byte) int { return cpHeaderSize }), [][]byte{cur}, transport.AuthBadMAC},
 		{"incarnation changed", flip(func([]byte) int { return cpHeaderSize + 8 }), [][]byte{cur}, transport.AuthBadMAC},
 		{"a block changed", flip(func([]byte) int { return cpHeaderSize + 16 + 16*8 + 4 }), [][]byte{cur}, transport.AuthBadMAC},
-		{"the secret changed", flip(func(b []byte) int { return len(b) - ContextParamsSealBytes - 1 }), [][]byte{cur}, transport.AuthBadMAC},
+		{"the secret changed", flip(func(b []byte) int { return len(b) - contextParamsSealBytes - 1 }), [][]byte{cur}, transport.AuthBadMAC},
 		{"the mac changed", flip(func(b []byte) int { return len(b) - 1 }), [][]byte{cur}, transport.AuthBadMAC},
 		{"a made-up mac under the key's id", func() []byte {
 			b := good()
@@ -144,7 +144,7 @@ func TestContextParams_VerifyRefusesForgeries(t *testing.T) {
 			donor.RequestID++
 			d := sign(donor, cur)
 			b := good()
-			copy(b[len(b)-ContextParamsSealBytes:], d[len(d)-ContextParamsSealBytes:])
+			copy(b[len(b)-contextParamsSealBytes:], d[len(d)-contextParamsSealBytes:])
 			return reseal(b)
 		}(), [][]byte{cur}, transport.AuthBadMAC},
 		{"the secret stripped", func() []byte {

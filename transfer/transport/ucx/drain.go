@@ -20,8 +20,8 @@ type ucxDrain struct {
 	timer *time.Timer
 }
 
-// DrainStats counts the drain receives of a Transport (see Config.DrainTimeout).
-type DrainStats struct {
+// drainCounters counts the drain receives of a Transport (see Config.DrainTimeout).
+type drainCounters struct {
 	Started uint64 // drains posted for cancelled receives
 	Drained uint64 // drains that took a late message, completing its sender's request
 	Expired uint64 // drains cancelled at DrainTimeout (or replaced by a live receive) unused
@@ -96,8 +96,8 @@ func (t *Transport) drainDoneLocked(d *ucxDrain) {
 	}
 }
 
-// DrainStats returns the drain counters (see Config.DrainTimeout). It never blocks on UCX.
-func (t *Transport) DrainStats() DrainStats {
+// drainSnapshot returns the drain counters (see Config.DrainTimeout). It never blocks on UCX.
+func (t *Transport) drainSnapshot() drainCounters {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.drainStats

@@ -106,8 +106,8 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 			if tc.wantComplete {
 				sc := awaitFinal(t, sch, 5*time.Second, "send to a cancelled receive")
 				require.Equal(t, transport.MemoryDone, sc.Memory, "the sender's slot is free again: %v", sc.Err)
-				require.Eventually(t, func() bool { return recv.DrainStats().Drained == 1 }, 5*time.Second, time.Millisecond,
-					"drain stats: %+v", recv.DrainStats())
+				require.Eventually(t, func() bool { return recv.drainSnapshot().Drained == 1 }, 5*time.Second, time.Millisecond,
+					"drain stats: %+v", recv.drainSnapshot())
 			} else {
 				select {
 				case sc := <-sch:
@@ -115,9 +115,9 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 				case <-time.After(time.Second):
 				}
 				require.Eventually(t, func() bool {
-					s := recv.DrainStats()
-					return s.Started == 1+DefaultDrainAhead && s.Expired == s.Started && s.Live == 0
-				}, 5*time.Second, time.Millisecond, "drain stats: %+v", recv.DrainStats())
+					s := recv.drainSnapshot()
+					return s.Started == 1+defaultDrainAhead && s.Expired == s.Started && s.Live == 0
+				}, 5*time.Second, time.Millisecond, "drain stats: %+v", recv.drainSnapshot())
 			}
 			require.True(t, bytes.Equal(bytes.Repeat([]byte{0xa5}, size), rbuf), "the cancelled receive's buffer was written")
 		})
@@ -137,7 +137,7 @@ func TestUCXTransport_NewReceiveRetiresDrains(t *testing.T) {
 	require.NoError(t, err)
 	recv.Cancel(id)
 	require.ErrorIs(t, awaitFinal(t, rch, 5*time.Second, "cancelled receive").Err, transport.ErrCancelled)
-	require.Equal(t, uint64(1+DefaultDrainAhead), recv.DrainStats().Started)
+	require.Equal(t, uint64(1+defaultDrainAhead), recv.drainSnapshot().Started)
 
 	// The second attempt posts its first receive; its sender runs ahead to chunk 2 before
 	// the receiver posts that receive (one of the first attempt's drains ahead).
@@ -164,7 +164,7 @@ func TestUCXTransport_NewReceiveRetiresDrains(t *testing.T) {
 	require.True(t, bytes.Equal(sbuf, rbuf), "the new receive got the chunk")
 	require.NoError(t, awaitFinal(t, sch, 5*time.Second, "the send").Err)
 	require.Eventually(t, func() bool {
-		s := recv.DrainStats()
+		s := recv.drainSnapshot()
 		return s.Live == 0 && s.Drained == 0 && s.Expired == s.Started
-	}, 5*time.Second, time.Millisecond, "every drain retired unused: %+v", recv.DrainStats())
+	}, 5*time.Second, time.Millisecond, "every drain retired unused: %+v", recv.drainSnapshot())
 }

@@ -4,8 +4,8 @@ package ucx
 
 // Bounds and defaults of Config, here (no cgo) so that builds without cgo can name them.
 const (
-	// DefaultLanes is Config.Lanes' default where GOMAXPROCS allows it.
-	DefaultLanes = 4
+	// defaultLanes is Config.Lanes' default where GOMAXPROCS allows it.
+	defaultLanes = 4
 	// MaxLanes bounds Config.Lanes: each lane is a worker and an OS thread.
 	MaxLanes = 64
 	// DefaultStagingBytes is the default of Config.StagingBytes and DeviceConfig.StagingBytes:

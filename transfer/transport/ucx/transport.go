@@ -33,12 +33,12 @@ var ErrUnregistered = errors.New("kvxfer: buffer outside UCX-registered memory")
 
 // Defaults of Config's drain fields.
 const (
-	DefaultDrainTimeout = 30 * time.Second
-	DefaultDrainAhead   = 4
-	DefaultMaxDrains    = 65536
+	defaultDrainTimeout = 30 * time.Second
+	defaultDrainAhead   = 4
+	defaultMaxDrains    = 65536
 	// Defaults of Config's receive probe.
-	DefaultProbeInterval = time.Second
-	DefaultProbeTimeout  = 10 * time.Second
+	defaultProbeInterval = time.Second
+	defaultProbeTimeout  = 10 * time.Second
 )
 
 // ucxDrainBytes is the buffer of a drain receive: larger messages are truncated, and UCX
@@ -88,7 +88,7 @@ type Transport struct {
 	// by transfer (the tag without its chunk sequence), by UCX tag, and by request.
 	drains     map[uint64]map[uint64]*ucxDrain
 	drainByReq map[*native.Request]*ucxDrain
-	drainStats DrainStats
+	drainStats drainCounters
 
 	// beforeConnect, when set (tests), runs as a new endpoint is about to be made: a worker
 	// round trip of up to CloseTimeout.
