@@ -10,6 +10,10 @@
 // Nothing is global: metrics are registered on the prometheus.Registerer the caller passes,
 // and logs go to the *zap.Logger the caller passes.
 //
+// A process starts with four names: NewMetrics, NewLogObserver, Multi (the engine's
+// Config.Observer) and Serve (a HandlerConfig: the probes, /metrics, and the embedded registry
+// if it hosts one). Pending, CombineHealth and Handler serve the less common shapes.
+//
 // Wiring, in order (the engine takes its observer at construction, the health collector
 // needs the engine):
 //

@@ -30,7 +30,7 @@ type HandlerConfig struct {
 	// seconds) and metric gathering errors. Default zap.NewNop().
 	Logger *zap.Logger
 	// LivenessTimeout bounds /livez's wait for the engine's Health call: an engine that does
-	// not answer within it is reported dead. Default DefaultLivenessTimeout; negative is
+	// not answer within it is reported dead. Default 500ms; negative is
 	// refused.
 	LivenessTimeout time.Duration
 	// Registry, if set, is served on the same mux at every path the probes and /metrics do
@@ -71,7 +71,7 @@ func Handler(cfg HandlerConfig) (http.Handler, error) {
 	}
 	live := &liveness{src: cfg.Health, timeout: cfg.LivenessTimeout}
 	if live.timeout == 0 {
-		live.timeout = DefaultLivenessTimeout
+		live.timeout = defaultLivenessTimeout
 	}
 	ready := func(path string) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {

@@ -48,10 +48,10 @@ func NewLogObserver(log *zap.Logger) *LogObserver {
 	return &LogObserver{log: log, live: make(map[transfer.RequestID]transfer.StartInfo)}
 }
 
-// remember keeps info for the quarantine and poison lines, up to DefaultMaxTracked requests.
+// remember keeps info for the quarantine and poison lines, up to defaultMaxTracked requests.
 func (l *LogObserver) remember(info transfer.StartInfo) {
 	l.mu.Lock()
-	if len(l.live) < DefaultMaxTracked {
+	if len(l.live) < defaultMaxTracked {
 		l.live[info.ID] = info
 	}
 	l.mu.Unlock()

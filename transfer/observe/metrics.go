@@ -13,21 +13,21 @@ import (
 )
 
 // Label values of the direction label. A transfer whose start the engine did not report (an
-// engine without transfer.StartObserver support) is labelled DirectionUnknown.
+// engine without transfer.StartObserver support) is labelled "unknown".
 const (
-	DirectionSend    = "send"
-	DirectionReceive = "receive"
-	DirectionUnknown = "unknown"
+	directionSend    = "send"
+	directionReceive = "receive"
+	directionUnknown = "unknown"
 )
 
-// DefaultDurationBuckets are the transfer duration histogram's buckets: 0.5 ms doubling to
+// defaultDurationBuckets are the transfer duration histogram's buckets: 0.5 ms doubling to
 // about 33 s, so both a single-block handover on shared memory and a long prompt near the
 // default 30 s deadline land in a bucket of their own.
-var DefaultDurationBuckets = prometheus.ExponentialBuckets(0.0005, 2, 17)
+var defaultDurationBuckets = prometheus.ExponentialBuckets(0.0005, 2, 17)
 
-// DefaultMaxTracked is MetricsConfig.MaxTracked's default: well above the 10,000 concurrent
+// defaultMaxTracked is MetricsConfig.MaxTracked's default: well above the 10,000 concurrent
 // transfers the engine is built for.
-const DefaultMaxTracked = 1 << 17
+const defaultMaxTracked = 1 << 17
 
 // MetricsConfig configures NewMetrics. Zero values take the documented defaults.
 type MetricsConfig struct {
@@ -39,12 +39,11 @@ type MetricsConfig struct {
 	// ConstLabels differ. Default none.
 	ConstLabels prometheus.Labels
 	// DurationBuckets are the upper bounds, in seconds, of the transfer duration histogram.
-	// Default DefaultDurationBuckets.
+	// Default: 0.5 ms doubling to about 33 s (17 buckets).
 	DurationBuckets []float64
 	// MaxTracked bounds how many live requests the observer remembers (to know a request's
-	// direction and start time); past it, new requests are labelled DirectionUnknown and not
-	// timed, so a leak elsewhere cannot grow memory here without bound. Default
-	// DefaultMaxTracked.
+	// direction and start time); past it, new requests are labelled "unknown" and not
+	// timed, so a leak elsewhere cannot grow memory here without bound. Default 131072 (1<<17).
 	MaxTracked int
 }
 
@@ -103,7 +102,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 		return nil, &ConfigError{Field: "MetricsConfig.Registerer", Reason: "required: pass prometheus.NewRegistry() or your process's registry"}
 	}
 	if cfg.DurationBuckets == nil {
-		cfg.DurationBuckets = DefaultDurationBuckets
+		cfg.DurationBuckets = defaultDurationBuckets
 	}
 	for i := 1; i < len(cfg.DurationBuckets); i++ {
 		if cfg.DurationBuckets[i] <= cfg.DurationBuckets[i-1] {
@@ -111,10 +110,10 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 		}
 	}
 	if cfg.MaxTracked < 0 {
-		return nil, &ConfigError{Field: "MetricsConfig.MaxTracked", Reason: "must not be negative; 0 takes DefaultMaxTracked"}
+		return nil, &ConfigError{Field: "MetricsConfig.MaxTracked", Reason: "must not be negative; 0 takes the default, 1<<17"}
 	}
 	if cfg.MaxTracked == 0 {
-		cfg.MaxTracked = DefaultMaxTracked
+		cfg.MaxTracked = defaultMaxTracked
 	}
 	cl := cfg.ConstLabels
 	m := &Metrics{
@@ -155,7 +154,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 	}
 	// Create every labelled series up front, so dashboards and rate() see zeros rather
 	// than missing series before the first event of each kind.
-	for _, d := range []string{DirectionSend, DirectionReceive} {
+	for _, d := range []string{directionSend, directionReceive} {
 		m.bytes.WithLabelValues(d)
 		for _, o := range []transfer.State{transfer.Completed, transfer.Failed, transfer.Cancelled, transfer.Quarantined} {
 			m.duration.WithLabelValues(d, o.String())
@@ -191,9 +190,9 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 // OnStart implements transfer.StartObserver: it remembers the request's direction and the
 // moment it was accepted.
 func (m *Metrics) OnStart(info transfer.StartInfo) {
-	dir := DirectionSend
+	dir := directionSend
 	if info.Direction == transfer.DirectionReceive {
-		dir = DirectionReceive
+		dir = directionReceive
 	}
 	m.mu.Lock()
 	if len(m.live) < m.maxTracked {
@@ -232,7 +231,7 @@ func (m *Metrics) OnTransition(id transfer.RequestID, sub int, from, to transfer
 func (m *Metrics) trackLate(id transfer.RequestID) {
 	m.mu.Lock()
 	if _, ok := m.live[id]; !ok && len(m.live) < m.maxTracked {
-		m.live[id] = tracked{direction: DirectionUnknown, bytes: m.bytes.WithLabelValues(DirectionUnknown), start: time.Now()}
+		m.live[id] = tracked{direction: directionUnknown, bytes: m.bytes.WithLabelValues(directionUnknown), start: time.Now()}
 	}
 	m.mu.Unlock()
 }
@@ -244,7 +243,7 @@ func (m *Metrics) OnProgress(id transfer.RequestID, bytes int64, _ time.Time) {
 	c := m.live[id].bytes
 	m.mu.Unlock()
 	if c == nil {
-		c = m.bytes.WithLabelValues(DirectionUnknown)
+		c = m.bytes.WithLabelValues(directionUnknown)
 	}
 	c.Add(float64(bytes))
 }
@@ -280,16 +279,16 @@ func (m *Metrics) OnHelloRefused(_ transfer.Peer, reason transfer.HelloRefusal) 
 
 // SentBytes returns the counter of stream bytes this engine sent (for tests and examples;
 // Prometheus reads it through the registry).
-func (m *Metrics) SentBytes() prometheus.Counter { return m.bytes.WithLabelValues(DirectionSend) }
+func (m *Metrics) SentBytes() prometheus.Counter { return m.bytes.WithLabelValues(directionSend) }
 
 // ReceivedBytes returns the counter of stream bytes this engine received.
 func (m *Metrics) ReceivedBytes() prometheus.Counter {
-	return m.bytes.WithLabelValues(DirectionReceive)
+	return m.bytes.WithLabelValues(directionReceive)
 }
 
-// Tracked returns how many live requests the observer remembers; it falls back to zero when
-// the engine is idle, which tests use to check that nothing leaks.
-func (m *Metrics) Tracked() int {
+// trackedCount returns how many live requests the observer remembers; it falls back to zero
+// when the engine is idle, which tests use to check that nothing leaks (export_test.go).
+func (m *Metrics) trackedCount() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.live)

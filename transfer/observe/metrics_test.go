@@ -146,9 +146,9 @@ func TestMetrics_ObserverEventsByHand(t *testing.T) {
 		direction string
 		timed     bool
 	}{
-		{"start reported: labelled and timed from acceptance", true, 0, observe.DirectionReceive, true},
-		{"no start reported: unknown direction, timed from the first transition", false, 0, observe.DirectionUnknown, true},
-		{"over MaxTracked: counted under unknown, not timed", true, 1, observe.DirectionUnknown, false},
+		{"start reported: labelled and timed from acceptance", true, 0, "receive", true},
+		{"no start reported: unknown direction, timed from the first transition", false, 0, "unknown", true},
+		{"over MaxTracked: counted under unknown, not timed", true, 1, "unknown", false},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {

@@ -22,9 +22,9 @@ import (
 // unready, not dead: restarting it would not unfreeze its peer.
 func Live(h transfer.Health) bool { return !h.Closed && !h.TransportWedged && !h.MoverWedged }
 
-// DefaultLivenessTimeout is how long /livez waits for the engine's Health call when
+// defaultLivenessTimeout is how long /livez waits for the engine's Health call when
 // HandlerConfig.LivenessTimeout is zero: shorter than Kubernetes' default probe timeout (1s).
-const DefaultLivenessTimeout = 500 * time.Millisecond
+const defaultLivenessTimeout = 500 * time.Millisecond
 
 // Pending is a HealthSource for a process whose engine does not exist yet (it is made once a
 // peer has said which layout to use, say), so that its probes answer from the moment the

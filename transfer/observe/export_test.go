@@ -1,0 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package observe
+
+// Tracked is (*Metrics).trackedCount for the tests: how many live requests m remembers.
+func (m *Metrics) Tracked() int { return m.trackedCount() }
