@@ -117,7 +117,7 @@ func TestClusterKeysRefuseForgedMessages(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := patientConfig()
 			cfg.ClusterKeys = [][]byte{key}
-			tt := newTrustTrio(t, true, lacking(FeatureLargeSegments), cfg)
+			tt := newTrustTrio(t, true, lacking(wire.FeatureLargeSegments), cfg)
 			var sent int
 			tt.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 				if fp.From == "prefill" {

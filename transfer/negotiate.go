@@ -39,25 +39,9 @@ func WireVersions() (min, max int) { return wire.MinVersion, wire.Version }
 func Features() Feature { return wire.KnownFeatures }
 
 // Feature is one part of the wire protocol that a peer may lack (a set of them, joined with
-// "+" by String). The staging path is in every wire version and is not one.
+// "+" by String: streaming, partial, direct, rma, multi-part, large-segments, ...). The staging
+// path is in every wire version and is not one.
 type Feature = wire.Feature
-
-// The features.
-const (
-	// FeatureStreaming: layer-aligned chunks, which a streaming Receive asks for.
-	FeatureStreaming = wire.FeatureStreaming
-	// FeaturePartial: a request naming the blocks its receiver already holds.
-	FeaturePartial = wire.FeaturePartial
-	// FeatureDirect: the one-copy path.
-	FeatureDirect = wire.FeatureDirect
-	// FeatureRMA: the direct path's RMA mode.
-	FeatureRMA = wire.FeatureRMA
-	// FeatureMultiPart: an RMA offer in more than one control message.
-	FeatureMultiPart = wire.FeatureMultiPart
-	// FeatureLargeSegments: a receiver that takes the large pieces some transports send
-	// (transport.LargeSegmentSender: UCX's TCP segments above 64 KiB).
-	FeatureLargeSegments = wire.FeatureLargeSegments
-)
 
 // ErrPeerLacksFeature: the peer does not speak a feature the request needs, or no wire
 // version in common with this engine. The error is a *FeatureError; the request fails

@@ -18,7 +18,7 @@ type largeSegments struct{ *mem.Transport }
 func (largeSegments) SendsLargeSegments() bool { return true }
 
 // TestLargeSegmentsGoOnlyToAReceiverThatTakesThem: a sender whose transport sends large pieces
-// sends nothing to a receiver whose hello lacks FeatureLargeSegments (an older build): the
+// sends nothing to a receiver whose hello lacks wire.FeatureLargeSegments (an older build): the
 // sender fails with a *FeatureError naming the feature (ErrPeerLacksFeature, ErrIncompatible),
 // the receiver hears why, and not one byte reached its pool. A receiver of this build takes the
 // transfer, and a sender that sends no large pieces serves the older receiver as before.
@@ -29,9 +29,9 @@ func TestLargeSegmentsGoOnlyToAReceiverThatTakesThem(t *testing.T) {
 		receiver speech
 		refused  bool
 	}{
-		{"large pieces to an older receiver", true, lacking(FeatureLargeSegments), true},
+		{"large pieces to an older receiver", true, lacking(wire.FeatureLargeSegments), true},
 		{"large pieces to this build", true, buildSpeech(), false},
-		{"usual pieces to an older receiver", false, lacking(FeatureLargeSegments), false},
+		{"usual pieces to an older receiver", false, lacking(wire.FeatureLargeSegments), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n := mem.NewNetwork()

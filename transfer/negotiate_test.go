@@ -83,15 +83,15 @@ func TestMixedVersions(t *testing.T) {
 		wantErr  *FeatureError
 		wantPath Path
 	}{
-		{"an older peer without streaming: a streaming receive fails at once", lacking(FeatureStreaming),
-			func(s *Spec) { s.Stream = true }, &FeatureError{Peer: "prefill", Feature: FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
-		{"an older peer without partial requests: a partial receive fails at once", lacking(FeaturePartial),
-			func(s *Spec) { s.Held = []int{1} }, &FeatureError{Peer: "prefill", Feature: FeaturePartial, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
+		{"an older peer without streaming: a streaming receive fails at once", lacking(wire.FeatureStreaming),
+			func(s *Spec) { s.Stream = true }, &FeatureError{Peer: "prefill", Feature: wire.FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
+		{"an older peer without partial requests: a partial receive fails at once", lacking(wire.FeaturePartial),
+			func(s *Spec) { s.Held = []int{1} }, &FeatureError{Peer: "prefill", Feature: wire.FeaturePartial, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
 		{"a peer with no version in common fails at once", tooNew,
 			nil, &FeatureError{Peer: "prefill", PeerVersion: wire.Version + 2, PeerMinVersion: wire.Version + 1}, 0},
-		{"an older peer without streaming: a plain receive completes", lacking(FeatureStreaming), nil, nil, PathRMA},
-		{"an older peer without rma: the direct path's messages", lacking(FeatureRMA), nil, nil, PathDirect},
-		{"an older peer without direct or rma: staging", lacking(FeatureDirect | FeatureRMA), nil, nil, PathStaging},
+		{"an older peer without streaming: a plain receive completes", lacking(wire.FeatureStreaming), nil, nil, PathRMA},
+		{"an older peer without rma: the direct path's messages", lacking(wire.FeatureRMA), nil, nil, PathDirect},
+		{"an older peer without direct or rma: staging", lacking(wire.FeatureDirect | wire.FeatureRMA), nil, nil, PathStaging},
 		{"an older peer with none of the features: staging", lacking(wire.KnownFeatures), nil, nil, PathStaging},
 		{"a newer peer: the version both speak, every feature", newer, func(s *Spec) { s.Stream = true }, nil, PathRMA},
 	}
@@ -147,7 +147,7 @@ func TestMixedVersionsOfferInPartsOnlyToAPeerThatSpeaksThem(t *testing.T) {
 		want     Path
 	}{
 		{"a receiver that speaks parts reads the pool", buildSpeech(), PathRMA},
-		{"an older receiver gets the direct path's messages", lacking(FeatureMultiPart), PathDirect},
+		{"an older receiver gets the direct path's messages", lacking(wire.FeatureMultiPart), PathDirect},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := patientConfig()
@@ -171,7 +171,7 @@ func TestMixedVersionsOfferInPartsOnlyToAPeerThatSpeaksThem(t *testing.T) {
 // An older engine refuses a request for a feature it does not speak (one sent without
 // reading its hello) with an abort the receiver sees at once, not by dropping it.
 func TestMixedVersionsOlderSenderRefusesWhatItLacks(t *testing.T) {
-	p := newSpeakingPair(t, lacking(FeatureStreaming), buildSpeech(), patientConfig(), patientConfig())
+	p := newSpeakingPair(t, lacking(wire.FeatureStreaming), buildSpeech(), patientConfig(), patientConfig())
 	src, dst := pools(t, 4)
 	// The receiver believes the sender speaks what this build does (as if it had proven it):
 	// it asks for streaming.
@@ -259,7 +259,7 @@ func TestHelloRoundTrips(t *testing.T) {
 	}
 	_, err := (&wire.Hello{Min: 2, Max: 2}).AppendBinary(nil)
 	require.Error(t, err, "no hello before version 3")
-	require.Equal(t, "streaming+rma+feature40", (FeatureStreaming | FeatureRMA | 1<<40).String())
+	require.Equal(t, "streaming+rma+feature40", (wire.FeatureStreaming | wire.FeatureRMA | 1<<40).String())
 }
 
 // Messages other than a hello travel at the version the pair speaks: one of a version this

@@ -87,7 +87,7 @@ func (tt *trustTrio) transfer(t *testing.T, id RequestID, refused bool) {
 	requireState(t, hs, Failed, ErrIncompatible, ErrPeerLacksFeature)
 	var fe *FeatureError
 	require.True(t, errors.As(hs.Status().Err, &fe))
-	require.Equal(t, FeatureLargeSegments, fe.Feature)
+	require.Equal(t, wire.FeatureLargeSegments, fe.Feature)
 	requireState(t, hr, Failed, ErrPeerAborted)
 	require.Equal(t, before, dst.stream(t), "no byte reached the receiver")
 }
@@ -146,7 +146,7 @@ func (r *refusalCounter) count(reason HelloRefusal) int {
 // the receiver itself proved (never a feature it lacks), and large pieces go only to a
 // receiver that proved it takes them.
 func TestForgedHelloChangesNothing(t *testing.T) {
-	older := lacking(FeatureLargeSegments)
+	older := lacking(wire.FeatureLargeSegments)
 	for _, c := range []struct {
 		desc     string
 		receiver speech
@@ -214,9 +214,9 @@ func TestForgottenPeerGetsConservativeFeatures(t *testing.T) {
 		forget   func(t *testing.T, tt *trustTrio)
 		refused  bool
 	}{
-		{"evicted by a third engine, an older receiver", lacking(FeatureLargeSegments), evictByThirdEngine, true},
+		{"evicted by a third engine, an older receiver", lacking(wire.FeatureLargeSegments), evictByThirdEngine, true},
 		{"evicted by a third engine, a receiver of this build", buildSpeech(), evictByThirdEngine, false},
-		{"lost, an older receiver", lacking(FeatureLargeSegments), losePeer, true},
+		{"lost, an older receiver", lacking(wire.FeatureLargeSegments), losePeer, true},
 		{"lost, a receiver of this build", buildSpeech(), losePeer, false},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
@@ -274,9 +274,9 @@ func TestWire3PeerInteroperates(t *testing.T) {
 		believed              Feature // what the sender believes of the receiver
 		believedByTheReceiver Feature
 	}{
-		{"a wire-3 sender to this build", wire3, buildSpeech(), false, false, wire.KnownFeatures, wire.KnownFeatures &^ FeatureLargeSegments},
-		{"this build to a wire-3 receiver", buildSpeech(), wire3, false, false, wire.KnownFeatures &^ FeatureLargeSegments, wire.KnownFeatures},
-		{"large pieces to a wire-3 receiver that claims them", buildSpeech(), wire3, true, true, wire.KnownFeatures &^ FeatureLargeSegments, wire.KnownFeatures},
+		{"a wire-3 sender to this build", wire3, buildSpeech(), false, false, wire.KnownFeatures, wire.KnownFeatures &^ wire.FeatureLargeSegments},
+		{"this build to a wire-3 receiver", buildSpeech(), wire3, false, false, wire.KnownFeatures &^ wire.FeatureLargeSegments, wire.KnownFeatures},
+		{"large pieces to a wire-3 receiver that claims them", buildSpeech(), wire3, true, true, wire.KnownFeatures &^ wire.FeatureLargeSegments, wire.KnownFeatures},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			n := mem.NewNetwork()
@@ -338,11 +338,11 @@ func TestHelloProofMustEchoAnOutstandingChallenge(t *testing.T) {
 		}, HelloRefusedReplayed, true},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
-			tt := newTrustTrio(t, false, lacking(FeatureStreaming), patientConfig())
+			tt := newTrustTrio(t, false, lacking(wire.FeatureStreaming), patientConfig())
 			want := Feature(0)
 			if c.met {
 				tt.transfer(t, 1, false)
-				want = lacking(FeatureStreaming).features
+				want = lacking(wire.FeatureStreaming).features
 			}
 			proof := c.setup(t, tt)
 			require.NoError(t, tt.net.Spoof("decode", "prefill", proof))

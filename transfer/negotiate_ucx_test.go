@@ -41,7 +41,7 @@ func TestUCXTransport_MixedVersions(t *testing.T) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
 	cfg := ucxTestConfig()
 	cfg.TransferTimeout, cfg.QueueTimeout = time.Hour, time.Hour
-	old := newUCXEngineSpeaking(t, "posix,cma,self", "", cfg, lacking(FeatureStreaming|FeaturePartial))
+	old := newUCXEngineSpeaking(t, "posix,cma,self", "", cfg, lacking(wire.FeatureStreaming|wire.FeaturePartial))
 	cur := newUCXEngine(t, "posix,cma,self", "", cfg)
 
 	s := newUCXKV(t, dims, layout.BlockMajor, []int32{3, 9, 27}, 11)
@@ -54,7 +54,7 @@ func TestUCXTransport_MixedVersions(t *testing.T) {
 	requireState(t, hr, Failed, ErrPeerLacksFeature)
 	var fe *FeatureError
 	require.True(t, errors.As(hr.Status().Err, &fe))
-	require.Equal(t, &FeatureError{Peer: old.tr.Self(), Feature: FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, fe)
+	require.Equal(t, &FeatureError{Peer: old.tr.Self(), Feature: wire.FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, fe)
 	require.Equal(t, Queued, hs.Status().State, "the sender never got a request")
 	require.NoError(t, hr.Release()) // the id is free again
 
@@ -70,7 +70,7 @@ func TestUCXTransport_MixedVersions(t *testing.T) {
 // Over UCX's TCP transport, whose segments are 1 MiB by default (ucx.Config.TCPSegmentBytes), a
 // sender sends nothing to a receiver that does not say it takes them (an older build, whose
 // receive buffer would be UCX's 64 KiB): it fails with a *FeatureError naming
-// FeatureLargeSegments, the receiver hears why, and its pool is untouched. Over shared memory
+// wire.FeatureLargeSegments, the receiver hears why, and its pool is untouched. Over shared memory
 // there are no TCP segments and the same pair completes.
 func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
@@ -92,7 +92,7 @@ func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T)
 				StagingBytes: int64(oc.NumSlots) * oc.SlotBytes, CloseTimeout: 2 * time.Second})
 			require.NoError(t, err)
 			oc.StagingMemory = otr.StagingMemory()
-			old, err := newEngine(otr, oc, lacking(FeatureLargeSegments))
+			old, err := newEngine(otr, oc, lacking(wire.FeatureLargeSegments))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = old.Close() })
 
@@ -114,7 +114,7 @@ func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T)
 			requireState(t, hs, Failed, ErrPeerLacksFeature)
 			var fe *FeatureError
 			require.True(t, errors.As(hs.Status().Err, &fe))
-			require.Equal(t, FeatureLargeSegments, fe.Feature)
+			require.Equal(t, wire.FeatureLargeSegments, fe.Feature)
 			requireState(t, hr, Failed, ErrPeerAborted)
 			require.Equal(t, before, r.stream(t), "no byte reached the older receiver")
 		})
@@ -131,7 +131,7 @@ func TestUCXTransport_ForgedHelloChangesNothing(t *testing.T) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
 	cfg := ucxTestConfig()
 	cfg.TransferTimeout = time.Hour
-	older := lacking(FeatureLargeSegments)
+	older := lacking(wire.FeatureLargeSegments)
 	for _, c := range []struct {
 		tls, dev string
 		refused  bool
@@ -176,7 +176,7 @@ func TestUCXTransport_ForgedHelloChangesNothing(t *testing.T) {
 				requireState(t, hs, Failed, ErrPeerLacksFeature)
 				var fe *FeatureError
 				require.True(t, errors.As(hs.Status().Err, &fe))
-				require.Equal(t, FeatureLargeSegments, fe.Feature)
+				require.Equal(t, wire.FeatureLargeSegments, fe.Feature)
 				requireState(t, hr, Failed, ErrPeerAborted)
 				require.Equal(t, before, r.stream(t), "no byte reached the older receiver")
 			}

@@ -179,7 +179,7 @@ type PeerConnectReporter interface {
 // transport of the same kind receives by default (UCX's TCP transport, sending segments above
 // UCX's default 64 KiB receive buffer: ucx.Config.TCPSegmentBytes). A receiver that cannot take
 // them reads past its buffer or aborts, so the engine sends data only to a peer whose hello
-// says it takes them (transfer.FeatureLargeSegments) and refuses the rest with a
+// says it takes them (the large-segments feature) and refuses the rest with a
 // *transfer.FeatureError before anything is sent.
 type LargeSegmentSender interface {
 	SendsLargeSegments() bool
