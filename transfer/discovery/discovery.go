@@ -157,26 +157,26 @@ type Config struct {
 	Logger *zap.Logger
 }
 
-// Defaults.
+// Defaults of Config, documented on its fields.
 const (
-	DefaultTTL           = 10 * time.Second
-	DefaultLookupTimeout = 5 * time.Second
-	MinTTL               = time.Second
+	defaultTTL           = 10 * time.Second
+	defaultLookupTimeout = 5 * time.Second
+	minTTL               = time.Second
 )
 
 func (c Config) withDefaults() (Config, error) {
 	if c.TTL == 0 {
-		c.TTL = DefaultTTL
+		c.TTL = defaultTTL
 	}
 	if c.LookupTimeout == 0 {
-		c.LookupTimeout = DefaultLookupTimeout
+		c.LookupTimeout = defaultLookupTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
 	switch {
-	case c.TTL < MinTTL:
-		return c, fmt.Errorf("%w: Config.TTL %v: at least %v", ErrInvalid, c.TTL, MinTTL)
+	case c.TTL < minTTL:
+		return c, fmt.Errorf("%w: Config.TTL %v: at least %v", ErrInvalid, c.TTL, minTTL)
 	case c.LookupTimeout < 0:
 		return c, fmt.Errorf("%w: Config.LookupTimeout %v: negative", ErrInvalid, c.LookupTimeout)
 	}

@@ -4,6 +4,10 @@
 // identity (name, role, incarnation, transport address, named endpoints, protocol version
 // and features) and looks the others up by name or role.
 //
+// A program starts with Open (a target and a Config), Registry.Publish and WaitFor (or
+// Registry.Lookup), CheckParams on a request's ContextParams, and Serve, Handler or
+// observe.HandlerConfig.Registry where it hosts the embedded registry.
+//
 // One interface, Registry, has two backends, chosen by Open's target:
 //
 //	http://HOST:PORT              the embedded default: a small HTTP registry (Handler, Serve)

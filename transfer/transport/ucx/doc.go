@@ -13,6 +13,12 @@
 //	...
 //	eng, err := transfer.New(tr, transfer.Config{StagingMemory: tr.StagingMemory()})
 //
+// A program starts with New (a Config, whose zero value works), Transport.RegisterHost (or
+// AllocatePool) for its KV pool, Transport.StagingMemory for the engine's Config,
+// Transport.ContextParams and UnmarshalContextParams for the request a prefill hands to decode,
+// and Transport.Close. Most other methods of Transport are the transport.Transport contract
+// and its capabilities, which the engine calls, not the program.
+//
 // Peers are named by worker address (PeerFromAddress, Transport.Self). ContextParams is what
 // a prefill engine hands to decode through the serving stack: the sender's worker address,
 // its incarnation, and the request's plan. See docs/ucx.md.
