@@ -19,7 +19,7 @@ var Budgets = map[string]int{
 	"transfer/discovery":               50,
 	"transfer/discovery/discoverytest": 8,
 	"transfer/discovery/etcd":          0,
-	"transfer/observe":                 63,
+	"transfer/observe":                 52,
 	"transfer/transport":               127,
 	"transfer/transport/mem":           57,
 	"transfer/transport/transporttest": 18,

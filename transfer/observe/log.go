@@ -11,8 +11,23 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 )
 
-// LogObserver logs the engine's lifecycle through an injected *zap.Logger, with the request id
-// on every line:
+// logObserver is NewLogObserver's observer.
+type logObserver struct {
+	log *zap.Logger
+
+	mu   sync.Mutex
+	live map[transfer.RequestID]transfer.StartInfo // until the request is terminal; bounded
+}
+
+var (
+	_ transfer.Observer      = (*logObserver)(nil)
+	_ transfer.StartObserver = (*logObserver)(nil)
+	_ transfer.PeerObserver  = (*logObserver)(nil)
+	_ transfer.TrustObserver = (*logObserver)(nil)
+)
+
+// NewLogObserver returns an observer that logs the engine's lifecycle through an injected
+// *zap.Logger, with the request id on every line:
 //
 //	debug  request accepted (direction, peers, bytes), every state transition of a request
 //	       and of its sub-transfers (from, to, event), cancel outcomes, peer connects
@@ -24,32 +39,22 @@ import (
 // (its quarantine warning, for one); this observer adds the rest, so a request's whole life
 // can be followed by filtering on its id. Quarantine and poison lines also name the peer and
 // the request's size, remembered from its start: the first things an operator asks.
-type LogObserver struct {
-	log *zap.Logger
-
-	mu   sync.Mutex
-	live map[transfer.RequestID]transfer.StartInfo // until the request is terminal; bounded
-}
-
-var (
-	_ transfer.Observer      = (*LogObserver)(nil)
-	_ transfer.StartObserver = (*LogObserver)(nil)
-	_ transfer.PeerObserver  = (*LogObserver)(nil)
-	_ transfer.TrustObserver = (*LogObserver)(nil)
-)
-
-// NewLogObserver returns a LogObserver writing to log (zap.NewNop() if nil). Give it a named
-// logger (log.Named("kvxfer")) to tell its lines apart. Use one per engine: it remembers
+//
+// It writes to log (zap.NewNop() if nil). Give it a named logger (log.Named("kvxfer")) to
+// tell its lines apart. Use one per engine: it remembers
 // requests by id, and two engines of one process may both serve a request id.
-func NewLogObserver(log *zap.Logger) *LogObserver {
+//
+// Besides transfer.Observer it implements transfer.StartObserver, PeerObserver and
+// TrustObserver, which Multi and the engine find by type assertion.
+func NewLogObserver(log *zap.Logger) transfer.Observer {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &LogObserver{log: log, live: make(map[transfer.RequestID]transfer.StartInfo)}
+	return &logObserver{log: log, live: make(map[transfer.RequestID]transfer.StartInfo)}
 }
 
 // remember keeps info for the quarantine and poison lines, up to defaultMaxTracked requests.
-func (l *LogObserver) remember(info transfer.StartInfo) {
+func (l *logObserver) remember(info transfer.StartInfo) {
 	l.mu.Lock()
 	if len(l.live) < defaultMaxTracked {
 		l.live[info.ID] = info
@@ -59,7 +64,7 @@ func (l *LogObserver) remember(info transfer.StartInfo) {
 
 // requestFields returns the request id and, when its start was seen, the peer of sub (all
 // peers when sub is unknown) and the request's size.
-func (l *LogObserver) requestFields(id transfer.RequestID, sub int) []zap.Field {
+func (l *logObserver) requestFields(id transfer.RequestID, sub int) []zap.Field {
 	fields := []zap.Field{requestField(id)}
 	l.mu.Lock()
 	info, ok := l.live[id]
@@ -86,7 +91,7 @@ func peerStrings(peers []transfer.Peer) []string {
 func requestField(id transfer.RequestID) zap.Field { return zap.Uint64("request", uint64(id)) }
 
 // OnStart implements transfer.StartObserver.
-func (l *LogObserver) OnStart(info transfer.StartInfo) {
+func (l *logObserver) OnStart(info transfer.StartInfo) {
 	l.remember(info)
 	if ce := l.log.Check(zap.DebugLevel, "transfer accepted"); ce != nil {
 		ce.Write(requestField(info.ID), zap.Stringer("direction", info.Direction),
@@ -95,7 +100,7 @@ func (l *LogObserver) OnStart(info transfer.StartInfo) {
 }
 
 // OnTransition implements transfer.Observer. sub is -1 for the request as a whole.
-func (l *LogObserver) OnTransition(id transfer.RequestID, sub int, from, to transfer.State, ev transfer.Event) {
+func (l *logObserver) OnTransition(id transfer.RequestID, sub int, from, to transfer.State, ev transfer.Event) {
 	if sub == -1 && to.Terminal() { // after quarantine and poison, which come before it
 		l.mu.Lock()
 		delete(l.live, id)
@@ -108,44 +113,44 @@ func (l *LogObserver) OnTransition(id transfer.RequestID, sub int, from, to tran
 }
 
 // OnCancel implements transfer.Observer.
-func (l *LogObserver) OnCancel(id transfer.RequestID, outcome transfer.CancelOutcome) {
+func (l *logObserver) OnCancel(id transfer.RequestID, outcome transfer.CancelOutcome) {
 	if ce := l.log.Check(zap.DebugLevel, "transfer cancel"); ce != nil {
 		ce.Write(requestField(id), zap.Stringer("outcome", outcome), zap.Bool("free_now", outcome.FreeNow()))
 	}
 }
 
 // OnQuarantine implements transfer.Observer.
-func (l *LogObserver) OnQuarantine(id transfer.RequestID, sub int, cause error) {
+func (l *logObserver) OnQuarantine(id transfer.RequestID, sub int, cause error) {
 	l.log.Warn("transfer quarantined: memory pinned until the transport lets go",
 		append(l.requestFields(id, sub), zap.Int("sub", sub), zap.NamedError("reason", cause))...)
 }
 
 // OnPoison implements transfer.Observer.
-func (l *LogObserver) OnPoison(id transfer.RequestID, slot int, reason string) {
+func (l *logObserver) OnPoison(id transfer.RequestID, slot int, reason string) {
 	l.log.Warn("staging slot poisoned: out of circulation for good",
 		append(l.requestFields(id, -1), zap.Int("slot", slot), zap.String("reason", reason))...)
 }
 
-// OnProgress implements transfer.Observer; it logs nothing (see LogObserver).
-func (l *LogObserver) OnProgress(transfer.RequestID, int64, time.Time) {}
+// OnProgress implements transfer.Observer; it logs nothing (see NewLogObserver).
+func (l *logObserver) OnProgress(transfer.RequestID, int64, time.Time) {}
 
 // OnPeerConnected implements transfer.PeerObserver.
-func (l *LogObserver) OnPeerConnected(peer transfer.Peer) {
+func (l *logObserver) OnPeerConnected(peer transfer.Peer) {
 	l.log.Debug("peer connected", zap.String("peer", peer.Short()))
 }
 
 // OnPeerLost implements transfer.PeerObserver.
-func (l *LogObserver) OnPeerLost(peer transfer.Peer, err error) {
+func (l *logObserver) OnPeerLost(peer transfer.Peer, err error) {
 	l.log.Warn("peer lost", zap.String("peer", peer.Short()), zap.NamedError("reason", err))
 }
 
 // OnHelloRefused implements transfer.TrustObserver.
-func (l *LogObserver) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) {
+func (l *logObserver) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) {
 	l.log.Warn("hello proof refused", zap.String("peer", peer.Short()), zap.Stringer("reason", reason))
 }
 
 // OnAuthRefused implements transfer.TrustObserver.
-func (l *LogObserver) OnAuthRefused(err *transfer.AuthError) {
+func (l *logObserver) OnAuthRefused(err *transfer.AuthError) {
 	l.log.Warn("unauthenticated peer message refused", zap.String("peer", err.Peer.Short()), zap.String("what", err.What),
 		zap.Stringer("reason", err.Reason))
 }

@@ -106,10 +106,12 @@ func TestLogObserver_QuarantineAndPoisonWarnWithReason(t *testing.T) {
 
 func TestLogObserver_PeersAndNilLogger(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
-	l := observe.NewLogObserver(zap.New(core))
+	obs := observe.NewLogObserver(zap.New(core))
+	l, ok := obs.(transfer.PeerObserver)
+	require.True(t, ok, "the log observer hears of peers")
+	obs.OnProgress(1, 10, time.Now())
 	l.OnPeerConnected("10.0.0.2:7000")
 	l.OnPeerLost("10.0.0.2:7000", transfer.ErrPeerLost)
-	l.OnProgress(1, 10, time.Now())
 	all := logs.AllUntimed()
 	require.Len(t, all, 2, "progress is not logged")
 	require.Equal(t, zapcore.DebugLevel, all[0].Level)
@@ -119,5 +121,5 @@ func TestLogObserver_PeersAndNilLogger(t *testing.T) {
 
 	quiet := observe.NewLogObserver(nil) // must not panic
 	quiet.OnPoison(1, 2, "x")
-	quiet.OnStart(transfer.StartInfo{ID: 1})
+	quiet.(transfer.StartObserver).OnStart(transfer.StartInfo{ID: 1})
 }
