@@ -13,6 +13,9 @@
 // and a receiver's plan describe the same bytes when their Shapes are equal, whatever their
 // pools' strides; Compatible checks that.
 //
+// A program starts with Packed (a Dims and an Order) or a Layout with its own strides,
+// Layout.All (or a Selection of its own), and NewPlan with a request's block ids.
+//
 // This package holds no memory and imports nothing of kvxfer's, so every layer can use it.
 // Reference gather and scatter functions, element by element, are here for tests.
 package layout
