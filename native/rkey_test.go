@@ -581,6 +581,13 @@ func TestRemoteKey_RefusesABadKey(t *testing.T) {
 						id := binary.LittleEndian.Uint64(b[at:])
 						binary.LittleEndian.PutUint64(b[at:], id&^((1<<30-1)<<30))
 					})},
+					{"a shm_open segment that is a FIFO (opening it would block)", mapped(func(b []byte, at int) {
+						mmid := uint64(0x7ead0000 + os.Getpid())
+						path := fmt.Sprintf("/dev/shm/%s%x", posixSegFileName, mmid)
+						require.NoError(t, unix.Mkfifo(path, 0o600))
+						t.Cleanup(func() { _ = os.Remove(path) })
+						binary.LittleEndian.PutUint64(b[at:], posixSegFlagShmOpen|mmid)
+					})},
 				}...)
 			case "sysv":
 				cases = append(cases, []struct {
