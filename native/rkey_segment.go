@@ -74,7 +74,16 @@ func (s *keySegment) hold(key []byte) (attach []byte, release func(), err error)
 	default:
 		path = fmt.Sprintf("%s/%s%x", s.dir, posixSegFileName, mmid)
 	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	// Nothing but a regular file is opened (a peer's FIFO would block the open, a device could
+	// act on it); O_NONBLOCK and O_NOCTTY cover what is swapped in before the open, and the
+	// descriptor is checked again after it.
+	if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
+		if err == nil {
+			err = fmt.Errorf("a %v, not a file", fi.Mode().Type())
+		}
+		return nil, nil, bad("posix segment %s: %v", path, err)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
 	if err != nil {
 		return nil, nil, bad("posix segment %s: %v", path, err)
 	}

@@ -23,6 +23,7 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // rkeyChildEnv carries the peer's worker address (hex) a child test process connects to; the
@@ -449,6 +450,72 @@ func TestRemoteKey_SegmentGoneBetweenCheckAndAttach(t *testing.T) {
 	}
 }
 
+// TestRemoteKey_UnpackHoldsNothingOnceAttached: what UnpackRemoteKey holds of the peer's
+// segment from its check to UCX's attach is let go once UCX attached it, whether the unpack
+// succeeded or not: no descriptor of a posix segment stays open here, no attachment of a sysv
+// segment is left but UCX's own mapping, which goes with the key.
+func TestRemoteKey_UnpackHoldsNothingOnceAttached(t *testing.T) {
+	for _, tr := range rkeyTransports[:2] {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newPair(t, tr.tls)
+			m := alloc(t, p.ctxB, 1<<20)
+			packed, err := m.PackRemoteKey()
+			require.NoError(t, err)
+			seg, err := parseRemoteKey(packed, p.ab.peerAddr, p.a.address)
+			require.NoError(t, err)
+			require.NotNil(t, seg)
+			held := func() int { // this process's descriptors of posix segments, or the sysv segment's attachments
+				if seg.kind == rkeySysv {
+					var ds unix.SysvShmDesc
+					_, err := unix.SysvShmCtl(int(seg.shmid), unix.IPC_STAT, &ds)
+					require.NoError(t, err)
+					return int(ds.Nattch)
+				}
+				fds, err := os.ReadDir("/proc/self/fd")
+				require.NoError(t, err)
+				n := 0
+				for _, fd := range fds {
+					if target, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.Contains(target, posixSegFileName) {
+						n++
+					}
+				}
+				return n
+			}
+			before := held()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for range 3 {
+				rk, err := p.ab.UnpackRemoteKey(ctx, packed)
+				require.NoError(t, err)
+				v, err := rk.View(m.Addr(), int(m.Len()))
+				require.NoError(t, err)
+				require.Len(t, v, int(m.Len()))
+				want := before // UCX keeps no descriptor of a posix segment it mapped
+				if seg.kind == rkeySysv {
+					want++ // UCX's own attachment, for as long as the key
+				}
+				require.Equal(t, want, held())
+				rk.Close()
+				_, err = p.a.Info(ctx) // the loop ran the Close queued before it
+				require.NoError(t, err)
+				require.Equal(t, before, held())
+			}
+			// A key refused once its segment is held (posix: 1 TiB declared over the file; sysv:
+			// an address whose end wraps) lets go of it too.
+			_, err = p.ab.UnpackRemoteKey(ctx, edited(packed, func(b []byte) []byte {
+				if seg.kind == rkeySysv {
+					binary.LittleEndian.PutUint64(b[seg.at+4:], ^uint64(0)-10)
+				} else {
+					binary.LittleEndian.PutUint64(b[seg.at+16:], 1<<40)
+				}
+				return b
+			}))
+			require.ErrorIs(t, err, ErrBadRemoteKey)
+			require.Equal(t, before, held())
+		})
+	}
+}
+
 // TestRemoteKey_RefusesABadKey: a key UCX would assert on, read past, or attach wrongly (a
 // peer's garbage, a real key cut short, with bytes after it, or with a field changed) is
 // refused with ErrBadRemoteKey before UCX sees it, in a child process so that a UCX abort
@@ -513,6 +580,13 @@ func TestRemoteKey_RefusesABadKey(t *testing.T) {
 					{"a file descriptor that is not shared memory (the peer's stdin)", mapped(func(b []byte, at int) {
 						id := binary.LittleEndian.Uint64(b[at:])
 						binary.LittleEndian.PutUint64(b[at:], id&^((1<<30-1)<<30))
+					})},
+					{"a shm_open segment that is a FIFO (opening it would block)", mapped(func(b []byte, at int) {
+						mmid := uint64(0x7ead0000 + os.Getpid())
+						path := fmt.Sprintf("/dev/shm/%s%x", posixSegFileName, mmid)
+						require.NoError(t, unix.Mkfifo(path, 0o600))
+						t.Cleanup(func() { _ = os.Remove(path) })
+						binary.LittleEndian.PutUint64(b[at:], posixSegFlagShmOpen|mmid)
 					})},
 				}...)
 			case "sysv":
