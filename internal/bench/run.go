@@ -27,6 +27,9 @@ const PeerEnv = "KVXBENCH_PEER"
 // baseline and set-up), plus the peers' start and the pools' first touch.
 func runBudget(c RunConfig) time.Duration {
 	n := time.Duration(len(c.Prompts) * len(c.Concurrency))
+	if c.Latency {
+		n += time.Duration(len(latencyScenarios(c.Dims)))
+	}
 	return n*(3*c.Duration+15*time.Second) + 2*c.ConnectTimeout + time.Minute
 }
 
