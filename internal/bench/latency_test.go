@@ -56,6 +56,8 @@ func TestLatencyLimitIsOneGetPlusOneRoundTrip(t *testing.T) {
 	_, err = m.limit(context.Background(), 128<<10)
 	require.NoError(t, err)
 	require.Len(t, asked, 3, "a new size: one more get, no second round trip")
+	require.LessOrEqual(t, asked[2].Iters, latencyGetIters, "a median needs no more: small gets over TCP are slow")
+	require.Less(t, asked[2].Warmup, asked[2].Iters)
 
 	old := latencyLimits{run: fake("old"), budget: 1 << 20}
 	l, err = old.limit(context.Background(), 1<<20)
