@@ -54,7 +54,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	f.out.register(fs, defaultDuration, "run ucx_perftest tag_bw at the same message size and UCX_TLS between the same two hosts, and report the ratio (skipped with a note when ucx_perftest is not installed)")
 	fs.StringVar(&f.prompts, "prompts", "1k,4k,16k", "prompt lengths in tokens, comma-separated")
 	fs.StringVar(&f.concurrency, "concurrency", "1,16", "requests in flight at once, comma-separated")
-	fs.StringVar(&f.latency, "latency", "auto", "the latency rows: a 32-token request and one block's first layer, each at concurrency 1 and 16, p50 and p99 beside the same-run limit (ucx_perftest: one ucp_get of the bytes plus one tag_lat round trip); on, off, or auto: on unless --prompts is given")
+	fs.StringVar(&f.latency, "latency", "auto", "the latency rows: a 32-token request and one block's first layer, each at concurrency 1 and 16, p50 and p99 beside the same-run limit (ucx_perftest: one ucp_get or one tagged message of the bytes, the lesser, plus one tag_lat round trip); on, off, or auto: on unless --prompts is given")
 	f.set = func(name string) bool {
 		given := false
 		fs.Visit(func(fl *flag.Flag) { given = given || fl.Name == name })

@@ -16,9 +16,9 @@ import (
 // caching most transfers are a few new blocks, so what sets their time to first token is the
 // fixed cost of a transfer, not its bandwidth. Each row is measured like a transfer row (every
 // byte checked between rounds, off the clock) and set beside the least any transfer of its
-// bytes can take on the same wire in the same run: one ucx_perftest get of one prefill rank's
-// bytes (the ranks read at once), plus one round trip of a small tagged message (a request and
-// its answer).
+// bytes can take on the same wire in the same run: one ucx_perftest get or one tagged message
+// of one prefill rank's bytes (the ranks move at once), whichever is less, plus one round trip
+// of a small tagged message (a request and its answer).
 
 // latencyTokens is the short request of the latency rows: 32 tokens, one Llama block.
 const latencyTokens = 32
@@ -52,23 +52,25 @@ func firstLayers(sel layout.Selection, layers int64) (layout.Selection, error) {
 	return sel, nil
 }
 
-// latencyLimit is a latency row's same-run limit, in microseconds: ucx_perftest's median for
-// one get of getBytes, and its median round trip of a small tagged message.
+// latencyLimit is a latency row's same-run limit, in microseconds: the least ucx_perftest
+// takes to move bytes once, by one get or by one tagged message (the engine reads with gets
+// where they are one copy and sends messages where UCX would emulate gets, as over TCP), and
+// its median round trip of a small tagged message (a request and its answer).
 type latencyLimit struct {
-	getBytes    int64
-	getUs       float64
+	bytes       int64
+	moveUs      float64
 	roundTripUs float64
 }
 
-// us is the limit: the get and the round trip, one after the other.
-func (l latencyLimit) us() float64 { return l.getUs + l.roundTripUs }
+// us is the limit: the move and the round trip, one after the other.
+func (l latencyLimit) us() float64 { return l.moveUs + l.roundTripUs }
 
 // name is how the table names the limit.
 func (l latencyLimit) name(tls string) string {
 	if tls == "" {
 		tls = "default"
 	}
-	return "get+rtt " + tls
+	return "move+rtt " + tls
 }
 
 // setLimit records the latency limit a latency row is compared to.
@@ -78,59 +80,69 @@ func (r *Result) setLimit(name string, l latencyLimit) {
 		return
 	}
 	ratio := r.P50us / limit
-	r.Baseline, r.BaselineBytes, r.LimitUs, r.LimitRatio = name, l.getBytes, &limit, &ratio
+	r.Baseline, r.BaselineBytes, r.LimitUs, r.LimitRatio = name, l.bytes, &limit, &ratio
 }
 
-// latencyGetIters bounds the gets of a limit's measurement: a median needs no more, and over
-// TCP, where UCX emulates gets, 60,000 small ones outlast the measurement's timeout.
-const latencyGetIters = 1000
+// latencyMoveIters bounds the gets or messages of one measurement of a move: a median needs no
+// more, and over TCP, where UCX emulates gets, 60,000 small ones outlast the timeout.
+const latencyMoveIters = 1000
 
 // latencyProbeBytes is the size of the tag_lat messages of the round trip: a control message.
 const latencyProbeBytes = 8
 
 // latencyLimits measures, and keeps, the parts of the latency limits of a run: the round trip
-// once, a get per size. run is perftest.Run, or the two-host run's remote baseline.
+// once, the moves once per size. run is perftest.Run, or the two-host run's remote baseline.
 type latencyLimits struct {
 	run       func(context.Context, perftest.Config) (perftest.Result, error)
 	base      perftest.Config // binary, TLS, memory type, timeout
-	budget    int64           // bytes each get measurement moves, about
+	budget    int64           // bytes each move measurement moves, about
 	roundTrip float64
-	gets      map[int64]float64
+	moves     map[int64]float64
 }
 
-// limit is the limit for one get of getBytes.
-func (m *latencyLimits) limit(ctx context.Context, getBytes int64) (latencyLimit, error) {
+// limit is the limit for moving bytes once.
+func (m *latencyLimits) limit(ctx context.Context, bytes int64) (latencyLimit, error) {
 	if m.roundTrip == 0 {
-		c := m.base
-		c.Test, c.Size, c.Iters, c.Warmup = "tag_lat", latencyProbeBytes, 10000, 1000
-		res, err := m.run(ctx, c)
+		rt, err := m.median(ctx, "tag_lat", latencyProbeBytes, 10000, 1000)
 		if err != nil {
-			return latencyLimit{}, fmt.Errorf("latency limit: %w", err)
+			return latencyLimit{}, err
 		}
-		if m.roundTrip, err = medianUs(res); err != nil {
-			return latencyLimit{}, fmt.Errorf("latency limit: tag_lat: %w", err)
-		}
-		m.roundTrip *= 2 // ucx_perftest reports a ping-pong one way
+		m.roundTrip = 2 * rt // ucx_perftest reports a ping-pong one way
 	}
-	get, ok := m.gets[getBytes]
+	move, ok := m.moves[bytes]
 	if !ok {
-		c := m.base
-		c.Test, c.Size = "ucp_get", getBytes
-		c.Iters, c.Warmup = perftest.Iters(getBytes, m.budget)
-		c.Iters, c.Warmup = min(c.Iters, latencyGetIters), min(c.Warmup, latencyGetIters/10)
-		res, err := m.run(ctx, c)
+		iters, warmup := perftest.Iters(bytes, m.budget)
+		iters, warmup = min(iters, latencyMoveIters), min(warmup, latencyMoveIters/10)
+		get, err := m.median(ctx, "ucp_get", bytes, iters, warmup)
 		if err != nil {
-			return latencyLimit{}, fmt.Errorf("latency limit: %w", err)
+			return latencyLimit{}, err
 		}
-		if get, err = medianUs(res); err != nil {
-			return latencyLimit{}, fmt.Errorf("latency limit: ucp_get: %w", err)
+		send, err := m.median(ctx, "tag_lat", bytes, iters, warmup) // one way: one message
+		if err != nil {
+			return latencyLimit{}, err
 		}
-		if m.gets == nil {
-			m.gets = map[int64]float64{}
+		move = min(get, send)
+		if m.moves == nil {
+			m.moves = map[int64]float64{}
 		}
-		m.gets[getBytes] = get
+		m.moves[bytes] = move
 	}
-	return latencyLimit{getBytes: getBytes, getUs: get, roundTripUs: m.roundTrip}, nil
+	return latencyLimit{bytes: bytes, moveUs: move, roundTripUs: m.roundTrip}, nil
+}
+
+// median runs one ucx_perftest test and returns its median time per operation.
+func (m *latencyLimits) median(ctx context.Context, test string, size int64, iters, warmup int) (float64, error) {
+	c := m.base
+	c.Test, c.Size, c.Iters, c.Warmup = test, size, iters, warmup
+	res, err := m.run(ctx, c)
+	if err != nil {
+		return 0, fmt.Errorf("latency limit: %w", err)
+	}
+	v, err := medianUs(res)
+	if err != nil {
+		return 0, fmt.Errorf("latency limit: %s of %d bytes: %w", test, size, err)
+	}
+	return v, nil
 }
 
 // medianUs is ucx_perftest's median time per operation; a ucx_perftest that prints no median

@@ -16,35 +16,44 @@ import (
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
 )
 
-// A latency row's limit is one ucp_get of the bytes plus one tag_lat round trip, each
-// ucx_perftest's median: the round trip is measured once, each get size once.
-func TestLatencyLimitIsOneGetPlusOneRoundTrip(t *testing.T) {
+// A latency row's limit is the lesser of one ucp_get of the bytes and one tagged message of
+// them (tag_lat's one way), plus one tag_lat round trip of 8 bytes, each ucx_perftest's median:
+// the round trip is measured once, each size once.
+func TestLatencyLimitIsOneMoveOfTheBytesPlusOneRoundTrip(t *testing.T) {
 	var asked []perftest.Config
-	answers := map[string]perftest.Result{
-		"tag_lat": {TypicalLatencyUs: 2.5, AvgLatencyUs: 40},  // one way: the round trip is 5 us
-		"ucp_get": {TypicalLatencyUs: 300, AvgLatencyUs: 900}, // the median, not the loaded average
-		"old":     {AvgLatencyUs: 7},                          // no median column: the average
-		"zero":    {},                                         // nothing usable
+	// one way, as ucx_perftest reports a ping-pong: the 8-byte round trip is 5 us
+	answer := func(c perftest.Config, getUs, sendUs float64) perftest.Result {
+		switch {
+		case c.Test == "tag_lat" && c.Size == latencyProbeBytes:
+			return perftest.Result{TypicalLatencyUs: 2.5, AvgLatencyUs: 40}
+		case c.Test == "tag_lat":
+			return perftest.Result{TypicalLatencyUs: sendUs, AvgLatencyUs: 9000}
+		case c.Test == "ucp_get":
+			return perftest.Result{TypicalLatencyUs: getUs, AvgLatencyUs: 9000} // the median, not the loaded average
+		}
+		return perftest.Result{}
 	}
-	fake := func(test string) func(context.Context, perftest.Config) (perftest.Result, error) {
+	fake := func(getUs, sendUs float64) func(context.Context, perftest.Config) (perftest.Result, error) {
 		return func(_ context.Context, c perftest.Config) (perftest.Result, error) {
 			asked = append(asked, c)
-			if test != "" {
-				return answers[test], nil
-			}
-			return answers[c.Test], nil
+			return answer(c, getUs, sendUs), nil
 		}
 	}
-	m := latencyLimits{run: fake(""), base: perftest.Config{Binary: "ucx_perftest", TLS: "posix,self", Timeout: time.Minute}, budget: 1 << 30}
+	m := latencyLimits{run: fake(300, 700), base: perftest.Config{Binary: "ucx_perftest", TLS: "posix,self", Timeout: time.Minute}, budget: 1 << 30}
 	l, err := m.limit(context.Background(), 4<<20)
 	require.NoError(t, err)
-	require.InDelta(t, 305.0, l.us(), 1e-9)
-	require.Equal(t, int64(4<<20), l.getBytes)
-	require.Len(t, asked, 2)
+	require.InDelta(t, 305.0, l.us(), 1e-9, "shared memory: the get is the lesser")
+	require.Equal(t, int64(4<<20), l.bytes)
+	require.Len(t, asked, 3)
 	require.Equal(t, "tag_lat", asked[0].Test)
 	require.Equal(t, int64(latencyProbeBytes), asked[0].Size)
-	require.Equal(t, "ucp_get", asked[1].Test)
-	require.Equal(t, int64(4<<20), asked[1].Size)
+	sizes := map[string]int64{}
+	for _, c := range asked[1:] {
+		sizes[c.Test] = c.Size
+		require.LessOrEqual(t, c.Iters, latencyMoveIters, "a median needs no more: small gets over TCP are slow")
+		require.Less(t, c.Warmup, c.Iters)
+	}
+	require.Equal(t, map[string]int64{"ucp_get": 4 << 20, "tag_lat": 4 << 20}, sizes)
 	for _, c := range asked {
 		require.Equal(t, "posix,self", c.TLS, "the run's transports")
 		require.Positive(t, c.Iters)
@@ -52,19 +61,24 @@ func TestLatencyLimitIsOneGetPlusOneRoundTrip(t *testing.T) {
 
 	_, err = m.limit(context.Background(), 4<<20)
 	require.NoError(t, err)
-	require.Len(t, asked, 2, "both parts measured once per run and size")
+	require.Len(t, asked, 3, "every part measured once per run and size")
 	_, err = m.limit(context.Background(), 128<<10)
 	require.NoError(t, err)
-	require.Len(t, asked, 3, "a new size: one more get, no second round trip")
-	require.LessOrEqual(t, asked[2].Iters, latencyGetIters, "a median needs no more: small gets over TCP are slow")
-	require.Less(t, asked[2].Warmup, asked[2].Iters)
+	require.Len(t, asked, 5, "a new size: a get and a message more, no second round trip")
 
-	old := latencyLimits{run: fake("old"), budget: 1 << 20}
+	tcp := latencyLimits{run: fake(1150, 400), budget: 1 << 20}
+	l, err = tcp.limit(context.Background(), 128<<10)
+	require.NoError(t, err)
+	require.InDelta(t, 405.0, l.us(), 1e-9, "TCP, where UCX emulates gets: the message is the lesser")
+
+	old := latencyLimits{run: func(_ context.Context, c perftest.Config) (perftest.Result, error) {
+		return perftest.Result{AvgLatencyUs: 7}, nil
+	}, budget: 1 << 20}
 	l, err = old.limit(context.Background(), 1<<20)
 	require.NoError(t, err)
 	require.InDelta(t, 7.0+14.0, l.us(), 1e-9, "without a median, the average")
 
-	zero := latencyLimits{run: fake("zero"), budget: 1 << 20}
+	zero := latencyLimits{run: func(context.Context, perftest.Config) (perftest.Result, error) { return perftest.Result{}, nil }, budget: 1 << 20}
 	_, err = zero.limit(context.Background(), 1<<20)
 	require.ErrorContains(t, err, "tag_lat")
 
@@ -137,8 +151,8 @@ func TestSizePoolsHoldsTheLatencyRows(t *testing.T) {
 func TestLatencyRowsPrintBesideTheirLimit(t *testing.T) {
 	lat := Result{Name: "latency llama3-8b 32 c=1", Op: "latency", Concurrency: 1, Bytes: 4 << 20, GBps: 3,
 		P50us: 1300, P99us: 2600, Verified: true, Path: "rma", Requests: 500}
-	lat.setLimit(latencyLimit{getUs: 400, roundTripUs: 100, getBytes: 4 << 20}.name("posix,cma,self"),
-		latencyLimit{getUs: 400, roundTripUs: 100, getBytes: 4 << 20})
+	lim := latencyLimit{moveUs: 400, roundTripUs: 100, bytes: 4 << 20}
+	lat.setLimit(lim.name("posix,cma,self"), lim)
 	none := Result{Name: "latency llama3-8b 1 block, 1 layer c=16", Op: "latency", Concurrency: 16, Bytes: 128 << 10,
 		GBps: 1, P50us: 90, P99us: 300, Layers: 1, Requests: 500}
 	results := append(sampleResults(), lat, none)
@@ -156,7 +170,7 @@ func TestLatencyRowsPrintBesideTheirLimit(t *testing.T) {
 	for _, l := range lines[1:] {
 		require.Equal(t, len(lines[0]), len(l), "rows as wide as the header:\n%s", tables[1])
 	}
-	require.Regexp(t, `1\.30 ms\s+2\.60 ms\s+2\.00\s+500\.0 us\s+get\+rtt posix,cma,self\s+2\.60\s+yes\s+rma\s*$`, lines[1])
+	require.Regexp(t, `1\.30 ms\s+2\.60 ms\s+2\.00\s+500\.0 us\s+move\+rtt posix,cma,self\s+2\.60\s+yes\s+rma\s*$`, lines[1])
 	require.Regexp(t, `300\.0 us\s+3\.33\s+-\s+-\s+-\s+no\s+-\s*$`, lines[2], "no limit ran: dashes")
 
 	buf.Reset()

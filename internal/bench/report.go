@@ -75,9 +75,10 @@ type Result struct {
 	// Layers is how many layers of each block a request moved, where fewer than the pool's
 	// (a latency row's one-layer chunk); omitted when every layer.
 	Layers int64 `json:"layers,omitempty"`
-	// LimitUs is a latency row's same-run limit (Op "latency"): ucx_perftest's median time for
-	// one ucp_get of the bytes one prefill rank sends, plus one tag_lat round trip of 8 bytes
-	// (twice its one-way median); LimitRatio is P50us over it. Present only where the limit ran.
+	// LimitUs is a latency row's same-run limit (Op "latency"): ucx_perftest's median time to
+	// move the bytes one prefill rank sends, by one ucp_get or one tag_lat message (one way),
+	// whichever is less, plus one tag_lat round trip of 8 bytes (twice its one-way median);
+	// LimitRatio is P50us over it. Present only where the limit ran.
 	LimitUs    *float64 `json:"limit_us,omitempty"`
 	LimitRatio *float64 `json:"limit_ratio,omitempty"`
 	// P99FewSamples marks a p99 taken from fewer than minP99Samples requests: by nearest rank
