@@ -95,3 +95,63 @@ func BenchmarkGatherChunked(b *testing.B) {
 		return nil
 	})
 }
+
+// BenchmarkGatherScatterLayouts: the Llama-3-8B 4096-token request in 4 MiB staging chunks
+// over every pool order and TP split, gathered on a prefill rank and scattered on the decode
+// rank, against memcpy. In layer-major-nhd (vLLM's paged layout: token, then head, then dim)
+// every contiguous piece of the stream is one row of one head (256 bytes); a TP=2 rank's half
+// of a token's heads is 1 KiB of its pool, a TP=1 decode rank's half of a token 1 KiB of its.
+func BenchmarkGatherScatterLayouts(b *testing.B) {
+	const tokens, poolBlocks = 4096, 160
+	full := layouttest.Llama3_8B(poolBlocks).Dims()
+	half := full
+	half.NumHeads /= 2
+	for _, c := range []struct {
+		name  string
+		dims  layout.Dims
+		order layout.Order
+		heads [2]int64 // the plan's selection of heads
+	}{
+		{"block-major", full, layout.BlockMajor, [2]int64{0, 8}},
+		{"layer-major", full, layout.LayerMajor, [2]int64{0, 8}},
+		{"nhd", full, layout.LayerMajorNHD, [2]int64{0, 8}},
+		{"nhd-tp2-rank", half, layout.LayerMajorNHD, [2]int64{0, 4}},
+		{"nhd-tp2-into-tp1", full, layout.LayerMajorNHD, [2]int64{4, 8}},
+	} {
+		l := layout.Packed(c.dims, c.order)
+		sel := l.All()
+		sel.HeadBegin, sel.HeadEnd = c.heads[0], c.heads[1]
+		r := rand.New(rand.NewPCG(7, 8))
+		var blocks []int32
+		for _, id := range r.Perm(poolBlocks)[:tokens/l.TokensPerBlock] {
+			blocks = append(blocks, int32(id))
+		}
+		p, err := layout.NewPlan(l, sel, blocks)
+		require.NoError(b, err)
+		pool := make([]byte, l.SpanBytes())
+		native.HostCopy(pool, pool) // fault the pages in
+		chunks, err := p.Chunks(4 << 20)
+		require.NoError(b, err)
+		slot := make([]byte, 4<<20)
+		b.Run(c.name+"/gather", func(b *testing.B) {
+			benchAgainstMemcpy(b, p.Bytes(), func() error {
+				for _, ch := range chunks {
+					if err := native.HostGather(p, pool, ch.Offset, slot[:ch.Length]); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+		b.Run(c.name+"/scatter", func(b *testing.B) {
+			benchAgainstMemcpy(b, p.Bytes(), func() error {
+				for _, ch := range chunks {
+					if err := native.HostScatter(p, slot[:ch.Length], ch.Offset, pool); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+	}
+}

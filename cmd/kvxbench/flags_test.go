@@ -64,3 +64,37 @@ func TestMaxMemory(t *testing.T) {
 	require.GreaterOrEqual(t, cfg.Decode.NumBlocks, int64(32))
 	require.LessOrEqual(t, cfg.Decode.SpanBytes()+cfg.Prefill.SpanBytes(), int64(64<<20))
 }
+
+// --latency: the default run (no --prompts) adds the latency rows; a run that names its
+// prompts measures those alone unless --latency on; anything else is a usage error.
+func TestLatencyFlag(t *testing.T) {
+	cases := []struct {
+		desc  string
+		args  []string
+		want  bool
+		usage string
+	}{
+		{"the default run has them", nil, true, ""},
+		{"named prompts alone", []string{"--prompts", "64"}, false, ""},
+		{"named prompts and on", []string{"--prompts", "64", "--latency", "on"}, true, ""},
+		{"off", []string{"--latency", "off"}, false, ""},
+		{"auto", []string{"--latency", "auto"}, true, ""},
+		{"a wrong word", []string{"--latency", "yes"}, false, `--latency "yes": choose auto, on or off`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg, err := resolveForTest(t, append([]string{"--max-memory", "1GiB", "--layers", "2", "--concurrency", "1"}, tc.args...)...)
+			if tc.usage != "" {
+				var ue *usageError
+				require.ErrorAs(t, err, &ue)
+				require.ErrorContains(t, err, tc.usage)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, cfg.Latency)
+			if tc.want {
+				require.GreaterOrEqual(t, cfg.Decode.NumBlocks, int64(16), "room for 16 requests at once")
+			}
+		})
+	}
+}

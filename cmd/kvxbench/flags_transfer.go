@@ -4,6 +4,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -43,6 +44,9 @@ type transferFlags struct {
 	callerPages    string
 	directChunk    string
 	http           string
+	latency        string
+	// set reports whether a flag was given on the command line (flag.FlagSet.Visit).
+	set func(name string) bool
 }
 
 func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
@@ -50,6 +54,12 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	f.out.register(fs, defaultDuration, "run ucx_perftest tag_bw at the same message size and UCX_TLS between the same two hosts, and report the ratio (skipped with a note when ucx_perftest is not installed)")
 	fs.StringVar(&f.prompts, "prompts", "1k,4k,16k", "prompt lengths in tokens, comma-separated")
 	fs.StringVar(&f.concurrency, "concurrency", "1,16", "requests in flight at once, comma-separated")
+	fs.StringVar(&f.latency, "latency", "auto", "the latency rows: a 32-token request and one block's first layer, each at concurrency 1 and 16, p50 and p99 beside the same-run limit (ucx_perftest: one ucp_get or one tagged message of the bytes, the lesser, plus one tag_lat round trip); on, off, or auto: on unless --prompts is given")
+	f.set = func(name string) bool {
+		given := false
+		fs.Visit(func(fl *flag.Flag) { given = given || fl.Name == name })
+		return given
+	}
 	fs.StringVar(&f.slotSize, "slot-size", "4MiB", "staging slot size: the largest message on the wire in staging mode")
 	fs.IntVar(&f.pipelineDepth, "pipeline-depth", 4, "staging slots one transfer may hold, so the gather of chunk i+1 overlaps the wire of chunk i and the scatter of chunk i-1 (4: on the pull wire every stage has a slot to spare; docs/benchmarks.md)")
 	fs.StringVar(&f.tls, "tls", "", "UCX_TLS for the engine and the baseline, such as shm,self or tcp (default: $UCX_TLS, else UCX's choice)")
@@ -78,6 +88,9 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error) {
 	if err := f.out.check(); err != nil {
 		return bench.RunConfig{}, err
+	}
+	if f.latency != "auto" && f.latency != "on" && f.latency != "off" {
+		return bench.RunConfig{}, usagef("--latency %q: choose auto, on or off", f.latency)
 	}
 	switch f.memory {
 	case "host":
@@ -157,7 +170,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	if err != nil {
 		return bench.RunConfig{}, err
 	}
-	prefill, decode, err := bench.SizePools(s, prompts, conc, f.prefillTP, memCap, f.layout.poolBlocks)
+	prefill, decode, err := bench.SizePools(s, prompts, conc, f.prefillTP, memCap, f.layout.poolBlocks, f.latencyOn())
 	if err == nil && f.decodeOrder != "" {
 		o, perr := parseOrder(f.decodeOrder)
 		if perr != nil {
@@ -178,8 +191,20 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
 		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, NoInPlace: f.noInPlace, RMAWhereEmulated: f.rmaEmulated, RMAMinRegionBytes: rmaMinRegion, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
-		Pool: f.pool, CallerPages: f.callerPages,
+		Pool: f.pool, CallerPages: f.callerPages, Latency: f.latencyOn(),
 	}, nil
+}
+
+// latencyOn reads --latency: auto runs the latency rows with the default prompts only, so a
+// run that names its prompts measures those alone.
+func (f *transferFlags) latencyOn() bool {
+	switch f.latency {
+	case "on":
+		return true
+	case "auto":
+		return f.set == nil || !f.set("prompts")
+	}
+	return false
 }
 
 // resolveDevice is resolve with $UCX_TLS and, for --memory device, the GPU chosen (--device);

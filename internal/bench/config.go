@@ -19,14 +19,17 @@ var errEngineMissing = errors.New("the transfer engine's UCX transport is not in
 // RunConfig is a validated transfer run. It is also what the parent hands its peer
 // processes, as JSON, so both ends build the same pools and requests.
 type RunConfig struct {
-	ShapeName      string        `json:"shape_name"`
-	MemCap         int64         `json:"mem_cap"`
-	Dims           layout.Dims   `json:"dims"`
-	Order          layout.Order  `json:"order"`
-	Decode         layout.Layout `json:"decode"`  // the decode pool (TP=1 when prefill TP is 2)
-	Prefill        layout.Layout `json:"prefill"` // each prefill rank's pool
-	Prompts        []int64       `json:"prompts"`
-	Concurrency    []int         `json:"concurrency"`
+	ShapeName   string        `json:"shape_name"`
+	MemCap      int64         `json:"mem_cap"`
+	Dims        layout.Dims   `json:"dims"`
+	Order       layout.Order  `json:"order"`
+	Decode      layout.Layout `json:"decode"`  // the decode pool (TP=1 when prefill TP is 2)
+	Prefill     layout.Layout `json:"prefill"` // each prefill rank's pool
+	Prompts     []int64       `json:"prompts"`
+	Concurrency []int         `json:"concurrency"`
+	// Latency adds the latency rows (latencyScenarios: a 32-token request and one block's
+	// layer, each at concurrency 1 and 16) beside their same-run limit (--latency).
+	Latency        bool          `json:"latency,omitempty"`
 	SlotBytes      int64         `json:"slot_bytes"`
 	PipelineDepth  int           `json:"pipeline_depth"`
 	TLS            string        `json:"tls"`
@@ -89,8 +92,9 @@ type RunConfig struct {
 // flight share one set: each prefill rank's pool holds the largest prompt plus a quarter (so a
 // request's blocks are scattered). Decode requests in flight write distinct blocks and are
 // checked afterwards, so the decode pool holds concurrency times the prompt, for the largest
-// scenario that fits in memCap with the prefill pools (poolBlocks, when set, overrides).
-func SizePools(s Shape, prompts []int64, conc []int, prefillTP int, memCap, poolBlocks int64) (prefill, decode layout.Layout, err error) {
+// scenario that fits in memCap with the prefill pools (poolBlocks, when set, overrides); with
+// latency, also for the latency rows (latencyScenarios).
+func SizePools(s Shape, prompts []int64, conc []int, prefillTP int, memCap, poolBlocks int64, latency bool) (prefill, decode layout.Layout, err error) {
 	if s.Dims.NumHeads%int64(prefillTP) != 0 {
 		return prefill, decode, Usagef("--prefill-tp %d: the pool's %d heads do not split evenly", prefillTP, s.Dims.NumHeads)
 	}
@@ -110,6 +114,13 @@ func SizePools(s Shape, prompts []int64, conc []int, prefillTP int, memCap, pool
 	for _, t := range prompts {
 		for _, c := range conc {
 			if n := blocksFor(s, t) * int64(c); n <= room {
+				need = max(need, n)
+			}
+		}
+	}
+	if latency {
+		for _, l := range latencyScenarios(s.Dims) {
+			if n := blocksFor(s, l.tokens) * int64(l.concurrency); n <= room {
 				need = max(need, n)
 			}
 		}

@@ -91,6 +91,8 @@ type perftestMsg struct {
 
 type scenarioMsg struct {
 	Tokens int64 `json:"tokens"`
+	// Layers > 0 plans only the first layers of each block (a latency row's one-layer chunk).
+	Layers int64 `json:"layers,omitempty"`
 }
 
 type readyMsg struct {

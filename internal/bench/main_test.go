@@ -64,6 +64,7 @@ type runSpec struct {
 	decodeOrder    layout.Order
 	staging        bool
 	noRMA          bool
+	latency        bool
 	connectTimeout time.Duration
 }
 
@@ -86,7 +87,8 @@ func runFor(t *testing.T, s runSpec) RunConfig {
 		Prompts: s.prompts, Concurrency: s.concurrency, SlotBytes: or(s.slotBytes, 4<<20), PipelineDepth: 2,
 		TLS: s.tls, PrefillTP: int(or(int64(s.prefillTP), 1)), Duration: time.Second, MaxIters: 10000, Verify: true,
 		ConnectTimeout: time.Duration(or(int64(s.connectTimeout), int64(10*time.Second))), Seed: 1,
-		Staging: s.staging, DirectChunkBytes: 64 << 20, NoRMA: s.noRMA, Pool: s.pool, Memory: s.memory, HTTP: s.http}
+		Staging: s.staging, DirectChunkBytes: 64 << 20, NoRMA: s.noRMA, Pool: s.pool, Memory: s.memory, HTTP: s.http,
+		Latency: s.latency}
 	if cfg.Prompts == nil {
 		cfg.Prompts = []int64{1 << 10, 4 << 10, 16 << 10}
 	}
@@ -99,7 +101,7 @@ func runFor(t *testing.T, s runSpec) RunConfig {
 	if cfg.Memory == "" {
 		cfg.Memory = "host"
 	}
-	cfg.Prefill, cfg.Decode, err = SizePools(shape, cfg.Prompts, cfg.Concurrency, cfg.PrefillTP, cfg.MemCap, 0)
+	cfg.Prefill, cfg.Decode, err = SizePools(shape, cfg.Prompts, cfg.Concurrency, cfg.PrefillTP, cfg.MemCap, 0, cfg.Latency)
 	require.NoError(t, err)
 	if s.decodeOrder != cfg.Order {
 		cfg.Decode = layout.Packed(cfg.Decode.Dims(), s.decodeOrder)

@@ -72,6 +72,15 @@ type Result struct {
 	// each chunk out of the prefill end's slot with a get); several joined with "+" when the
 	// requests of a scenario differed.
 	Path string `json:"path,omitempty"`
+	// Layers is how many layers of each block a request moved, where fewer than the pool's
+	// (a latency row's one-layer chunk); omitted when every layer.
+	Layers int64 `json:"layers,omitempty"`
+	// LimitUs is a latency row's same-run limit (Op "latency"): ucx_perftest's median time to
+	// move the bytes one prefill rank sends, by one ucp_get or one tag_lat message (one way),
+	// whichever is less, plus one tag_lat round trip of 8 bytes (twice its one-way median);
+	// LimitRatio is P50us over it. Present only where the limit ran.
+	LimitUs    *float64 `json:"limit_us,omitempty"`
+	LimitRatio *float64 `json:"limit_ratio,omitempty"`
 	// P99FewSamples marks a p99 taken from fewer than minP99Samples requests: by nearest rank
 	// it is then the slowest request, not a percentile. The table prints it with a '*'.
 	P99FewSamples bool `json:"p99_few_samples,omitempty"`
@@ -242,19 +251,46 @@ func (p *Printer) Finish(plot string) error {
 	return writePlotIfAsked(plot, p.results)
 }
 
-// writeTable prints results as a table aligned on its columns, numbers right-aligned.
+// writeTable prints results as tables aligned on their columns, numbers right-aligned: the
+// bandwidth rows, then the latency rows (Op "latency") beside their limit.
 func writeTable(w io.Writer, results []Result) error {
-	const padding = 2
-	var buf bytes.Buffer
-	tw := tabwriter.NewWriter(&buf, 0, 0, padding, ' ', tabwriter.AlignRight)
-	header := []string{"scenario", "bytes/req", "GB/s", "p50", "p99", "gather", "wire", "scatter", "baseline", "base GB/s", "ratio", "verified", "path"}
-	// tabwriter aligns every cell the same way; pad names so they read left-aligned.
-	nameWidth := len(header[0])
+	var bandwidth, latency []Result
 	for _, r := range results {
-		nameWidth = max(nameWidth, len(r.Name))
+		if r.Op == "latency" {
+			latency = append(latency, r)
+		} else {
+			bandwidth = append(bandwidth, r)
+		}
 	}
-	header[0] = fmt.Sprintf("%-*s", nameWidth, header[0])
-	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
+	var tables [][][]string
+	if len(bandwidth) > 0 {
+		tables = append(tables, bandwidthRows(bandwidth))
+	}
+	if len(latency) > 0 {
+		tables = append(tables, latencyRows(latency))
+	}
+	for i, rows := range tables {
+		if i > 0 {
+			if _, err := io.WriteString(w, "\n"); err != nil {
+				return err
+			}
+		}
+		if err := writeAligned(w, rows); err != nil {
+			return err
+		}
+	}
+	for _, r := range results {
+		if r.P99FewSamples {
+			_, err := fmt.Fprintf(w, "* p99 from fewer than %d requests: the slowest of them, not a percentile\n", minP99Samples)
+			return err
+		}
+	}
+	return nil
+}
+
+// bandwidthRows are the header and rows of the bandwidth table.
+func bandwidthRows(results []Result) [][]string {
+	rows := [][]string{{"scenario", "bytes/req", "GB/s", "p50", "p99", "gather", "wire", "scatter", "baseline", "base GB/s", "ratio", "verified", "path"}}
 	for _, r := range results {
 		base, baseGB, ratio := "-", "-", "-"
 		if r.BaselineGBps != nil {
@@ -262,25 +298,53 @@ func writeTable(w io.Writer, results []Result) error {
 			baseGB = fmt.Sprintf("%.2f", *r.BaselineGBps)
 			ratio = fmt.Sprintf("%.2f", *r.Ratio)
 		}
-		verified := "no"
-		if r.Verified {
-			verified = "yes"
-		}
-		row := []string{
-			fmt.Sprintf("%-*s", nameWidth, r.Name), humanBytes(r.Bytes), fmt.Sprintf("%.2f", r.GBps),
+		rows = append(rows, []string{
+			r.Name, humanBytes(r.Bytes), fmt.Sprintf("%.2f", r.GBps),
 			fmtUs(r.P50us), p99Cell(r), fmtUsOrDash(r.GatherUs), fmtUsOrDash(r.WireUs),
-			fmtUsOrDash(r.ScatterUs), base, baseGB, ratio, verified, orDash(r.Path),
+			fmtUsOrDash(r.ScatterUs), base, baseGB, ratio, yesNo(r.Verified), orDash(r.Path),
+		})
+	}
+	return rows
+}
+
+// latencyRows are the header and rows of the latency table: p50 and p99 beside the same-run
+// limit (Result.LimitUs) and their ratios, where 1 is the wire's own time.
+func latencyRows(results []Result) [][]string {
+	rows := [][]string{{"scenario", "bytes/req", "GB/s", "p50", "p99", "p99/p50", "limit", "limit by", "p50/limit", "verified", "path"}}
+	for _, r := range results {
+		limit, by, ratio := "-", "-", "-"
+		if r.LimitUs != nil {
+			limit, by, ratio = fmtUs(*r.LimitUs), r.Baseline, fmt.Sprintf("%.2f", *r.LimitRatio)
 		}
+		spread := "-"
+		if r.P50us > 0 {
+			spread = fmt.Sprintf("%.2f", r.P99us/r.P50us)
+		}
+		rows = append(rows, []string{
+			r.Name, humanBytes(r.Bytes), fmt.Sprintf("%.2f", r.GBps), fmtUs(r.P50us), p99Cell(r),
+			spread, limit, by, ratio, yesNo(r.Verified), orDash(r.Path),
+		})
+	}
+	return rows
+}
+
+// writeAligned prints rows (the first the header) aligned on their columns, numbers
+// right-aligned, the first column left-aligned.
+func writeAligned(w io.Writer, rows [][]string) error {
+	const padding = 2
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, padding, ' ', tabwriter.AlignRight)
+	// tabwriter aligns every cell the same way; pad names so they read left-aligned.
+	nameWidth := 0
+	for _, row := range rows {
+		nameWidth = max(nameWidth, len(row[0]))
+	}
+	for _, row := range rows {
+		row[0] = fmt.Sprintf("%-*s", nameWidth, row[0])
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
-	}
-	for _, r := range results {
-		if r.P99FewSamples {
-			fmt.Fprintf(&buf, "%*s* p99 from fewer than %d requests: the slowest of them, not a percentile\n", padding, "", minP99Samples)
-			break
-		}
 	}
 	// Right alignment pads the first column on its left too; every line starts with the
 	// same padding, so drop it.
@@ -290,6 +354,13 @@ func writeTable(w io.Writer, results []Result) error {
 		}
 	}
 	return nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 // p99Cell is the p99 column, marked when it came from too few requests to be a percentile.
@@ -364,6 +435,9 @@ func seriesOf(results []Result) []plot.Series {
 		s.Points = append(s.Points, p)
 	}
 	for _, r := range results {
+		if r.Op == "latency" {
+			continue // a latency row's figure is its time beside a limit, not a bandwidth
+		}
 		key := fmt.Sprintf("%s c=%d", r.Op, r.Concurrency)
 		label := r.Op
 		if r.Op == "transfer" {

@@ -27,6 +27,9 @@ const PeerEnv = "KVXBENCH_PEER"
 // baseline and set-up), plus the peers' start and the pools' first touch.
 func runBudget(c RunConfig) time.Duration {
 	n := time.Duration(len(c.Prompts) * len(c.Concurrency))
+	if c.Latency {
+		n += time.Duration(len(latencyScenarios(c.Dims)))
+	}
 	return n*(3*c.Duration+15*time.Second) + 2*c.ConnectTimeout + time.Minute
 }
 
@@ -99,25 +102,45 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftestBin s
 	var scenarios []scenario
 	for _, t := range cfg.Prompts {
 		for _, c := range cfg.Concurrency {
-			s := scenario{tokens: t, concurrency: c}
-			if need := blocksFor(Shape{Dims: cfg.Decode.Dims()}, t) * int64(c); need > cfg.Decode.NumBlocks {
-				fmt.Fprintf(out.Stderr, "kvxbench: note: skipped %s: it needs %s of decode pool, over --max-memory\n",
-					s.name(cfg), humanBytes(need*cfg.Decode.BlockBytes()))
-				continue
-			}
-			scenarios = append(scenarios, s)
+			scenarios = append(scenarios, scenario{tokens: t, concurrency: c})
 		}
 	}
+	if cfg.Latency {
+		scenarios = append(scenarios, latencyScenarios(cfg.Decode.Dims())...)
+	}
+	fit := scenarios[:0]
+	for _, s := range scenarios {
+		if need := blocksFor(Shape{Dims: cfg.Decode.Dims()}, s.tokens) * int64(s.concurrency); need > cfg.Decode.NumBlocks {
+			fmt.Fprintf(out.Stderr, "kvxbench: note: skipped %s: it needs %s of decode pool, over --max-memory\n",
+				s.name(cfg), humanBytes(need*cfg.Decode.BlockBytes()))
+			continue
+		}
+		fit = append(fit, s)
+	}
+	scenarios = fit
 	bar := newProgress(out.Stderr, len(scenarios), 2*cfg.Duration)
 	defer bar.done()
 	baselines := map[int64]float64{}
+	limits := latencyLimits{run: perftest.Run, base: latencyPerftest(cfg, perftestBin),
+		budget: int64(float64(cfg.Duration.Seconds()) * 4e9)}
+	if d.remoteHost != "" {
+		limits.run = func(ctx context.Context, pc perftest.Config) (perftest.Result, error) {
+			return runRemotePerftest(ctx, d.ctrls[0], d.remoteHost, pc)
+		}
+	}
 	for _, s := range scenarios {
 		bar.step(s.name(cfg))
 		res, err := d.measure(ctx, s, o, bar)
 		if err != nil {
 			return err
 		}
-		if perftestBin != "" {
+		if perftestBin != "" && s.latency {
+			l, err := limits.limit(ctx, res.Bytes/int64(len(d.ctrls)))
+			if err != nil {
+				return err
+			}
+			res.setLimit(l.name(cfg.TLS), l)
+		} else if perftestBin != "" {
 			g, ok := baselines[res.MessageBytes]
 			if !ok {
 				iters, warmup := perftest.Iters(res.MessageBytes, int64(float64(cfg.Duration.Seconds())*4e9))

@@ -78,7 +78,7 @@ func (p *prefillEnd) serve(ctx context.Context, c *control) error {
 		case m.Bye:
 			return nil
 		case m.Scenario != nil:
-			ready, err := p.plan1(m.Scenario.Tokens)
+			ready, err := p.plan1(m.Scenario.Tokens, m.Scenario.Layers)
 			if err != nil {
 				c.sendError(err)
 				return err
@@ -144,12 +144,17 @@ func (p *prefillEnd) startPerftest(ctx context.Context, m perftestMsg, wg *sync.
 
 // plan1 picks the blocks of the scenario's request in random order over the pool and
 // checksums its stream, which does not change for the scenario's life (sends only read it).
-func (p *prefillEnd) plan1(tokens int64) (readyMsg, error) {
+// layers > 0 sends only the first layers of each block.
+func (p *prefillEnd) plan1(tokens, layers int64) (readyMsg, error) {
 	n := (tokens + p.cfg.Prefill.TokensPerBlock - 1) / p.cfg.Prefill.TokensPerBlock
 	if n > p.cfg.Prefill.NumBlocks {
 		return readyMsg{}, fmt.Errorf("prefill rank %d: %d tokens need %d blocks, the pool has %d", p.rank, tokens, n, p.cfg.Prefill.NumBlocks)
 	}
-	plan, err := layout.NewPlan(p.cfg.Prefill, p.cfg.Prefill.All(), randomBlocks(p.rng, p.cfg.Prefill.NumBlocks, n))
+	sel, err := firstLayers(p.cfg.Prefill.All(), layers)
+	if err != nil {
+		return readyMsg{}, fmt.Errorf("prefill rank %d: %w", p.rank, err)
+	}
+	plan, err := layout.NewPlan(p.cfg.Prefill, sel, randomBlocks(p.rng, p.cfg.Prefill.NumBlocks, n))
 	if err != nil {
 		return readyMsg{}, fmt.Errorf("prefill rank %d: %w", p.rank, err)
 	}
@@ -204,10 +209,22 @@ type decodeEnd struct {
 type scenario struct {
 	tokens      int64
 	concurrency int
+	// latency marks a latency row (latencyScenarios), measured beside its latencyLimit.
+	latency bool
+	// layers > 0 moves only the first layers of each block, as a one-layer chunk of a
+	// streamed or partial request; 0 moves every layer.
+	layers int64
 }
 
 func (s scenario) name(cfg RunConfig) string {
 	n := fmt.Sprintf("transfer %s %s c=%d", cfg.ShapeName, humanTokens(s.tokens), s.concurrency)
+	if s.latency {
+		size := humanTokens(s.tokens)
+		if s.layers > 0 {
+			size = fmt.Sprintf("%d block, %d layer", blocksFor(Shape{Dims: cfg.Decode.Dims()}, s.tokens), s.layers)
+		}
+		n = fmt.Sprintf("latency %s %s c=%d", cfg.ShapeName, size, s.concurrency)
+	}
 	if cfg.PrefillTP > 1 {
 		n += fmt.Sprintf(" tp%d>1", cfg.PrefillTP)
 	}
@@ -220,11 +237,14 @@ func (s scenario) name(cfg RunConfig) string {
 // measure runs one scenario and returns its result, baseline not yet set.
 func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *progress) (Result, error) {
 	res := Result{Op: "transfer", Model: d.cfg.ShapeName, Tokens: s.tokens, Concurrency: s.concurrency,
-		Name: s.name(d.cfg), TLS: d.cfg.TLS, PrefillTP: d.cfg.PrefillTP}
+		Name: s.name(d.cfg), TLS: d.cfg.TLS, PrefillTP: d.cfg.PrefillTP, Layers: s.layers}
+	if s.latency {
+		res.Op = "latency"
+	}
 	// Each prefill rank plans the request and tells its checksum.
 	sums := make([]uint32, len(d.ctrls))
 	for _, c := range d.ctrls {
-		if err := c.send(message{Scenario: &scenarioMsg{Tokens: s.tokens}}); err != nil {
+		if err := c.send(message{Scenario: &scenarioMsg{Tokens: s.tokens, Layers: s.layers}}); err != nil {
 			return res, err
 		}
 	}
@@ -255,6 +275,9 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 			sel, err := receiverSelection(d.cfg.Decode, hello{Rank: r, TP: d.cfg.PrefillTP}, hello{TP: 1})
 			if err != nil {
 				return res, err
+			}
+			if sel, err = firstLayers(sel, s.layers); err != nil {
+				return res, fmt.Errorf("decode plan: %w", err)
 			}
 			p, err := layout.NewPlan(d.cfg.Decode, sel, ids)
 			if err != nil {

@@ -153,11 +153,12 @@ func SweepRuns(base RunConfig, blockTokens, batches []int) ([]RunConfig, error) 
 		cfg := base
 		cfg.Dims = s.Dims
 		cfg.Prompts = nil
+		cfg.Latency = false // a sweep's rows are its block sizes by batches
 		for _, b := range batches {
 			cfg.Prompts = append(cfg.Prompts, int64(b)*int64(bt))
 		}
 		var err error
-		cfg.Prefill, cfg.Decode, err = SizePools(s, cfg.Prompts, cfg.Concurrency, cfg.PrefillTP, cfg.MemCap, 0)
+		cfg.Prefill, cfg.Decode, err = SizePools(s, cfg.Prompts, cfg.Concurrency, cfg.PrefillTP, cfg.MemCap, 0, false)
 		if err != nil {
 			return nil, fmt.Errorf("block size %d tokens: %w", bt, err)
 		}

@@ -51,6 +51,10 @@ type Result struct {
 	Iters int
 	// AvgLatencyUs is its average time per message.
 	AvgLatencyUs float64
+	// TypicalLatencyUs is its median time per message (the 50.0_percentile_lat column); zero
+	// where this ucx_perftest does not print it. For a ping-pong test (tag_lat, ucp_put_lat)
+	// ucx_perftest reports one way, half a round trip.
+	TypicalLatencyUs float64
 }
 
 // ErrNotFound means ucx_perftest is not installed: the baseline is skipped with a note, not
@@ -259,7 +263,15 @@ func parse(out string) (Result, error) {
 			if bw <= 0 {
 				return Result{}, fmt.Errorf("ucx_perftest reported a bandwidth of %v", bw)
 			}
-			return Result{GBps: bw * (1 << 20) / 1e9, Iters: iters, AvgLatencyUs: lat}, nil
+			res := Result{GBps: bw * (1 << 20) / 1e9, Iters: iters, AvgLatencyUs: lat}
+			if v, ok := field["50.0_percentile_lat"]; ok {
+				typical, err := strconv.ParseFloat(v, 64)
+				if err != nil || typical < 0 {
+					return Result{}, fmt.Errorf("ucx_perftest output %q: median latency %q", next, v)
+				}
+				res.TypicalLatencyUs = typical
+			}
+			return res, nil
 		}
 		break
 	}

@@ -22,20 +22,33 @@ func TestParsePerftest(t *testing.T) {
 		out     string
 		gbps    float64
 		iters   int
+		typical float64
 		wantErr string
 	}{
 		{
 			desc: "final CSV line, MiB/s to GB/s",
 			out: "iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n" +
 				" 200,463.622,513.960,513.960,7782.70,7782.70,1946,1946\n",
-			gbps: 7782.70 * 1048576 / 1e9, iters: 200,
+			gbps: 7782.70 * 1048576 / 1e9, iters: 200, typical: 463.622,
 		},
+		{
+			desc: "tag_lat: the median, one way",
+			out: "iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n" +
+				"10000,0.420,4.743,153.812,1.61,0.05,210850,6501\n",
+			gbps: 0.05 * 1048576 / 1e9, iters: 10000, typical: 0.420,
+		},
+		{
+			desc: "no median column (an older ucx_perftest)",
+			out:  "iterations,avg_lat,overall_bw\n10,1.5,100\n",
+			gbps: 100 * 1048576 / 1e9, iters: 10,
+		},
+		{desc: "garbage median", out: "iterations,50.0_percentile_lat,avg_lat,overall_bw\n10,x,1.0,100\n", wantErr: "median latency"},
 		{
 			desc: "warnings before the header",
 			out: "[1795352351.596463] [vm:21412:0] parser.c:1911 UCX WARN unused env variable\n" +
 				"iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr\n" +
 				"  20,8.855,10.753,10.753,90.82,90.82,93000,93000\n",
-			gbps: 90.82 * 1048576 / 1e9, iters: 20,
+			gbps: 90.82 * 1048576 / 1e9, iters: 20, typical: 8.855,
 		},
 		{desc: "connect refused", out: "UCX  ERROR client failed. connect() failed: Connection refused\n", wantErr: "no final figures in ucx_perftest output: UCX  ERROR client failed"},
 		{desc: "header only", out: "iterations,avg_lat,overall_bw\n", wantErr: "no final figures"},
@@ -52,6 +65,7 @@ func TestParsePerftest(t *testing.T) {
 			require.NoError(t, err)
 			require.InDelta(t, tc.gbps, res.GBps, 1e-9)
 			require.Equal(t, tc.iters, res.Iters)
+			require.InDelta(t, tc.typical, res.TypicalLatencyUs, 1e-9)
 		})
 	}
 }
