@@ -69,6 +69,11 @@ func (e *CMARangeError) Error() string {
 // Unwrap makes a *CMARangeError a transport.ErrBadRegion.
 func (e *CMARangeError) Unwrap() error { return transport.ErrBadRegion }
 
+// Is makes a *CMARangeError a transport.ErrProtocol too: the range came from the peer, which
+// asked for memory it never registered, and the engine counts such refusals
+// (Health.ProtocolRefusals).
+func (e *CMARangeError) Is(target error) bool { return target == transport.ErrProtocol }
+
 // ucxCMA is the transport's process_vm_readv state; the route decided for a key lives on its
 // lane-0 ucxRemoteKey (cma).
 type ucxCMA struct {
