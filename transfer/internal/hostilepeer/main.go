@@ -12,12 +12,12 @@
 // answers from with another process's pid (shared memory only), "OTHER <hex>" (a second,
 // honest worker of this process: the peer whose name its forged hellos take) and "READY".
 // Then it answers every request with FlagRMA by the forgery its id names
-// (hostile.ForgeryOf), and takes "SEND <forgery> [<request id>]" (prints "SENT <forgery>") and
+// (forgery.ForgeryOf), and takes "SEND <forgery> [<request id>]" (prints "SENT <forgery>") and
 // "PARAMS <forgery>" (prints "PARAMS <hex blob>"). It exits when its stdin closes; any
 // failure prints "ERR <reason>" and exits 1.
 //
 // -mode canary is the third process: it maps -len bytes at -at (where the peer's pool lies
-// in the peer), fills them with hostile.Canary, prints "CANARY <pid>", answers "CHECK" with
+// in the peer), fills them with forgery.Canary, prints "CANARY <pid>", answers "CHECK" with
 // "CHECKED <bytes changed>" and exits when its stdin closes.
 package main
 
@@ -38,7 +38,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/kvxfer/kvxfer/internal/hostile"
+	"github.com/kvxfer/kvxfer/internal/peerproc/forgery"
+	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -82,19 +83,19 @@ func main() {
 
 // runCanary is the third process: canary memory at the address of the peer's pool.
 func runCanary(o options, stdin *bufio.Scanner) error {
-	canary, err := hostile.MapAt(uintptr(o.at), o.length)
+	canary, err := forgery.MapAt(uintptr(o.at), o.length)
 	if err != nil {
 		return err
 	}
 	for i := range canary {
-		canary[i] = hostile.Canary
+		canary[i] = forgery.Canary
 	}
 	fmt.Printf("CANARY %d\n", os.Getpid())
 	for stdin.Scan() {
 		if stdin.Text() == "CHECK" {
 			changed := 0
 			for _, b := range canary {
-				if b != hostile.Canary {
+				if b != forgery.Canary {
 					changed++
 				}
 			}
@@ -150,23 +151,23 @@ func runPeer(o options, stdin *bufio.Scanner) error {
 	}
 	defer func() { _ = p.other.Close(true) }()
 	// The pool, with the peer's own secret on either side of it, outside the registration.
-	poolBytes := hostile.PoolBlocks * hostile.BlockBytes
-	all, err := syscall.Mmap(-1, 0, poolBytes+2*hostile.SecretBytes, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	poolBytes := forgery.PoolBlocks * forgery.BlockBytes
+	all, err := syscall.Mmap(-1, 0, poolBytes+2*forgery.SecretBytes, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
 		return err
 	}
 	for i := range all {
-		all[i] = hostile.Secret
+		all[i] = forgery.Secret
 	}
-	pool := all[hostile.SecretBytes : hostile.SecretBytes+poolBytes]
-	hostile.Fill(pool, o.seed)
+	pool := all[forgery.SecretBytes : forgery.SecretBytes+poolBytes]
+	forgery.Fill(pool, o.seed)
 	if p.region, err = p.tr.RegisterHost(pool); err != nil {
 		return err
 	}
-	if p.seg, err = p.tr.AllocatePool(hostile.RequestBlocks * hostile.BlockBytes); err != nil {
+	if p.seg, err = p.tr.AllocatePool(forgery.RequestBlocks * forgery.BlockBytes); err != nil {
 		return err
 	}
-	hostile.Fill(p.seg, o.seed)
+	forgery.Fill(p.seg, o.seed)
 	if _, p.segKey, err = p.tr.RMAKey(p.seg); err != nil {
 		return err
 	}
@@ -203,9 +204,9 @@ func runPeer(o options, stdin *bufio.Scanner) error {
 	}
 	// Workers that answer in a name whose pid is another process's: the third one, the victim.
 	for _, f := range []struct {
-		forgery hostile.Forgery
+		forgery forgery.Forgery
 		pid     int
-	}{{hostile.PidOfThird, third}, {hostile.PidOfVictim, self}} {
+	}{{forgery.PidOfThird, third}, {forgery.PidOfVictim, self}} {
 		tr, err := ucx.New(cfg)
 		if err != nil {
 			return err
@@ -230,7 +231,7 @@ func runPeer(o options, stdin *bufio.Scanner) error {
 	for stdin.Scan() {
 		verb, arg, _ := strings.Cut(stdin.Text(), " ")
 		name, rest, _ := strings.Cut(arg, " ")
-		f, ok := hostile.ParseForgery(name)
+		f, ok := forgery.ParseForgery(name)
 		if !ok {
 			return fmt.Errorf("unknown forgery %q", name)
 		}
@@ -283,35 +284,35 @@ func (p *peer) seal(m wire.Message) []byte {
 }
 
 // send sends the unsolicited forgery f ("SEND").
-func (p *peer) send(f hostile.Forgery, arg string) error {
+func (p *peer) send(f forgery.Forgery, arg string) error {
 	var echo [wire.ChallengeBytes]byte
 	_, _ = rand.Read(echo[:])
 	all := wire.KnownFeatures | 1<<40
 	switch f {
-	case hostile.HelloForOther: // in the other worker's name: every feature, then a proof of nothing
+	case forgery.HelloForOther: // in the other worker's name: every feature, then a proof of nothing
 		as := ucx.PeerFromAddress(p.other.WorkerAddress())
 		if err := ucxhooks.Hooks.SendControlAs(p.tr, p.victim, as, p.seal(&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: all})); err != nil {
 			return err
 		}
 		return ucxhooks.Hooks.SendControlAs(p.tr, p.victim, as, p.seal(&wire.HelloProof{Echo: echo, Min: wire.MinVersion, Max: wire.Version, Features: all}))
-	case hostile.UnsolicitedProof:
+	case forgery.UnsolicitedProof:
 		return p.tr.SendControl(p.victim, p.seal(&wire.HelloProof{Echo: echo, Min: wire.MinVersion, Max: wire.Version, Features: all}))
-	case hostile.UnsealedHello:
+	case forgery.UnsealedHello:
 		return p.tr.SendControl(p.victim, wire.Encode(&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: all}))
-	case hostile.ForeignKeyHello:
+	case forgery.ForeignKeyHello:
 		return p.tr.SendControl(p.victim, p.foreign.SealMessage(&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: all}))
-	case hostile.ClaimWithoutProof, hostile.ClaimWrongProof:
+	case forgery.ClaimWithoutProof, forgery.ClaimWrongProof:
 		id, err := strconv.ParseUint(arg, 10, 64)
 		if err != nil {
 			return fmt.Errorf("request id %q: %w", arg, err)
 		}
-		plan, err := hostile.Plan(hostile.PoolBlocks, 0)
+		whole, err := plan(forgery.PoolBlocks, 0)
 		if err != nil {
 			return err
 		}
 		ri := &wire.RequestInfo{Header: wire.Header{Request: transport.RequestID(id), Nonce: p.rng.Uint64() | 1},
-			Shape: plan.Shape(), ChunkBytes: 256 << 10, Depth: 2}
-		if f == hostile.ClaimWrongProof {
+			Shape: whole.Shape(), ChunkBytes: 256 << 10, Depth: 2}
+		if f == forgery.ClaimWrongProof {
 			ri.Flags |= wire.FlagClaim
 			ri.Claim = wire.Claim{Incarnation: p.rng.Uint64(), Proof: wire.ClaimProof(echo[:], ri.Request, 0, ri.Nonce, 1)}
 		}
@@ -321,24 +322,24 @@ func (p *peer) send(f hostile.Forgery, arg string) error {
 }
 
 // params is the forged ContextParams blob of forgery f.
-func (p *peer) params(f hostile.Forgery) ([]byte, error) {
-	plan, err := hostile.Plan(hostile.PoolBlocks, 0)
+func (p *peer) params(f forgery.Forgery) ([]byte, error) {
+	whole, err := plan(forgery.PoolBlocks, 0)
 	if err != nil {
 		return nil, err
 	}
 	secret := make([]byte, ucx.ContextParamsSecretBytes)
 	_, _ = rand.Read(secret)
 	c := &ucx.ContextParams{RequestID: transport.RequestID(p.rng.Uint64() >> 8), Incarnation: p.rng.Uint64() | 1, WorkerAddress: p.tr.WorkerAddress(),
-		Layout: plan.Layout(), Selection: plan.Selection(), Blocks: plan.Blocks(), Secret: secret}
+		Layout: whole.Layout(), Selection: whole.Selection(), Blocks: whole.Blocks(), Secret: secret}
 	foreign := make([]byte, wire.ClusterKeyBytes)
 	_, _ = rand.Read(foreign)
 	switch f {
-	case hostile.UnsignedParams:
-	case hostile.ForeignParams:
+	case forgery.UnsignedParams:
+	case forgery.ForeignParams:
 		if err := c.Sign([][]byte{foreign}); err != nil {
 			return nil, err
 		}
-	case hostile.TamperedParams: // sealed by the fleet's key where this peer holds it, then changed
+	case forgery.TamperedParams: // sealed by the fleet's key where this peer holds it, then changed
 		keys := p.insider
 		if keys == nil {
 			keys = [][]byte{foreign}
@@ -392,9 +393,9 @@ func (a *answerer) OnControl(from transport.Peer, msg []byte) {
 		if m.Flags&wire.FlagRMA == 0 {
 			return // a fallback to messages: this peer sends none, the victim's deadline ends it
 		}
-		f := hostile.Honest
+		f := forgery.Honest
 		if !a.honest {
-			f = hostile.ForgeryOf(uint64(m.Request))
+			f = forgery.ForgeryOf(uint64(m.Request))
 		}
 		for _, o := range a.offer(f, m) {
 			if b, err := o.AppendBinary(nil); err == nil {
@@ -405,52 +406,52 @@ func (a *answerer) OnControl(from transport.Peer, msg []byte) {
 }
 
 // offer is forgery f's answer to request ri: one offer, or its parts.
-func (a *answerer) offer(f hostile.Forgery, ri *wire.RequestInfo) []*wire.RMAOffer {
+func (a *answerer) offer(f forgery.Forgery, ri *wire.RequestInfo) []*wire.RMAOffer {
 	p := a.p
 	region := a.region
 	if region == nil {
 		region = p.region
 	}
 	addr, key := region.RemoteKey()
-	plan, err := hostile.Plan(hostile.PoolBlocks, 0)
+	whole, err := plan(forgery.PoolBlocks, 0)
 	if err != nil {
 		return nil
 	}
 	o := &wire.RMAOffer{Header: wire.Header{Sub: ri.Sub, Request: ri.Request, Nonce: ri.Nonce}, Addr: addr, PoolBytes: region.Len(),
-		Layout: plan.Layout(), Selection: plan.Selection(), Blocks: append([]int32(nil), plan.Blocks()...), Key: key}
+		Layout: whole.Layout(), Selection: whole.Selection(), Blocks: append([]int32(nil), whole.Blocks()...), Key: key}
 	shifted := func(blocks int64, first int32) {
-		if q, err := hostile.Plan(blocks, first); err == nil {
+		if q, err := plan(blocks, first); err == nil {
 			o.Layout, o.Selection, o.Blocks = q.Layout(), q.Selection(), append([]int32(nil), q.Blocks()...)
 		}
 	}
 	switch f {
-	case hostile.OutsideRegistration: // block 0 is the secret before the registration
-		o.Addr, o.PoolBytes = addr-hostile.SecretBytes, region.Len()+hostile.SecretBytes
-		shifted(hostile.PoolBlocks+1, 0)
-	case hostile.PastSegment:
+	case forgery.OutsideRegistration: // block 0 is the secret before the registration
+		o.Addr, o.PoolBytes = addr-forgery.SecretBytes, region.Len()+forgery.SecretBytes
+		shifted(forgery.PoolBlocks+1, 0)
+	case forgery.PastSegment:
 		segAddr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(p.seg))))
 		o.Addr, o.PoolBytes, o.Key = segAddr, 2*int64(len(p.seg)), p.segKey
-		shifted(2*hostile.RequestBlocks, hostile.RequestBlocks)
-	case hostile.HugeLength:
+		shifted(2*forgery.RequestBlocks, forgery.RequestBlocks)
+	case forgery.HugeLength:
 		o.PoolBytes = 1 << 46
-		shifted(o.PoolBytes/hostile.BlockBytes, 1<<20)
-	case hostile.WrappingRange:
+		shifted(o.PoolBytes/forgery.BlockBytes, 1<<20)
+	case forgery.WrappingRange:
 		o.Addr = ^uint64(0) - 4096
-	case hostile.OverlappingParts:
+	case forgery.OverlappingParts:
 		b := *o // positions 0..3, then 3..6: position 3 twice, 7 never
 		o.Flags, o.Total, o.Blocks = wire.RMAOfferPart, len(o.Blocks), o.Blocks[:4]
 		b.Flags, b.Total, b.First, b.Blocks = wire.RMAOfferPart, o.Total, 3, b.Blocks[4:]
 		return []*wire.RMAOffer{o, &b}
-	case hostile.GarbageKey:
+	case forgery.GarbageKey:
 		p.mu.Lock()
 		o.Key = make([]byte, 16+p.rng.IntN(200))
 		for i := range o.Key {
 			o.Key[i] = byte(p.rng.Uint32())
 		}
 		p.mu.Unlock()
-	case hostile.TruncatedKey:
+	case forgery.TruncatedKey:
 		o.Key = key[:len(key)/2]
-	case hostile.ReplayedNonce: // the first request is answered honestly; its offer is replayed on the second
+	case forgery.ReplayedNonce: // the first request is answered honestly; its offer is replayed on the second
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		old := p.played[uint64(ri.Request)]
@@ -464,4 +465,16 @@ func (a *answerer) offer(f hostile.Forgery, ri *wire.RequestInfo) []*wire.RMAOff
 		return []*wire.RMAOffer{old, o}
 	}
 	return []*wire.RMAOffer{o}
+}
+
+// plan is the plan of forgery.RequestBlocks blocks from first in a block-major pool of blocks
+// blocks of the harness's model.
+func plan(blocks int64, first int32) (*layout.Plan, error) {
+	l := layout.Packed(layout.Dims{NumLayers: forgery.NumLayers, KVFactor: forgery.KVFactor, NumHeads: forgery.NumHeads,
+		HeadDim: forgery.HeadDim, ElemSize: forgery.ElemSize, TokensPerBlock: forgery.TokensPerBlock, NumBlocks: blocks}, layout.BlockMajor)
+	ids := make([]int32, forgery.RequestBlocks)
+	for i := range ids {
+		ids[i] = first + int32(i)
+	}
+	return layout.NewPlan(l, l.All(), ids)
 }

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package hostile
+// Package forgery names the lies of the hostile peer harness, shared by the lying peer
+// (transfer/internal/hostilepeer) and the victim that asks for them (internal/hostile): the
+// forgeries, the request ids that carry them, the model both sides move and the memory
+// patterns the canary checks look for (docs/security.md, "The hostile peer harness").
+package forgery
 
-import (
-	"math/rand/v2"
-
-	"github.com/kvxfer/kvxfer/layout"
-)
+import "math/rand/v2"
 
 // Forgery names one lie the hostile peer tells. The offer forgeries answer a request of the
 // victim's (its id names the forgery: RequestID); the others the victim asks for on the
@@ -88,6 +88,15 @@ func ParseForgery(s string) (Forgery, bool) {
 	return 0, false
 }
 
+// All lists the forgeries in the order a round runs them.
+func All() []Forgery {
+	fs := make([]Forgery, 0, forgeryEnd-1)
+	for f := Honest; f < forgeryEnd; f++ {
+		fs = append(fs, f)
+	}
+	return fs
+}
+
 // Offered reports whether the forgery answers a request of the victim's (an RMA offer).
 func (f Forgery) Offered() bool { return f >= Honest && f <= ReplayedNonce }
 
@@ -98,8 +107,16 @@ func RequestID(n uint64, f Forgery) uint64 { return n<<8 | uint64(f) }
 // ForgeryOf is the forgery a request id asks for.
 func ForgeryOf(id uint64) Forgery { return Forgery(id & 0xff) }
 
-// Dims is the model both sides move: 128 KiB blocks.
-var Dims = layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: PoolBlocks}
+// The model both sides move (layout.Dims): 4 layers, K and V, 8 heads of 64 BF16, 16-token
+// blocks of 128 KiB, block-major.
+const (
+	NumLayers      = 4
+	KVFactor       = 2
+	NumHeads       = 8
+	HeadDim        = 64
+	ElemSize       = 2
+	TokensPerBlock = 16
+)
 
 // Sizes of the pools: each side's pool holds PoolBlocks blocks and a request moves
 // RequestBlocks of them; the victim's are blocks FirstBlock.. of its pool (the others are
@@ -109,30 +126,13 @@ const (
 	PoolBlocks    = 16
 	RequestBlocks = 8
 	FirstBlock    = 4
-	BlockBytes    = 4 * 2 * 8 * 64 * 2 * 16
+	BlockBytes    = NumLayers * KVFactor * NumHeads * HeadDim * ElemSize * TokensPerBlock
 	SecretBytes   = BlockBytes
 	// Secret fills the peer's unregistered memory; Canary the third process's memory and the
 	// victim's guard pages and unused blocks. No run of 64 of either may reach a victim pool.
 	Secret byte = 0x5e
 	Canary byte = 0xc3
 )
-
-// Layout is a pool of blocks blocks of Dims, block-major.
-func Layout(blocks int64) layout.Layout {
-	d := Dims
-	d.NumBlocks = blocks
-	return layout.Packed(d, layout.BlockMajor)
-}
-
-// Plan is the plan of RequestBlocks blocks from first in a pool of blocks blocks.
-func Plan(blocks int64, first int32) (*layout.Plan, error) {
-	l := Layout(blocks)
-	ids := make([]int32, RequestBlocks)
-	for i := range ids {
-		ids[i] = first + int32(i)
-	}
-	return layout.NewPlan(l, l.All(), ids)
-}
 
 // Fill writes the peer's pattern for seed into b: what an honest transfer moves.
 func Fill(b []byte, seed uint64) {
