@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +28,38 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/observe"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
+
+// PeerBinEnv names the hostilepeer binary FindPeer returns.
+const PeerBinEnv = "KVX_HOSTILEPEER_BIN"
+
+// FindPeer returns the hostilepeer binary: the one $KVX_HOSTILEPEER_BIN names, a
+// "hostilepeer" next to this executable, or one it builds with the go command (when this runs
+// inside the module's source tree) into a temporary directory that done removes.
+func FindPeer() (bin string, done func(), err error) {
+	if bin := os.Getenv(PeerBinEnv); bin != "" {
+		return bin, func() {}, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		bin := filepath.Join(filepath.Dir(exe), "hostilepeer")
+		if info, err := os.Stat(bin); err == nil && info.Mode().IsRegular() {
+			return bin, func() {}, nil
+		}
+	}
+	dir, err := os.MkdirTemp("", "hostilepeer")
+	if err != nil {
+		return "", nil, err
+	}
+	bin = filepath.Join(dir, "hostilepeer")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kvxfer/kvxfer/transfer/internal/hostilepeer").CombinedOutput()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("no hostilepeer binary: set $%s, or put one next to this executable "+
+			"(go build ./transfer/internal/hostilepeer); building one: %w: %s", PeerBinEnv, err, out)
+	}
+	return bin, func() { _ = os.RemoveAll(dir) }, nil
+}
 
 // Config says how to run the harness.
 type Config struct {
@@ -129,7 +162,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := v.start(ctx); err != nil {
 		return rep, err
 	}
-	end := time.Now().Add(cfg.Duration)
+	end, logged := time.Now().Add(cfg.Duration), time.Now()
 	for rep.Rounds == 0 || (time.Now().Before(end) && (cfg.MaxRounds == 0 || rep.Rounds < cfg.MaxRounds)) {
 		if ctx.Err() != nil {
 			break
@@ -138,7 +171,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return rep, err
 		}
 		rep.Rounds++
-		if cfg.Logf != nil {
+		if cfg.Logf != nil && time.Since(logged) >= 10*time.Second {
+			logged = time.Now()
 			cfg.Logf("hostile: round %d: %d forgeries sent, %d failures", rep.Rounds, sum(rep.Sent), rep.failed)
 		}
 	}
@@ -162,7 +196,8 @@ func (v *victim) start(ctx context.Context) error {
 		args = append(args, "-key", hex.EncodeToString(v.cfg.ClusterKey))
 	}
 	var err error
-	if v.peer, err = startLines(ctx, v.cfg.PeerBin, args...); err != nil {
+	// The children live until close, not until ctx ends: ctx ends the run between forgeries.
+	if v.peer, err = startLines(context.Background(), v.cfg.PeerBin, args...); err != nil {
 		return err
 	}
 	peerAddr, err := v.peer.expect("ADDR ", 20*time.Second)
@@ -179,7 +214,7 @@ func (v *victim) start(ctx context.Context) error {
 		return fmt.Errorf("POOL %q: %w", at, err)
 	}
 	// The third process, its canary where the peer's pool lies; and this process's.
-	if v.third, err = startLines(ctx, v.cfg.PeerBin, "-mode", "canary", "-at", fmt.Sprint(poolAddr), "-len", fmt.Sprint(poolLen)); err != nil {
+	if v.third, err = startLines(context.Background(), v.cfg.PeerBin, "-mode", "canary", "-at", fmt.Sprint(poolAddr), "-len", fmt.Sprint(poolLen)); err != nil {
 		return err
 	}
 	thirdPid, err := v.third.expect("CANARY ", 10*time.Second)
@@ -279,7 +314,12 @@ func (v *victim) round(ctx context.Context) error {
 				continue
 			}
 		}
-		if err := v.forge(ctx, f); err != nil {
+		if ctx.Err() != nil {
+			return nil // the run is over: the round ends between two forgeries
+		}
+		// A forgery runs to its end, each wait bounded: ctx ending mid-transfer would cancel
+		// it, which is no finding.
+		if err := v.forge(context.Background(), f); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
 		v.checkCanaries(f)
