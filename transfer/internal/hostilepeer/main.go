@@ -455,8 +455,8 @@ func (a *answerer) offer(f forgery.Forgery, ri *wire.RequestInfo) []*wire.RMAOff
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		old := p.played[uint64(ri.Request)]
-		if old == nil {
-			if len(p.played) < 1024 {
+		if old == nil || old.Nonce == ri.Nonce { // the first transfer, or its request repeated (RetryInterval)
+			if old == nil && len(p.played) < 1024 {
 				p.played[uint64(ri.Request)] = o
 			}
 			return []*wire.RMAOffer{o}
