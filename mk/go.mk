@@ -63,3 +63,14 @@ disagg: ## Run the prefill/decode example (both roles in one process, in-memory 
 
 disagg-ucx: deps ## Run the prefill/decode example over UCX: two processes, ContextParams over HTTP on 127.0.0.1.
 	$(GO) run ./examples/disagg -transport=ucx
+
+# The hostile peer harness (internal/hostile, docs/security.md "The hostile peer harness"): a
+# lying peer process over real UCX against an engine with canaries around its pools, for
+# HOSTILE_TIME in all (shared memory with a cluster key, then TCP on loopback without one),
+# bounded by HOSTILE_TIMEOUT. make test runs three rounds of each in go-test.
+HOSTILE_TIME ?= 10m
+HOSTILE_TIMEOUT ?= 30m
+.PHONY: hostile
+hostile: ## Hostile peer harness for HOSTILE_TIME (default 10m): every forgery refused and counted, no canary byte changed.
+	KVX_HOSTILE_DURATION=$(HOSTILE_TIME) $(GO) test -count=1 -v -timeout $(HOSTILE_TIMEOUT) \
+		-run '^TestHostilePeer_EveryForgeryRefused$$' ./internal/hostile/

@@ -94,6 +94,7 @@ type Engine struct {
 	lastFailure atomic.Int64
 	malformed   atomic.Int64
 	stale       atomic.Int64 // messages of another transfer that reused a request id, dropped
+	refused     atomic.Int64 // transfers failed because their peer broke the protocol (ErrProtocol)
 	// moverWedged is the first error by which a Mover said it cannot tell whether its copy
 	// ended (ErrQuiescenceUnknown); Health reports it until the process restarts.
 	moverWedged atomic.Pointer[error]

@@ -38,9 +38,13 @@ type HealthSnapshot struct {
 	ProgressDeadline time.Duration // Config.ProgressDeadline
 	MalformedControl int64         // control messages that did not decode
 	StaleMessages    int64         // messages of an older transfer with the same request id (another nonce), dropped
-	MoverWedged      bool          // a Mover could not say whether its copy ended (ErrQuiescenceUnknown): the device is not trusted
-	TransportWedged  bool          // the transport reports it cannot deliver (transport.TransportHealth)
-	Closed           bool          // the engine is closed
+	// ProtocolRefusals counts the transfers this engine failed because what their peer sent
+	// broke the protocol (ErrProtocol): an offer outside the layout or the peer's segment, a
+	// malformed remote key, a read outside what the peer registered (docs/security.md).
+	ProtocolRefusals int64
+	MoverWedged      bool // a Mover could not say whether its copy ended (ErrQuiescenceUnknown): the device is not trusted
+	TransportWedged  bool // the transport reports it cannot deliver (transport.TransportHealth)
+	Closed           bool // the engine is closed
 	// Generation words (validated rma and pull reads, rma_gen.go): held now and in all, of
 	// a transport that counts them (transport.GenerationWords), and the offers declined for want of one.
 	GenerationWordsHeld, GenerationWords int
@@ -67,7 +71,7 @@ func (e *Engine) Health() Health {
 		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
 		ProgressDeadline: e.cfg.ProgressDeadline,
-		MalformedControl: e.malformed.Load(), StaleMessages: e.stale.Load(), BlocksPoisoned: settled, Remembered: e.remembered.Load(),
+		MalformedControl: e.malformed.Load(), StaleMessages: e.stale.Load(), ProtocolRefusals: e.refused.Load(), BlocksPoisoned: settled, Remembered: e.remembered.Load(),
 		PoisonedBlocks: e.blocksPoisoned.Load(), PoisonedBudget: e.cfg.PoisonedBlockBudget,
 	}
 	now := time.Now().UnixNano()

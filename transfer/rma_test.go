@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"errors"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -339,6 +340,9 @@ func TestRMABadOfferIsRejected(t *testing.T) {
 			_, ops := w.total()
 			require.Zero(t, ops, "no get was made")
 			require.Equal(t, make([]byte, len(dst.mem)), dst.mem, "nothing written")
+			if errors.Is(hr.Status().Err, ErrProtocol) {
+				require.EqualValues(t, 1, e.Health().ProtocolRefusals, "the refused offer is counted")
+			}
 		})
 	}
 }

@@ -72,6 +72,9 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 		return
 	}
 	x.aborting, x.cause = true, cause
+	if errors.Is(cause, ErrProtocol) { // the peer's input, refused (docs/security.md)
+		x.eng.refused.Add(1)
+	}
 	if code == wire.AbortCancelled && x.receive && x.outstanding+x.movingPeer > 0 && grace > 0 {
 		// A receiver's cancel tells the sender only once its own operations have ended
 		// (maybeResolve) or its grace has (quarantine): then the abort proves it reads the

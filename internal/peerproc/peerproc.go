@@ -35,6 +35,8 @@ import (
 const (
 	UCXPeerEnv    = "KVX_UCXPEER_BIN"
 	EnginePeerEnv = "KVX_ENGINEPEER_BIN"
+	// HostilePeerEnv names a prebuilt transfer/internal/hostilepeer (BuildHostilePeer).
+	HostilePeerEnv = "KVX_HOSTILEPEER_BIN"
 )
 
 // Build builds ucxpeer into the calling test's temporary directory, removed when that test
@@ -51,6 +53,14 @@ func Build(t testing.TB) string {
 func BuildEnginePeer(t testing.TB) string {
 	t.Helper()
 	return buildPeer(t, EnginePeerEnv, "enginepeer", "github.com/kvxfer/kvxfer/transfer/internal/enginepeer")
+}
+
+// BuildHostilePeer builds transfer/internal/hostilepeer, the lying peer of the hostile peer
+// harness (internal/hostile), as Build builds ucxpeer; $KVX_HOSTILEPEER_BIN names a prebuilt
+// one.
+func BuildHostilePeer(t testing.TB) string {
+	t.Helper()
+	return buildPeer(t, HostilePeerEnv, "hostilepeer", "github.com/kvxfer/kvxfer/transfer/internal/hostilepeer")
 }
 
 func buildPeer(t testing.TB, env, name, pkg string) string {

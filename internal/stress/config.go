@@ -59,11 +59,16 @@ const (
 	// others to end, so the peers are stopped with only that path in flight; decode must turn
 	// unhealthy within ProgressDeadline + FrozenSeenSlack.
 	FaultFreezePaths Fault = "freeze-paths"
+	// FaultHostile (--processes only): beside the soak, for its traffic phase, a lying peer
+	// process on the same host attacks an engine of this process (internal/hostile): every
+	// forgery must be refused and counted and no canary byte may change. It needs the
+	// hostilepeer binary ($KVX_HOSTILEPEER_BIN, or next to this executable).
+	FaultHostile Fault = "hostile"
 )
 
 // AllFaults lists every fault, in the order the report prints them.
 var AllFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultPartition,
-	FaultRestart, FaultDeadPeer, FaultFreezePaths}
+	FaultRestart, FaultDeadPeer, FaultFreezePaths, FaultHostile}
 
 // memFaults are the faults the in-process soak (Run) injects.
 var memFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultRestart}

@@ -31,7 +31,8 @@ import (
 
 // procFaults are the faults the process mode injects; the chunk-level ones need the
 // in-memory transport's hooks.
-var procFaults = []Fault{FaultCancel, FaultDeadline, FaultFreeze, FaultLostPeer, FaultPartition, FaultRestart, FaultDeadPeer, FaultFreezePaths}
+var procFaults = []Fault{FaultCancel, FaultDeadline, FaultFreeze, FaultLostPeer, FaultPartition, FaultRestart, FaultDeadPeer, FaultFreezePaths,
+	FaultHostile}
 
 func init() { runProcesses = RunProcesses }
 
@@ -150,6 +151,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	go func() { defer close(announceDone); ps.announce(monitorCtx) }()
 	scheduleDone := make(chan struct{})
 	go func() { defer close(scheduleDone); ps.schedule(trafficCtx) }()
+	hostileDone := ps.hostile(trafficCtx, mainFor) // hostile.go
 	var workers sync.WaitGroup
 	for w := range cfg.Concurrency {
 		workers.Add(1)
@@ -165,6 +167,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	if !waitBounded(&workers, scheduleDone, time.Until(s.startedAt.Add(drainBound))) {
 		s.addBreach(fmt.Sprintf("workers or schedule still running %v after the start: the soak itself wedged", drainBound))
 	}
+	<-hostileDone
 	ps.stopPeers()
 	if partitionFor > 0 && ctx.Err() == nil {
 		ps.partition(ctx, partitionFor)

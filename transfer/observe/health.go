@@ -49,6 +49,9 @@ var _ HealthSource = (*transfer.Engine)(nil)
 //	                                        every one is held, offers are declined (unhealthy)
 //	kvxfer_offers_declined_no_generation_word_total
 //	                                        rma and pull offers declined for want of a word
+//	kvxfer_stale_messages_total             messages of an older transfer (another nonce), dropped
+//	kvxfer_protocol_refusals_total          transfers failed because the peer broke the protocol
+//	                                        (an offer, key or range refused: docs/security.md)
 //
 // Call it once per Metrics, after the engine exists (the engine takes the Metrics as its
 // observer at construction, so the two cannot be made in one step).
@@ -70,6 +73,7 @@ type healthCollector struct {
 	wedged, blocksPoisoned, poisonedBlocks, poisonedBudget        *prometheus.Desc
 	remembered                                                    *prometheus.Desc
 	genHeld, genWords, genDeclines                                *prometheus.Desc
+	stale, refused                                                *prometheus.Desc
 }
 
 func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector {
@@ -94,6 +98,8 @@ func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector
 		genHeld:        d("kvxfer_generation_words_held", "Generation words held by rma and pull exposures (validated reads); when every word is held, offers are declined and the engine is unhealthy."),
 		genWords:       d("kvxfer_generation_words", "The transport's generation words in all (0: it does not count them)."),
 		genDeclines:    d("kvxfer_offers_declined_no_generation_word_total", "RMA and pull offers declined because every generation word was held: those transfers fell back to messages."),
+		stale:          d("kvxfer_stale_messages_total", "Messages of an older transfer with the same request id (another nonce: a replay, or a late one), dropped."),
+		refused:        d("kvxfer_protocol_refusals_total", "Transfers failed because what their peer sent broke the protocol: an offer, remote key or range refused before anything was read (docs/security.md)."),
 		wedged:         d("kvxfer_transport_wedged", "1 when the transport reports that nothing will reach this engine any more (UCX's receive probe: a wedged shared-memory queue); only a restart helps."),
 	}
 }
@@ -102,7 +108,7 @@ func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.healthy, c.inFlight, c.quarantined, c.budget, c.slots, c.free,
 		c.poisoned, c.minSlots, c.sinceProgress, c.deadline, c.bad, c.wedged, c.blocksPoisoned, c.poisonedBlocks, c.poisonedBudget,
-		c.remembered, c.genHeld, c.genWords, c.genDeclines} {
+		c.remembered, c.genHeld, c.genWords, c.genDeclines, c.stale, c.refused} {
 		ch <- d
 	}
 }
@@ -136,6 +142,8 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.genHeld, float64(h.GenerationWordsHeld))
 	gauge(c.genWords, float64(h.GenerationWords))
 	ch <- prometheus.MustNewConstMetric(c.genDeclines, prometheus.CounterValue, float64(h.GenerationDeclines))
+	ch <- prometheus.MustNewConstMetric(c.stale, prometheus.CounterValue, float64(h.StaleMessages))
+	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(h.ProtocolRefusals))
 	wedged := 0.0
 	if h.TransportWedged {
 		wedged = 1
@@ -189,6 +197,8 @@ func CombineHealth(engines ...NamedHealth) HealthFunc {
 			o.PoisonedSlots += s.PoisonedSlots
 			o.MinSlots += s.MinSlots
 			o.MalformedControl += s.MalformedControl
+			o.StaleMessages += s.StaleMessages
+			o.ProtocolRefusals += s.ProtocolRefusals
 			o.GenerationWordsHeld += s.GenerationWordsHeld
 			o.GenerationWords += s.GenerationWords
 			o.GenerationDeclines += s.GenerationDeclines

@@ -211,13 +211,14 @@ func TestMetrics_HealthGaugesReadAtScrape(t *testing.T) {
 		PoisonedBlocks: 6, PoisonedBudget: 4, Remembered: 7,
 		TotalSlots: 8, FreeSlots: 1, PoisonedSlots: 4, MinSlots: 4, SinceProgress: 1500 * time.Millisecond,
 		ProgressDeadline: time.Second, MalformedControl: 5, TransportWedged: true,
-		GenerationWordsHeld: 4096, GenerationWords: 4096, GenerationDeclines: 9}}
+		GenerationWordsHeld: 4096, GenerationWords: 4096, GenerationDeclines: 9, StaleMessages: 11, ProtocolRefusals: 12}}
 	for name, want := range map[string]float64{"kvxfer_healthy": 0, "kvxfer_transfers_in_flight": 3,
 		"kvxfer_quarantined_transfers": 2, "kvxfer_blocks_poisoned_transfers": 1, "kvxfer_staging_slots": 8, "kvxfer_staging_slots_free": 1,
 		"kvxfer_staging_slots_poisoned": 4, "kvxfer_staging_slots_min": 4, "kvxfer_since_last_progress_seconds": 1.5,
 		"kvxfer_progress_deadline_seconds": 1, "kvxfer_malformed_control_messages_total": 5, "kvxfer_transport_wedged": 1,
 		"kvxfer_blocks_poisoned": 6, "kvxfer_poisoned_block_budget": 4, "kvxfer_transfers_remembered_unquiesced": 7,
-		"kvxfer_generation_words_held": 4096, "kvxfer_generation_words": 4096, "kvxfer_offers_declined_no_generation_word_total": 9} {
+		"kvxfer_generation_words_held": 4096, "kvxfer_generation_words": 4096, "kvxfer_offers_declined_no_generation_word_total": 9,
+		"kvxfer_stale_messages_total": 11, "kvxfer_protocol_refusals_total": 12} {
 		require.Equal(t, want, value(t, reg, name, nil), name)
 	}
 }

@@ -285,6 +285,7 @@ func TestCMA_ReadOutsideTheRegistrationIsRefused(t *testing.T) {
 			id, err := getFrom(t, b, rb, peer, child.key, c.addr, dst[:c.len])
 			if c.refused {
 				require.ErrorIs(t, err, transport.ErrBadRegion)
+				require.ErrorIs(t, err, transport.ErrProtocol, "the peer's input broke the protocol: the engine counts it")
 				var re *CMARangeError
 				require.ErrorAs(t, err, &re)
 				require.False(t, holds(dst, cmaSecret), "the peer's secret landed in the pool")
