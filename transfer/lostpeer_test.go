@@ -96,6 +96,32 @@ func TestLostPeersAreForgottenAndBounded(t *testing.T) {
 		requireState(t, hr, Completed)
 		require.Equal(t, src.stream(t), dst.stream(t))
 	})
+	t.Run("a Send refused during a false alarm", func(t *testing.T) {
+		// The sender refuses a Send to the receiver it believes lost; the live receiver's
+		// request ends the alarm and is answered at once (no wait for its deadline), and the
+		// next Send runs.
+		cfg := fastConfig()
+		cfg.TransferTimeout, cfg.QueueTimeout = 30*time.Second, 30*time.Second
+		p := newPair(t, cfg, cfg)
+		p.net.ReportPeerLost(p.net.Endpoint("prefill"), "decode", alarm)
+		eventually(t, func() bool { return p.src.PeerLost("decode") != nil }, "the false alarm reported")
+		src, dst := pools(t, 3)
+		hs, hr := p.start(t, 1, src, dst)
+		waitClosed(t, hs.Quiesced(), "the refused Send quiesced")
+		requireState(t, hs, Failed, ErrPeerLost)
+		select {
+		case <-hr.Quiesced():
+		case <-time.After(time.Second):
+			t.Fatalf("the receiver waits %v for a Send refused during a false alarm: %+v", time.Second, hr.Status())
+		}
+		requireState(t, hr, Failed, ErrPeerAborted)
+		require.NoError(t, p.src.PeerLost("decode"), "the receiver's request ended the alarm")
+		hs, hr = p.start(t, 2, src, dst)
+		waitClosed(t, hr.Quiesced(), "received")
+		waitClosed(t, hs.Quiesced(), "sent")
+		requireState(t, hr, Completed)
+		require.Equal(t, src.stream(t), dst.stream(t))
+	})
 	t.Run("this side's own endpoint retired", func(t *testing.T) {
 		// The UCX transport replacing a wedged worker closes its endpoints: their transfers
 		// fail, but the peers may be alive, and requests with them must not be refused.
