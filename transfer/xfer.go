@@ -92,6 +92,7 @@ type xfer struct {
 	doneMsg     bool
 	aborting    bool
 	heldAbort   wire.AbortCode // a cancelling receiver's abort, held until its operations end (xfer_end.go)
+	drainPosted bool           // an aborting staging receiver posted and cancelled its next receive (drainAhead)
 	movingPeer  int            // copies on the movers that read the peer's memory in place (of moving)
 	cause       error
 	quarantined bool
