@@ -75,8 +75,8 @@ type Config struct {
 	// outstanding before a new one replaces it. Default 30s.
 	PendingTTL time.Duration
 	// LostPeerTTL is how long the engine remembers a peer its transport reported lost: a
-	// Receive from it fails at once (a *PeerLostError matching ErrPeerLost) instead of
-	// waiting out QueueTimeout for a peer that is gone. A message from the peer ends it
+	// Send or Receive with it fails at once (a *PeerLostError matching ErrPeerLost) instead
+	// of waiting out QueueTimeout for a peer that is gone. A message from the peer ends it
 	// sooner (a false alarm). At most MaxPending peers are remembered. Default 30s.
 	LostPeerTTL time.Duration
 	// CloseTimeout bounds how long Close waits for the transfers to end, and Drain when its

@@ -154,7 +154,9 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 		notifyPeerLost(e.obs, peer, err)
 	}
 	for _, x := range xs {
-		x.box.Push(event{lost: fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)})
+		lost := fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)
+		x.box.Push(event{lost: lost})
+		x.lostQueued(lost) // a transfer still queued waits no longer (L11)
 	}
 }
 
@@ -235,8 +237,9 @@ func (e *Engine) rememberLostLocked(peer Peer, err error) {
 
 // PeerLost reports, without blocking, whether the transport reported peer lost less than
 // Config.LostPeerTTL ago with no word from the peer since: a *PeerLostError matching
-// ErrPeerLost, or nil. A Receive from such a peer fails at once with it (a Send waits for
-// its receiver's request, which a live peer sends and which clears the loss).
+// ErrPeerLost, or nil. A Send or Receive with such a peer fails at once with it; a live peer
+// (a false alarm) clears the loss with its next message, and its request for a Send refused
+// so is answered with an abort at once.
 // discovery.CheckParams asks it too (discovery.LostPeers), so params of a sender that died
 // are refused before its registry entry expires.
 func (e *Engine) PeerLost(peer Peer) error {

@@ -150,8 +150,8 @@ const ClusterKeyBytes = wire.ClusterKeyBytes
 // (transport.AuthError). It matches ErrUnauthenticated.
 type AuthError = transport.AuthError
 
-// PeerLostError says that the transport reported Peer lost, when, and why. A Receive from a
-// peer the engine remembers lost (Config.LostPeerTTL) fails at once with it; it matches
+// PeerLostError says that the transport reported Peer lost, when, and why. A Send or Receive
+// with a peer the engine remembers lost (Config.LostPeerTTL) fails at once with it; it matches
 // ErrPeerLost.
 type PeerLostError struct {
 	Peer  Peer

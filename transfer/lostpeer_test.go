@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
@@ -18,9 +20,9 @@ import (
 // L11 for a peer already gone: a Receive from a peer the transport reported lost fails at once
 // with a *PeerLostError naming it (matching ErrPeerLost), and nothing is sent to it (no hello,
 // no request: over UCX each would retry a connection to an address nobody answers), instead of
-// waiting out QueueTimeout. (A Send waits as before: it sends nothing, and a live receiver's
-// request clears a false alarm; TestForgottenPeerGetsConservativeFeatures.) The engine forgets the loss when the peer speaks again
-// (a false alarm) or after LostPeerTTL, and remembers at most MaxPending peers.
+// waiting out QueueTimeout (a Send: TestL11_ASendToALostPeerFailsAtOnceOnEveryPath). The
+// engine forgets the loss when the peer speaks again (a false alarm) or after LostPeerTTL, and
+// remembers at most MaxPending peers.
 func TestL11_ARequestToALostPeerFailsAtOnce(t *testing.T) {
 	cases := []struct {
 		desc string
@@ -94,6 +96,32 @@ func TestLostPeersAreForgottenAndBounded(t *testing.T) {
 		requireState(t, hr, Completed)
 		require.Equal(t, src.stream(t), dst.stream(t))
 	})
+	t.Run("a Send refused during a false alarm", func(t *testing.T) {
+		// The sender refuses a Send to the receiver it believes lost; the live receiver's
+		// request ends the alarm and is answered at once (no wait for its deadline), and the
+		// next Send runs.
+		cfg := fastConfig()
+		cfg.TransferTimeout, cfg.QueueTimeout = 30*time.Second, 30*time.Second
+		p := newPair(t, cfg, cfg)
+		p.net.ReportPeerLost(p.net.Endpoint("prefill"), "decode", alarm)
+		eventually(t, func() bool { return p.src.PeerLost("decode") != nil }, "the false alarm reported")
+		src, dst := pools(t, 3)
+		hs, hr := p.start(t, 1, src, dst)
+		waitClosed(t, hs.Quiesced(), "the refused Send quiesced")
+		requireState(t, hs, Failed, ErrPeerLost)
+		select {
+		case <-hr.Quiesced():
+		case <-time.After(time.Second):
+			t.Fatalf("the receiver waits %v for a Send refused during a false alarm: %+v", time.Second, hr.Status())
+		}
+		requireState(t, hr, Failed, ErrPeerAborted)
+		require.NoError(t, p.src.PeerLost("decode"), "the receiver's request ended the alarm")
+		hs, hr = p.start(t, 2, src, dst)
+		waitClosed(t, hr.Quiesced(), "received")
+		waitClosed(t, hs.Quiesced(), "sent")
+		requireState(t, hr, Completed)
+		require.Equal(t, src.stream(t), dst.stream(t))
+	})
 	t.Run("this side's own endpoint retired", func(t *testing.T) {
 		// The UCX transport replacing a wedged worker closes its endpoints: their transfers
 		// fail, but the peers may be alive, and requests with them must not be refused.
@@ -127,4 +155,110 @@ func TestLostPeersAreForgottenAndBounded(t *testing.T) {
 			require.NoError(t, p.dst.PeerLost(Peer(fmt.Sprintf("gone-%d", i))), "gone-%d outlived newer losses", i)
 		}
 	})
+}
+
+// L11 for a Send whose receiver is gone, on every sending path: no request to a known dead
+// peer waits more than a second. A Send to a peer the transport already reported lost fails
+// at once, and one already queued when the loss is reported (waiting for its receiver's
+// request, for one of MaxConcurrent, or for a staging slot) fails when it is, each with an
+// error matching ErrPeerLost that names the peer, instead of waiting out QueueTimeout (30 s
+// here). It loses nothing: Done and Quiesced close, no slot or block is poisoned, nothing is
+// quarantined, and the failure counts for Health as a queued one does.
+func TestL11_ASendToALostPeerFailsAtOnceOnEveryPath(t *testing.T) {
+	const bound = time.Second
+	type queued struct {
+		desc string
+		// hold keeps the Send queued once it has its request (nil: it waits for the request).
+		hold    func(t *testing.T, e *Engine)
+		staging bool // only a path that leases staging slots waits for one
+		before  bool // the loss is reported before the Send is made
+	}
+	holdAdmission := func(t *testing.T, e *Engine) {
+		for range e.cfg.MaxConcurrent { // as transfers with other peers would
+			e.admission <- struct{}{}
+		}
+		t.Cleanup(func() {
+			for range e.cfg.MaxConcurrent {
+				<-e.admission
+			}
+		})
+	}
+	holdSlots := func(t *testing.T, e *Engine) {
+		var held []*buffer.Slot
+		for {
+			s, err := e.pool.TryLease()
+			if err != nil {
+				break
+			}
+			held = append(held, s)
+		}
+		t.Cleanup(func() { releaseAll(held) })
+	}
+	cases := []queued{
+		{desc: "known lost before the Send", before: true},
+		{desc: "lost while the Send waits for its request"},
+		{desc: "lost while the Send waits for admission", hold: holdAdmission},
+		{desc: "lost while the Send waits for a staging slot", hold: holdSlots, staging: true},
+	}
+	for _, mp := range memPaths() {
+		for _, c := range cases {
+			staged := mp.want == PathStaging
+			if c.staging && !staged {
+				continue
+			}
+			t.Run(mp.name+"/"+c.desc, func(t *testing.T) {
+				cfg := fastConfig()
+				cfg.QueueTimeout = 30 * time.Second
+				cfg.TransferTimeout = 30 * time.Second
+				p, start := mp.setup(t, cfg, cfg)
+				var infos atomic.Int64
+				p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+					if fp.From == "decode" && fp.Kind == wire.KindRequestInfo {
+						infos.Add(1)
+						return mem.Fault{Drop: c.hold == nil} // the Send waits for its request
+					}
+					return mem.Fault{}
+				})
+				if c.hold != nil {
+					c.hold(t, p.src)
+				}
+				if c.before {
+					p.net.LosePeer("decode")
+					eventually(t, func() bool { return p.src.PeerLost("decode") != nil }, "the loss reported")
+				}
+				asked := time.Now().UnixNano()
+				hs, hr := start(1)
+				if !c.before {
+					eventually(t, func() bool { return infos.Load() > 0 }, "the receiver's request sent")
+					if c.hold != nil { // the Send took it, and waits for what hold keeps
+						eventually(t, func() bool { return hs.subs[0].ident.Load().nonce != 0 }, "the Send took its request")
+					}
+					require.Equal(t, Queued, hs.Status().State)
+					p.net.LosePeer("decode")
+				}
+				lost := time.Now()
+				select {
+				case <-hs.Done():
+				case <-time.After(bound):
+					t.Fatalf("the Send is not done %v after its peer was lost (QueueTimeout %v): %+v", time.Since(lost), cfg.QueueTimeout, hs.Status())
+				}
+				t.Logf("the Send failed %v after the loss", time.Since(lost))
+				st := hs.Status()
+				require.Equal(t, Failed, st.State, "%v", st.Err)
+				require.ErrorIs(t, st.Err, ErrPeerLost)
+				require.Contains(t, st.Err.Error(), "decode")
+				if c.before {
+					var pl *PeerLostError
+					require.True(t, errors.As(st.Err, &pl), "%v", st.Err)
+					require.Equal(t, Peer("decode"), pl.Peer)
+				}
+				waitClosed(t, hs.Quiesced(), "the Send quiesced")
+				waitClosed(t, hr.Quiesced(), "the Receive quiesced")
+				require.False(t, st.BlocksPoisoned)
+				require.Zero(t, p.src.pool.Stats().Poisoned)
+				require.Zero(t, p.src.Health().Quarantined)
+				require.GreaterOrEqual(t, p.src.lastFailure.Load(), asked, "the failure counts for Health")
+			})
+		}
+	}
 }

@@ -70,12 +70,29 @@ func (tt *trustTrio) countHellos() {
 // byte reaches it) or completed, every byte.
 func (tt *trustTrio) transfer(t *testing.T, id RequestID, refused bool) {
 	t.Helper()
+	tt.transferOrdered(t, id, refused, false)
+}
+
+// transferOrdered is transfer, with the Receive made first when receiverFirst: after a false
+// alarm the sender refuses a Send to the receiver until the receiver speaks again, and its
+// request does.
+func (tt *trustTrio) transferOrdered(t *testing.T, id RequestID, refused, receiverFirst bool) {
+	t.Helper()
 	src, dst := pools(t, uint64(id))
 	before := dst.stream(t)
+	var hr *Handle
+	var err error
+	if receiverFirst {
+		hr, err = tt.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+		require.NoError(t, err)
+		eventually(t, func() bool { return tt.src.PeerLost("decode") == nil }, "the receiver's request ended the false alarm")
+	}
 	hs, err := tt.src.Send(bg, Spec{ID: id, Peer: "decode", Plan: src.plan, Pool: src.mem})
 	require.NoError(t, err)
-	hr, err := tt.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
-	require.NoError(t, err)
+	if !receiverFirst {
+		hr, err = tt.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+		require.NoError(t, err)
+	}
 	waitClosed(t, hr.Quiesced(), "receiver quiesced")
 	waitClosed(t, hs.Quiesced(), "sender quiesced")
 	if !refused {
@@ -206,18 +223,21 @@ func TestForgedHelloChangesNothing(t *testing.T) {
 // TestForgottenPeerGetsConservativeFeatures: when the sender's table forgets a receiver (a third
 // engine's hello evicted it, MaxPending 1) or the transport reports it lost, the sender believes
 // nothing of it (never its own features), greets it again on its next request and waits for its
-// proof: an older receiver still gets no large pieces, and one of this build is served.
+// proof: an older receiver still gets no large pieces, and one of this build is served. (A
+// receiver reported lost must speak first, its request here: the sender refuses a Send to a
+// peer it knows lost, TestL11_ASendToALostPeerFailsAtOnceOnEveryPath.)
 func TestForgottenPeerGetsConservativeFeatures(t *testing.T) {
 	for _, c := range []struct {
 		desc     string
 		receiver speech
 		forget   func(t *testing.T, tt *trustTrio)
 		refused  bool
+		lost     bool // a false alarm: the receiver speaks first
 	}{
-		{"evicted by a third engine, an older receiver", lacking(wire.FeatureLargeSegments), evictByThirdEngine, true},
-		{"evicted by a third engine, a receiver of this build", buildSpeech(), evictByThirdEngine, false},
-		{"lost, an older receiver", lacking(wire.FeatureLargeSegments), losePeer, true},
-		{"lost, a receiver of this build", buildSpeech(), losePeer, false},
+		{"evicted by a third engine, an older receiver", lacking(wire.FeatureLargeSegments), evictByThirdEngine, true, false},
+		{"evicted by a third engine, a receiver of this build", buildSpeech(), evictByThirdEngine, false, false},
+		{"lost, an older receiver", lacking(wire.FeatureLargeSegments), losePeer, true, true},
+		{"lost, a receiver of this build", buildSpeech(), losePeer, false, true},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := patientConfig()
@@ -228,7 +248,7 @@ func TestForgottenPeerGetsConservativeFeatures(t *testing.T) {
 			c.forget(t, tt)
 			require.Zero(t, believed(tt.src, "decode"), "a forgotten peer is unknown: no features")
 			hellos := tt.hellos.Load()
-			tt.transfer(t, 2, c.refused)
+			tt.transferOrdered(t, 2, c.refused, c.lost)
 			require.Greater(t, tt.hellos.Load(), hellos, "the sender greeted the receiver again")
 			require.Equal(t, c.receiver.features, believed(tt.src, "decode"), "what the receiver proved again")
 		})

@@ -266,11 +266,41 @@ func (x *xfer) movedDone(rec *opRec) {
 			x.maybeResolve()
 		}
 	case x.aborting:
+		if x.drainAhead(rec.slot) {
+			return
+		}
 		releaseSlot(rec.slot)
 		x.maybeResolve()
 	default:
 		x.path.(stagedPath).moved(rec)
 	}
+}
+
+// drainAhead is for a staging receiver that aborted with no receive outstanding (every slot
+// was scattering): its sender, a pipeline ahead, may have sent the next chunks, and no receive
+// will take them. UCX keeps such a send for ever and cannot cancel it; only a receive that is
+// cancelled, or that a message matched before its cancel, has the transport drain the chunks
+// at and past it (UCX's drains). So the receive of the next chunk goes into slot, whose
+// scatter just ended, and is cancelled at once: the sender's sends end, instead of stranding
+// it into quarantine and its slots into poison. Once per transfer; not when the peer was lost
+// or the engine closes (as takeDeclined). It reports whether it took the slot.
+func (x *xfer) drainAhead(slot *buffer.Slot) bool {
+	p, ok := x.path.(stagingReceive)
+	if !ok || x.drainPosted || x.outstanding > 0 || x.nextSeq >= x.nChunks ||
+		errors.Is(x.cause, ErrPeerLost) || errors.Is(x.cause, ErrClosed) {
+		return false
+	}
+	x.drainPosted = true
+	if !p.postChunk(slot) { // released the slot; the abort it asks for is under way
+		x.maybeResolve()
+		return true
+	}
+	for _, op := range x.ops {
+		if !op.final && op.slot == slot {
+			x.eng.tr.Cancel(op.id)
+		}
+	}
+	return true
 }
 
 // stagingRec is the record of chunk seq's operation in slot: one the transfer used before and

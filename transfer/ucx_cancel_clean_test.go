@@ -6,6 +6,8 @@ package transfer
 
 import (
 	"bytes"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,14 +17,14 @@ import (
 )
 
 // TestL3_ReceiversCancelIsACleanCancelForTheSenderOnEveryPath over real UCX, shared memory
-// and TCP, on the paths where the receiver reads the sender's memory (the pull wire, the RMA
-// mode with gets and in place): the receiver cancels a 256 MiB transfer while its bytes move.
-// Its abort goes once its reads ended, so the sender ends Cancelled with no quarantine (over
-// the RMA mode it used to log "transfer quarantined" and count one in
-// kvxfer_quarantines_total, its handle Quarantined with 0 bytes). Staging and the direct
-// path's IOV messages are left out here: there the sender's own sends must drain through UCX
-// after the receiver's cancel, which outlasted even a 1 s sender grace in some loaded runs
-// (shm staging, tcp direct); the mem table holds them.
+// and TCP, on every path: the receiver cancels a 256 MiB transfer while its bytes move. Its
+// abort goes once its operations ended, so the sender ends Cancelled with no quarantine and no
+// slot poisoned (over the RMA mode it used to log "transfer quarantined" and count one in
+// kvxfer_quarantines_total, its handle Quarantined with 0 bytes). On staging and the direct
+// path's IOV messages the sender's own sends end in UCX's drains: a receive the cancel found
+// matched already (it completes) now drains the chunks past it too; without that, shm staging
+// under -race stranded the sender's next two sends (quarantined, slots poisoned at
+// QuarantineTimeout) in about 2 runs of 3.
 func TestL3_UCXReceiversCancelIsACleanCancelForTheSender(t *testing.T) {
 	big := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 128}
 	paths := []struct {
@@ -32,6 +34,8 @@ func TestL3_UCXReceiversCancelIsACleanCancelForTheSender(t *testing.T) {
 		want    Path
 		shmOnly bool
 	}{
+		{"staging", func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, false, PathStaging, false},
+		{"direct", func(c *Config) { c.DisableRMA = true }, true, PathDirect, false},
 		{"pull", func(c *Config) { c.DisableDirect, c.RMAWhereEmulated, c.DisableInPlaceReads = true, true, true }, false, PathStaging, false},
 		{"rma", func(c *Config) { c.RMAWhereEmulated, c.DisableInPlaceReads = true, true }, true, PathRMA, false},
 		{"rma in place", func(c *Config) {}, true, PathRMA, true}, // only shared memory maps the peer's pool
@@ -74,7 +78,81 @@ func TestL3_UCXReceiversCancelIsACleanCancelForTheSender(t *testing.T) {
 				require.Zero(t, rq.n.Load(), "the receiver reported a quarantine: %v", hr.Status().Err)
 				require.False(t, hr.Status().BlocksPoisoned)
 				require.False(t, hs.Status().BlocksPoisoned)
+				for _, u := range []*ucxEngine{src, dst} {
+					require.Zero(t, u.e.pool.Stats().Poisoned, "staging slots poisoned")
+				}
 			})
 		}
+	}
+}
+
+// gatedMover's scatters wait for its gate to open (counting those waiting); its gathers are
+// counted.
+type gatedMover struct {
+	Mover
+	gate             chan struct{}
+	waiting, gathers *atomic.Int64
+}
+
+func (m gatedMover) Scatter(p *layout.Plan, src []byte, off int64) error {
+	m.waiting.Add(1)
+	<-m.gate
+	return m.Mover.Scatter(p, src, off)
+}
+
+func (m gatedMover) Gather(p *layout.Plan, off int64, dst []byte) error {
+	err := m.Mover.Gather(p, off, dst)
+	m.gathers.Add(1)
+	return err
+}
+
+// TestL3_UCXReceiverCancelWithEverySlotScatteringIsCleanForTheSender: over UCX shared memory
+// and TCP on the staging path, the receiver cancels while both its slots are scattering, so no
+// receive of its is outstanding, and the sender, a pipeline ahead, has sent the next two
+// chunks, which no receive will take. The receiver's abort must still leave the transport
+// able to end those sends (UCX keeps an unmatched rendezvous send for ever, and cannot cancel
+// it), so the sender ends a clean cancel: no quarantine, no staging slot poisoned. They used to
+// strand: the sender quarantined, and its slots were poisoned at QuarantineTimeout.
+func TestL3_UCXReceiverCancelWithEverySlotScatteringIsCleanForTheSender(t *testing.T) {
+	dims := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 8}
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := ucxTestConfig()
+			cfg.DisableDirect, cfg.DisablePull = true, true
+			scfg, rcfg := cfg, cfg
+			rcfg.CancelGrace = 5 * time.Second
+			sq, rq := &quarantineCounter{}, &quarantineCounter{}
+			scfg.Observer, rcfg.Observer = sq, rq
+			src, dst := newUCXEngine(t, tr.tls, tr.dev, scfg), newUCXEngine(t, tr.tls, tr.dev, rcfg)
+			ids := seqBlocks(0, 8)
+			s, r := newUCXKV(t, dims, layout.BlockMajor, ids, 5), newUCXKV(t, dims, layout.BlockMajor, ids, 0)
+			gate := make(chan struct{})
+			var once sync.Once
+			open := func() { once.Do(func() { close(gate) }) }
+			t.Cleanup(open)
+			var waiting, gathers, unused atomic.Int64
+			sm := gatedMover{Mover: HostMover(s.mem), gate: make(chan struct{}), waiting: &unused, gathers: &gathers}
+			rm := gatedMover{Mover: HostMover(r.mem), gate: gate, waiting: &waiting, gathers: &unused}
+			hs, err := src.e.Send(bg, Spec{ID: 7, Peer: dst.tr.Self(), Plan: s.plan, Mover: sm})
+			require.NoError(t, err)
+			hr, err := dst.e.Receive(bg, Spec{ID: 7, Peer: src.tr.Self(), Plan: r.plan, Mover: rm})
+			require.NoError(t, err)
+			// Chunks 0 and 1 arrived and scatter (held at the gate); the sender's sends of
+			// them completed, so it gathered 2 and 3 and sent them, before it can hear the
+			// abort (its mailbox is in order).
+			require.Eventually(t, func() bool { return waiting.Load() == int64(cfg.PipelineDepth) && gathers.Load() >= 4 },
+				30*time.Second, time.Millisecond, "both slots scattering, chunks 2 and 3 gathered")
+			require.Equal(t, CancelRequestedInFlight, dst.e.Cancel(7))
+			open()
+			waitQuiesced(t, hr, 20*time.Second)
+			waitQuiesced(t, hs, 20*time.Second)
+			require.Equal(t, Cancelled, hr.Status().State, "%v", hr.Status().Err)
+			require.Equal(t, Cancelled, hs.Status().State, "%v", hs.Status().Err)
+			require.Zero(t, sq.n.Load(), "the sender reported a quarantine")
+			require.Zero(t, rq.n.Load(), "the receiver reported a quarantine")
+			for _, u := range []*ucxEngine{src, dst} {
+				require.Zero(t, u.e.pool.Stats().Poisoned, "staging slots poisoned")
+			}
+		})
 	}
 }

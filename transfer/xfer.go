@@ -65,6 +65,8 @@ type xfer struct {
 	stopOnce  sync.Once
 	stopCh    chan struct{}
 	stopCause error // written before stopCh closes
+	// lostCause: the transport lost the peer (lostQueued), written before qctx is cancelled.
+	lostCause atomic.Pointer[error]
 
 	// ---- owned by the run goroutine ----
 	scratch     []event // events being handled, reused between wake-ups
@@ -90,6 +92,7 @@ type xfer struct {
 	doneMsg     bool
 	aborting    bool
 	heldAbort   wire.AbortCode // a cancelling receiver's abort, held until its operations end (xfer_end.go)
+	drainPosted bool           // an aborting staging receiver posted and cancelled its next receive (drainAhead)
 	movingPeer  int            // copies on the movers that read the peer's memory in place (of moving)
 	cause       error
 	quarantined bool
@@ -245,13 +248,19 @@ func (x *xfer) run() {
 	defer x.setAwaiting(false)
 	defer x.qcancel()
 	defer x.timers.stop()
-	// A Receive from a peer the transport lost fails at once, before any hello or request
-	// goes to an address nobody answers (UCX would retry the connection until QueueTimeout).
-	// A Send reaches out to nobody: it waits for its receiver's request, which a live peer
-	// (a false alarm) sends and which clears the loss. A loss reported after this check
-	// finds the route and is in the mailbox (OnPeerLost).
-	if err := x.eng.PeerLost(x.peer); err != nil && x.receive {
-		x.queuedExit(&RequestError{ID: x.h.id, Err: err})
+	// A request with a peer the transport lost fails at once: a Receive before any hello or
+	// request goes to an address nobody answers (UCX would retry the connection until
+	// QueueTimeout), a Send before it waits QueueTimeout for a request a dead receiver never
+	// sends. A live receiver (a false alarm) speaks again, which clears the loss; its request
+	// for this Send is answered with an abort at once (rememberUnanswered). A loss reported
+	// after this check finds the route: its report is in the mailbox, and lostQueued ends
+	// whatever queued wait this transfer is in (OnPeerLost).
+	if err := x.eng.PeerLost(x.peer); err != nil {
+		cause := &RequestError{ID: x.h.id, Err: err}
+		x.queuedExit(cause)
+		if !x.receive {
+			x.eng.rememberUnanswered(routeKey{x.peer, x.h.id}, wire.AbortInternal, cause)
+		}
 		return
 	}
 	if x.receive {
@@ -277,7 +286,19 @@ func (x *xfer) queueErr(err error) error {
 		return x.stopCause
 	default:
 	}
+	if lost := x.lostCause.Load(); lost != nil {
+		return &RequestError{ID: x.h.id, Err: *lost}
+	}
 	return &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrQueueTimeout, err)}
+}
+
+// lostQueued ends the queued phase's waits (for a hello, a request, one of MaxConcurrent, a
+// staging slot) for the loss of the peer, reported by the transport: a transfer with a dead
+// peer must not wait out QueueTimeout for it (L11). Past the queued phase it changes nothing:
+// the loss in the mailbox ends the transfer then. It never blocks.
+func (x *xfer) lostQueued(err error) {
+	x.lostCause.CompareAndSwap(nil, &err)
+	x.qcancel()
 }
 
 // lease takes the first slot (waiting, bounded by the queue context), advertises and puts the

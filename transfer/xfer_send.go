@@ -40,6 +40,7 @@ func (x *xfer) runSend() {
 				}
 				if ev.lost != nil {
 					x.queuedExit(ev.lost)
+					x.eng.rememberUnanswered(routeKey{x.peer, x.h.id}, wire.AbortInternal, ev.lost)
 					return
 				}
 				if ri != nil {
@@ -55,9 +56,12 @@ func (x *xfer) runSend() {
 			if errors.Is(cause, ErrCancelled) {
 				code = wire.AbortCancelled
 			}
+			// Not a lost peer's now: it sends nothing more, and an abort to it would only have
+			// the transport try to reach it (a false alarm's next request is answered).
+			lost := errors.Is(cause, ErrPeerLost)
 			answered := false
 			for _, ev := range x.box.Take(nil) {
-				if m, ok := ev.msg.(*wire.RequestInfo); ok && !answered {
+				if m, ok := ev.msg.(*wire.RequestInfo); ok && !answered && !lost {
 					x.wireSub, x.nonce, answered = m.Sub, m.Nonce, true
 					x.sendAbort(code, cause)
 				}

@@ -82,3 +82,24 @@ func TestProcessSoak_FreezeRecoversWithoutPoisoningSenders(t *testing.T) {
 	slots := int64(3 * (2*cfg.MaxConcurrent + 16))
 	require.Less(t, rep.PoisonedSlots, slots/10, "slots poisoned over %d: late chunks stranded their senders", slots)
 }
+
+// The dead peer, focused: a prefill process is killed (SIGKILL), and once decode has heard it
+// is lost, a Receive from it and a Send to it must each fail within DeadPeerBound (1 s), the
+// done-when of a soak's dead-peer fault. A Send used to wait out QueueTimeout.
+func TestProcessSoak_RequestsToADeadPeerFailWithinTheBound(t *testing.T) {
+	cfg := shortSoak(10 * time.Second)
+	cfg.Concurrency = 16
+	cfg.Faults = []Fault{FaultLostPeer, FaultDeadPeer}
+	if testing.Verbose() {
+		cfg.Logger = zap.NewExample()
+	}
+	rep, err := RunProcesses(context.Background(), cfg, os.Getenv("STRESS_TLS"), "")
+	require.NotNil(t, rep, "%v", err)
+	var table bytes.Buffer
+	require.NoError(t, rep.WriteTable(&table))
+	t.Log("\n" + table.String())
+	require.NoError(t, err)
+	require.Positive(t, rep.FaultsInjected[FaultDeadPeer])
+	require.GreaterOrEqual(t, rep.DeadPeerRequests, 4*rep.FaultsInjected[FaultDeadPeer], "two Receives and two Sends per dead peer")
+	require.Less(t, rep.LongestDeadPeerSeconds, DefaultDeadPeerBound.Seconds())
+}

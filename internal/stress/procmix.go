@@ -331,9 +331,10 @@ func (ps *procSoak) checkExit(p *procPeer) {
 	ps.addBreach(fmt.Sprintf("peer %d.gen%d crashed (%v); its stderr ends: %q", p.idx, p.gen, st, p.child.Tail()))
 }
 
-// requestToDeadPeer (fault dead-peer) times a request to a prefill process that was just
-// killed, once decode has heard it is lost: it must fail within DeadPeerBound. Decode's
-// transport reports a lost peer through the engine's observer (node.OnPeerLost).
+// requestToDeadPeer (fault dead-peer) times requests to a prefill process that was just
+// killed, once decode has heard it is lost: a Receive from it and a Send to it must each fail
+// within DeadPeerBound (docs/lifecycle.md, "A lost peer"). Decode's transport reports a lost
+// peer through the engine's observer (node.OnPeerLost).
 func (ps *procSoak) requestToDeadPeer(dead *procPeer) {
 	dec := ps.decodeNode()
 	heard := dec.peerLost(dead.name)
@@ -344,17 +345,39 @@ func (ps *procSoak) requestToDeadPeer(dead *procPeer) {
 		return
 	}
 	ps.injected[FaultDeadPeer].Add(1)
+	// At once, while the transport may still be reporting the loss of the peer's other
+	// endpoints, and again a while later, when nothing but the engine's memory of the loss
+	// can end a request at once (a decode handed params by a prefill that died before).
+	for round := range 2 {
+		if round > 0 {
+			time.Sleep(deadPeerLater)
+		}
+		ps.timeDeadRequest(dec, dead, false)
+		ps.timeDeadRequest(dec, dead, true)
+	}
+}
+
+// deadPeerLater is how long after the first requests to a dead peer the second ones go.
+const deadPeerLater = 500 * time.Millisecond
+
+// timeDeadRequest makes one request (a Send, or a Receive) with a peer decode knows is dead,
+// and breaches unless it fails within DeadPeerBound.
+func (ps *procSoak) timeDeadRequest(dec *node, dead *procPeer, send bool) {
+	what, name, start := "Receive from", "receive from a dead peer", dec.eng.Receive
+	if send {
+		what, name, start = "Send to", "send to a dead peer", dec.eng.Send
+	}
 	id := transfer.RequestID(ps.lastRequest.Add(1))
 	l := kvLayout(kvHeads, 3)
 	plan, err := layout.NewPlan(l, l.All(), []int32{0, 1})
 	must(err)
 	t0 := time.Now()
-	h, err := dec.eng.Receive(context.Background(), transfer.Spec{ID: id, Peer: dead.name, Plan: plan,
+	h, err := start(context.Background(), transfer.Spec{ID: id, Peer: dead.name, Plan: plan,
 		Pool: make([]byte, l.SpanBytes()), Timeout: ps.cfg.TransferTimeout})
 	if err != nil {
 		if took := time.Since(t0); took > ps.cfg.DeadPeerBound {
-			ps.addBreach(fmt.Sprintf("dead-peer: Receive from peer %d.gen%d, known dead, refused after %v (bound %v)",
-				dead.idx, dead.gen, took.Round(time.Millisecond), ps.cfg.DeadPeerBound))
+			ps.addBreach(fmt.Sprintf("dead-peer: %s peer %d.gen%d, known dead, refused after %v (bound %v)",
+				what, dead.idx, dead.gen, took.Round(time.Millisecond), ps.cfg.DeadPeerBound))
 		}
 		ps.deadChecked.Add(1)
 		return
@@ -364,15 +387,18 @@ func (ps *procSoak) requestToDeadPeer(dead *procPeer) {
 		failedIn = time.Since(t0)
 	}
 	ps.deadChecked.Add(1)
-	sd := &side{name: "receive from a dead peer", eng: dec.eng, h: h, started: t0}
+	sd := &side{name: name, eng: dec.eng, h: h, started: t0}
 	ps.await(id, sd, ps.cfg.TransferTimeout)
 	took := time.Since(t0)
 	switch {
 	case failedIn == 0:
-		ps.addBreach(fmt.Sprintf("dead-peer: a Receive from peer %d.gen%d, which decode knew was dead, had no outcome within %v (it ended after %v: %v)",
-			dead.idx, dead.gen, ps.cfg.DeadPeerBound, took.Round(time.Millisecond), h.Status().Err))
+		ps.addBreach(fmt.Sprintf("dead-peer: a %s peer %d.gen%d, which decode knew was dead, had no outcome within %v (it ended after %v: %v)",
+			what, dead.idx, dead.gen, ps.cfg.DeadPeerBound, took.Round(time.Millisecond), h.Status().Err))
 	case h.Status().State == transfer.Completed:
-		ps.addBreach(fmt.Sprintf("dead-peer: a Receive from peer %d.gen%d, which is dead, completed", dead.idx, dead.gen))
+		ps.addBreach(fmt.Sprintf("dead-peer: a %s peer %d.gen%d, which is dead, completed", what, dead.idx, dead.gen))
+	case !errors.Is(h.Status().Err, transfer.ErrPeerLost):
+		ps.addBreach(fmt.Sprintf("dead-peer: a %s peer %d.gen%d, which decode knew was dead, failed but not as a lost peer: %v",
+			what, dead.idx, dead.gen, h.Status().Err))
 	}
 	storeMax(&ps.longestDeadPeer, took)
 	if sd.h != nil {

@@ -41,9 +41,10 @@ type Config struct {
 	// no receive matches forever, so its sender would have to poison the slot). It should
 	// outlast the longest stop of a peer process that must not cost slots. Default 30s.
 	DrainTimeout time.Duration
-	// DrainAhead is how many chunks past a cancelled receive are drained too: a sender may
-	// have sent up to its pipeline depth of chunks beyond the receiver's last posted receive
-	// (their predecessors completed as the receiver aborted). Default 4.
+	// DrainAhead is how many chunks past a cancelled receive are drained too, and past a
+	// receive asked to cancel that a chunk matched first: a sender may have sent up to its
+	// pipeline depth of chunks beyond the receiver's last posted receive (their predecessors
+	// completed as the receiver aborted). Default 4.
 	DrainAhead int
 	// MaxDrains bounds the drain receives posted at once, so a cancel storm cannot grow
 	// memory without bound; past it a cancelled receive gets no drain (counted in

@@ -113,8 +113,14 @@ func (t *Transport) deliverRequest(req *native.Request) {
 		delete(t.ops, op.id)
 		if !op.send && t.recvTag[op.tag] == op.id {
 			delete(t.recvTag, op.tag)
-			if op.cancel && !t.closed && errors.Is(req.Err(), native.ErrCancelled) {
-				t.startDrainLocked(op.tag)
+			// A receive cancelled before a message matched it is drained, and so are the
+			// chunks past it. So are those past a receive asked to cancel that a message
+			// matched first (it completes, and cannot be cancelled): its sender, a pipeline
+			// ahead, may have sent the next chunks already, which no receive will take.
+			if cancelled := errors.Is(req.Err(), native.ErrCancelled); op.cancel && !t.closed {
+				if cancelled {
+					t.startDrainLocked(op.tag)
+				}
 				for k := range uint64(t.cfg.DrainAhead) {
 					if seq := op.tag&ucxSeqMask + k + 1; seq <= ucxSeqMask {
 						t.startDrainLocked(op.tag&^ucxSeqMask | seq)
