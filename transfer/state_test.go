@@ -254,13 +254,15 @@ func testEngineFollowsTheTable(t *testing.T) {
 		h := recv(7, d, Spec{})
 		eventually(t, func() bool { return h.Status().State == Advertised }, "advertised")
 		require.Equal(t, CancelRequestedInFlight, dst.Cancel(7))
-		fault(8, mem.Fault{Delay: 150 * time.Millisecond})
-		fault(9, mem.Fault{Delay: 150 * time.Millisecond})
+		// Each chunk is held 250 ms: long past the grace, inside the quarantine timeout, and
+		// a wide window on a loaded machine between seeing it in flight and cancelling it.
+		fault(8, mem.Fault{Delay: 250 * time.Millisecond})
+		fault(9, mem.Fault{Delay: 250 * time.Millisecond})
 		_, hr8 := both(8, 8)
 		hs9, _ := both(9, 9)
 		eventually(t, func() bool { return hr8.Status().State == InFlight }, "8 in flight")
-		eventually(t, func() bool { return hs9.Status().State == InFlight }, "9 in flight")
 		require.Equal(t, CancelRequestedInFlight, dst.Cancel(8))
+		eventually(t, func() bool { return hs9.Status().State == InFlight }, "9 in flight")
 		require.Equal(t, CancelRequestedInFlight, src.Cancel(9))
 	}
 	// Deadlines: one whose chunk completes late (quarantined, resolved as failed), one whose
