@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // unprovenState is the engine's record of the addresses it connected to only to answer them.
@@ -158,7 +160,7 @@ func (e *Engine) sweepUnproven() {
 // closeUnproven closes the transport's connections to peers (where it can close one
 // connection: transport.PeerCloser). Called without e.mu.
 func (e *Engine) closeUnproven(peers ...Peer) {
-	pc, ok := e.tr.(PeerCloser)
+	pc, ok := e.tr.(transport.PeerCloser)
 	for _, p := range peers {
 		if p == "" {
 			continue
