@@ -346,4 +346,4 @@ type lostCounter struct {
 }
 
 func (l *lostCounter) OnPeerLost(Peer, error) { l.n.Add(1) }
-func (l *lostCounter) count() int            { return int(l.n.Load()) }
+func (l *lostCounter) count() int             { return int(l.n.Load()) }
