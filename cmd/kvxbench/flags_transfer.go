@@ -45,9 +45,9 @@ type transferFlags struct {
 	directChunk    string
 	http           string
 	latency        string
+	clusterKey     string
 	// set reports whether a flag was given on the command line (flag.FlagSet.Visit).
 	set func(name string) bool
-	clusterKey     string
 }
 
 func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
