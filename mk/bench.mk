@@ -2,11 +2,11 @@
 # Benchmarks. `make bench` is the one main job, kvxbench run (cmd/kvxbench); `make bench-all`
 # runs it, then every package benchmark and kvxbench comparison (MICROBENCH_TARGETS, in order).
 .PHONY: bench bench-all kvxbench bench-kvxbench bench-kvxbench-gather bench-gather \
-	bench-lifecycle bench-onecopy bench-paths bench-rma bench-observe bench-stream bench-ucx \
+	bench-lifecycle bench-onecopy bench-paths bench-auth bench-rma bench-observe bench-stream bench-ucx \
 	bench-ucx-engine
 
 BENCH_TARGETS := bench-kvxbench
-MICROBENCH_TARGETS := bench-gather bench-lifecycle bench-onecopy bench-paths bench-rma \
+MICROBENCH_TARGETS := bench-gather bench-lifecycle bench-onecopy bench-paths bench-auth bench-rma \
 	bench-observe bench-stream bench-ucx bench-ucx-engine
 
 KVXBENCH ?= $(BUILD)/kvxbench
@@ -51,6 +51,11 @@ bench-rma: kvxbench ## kvxbench run of the 4k-token request over shared memory: 
 # against tag_bw.
 bench-paths: kvxbench ## Every path of the 4k-token request beside its limit, alternating in one run: lanes vs one lane, RMA vs ucp_get, TCP and staging vs tag_bw.
 	scripts/bench-paths.sh $(KVXBENCH) $(BENCH_PATHS_ROUNDS)
+
+# A cluster key's cost on every path: the 4k-token request without and with --cluster-key,
+# alternating in one run (docs/security.md, "What a cluster key costs").
+bench-auth: kvxbench ## Every path of the 4k-token request without and with a cluster key, alternating pairs in one run: keyed over unkeyed GB/s per path.
+	scripts/bench-auth.sh $(KVXBENCH) $(BENCH_PATHS_ROUNDS)
 
 # --- package benchmarks (go test -bench) ----------------------------------------------------
 bench-gather: ## Host gather/scatter of a Llama-3-8B 4096-token request against memcpy.

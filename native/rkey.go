@@ -222,24 +222,71 @@ func parseRemoteKey(key, peer, local []byte) (*keySegment, error) {
 		}
 		at += n
 	}
-	if extra := len(key) - at; extra != 0 && (extra > rkeyTrailerBytes || rkeyTrailerBytes == 0) {
-		return nil, &RemoteKeyError{at, fmt.Sprintf("%d bytes after the last md's key", extra)}
+	if err := checkRKeySysDev(key[at:], at, rkeySysDevSection, systemDevices()); err != nil {
+		return nil, err
 	}
 	return seg, nil
 }
 
-// rkeyTrailerBytes bounds what a key may carry after its md keys. UCX 1.13 packs nothing
-// there. Later versions append a section on the memory's system device (its id, and distances
-// to other devices: 1 byte for host memory in UCX 1.22), which this check bounds but does not
-// parse: with such a UCX a peer's garbage there reaches UCX's own parser (docs/security.md,
-// "Remote keys").
-var rkeyTrailerBytes = func() int {
+// rkeySysDevSection says whether this UCX packs a system-device section after the md keys:
+// UCX 1.13 packs nothing there, later versions (the 1.22 of GPU hosts) do.
+var rkeySysDevSection = func() bool {
 	var major, minor int
-	if _, err := fmt.Sscanf(UCXVersion(), "%d.%d", &major, &minor); err != nil || (major == 1 && minor <= 13) {
-		return 0
-	}
-	return 64
+	_, err := fmt.Sscanf(UCXVersion(), "%d.%d", &major, &minor)
+	return err == nil && (major > 1 || minor > 13)
 }()
+
+// The system-device section of a UCX after 1.13 (ucp_rkey_pack_memh), present only when the
+// memory's system device is known:
+//
+//	sys_dev u8 | per device in the packer's device map, lowest first: sys_dev u8 | latency fp8 | bandwidth fp8
+//
+// The device map is 64 bits wide, so each distance names a device below 64, in increasing
+// order, and a section holds at most 64 of them. UCX 1.22 packs the section for host memory
+// too, as the one byte UCS_SYS_DEVICE_ID_UNKNOWN (255) and no distances. UCX 1.22's
+// ucp_ep_rkey_unpack, which takes no length, reads that byte whether or not the key has it, and
+// a device it does not know crashes it: over posix, a key without the section (the byte read
+// past the key's end) or with a device id past the devices this UCX enumerated died with
+// SIGSEGV in most runs (FuzzRemoteKey's seeds against the libucx-cu12 wheel). Where UCX reads
+// distances it fills a table indexed by device (a device of 255 writes past it, one of 64 or
+// more shifts a 64-bit map past its width) and reads whole 3-byte records until the key's end
+// (a cut record reads past it).
+const (
+	rkeySysDevUnknown   = 255 // UCS_SYS_DEVICE_ID_UNKNOWN
+	rkeyDistanceBytes   = 3   // ucp_rkey_packed_distance_t
+	rkeyMaxDistanceDevs = 64  // bits in ucp_sys_dev_map_t
+)
+
+// checkRKeySysDev checks what follows the md keys (at: its offset in the key): nothing where
+// this UCX packs no system-device section (newer false), else nothing or a whole section.
+func checkRKeySysDev(b []byte, at int, newer bool, devices int) error {
+	switch {
+	case !newer && len(b) == 0:
+		return nil
+	case !newer:
+		return &RemoteKeyError{at, fmt.Sprintf("%d bytes after the last md's key", len(b))}
+	case len(b) == 0:
+		return &RemoteKeyError{at, "no system-device section (this UCX reads one past the key's end)"}
+	case b[0] != rkeySysDevUnknown && int(b[0]) >= devices:
+		return &RemoteKeyError{at, fmt.Sprintf("system device %d, and this UCX knows %d (it looks the device up in its table)", b[0], devices)}
+	case b[0] == rkeySysDevUnknown && len(b) > 1:
+		return &RemoteKeyError{at + 1, "distances from an unknown device (UCX packs none)"}
+	case (len(b)-1)%rkeyDistanceBytes != 0:
+		return &RemoteKeyError{at + 1, fmt.Sprintf("%d bytes of device distances, not whole %d-byte records", len(b)-1, rkeyDistanceBytes)}
+	}
+	prev := -1
+	for i := 1; i < len(b); i += rkeyDistanceBytes {
+		dev := int(b[i])
+		switch {
+		case dev >= rkeyMaxDistanceDevs:
+			return &RemoteKeyError{at + i, fmt.Sprintf("a distance to device %d, past the %d a device map holds", dev, rkeyMaxDistanceDevs)}
+		case dev <= prev:
+			return &RemoteKeyError{at + i, fmt.Sprintf("a distance to device %d after one to device %d (UCX packs them in increasing order, once each)", dev, prev)}
+		}
+		prev = dev
+	}
+	return nil
+}
 
 // rkeyTransportOf is the one transport md i is, among those the peer's address lists on it.
 func rkeyTransportOf(md *rkeyMD, i, at int) (rkeyTransport, error) {

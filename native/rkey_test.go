@@ -347,6 +347,19 @@ func mappedMD(t testing.TB, key []byte) int {
 	return -1
 }
 
+// mdKeysEnd is where the md keys of a packed key end: its end with UCX 1.13, the start of the
+// system-device section with a later UCX.
+func mdKeysEnd(key []byte) int {
+	mdMap := binary.LittleEndian.Uint64(key)
+	at := 9
+	for i := 0; i < 64; i++ {
+		if mdMap&(1<<i) != 0 {
+			at += 1 + int(key[at])
+		}
+	}
+	return at
+}
+
 func edited(key []byte, f func(b []byte) []byte) []byte { return f(append([]byte(nil), key...)) }
 
 // TestRemoteKey_ViewStaysInsideThePeersSegment: a view through a mapped key is refused with
@@ -538,8 +551,11 @@ func TestRemoteKey_RefusesABadKey(t *testing.T) {
 			}{
 				{"one byte", []byte{7}},
 				{"an md map and nothing else", good[:8]},
-				{"cut short by one byte", good[:len(good)-1]},
-				{"a byte after the end", append(append([]byte(nil), good...), 0)},
+				{"cut short by one byte", good[:mdKeysEnd(good)-1]},
+				// Refused by a UCX that packs nothing after the md keys (1.13) and by one that packs
+				// a system-device section there (a cut distance record).
+				{"bytes after the end", append(append([]byte(nil), good...), 0, 1)},
+				{"a system-device section with a cut distance", append(append([]byte(nil), good...), 0, 1, 0x10)},
 				{"an unknown memory type", edited(good, func(b []byte) []byte { b[8] = 0x7f; return b })},
 				{"an md map naming every md", edited(good, func(b []byte) []byte { binary.LittleEndian.PutUint64(b, ^uint64(0)); return b })},
 				{"a transport key length past the end", edited(good, func(b []byte) []byte { b[9] = 0xff; return b })},
@@ -636,6 +652,11 @@ func FuzzRemoteKey(f *testing.F) {
 		f.Add(uint8(i), p.key)
 		f.Add(uint8(i), p.key[:len(p.key)-1])
 		f.Add(uint8(i), append(append([]byte(nil), p.key...), 0))
+		// System-device sections as a UCX after 1.13 packs them (a device, distances to devices
+		// below 64 in increasing order), and broken ones.
+		for _, sec := range [][]byte{{3, 0, 0x40, 0x80, 5, 0x41, 0x81}, {0, 1, 2}, {0, 70, 1, 1}, {0, 5, 1, 1, 5, 1, 1}, {rkeySysDevUnknown}, {rkeySysDevUnknown, 1, 2, 3}} {
+			f.Add(uint8(i), append(append([]byte(nil), p.key...), sec...))
+		}
 	}
 	f.Fuzz(func(t *testing.T, which uint8, key []byte) {
 		p := peers[int(which)%len(peers)]
@@ -648,4 +669,49 @@ func FuzzRemoteKey(f *testing.F) {
 		got := children[int(which)%len(peers)].try(t, key, "-") // fails the input if the child died
 		require.False(t, strings.HasPrefix(got, "failed:"), "UCX failed a key the checks accepted: %s", got)
 	})
+}
+
+// The system-device section a UCX after 1.13 packs after the md keys (the memory's device, 255
+// when unknown, then whole distance records to devices below 64 in increasing order) is taken
+// where this UCX reads one (1.22), only with a device it knows, and nothing at all after the md
+// keys where it packs none (1.13).
+func TestRemoteKey_SystemDeviceSection(t *testing.T) {
+	const devices = 4 // the system devices this UCX knows, for the test
+	for _, c := range []struct {
+		desc    string
+		section []byte
+		newer   bool   // taken by a UCX that reads the section
+		reason  string // why, where refused
+	}{
+		{"the unknown device alone (UCX 1.22's host memory)", []byte{rkeySysDevUnknown}, true, ""},
+		{"a known device", []byte{0}, true, ""},
+		{"a known device and two distances", []byte{3, 0, 0x40, 0x80, 63, 0x41, 0x81}, true, ""},
+		{"none (UCX 1.22 reads a byte past the key)", nil, false, "no system-device section"},
+		{"a device this UCX does not know", []byte{devices}, false, "this UCX knows 4"},
+		{"distances from the unknown device", []byte{rkeySysDevUnknown, 1, 0, 0}, false, "unknown device"},
+		{"a cut distance", []byte{3, 1, 0x40}, false, "not whole 3-byte records"},
+		{"a distance to device 64", []byte{3, 64, 0, 0}, false, "past the 64"},
+		{"a distance to device 255 (past UCX's table)", []byte{3, 255, 0, 0}, false, "past the 64"},
+		{"distances out of order", []byte{3, 5, 0, 0, 2, 0, 0}, false, "increasing order"},
+		{"a device twice", []byte{3, 5, 0, 0, 5, 0, 0}, false, "increasing order"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			err := checkRKeySysDev(c.section, 40, true, devices)
+			if c.newer {
+				require.NoError(t, err)
+			} else {
+				var ke *RemoteKeyError
+				require.ErrorAs(t, err, &ke)
+				require.ErrorIs(t, err, ErrBadRemoteKey)
+				require.GreaterOrEqual(t, ke.Offset, 40)
+				require.Contains(t, ke.Reason, c.reason)
+			}
+			err = checkRKeySysDev(c.section, 40, false, devices)
+			if len(c.section) == 0 {
+				require.NoError(t, err, "nothing after the md keys, as UCX 1.13 packs")
+			} else {
+				require.ErrorIs(t, err, ErrBadRemoteKey, "UCX 1.13 packs nothing after the md keys")
+			}
+		})
+	}
 }

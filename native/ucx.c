@@ -540,6 +540,11 @@ ucs_status_t kvx_ucx_context_memory_types(ucp_context_h ctx, uint64_t *types) {
 
 const char *kvx_ucx_version(void) { return ucp_get_version_string(); }
 
+/* ucs_topo_num_devices is in libucs of UCX 1.13 and 1.22 alike; declared here because its
+ * header moved between them. */
+unsigned ucs_topo_num_devices(void);
+unsigned kvx_ucs_sys_devices(void) { return ucs_topo_num_devices(); }
+
 ucs_status_t kvx_ucx_mem_register_addr(ucp_context_h ctx, uint64_t addr, size_t len, int mem_type,
                                        ucp_mem_h *memh, void **ptr) {
   void *p = (void *)(uintptr_t)addr;

@@ -181,6 +181,9 @@ int64_t kvx_ucx_pattern_check(const void *buf, uint64_t stream_off, size_t len, 
 ucs_status_t kvx_ucx_context_memory_types(ucp_context_h ctx, uint64_t *types);
 /* The version of the UCX library loaded at run time (which may differ from the headers'). */
 const char *kvx_ucx_version(void);
+/* The number of system devices (PCI devices UCX placed in its topology) this process's UCX
+ * knows: a remote key's system-device id must be one of them (rkey.go). */
+unsigned kvx_ucs_sys_devices(void);
 /* Registers len bytes at a device (or host) address given as an integer, so Go never forms a
  * pointer to device memory itself; *ptr receives the same address as a pointer. */
 ucs_status_t kvx_ucx_mem_register_addr(ucp_context_h ctx, uint64_t addr, size_t len, int mem_type,

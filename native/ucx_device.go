@@ -26,6 +26,9 @@ var ErrMemoryType = errors.New("kvxfer: memory type not supported by this UCX")
 // or "1.22.0" (the libucx-cu12 wheel). It can differ from the headers kvxfer was built with.
 func UCXVersion() string { return C.GoString(C.kvx_ucx_version()) }
 
+// systemDevices is the number of system devices this process's UCX knows (ucs_topo_num_devices).
+func systemDevices() int { return int(C.kvx_ucs_sys_devices()) }
+
 // memoryTypeBit is the bit of ucp_context_attr_t.memory_types for a kind.
 func memoryTypeBit(kind MemoryKind) (uint64, bool) {
 	switch kind {

@@ -72,7 +72,9 @@ type Config struct {
 	// Default 4096.
 	MaxPending int
 	// PendingTTL is how long such a request is kept, and how long a hello challenge stays
-	// outstanding before a new one replaces it. Default 30s.
+	// outstanding before a new one replaces it. It also bounds how long the engine keeps a
+	// connection it made only to answer a hello or challenge whose sender never proved itself
+	// (docs/security.md, "Hellos"). Default 30s.
 	PendingTTL time.Duration
 	// LostPeerTTL is how long the engine remembers a peer its transport reported lost: a
 	// Send or Receive with it fails at once (a *PeerLostError matching ErrPeerLost) instead

@@ -48,7 +48,10 @@ type Engine struct {
 	// Receives for Config.LostPeerTTL (engine_inbound.go).
 	lost    map[Peer]lostPeer
 	goodbye goodbyeState // goodbye.go
-	closed  bool
+	// unproven are the addresses the engine connected to only to answer a hello or challenge
+	// that named them (unproven.go).
+	unproven unprovenState
+	closed   bool
 	// speech is what the engine says in its hello: the build's versions and features.
 	speech speech
 	// keys seal and open the hello handshake; nil without Config.ClusterKeys.
@@ -456,6 +459,7 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	e.closed = true
+	e.stopUnprovenLocked()
 	defer e.movers.close() // after the transfers: their last copies still run
 	xs := make([]*xfer, 0, len(e.routes))
 	for _, x := range e.routes {

@@ -143,7 +143,11 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 			delete(e.pending, k)
 		}
 	}
-	delete(e.peers, peer) // its proof and challenge too: a peer that comes back may run another build
+	delete(e.peers, peer)                      // its proof and challenge too: a peer that comes back may run another build
+	if len(xs) == 0 && e.droppedLocked(peer) { // the engine closed it: an address that never proved its hello
+		e.mu.Unlock()
+		return
+	}
 	// A retirement is this side's own reset (the UCX transport replacing its worker): the
 	// peer may be alive, and is not refused to new transfers.
 	if !told && !errors.Is(err, transport.ErrEndpointRetired) {

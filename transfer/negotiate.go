@@ -96,6 +96,9 @@ type peerHello struct {
 	// while any does.
 	waiting   int
 	challenge challenge
+	// greeted: a transfer of this engine greeted the peer, so its connection is this
+	// engine's own wish, never dropped as unproven (unproven.go).
+	greeted bool
 }
 
 // challenge is the one challenge outstanding for a peer's address, and the last one answered
@@ -178,7 +181,12 @@ func (e *Engine) onHello(from Peer, m *wire.Hello) {
 	case !m.Reply || !ph.proven: // a peer met again may have restarted: prove it anew
 		ch = e.challengeLocked(ph)
 	}
+	var dropNow Peer
+	if !m.Reply || ch != nil { // an answer connects to the address the hello names
+		dropNow = e.answeredUnprovenLocked(from)
+	}
 	e.mu.Unlock()
+	e.closeUnproven(dropNow)
 	if !m.Reply {
 		_ = e.tr.SendControl(from, e.seal(e.speech.hello(true)))
 	}
@@ -214,6 +222,10 @@ func (e *Engine) seal(m wire.Message) []byte {
 // onChallenge proves this engine's hello to the address the challenge came from: only the
 // worker behind that address gets the proof.
 func (e *Engine) onChallenge(from Peer, m *wire.HelloChallenge) {
+	e.mu.Lock()
+	dropNow := e.answeredUnprovenLocked(from) // the proof connects to the address named
+	e.mu.Unlock()
+	e.closeUnproven(dropNow)
 	p := &wire.HelloProof{Echo: m.Challenge, Min: e.speech.min, Max: e.speech.max, Features: e.speech.features}
 	_ = e.tr.SendControl(from, e.seal(p))
 }
@@ -236,6 +248,7 @@ func (e *Engine) onProof(from Peer, m *wire.HelloProof) {
 	default:
 		c := &ph.challenge
 		c.answered, c.answeredBefore, c.drawnAt = c.value, true, time.Time{}
+		e.provenLocked(from)
 		ph.learnLocked(wire.Hello{Header: wire.Header{Kind: wire.KindHello}, Min: m.Min, Max: m.Max, Features: m.Features}, true)
 	}
 	e.mu.Unlock()
@@ -259,6 +272,8 @@ func (e *Engine) greetWaiting(p Peer) (ph *peerHello, release func()) {
 	e.mu.Lock()
 	ph = e.peerLocked(p, true)
 	ph.waiting++
+	ph.greeted = true
+	e.provenLocked(p)
 	release = func() {
 		e.mu.Lock()
 		ph.waiting--

@@ -5,9 +5,12 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -415,4 +418,67 @@ func TestForgedHellosAreBoundedByMaxPending(t *testing.T) {
 	tt.src.mu.Unlock()
 	require.LessOrEqual(t, n, cfg.MaxPending)
 	tt.transfer(t, 1, false)
+}
+
+// closeRecorder is a transport that records the peers the engine closed its connection to.
+type closeRecorder struct {
+	*mem.Transport
+	mu     sync.Mutex
+	closed []Peer
+}
+
+func (c *closeRecorder) ClosePeer(p Peer) {
+	c.mu.Lock()
+	c.closed = append(c.closed, p)
+	c.mu.Unlock()
+	c.Transport.ClosePeer(p)
+}
+
+func (c *closeRecorder) closedPeers() []Peer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.closed)
+}
+
+// Hellos forged from more addresses than MaxPending: the engine connects to each to answer it,
+// but keeps at most MaxPending such unproven addresses, closing the oldest connection at once
+// past that (long before PendingTTL); the receiver, which proves its hello, is never closed, and
+// transfers with it go on.
+func TestForgedHelloAddressesAreBoundedByMaxPending(t *testing.T) {
+	cfg := patientConfig() // PendingTTL an hour: every close here is the bound's
+	cfg.MaxPending = 4
+	n := mem.NewNetwork()
+	tr := &closeRecorder{Transport: n.Transport("prefill")}
+	src, err := New(tr, cfg)
+	require.NoError(t, err)
+	dst, err := New(n.Transport("decode"), patientConfig())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, src.Close())
+		require.NoError(t, dst.Close())
+	})
+	const forged = 10
+	for i := range forged {
+		require.NoError(t, n.Spoof(Peer(fmt.Sprintf("forged-%d", i)), "prefill", wire.Encode(buildSpeech().hello(false))))
+	}
+	eventually(t, func() bool { return len(tr.closedPeers()) == forged-cfg.MaxPending }, "the oldest unproven addresses closed")
+	for _, p := range tr.closedPeers() {
+		require.True(t, strings.HasPrefix(string(p), "forged-"), "closed %s", p)
+	}
+	src.mu.Lock()
+	remembered := len(src.unproven.since)
+	src.mu.Unlock()
+	require.Equal(t, cfg.MaxPending, remembered)
+
+	s, d := pools(t, 1)
+	hs, err := src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: s.plan, Pool: s.mem})
+	require.NoError(t, err)
+	hr, err := dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: d.plan, Pool: d.mem})
+	require.NoError(t, err)
+	waitQuiesced(t, hr, 10*time.Second)
+	waitQuiesced(t, hs, 10*time.Second)
+	requireState(t, hs, Completed)
+	requireState(t, hr, Completed)
+	require.Equal(t, s.stream(t), d.stream(t), "every byte")
+	require.NotContains(t, tr.closedPeers(), Peer("decode"), "the proven receiver is never closed")
 }

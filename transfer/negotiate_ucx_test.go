@@ -6,6 +6,7 @@ package transfer
 
 import (
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -285,3 +286,64 @@ func TestL10_UCXForgedClaimLeavesTheSendToTheRealReceiver(t *testing.T) {
 		})
 	}
 }
+
+// TestUCXTransport_UnprovenHelloAddressIsDropped: a third process puts on the wire a hello
+// (wire 4 or wire 3) or a hello challenge that names another worker's address for its sender,
+// a worker that never proves itself (here one of wire 3, which drops challenges). The engine
+// answers, so its transport connects to that address; once PendingTTL passes with no proof,
+// no transfer with the address and no request of it, the engine closes that connection and
+// forgets the address, without counting it as a lost peer. A peer that proved its hello
+// keeps its connection.
+func TestUCXTransport_UnprovenHelloAddressIsDropped(t *testing.T) {
+	wire3 := speech{min: 3, max: 3, features: wire.KnownFeatures}
+	for _, tr := range []struct{ tls, dev string }{{"tcp,self", "lo"}, {"posix,cma,self", ""}} {
+		for _, c := range []struct {
+			desc string
+			msg  wire.Message
+		}{
+			{"hello wire 4", &wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: wire.KnownFeatures}},
+			{"hello wire 3", &wire.Hello{Min: 3, Max: 3, Features: wire.KnownFeatures}},
+			{"challenge", &wire.HelloChallenge{}},
+		} {
+			t.Run(tr.tls+"/"+c.desc, func(t *testing.T) {
+				cfg := ucxTestConfig()
+				cfg.PendingTTL = 300 * time.Millisecond
+				lost := &lostCounter{}
+				cfg.Observer = lost
+				src := newUCXEngine(t, tr.tls, tr.dev, cfg)
+				real := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
+				victim := newUCXEngineSpeaking(t, tr.tls, tr.dev, ucxTestConfig(), wire3)
+				forger := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
+				endpoints := func(p Peer) int { return ucxhooks.Hooks.Endpoints(src.tr, p) }
+
+				real.e.greet(src.tr.Self()) // an unsolicited hello too, from a worker that proves it
+				eventually(t, func() bool {
+					src.e.mu.Lock()
+					defer src.e.mu.Unlock()
+					ph := src.e.peers[real.tr.Self()]
+					return ph != nil && ph.proven
+				}, "the real peer proved its hello")
+
+				require.NoError(t, ucxhooks.Hooks.SendControlAs(forger.tr, src.tr.Self(), victim.tr.Self(), wire.Encode(c.msg)))
+				eventually(t, func() bool { return endpoints(victim.tr.Self()) > 0 }, "the engine answered the address the message named")
+				eventually(t, func() bool { return endpoints(victim.tr.Self()) == 0 }, "the connection to the unproven address dropped")
+				src.e.mu.Lock()
+				_, known := src.e.peers[victim.tr.Self()]
+				src.e.mu.Unlock()
+				require.False(t, known, "the unproven address is forgotten")
+				require.Positive(t, endpoints(real.tr.Self()), "the proven peer keeps its connection")
+				require.NoError(t, src.e.PeerLost(victim.tr.Self()), "closing it is not a lost peer")
+				require.Zero(t, lost.count(), "nor told as one")
+			})
+		}
+	}
+}
+
+// lostCounter counts the peers the engine told lost.
+type lostCounter struct {
+	NopObserver
+	n atomic.Int64
+}
+
+func (l *lostCounter) OnPeerLost(Peer, error) { l.n.Add(1) }
+func (l *lostCounter) count() int             { return int(l.n.Load()) }

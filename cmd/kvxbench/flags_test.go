@@ -3,10 +3,15 @@
 package main
 
 import (
+	"bytes"
+	"encoding/hex"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/bench"
+	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/stretchr/testify/require"
 )
 
@@ -97,4 +102,45 @@ func TestLatencyFlag(t *testing.T) {
 			}
 		})
 	}
+}
+
+// --cluster-key reads a key file of 32 bytes, raw or hex; anything else is a usage error that
+// names the file, and never prints the key.
+func TestClusterKeyFlag(t *testing.T) {
+	dir := t.TempDir()
+	key := bytes.Repeat([]byte{0xa5}, transfer.ClusterKeyBytes)
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, b, 0o600))
+		return p
+	}
+	cases := []struct {
+		desc  string
+		file  string
+		usage string // empty: resolves to key
+	}{
+		{"raw bytes", write("raw", key), ""},
+		{"hex with a newline", write("hex", []byte(hex.EncodeToString(key)+"\n")), ""},
+		{"too short", write("short", key[:16]), "want 32 random bytes"},
+		{"not hex", write("nothex", bytes.Repeat([]byte("zz"), transfer.ClusterKeyBytes)), "want 32 random bytes"},
+		{"no such file", filepath.Join(dir, "missing"), "no such file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg, err := resolveForTest(t, "--prompts", "64", "--concurrency", "1", "--max-memory", "256MiB", "--layers", "2", "--cluster-key", tc.file)
+			if tc.usage != "" {
+				var ue *bench.UsageError
+				require.ErrorAs(t, err, &ue)
+				require.ErrorContains(t, err, tc.usage)
+				require.NotContains(t, err.Error(), hex.EncodeToString(key[:4]))
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, key, cfg.ClusterKey)
+			require.Equal(t, tc.file, cfg.ClusterKeyFile)
+		})
+	}
+	cfg, err := resolveForTest(t, "--prompts", "64", "--concurrency", "1", "--max-memory", "256MiB", "--layers", "2")
+	require.NoError(t, err)
+	require.Nil(t, cfg.ClusterKey, "no key by default")
 }

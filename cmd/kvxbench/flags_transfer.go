@@ -45,6 +45,7 @@ type transferFlags struct {
 	directChunk    string
 	http           string
 	latency        string
+	clusterKey     string
 	// set reports whether a flag was given on the command line (flag.FlagSet.Visit).
 	set func(name string) bool
 }
@@ -82,6 +83,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.BoolVar(&f.noPull, "no-pull", false, "keep the staging path on tagged data messages: the decode end does not read the chunks out of the prefill end's slots with gets (transfer.Config.DisablePull)")
 	fs.BoolVar(&f.noInPlace, "no-in-place", false, "on the pull wire, read each chunk with a get into a slot even where the decode end maps the prefill end's slots (transfer.Config.DisableInPlaceReads; by default the scatter reads them in place)")
 	fs.BoolVar(&f.noRMA, "no-rma", false, "keep the direct path on tagged IOV messages: no RMA gets between the pools even where the layouts line up")
+	fs.StringVar(&f.clusterKey, "cluster-key", "", "a file of the cluster key (32 random bytes, raw or hex: head -c 32 /dev/urandom >key) both ends' engines hold (transfer.Config.ClusterKeys): hellos sealed, each request's claim proven; the other end must be given the same key (run's peers read this file)")
 	fs.StringVar(&f.http, "http", "", "serve /livez, /readyz, /healthz and /metrics (kvxfer_* series) of this process's engine on this address, such as 127.0.0.1:9400 (serve: from the start, before a peer connects)")
 }
 
@@ -185,13 +187,19 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	if tls == "" {
 		tls = lookupTLS()
 	}
+	var clusterKey []byte
+	if f.clusterKey != "" {
+		if clusterKey, err = bench.ReadClusterKey(f.clusterKey); err != nil {
+			return bench.RunConfig{}, err
+		}
+	}
 	return bench.RunConfig{
 		ShapeName: s.Name, MemCap: memCap, Dims: s.Dims, Order: s.Order, Decode: decode, Prefill: prefill,
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
 		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, NoInPlace: f.noInPlace, RMAWhereEmulated: f.rmaEmulated, RMAMinRegionBytes: rmaMinRegion, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
-		Pool: f.pool, CallerPages: f.callerPages, Latency: f.latencyOn(),
+		Pool: f.pool, CallerPages: f.callerPages, Latency: f.latencyOn(), ClusterKeyFile: f.clusterKey, ClusterKey: clusterKey,
 	}, nil
 }
 

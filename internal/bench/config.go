@@ -3,12 +3,16 @@
 package bench
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
-
+	"os"
 	"time"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer"
 )
 
 // errEngineMissing is what the transfer subcommands return after their set-up and handshake
@@ -80,6 +84,11 @@ type RunConfig struct {
 	// GPU describes that device as NVML reports it, for the results; nil where NVML could
 	// not be asked.
 	GPU *GPU `json:"gpu,omitempty"`
+	// ClusterKeyFile names the file of the cluster key both ends' engines hold
+	// (transfer.Config.ClusterKeys; --cluster-key); the peer reads it from the same path.
+	// ClusterKey is its content, never handed to peers on their command line.
+	ClusterKeyFile string `json:"cluster_key_file,omitempty"`
+	ClusterKey     []byte `json:"-"`
 	// HTTP is where this process serves its probes and /metrics; never handed to peers, which
 	// would all try to listen on it.
 	HTTP string `json:"-"`
@@ -166,5 +175,43 @@ func decodeRunConfig(s string) (RunConfig, error) {
 	if err := c.Prefill.Validate(); err != nil {
 		return c, Usagef("peer --config: prefill layout: %v", err)
 	}
+	if c.ClusterKeyFile != "" {
+		var err error
+		if c.ClusterKey, err = ReadClusterKey(c.ClusterKeyFile); err != nil {
+			return c, err
+		}
+	}
 	return c, nil
+}
+
+// ReadClusterKey reads a cluster key file (--cluster-key): transfer.ClusterKeyBytes random
+// bytes, raw or as hex (surrounding white space ignored), such as `head -c 32 /dev/urandom`
+// or `openssl rand -hex 32` write.
+func ReadClusterKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, Usagef("--cluster-key: %v", err)
+	}
+	if len(b) == transfer.ClusterKeyBytes {
+		return b, nil
+	}
+	t := bytes.TrimSpace(b)
+	if len(t) == 2*transfer.ClusterKeyBytes {
+		if k, err := hex.DecodeString(string(t)); err == nil {
+			return k, nil
+		}
+	}
+	return nil, Usagef("--cluster-key %s: want %d random bytes, raw or as %d hex digits; it holds %d bytes", path, transfer.ClusterKeyBytes, 2*transfer.ClusterKeyBytes, len(b))
+}
+
+// keyID names the run's cluster key in the control hello, so two ends with different keys (or
+// one without) are refused at the hello instead of waiting out their transfers' queued
+// deadline; "" without a key. It is a hash: the key itself never crosses the control
+// connection.
+func (c RunConfig) keyID() string {
+	if len(c.ClusterKey) == 0 {
+		return ""
+	}
+	h := sha256.Sum256(append([]byte("kvxbench cluster key id\x00"), c.ClusterKey...))
+	return hex.EncodeToString(h[:8])
 }

@@ -54,6 +54,9 @@ type hello struct {
 	// receives rank r's into its heads [r*H/2, (r+1)*H/2).
 	Rank int `json:"rank"`
 	TP   int `json:"tp"`
+	// KeyID names the end's cluster key (RunConfig.keyID; empty without one): both ends
+	// must hold the same, or none.
+	KeyID string `json:"key_id,omitempty"`
 }
 
 // message is every control message after the hello: one of its fields is set.
@@ -102,6 +105,10 @@ type readyMsg struct {
 
 type reqMsg struct {
 	ID uint64 `json:"id"`
+	// Secret is the request's claim secret (transfer.Spec.Secret), drawn by the decode end
+	// for each request of a run with a cluster key, as a serving stack hands it over in the
+	// request's ContextParams: the prefill end's Send then takes only a request that proves it.
+	Secret []byte `json:"secret,omitempty"`
 }
 
 type sentMsg struct {
@@ -247,6 +254,10 @@ func checkHello(ours, theirs hello) error {
 		return fmt.Errorf("%w: it speaks version %d, this kvxbench speaks %d; run the same build on both ends", errPeerVersion, theirs.Version, controlVersion)
 	case theirs.Role == ours.Role:
 		return fmt.Errorf("%w: both ends are %s; one must serve (prefill) and one connect (decode)", errPeerIncompatible, ours.Role)
+	case theirs.KeyID != ours.KeyID && (theirs.KeyID == "" || ours.KeyID == ""):
+		return fmt.Errorf("%w: only one end holds a cluster key; give both ends the same --cluster-key, or neither", errPeerIncompatible)
+	case theirs.KeyID != ours.KeyID:
+		return fmt.Errorf("%w: the two ends hold different cluster keys (--cluster-key); their engines would refuse each other's hellos", errPeerIncompatible)
 	}
 	if err := theirs.Layout.Validate(); err != nil {
 		return fmt.Errorf("%w: its layout is invalid: %v", errPeerIncompatible, err)

@@ -40,10 +40,32 @@ func TestCheckHello(t *testing.T) {
 		{"half the heads without TP", with(prefill, func(h *hello) { h.Layout = llamaPool(4) }), errPeerIncompatible, "Heads"},
 		{"TP=3 does not split", with(prefill, func(h *hello) { h.Layout = llamaPool(4); h.TP = 3 }), errPeerIncompatible, "do not split over 3"},
 		{"invalid layout", with(prefill, func(h *hello) { h.Layout.HeadDim = 0 }), errPeerIncompatible, "HeadDim"},
+		{"a cluster key on one end only", with(prefill, func(h *hello) { h.KeyID = "0011223344556677" }), errPeerIncompatible, "only one end holds a cluster key"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
 			err := checkHello(decode, tc.theirs)
+			if tc.want == nil {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, tc.want)
+			require.ErrorContains(t, err, tc.msg)
+		})
+	}
+	keyed := with(decode, func(h *hello) { h.KeyID = "0011223344556677" })
+	for _, tc := range []struct {
+		desc   string
+		theirs hello
+		want   error
+		msg    string
+	}{
+		{"the same cluster key", with(prefill, func(h *hello) { h.KeyID = keyed.KeyID }), nil, ""},
+		{"another cluster key", with(prefill, func(h *hello) { h.KeyID = "8899aabbccddeeff" }), errPeerIncompatible, "different cluster keys"},
+		{"no cluster key", prefill, errPeerIncompatible, "only one end holds a cluster key"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			err := checkHello(keyed, tc.theirs)
 			if tc.want == nil {
 				require.NoError(t, err)
 				return

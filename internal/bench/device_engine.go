@@ -256,12 +256,12 @@ func (e *deviceEngineSide) mover(id uint64, m mover) (*ucx.DeviceMover, transfer
 }
 
 // Send implements engineSide.
-func (e *deviceEngineSide) Send(ctx context.Context, id uint64, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
+func (e *deviceEngineSide) Send(ctx context.Context, id uint64, secret []byte, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
 	dm, mv, err := e.mover(id, m)
 	if err != nil {
 		return nil, err
 	}
-	h, err := e.eng.Send(ctx, transfer.Spec{ID: transfer.RequestID(id), Peer: transfer.Peer(to), Plan: p, Mover: mv})
+	h, err := e.eng.Send(ctx, transfer.Spec{ID: transfer.RequestID(id), Secret: secret, Peer: transfer.Peer(to), Plan: p, Mover: mv})
 	if err != nil {
 		_ = dm.Close()
 		return nil, err
@@ -270,12 +270,12 @@ func (e *deviceEngineSide) Send(ctx context.Context, id uint64, to peerRef, p *l
 }
 
 // Receive implements engineSide.
-func (e *deviceEngineSide) Receive(ctx context.Context, id uint64, subs []recvSub, m mover) (pendingXfer, error) {
+func (e *deviceEngineSide) Receive(ctx context.Context, id uint64, secret []byte, subs []recvSub, m mover) (pendingXfer, error) {
 	dm, mv, err := e.mover(id, m)
 	if err != nil {
 		return nil, err
 	}
-	spec := transfer.Spec{ID: transfer.RequestID(id), Mover: mv}
+	spec := transfer.Spec{ID: transfer.RequestID(id), Secret: secret, Mover: mv}
 	if len(subs) == 1 {
 		spec.Peer, spec.Plan = transfer.Peer(subs[0].peer), subs[0].plan
 	} else {

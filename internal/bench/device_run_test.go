@@ -133,12 +133,12 @@ func (e *mirrorEngine) PullPlan(p *layout.Plan, pool []byte) error {
 	return nil
 }
 
-func (e *mirrorEngine) Send(ctx context.Context, id uint64, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
-	return e.engineAdapter.Send(ctx, id, to, p, &timedMover{pool: e.dev(m.(*timedMover).pool)})
+func (e *mirrorEngine) Send(ctx context.Context, id uint64, secret []byte, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
+	return e.engineAdapter.Send(ctx, id, secret, to, p, &timedMover{pool: e.dev(m.(*timedMover).pool)})
 }
 
-func (e *mirrorEngine) Receive(ctx context.Context, id uint64, subs []recvSub, m mover) (pendingXfer, error) {
-	return e.engineAdapter.Receive(ctx, id, subs, &timedMover{pool: e.dev(m.(*timedMover).pool)})
+func (e *mirrorEngine) Receive(ctx context.Context, id uint64, secret []byte, subs []recvSub, m mover) (pendingXfer, error) {
+	return e.engineAdapter.Receive(ctx, id, secret, subs, &timedMover{pool: e.dev(m.(*timedMover).pool)})
 }
 
 // The driver with --memory device keeps the host mirrors and the pools the engine moves in

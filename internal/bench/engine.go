@@ -21,11 +21,12 @@ type engineSide interface {
 	// Connect makes the peer whose Address is addr known to the engine and returns how the
 	// engine names it.
 	Connect(ctx context.Context, addr []byte) (peerRef, error)
-	// Send posts the sending side of request id: the plan's stream, read through m.
-	Send(ctx context.Context, id uint64, to peerRef, p *layout.Plan, m mover) (pendingXfer, error)
+	// Send posts the sending side of request id: the plan's stream, read through m. secret
+	// is the request's claim secret (transfer.Spec.Secret), nil without a cluster key.
+	Send(ctx context.Context, id uint64, secret []byte, to peerRef, p *layout.Plan, m mover) (pendingXfer, error)
 	// Receive posts the receiving side of request id, from one peer per sub (two for
-	// heterogeneous TP), written through m.
-	Receive(ctx context.Context, id uint64, subs []recvSub, m mover) (pendingXfer, error)
+	// heterogeneous TP), written through m, proving secret (as Send's) to each.
+	Receive(ctx context.Context, id uint64, secret []byte, subs []recvSub, m mover) (pendingXfer, error)
 	// NewPool returns a KV pool of n bytes, zeroed, and whether transfers over it may take
 	// the one-copy path: memory the transport mapped (valid until Close) when the run is
 	// not forced to staging, else Go memory.

@@ -60,6 +60,11 @@ func TestDriverOverTheEngine(t *testing.T) {
 		{"prefill-tp=2 staging", func(s *runSpec) { s.prefillTP, s.staging = 2, true }, "staging"},
 		{"block-major to layer-major: conversion by IOV messages", func(s *runSpec) { s.decodeOrder = layout.LayerMajor }, "direct"},
 		{"block-major to layer-major staging", func(s *runSpec) { s.decodeOrder, s.staging = layout.LayerMajor, true }, "staging"},
+		// With a cluster key the hellos are sealed and each Send takes only a request that
+		// proves its secret: a driver that did not hand the secret to both ends fails here.
+		{"prefill-tp=1 with a cluster key: rma gets", func(s *runSpec) { s.prefillTP, s.clusterKey = 1, true }, "rma"},
+		{"prefill-tp=2 with a cluster key", func(s *runSpec) { s.prefillTP, s.clusterKey = 2, true }, "direct"},
+		{"staging with a cluster key", func(s *runSpec) { s.staging, s.clusterKey = true, true }, "staging"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -78,6 +83,7 @@ func TestDriverOverTheEngine(t *testing.T) {
 				require.GreaterOrEqual(t, r.Requests, minIters, r.Name)
 				require.Greater(t, r.GBps, 0.0, r.Name)
 				require.Equal(t, c.path, r.Path, r.Name)
+				require.Equal(t, len(cfg.ClusterKey) > 0, r.ClusterKey, r.Name)
 				if c.path != "staging" {
 					require.Zero(t, r.GatherUs, "the direct path gathers nothing")
 					require.Zero(t, r.ScatterUs, "the direct path scatters nothing")

@@ -42,7 +42,15 @@ func engineConfig(cfg RunConfig) transfer.Config {
 	return transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: maxConc, PipelineDepth: cfg.PipelineDepth,
 		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout,
 		DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes, DisableRMA: cfg.NoRMA,
-		RMAWhereEmulated: cfg.RMAWhereEmulated, DisablePull: cfg.NoPull, DisableInPlaceReads: cfg.NoInPlace, RMAMinRegionBytes: cfg.RMAMinRegionBytes}
+		RMAWhereEmulated: cfg.RMAWhereEmulated, DisablePull: cfg.NoPull, DisableInPlaceReads: cfg.NoInPlace, RMAMinRegionBytes: cfg.RMAMinRegionBytes, ClusterKeys: clusterKeys(cfg)}
+}
+
+// clusterKeys is the engine's Config.ClusterKeys: the run's key (--cluster-key), or none.
+func clusterKeys(cfg RunConfig) [][]byte {
+	if len(cfg.ClusterKey) == 0 {
+		return nil
+	}
+	return [][]byte{cfg.ClusterKey}
 }
 
 func (e *engineAdapter) Address() []byte { return e.addr }
@@ -66,8 +74,8 @@ func (e *engineAdapter) NewPool(n int64) ([]byte, bool, error) {
 
 // spec moves the pool behind m: through the timed mover, or, when the pool may go direct,
 // as the spec's Pool with no Mover, so the engine can hand it to the transport in place.
-func (e *engineAdapter) spec(id uint64, m mover) transfer.Spec {
-	spec := transfer.Spec{ID: transfer.RequestID(id)}
+func (e *engineAdapter) spec(id uint64, secret []byte, m mover) transfer.Spec {
+	spec := transfer.Spec{ID: transfer.RequestID(id), Secret: secret}
 	if tm, ok := m.(*timedMover); ok && e.direct != nil && e.direct(tm.pool) {
 		spec.Pool = tm.pool
 	} else {
@@ -76,8 +84,8 @@ func (e *engineAdapter) spec(id uint64, m mover) transfer.Spec {
 	return spec
 }
 
-func (e *engineAdapter) Send(ctx context.Context, id uint64, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
-	spec := e.spec(id, m)
+func (e *engineAdapter) Send(ctx context.Context, id uint64, secret []byte, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
+	spec := e.spec(id, secret, m)
 	spec.Peer, spec.Plan = transfer.Peer(to), p
 	h, err := e.eng.Send(ctx, spec)
 	if err != nil {
@@ -86,8 +94,8 @@ func (e *engineAdapter) Send(ctx context.Context, id uint64, to peerRef, p *layo
 	return handle{h}, nil
 }
 
-func (e *engineAdapter) Receive(ctx context.Context, id uint64, subs []recvSub, m mover) (pendingXfer, error) {
-	spec := e.spec(id, m)
+func (e *engineAdapter) Receive(ctx context.Context, id uint64, secret []byte, subs []recvSub, m mover) (pendingXfer, error) {
+	spec := e.spec(id, secret, m)
 	if len(subs) == 1 {
 		spec.Peer, spec.Plan = transfer.Peer(subs[0].peer), subs[0].plan
 	} else {

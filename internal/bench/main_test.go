@@ -4,10 +4,13 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer"
 )
 
 // TestMain lets the test binary stand in for kvxbench when Loopback re-executes it as its peer
@@ -66,6 +70,7 @@ type runSpec struct {
 	noRMA          bool
 	latency        bool
 	connectTimeout time.Duration
+	clusterKey     bool // a fresh key in a file (--cluster-key)
 }
 
 // runFor is the RunConfig of s on the llama3-8b preset, as `kvxbench run` resolves it.
@@ -105,6 +110,14 @@ func runFor(t *testing.T, s runSpec) RunConfig {
 	require.NoError(t, err)
 	if s.decodeOrder != cfg.Order {
 		cfg.Decode = layout.Packed(cfg.Decode.Dims(), s.decodeOrder)
+	}
+	if s.clusterKey {
+		cfg.ClusterKeyFile = filepath.Join(t.TempDir(), "cluster.key")
+		key := make([]byte, transfer.ClusterKeyBytes)
+		_, _ = rand.Read(key)
+		require.NoError(t, os.WriteFile(cfg.ClusterKeyFile, []byte(hex.EncodeToString(key)+"\n"), 0o600))
+		cfg.ClusterKey, err = ReadClusterKey(cfg.ClusterKeyFile)
+		require.NoError(t, err)
 	}
 	return cfg
 }

@@ -81,6 +81,9 @@ type Result struct {
 	// LimitRatio is P50us over it. Present only where the limit ran.
 	LimitUs    *float64 `json:"limit_us,omitempty"`
 	LimitRatio *float64 `json:"limit_ratio,omitempty"`
+	// ClusterKey is true when both ends' engines held a cluster key (--cluster-key): hellos
+	// sealed, and every request's claim proven.
+	ClusterKey bool `json:"cluster_key,omitempty"`
 	// P99FewSamples marks a p99 taken from fewer than minP99Samples requests: by nearest rank
 	// it is then the slowest request, not a percentile. The table prints it with a '*'.
 	P99FewSamples bool `json:"p99_few_samples,omitempty"`

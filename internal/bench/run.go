@@ -266,7 +266,7 @@ func acceptPeers(ln *net.TCPListener, cfg RunConfig, peers *peerProcs) ([]*contr
 		if err == nil {
 			c := newControl(conn, cfg.ConnectTimeout)
 			all = append(all, c)
-			theirs, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1})
+			theirs, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1, KeyID: cfg.keyID()})
 			if err != nil {
 				return all, fmt.Errorf("prefill peer: %w", err)
 			}
@@ -329,7 +329,7 @@ func Peer(ctx context.Context, a PeerArgs) error {
 		return err
 	}
 	defer c.Close()
-	if _, err := c.exchangeHello(hello{Role: rolePrefill, Layout: cfg.Prefill, Rank: a.Rank, TP: cfg.PrefillTP}); err != nil {
+	if _, err := c.exchangeHello(hello{Role: rolePrefill, Layout: cfg.Prefill, Rank: a.Rank, TP: cfg.PrefillTP, KeyID: cfg.keyID()}); err != nil {
 		return err
 	}
 	return servePrefill(ctx, c, cfg, a.Rank)

@@ -15,11 +15,18 @@ import (
 // ranks. In a build without the engine it must stop, after the hello, saying so.
 func TestRunLoopback(t *testing.T) {
 	skipWithoutHostCopy(t)
-	for _, c := range []struct{ tp, pool string }{{"1", "transport"}, {"2", "transport"}, {"1", "caller"}} {
+	for _, c := range []struct {
+		tp, pool string
+		key      bool
+	}{{"1", "transport", false}, {"2", "transport", false}, {"1", "caller", false}, {"1", "transport", true}} {
 		tp := c.tp
-		t.Run("prefill-tp="+tp+"/pool="+c.pool, func(t *testing.T) {
+		name := "prefill-tp=" + tp + "/pool=" + c.pool
+		if c.key { // the peer reads the key from the same file: hellos sealed, claims proven
+			name += "/cluster-key"
+		}
+		t.Run(name, func(t *testing.T) {
 			cfg := runFor(t, runSpec{layers: 4, prompts: []int64{64, 256}, concurrency: []int{1, 2}, prefillTP: map[string]int{"1": 1, "2": 2}[tp],
-				slotBytes: 256 << 10, memCap: 512 << 20, pool: c.pool})
+				slotBytes: 256 << 10, memCap: 512 << 20, pool: c.pool, clusterKey: c.key})
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			var results []Result
@@ -35,6 +42,7 @@ func TestRunLoopback(t *testing.T) {
 				require.True(t, r.Verified, r.Name)
 				require.Greater(t, r.GBps, 0.0, r.Name)
 				require.GreaterOrEqual(t, r.Requests, minIters, r.Name)
+				require.Equal(t, c.key, r.ClusterKey, r.Name)
 				if c.pool == "caller" { // pools the processes mapped and registered go one-copy
 					require.Contains(t, []string{"rma", "direct"}, r.Path, r.Name)
 				}

@@ -102,10 +102,10 @@ func (p *prefillEnd) serve(ctx context.Context, c *control) error {
 				return err
 			}
 			wg.Add(1)
-			go func(id uint64) {
+			go func(id uint64, secret []byte) {
 				defer wg.Done()
-				_ = c.send(message{Sent: p.send(ctx, id)})
-			}(m.Req.ID)
+				_ = c.send(message{Sent: p.send(ctx, id, secret)})
+			}(m.Req.ID, m.Req.Secret)
 		}
 	}
 }
@@ -167,9 +167,9 @@ func (p *prefillEnd) plan1(tokens, layers int64) (readyMsg, error) {
 }
 
 // send runs one request's Send to its end and reports it.
-func (p *prefillEnd) send(ctx context.Context, id uint64) *sentMsg {
+func (p *prefillEnd) send(ctx context.Context, id uint64, secret []byte) *sentMsg {
 	m := &timedMover{pool: p.pool}
-	h, err := p.eng.Send(ctx, id, p.peer, p.plan, m)
+	h, err := p.eng.Send(ctx, id, secret, p.peer, p.plan, m)
 	if err != nil {
 		return &sentMsg{ID: id, Err: err.Error()}
 	}
@@ -237,7 +237,8 @@ func (s scenario) name(cfg RunConfig) string {
 // measure runs one scenario and returns its result, baseline not yet set.
 func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *progress) (Result, error) {
 	res := Result{Op: "transfer", Model: d.cfg.ShapeName, Tokens: s.tokens, Concurrency: s.concurrency,
-		Name: s.name(d.cfg), TLS: d.cfg.TLS, PrefillTP: d.cfg.PrefillTP, Layers: s.layers}
+		Name: s.name(d.cfg), TLS: d.cfg.TLS, PrefillTP: d.cfg.PrefillTP, Layers: s.layers,
+		ClusterKey: len(d.cfg.ClusterKey) > 0}
 	if s.latency {
 		res.Op = "latency"
 	}
@@ -391,14 +392,20 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 		d.nextID++
 		id := d.nextID
 		m := &timedMover{pool: d.pool}
+		var secret []byte
+		if len(d.cfg.ClusterKey) > 0 {
+			// As a serving stack would: the secret travels to the Send in the request's
+			// ContextParams (here the control connection), never on the engines' wire.
+			secret = transfer.NewClaimSecret()
+		}
 		t := time.Now()
-		h, err := d.eng.Receive(ctx, id, subs, m)
+		h, err := d.eng.Receive(ctx, id, secret, subs, m)
 		if err != nil {
 			return nil, 0, 0, 0, fmt.Errorf("receive %d: %w", id, err)
 		}
 		ps = append(ps, posted{id: id, h: h, m: m, start: t})
 		for r, c := range d.ctrls {
-			if err := c.send(message{Req: &reqMsg{ID: id}}); err != nil {
+			if err := c.send(message{Req: &reqMsg{ID: id, Secret: secret}}); err != nil {
 				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", r, err)
 			}
 		}

@@ -90,13 +90,13 @@ func (e *fakeEnd) Connect(_ context.Context, addr []byte) (peerRef, error) {
 }
 func (e *fakeEnd) Close() error { return nil }
 
-func (e *fakeEnd) Send(_ context.Context, id uint64, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
+func (e *fakeEnd) Send(_ context.Context, id uint64, secret []byte, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
 	h := newFakeHandle(1)
 	e.net.post(fakeKey{id: id, from: e.name, to: to}, &fakeOp{plan: p, m: m, h: h}, true)
 	return h, nil
 }
 
-func (e *fakeEnd) Receive(_ context.Context, id uint64, subs []recvSub, m mover) (pendingXfer, error) {
+func (e *fakeEnd) Receive(_ context.Context, id uint64, secret []byte, subs []recvSub, m mover) (pendingXfer, error) {
 	h := newFakeHandle(len(subs))
 	for _, s := range subs {
 		e.net.post(fakeKey{id: id, from: s.peer, to: e.name}, &fakeOp{plan: s.plan, m: m, h: h}, false)

@@ -74,7 +74,7 @@ func Serve(ctx context.Context, cfg RunConfig, o ServeOptions, out *Outputs) err
 	}
 	c := newControl(conn, cfg.ConnectTimeout)
 	defer c.Close()
-	if _, err := c.exchangeHello(hello{Role: rolePrefill, Layout: cfg.Prefill, TP: 1}); err != nil {
+	if _, err := c.exchangeHello(hello{Role: rolePrefill, Layout: cfg.Prefill, TP: 1, KeyID: cfg.keyID()}); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, runBudget(cfg))
@@ -112,7 +112,7 @@ func Connect(ctx context.Context, cfg RunConfig, addr, perftestBin string, o Out
 		_ = c.send(message{Bye: true})
 		c.Close()
 	}()
-	if _, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1}); err != nil {
+	if _, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1, KeyID: cfg.keyID()}); err != nil {
 		return err
 	}
 	// The baseline's server runs on the serve host, started over the control connection.

@@ -41,4 +41,6 @@ var Hooks struct {
 	// SendControlAs sends msg to peer to in a control frame that names as (another worker's
 	// address) for its sender: what a peer that lies about its address puts on the wire.
 	SendControlAs func(tr any, to, as transport.Peer, msg []byte) error
+	// Endpoints counts the transport's endpoints to peer, its own and its lanes'.
+	Endpoints func(tr any, peer transport.Peer) int
 }

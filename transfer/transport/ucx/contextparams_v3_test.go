@@ -178,3 +178,41 @@ func TestContextParams_VerifyRefusesForgeries(t *testing.T) {
 		require.Error(t, llamaParams().Sign(nil), "signing needs a key")
 	})
 }
+
+// BenchmarkContextParams_Seal4096Tokens is what a cluster key adds to the blob of one
+// 4096-token request (256 blocks): "plain" encodes and decodes it, "sealed" also draws its
+// secret, signs it on the sender and verifies it on the receiver (docs/security.md, "What a
+// cluster key costs").
+//
+//	go test -run '^$' -bench ContextParams_Seal ./transfer/transport/ucx/
+func BenchmarkContextParams_Seal4096Tokens(b *testing.B) {
+	keys := [][]byte{paramsKey(7)}
+	for _, sealed := range []bool{false, true} {
+		name := map[bool]string{false: "plain", true: "sealed"}[sealed]
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				p := llamaParams()
+				if sealed {
+					p.Secret = bytes.Repeat([]byte{0xa5}, ContextParamsSecretBytes)
+					if err := p.Sign(keys); err != nil {
+						b.Fatal(err)
+					}
+				}
+				blob, err := p.MarshalBinary()
+				if err != nil {
+					b.Fatal(err)
+				}
+				out, err := UnmarshalContextParams(blob)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if sealed {
+					if err := out.Verify(keys); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

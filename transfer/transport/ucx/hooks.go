@@ -73,6 +73,21 @@ func init() {
 	h.ReplacesWedgedWorker = func(tr any) bool { return tr.(*Transport).cfg.ReplaceWedgedWorker }
 	h.AllowSameProcessCMA = func(tr any) { tr.(*Transport).cma.allowSelf = true }
 	h.CMAReadsStuck = func(tr any) int { return int(tr.(*Transport).cma.stuck.Load()) }
+	h.Endpoints = func(tr any, peer transport.Peer) int {
+		t := tr.(*Transport)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		n := 0
+		if t.eps[peer] != nil {
+			n++
+		}
+		for _, l := range t.rma.lanes.extra {
+			if l.eps[peer] != nil {
+				n++
+			}
+		}
+		return n
+	}
 	h.SendControlAs = func(tr any, to, as transport.Peer, msg []byte) error {
 		t := tr.(*Transport)
 		from, err := hex.DecodeString(string(as))
