@@ -31,6 +31,34 @@ export CGO_CFLAGS ?= -g -O2 -Wno-deprecated-declarations
 # What `make test` runs, in this order.
 TEST_TARGETS := go-tidy go-vet go-imports go-test c-test go-fuzz cuda-check cuda-vet soak-ci ucx-cuda-check
 
+# Which UCX the build uses. system (the default): the distribution's, found by pkg-config
+# (Debian's 1.13.1 here, what a host without a GPU runs). wheel: the CUDA-enabled UCX 1.22 of
+# NVIDIA's libucx-cu12 wheel, which a GPU host runs (scripts/ucx-cuda.sh installs it into
+# .toolchain/, or KVX_TOOLCHAIN_DIR): `make test UCX=wheel` builds and runs the whole Go suite,
+# the C tests and soak-ci against it, what depends on the UCX in $(UCX_BUILD) = build/ucx-wheel
+# (docs/ucx.md, "Which UCX").
+UCX ?= system
+UCX_BUILD := $(BUILD)
+ifeq ($(UCX),wheel)
+UCX_ROOT := $(shell scripts/ucx-cuda.sh)
+ifeq ($(UCX_ROOT),)
+$(error UCX=wheel: scripts/ucx-cuda.sh could not install the wheel's UCX)
+endif
+UCX_BUILD := $(BUILD)/ucx-wheel
+export PKG_CONFIG_PATH := $(UCX_ROOT)/lib/pkgconfig
+export CGO_LDFLAGS := -Wl,-rpath,$(UCX_ROOT)/lib $(CGO_LDFLAGS)
+export LD_LIBRARY_PATH := $(UCX_ROOT)/lib$(if $(LD_LIBRARY_PATH),:$(LD_LIBRARY_PATH))
+export PATH := $(UCX_ROOT)/bin:$(PATH)
+C_CMAKE_FLAGS := -DCMAKE_PREFIX_PATH=$(UCX_ROOT)
+# What UCX 1.22 does differently and these three tests rely on: an 8 MiB send nobody receives
+# stays in flight. 1.22 with kvxfer's default rendezvous scheme sends it eagerly and completes it
+# (docs/ucx.md, "UCX 1.22"); they are left out of this leg until that default changes.
+GO_TEST_FLAGS := -skip '^(TestUCX_ForceCloseCompletesInflightSend|TestUCXTransport_ContractCancel|TestUCXTransport_ContractForceCloseReportsEveryOp)$$'
+TEST_TARGETS := go-test c-test soak-ci
+else ifneq ($(UCX),system)
+$(error UCX=$(UCX): system or wheel)
+endif
+
 include mk/go.mk mk/c.mk mk/cuda.mk mk/ucx.mk mk/bench.mk mk/soak.mk
 
 .DEFAULT_GOAL := help

@@ -5,6 +5,6 @@
 .PHONY: c-test
 
 c-test: ## C tests (ctest) built with AddressSanitizer and UndefinedBehaviorSanitizer.
-	cmake -S . -B $(BUILD)/asan -DCMAKE_BUILD_TYPE=Debug -DKVX_SANITIZE=ON >/dev/null
-	cmake --build $(BUILD)/asan -j2
-	cd $(BUILD)/asan && ctest --output-on-failure --timeout 300
+	cmake -S . -B $(UCX_BUILD)/asan -DCMAKE_BUILD_TYPE=Debug -DKVX_SANITIZE=ON $(C_CMAKE_FLAGS) >/dev/null
+	cmake --build $(UCX_BUILD)/asan -j2
+	cd $(UCX_BUILD)/asan && ctest --output-on-failure --timeout 300

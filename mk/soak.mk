@@ -8,7 +8,7 @@
 # scripts/deps.sh installs).
 .PHONY: soak-ci soak soak-build
 
-SOAK_BIN := $(BUILD)/kvxsoak
+SOAK_BIN := $(UCX_BUILD)/kvxsoak
 SOAK_FLAGS ?=
 
 soak-build: ## Build the soak driver into $(BUILD)/kvxsoak.

@@ -79,7 +79,8 @@ ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context
     if (set_config(config, "TLS", cfg->tls) != 0 ||
         set_config(config, "KEEPALIVE_INTERVAL", cfg->keepalive_interval) != 0 ||
         set_config(config, "NET_DEVICES", cfg->net_devices) != 0 ||
-        set_config(config, "RNDV_SCHEME", cfg->rndv_scheme) != 0) {
+        set_config(config, "RNDV_SCHEME", cfg->rndv_scheme) != 0 ||
+        set_config(config, "RNDV_THRESH", cfg->rndv_thresh) != 0) {
       ucp_config_release(config);
       return UCS_ERR_INVALID_PARAM;
     }
@@ -104,6 +105,31 @@ ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context
 
 void kvx_ucx_context_destroy(ucp_context_h ctx) {
   if (ctx != NULL) ucp_cleanup(ctx);
+}
+
+static void print_config(void *config, FILE *f) {
+  ucp_config_print((const ucp_config_t *)config, f, NULL, UCS_CONFIG_PRINT_CONFIG);
+}
+
+int kvx_ucx_protocols_v2(void) {
+  ucp_config_t *config = NULL;
+  if (ucp_config_read(NULL, NULL, &config) != UCS_OK) return -1;
+  char *text = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&text, &n);
+  if (f == NULL) {
+    ucp_config_release(config);
+    return -1;
+  }
+  print_config(config, f);
+  fclose(f);
+  ucp_config_release(config);
+  if (text == NULL) return -1;
+  /* One line per setting, "UCX_PROTO_ENABLE=y" or "=n"; a UCX without the setting has no
+   * protocols v2. */
+  int v2 = strstr(text, "\nUCX_PROTO_ENABLE=y") != NULL ? 1 : 0;
+  free(text);
+  return v2;
 }
 
 ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,

@@ -102,6 +102,9 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 	cc.tls = cstr(cfg.TLS)
 	cc.net_devices = cstr(cfg.NetDevices)
 	cc.rndv_scheme = cstr(cfg.RendezvousScheme)
+	if _, set := ProcessEnv("UCX_RNDV_THRESH"); !set && cfg.RendezvousScheme != "get_zcopy" && protocolsV2() {
+		cc.rndv_thresh = cstr(strconv.Itoa(eagerLimitBytes))
+	}
 	if cfg.TCPSegmentBytes != 0 {
 		cc.tcp_tx_seg_size = cstr(strconv.FormatInt(cfg.TCPSegmentBytes, 10))
 	}

@@ -49,6 +49,7 @@ typedef struct kvx_ucx_ctx_config {
   const char *keepalive_interval; /* UCX_KEEPALIVE_INTERVAL, e.g. "500ms"; NULL: default */
   const char *net_devices;        /* UCX_NET_DEVICES, e.g. "lo"; NULL: all */
   const char *rndv_scheme;        /* UCX_RNDV_SCHEME, e.g. "get_zcopy"; NULL: default */
+  const char *rndv_thresh;        /* UCX_RNDV_THRESH, e.g. "65536"; NULL: default */
   const char *tcp_tx_seg_size;    /* UCX_TCP_TX_SEG_SIZE, e.g. "1048576"; NULL: 64k */
   const char *mm_fifo_size;       /* UCX_MM_FIFO_SIZE, e.g. "1024"; NULL: UCX's (64) */
   int with_rma;                   /* request UCP_FEATURE_RMA too */
@@ -89,6 +90,10 @@ typedef struct kvx_ucx_ep {
  * otherwise and silently falls back to TCP over loopback). */
 ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context_h *out);
 void kvx_ucx_context_destroy(ucp_context_h ctx);
+/* 1 when the UCX loaded selects its protocols with protocols v2 (UCX_PROTO_ENABLE=y, as the
+ * environment and UCX's own default say: 1.22's default, not 1.13's), 0 when not, -1 when its
+ * configuration cannot be read. */
+int kvx_ucx_protocols_v2(void);
 
 /* Worker: single-threaded (see the top of this file). The callbacks may be NULL. */
 ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,

@@ -6,6 +6,7 @@ package native
 
 /*
 #include <stdlib.h>
+#include "ucx.h"
 */
 import "C"
 
@@ -36,7 +37,15 @@ type ContextConfig struct {
 	// receiver pulls the data, so a sender never writes into a receiver's memory. That is
 	// what makes a cancelled or force-closed receive safe to reuse: with put-based
 	// rendezvous a peer frozen after it learned the buffer's address writes into it when it
-	// resumes, whatever the receiver did meanwhile. "auto" lets UCX choose.
+	// resumes, whatever the receiver did meanwhile. UCX 1.13 (protocols v1) falls back to
+	// rendezvous by active messages where no lane offers gets (shared memory and TCP with
+	// peer error handling). UCX 1.22 (protocols v2) does not: there large messages go as
+	// multi-fragment eager sends that complete with no receive posted, the receiver's UCX
+	// holding whole messages. "am" keeps them rendezvous on 1.22 (the receiver copies each
+	// fragment of a matched receive itself; messages above eagerLimitBytes), but 1.22 then
+	// never completes such a send when its endpoint is force-closed, and destroying the
+	// worker afterwards corrupted the heap in 2 of 3 runs: so it is not the default
+	// (docs/ucx.md, "UCX 1.22"). "auto" lets UCX choose.
 	RendezvousScheme string
 	// TCPSegmentBytes is UCX_TCP_TX_SEG_SIZE: the largest piece UCX's TCP transport sends in
 	// one copy, hence one send call; a large message goes as many of them. Default 64 KiB,
@@ -91,6 +100,19 @@ func (c *ContextConfig) applyDefaults() error {
 	}
 	return nil
 }
+
+// eagerLimitBytes is the largest message a context of this package sends eagerly under UCX's
+// protocols v2 with a rendezvous scheme that has a protocol over every lane ("am", "auto"):
+// UCX_RNDV_THRESH, unless set in the environment. A larger message is a rendezvous, whose
+// data stays with the sender until the receiver has matched a receive for it, so such a peer
+// never makes this process's UCX hold more than this for a message nobody receives (UCX
+// 1.22 chose 256 to 570 KiB itself). Under protocols v1 (1.13) UCX's own thresholds are
+// lower (8 KiB over shared memory, 20 KiB over TCP) and stay.
+const eagerLimitBytes = 64 << 10
+
+// protocolsV2 reports whether the UCX loaded selects its protocols with protocols v2
+// (UCX_PROTO_ENABLE, 1.22's default).
+func protocolsV2() bool { return C.kvx_ucx_protocols_v2() == 1 }
 
 // ProcessEnv is the value of name in the process's environment as C code (UCX) reads it.
 // NewContext puts its transport settings there; os.Getenv does not see them, since Go reads

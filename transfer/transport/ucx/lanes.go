@@ -31,7 +31,8 @@ func (t *Transport) GetLanes() int { return t.cfg.Lanes }
 // worker's active messages one way or another), and UCX 1.13 crashed the process
 // (SIGSEGV in a lane's thread) when a peer was killed under gets striped over TCP lanes.
 func (t *Transport) stripesGets(peer transport.Peer) bool {
-	return t.cfg.Lanes > 1 && !t.GetsEmulated(peer)
+	l, ok := t.getLanes(peer)
+	return t.cfg.Lanes > 1 && (!ok || l.native)
 }
 
 // ucxGetLanes is what UCX reported about the lanes of the endpoint to a peer.
@@ -44,13 +45,20 @@ type ucxGetLanes struct {
 }
 
 // GetsEmulated implements transport.RMAEmulation by what UCX says about the endpoint to peer
-// (native.Endpoint.Lanes): gets are native where a lane serves them (shared memory, cma,
-// RDMA), emulated with active messages where none does (TCP in UCX 1.13). The answer is kept
-// per endpoint; a replaced endpoint is asked again. When UCX cannot be asked it answers false,
-// and the receiver keeps the RMA mode, which works on every transport.
+// (native.Endpoint.Lanes): gets are native where a lane serves them (shared memory in UCX
+// 1.13, cma, RDMA), emulated with active messages where none does (TCP in UCX 1.13). An
+// endpoint whose every lane is shared memory reaches a peer on this host, whose pools the
+// receiver reads itself whatever UCX does with gets: in place where UCX maps the peer's
+// segment (MapRemote), else by process_vm_readv (cma.go). So its gets count as native even
+// where UCX would emulate its own: UCX 1.22 gives an endpoint with peer error handling no RMA
+// lane over shared memory at all (it asks the memory domain for UCT_MD_FLAG_INVALIDATE_RMA,
+// which posix and cma lack), and the receiver fell back to the direct path's messages at
+// half the speed (docs/ucx.md, "UCX 1.22"). The answer is kept per endpoint; a replaced
+// endpoint is asked again. When UCX cannot be asked it answers false, and the receiver keeps
+// the RMA mode, which works on every transport.
 func (t *Transport) GetsEmulated(peer transport.Peer) bool {
 	l, ok := t.getLanes(peer)
-	return ok && !l.native
+	return ok && !l.native && !l.sharedMemoryOnly
 }
 
 // getLanes is what UCX reported about the endpoint to peer, asked once per endpoint; ok is
