@@ -81,8 +81,8 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 	require.Len(t, secret, ClaimSecretBytes)
 
 	// Refused claims: a wrong secret, then none, from another receiver.
-	omem, oplan := other.kv(t, seqBlocks(64-nBlocks, nBlocks), 0)
-	for i, c := range []struct {
+	omem, oplan := other.kv(t, seqBlocks(int32(dims.NumBlocks)-nBlocks, nBlocks), 0)
+	for _, c := range []struct {
 		secret []byte
 		reason string
 	}{{bytes.Repeat([]byte{0x3a}, ClaimSecretBytes), "bad-mac"}, {nil, "unsealed"}} {
@@ -91,15 +91,15 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 		})
 		waitClosed(t, h.Quiesced(), "a refused claim's Receive quiesced")
 		requireState(t, h, Failed, ErrUnauthenticated)
-		eventually(t, func() bool { return refusals.auth("claim", c.reason) == 1 }, "the refusal counted: "+c.reason)
-		require.Equal(t, i+1, refusals.auth())
+		// At least once: the receiver may have resent its request before the refusal came.
+		eventually(t, func() bool { return refusals.auth("claim", c.reason) >= 1 }, "the refusal counted: "+c.reason)
 		require.NoError(t, h.Release())
 	}
 	require.Equal(t, Queued, hs.Status().State, "refused claims change nothing: %v", hs.Status().Err)
 	require.False(t, isClosed(hs.Quiesced()), "the blocks stay held")
 
 	// The claim: the transfer runs as a Send to this receiver would.
-	dmem, dplan := dst.kv(t, seqBlocks(64-nBlocks, nBlocks), 0)
+	dmem, dplan := dst.kv(t, seqBlocks(int32(dims.NumBlocks)-nBlocks, nBlocks), 0)
 	hr, err := dst.e.Receive(bg, Spec{ID: id, Peer: peer, Plan: dplan, Pool: dmem, Secret: secret})
 	require.NoError(t, err)
 	waitClosed(t, hr.Quiesced(), "the claiming receiver quiesced")
@@ -121,7 +121,7 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 	})
 	waitClosed(t, h2.Quiesced(), "the second claim's Receive quiesced")
 	requireState(t, h2, Failed, ErrAlreadyClaimed)
-	eventually(t, func() bool { return refusals.auth("claim", "claimed") == 1 }, "the second claim counted")
+	eventually(t, func() bool { return refusals.auth("claim", "claimed") >= 1 }, "the second claim counted")
 	for _, e := range []*Engine{src.e, dst.e, other.e} {
 		requireSlotsAccounted(t, e)
 	}
@@ -189,14 +189,15 @@ func exposeUnclaimed(t *testing.T, rig exposeRig, c unclaimedCase, base Config, 
 		requireState(t, hs, state, hErr)
 		require.Zero(t, hs.Status().Bytes)
 		if c.desc == "expires" {
+			// The stall rule only: under load a UCX transport may report its own progress late.
 			h := src.e.Health()
-			require.True(t, h.Healthy, "an exposure nobody claimed is no stall: %+v", h)
+			require.NotContains(t, h.Reason, "no transfer progressed", "an exposure nobody claimed is no stall")
 		}
 	}
 	if claimErr == nil {
 		return
 	}
-	dmem, dplan := dst.kv(t, seqBlocks(64-nBlocks, nBlocks), 0)
+	dmem, dplan := dst.kv(t, seqBlocks(int32(dims.NumBlocks)-nBlocks, nBlocks), 0)
 	start := time.Now()
 	hr, err := dst.e.Receive(bg, Spec{ID: id, Peer: peer, Plan: dplan, Pool: dmem, Secret: secret})
 	require.NoError(t, err)
@@ -204,7 +205,7 @@ func exposeUnclaimed(t *testing.T, rig exposeRig, c unclaimedCase, base Config, 
 	t.Logf("the late claim failed %v after its Receive: %v", time.Since(start).Round(time.Millisecond), hr.Status().Err)
 	requireState(t, hr, Failed, claimErr)
 	if errors.Is(claimErr, ErrPeerLost) {
-		require.ErrorContains(t, hr.Status().Err, peer.Short(), "the error names the prefill")
+		require.ErrorContains(t, hr.Status().Err, string(peer), "the error names the prefill")
 	}
 }
 
