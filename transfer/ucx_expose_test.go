@@ -95,4 +95,3 @@ func TestL10_UCXUnclaimedExposureIsQueued(t *testing.T) {
 		}
 	}
 }
-
