@@ -34,7 +34,7 @@ const exposedPeer Peer = "(exposed: no receiver yet)"
 // with ErrAlreadyClaimed), and so is one whose proof is wrong or missing (ErrUnauthenticated),
 // each counted (TrustObserver.OnAuthRefused, what "claim", reasons "claimed", "bad-mac",
 // "unsealed"). An exposure nobody claims within Config.ExposureTimeout, or before ctx is
-// done, ends Failed (ErrDeadline, or ctx's cause) with its blocks quiescent at once; Cancel
+// done, ends Failed (ErrDeadline; or ErrQueueTimeout with ctx's cause) with its blocks quiescent at once; Cancel
 // of an unclaimed exposure returns CancelledBeforeAdvertise, and Close ends it as it ends a
 // queued Send. After the claim, ctx and Config.QueueTimeout bound its queued phase as a Send's.
 func (e *Engine) Expose(ctx context.Context, spec Spec) (*Handle, transport.Params, error) {
