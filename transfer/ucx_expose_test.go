@@ -95,3 +95,25 @@ func TestL10_UCXUnclaimedExposureIsQueued(t *testing.T) {
 		}
 	}
 }
+
+// TestUCXExposeSignsItsParams: with cluster keys, an exposure's ContextParams come sealed, so
+// the decode's VerifyParams takes them, and refuses them once a field changed (here the
+// anonymous flag dropped, which would make them look like a named receiver's).
+func TestUCXExposeSignsItsParams(t *testing.T) {
+	cfg := ucxTestConfig()
+	cfg.ClusterKeys = [][]byte{clusterKey(9)}
+	src := newUCXEngine(t, "tcp,self", "lo", cfg)
+	dst := newUCXEngine(t, "tcp,self", "lo", cfg)
+	k := newUCXKV(t, ucxExposeDims, layout.BlockMajor, seqBlocks(0, 4), 3)
+	h, p, err := src.e.Expose(bg, Spec{ID: 5, Plan: k.plan, Pool: k.mem})
+	require.NoError(t, err)
+	blob, err := p.MarshalBinary()
+	require.NoError(t, err)
+	cp, err := ucx.UnmarshalContextParams(blob)
+	require.NoError(t, err)
+	require.NotNil(t, cp.Seal, "sealed")
+	require.NoError(t, dst.e.VerifyParams(cp))
+	cp.Anonymous = false
+	require.ErrorIs(t, dst.e.VerifyParams(cp), ErrUnauthenticated)
+	require.Equal(t, CancelledBeforeAdvertise, src.e.Cancel(h.ID()))
+}
