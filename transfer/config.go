@@ -41,6 +41,9 @@ type Config struct {
 	// for the peer's hello, the first time it meets the peer; on the sending side for the
 	// receiver's request) when the Send/Receive context has no earlier deadline. Default 30s.
 	QueueTimeout time.Duration
+	// ExposureTimeout bounds how long an exposure (Engine.Expose) waits to be claimed: one
+	// nobody claimed by then ends Failed, its blocks free at once. Default 60s.
+	ExposureTimeout time.Duration
 	// ProgressDeadline: Health turns unhealthy when no byte has moved and no transfer has
 	// completed for this long while transfers were asked for: in flight, or failing one
 	// after another, active or still queued (a request that starts less than this after the
@@ -193,6 +196,7 @@ const (
 	defaultDirectMinRunBytes = 2 << 10
 	defaultTransferTimeout   = 30 * time.Second
 	defaultQueueTimeout      = 30 * time.Second
+	defaultExposureTimeout   = 60 * time.Second
 	defaultQuarantineTimeout = 10 * time.Second
 	defaultRetryInterval     = 200 * time.Millisecond
 	defaultMaxRetries        = 6
@@ -248,6 +252,7 @@ func (c Config) withDefaults() Config {
 	}
 	def(&c.TransferTimeout, defaultTransferTimeout)
 	def(&c.QueueTimeout, defaultQueueTimeout)
+	def(&c.ExposureTimeout, defaultExposureTimeout)
 	def(&c.ProgressDeadline, DefaultProgressDeadline)
 	defCount(&c.QuarantineBudget, DefaultQuarantineBudget)
 	defCount(&c.PoisonedBlockBudget, DefaultPoisonedBlocks)
@@ -327,7 +332,7 @@ func (c Config) validate() error {
 		name string
 		v    time.Duration
 	}{
-		{"TransferTimeout", c.TransferTimeout}, {"QueueTimeout", c.QueueTimeout},
+		{"TransferTimeout", c.TransferTimeout}, {"QueueTimeout", c.QueueTimeout}, {"ExposureTimeout", c.ExposureTimeout},
 		{"ProgressDeadline", c.ProgressDeadline}, {"QuarantineTimeout", c.QuarantineTimeout},
 		{"CancelGrace", c.CancelGrace}, {"RetryInterval", c.RetryInterval}, {"PendingTTL", c.PendingTTL},
 		{"LostPeerTTL", c.LostPeerTTL}, {"CloseTimeout", c.CloseTimeout}, {"ReadyPollInterval", c.ReadyPollInterval},

@@ -37,9 +37,12 @@ type Engine struct {
 	// slots is the staging memory as the pull wire exposes it (path_pull.go).
 	slots slotExposure
 
-	mu         sync.Mutex
-	handles    map[RequestID]*Handle
-	routes     map[routeKey]*xfer
+	mu      sync.Mutex
+	handles map[RequestID]*Handle
+	routes  map[routeKey]*xfer
+	// exposures are the Sends that named no receiver (Expose), by request id, from Expose
+	// until their goroutine ends or gives up on a claim (expose.go).
+	exposures  map[RequestID]*xfer
 	pending    map[routeKey]pendingInfo
 	unanswered map[routeKey]unanswered
 	peers      map[Peer]*peerHello // what each peer met said in its hello (negotiate.go)
@@ -126,6 +129,10 @@ type unanswered struct {
 	code   wire.AbortCode
 	reason string
 	at     time.Time
+	// An exposure that ended (expose.go), remembered under the empty peer: its secret, which
+	// later claims must prove, and whether a receiver had claimed it.
+	secret  []byte
+	claimed bool
 }
 
 // New validates cfg, carves the staging pool and binds the transport (which progresses its
@@ -155,7 +162,7 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 	e := &Engine{
 		incarnation: wire.NewNonce(),
 		cfg:         cfg, tr: tr, pool: pool, log: cfg.Logger, obs: cfg.Observer,
-		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
+		handles: make(map[RequestID]*Handle), routes: make(map[routeKey]*xfer), exposures: make(map[RequestID]*xfer), pending: make(map[routeKey]pendingInfo), unanswered: make(map[routeKey]unanswered),
 		peers: make(map[Peer]*peerHello), lost: make(map[Peer]lostPeer), speech: sp,
 		admission: make(chan struct{}, cfg.MaxConcurrent),
 		closing:   make(chan struct{}),
@@ -189,25 +196,38 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 // for a staging slot and for the receiver's request (at most Config.QueueTimeout); cancelling
 // it after the transfer has started has no effect (use Cancel).
 func (e *Engine) Send(ctx context.Context, spec Spec) (*Handle, error) {
-	return e.start(ctx, spec, false)
+	h, _, err := e.start(ctx, spec, false, false)
+	return h, err
 }
 
 // Receive starts receiving spec's blocks from spec.Peer, or from every peer in spec.Subs. It
 // returns at once; ctx bounds the queued phase as for Send.
 func (e *Engine) Receive(ctx context.Context, spec Spec) (*Handle, error) {
-	return e.start(ctx, spec, true)
+	h, _, err := e.start(ctx, spec, true, false)
+	return h, err
 }
 
-func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, error) {
+// start makes and starts a Send (expose: one that names no receiver, expose.go) or a Receive.
+func (e *Engine) start(ctx context.Context, spec Spec, receive, expose bool) (*Handle, transport.Params, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	subs, mover, timeout, err := spec.resolve(receive, e.cfg)
+	resolved := spec
+	if expose {
+		if err := spec.exposable(); err != nil {
+			return nil, nil, err
+		}
+		if spec.Secret == nil {
+			spec.Secret = NewClaimSecret()
+		}
+		resolved.Peer, resolved.Secret = exposedPeer, spec.Secret // named by the first claim
+	}
+	subs, mover, timeout, err := resolved.resolve(receive, e.cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := e.checkDeviceSpec(spec); err != nil { // device.go
-		return nil, err
+		return nil, nil, err
 	}
 	h := &Handle{id: spec.ID, eng: e, queuedAt: time.Now().UnixNano(), done: make(chan struct{}), quiesced: make(chan struct{}), callerRefs: 1, engineRef: true,
 		receive: receive, stream: spec.Stream, layers: subs[0].Plan.Selection().Layers()}
@@ -221,6 +241,9 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), nonce: nonce, receive: receive, peer: s.Peer, plan: s.Plan,
 			mover: mover, pool: spec.Pool, dev: spec.Device, hostPool: spec.Mover == nil && !spec.Device.set(), hasMover: spec.Mover != nil, timeout: timeout, stopCh: make(chan struct{}),
 			stream: spec.Stream, signals: spec.Ready, secret: bytes.Clone(spec.Secret)}
+		if expose {
+			xs[i].peer, xs[i].exposed = "", true
+		}
 		xs[i].publishIdent()
 		if receive && len(spec.Held) > 0 {
 			xs[i].heldOf = len(spec.Plan.Blocks())
@@ -238,25 +261,41 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	if spec.Device.set() {
 		h.releasePool = e.holdDevice(spec)
 	}
+	var params transport.Params
+	if expose {
+		if params, err = e.exposeParams(spec, subs[0].Plan); err != nil {
+			h.unhold()
+			return nil, nil, err
+		}
+		h.unclaimed.Store(true)
+	}
 
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
 		h.unhold()
-		return nil, &RequestError{ID: spec.ID, Err: ErrClosed}
+		return nil, nil, &RequestError{ID: spec.ID, Err: ErrClosed}
 	}
 	if _, dup := e.handles[spec.ID]; dup {
 		e.mu.Unlock()
 		h.unhold()
-		return nil, &RequestError{ID: spec.ID, Err: ErrDuplicate}
+		return nil, nil, &RequestError{ID: spec.ID, Err: ErrDuplicate}
 	}
 	if err := e.holds.check(spec.ID, h.spans, receive); err != nil {
 		e.mu.Unlock()
 		h.unhold()
-		return nil, err
+		return nil, nil, err
 	}
 	e.handles[spec.ID] = h
+	delete(e.unanswered, routeKey{"", spec.ID}) // an exposure of this id that ended (expose.go)
 	for _, x := range xs {
+		if x.exposed {
+			e.exposures[spec.ID] = x
+			// The claim wait is bounded by its own timer (ExposureTimeout); the queued
+			// phase after the claim (admission, a slot) by QueueTimeout, as a Send's.
+			x.qctx, x.qcancel = context.WithTimeout(ctx, e.cfg.ExposureTimeout+e.cfg.QueueTimeout)
+			continue
+		}
 		key := routeKey{x.peer, spec.ID}
 		e.routes[key] = x
 		delete(e.unanswered, key)
@@ -276,7 +315,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive bool) (*Handle, e
 	for _, x := range xs {
 		go x.run()
 	}
-	return h, nil
+	return h, params, nil
 }
 
 // Cancel asks for request id to stop and says what the caller may do with its blocks. It
@@ -354,8 +393,8 @@ func (e *Engine) isClosed() bool {
 
 // account keeps Health's counters in step with handle transitions; applyLocked calls it.
 // queuedAt is when the handle was asked for (unix nanoseconds).
-func (e *Engine) account(from, to State, queuedAt int64) {
-	if from == Queued && to == Failed {
+func (e *Engine) account(from, to State, queuedAt int64, unclaimed bool) {
+	if from == Queued && to == Failed && !unclaimed { // an exposure nobody claimed was asked for by nobody
 		// A request that failed before it became active (no hello, no request, no admission
 		// within QueueTimeout) was asked for all the same: it counts as an active failure
 		// does, its wait included, so requests that fail queued one after another are a stall
@@ -461,8 +500,11 @@ func (e *Engine) Close() error {
 	e.closed = true
 	e.stopUnprovenLocked()
 	defer e.movers.close() // after the transfers: their last copies still run
-	xs := make([]*xfer, 0, len(e.routes))
+	xs := make([]*xfer, 0, len(e.routes)+len(e.exposures))
 	for _, x := range e.routes {
+		xs = append(xs, x)
+	}
+	for _, x := range e.exposures { // unclaimed ones have no route (a claimed one stops twice: once counts)
 		xs = append(xs, x)
 	}
 	e.mu.Unlock()
@@ -521,7 +563,13 @@ func (e *Engine) driverDone(x *xfer) {
 	if e.routes[routeKey{x.peer, x.h.id}] == x {
 		delete(e.routes, routeKey{x.peer, x.h.id})
 	}
+	if x.exposed {
+		x.unexposeLocked() // expose.go
+	}
 	e.mu.Unlock()
+	if x.exposed && x.peer != "" { // claimed: a later claim of it is refused as claimed
+		e.rememberEnded(routeKey{"", x.h.id}, unanswered{code: wire.AbortClaimed, reason: "claimed by another receiver", secret: x.secret, claimed: true})
+	}
 	h := x.h
 	h.mu.Lock()
 	h.exited++

@@ -56,6 +56,26 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	if x == nil {
 		switch m := m.(type) {
 		case *wire.RequestInfo:
+			if xe := e.exposures[m.Request]; xe != nil { // expose.go: a claim
+				ab, ae := e.claimLocked(from, xe, m)
+				e.mu.Unlock()
+				if ae != nil {
+					e.refuseClaim(from, ab, ae)
+				} else if ab != nil {
+					_ = e.tr.SendControl(from, wire.Encode(ab))
+				}
+				return
+			}
+			if u, ended := e.unanswered[routeKey{"", key.id}]; ended && u.secret != nil { // an exposure that ended
+				ab, ae := e.endedClaimLocked(from, m, u)
+				e.mu.Unlock()
+				if ae != nil {
+					e.refuseClaim(from, ab, ae)
+				} else {
+					_ = e.tr.SendControl(from, wire.Encode(ab))
+				}
+				return
+			}
 			if u, gone := e.unanswered[key]; gone {
 				e.mu.Unlock()
 				_ = e.tr.SendControl(from, wire.Encode(&wire.Abort{Header: wire.Header{Sub: m.Sub, Request: m.Request, Nonce: m.Nonce}, Code: u.code, Reason: u.reason}))
@@ -175,6 +195,11 @@ func (e *Engine) heardLocked(peer Peer) {
 // rememberUnanswered records a Send that ended before its request arrived, bounded in count
 // (Config.MaxPending) and age (Config.PendingTTL) like the pending requests.
 func (e *Engine) rememberUnanswered(key routeKey, code wire.AbortCode, cause error) {
+	e.rememberEnded(key, unanswered{code: code, reason: cause.Error()})
+}
+
+// rememberEnded is rememberUnanswered of u, stamped now.
+func (e *Engine) rememberEnded(key routeKey, u unanswered) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if len(e.unanswered) >= e.cfg.MaxPending {
@@ -188,7 +213,8 @@ func (e *Engine) rememberUnanswered(key routeKey, code wire.AbortCode, cause err
 			return
 		}
 	}
-	e.unanswered[key] = unanswered{code: code, reason: cause.Error(), at: time.Now()}
+	u.at = time.Now()
+	e.unanswered[key] = u
 }
 
 // addPendingLocked keeps a request that arrived before its Send, bounded in count and age; a

@@ -66,6 +66,10 @@ var (
 	// the error is an *AuthError. The engine drops the message and counts it; nothing it knows
 	// of the peer changes.
 	ErrUnauthenticated = transport.ErrUnauthenticated
+	// ErrAlreadyClaimed: the Receive claimed an exposure (Engine.Expose) that another
+	// receiver had claimed first; the sender refused it and counted it, and its transfer to
+	// the first receiver goes on.
+	ErrAlreadyClaimed = errors.New("kvxfer: the exposure was claimed by another receiver")
 	// ErrSiblingFailed: another sub-transfer of the same multi-peer request failed, so this
 	// one was stopped.
 	ErrSiblingFailed = errors.New("kvxfer: a sibling sub-transfer failed")

@@ -56,6 +56,8 @@ type Handle struct {
 	// countedPoisoned: the handle is counted in Engine.poisonedForGood, which happens once it
 	// is both settledPoisoned and Quarantined (countPoisonedLocked). h.mu.
 	countedPoisoned bool
+	// unclaimed: an exposure (Expose) no receiver has claimed yet (expose.go).
+	unclaimed atomic.Bool
 
 	done     chan struct{}
 	quiesced chan struct{}
@@ -149,7 +151,7 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 	if cause != nil && (h.err.Load() == nil || ev == EvQuarantine) {
 		h.err.Store(&cause)
 	}
-	h.eng.account(from, r.next, h.queuedAt)
+	h.eng.account(from, r.next, h.queuedAt, h.unclaimed.Load())
 	if r.next == Quarantined {
 		h.eng.holds.hold(h) // its blocks are the transport's until it quiesces
 		h.countPoisonedLocked()

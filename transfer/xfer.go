@@ -43,6 +43,12 @@ type xfer struct {
 	held     []int         // partial Receive: positions of the full block list already held
 	heldOf   int           // partial Receive: length of the full block list
 	secret   []byte        // Spec.Secret: a Send checks claims of it, a Receive proves it (claim.go)
+	// exposed: a Send that named no receiver (Expose): peer is empty until its goroutine
+	// takes claimer, the peer whose request claimed it (expose.go). claimer and unexposed
+	// (no claim taken any more) are e.mu's.
+	exposed   bool
+	claimer   Peer
+	unexposed bool
 	// layersReady is how many leading layers this sub has scattered (Receive).
 	layersReady atomic.Int64
 	// pathShown is the kind of path, for Handle.Path (written by its goroutine through take).

@@ -221,6 +221,8 @@ func peerAbortErr(id RequestID, m *wire.Abort, sender bool) error {
 		}
 	case wire.AbortUnauthenticated:
 		err = fmt.Errorf("%w: %w", ErrUnauthenticated, err)
+	case wire.AbortClaimed:
+		err = fmt.Errorf("%w: %w", ErrAlreadyClaimed, err)
 	}
 	return &RequestError{ID: id, Err: err}
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -18,6 +19,12 @@ import (
 
 func (x *xfer) runSend() {
 	var ri *wire.RequestInfo
+	var unclaimed <-chan time.Time // an exposure's wait for its claim (expose.go)
+	if x.exposed {
+		t := time.NewTimer(x.eng.cfg.ExposureTimeout)
+		defer t.Stop()
+		unclaimed = t.C
+	}
 	for ri == nil {
 		select {
 		case <-x.box.Ready():
@@ -25,7 +32,9 @@ func (x *xfer) runSend() {
 			for i, ev := range evs {
 				switch m := ev.msg.(type) {
 				case *wire.RequestInfo:
-					if x.claimRefused(m) { // claim.go: a forged claim is answered, and the Send waits on
+					if x.exposed {
+						x.takeClaim() // expose.go: the engine checked the claim before it routed it here
+					} else if x.claimRefused(m) { // claim.go: a forged claim is answered, and the Send waits on
 						break
 					}
 					ri, x.backlog = m, evs[i+1:]
@@ -47,28 +56,12 @@ func (x *xfer) runSend() {
 					break
 				}
 			}
+		case <-unclaimed:
+			x.endQueued(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: the exposure was not claimed within %v (Config.ExposureTimeout)",
+				ErrDeadline, x.eng.cfg.ExposureTimeout)})
+			return
 		case <-x.qctx.Done():
-			cause := x.queueErr(context.Cause(x.qctx))
-			x.queuedExit(cause)
-			// A request that arrived as we gave up still gets an answer, so the receiver
-			// does not wait for its deadline.
-			code := wire.AbortInternal
-			if errors.Is(cause, ErrCancelled) {
-				code = wire.AbortCancelled
-			}
-			// Not a lost peer's now: it sends nothing more, and an abort to it would only have
-			// the transport try to reach it (a false alarm's next request is answered).
-			lost := errors.Is(cause, ErrPeerLost)
-			answered := false
-			for _, ev := range x.box.Take(nil) {
-				if m, ok := ev.msg.(*wire.RequestInfo); ok && !answered && !lost {
-					x.wireSub, x.nonce, answered = m.Sub, m.Nonce, true
-					x.sendAbort(code, cause)
-				}
-			}
-			if !answered { // one that arrives later is answered by the engine
-				x.eng.rememberUnanswered(routeKey{x.peer, x.h.id}, code, cause)
-			}
+			x.endQueued(x.queueErr(context.Cause(x.qctx)))
 			return
 		}
 	}
@@ -126,6 +119,43 @@ func (x *xfer) runSend() {
 		if !x.eng.isClosed() {
 			p.endGeneration()
 		}
+	}
+}
+
+// endQueued ends a Send that never got its request, or could not start on it, for cause. A
+// request that arrived as it gave up still gets an answer, so the receiver does not wait for
+// its deadline, and one that arrives later is answered by the engine.
+func (x *xfer) endQueued(cause error) {
+	if x.exposed {
+		x.eng.mu.Lock()
+		x.unexposeLocked() // no claim from here on; one made before is in the mailbox
+		x.eng.mu.Unlock()
+	}
+	x.queuedExit(cause)
+	code := wire.AbortInternal
+	switch {
+	case errors.Is(cause, ErrCancelled):
+		code = wire.AbortCancelled
+	case errors.Is(cause, ErrDeadline):
+		code = wire.AbortDeadline
+	}
+	// Not a lost peer's now: it sends nothing more, and an abort to it would only have the
+	// transport try to reach it (a false alarm's next request is answered by the engine).
+	lost := errors.Is(cause, ErrPeerLost)
+	answered := false
+	for _, ev := range x.box.Take(nil) {
+		if m, ok := ev.msg.(*wire.RequestInfo); ok && !answered && !lost {
+			if x.exposed {
+				x.takeClaim()
+			}
+			x.wireSub, x.nonce, answered = m.Sub, m.Nonce, true
+			x.sendAbort(code, cause)
+		}
+	}
+	if x.exposed { // any later claim of it (expose.go)
+		x.eng.rememberEnded(routeKey{"", x.h.id}, unanswered{code: code, reason: cause.Error(), secret: x.secret, claimed: x.peer != ""})
+	} else if !answered {
+		x.eng.rememberUnanswered(routeKey{x.peer, x.h.id}, code, cause)
 	}
 }
 

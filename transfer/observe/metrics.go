@@ -147,7 +147,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 		}, []string{"reason"}),
 		authRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvxfer_auth_refused_total", ConstLabels: cl,
-			Help: "Hellos, hello challenges and proofs refused because no cluster key of this engine sealed them (Config.ClusterKeys), by message and reason (unsealed, unknown-key, bad-mac).",
+			Help: "Hellos, hello challenges and proofs, ContextParams and claims refused unauthenticated (Config.ClusterKeys; a claim of a request secret), by message and reason (unsealed, unknown-key, bad-mac, claimed: a proven claim of an exposure claimed before).",
 		}, []string{"what", "reason"}),
 		reg: cfg.Registerer, constLabels: cl, maxTracked: cfg.MaxTracked,
 		live: make(map[transfer.RequestID]tracked),

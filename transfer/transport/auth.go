@@ -26,11 +26,15 @@ const (
 	// AuthBadMAC: sealed under a key this engine holds, but the bytes are not what was sealed:
 	// changed on the way, or forged.
 	AuthBadMAC
+	// AuthClaimed: a claim that proved the secret of an exposure another receiver had
+	// claimed first (docs/protocol.md, "Exposure without a named receiver"); the receiver
+	// fails with ErrAlreadyClaimed.
+	AuthClaimed
 	// AuthRefusalCount is the number of reasons, for tables indexed by them.
 	AuthRefusalCount
 )
 
-var authRefusalNames = [AuthRefusalCount]string{"unsealed", "unknown-key", "bad-mac"}
+var authRefusalNames = [AuthRefusalCount]string{"unsealed", "unknown-key", "bad-mac", "claimed"}
 
 // String names the reason as metrics label it.
 func (r AuthRefusal) String() string {

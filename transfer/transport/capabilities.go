@@ -2,6 +2,8 @@
 
 package transport
 
+import "github.com/kvxfer/kvxfer/layout"
+
 // Optional capabilities. The engine asks for each with a type assertion on the Transport it
 // was given (database/sql/driver's style), never with a flag: a transport that lacks one
 // still serves every transfer, on the staging path.
@@ -196,4 +198,23 @@ type LargeSegmentSender interface {
 // the call.
 type PeerCloser interface {
 	ClosePeer(peer Peer)
+}
+
+// Params is a request's description for the receiver that will claim it, as a transport
+// writes it (the UCX transport's *ucx.ContextParams): encoded with MarshalBinary and handed
+// over by the caller's control plane, sealed and checked with the cluster keys.
+type Params interface {
+	MarshalBinary() ([]byte, error)
+	Sign(keys [][]byte) error
+	Verify(keys [][]byte) error
+}
+
+// ParamsIssuer is an optional extension of Transport whose requests are handed over as a
+// blob (the UCX transport): Engine.Expose asks it for the params of a request it exposes
+// without naming its receiver (docs/protocol.md, "Exposure without a named receiver").
+type ParamsIssuer interface {
+	// ExposeParams describes request id over plan (the sender's blocks) with its secret, for
+	// any receiver: the params name this transport as the sender, carry secret and say that
+	// no receiver is named. Nothing is sealed yet.
+	ExposeParams(id RequestID, plan *layout.Plan, secret []byte) (Params, error)
 }

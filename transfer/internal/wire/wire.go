@@ -181,7 +181,8 @@ const (
 	// to a peer whose hello says it takes it, and whose pair speaks wire 4.
 	FeatureGoodbye Feature = 1 << 7
 	// FeatureClaimProof: a request's claim (FlagClaim: the receiver's incarnation and its
-	// proof of the request's secret) and the abort code AbortUnauthenticated.
+	// proof of the request's secret) and the abort codes AbortUnauthenticated and
+	// AbortClaimed.
 	FeatureClaimProof Feature = 1 << 8
 
 	// KnownFeatures are the features this build speaks.
@@ -336,7 +337,10 @@ const (
 	// AbortUnauthenticated: the request's claim did not prove the request's secret; sent only
 	// to a peer with FeatureClaimProof (an older one gets AbortIncompatible).
 	AbortUnauthenticated AbortCode = 7
-	maxAbortCode                   = AbortUnauthenticated
+	// AbortClaimed: the request claimed an exposure (a Send that named no receiver) that
+	// another receiver had claimed first; sent only to a peer with FeatureClaimProof.
+	AbortClaimed AbortCode = 8
+	maxAbortCode           = AbortClaimed
 )
 
 // Abort stops a transfer.

@@ -56,13 +56,14 @@ func (e *StaleIncarnationError) Unwrap() error { return ErrStaleIncarnation }
 //	request u64 | incarnation u64 | layout 12 x i64 | selection 4 x i64
 //	blocks u32 n, n x i32 | address u32 n, n bytes
 //	[secret 16 bytes, when flags has contextParamsFlagSecret]
+//	[nothing: flag contextParamsFlagAnonymous has no section of its own]
 //	[key id 8 bytes | mac 32 bytes, when flags has contextParamsFlagMAC]
 //
 // all little-endian (docs/protocol.md, "ContextParams v3"). The optional sections follow in
 // flag order. Params without them are written as version 2 (flags zero), which a decoder of the
 // previous release reads; a version-3 blob without them, those bytes but for the version
-// field, decodes too. The flags 2 (Exposure) and 4 (Anonymous) are designed, not built:
-// a blob that sets them, or any other unknown flag, is refused. (Version 1 also carried a list
+// field, decodes too. The flag 2 (Exposure) is designed, not built: a blob that sets it,
+// or any other unknown flag, is refused. (Version 1 also carried a list
 // of registered regions that nothing filled; this build refuses it.) Decoding accepts exactly
 // one encoding per value, so a decoded blob re-encodes to the same bytes.
 //
@@ -88,6 +89,9 @@ type ContextParams struct {
 	// random bytes the sender's engine drew for this request. Whoever holds the blob holds the
 	// secret; it never travels on the engines' wire.
 	Secret []byte
+	// Anonymous (flag 4) says the sender named no receiver (transfer.Engine.Expose): the
+	// first receiver that proves Secret claims the request. It needs a Secret.
+	Anonymous bool
 	// Seal is the cluster key's MAC over the blob (section MAC): nil when unsigned. Sign sets
 	// it, Verify checks it; any change to the params after Sign makes Verify refuse them.
 	Seal *ParamsSeal
@@ -114,6 +118,8 @@ const (
 	contextParamsMinVersion = 2
 	// contextParamsFlagSecret announces the Secret section.
 	contextParamsFlagSecret = 1
+	// contextParamsFlagAnonymous announces that the sender named no receiver (Anonymous).
+	contextParamsFlagAnonymous = 4
 	// contextParamsFlagMAC announces the MAC section (Seal).
 	contextParamsFlagMAC = 8
 	// ContextParamsSecretBytes is the size of a per-request secret.
@@ -153,6 +159,8 @@ func (c *ContextParams) Validate() error {
 		return bad("Blocks", "%d blocks, at most %d", len(c.Blocks), contextParamsMaxBlocks)
 	case c.Secret != nil && len(c.Secret) != ContextParamsSecretBytes:
 		return bad("Secret", "%d bytes, want %d or none", len(c.Secret), ContextParamsSecretBytes)
+	case c.Anonymous && c.Secret == nil:
+		return bad("Anonymous", "params that name no receiver need a Secret")
 	}
 	if _, err := c.Plan(); err != nil {
 		return fmt.Errorf("%w: plan: %w", ErrBadMetadata, err)
@@ -181,6 +189,9 @@ func (c *ContextParams) encode(seal *ParamsSeal) ([]byte, error) {
 	var flags uint16
 	if c.Secret != nil {
 		flags |= contextParamsFlagSecret
+	}
+	if c.Anonymous {
+		flags |= contextParamsFlagAnonymous
 	}
 	if seal != nil {
 		flags |= contextParamsFlagMAC
@@ -340,7 +351,7 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	if version < contextParamsMinVersion || version > contextParamsVersion {
 		return nil, fmt.Errorf("%w: version %d, this build reads versions %d to %d", ErrBadMetadata, version, contextParamsMinVersion, contextParamsVersion)
 	}
-	known := uint16(contextParamsFlagSecret | contextParamsFlagMAC)
+	known := uint16(contextParamsFlagSecret | contextParamsFlagAnonymous | contextParamsFlagMAC)
 	if version == 2 {
 		known = 0
 	}
@@ -391,6 +402,7 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	if flags&contextParamsFlagSecret != 0 {
 		c.Secret = append([]byte(nil), r.take(ContextParamsSecretBytes, "secret")...)
 	}
+	c.Anonymous = flags&contextParamsFlagAnonymous != 0
 	if flags&contextParamsFlagMAC != 0 {
 		c.Seal = &ParamsSeal{}
 		copy(c.Seal.KeyID[:], r.take(wire.KeyIDBytes, "key id"))

@@ -15,6 +15,11 @@ import (
 
 func paramsKey(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
 
+func anonymous(c *ContextParams) *ContextParams {
+	c.Anonymous = true
+	return c
+}
+
 func withSecret(c *ContextParams) *ContextParams {
 	c.Secret = bytes.Repeat([]byte{0xa5}, ContextParamsSecretBytes)
 	return c
@@ -42,6 +47,9 @@ func TestContextParams_V3Sections(t *testing.T) {
 		{"a secret", withSecret(llamaParams()), 3, contextParamsFlagSecret, ContextParamsSecretBytes},
 		{"a seal", signed(llamaParams()), 3, contextParamsFlagMAC, contextParamsSealBytes},
 		{"a secret and a seal", signed(withSecret(llamaParams())), 3, contextParamsFlagSecret | contextParamsFlagMAC, ContextParamsSecretBytes + contextParamsSealBytes},
+		{"anonymous: a flag, no section", anonymous(withSecret(llamaParams())), 3, contextParamsFlagSecret | contextParamsFlagAnonymous, ContextParamsSecretBytes},
+		{"anonymous and sealed", signed(anonymous(withSecret(llamaParams()))), 3,
+			contextParamsFlagSecret | contextParamsFlagAnonymous | contextParamsFlagMAC, ContextParamsSecretBytes + contextParamsSealBytes},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			blob, err := tc.in.MarshalBinary()
@@ -49,7 +57,7 @@ func TestContextParams_V3Sections(t *testing.T) {
 			require.Equal(t, tc.version, binary.LittleEndian.Uint16(blob[4:]))
 			require.Equal(t, tc.flags, binary.LittleEndian.Uint16(blob[6:]))
 			bare := *tc.in
-			bare.Secret, bare.Seal = nil, nil
+			bare.Secret, bare.Seal, bare.Anonymous = nil, nil, false
 			plain, err := bare.MarshalBinary()
 			require.NoError(t, err)
 			require.Equal(t, len(plain)+tc.extra, len(blob), "each section its size")
@@ -61,6 +69,25 @@ func TestContextParams_V3Sections(t *testing.T) {
 			require.Equal(t, blob, again, "one encoding per value")
 		})
 	}
+	t.Run("anonymous without a secret", func(t *testing.T) {
+		_, err := anonymous(llamaParams()).MarshalBinary()
+		require.ErrorIs(t, err, ErrBadMetadata, "params anyone could claim")
+		blob, err := withSecret(llamaParams()).MarshalBinary()
+		require.NoError(t, err)
+		// The flag set on a blob without the secret's section: refused as the encoder refuses it.
+		forged := append([]byte(nil), blob[:len(blob)-ContextParamsSecretBytes]...)
+		binary.LittleEndian.PutUint16(forged[6:], contextParamsFlagAnonymous)
+		binary.LittleEndian.PutUint32(forged[8:], uint32(len(forged)))
+		_, err = UnmarshalContextParams(reseal(forged))
+		require.ErrorIs(t, err, ErrBadMetadata)
+	})
+	t.Run("the anonymous flag is sealed", func(t *testing.T) {
+		c := signed(withSecret(llamaParams()))
+		c.Anonymous = true // claimed after signing: whoever proves the secret may pull it
+		var ae *transport.AuthError
+		require.ErrorAs(t, c.Verify([][]byte{key}), &ae)
+		require.Equal(t, transport.AuthBadMAC, ae.Reason)
+	})
 	t.Run("version 3 without sections", func(t *testing.T) {
 		v2, err := llamaParams().MarshalBinary()
 		require.NoError(t, err)

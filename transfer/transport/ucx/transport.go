@@ -201,6 +201,19 @@ func (t *Transport) ContextParams(id transport.RequestID, plan *layout.Plan) *Co
 		Layout: plan.Layout(), Selection: plan.Selection(), Blocks: append([]int32(nil), plan.Blocks()...)}
 }
 
+// ExposeParams implements transport.ParamsIssuer: ContextParams of request id over plan with
+// secret, naming no receiver (Anonymous), for transfer.Engine.Expose.
+func (t *Transport) ExposeParams(id transport.RequestID, plan *layout.Plan, secret []byte) (transport.Params, error) {
+	cp := t.ContextParams(id, plan)
+	cp.Secret, cp.Anonymous = append([]byte(nil), secret...), true
+	if err := cp.Validate(); err != nil {
+		return nil, err
+	}
+	return cp, nil
+}
+
+var _ transport.ParamsIssuer = (*Transport)(nil)
+
 // SenderPeer is the peer a ContextParams came from, as a Transport names it: pass it as
 // transfer.Spec.Peer of the Receive. A sender that restarted has a new worker address, hence a new
 // peer, so nothing meant for its old life reaches the new one.
