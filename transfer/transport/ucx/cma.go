@@ -69,7 +69,9 @@ func (e *CMARangeError) Error() string {
 // Unwrap makes a *CMARangeError a transport.ErrBadRegion, and a transport.ErrProtocol: the
 // range came from the peer, which asked for memory it never registered, and the engine counts
 // such refusals (Health.ProtocolRefusals).
-func (e *CMARangeError) Unwrap() []error { return []error{transport.ErrBadRegion, transport.ErrProtocol} }
+func (e *CMARangeError) Unwrap() []error {
+	return []error{transport.ErrBadRegion, transport.ErrProtocol}
+}
 
 // ucxCMA is the transport's process_vm_readv state; the route decided for a key lives on its
 // lane-0 ucxRemoteKey (cma).
