@@ -15,15 +15,15 @@ var Budgets = map[string]int{
 	"layout":                           84,
 	"layout/layouttest":                7,
 	"native":                           159,
-	"transfer":                         297, // HealthSnapshot.ProtocolRefusals: refused peer input, counted (docs/security.md)
-	"transfer/discovery":               50,
+	"transfer":                         300, // +1 HealthSnapshot.ProtocolRefusals (docs/security.md); +3 Engine.Expose, ErrAlreadyClaimed, Config.ExposureTimeout (docs/protocol.md)
+	"transfer/discovery":               52,  // +2 Hand, Take: the handover of an exposure
 	"transfer/discovery/discoverytest": 8,
 	"transfer/discovery/etcd":          0,
 	"transfer/observe":                 52,
-	"transfer/transport":               127,
+	"transfer/transport":               134, // +7 Params, ParamsIssuer, AuthClaimed and the exposure's transport contract
 	"transfer/transport/mem":           57,
 	"transfer/transport/transporttest": 18,
-	"transfer/transport/ucx":           144,
+	"transfer/transport/ucx":           146, // +2 ContextParams.Anonymous, Transport.ExposeParams
 }
 
 // UserPackages are the packages a prefill/decode program imports (examples/); UserGoal is
