@@ -34,11 +34,12 @@ func TestDeviceRun_FlagValidation(t *testing.T) {
 		args    []string
 		usage   string // the usage error expected; empty: the flags resolve
 		wantMem string
+		staging bool // the run keeps to the staging path (device: the old mode, kernels and device slots)
 	}{
-		{"host memory is the default", nil, "", "host"},
-		{"device memory resolves", []string{"--memory", "device"}, "", "device"},
-		{"an unknown memory is a usage error", []string{"--memory", "gpu"}, `--memory "gpu": choose host or device`, ""},
-		{"device memory always stages", []string{"--memory", "device", "--staging"}, "--memory device always stages", ""},
+		{"host memory is the default", nil, "", "host", false},
+		{"device memory resolves", []string{"--memory", "device"}, "", "device", false},
+		{"an unknown memory is a usage error", []string{"--memory", "gpu"}, `--memory "gpu": choose host or device`, "", false},
+		{"device memory with --staging keeps to device staging slots", []string{"--memory", "device", "--staging"}, "", "device", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -52,6 +53,7 @@ func TestDeviceRun_FlagValidation(t *testing.T) {
 			}
 			require.NoError(t, err)
 			require.Equal(t, tc.wantMem, cfg.Memory)
+			require.Equal(t, tc.staging, cfg.Staging)
 		})
 	}
 }

@@ -64,7 +64,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.slotSize, "slot-size", "4MiB", "staging slot size: the largest message on the wire in staging mode")
 	fs.IntVar(&f.pipelineDepth, "pipeline-depth", 4, "staging slots one transfer may hold, so the gather of chunk i+1 overlaps the wire of chunk i and the scatter of chunk i-1 (4: on the pull wire every stage has a slot to spare; docs/benchmarks.md)")
 	fs.StringVar(&f.tls, "tls", "", "UCX_TLS for the engine and the baseline, such as shm,self or tcp (default: $UCX_TLS, else UCX's choice)")
-	fs.StringVar(&f.memory, "memory", "host", "where the KV pools live: host or device")
+	fs.StringVar(&f.memory, "memory", "host", "where the KV pools live: host or device (registered GPU pools, read by gets where UCX can; with --staging, through device staging slots and the CUDA kernels)")
 	fs.StringVar(&f.device, "device", "auto", deviceUsage)
 	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill tensor parallelism: 2 runs two prefill processes, each holding half the heads, feeding one decode process (TP=1)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "how long to wait for the peer to connect or answer")
@@ -96,10 +96,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	}
 	switch f.memory {
 	case "host":
-	case "device":
-		if f.staging {
-			return bench.RunConfig{}, usagef("--memory device always stages (in GPU memory); drop --staging")
-		}
+	case "device": // registered device pools by gets; --staging keeps to device slots and kernels
 	default:
 		return bench.RunConfig{}, usagef("--memory %q: choose host or device", f.memory)
 	}

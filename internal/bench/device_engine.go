@@ -2,9 +2,11 @@
 
 //go:build cgo
 
-// --memory device for run: both ends keep their KV pools in GPU memory and move them through a
-// ucx.DeviceTransport (staging slots in GPU memory, gathered and scattered by the CUDA
-// kernels, sent by UCX straight from device memory). The scenario driver is the host one: it
+// --memory device for run: both ends keep their KV pools in GPU memory, registered with a
+// ucx.DeviceTransport, and hand them to the engine as a serving process does (Spec.Device):
+// the engine reads them by gets, GPU to GPU (the rma route), and falls back to staging slots in
+// GPU memory, gathered and scattered by the CUDA kernels (the Spec's Mover), where gets cannot
+// run; --staging keeps every transfer on the staging route. The scenario driver is the host one: it
 // fills, scrubs and checks a host mirror of each pool, which this side pushes to and pulls
 // from the GPU between rounds (poolMirror).
 
@@ -67,7 +69,7 @@ type deviceEngineSide struct {
 	rt *cuda.Runtime
 
 	mu    sync.Mutex
-	pools map[*byte]*cuda.Buffer // host mirror -> device pool
+	pools map[*byte]*cuda.Buffer // host mirror -> device pool, registered with tr (Spec.Device)
 
 	// The checks' GPU side (poolMirror), serialised by mirrorMu.
 	mirrorMu sync.Mutex
@@ -90,8 +92,7 @@ func newDeviceEngineSide(cfg RunConfig, role string, rank int) (engineSide, erro
 	if err != nil {
 		return nil, fmt.Errorf("%s rank %d: %w", role, rank, deviceRunErr("no usable GPU", err))
 	}
-	ec := engineConfig(cfg)
-	ec.DisableDirect = true // the direct path reads host pools in place; device pools stage
+	ec := engineConfig(cfg) // --staging sets DisableDirect: device pools stage, never get
 	tr, err := ucx.NewDevice(ucx.DeviceConfig{Runtime: rt, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes,
 		UCX: ucx.Config{TLS: cfg.TLS}})
 	if err != nil {
@@ -125,18 +126,29 @@ func newDeviceEngineSide(cfg RunConfig, role string, rank int) (engineSide, erro
 		plans: map[*layout.Plan]*cuda.DevicePlan{}}, nil
 }
 
-// NewPool implements engineSide: n bytes of device memory, and the host mirror the scenario
-// works on. Neither may go direct.
+// NewPool implements engineSide: n bytes of device memory registered with the transport (so the
+// peer's gets can read it and ours write it), and the host mirror the scenario works on. The
+// mirror never goes to the engine: transfers name the device pool (Spec.Device).
 func (e *deviceEngineSide) NewPool(n int64) ([]byte, bool, error) {
 	buf, err := e.rt.Alloc(n)
 	if err != nil {
 		return nil, false, fmt.Errorf("device KV pool of %s: %w", humanBytes(n), err)
+	}
+	// The registration lasts until the transport closes (Close closes it before freeing pools).
+	if _, err := e.tr.RegisterDevice(buf.Mem().Addr, n); err != nil {
+		_ = buf.Free()
+		return nil, false, fmt.Errorf("device KV pool of %s: register for gets: %w", humanBytes(n), err)
 	}
 	host := make([]byte, n)
 	e.mu.Lock()
 	e.pools[unsafe.SliceData(host)] = buf
 	e.mu.Unlock()
 	return host, false, nil
+}
+
+// devicePool names the device pool behind a request's host mirror for Spec.Device.
+func devicePool(buf *cuda.Buffer) transfer.DevicePool {
+	return transfer.DevicePool{Addr: buf.Mem().Addr, Len: buf.Mem().Size}
 }
 
 func (e *deviceEngineSide) device(pool []byte) (*cuda.Buffer, error) {
@@ -239,29 +251,30 @@ const mirrorTimeout = time.Minute
 
 // mover makes request id's DeviceMover over the device pool behind m's host mirror, timed
 // into m's counters as the host mover is.
-func (e *deviceEngineSide) mover(id uint64, m mover) (*ucx.DeviceMover, transfer.Mover, error) {
+// The engine calls it only where the transfer stages (--staging, or a route without gets).
+func (e *deviceEngineSide) mover(id uint64, m mover) (*ucx.DeviceMover, transfer.Mover, transfer.DevicePool, error) {
 	tm, ok := m.(*timedMover)
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: request %d: not a pool of this engine side", ucx.ErrDeviceMemory, id)
+		return nil, nil, transfer.DevicePool{}, fmt.Errorf("%w: request %d: not a pool of this engine side", ucx.ErrDeviceMemory, id)
 	}
 	buf, err := e.device(tm.pool)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, transfer.DevicePool{}, err
 	}
 	dm, err := e.tr.NewMover(transfer.RequestID(id), buf.Mem())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, transfer.DevicePool{}, err
 	}
-	return dm, timedDeviceMover{dm: dm, tm: tm}, nil
+	return dm, timedDeviceMover{dm: dm, tm: tm}, devicePool(buf), nil
 }
 
 // Send implements engineSide.
 func (e *deviceEngineSide) Send(ctx context.Context, id uint64, secret []byte, to peerRef, p *layout.Plan, m mover) (pendingXfer, error) {
-	dm, mv, err := e.mover(id, m)
+	dm, mv, dev, err := e.mover(id, m)
 	if err != nil {
 		return nil, err
 	}
-	h, err := e.eng.Send(ctx, transfer.Spec{ID: transfer.RequestID(id), Secret: secret, Peer: transfer.Peer(to), Plan: p, Mover: mv})
+	h, err := e.eng.Send(ctx, transfer.Spec{ID: transfer.RequestID(id), Secret: secret, Peer: transfer.Peer(to), Plan: p, Device: dev, Mover: mv})
 	if err != nil {
 		_ = dm.Close()
 		return nil, err
@@ -271,11 +284,11 @@ func (e *deviceEngineSide) Send(ctx context.Context, id uint64, secret []byte, t
 
 // Receive implements engineSide.
 func (e *deviceEngineSide) Receive(ctx context.Context, id uint64, secret []byte, subs []recvSub, m mover) (pendingXfer, error) {
-	dm, mv, err := e.mover(id, m)
+	dm, mv, dev, err := e.mover(id, m)
 	if err != nil {
 		return nil, err
 	}
-	spec := transfer.Spec{ID: transfer.RequestID(id), Secret: secret, Mover: mv}
+	spec := transfer.Spec{ID: transfer.RequestID(id), Secret: secret, Device: dev, Mover: mv}
 	if len(subs) == 1 {
 		spec.Peer, spec.Plan = transfer.Peer(subs[0].peer), subs[0].plan
 	} else {
