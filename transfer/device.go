@@ -15,8 +15,10 @@ package transfer
 //     when one is given and the rma route cannot run here.
 //
 // Otherwise the transfer fails with a *DeviceRouteError saying why. Once the rma route is
-// chosen there is no fallback: an offer whose ranges do not line up for gets (a layout
-// conversion) or a sender that declines ends the transfer with that error too.
+// chosen, a sender that declines it (no device gets on its transport, rma off there, an offer
+// it could not make) answers with its decline and both sides stage instead when both specs
+// have a Mover (path_device_stage.go); without one the transfer fails with that error, as it
+// does for an offer whose ranges do not line up for gets (a layout conversion).
 
 import (
 	"errors"
@@ -171,7 +173,7 @@ func (x *xfer) deviceSendRefusal(direct, rma bool) error {
 	case direct && !rma:
 		return &DeviceRouteError{Reason: "the receiver asked for direct messages, which a device pool cannot take (only rma gets)"}
 	case direct:
-		if why := x.deviceRMAWhyNot(); why != "" {
+		if why := x.deviceRMAWhyNot(); why != "" && !(rma && x.hasMover) { // else offerRMA declines; the receiver may stage
 			return &DeviceRouteError{Reason: why}
 		}
 	case !x.hasMover:

@@ -141,6 +141,7 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 		dstOrder             layout.Order
 		dstMover, srcMover   bool
 		disableRMAOnRecv     bool
+		disableRMAOnSend     bool
 		wantPath             Path
 		wantErr              error // both sides fail with it
 	}{
@@ -158,6 +159,13 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 			dstOrder: layout.LayerMajor, wantErr: ErrDeviceRoute},
 		{desc: "receiver asks for staging, device sender without Mover: refused", srcDevice: true, dstDevice: true, srcGets: true,
 			dstMover: true, wantErr: ErrDeviceRoute},
+		// The receiver took the rma route and the sender declined it: both stage instead.
+		{desc: "rma route, the sender has no device gets, Movers given: staging after its decline", srcDevice: true, dstDevice: true,
+			dstGets: true, dstMover: true, srcMover: true, wantPath: PathStaging},
+		{desc: "rma route, rma disabled on the sender, Movers given: staging after its decline", srcDevice: true, dstDevice: true,
+			srcGets: true, dstGets: true, dstMover: true, srcMover: true, disableRMAOnSend: true, wantPath: PathStaging},
+		{desc: "rma route, the sender declines, the receiver has no Mover: refused", srcDevice: true, dstDevice: true,
+			dstGets: true, srcMover: true, wantErr: ErrDeviceRoute},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -167,6 +175,7 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 			}
 			scfg, rcfg := rmaConfig(), rmaConfig()
 			rcfg.DisableRMA = c.disableRMAOnRecv
+			scfg.DisableRMA = c.disableRMAOnSend
 			p, w := newDevicePair(t, scfg, rcfg, c.srcGets, c.dstGets)
 			sspec := Spec{ID: 1, Peer: "decode", Plan: src.plan}
 			rspec := Spec{ID: 1, Peer: "prefill", Plan: dst.plan}

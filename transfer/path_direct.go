@@ -62,7 +62,11 @@ func (x *xfer) startDirectSend(ri *wire.RequestInfo) bool {
 	if offered { // the receiver reads the pool; nothing to post
 		return true
 	}
-	if x.dev.set() { // device.go: a device pool moves only by gets
+	if x.dev.set() && x.hasMover { // path_device_stage.go: the receiver may ask for staging
+		x.take(&deviceDeclined{x: x, decline: decline})
+		return true
+	}
+	if x.dev.set() { // device.go: a device pool without a Mover moves only by gets
 		reason := "this sender could not offer its device pool for gets"
 		if m, err := wire.Decode(decline); err == nil {
 			if o, ok := m.(*wire.RMAOffer); ok {

@@ -127,6 +127,9 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		return // a duplicate, or an answer to a request this transfer gave up
 	}
 	if m.Flags&wire.RMADeclined != 0 {
+		if r.stageInstead("the sender declined rma: " + m.Reason) { // path_device_stage.go
+			return
+		}
 		if r.deviceNoFallback("the sender declined rma: " + m.Reason) {
 			return
 		}
@@ -292,6 +295,8 @@ func (x *xfer) offerRMA(ri *wire.RequestInfo) (offered bool, decline []byte) {
 	s := &rmaSend{x: x}
 	rt := x.rmaTransport()
 	switch {
+	case x.dev.set() && x.deviceRMAWhyNot() != "": // device.go: the receiver stages instead, or refuses
+		reason = "this sender's device pool cannot be read by gets: " + x.deviceRMAWhyNot()
 	case rt == nil:
 		reason = "this sender's engine or transport has no rma mode"
 	case x.stream:

@@ -16,6 +16,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 	"github.com/kvxfer/kvxfer/transfer/transport"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // A device spec on a UCX without CUDA (Debian's 1.13): without a Mover it is refused at Send
@@ -109,4 +110,102 @@ func TestUCXRegion_DeviceRMACallsRefuseHostMemory(t *testing.T) {
 	require.NoError(t, reg.Unregister())
 	require.NoError(t, u.e.Close())
 	require.ErrorIs(t, u.tr.CheckDevice(1<<40, 1<<20), ErrClosed)
+}
+
+// deviceGetsStandIn is a ucx.Transport that claims device gets over one host region, standing
+// in for a CUDA-enabled UCX on a receiver: enough for the receiver to take the rma route and
+// ask for an offer. Its gets are never posted here (the sender declines), and refuse if they are.
+type deviceGetsStandIn struct {
+	*ucx.Transport
+	pool []byte
+}
+
+func (d *deviceGetsStandIn) DeviceGets() bool { return true }
+
+func (d *deviceGetsStandIn) CheckDevice(addr uint64, n int64) error {
+	base := uint64(uintptr(unsafe.Pointer(&d.pool[0])))
+	if addr < base || n <= 0 || addr-base+uint64(n) > uint64(len(d.pool)) {
+		return &RegionError{Op: "check", Addr: addr, Len: n, Reason: "outside the stand-in's pool", Err: ErrBadRegion}
+	}
+	return nil
+}
+
+func (d *deviceGetsStandIn) HoldDevice(addr uint64, n int64) func() {
+	if d.CheckDevice(addr, n) != nil {
+		return nil
+	}
+	return func() {}
+}
+
+func (d *deviceGetsStandIn) RMAKeyAt(addr uint64, n int64) (uint64, []byte, error) {
+	return 0, nil, &RegionError{Op: "key", Addr: addr, Len: n, Reason: "the stand-in offers nothing", Err: ErrBadRegion}
+}
+
+func (d *deviceGetsStandIn) PostGetAt(transport.Peer, transport.Tag, []byte, uint64, uint64, int64, func(transport.Completion)) (transport.OpID, error) {
+	return 0, &RegionError{Op: "get", Reason: "the stand-in does no gets", Err: ErrBadRegion}
+}
+
+// Over real UCX (shm, then TCP): a device receiver takes the rma route and the sender, a UCX
+// without CUDA, declines it; with a Mover on both sides they stage instead and complete, every
+// byte checked; without one on the receiver, both fail with a *DeviceRouteError. The "device"
+// pools are host memory behind HostMover.
+func TestUCXRegion_DeviceRMADeclinedStages(t *testing.T) {
+	for _, tls := range []string{"posix,cma,self", "tcp,self"} {
+		t.Run(tls, func(t *testing.T) {
+			dims := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 2, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 8}
+			dev := ""
+			if tls == "tcp,self" {
+				dev = "lo"
+			}
+			src := newUCXEngine(t, tls, dev, ucxTestConfig())
+			if src.tr.DeviceMemory() {
+				t.Skip("this UCX reaches CUDA memory: the sender would offer; the GPU tests cover it (make gpu-test)")
+			}
+			r := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(2, 4), 0)
+			cfg := ucxTestConfig().withDefaults()
+			cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+			tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
+				StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
+				ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
+			require.NoError(t, err)
+			cfg.StagingMemory = tr.StagingMemory()
+			dst, err := New(&deviceGetsStandIn{Transport: tr, pool: r.mem}, cfg)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = dst.Close() })
+			pretend := func(k *ucxKV) DevicePool {
+				return DevicePool{Addr: uint64(uintptr(unsafe.Pointer(&k.mem[0]))), Len: int64(len(k.mem))}
+			}
+			for i, c := range []struct {
+				desc     string
+				dstMover bool
+			}{{"Movers on both sides: staging", true}, {"no Mover on the receiver: refused", false}} {
+				t.Run(c.desc, func(t *testing.T) {
+					id := RequestID(1700 + i)
+					s := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(0, 4), uint64(3+i))
+					clear(r.mem)
+					rspec := Spec{ID: id, Peer: src.tr.Self(), Plan: r.plan, Device: pretend(r)}
+					if c.dstMover {
+						rspec.Mover = HostMover(r.mem)
+					}
+					hs, err := src.e.Send(bg, Spec{ID: id, Peer: tr.Self(), Plan: s.plan, Device: pretend(s), Mover: HostMover(s.mem)})
+					require.NoError(t, err)
+					hr, err := dst.Receive(bg, rspec)
+					require.NoError(t, err)
+					waitQuiesced(t, hr, 20*time.Second)
+					waitQuiesced(t, hs, 20*time.Second)
+					if !c.dstMover {
+						require.Equal(t, Failed, hr.Status().State)
+						require.Equal(t, Failed, hs.Status().State)
+						require.ErrorIs(t, hr.Status().Err, ErrDeviceRoute)
+						return
+					}
+					require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+					require.Equal(t, Completed, hs.Status().State, "%v", hs.Status().Err)
+					require.Equal(t, PathStaging, hr.Path())
+					require.Equal(t, PathStaging, hs.Path())
+					require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
+				})
+			}
+		})
+	}
 }
