@@ -17,8 +17,10 @@
 #   4. with a GPU: the kernel tests, BenchmarkGPU_Llama3_8B (gather/scatter beside cudaMemcpy
 #      device-to-device), the device transfer tests of native/, transfer/ and
 #      transfer/transport/ucx/, ucx_perftest -t ucp_get -m cuda,cuda, one short kvxbench run
-#      with UCX_PROTO_INFO=y (which transports carry device memory: cuda_ipc or cuda_copy), and
-#      `kvxbench run --memory device`
+#      with UCX_PROTO_INFO=y (which transports carry device memory: cuda_ipc or cuda_copy),
+#      `kvxbench run --memory device` (registered pools as Spec.Device: the rma route a serving
+#      process takes; each row's path says which route ran) and one 4k row of the same run with
+#      --staging (device slots and kernels), for comparison
 #
 # Every step is bounded by `timeout`; a failing step does not stop the others (GPU time is
 # scarce: one run should show everything). The step timeouts add up to at most 8 minutes, which
@@ -44,7 +46,7 @@ declare -A limit=(
 	[pre-kvxbench]=20
 	[gpu-smi]=5 [gpu-cuda-tests]=50 [gpu-cuda-bench]=45 [gpu-native-device]=30
 	[gpu-transfer-device]=45 [gpu-ucx-device]=30 [gpu-ucx-transports]=5 [gpu-perftest-cuda]=30
-	[gpu-devices]=10 [gpu-proto-info]=20 [gpu-run-device]=50
+	[gpu-devices]=10 [gpu-proto-info]=20 [gpu-run-device]=38 [gpu-run-device-staging]=10
 )
 budget=480 grace=2
 total=0
@@ -54,6 +56,23 @@ for s in "${!limit[@]}"; do total=$((total + limit[$s] + grace)); done
 note() { echo "gpu-run: $*" | tee -a "$summary"; }
 # figures LOG PATTERN: copy the figure lines of LOG into the summary, indented.
 figures() { grep -E "$2" "$1" 2>/dev/null | sed 's/^/    /' | tee -a "$summary"; }
+
+# device_rows JSON: one summary line per scenario of a kvxbench --json run, with its path.
+device_rows() {
+python3 - "$1" <<'EOF' 2>&1 | tee -a "$summary"
+import json, sys
+text = open(sys.argv[1]).read()
+try:
+    doc = json.loads(text)
+    results = doc if isinstance(doc, list) else doc.get("results", [doc])
+except ValueError:
+    results = [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
+for r in results:
+    print("    %-28s %6s tokens  %8.2f GB/s  p50 %8.1f us  p99 %8.1f us  baseline %s GB/s  ratio %s  verified %s  path %s" % (
+        r.get("name"), r.get("tokens"), r.get("gbps", 0), r.get("p50_us", 0), r.get("p99_us", 0),
+        r.get("baseline_gbps"), r.get("ratio"), r.get("verified"), r.get("path")))
+EOF
+}
 
 failed=()
 # step NAME CMD...: run CMD bounded by limit[NAME] (then killed), its output in $OUT/NAME.log.
@@ -193,21 +212,13 @@ elif grep cuda_copy "$OUT/gpu-proto-info.log" >/dev/null; then
 else
 	note "UCX_PROTO_INFO named neither cuda_ipc nor cuda_copy (see $OUT/gpu-proto-info.log)"
 fi
-note "kvxbench run --memory device --prompts 1k,4k,16k --concurrency 1 --json (JSON in $OUT/device-run.json):"
+note "kvxbench run --memory device --prompts 1k,4k,16k --concurrency 1 --json (registered pools, Spec.Device: path rma expected; JSON in $OUT/device-run.json):"
 step gpu-run-device bash -c "'$b/bin/kvxbench' run --memory device --prompts 1k,4k,16k --concurrency 1 --json >'$OUT/device-run.json'"
-python3 - "$OUT/device-run.json" <<'EOF' 2>&1 | tee -a "$summary"
-import json, sys
-text = open(sys.argv[1]).read()
-try:
-    doc = json.loads(text)
-    results = doc if isinstance(doc, list) else doc.get("results", [doc])
-except ValueError:
-    results = [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
-for r in results:
-    print("    %-28s %6s tokens  %8.2f GB/s  p50 %8.1f us  p99 %8.1f us  baseline %s GB/s  ratio %s  verified %s  path %s" % (
-        r.get("name"), r.get("tokens"), r.get("gbps", 0), r.get("p50_us", 0), r.get("p99_us", 0),
-        r.get("baseline_gbps"), r.get("ratio"), r.get("verified"), r.get("path")))
-EOF
+device_rows "$OUT/device-run.json"
+note "the same pools on the staging route, for comparison (--staging; JSON in $OUT/device-run-staging.json):"
+step gpu-run-device-staging bash -c "'$b/bin/kvxbench' run --memory device --staging --prompts 4k --concurrency 1 --duration 1s \
+	--baseline=false --json >'$OUT/device-run-staging.json'"
+device_rows "$OUT/device-run-staging.json"
 
 if [ ${#failed[@]} != 0 ]; then
 	note "FAILED: ${failed[*]} (every step ran; logs in $OUT)"

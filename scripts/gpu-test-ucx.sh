@@ -51,5 +51,9 @@ grep -iE 'cuda|rendezvous|eager' "$build/device-proto.log" | sort | uniq | head 
 echo "gpu-test-ucx: $build/kvxbench run --memory device --prompts $prompts --concurrency 1 --json $run_flags"
 # shellcheck disable=SC2086 # run_flags is a list of flags
 "$build/kvxbench" run --memory device --prompts "$prompts" --concurrency 1 --json $run_flags | tee "$build/device-run.json" || rc=1
-echo "gpu-test-ucx: figures in $build/device-run.json (record them in docs/gpu-results.md)"
+echo "gpu-test-ucx: the same pools on the staging route, for comparison (--staging: device slots and kernels)"
+# shellcheck disable=SC2086 # run_flags is a list of flags
+"$build/kvxbench" run --memory device --staging --prompts "$prompts" --concurrency 1 --baseline=false --json $run_flags |
+	tee "$build/device-run-staging.json" || rc=1
+echo "gpu-test-ucx: figures in $build/device-run.json (path rma: registered pools, Spec.Device) and $build/device-run-staging.json (record them in docs/gpu-results.md)"
 [ "$rc" = 0 ] || { echo "gpu-test-ucx: FAILED (see above: the device tests and the run both ran, so one GPU session shows both)"; exit 1; }
