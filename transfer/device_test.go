@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -443,4 +444,34 @@ func TestL2_DeviceBlocksHeldWhileNotQuiescent(t *testing.T) {
 			waitClosed(t, h.Quiesced(), "cancelled")
 		})
 	}
+}
+
+// A device receiver whose sender declined the rma route stages only with a slot free at that
+// moment (the loop never waits on the pool): with every slot of its engine leased elsewhere,
+// both sides fail with a *DeviceRouteError that says so, and nothing is left held.
+func TestDeviceDeclineWithoutAFreeSlotFails(t *testing.T) {
+	src, dst := rmaPools(t, 5)
+	p, _ := newDevicePair(t, rmaConfig(), rmaConfig(), false, true)
+	var held []*buffer.Slot
+	for {
+		s, err := p.dst.pool.TryLease()
+		if err != nil {
+			break
+		}
+		held = append(held, s)
+	}
+	require.NotEmpty(t, held)
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Device: p.srcT.register(src.mem), Mover: HostMover(src.mem)})
+	require.NoError(t, err)
+	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Device: p.dstT.register(dst.mem), Mover: HostMover(dst.mem)})
+	require.NoError(t, err)
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	releaseAll(held)
+	requireState(t, hr, Failed)
+	requireState(t, hs, Failed)
+	var re *DeviceRouteError
+	require.ErrorAs(t, hr.Status().Err, &re)
+	require.Contains(t, re.Reason, "no staging slot was free")
+	require.Zero(t, p.dstT.holds.Load(), "the receiver's registration let go")
 }
