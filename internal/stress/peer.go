@@ -120,6 +120,7 @@ func seededPool(heads, nb int64, seed uint64, blocks []int32) (*layout.Plan, []b
 //	                                          for DrainFor, closes its engine, and prints
 //	peer: TERM <in-flight-at-close>           then POOL as above, and exits 0
 func runPeer(pc peerConfig, stdin io.Reader, stdout io.Writer) error {
+	processStalls() // the wedge check credits the time this process could not run (stall.go)
 	var outMu sync.Mutex
 	say := func(format string, a ...any) {
 		outMu.Lock()
@@ -427,10 +428,10 @@ func seedFill(key [32]byte, pool []byte) {
 func peerAwait(h *transfer.Handle, started time.Time, timeout time.Duration, pc peerConfig, say func(string, ...any)) bool {
 	id := h.ID()
 	doneBy := started.Add(pc.QueueTimeout + timeout + transfer.DefaultCancelGrace + pc.Grace + pc.Stopped)
-	if !waitUntil(h.Done(), doneBy) {
-		say("WEDGED %d no-outcome:%v", id, h.Status().State)
+	if ok, credit := waitCredited(h.Done(), started, doneBy); !ok {
+		say("WEDGED %d no-outcome:%v%s", id, h.Status().State, strings.ReplaceAll(creditNote(credit), " ", "_"))
 	}
-	if !waitUntil(h.Quiesced(), doneBy.Add(pc.QuarantineTimeout+pc.Grace)) {
+	if ok, _ := waitCredited(h.Quiesced(), started, doneBy.Add(pc.QuarantineTimeout+pc.Grace)); !ok {
 		st := h.Status()
 		if st.BlocksPoisoned {
 			// L9 on the one-copy path, as in the in-process soak: an operation on the

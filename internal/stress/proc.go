@@ -97,6 +97,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 			return nil, fmt.Errorf("stress: finding this executable to start peers: %w", err)
 		}
 	}
+	processStalls() // the wedge check credits the time this process could not run (stall.go)
 	goroutinesStart := runtime.NumGoroutine()
 	s := &soak{cfg: cfg, log: cfg.Logger, cancelOutcomes: map[string]int64{}, paths: map[string]int64{}, injected: map[Fault]*atomic.Int64{}}
 	for _, f := range AllFaults {
@@ -141,6 +142,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 		mainFor = max(cfg.Duration-partitionFor, cfg.Duration/2)
 	}
 	ps.signalPhase = mainFor
+	defer s.watchStalls(processStalls())()
 	s.startedAt = time.Now()
 	trafficCtx, stopTraffic := context.WithTimeout(ctx, mainFor)
 	defer stopTraffic()

@@ -103,6 +103,12 @@ type Report struct {
 	// LongestRecoverySeconds is the longest time from a peer being back to every live engine
 	// reporting healthy.
 	LongestRecoverySeconds float64 `json:"longest_recovery_seconds"`
+	// StallSeconds is how long the soak's own process was due to run and did not (every
+	// goroutine late beyond a few milliseconds, summed; stall.go), and LongestStallSeconds
+	// its longest such stall: the wedge check credits a handle with the stalls of its
+	// lifetime. Reported, not bounded: it measures the host, not the engine.
+	StallSeconds        float64 `json:"stall_seconds"`
+	LongestStallSeconds float64 `json:"longest_stall_seconds"`
 	// FaultsInjected counts each fault's injections.
 	FaultsInjected map[Fault]int64 `json:"faults_injected"`
 	// GoroutinesStart and GoroutinesEnd are runtime.NumGoroutine before and after.
@@ -180,6 +186,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	row("seconds unhealthy", fmt.Sprintf("%.1f", r.SecondsUnhealthy))
 	row("longest detect", fmt.Sprintf("%.2fs", r.LongestDetectSeconds))
 	row("longest recovery", fmt.Sprintf("%.2fs", r.LongestRecoverySeconds))
+	row("this process stalled / longest", fmt.Sprintf("%.1fs / %.2fs", r.StallSeconds, r.LongestStallSeconds))
 	for _, f := range AllFaults {
 		if n, ok := r.FaultsInjected[f]; ok {
 			row("  injected "+string(f), n)

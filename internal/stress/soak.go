@@ -79,11 +79,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	processStalls() // the wedge check credits the time this process could not run (stall.go)
 	goroutinesStart := runtime.NumGoroutine()
 	s, err := newSoak(cfg)
 	if err != nil {
 		return nil, err
 	}
+	defer s.watchStalls(processStalls())()
 	s.startedAt = time.Now()
 	trafficCtx, stopTraffic := context.WithTimeout(ctx, cfg.Duration)
 	defer stopTraffic()
@@ -379,6 +381,8 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 	}
 	r.PoisonedSlots, r.LeakedSlots, r.ReusedPoisoned = s.extraPoisoned.Load(), s.extraLeaked.Load(), s.extraReused.Load()
 	r.SilentUnhealthySeconds = time.Duration(s.silentUnhealthy.Load()).Seconds()
+	total, longest, _ := processStalls().figures()
+	r.StallSeconds, r.LongestStallSeconds = total.Seconds(), longest.Seconds()
 	for _, n := range nodes {
 		if n == nil {
 			continue

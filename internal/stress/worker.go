@@ -244,12 +244,12 @@ func (s *soak) request(r *rand.Rand, fill *rand.ChaCha8) {
 func (s *soak) await(id transfer.RequestID, sd *side, timeout time.Duration) {
 	doneBy := sd.started.Add(s.doneBound(timeout))
 	quietBy := sd.started.Add(s.quiesceBound(timeout))
-	if !waitUntil(sd.h.Done(), doneBy) {
+	if ok, credit := waitCredited(sd.h.Done(), sd.started, doneBy); !ok {
 		s.wedged.Add(1)
-		s.addBreach(fmt.Sprintf("request %d: %s wedged: no outcome %v after its start (state %v)",
-			id, sd.name, s.doneBound(timeout), sd.h.Status().State))
+		s.addBreach(fmt.Sprintf("request %d: %s wedged: no outcome %v after its start (state %v)%s",
+			id, sd.name, s.doneBound(timeout)+credit, sd.h.Status().State, creditNote(credit)))
 	}
-	if !waitUntil(sd.h.Quiesced(), quietBy) {
+	if ok, _ := waitCredited(sd.h.Quiesced(), sd.started, quietBy); !ok {
 		if sd.h.Status().BlocksPoisoned {
 			// L9 on the one-copy path: an operation on the caller's own blocks never said
 			// whether it let go, so they are poisoned and the handle never quiesces, by design.

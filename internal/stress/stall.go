@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package stress
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// A stall is time this process's goroutines were due to run and did not: on a host with more
+// runnable threads than cores (the shared CI VM runs at a load of 20 to 30 on 2 cores), the
+// kernel or Go's scheduler can leave every goroutine of the process waiting for a second or
+// more. A transfer cannot end while its engine cannot run (neither its deadline timer nor its
+// observer's queue, which closes Done, gets a core), so the wedge check does not count that
+// time against the transfer: a handle is wedged when it has no outcome within its bound
+// plus the time this process stalled since the handle started (stallMeter.since), and that
+// credit is named in the breach when it was given. A transfer stuck while its process runs
+// gets no credit and is still reported at its bound.
+//
+// stallMeter measures stalls with one goroutine that sleeps stallTick at a time: whatever a
+// wake-up is late beyond stallSlack is a stall, kept (end time and length) in a ring long
+// enough to cover any handle's bounds.
+type stallMeter struct {
+	mu      sync.Mutex
+	ring    [stallRing]stall
+	n       int // stalls recorded, ever
+	total   time.Duration
+	longest time.Duration
+	longAt  time.Time
+	onLong  func(end time.Time, d time.Duration) // hears each stall over stallLong (setOnLong)
+}
+
+type stall struct {
+	end time.Time
+	d   time.Duration
+}
+
+const (
+	stallTick  = 10 * time.Millisecond
+	stallSlack = 5 * time.Millisecond
+	stallRing  = 1 << 14 // at most 100 stalls a second: over 2 minutes, longer than any bound
+	stallLong  = 500 * time.Millisecond
+)
+
+var (
+	stallsOnce sync.Once
+	stalls     *stallMeter
+)
+
+// processStalls is this process's stall meter, started on first use; it runs for the life of
+// the process (one goroutine, one sleep per stallTick).
+func processStalls() *stallMeter {
+	stallsOnce.Do(func() {
+		stalls = &stallMeter{}
+		go stalls.run()
+	})
+	return stalls
+}
+
+func (m *stallMeter) run() {
+	prev := time.Now()
+	for {
+		time.Sleep(stallTick)
+		now := time.Now()
+		if late := now.Sub(prev) - stallTick; late > stallSlack {
+			m.record(now, late)
+		}
+		prev = now
+	}
+}
+
+// record notes a stall of d that ended at end.
+func (m *stallMeter) record(end time.Time, d time.Duration) {
+	m.mu.Lock()
+	m.ring[m.n%stallRing] = stall{end: end, d: d}
+	m.n++
+	m.total += d
+	if d > m.longest {
+		m.longest, m.longAt = d, end
+	}
+	onLong := m.onLong
+	m.mu.Unlock()
+	if d > stallLong && onLong != nil {
+		onLong(end, d)
+	}
+}
+
+// setOnLong has f hear each stall longer than stallLong (the soak logs them, so a breach can
+// be read against them).
+func (m *stallMeter) setOnLong(f func(end time.Time, d time.Duration)) {
+	m.mu.Lock()
+	m.onLong = f
+	m.mu.Unlock()
+}
+
+// since is how long this process stalled after t (the part of a stall that began before t
+// is not counted).
+func (m *stallMeter) since(t time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var sum time.Duration
+	for i := 1; i <= min(m.n, stallRing); i++ {
+		s := m.ring[(m.n-i)%stallRing]
+		if !s.end.After(t) {
+			break // the ring is in end order
+		}
+		sum += min(s.d, s.end.Sub(t))
+	}
+	return sum
+}
+
+// figures returns the total and the longest stall so far, and when the longest ended.
+func (m *stallMeter) figures() (total, longest time.Duration, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.total, m.longest, m.longAt
+}
+
+// waitCredited waits for ch to close until by, then, as long as this process stalled since
+// start by more than the credit given so far, for that much longer (a few rounds at most, each
+// for the stall measured meanwhile). It reports whether ch closed and the credit given.
+func waitCredited(ch <-chan struct{}, start, by time.Time) (bool, time.Duration) {
+	return processStalls().waitCredited(ch, start, by)
+}
+
+func (m *stallMeter) waitCredited(ch <-chan struct{}, start, by time.Time) (bool, time.Duration) {
+	var given time.Duration
+	for range 8 {
+		if waitUntil(ch, by) {
+			return true, given
+		}
+		more := m.since(start) - given
+		if more < stallSlack {
+			return false, given
+		}
+		given += more
+		by = by.Add(more)
+	}
+	return waitUntil(ch, by), given
+}
+
+// creditNote names the stall credit a breach was given, if any.
+func creditNote(credit time.Duration) string {
+	if credit == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%v of it this process stalled)", credit.Round(time.Millisecond))
+}
+
+// watchStalls logs each stall of this process over stallLong while the soak runs, and makes
+// one longer than Grace a breach of its own: no goroutine of the process ran for that long,
+// so the soak cannot tell a host that starved it from a process that froze itself (a call
+// holding every thread), and says which it measured instead of calling the transfers then in
+// flight wedged. It returns the function that stops the watch.
+func (s *soak) watchStalls(m *stallMeter) func() {
+	m.setOnLong(func(end time.Time, d time.Duration) {
+		s.log.Warn("this process stalled", zap.Duration("for", d), zap.Time("until", end))
+		if d > s.cfg.Grace {
+			s.addBreach(fmt.Sprintf("this process stalled %v (until %s): no goroutine of it ran, longer than the grace %v; "+
+				"handles in flight then were credited with it, not called wedged", d.Round(time.Millisecond),
+				end.UTC().Format("15:04:05.000"), s.cfg.Grace))
+		}
+	})
+	return func() { m.setOnLong(nil) }
+}

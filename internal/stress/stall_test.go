@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package stress
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+)
+
+// The wedge check credits a handle with the time its process stalled during the handle's
+// life, and with nothing else: a stall before the start, or none at all, leaves the bound as
+// it was, and a handle that ended is never wedged. Every time here is in the past, so no
+// wait sleeps.
+func TestStallCredit_OnlyTheProcessStallsOfTheHandlesLife(t *testing.T) {
+	now := time.Now()
+	start, by := now.Add(-10*time.Second), now.Add(-5*time.Second)
+	never := make(chan struct{})
+	tests := []struct {
+		desc       string
+		stalls     []stall
+		ch         <-chan struct{}
+		wantOK     bool
+		wantCredit time.Duration
+	}{
+		{desc: "no stall: wedged at its bound", ch: never},
+		{desc: "an outcome: never wedged", ch: closedChan(), wantOK: true},
+		{desc: "a stall before the start: no credit", ch: never,
+			stalls: []stall{{end: start.Add(-time.Second), d: 3 * time.Second}}},
+		{desc: "stalls in its life: credited, still wedged past them", ch: never,
+			stalls:     []stall{{end: start.Add(2 * time.Second), d: time.Second}, {end: now.Add(-time.Second), d: 2 * time.Second}},
+			wantCredit: 3 * time.Second},
+		{desc: "a stall across the start: only its part after the start", ch: never,
+			stalls:     []stall{{end: start.Add(time.Second), d: 4 * time.Second}},
+			wantCredit: time.Second},
+		{desc: "a stall shorter than the slack: no credit", ch: never,
+			stalls: []stall{{end: now.Add(-time.Second), d: stallSlack / 2}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			m := &stallMeter{}
+			for _, s := range tc.stalls {
+				m.record(s.end, s.d)
+			}
+			ok, credit := m.waitCredited(tc.ch, start, by)
+			require.Equal(t, tc.wantOK, ok)
+			require.Equal(t, tc.wantCredit, credit)
+		})
+	}
+}
+
+// The ring keeps the newest stalls: once it wrapped, since still sums only those after t.
+func TestStallMeter_SinceAfterTheRingWrapped(t *testing.T) {
+	m := &stallMeter{}
+	t0 := time.Now().Add(-time.Hour)
+	for i := range stallRing + 10 {
+		m.record(t0.Add(time.Duration(i)*time.Millisecond), 10*time.Microsecond)
+	}
+	require.Equal(t, 5*10*time.Microsecond, m.since(t0.Add(time.Duration(stallRing+4)*time.Millisecond)))
+	total, longest, _ := m.figures()
+	require.Equal(t, time.Duration(stallRing+10)*10*time.Microsecond, total)
+	require.Equal(t, 10*time.Microsecond, longest)
+}
+
+// A stall of the soak's own process longer than the grace is a breach that says so (the
+// transfers then in flight are credited with it, not called wedged); a shorter one is not.
+func TestStallLongerThanTheGraceIsABreachOfItsOwn(t *testing.T) {
+	tests := []struct {
+		desc   string
+		d      time.Duration
+		breach bool
+	}{
+		{desc: "shorter than the grace", d: 1500 * time.Millisecond},
+		{desc: "longer than the grace", d: 2500 * time.Millisecond, breach: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			s := &soak{cfg: Config{Grace: 2 * time.Second}, log: zap.NewNop()}
+			m := &stallMeter{}
+			stop := s.watchStalls(m)
+			m.record(time.Now(), tc.d)
+			stop()
+			m.record(time.Now(), time.Hour) // after the watch: heard by no one
+			if tc.breach {
+				require.Len(t, s.breach, 1)
+				require.Contains(t, s.breach[0], "this process stalled 2.5s")
+			} else {
+				require.Empty(t, s.breach)
+			}
+		})
+	}
+}
