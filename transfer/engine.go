@@ -509,6 +509,7 @@ func (e *Engine) Close() error {
 	}
 	e.mu.Unlock()
 
+	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CloseTimeout)
 	defer cancel()
 	for _, x := range xs {
@@ -532,14 +533,18 @@ func (e *Engine) Close() error {
 	} else if err := e.tr.Close(true); err != nil {
 		trErr = fmt.Errorf("kvxfer: closing the transport: %w", err)
 	}
+	trClosed := time.Since(t0)
 	close(e.closing)
 	err := e.waitDrivers(ctx)
 	e.pool.Close()
 	if e.oq != nil && err == nil {
 		// Within what is left of CloseTimeout; an observer slower than that hears the rest
-		// after Close returns.
+		// after Close returns. The error says how much of the bound the steps before took.
+		ended := time.Since(t0)
 		if werr := e.oq.wait(ctx); werr != nil {
-			err = fmt.Errorf("kvxfer: the observer had not heard every event within CloseTimeout: %w", werr)
+			err = fmt.Errorf("kvxfer: the observer had not heard every event within CloseTimeout %v "+
+				"(the transport closed %v in, the transfers ended %v in): %w",
+				e.cfg.CloseTimeout, trClosed.Round(time.Millisecond), ended.Round(time.Millisecond), werr)
 		}
 	}
 	return errors.Join(copiesErr, err, trErr)
