@@ -64,20 +64,23 @@ func TestStallMeter_SinceAfterTheRingWrapped(t *testing.T) {
 	require.Equal(t, 10*time.Microsecond, longest)
 }
 
-// A stall of the soak's own process longer than the grace is a breach that says so (the
-// transfers then in flight are credited with it, not called wedged); a shorter one is not.
-func TestStallLongerThanTheGraceIsABreachOfItsOwn(t *testing.T) {
+// A stall of the soak's own process longer than a transfer's outcome bound is a breach that
+// says so (the transfers then in flight are credited with it, not called wedged); a shorter
+// one, however long past the grace, is the host's and is not.
+func TestStallLongerThanAnOutcomeBoundIsABreachOfItsOwn(t *testing.T) {
+	cfg := Config{TransferTimeout: 3 * time.Second, QueueTimeout: 3 * time.Second, Grace: 2 * time.Second}
+	bound := (&soak{cfg: cfg}).doneBound(cfg.TransferTimeout)
 	tests := []struct {
 		desc   string
 		d      time.Duration
 		breach bool
 	}{
-		{desc: "shorter than the grace", d: 1500 * time.Millisecond},
-		{desc: "longer than the grace", d: 2500 * time.Millisecond, breach: true},
+		{desc: "past the grace, within the bound", d: 5 * time.Second},
+		{desc: "past the bound", d: bound + time.Second, breach: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.desc, func(t *testing.T) {
-			s := &soak{cfg: Config{Grace: 2 * time.Second}, log: zap.NewNop()}
+			s := &soak{cfg: cfg, log: zap.NewNop()}
 			m := &stallMeter{}
 			stop := s.watchStalls(m)
 			m.record(time.Now(), tc.d)
@@ -85,7 +88,7 @@ func TestStallLongerThanTheGraceIsABreachOfItsOwn(t *testing.T) {
 			m.record(time.Now(), time.Hour) // after the watch: heard by no one
 			if tc.breach {
 				require.Len(t, s.breach, 1)
-				require.Contains(t, s.breach[0], "this process stalled 2.5s")
+				require.Contains(t, s.breach[0], "this process stalled 9.1s")
 			} else {
 				require.Empty(t, s.breach)
 			}
