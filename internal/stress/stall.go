@@ -5,6 +5,7 @@ package stress
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -31,6 +32,9 @@ type stallMeter struct {
 	longest time.Duration
 	longAt  time.Time
 	onLong  func(end time.Time, d time.Duration) // hears each stall over stallLong (setOnLong)
+	// last is when the meter last woke (unix nanoseconds; 0 before its first): a checker that
+	// wakes from a stall before the meter does counts the stall still in progress from it.
+	last atomic.Int64
 }
 
 type stall struct {
@@ -62,12 +66,14 @@ func processStalls() *stallMeter {
 
 func (m *stallMeter) run() {
 	prev := time.Now()
+	m.last.Store(prev.UnixNano())
 	for {
 		time.Sleep(stallTick)
 		now := time.Now()
 		if late := now.Sub(prev) - stallTick; late > stallSlack {
 			m.record(now, late)
 		}
+		m.last.Store(now.UnixNano())
 		prev = now
 	}
 }
@@ -97,11 +103,23 @@ func (m *stallMeter) setOnLong(f func(end time.Time, d time.Duration)) {
 }
 
 // since is how long this process stalled after t (the part of a stall that began before t
-// is not counted).
+// is not counted), the stall still in progress included: when the process resumes, its
+// goroutines wake in any order, and a checker that runs before the meter has recorded the
+// stall it just came out of must count it too.
 func (m *stallMeter) since(t time.Time) time.Duration {
+	return m.sinceAt(t, time.Now())
+}
+
+func (m *stallMeter) sinceAt(t, now time.Time) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var sum time.Duration
+	if l := m.last.Load(); l != 0 {
+		last := time.Unix(0, l)
+		if ongoing := now.Sub(last) - stallTick; ongoing > stallSlack {
+			sum += min(ongoing, now.Sub(t))
+		}
+	}
 	for i := 1; i <= min(m.n, stallRing); i++ {
 		s := m.ring[(m.n-i)%stallRing]
 		if !s.end.After(t) {

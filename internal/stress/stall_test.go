@@ -51,6 +51,31 @@ func TestStallCredit_OnlyTheProcessStallsOfTheHandlesLife(t *testing.T) {
 	}
 }
 
+// A checker that wakes from a stall before the meter does (goroutines resume in any order)
+// still counts it: the time since the meter last woke, beyond its tick, is a stall in progress.
+// A meter that woke just now adds nothing.
+func TestStallMeter_CountsTheStallStillInProgress(t *testing.T) {
+	now := time.Now()
+	start := now.Add(-10 * time.Second)
+	tests := []struct {
+		desc    string
+		lastAgo time.Duration
+		want    time.Duration
+	}{
+		{desc: "the meter woke a tick ago: nothing in progress", lastAgo: stallTick},
+		{desc: "the meter last woke 3s ago", lastAgo: 3 * time.Second, want: 3*time.Second - stallTick},
+		{desc: "in progress since before the start: only its part after it", lastAgo: time.Minute, want: 10 * time.Second},
+	}
+	for _, tc := range tests {
+		t.Run(tc.desc, func(t *testing.T) {
+			m := &stallMeter{}
+			m.record(now.Add(-5*time.Second), time.Second) // one stall recorded, in the handle's life
+			m.last.Store(now.Add(-tc.lastAgo).UnixNano())
+			require.Equal(t, time.Second+tc.want, m.sinceAt(start, now))
+		})
+	}
+}
+
 // The ring keeps the newest stalls: once it wrapped, since still sums only those after t.
 func TestStallMeter_SinceAfterTheRingWrapped(t *testing.T) {
 	m := &stallMeter{}
