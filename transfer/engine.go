@@ -520,6 +520,7 @@ func (e *Engine) Close() error {
 	_ = e.waitDrivers(graceCtx)
 	graceCancel()
 	e.sayGoodbye(true) // goodbye.go: before the endpoints close
+	saidGoodbye := time.Since(t0)
 	// The transport's close may unmap memory the mover workers copy into or out of (its
 	// staging slots, pools it allocated, a peer's slots mapped here): copies not begun are
 	// refused from here on, and the transport closes only once those running have returned.
@@ -543,8 +544,9 @@ func (e *Engine) Close() error {
 		ended := time.Since(t0)
 		if werr := e.oq.wait(ctx); werr != nil {
 			err = fmt.Errorf("kvxfer: the observer had not heard every event within CloseTimeout %v "+
-				"(the transport closed %v in, the transfers ended %v in): %w",
-				e.cfg.CloseTimeout, trClosed.Round(time.Millisecond), ended.Round(time.Millisecond), werr)
+				"(the goodbye was said %v in, the transport closed %v in, the transfers ended %v in): %w",
+				e.cfg.CloseTimeout, saidGoodbye.Round(time.Millisecond), trClosed.Round(time.Millisecond),
+				ended.Round(time.Millisecond), werr)
 		}
 	}
 	return errors.Join(copiesErr, err, trErr)
