@@ -105,14 +105,6 @@ func (r *rmaReceive) stageInstead(why string) bool {
 		x.recvSeen = make([]bool, x.nChunks)
 	}
 	slots := x.extraSlots(first)
-	for i, s := range slots {
-		if !x.path.post(s) {
-			releaseAll(slots[i+1:]) // never posted
-			break
-		}
-	}
-	if !x.aborting { // a failed post has already told the peer to stop
-		x.sendRequestInfo()
-	}
+	x.postAndAsk(slots)
 	return true
 }

@@ -73,15 +73,7 @@ func (x *xfer) runReceiveStaging() {
 		x.runReceivePull(slots) // path_pull.go
 		return
 	}
-	for i, s := range slots {
-		if !x.path.post(s) {
-			releaseAll(slots[i+1:]) // never posted
-			break
-		}
-	}
-	if !x.aborting { // a failed post has already told the peer to stop
-		x.sendRequestInfo()
-	}
+	x.postAndAsk(slots)
 	x.loop()
 }
 
@@ -331,4 +323,18 @@ func (x *xfer) trackStaging(rec *opRec, id transport.OpID) {
 		x.ops = append(x.ops, rec)
 	}
 	x.outstanding++
+}
+
+// postAndAsk posts a staging receive into each of slots, releasing those after a failed post,
+// then asks the sender for the transfer, unless the failed post already told it to stop.
+func (x *xfer) postAndAsk(slots []*buffer.Slot) {
+	for i, s := range slots {
+		if !x.path.post(s) {
+			releaseAll(slots[i+1:]) // never posted
+			break
+		}
+	}
+	if !x.aborting { // a failed post has already told the peer to stop
+		x.sendRequestInfo()
+	}
 }
