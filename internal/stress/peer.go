@@ -120,7 +120,7 @@ func seededPool(heads, nb int64, seed uint64, blocks []int32) (*layout.Plan, []b
 //	                                          for DrainFor, closes its engine, and prints
 //	peer: TERM <in-flight-at-close>           then POOL as above, and exits 0
 func runPeer(pc peerConfig, stdin io.Reader, stdout io.Writer) error {
-	processStalls() // the wedge check credits the time this process could not run (stall.go)
+	defer useStalls()() // the wedge check credits the time this process could not run (stall.go)
 	var outMu sync.Mutex
 	say := func(format string, a ...any) {
 		outMu.Lock()

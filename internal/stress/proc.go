@@ -97,7 +97,7 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 			return nil, fmt.Errorf("stress: finding this executable to start peers: %w", err)
 		}
 	}
-	processStalls() // the wedge check credits the time this process could not run (stall.go)
+	defer useStalls()() // the wedge check credits the time this process could not run (stall.go)
 	goroutinesStart := runtime.NumGoroutine()
 	s := &soak{cfg: cfg, log: cfg.Logger, cancelOutcomes: map[string]int64{}, paths: map[string]int64{}, injected: map[Fault]*atomic.Int64{}}
 	for _, f := range AllFaults {

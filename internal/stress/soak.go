@@ -79,7 +79,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	processStalls() // the wedge check credits the time this process could not run (stall.go)
+	defer useStalls()() // the wedge check credits the time this process could not run (stall.go)
 	goroutinesStart := runtime.NumGoroutine()
 	s, err := newSoak(cfg)
 	if err != nil {

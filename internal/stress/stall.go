@@ -50,25 +50,55 @@ const (
 )
 
 var (
-	stallsOnce sync.Once
-	stalls     *stallMeter
+	stalls = &stallMeter{}
+
+	stallsMu    sync.Mutex
+	stallsUsers int
+	stallsStop  chan struct{}
+	stallsDone  chan struct{}
 )
 
-// processStalls is this process's stall meter, started on first use; it runs for the life of
-// the process (one goroutine, one sleep per stallTick).
-func processStalls() *stallMeter {
-	stallsOnce.Do(func() {
-		stalls = &stallMeter{}
-		go stalls.run()
-	})
-	return stalls
+// processStalls is this process's stall meter. It measures while a run holds it (useStalls);
+// between runs it keeps its figures and counts nothing in progress.
+func processStalls() *stallMeter { return stalls }
+
+// useStalls has the meter run until the returned release is called; the meter runs while
+// anyone holds it (one goroutine, one sleep per stallTick), and stops with the last release,
+// so a run leaves no goroutine behind.
+func useStalls() (release func()) {
+	stallsMu.Lock()
+	defer stallsMu.Unlock()
+	if stallsUsers == 0 {
+		stallsStop, stallsDone = make(chan struct{}), make(chan struct{})
+		go stalls.run(stallsStop, stallsDone)
+	}
+	stallsUsers++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			stallsMu.Lock()
+			defer stallsMu.Unlock()
+			if stallsUsers--; stallsUsers == 0 {
+				close(stallsStop)
+				<-stallsDone
+			}
+		})
+	}
 }
 
-func (m *stallMeter) run() {
+func (m *stallMeter) run(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	defer m.last.Store(0) // stopped: no stall is in progress
 	prev := time.Now()
 	m.last.Store(prev.UnixNano())
+	t := time.NewTicker(stallTick)
+	defer t.Stop()
 	for {
-		time.Sleep(stallTick)
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
 		now := time.Now()
 		if late := now.Sub(prev) - stallTick; late > stallSlack {
 			m.record(now, late)
