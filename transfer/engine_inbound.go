@@ -177,8 +177,11 @@ func (in inbound) OnPeerLost(peer Peer, err error) {
 	if !told {
 		notifyPeerLost(e.obs, peer, err)
 	}
+	if !errors.Is(err, ErrPeerLost) {
+		err = fmt.Errorf("%w: %w", ErrPeerLost, err)
+	}
 	for _, x := range xs {
-		lost := fmt.Errorf("%w: %s: %w", ErrPeerLost, peer, err)
+		lost := peerLost(peer, err)
 		x.box.Push(event{lost: lost})
 		x.lostQueued(lost) // a transfer still queued waits no longer (L11)
 	}

@@ -155,8 +155,9 @@ const ClusterKeyBytes = wire.ClusterKeyBytes
 type AuthError = transport.AuthError
 
 // PeerLostError says that the transport reported Peer lost, when, and why. A Send or Receive
-// with a peer the engine remembers lost (Config.LostPeerTTL) fails at once with it; it matches
-// ErrPeerLost.
+// with a peer the engine remembers lost (Config.LostPeerTTL) fails at once with it, and so does
+// every transfer the loss ends (however the transport reported it: a failed operation, or the
+// loss itself); it matches ErrPeerLost.
 type PeerLostError struct {
 	Peer  Peer
 	Since time.Time // when the transport reported it
@@ -169,3 +170,13 @@ func (e *PeerLostError) Error() string {
 
 // Unwrap matches ErrPeerLost and the transport's report.
 func (e *PeerLostError) Unwrap() []error { return []error{ErrPeerLost, e.Err} }
+
+// peerLost returns cause as a *PeerLostError naming peer when it says the transport lost the
+// peer and is not one yet, so a caller's errors.As names the peer whichever way the loss came.
+func peerLost(peer Peer, cause error) error {
+	var pl *PeerLostError
+	if peer == "" || !errors.Is(cause, ErrPeerLost) || errors.As(cause, &pl) {
+		return cause
+	}
+	return &PeerLostError{Peer: peer, Since: time.Now(), Err: cause}
+}

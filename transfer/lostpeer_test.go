@@ -18,7 +18,8 @@ import (
 )
 
 // L11 for a peer already gone: a Receive from a peer the transport reported lost fails at once
-// with a *PeerLostError naming it (matching ErrPeerLost), and nothing is sent to it (no hello,
+// with a *PeerLostError naming it (matching ErrPeerLost), as one already waiting when the loss
+// comes does (within a second of the report), and nothing is sent to it (no hello,
 // no request: over UCX each would retry a connection to an address nobody answers), instead of
 // waiting out QueueTimeout (a Send: TestL11_ASendToALostPeerFailsAtOnceOnEveryPath). The
 // engine forgets the loss when the peer speaks again (a false alarm) or after LostPeerTTL, and
@@ -30,12 +31,20 @@ func TestL11_ARequestToALostPeerFailsAtOnce(t *testing.T) {
 		// and the peer's name.
 		lose    func(p *pair) (*Engine, Peer)
 		request func(p *pair, src, dst *kvPool) (*Handle, error)
+		// waiting: the request is made first, and waits (for a Send the sender never makes)
+		// when the loss comes.
+		waiting bool
 	}{
 		{"a Receive from a sender that died",
 			func(p *pair) (*Engine, Peer) { p.net.LosePeer("prefill"); return p.dst, "prefill" },
 			func(p *pair, _, dst *kvPool) (*Handle, error) {
 				return p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
-			}},
+			}, false},
+		{"a Receive waiting when its sender dies",
+			func(p *pair) (*Engine, Peer) { p.net.LosePeer("prefill"); return p.dst, "prefill" },
+			func(p *pair, _, dst *kvPool) (*Handle, error) {
+				return p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+			}, true},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -43,6 +52,13 @@ func TestL11_ARequestToALostPeerFailsAtOnce(t *testing.T) {
 			cfg.QueueTimeout = 30 * time.Second
 			p := newPair(t, cfg, cfg)
 			src, dst := pools(t, 1)
+			var h *Handle
+			if c.waiting {
+				var err error
+				h, err = c.request(p, src, dst)
+				require.NoError(t, err)
+				eventually(t, func() bool { return h.Status().State != Queued }, "the request sent")
+			}
 			e, peer := c.lose(p)
 			eventually(t, func() bool { return e.PeerLost(peer) != nil }, "the loss reported")
 			var toPeer atomic.Int64
@@ -53,14 +69,17 @@ func TestL11_ARequestToALostPeerFailsAtOnce(t *testing.T) {
 				return mem.Fault{}
 			})
 			start := time.Now()
-			h, err := c.request(p, src, dst)
-			require.NoError(t, err)
+			if !c.waiting {
+				var err error
+				h, err = c.request(p, src, dst)
+				require.NoError(t, err)
+			}
 			select {
 			case <-h.Done():
 			case <-time.After(time.Second):
 				t.Fatalf("not done %v after a request to a lost peer (QueueTimeout %v): %+v", time.Since(start), cfg.QueueTimeout, h.Status())
 			}
-			t.Logf("failed %v after the request", time.Since(start))
+			t.Logf("failed %v after the request: %v", time.Since(start), h.Status().Err)
 			st := h.Status()
 			require.Equal(t, Failed, st.State, "%v", st.Err)
 			require.ErrorIs(t, st.Err, ErrPeerLost)
@@ -161,8 +180,8 @@ func TestLostPeersAreForgottenAndBounded(t *testing.T) {
 // peer waits more than a second. A Send to a peer the transport already reported lost fails
 // at once, and one already queued when the loss is reported (waiting for its receiver's
 // request, for one of MaxConcurrent, or for a staging slot) fails when it is, each with an
-// error matching ErrPeerLost that names the peer, instead of waiting out QueueTimeout (30 s
-// here). It loses nothing: Done and Quiesced close, no slot or block is poisoned, nothing is
+// error matching ErrPeerLost, a *PeerLostError naming the peer, instead of waiting out
+// QueueTimeout (30 s here). It loses nothing: Done and Quiesced close, no slot or block is poisoned, nothing is
 // quarantined, and the failure counts for Health as a queued one does.
 func TestL11_ASendToALostPeerFailsAtOnceOnEveryPath(t *testing.T) {
 	const bound = time.Second
@@ -247,11 +266,9 @@ func TestL11_ASendToALostPeerFailsAtOnceOnEveryPath(t *testing.T) {
 				require.Equal(t, Failed, st.State, "%v", st.Err)
 				require.ErrorIs(t, st.Err, ErrPeerLost)
 				require.Contains(t, st.Err.Error(), "decode")
-				if c.before {
-					var pl *PeerLostError
-					require.True(t, errors.As(st.Err, &pl), "%v", st.Err)
-					require.Equal(t, Peer("decode"), pl.Peer)
-				}
+				var pl *PeerLostError // whether the loss came before the Send or while it waited
+				require.True(t, errors.As(st.Err, &pl), "%v", st.Err)
+				require.Equal(t, Peer("decode"), pl.Peer)
 				waitClosed(t, hs.Quiesced(), "the Send quiesced")
 				waitClosed(t, hr.Quiesced(), "the Receive quiesced")
 				require.False(t, st.BlocksPoisoned)

@@ -71,7 +71,7 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 	if x.aborting || x.ended {
 		return
 	}
-	x.aborting, x.cause = true, cause
+	x.aborting, x.cause = true, peerLost(x.peer, cause) // a failed operation's loss names the peer too
 	if errors.Is(cause, ErrProtocol) { // the peer's input, refused (docs/security.md)
 		x.eng.refused.Add(1)
 	}
