@@ -47,7 +47,7 @@ type worker struct {
 func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	tr := must(ucx.New(ucx.Config{KeepaliveInterval: 100 * time.Millisecond})) // how soon a dead peer is seen
+	tr := must(ucx.New(ucx.Config{TLS: "posix,cma,self", KeepaliveInterval: 100 * time.Millisecond})) // shared memory; a dead peer seen soon
 	w := &worker{free: make(chan int32, numBlocks), pool: must(syscall.Mmap(-1, 0, numBlocks*blockBytes,
 		syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE))}
 	must(tr.RegisterHost(w.pool)) // once: blocks then move straight between the two pools
