@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-//go:build cgo
+//go:build cgo && linux
 
 // Command pair: a prefill and a decode worker in two processes over UCX, each with its own KV
 // pool mapped and registered. The decode serves the registry, /livez, /readyz and /metrics and

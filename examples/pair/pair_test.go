@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-//go:build cgo
+//go:build cgo && linux
 
 package main
 
