@@ -54,13 +54,13 @@ func main() {
 	for b := range int32(numBlocks) {
 		w.free <- b
 	}
-	metrics := prometheus.NewRegistry()
-	w.eng = must(transfer.New(tr, transfer.Config{Observer: must(observe.NewMetrics(observe.MetricsConfig{Registerer: metrics}))}))
+	w.eng = must(transfer.New(tr, transfer.Config{Observer: must(observe.NewMetrics(observe.MetricsConfig{Registerer: prometheus.DefaultRegisterer}))}))
+	defer w.eng.Close()
 	if len(os.Args) > 1 { // the registry's URL: this process is the prefill
 		w.prefill(ctx, os.Args[1])
 	}
 	ln := must(net.Listen("tcp", "127.0.0.1:0"))
-	go http.Serve(ln, must(observe.Handler(observe.HandlerConfig{Health: w.eng, Gatherer: metrics, Registry: discovery.Handler()})))
+	go http.Serve(ln, must(observe.Handler(observe.HandlerConfig{Health: w.eng, Gatherer: prometheus.DefaultGatherer, Registry: discovery.Handler()})))
 	w.decode(ctx, "http://"+ln.Addr().String())
 }
 
