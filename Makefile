@@ -9,7 +9,7 @@
 # The targets live by subject in mk/, each fragment's recipes in scripts/ when longer than a
 # few lines:
 #
-#   mk/go.mk     go-tidy go-vet go-imports go-test go-fuzz; the example: serving-test disagg disagg-ucx
+#   mk/go.mk     go-tidy go-vet go-imports go-test go-fuzz; the examples: serving-test pair disagg disagg-ucx
 #   mk/c.mk      c-test (the C tests under ASan/UBSan)
 #   mk/cuda.mk   cuda-check cuda-lib cuda-vet; the GPU CI job: gpu-test gpu-test-ucx
 #   mk/ucx.mk    ucx-info ucx-cuda-check (kvxfer against the CUDA-enabled UCX 1.22)

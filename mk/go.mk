@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Go: tidiness, vet, the tests under -race, the fuzz targets, and the disagg example.
 # go-test first builds libkvxcuda.so (mk/cuda.mk), whose loading the cuda tests check.
-.PHONY: go-tidy go-vet go-imports api-surface go-test go-fuzz fuzz-ucx-address fuzz-ucx-rkey serving-test disagg disagg-ucx
+.PHONY: go-tidy go-vet go-imports api-surface go-test go-fuzz fuzz-ucx-address fuzz-ucx-rkey serving-test pair disagg disagg-ucx
 
 # Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName: the layout plans,
 # the wire decoder and ContextParams, kvxfer's own parsers, and a peer's remote key (refused by
@@ -53,10 +53,13 @@ fuzz-ucx-address: ## Fuzz native.CheckAddress against this host's UCX for FUZZ_A
 fuzz-ucx-rkey: ## Fuzz native.CheckRemoteKey against this host's UCX for FUZZ_RKEY_TIME (default 5m).
 	scripts/fuzz.sh $(GO) ./native FuzzRemoteKey $(FUZZ_RKEY_TIME) $(FUZZ_MINIMIZE_TIME)
 
-# Serving integration (transfer/observe, examples/disagg). Their tests run in go-test with
-# everything else; these targets run them alone.
-serving-test: ## Metrics, /healthz handler, logs and the disagg example, with -race.
+# Serving integration (transfer/observe, examples/pair, examples/disagg). Their tests run in
+# go-test with everything else; these targets run them alone.
+serving-test: ## Metrics, /healthz handler, logs and the examples (pair, disagg), with -race.
 	$(GO) test -race -count=1 ./transfer/observe/ ./examples/...
+
+pair: deps ## Run examples/pair: a prefill/decode pair in 150 lines, two processes over UCX shared memory.
+	$(GO) run ./examples/pair
 
 disagg: ## Run the prefill/decode example (both roles in one process, in-memory transport).
 	$(GO) run ./examples/disagg -transport=mem
