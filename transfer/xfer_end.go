@@ -72,7 +72,7 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 		return
 	}
 	x.aborting, x.cause = true, peerLost(x.peer, cause) // a failed operation's loss names the peer too
-	if errors.Is(cause, ErrProtocol) { // the peer's input, refused (docs/security.md)
+	if errors.Is(cause, ErrProtocol) {                  // the peer's input, refused (docs/security.md)
 		x.eng.refused.Add(1)
 	}
 	if code == wire.AbortCancelled && x.receive && x.outstanding+x.movingPeer > 0 && grace > 0 {
