@@ -39,7 +39,7 @@ api-surface: ## Exported identifiers per public package, against their budgets (
 	$(GO) test -count=1 -v -run '^TestRepository_APISurface$$' ./internal/apisurface/
 
 go-test: ## Every Go test with -race (two-process and UCX tests included).
-	$(GO) test -race -count=1 -timeout 20m $(GO_TEST_FLAGS) ./...
+	$(GO) test -race -count=1 -timeout 35m $(GO_TEST_FLAGS) ./...
 
 go-fuzz: ## Run every fuzz target for FUZZ_TIME (default 10s).
 	@for t in $(FUZZ_TARGETS); do \
