@@ -293,6 +293,12 @@ func TestL1_CloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 // memPathSide is an engine named name on n, configured from cfg to run on path pc, whose pools
 // the transport can move on it.
 func memPathSide(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg Config) closeSide {
+	return memPathSideOver(t, n, name, pc, cfg, nil)
+}
+
+// memPathSideOver is memPathSide with the engine's transport wrap(the mem transport) when wrap
+// is not nil.
+func memPathSideOver(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg Config, wrap func(*mem.Transport) Transport) closeSide {
 	t.Helper()
 	pc.cfg(&cfg)
 	tr := n.Transport(name)
@@ -301,7 +307,11 @@ func memPathSide(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg Conf
 		tr.AllowDirect(cfg.StagingMemory) // as UCX's staging memory is mapped
 	}
 	n.Endpoint(name).MapPeers(pc.in)
-	e, err := New(tr, cfg)
+	var engTr Transport = tr
+	if wrap != nil {
+		engTr = wrap(tr)
+	}
+	e, err := New(engTr, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
 	return closeSide{e: e, self: name, kv: func(t testing.TB, ids []int32, seed uint64) ([]byte, *layout.Plan) {

@@ -84,8 +84,12 @@ type Config struct {
 	// of waiting out QueueTimeout for a peer that is gone. A message from the peer ends it
 	// sooner (a false alarm). At most MaxPending peers are remembered. Default 30s.
 	LostPeerTTL time.Duration
-	// CloseTimeout bounds how long Close waits for the transfers to end, and Drain when its
-	// context has no deadline; the transport's force close adds its own bound. Default 10s.
+	// CloseTimeout bounds Engine.Close, the transport's own close aside (it has its own bound,
+	// ucx.Config.CloseTimeout), and Drain when its context has no deadline. Close splits it so
+	// that no step eats another's share: stopping the transfers (CancelGrace, the settle before
+	// the goodbye, the goodbye, the copies running) takes at most three quarters of it; after
+	// the transport's close, the transfers' last verdicts and the Observer's hearing every
+	// event (every Done closed) take the rest, at least a quarter. Default 10s.
 	CloseTimeout time.Duration
 	// ReadyPollInterval is how often a streaming Send polls its Spec.Ready signals while it
 	// waits on them (never blocking on one). Default 100us: a layer of prefill takes

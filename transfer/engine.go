@@ -477,19 +477,25 @@ func (e *Engine) waitDrivers(ctx context.Context) error {
 // cancelled, each peer that takes one gets a goodbye naming the transfers that ended here with
 // their operations quiescent (as Drain sends; the connections to peers whose transfers did not
 // stop within CancelGrace are closed first, and Close waits up to half of CloseTimeout for
-// their verdicts), the transport is force-closed, slots it cannot
-// prove done are poisoned, and the goroutines end. It waits for the transfers at most Config.CloseTimeout in all (CancelGrace of
-// it for them to stop gracefully); the transport's force close in between takes its own
-// bounded time (Transport.Close). Handles stay readable, and each ends: Done closes, terminal
-// or, where the force close could not say the transport let go of the caller's blocks,
-// quarantined for good with them poisoned (L9).
+// their verdicts), the transport is force-closed, slots it cannot prove done are poisoned, and
+// the goroutines end. Handles stay readable, and each ends: Done closes, terminal or, where the
+// force close could not say the transport let go of the caller's blocks, quarantined for good
+// with them poisoned (L9). When Close returns nil, every handle's Done is closed and the
+// Observer has heard every event before it.
+//
+// Close takes at most Config.CloseTimeout plus the transport's own close (Transport.Close has
+// its own bound: ucx.Config.CloseTimeout), split so that no step eats another's share:
+// stopping the transfers (CancelGrace, the settle before the goodbye, the goodbye, the copies
+// running) takes at most three quarters of CloseTimeout; after the transport's close, the
+// transfers' last verdicts and the Observer's hearing every event take the rest, at least a
+// quarter of it. An error says which share ran out, and how long each step took.
 //
 // The transport's Close may unmap memory (UCX unmaps its staging slots, the pools it allocated
 // and the peers' memory mapped here), so no copy may run into or out of it then: after the
 // grace, copies on the mover workers not yet begun are refused (the transfer fails, having
-// touched nothing) and those running are waited for, within CloseTimeout; the transport is
-// closed only after. A copy still running at that bound (a device copy past its timeout) keeps
-// the transport open until it returns, and Close says so with an error matching
+// touched nothing) and those running are waited for, within the stopping share; the transport
+// is closed only after. A copy still running at that bound (a device copy past its timeout)
+// keeps the transport open until it returns, and Close says so with an error matching
 // ErrQuiescenceUnknown.
 func (e *Engine) Close() error {
 	e.mu.Lock()
@@ -510,23 +516,27 @@ func (e *Engine) Close() error {
 	e.mu.Unlock()
 
 	t0 := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CloseTimeout)
-	defer cancel()
+	b := closeShares(e.cfg.CloseTimeout)
+	stopCtx, stopCancel := context.WithTimeout(context.Background(), b.stop)
+	defer stopCancel()
 	for _, x := range xs {
 		x.stop(&RequestError{ID: x.h.id, Err: ErrClosed})
 	}
 	// Give the transfers a moment to stop their operations gracefully, then force.
-	graceCtx, graceCancel := context.WithTimeout(ctx, e.cfg.CancelGrace)
+	graceCtx, graceCancel := context.WithTimeout(stopCtx, e.cfg.CancelGrace)
 	_ = e.waitDrivers(graceCtx)
 	graceCancel()
-	e.sayGoodbye(true) // goodbye.go: before the endpoints close
+	e.settleBeforeGoodbye(stopCtx) // goodbye.go
+	e.sayGoodbye(true)             // before the endpoints close
 	saidGoodbye := time.Since(t0)
 	// The transport's close may unmap memory the mover workers copy into or out of (its
 	// staging slots, pools it allocated, a peer's slots mapped here): copies not begun are
 	// refused from here on, and the transport closes only once those running have returned.
 	var copiesErr, trErr error
-	if running := e.movers.fence(ctx); running > 0 {
-		copiesErr = fmt.Errorf("kvxfer: %d copies still running after CloseTimeout; the transport closes once they return: %w", running, ErrQuiescenceUnknown)
+	running := e.movers.fence(stopCtx)
+	stopped := time.Since(t0)
+	if running > 0 {
+		copiesErr = fmt.Errorf("kvxfer: %d copies still running after %v of CloseTimeout; the transport closes once they return: %w", running, stopped.Round(time.Millisecond), ErrQuiescenceUnknown)
 		go func() {
 			<-e.movers.quietCh()
 			_ = e.tr.Close(true)
@@ -534,22 +544,50 @@ func (e *Engine) Close() error {
 	} else if err := e.tr.Close(true); err != nil {
 		trErr = fmt.Errorf("kvxfer: closing the transport: %w", err)
 	}
-	trClosed := time.Since(t0)
+	trTook := time.Since(t0) - stopped
+	// The end's share starts now: what the stopping steps left of CloseTimeout, never less than
+	// its own quarter, whatever the transport's close took.
+	end := b.endAfter(stopped)
+	endCtx, endCancel := context.WithTimeout(context.Background(), end)
+	defer endCancel()
 	close(e.closing)
-	err := e.waitDrivers(ctx)
+	took := func() string {
+		return fmt.Sprintf("stopping the transfers took %v (the goodbye said %v in), the transport's close %v",
+			stopped.Round(time.Millisecond), saidGoodbye.Round(time.Millisecond), trTook.Round(time.Millisecond))
+	}
+	err := e.waitDrivers(endCtx)
+	if err != nil {
+		err = fmt.Errorf("%w, within the %v of CloseTimeout %v left after the transport's close (%s)", err, end.Round(time.Millisecond), e.cfg.CloseTimeout, took())
+	}
 	e.pool.Close()
 	if e.oq != nil && err == nil {
-		// Within what is left of CloseTimeout; an observer slower than that hears the rest
-		// after Close returns. The error says how much of the bound the steps before took.
-		ended := time.Since(t0)
-		if werr := e.oq.wait(ctx); werr != nil {
-			err = fmt.Errorf("kvxfer: the observer had not heard every event within CloseTimeout %v "+
-				"(the goodbye was said %v in, the transport closed %v in, the transfers ended %v in): %w",
-				e.cfg.CloseTimeout, saidGoodbye.Round(time.Millisecond), trClosed.Round(time.Millisecond),
-				ended.Round(time.Millisecond), werr)
+		// An observer slower than its share hears the rest after Close returns.
+		ended := time.Since(t0) - stopped - trTook
+		if werr := e.oq.wait(endCtx); werr != nil {
+			err = fmt.Errorf("kvxfer: the observer had not heard every event within the %v of CloseTimeout %v left after the transport's close "+
+				"(%s, the transfers' last verdicts %v): %w", end.Round(time.Millisecond), e.cfg.CloseTimeout, took(), ended.Round(time.Millisecond), werr)
 		}
 	}
 	return errors.Join(copiesErr, err, trErr)
+}
+
+// closeBounds is how Close splits Config.CloseTimeout: stop for the steps before the
+// transport's close (CancelGrace, the settle before the goodbye, the goodbye, the copies'
+// fence), and the rest, at least floor, for the transfers' last verdicts and the observer
+// after it. The transport's own close is outside CloseTimeout: it has a bound of its own.
+type closeBounds struct {
+	total, stop, floor time.Duration
+}
+
+func closeShares(total time.Duration) closeBounds {
+	floor := total / 4
+	return closeBounds{total: total, stop: total - floor, floor: floor}
+}
+
+// endAfter is the end's share once the stopping steps took stopped: what they left, at least
+// floor (the goodbye's sends are not bounded by a context, so stopped may pass stop).
+func (b closeBounds) endAfter(stopped time.Duration) time.Duration {
+	return max(b.total-stopped, b.floor)
 }
 
 // forget drops a handle whose references are all gone, so its id may be used again.

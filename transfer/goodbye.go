@@ -92,13 +92,11 @@ func (e *Engine) takesGoodbyeLocked(p Peer) bool {
 }
 
 // sayGoodbye sends each peer that takes one a goodbye naming the transfers with it that this
-// engine ended cleanly (rememberEnded); with leaving (Close), also each peer it still has
-// transfers with, so the goodbye reaches every peer before the endpoints close. Drain and
-// Close call it; it never blocks on a peer (SendControl is best effort).
+// engine ended cleanly (rememberEnded); with leaving (Close, after settleBeforeGoodbye), also
+// each peer it still has transfers with, so the goodbye reaches every peer before the
+// endpoints close. Drain and Close call it; it never blocks on a peer (SendControl is best
+// effort).
 func (e *Engine) sayGoodbye(leaving bool) {
-	if leaving {
-		e.settleBeforeGoodbye()
-	}
 	e.mu.Lock()
 	now := time.Now()
 	byPeer := map[Peer][]wire.Ended{}
@@ -140,14 +138,15 @@ func (e *Engine) sayGoodbye(leaving bool) {
 	}
 }
 
-// settleBeforeGoodbye (Close, its transfers already told to stop) closes the connection to
-// every peer that still has a transfer here whose operations did not end within CancelGrace
-// (a receive UCX matched, a send on the wire), and waits at most half of CloseTimeout for those
+// settleBeforeGoodbye (Close, its transfers already told to stop, before its goodbye) closes
+// the connection to every peer that still has a transfer here whose operations did not end
+// within CancelGrace (a receive UCX matched, a send on the wire), and waits at most half of
+// CloseTimeout, and never past ctx (Close's share for stopping its transfers), for those
 // transfers to take the verdicts the close gives their operations (on a loaded host a
-// CancelGrace was found too short; Close's own wait for its transfers shares the same bound). What ends so, with every
-// verdict transport.MemoryDone, the goodbye can name; the rest keep the lost-peer rule on the other
-// side. The transport's own Close, right after, would have closed these connections anyway.
-func (e *Engine) settleBeforeGoodbye() {
+// CancelGrace was found too short). What ends so, with every verdict transport.MemoryDone, the
+// goodbye can name; the rest keep the lost-peer rule on the other side. The transport's own
+// Close, right after, would have closed these connections anyway.
+func (e *Engine) settleBeforeGoodbye(ctx context.Context) {
 	pc, ok := e.tr.(transport.PeerCloser)
 	if !ok || e.liveDrivers.Load() == 0 {
 		return
@@ -161,7 +160,7 @@ func (e *Engine) settleBeforeGoodbye() {
 	for p := range peers {
 		pc.ClosePeer(p)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.CloseTimeout/2)
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.CloseTimeout/2)
 	defer cancel()
 	_ = e.waitDrivers(ctx)
 }

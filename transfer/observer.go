@@ -9,11 +9,12 @@ import "time"
 // one event at a time, in the order the events happened, and never under a lock that Cancel,
 // Status or a transfer needs: a slow observer delays no transfer and no Cancel. It does delay
 // what is queued behind it, a handle's Done and Quiesced included (they close only once the
-// observer has heard every move of that handle before them), and Close waits for it at most
-// CloseTimeout. One exception: when Cancel answers an outcome that lets the caller free the
-// blocks at once (CancelOutcome.FreeNow), Done and Quiesced are closed by the time it returns,
-// and the observer hears those moves afterwards, still in order. So implementations should be
-// fast; they may call Status and Cancel, not Close.
+// observer has heard every move of that handle before them), and Close waits for it within its
+// share of CloseTimeout (at least a quarter, which Close's earlier steps cannot eat). One
+// exception: when Cancel answers an outcome that lets the caller free the blocks at once
+// (CancelOutcome.FreeNow), Done and Quiesced are closed by the time it returns, and the
+// observer hears those moves afterwards, still in order. So implementations should be fast;
+// they may call Status and Cancel, not Close.
 type Observer interface {
 	// OnTransition reports a handle's (sub == -1) or a sub-transfer's state change.
 	OnTransition(id RequestID, sub int, from, to State, ev Event)

@@ -428,10 +428,13 @@ func seedFill(key [32]byte, pool []byte) {
 func peerAwait(h *transfer.Handle, started time.Time, timeout time.Duration, pc peerConfig, say func(string, ...any)) bool {
 	id := h.ID()
 	doneBy := started.Add(pc.QueueTimeout + timeout + transfer.DefaultCancelGrace + pc.Grace + pc.Stopped)
+	quietBy := doneBy.Add(pc.QuarantineTimeout + pc.Grace)
 	if ok, credit := waitCredited(h.Done(), started, doneBy); !ok {
-		say("WEDGED %d no-outcome:%v%s", id, h.Status().State, strings.ReplaceAll(creditNote(credit), " ", "_"))
+		st := h.Status()
+		note := creditNote(credit) + lateNote(h.Done(), doneBy.Add(credit), quietBy)
+		say("WEDGED %d no-outcome:%v:%v%s", id, st.State, h.Path(), strings.ReplaceAll(note, " ", "_"))
 	}
-	if ok, _ := waitCredited(h.Quiesced(), started, doneBy.Add(pc.QuarantineTimeout+pc.Grace)); !ok {
+	if ok, _ := waitCredited(h.Quiesced(), started, quietBy); !ok {
 		st := h.Status()
 		if st.BlocksPoisoned {
 			// L9 on the one-copy path, as in the in-process soak: an operation on the

@@ -190,6 +190,17 @@ func (m *stallMeter) waitCredited(ch <-chan struct{}, start, by time.Time) (bool
 	return waitUntil(ch, by), given
 }
 
+// lateNote tells a late outcome from a stuck one, for a handle that missed its outcome bound
+// (credit included): it waits for ch until until at most and says whether Done closed after
+// all (late: the process was slow in a way the stall meter does not count, or the outcome came
+// past its bound) or is still open then (stuck: a wedge of the engine to explain).
+func lateNote(ch <-chan struct{}, bound, until time.Time) string {
+	if waitUntil(ch, until) {
+		return fmt.Sprintf("; Done closed within %v past the bound: late, not stuck", max(time.Since(bound), 0).Round(time.Millisecond))
+	}
+	return fmt.Sprintf("; Done still open %v past the bound: stuck", until.Sub(bound).Round(time.Millisecond))
+}
+
 // creditNote names the stall credit a breach was given, if any.
 func creditNote(credit time.Duration) string {
 	if credit == 0 {

@@ -120,3 +120,13 @@ func TestStallLongerThanAnOutcomeBoundIsABreachOfItsOwn(t *testing.T) {
 		})
 	}
 }
+
+// A handle past its outcome bound is told apart as late (its Done closed after all, by the
+// quiescence bound) or stuck (still open then), so a breach says which the engine has to
+// explain. Every time here is in the past, so no wait sleeps.
+func TestLateNote_TellsALateOutcomeFromAStuckOne(t *testing.T) {
+	bound := time.Now().Add(-2 * time.Second)
+	until := bound.Add(time.Second)
+	require.Contains(t, lateNote(closedChan(), bound, until), "late, not stuck")
+	require.Equal(t, "; Done still open 1s past the bound: stuck", lateNote(make(chan struct{}), bound, until))
+}

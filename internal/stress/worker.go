@@ -246,8 +246,11 @@ func (s *soak) await(id transfer.RequestID, sd *side, timeout time.Duration) {
 	quietBy := sd.started.Add(s.quiesceBound(timeout))
 	if ok, credit := waitCredited(sd.h.Done(), sd.started, doneBy); !ok {
 		s.wedged.Add(1)
-		s.addBreach(fmt.Sprintf("request %d: %s wedged: no outcome %v after its start (state %v)%s",
-			id, sd.name, s.doneBound(timeout)+credit, sd.h.Status().State, creditNote(credit)))
+		st := sd.h.Status()
+		path := sd.h.Path()
+		s.addBreach(fmt.Sprintf("request %d: %s wedged: no outcome %v after its start (state %v, path %v, %d of %d bytes, err %v)%s%s",
+			id, sd.name, s.doneBound(timeout)+credit, st.State, path, st.Bytes, st.Total, st.Err, creditNote(credit),
+			lateNote(sd.h.Done(), doneBy.Add(credit), quietBy)))
 	}
 	if ok, _ := waitCredited(sd.h.Quiesced(), sd.started, quietBy); !ok {
 		if sd.h.Status().BlocksPoisoned {
