@@ -18,6 +18,9 @@ typedef struct kvx_ucx_req_priv {
 /* UCX calls this once per request when its pool allocates it, before any use. */
 static void req_init(void *request) { memset(request, 0, sizeof(kvx_ucx_req_priv_t)); }
 
+static int rdesc_layout_known(void);
+static void drain_unexpected(kvx_ucx_worker_t *w);
+
 static int set_config(ucp_config_t *config, const char *name, const char *value) {
   if (value == NULL || value[0] == '\0') return 0;
   return ucp_config_modify(config, name, value) == UCS_OK ? 0 : -1;
@@ -150,12 +153,17 @@ ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,
   w->on_done = on_done;
   w->on_ep_error = on_ep_error;
   w->cb_arg = cb_arg;
+  w->rdesc_layout = rdesc_layout_known();
   *out = w;
   return UCS_OK;
 }
 
+static void unexp_drop_oldest(kvx_ucx_worker_t *w);
+
 void kvx_ucx_worker_destroy(kvx_ucx_worker_t *w) {
   if (w == NULL) return;
+  /* Held messages are out of UCX's queue, so ucp_worker_destroy would not release them. */
+  while (w->unexp_head != NULL) unexp_drop_oldest(w);
   ucp_worker_destroy(w->worker);
   free(w);
 }
@@ -177,10 +185,128 @@ ucs_status_t kvx_ucx_worker_address(kvx_ucx_worker_t *w, void **addr, size_t *le
   return UCS_OK;
 }
 
+/* --- unexpected messages (see kvx_ucx_worker_set_unexpected in ucx.h) ------------------- */
+
+/* The head of UCX's ucp_recv_desc_t (src/ucp/core/ucp_request.h), which a ucp_tag_message_h
+ * points to; the same in every release from 1.13 to 1.22: a union as large as two list links,
+ * the received length, the payload offset, the flags. Only the rendezvous flag is read. */
+struct kvx_ucp_recv_desc {
+  void *links[4];
+  uint32_t length;
+  uint32_t payload_offset;
+  uint16_t flags;
+};
+#define KVX_UCP_RECV_DESC_FLAG_RNDV (1u << 6) /* UCP_RECV_DESC_FLAG_RNDV */
+
+static int rdesc_layout_known(void) {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  return major == 1 && minor >= 13 && minor <= 22;
+}
+
+void kvx_ucx_worker_set_unexpected(kvx_ucx_worker_t *w, size_t limit_bytes) {
+  w->unexp_limit = limit_bytes;
+}
+
+/* Where discarded messages are received: larger ones are truncated, which is what frees them
+ * (UCX consumes and drops the rest of the message). Its content is never read. */
+static char discard_scratch[64];
+
+static void discard_cb(void *request, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                       void *user_data) {
+  (void)status;
+  (void)info;
+  (void)user_data;
+  ucp_request_free(request);
+}
+
+/* Receives msg into the scratch buffer. Not a tracked request: no on_done, and UCX releases
+ * one still pending when the worker is destroyed. */
+static void discard(kvx_ucx_worker_t *w, ucp_tag_message_h msg) {
+  ucp_request_param_t p;
+  memset(&p, 0, sizeof(p));
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK;
+  p.cb.recv = discard_cb;
+  /* A request completes through discard_cb; a status pointer means it is already over. */
+  (void)ucp_tag_msg_recv_nbx(w->worker, discard_scratch, sizeof(discard_scratch), msg, &p);
+  w->stats.unexp_dropped++;
+}
+
+static void unexp_drop_oldest(kvx_ucx_worker_t *w) {
+  kvx_ucx_unexp_t *u = w->unexp_head;
+  w->unexp_head = u->next;
+  if (w->unexp_head == NULL) w->unexp_tail = NULL;
+  w->stats.unexp_held--;
+  w->stats.unexp_bytes -= u->cost;
+  discard(w, u->msg);
+  free(u);
+}
+
+/* Takes every message out of UCX's unexpected queue into the held list, within the bound. */
+static void drain_unexpected(kvx_ucx_worker_t *w) {
+  if (w->unexp_limit == 0) return;
+  for (unsigned i = 0; i < 4096; i++) {
+    ucp_tag_recv_info_t info;
+    memset(&info, 0, sizeof(info));
+    ucp_tag_message_h msg = ucp_tag_probe_nb(w->worker, 0, 0, 1, &info);
+    if (msg == NULL) return;
+    size_t cost = KVX_UCX_UNEXP_OVERHEAD;
+    if (!w->rdesc_layout ||
+        !(((const struct kvx_ucp_recv_desc *)(const void *)msg)->flags & KVX_UCP_RECV_DESC_FLAG_RNDV))
+      cost += info.length;
+    while (w->unexp_head != NULL && w->stats.unexp_bytes + cost > w->unexp_limit)
+      unexp_drop_oldest(w);
+    kvx_ucx_unexp_t *u = cost <= w->unexp_limit ? malloc(sizeof(*u)) : NULL;
+    if (u == NULL) {
+      discard(w, msg);
+      continue;
+    }
+    u->next = NULL;
+    u->msg = msg;
+    u->tag = info.sender_tag;
+    u->cost = cost;
+    if (w->unexp_tail != NULL) w->unexp_tail->next = u;
+    else w->unexp_head = u;
+    w->unexp_tail = u;
+    w->stats.unexp_held++;
+    w->stats.unexp_bytes += cost;
+  }
+}
+
+/* The oldest held message a receive for tag/mask matches, taken off the list; NULL if none. */
+static kvx_ucx_unexp_t *unexp_take(kvx_ucx_worker_t *w, uint64_t tag, uint64_t mask) {
+  kvx_ucx_unexp_t *prev = NULL;
+  for (kvx_ucx_unexp_t *u = w->unexp_head; u != NULL; prev = u, u = u->next) {
+    if (((u->tag ^ tag) & mask) != 0) continue;
+    if (prev != NULL) prev->next = u->next;
+    else w->unexp_head = u->next;
+    if (w->unexp_tail == u) w->unexp_tail = prev;
+    w->stats.unexp_held--;
+    w->stats.unexp_bytes -= u->cost;
+    return u;
+  }
+  return NULL;
+}
+
+/* ucp_tag_recv_nbx, after the held messages: the oldest one it matches is received through
+ * ucp_tag_msg_recv_nbx, which runs the same code as a match in UCX's own queue. */
+static ucs_status_ptr_t recv_nbx(kvx_ucx_worker_t *w, void *buf, size_t count, uint64_t tag,
+                                 uint64_t mask, const ucp_request_param_t *p) {
+  kvx_ucx_unexp_t *u = unexp_take(w, tag, mask);
+  if (u == NULL) return ucp_tag_recv_nbx(w->worker, buf, count, tag, mask, p);
+  ucp_tag_message_h msg = u->msg;
+  free(u);
+  return ucp_tag_msg_recv_nbx(w->worker, buf, count, msg, p);
+}
+
 unsigned kvx_ucx_progress(kvx_ucx_worker_t *w, unsigned max_rounds) {
   unsigned busy = 0;
   for (unsigned i = 0; i < max_rounds; i++) {
-    if (ucp_worker_progress(w->worker) == 0) break;
+    unsigned n = ucp_worker_progress(w->worker);
+    /* After every round: one round takes in a bounded amount (a few FIFO elements, a few
+     * socket reads), so that is all the bound is ever passed by. */
+    drain_unexpected(w);
+    if (n == 0) break;
     busy++;
   }
   return busy;
@@ -372,7 +498,7 @@ static ucs_status_t tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t mask, v
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     p.datatype = ucp_dt_make_iov();
   }
-  ucs_status_t st = kvx_ucx_track(w, ucp_tag_recv_nbx(w->worker, buf, count, tag, mask, &p),
+  ucs_status_t st = kvx_ucx_track(w, recv_nbx(w, buf, count, tag, mask, &p),
                                   user, req_out);
   if (st == UCS_OK && len_out != NULL) *len_out = info.length;
   return st;
@@ -605,7 +731,7 @@ ucs_status_t kvx_ucx_tag_recv_typed(kvx_ucx_worker_t *w, uint64_t tag, uint64_t 
   p.memory_type = (ucs_memory_type_t)mem_type;
   begin_post(w, user);
   p.recv_info.tag_info = &info;
-  ucs_status_t st = kvx_ucx_track(w, ucp_tag_recv_nbx(w->worker, buf, len, tag, tag_mask, &p),
+  ucs_status_t st = kvx_ucx_track(w, recv_nbx(w, buf, len, tag, tag_mask, &p),
                                   user, req_out);
   if (st == UCS_OK && len_out != NULL) *len_out = info.length;
   return st;

@@ -105,6 +105,9 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 	if _, set := ProcessEnv("UCX_RNDV_THRESH"); !set && cfg.RendezvousScheme != "get_zcopy" && protocolsV2() {
 		cc.rndv_thresh = cstr(strconv.Itoa(eagerLimitBytes))
 	}
+	if cfg.rndvThresh != "" {
+		cc.rndv_thresh = cstr(cfg.rndvThresh)
+	}
 	if cfg.TCPSegmentBytes != 0 {
 		cc.tcp_tx_seg_size = cstr(strconv.FormatInt(cfg.TCPSegmentBytes, 10))
 	}
@@ -173,6 +176,14 @@ type WorkerConfig struct {
 	// settles (Request.Settled). It runs on the progress goroutine and must not block or call
 	// back into the worker synchronously; queue the work instead.
 	OnReport func(*Request)
+	// UnexpectedBytes bounds what messages that arrived before any receive matched them may
+	// hold in this process: UCX keeps such a message until a receive matches it, and a peer
+	// that sends eagerly (UCX 1.22 does with the default rendezvous scheme; any peer can ask
+	// for it) would otherwise grow this process at will. Each is charged its length plus
+	// 16 KiB, a rendezvous request (whose data stays with the sender) the 16 KiB alone; past
+	// the bound the oldest are discarded, and a receive posted for one later never matches
+	// it (docs/ucx.md, "Unexpected messages"). Default 256 MiB; at least 1 MiB.
+	UnexpectedBytes int64
 	// Logger receives endpoint failures and close events; default the context's logger.
 	Logger *zap.Logger
 }
@@ -195,6 +206,12 @@ func (c *WorkerConfig) applyDefaults(parent *zap.Logger) error {
 	}
 	if c.CloseTimeout < 0 {
 		return fmt.Errorf("%w: WorkerConfig.CloseTimeout = %v: must be positive", ErrInvalidArgument, c.CloseTimeout)
+	}
+	if c.UnexpectedBytes == 0 {
+		c.UnexpectedBytes = defaultUnexpectedBytes
+	}
+	if c.UnexpectedBytes < 1<<20 {
+		return fmt.Errorf("%w: WorkerConfig.UnexpectedBytes = %d: must be at least 1 MiB", ErrInvalidArgument, c.UnexpectedBytes)
 	}
 	if c.AbandonGrace == 0 {
 		c.AbandonGrace = 100 * time.Millisecond
@@ -240,7 +257,13 @@ type Worker struct {
 
 	address []byte
 	stats   atomic.Pointer[WorkerStats]
+	// unexpDropped is the discard count last logged (publishStats, on the loop).
+	unexpDropped uint64
 }
+
+// defaultUnexpectedBytes is WorkerConfig.UnexpectedBytes's default: four of the direct path's
+// 64 MiB messages.
+const defaultUnexpectedBytes = 256 << 20
 
 // WorkerStats are the request counters of ucx.h, as last seen by the progress loop.
 type WorkerStats struct {
@@ -257,6 +280,9 @@ type WorkerStats struct {
 	// with the worker, without a callback. Each was reported failed; Requests = Callbacks +
 	// Dropped once the worker is closed.
 	Dropped uint64
+	// Unexpected messages (WorkerConfig.UnexpectedBytes): how many are held for a later
+	// receive, what they are charged, and how many were discarded to stay within the bound.
+	UnexpectedHeld, UnexpectedBytes, UnexpectedDropped uint64
 }
 
 // NewWorker creates a worker and starts its progress goroutine.
@@ -298,6 +324,7 @@ func (w *Worker) loop(ready chan<- error) {
 		close(w.stopped)
 		return
 	}
+	C.kvx_ucx_worker_set_unexpected(w.cw, C.size_t(w.cfg.UnexpectedBytes))
 	var addr unsafe.Pointer
 	var n C.size_t
 	if st := C.kvx_ucx_worker_address(w.cw, &addr, &n); st != C.UCS_OK {
@@ -372,7 +399,14 @@ func (w *Worker) publishStats() {
 		InlineDone: uint64(s.inline_done), Requests: uint64(s.requests), Callbacks: uint64(s.callbacks),
 		Freed: uint64(s.freed), Cancels: uint64(s.cancels), EPErrors: uint64(s.ep_errors),
 		EPsOpen: uint64(s.eps_open), Pending: len(w.pending),
+		UnexpectedHeld: uint64(s.unexp_held), UnexpectedBytes: uint64(s.unexp_bytes),
+		UnexpectedDropped: uint64(s.unexp_dropped),
 	})
+	if d := uint64(s.unexp_dropped); d > w.unexpDropped {
+		w.log.Warn("ucx worker discarded unexpected messages to stay within WorkerConfig.UnexpectedBytes",
+			zap.Uint64("discarded", d-w.unexpDropped), zap.Uint64("total", d), zap.Int64("bound", w.cfg.UnexpectedBytes))
+		w.unexpDropped = d
+	}
 }
 
 // Stats returns the worker's counters as of its last idle moment; it never blocks.

@@ -64,7 +64,18 @@ typedef struct kvx_ucx_stats {
   uint64_t cancels;         /* ucp_request_cancel calls made */
   uint64_t ep_errors;       /* endpoint error callbacks */
   uint64_t eps_open;        /* endpoints created and not yet released */
+  uint64_t unexp_held;      /* unexpected messages this layer holds for a later receive */
+  uint64_t unexp_bytes;     /* what they are charged (see kvx_ucx_worker_set_unexpected) */
+  uint64_t unexp_dropped;   /* unexpected messages discarded to stay within the bound */
 } kvx_ucx_stats_t;
+
+/* One unexpected message taken out of UCX's queue (see kvx_ucx_worker_set_unexpected). */
+typedef struct kvx_ucx_unexp {
+  struct kvx_ucx_unexp *next;
+  ucp_tag_message_h msg;
+  uint64_t tag;
+  size_t cost;
+} kvx_ucx_unexp_t;
 
 typedef struct kvx_ucx_worker {
   ucp_context_h context;
@@ -75,6 +86,10 @@ typedef struct kvx_ucx_worker {
   kvx_ucx_stats_t stats;
   uint64_t posting_user; /* the id of the post in progress (see finish in ucx.c) */
   int posting_done;      /* that post was already called back */
+  /* Unexpected messages held, oldest first, and the bound on what they are charged. */
+  kvx_ucx_unexp_t *unexp_head, *unexp_tail;
+  size_t unexp_limit;   /* 0: no bound, UCX keeps its own unexpected queue */
+  int rdesc_layout;     /* the loaded UCX's receive descriptor layout is known (1.13 to 1.22) */
 } kvx_ucx_worker_t;
 
 /* One endpoint. Allocated here because UCX's error handler needs a stable argument. */
@@ -103,6 +118,24 @@ ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,
 void kvx_ucx_worker_destroy(kvx_ucx_worker_t *w);
 /* The worker's address, copied into malloc'd memory the caller frees with free(). */
 ucs_status_t kvx_ucx_worker_address(kvx_ucx_worker_t *w, void **addr, size_t *len);
+/* Bounds what unexpected messages (arrived with no receive posted) may hold in this process.
+ * UCX keeps every such message until a receive matches it, and a sender decides how it sends:
+ * an eager message (UCX 1.22 sends large ones eagerly over shm and TCP with kvxfer's
+ * get_zcopy default; any peer can ask for it with UCX_RNDV_THRESH) is held whole, so without
+ * a bound a peer grows this process's memory at will. With limit_bytes > 0, after every round
+ * of progress this layer takes each unexpected message out of UCX's queue
+ * (ucp_tag_probe_nb with remove) and keeps its handle, oldest first; a receive posted later
+ * takes the oldest held message it matches (ucp_tag_msg_recv_nbx, the same call path as a
+ * match in UCX's queue) before it goes to UCX. Each held message is charged its length plus
+ * KVX_UCX_UNEXP_OVERHEAD, or only the overhead for a rendezvous request, whose data stays
+ * with the sender (told from the descriptor's flags where the layout is known, UCX 1.13 to
+ * 1.22; any other version charges the length). When a new message would pass the bound, the
+ * oldest held ones are discarded (received into a scratch buffer and truncated, which frees
+ * them), then the new one if it alone is larger than the bound. A discarded message is lost:
+ * a receive posted for it later waits until its own deadline. 0 turns the bound off. */
+#define KVX_UCX_UNEXP_OVERHEAD 16384
+void kvx_ucx_worker_set_unexpected(kvx_ucx_worker_t *w, size_t limit_bytes);
+
 /* Progresses the worker until it reports no more work or max_rounds rounds passed. Returns
  * how many rounds made progress. */
 unsigned kvx_ucx_progress(kvx_ucx_worker_t *w, unsigned max_rounds);

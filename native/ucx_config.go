@@ -74,6 +74,9 @@ type ContextConfig struct {
 	NoRMA bool
 	// Logger receives lifecycle events; default zap.NewNop().
 	Logger *zap.Logger
+	// rndvThresh, when set, is UCX_RNDV_THRESH for this context whatever else says: tests
+	// make a sender that sends everything eagerly ("inf"), as any peer may.
+	rndvThresh string
 }
 
 func (c *ContextConfig) applyDefaults() error {

@@ -44,19 +44,28 @@ func newPair(t testing.TB, tls string) *ucxPair {
 // only where the transports include TCP).
 func newPairConfig(t testing.TB, cfg ContextConfig) *ucxPair {
 	t.Helper()
+	return newPairWith(t, cfg, cfg, WorkerConfig{})
+}
+
+// newPairWith is newPairConfig with a context configuration for each side and a worker
+// configuration for b.
+func newPairWith(t testing.TB, cfgA, cfgB ContextConfig, wcfgB WorkerConfig) *ucxPair {
+	t.Helper()
 	p := &ucxPair{}
 	var err error
-	cfg.KeepaliveInterval = 200 * time.Millisecond
-	if strings.Contains(cfg.TLS, "tcp") {
-		cfg.NetDevices = "lo"
+	for _, cfg := range []*ContextConfig{&cfgA, &cfgB} {
+		cfg.KeepaliveInterval = 200 * time.Millisecond
+		if strings.Contains(cfg.TLS, "tcp") {
+			cfg.NetDevices = "lo"
+		}
 	}
-	p.ctxA, err = NewContext(cfg)
+	p.ctxA, err = NewContext(cfgA)
 	require.NoError(t, err)
-	p.ctxB, err = NewContext(cfg)
+	p.ctxB, err = NewContext(cfgB)
 	require.NoError(t, err)
 	p.a, err = p.ctxA.NewWorker(WorkerConfig{})
 	require.NoError(t, err)
-	p.b, err = p.ctxB.NewWorker(WorkerConfig{})
+	p.b, err = p.ctxB.NewWorker(wcfgB)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

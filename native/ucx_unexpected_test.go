@@ -16,27 +16,35 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A peer whose large messages are rendezvous cannot make this process buffer data nobody
-// receives: the data stays with the sender until a receive matches, so 512 MiB sent to a tag
-// nobody receives grows the receiving process by a bounded amount, not by what was sent.
-// That holds for kvxfer's default under UCX 1.13 and for RendezvousScheme "am" under 1.22.
-// UCX 1.22 with kvxfer's default (get_zcopy) sends them as multi-fragment eager messages
-// instead, each send completing at once, and the receiver's UCX held all 512 MiB (842 MiB of
-// RSS) in its unexpected queue: that case is skipped, not passed (docs/ucx.md, "UCX 1.22").
-// Both ends are in this process, so its RSS counts what the receiving side holds.
-func TestUCX_UnreceivedSendsStayWithTheSender(t *testing.T) {
+// No peer can make this process hold unbounded data it never asked for: 512 MiB sent to a tag
+// nobody receives grows the receiving process by a bounded amount, whatever the sender does.
+// A sender whose large messages are rendezvous (kvxfer's default under UCX 1.13,
+// RendezvousScheme "am" under either) keeps the data until a receive matches: nothing is
+// discarded and every message is received later, intact. A sender that sends eagerly (UCX 1.22
+// with kvxfer's default get_zcopy scheme does, and any peer can, with UCX_RNDV_THRESH=inf, here
+// "eager") completes its sends at once, and the receiver's worker holds at most
+// WorkerConfig.UnexpectedBytes of them, discarding the oldest (before the bound, 1.22's UCX
+// held all 512 MiB: RSS grew 842 MiB). The messages it still holds are received intact. Both
+// ends are in this process, so its RSS counts what the receiving side holds.
+func TestUCX_UnreceivedSendsAreBounded(t *testing.T) {
 	const msg, count = 8 << 20, 64 // 512 MiB
-	const bound = 64 << 20
+	const bound = 32 << 20         // the receiver's WorkerConfig.UnexpectedBytes
+	const slack = 64 << 20         // what else the process may grow by (UCX's pools, Go)
+	senders := []struct {
+		name       string
+		cfg        ContextConfig
+		rendezvous bool
+	}{
+		{"default", ContextConfig{}, !protocolsV2()},
+		{"am", ContextConfig{RendezvousScheme: "am"}, true},
+		{"eager", ContextConfig{rndvThresh: "inf"}, false},
+	}
 	for _, tr := range transports {
-		for _, scheme := range []string{"", "am"} {
-			t.Run(tr.name+"/"+map[string]string{"": "default", "am": "am"}[scheme], func(t *testing.T) {
-				if scheme == "" && protocolsV2() {
-					t.Skipf("UCX %s (protocols v2) sends large messages eagerly with the default get_zcopy scheme: unbounded, see docs/ucx.md", UCXVersion())
-				}
-				if scheme == "am" && !protocolsV2() {
-					t.Skipf("UCX %s (protocols v1) is bounded with its default scheme", UCXVersion())
-				}
-				p := newPairConfig(t, ContextConfig{TLS: tr.tls, RendezvousScheme: scheme})
+		for _, snd := range senders {
+			t.Run(tr.name+"/"+snd.name, func(t *testing.T) {
+				cfgA := snd.cfg
+				cfgA.TLS = tr.tls
+				p := newPairWith(t, cfgA, ContextConfig{TLS: tr.tls}, WorkerConfig{UnexpectedBytes: bound})
 				src := alloc(t, p.ctxA, msg)
 				dst := alloc(t, p.ctxB, msg)
 				// Both ways wired up and src's and dst's pages touched before the first measure.
@@ -60,17 +68,31 @@ func TestUCX_UnreceivedSendsStayWithTheSender(t *testing.T) {
 						completed++
 					}
 				}
-				t.Logf("%d MiB sent to no receive: RSS grew %d MiB, %d of %d sends completed (UCX %s, rendezvous scheme %s)",
+				t.Logf("%d MiB sent to no receive: RSS grew %d MiB, %d of %d sends completed (UCX %s, sender's scheme %s)",
 					count*msg>>20, grew>>20, completed, count, UCXVersion(), p.ctxA.cfg.RendezvousScheme)
-				// Then received, one after the other, every byte checked: the sends complete
-				// as they would have, nothing is left to a forced close.
-				for i := range sends {
+				require.Less(t, grew, int64(bound+slack), "the receiving side holds what nobody received")
+				// The counters are published when the worker idles.
+				var st WorkerStats
+				require.Eventually(t, func() bool {
+					st = p.b.Stats()
+					return st.UnexpectedHeld+st.UnexpectedDropped == count
+				}, time.Minute, 10*time.Millisecond, "every message held or discarded: %+v", p.b.Stats())
+				t.Logf("%d held (%d MiB charged), %d discarded", st.UnexpectedHeld, st.UnexpectedBytes>>20, st.UnexpectedDropped)
+				require.LessOrEqual(t, st.UnexpectedBytes, uint64(bound))
+				if snd.rendezvous {
+					require.Zero(t, st.UnexpectedDropped, "a rendezvous request costs the receiver no data")
+				} else {
+					require.NotZero(t, st.UnexpectedDropped, "eager: more than the bound arrived")
+					waitAll(t, time.Minute, sends...)
+				}
+				// Then received, one after the other, every byte checked: what is held (all of
+				// it, for rendezvous) is delivered as it would have been.
+				for i := range st.UnexpectedHeld {
 					waitAll(t, time.Minute, p.b.TagRecv(dst, 0, msg, 77, ^uint64(0)))
 					bad, _ := dst.CheckPattern(0, msg, 0, 3)
 					require.Equal(t, int64(-1), bad, "message %d", i)
 				}
 				waitAll(t, time.Minute, sends...)
-				require.Less(t, grew, int64(bound), "the receiving side holds what nobody received")
 			})
 		}
 	}

@@ -309,6 +309,44 @@ static void test_force_close_inflight(const char *tls) {
   pair_close(&p);
 }
 
+/* Unexpected messages beyond the worker's bound (kvx_ucx_worker_set_unexpected) are
+ * discarded oldest first; a later receive gets the oldest one still held, intact; and the
+ * worker is destroyed with messages still held (ASan checks they are released). */
+static void test_unexpected_bound(const char *tls) {
+  pair_t p;
+  CHECK(pair_open(&p, tls) == 0, "pair_open");
+  drain(&p, 0.05);
+  enum { N = 10, LEN = 4096 }; /* eager on every transport: below any rendezvous threshold */
+  /* Room for three: each is charged its length and the overhead. */
+  kvx_ucx_worker_set_unexpected(p.b, 3 * (LEN + KVX_UCX_UNEXP_OVERHEAD) + 100);
+  char src[N][LEN], dst[LEN];
+  void *req;
+  size_t got;
+  for (int i = 0; i < N; i++) {
+    kvx_ucx_pattern_fill(src[i], 0, LEN, 100 + (uint64_t)i);
+    reset(30 + i);
+    ucs_status_t st = kvx_ucx_tag_send(p.ab, 600, src[i], LEN, 30 + (uint64_t)i, &req);
+    posted(30 + i, st, req);
+    CHECK(wait_op(&p, 30 + i, 5.0) == 1 && ops[30 + i].status == UCS_OK, "send %d: %d", i,
+          ops[30 + i].status);
+  }
+  drain(&p, 0.05);
+  const kvx_ucx_stats_t *s = &p.b->stats;
+  CHECK(s->unexp_held == 3 && s->unexp_dropped == N - 3, "held %llu dropped %llu",
+        (unsigned long long)s->unexp_held, (unsigned long long)s->unexp_dropped);
+  CHECK(s->unexp_bytes == 3 * (LEN + KVX_UCX_UNEXP_OVERHEAD), "charged %llu",
+        (unsigned long long)s->unexp_bytes);
+  reset(45);
+  ucs_status_t st = kvx_ucx_tag_recv(p.b, 600, ~0ULL, dst, LEN, 45, &req, &got);
+  posted(45, st, req);
+  CHECK(wait_op(&p, 45, 5.0) == 1 && ops[45].status == UCS_OK && ops[45].length == LEN,
+        "recv of a held message: %d, %zu bytes", ops[45].status, ops[45].length);
+  CHECK(kvx_ucx_pattern_check(dst, 0, LEN, 100 + N - 3) < 0, "not the oldest message held");
+  CHECK(s->unexp_held == 2, "held %llu after one receive", (unsigned long long)s->unexp_held);
+  check_l6("unexpected receiver", p.b);
+  pair_close(&p); /* with two messages still held */
+}
+
 /* expect is "shm" or "tcp": which kind of lane the TLS list must end up on. */
 static void test_transports(pair_t *p, const char *tls, const char *expect) {
   char *info = kvx_ucx_ep_info(p->ab);
@@ -344,6 +382,7 @@ int main(int argc, char **argv) {
   check_l6("worker b", p.b);
   pair_close(&p);
   test_force_close_inflight(tls);
+  test_unexpected_bound(tls);
   if (failures) {
     fprintf(stderr, "%d failures\n", failures);
     return 1;
