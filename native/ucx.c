@@ -468,6 +468,18 @@ ucs_status_t kvx_ucx_tag_send(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, s
   return kvx_ucx_track(w, ucp_tag_send_nbx(ep->ep, buf, len, tag, &p), user, req_out);
 }
 
+ucs_status_t kvx_ucx_tag_send_mapped(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
+                                     ucp_mem_h memh, uint64_t user, void **req_out) {
+  kvx_ucx_worker_t *w = ep->w;
+  ucp_request_param_t p;
+  send_param(&p, w, user);
+  if (memh != NULL) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = memh;
+  }
+  return kvx_ucx_track(w, ucp_tag_send_nbx(ep->ep, buf, len, tag, &p), user, req_out);
+}
+
 ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_iov_t *iov,
                                   size_t iovcnt, uint64_t user, void **req_out) {
   kvx_ucx_worker_t *w = ep->w;

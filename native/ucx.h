@@ -160,6 +160,15 @@ char *kvx_ucx_ep_info(kvx_ucx_ep_t *ep);
  * buffers it points to, until completion). */
 ucs_status_t kvx_ucx_tag_send(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
                               uint64_t user, void **req_out);
+/* kvx_ucx_tag_send from memory of a region this context mapped or registered, with its memory
+ * handle named to UCX (UCP_OP_ATTR_FIELD_MEMH). UCX 1.22 needs it: a rendezvous send whose
+ * buffer UCX found registered by itself packs a key with the request, and when the endpoint
+ * fails or is force-closed UCX completes such a request only after invalidating that
+ * registration (ucp_request_memh_invalidate), which shared memory and TCP cannot do: the send
+ * never completed. With the caller's handle UCX skips the invalidation and completes it with
+ * the close's error at once, as 1.13 does. */
+ucs_status_t kvx_ucx_tag_send_mapped(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
+                                     ucp_mem_h memh, uint64_t user, void **req_out);
 ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_iov_t *iov,
                                   size_t iovcnt, uint64_t user, void **req_out);
 /* *len_out receives the message length when the receive completes inline. */

@@ -42,10 +42,11 @@ type ContextConfig struct {
 	// peer error handling). UCX 1.22 (protocols v2) does not: there large messages go as
 	// multi-fragment eager sends that complete with no receive posted, the receiver's UCX
 	// holding whole messages. "am" keeps them rendezvous on 1.22 (the receiver copies each
-	// fragment of a matched receive itself; messages above eagerLimitBytes), but 1.22 then
-	// never completes such a send when its endpoint is force-closed, and destroying the
-	// worker afterwards corrupted the heap in 2 of 3 runs: so it is not the default
-	// (docs/ucx.md, "UCX 1.22"). "auto" lets UCX choose.
+	// fragment of a matched receive itself; messages above eagerLimitBytes). It is not the
+	// default there yet: 1.22 never completed such a send on a force-closed endpoint until
+	// TagSend named the region's memory handle, and IOV sends still do not (docs/ucx.md,
+	// "UCX 1.22"). Either way a receiver bounds what eager messages cost it
+	// (WorkerConfig.UnexpectedBytes). "auto" lets UCX choose.
 	RendezvousScheme string
 	// TCPSegmentBytes is UCX_TCP_TX_SEG_SIZE: the largest piece UCX's TCP transport sends in
 	// one copy, hence one send call; a large message goes as many of them. Default 64 KiB,

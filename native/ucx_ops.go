@@ -28,7 +28,9 @@ func (ep *Endpoint) TagSend(mem *Memory, off, n int64, tag uint64) *Request {
 	}
 	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
 		var creq unsafe.Pointer
-		st := C.kvx_ucx_tag_send(ep.cep, C.uint64_t(tag), p, C.size_t(n), C.uint64_t(r.handle), &creq)
+		// With the region's memory handle: see kvx_ucx_tag_send_mapped (UCX 1.22 never
+		// completed a rendezvous send on a force-closed endpoint without it).
+		st := C.kvx_ucx_tag_send_mapped(ep.cep, C.uint64_t(tag), p, C.size_t(n), mem.memh, C.uint64_t(r.handle), &creq)
 		return st, creq, 0
 	})
 }
