@@ -44,10 +44,12 @@ func TestDisagg_RunsAndReportsEachRequest(t *testing.T) {
 }
 
 // TestL12_DisaggProbeFlipsWhileTheWireIsFrozen runs the example's -freeze mode: /healthz must
-// answer 503 with the reason while a transfer cannot move, and 200 once it has moved.
+// answer 503 with the reason while a transfer cannot move, and 200 once it has moved. The
+// freeze lasts ten deadlines: the example probes only while the wire is frozen, and with 800ms
+// a stall of the loaded host's test process could leave no probe after both roles' deadlines.
 func TestL12_DisaggProbeFlipsWhileTheWireIsFrozen(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	require.NoError(t, run(t.Context(), []string{"-transport=mem", "-tokens=32", "-freeze=800ms", "-progress-deadline=200ms"}, &stdout, &stderr),
+	require.NoError(t, run(t.Context(), []string{"-transport=mem", "-tokens=32", "-freeze=2s", "-progress-deadline=200ms"}, &stdout, &stderr),
 		"stderr: %s", stderr.String())
 	out := stdout.String()
 	for _, want := range []string{
