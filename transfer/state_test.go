@@ -130,7 +130,10 @@ func (o *tableObserver) OnTransition(id RequestID, sub int, from, to State, ev E
 // with its blocks poisoned), Done and Quiesced closed as often as its moves say, at most once.
 func testEngineFollowsTheTable(t *testing.T) {
 	cfg := fastConfig()
-	cfg.QuarantineTimeout = 300 * time.Millisecond
+	// Requests 8, 9 and 10 must leave quarantine by their late chunk (resolved cancelled,
+	// resolved failed), 250 and 100 ms after they entered it: 300 ms left a stall of the loaded
+	// host's process of about 50 ms between the two. The poisoned ones wait 2 s.
+	cfg.QuarantineTimeout = 2 * time.Second
 	cfg.CancelGrace = 10 * time.Millisecond
 	cfg.QueueTimeout = 300 * time.Millisecond
 	cfg.DirectChunkBytes = 512
