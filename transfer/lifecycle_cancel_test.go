@@ -42,11 +42,11 @@ func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {
 			return p.dst, h
 		}, CancelRequestedInFlight, Cancelled, false, ErrCancelled},
 		{"in flight, chunk on the wire", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
+			// The second chunk hangs until the cancel (the loop resumes the wire after it): a
+			// 100ms delay let a loaded host's stall between seeing it in flight and the cancel
+			// complete the transfer first (AlreadyComplete).
 			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				if fp.Kind == wire.KindData && fp.Tag.Seq == 1 {
-					return mem.Fault{Delay: 100 * time.Millisecond}
-				}
-				return mem.Fault{}
+				return mem.Fault{Hang: fp.Kind == wire.KindData && fp.Tag.Seq == 1}
 			})
 			_, h := p.start(t, 1, src, dst)
 			eventually(t, func() bool { return h.Status().State == InFlight }, "in flight")
