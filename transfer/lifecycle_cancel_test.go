@@ -186,34 +186,55 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 	})
 }
 
+// TestFaultsEndEveryTransferCleanly: each fault ends both sides with its outcome and nothing
+// poisoned. Only the cases about a deadline set one (300ms, on the side whose deadline it is);
+// the others keep fastConfig's far one, which a loaded host's stall cannot reach before the
+// outcome they check.
 func TestFaultsEndEveryTransferCleanly(t *testing.T) {
+	const deadline = 300 * time.Millisecond
 	cases := []struct {
-		desc   string
-		fault  func(mem.FaultPoint) mem.Fault
-		lose   bool
-		state  State
-		errs   []error
-		sender []error
+		desc                   string
+		fault                  func(mem.FaultPoint) mem.Fault
+		lose                   bool
+		srcTimeout, dstTimeout time.Duration // 0: fastConfig's
+		resume                 bool          // the wire hangs until the receiver is done
+		state                  State
+		errs                   []error
+		sender                 []error
 	}{
-		{"first request-info dropped, retry recovers", dropFirst(wire.KindRequestInfo), false, Completed, nil, nil},
-		{"done message dropped: sender fails at its deadline, memory quiescent", dropAll(wire.KindDone), false, Completed, nil, []error{ErrDeadline}},
-		{"chunks delayed", dataOnly(mem.Fault{Delay: 5 * time.Millisecond}), false, Completed, nil, nil},
-		{"chunk fails after 100 bytes", dataOnly(mem.Fault{FailAfter: 100}), false, Failed, []error{mem.ErrInjected}, []error{mem.ErrInjected}},
-		{"peer lost mid-transfer", dataOnly(mem.Fault{Hang: true}), true, Failed, []error{ErrPeerLost}, []error{ErrPeerLost}},
-		{"chunk completes late, after the deadline", dataOnly(mem.Fault{Delay: 600 * time.Millisecond, IgnoreCancel: true}), false, Failed, []error{ErrDeadline}, nil},
+		{"first request-info dropped, retry recovers", dropFirst(wire.KindRequestInfo), false, 0, 0, false, Completed, nil, nil},
+		{"done message dropped: sender fails at its deadline, memory quiescent", dropAll(wire.KindDone), false, deadline, 0, false,
+			Completed, nil, []error{ErrDeadline}},
+		{"chunks delayed", dataOnly(mem.Fault{Delay: 5 * time.Millisecond}), false, 0, 0, false, Completed, nil, nil},
+		{"chunk fails after 100 bytes", dataOnly(mem.Fault{FailAfter: 100}), false, 0, 0, false, Failed, []error{mem.ErrInjected}, []error{mem.ErrInjected}},
+		{"peer lost mid-transfer", dataOnly(mem.Fault{Hang: true}), true, 0, 0, false, Failed, []error{ErrPeerLost}, []error{ErrPeerLost}},
+		// The chunk hangs (was: delayed 600ms) until the receiver's deadline has decided it: a
+		// stall across both timers could let the delayed chunk land first.
+		{"chunk completes late, after the deadline", dataOnly(mem.Fault{Hang: true, IgnoreCancel: true}), false, deadline, deadline, true,
+			Failed, []error{ErrDeadline}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.TransferTimeout = 300 * time.Millisecond
 			cfg.QuarantineTimeout = 5 * time.Second
-			p := newPair(t, cfg, cfg)
+			scfg, dcfg := cfg, cfg
+			if c.srcTimeout != 0 {
+				scfg.TransferTimeout = c.srcTimeout
+			}
+			if c.dstTimeout != 0 {
+				dcfg.TransferTimeout = c.dstTimeout
+			}
+			p := newPair(t, scfg, dcfg)
 			p.net.SetFault(c.fault)
 			src, dst := pools(t, 1)
 			hs, hr := p.start(t, 1, src, dst)
 			if c.lose {
 				eventually(t, func() bool { return p.net.OnWire() > 0 }, "on the wire")
 				p.net.LosePeer("decode")
+			}
+			if c.resume {
+				waitClosed(t, hr.Done(), "receiver done")
+				p.net.Resume() // the chunk completes, late
 			}
 			waitClosed(t, hr.Quiesced(), "receiver")
 			waitClosed(t, hs.Quiesced(), "sender")
