@@ -77,12 +77,17 @@ type pair struct {
 	src, dst *Engine
 }
 
-// fastConfig keeps every timer short so failure tests run in milliseconds.
+// fastConfig keeps the timers that end a wait on an event short (CancelGrace, RetryInterval),
+// so failure tests run in milliseconds, and the deadlines far: a test whose outcome is a
+// deadline (TransferTimeout, QueueTimeout, ProgressDeadline, QuarantineTimeout) sets that one
+// short itself. Under a loaded CI host a process stalls for seconds; a 2 s TransferTimeout
+// then ended transfers a test expected to complete or to fail another way (stop 30's
+// TestPullValidatedRead_SenderReusesASlotMidRead).
 func fastConfig() Config {
 	return Config{
-		SlotBytes: 1024, MaxConcurrent: 4, PipelineDepth: 2, TransferTimeout: 2 * time.Second,
-		QueueTimeout: 2 * time.Second, ProgressDeadline: time.Second, QuarantineTimeout: time.Second,
-		CancelGrace: 20 * time.Millisecond, RetryInterval: 20 * time.Millisecond, CloseTimeout: 5 * time.Second,
+		SlotBytes: 1024, MaxConcurrent: 4, PipelineDepth: 2, TransferTimeout: time.Minute,
+		QueueTimeout: time.Minute, ProgressDeadline: time.Minute, QuarantineTimeout: 30 * time.Second,
+		CancelGrace: 20 * time.Millisecond, RetryInterval: 20 * time.Millisecond, CloseTimeout: 30 * time.Second,
 		DirectMinRunBytes: None, // the test layouts' rows are a few hundred bytes: every path stays reachable
 	}
 }
