@@ -19,9 +19,12 @@ import (
 // in its first callback, cancels, and only then lets it go: the observer still hears every move,
 // in order.
 func TestL10_FreeNowCancelFindsDoneAndQuiescedClosed(t *testing.T) {
-	type run func(t *testing.T, src, dst closeSide) (*Handle, CancelOutcome)
+	// stuck closes once the observer is held in its first callback: each run cancels only then
+	// (the observer's goroutine, not yet run on a loaded host, was not always there by the time
+	// Cancel returned).
+	type run func(t *testing.T, src, dst closeSide, stuck <-chan struct{}) (*Handle, CancelOutcome)
 	// completed: the transfer completes while the observer is stuck; Cancel answers AlreadyComplete.
-	completed := func(t *testing.T, src, dst closeSide) (*Handle, CancelOutcome) {
+	completed := func(t *testing.T, src, dst closeSide, stuck <-chan struct{}) (*Handle, CancelOutcome) {
 		smem, splan := src.kv(t, seqBlocks(0, 4), 7)
 		dmem, dplan := dst.kv(t, seqBlocks(8, 4), 0)
 		_, err := src.e.Send(bg, Spec{ID: 1, Peer: dst.self, Plan: splan, Pool: smem})
@@ -29,6 +32,7 @@ func TestL10_FreeNowCancelFindsDoneAndQuiescedClosed(t *testing.T) {
 		hr, err := dst.e.Receive(bg, Spec{ID: 1, Peer: src.self, Plan: dplan, Pool: dmem})
 		require.NoError(t, err)
 		eventually(t, func() bool { return hr.Status().State == Completed }, "completed") // Status does not wait on the observer
+		waitClosed(t, stuck, "the observer held in its first callback")
 		return hr, dst.e.Cancel(1)
 	}
 	cases := []struct {
@@ -37,7 +41,7 @@ func TestL10_FreeNowCancelFindsDoneAndQuiescedClosed(t *testing.T) {
 		run  run
 		want CancelOutcome
 	}{
-		{"queued: cancelled before advertise", closePaths[0], func(t *testing.T, src, dst closeSide) (*Handle, CancelOutcome) {
+		{"queued: cancelled before advertise", closePaths[0], func(t *testing.T, src, dst closeSide, stuck <-chan struct{}) (*Handle, CancelOutcome) {
 			// The receiver's one admission token is taken by a receive whose sender never
 			// comes: the second stays queued.
 			dmem, dplan := dst.kv(t, seqBlocks(0, 4), 0)
@@ -48,6 +52,7 @@ func TestL10_FreeNowCancelFindsDoneAndQuiescedClosed(t *testing.T) {
 			h, err := dst.e.Receive(bg, Spec{ID: 2, Peer: src.self, Plan: oplan, Pool: other})
 			require.NoError(t, err)
 			require.Equal(t, Queued, h.Status().State)
+			waitClosed(t, stuck, "the observer held in its first callback")
 			return h, dst.e.Cancel(2)
 		}, CancelledBeforeAdvertise},
 	}
@@ -73,7 +78,7 @@ func TestL10_FreeNowCancelFindsDoneAndQuiescedClosed(t *testing.T) {
 			let := func() { letGo.Do(func() { close(obs.release) }) }
 			t.Cleanup(let) // before the engines close, also when the test failed
 
-			h, out := c.run(t, src, dst)
+			h, out := c.run(t, src, dst, obs.entered)
 			require.Equal(t, c.want, out)
 			require.True(t, out.FreeNow())
 			require.True(t, isClosed(obs.entered), "the observer was stuck all along")

@@ -177,6 +177,13 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 			scfg, rcfg := rmaConfig(), rmaConfig()
 			rcfg.DisableRMA = c.disableRMAOnRecv
 			scfg.DisableRMA = c.disableRMAOnSend
+			if c.wantErr != nil && c.disableRMAOnRecv {
+				// The receiver refuses before it sends its request (runReceiveDevice), and the
+				// sender does not trust an abort naming a request it never saw (runSend): it
+				// ends by its QueueTimeout, which this case sets short. fastConfig's far one
+				// would outlast waitClosed.
+				scfg.QueueTimeout = 500 * time.Millisecond
+			}
 			p, w := newDevicePair(t, scfg, rcfg, c.srcGets, c.dstGets)
 			sspec := Spec{ID: 1, Peer: "decode", Plan: src.plan}
 			rspec := Spec{ID: 1, Peer: "prefill", Plan: dst.plan}

@@ -181,7 +181,9 @@ func TestL9_GoodbyeNamesOnlyTransfersEndedQuiescent(t *testing.T) {
 	s1, d1 := pools(t, 1)
 	hs1, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: s1.plan, Pool: s1.mem, Stream: true})
 	require.NoError(t, err)
-	hr1, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: d1.plan, Pool: d1.mem, Stream: true})
+	// Its own deadline is far: the receiver's 300ms is request 2's, and a loaded host's stall
+	// past it before the Cancel below ended request 1 first.
+	hr1, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: d1.plan, Pool: d1.mem, Stream: true, Timeout: time.Minute})
 	require.NoError(t, err)
 	eventually(t, func() bool { return hs1.Status().State == Advertised && hr1.Status().State == Advertised }, "request 1 advertised")
 	require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(1))

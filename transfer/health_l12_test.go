@@ -76,7 +76,9 @@ func TestL12_FailuresWhileQueuedAreAStall(t *testing.T) {
 			var e *Engine
 			start := time.Now()
 			unhealthy := false
-			for id := RequestID(100); !unhealthy && time.Since(start) < 3*time.Second; id++ {
+			// Ends once unhealthy (a few requests); the 10s bound only ends a failing run: 3s
+			// could pass in a loaded host's stall, with the last failure a deadline old by then.
+			for id := RequestID(100); !unhealthy && time.Since(start) < 10*time.Second; id++ {
 				h, eng, err := c.request(p, id, dst)
 				require.NoError(t, err)
 				e = eng

@@ -77,12 +77,17 @@ type pair struct {
 	src, dst *Engine
 }
 
-// fastConfig keeps every timer short so failure tests run in milliseconds.
+// fastConfig keeps the timers that end a wait on an event short (CancelGrace, RetryInterval),
+// so failure tests run in milliseconds, and the deadlines far: a test whose outcome is a
+// deadline (TransferTimeout, QueueTimeout, ProgressDeadline, QuarantineTimeout) sets that one
+// short itself. Under a loaded CI host a process stalls for seconds; a 2 s TransferTimeout
+// then ended transfers a test expected to complete or to fail another way (stop 30's
+// TestPullValidatedRead_SenderReusesASlotMidRead).
 func fastConfig() Config {
 	return Config{
-		SlotBytes: 1024, MaxConcurrent: 4, PipelineDepth: 2, TransferTimeout: 2 * time.Second,
-		QueueTimeout: 2 * time.Second, ProgressDeadline: time.Second, QuarantineTimeout: time.Second,
-		CancelGrace: 20 * time.Millisecond, RetryInterval: 20 * time.Millisecond, CloseTimeout: 5 * time.Second,
+		SlotBytes: 1024, MaxConcurrent: 4, PipelineDepth: 2, TransferTimeout: time.Minute,
+		QueueTimeout: time.Minute, ProgressDeadline: time.Minute, QuarantineTimeout: 30 * time.Second,
+		CancelGrace: 20 * time.Millisecond, RetryInterval: 20 * time.Millisecond, CloseTimeout: 30 * time.Second,
 		DirectMinRunBytes: None, // the test layouts' rows are a few hundred bytes: every path stays reachable
 	}
 }
@@ -114,10 +119,17 @@ func requireSlotsAccounted(t testing.TB, e *Engine) {
 
 func waitClosed(t testing.TB, ch <-chan struct{}, what string) {
 	t.Helper()
+	waitClosedWithin(t, ch, what, 10*time.Second)
+}
+
+// waitClosedWithin is waitClosed with another bound: for a transfer over UCX whose bytes a
+// loaded host's -race run moves slower than 10s allows.
+func waitClosedWithin(t testing.TB, ch <-chan struct{}, what string, d time.Duration) {
+	t.Helper()
 	select {
 	case <-ch:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s did not close within 10s", what)
+	case <-time.After(d):
+		t.Fatalf("%s did not close within %v", what, d)
 	}
 }
 

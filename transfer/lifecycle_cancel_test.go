@@ -42,11 +42,11 @@ func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {
 			return p.dst, h
 		}, CancelRequestedInFlight, Cancelled, false, ErrCancelled},
 		{"in flight, chunk on the wire", nil, func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle) {
+			// The second chunk hangs until the cancel (the loop resumes the wire after it): a
+			// 100ms delay let a loaded host's stall between seeing it in flight and the cancel
+			// complete the transfer first (AlreadyComplete).
 			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
-				if fp.Kind == wire.KindData && fp.Tag.Seq == 1 {
-					return mem.Fault{Delay: 100 * time.Millisecond}
-				}
-				return mem.Fault{}
+				return mem.Fault{Hang: fp.Kind == wire.KindData && fp.Tag.Seq == 1}
 			})
 			_, h := p.start(t, 1, src, dst)
 			eventually(t, func() bool { return h.Status().State == InFlight }, "in flight")
@@ -186,34 +186,55 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 	})
 }
 
+// TestFaultsEndEveryTransferCleanly: each fault ends both sides with its outcome and nothing
+// poisoned. Only the cases about a deadline set one (300ms, on the side whose deadline it is);
+// the others keep fastConfig's far one, which a loaded host's stall cannot reach before the
+// outcome they check.
 func TestFaultsEndEveryTransferCleanly(t *testing.T) {
+	const deadline = 300 * time.Millisecond
 	cases := []struct {
-		desc   string
-		fault  func(mem.FaultPoint) mem.Fault
-		lose   bool
-		state  State
-		errs   []error
-		sender []error
+		desc                   string
+		fault                  func(mem.FaultPoint) mem.Fault
+		lose                   bool
+		srcTimeout, dstTimeout time.Duration // 0: fastConfig's
+		resume                 bool          // the wire hangs until the receiver is done
+		state                  State
+		errs                   []error
+		sender                 []error
 	}{
-		{"first request-info dropped, retry recovers", dropFirst(wire.KindRequestInfo), false, Completed, nil, nil},
-		{"done message dropped: sender fails at its deadline, memory quiescent", dropAll(wire.KindDone), false, Completed, nil, []error{ErrDeadline}},
-		{"chunks delayed", dataOnly(mem.Fault{Delay: 5 * time.Millisecond}), false, Completed, nil, nil},
-		{"chunk fails after 100 bytes", dataOnly(mem.Fault{FailAfter: 100}), false, Failed, []error{mem.ErrInjected}, []error{mem.ErrInjected}},
-		{"peer lost mid-transfer", dataOnly(mem.Fault{Hang: true}), true, Failed, []error{ErrPeerLost}, []error{ErrPeerLost}},
-		{"chunk completes late, after the deadline", dataOnly(mem.Fault{Delay: 600 * time.Millisecond, IgnoreCancel: true}), false, Failed, []error{ErrDeadline}, nil},
+		{"first request-info dropped, retry recovers", dropFirst(wire.KindRequestInfo), false, 0, 0, false, Completed, nil, nil},
+		{"done message dropped: sender fails at its deadline, memory quiescent", dropAll(wire.KindDone), false, deadline, 0, false,
+			Completed, nil, []error{ErrDeadline}},
+		{"chunks delayed", dataOnly(mem.Fault{Delay: 5 * time.Millisecond}), false, 0, 0, false, Completed, nil, nil},
+		{"chunk fails after 100 bytes", dataOnly(mem.Fault{FailAfter: 100}), false, 0, 0, false, Failed, []error{mem.ErrInjected}, []error{mem.ErrInjected}},
+		{"peer lost mid-transfer", dataOnly(mem.Fault{Hang: true}), true, 0, 0, false, Failed, []error{ErrPeerLost}, []error{ErrPeerLost}},
+		// The chunk hangs (was: delayed 600ms) until the receiver's deadline has decided it: a
+		// stall across both timers could let the delayed chunk land first.
+		{"chunk completes late, after the deadline", dataOnly(mem.Fault{Hang: true, IgnoreCancel: true}), false, deadline, deadline, true,
+			Failed, []error{ErrDeadline}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.TransferTimeout = 300 * time.Millisecond
 			cfg.QuarantineTimeout = 5 * time.Second
-			p := newPair(t, cfg, cfg)
+			scfg, dcfg := cfg, cfg
+			if c.srcTimeout != 0 {
+				scfg.TransferTimeout = c.srcTimeout
+			}
+			if c.dstTimeout != 0 {
+				dcfg.TransferTimeout = c.dstTimeout
+			}
+			p := newPair(t, scfg, dcfg)
 			p.net.SetFault(c.fault)
 			src, dst := pools(t, 1)
 			hs, hr := p.start(t, 1, src, dst)
 			if c.lose {
 				eventually(t, func() bool { return p.net.OnWire() > 0 }, "on the wire")
 				p.net.LosePeer("decode")
+			}
+			if c.resume {
+				waitClosed(t, hr.Done(), "receiver done")
+				p.net.Resume() // the chunk completes, late
 			}
 			waitClosed(t, hr.Quiesced(), "receiver")
 			waitClosed(t, hs.Quiesced(), "sender")
@@ -289,20 +310,32 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 }
 
 // MaxRetries: None sends a receiver's request once; zero takes the default of six resends.
+// None is watched until a deadline of ten retry intervals; the default is watched until it
+// resends, then cancelled: with a 200ms deadline for it too, a loaded host's stall of that
+// long after the first request could fire the deadline before the first resend.
 func TestMaxRetriesNoneSendsTheRequestOnce(t *testing.T) {
 	for _, c := range []struct {
 		desc    string
 		retries int
-		want    func(t *testing.T, sent int)
+		timeout time.Duration
+		end     func(t *testing.T, p *pair, h *Handle, sent func() int64)
 	}{
-		{"None: once", None, func(t *testing.T, sent int) { require.Equal(t, 1, sent) }},
-		{"zero: the default", 0, func(t *testing.T, sent int) { require.Greater(t, sent, 1) }},
+		{"None: once", None, 200 * time.Millisecond, func(t *testing.T, _ *pair, h *Handle, sent func() int64) {
+			waitClosed(t, h.Quiesced(), "timed out")
+			requireState(t, h, Failed, ErrDeadline)
+			require.Equal(t, int64(1), sent())
+		}},
+		{"zero: the default", 0, time.Minute, func(t *testing.T, p *pair, h *Handle, sent func() int64) {
+			eventually(t, func() bool { return sent() > 1 }, "the request resent")
+			p.dst.Cancel(h.ID())
+			waitClosed(t, h.Quiesced(), "cancelled")
+		}},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
 			cfg.MaxRetries = c.retries
-			cfg.TransferTimeout = 200 * time.Millisecond // ten retry intervals
-			p := newPair(t, cfg, cfg)                    // the prefill engine never sends
+			cfg.TransferTimeout = c.timeout
+			p := newPair(t, cfg, cfg) // the prefill engine never sends
 			var requests atomic.Int64
 			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 				if fp.Kind == wire.KindRequestInfo {
@@ -313,9 +346,7 @@ func TestMaxRetriesNoneSendsTheRequestOnce(t *testing.T) {
 			_, dst := pools(t, 1)
 			h, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
 			require.NoError(t, err)
-			waitClosed(t, h.Quiesced(), "timed out")
-			requireState(t, h, Failed, ErrDeadline)
-			c.want(t, int(requests.Load()))
+			c.end(t, p, h, requests.Load)
 		})
 	}
 }

@@ -125,13 +125,20 @@ func TestLostPeersAreForgottenAndBounded(t *testing.T) {
 		p.net.ReportPeerLost(p.net.Endpoint("prefill"), "decode", alarm)
 		eventually(t, func() bool { return p.src.PeerLost("decode") != nil }, "the false alarm reported")
 		src, dst := pools(t, 3)
-		hs, hr := p.start(t, 1, src, dst)
+		// The Send is refused before the Receive starts: the transfer's goroutine checks the
+		// loss, and a loaded host could run the receiver's hello (which ends the alarm) first;
+		// the Send then ran, and completed.
+		hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
+		require.NoError(t, err)
 		waitClosed(t, hs.Quiesced(), "the refused Send quiesced")
 		requireState(t, hs, Failed, ErrPeerLost)
+		hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
+		require.NoError(t, err)
+		const bound = 10 * time.Second // far short of the 30s deadlines it would wait otherwise
 		select {
 		case <-hr.Quiesced():
-		case <-time.After(time.Second):
-			t.Fatalf("the receiver waits %v for a Send refused during a false alarm: %+v", time.Second, hr.Status())
+		case <-time.After(bound):
+			t.Fatalf("the receiver waits %v for a Send refused during a false alarm: %+v", bound, hr.Status())
 		}
 		requireState(t, hr, Failed, ErrPeerAborted)
 		require.NoError(t, p.src.PeerLost("decode"), "the receiver's request ended the alarm")

@@ -130,7 +130,10 @@ func (o *tableObserver) OnTransition(id RequestID, sub int, from, to State, ev E
 // with its blocks poisoned), Done and Quiesced closed as often as its moves say, at most once.
 func testEngineFollowsTheTable(t *testing.T) {
 	cfg := fastConfig()
-	cfg.QuarantineTimeout = 300 * time.Millisecond
+	// Requests 8, 9 and 10 must leave quarantine by their late chunk (resolved cancelled,
+	// resolved failed), 250 and 500 ms after they entered it: 300 ms left a stall of the loaded
+	// host's process of about 50 ms between the two. The poisoned ones wait 2 s.
+	cfg.QuarantineTimeout = 2 * time.Second
 	cfg.CancelGrace = 10 * time.Millisecond
 	cfg.QueueTimeout = 300 * time.Millisecond
 	cfg.DirectChunkBytes = 512
@@ -268,14 +271,17 @@ func testEngineFollowsTheTable(t *testing.T) {
 	// Deadlines: one whose chunk completes late (quarantined, resolved as failed), one whose
 	// chunk never quiesces (slots poisoned), one whose chunk fails (failed in flight).
 	// And one whose every chunk hangs (quarantined while advertised, then poisoned).
-	fault(10, mem.Fault{Delay: 200 * time.Millisecond, IgnoreCancel: true})
+	// The deadline is 1s (was 100ms): with 100ms a stall of the loaded host's process right
+	// after they started passed every deadline while they were still queued, and no run
+	// reached Advertised --quarantine--> (seen in a -race run under load).
+	fault(10, mem.Fault{Delay: 1500 * time.Millisecond, IgnoreCancel: true})
 	fault(11, mem.Fault{Hang: true, NeverQuiesce: true})
 	fault(12, mem.Fault{FailAfter: 8})
 	fault(17, mem.Fault{Hang: true})
 	for _, id := range []RequestID{10, 11, 12, 17} {
 		s, d := pools(uint64(id))
-		send(id, s, Spec{Timeout: 100 * time.Millisecond})
-		recv(id, d, Spec{Timeout: 100 * time.Millisecond})
+		send(id, s, Spec{Timeout: time.Second})
+		recv(id, d, Spec{Timeout: time.Second})
 	}
 	// Blocks poisoned for good on the direct path: a chunk that never quiesces.
 	{
@@ -283,8 +289,8 @@ func testEngineFollowsTheTable(t *testing.T) {
 		n.Endpoint("prefill").AllowDirect(s.mem)
 		n.Endpoint("decode").AllowDirect(d.mem)
 		fault(13, mem.Fault{Hang: true, NeverQuiesce: true})
-		send(13, s, Spec{Timeout: 100 * time.Millisecond})
-		recv(13, d, Spec{Timeout: 100 * time.Millisecond})
+		send(13, s, Spec{Timeout: time.Second})
+		recv(13, d, Spec{Timeout: time.Second})
 	}
 	// A multi-peer receive whose first sub fails while the second hangs (L14), and a
 	// transfer with a peer that is then lost.

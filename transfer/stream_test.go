@@ -464,7 +464,10 @@ func TestL9_StreamDeadlineWithAHungChunkQuarantinesThenPoisons(t *testing.T) {
 	cfg.QuarantineTimeout = 100 * time.Millisecond
 	p := newPair(t, cfg, cfg)
 	src, dst := streamPools(t, layout.LayerMajor)
-	hs, err := p.src.Send(bg, Spec{ID: 12, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: true, Timeout: 300 * time.Millisecond})
+	// The deadline runs from the first slot lease, before layer 1 moves and layer 2's chunk
+	// hangs: 2s (was 300ms) so a loaded host's stall does not end the send before the waits
+	// below see those.
+	hs, err := p.src.Send(bg, Spec{ID: 12, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: true, Timeout: 2 * time.Second})
 	require.NoError(t, err)
 	hr, err := p.dst.Receive(bg, Spec{ID: 12, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Stream: true})
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ package transfer
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -77,6 +78,9 @@ func TestL10_UCXExposureClaimedOnEveryPath(t *testing.T) {
 			t.Run(tr.name+"/"+pc.name, func(t *testing.T) {
 				cfg := ucxTestConfig()
 				cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 64<<10, 1<<10
+				// The claim ends it, not a deadline: the shm/direct case's transfer outlasted
+				// 10s (and waitClosed's 10s) in a -race run under load.
+				cfg.TransferTimeout = time.Minute
 				exposeClaimed(t, ucxExposeRig(tr.tls, tr.dev), pc, cfg, ucxExposeDims, 32)
 			})
 		}

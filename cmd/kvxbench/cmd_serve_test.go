@@ -103,7 +103,9 @@ func TestConnectToASilentPort(t *testing.T) {
 	code, _, stderr := runMain(t, 20*time.Second, "connect", "--connect-timeout", "300ms", "--baseline=false", ln.Addr().String())
 	require.Equal(t, exitError, code)
 	require.Contains(t, stderr, "sent nothing within 300ms")
-	require.Less(t, time.Since(start), 2*time.Second)
+	// Well short of runMain's 20s: the 300ms bound ended it, with room for a loaded host's
+	// stall (2s was not: a -race run under load can stall the process that long).
+	require.Less(t, time.Since(start), 10*time.Second)
 }
 
 // With the engine in the build, serve and connect measure a small scenario end to end, the

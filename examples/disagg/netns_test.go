@@ -125,7 +125,7 @@ func TestDisagg_TwoNamespacesThroughEtcd(t *testing.T) {
 	n := newNSPair(t)
 
 	target := startEtcdIn(t, n)
-	common := []string{"-transport=ucx", "-tls=tcp,self", "-timeout=60s", "-discovery=" + target}
+	common := []string{"-transport=ucx", "-tls=tcp,self", "-timeout=60s", "-progress-deadline=1m", "-discovery=" + target}
 	var prefillOut, prefillErr, decodeOut, decodeErr syncBuffer
 	prefill := inNS(t, n.a, []string{envRunMain + "=1", "UCX_NET_DEVICES=" + n.devA}, func(c *exec.Cmd) { c.Stdout, c.Stderr = &prefillOut, &prefillErr },
 		append([]string{"-role=prefill", "-control=10.213.9.1:0"}, common...)...)

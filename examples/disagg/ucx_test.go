@@ -5,13 +5,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -86,9 +86,9 @@ var prefillStoryLines = []string{
 func TestDisagg_UCXTwoProcesses(t *testing.T) {
 	skipWithoutUCX(t)
 	var stdout, stderr bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	require.NoError(t, run(ctx, []string{"-tokens=100"}, &stdout, &stderr), "stdout: %s\nstderr: %s", stdout.String(), stderr.String())
+	require.NoError(t, run(ctx, append([]string{"-tokens=100"}, patientStory...), &stdout, &stderr), "stdout: %s\nstderr: %s", stdout.String(), stderr.String())
 	out := stdout.String()
 	for _, want := range append(append([]string{}, prefillStoryLines...), decodeStoryLines...) {
 		require.Regexp(t, regexp.MustCompile(want), out)
@@ -117,25 +117,29 @@ func TestDisagg_UCXRolesByHand(t *testing.T) {
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close()) // free again for the prefill role; a race with another listener fails loudly
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var prefillOut, prefillErr syncBuffer
 	prefillDone := make(chan error, 1)
 	go func() {
-		prefillDone <- run(ctx, []string{"-role=prefill", "-control=" + addr}, &prefillOut, &prefillErr)
+		prefillDone <- run(ctx, append([]string{"-role=prefill", "-control=" + addr}, patientStory...), &prefillOut, &prefillErr)
 	}()
-	var decodeOut, decodeErr bytes.Buffer
-	var decodeRunErr error
-	for attempt := 0; attempt < 100; attempt++ { // until the prefill role listens: 5s at most
-		decodeOut.Reset()
-		decodeErr.Reset()
-		decodeRunErr = run(ctx, []string{"-role=decode", "-control=" + addr}, &decodeOut, &decodeErr)
-		var op *net.OpError
-		if !errors.As(decodeRunErr, &op) || !errors.Is(decodeRunErr, syscall.ECONNREFUSED) {
-			break
+	// The decode role starts once the prefill role says it waits for one (its control plane
+	// listens and it is in the registry), as a person at the second terminal would: a count of
+	// tries bounded by time ran out before a loaded host had the prefill role listening.
+	waiting := "prefill: waiting for a decode process: go run ./examples/disagg -role=decode -control=" + addr
+	for !strings.Contains(prefillOut.String(), waiting) {
+		select {
+		case err := <-prefillDone:
+			t.Fatalf("the prefill role ended before it waited for a decode process: %v\nstdout: %s\nstderr: %s",
+				err, prefillOut.String(), prefillErr.String())
+		case <-ctx.Done():
+			t.Fatalf("the prefill role never waited for a decode process: %s", prefillOut.String())
+		case <-time.After(10 * time.Millisecond):
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	var decodeOut, decodeErr bytes.Buffer
+	decodeRunErr := run(ctx, append([]string{"-role=decode", "-control=" + addr}, patientStory...), &decodeOut, &decodeErr)
 	require.NoError(t, decodeRunErr, "decode stdout: %s\nstderr: %s", decodeOut.String(), decodeErr.String())
 	select {
 	case err := <-prefillDone:
