@@ -183,7 +183,9 @@ func TestL9_UnknownQuiescenceMeansPoisonNeverRelease(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.TransferTimeout = 300 * time.Millisecond
+			// The deadline must come after both chunks are on the wire: 300 ms raced their
+			// posting on a loaded host.
+			cfg.TransferTimeout = 2 * time.Second
 			cfg.QuarantineTimeout = 100 * time.Millisecond
 			if c.lose {
 				cfg.TransferTimeout = 10 * time.Second
