@@ -43,7 +43,7 @@ func openHTTP(t *testing.T, url string, cfg Config) Registry {
 // own incarnation.
 func TestHTTP_Lifecycle(t *testing.T) {
 	srv := serveRegistry(t)
-	const ttl = 2 * time.Second // renewed every TTL/3: room for a loaded host
+	const ttl = 6 * time.Second // renewed every TTL/3: room for a loaded host (2 s lost the entry in a 2 s stall)
 	ctx := t.Context()
 	pub := openHTTP(t, srv.URL(), Config{TTL: ttl})
 	look := openHTTP(t, srv.URL(), Config{TTL: ttl})
