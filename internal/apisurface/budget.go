@@ -20,10 +20,10 @@ var Budgets = map[string]int{
 	"transfer/discovery/discoverytest": 8,
 	"transfer/discovery/etcd":          0,
 	"transfer/observe":                 52,
-	"transfer/transport":               134, // +7 Params, ParamsIssuer, AuthClaimed and the exposure's transport contract
+	"transfer/transport":               141, // +7 Params, ParamsIssuer, AuthClaimed and the exposure's transport contract; +7 Exposure and its fields (one-hop reads, docs/protocol.md)
 	"transfer/transport/mem":           57,
 	"transfer/transport/transporttest": 18,
-	"transfer/transport/ucx":           146, // +2 ContextParams.Anonymous, Transport.ExposeParams
+	"transfer/transport/ucx":           147, // +2 ContextParams.Anonymous, Transport.ExposeParams; +1 ContextParams.Exposure
 }
 
 // UserPackages are the packages a prefill/decode program imports (examples/); UserGoal is
