@@ -238,6 +238,7 @@ type Exposure struct {
 type ParamsIssuer interface {
 	// ExposeParams describes request id over plan (the sender's blocks) with its secret, for
 	// any receiver: the params name this transport as the sender, carry secret and say that
-	// no receiver is named. Nothing is sealed yet.
-	ExposeParams(id RequestID, plan *layout.Plan, secret []byte) (Params, error)
+	// no receiver is named, and carry exposure when it is not nil (a one-hop read's section).
+	// Nothing is sealed yet.
+	ExposeParams(id RequestID, plan *layout.Plan, secret []byte, exposure *Exposure) (Params, error)
 }

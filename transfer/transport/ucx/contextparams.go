@@ -308,6 +308,19 @@ func (c *ContextParams) encodeUnchecked(seal *ParamsSeal) ([]byte, error) {
 	return out, nil
 }
 
+// OneHop is what a one-hop read of these params needs (transfer.Spec.Params): their Exposure
+// section and the sender's plan, or nil, nil without the section.
+func (c *ContextParams) OneHop() (*transport.Exposure, *layout.Plan, error) {
+	if c.Exposure == nil {
+		return nil, nil, nil
+	}
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	p, err := c.Plan()
+	return c.Exposure, p, err
+}
+
 // Sign seals the params with the first of keys (cluster keys, as transfer.Config.ClusterKeys):
 // it sets Seal to the MAC of their encoding. Sign last: any change after it makes Verify refuse
 // the params. An error (no keys, or keys that are not ClusterKeyBytes each and all different,
