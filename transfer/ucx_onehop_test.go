@@ -109,14 +109,21 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 			t.Run("the receiver cancels mid-read", func(t *testing.T) {
 				p := newOneHopPair(t, tr.tls, tr.dev, 76, ucxTestConfig())
 				hr := p.receive(t)
+				eventually(t, func() bool { return hr.Status().State != Queued }, "the read started") // its request went
 				out := p.dst.e.Cancel(hr.ID())
+				t.Logf("cancel: %v", out)
 				waitQuiesced(t, hr, 30*time.Second)
-				waitQuiesced(t, p.hs, 30*time.Second)
 				switch out {
+				case CancelledBeforeAdvertise: // before its request went: the exposure is unclaimed still
+					require.Equal(t, Cancelled, hr.Status().State)
+					require.Equal(t, CancelledBeforeAdvertise, p.src.e.Cancel(p.hs.ID()))
+					return
 				case AlreadyComplete: // the read won the race: both say so
+					waitQuiesced(t, p.hs, 30*time.Second)
 					require.Equal(t, Completed, hr.Status().State)
 					require.Equal(t, Completed, p.hs.Status().State)
 				default:
+					waitQuiesced(t, p.hs, 30*time.Second)
 					require.Equal(t, Cancelled, hr.Status().State, "%v: %v", out, hr.Status().Err)
 					require.NotEqual(t, Completed, p.hs.Status().State, "the sender heard the release, not Done")
 				}
