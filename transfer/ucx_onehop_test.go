@@ -167,3 +167,51 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkUCXOneHop32Tokens is one 32-token request (two blocks of ucxExposeDims, 256 KiB)
+// exposed and received over UCX shared memory, Expose to both handles done, with the
+// params' Exposure section read at once ("one-hop") and with the switch off ("offer": the
+// request/offer round trip). Run both in one invocation and compare their ratio:
+//
+//	go test -run '^$' -bench UCXOneHop32Tokens -count 5 ./transfer/
+func BenchmarkUCXOneHop32Tokens(b *testing.B) {
+	for _, off := range []bool{false, true} {
+		name := map[bool]string{false: "one-hop", true: "offer"}[off]
+		b.Run(name, func(b *testing.B) {
+			cfg := ucxTestConfig()
+			cfg.noOneHop = off
+			cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 64<<10, 1<<10
+			src := newUCXEngine(b, "posix,cma,self", "", cfg)
+			dst := newUCXEngine(b, "posix,cma,self", "", cfg)
+			s := mappedKV(b, src, ucxExposeDims, layout.BlockMajor, seqBlocks(3, 2), 7)
+			r := mappedKV(b, dst, ucxExposeDims, layout.BlockMajor, seqBlocks(30, 2), 0)
+			b.ResetTimer()
+			for i := range b.N {
+				hs, p, err := src.e.Expose(bg, Spec{ID: RequestID(1000 + i), Plan: s.plan, Pool: s.mem})
+				if err != nil {
+					b.Fatal(err)
+				}
+				blob, err := p.MarshalBinary()
+				if err != nil {
+					b.Fatal(err)
+				}
+				cp, err := ucx.UnmarshalContextParams(blob)
+				if err != nil {
+					b.Fatal(err)
+				}
+				hr, err := dst.e.Receive(bg, Spec{ID: cp.RequestID, Peer: ucx.SenderPeer(cp), Plan: r.plan, Pool: r.mem,
+					Secret: cp.Secret, Params: cp})
+				if err != nil {
+					b.Fatal(err)
+				}
+				<-hr.Quiesced()
+				<-hs.Quiesced()
+				if hr.Status().State != Completed || hs.Status().State != Completed {
+					b.Fatalf("%v / %v", hr.Status().Err, hs.Status().Err)
+				}
+				_ = hr.Release()
+				_ = hs.Release()
+			}
+		})
+	}
+}
