@@ -112,6 +112,10 @@ type Config struct {
 	// up (see RMAMinRegionBytes); a sender with DisableRMA declines such a request. See
 	// docs/onecopy.md.
 	DisableRMA bool
+	// noOneHop keeps an exposure's params without the Exposure section and a Receive from
+	// reading one (onehop.go): the request/offer round trip, as before one-hop reads. For tests
+	// and measurements.
+	noOneHop bool
 	// DisablePull keeps the staging path on tagged data messages. By default, when both
 	// engines' transports implement transport.RMATransport and map their staging memory (ucx.Transport's
 	// StagingMemory), and gets to the peer are not emulated, the receiver reads each chunk out

@@ -241,6 +241,9 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive, expose bool) (*H
 		xs[i] = &xfer{h: h, eng: e, sub: i, wireSub: uint16(i), nonce: nonce, receive: receive, peer: s.Peer, plan: s.Plan,
 			mover: mover, pool: spec.Pool, dev: spec.Device, hostPool: spec.Mover == nil && !spec.Device.set(), hasMover: spec.Mover != nil, timeout: timeout, stopCh: make(chan struct{}),
 			stream: spec.Stream, signals: spec.Ready, secret: bytes.Clone(spec.Secret)}
+		if receive {
+			xs[i].params = spec.Params
+		}
 		if expose {
 			xs[i].peer, xs[i].exposed = "", true
 		}
@@ -263,7 +266,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive, expose bool) (*H
 	}
 	var params transport.Params
 	if expose {
-		if params, err = e.exposeParams(spec, subs[0].Plan); err != nil {
+		if params, err = e.exposeParams(spec, subs[0].Plan, xs[0].prepareOneHop()); err != nil {
 			h.unhold()
 			return nil, nil, err
 		}
@@ -349,6 +352,8 @@ func (h *Handle) cancel() CancelOutcome {
 		h.cancelRequested = true
 		cause := &RequestError{ID: h.id, Err: ErrCancelled}
 		for _, x := range h.subs {
+			// onehop.go: a read that raced the cancel goes stale before FreeNow.
+			x.endOneHop()
 			if from, r := x.m.apply(EvCancelQueued); r.ok { // a sub may have failed already
 				h.eng.obs.OnTransition(h.id, x.sub, from, r.next, EvCancelQueued)
 			}

@@ -51,12 +51,12 @@ func (s Spec) exposable() error {
 
 // exposeParams asks the transport for the exposure's params and signs them with the cluster
 // key; nil, nil for a transport that issues none.
-func (e *Engine) exposeParams(spec Spec, plan *layout.Plan) (transport.Params, error) {
+func (e *Engine) exposeParams(spec Spec, plan *layout.Plan, exposure *transport.Exposure) (transport.Params, error) {
 	pi, ok := e.tr.(transport.ParamsIssuer)
 	if !ok {
 		return nil, nil
 	}
-	p, err := pi.ExposeParams(spec.ID, plan, spec.Secret)
+	p, err := pi.ExposeParams(spec.ID, plan, spec.Secret, exposure)
 	if err == nil {
 		err = e.SignParams(p)
 	}

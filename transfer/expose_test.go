@@ -205,7 +205,9 @@ func exposeUnclaimed(t *testing.T, rig exposeRig, c unclaimedCase, base Config, 
 	t.Logf("the late claim failed %v after its Receive: %v", time.Since(start).Round(time.Millisecond), hr.Status().Err)
 	requireState(t, hr, Failed, claimErr)
 	if errors.Is(claimErr, ErrPeerLost) {
-		require.ErrorContains(t, hr.Status().Err, string(peer), "the error names the prefill")
+		var pl *PeerLostError
+		require.ErrorAs(t, hr.Status().Err, &pl)
+		require.Equal(t, peer, pl.Peer, "the error names the prefill")
 	}
 }
 

@@ -329,6 +329,9 @@ func (h *Handle) LayersReady() int {
 
 // unhold ends the pool hold of a handle that never started.
 func (h *Handle) unhold() {
+	for _, x := range h.subs { // onehop.go: a start that failed after its exposure took a word
+		x.endOneHop()
+	}
 	if h.releasePool != nil {
 		h.releasePool()
 		h.releasePool = nil

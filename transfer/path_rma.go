@@ -33,6 +33,10 @@ type rmaReceive struct {
 	// inPlace reads the offered pool where the transport maps it here (rma_inplace.go); nil:
 	// gets.
 	inPlace *rmaInPlace
+	// oneHop: the offer is the params' Exposure section (onehop.go), whose regions every
+	// get must lie in.
+	oneHop  bool
+	regions [][2]uint64
 }
 
 // rmaSend is the sending side of the RMA path: the pool is offered and exposed to the
@@ -71,6 +75,22 @@ func (x *xfer) askRMA() *rmaReceive {
 	}
 	r := &rmaReceive{x: x}
 	x.take(r)
+	offer, regions, err := x.oneHopOffer() // onehop.go: the params' Exposure section
+	if err != nil {
+		x.abort(&RequestError{ID: x.h.id, Err: &RMAOfferError{Field: "Exposure", Reason: "the params' exposure", Err: err}},
+			wire.AbortProtocol, x.eng.cfg.CancelGrace)
+		return r
+	}
+	if offer != nil {
+		// The section checked as an offer and the gets posted, then the request with the
+		// claim and FlagOneHop goes while they run: no offer will come. A section refused
+		// (the transfer aborts) claims nothing; one whose ranges are too small falls back,
+		// and that fallback's request is the claim.
+		r.oneHop, r.regions = true, regions
+		if r.offered(offer); !r.pulling {
+			return r
+		}
+	}
 	x.sendRequestInfo()
 	return r
 }
@@ -85,10 +105,13 @@ func (r *rmaReceive) kind() Path {
 // request asks for an offer (FlagRMA) while one is wanted. It reports false when no request
 // should go: the offer is in hand, and a repeat would read as a decline.
 func (r *rmaReceive) request(ri *wire.RequestInfo) bool {
-	if r.pulling {
+	if r.pulling && !r.oneHop { // a one-hop read's request is its claim: it goes, and again until a get moved
 		return false
 	}
 	ri.Flags |= wire.FlagDirect | wire.FlagRMA
+	if r.oneHop {
+		ri.Flags |= wire.FlagOneHop
+	}
 	return true
 }
 
@@ -155,6 +178,9 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		r.mapOffer(m) // rma_inplace.go
 	}
 	gets, err := x.checkOffer(m, r.inPlace != nil)
+	if err == nil && r.oneHop {
+		err = checkRegions(m.Addr, gets, r.regions) // onehop.go
+	}
 	if err == nil && gets == nil {
 		r.releaseView()
 		r.inPlace = nil
@@ -302,11 +328,16 @@ func (x *xfer) offerRMA(ri *wire.RequestInfo) (offered bool, decline []byte) {
 	case x.stream:
 		reason = "a streaming send exposes its layers as they become ready, by messages"
 	}
+	oneHop := ri.Flags&wire.FlagOneHop != 0 && x.oneHop != nil // onehop.go: the receiver has the offer already
 	if reason == "" {
 		addr, key, err := x.rmaKey(rt)
 		offer := &wire.RMAOffer{Header: head, Addr: addr, PoolBytes: x.poolBytes(),
 			Layout: x.plan.Layout(), Selection: x.plan.Selection(), Blocks: x.plan.Blocks(), Key: key}
-		if err == nil {
+		if h := x.oneHop; err == nil && h != nil { // the word the params named, ended once (endOneHop)
+			offer.Flags |= wire.RMAValidated
+			offer.GenAddr, offer.GenKey, offer.Generation = h.gen.GenAddr, h.gen.GenKey, h.gen.Generation
+			s.endGen = x.endOneHop
+		} else if err == nil {
 			err = s.exposeGeneration(offer)
 		}
 		if err == nil {
@@ -320,8 +351,11 @@ func (x *xfer) offerRMA(ri *wire.RequestInfo) (offered bool, decline []byte) {
 			v, vmin, _ := x.eng.peerFeatures(x.peer)
 			err = &FeatureError{Peer: x.peer, Feature: wire.FeatureMultiPart, PeerVersion: v, PeerMinVersion: vmin}
 		}
-		if err == nil {
+		if err == nil && !oneHop {
 			err = s.sendOffer()
+		}
+		if oneHop {
+			s.offer = nil // nothing to resend: the receiver read the params
 		}
 		if err != nil {
 			reason = err.Error()
@@ -329,6 +363,7 @@ func (x *xfer) offerRMA(ri *wire.RequestInfo) (offered bool, decline []byte) {
 		}
 	}
 	if reason != "" {
+		x.endOneHop() // no read of the params' exposure may complete now
 		x.log().Debug("declining rma", zap.String("reason", reason))
 		decline = wire.Encode(&wire.RMAOffer{Header: head, Flags: wire.RMADeclined, Reason: reason})
 		_ = x.eng.tr.SendControl(x.peer, decline)

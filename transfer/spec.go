@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // Spec describes one side of a transfer.
@@ -24,6 +25,11 @@ type Spec struct {
 	// the Send keeps waiting for the real one. A Receive passes the secret its ContextParams
 	// carry; it sends the proof, never the secret, and only to a sender that speaks claims.
 	Secret []byte
+	// Params (a Receive) are the request's decoded params (*ucx.ContextParams), or nil. Where
+	// they carry an Exposure section and this engine can read it, the Receive reads the
+	// sender's pool at once, with no request/offer round trip (docs/protocol.md, "One-hop
+	// reads"); otherwise they change nothing. A Send ignores them.
+	Params transport.Params
 	// Peer is the other engine, as the transport names it. Leave empty when Subs is set.
 	Peer Peer
 	// Plan names this side's blocks in this side's pool: the sender gathers it, the receiver

@@ -49,6 +49,10 @@ type xfer struct {
 	exposed   bool
 	claimer   Peer
 	unexposed bool
+	// oneHop: the pool's key and generation word an exposure put in its params (onehop.go),
+	// set before its goroutine starts; params: a Receive's Spec.Params.
+	oneHop *oneHopHold
+	params transport.Params
 	// layersReady is how many leading layers this sub has scattered (Receive).
 	layersReady atomic.Int64
 	// pathShown is the kind of path, for Handle.Path (written by its goroutine through take).
@@ -178,6 +182,9 @@ func (x *xfer) log() *zap.Logger {
 
 // apply moves this sub-transfer through the table under the handle's lock.
 func (x *xfer) apply(ev Event, cause error) bool {
+	if ev != EvAdvertise && ev != EvProgress {
+		x.endOneHop() // onehop.go: before the blocks can be reported quiescent
+	}
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
 	return x.h.subApplyLocked(x, ev, cause)

@@ -67,6 +67,9 @@ func (x *xfer) runSend() {
 	}
 	x.wireSub, x.nonce = ri.Sub, ri.Nonce
 	x.publishIdent()
+	if ri.Flags&wire.FlagDirect == 0 || ri.Flags&wire.FlagRMA == 0 {
+		x.endOneHop() // onehop.go: the claim takes another path, so no read of the params may complete
+	}
 	if !x.know() { // negotiate.go: what the receiver proved it speaks
 		return
 	}

@@ -209,12 +209,36 @@ type Params interface {
 	Verify(keys [][]byte) error
 }
 
+// Exposure is what a receiver needs to read a request's blocks at once with gets, with no
+// request/offer round trip (docs/protocol.md, "One-hop reads"): what it would otherwise learn
+// from the sender's RMA offer. A transport's params carry it (the UCX ContextParams' Exposure
+// section). Everything in it is the sender's word: the params' decoder checks its bounds, and
+// the receiver checks each key (native.CheckRemoteKey) before it is unpacked and each read
+// against Regions.
+type Exposure struct {
+	// Addr is the address in the sender of its pool's first byte (layout offset 0), as Key
+	// names it.
+	Addr uint64
+	// Key is the packed remote key of the sender's pool (its RMA registration).
+	Key []byte
+	// Regions are the ranges (address, bytes) of the pool a receiver may read: sorted,
+	// disjoint, each inside [Addr, Addr + the layout's span).
+	Regions [][2]uint64
+	// GenAddr, GenKey and Generation name the exposure's generation word (the packed key of
+	// the region holding it) and the value it holds while the blocks are exposed: the
+	// receiver reads it after its last get, and a read that raced a reuse is refused.
+	GenAddr    uint64
+	GenKey     []byte
+	Generation uint64
+}
+
 // ParamsIssuer is an optional extension of Transport whose requests are handed over as a
 // blob (the UCX transport): Engine.Expose asks it for the params of a request it exposes
 // without naming its receiver (docs/protocol.md, "Exposure without a named receiver").
 type ParamsIssuer interface {
 	// ExposeParams describes request id over plan (the sender's blocks) with its secret, for
 	// any receiver: the params name this transport as the sender, carry secret and say that
-	// no receiver is named. Nothing is sealed yet.
-	ExposeParams(id RequestID, plan *layout.Plan, secret []byte) (Params, error)
+	// no receiver is named, and carry exposure when it is not nil (a one-hop read's section).
+	// Nothing is sealed yet.
+	ExposeParams(id RequestID, plan *layout.Plan, secret []byte, exposure *Exposure) (Params, error)
 }

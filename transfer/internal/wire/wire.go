@@ -305,8 +305,13 @@ const (
 	FlagPull RequestFlags = 1 << 3
 	// FlagClaim: the request carries a Claim after its bitmap; sent only to a sender whose
 	// proven hello has FeatureClaimProof.
-	FlagClaim  RequestFlags = 1 << 4
-	knownFlags              = FlagLayerCut | FlagDirect | FlagRMA | FlagPull | FlagClaim
+	FlagClaim RequestFlags = 1 << 4
+	// FlagOneHop, with FlagDirect and FlagRMA: the receiver reads the pool the request's
+	// params exposed (their Exposure section) and has posted its gets already: the sender
+	// sends no offer and keeps the exposure it made for the params until Done or a release
+	// (docs/protocol.md, "One-hop reads"). Only a sender that made such params sees it.
+	FlagOneHop RequestFlags = 1 << 5
+	knownFlags              = FlagLayerCut | FlagDirect | FlagRMA | FlagPull | FlagClaim | FlagOneHop
 )
 
 // DataHeader precedes one chunk's payload.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -56,14 +57,16 @@ func (e *StaleIncarnationError) Unwrap() error { return ErrStaleIncarnation }
 //	request u64 | incarnation u64 | layout 12 x i64 | selection 4 x i64
 //	blocks u32 n, n x i32 | address u32 n, n bytes
 //	[secret 16 bytes, when flags has contextParamsFlagSecret]
+//	[exposure, when flags has contextParamsFlagExposure: pool address u64 | generation address u64 |
+//	 generation u64 | key length u16 | generation key length u16 | region count u16 | reserved u16 = 0 |
+//	 regions count x (address u64 | bytes u64) | key | generation key]
 //	[nothing: flag contextParamsFlagAnonymous has no section of its own]
 //	[key id 8 bytes | mac 32 bytes, when flags has contextParamsFlagMAC]
 //
 // all little-endian (docs/protocol.md, "ContextParams v3"). The optional sections follow in
 // flag order. Params without them are written as version 2 (flags zero), which a decoder of the
 // previous release reads; a version-3 blob without them, those bytes but for the version
-// field, decodes too. The flag 2 (Exposure) is designed, not built: a blob that sets it,
-// or any other unknown flag, is refused. (Version 1 also carried a list
+// field, decodes too. A blob that sets an unknown flag is refused. (Version 1 also carried a list
 // of registered regions that nothing filled; this build refuses it.) Decoding accepts exactly
 // one encoding per value, so a decoded blob re-encodes to the same bytes.
 //
@@ -89,6 +92,12 @@ type ContextParams struct {
 	// random bytes the sender's engine drew for this request. Whoever holds the blob holds the
 	// secret; it never travels on the engines' wire.
 	Secret []byte
+	// Exposure (section Exposure, flag 2) is what a one-hop read of the request needs: nil, or
+	// the sender's pool as its RMA registration names it (docs/protocol.md, "One-hop reads").
+	// It needs a Secret. The encoder and the decoder check its bounds: the keys' sizes
+	// (wire.MaxRMAKey), 1 to 16 regions, sorted and disjoint, each inside the layout's pool,
+	// no address that wraps.
+	Exposure *transport.Exposure
 	// Anonymous (flag 4) says the sender named no receiver (transfer.Engine.Expose): the
 	// first receiver that proves Secret claims the request. It needs a Secret.
 	Anonymous bool
@@ -118,6 +127,8 @@ const (
 	contextParamsMinVersion = 2
 	// contextParamsFlagSecret announces the Secret section.
 	contextParamsFlagSecret = 1
+	// contextParamsFlagExposure announces the Exposure section.
+	contextParamsFlagExposure = 2
 	// contextParamsFlagAnonymous announces that the sender named no receiver (Anonymous).
 	contextParamsFlagAnonymous = 4
 	// contextParamsFlagMAC announces the MAC section (Seal).
@@ -130,6 +141,13 @@ const (
 	contextParamsMaxBlocks = 1 << 16
 	// ContextParamsMaxAddress bounds the worker address.
 	ContextParamsMaxAddress = 1 << 16
+	// contextParamsMaxRegions bounds an Exposure's regions.
+	contextParamsMaxRegions = 16
+	// contextParamsExposureFixed is the Exposure section but for its regions and keys.
+	contextParamsExposureFixed = 8 + 8 + 8 + 2 + 2 + 2 + 2
+	// contextParamsMaxExposure bounds the Exposure section: its regions and its two keys at
+	// their bounds (wire.MaxRMAKey, as in an RMA offer).
+	contextParamsMaxExposure = contextParamsExposureFixed + 16*contextParamsMaxRegions + 2*wire.MaxRMAKey
 
 	cpMagic      = "KVXP"
 	cpHeaderSize = 16
@@ -161,9 +179,47 @@ func (c *ContextParams) Validate() error {
 		return bad("Secret", "%d bytes, want %d or none", len(c.Secret), ContextParamsSecretBytes)
 	case c.Anonymous && c.Secret == nil:
 		return bad("Anonymous", "params that name no receiver need a Secret")
+	case c.Exposure != nil && c.Secret == nil:
+		return bad("Exposure", "params a receiver reads at once need a Secret to end the read with")
 	}
 	if _, err := c.Plan(); err != nil {
 		return fmt.Errorf("%w: plan: %w", ErrBadMetadata, err)
+	}
+	if c.Exposure != nil {
+		return checkExposure(c.Exposure, c.Layout.SpanBytes())
+	}
+	return nil
+}
+
+// checkExposure is the Exposure section's bounds, for a pool of span bytes (a valid layout's).
+func checkExposure(x *transport.Exposure, span int64) error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: Exposure.%s: %s", ErrBadMetadata, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case len(x.Key) == 0 || len(x.Key) > wire.MaxRMAKey:
+		return bad("Key", "%d bytes, want 1 to %d", len(x.Key), wire.MaxRMAKey)
+	case len(x.GenKey) == 0 || len(x.GenKey) > wire.MaxRMAKey:
+		return bad("GenKey", "%d bytes, want 1 to %d: a one-hop read is always checked against its generation word", len(x.GenKey), wire.MaxRMAKey)
+	case x.GenAddr > math.MaxUint64-8:
+		return bad("GenAddr", "a word at %#x wraps around", x.GenAddr)
+	case span <= 0 || x.Addr > math.MaxUint64-uint64(span):
+		return bad("Addr", "a %d-byte pool at %#x wraps around", span, x.Addr)
+	case len(x.Regions) == 0 || len(x.Regions) > contextParamsMaxRegions:
+		return bad("Regions", "%d regions, want 1 to %d", len(x.Regions), contextParamsMaxRegions)
+	}
+	next := x.Addr // regions are sorted and disjoint: each starts at or after the last's end
+	for i, r := range x.Regions {
+		at, n := r[0], r[1]
+		switch {
+		case n == 0:
+			return bad("Regions", "region %d is empty", i)
+		case at < next:
+			return bad("Regions", "region %d at %#x starts before %#x (the pool's start or the last region's end)", i, at, next)
+		case at-x.Addr > uint64(span) || n > uint64(span)-(at-x.Addr):
+			return bad("Regions", "region %d [%#x, +%d) leaves the %d-byte pool at %#x", i, at, n, span, x.Addr)
+		}
+		next = at + n // inside the pool, which does not wrap
 	}
 	return nil
 }
@@ -183,12 +239,20 @@ func (c *ContextParams) encode(seal *ParamsSeal) ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	return c.encodeUnchecked(seal)
+}
+
+// encodeUnchecked writes the params as they are, valid or not (encode checks them first).
+func (c *ContextParams) encodeUnchecked(seal *ParamsSeal) ([]byte, error) {
 	var b bytes.Buffer
 	le := binary.LittleEndian
 	put := func(v any) { _ = binary.Write(&b, le, v) } // bytes.Buffer writes cannot fail
 	var flags uint16
 	if c.Secret != nil {
 		flags |= contextParamsFlagSecret
+	}
+	if c.Exposure != nil {
+		flags |= contextParamsFlagExposure
 	}
 	if c.Anonymous {
 		flags |= contextParamsFlagAnonymous
@@ -221,6 +285,20 @@ func (c *ContextParams) encode(seal *ParamsSeal) ([]byte, error) {
 	put(uint32(len(c.WorkerAddress)))
 	b.Write(c.WorkerAddress)
 	b.Write(c.Secret)
+	if x := c.Exposure; x != nil {
+		put(x.Addr)
+		put(x.GenAddr)
+		put(x.Generation)
+		put(uint16(len(x.Key)))
+		put(uint16(len(x.GenKey)))
+		put(uint16(len(x.Regions)))
+		put(uint16(0)) // reserved
+		for _, r := range x.Regions {
+			put(r)
+		}
+		b.Write(x.Key)
+		b.Write(x.GenKey)
+	}
 	if seal != nil {
 		b.Write(seal.KeyID[:])
 		b.Write(seal.MAC[:])
@@ -228,6 +306,19 @@ func (c *ContextParams) encode(seal *ParamsSeal) ([]byte, error) {
 	out := b.Bytes()
 	le.PutUint32(out[8:], uint32(len(out)))
 	return out, nil
+}
+
+// OneHop is what a one-hop read of these params needs (transfer.Spec.Params): their Exposure
+// section and the sender's plan, or nil, nil without the section.
+func (c *ContextParams) OneHop() (*transport.Exposure, *layout.Plan, error) {
+	if c.Exposure == nil {
+		return nil, nil, nil
+	}
+	if err := c.Validate(); err != nil {
+		return nil, nil, err
+	}
+	p, err := c.Plan()
+	return c.Exposure, p, err
 }
 
 // Sign seals the params with the first of keys (cluster keys, as transfer.Config.ClusterKeys):
@@ -336,6 +427,37 @@ func (r *cpReader) u64(what string) uint64 {
 	return 0
 }
 
+// exposure reads the Exposure section's structure (its bounds are Validate's). The lengths
+// are checked against their bounds before anything is taken for them.
+func (r *cpReader) exposure() *transport.Exposure {
+	x := &transport.Exposure{Addr: r.u64("exposure"), GenAddr: r.u64("exposure"), Generation: r.u64("exposure")}
+	nk, ngk, nr, reserved := int(r.u16("exposure")), int(r.u16("exposure")), int(r.u16("exposure")), r.u16("exposure")
+	switch {
+	case r.err != nil:
+	case nk > wire.MaxRMAKey || ngk > wire.MaxRMAKey || nr > contextParamsMaxRegions:
+		r.err = fmt.Errorf("%w: exposure of %d regions, a %d-byte key and a %d-byte generation key: at most %d regions and %d-byte keys",
+			ErrBadMetadata, nr, nk, ngk, contextParamsMaxRegions, wire.MaxRMAKey)
+	case reserved != 0:
+		r.err = fmt.Errorf("%w: exposure's reserved field is %#x, want 0", ErrBadMetadata, reserved)
+	}
+	if r.err != nil {
+		return nil
+	}
+	if nr > 0 {
+		x.Regions = make([][2]uint64, nr)
+		for i := range x.Regions {
+			x.Regions[i] = [2]uint64{r.u64("exposure region"), r.u64("exposure region")}
+		}
+	}
+	if nk > 0 {
+		x.Key = append([]byte(nil), r.take(nk, "exposure key")...)
+	}
+	if ngk > 0 {
+		x.GenKey = append([]byte(nil), r.take(ngk, "exposure generation key")...)
+	}
+	return x
+}
+
 // UnmarshalContextParams decodes a blob made by MarshalBinary. Anything else (garbage, a
 // truncated or corrupted blob, another version) returns an error matching ErrBadMetadata and
 // a nil result: nothing is decoded in part.
@@ -351,7 +473,7 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	if version < contextParamsMinVersion || version > contextParamsVersion {
 		return nil, fmt.Errorf("%w: version %d, this build reads versions %d to %d", ErrBadMetadata, version, contextParamsMinVersion, contextParamsVersion)
 	}
-	known := uint16(contextParamsFlagSecret | contextParamsFlagAnonymous | contextParamsFlagMAC)
+	known := uint16(contextParamsFlagSecret | contextParamsFlagExposure | contextParamsFlagAnonymous | contextParamsFlagMAC)
 	if version == 2 {
 		known = 0
 	}
@@ -401,6 +523,11 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	c.WorkerAddress = append([]byte(nil), r.take(int(na), "worker address")...)
 	if flags&contextParamsFlagSecret != 0 {
 		c.Secret = append([]byte(nil), r.take(ContextParamsSecretBytes, "secret")...)
+	}
+	if flags&contextParamsFlagExposure != 0 {
+		if c.Exposure = r.exposure(); r.err != nil {
+			return nil, r.err
+		}
 	}
 	c.Anonymous = flags&contextParamsFlagAnonymous != 0
 	if flags&contextParamsFlagMAC != 0 {

@@ -157,6 +157,21 @@ func FuzzContextParams(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(blob) // version 3, both sections
+	exposed := withExposure(llamaParams())
+	exposed.Blocks = []int32{5, 9}
+	if blob, err = exposed.MarshalBinary(); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(blob) // version 3, a secret and an exposure
+	exposed.Exposure.Regions = [][2]uint64{{poolAt, 64}, {poolAt + 4096, 4096}}
+	anonymous(exposed)
+	if err := exposed.Sign([][]byte{paramsKey(9)}); err != nil {
+		f.Fatal(err)
+	}
+	if blob, err = exposed.MarshalBinary(); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(blob) // version 3, every section
 	v3 := append([]byte(nil), good...)
 	binary.LittleEndian.PutUint16(v3[4:], 3)
 	f.Add(reseal(v3)) // version 3 without sections

@@ -114,7 +114,7 @@ func TestContextParams_V3Sections(t *testing.T) {
 		require.ErrorIs(t, err, ErrBadMetadata)
 		require.Contains(t, err.Error(), "Secret")
 	})
-	t.Run("designed sections are refused", func(t *testing.T) {
+	t.Run("flags without their sections, and unknown flags, are refused", func(t *testing.T) {
 		for _, f := range []uint16{2, 4, 16, 0x8000} {
 			b, err := llamaParams().MarshalBinary()
 			require.NoError(t, err)

@@ -202,10 +202,11 @@ func (t *Transport) ContextParams(id transport.RequestID, plan *layout.Plan) *Co
 }
 
 // ExposeParams implements transport.ParamsIssuer: ContextParams of request id over plan with
-// secret, naming no receiver (Anonymous), for transfer.Engine.Expose.
-func (t *Transport) ExposeParams(id transport.RequestID, plan *layout.Plan, secret []byte) (transport.Params, error) {
+// secret, naming no receiver (Anonymous), with the Exposure section when exposure is not nil,
+// for transfer.Engine.Expose.
+func (t *Transport) ExposeParams(id transport.RequestID, plan *layout.Plan, secret []byte, exposure *transport.Exposure) (transport.Params, error) {
 	cp := t.ContextParams(id, plan)
-	cp.Secret, cp.Anonymous = append([]byte(nil), secret...), true
+	cp.Secret, cp.Anonymous, cp.Exposure = append([]byte(nil), secret...), true, exposure
 	if err := cp.Validate(); err != nil {
 		return nil, err
 	}
