@@ -393,8 +393,8 @@ var _ transport.RMAVectorGets = (*Transport)(nil)
 // key it answers from the peer's worker address alone; with a key it decides the route for
 // it (the peer's proof, bounded), from memory UCX maps here too.
 func (t *Transport) VectorGets(from transport.Peer, key []byte) bool {
-	if key == nil {
-		if !t.cma.selfOK || t.cma.shut(from) {
+	if key == nil { // a kernel that refused one read (Yama's ptrace_scope, seccomp) refuses all
+		if !t.cma.selfOK || t.cma.shut(from) || t.cma.refused.Load() > 0 {
 			return false
 		}
 		_, ok := t.cmaPeer(from)
