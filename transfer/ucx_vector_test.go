@@ -20,8 +20,8 @@ import (
 // receivers' pools (each its own engine), sub i of receiver j reading from sender subs[j][i].
 type vectorTP struct {
 	senders, receivers []*ucxEngine
-	sendKV             []*ucxKV   // per sender
-	recvKV             []*ucxKV   // per receiver
+	sendKV             []*ucxKV         // per sender
+	recvKV             []*ucxKV         // per receiver
 	sendPlans          [][]*layout.Plan // [sender][receiver]: what sender s sends receiver r (nil: none)
 	recvPlans          [][]*layout.Plan // [receiver][sender]
 }
