@@ -5,7 +5,7 @@ package transfer
 // The RMA path's vector gets: where a pool holds the stream in pieces too small for one get
 // each (under Config.DirectMinRunBytes: a TP=2 rank's half of a token's heads in
 // layer-major-nhd is 1 KiB) and the transport reads many ranges of the peer's memory in one
-// operation (transport.RMAVectorGets: UCX from a process on this host, by process_vm_readv),
+// operation (vectorget.Hooks: UCX from a process on this host, by process_vm_readv),
 // the receiver takes the RMA mode anyway and reads each chunk of the stream as one vector get:
 // the sender's plan's runs over the chunk as the remote list, its own plan's runs as the local
 // one. The two lists need not pair up (the transport reads them as one stream each), so
@@ -17,18 +17,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-// vectorGets returns the engine's transport as a transport.RMAVectorGets where the RMA mode
-// runs and this side's pool is host memory, or nil.
-func (x *xfer) vectorGets() transport.RMAVectorGets {
-	if x.dev.set() || !x.hostPool {
-		return nil
-	}
-	vg, _ := x.rmaTransport().(transport.RMAVectorGets)
-	return vg
+// vectorGets reports whether this side could post vector gets: the RMA mode runs, this
+// side's pool is host memory, and a transport with vector gets is linked in (vectorget.Hooks;
+// whether the engine's is that one, the hooks say).
+func (x *xfer) vectorGets() bool {
+	return !x.dev.set() && x.hostPool && x.rmaTransport() != nil && vectorget.Hooks.VectorGets != nil
 }
 
 // vectorGetsLikely (a receiver whose pool's pieces are small, choosing its path before any
@@ -37,11 +35,10 @@ func (x *xfer) vectorGets() transport.RMAVectorGets {
 // peer is a process on this host that process_vm_readv may read). The key decides at the
 // offer; one that does not prove itself falls back to IOV messages.
 func (x *xfer) vectorGetsLikely() bool {
-	vg := x.vectorGets()
-	if vg == nil || !x.peerHas(wire.FeatureRMA) || x.getsEmulated(vg) {
+	if !x.vectorGets() || !x.peerHas(wire.FeatureRMA) || x.getsEmulated(x.rmaTransport()) {
 		return false
 	}
-	return vg.VectorGets(x.peer, nil)
+	return vectorget.Hooks.VectorGets(x.eng.tr, x.peer, nil)
 }
 
 // smallRuns reports whether p's contiguous pieces of the stream are under
@@ -51,13 +48,12 @@ func (x *xfer) smallRuns(p *layout.Plan) bool {
 }
 
 // vectorOffer decides whether offer m is read by vector gets: either side's pieces are small
-// and the transport reads the offered key that way (transport.RMAVectorGets.VectorGets, which may
+// and the transport reads the offered key that way (vectorget.Hooks.VectorGets, which may
 // wait for the peer's proof). It returns the offer's plan and the gets, one per chunk of the
 // stream (rmaRegion.src and dst are stream offsets then), or a nil plan: gets as usual. A bad
 // offer is an *RMAOfferError.
 func (x *xfer) vectorOffer(m *wire.RMAOffer) (*layout.Plan, []rmaRegion, error) {
-	vg := x.vectorGets()
-	if vg == nil {
+	if !x.vectorGets() {
 		return nil, nil, nil
 	}
 	src, err := x.offerPlan(m)
@@ -67,7 +63,7 @@ func (x *xfer) vectorOffer(m *wire.RMAOffer) (*layout.Plan, []rmaRegion, error) 
 	if !x.smallRuns(src) && !x.smallRuns(x.plan) {
 		return nil, nil, nil
 	}
-	if !vg.VectorGets(x.peer, m.Key) {
+	if !vectorget.Hooks.VectorGets(x.eng.tr, x.peer, m.Key) {
 		x.log().Debug("small pieces, but the offered pool cannot be read by vector gets")
 		return nil, nil, nil
 	}
@@ -93,7 +89,7 @@ func (r *rmaReceive) postVector(g rmaRegion, tag transport.Tag, done func(transp
 	if err := l.walk(r.vecSrc, x.plan, g.src, g.n); err != nil {
 		return 0, err
 	}
-	return x.vectorGets().PostGetVector(x.peer, tag, r.key, l.src, l.dst, done)
+	return vectorget.Hooks.PostGetVector(x.eng.tr, x.peer, tag, r.key, l.src, l.dst, done)
 }
 
 // vectorLists builds a vector get's two lists, merging each piece into the last where it
@@ -101,7 +97,7 @@ func (r *rmaReceive) postVector(g rmaRegion, tag transport.Tag, done func(transp
 type vectorLists struct {
 	base   uint64
 	pool   []byte
-	src    []transport.Range
+	src    []vectorget.Range
 	dst    [][]byte
 	dstEnd int64
 }
@@ -112,7 +108,7 @@ func (l *vectorLists) add(s, d, n int64) {
 	if k := len(l.src) - 1; k >= 0 && l.src[k].Addr+uint64(l.src[k].Len) == a {
 		l.src[k].Len += int(n)
 	} else {
-		l.src = append(l.src, transport.Range{Addr: a, Len: int(n)})
+		l.src = append(l.src, vectorget.Range{Addr: a, Len: int(n)})
 	}
 	if k := len(l.dst) - 1; k >= 0 && l.dstEnd == d {
 		start := d - int64(len(l.dst[k]))

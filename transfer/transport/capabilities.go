@@ -107,34 +107,6 @@ type RMALanes interface {
 	GetLanes() int
 }
 
-// RMAVectorGets is an optional extension of RMATransport, for a transport that reads many
-// small ranges of a peer's memory in one operation (the UCX transport, from a peer process on
-// this host: process_vm_readv with arrays of iovecs). A receiver whose pool or whose sender's
-// pool holds the stream in pieces too small for one get each (a TP=2 rank's half of the heads
-// in layer-major-nhd: 1 KiB) then takes the RMA mode anyway and reads each chunk of the stream
-// as one vector, instead of bouncing the pieces through staging.
-type RMAVectorGets interface {
-	RMATransport
-	// VectorGets reports whether gets from peer from may go as vectors. With a nil key it
-	// decides nothing and answers at once whether they might (a receiver choosing its path);
-	// with the key of an offer it decides, and may wait a bounded time to (UCX proves the
-	// peer's process and the ranges its key covers first, docs/security.md).
-	VectorGets(from Peer, key []byte) bool
-	// PostGetVector reads src, ranges of from's memory named by key, in order as one stream,
-	// into the pieces of dst, in order: byte i of the one lands at byte i of the other, so
-	// the two lists need not pair up piece for piece, only their totals must agree. It has
-	// PostGet's contract: one final completion with its memory verdict; Cancel reports
-	// MemoryBusy while a read runs. Every range of src lies in memory the peer's key covers,
-	// or the get fails before anything is read (ErrProtocol).
-	PostGetVector(from Peer, tag Tag, key []byte, src []Range, dst [][]byte, done func(Completion)) (OpID, error)
-}
-
-// Range is a range of a peer's memory, as a vector get names it.
-type Range struct {
-	Addr uint64
-	Len  int
-}
-
 // RMAGenerations is an optional extension of RMATransport that makes the RMA mode's reads
 // validated. The rule, which both engines keep:
 //

@@ -37,6 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -386,13 +387,25 @@ func (t *Transport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []unix.
 	return op.id, true, nil
 }
 
-var _ transport.RMAVectorGets = (*Transport)(nil)
+func init() {
+	vectorget.Hooks.VectorGets = func(tr any, from transport.Peer, key []byte) bool {
+		t, ok := tr.(*Transport)
+		return ok && t.vectorGets(from, key)
+	}
+	vectorget.Hooks.PostGetVector = func(tr any, from transport.Peer, tag transport.Tag, key []byte, src []vectorget.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+		t, ok := tr.(*Transport)
+		if !ok {
+			return 0, fmt.Errorf("%w: %T has no vector gets", transport.ErrBadRegion, tr)
+		}
+		return t.postGetVector(from, tag, key, src, dst, done)
+	}
+}
 
-// VectorGets implements transport.RMAVectorGets: vector gets go by process_vm_readv only, so
+// VectorGets is vectorget.Hooks.VectorGets for this transport: vector gets go by process_vm_readv only, so
 // from must be a process on this host that process_vm_readv may read (cmaRoute). With a nil
 // key it answers from the peer's worker address alone; with a key it decides the route for
 // it (the peer's proof, bounded), from memory UCX maps here too.
-func (t *Transport) VectorGets(from transport.Peer, key []byte) bool {
+func (t *Transport) vectorGets(from transport.Peer, key []byte) bool {
 	if key == nil { // a kernel that refused one read (Yama's ptrace_scope, seccomp) refuses all
 		if !t.cma.selfOK || t.cma.shut(from) || t.cma.refused.Load() > 0 {
 			return false
@@ -407,13 +420,13 @@ func (t *Transport) VectorGets(from transport.Peer, key []byte) bool {
 	return ok
 }
 
-// PostGetVector implements transport.RMAVectorGets: one process_vm_readv read of src into
+// PostGetVector is vectorget.Hooks.PostGetVector for this transport: one process_vm_readv read of src into
 // dst, in calls of at most cmaIOVMax iovecs a side, in pieces each bounded by
 // Config.CMAReadTimeout, with everything a get by process_vm_readv has (cma.go): every range
 // checked against the ranges the peer proved (*CMARangeError), the pidfd checked after,
 // Cancel and Close as for such a get. Adjacent ranges of either list are merged first. It
 // fails where VectorGets(from, key) would report false.
-func (t *Transport) PostGetVector(from transport.Peer, _ transport.Tag, key []byte, src []transport.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+func (t *Transport) postGetVector(from transport.Peer, _ transport.Tag, key []byte, src []vectorget.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	remote := make([]unix.RemoteIovec, 0, len(src))
 	rtotal := 0
 	for _, r := range src {

@@ -31,6 +31,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/peerproc"
 	"github.com/kvxfer/kvxfer/internal/peerproc/uffd"
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -311,22 +312,22 @@ func TestCMA_VectorReadOutsideTheRegistrationIsRefused(t *testing.T) {
 	b, rb, dst := cmaReader(t, n, Config{})
 	t.Cleanup(func() { require.NoError(t, b.Close(true)) })
 	peer := transport.Peer(child.Addr)
-	require.True(t, b.VectorGets(peer, child.key), "the child proves its pool")
-	inside := func() []transport.Range { // every other KiB of the pool's second half
-		var src []transport.Range
+	require.True(t, b.vectorGets(peer, child.key), "the child proves its pool")
+	inside := func() []vectorget.Range { // every other KiB of the pool's second half
+		var src []vectorget.Range
 		for off := n / 2; off < n; off += 2 * piece {
-			src = append(src, transport.Range{Addr: child.pool + uint64(off), Len: piece})
+			src = append(src, vectorget.Range{Addr: child.pool + uint64(off), Len: piece})
 		}
 		return src
 	}
 	for _, c := range []struct {
 		desc   string
-		forged *transport.Range
+		forged *vectorget.Range
 	}{
 		{"inside", nil},
-		{"the secret before the pool", &transport.Range{Addr: child.secret, Len: piece}},
-		{"straddling the pool's start", &transport.Range{Addr: child.pool - 64, Len: piece}},
-		{"straddling the pool's end", &transport.Range{Addr: child.pool + n - piece/2, Len: piece}},
+		{"the secret before the pool", &vectorget.Range{Addr: child.secret, Len: piece}},
+		{"straddling the pool's start", &vectorget.Range{Addr: child.pool - 64, Len: piece}},
+		{"straddling the pool's end", &vectorget.Range{Addr: child.pool + n - piece/2, Len: piece}},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			clear(dst)
@@ -339,7 +340,7 @@ func TestCMA_VectorReadOutsideTheRegistrationIsRefused(t *testing.T) {
 				local[i] = dst[i*piece : (i+1)*piece : (i+1)*piece]
 			}
 			id, err := post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) {
-				return b.PostGetVector(peer, transport.Tag{Request: 7, Seq: 2}, child.key, src, local, d)
+				return b.postGetVector(peer, transport.Tag{Request: 7, Seq: 2}, child.key, src, local, d)
 			})
 			if c.forged != nil {
 				require.ErrorIs(t, err, transport.ErrProtocol, "the peer's input broke the protocol: the engine counts it")

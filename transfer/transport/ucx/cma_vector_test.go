@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -36,17 +37,17 @@ func vectorGet(t *testing.T, a, b *Transport, rb *ucxRecorder, pool []byte, srcO
 	t.Helper()
 	addr, key, err := a.RMAKey(pool)
 	require.NoError(t, err)
-	src := make([]transport.Range, len(srcOffs))
+	src := make([]vectorget.Range, len(srcOffs))
 	for i, o := range srcOffs {
-		src[i] = transport.Range{Addr: addr + uint64(o), Len: piece}
+		src[i] = vectorget.Range{Addr: addr + uint64(o), Len: piece}
 	}
 	d := make([][]byte, len(dstOffs))
 	for i, o := range dstOffs {
 		d[i] = dst[o : o+piece : o+piece]
 	}
-	require.True(t, b.VectorGets(a.Self(), key), "the route is proven")
+	require.True(t, b.vectorGets(a.Self(), key), "the route is proven")
 	return post(t, rb, func(done func(transport.Completion)) (transport.OpID, error) {
-		return b.PostGetVector(a.Self(), transport.Tag{Request: 9, Seq: 1}, key, src, d, done)
+		return b.postGetVector(a.Self(), transport.Tag{Request: 9, Seq: 1}, key, src, d, done)
 	})
 }
 
@@ -140,21 +141,21 @@ func TestUCXCMA_VectorGetsRefuseBadLists(t *testing.T) {
 	a, b, rb, pool, dst := cmaPair(t, 1<<20, nil)
 	addr, key, err := a.RMAKey(pool)
 	require.NoError(t, err)
-	require.True(t, b.VectorGets(a.Self(), key))
+	require.True(t, b.vectorGets(a.Self(), key))
 	other := make([]byte, 4096) // Go memory: no registered region
 	for _, c := range []struct {
 		desc string
-		src  []transport.Range
+		src  []vectorget.Range
 		dst  [][]byte
 	}{
-		{"totals differ", []transport.Range{{Addr: addr, Len: 4096}}, [][]byte{dst[:2048]}},
-		{"an empty range", []transport.Range{{Addr: addr, Len: 0}, {Addr: addr, Len: 4096}}, [][]byte{dst[:4096]}},
-		{"a piece outside every region", []transport.Range{{Addr: addr, Len: 8192}}, [][]byte{dst[:4096], other}},
+		{"totals differ", []vectorget.Range{{Addr: addr, Len: 4096}}, [][]byte{dst[:2048]}},
+		{"an empty range", []vectorget.Range{{Addr: addr, Len: 0}, {Addr: addr, Len: 4096}}, [][]byte{dst[:4096]}},
+		{"a piece outside every region", []vectorget.Range{{Addr: addr, Len: 8192}}, [][]byte{dst[:4096], other}},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			clear(dst)
 			_, err := post(t, rb, func(done func(transport.Completion)) (transport.OpID, error) {
-				return b.PostGetVector(a.Self(), transport.Tag{Request: 9, Seq: 1}, key, c.src, c.dst, done)
+				return b.postGetVector(a.Self(), transport.Tag{Request: 9, Seq: 1}, key, c.src, c.dst, done)
 			})
 			require.Error(t, err)
 			require.Equal(t, make([]byte, len(dst)), dst, "nothing read")
