@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
@@ -37,6 +38,9 @@ type rmaReceive struct {
 	// get must lie in.
 	oneHop  bool
 	regions [][2]uint64
+	// vecSrc is the offer's plan where its pieces are read by vector gets (rma_vector.go):
+	// each of gets is then a range of the stream. nil: each is a pool range.
+	vecSrc *layout.Plan
 }
 
 // rmaSend is the sending side of the RMA path: the pool is offered and exposed to the
@@ -174,16 +178,24 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		}
 		m, r.parts = whole, nil
 	}
-	if r.inPlace = x.rmaInPlace(); r.inPlace != nil {
-		r.mapOffer(m) // rma_inplace.go
+	var src *layout.Plan
+	var gets []rmaRegion
+	var err error
+	if !r.oneHop { // a one-hop offer's gets are checked against its regions as pool ranges
+		src, gets, err = x.vectorOffer(m) // rma_vector.go
 	}
-	gets, err := x.checkOffer(m, r.inPlace != nil)
-	if err == nil && r.oneHop {
-		err = checkRegions(m.Addr, gets, r.regions) // onehop.go
-	}
-	if err == nil && gets == nil {
-		r.releaseView()
-		r.inPlace = nil
+	if err == nil && src == nil {
+		if r.inPlace = x.rmaInPlace(); r.inPlace != nil {
+			r.mapOffer(m) // rma_inplace.go
+		}
+		gets, err = x.checkOffer(m, r.inPlace != nil)
+		if err == nil && r.oneHop {
+			err = checkRegions(m.Addr, gets, r.regions) // onehop.go
+		}
+		if err == nil && gets == nil {
+			r.releaseView()
+			r.inPlace = nil
+		}
 	}
 	if err != nil {
 		x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
@@ -217,7 +229,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 			return
 		}
 	}
-	r.pulling, r.key, r.addr, r.gets = true, m.Key, m.Addr, gets
+	r.pulling, r.key, r.addr, r.gets, r.vecSrc = true, m.Key, m.Addr, gets, src
 	x.take(r)                              // now PathRMA
 	x.nChunks, x.recvSeen = len(gets), nil // layers are reported ready at the end
 	for range min(rmaGetsAhead, len(gets)) {
@@ -257,9 +269,12 @@ func (r *rmaReceive) post(*buffer.Slot) bool {
 	done := func(c transport.Completion) { x.box.Push(event{op: rec, c: c}) }
 	var id transport.OpID
 	var err error
-	if x.dev.set() { // device.go: named by address, never by a slice
+	switch {
+	case r.vecSrc != nil: // rma_vector.go
+		id, err = r.postVector(g, x.tag(rec.seq), done)
+	case x.dev.set(): // device.go: named by address, never by a slice
 		id, err = x.eng.deviceGets().PostGetAt(x.peer, x.tag(rec.seq), r.key, r.addr+uint64(g.src), x.dev.Addr+uint64(g.dst), g.n, done)
-	} else {
+	default:
 		id, err = x.rmaTransport().PostGet(x.peer, x.tag(rec.seq), r.key, r.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], done)
 	}
 	if err != nil {

@@ -141,18 +141,9 @@ func (x *xfer) checkOffer(m *wire.RMAOffer, inPlace bool) ([]rmaRegion, error) {
 	bad := func(field string, err error, format string, args ...any) error {
 		return &RMAOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
 	}
-	src, err := layout.NewPlan(m.Layout, m.Selection, m.Blocks)
+	src, err := x.offerPlan(m)
 	if err != nil {
-		return nil, bad("plan", err, "the offered layout, selection and blocks do not make a plan: %v", err)
-	}
-	if m.PoolBytes <= 0 || src.PoolSpan() > m.PoolBytes {
-		return nil, bad("PoolBytes", nil, "a %d-byte pool cannot hold the offered layout's %d bytes", m.PoolBytes, src.PoolSpan())
-	}
-	if m.Addr+uint64(m.PoolBytes) < m.Addr {
-		return nil, bad("Addr", nil, "[%#x, +%d) wraps around", m.Addr, m.PoolBytes)
-	}
-	if err := layout.CompatibleShapes(src.Shape(), x.plan.Shape()); err != nil {
-		return nil, bad("Blocks", err, "the offered stream is not the requested one: %v", err)
+		return nil, err
 	}
 	regions, ok := rmaRegions(src, x.plan)
 	least := x.eng.cfg.RMAMinRegionBytes
@@ -175,6 +166,29 @@ func (x *xfer) checkOffer(m *wire.RMAOffer, inPlace bool) ([]rmaRegion, error) {
 		}
 	}
 	return gets, nil
+}
+
+// offerPlan validates the offer's plan against the advertised pool and this side's plan and
+// returns it: every range of it lies inside the offered pool, and it streams the requested
+// bytes.
+func (x *xfer) offerPlan(m *wire.RMAOffer) (*layout.Plan, error) {
+	bad := func(field string, err error, format string, args ...any) error {
+		return &RMAOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
+	}
+	src, err := layout.NewPlan(m.Layout, m.Selection, m.Blocks)
+	if err != nil {
+		return nil, bad("plan", err, "the offered layout, selection and blocks do not make a plan: %v", err)
+	}
+	if m.PoolBytes <= 0 || src.PoolSpan() > m.PoolBytes {
+		return nil, bad("PoolBytes", nil, "a %d-byte pool cannot hold the offered layout's %d bytes", m.PoolBytes, src.PoolSpan())
+	}
+	if m.Addr+uint64(m.PoolBytes) < m.Addr {
+		return nil, bad("Addr", nil, "[%#x, +%d) wraps around", m.Addr, m.PoolBytes)
+	}
+	if err := layout.CompatibleShapes(src.Shape(), x.plan.Shape()); err != nil {
+		return nil, bad("Blocks", err, "the offered stream is not the requested one: %v", err)
+	}
+	return src, nil
 }
 
 // getBytes is the largest get: DirectChunkBytes, or less where the transport stripes gets

@@ -243,6 +243,9 @@ func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Dura
 // It compares the plans' pool runs, so it holds whatever layouts the plans use; it returns the
 // lower index i and the later one j.
 func overlappingSubs(subs []SubSpec) (i, j int, found bool) {
+	if i, j, found, ok := overlappingSelections(subs); ok {
+		return i, j, found
+	}
 	type run struct {
 		off, end int64
 		sub      int
@@ -266,4 +269,38 @@ func overlappingSubs(subs []SubSpec) (i, j int, found bool) {
 		}
 	}
 	return 0, 0, false
+}
+
+// overlappingSelections is overlappingSubs where every plan has the same layout (a TP split's
+// subs into one pool): the layout names each (block, layer, head) row once (NewPlan refuses
+// strides that overlap), so two subs share bytes exactly when their layers, their heads and
+// their blocks all meet, which takes no walk of the plans' runs (a 4k-token TP=2->1 request
+// into layer-major-nhd has a million, and sorting them took longer than moving the bytes).
+// ok is false where the layouts differ: the caller walks the runs.
+func overlappingSelections(subs []SubSpec) (i, j int, found, ok bool) {
+	for _, s := range subs[1:] {
+		if s.Plan.Layout() != subs[0].Plan.Layout() {
+			return 0, 0, false, false
+		}
+	}
+	meet := func(a0, a1, b0, b1 int64) bool { return a0 < b1 && b0 < a1 }
+	for j := 1; j < len(subs); j++ {
+		b := subs[j].Plan.Selection()
+		for i := range j {
+			a := subs[i].Plan.Selection()
+			if !meet(a.LayerBegin, a.LayerEnd, b.LayerBegin, b.LayerEnd) || !meet(a.HeadBegin, a.HeadEnd, b.HeadBegin, b.HeadEnd) {
+				continue
+			}
+			ids := make(map[int32]struct{}, len(subs[i].Plan.Blocks()))
+			for _, id := range subs[i].Plan.Blocks() {
+				ids[id] = struct{}{}
+			}
+			for _, id := range subs[j].Plan.Blocks() {
+				if _, dup := ids[id]; dup {
+					return i, j, true, true
+				}
+			}
+		}
+	}
+	return 0, 0, false, true
 }

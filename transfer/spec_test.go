@@ -3,6 +3,8 @@
 package transfer
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -56,4 +58,62 @@ func TestMultiPeerReceiveRefusesOverlappingSubs(t *testing.T) {
 			requireSlotsAccounted(t, p.dst)
 		})
 	}
+}
+
+// overlappingSubs decides subs of one layout by their selections and blocks; it finds the same
+// pair the walk of their pool runs finds, over random TP splits, layer splits and block lists
+// in every order.
+func TestOverlappingSubsBySelectionMatchesTheRunWalk(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 26))
+	walk := func(subs []SubSpec) (int, int, bool) { // the run walk, with no shortcut
+		for j := 1; j < len(subs); j++ {
+			for i := range j {
+				seen := map[int64]bool{}
+				_ = subs[i].Plan.Runs(0, subs[i].Plan.Bytes(), func(off, _, n int64) {
+					for b := off; b < off+n; b++ {
+						seen[b] = true
+					}
+				})
+				hit := false
+				_ = subs[j].Plan.Runs(0, subs[j].Plan.Bytes(), func(off, _, n int64) {
+					for b := off; b < off+n && !hit; b++ {
+						hit = seen[b]
+					}
+				})
+				if hit {
+					return i, j, true
+				}
+			}
+		}
+		return 0, 0, false
+	}
+	dims := layout.Dims{NumLayers: 3, KVFactor: 2, NumHeads: 4, HeadDim: 2, ElemSize: 2, TokensPerBlock: 2, NumBlocks: 6}
+	found := 0
+	for _, o := range []layout.Order{layout.BlockMajor, layout.LayerMajor, layout.LayerMajorNHD} {
+		l := layout.Packed(dims, o)
+		for range 300 {
+			subs := make([]SubSpec, 2+rng.IntN(2))
+			for k := range subs {
+				l0 := rng.Int64N(3)
+				h0 := rng.Int64N(4)
+				sel := layout.Selection{LayerBegin: l0, LayerEnd: l0 + 1 + rng.Int64N(3-l0), HeadBegin: h0, HeadEnd: h0 + 1 + rng.Int64N(4-h0)}
+				ids := rng.Perm(6)[:1+rng.IntN(3)]
+				blocks := make([]int32, len(ids))
+				for x, id := range ids {
+					blocks[x] = int32(id)
+				}
+				p, err := layout.NewPlan(l, sel, blocks)
+				require.NoError(t, err)
+				subs[k] = SubSpec{Peer: Peer(fmt.Sprint(k)), Plan: p}
+			}
+			wi, wj, wok := walk(subs)
+			gi, gj, gok := overlappingSubs(subs)
+			require.Equal(t, wok, gok, "%v", subs)
+			if wok {
+				found++
+				require.Equal(t, [2]int{wi, wj}, [2]int{gi, gj})
+			}
+		}
+	}
+	require.NotZero(t, found, "some cases overlap")
 }

@@ -22,7 +22,7 @@ func (x *xfer) runReceive() {
 	if !x.reserveTags() {
 		return
 	}
-	if x.directCapable() && x.peerHas(wire.FeatureDirect) && !x.piecesTooSmall() && !x.pullBeatsDirect() {
+	if x.directCapable() && x.peerHas(wire.FeatureDirect) && (!x.piecesTooSmall() && !x.pullBeatsDirect() || x.vectorGetsLikely()) {
 		x.runReceiveDirect() // path_direct.go, path_rma.go
 		return
 	}

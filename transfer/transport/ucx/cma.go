@@ -31,17 +31,23 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-// cmaPieceBytes is the most one process_vm_readv call reads: the unit Config.CMAReadTimeout
-// bounds. 4 MiB is a millisecond's copy, so the bound says nothing about a read's size.
+// cmaPieceBytes is the most one piece of a read moves: the unit Config.CMAReadTimeout bounds
+// (one process_vm_readv call, or a few where a vector's pieces are many). 4 MiB is a
+// millisecond's copy, so the bound says nothing about a read's size.
 const cmaPieceBytes = 4 << 20
+
+// cmaIOVMax is the most iovecs process_vm_readv takes on either side (the kernel's IOV_MAX).
+const cmaIOVMax = 1024
 
 // CMAStats counts the gets this transport served with process_vm_readv, and the keys and reads
 // it kept from it.
@@ -112,10 +118,12 @@ type ucxCMA struct {
 // ucxCMARoute is what was decided for a peer's key: read by process_vm_readv from pid, or not.
 // pidfd (when use) names the process that proved itself, so a read is known to have read the
 // peer and not a process that got its pid after it died; ranges are what the key covers.
-// Closed with the key (retireKeyLocked).
+// mapped: the key's memory is mapped here (UCX gets it natively), so only vector gets
+// (PostGetVector) take the route. Closed with the key (retireKeyLocked).
 type ucxCMARoute struct {
 	decided bool
 	use     bool
+	mapped  bool
 	pid     int
 	pidfd   int
 	ranges  []cmaRange
@@ -139,15 +147,16 @@ func (r *ucxCMARoute) rangeNames() []string {
 	return s
 }
 
-// ucxCMAGet is a get PostGet handed to process_vm_readv. started, finished and blocked are
-// under Transport.mu.
+// ucxCMAGet is a get PostGet or PostGetVector handed to process_vm_readv: remote read in
+// order into local, total bytes each. started, finished and blocked are under Transport.mu.
 type ucxCMAGet struct {
 	key      *ucxRemoteKey // its inflight counts this read
 	pid      int
 	pidfd    int
-	addr     uint64
-	dst      []byte
-	release  func() // the hold on dst's region
+	remote   []unix.RemoteIovec
+	local    [][]byte
+	total    int
+	release  func() // the hold on local's region
 	started  bool
 	finished bool // its final completion is queued
 	blocked  bool // declared blocked: final with memory unknown while its system call runs on
@@ -184,7 +193,11 @@ func (c *ucxCMA) shut(peer transport.Peer) bool {
 // Config.CMAReadTimeout, checks the kernel allows it (pidfd since Linux 5.3; ptrace access:
 // EPERM under Yama's ptrace_scope or across users). A key that fails either is left to UCX,
 // counted, and logged once.
-func (t *Transport) cmaRoute(from transport.Peer, key []byte) (*ucxRemoteKey, bool) {
+//
+// vector is a vector get's (PostGetVector): it takes the route from memory UCX maps here too,
+// since one get per small piece costs far more than one process_vm_readv of many; a plain
+// get from such memory stays UCX's.
+func (t *Transport) cmaRoute(from transport.Peer, key []byte, vector bool) (*ucxRemoteKey, bool) {
 	if !t.cma.selfOK || t.cma.shut(from) {
 		return nil, false
 	}
@@ -200,7 +213,12 @@ func (t *Transport) cmaRoute(from transport.Peer, key []byte) (*ucxRemoteKey, bo
 	}
 	if k.cma.decided {
 		t.mu.Unlock()
-		return k, k.cma.use
+		return k, k.cma.use && (vector || !k.cma.mapped)
+	}
+	mapped := k.rk.Mapped()
+	if mapped && !vector { // UCX gets it natively; a vector get may still decide the route
+		t.mu.Unlock()
+		return k, false
 	}
 	if wait := k.proving; wait != nil { // another get is deciding: one proof per key
 		t.mu.Unlock()
@@ -211,10 +229,9 @@ func (t *Transport) cmaRoute(from transport.Peer, key []byte) (*ucxRemoteKey, bo
 	}
 	proving := make(chan struct{})
 	k.proving = proving
-	mapped := k.rk.Mapped()
 	t.mu.Unlock()
-	route := ucxCMARoute{decided: true, pidfd: -1}
-	if claimed, ok := t.cmaPeer(from); ok && !mapped {
+	route := ucxCMARoute{decided: true, pidfd: -1, mapped: mapped}
+	if claimed, ok := t.cmaPeer(from); ok {
 		t.proveRoute(&route, from, key, claimed)
 	}
 	t.mu.Lock()
@@ -323,6 +340,14 @@ func (t *Transport) cmaPeer(peer transport.Peer) (int, bool) {
 // into that way (device memory), or no new read may start (ucxCMA.shut), and the caller posts a
 // UCX get. A get outside the ranges the peer proved is refused (*CMARangeError).
 func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
+	return t.postCMA(from, k, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}, [][]byte{dst}, len(dst), done)
+}
+
+// postCMA posts a read of remote, in order, into local (total bytes each, every entry
+// non-empty), as postCMAGet says. Every remote range must lie inside a range the peer proved
+// (*CMARangeError otherwise, before anything is read), and every local piece inside one
+// region this transport registered, which the read holds until its system call returned.
+func (t *Transport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []unix.RemoteIovec, local [][]byte, total int, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -331,12 +356,19 @@ func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64
 	if k.dead || !k.cma.use || t.cma.shut(from) {
 		return 0, false, nil // its endpoint failed meanwhile: UCX's get says so
 	}
-	if !k.cma.covers(addr, len(dst)) {
-		return 0, true, &CMARangeError{Peer: from, Addr: addr, Len: len(dst), Ranges: k.cma.rangeNames()}
+	for _, r := range remote {
+		if !k.cma.covers(uint64(r.Base), r.Len) {
+			return 0, true, &CMARangeError{Peer: from, Addr: uint64(r.Base), Len: r.Len, Ranges: k.cma.rangeNames()}
+		}
 	}
-	mem, _, err := t.regionLocked(dst)
+	mem, _, err := t.regionLocked(local[0])
 	if err != nil {
 		return 0, true, err
+	}
+	for _, l := range local[1:] {
+		if p := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(l)))); p < mem.Addr() || p-mem.Addr() > uint64(mem.Len()) || uint64(len(l)) > uint64(mem.Len())-(p-mem.Addr()) {
+			return 0, true, fmt.Errorf("%w: a vector get's pieces lie in more than one region: [%#x, +%d)", ErrUnregistered, p, len(l))
+		}
 	}
 	if mem.Kind() != native.MemoryHost {
 		return 0, false, nil
@@ -346,13 +378,98 @@ func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64
 		return 0, true, fmt.Errorf("%w: %w", ErrUnregistered, err)
 	}
 	t.nextOp++
-	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: len(dst), done: done,
-		cma: &ucxCMAGet{key: k, pid: k.cma.pid, pidfd: k.cma.pidfd, addr: addr, dst: dst, release: release}}
+	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: total, done: done,
+		cma: &ucxCMAGet{key: k, pid: k.cma.pid, pidfd: k.cma.pidfd, remote: remote, local: local, total: total, release: release}}
 	k.inflight++
 	t.ops[op.id] = op
 	t.cma.wg.Add(1)
 	go t.runCMAGet(op)
 	return op.id, true, nil
+}
+
+func init() {
+	vectorget.Hooks.VectorGets = func(tr any, from transport.Peer, key []byte) bool {
+		t, ok := tr.(*Transport)
+		return ok && t.vectorGets(from, key)
+	}
+	vectorget.Hooks.PostGetVector = func(tr any, from transport.Peer, tag transport.Tag, key []byte, src []vectorget.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+		t, ok := tr.(*Transport)
+		if !ok {
+			return 0, fmt.Errorf("%w: %T has no vector gets", transport.ErrBadRegion, tr)
+		}
+		return t.postGetVector(from, tag, key, src, dst, done)
+	}
+}
+
+// VectorGets is vectorget.Hooks.VectorGets for this transport: vector gets go by process_vm_readv only, so
+// from must be a process on this host that process_vm_readv may read (cmaRoute). With a nil
+// key it answers from the peer's worker address alone; with a key it decides the route for
+// it (the peer's proof, bounded), from memory UCX maps here too.
+func (t *Transport) vectorGets(from transport.Peer, key []byte) bool {
+	if key == nil { // a kernel that refused one read (Yama's ptrace_scope, seccomp) refuses all
+		if !t.cma.selfOK || t.cma.shut(from) || t.cma.refused.Load() > 0 {
+			return false
+		}
+		_, ok := t.cmaPeer(from)
+		return ok
+	}
+	if t.ensureEndpoint(from) != nil {
+		return false
+	}
+	_, ok := t.cmaRoute(from, key, true)
+	return ok
+}
+
+// PostGetVector is vectorget.Hooks.PostGetVector for this transport: one process_vm_readv read of src into
+// dst, in calls of at most cmaIOVMax iovecs a side, in pieces each bounded by
+// Config.CMAReadTimeout, with everything a get by process_vm_readv has (cma.go): every range
+// checked against the ranges the peer proved (*CMARangeError), the pidfd checked after,
+// Cancel and Close as for such a get. Adjacent ranges of either list are merged first. It
+// fails where VectorGets(from, key) would report false.
+func (t *Transport) postGetVector(from transport.Peer, _ transport.Tag, key []byte, src []vectorget.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+	remote := make([]unix.RemoteIovec, 0, len(src))
+	rtotal := 0
+	for _, r := range src {
+		if r.Len <= 0 || r.Addr+uint64(r.Len) < r.Addr {
+			return 0, fmt.Errorf("%w: a vector get's range [%#x, +%d)", transport.ErrBadRegion, r.Addr, r.Len)
+		}
+		rtotal += r.Len
+		if k := len(remote) - 1; k >= 0 && uint64(remote[k].Base)+uint64(remote[k].Len) == r.Addr {
+			remote[k].Len += r.Len
+			continue
+		}
+		remote = append(remote, unix.RemoteIovec{Base: uintptr(r.Addr), Len: r.Len})
+	}
+	local := make([][]byte, 0, len(dst))
+	ltotal := 0
+	for _, d := range dst {
+		if len(d) == 0 {
+			return 0, fmt.Errorf("%w: a vector get's empty destination piece", transport.ErrBadRegion)
+		}
+		ltotal += len(d)
+		if k := len(local) - 1; k >= 0 && unsafe.SliceData(local[k]) != nil &&
+			uintptr(unsafe.Pointer(unsafe.SliceData(local[k])))+uintptr(len(local[k])) == uintptr(unsafe.Pointer(unsafe.SliceData(d))) &&
+			cap(local[k]) >= len(local[k])+len(d) {
+			local[k] = local[k][:len(local[k])+len(d)]
+			continue
+		}
+		local = append(local, d)
+	}
+	if rtotal != ltotal || rtotal == 0 {
+		return 0, fmt.Errorf("%w: a vector get of %d bytes into %d", transport.ErrBadRegion, rtotal, ltotal)
+	}
+	if err := t.ensureEndpoint(from); err != nil {
+		return 0, err
+	}
+	k, ok := t.cmaRoute(from, key, true)
+	if !ok {
+		return 0, fmt.Errorf("%w: %s: no process_vm_readv route to this peer's key, which vector gets need", transport.ErrBadRegion, from.Short())
+	}
+	id, taken, err := t.postCMA(from, k, remote, local, rtotal, done)
+	if !taken {
+		return 0, fmt.Errorf("%w: %s: the process_vm_readv route is shut (a read blocked) or the destination is not host memory", transport.ErrBadRegion, from.Short())
+	}
+	return id, err
 }
 
 // runCMAGet reads op's bytes once a slot is free, piece by piece, and reports its final
@@ -377,24 +494,25 @@ func (t *Transport) runCMAGet(op *ucxOp) {
 	g.started = true
 	t.mu.Unlock()
 	read, err := 0, error(nil)
+	cur := &cmaCursor{local: g.local, remote: g.remote}
 	watchdog := time.AfterFunc(t.cfg.CMAReadTimeout, func() { t.cmaBlocked(op) })
-	for read < len(g.dst) && err == nil {
-		piece := min(cmaPieceBytes, len(g.dst)-read)
+	for read < g.total && err == nil {
+		piece := min(cmaPieceBytes, g.total-read)
 		if read > 0 {
 			t.mu.Lock()
 			stop, closed := op.cancel, t.closed
 			t.mu.Unlock()
 			if stop || closed {
-				err = fmt.Errorf("%w: stopped after %d of %d bytes", transport.ErrCancelled, read, len(g.dst))
+				err = fmt.Errorf("%w: stopped after %d of %d bytes", transport.ErrCancelled, read, g.total)
 				if closed && !stop {
-					err = fmt.Errorf("%w: closed after %d of %d bytes", transport.ErrClosed, read, len(g.dst))
+					err = fmt.Errorf("%w: closed after %d of %d bytes", transport.ErrClosed, read, g.total)
 				}
 				break
 			}
 			watchdog.Reset(t.cfg.CMAReadTimeout)
 		}
 		var n int
-		n, err = t.cmaRead(g.pid, g.dst[read:read+piece], g.addr+uint64(read))
+		n, err = t.cmaReadPiece(g.pid, cur, piece)
 		read += n
 		if !watchdog.Stop() {
 			break // declared blocked meanwhile: final already
@@ -411,7 +529,9 @@ func (t *Transport) runCMAGet(op *ucxOp) {
 	}
 	if err == nil {
 		if gone := t.cma.alive(g.pidfd); gone != nil { // the pid may name another process now
-			clear(g.dst) // what it read may be another process's: none of it stays
+			for _, l := range g.local {
+				clear(l) // what it read may be another process's: none of it stays
+			}
 			err = fmt.Errorf("%w: %w", unix.ESRCH, gone)
 		}
 	}
@@ -423,8 +543,8 @@ func (t *Transport) runCMAGet(op *ucxOp) {
 		t.dropPeerKeys(op.peer)
 	case errors.Is(err, transport.ErrCancelled), errors.Is(err, transport.ErrClosed):
 	case err != nil:
-		err = fmt.Errorf("%w: process_vm_readv of [%#x, +%d) from process %d, %d bytes read: %w",
-			transport.ErrBadRegion, g.addr, len(g.dst), g.pid, read, err)
+		err = fmt.Errorf("%w: process_vm_readv of %s from process %d, %d bytes read: %w",
+			transport.ErrBadRegion, g.names(), g.pid, read, err)
 	default:
 		t.cma.gets.Add(1)
 		t.cma.bytes.Add(uint64(read))
@@ -454,8 +574,8 @@ func (t *Transport) cmaBlocked(op *ucxOp) {
 		t.log.Warn("ucx: a process_vm_readv read did not return (the peer's memory blocks it: userfaultfd, FUSE?); its get failed with memory unknown, and that peer's memory is read through UCX from now on",
 			zap.String("peer", op.peer.Short()), zap.Int("pid", g.pid), zap.Duration("timeout", t.cfg.CMAReadTimeout))
 	}
-	t.push(ucxReport{cma: op, cmaUnknown: true, err: fmt.Errorf("%w: %s: process_vm_readv of [%#x, +%d) from process %d did not return within %v: its destination may still be written",
-		transport.ErrQuiescenceUnknown, op.peer.Short(), g.addr, len(g.dst), g.pid, t.cfg.CMAReadTimeout)})
+	t.push(ucxReport{cma: op, cmaUnknown: true, err: fmt.Errorf("%w: %s: process_vm_readv of %s from process %d did not return within %v: its destination may still be written",
+		transport.ErrQuiescenceUnknown, op.peer.Short(), g.names(), g.pid, t.cfg.CMAReadTimeout)})
 	t.cma.wg.Done()
 }
 
@@ -474,6 +594,99 @@ func (t *Transport) cmaRead(pid int, dst []byte, addr uint64) (int, error) {
 		if n <= 0 {
 			return read, unix.EFAULT
 		}
+		read += n
+	}
+	return read, nil
+}
+
+// names says which memory g reads, for an error: its one range, or its first and how many.
+func (g *ucxCMAGet) names() string {
+	r := g.remote[0]
+	if len(g.remote) == 1 {
+		return fmt.Sprintf("[%#x, +%d)", r.Base, r.Len)
+	}
+	return fmt.Sprintf("%d ranges (%d bytes) from [%#x, +%d)", len(g.remote), g.total, r.Base, r.Len)
+}
+
+// cmaCursor is how far a read of remote into local has come: local[li][lo:] and
+// remote[ri] from ro on are next. liov and riov are the windows one call hands the kernel.
+type cmaCursor struct {
+	local  [][]byte
+	remote []unix.RemoteIovec
+	li, lo int
+	ri, ro int
+	liov   []unix.Iovec
+	riov   []unix.RemoteIovec
+}
+
+// window fills liov and riov with the next bytes, at most budget and at most cmaIOVMax
+// entries a side, the same count on both, and returns that count (0: nothing left).
+func (c *cmaCursor) window(budget int) int {
+	c.liov, c.riov = c.liov[:0], c.riov[:0]
+	lbytes := 0
+	for i, off := c.li, c.lo; i < len(c.local) && len(c.liov) < cmaIOVMax && lbytes < budget; i, off = i+1, 0 {
+		n := min(len(c.local[i])-off, budget-lbytes)
+		v := unix.Iovec{Base: &c.local[i][off]}
+		v.SetLen(n)
+		c.liov = append(c.liov, v)
+		lbytes += n
+	}
+	rbytes := 0
+	for i, off := c.ri, c.ro; i < len(c.remote) && len(c.riov) < cmaIOVMax && rbytes < lbytes; i, off = i+1, 0 {
+		n := min(c.remote[i].Len-off, lbytes-rbytes)
+		c.riov = append(c.riov, unix.RemoteIovec{Base: c.remote[i].Base + uintptr(off), Len: n})
+		rbytes += n
+	}
+	if rbytes < lbytes { // the remote side ran out of entries first: the local one stops there
+		left := rbytes
+		for i := range c.liov {
+			if n := int(c.liov[i].Len); n < left {
+				left -= n
+				continue
+			}
+			c.liov[i].SetLen(left)
+			c.liov = c.liov[:i+1]
+			break
+		}
+	}
+	return rbytes
+}
+
+// advance moves the cursor n bytes on.
+func (c *cmaCursor) advance(n int) {
+	for left := n; left > 0; {
+		k := min(len(c.local[c.li])-c.lo, left)
+		if c.lo += k; c.lo == len(c.local[c.li]) {
+			c.li, c.lo = c.li+1, 0
+		}
+		left -= k
+	}
+	for left := n; left > 0; {
+		k := min(c.remote[c.ri].Len-c.ro, left)
+		if c.ro += k; c.ro == c.remote[c.ri].Len {
+			c.ri, c.ro = c.ri+1, 0
+		}
+		left -= k
+	}
+}
+
+// cmaReadPiece reads the next piece bytes of c from process pid, in as many calls as the
+// kernel needs (it stops short at a fault, or past MAX_RW_COUNT) or the iovec windows take
+// (cmaIOVMax a call). It returns the bytes read.
+func (t *Transport) cmaReadPiece(pid int, c *cmaCursor, piece int) (int, error) {
+	read := 0
+	for read < piece {
+		if c.window(piece-read) == 0 {
+			return read, unix.EFAULT // the lists' totals disagree: postCMA's callers see they do not
+		}
+		n, err := t.cma.readv(pid, c.liov, c.riov, 0)
+		if err != nil {
+			return read, err
+		}
+		if n <= 0 {
+			return read, unix.EFAULT
+		}
+		c.advance(n)
 		read += n
 	}
 	return read, nil

@@ -31,6 +31,7 @@ import (
 	"github.com/kvxfer/kvxfer/internal/peerproc"
 	"github.com/kvxfer/kvxfer/internal/peerproc/uffd"
 	"github.com/kvxfer/kvxfer/native"
+	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -300,6 +301,66 @@ func TestCMA_ReadOutsideTheRegistrationIsRefused(t *testing.T) {
 		})
 	}
 	require.Equal(t, uint64(1), b.CMAStats().Gets, "only the read inside went by process_vm_readv")
+}
+
+// A vector get (PostGetVector) keeps the rule per range: one forged range among many inside
+// the registration (the secret before the pool, or one straddling an end) refuses the whole
+// get before any of it is read; the same vector without it reads every piece.
+func TestCMA_VectorReadOutsideTheRegistrationIsRefused(t *testing.T) {
+	const n, piece = 1 << 20, 1 << 10
+	child := startCMAChild(t, "pool", fmt.Sprint(n), "12", "0")
+	b, rb, dst := cmaReader(t, n, Config{})
+	t.Cleanup(func() { require.NoError(t, b.Close(true)) })
+	peer := transport.Peer(child.Addr)
+	require.True(t, b.vectorGets(peer, child.key), "the child proves its pool")
+	inside := func() []vectorget.Range { // every other KiB of the pool's second half
+		var src []vectorget.Range
+		for off := n / 2; off < n; off += 2 * piece {
+			src = append(src, vectorget.Range{Addr: child.pool + uint64(off), Len: piece})
+		}
+		return src
+	}
+	for _, c := range []struct {
+		desc   string
+		forged *vectorget.Range
+	}{
+		{"inside", nil},
+		{"the secret before the pool", &vectorget.Range{Addr: child.secret, Len: piece}},
+		{"straddling the pool's start", &vectorget.Range{Addr: child.pool - 64, Len: piece}},
+		{"straddling the pool's end", &vectorget.Range{Addr: child.pool + n - piece/2, Len: piece}},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			clear(dst)
+			src := inside()
+			if c.forged != nil {
+				src[len(src)/2] = *c.forged
+			}
+			local := make([][]byte, len(src))
+			for i := range src {
+				local[i] = dst[i*piece : (i+1)*piece : (i+1)*piece]
+			}
+			id, err := post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) {
+				return b.postGetVector(peer, transport.Tag{Request: 7, Seq: 2}, child.key, src, local, d)
+			})
+			if c.forged != nil {
+				require.ErrorIs(t, err, transport.ErrProtocol, "the peer's input broke the protocol: the engine counts it")
+				var re *CMARangeError
+				require.ErrorAs(t, err, &re)
+				require.Equal(t, make([]byte, n), dst, "nothing read, the secret least of all")
+				return
+			}
+			require.NoError(t, err)
+			cs := awaitCMAFinal(t, rb, id)
+			require.NoError(t, cs[len(cs)-1].Err)
+			want := make([]byte, n)
+			fill(want, 12)
+			for i, r := range src {
+				off := int(r.Addr - child.pool)
+				require.Equal(t, want[off:off+piece], dst[i*piece:(i+1)*piece], "piece %d", i)
+			}
+		})
+	}
+	require.Equal(t, uint64(1), b.CMAStats().Gets, "only the vector inside went by process_vm_readv")
 }
 
 // The route's liveness checks follow the process that proved itself, not a pid number: its

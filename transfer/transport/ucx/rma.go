@@ -98,7 +98,7 @@ func (t *Transport) PostGet(from transport.Peer, tag transport.Tag, key []byte, 
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}
-	if k, ok := t.cmaRoute(from, key); ok {
+	if k, ok := t.cmaRoute(from, key, false); ok {
 		if id, taken, err := t.postCMAGet(from, k, addr, dst, done); taken {
 			return id, err
 		}
