@@ -129,7 +129,12 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 				}
 			})
 			t.Run("the sender is lost mid-read", func(t *testing.T) {
-				p := newOneHopPair(t, tr.tls, tr.dev, 77, ucxTestConfig())
+				// A Receive still queued when its sender's engine closes (the goodbye came
+				// before the claim) waits out its queue phase: 10 s here, as ucxTestConfig
+				// had before its queue phase became a minute. Not yet at once (a gap).
+				cfg := ucxTestConfig()
+				cfg.QueueTimeout = 10 * time.Second
+				p := newOneHopPair(t, tr.tls, tr.dev, 77, cfg)
 				want := p.s.stream(t) // before Close, which may unmap the sender's pool
 				hr := p.receive(t)
 				require.NoError(t, p.src.e.Close())
