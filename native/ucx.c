@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <uct/api/uct.h>
+
 /* Lives in the space UCX reserves in front of every request (UCP_PARAM_FIELD_REQUEST_SIZE),
  * so a completion knows its worker and id without a per-request allocation. */
 typedef struct kvx_ucx_req_priv {
@@ -133,6 +135,38 @@ int kvx_ucx_protocols_v2(void) {
   int v2 = strstr(text, "\nUCX_PROTO_ENABLE=y") != NULL ? 1 : 0;
   free(text);
   return v2;
+}
+
+int kvx_ucx_mm_fifo_size(void) {
+  uct_component_h *comps = NULL;
+  unsigned n = 0;
+  if (uct_query_components(&comps, &n) != UCS_OK) return -1;
+  int size = -1;
+  for (unsigned i = 0; i < n && size < 0; i++) {
+    uct_component_attr_t attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME;
+    if (uct_component_query(comps[i], &attr) != UCS_OK || strcmp(attr.name, "posix") != 0) continue;
+    uct_md_config_t *md_config = NULL;
+    if (uct_md_config_read(comps[i], NULL, NULL, &md_config) != UCS_OK) break;
+    uct_md_h md = NULL;
+    ucs_status_t st = uct_md_open(comps[i], "posix", md_config, &md);
+    uct_config_release(md_config);
+    if (st != UCS_OK) break;
+    uct_iface_config_t *iface_config = NULL;
+    if (uct_md_iface_config_read(md, "posix", NULL, NULL, &iface_config) == UCS_OK) {
+      char value[32];
+      if (uct_config_get(iface_config, "MM_FIFO_SIZE", value, sizeof(value)) == UCS_OK) {
+        char *end = NULL;
+        long v = strtol(value, &end, 10);
+        if (end != value && *end == '\0' && v > 0 && v <= 1 << 30) size = (int)v;
+      }
+      uct_config_release(iface_config);
+    }
+    uct_md_close(md);
+  }
+  uct_release_component_list(comps);
+  return size;
 }
 
 ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,

@@ -118,6 +118,12 @@ const eagerLimitBytes = 64 << 10
 // (UCX_PROTO_ENABLE, 1.22's default).
 func protocolsV2() bool { return C.kvx_ucx_protocols_v2() == 1 }
 
+// shmFIFOSize is the number of elements in the shared-memory receive FIFO of a worker created
+// now (UCX_MM_FIFO_SIZE: ContextConfig.ShmFIFOSize or the environment where set, else UCX's
+// default, which is 64 in 1.13 and 256 in 1.22), as UCX's configuration of its posix transport
+// says; 0 when this UCX has no posix transport.
+func shmFIFOSize() int { return max(int(C.kvx_ucx_mm_fifo_size()), 0) }
+
 // ProcessEnv is the value of name in the process's environment as C code (UCX) reads it.
 // NewContext puts its transport settings there; os.Getenv does not see them, since Go reads
 // a copy of the environment made when the process started.

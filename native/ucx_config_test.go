@@ -28,7 +28,8 @@ const shmFIFOChildEnv = "KVX_SHMFIFO_CHILD"
 // process's environment when its first context opens, so each value needs a process of its
 // own. It moves one IOV message of 16 MiB and 5 bytes between two workers over shared memory
 // (about two thousand FIFO pieces, so the FIFO wraps many times), every byte checked, and
-// prints the UCX_MM_FIFO_SIZE its UCX read.
+// prints the UCX_MM_FIFO_SIZE its UCX read, and the FIFO size UCT's posix configuration
+// reports (shmFIFOSize).
 func TestUCX_ShmFIFOChild(t *testing.T) {
 	v, ok := os.LookupEnv(shmFIFOChildEnv)
 	if !ok {
@@ -53,12 +54,13 @@ func TestUCX_ShmFIFOChild(t *testing.T) {
 	if !set {
 		fifo = "unset"
 	}
-	fmt.Printf("CHILD: fifo=%s\n", fifo)
+	fmt.Printf("CHILD: fifo=%s uct=%d\n", fifo, shmFIFOSize())
 }
 
 // TestUCX_ShmFIFOSize: a context opened with ContextConfig.ShmFIFOSize gives UCX that receive
 // FIFO (UCX_MM_FIFO_SIZE), and leaves UCX's own when it is 0; a message of many FIFO pieces
-// arrives intact either way. A value the caller set in the environment wins.
+// arrives intact either way. A value the caller set in the environment wins. shmFIFOSize reads
+// the size in force: the one set, else UCX's default (a power of two; 64 in 1.13, 256 in 1.22).
 func TestUCX_ShmFIFOSize(t *testing.T) {
 	for _, tc := range []struct {
 		name, env string // env: UCX_MM_FIFO_SIZE the parent sets; "" none
@@ -84,9 +86,16 @@ func TestUCX_ShmFIFOSize(t *testing.T) {
 			cmd.Env = append(cmd.Env, shmFIFOChildEnv+"="+strconv.Itoa(tc.size))
 			out, err := cmd.CombinedOutput()
 			require.NoError(t, err, "child:\n%s", out)
-			m := regexp.MustCompile(`CHILD: fifo=(\w+)`).FindSubmatch(out)
+			m := regexp.MustCompile(`CHILD: fifo=(\w+) uct=(\d+)`).FindSubmatch(out)
 			require.NotNil(t, m, "child said nothing:\n%s", out)
 			require.Equal(t, tc.want, string(m[1]))
+			uct, err := strconv.Atoi(string(m[2]))
+			require.NoError(t, err)
+			if tc.want == "unset" {
+				require.True(t, uct >= 64 && uct&(uct-1) == 0, "UCX %s's default FIFO: %d", UCXVersion(), uct)
+			} else {
+				require.Equal(t, tc.want, strconv.Itoa(uct), "shmFIFOSize")
+			}
 		})
 	}
 }

@@ -285,3 +285,44 @@ func TestUCXTransport_ContractGenerationEndedAfterClose(t *testing.T) {
 		})
 	}
 }
+
+// A generation word read over each transport reads the value the exposure was given, and once
+// the exposure ended the value after it: over shared memory from the word's mapping here (UCX
+// 1.22 would emulate a get of it, which needs the sender's worker to answer), over TCP by a
+// UCX get. The read completes once, with the word's 8 bytes, and leaves no op behind.
+func TestUCXTransport_ReadGenerationSeesTheWordAsItIs(t *testing.T) {
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			a, b, _, _ := newUCXPair(t, tr.tls, tr.dev)
+			addr, key, value, end, err := a.ExposeGeneration()
+			require.NoError(t, err)
+			require.NoError(t, b.PrepareReadGeneration(a.Self(), key))
+			read := func(what string) uint64 {
+				type result struct {
+					c transport.Completion
+					v uint64
+				}
+				ch := make(chan result, 2)
+				_, err := b.PostReadGeneration(a.Self(), transport.Tag{Request: 7, Seq: 1}, key, addr,
+					func(c transport.Completion, v uint64) { ch <- result{c, v} })
+				require.NoError(t, err)
+				var r result
+				select {
+				case r = <-ch:
+				case <-time.After(30 * time.Second):
+					require.FailNow(t, "no completion", "%s: reading the generation word", what)
+				}
+				require.NoError(t, r.c.Err, what)
+				require.Equal(t, transport.MemoryDone, r.c.Memory, what)
+				require.Equal(t, 8, r.c.Bytes, what)
+				require.Eventually(t, func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.ops) == 0 }, 10*time.Second, time.Millisecond, "%s: ops left", what)
+				return r.v
+			}
+			require.Equal(t, value, read("exposed"))
+			end()
+			after := read("ended")
+			require.NotEqual(t, value, after, "the word changes when its exposure ends")
+			require.NotZero(t, after)
+		})
+	}
+}

@@ -125,7 +125,7 @@ func (t *Transport) PrepareReadGeneration(from transport.Peer, key []byte) error
 
 // PostReadGeneration implements transport.RMAGenerations with one fenced ucp_get_nbx of 8 bytes into a
 // landing word of the generation region: the fence orders it after every get this worker
-// posted before it.
+// posted before it. A word this process maps is loaded from the mapping instead.
 func (t *Transport) PostReadGeneration(from transport.Peer, tag transport.Tag, key []byte, addr uint64, done func(transport.Completion, uint64)) (transport.OpID, error) {
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
@@ -150,6 +150,17 @@ func (t *Transport) PostReadGeneration(from transport.Peer, tag transport.Tag, k
 	if err != nil {
 		return 0, err
 	}
+	// A word this process maps (the peer's region seen over shared memory) is read here, as
+	// MapRemote's views are: a UCX get of it may be emulated, answered by the peer's worker
+	// (UCX 1.22 has no RMA lane over shared memory with peer error handling), which a sender
+	// frozen after its last byte was read would never answer. The engine reads the word only
+	// after every get of the transfer completed, so no fence is needed to order it after them.
+	var view []byte
+	if addr%8 == 0 {
+		if view, err = rk.rk.View(addr, 8); err != nil {
+			return 0, fmt.Errorf("%w: %.16s: mapping its generation word: %w", transport.ErrProtocol, from, err)
+		}
+	}
 	slot := g.landing[len(g.landing)-1]
 	g.landing = g.landing[:len(g.landing)-1]
 	w := g.word(slot)
@@ -157,17 +168,29 @@ func (t *Transport) PostReadGeneration(from transport.Peer, tag transport.Tag, k
 	t.nextOp++
 	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: 8}
 	rk.inflight++
+	land := func(c transport.Completion) {
+		v := atomic.LoadUint64(w)
+		t.mu.Lock()
+		g.landing = append(g.landing, slot)
+		t.mu.Unlock()
+		done(c, v)
+	}
+	if view != nil {
+		atomic.StoreUint64(w, atomic.LoadUint64((*uint64)(unsafe.Pointer(unsafe.SliceData(view)))))
+		// Reported as a finished process_vm_readv get is: deliverCMA releases the key's use.
+		op.cma = &ucxCMAGet{key: rk, started: true, finished: true}
+		op.done = land
+		t.ops[op.id] = op
+		t.push(ucxReport{cma: op})
+		return op.id, nil
+	}
 	op.done = func(c transport.Completion) {
 		if c.Memory == transport.MemoryBusy {
 			done(c, 0)
 			return
 		}
-		v := atomic.LoadUint64(w)
 		t.keyUnused(rk)
-		t.mu.Lock()
-		g.landing = append(g.landing, slot)
-		t.mu.Unlock()
-		done(c, v)
+		land(c)
 	}
 	op.req = ep.GetFenced(g.mem, int64(8*slot), 8, addr, rk.rk)
 	t.ops[op.id] = op
