@@ -205,19 +205,41 @@ func (x *xfer) getBytes() int64 {
 	return step
 }
 
+// planRun is one run of a plan (layout.Plan.Runs): n bytes at pool offset pool, stream
+// offset stream.
+type planRun struct{ pool, stream, n int64 }
+
+// pairRuns pairs two plans' runs of the same stream bytes, from stream offset at, byte for
+// byte: each piece's src in a's pool, its dst in b's, in stream order.
+func pairRuns(a, b []planRun, at int64) []rmaRegion {
+	pieces := make([]rmaRegion, 0, max(len(a), len(b)))
+	for i, j := 0, 0; i < len(a) && j < len(b); {
+		ra, rb := a[i], b[j]
+		end := min(ra.stream+ra.n, rb.stream+rb.n)
+		pieces = append(pieces, rmaRegion{src: ra.pool + at - ra.stream, dst: rb.pool + at - rb.stream, n: end - at})
+		at = end
+		if at == ra.stream+ra.n {
+			i++
+		}
+		if at == rb.stream+rb.n {
+			j++
+		}
+	}
+	return pieces
+}
+
 // rmaRegions pairs the two plans' pool ranges byte for byte of the stream, then merges the
 // pieces that are contiguous on both sides: for a block-major pool moving whole blocks, one
 // range per block, or per run of blocks whose ids are consecutive on both sides. It reports
 // false when the plans have more runs than rmaMaxPieces.
 func rmaRegions(src, dst *layout.Plan) ([]rmaRegion, bool) {
-	type run struct{ pool, stream, n int64 }
-	runs := func(p *layout.Plan) ([]run, bool) {
+	runs := func(p *layout.Plan) ([]planRun, bool) {
 		most := p.Bytes() / (p.Layout().RowBytes() * p.RunUnits())
 		if most > rmaMaxPieces {
 			return nil, false
 		}
-		rs := make([]run, 0, most)
-		_ = p.Runs(0, p.Bytes(), func(poolOff, streamOff, n int64) { rs = append(rs, run{poolOff, streamOff, n}) })
+		rs := make([]planRun, 0, most)
+		_ = p.Runs(0, p.Bytes(), func(poolOff, streamOff, n int64) { rs = append(rs, planRun{poolOff, streamOff, n}) })
 		return rs, true
 	}
 	a, okA := runs(src)
@@ -225,20 +247,7 @@ func rmaRegions(src, dst *layout.Plan) ([]rmaRegion, bool) {
 	if !okA || !okB {
 		return nil, false
 	}
-	pieces := make([]rmaRegion, 0, max(len(a), len(b)))
-	for i, j, off := 0, 0, int64(0); i < len(a) && j < len(b); {
-		ra, rb := a[i], b[j]
-		end := min(ra.stream+ra.n, rb.stream+rb.n)
-		pieces = append(pieces, rmaRegion{src: ra.pool + off - ra.stream, dst: rb.pool + off - rb.stream, n: end - off})
-		off = end
-		if off == ra.stream+ra.n {
-			i++
-		}
-		if off == rb.stream+rb.n {
-			j++
-		}
-	}
-	pieces = sortByDst(pieces)
+	pieces := sortByDst(pairRuns(a, b, 0))
 	out := pieces[:0]
 	for _, p := range pieces {
 		if k := len(out) - 1; k >= 0 && out[k].src+out[k].n == p.src && out[k].dst+out[k].n == p.dst {

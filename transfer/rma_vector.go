@@ -188,29 +188,15 @@ func (l *vectorLists) walk(src, dst *layout.Plan, off, n int64) error {
 // TP rank's pool holds a token's heads, then the next token's, back to back; in the source's
 // order a chunk's rows merge into a range per block, where in stream order none would.
 func vectorPieces(src, dst *layout.Plan, off, n int64) ([]rmaRegion, error) {
-	type run struct{ pool, stream, n int64 }
-	var a, b []run
-	if err := src.Runs(off, n, func(pool, stream, k int64) { a = append(a, run{pool, stream, k}) }); err != nil {
+	var a, b []planRun
+	if err := src.Runs(off, n, func(pool, stream, k int64) { a = append(a, planRun{pool, stream, k}) }); err != nil {
 		return nil, err
 	}
-	if err := dst.Runs(off, n, func(pool, stream, k int64) { b = append(b, run{pool, stream, k}) }); err != nil {
+	if err := dst.Runs(off, n, func(pool, stream, k int64) { b = append(b, planRun{pool, stream, k}) }); err != nil {
 		return nil, err
 	}
 	// sortByDst orders by the dst field: the source's offset goes there until sorted.
-	pieces := make([]rmaRegion, 0, max(len(a), len(b)))
-	for i, j, at := 0, 0, off; i < len(a) && j < len(b); {
-		ra, rb := a[i], b[j]
-		end := min(ra.stream+ra.n, rb.stream+rb.n)
-		pieces = append(pieces, rmaRegion{dst: ra.pool + at - ra.stream, src: rb.pool + at - rb.stream, n: end - at})
-		at = end
-		if at == ra.stream+ra.n {
-			i++
-		}
-		if at == rb.stream+rb.n {
-			j++
-		}
-	}
-	pieces = sortByDst(pieces)
+	pieces := sortByDst(pairRuns(b, a, off))
 	for i := range pieces {
 		pieces[i].src, pieces[i].dst = pieces[i].dst, pieces[i].src
 	}
