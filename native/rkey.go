@@ -51,20 +51,23 @@ const (
 type rkeyKind int
 
 const (
-	rkeyEmpty rkeyKind = iota // self, tcp, cma: nothing (the transport needs no key)
-	rkeyPosix                 // posix shared memory: segment id | address | length [| directory]
-	rkeySysv                  // System V shared memory: shmid | owner's address
-	rkeyIB                    // InfiniBand verbs: the memory key
+	rkeyEmpty   rkeyKind = iota // self, tcp, cma: nothing (the transport needs no key)
+	rkeyPosix                   // posix shared memory: segment id | address | length [| directory]
+	rkeySysv                    // System V shared memory: shmid | owner's address
+	rkeyIB                      // InfiniBand verbs: the memory key
+	rkeyCUDAIPC                 // cuda_ipc: an IPC handle of the peer's device allocation (cudaMalloc, VMM, a memory pool)
 )
 
-// rkeyLayouts are the transports of this UCX build (Debian's libucx0 1.13: built in self,
-// tcp, posix, sysv; the cma and ib modules) by the name checksum a worker address carries
-// (ucs_crc16_string of the name), with how each packs a key. A transport this UCX has that is
-// not here is refused where a key names its md: its layout is unknown to this check.
+// rkeyLayouts are the transports of the UCX builds kvxfer runs on (Debian's libucx0 1.13: built
+// in self, tcp, posix, sysv; the cma and ib modules; the libucx-cu12 wheel's 1.22 adds
+// cuda_copy and cuda_ipc) by the name checksum a worker address carries (ucs_crc16_string of
+// the name), with how each packs a key. A transport this UCX has that is not here is refused
+// where a key names its md: its layout is unknown to this check.
 var rkeyLayouts = func() map[uint16]rkeyTransport {
 	m := map[uint16]rkeyTransport{}
 	for _, t := range []rkeyTransport{
-		{"self", rkeyEmpty}, {"tcp", rkeyEmpty}, {"cma", rkeyEmpty},
+		{"self", rkeyEmpty}, {"tcp", rkeyEmpty}, {"cma", rkeyEmpty}, {"cuda_copy", rkeyEmpty},
+		{"cuda_ipc", rkeyCUDAIPC},
 		{"posix", rkeyPosix}, {"sysv", rkeySysv},
 		{"rc_verbs", rkeyIB}, {"ud_verbs", rkeyIB}, {"rc_mlx5", rkeyIB}, {"dc_mlx5", rkeyIB}, {"ud_mlx5", rkeyIB},
 	} {
@@ -317,6 +320,8 @@ func checkTransportKey(t rkeyTransport, tl []byte, i, at int, localDir []byte) (
 			return nil, bad(0, "a key of %d bytes, where the transport packs none", len(tl))
 		}
 		return nil, nil
+	case rkeyCUDAIPC:
+		return nil, checkCUDAIPCKey(tl, bad)
 	case rkeyIB:
 		if len(tl) != rkeyIBLen {
 			return nil, bad(0, "a key of %d bytes, where the transport packs %d", len(tl), rkeyIBLen)
@@ -379,4 +384,69 @@ func contains(base, size, addr, n uint64) bool {
 	}
 	off := addr - base
 	return off <= size && n <= size-off
+}
+
+// The cuda_ipc transport key of UCX 1.22 (src/uct/cuda/cuda_ipc/cuda_ipc_md.h,
+// uct_cuda_ipc_rkey_t, and uct_cuda_ipc_extended_rkey_t where the packer runs in a pid
+// namespace that is not the host's):
+//
+//	handle type u32 | pad | handle union (64: a legacy CUipcMemHandle, a fabric handle, or a
+//	file descriptor and system id) | [fabric builds: pool export data (64) | pool (8)] |
+//	buffer id u64 | pid i32 (bit 31: a pid namespace follows) | pad | allocation base u64 |
+//	allocation length u64 | GPU uuid (16) | [pid namespace u32 | pad]
+//
+// A build with CUDA fabric handles (HAVE_CUDA_FABRIC, the wheel's) packs 192 or 200 bytes,
+// one without 120 or 128. UCX's unpack copies the struct whatever the key's length, so the
+// length is checked first; then the handle type: a legacy, VMM or memory-pool handle is
+// opened by the CUDA driver, which checks it, but a POSIX file descriptor handle makes UCX
+// take that descriptor out of the process the key names (pidfd_getfd on the key's pid and
+// fd): a peer would choose which process of this host to take a descriptor from, so such a
+// key is refused (kvxfer's pools are cudaMalloc'd: legacy handles).
+const (
+	cudaIPCHandleMempool = 3 // ..._MEMPOOL; 1 legacy, 2 VMM, 4 POSIX_FD
+	cudaIPCHandlePosixFD = 4
+	cudaIPCPIDNSFlag     = 1 << 31 // UCT_CUDA_IPC_RKEY_FLAG_PID_NS
+)
+
+// cudaIPCLayout is where a cuda_ipc key's fields lie, by the build that packed it.
+type cudaIPCLayout struct{ size, pid, base int }
+
+var cudaIPCLayouts = []cudaIPCLayout{
+	{size: 192, pid: 152, base: 160}, // with fabric handles
+	{size: 120, pid: 80, base: 88},   // without
+}
+
+// checkCUDAIPCKey checks a cuda_ipc transport key; bad makes the error at an offset in it.
+func checkCUDAIPCKey(tl []byte, bad func(int, string, ...any) error) error {
+	var l *cudaIPCLayout
+	ext := false
+	for i := range cudaIPCLayouts {
+		switch len(tl) {
+		case cudaIPCLayouts[i].size:
+			l = &cudaIPCLayouts[i]
+		case cudaIPCLayouts[i].size + 8:
+			l, ext = &cudaIPCLayouts[i], true
+		}
+	}
+	if l == nil {
+		return bad(0, "a key of %d bytes, where the transport packs 120, 128, 192 or 200", len(tl))
+	}
+	switch ht := binary.LittleEndian.Uint32(tl); {
+	case ht == cudaIPCHandlePosixFD:
+		return bad(0, "a POSIX file descriptor handle: UCX would take the descriptor out of whichever process the key's pid names")
+	case ht > cudaIPCHandleMempool:
+		return bad(0, "handle type %d, which UCX does not pack", ht)
+	}
+	pid := binary.LittleEndian.Uint32(tl[l.pid:])
+	if (pid&cudaIPCPIDNSFlag != 0) != ext {
+		return bad(l.pid, "a pid namespace flag that does not match the key's %d bytes", len(tl))
+	}
+	if pid&^cudaIPCPIDNSFlag == 0 {
+		return bad(l.pid, "pid 0")
+	}
+	base, size := binary.LittleEndian.Uint64(tl[l.base:]), binary.LittleEndian.Uint64(tl[l.base+8:])
+	if size == 0 || base+size < base {
+		return bad(l.base, "an allocation at %#x of %d bytes: empty or wrapping the address space", base, size)
+	}
+	return nil
 }

@@ -715,3 +715,71 @@ func TestRemoteKey_SystemDeviceSection(t *testing.T) {
 		})
 	}
 }
+
+// TestRemoteKey_CUDATransportKeys: the CUDA transports of UCX 1.22 (the libucx-cu12 wheel a GPU
+// host runs) are keys this check knows: cuda_copy packs none, cuda_ipc its rkey struct, which
+// is checked before UCX copies it (a key of another length would be read past), and whose POSIX
+// file descriptor handle is refused (UCX would take a descriptor out of whichever process the
+// key's pid names). The first GPU run (docs/gpu-results.md) found device keys refused as "a
+// transport whose keys this check does not know".
+func TestRemoteKey_CUDATransportKeys(t *testing.T) {
+	for _, name := range []string{"cuda_copy", "cuda_ipc"} {
+		_, ok := rkeyLayouts[crc16String(name)]
+		require.True(t, ok, "%s is a transport whose keys the check knows", name)
+	}
+	key := func(l cudaIPCLayout, ext bool, handle, pid uint32, base, size uint64) []byte {
+		n := l.size
+		if ext {
+			n += 8
+			pid |= cudaIPCPIDNSFlag
+		}
+		b := make([]byte, n)
+		binary.LittleEndian.PutUint32(b, handle)
+		binary.LittleEndian.PutUint32(b[l.pid:], pid)
+		binary.LittleEndian.PutUint64(b[l.base:], base)
+		binary.LittleEndian.PutUint64(b[l.base+8:], size)
+		return b
+	}
+	fabric, plain := cudaIPCLayouts[0], cudaIPCLayouts[1]
+	flagOnly := key(fabric, false, 1, 4242, 1<<40, 1<<30)
+	binary.LittleEndian.PutUint32(flagOnly[fabric.pid:], 4242|cudaIPCPIDNSFlag)
+	for _, c := range []struct {
+		desc   string
+		tl     []byte
+		reason string // "" where taken
+	}{
+		{"legacy handle, fabric build", key(fabric, false, 1, 4242, 1<<40, 1<<30), ""},
+		{"legacy handle, fabric build, pid namespace", key(fabric, true, 1, 4242, 1<<40, 1<<30), ""},
+		{"VMM handle, build without fabric", key(plain, false, 2, 4242, 1<<40, 1<<30), ""},
+		{"memory pool handle, pid namespace, build without fabric", key(plain, true, 3, 4242, 1<<40, 1<<30), ""},
+		{"no IPC (UCX finds it unreachable)", key(fabric, false, 0, 4242, 1<<40, 1<<30), ""},
+		{"empty", nil, "a key of 0 bytes"},
+		{"one byte short", key(fabric, false, 1, 4242, 1<<40, 1<<30)[:191], "a key of 191 bytes"},
+		{"a POSIX file descriptor handle", key(fabric, false, 4, 4242, 1<<40, 1<<30), "POSIX file descriptor"},
+		{"a handle type UCX does not pack", key(plain, false, 9, 4242, 1<<40, 1<<30), "handle type 9"},
+		{"a pid namespace flag on the short key", flagOnly, "pid namespace flag"},
+		{"pid 0", key(fabric, false, 1, 0, 1<<40, 1<<30), "pid 0"},
+		{"an empty allocation", key(fabric, false, 1, 4242, 1<<40, 0), "empty or wrapping"},
+		{"an allocation wrapping the address space", key(plain, false, 1, 4242, ^uint64(0)-10, 1<<20), "empty or wrapping"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			seg, err := checkTransportKey(rkeyTransport{"cuda_ipc", rkeyCUDAIPC}, c.tl, 5, 100, nil)
+			require.Nil(t, seg, "a device key names no shared-memory segment")
+			if c.reason == "" {
+				require.NoError(t, err)
+				return
+			}
+			var ke *RemoteKeyError
+			require.ErrorAs(t, err, &ke)
+			require.ErrorIs(t, err, ErrBadRemoteKey)
+			require.GreaterOrEqual(t, ke.Offset, 100)
+			require.Contains(t, ke.Reason, "md 5 (cuda_ipc)")
+			require.Contains(t, ke.Reason, c.reason)
+		})
+	}
+	seg, err := checkTransportKey(rkeyTransport{"cuda_copy", rkeyEmpty}, nil, 4, 100, nil)
+	require.NoError(t, err, "cuda_copy packs no key")
+	require.Nil(t, seg)
+	_, err = checkTransportKey(rkeyTransport{"cuda_copy", rkeyEmpty}, []byte{1}, 4, 100, nil)
+	require.ErrorIs(t, err, ErrBadRemoteKey)
+}

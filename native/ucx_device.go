@@ -175,7 +175,8 @@ func (w *Worker) RunOnThread(ctx context.Context, f func()) error {
 }
 
 // memoryTypeFix is what a MemoryTypeError tells the reader to do.
-const memoryTypeFix = "use a CUDA-enabled UCX build, such as the libucx-cu12 wheel (`make gpu-test` fetches it through scripts/ucx-cuda.sh), on a host with the CUDA driver"
+const memoryTypeFix = "use a CUDA-enabled UCX build, such as the libucx-cu12 wheel (`make gpu-test` fetches it through scripts/ucx-cuda.sh), " +
+	"on a host with the CUDA driver, with a transport list (UCX_TLS, TLS in the config) that names cuda_copy (and cuda_ipc, for GPU to GPU on one host) or is left to UCX"
 
 // MemoryTypeError: UCX was asked to reach memory it has no transport for (device memory with
 // a UCX built without CUDA, or with CUDA but no driver to load its cuda transports). It
