@@ -242,22 +242,26 @@ var rkeySysDevSection = func() bool {
 // The system-device section of a UCX after 1.13 (ucp_rkey_pack_memh), present only when the
 // memory's system device is known:
 //
-//	sys_dev u8 | per device in the packer's device map, lowest first: sys_dev u8 | latency fp8 | bandwidth fp8
+//	sys_dev u8 | per device in the packer's device map, lowest first: sys_dev u8 | latency fp8 | bandwidth fp8 | terminator 255
 //
-// The device map is 64 bits wide, so each distance names a device below 64, in increasing
-// order, and a section holds at most 64 of them. UCX 1.22 packs the section for host memory
-// too, as the one byte UCS_SYS_DEVICE_ID_UNKNOWN (255) and no distances. UCX 1.22's
-// ucp_ep_rkey_unpack, which takes no length, reads that byte whether or not the key has it, and
-// a device it does not know crashes it: over posix, a key without the section (the byte read
-// past the key's end) or with a device id past the devices this UCX enumerated died with
-// SIGSEGV in most runs (FuzzRemoteKey's seeds against the libucx-cu12 wheel). Where UCX reads
-// distances it fills a table indexed by device (a device of 255 writes past it, one of 64 or
-// more shifts a 64-bit map past its width) and reads whole 3-byte records until the key's end
-// (a cut record reads past it).
+// The sys_dev byte may carry a flush flag in bit 7 (UCP_SYS_DEVICE_FLUSH_BIT). The device map
+// is 64 bits wide, so each distance names a device below 64, in increasing order, and a section
+// holds at most 64 of them. UCX 1.22 packs the section for host memory too, as the one byte
+// UCS_SYS_DEVICE_ID_UNKNOWN (255) and no distances. UCX 1.22's ucp_ep_rkey_unpack, which takes
+// no length, reads that byte whether or not the key has it, and a device it does not know
+// crashes it: over posix, a key without the section (the byte read past the key's end) or with
+// a device id past the devices this UCX enumerated died with SIGSEGV in most runs
+// (FuzzRemoteKey's seeds against the libucx-cu12 wheel). For a known device it reads 3-byte
+// distance records until a byte 255 (the terminator the packer ends them with), with no
+// bound: a section without it is read past the key's end. Where UCX reads distances it fills
+// a table indexed by device (a device of 64 or more shifts a 64-bit map past its width). The
+// first GPU run (device memory: GPU 0, one distance and the terminator) found the terminator,
+// which this check had not known.
 const (
-	rkeySysDevUnknown   = 255 // UCS_SYS_DEVICE_ID_UNKNOWN
-	rkeyDistanceBytes   = 3   // ucp_rkey_packed_distance_t
-	rkeyMaxDistanceDevs = 64  // bits in ucp_sys_dev_map_t
+	rkeySysDevUnknown   = 255    // UCS_SYS_DEVICE_ID_UNKNOWN, also the distances' terminator
+	rkeySysDevFlush     = 1 << 7 // UCP_SYS_DEVICE_FLUSH_BIT
+	rkeyDistanceBytes   = 3      // ucp_rkey_packed_distance_t
+	rkeyMaxDistanceDevs = 64     // bits in ucp_sys_dev_map_t
 )
 
 // checkRKeySysDev checks what follows the md keys (at: its offset in the key): nothing where
@@ -270,21 +274,27 @@ func checkRKeySysDev(b []byte, at int, newer bool, devices int) error {
 		return &RemoteKeyError{at, fmt.Sprintf("%d bytes after the last md's key", len(b))}
 	case len(b) == 0:
 		return &RemoteKeyError{at, "no system-device section (this UCX reads one past the key's end)"}
-	case b[0] != rkeySysDevUnknown && int(b[0]) >= devices:
-		return &RemoteKeyError{at, fmt.Sprintf("system device %d, and this UCX knows %d (it looks the device up in its table)", b[0], devices)}
 	case b[0] == rkeySysDevUnknown && len(b) > 1:
 		return &RemoteKeyError{at + 1, "distances from an unknown device (UCX packs none)"}
-	case (len(b)-1)%rkeyDistanceBytes != 0:
-		return &RemoteKeyError{at + 1, fmt.Sprintf("%d bytes of device distances, not whole %d-byte records", len(b)-1, rkeyDistanceBytes)}
+	case b[0] == rkeySysDevUnknown:
+		return nil
+	case int(b[0]&^rkeySysDevFlush) >= devices:
+		return &RemoteKeyError{at, fmt.Sprintf("system device %d, and this UCX knows %d (it looks the device up in its table)", b[0]&^rkeySysDevFlush, devices)}
+	case b[len(b)-1] != rkeySysDevUnknown || len(b) == 1:
+		return &RemoteKeyError{at + len(b), "device distances without the terminator (this UCX reads them until a byte 255, past the key's end)"}
+	}
+	recs := b[1 : len(b)-1]
+	if len(recs)%rkeyDistanceBytes != 0 {
+		return &RemoteKeyError{at + 1, fmt.Sprintf("%d bytes of device distances, not whole %d-byte records", len(recs), rkeyDistanceBytes)}
 	}
 	prev := -1
-	for i := 1; i < len(b); i += rkeyDistanceBytes {
-		dev := int(b[i])
+	for i := 0; i < len(recs); i += rkeyDistanceBytes {
+		dev := int(recs[i])
 		switch {
 		case dev >= rkeyMaxDistanceDevs:
-			return &RemoteKeyError{at + i, fmt.Sprintf("a distance to device %d, past the %d a device map holds", dev, rkeyMaxDistanceDevs)}
+			return &RemoteKeyError{at + 1 + i, fmt.Sprintf("a distance to device %d, past the %d a device map holds", dev, rkeyMaxDistanceDevs)}
 		case dev <= prev:
-			return &RemoteKeyError{at + i, fmt.Sprintf("a distance to device %d after one to device %d (UCX packs them in increasing order, once each)", dev, prev)}
+			return &RemoteKeyError{at + 1 + i, fmt.Sprintf("a distance to device %d after one to device %d (UCX packs them in increasing order, once each)", dev, prev)}
 		}
 		prev = dev
 	}

@@ -684,16 +684,19 @@ func TestRemoteKey_SystemDeviceSection(t *testing.T) {
 		reason  string // why, where refused
 	}{
 		{"the unknown device alone (UCX 1.22's host memory)", []byte{rkeySysDevUnknown}, true, ""},
-		{"a known device", []byte{0}, true, ""},
-		{"a known device and two distances", []byte{3, 0, 0x40, 0x80, 63, 0x41, 0x81}, true, ""},
+		{"a known device, no distances, the terminator", []byte{0, rkeySysDevUnknown}, true, ""},
+		{"a known device, one distance, the terminator (UCX 1.22's device memory on one GPU)", []byte{0, 0, 0x40, 0x80, rkeySysDevUnknown}, true, ""},
+		{"a known device with the flush flag and two distances", []byte{rkeySysDevFlush | 3, 0, 0x40, 0x80, 63, 0x41, 0x81, rkeySysDevUnknown}, true, ""},
 		{"none (UCX 1.22 reads a byte past the key)", nil, false, "no system-device section"},
-		{"a device this UCX does not know", []byte{devices}, false, "this UCX knows 4"},
+		{"a known device without the terminator", []byte{0}, false, "without the terminator"},
+		{"distances without the terminator", []byte{3, 0, 0x40, 0x80, 63, 0x41, 0x81}, false, "without the terminator"},
+		{"a device this UCX does not know", []byte{devices, rkeySysDevUnknown}, false, "this UCX knows 4"},
+		{"a device this UCX does not know, under the flush flag", []byte{rkeySysDevFlush | devices, rkeySysDevUnknown}, false, "this UCX knows 4"},
 		{"distances from the unknown device", []byte{rkeySysDevUnknown, 1, 0, 0}, false, "unknown device"},
-		{"a cut distance", []byte{3, 1, 0x40}, false, "not whole 3-byte records"},
-		{"a distance to device 64", []byte{3, 64, 0, 0}, false, "past the 64"},
-		{"a distance to device 255 (past UCX's table)", []byte{3, 255, 0, 0}, false, "past the 64"},
-		{"distances out of order", []byte{3, 5, 0, 0, 2, 0, 0}, false, "increasing order"},
-		{"a device twice", []byte{3, 5, 0, 0, 5, 0, 0}, false, "increasing order"},
+		{"a cut distance", []byte{3, 1, 0x40, rkeySysDevUnknown}, false, "not whole 3-byte records"},
+		{"a distance to device 64", []byte{3, 64, 0, 0, rkeySysDevUnknown}, false, "past the 64"},
+		{"distances out of order", []byte{3, 5, 0, 0, 2, 0, 0, rkeySysDevUnknown}, false, "increasing order"},
+		{"a device twice", []byte{3, 5, 0, 0, 5, 0, 0, rkeySysDevUnknown}, false, "increasing order"},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			err := checkRKeySysDev(c.section, 40, true, devices)
