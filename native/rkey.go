@@ -38,6 +38,7 @@ func (e *RemoteKeyError) Unwrap() error { return ErrBadRemoteKey }
 const (
 	rkeyHeader        = 8 + 1 // md map, memory type
 	rkeyMemoryTypes   = 5     // UCS_MEMORY_TYPE_LAST of UCX 1.13: host, CUDA, CUDA managed, ROCm, ROCm managed
+	rkeyMemoryHost    = 0     // UCS_MEMORY_TYPE_HOST
 	rkeyPosixLen      = 8 + 8 + 8
 	rkeyPosixPIDNSLen = 8       // sizeof(ucs_sys_ns_t): the pid namespace a procfs segment's packer reserves room for
 	rkeySysvLen       = 4 + 8   // shmid u32 | owner's address u64

@@ -786,3 +786,38 @@ func TestRemoteKey_CUDATransportKeys(t *testing.T) {
 	_, err = checkTransportKey(rkeyTransport{"cuda_copy", rkeyEmpty}, []byte{1}, 4, 100, nil)
 	require.ErrorIs(t, err, ErrBadRemoteKey)
 }
+
+// TestRemoteKey_OnlyHostKeysMapForInPlaceReads: after UCX unpacked a key, only host memory is
+// read in place; a device key UCX "maps" (cuda_ipc's ucp_rkey_ptr is a device pointer) serves
+// gets only, and a host key UCX maps where no segment bounds it is refused. The second GPU run
+// refused every two-process device transfer as an unbound mapping.
+func TestRemoteKey_OnlyHostKeysMapForInPlaceReads(t *testing.T) {
+	key := func(memType byte) []byte { k := make([]byte, rkeyHeader); k[8] = memType; return k }
+	bound := &keySegment{kind: rkeyPosix, size: 1 << 20, reachable: true}
+	for _, c := range []struct {
+		desc      string
+		memType   byte
+		ucxMapped bool
+		seg       *keySegment
+		mapped    bool
+		refused   bool
+	}{
+		{"host, mapped over a checked segment", 0, true, bound, true, false},
+		{"host, not mapped (tcp, cma)", 0, false, nil, false, false},
+		{"host, mapped with no segment found", 0, true, nil, false, true},
+		{"host, mapped over a segment UCX does not attach here", 0, true, &keySegment{kind: rkeyPosix, size: 1 << 20}, false, true},
+		{"CUDA, mapped by cuda_ipc: gets only", 1, true, nil, false, false},
+		{"CUDA managed, mapped: gets only", 2, true, nil, false, false},
+		{"CUDA, not mapped (cuda_copy)", 1, false, nil, false, false},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			mapped, err := hostMapping(key(c.memType), c.ucxMapped, c.seg)
+			require.Equal(t, c.mapped, mapped)
+			if c.refused {
+				require.ErrorIs(t, err, ErrBadRemoteKey)
+			} else {
+				require.NoError(t, err)
+			}
+		})
+	}
+}

@@ -45,6 +45,22 @@ static int wants_tcp(const char *tls) {
   return tls[0] == '^' ? !named : named;
 }
 
+/* kvxfer's receivers pull: rendezvous by get_zcopy, and the RMA route's gets. UCX 1.22's
+ * cuda_ipc transport turns its gets off where it sees no NVLink (CUDA_IPC_ENABLE_GET_ZCOPY
+ * "auto": "platforms known to have slower performance"), which leaves device memory between
+ * two processes to cuda_copy through host memory: on an H200 without NVLink a 2 MiB ucp_get
+ * moved 0.75 GB/s (docs/gpu-results.md). So where this context reaches CUDA memory (its cuda
+ * transports loaded, the key known to UCX, so no unused-variable warning), the gets are
+ * asked for, unless the caller's environment says otherwise. UCX reads the interface
+ * settings from the environment when a worker opens its transports, after this. */
+static void allow_cuda_ipc_gets(ucp_context_h ctx) {
+  ucp_context_attr_t attr;
+  memset(&attr, 0, sizeof(attr));
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(ctx, &attr) == UCS_OK && (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)))
+    setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "y", 0);
+}
+
 ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context_h *out) {
   /* Transport-level settings: ucp_config_modify in 1.13 accepts UCT keys but does not apply
    * them, so they are set in the environment, which UCX reads when the context opens its
@@ -105,6 +121,7 @@ ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context
   params.name = "kvxfer";
   st = ucp_init(&params, config, out);
   ucp_config_release(config);
+  if (st == UCS_OK) allow_cuda_ipc_gets(*out);
   return st;
 }
 

@@ -353,12 +353,12 @@ func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*Remote
 			err = statusErr("unpack remote key", st)
 			return
 		}
-		rk.mapped = C.kvx_ucx_rkey_mapped(rk.rkey, 0) != 0
-		if rk.mapped && (seg == nil || !seg.reachable) {
+		rk.mapped, err = hostMapping(packed, C.kvx_ucx_rkey_mapped(rk.rkey, 0) != 0, seg)
+		if err != nil {
 			// UCX mapped memory this check did not see it would attach: no bound is known.
 			C.kvx_ucx_rkey_destroy(rk.rkey)
 			rk.rkey = nil
-			err = fmt.Errorf("unpack remote key: %w", &RemoteKeyError{0, "UCX maps memory through the key where this check found no segment to bound it"})
+			err = fmt.Errorf("unpack remote key: %w", err)
 			return
 		}
 		rk.seg = seg
@@ -373,6 +373,22 @@ func (ep *Endpoint) UnpackRemoteKey(ctx context.Context, packed []byte) (*Remote
 		return nil, err
 	}
 	return rk, nil
+}
+
+// hostMapping decides, once UCX unpacked a key (checked: its memory type byte is known), whether
+// it maps the peer's memory into this process for in-place reads: only host memory does. UCX
+// "maps" a cuda_ipc key too (ucp_rkey_ptr gives the IPC-opened device pointer), which the CPU
+// must never read through (the second GPU run's two-process device transfers were refused as an
+// unbound mapping): such a key is used for gets only. A host key UCX maps where the check found
+// no segment it would attach has no known bound, and is refused.
+func hostMapping(packed []byte, ucxMapped bool, seg *keySegment) (bool, error) {
+	if !ucxMapped || packed[8] != rkeyMemoryHost {
+		return false, nil
+	}
+	if seg == nil || !seg.reachable {
+		return false, &RemoteKeyError{0, "UCX maps memory through the key where this check found no segment to bound it"}
+	}
+	return true, nil
 }
 
 // afterSegmentCheck, when set (tests only), runs between the check of a key's segment and UCX's
