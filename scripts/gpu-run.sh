@@ -93,7 +93,12 @@ step() {
 
 note "$(date -u +%Y-%m-%dT%H:%M:%SZ) $archive ($(stat -c %s "$archive") bytes) on $(uname -n); step timeouts add up to $total s"
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvxfer-gpu.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# The device tool brings back only a few files from $OUT: every step's log goes back in one
+# archive, $OUT/logs.tar.gz, beside summary.txt and the JSON of the device runs.
+pack_logs() {
+	(cd "$OUT" && ls ./*.log >/dev/null 2>&1 && tar czf logs.tar.gz ./*.log && rm -f ./*.log) || true
+}
+trap 'rm -rf "$work"; pack_logs' EXIT
 # GNU tar with xz where there is one, else python3's tarfile: a bare GPU host has one of them.
 if command -v xz >/dev/null 2>&1; then
 	step unpack tar -C "$work" -xJf "$archive"
