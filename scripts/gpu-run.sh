@@ -203,7 +203,9 @@ done
 step gpu-ucx-transports bash -c "ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c" &&
 	figures "$OUT/gpu-ucx-transports.log" 'Transport'
 note "ucx_perftest ucp_get, cuda memory on both sides, 2 MiB messages (one Llama-3-8B KV block):"
-step gpu-perftest-cuda perftest -t ucp_get -m cuda,cuda -s 2097152 -n 2000 -w 100
+# With cuda_ipc gets on, as kvxfer's contexts ask for them (UCX 1.22 turns them off without
+# NVLink: 0.8 against 169 GB/s on an H200, docs/gpu-results.md).
+step gpu-perftest-cuda env UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y bash -c 'perftest "$@"' perftest -t ucp_get -m cuda,cuda -s 2097152 -n 2000 -w 100
 figures "$OUT/gpu-perftest-cuda.log" 'Final|MB/s'
 step gpu-devices "$b/bin/kvxbench" devices && figures "$OUT/gpu-devices.log" '.'
 note "which UCX protocols carry device memory (UCX_PROTO_INFO=y, one short run):"
