@@ -36,14 +36,3 @@ func kvxGoEndpointError(user C.uint64_t, status C.int) {
 	ep := cgo.Handle(user).Value().(*Endpoint)
 	ep.reportError(int(status))
 }
-
-// kvxGoUCXLog receives one of UCX's log lines (ucx_log.go), from whatever thread UCX logged
-// on; it reports 1 when a logger took it, so UCX does not print it too.
-//
-//export kvxGoUCXLog
-func kvxGoUCXLog(level C.int, file *C.char, line C.unsigned, msg *C.char) C.int {
-	if ucxLogLine(int(level), C.GoString(file), uint(line), C.GoString(msg)) {
-		return 1
-	}
-	return 0
-}

@@ -89,7 +89,7 @@ func (d *decodeWorker) askPrefill(ctx context.Context, id uint64, tokens int) (*
 		return nil, fmt.Errorf("request %d: %w", id, err)
 	}
 	d.out.printf("decode: request %d: ContextParams (%d bytes) from %s: prefill blocks %v", id, len(blob),
-		shortPeer(d.senderPeer(cp)), cp.Blocks)
+		d.senderPeer(cp).Short(), cp.Blocks)
 	return cp, nil
 }
 
@@ -128,7 +128,7 @@ func (d *decodeWorker) receive(ctx context.Context, cp *ucx.ContextParams) error
 		return d.afterFailure(h, blocks, st)
 	}
 	d.out.printf("decode: request %d: %s, %d bytes from %s into blocks %v in %v, path %s", cp.RequestID, st.State, st.Bytes,
-		shortPeer(peer), blocks, time.Since(began).Round(time.Microsecond), h.Path())
+		peer.Short(), blocks, time.Since(began).Round(time.Microsecond), h.Path())
 	got := make([]byte, plan.Bytes())
 	if err := layout.ReferenceGather(plan, d.pool.mem, got); err != nil {
 		return err

@@ -70,12 +70,3 @@ var errNoUCX = errors.New("this binary was built without cgo, so without the UCX
 // newUCXFabric opens a UCX worker with UCX_TLS=tls; nil when the UCX transport is not built
 // (ucx.go needs cgo).
 var newUCXFabric func(tls string, keepalive time.Duration, log *zap.Logger) (fabric, error)
-
-// shortPeer abbreviates a peer name for printing: a UCX peer is its worker address in hex,
-// a few hundred characters.
-func shortPeer(p transfer.Peer) string {
-	if len(p) <= 20 {
-		return string(p)
-	}
-	return string(p[:16]) + "…"
-}

@@ -390,7 +390,7 @@ func runPrefill(ctx context.Context, o options, out *printer, stderr io.Writer, 
 	}
 	// Withdrawn before the control plane stops (defers run last first).
 	defer func() { err = errors.Join(err, registry.Close()) }()
-	out.printf("prefill: pid %d, engine %s over UCX (%s)", os.Getpid(), shortPeer(fab.self), o.tls)
+	out.printf("prefill: pid %d, engine %s over UCX (%s)", os.Getpid(), fab.self.Short(), o.tls)
 
 	if o.role == "both" {
 		child, startErr := startDecodeProcess(o, strings.TrimPrefix(control, "http://"), out, stderr)
@@ -453,7 +453,7 @@ func runDecode(ctx context.Context, o options, out *printer, log *zap.Logger) (e
 		return err
 	}
 	defer decode.client.CloseIdleConnections() // the prefill process may serve on after we exit
-	out.printf("decode: pid %d, engine %s over UCX (%s), prefill's control plane %s", os.Getpid(), shortPeer(fab.self), o.tls, decode.control)
+	out.printf("decode: pid %d, engine %s over UCX (%s), prefill's control plane %s", os.Getpid(), fab.self.Short(), o.tls, decode.control)
 	if err := decodeStory(ctx, decode, o.tokens); err != nil {
 		return err
 	}

@@ -54,7 +54,7 @@ func (w *prefillWorker) handleDone(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.doneOnce.Do(func() {
-		w.out.printf("prefill: decode worker %s says it is done", shortPeer(transfer.Peer(req.Decode)))
+		w.out.printf("prefill: decode worker %s says it is done", transfer.Peer(req.Decode).Short())
 		close(w.decodeDone)
 	})
 	rw.Header().Set("Content-Type", "application/json")
@@ -111,7 +111,7 @@ func (w *prefillWorker) prefill(ctx context.Context, req prefillRequest) ([]byte
 	w.live[id] = p
 	w.mu.Unlock()
 	w.out.printf("prefill: request %d: %d tokens in blocks %v, %d bytes offered to %s", id, req.Tokens, blocks, plan.Bytes(),
-		shortPeer(transfer.Peer(req.Decode)))
+		transfer.Peer(req.Decode).Short())
 	w.wg.Add(1)
 	go w.cleanupWhenQuiesced(id, p)
 	// A blob that does not encode is our bug; the offer stands and the decode worker's

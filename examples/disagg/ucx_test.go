@@ -56,8 +56,8 @@ func (s *syncBuffer) String() string {
 // decodeStoryLines are what the decode side prints about its blocks over UCX, 100 tokens a
 // request (7 blocks of 256 KiB).
 var decodeStoryLines = []string{
-	`(?m)^decode: request 1: ContextParams \(\d+ bytes\) from [0-9a-f]{16}…: prefill blocks \[0 1 2 3 4 5 6\]$`,
-	`(?m)^decode: request 1: completed, 1835008 bytes from [0-9a-f]{16}… into blocks \[0 1 2 3 4 5 6\] in [^,]+, path rma$`, // registered pools: the one-copy path
+	`(?m)^decode: request 1: ContextParams \(\d+ bytes\) from (?:[a-z]+-\d+/)?peer-[0-9a-f]{12}: prefill blocks \[0 1 2 3 4 5 6\]$`,
+	`(?m)^decode: request 1: completed, 1835008 bytes from (?:[a-z]+-\d+/)?peer-[0-9a-f]{12} into blocks \[0 1 2 3 4 5 6\] in [^,]+, path rma$`, // registered pools: the one-copy path
 	`(?m)^decode: request 1: all 1835008 bytes verified; blocks ready for generation$`,
 	`(?m)^decode: request 2: client went away before its KV moved; prefill's cancel said cancelled-before-advertise$`,
 	`(?m)^decode: request 3: cancel: cancel-requested-in-flight: stop scheduling it; blocks \[\d[ \d]*\] wait for Quiesced$`,
@@ -70,10 +70,10 @@ var decodeStoryLines = []string{
 // prefillStoryLines are what the prefill side prints about its blocks over UCX.
 var prefillStoryLines = []string{
 	`(?m)^control plane: http://127\.0\.0\.1:\d+ `,
-	`(?m)^prefill: request 1: 100 tokens in blocks \[0 1 2 3 4 5 6\], 1835008 bytes offered to [0-9a-f]{16}…$`,
+	`(?m)^prefill: request 1: 100 tokens in blocks \[0 1 2 3 4 5 6\], 1835008 bytes offered to (?:[a-z]+-\d+/)?peer-[0-9a-f]{12}$`,
 	`(?m)^prefill: request 1: completed \(1835008 of 1835008 bytes\); blocks \[0 1 2 3 4 5 6\] freed$`,
 	`(?m)^prefill: request 2: abort: cancelled-before-advertise: blocks \[\d[ \d]*\] freed at once$`,
-	`(?m)^prefill: decode worker [0-9a-f]{16}… says it is done$`,
+	`(?m)^prefill: decode worker (?:[a-z]+-\d+/)?peer-[0-9a-f]{12} says it is done$`,
 	`(?m)^healthz: 200 ok$`,
 	`(?m)^metrics: prefill sent 1835008 bytes$`,
 	`(?m)^KV blocks free: prefill 64 of 64$`,
@@ -93,8 +93,10 @@ func TestDisagg_UCXTwoProcesses(t *testing.T) {
 	for _, want := range append(append([]string{}, prefillStoryLines...), decodeStoryLines...) {
 		require.Regexp(t, regexp.MustCompile(want), out)
 	}
-	prefillPid := regexp.MustCompile(`(?m)^prefill: pid (\d+), engine [0-9a-f]{16}… over UCX \(posix,cma,self\)$`).FindStringSubmatch(out)
-	decodePid := regexp.MustCompile(`(?m)^decode: pid (\d+), engine [0-9a-f]{16}… over UCX \(posix,cma,self\), prefill's control plane http://127\.0\.0\.1:\d+$`).FindStringSubmatch(out)
+	// The decode looked prefill-0 up in the registry: it names that peer so in what it prints.
+	require.Regexp(t, regexp.MustCompile(`(?m)^decode: request 1: ContextParams \(\d+ bytes\) from prefill-0/peer-[0-9a-f]{12}: `), out)
+	prefillPid := regexp.MustCompile(`(?m)^prefill: pid (\d+), engine (?:[a-z]+-\d+/)?peer-[0-9a-f]{12} over UCX \(posix,cma,self\)$`).FindStringSubmatch(out)
+	decodePid := regexp.MustCompile(`(?m)^decode: pid (\d+), engine (?:[a-z]+-\d+/)?peer-[0-9a-f]{12} over UCX \(posix,cma,self\), prefill's control plane http://127\.0\.0\.1:\d+$`).FindStringSubmatch(out)
 	require.NotNil(t, prefillPid, out)
 	require.NotNil(t, decodePid, out)
 	require.Equal(t, strconv.Itoa(os.Getpid()), prefillPid[1], "prefill runs in the process the user started")

@@ -177,3 +177,16 @@ func fieldOwner(f *types.Var) string {
 	}
 	return "?"
 }
+
+// TestPair_LinksNoEtcd: a program that uses only the HTTP registry links no etcd package (the
+// etcd backend is transfer/discovery/etcd, linked only by importing it).
+func TestPair_LinksNoEtcd(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	require.NoError(t, err)
+	deps := strings.Fields(string(out))
+	require.Contains(t, deps, "github.com/kvxfer/kvxfer/transfer/discovery", "the example uses the registry")
+	for _, dep := range deps {
+		require.False(t, strings.HasPrefix(dep, "go.etcd.io/") || strings.HasSuffix(dep, "/transfer/discovery/etcd"),
+			"examples/pair links %s", dep)
+	}
+}

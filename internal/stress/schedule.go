@@ -103,7 +103,7 @@ func (s *soak) freeze() {
 	s.thawAt.Store(thaw.UnixNano())
 	s.frozenPeer.Store(&peer)
 	s.injected[FaultFreeze].Add(1)
-	s.log.Info("peer frozen", zap.String("peer", string(peer)), zap.Duration("for", s.cfg.FreezeFor))
+	s.log.Info("peer frozen", zap.String("peer", peer.Short()), zap.Duration("for", s.cfg.FreezeFor))
 	defer s.frozenPeer.Store(nil)
 
 	detectBy := t0.Add(min(s.cfg.ProgressDeadline+s.cfg.Grace, s.cfg.FreezeFor))
@@ -142,7 +142,7 @@ func (s *soak) freeze() {
 	}
 	time.Sleep(time.Until(thaw))
 	s.frozenPeer.Store(nil)
-	s.log.Info("peer thawed", zap.String("peer", string(peer)))
+	s.log.Info("peer thawed", zap.String("peer", peer.Short()))
 	s.awaitRecovery(fmt.Sprintf("the thaw of %s", peer), thaw)
 }
 

@@ -255,7 +255,7 @@ func (s *soak) fault(fp mem.FaultPoint) mem.Fault {
 		}
 		s.injected[f].Add(1)
 		s.log.Info("fault injected", zap.String("fault", string(f)), zap.Uint64("request", uint64(fp.Tag.Request)),
-			zap.String("from", string(fp.From)), zap.String("to", string(fp.To)))
+			zap.String("from", fp.From.Short()), zap.String("to", fp.To.Short()))
 		switch f {
 		case FaultHang:
 			return mem.Fault{Hang: true}

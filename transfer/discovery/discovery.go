@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/internal/peernames"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"go.uber.org/zap"
 )
@@ -298,7 +299,18 @@ func (c checked) Lookup(ctx context.Context, name string) (Worker, error) {
 	if err == nil {
 		err = checkEntry(c.target, name, w)
 	}
+	if err == nil {
+		rememberName(w)
+	}
 	return w, err
+}
+
+// rememberName labels a worker's transport peer with its name in this process's logs
+// (transport.Peer.Short). A handover's entry carries params, not a worker's address.
+func rememberName(w Worker) {
+	if w.Role != handoverRole && len(w.Address) > 0 {
+		peernames.Remember(string(ucx.PeerFromAddress(w.Address)), w.Name)
+	}
 }
 
 func (c checked) List(ctx context.Context, role string) ([]Worker, error) {
@@ -309,6 +321,7 @@ func (c checked) List(ctx context.Context, role string) ([]Worker, error) {
 			c.log.Warn("skipping a malformed worker entry", zap.String("registry", c.target), zap.Error(verr))
 			continue
 		}
+		rememberName(w)
 		out = append(out, w)
 	}
 	return out, err

@@ -83,7 +83,7 @@ func (l *logObserver) requestFields(id transfer.RequestID, sub int) []zap.Field 
 func peerStrings(peers []transfer.Peer) []string {
 	out := make([]string, len(peers))
 	for i, p := range peers {
-		out[i] = string(p)
+		out[i] = p.Short()
 	}
 	return out
 }

@@ -3,6 +3,7 @@
 package observe_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -122,4 +123,34 @@ func TestLogObserver_PeersAndNilLogger(t *testing.T) {
 	quiet := observe.NewLogObserver(nil) // must not panic
 	quiet.OnPoison(1, 2, "x")
 	quiet.(transfer.StartObserver).OnStart(transfer.StartInfo{ID: 1})
+}
+
+// Every line the log observer writes names a peer by its short name (transport.Peer.Short),
+// never by the whole peer: a UCX peer is its worker address in hex, hundreds of characters.
+func TestLogObserver_PeersAreShortInEveryLine(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	obs := observe.NewLogObserver(zap.New(core))
+	long := transfer.Peer(strings.Repeat("0a1b2c3d", 50)) // 400 hex digits, as a UCX worker address
+	obs.(transfer.StartObserver).OnStart(transfer.StartInfo{ID: 7, Direction: transfer.DirectionReceive, Peers: []transfer.Peer{long, long + "ff"}, Bytes: 1})
+	obs.OnQuarantine(7, 0, transfer.ErrPeerLost)
+	obs.OnPoison(7, 3, "x")
+	obs.(transfer.PeerObserver).OnPeerLost(long, transfer.ErrPeerLost)
+	all := logs.AllUntimed()
+	require.Len(t, all, 4)
+	for _, e := range all {
+		var names []string
+		if p, ok := fieldsOf(e)["peer"].(string); ok {
+			names = append(names, p)
+		}
+		if ps, ok := fieldsOf(e)["peers"].([]any); ok {
+			for _, p := range ps {
+				names = append(names, p.(string))
+			}
+		}
+		require.NotEmpty(t, names, "%q names its peer", e.Message)
+		for _, n := range names {
+			require.LessOrEqual(t, len(n), 64, "%q: peer %q", e.Message, n)
+		}
+	}
+	require.Equal(t, []any{long.Short(), (long + "ff").Short()}, fieldsOf(all[0])["peers"])
 }

@@ -5,6 +5,8 @@ package transport
 import (
 	"crypto/sha256"
 	"encoding/hex"
+
+	"github.com/kvxfer/kvxfer/transfer/internal/peernames"
 )
 
 // RequestID names one request across the prefill and decode workers. The serving stack
@@ -17,13 +19,19 @@ type Peer string
 
 // Short is a short, stable name for p in logs and messages: "peer-" and the first 12 hex
 // digits of SHA-256 of p, the same in every process that names the same peer (a UCX worker
-// address is some 200 hex digits). A peer id already shorter than that is itself.
+// address is some 200 hex digits), after the peer's discovery name once this process found
+// it through a registry ("prefill-0/peer-1a2b3c4d5e6f"). A peer id already shorter than the
+// hash is itself.
 func (p Peer) Short() string {
 	if len(p) <= 17 {
 		return string(p)
 	}
 	sum := sha256.Sum256([]byte(p))
-	return "peer-" + hex.EncodeToString(sum[:6])
+	h := "peer-" + hex.EncodeToString(sum[:6])
+	if name, ok := peernames.Name(string(p)); ok {
+		return name + "/" + h
+	}
+	return h
 }
 
 // Tag names one data chunk on the wire. A receive matches a send only when the peer and all
