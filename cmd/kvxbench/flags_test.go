@@ -106,6 +106,36 @@ func TestLatencyFlag(t *testing.T) {
 	}
 }
 
+// --sender: after by default, first and expose as given; expose needs one prefill rank and host
+// memory (a Receive carries one sender's params), and a wrong word is a usage error.
+func TestSenderFlag(t *testing.T) {
+	cases := []struct {
+		desc, want, usage string
+		args              []string
+	}{
+		{"the default", bench.SenderAfter, "", nil},
+		{"first", bench.SenderFirst, "", []string{"--sender", "first"}},
+		{"first with two prefill ranks", bench.SenderFirst, "", []string{"--sender", "first", "--prefill-tp", "2"}},
+		{"expose", bench.SenderExpose, "", []string{"--sender", "expose"}},
+		{"expose with two prefill ranks", "", "--sender expose: one prefill rank", []string{"--sender", "expose", "--prefill-tp", "2"}},
+		{"expose with device memory", "", "--sender expose: one prefill rank", []string{"--sender", "expose", "--memory", "device"}},
+		{"a wrong word", "", `--sender "before": choose after, first or expose`, []string{"--sender", "before"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg, err := resolveForTest(t, append([]string{"--max-memory", "1GiB", "--layers", "2", "--concurrency", "1"}, tc.args...)...)
+			if tc.usage != "" {
+				var ue *usageError
+				require.ErrorAs(t, err, &ue)
+				require.ErrorContains(t, err, tc.usage)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, cfg.Sender)
+		})
+	}
+}
+
 // --cluster-key reads a key file of 32 bytes, raw or hex; anything else is a usage error that
 // names the file, and never prints the key.
 func TestClusterKeyFlag(t *testing.T) {

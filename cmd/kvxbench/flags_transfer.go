@@ -46,6 +46,7 @@ type transferFlags struct {
 	http           string
 	latency        string
 	clusterKey     string
+	sender         string
 	// set reports whether a flag was given on the command line (flag.FlagSet.Visit).
 	set func(name string) bool
 }
@@ -56,6 +57,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.prompts, "prompts", "1k,4k,16k", "prompt lengths in tokens, comma-separated")
 	fs.StringVar(&f.concurrency, "concurrency", "1,16", "requests in flight at once, comma-separated")
 	fs.StringVar(&f.latency, "latency", "auto", "the latency rows: a 32-token request and one block's first layer, each at concurrency 1 and 16, p50 and p99 beside the same-run limit (ucx_perftest: one ucp_get or one tagged message of the bytes, the lesser, plus one tag_lat round trip); on, off, or auto: on unless --prompts is given")
+	fs.StringVar(&f.sender, "sender", bench.SenderAfter, "when and how the prefill end posts its side of each request: after (a Send once the decode end's request reaches it over kvxbench's control connection, whose hop is then on the clock), first (a Send before the decode end's Receive, as a serving stack whose prefill ended before decode asked; the clock runs from the Receive) or expose (an Expose before the Receive, whose params the Receive is given: a one-hop read where the transport can, path rma-one-hop; one prefill rank, host memory)")
 	f.set = func(name string) bool {
 		given := false
 		fs.Visit(func(fl *flag.Flag) { given = given || fl.Name == name })
@@ -107,6 +109,15 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		return bench.RunConfig{}, usagef("--caller-pages %q: choose thp or 4k", f.callerPages)
 	case f.pool == "caller" && (f.staging || f.memory == "device"):
 		return bench.RunConfig{}, usagef("--pool caller registers host pools for the direct path; drop --staging and --memory device")
+	}
+	switch f.sender {
+	case bench.SenderAfter, bench.SenderFirst:
+	case bench.SenderExpose:
+		if f.prefillTP != 1 || f.memory != "host" {
+			return bench.RunConfig{}, usagef("--sender expose: one prefill rank (--prefill-tp 1) and host memory, as a Receive carries one sender's params")
+		}
+	default:
+		return bench.RunConfig{}, usagef("--sender %q: choose after, first or expose", f.sender)
 	}
 	if f.connectTimeout <= 0 {
 		return bench.RunConfig{}, usagef("--connect-timeout = %v: must be positive", f.connectTimeout)
@@ -196,7 +207,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
 		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, NoInPlace: f.noInPlace, RMAWhereEmulated: f.rmaEmulated, RMAMinRegionBytes: rmaMinRegion, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
-		Pool: f.pool, CallerPages: f.callerPages, Latency: f.latencyOn(), ClusterKeyFile: f.clusterKey, ClusterKey: clusterKey,
+		Pool: f.pool, CallerPages: f.callerPages, Latency: f.latencyOn(), Sender: f.sender, ClusterKeyFile: f.clusterKey, ClusterKey: clusterKey,
 	}, nil
 }
 

@@ -20,6 +20,21 @@ import (
 // the control connection work; there is no transfer to measure.
 var errEngineMissing = errors.New("the transfer engine's UCX transport is not in this build of kvxbench (it needs cgo: build with CGO_ENABLED=1); `kvxbench gather` measures the host gather and scatter alone")
 
+// The --sender flows: when and how a prefill end posts its side of a request.
+const (
+	// SenderAfter posts the Send when the decode end's request reaches the prefill end over
+	// the control connection, after the Receive: that hop is on the request's clock.
+	SenderAfter = "after"
+	// SenderFirst posts the Send (naming the decode end) before the Receive, as a serving
+	// stack whose prefill ended before decode asked: the clock runs from the Receive.
+	SenderFirst = "first"
+	// SenderExpose posts an Expose before the Receive and hands its params to it (over the
+	// control connection, as a serving stack's control plane would): the Receive reads the
+	// prefill pool at once where the params carry a one-hop read's section
+	// (docs/protocol.md, "One-hop reads"). One prefill rank only.
+	SenderExpose = "expose"
+)
+
 // RunConfig is a validated transfer run. It is also what the parent hands its peer
 // processes, as JSON, so both ends build the same pools and requests.
 type RunConfig struct {
@@ -33,7 +48,10 @@ type RunConfig struct {
 	Concurrency []int         `json:"concurrency"`
 	// Latency adds the latency rows (latencyScenarios: a 32-token request and one block's
 	// layer, each at concurrency 1 and 16) beside their same-run limit (--latency).
-	Latency        bool          `json:"latency,omitempty"`
+	Latency bool `json:"latency,omitempty"`
+	// Sender is when and how each prefill end posts its side of a request (--sender):
+	// SenderAfter, SenderFirst or SenderExpose.
+	Sender         string        `json:"sender,omitempty"`
 	SlotBytes      int64         `json:"slot_bytes"`
 	PipelineDepth  int           `json:"pipeline_depth"`
 	TLS            string        `json:"tls"`

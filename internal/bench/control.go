@@ -72,6 +72,9 @@ type message struct {
 	Ready *readyMsg `json:"ready,omitempty"`
 	// Req (decode to prefill) asks for one request: post its Send.
 	Req *reqMsg `json:"req,omitempty"`
+	// Posted (prefill to decode) answers a Req whose Sender is first or expose: the
+	// request's Send or Expose is posted, and the params an Expose handed out.
+	Posted *postedMsg `json:"posted,omitempty"`
 	// Sent (prefill to decode) reports that a request's Send ended, how, and the time it
 	// spent gathering.
 	Sent *sentMsg `json:"sent,omitempty"`
@@ -109,6 +112,20 @@ type reqMsg struct {
 	// for each request of a run with a cluster key, as a serving stack hands it over in the
 	// request's ContextParams: the prefill end's Send then takes only a request that proves it.
 	Secret []byte `json:"secret,omitempty"`
+	// Sender is the run's --sender: empty (after) posts the Send and answers only Sent;
+	// first posts the Send, expose an Expose, and each answers Posted before Sent.
+	Sender string `json:"sender,omitempty"`
+}
+
+// postedMsg says a request's Send or Expose is posted. Params is the exposure's params as its
+// transport encodes them (ucx.ContextParams), nil where the transport issues none; Secret is
+// the exposure's claim secret, for such a transport's receiver (the params carry it where
+// there are params).
+type postedMsg struct {
+	ID     uint64 `json:"id"`
+	Params []byte `json:"params,omitempty"`
+	Secret []byte `json:"secret,omitempty"`
+	Err    string `json:"err,omitempty"`
 }
 
 type sentMsg struct {

@@ -14,6 +14,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -279,7 +280,13 @@ func (e *deviceEngineSide) Send(ctx context.Context, id uint64, secret []byte, t
 		_ = dm.Close()
 		return nil, err
 	}
-	return deviceHandle{handle: handle{h}, dm: dm}, nil
+	return deviceHandle{handle: handle{h: h}, dm: dm}, nil
+}
+
+// Expose refuses: the exposer flow moves host pools (engineAdapter's, which this type embeds,
+// would hand the engine the host mirror in place of the device pool).
+func (e *deviceEngineSide) Expose(context.Context, uint64, *layout.Plan, mover) (pendingXfer, []byte, []byte, error) {
+	return nil, nil, nil, errors.New("--sender expose moves host pools: not with --memory device")
 }
 
 // Receive implements engineSide.
@@ -301,7 +308,7 @@ func (e *deviceEngineSide) Receive(ctx context.Context, id uint64, secret []byte
 		_ = dm.Close()
 		return nil, err
 	}
-	return deviceHandle{handle: handle{h}, dm: dm}, nil
+	return deviceHandle{handle: handle{h: h}, dm: dm}, nil
 }
 
 // Close implements engineSide: the engine (and with it the transport), then the pools once

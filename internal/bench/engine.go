@@ -35,6 +35,18 @@ type engineSide interface {
 	Close() error
 }
 
+// exposer is an engineSide that can run the --sender expose flow: expose a request with no
+// named receiver (transfer.Engine.Expose) and receive it from what the exposure handed out.
+type exposer interface {
+	// Expose posts the sending side of request id, the plan's stream read through m, for
+	// whichever receiver claims it. It returns the exposure's params as its transport
+	// encodes them (nil where the transport issues none) and its claim secret.
+	Expose(ctx context.Context, id uint64, p *layout.Plan, m mover) (h pendingXfer, params, secret []byte, err error)
+	// ReceiveExposed posts the receiving side of request id from sub's peer, with the params
+	// an Expose handed out (nil: none) and its secret.
+	ReceiveExposed(ctx context.Context, id uint64, params, secret []byte, sub recvSub, m mover) (pendingXfer, error)
+}
+
 // peerRef is an engine's name for a peer.
 type peerRef string
 

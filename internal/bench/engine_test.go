@@ -65,6 +65,15 @@ func TestDriverOverTheEngine(t *testing.T) {
 		{"prefill-tp=1 with a cluster key: rma gets", func(s *runSpec) { s.prefillTP, s.clusterKey = 1, true }, "rma"},
 		{"prefill-tp=2 with a cluster key", func(s *runSpec) { s.prefillTP, s.clusterKey = 2, true }, "direct"},
 		{"staging with a cluster key", func(s *runSpec) { s.staging, s.clusterKey = true, true }, "staging"},
+		// --sender first and expose post the prefill side before the Receive; expose hands the
+		// Receive what the exposure gave out (the in-memory transport issues no params: the
+		// secret alone, so the claim takes the rma path with an offer, not a one-hop read).
+		{"--sender first: rma gets", func(s *runSpec) { s.sender = SenderFirst }, "rma"},
+		{"--sender first with a cluster key", func(s *runSpec) { s.sender, s.clusterKey = SenderFirst, true }, "rma"},
+		{"--sender first, prefill-tp=2", func(s *runSpec) { s.sender, s.prefillTP = SenderFirst, 2 }, "direct"},
+		{"--sender expose: the claim takes rma gets", func(s *runSpec) { s.sender = SenderExpose }, "rma"},
+		{"--sender expose with a cluster key", func(s *runSpec) { s.sender, s.clusterKey = SenderExpose, true }, "rma"},
+		{"--sender expose staging", func(s *runSpec) { s.sender, s.staging = SenderExpose, true }, "staging"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -84,6 +93,10 @@ func TestDriverOverTheEngine(t *testing.T) {
 				require.Greater(t, r.GBps, 0.0, r.Name)
 				require.Equal(t, c.path, r.Path, r.Name)
 				require.Equal(t, len(cfg.ClusterKey) > 0, r.ClusterKey, r.Name)
+				if cfg.Sender != SenderAfter {
+					require.Equal(t, cfg.Sender, r.Sender, r.Name)
+					require.True(t, strings.HasSuffix(r.Name, " "+cfg.Sender), r.Name)
+				}
 				if c.path != "staging" {
 					require.Zero(t, r.GatherUs, "the direct path gathers nothing")
 					require.Zero(t, r.ScatterUs, "the direct path scatters nothing")

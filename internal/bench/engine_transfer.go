@@ -4,10 +4,12 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // engineAdapter is the benchmark's view of a transfer.Engine: the caller's pool moved through
@@ -26,9 +28,16 @@ type engineAdapter struct {
 	unmaps []func()
 	// hugePages asks for transparent huge pages on the caller-mapped pools (--caller-pages thp).
 	hugePages bool
+	// decodeParams decodes the params an exposure handed out (ucx.UnmarshalContextParams):
+	// the request they name, their secret, and whether they carry a one-hop read's section;
+	// nil for a transport that issues none.
+	decodeParams func(b []byte) (p transport.Params, id uint64, secret []byte, oneHop bool, err error)
 }
 
-var _ engineSide = (*engineAdapter)(nil)
+var (
+	_ engineSide = (*engineAdapter)(nil)
+	_ exposer    = (*engineAdapter)(nil)
+)
 
 // engineConfig sizes an engine for the run: as many transfers at once as the largest
 // concurrency, each holding up to --pipeline-depth slots of --slot-size, with deadlines long
@@ -91,7 +100,7 @@ func (e *engineAdapter) Send(ctx context.Context, id uint64, secret []byte, to p
 	if err != nil {
 		return nil, err
 	}
-	return handle{h}, nil
+	return handle{h: h}, nil
 }
 
 func (e *engineAdapter) Receive(ctx context.Context, id uint64, secret []byte, subs []recvSub, m mover) (pendingXfer, error) {
@@ -107,7 +116,58 @@ func (e *engineAdapter) Receive(ctx context.Context, id uint64, secret []byte, s
 	if err != nil {
 		return nil, err
 	}
-	return handle{h}, nil
+	return handle{h: h}, nil
+}
+
+// Expose implements exposer.
+func (e *engineAdapter) Expose(ctx context.Context, id uint64, p *layout.Plan, m mover) (pendingXfer, []byte, []byte, error) {
+	spec := e.spec(id, transfer.NewClaimSecret(), m)
+	spec.Plan = p
+	h, params, err := e.eng.Expose(ctx, spec)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if params == nil { // a transport that describes no requests: the secret is all there is
+		return handle{h: h}, nil, spec.Secret, nil
+	}
+	blob, err := params.MarshalBinary()
+	if err != nil {
+		e.eng.Cancel(spec.ID)
+		_ = h.Release()
+		return nil, nil, nil, fmt.Errorf("expose %d: encoding its params: %w", id, err)
+	}
+	return handle{h: h}, blob, nil, nil
+}
+
+// ReceiveExposed implements exposer: the params decoded (and, with a cluster key, verified)
+// as a serving stack's decode end would, then a Receive that carries them.
+func (e *engineAdapter) ReceiveExposed(ctx context.Context, id uint64, params, secret []byte, sub recvSub, m mover) (pendingXfer, error) {
+	spec := e.spec(id, secret, m)
+	spec.Peer, spec.Plan = transfer.Peer(sub.peer), sub.plan
+	oneHop := false
+	if params != nil {
+		if e.decodeParams == nil {
+			return nil, fmt.Errorf("receive %d: params from a transport this end cannot decode", id)
+		}
+		p, pid, sec, hop, err := e.decodeParams(params)
+		if err != nil {
+			return nil, fmt.Errorf("receive %d: %w", id, err)
+		}
+		if pid != id {
+			return nil, fmt.Errorf("receive %d: the params name request %d", id, pid)
+		}
+		if sp, ok := p.(transfer.SealableParams); ok {
+			if err := e.eng.VerifyParams(sp); err != nil {
+				return nil, fmt.Errorf("receive %d: %w", id, err)
+			}
+		}
+		spec.Params, spec.Secret, oneHop = p, sec, hop
+	}
+	h, err := e.eng.Receive(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return handle{h: h, oneHop: oneHop}, nil
 }
 
 func (e *engineAdapter) Close() error {
@@ -119,15 +179,24 @@ func (e *engineAdapter) Close() error {
 	return err
 }
 
-// handle adapts *transfer.Handle.
-type handle struct{ h *transfer.Handle }
+// handle adapts *transfer.Handle. oneHop: its Receive was given params with a one-hop read's
+// section, so an rma path is that read (the receiver falls back to an offer, or to messages,
+// only where it cannot take it: then its path is not rma, or reads the offer's).
+type handle struct {
+	h      *transfer.Handle
+	oneHop bool
+}
 
 func (h handle) Done() <-chan struct{}     { return h.h.Done() }
 func (h handle) Quiesced() <-chan struct{} { return h.h.Quiesced() }
 func (h handle) Err() error                { return h.h.Status().Err }
 func (h handle) Release()                  { _ = h.h.Release() }
 func (h handle) Path() string {
-	if p := h.h.Path(); p != transfer.PathStaging || !h.h.Pulled() {
+	p := h.h.Path()
+	if p == transfer.PathRMA && h.oneHop {
+		return "rma-one-hop"
+	}
+	if p != transfer.PathStaging || !h.h.Pulled() {
 		return p.String()
 	}
 	return "staging-pull"

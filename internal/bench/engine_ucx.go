@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -51,7 +52,7 @@ func newUCXEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) 
 		_ = eng.Close()
 		return nil, err
 	}
-	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: ucx.PeerFromAddress, obs: obs}
+	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: ucx.PeerFromAddress, obs: obs, decodeParams: decodeUCXParams}
 	if !cfg.Staging {
 		a.mapPool, a.direct = tr.AllocatePool, tr.Direct
 		if cfg.Pool == "caller" {
@@ -60,6 +61,15 @@ func newUCXEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) 
 		}
 	}
 	return a, nil
+}
+
+// decodeUCXParams decodes an exposure's ucx.ContextParams, as engineAdapter.decodeParams.
+func decodeUCXParams(b []byte) (transport.Params, uint64, []byte, bool, error) {
+	cp, err := ucx.UnmarshalContextParams(b)
+	if err != nil {
+		return nil, 0, nil, false, err
+	}
+	return cp, uint64(cp.RequestID), cp.Secret, cp.Exposure != nil, nil
 }
 
 // callerPool maps pools the way a serving process maps its own KV cache (mmap, with

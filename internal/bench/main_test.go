@@ -71,6 +71,8 @@ type runSpec struct {
 	latency        bool
 	connectTimeout time.Duration
 	clusterKey     bool // a fresh key in a file (--cluster-key)
+	sender         string
+	rmaEmulated    bool
 }
 
 // runFor is the RunConfig of s on the llama3-8b preset, as `kvxbench run` resolves it.
@@ -93,12 +95,15 @@ func runFor(t *testing.T, s runSpec) RunConfig {
 		TLS: s.tls, PrefillTP: int(or(int64(s.prefillTP), 1)), Duration: time.Second, MaxIters: 10000, Verify: true,
 		ConnectTimeout: time.Duration(or(int64(s.connectTimeout), int64(10*time.Second))), Seed: 1,
 		Staging: s.staging, DirectChunkBytes: 64 << 20, NoRMA: s.noRMA, Pool: s.pool, Memory: s.memory, HTTP: s.http,
-		Latency: s.latency}
+		Latency: s.latency, Sender: s.sender, RMAWhereEmulated: s.rmaEmulated}
 	if cfg.Prompts == nil {
 		cfg.Prompts = []int64{1 << 10, 4 << 10, 16 << 10}
 	}
 	if cfg.Concurrency == nil {
 		cfg.Concurrency = []int{1, 16}
+	}
+	if cfg.Sender == "" {
+		cfg.Sender = SenderAfter
 	}
 	if cfg.Pool == "" {
 		cfg.Pool = "transport"

@@ -72,6 +72,9 @@ type Result struct {
 	// each chunk out of the prefill end's slot with a get); several joined with "+" when the
 	// requests of a scenario differed.
 	Path string `json:"path,omitempty"`
+	// Sender is the run's --sender flow where it is not after (first, expose); "rma-one-hop"
+	// in Path marks an expose request read at once from its params (a one-hop read).
+	Sender string `json:"sender,omitempty"`
 	// Layers is how many layers of each block a request moved, where fewer than the pool's
 	// (a latency row's one-layer chunk); omitted when every layer.
 	Layers int64 `json:"layers,omitempty"`

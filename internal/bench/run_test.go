@@ -65,3 +65,45 @@ func TestRunReportsAPeerThatDies(t *testing.T) {
 	require.ErrorContains(t, err, "HeadDim")
 	require.Less(t, time.Since(start), 5*time.Second, "noticed the exit, not the timeout")
 }
+
+// --sender expose over UCX: the prefill process exposes each request and its params reach the
+// decode process's Receive, which reads the prefill pool at once where the params carry a
+// one-hop read's section (path rma-one-hop): over shared memory, and over TCP where gets are
+// kept though emulated; over TCP without them the claim takes IOV messages. --sender first
+// posts a named Send before the Receive and takes the rma path's offer. Every byte checked.
+func TestRunLoopback_SenderFlows(t *testing.T) {
+	skipWithoutHostCopy(t)
+	cases := []struct {
+		desc, sender, tls string
+		emulated          bool
+		path              string
+	}{
+		{"expose over shared memory: one-hop reads", SenderExpose, "posix,cma,self", false, "rma-one-hop"},
+		{"expose over tcp, gets kept: one-hop reads", SenderExpose, "tcp,self", true, "rma-one-hop"},
+		{"expose over tcp: IOV messages", SenderExpose, "tcp,self", false, "direct"},
+		{"first over shared memory: an offer, then gets", SenderFirst, "posix,cma,self", false, "rma"},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := runFor(t, runSpec{layers: 4, prompts: []int64{64}, concurrency: []int{1, 4}, slotBytes: 256 << 10,
+				memCap: 512 << 20, tls: c.tls, sender: c.sender, rmaEmulated: c.emulated})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var results []Result
+			err := Loopback(ctx, cfg, Output{Duration: 20 * time.Millisecond, MaxIters: 20}, "",
+				&Outputs{Stdout: discard{}, Stderr: discard{}}, func(r Result) error { results = append(results, r); return nil })
+			if !engineBuilt {
+				require.ErrorIs(t, err, errEngineMissing)
+				return
+			}
+			require.NoError(t, err)
+			require.Len(t, results, 2)
+			for _, r := range results {
+				require.True(t, r.Verified, r.Name)
+				require.GreaterOrEqual(t, r.Requests, minIters, r.Name)
+				require.Equal(t, c.sender, r.Sender, r.Name)
+				require.Equal(t, c.path, r.Path, r.Name)
+			}
+		})
+	}
+}

@@ -27,6 +27,10 @@ import (
 //	prefill -> decode  ready{checksum, bytes}
 //	decode -> prefill  req{id} (one per request; decode has posted its Receive)
 //	prefill -> decode  sent{id, gather_ns, err} once the Send ends
+//
+// With --sender first or expose, each round's requests go before any Receive (req{id,
+// sender}), the prefill end answers posted{id, params} once its Send or Expose is posted, and
+// the round's clock starts after every answer; sent follows as above.
 //	decode -> prefill  bye
 //
 // Requests run in rounds of --concurrency at once. The clock runs from the first Receive of a
@@ -102,10 +106,14 @@ func (p *prefillEnd) serve(ctx context.Context, c *control) error {
 				return err
 			}
 			wg.Add(1)
-			go func(id uint64, secret []byte) {
+			go func(r reqMsg) {
 				defer wg.Done()
-				_ = c.send(message{Sent: p.send(ctx, id, secret)})
-			}(m.Req.ID, m.Req.Secret)
+				var posted func(postedMsg) error
+				if r.Sender == SenderFirst || r.Sender == SenderExpose {
+					posted = func(pm postedMsg) error { return c.send(message{Posted: &pm}) }
+				}
+				_ = c.send(message{Sent: p.post(ctx, r, posted)})
+			}(*m.Req)
 		}
 	}
 }
@@ -166,10 +174,31 @@ func (p *prefillEnd) plan1(tokens, layers int64) (readyMsg, error) {
 	return readyMsg{Checksum: sum, Bytes: plan.Bytes()}, nil
 }
 
-// send runs one request's Send to its end and reports it.
-func (p *prefillEnd) send(ctx context.Context, id uint64, secret []byte) *sentMsg {
+// post posts one request's sending side as r.Sender says (an Expose for expose, else a Send
+// to the decode end), tells posted (first and expose; nil for after) what it posted, runs it
+// to its end and reports it.
+func (p *prefillEnd) post(ctx context.Context, r reqMsg, posted func(postedMsg) error) *sentMsg {
+	id := r.ID
 	m := &timedMover{pool: p.pool}
-	h, err := p.eng.Send(ctx, id, secret, p.peer, p.plan, m)
+	var h pendingXfer
+	var err error
+	pm := postedMsg{ID: id}
+	if r.Sender == SenderExpose {
+		x, ok := p.eng.(exposer)
+		if !ok {
+			err = fmt.Errorf("prefill rank %d: this engine cannot expose a request", p.rank)
+		} else {
+			h, pm.Params, pm.Secret, err = x.Expose(ctx, id, p.plan, m)
+		}
+	} else {
+		h, err = p.eng.Send(ctx, id, r.Secret, p.peer, p.plan, m)
+	}
+	if posted != nil {
+		if err != nil {
+			pm.Err = err.Error()
+		}
+		_ = posted(pm) // a lost control connection fails the decode end's wait for it
+	}
 	if err != nil {
 		return &sentMsg{ID: id, Err: err.Error()}
 	}
@@ -228,6 +257,9 @@ func (s scenario) name(cfg RunConfig) string {
 	if cfg.PrefillTP > 1 {
 		n += fmt.Sprintf(" tp%d>1", cfg.PrefillTP)
 	}
+	if cfg.Sender == SenderFirst || cfg.Sender == SenderExpose {
+		n += " " + cfg.Sender
+	}
 	if cfg.Memory == "device" {
 		n += " device"
 	}
@@ -239,6 +271,9 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 	res := Result{Op: "transfer", Model: d.cfg.ShapeName, Tokens: s.tokens, Concurrency: s.concurrency,
 		Name: s.name(d.cfg), TLS: d.cfg.TLS, PrefillTP: d.cfg.PrefillTP, Layers: s.layers,
 		ClusterKey: len(d.cfg.ClusterKey) > 0}
+	if d.cfg.Sender == SenderFirst || d.cfg.Sender == SenderExpose {
+		res.Sender = d.cfg.Sender
+	}
 	if s.latency {
 		res.Op = "latency"
 	}
@@ -387,25 +422,46 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 			p.h.Release()
 		}
 	}()
-	start := time.Now()
-	for _, subs := range plans {
+	reqs := make([]reqMsg, len(plans))
+	for i := range reqs {
 		d.nextID++
-		id := d.nextID
-		m := &timedMover{pool: d.pool}
-		var secret []byte
+		reqs[i].ID = d.nextID
 		if len(d.cfg.ClusterKey) > 0 {
 			// As a serving stack would: the secret travels to the Send in the request's
 			// ContextParams (here the control connection), never on the engines' wire.
-			secret = transfer.NewClaimSecret()
+			reqs[i].Secret = transfer.NewClaimSecret()
 		}
+	}
+	// first and expose: every prefill end posts its side before the round's clock starts.
+	sendersFirst := d.cfg.Sender == SenderFirst || d.cfg.Sender == SenderExpose
+	var exposed map[uint64]postedMsg
+	if sendersFirst {
+		var err error
+		if exposed, err = d.postSendersFirst(reqs); err != nil {
+			return nil, 0, 0, 0, err
+		}
+	}
+	start := time.Now()
+	for i, subs := range plans {
+		id := reqs[i].ID
+		m := &timedMover{pool: d.pool}
 		t := time.Now()
-		h, err := d.eng.Receive(ctx, id, secret, subs, m)
+		var h pendingXfer
+		var err error
+		if d.cfg.Sender == SenderExpose {
+			h, err = d.receiveExposed(ctx, exposed[id], subs, m)
+		} else {
+			h, err = d.eng.Receive(ctx, id, reqs[i].Secret, subs, m)
+		}
 		if err != nil {
 			return nil, 0, 0, 0, fmt.Errorf("receive %d: %w", id, err)
 		}
 		ps = append(ps, posted{id: id, h: h, m: m, start: t})
+		if sendersFirst {
+			continue
+		}
 		for r, c := range d.ctrls {
-			if err := c.send(message{Req: &reqMsg{ID: id, Secret: secret}}); err != nil {
+			if err := c.send(message{Req: &reqs[i]}); err != nil {
 				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", r, err)
 			}
 		}
@@ -478,6 +534,55 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 		}
 	}
 	return lat, wall, gatherNs, scatterNs, nil
+}
+
+// postSendersFirst (--sender first or expose) asks every prefill end to post its side of each
+// request and waits until all have: the answers of an expose run, by request id (one prefill
+// rank), carry the params its Receive is given.
+func (d *decodeEnd) postSendersFirst(reqs []reqMsg) (map[uint64]postedMsg, error) {
+	if d.cfg.Sender == SenderExpose && len(d.ctrls) != 1 {
+		return nil, fmt.Errorf("--sender expose: one prefill rank only (a Receive carries one sender's params), not %d", len(d.ctrls))
+	}
+	for r, c := range d.ctrls {
+		for i := range reqs {
+			req := reqs[i]
+			req.Sender = d.cfg.Sender
+			if err := c.send(message{Req: &req}); err != nil {
+				return nil, fmt.Errorf("prefill rank %d: %w", r, err)
+			}
+		}
+	}
+	out := make(map[uint64]postedMsg, len(reqs))
+	for r, c := range d.ctrls {
+		for range reqs {
+			m, err := c.recvMessage(0)
+			if err != nil {
+				return nil, fmt.Errorf("prefill rank %d: %w", r, err)
+			}
+			switch {
+			case m.Posted == nil:
+				return nil, fmt.Errorf("%w: prefill rank %d answered a request with something else than posted", errPeerNotKvxbench, r)
+			case m.Posted.Err != "":
+				return nil, fmt.Errorf("prefill rank %d: posting %d: %s", r, m.Posted.ID, m.Posted.Err)
+			}
+			out[m.Posted.ID] = *m.Posted
+		}
+	}
+	for _, req := range reqs {
+		if _, ok := out[req.ID]; !ok {
+			return nil, fmt.Errorf("%w: no prefill rank said it posted request %d", errPeerNotKvxbench, req.ID)
+		}
+	}
+	return out, nil
+}
+
+// receiveExposed posts an expose run's Receive with what the exposure handed out.
+func (d *decodeEnd) receiveExposed(ctx context.Context, pm postedMsg, subs []recvSub, m mover) (pendingXfer, error) {
+	x, ok := d.eng.(exposer)
+	if !ok || len(subs) != 1 {
+		return nil, errors.New("--sender expose: this engine cannot receive from an exposure's params")
+	}
+	return x.ReceiveExposed(ctx, pm.ID, pm.Params, pm.Secret, subs[0], m)
 }
 
 // warmUp runs one round of the scenario off the clock and checks its bytes.
