@@ -196,6 +196,9 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 			r.releaseView()
 			r.inPlace = nil
 		}
+		if err == nil && r.inPlace != nil { // every lane copies a share (rma_inplace.go)
+			gets, r.inPlace.batch = splitForLanes(gets, r.inPlace.limit)
+		}
 	}
 	if err != nil {
 		x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.CancelGrace)

@@ -24,10 +24,17 @@ import (
 // hand-offs cost little, enough that every lane has one while another is handed back.
 const inPlaceBatchBytes = 8 << 20
 
+// inPlaceSplitMin is the smallest job a request's ranges are cut into so that every lane
+// copies a share of a short request (one 32-token block is one 4 MiB range: one mover, one
+// core, while the others idle): below it a second mover's hand-off costs about what the half
+// copy saves.
+const inPlaceSplitMin = 512 << 10
+
 // rmaInPlace is a receiver's state for reading the offered pool in place.
 type rmaInPlace struct {
 	mapper  transport.RMAMapper
 	limit   int    // jobs at once: the transport's lanes (transport.RMALanes), at least 1
+	batch   int64  // about how many bytes one job copies (splitForLanes); 0: inPlaceBatchBytes
 	view    []byte // the offered pool as mapped here, from the first job on
 	release func()
 }
@@ -84,12 +91,45 @@ func (r *rmaReceive) copyInPlace() {
 	if x.moving >= r.inPlace.limit {
 		return
 	}
+	batch := r.inPlace.batch
+	if batch <= 0 {
+		batch = inPlaceBatchBytes
+	}
 	first, n := x.nextSeq, int64(0)
-	for x.nextSeq < x.nChunks && (x.nextSeq == first || n+r.gets[x.nextSeq].n <= inPlaceBatchBytes) {
+	for x.nextSeq < x.nChunks && (x.nextSeq == first || n+r.gets[x.nextSeq].n <= batch) {
 		n += r.gets[x.nextSeq].n
 		x.nextSeq++
 	}
 	x.toMover(&opRec{seq: first, buf: r.inPlace.view, batch: r.gets[first:x.nextSeq]})
+}
+
+// splitForLanes cuts ranges read in place so that their bytes make at least lanes jobs where
+// each would still copy inPlaceSplitMin or more, and no job more than inPlaceBatchBytes: it
+// returns the ranges (each inside one of gets, together exactly gets' bytes, in order) and the
+// job size copyInPlace batches them by. Every piece keeps its range's source and destination
+// offsets, so the checks the ranges passed (the offer's, a one-hop read's regions) hold for it.
+func splitForLanes(gets []rmaRegion, lanes int) ([]rmaRegion, int64) {
+	var total int64
+	for _, g := range gets {
+		total += g.n
+	}
+	batch := (total + int64(max(lanes, 1)) - 1) / int64(max(lanes, 1))
+	batch = (batch + 4095) &^ 4095 // whole pages, where the ranges allow
+	batch = min(max(batch, inPlaceSplitMin), inPlaceBatchBytes)
+	cut := false
+	for _, g := range gets {
+		cut = cut || g.n > batch
+	}
+	if !cut {
+		return gets, batch
+	}
+	out := make([]rmaRegion, 0, len(gets)+int(total/batch))
+	for _, g := range gets {
+		for off := int64(0); off < g.n; off += batch {
+			out = append(out, rmaRegion{src: g.src + off, dst: g.dst + off, n: min(batch, g.n-off)})
+		}
+	}
+	return out, batch
 }
 
 // moved counts ranges copied in place, as completed does a get's.
