@@ -108,6 +108,30 @@ func (p *moverPool) work() {
 	}
 }
 
+// runHere runs one copy on the calling goroutine (a transfer's loop), for a copy so short
+// that a worker's hand-off and the event's way back would cost more than the copy itself. It
+// is fenced as the workers' copies are: refused once fence began, and counted busy while it
+// runs, so fence (and Engine.Close after it) waits for it. Its event comes back through the
+// transfer's mailbox as a worker's does.
+func (p *moverPool) runHere(x *xfer, rec *opRec) {
+	p.mu.Lock()
+	if p.fenced {
+		p.mu.Unlock()
+		refuse(moveJob{x: x, rec: rec})
+		return
+	}
+	p.busy++
+	p.mu.Unlock()
+	x.move(rec)
+	p.mu.Lock()
+	p.busy--
+	if p.busy == 0 && p.quiet != nil {
+		close(p.quiet)
+		p.quiet = nil
+	}
+	p.mu.Unlock()
+}
+
 // errCopyRefused is why a copy queued after fence never ran.
 var errCopyRefused = fmt.Errorf("%w: the engine is closing; copy not started", ErrClosed)
 

@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,6 +49,37 @@ func TestRMAInPlace_SplitForLanes(t *testing.T) {
 				require.Equal(t, g.n, at, "the pieces of a range cover it exactly")
 			}
 			require.Equal(t, len(got), i)
+		})
+	}
+}
+
+// runHere (a short in-place read copied on its transfer's own loop) is fenced as a mover's
+// copy is: before fence it copies and reports through the mailbox; after it, the copy is
+// refused untouched (errCopyRefused), so Engine.Close never unmaps memory under it.
+func TestMoverPool_RunHereIsFenced(t *testing.T) {
+	for _, fenced := range []bool{false, true} {
+		t.Run(map[bool]string{false: "before fence: copied", true: "after fence: refused"}[fenced], func(t *testing.T) {
+			p := newMoverPool()
+			defer p.close()
+			if fenced {
+				require.Zero(t, p.fence(context.Background()))
+			}
+			src := []byte("0123456789abcdef")
+			x := &xfer{pool: make([]byte, len(src))}
+			rec := &opRec{buf: src, batch: []rmaRegion{{src: 4, dst: 0, n: 8}}}
+			p.runHere(x, rec)
+			evs := x.box.Take(nil)
+			require.Len(t, evs, 1)
+			require.True(t, evs[0].moved)
+			require.Same(t, rec, evs[0].op)
+			if fenced {
+				require.ErrorIs(t, rec.moveErr, errCopyRefused)
+				require.Equal(t, make([]byte, len(src)), x.pool, "a refused copy touches nothing")
+				return
+			}
+			require.NoError(t, rec.moveErr)
+			require.Equal(t, []byte("456789ab"), x.pool[:8])
+			require.Zero(t, p.fence(context.Background()), "no copy left running")
 		})
 	}
 }
