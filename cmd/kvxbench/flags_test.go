@@ -106,20 +106,22 @@ func TestLatencyFlag(t *testing.T) {
 	}
 }
 
-// --sender: after by default, first and expose as given; expose needs one prefill rank and host
+// --sender: auto by default, first and expose as given; expose needs one prefill rank and host
 // memory (a Receive carries one sender's params), and a wrong word is a usage error.
 func TestSenderFlag(t *testing.T) {
 	cases := []struct {
 		desc, want, usage string
 		args              []string
 	}{
-		{"the default", bench.SenderAfter, "", nil},
+		{"the default", bench.SenderAuto, "", nil},
+		{"auto with two prefill ranks (after there)", bench.SenderAuto, "", []string{"--prefill-tp", "2"}},
+		{"after", bench.SenderAfter, "", []string{"--sender", "after"}},
 		{"first", bench.SenderFirst, "", []string{"--sender", "first"}},
 		{"first with two prefill ranks", bench.SenderFirst, "", []string{"--sender", "first", "--prefill-tp", "2"}},
 		{"expose", bench.SenderExpose, "", []string{"--sender", "expose"}},
 		{"expose with two prefill ranks", "", "--sender expose: one prefill rank", []string{"--sender", "expose", "--prefill-tp", "2"}},
 		{"expose with device memory", "", "--sender expose: one prefill rank", []string{"--sender", "expose", "--memory", "device"}},
-		{"a wrong word", "", `--sender "before": choose after, first or expose`, []string{"--sender", "before"}},
+		{"a wrong word", "", `--sender "before": choose auto, after, first or expose`, []string{"--sender", "before"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {

@@ -57,7 +57,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.prompts, "prompts", "1k,4k,16k", "prompt lengths in tokens, comma-separated")
 	fs.StringVar(&f.concurrency, "concurrency", "1,16", "requests in flight at once, comma-separated")
 	fs.StringVar(&f.latency, "latency", "auto", "the latency rows: a 32-token request and one block's first layer, each at concurrency 1 and 16, p50 and p99 beside the same-run limit (ucx_perftest: one ucp_get or one tagged message of the bytes, the lesser, plus one tag_lat round trip); on, off, or auto: on unless --prompts is given")
-	fs.StringVar(&f.sender, "sender", bench.SenderAfter, "when and how the prefill end posts its side of each request: after (a Send once the decode end's request reaches it over kvxbench's control connection, whose hop is then on the clock), first (a Send before the decode end's Receive, as a serving stack whose prefill ended before decode asked; the clock runs from the Receive) or expose (an Expose before the Receive, whose params the Receive is given: a one-hop read where the transport can, path rma-one-hop; one prefill rank, host memory)")
+	fs.StringVar(&f.sender, "sender", bench.SenderAuto, "when and how the prefill end posts its side of each request: auto (expose for the latency rows where it applies, after elsewhere), after (a Send once the decode end's request reaches it over kvxbench's control connection, whose hop is then on the clock), first (a Send before the decode end's Receive, as a serving stack whose prefill ended before decode asked; the clock runs from the Receive) or expose (an Expose before the Receive, whose params the Receive is given: a one-hop read where the transport can, path rma-one-hop; one prefill rank, host memory)")
 	f.set = func(name string) bool {
 		given := false
 		fs.Visit(func(fl *flag.Flag) { given = given || fl.Name == name })
@@ -111,13 +111,13 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 		return bench.RunConfig{}, usagef("--pool caller registers host pools for the direct path; drop --staging and --memory device")
 	}
 	switch f.sender {
-	case bench.SenderAfter, bench.SenderFirst:
+	case bench.SenderAuto, bench.SenderAfter, bench.SenderFirst:
 	case bench.SenderExpose:
 		if f.prefillTP != 1 || f.memory != "host" {
 			return bench.RunConfig{}, usagef("--sender expose: one prefill rank (--prefill-tp 1) and host memory, as a Receive carries one sender's params")
 		}
 	default:
-		return bench.RunConfig{}, usagef("--sender %q: choose after, first or expose", f.sender)
+		return bench.RunConfig{}, usagef("--sender %q: choose auto, after, first or expose", f.sender)
 	}
 	if f.connectTimeout <= 0 {
 		return bench.RunConfig{}, usagef("--connect-timeout = %v: must be positive", f.connectTimeout)

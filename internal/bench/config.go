@@ -33,6 +33,9 @@ const (
 	// prefill pool at once where the params carry a one-hop read's section
 	// (docs/protocol.md, "One-hop reads"). One prefill rank only.
 	SenderExpose = "expose"
+	// SenderAuto (the default) takes SenderExpose for the latency rows where it applies (one
+	// prefill rank, host memory, an engine that can expose) and SenderAfter elsewhere.
+	SenderAuto = "auto"
 )
 
 // RunConfig is a validated transfer run. It is also what the parent hands its peer
@@ -50,7 +53,7 @@ type RunConfig struct {
 	// layer, each at concurrency 1 and 16) beside their same-run limit (--latency).
 	Latency bool `json:"latency,omitempty"`
 	// Sender is when and how each prefill end posts its side of a request (--sender):
-	// SenderAfter, SenderFirst or SenderExpose.
+	// SenderAfter, SenderFirst, SenderExpose or SenderAuto ("" is SenderAfter).
 	Sender         string        `json:"sender,omitempty"`
 	SlotBytes      int64         `json:"slot_bytes"`
 	PipelineDepth  int           `json:"pipeline_depth"`

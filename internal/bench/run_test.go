@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,11 +83,13 @@ func TestRunLoopback_SenderFlows(t *testing.T) {
 		{"expose over tcp, gets kept: one-hop reads", SenderExpose, "tcp,self", true, "rma-one-hop"},
 		{"expose over tcp: IOV messages", SenderExpose, "tcp,self", false, "direct"},
 		{"first over shared memory: an offer, then gets", SenderFirst, "posix,cma,self", false, "rma"},
+		// auto (the default): the latency rows expose (one-hop), the transfer rows after.
+		{"auto over shared memory: latency rows one-hop", SenderAuto, "posix,cma,self", false, "rma"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := runFor(t, runSpec{layers: 4, prompts: []int64{64}, concurrency: []int{1, 4}, slotBytes: 256 << 10,
-				memCap: 512 << 20, tls: c.tls, sender: c.sender, rmaEmulated: c.emulated})
+				memCap: 512 << 20, tls: c.tls, sender: c.sender, rmaEmulated: c.emulated, latency: c.sender == SenderAuto})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			var results []Result
@@ -97,12 +100,31 @@ func TestRunLoopback_SenderFlows(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			require.Len(t, results, 2)
+			if c.sender != SenderAuto {
+				require.Len(t, results, 2)
+			}
+			latencyRows := 0
 			for _, r := range results {
 				require.True(t, r.Verified, r.Name)
 				require.GreaterOrEqual(t, r.Requests, minIters, r.Name)
+				if c.sender == SenderAuto {
+					if r.Op == "latency" {
+						latencyRows++
+						require.Equal(t, SenderExpose, r.Sender, r.Name)
+						require.Equal(t, "rma-one-hop", r.Path, r.Name)
+						require.True(t, strings.HasSuffix(r.Name, " expose"), r.Name)
+						continue
+					}
+					require.Empty(t, r.Sender, r.Name)
+					require.NotContains(t, r.Name, "expose")
+					require.Equal(t, c.path, r.Path, r.Name)
+					continue
+				}
 				require.Equal(t, c.sender, r.Sender, r.Name)
 				require.Equal(t, c.path, r.Path, r.Name)
+			}
+			if c.sender == SenderAuto {
+				require.Equal(t, 4, latencyRows, "32 tokens and one block's layer, at concurrency 1 and 16")
 			}
 		})
 	}

@@ -229,7 +229,9 @@ type decodeEnd struct {
 	// server runs; empty for run, whose baseline runs both ends here.
 	remoteHost string
 	// paths are the paths the engine said the timed requests took (Handle.Path).
-	paths  map[string]bool
+	paths map[string]bool
+	// flow is the --sender flow of the scenario being measured (scenario.flow).
+	flow   string
 	rng    *rand.Rand
 	nextID uint64
 }
@@ -257,8 +259,8 @@ func (s scenario) name(cfg RunConfig) string {
 	if cfg.PrefillTP > 1 {
 		n += fmt.Sprintf(" tp%d>1", cfg.PrefillTP)
 	}
-	if cfg.Sender == SenderFirst || cfg.Sender == SenderExpose {
-		n += " " + cfg.Sender
+	if f := s.flow(cfg, true); f != SenderAfter {
+		n += " " + f
 	}
 	if cfg.Memory == "device" {
 		n += " device"
@@ -266,13 +268,32 @@ func (s scenario) name(cfg RunConfig) string {
 	return n
 }
 
+// flow is the --sender flow the scenario runs: SenderAuto resolved (expose for a latency row
+// where it applies: one prefill rank, host memory, and canExpose, the decode engine's
+// exposer), "" as SenderAfter.
+func (s scenario) flow(cfg RunConfig, canExpose bool) string {
+	switch cfg.Sender {
+	case "", SenderAuto:
+		if cfg.Sender == SenderAuto && s.latency && cfg.PrefillTP == 1 && cfg.Memory != "device" && canExpose {
+			return SenderExpose
+		}
+		return SenderAfter
+	}
+	return cfg.Sender
+}
+
 // measure runs one scenario and returns its result, baseline not yet set.
 func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *progress) (Result, error) {
+	_, canExpose := d.eng.(exposer)
+	d.flow = s.flow(d.cfg, canExpose)
 	res := Result{Op: "transfer", Model: d.cfg.ShapeName, Tokens: s.tokens, Concurrency: s.concurrency,
 		Name: s.name(d.cfg), TLS: d.cfg.TLS, PrefillTP: d.cfg.PrefillTP, Layers: s.layers,
 		ClusterKey: len(d.cfg.ClusterKey) > 0}
-	if d.cfg.Sender == SenderFirst || d.cfg.Sender == SenderExpose {
-		res.Sender = d.cfg.Sender
+	if !canExpose && d.flow == SenderAfter && s.flow(d.cfg, true) == SenderExpose {
+		res.Name = strings.TrimSuffix(res.Name, " "+SenderExpose) // auto fell back: this engine cannot expose
+	}
+	if d.flow != SenderAfter {
+		res.Sender = d.flow
 	}
 	if s.latency {
 		res.Op = "latency"
@@ -433,7 +454,7 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 		}
 	}
 	// first and expose: every prefill end posts its side before the round's clock starts.
-	sendersFirst := d.cfg.Sender == SenderFirst || d.cfg.Sender == SenderExpose
+	sendersFirst := d.flow == SenderFirst || d.flow == SenderExpose
 	var exposed map[uint64]postedMsg
 	if sendersFirst {
 		var err error
@@ -448,7 +469,7 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 		t := time.Now()
 		var h pendingXfer
 		var err error
-		if d.cfg.Sender == SenderExpose {
+		if d.flow == SenderExpose {
 			h, err = d.receiveExposed(ctx, exposed[id], subs, m)
 		} else {
 			h, err = d.eng.Receive(ctx, id, reqs[i].Secret, subs, m)
@@ -540,13 +561,13 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 // request and waits until all have: the answers of an expose run, by request id (one prefill
 // rank), carry the params its Receive is given.
 func (d *decodeEnd) postSendersFirst(reqs []reqMsg) (map[uint64]postedMsg, error) {
-	if d.cfg.Sender == SenderExpose && len(d.ctrls) != 1 {
+	if d.flow == SenderExpose && len(d.ctrls) != 1 {
 		return nil, fmt.Errorf("--sender expose: one prefill rank only (a Receive carries one sender's params), not %d", len(d.ctrls))
 	}
 	for r, c := range d.ctrls {
 		for i := range reqs {
 			req := reqs[i]
-			req.Sender = d.cfg.Sender
+			req.Sender = d.flow
 			if err := c.send(message{Req: &req}); err != nil {
 				return nil, fmt.Errorf("prefill rank %d: %w", r, err)
 			}
