@@ -78,18 +78,20 @@ func TestRunLoopback_SenderFlows(t *testing.T) {
 		desc, sender, tls string
 		emulated          bool
 		path              string
+		key               bool // a cluster key: the params come signed, the decode end verifies them
 	}{
-		{"expose over shared memory: one-hop reads", SenderExpose, "posix,cma,self", false, "rma-one-hop"},
-		{"expose over tcp, gets kept: one-hop reads", SenderExpose, "tcp,self", true, "rma-one-hop"},
-		{"expose over tcp: IOV messages", SenderExpose, "tcp,self", false, "direct"},
-		{"first over shared memory: an offer, then gets", SenderFirst, "posix,cma,self", false, "rma"},
+		{"expose over shared memory: one-hop reads", SenderExpose, "posix,cma,self", false, "rma-one-hop", false},
+		{"expose over tcp, gets kept: one-hop reads", SenderExpose, "tcp,self", true, "rma-one-hop", false},
+		{"expose over tcp: IOV messages", SenderExpose, "tcp,self", false, "direct", false},
+		{"first over shared memory: an offer, then gets", SenderFirst, "posix,cma,self", false, "rma", false},
+		{"expose over shared memory with a cluster key: one-hop reads", SenderExpose, "posix,cma,self", false, "rma-one-hop", true},
 		// auto (the default): the latency rows expose (one-hop), the transfer rows after.
-		{"auto over shared memory: latency rows one-hop", SenderAuto, "posix,cma,self", false, "rma"},
+		{"auto over shared memory: latency rows one-hop", SenderAuto, "posix,cma,self", false, "rma", false},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := runFor(t, runSpec{layers: 4, prompts: []int64{64}, concurrency: []int{1, 4}, slotBytes: 256 << 10,
-				memCap: 512 << 20, tls: c.tls, sender: c.sender, rmaEmulated: c.emulated, latency: c.sender == SenderAuto})
+				memCap: 512 << 20, tls: c.tls, sender: c.sender, rmaEmulated: c.emulated, latency: c.sender == SenderAuto, clusterKey: c.key})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			var results []Result
