@@ -68,6 +68,9 @@ type xfer struct {
 	// farewell that a peer's goodbye named it (goodbye.go); both read by the inbound handler.
 	ident    atomic.Pointer[wireIdent]
 	farewell atomic.Bool
+	// heard: a Receive heard from its sender (a message of its nonce, a chunk), so a goodbye
+	// entry without a nonce (a Send that never had a request) cannot be about it (goodbye.go).
+	heard atomic.Bool
 
 	box       queue.Queue[event] // its mailbox: a push never blocks, so transport callbacks and the inbound handler never wait on a transfer
 	qctx      context.Context
@@ -102,6 +105,8 @@ type xfer struct {
 	doneMsg     bool
 	aborting    bool
 	heldAbort   wire.AbortCode // a cancelling receiver's abort, held until its operations end (xfer_end.go)
+	toldPeer    bool           // an abort of this transfer went to the peer (sendAbort)
+	queuedCause error          // why it left Queued ended (queuedExit), for the abort a Send owes its receiver
 	drainPosted bool           // an aborting staging receiver posted and cancelled its next receive (drainAhead)
 	movingPeer  int            // copies on the movers that read the peer's memory in place (of moving)
 	cause       error
@@ -285,6 +290,7 @@ func (x *xfer) run() {
 
 // queuedExit ends a transfer that never left Queued.
 func (x *xfer) queuedExit(cause error) {
+	x.queuedCause = cause
 	ev := EvFail
 	if errors.Is(cause, ErrCancelled) {
 		ev = EvCancelQueued
@@ -325,6 +331,11 @@ func (x *xfer) lease(p path) (*buffer.Slot, bool) {
 		x.queuedExit(x.queueErr(err))
 		return nil, false
 	}
+	if err := x.stopping(); err != nil {
+		releaseSlot(slot)
+		x.queuedExit(err)
+		return nil, false
+	}
 	if !x.apply(EvAdvertise, nil) { // cancelled while we waited
 		releaseSlot(slot)
 		return nil, false
@@ -341,11 +352,29 @@ func (x *xfer) admit() bool {
 	select {
 	case x.eng.admission <- struct{}{}:
 		x.admitted = true
+		if err := x.stopping(); err != nil {
+			x.queuedExit(err)
+			return false
+		}
 		return true
 	case <-x.qctx.Done():
 		x.queuedExit(x.queueErr(context.Cause(x.qctx)))
 		return false
 	}
+}
+
+// stopping says why a transfer that just got what it waited for in Queued (one of
+// MaxConcurrent, a staging slot) must not start: it was stopped as it got it (select picks at
+// random), or its engine is closing (Close stops every transfer, one after another: one it
+// has not stopped yet must not take what another it stopped gave back, and start). Else nil.
+func (x *xfer) stopping() error {
+	if x.qctx.Err() != nil {
+		return x.queueErr(context.Cause(x.qctx))
+	}
+	if x.eng.isClosed() {
+		return &RequestError{ID: x.h.id, Err: ErrClosed}
+	}
+	return nil
 }
 
 // extraSlots takes up to depth-1 more slots, only if free: a transfer never waits for a second
@@ -459,6 +488,7 @@ func (x *xfer) releaseIdle() {
 // ---- shared by both sides and every path ----
 
 func (x *xfer) progress(n int64) {
+	x.heard.Store(true)
 	x.moved++
 	x.h.bytes.Add(n)
 	now := time.Now()
@@ -587,6 +617,7 @@ func (x *xfer) handleEvent(ev event) {
 		if !x.ours(ev.msg.Head()) {
 			return
 		}
+		x.heard.Store(true)
 		switch m := ev.msg.(type) {
 		case *wire.Abort:
 			if m.Sub != x.wireSub && x.receive {
