@@ -144,3 +144,71 @@ func TestL11_ClosingSenderEndsItsWaitingReceivers(t *testing.T) {
 		}
 	}
 }
+
+// TestL11_ReceiverAbortEndsItsQueuedSend: a Send that took its receiver's request and waits,
+// Queued, for one of MaxConcurrent or a staging slot, or has the request and the receiver's
+// abort of it at once, ends on that abort: it does not wait out QueueTimeout (a minute here)
+// for what it would only give up on the moment it started. The receiver cancels; the Send
+// ends cancelled by its peer (ErrPeerAborted), having started nothing and told the receiver
+// nothing more.
+func TestL11_ReceiverAbortEndsItsQueuedSend(t *testing.T) {
+	for _, c := range queuedSenderCases {
+		if c.waits == "request" {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			scfg, rcfg := fastConfig(), fastConfig()
+			c.sender(&scfg)
+			rcfg.DisableDirect, rcfg.DisableRMA = !c.direct, true
+			p := newPair(t, scfg, rcfg)
+			var aborts atomic.Int64
+			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
+				if fp.Kind == wire.KindAbort && fp.From == "prefill" {
+					aborts.Add(1)
+				}
+				return mem.Fault{}
+			})
+			pool := func(send bool, i int) ([]byte, *layout.Plan) {
+				src, dst := pools(t, uint64(i))
+				if send {
+					p.net.Endpoint("prefill").AllowDirect(src.mem)
+					return src.mem, src.plan
+				}
+				p.net.Endpoint("decode").AllowDirect(dst.mem)
+				return dst.mem, dst.plan
+			}
+			mk, pl := pool(true, 1)
+			holder, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: pl, Pool: mk, Stream: true})
+			require.NoError(t, err)
+			mk, pl = pool(false, 1)
+			_, err = p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: pl, Pool: mk, Stream: true})
+			require.NoError(t, err)
+			eventually(t, func() bool { return holder.Status().State == Advertised }, "the holder past Queued")
+			if c.waits == "slot" {
+				eventually(t, func() bool { return p.src.pool.Stats().Free == 0 }, "the holder has every staging slot")
+			}
+			mk, pl = pool(true, 2)
+			hs, err := p.src.Send(bg, Spec{ID: 2, Peer: "decode", Plan: pl, Pool: mk})
+			require.NoError(t, err)
+			mk, pl = pool(false, 2)
+			hr, err := p.dst.Receive(bg, Spec{ID: 2, Peer: "prefill", Plan: pl, Pool: mk})
+			require.NoError(t, err)
+			x := hs.subs[0]
+			eventually(t, func() bool { id := x.ident.Load(); return id != nil && id.nonce != 0 }, "the Send took the receiver's request")
+			eventually(t, func() bool { return hr.Status().State == Advertised }, "the receiver advertised")
+			require.Equal(t, Queued, hs.Status().State)
+			told := aborts.Load()
+
+			require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(hr.ID()))
+			waitClosedWithin(t, hs.Done(), "the Send done on its receiver's abort", 30*time.Second)
+			waitClosedWithin(t, hs.Quiesced(), "the Send quiesced", 30*time.Second)
+			st := hs.Status()
+			require.Contains(t, []State{Cancelled, Failed}, st.State, "%v", st.Err)
+			require.ErrorIs(t, st.Err, ErrPeerAborted)
+			require.NotErrorIs(t, st.Err, ErrQueueTimeout)
+			require.Equal(t, told, aborts.Load(), "no abort back to a receiver that aborted")
+			require.Equal(t, Advertised, holder.Status().State, "the holder is untouched")
+			require.Zero(t, p.src.Health().PoisonedBlocks)
+		})
+	}
+}

@@ -80,6 +80,9 @@ type xfer struct {
 	stopCause error // written before stopCh closes
 	// lostCause: the transport lost the peer (lostQueued), written before qctx is cancelled.
 	lostCause atomic.Pointer[error]
+	// abortCause: the receiver aborted the request this Send took and waits on in Queued
+	// (abortQueued), written before qctx is cancelled.
+	abortCause atomic.Pointer[error]
 
 	// ---- owned by the run goroutine ----
 	scratch     []event // events being handled, reused between wake-ups
@@ -308,6 +311,9 @@ func (x *xfer) queueErr(err error) error {
 	if lost := x.lostCause.Load(); lost != nil {
 		return &RequestError{ID: x.h.id, Err: *lost}
 	}
+	if ab := x.abortCause.Load(); ab != nil {
+		return *ab
+	}
 	return &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrQueueTimeout, err)}
 }
 
@@ -317,6 +323,25 @@ func (x *xfer) queueErr(err error) error {
 // the loss in the mailbox ends the transfer then. It never blocks.
 func (x *xfer) lostQueued(err error) {
 	x.lostCause.CompareAndSwap(nil, &err)
+	x.qcancel()
+}
+
+// abortQueued ends the queued phase's waits (for the receiver's hello, one of MaxConcurrent,
+// a staging slot) of a Send whose receiver aborted the request it took: its nonce and sub are
+// the request's. A Send would only give up on it the moment it started, so it must not wait
+// out QueueTimeout first (L11). The inbound handler calls it after it pushed m, and the Send
+// publishes the request's name before it looks at its mailbox again, so one of the two sees
+// the abort. Anything else changes nothing: the loop handles the abort in the mailbox. It
+// never blocks.
+func (x *xfer) abortQueued(m *wire.Abort) {
+	if x.receive || x.m.load() != Queued {
+		return
+	}
+	if id := x.ident.Load(); id == nil || id.nonce == 0 || id.nonce != m.Nonce || id.sub != m.Sub {
+		return
+	}
+	err := peerAbortErr(x.h.id, m, true)
+	x.abortCause.CompareAndSwap(nil, &err)
 	x.qcancel()
 }
 

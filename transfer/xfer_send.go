@@ -67,6 +67,15 @@ func (x *xfer) runSend() {
 	}
 	x.wireSub, x.nonce = ri.Sub, ri.Nonce
 	x.publishIdent()
+	// The receiver's abort of this request may have come with it, or since: from here on the
+	// inbound handler ends the queued waits on one (abortQueued); one before is in the mailbox.
+	x.backlog = append(x.backlog, x.box.Take(nil)...)
+	for _, ev := range x.backlog {
+		if m, ok := ev.msg.(*wire.Abort); ok && m.Nonce == ri.Nonce && m.Sub == ri.Sub {
+			x.queuedExit(peerAbortErr(x.h.id, m, true))
+			return
+		}
+	}
 	if ri.Flags&wire.FlagDirect == 0 || ri.Flags&wire.FlagRMA == 0 {
 		x.endOneHop() // onehop.go: the claim takes another path, so no read of the params may complete
 	}
