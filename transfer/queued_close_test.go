@@ -177,38 +177,54 @@ func TestL11_ReceiverAbortEndsItsQueuedSend(t *testing.T) {
 				p.net.Endpoint("decode").AllowDirect(dst.mem)
 				return dst.mem, dst.plan
 			}
-			mk, pl := pool(true, 1)
-			holder, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: pl, Pool: mk, Stream: true})
-			require.NoError(t, err)
-			mk, pl = pool(false, 1)
-			_, err = p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: pl, Pool: mk, Stream: true})
-			require.NoError(t, err)
-			eventually(t, func() bool { return holder.Status().State == Advertised }, "the holder past Queued")
-			if c.waits == "slot" {
-				eventually(t, func() bool { return p.src.pool.Stats().Free == 0 }, "the holder has every staging slot")
-			}
-			mk, pl = pool(true, 2)
-			hs, err := p.src.Send(bg, Spec{ID: 2, Peer: "decode", Plan: pl, Pool: mk})
-			require.NoError(t, err)
-			mk, pl = pool(false, 2)
-			hr, err := p.dst.Receive(bg, Spec{ID: 2, Peer: "prefill", Plan: pl, Pool: mk})
-			require.NoError(t, err)
-			x := hs.subs[0]
-			eventually(t, func() bool { id := x.ident.Load(); return id != nil && id.nonce != 0 }, "the Send took the receiver's request")
-			eventually(t, func() bool { return hr.Status().State == Advertised }, "the receiver advertised")
-			require.Equal(t, Queued, hs.Status().State)
-			told := aborts.Load()
-
-			require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(hr.ID()))
-			waitClosedWithin(t, hs.Done(), "the Send done on its receiver's abort", 30*time.Second)
-			waitClosedWithin(t, hs.Quiesced(), "the Send quiesced", 30*time.Second)
-			st := hs.Status()
-			require.Contains(t, []State{Cancelled, Failed}, st.State, "%v", st.Err)
-			require.ErrorIs(t, st.Err, ErrPeerAborted)
-			require.NotErrorIs(t, st.Err, ErrQueueTimeout)
-			require.Equal(t, told, aborts.Load(), "no abort back to a receiver that aborted")
-			require.Equal(t, Advertised, holder.Status().State, "the holder is untouched")
-			require.Zero(t, p.src.Health().PoisonedBlocks)
+			receiverAbortsQueuedSend(t, c, p.src, p.dst, "decode", "prefill", pool, aborts.Load)
 		})
 	}
+}
+
+// receiverAbortsQueuedSend runs c's queued Send (as queuedSenderCloses) and has its receiver
+// cancel: the Send must end on the receiver's abort at once, with nothing sent back
+// (sentAborts, where the transport can count the sender's aborts) and the holder untouched.
+func receiverAbortsQueuedSend(t *testing.T, c queuedSenderCase, sender, receiver *Engine, toReceiver, toSender Peer,
+	pool func(send bool, i int) ([]byte, *layout.Plan), sentAborts func() int64) {
+	t.Helper()
+	mk, pl := pool(true, 1)
+	holder, err := sender.Send(bg, Spec{ID: 1, Peer: toReceiver, Plan: pl, Pool: mk, Stream: true})
+	require.NoError(t, err)
+	mk, pl = pool(false, 1)
+	_, err = receiver.Receive(bg, Spec{ID: 1, Peer: toSender, Plan: pl, Pool: mk, Stream: true})
+	require.NoError(t, err)
+	eventually(t, func() bool { return holder.Status().State == Advertised }, "the holder past Queued")
+	if c.waits == "slot" {
+		eventually(t, func() bool { return sender.pool.Stats().Free == 0 }, "the holder has every staging slot")
+	}
+	mk, pl = pool(true, 2)
+	hs, err := sender.Send(bg, Spec{ID: 2, Peer: toReceiver, Plan: pl, Pool: mk})
+	require.NoError(t, err)
+	mk, pl = pool(false, 2)
+	hr, err := receiver.Receive(bg, Spec{ID: 2, Peer: toSender, Plan: pl, Pool: mk})
+	require.NoError(t, err)
+	x := hs.subs[0]
+	eventually(t, func() bool { id := x.ident.Load(); return id != nil && id.nonce != 0 }, "the Send took the receiver's request")
+	eventually(t, func() bool { return hr.Status().State == Advertised }, "the receiver advertised")
+	require.Equal(t, Queued, hs.Status().State)
+	var told int64
+	if sentAborts != nil {
+		told = sentAborts()
+	}
+
+	require.Equal(t, CancelRequestedInFlight, receiver.Cancel(hr.ID()))
+	waitClosedWithin(t, hs.Done(), "the Send done on its receiver's abort", 30*time.Second)
+	waitClosedWithin(t, hs.Quiesced(), "the Send quiesced", 30*time.Second)
+	st := hs.Status()
+	require.Contains(t, []State{Cancelled, Failed}, st.State, "%v", st.Err)
+	require.ErrorIs(t, st.Err, ErrPeerAborted)
+	require.NotErrorIs(t, st.Err, ErrQueueTimeout)
+	if sentAborts != nil {
+		require.Equal(t, told, sentAborts(), "no abort back to a receiver that aborted")
+	}
+	require.Equal(t, Advertised, holder.Status().State, "the holder is untouched")
+	waitClosedWithin(t, hr.Quiesced(), "the receiver quiesced", 30*time.Second)
+	require.Zero(t, sender.Health().PoisonedBlocks)
+	require.Zero(t, receiver.Health().PoisonedBlocks)
 }
