@@ -95,6 +95,9 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	}
 	e.mu.Unlock()
 	x.box.Push(event{msg: m})
+	if ab, ok := m.(*wire.Abort); ok {
+		x.abortQueued(ab) // xfer.go: a Send queued on the request its receiver aborted waits no longer
+	}
 }
 
 // authentic reports whether m, decoded from msg, may be read: with Config.ClusterKeys, a

@@ -41,6 +41,7 @@ type endedClean struct {
 	peer  Peer
 	ended wire.Ended
 	at    time.Time
+	x     *xfer // the transfer, to tell a later one with its route key from it
 }
 
 // goodbyeState is what an engine keeps for goodbyes, under Engine.mu.
@@ -56,11 +57,22 @@ type goodbyeState struct {
 
 // rememberEnded records, as its goroutine ends, a sub-transfer that failed or was cancelled
 // with every operation ending transport.MemoryDone: no slot poisoned, the caller's blocks not. A
-// completed one is left out (its peer heard Done or completed itself), and so is one that
-// never got past Queued (nothing of it reached the peer).
+// completed one is left out (its peer heard Done or completed itself), and so is a Receive that
+// never got past Queued (it sent no request, so nothing of it reached the peer). A Send that
+// never got past Queued is named, its operations trivially quiescent (none ever started): its
+// receiver advertised and waits for it. One that took its receiver's request is named with the
+// request's nonce, one whose request never reached it (its engine closed first) with none, so
+// the survivor ends a Receive that never heard from it (onGoodbye) rather than wait for a
+// sender that is gone. An exposure nobody claimed has no peer to tell.
 func (x *xfer) rememberEnded() {
 	st := x.m.load()
-	if x.nonce == 0 || x.blocksUnknown || x.slotPoisoned || (st != Failed && st != Cancelled) || x.path == nil {
+	if x.blocksUnknown || x.slotPoisoned || (st != Failed && st != Cancelled) || x.peer == "" {
+		return
+	}
+	if x.receive && (x.nonce == 0 || x.path == nil) {
+		return
+	}
+	if x.path != nil && x.nonce == 0 {
 		return
 	}
 	role := wire.RoleSender
@@ -76,7 +88,7 @@ func (x *xfer) rememberEnded() {
 	for drop < len(g.ended) && (len(g.ended)-drop >= e.cfg.MaxPending || now.Sub(g.ended[drop].at) > e.cfg.PendingTTL) {
 		drop++
 	}
-	g.ended = append(g.ended[drop:], endedClean{peer: x.peer, at: now,
+	g.ended = append(g.ended[drop:], endedClean{peer: x.peer, at: now, x: x,
 		ended: wire.Ended{Request: x.h.id, Sub: x.wireSub, Nonce: x.nonce, Role: role}})
 }
 
@@ -100,8 +112,18 @@ func (e *Engine) sayGoodbye(leaving bool) {
 	e.mu.Lock()
 	now := time.Now()
 	byPeer := map[Peer][]wire.Ended{}
-	for _, r := range e.goodbye.ended {
-		if now.Sub(r.at) <= e.cfg.PendingTTL {
+	// An entry without a nonce names whatever Receive of the request never heard from this
+	// engine: not once a later transfer with the peer has the request id.
+	stale := make([]bool, len(e.goodbye.ended))
+	later := map[routeKey]bool{}
+	for i := len(e.goodbye.ended) - 1; i >= 0; i-- {
+		r := e.goodbye.ended[i]
+		key := routeKey{r.peer, r.ended.Request}
+		stale[i] = r.ended.Nonce == 0 && (later[key] || (e.routes[key] != nil && e.routes[key] != r.x))
+		later[key] = true
+	}
+	for i, r := range e.goodbye.ended {
+		if now.Sub(r.at) <= e.cfg.PendingTTL && !stale[i] {
 			byPeer[r.peer] = append(byPeer[r.peer], r.ended)
 		}
 	}
@@ -179,7 +201,7 @@ func (e *Engine) onGoodbye(from Peer, m *wire.Goodbye) {
 	e.mu.Lock()
 	for _, en := range m.Ended {
 		x := e.routes[routeKey{from, en.Request}]
-		if x == nil || !x.named(en) {
+		if x == nil || !(x.named(en) || x.unansweredBy(en)) {
 			refused++
 			continue
 		}
@@ -218,6 +240,14 @@ func (x *xfer) named(en wire.Ended) bool {
 		return false
 	}
 	return (en.Role == wire.RoleSender) == x.receive
+}
+
+// unansweredBy reports whether a goodbye's entry without a nonce, a Send of the departing peer
+// that ended before any request reached it, is about this sub-transfer: a Receive of that
+// request that never heard from its sender. Its request will never be answered; a Receive
+// that heard from its sender has a nonce the goodbye would name.
+func (x *xfer) unansweredBy(en wire.Ended) bool {
+	return en.Nonce == 0 && en.Role == wire.RoleSender && x.receive && !x.heard.Load()
 }
 
 // peerLeft ends the transfer on the peer's goodbye: the peer's operations for it are over, so

@@ -68,6 +68,9 @@ type xfer struct {
 	// farewell that a peer's goodbye named it (goodbye.go); both read by the inbound handler.
 	ident    atomic.Pointer[wireIdent]
 	farewell atomic.Bool
+	// heard: a Receive heard from its sender (a message of its nonce, a chunk), so a goodbye
+	// entry without a nonce (a Send that never had a request) cannot be about it (goodbye.go).
+	heard atomic.Bool
 
 	box       queue.Queue[event] // its mailbox: a push never blocks, so transport callbacks and the inbound handler never wait on a transfer
 	qctx      context.Context
@@ -77,6 +80,9 @@ type xfer struct {
 	stopCause error // written before stopCh closes
 	// lostCause: the transport lost the peer (lostQueued), written before qctx is cancelled.
 	lostCause atomic.Pointer[error]
+	// abortCause: the receiver aborted the request this Send took and waits on in Queued
+	// (abortQueued), written before qctx is cancelled.
+	abortCause atomic.Pointer[error]
 
 	// ---- owned by the run goroutine ----
 	scratch     []event // events being handled, reused between wake-ups
@@ -102,6 +108,8 @@ type xfer struct {
 	doneMsg     bool
 	aborting    bool
 	heldAbort   wire.AbortCode // a cancelling receiver's abort, held until its operations end (xfer_end.go)
+	toldPeer    bool           // an abort of this transfer went to the peer (sendAbort)
+	queuedCause error          // why it left Queued ended (queuedExit), for the abort a Send owes its receiver
 	drainPosted bool           // an aborting staging receiver posted and cancelled its next receive (drainAhead)
 	movingPeer  int            // copies on the movers that read the peer's memory in place (of moving)
 	cause       error
@@ -285,6 +293,7 @@ func (x *xfer) run() {
 
 // queuedExit ends a transfer that never left Queued.
 func (x *xfer) queuedExit(cause error) {
+	x.queuedCause = cause
 	ev := EvFail
 	if errors.Is(cause, ErrCancelled) {
 		ev = EvCancelQueued
@@ -302,6 +311,9 @@ func (x *xfer) queueErr(err error) error {
 	if lost := x.lostCause.Load(); lost != nil {
 		return &RequestError{ID: x.h.id, Err: *lost}
 	}
+	if ab := x.abortCause.Load(); ab != nil {
+		return *ab
+	}
 	return &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrQueueTimeout, err)}
 }
 
@@ -314,6 +326,25 @@ func (x *xfer) lostQueued(err error) {
 	x.qcancel()
 }
 
+// abortQueued ends the queued phase's waits (for the receiver's hello, one of MaxConcurrent,
+// a staging slot) of a Send whose receiver aborted the request it took: its nonce and sub are
+// the request's. A Send would only give up on it the moment it started, so it must not wait
+// out QueueTimeout first (L11). The inbound handler calls it after it pushed m, and the Send
+// publishes the request's name before it looks at its mailbox again, so one of the two sees
+// the abort. Anything else changes nothing: the loop handles the abort in the mailbox. It
+// never blocks.
+func (x *xfer) abortQueued(m *wire.Abort) {
+	if x.receive || x.m.load() != Queued {
+		return
+	}
+	if id := x.ident.Load(); id == nil || id.nonce == 0 || id.nonce != m.Nonce || id.sub != m.Sub {
+		return
+	}
+	err := peerAbortErr(x.h.id, m, true)
+	x.abortCause.CompareAndSwap(nil, &err)
+	x.qcancel()
+}
+
 // lease takes the first slot (waiting, bounded by the queue context), advertises and puts the
 // transfer on staging path p. It returns false if the transfer ended instead.
 func (x *xfer) lease(p path) (*buffer.Slot, bool) {
@@ -323,6 +354,11 @@ func (x *xfer) lease(p path) (*buffer.Slot, bool) {
 	slot, err := x.eng.pool.Lease(x.qctx)
 	if err != nil {
 		x.queuedExit(x.queueErr(err))
+		return nil, false
+	}
+	if err := x.stopping(); err != nil {
+		releaseSlot(slot)
+		x.queuedExit(err)
 		return nil, false
 	}
 	if !x.apply(EvAdvertise, nil) { // cancelled while we waited
@@ -341,11 +377,29 @@ func (x *xfer) admit() bool {
 	select {
 	case x.eng.admission <- struct{}{}:
 		x.admitted = true
+		if err := x.stopping(); err != nil {
+			x.queuedExit(err)
+			return false
+		}
 		return true
 	case <-x.qctx.Done():
 		x.queuedExit(x.queueErr(context.Cause(x.qctx)))
 		return false
 	}
+}
+
+// stopping says why a transfer that just got what it waited for in Queued (one of
+// MaxConcurrent, a staging slot) must not start: it was stopped as it got it (select picks at
+// random), or its engine is closing (Close stops every transfer, one after another: one it
+// has not stopped yet must not take what another it stopped gave back, and start). Else nil.
+func (x *xfer) stopping() error {
+	if x.qctx.Err() != nil {
+		return x.queueErr(context.Cause(x.qctx))
+	}
+	if x.eng.isClosed() {
+		return &RequestError{ID: x.h.id, Err: ErrClosed}
+	}
+	return nil
 }
 
 // extraSlots takes up to depth-1 more slots, only if free: a transfer never waits for a second
@@ -459,6 +513,7 @@ func (x *xfer) releaseIdle() {
 // ---- shared by both sides and every path ----
 
 func (x *xfer) progress(n int64) {
+	x.heard.Store(true)
 	x.moved++
 	x.h.bytes.Add(n)
 	now := time.Now()
@@ -587,6 +642,7 @@ func (x *xfer) handleEvent(ev event) {
 		if !x.ours(ev.msg.Head()) {
 			return
 		}
+		x.heard.Store(true)
 		switch m := ev.msg.(type) {
 		case *wire.Abort:
 			if m.Sub != x.wireSub && x.receive {

@@ -108,6 +108,7 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 }
 
 func (x *xfer) sendAbort(code wire.AbortCode, cause error) {
+	x.toldPeer = true
 	_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.Abort{Header: x.head(), Code: code, Reason: cause.Error()}))
 }
 
@@ -208,6 +209,20 @@ func transportErr(err error) error {
 // peerAbortErr is the error of a transfer whose peer aborted it. On the sending side, a
 // receiver's cancel is a cancel here too (ErrCancelled): it withdrew its request, and nothing
 // failed. A receiver whose sender cancelled did not get its blocks: that stays a failure.
+// abortCode is the abort code that tells the peer why this side ended for cause: its engine
+// closed, the caller cancelled, a deadline passed, else an internal reason.
+func abortCode(cause error) wire.AbortCode {
+	switch {
+	case errors.Is(cause, ErrClosed):
+		return wire.AbortClosed
+	case errors.Is(cause, ErrCancelled):
+		return wire.AbortCancelled
+	case errors.Is(cause, ErrDeadline):
+		return wire.AbortDeadline
+	}
+	return wire.AbortInternal
+}
+
 func peerAbortErr(id RequestID, m *wire.Abort, sender bool) error {
 	err := fmt.Errorf("%w (code %d): %s", ErrPeerAborted, m.Code, m.Reason)
 	switch m.Code { // the peer's reason, where it means the same here

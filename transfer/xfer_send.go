@@ -67,6 +67,15 @@ func (x *xfer) runSend() {
 	}
 	x.wireSub, x.nonce = ri.Sub, ri.Nonce
 	x.publishIdent()
+	// The receiver's abort of this request may have come with it, or since: from here on the
+	// inbound handler ends the queued waits on one (abortQueued); one before is in the mailbox.
+	x.backlog = append(x.backlog, x.box.Take(nil)...)
+	for _, ev := range x.backlog {
+		if m, ok := ev.msg.(*wire.Abort); ok && m.Nonce == ri.Nonce && m.Sub == ri.Sub {
+			x.queuedExit(peerAbortErr(x.h.id, m, true))
+			return
+		}
+	}
 	if ri.Flags&wire.FlagDirect == 0 || ri.Flags&wire.FlagRMA == 0 {
 		x.endOneHop() // onehop.go: the claim takes another path, so no read of the params may complete
 	}
@@ -135,13 +144,7 @@ func (x *xfer) endQueued(cause error) {
 		x.eng.mu.Unlock()
 	}
 	x.queuedExit(cause)
-	code := wire.AbortInternal
-	switch {
-	case errors.Is(cause, ErrCancelled):
-		code = wire.AbortCancelled
-	case errors.Is(cause, ErrDeadline):
-		code = wire.AbortDeadline
-	}
+	code := abortCode(cause)
 	// Not a lost peer's now: it sends nothing more, and an abort to it would only have the
 	// transport try to reach it (a false alarm's next request is answered by the engine).
 	lost := errors.Is(cause, ErrPeerLost)
@@ -162,14 +165,26 @@ func (x *xfer) endQueued(cause error) {
 	}
 }
 
-// stoppedBeforeStart tells the receiver that this sender ended while it waited for its path
-// (a staging slot, one of MaxConcurrent), so the receiver does not wait for its deadline.
+// stoppedBeforeStart tells the receiver, whose request this sender took, that it ended while it
+// waited for its path (the receiver's hello, one of MaxConcurrent, a staging slot), so the
+// receiver, which advertised and waits, does not wait for its deadline: an abort with the
+// request's nonce, its code from why the Send ended (AbortClosed for Close). Not to a peer that
+// is lost or aborted itself, and not twice (an incompatible request was answered already).
+// rememberEnded names such a Send in the goodbye too, for when the abort is lost.
 func (x *xfer) stoppedBeforeStart(what string) {
-	code := wire.AbortInternal
-	if x.m.load() == Cancelled {
+	cause := x.queuedCause
+	if x.toldPeer || errors.Is(cause, ErrPeerLost) || errors.Is(cause, ErrPeerAborted) {
+		return
+	}
+	reason := "the sender stopped before it " + what
+	code := abortCode(cause)
+	switch {
+	case cause != nil:
+		reason += ": " + cause.Error()
+	case x.m.load() == Cancelled: // cancelled as it left Queued
 		code = wire.AbortCancelled
 	}
-	x.sendAbort(code, errors.New("the sender stopped before it "+what))
+	x.sendAbort(code, errors.New(reason))
 }
 
 // applyHeld trims the plan by the receiver's held positions (a partial transfer), so both

@@ -94,11 +94,12 @@ func (m *Goodbye) AppendBinary(b []byte) ([]byte, error) {
 	return b, nil
 }
 
-// check refuses an entry no engine sends: a nonce of 0 (no transfer has it) or an unknown role.
+// check refuses an entry no engine sends: a nonce of 0 but from a sender (a Send that ended
+// before its receiver's request reached it, which it names so) or an unknown role.
 func (e Ended) check(at int) error {
 	switch {
-	case e.Nonce == 0:
-		return malformed(at+8, "goodbye entry for request %d with nonce 0", e.Request)
+	case e.Nonce == 0 && e.Role != RoleSender:
+		return malformed(at+8, "goodbye entry for request %d with nonce 0 and role %d", e.Request, e.Role)
 	case e.Role != RoleSender && e.Role != RoleReceiver:
 		return malformed(at+18, "goodbye entry for request %d with role %d", e.Request, e.Role)
 	}

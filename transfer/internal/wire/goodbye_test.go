@@ -14,6 +14,7 @@ import (
 var someEnded = []Ended{
 	{Request: 0xdeadbeef01, Sub: 3, Nonce: 0x0123456789abcdef, Role: RoleSender},
 	{Request: 7, Sub: 0, Nonce: 1, Role: RoleReceiver},
+	{Request: 9, Sub: 0, Nonce: 0, Role: RoleSender}, // a Send that ended before its request reached it
 }
 
 func TestGoodbyeRoundTrip(t *testing.T) {
@@ -21,7 +22,7 @@ func TestGoodbyeRoundTrip(t *testing.T) {
 		desc string
 		m    *Goodbye
 	}{
-		{"two transfers, the last part", &Goodbye{Flags: GoodbyeLast, Ended: someEnded}},
+		{"three transfers (one without a nonce), the last part", &Goodbye{Flags: GoodbyeLast, Ended: someEnded}},
 		{"a part with more to come", &Goodbye{Ended: someEnded[:1]}},
 		{"no transfers: the peer only leaves", &Goodbye{Flags: GoodbyeLast}},
 	}
@@ -65,12 +66,19 @@ func TestGoodbyeRejectsGarbage(t *testing.T) {
 		{"names a sub", mut(func(b []byte) []byte { b[4] = 1; return b })},
 		{"unknown flags", mut(func(b []byte) []byte { b[HeaderBytes] |= 0x80; return b })},
 		{"reserved set", mut(func(b []byte) []byte { b[HeaderBytes+4] = 1; return b })},
-		{"count past its bytes", mut(func(b []byte) []byte { binary.LittleEndian.PutUint16(b[HeaderBytes+2:], 3); return b })},
+		{"count past its bytes", mut(func(b []byte) []byte {
+			binary.LittleEndian.PutUint16(b[HeaderBytes+2:], uint16(len(someEnded)+1))
+			return b
+		})},
 		{"count short of its bytes", mut(func(b []byte) []byte { binary.LittleEndian.PutUint16(b[HeaderBytes+2:], 1); return b })},
 		{"truncated entry", good[:len(good)-1]},
 		{"trailing byte", mut(func(b []byte) []byte { return append(b, 0) })},
 		{"shorter than its fixed part", good[:goodbyeFixed-1]},
-		{"nonce 0", mut(func(b []byte) []byte { clear(b[entry+8 : entry+16]); return b })},
+		{"nonce 0 from a receiver (only a Send that never had a request has none)", mut(func(b []byte) []byte {
+			clear(b[entry+8 : entry+16])
+			b[entry+18] = byte(RoleReceiver)
+			return b
+		})},
 		{"role 0", mut(func(b []byte) []byte { b[entry+18] = 0; return b })},
 		{"role 3", mut(func(b []byte) []byte { b[entry+18] = 3; return b })},
 		{"entry reserved set", mut(func(b []byte) []byte { b[entry+19] = 1; return b })},
@@ -87,7 +95,7 @@ func TestGoodbyeRejectsGarbage(t *testing.T) {
 	for _, m := range []*Goodbye{
 		{Header: Header{Request: 1}},
 		{Flags: 0x8000},
-		{Ended: []Ended{{Request: 1, Role: RoleSender}}},
+		{Ended: []Ended{{Request: 1, Role: RoleReceiver}}},
 		{Ended: []Ended{{Request: 1, Nonce: 1}}},
 	} {
 		_, err := m.AppendBinary(nil)
