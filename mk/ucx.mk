@@ -16,7 +16,7 @@
 # other UCX) and 7 s when nothing changed, and fetches the 45 MB wheel from PyPI once, as
 # cuda-check fetches nvcc. `make gpu-test` (mk/cuda.mk) builds the same way and runs the device
 # transfer.
-.PHONY: ucx-info ucx-cuda-check
+.PHONY: ucx-info ucx-cuda-check ci-wheel go-test-wheel-ci
 
 UCX_CUDA_BUILD := $(BUILD)/ucx-cuda
 
@@ -26,3 +26,21 @@ ucx-info: ## What UCX offers here: transports and devices (loopback tests use po
 
 ucx-cuda-check: ## Build native/, transfer/, kvxbench against UCX 1.22 (libucx-cu12 wheel) and run host-memory UCX tests with it.
 	@GO=$(GO) scripts/ucx-cuda-check.sh $(UCX_CUDA_BUILD)
+
+# CI's leg against the wheel's UCX 1.22 (.ci/run runs it after `make test`). The whole suite
+# twice does not fit CI's 40 minutes on 2 cores (`make test` takes about 15.5 minutes at low
+# load; the first `make test UCX=wheel` took 25, compiles included), so this leg runs what
+# depends on the UCX version: the C tests under ASan/UBSan, every test of native/ and of the UCX
+# transport, and of transfer/ and the soak the tests over real UCX named below (the lifecycle
+# over a leaving, killed or frozen peer process, every path, RMA, the peer-process soak).
+# `make test UCX=wheel` still runs everything against it.
+WHEEL_CI_TRANSFER_TESTS ?= ^(TestL9_UCX|TestUCXTransport_|TestUCXDirect_|TestUCXRMA_|TestUCXPathChoice)
+WHEEL_CI_STRESS_TESTS ?= ^TestProcessSoak
+
+ci-wheel: ## CI's leg against UCX 1.22 (the wheel): c-test, native/ and the UCX transport, transfer/'s and the soak's real-UCX tests.
+	@$(MAKE) --no-print-directory UCX=wheel c-test go-test-wheel-ci
+
+go-test-wheel-ci:
+	$(GO) test -race -count=1 -timeout 25m ./native/ ./transfer/transport/ucx/
+	$(GO) test -race -count=1 -timeout 25m -run '$(WHEEL_CI_TRANSFER_TESTS)' ./transfer/
+	$(GO) test -race -count=1 -timeout 25m -run '$(WHEEL_CI_STRESS_TESTS)' ./internal/stress/

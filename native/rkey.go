@@ -302,6 +302,13 @@ func checkRKeySysDev(b []byte, at int, newer bool, devices int) error {
 	return nil
 }
 
+// rkeyUnpackRefused are the transports that pack no key and whose key this UCX refuses to
+// unpack: after 1.13 (the 1.22 of GPU hosts) tcp's and cma's components fail any unpack with
+// UCS_ERR_UNSUPPORTED, so a key naming their md fails the whole ucp_ep_rkey_unpack, where
+// UCX 1.13 unpacked their empty keys (FuzzRemoteKey found it against the libucx-cu12 wheel:
+// an empty key for the cma md).
+var rkeyUnpackRefused = map[string]bool{"tcp": rkeySysDevSection, "cma": rkeySysDevSection}
+
 // rkeyTransportOf is the one transport md i is, among those the peer's address lists on it.
 func rkeyTransportOf(md *rkeyMD, i, at int) (rkeyTransport, error) {
 	var t rkeyTransport
@@ -329,6 +336,9 @@ func checkTransportKey(t rkeyTransport, tl []byte, i, at int, localDir []byte) (
 	case rkeyEmpty:
 		if len(tl) != 0 {
 			return nil, bad(0, "a key of %d bytes, where the transport packs none", len(tl))
+		}
+		if rkeyUnpackRefused[t.name] {
+			return nil, bad(0, "a key for %s, which this UCX refuses to unpack (it packs none for it)", t.name)
 		}
 		return nil, nil
 	case rkeyCUDAIPC:

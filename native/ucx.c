@@ -542,8 +542,8 @@ ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_i
 }
 
 static ucs_status_t tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t mask, void *buf,
-                             size_t count, int iov, uint64_t user, void **req_out,
-                             size_t *len_out) {
+                             size_t count, int iov, ucp_mem_h memh, uint64_t user,
+                             void **req_out, size_t *len_out) {
   ucp_tag_recv_info_t info;
   memset(&info, 0, sizeof(info));
   ucp_request_param_t p;
@@ -561,6 +561,10 @@ static ucs_status_t tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t mask, v
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     p.datatype = ucp_dt_make_iov();
   }
+  if (memh != NULL) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = memh;
+  }
   ucs_status_t st = kvx_ucx_track(w, recv_nbx(w, buf, count, tag, mask, &p),
                                   user, req_out);
   if (st == UCS_OK && len_out != NULL) *len_out = info.length;
@@ -569,13 +573,19 @@ static ucs_status_t tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t mask, v
 
 ucs_status_t kvx_ucx_tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask, void *buf,
                               size_t len, uint64_t user, void **req_out, size_t *len_out) {
-  return tag_recv(w, tag, tag_mask, buf, len, 0, user, req_out, len_out);
+  return tag_recv(w, tag, tag_mask, buf, len, 0, NULL, user, req_out, len_out);
+}
+
+ucs_status_t kvx_ucx_tag_recv_mapped(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,
+                                     void *buf, size_t len, ucp_mem_h memh, uint64_t user,
+                                     void **req_out, size_t *len_out) {
+  return tag_recv(w, tag, tag_mask, buf, len, 0, memh, user, req_out, len_out);
 }
 
 ucs_status_t kvx_ucx_tag_recv_iov(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,
-                                  const ucp_dt_iov_t *iov, size_t iovcnt, uint64_t user,
-                                  void **req_out, size_t *len_out) {
-  return tag_recv(w, tag, tag_mask, (void *)iov, iovcnt, 1, user, req_out, len_out);
+                                  const ucp_dt_iov_t *iov, size_t iovcnt, ucp_mem_h memh,
+                                  uint64_t user, void **req_out, size_t *len_out) {
+  return tag_recv(w, tag, tag_mask, (void *)iov, iovcnt, 1, memh, user, req_out, len_out);
 }
 
 ucs_status_t kvx_ucx_put(kvx_ucx_ep_t *ep, const void *buf, size_t len, uint64_t remote_addr,

@@ -180,9 +180,19 @@ ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_i
 /* *len_out receives the message length when the receive completes inline. */
 ucs_status_t kvx_ucx_tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask, void *buf,
                               size_t len, uint64_t user, void **req_out, size_t *len_out);
+/* kvx_ucx_tag_recv into a region this context mapped or registered, with its memory handle
+ * named to UCX, as kvx_ucx_tag_send_mapped, and for the same reason: with the rendezvous scheme
+ * "am" on UCX 1.22 a receive whose buffer UCX found registered by itself was, once its endpoint
+ * failed, left waiting for an invalidation of that registration that only the region's unmap
+ * ran, and that unmap, after the worker was destroyed, wrote into the freed request (heap
+ * corruption: malloc aborted later). With the caller's handle UCX completes it with the error. */
+ucs_status_t kvx_ucx_tag_recv_mapped(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,
+                                     void *buf, size_t len, ucp_mem_h memh, uint64_t user,
+                                     void **req_out, size_t *len_out);
+/* memh: the handle of the region every piece lies in, or NULL. */
 ucs_status_t kvx_ucx_tag_recv_iov(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask,
-                                  const ucp_dt_iov_t *iov, size_t iovcnt, uint64_t user,
-                                  void **req_out, size_t *len_out);
+                                  const ucp_dt_iov_t *iov, size_t iovcnt, ucp_mem_h memh,
+                                  uint64_t user, void **req_out, size_t *len_out);
 
 /* RMA. */
 ucs_status_t kvx_ucx_put(kvx_ucx_ep_t *ep, const void *buf, size_t len, uint64_t remote_addr,

@@ -33,20 +33,19 @@ type ContextConfig struct {
 	// without closing its connection is reported after a few intervals. Default 1s; must be
 	// at least 10ms.
 	KeepaliveInterval time.Duration
-	// RendezvousScheme is UCX_RNDV_SCHEME. Default "get_zcopy": for large messages the
-	// receiver pulls the data, so a sender never writes into a receiver's memory. That is
-	// what makes a cancelled or force-closed receive safe to reuse: with put-based
-	// rendezvous a peer frozen after it learned the buffer's address writes into it when it
-	// resumes, whatever the receiver did meanwhile. UCX 1.13 (protocols v1) falls back to
-	// rendezvous by active messages where no lane offers gets (shared memory and TCP with
-	// peer error handling). UCX 1.22 (protocols v2) does not: there large messages go as
+	// RendezvousScheme is UCX_RNDV_SCHEME. Never a put-based one by default: with put-based
+	// rendezvous a peer frozen after it learned a receive buffer's address writes into it
+	// when it resumes, whatever the receiver did meanwhile, and a cancelled or force-closed
+	// receive must be safe to reuse. The default depends on what the loaded UCX does
+	// (defaultRendezvousScheme): "get_zcopy" under UCX 1.13 (protocols v1), where the
+	// receiver pulls the data, falling back to rendezvous by active messages where no lane
+	// offers gets (shared memory and TCP with peer error handling); "am" under UCX 1.22
+	// (protocols v2), which has no such fallback: with "get_zcopy" its large messages go as
 	// multi-fragment eager sends that complete with no receive posted, the receiver's UCX
-	// holding whole messages. "am" keeps them rendezvous on 1.22 (the receiver copies each
-	// fragment of a matched receive itself; messages above eagerLimitBytes). It is not the
-	// default there yet: 1.22 never completed such a send on a force-closed endpoint until
-	// TagSend named the region's memory handle, and IOV sends still do not (docs/ucx.md,
-	// "UCX 1.22"). Either way a receiver bounds what eager messages cost it
-	// (WorkerConfig.UnexpectedBytes). "auto" lets UCX choose.
+	// holding whole messages, and a frozen or departing sender's data is then already with
+	// the receiver. With "am" they stay rendezvous (the receiver copies each fragment of a
+	// matched receive itself; messages above eagerLimitBytes). Either way a receiver bounds
+	// what eager messages cost it (WorkerConfig.UnexpectedBytes). "auto" lets UCX choose.
 	RendezvousScheme string
 	// TCPSegmentBytes is UCX_TCP_TX_SEG_SIZE: the largest piece UCX's TCP transport sends in
 	// one copy, hence one send call; a large message goes as many of them. Default 64 KiB,
@@ -97,12 +96,23 @@ func (c *ContextConfig) applyDefaults() error {
 			ErrInvalidArgument, f)
 	}
 	if c.RendezvousScheme == "" {
-		c.RendezvousScheme = "get_zcopy"
+		c.RendezvousScheme = defaultRendezvousScheme(protocolsV2())
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
 	return nil
+}
+
+// defaultRendezvousScheme is the rendezvous scheme a context gets unless its config names one,
+// by how the loaded UCX selects its protocols (docs/ucx.md, "Which UCX"): "get_zcopy" under
+// protocols v1 (UCX 1.13), "am" under protocols v2 (UCX 1.22), the one scheme that keeps a
+// large message with its sender there until a receive matches it over shared memory and TCP.
+func defaultRendezvousScheme(v2 bool) string {
+	if v2 {
+		return "am"
+	}
+	return "get_zcopy"
 }
 
 // eagerLimitBytes is the largest message a context of this package sends eagerly under UCX's

@@ -126,8 +126,9 @@ func (w *Worker) tagRecv(ep *Endpoint, mem *Memory, off, n int64, tag, mask uint
 	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
 		var creq unsafe.Pointer
 		var got C.size_t
-		st := C.kvx_ucx_tag_recv(w.cw, C.uint64_t(tag), C.uint64_t(mask), p, C.size_t(n),
-			C.uint64_t(r.handle), &creq, &got)
+		// With the region's memory handle: see kvx_ucx_tag_recv_mapped.
+		st := C.kvx_ucx_tag_recv_mapped(w.cw, C.uint64_t(tag), C.uint64_t(mask), p, C.size_t(n),
+			mem.memh, C.uint64_t(r.handle), &creq, &got)
 		return st, creq, got
 	})
 }
@@ -152,7 +153,7 @@ func (ep *Endpoint) TagRecvIOV(mem *Memory, segs []Segment, tag, mask uint64) *R
 		var creq unsafe.Pointer
 		var got C.size_t
 		st := C.kvx_ucx_tag_recv_iov(w.cw, C.uint64_t(tag), C.uint64_t(mask), (*C.ucp_dt_iov_t)(arr),
-			C.size_t(len(segs)), C.uint64_t(r.handle), &creq, &got)
+			C.size_t(len(segs)), mem.memh, C.uint64_t(r.handle), &creq, &got)
 		return st, creq, got
 	})
 }

@@ -170,11 +170,6 @@ func TestUCX_PeerKilledMidTransfer(t *testing.T) {
 				mode := "sink"
 				if dir == "survivor-receives" {
 					mode = "source"
-					if unreceivedSendsComplete(ContextConfig{}) {
-						t.Skipf("UCX %s sends 1 MiB messages eagerly with kvxfer's default rendezvous scheme (protocols v2, get_zcopy): "+
-							"the peer's sends complete with nothing posted, so it sends all %d chunks into this process's unexpected "+
-							"queue before the freeze and no receive is left pending (docs/ucx.md, \"UCX 1.22\")", UCXVersion(), count)
-					}
 				}
 				peer := peerproc.Start(t, bin, peerArgsFor(tr.tls, "-mode", mode, "-total", strconv.Itoa(chunk*count),
 					"-chunk", strconv.Itoa(chunk), "-window", "4", "-check=false")...)
@@ -223,11 +218,6 @@ func TestUCX_PeerFrozenThenResumed(t *testing.T) {
 				mode := "sink"
 				if dir == "survivor-receives" {
 					mode = "source"
-					if unreceivedSendsComplete(ContextConfig{}) {
-						t.Skipf("UCX %s sends 1 MiB messages eagerly with kvxfer's default rendezvous scheme (protocols v2, get_zcopy): "+
-							"the peer's sends complete with nothing posted, so it sends all %d chunks into this process's unexpected "+
-							"queue before the freeze and no receive is left pending (docs/ucx.md, \"UCX 1.22\")", UCXVersion(), count)
-					}
 				}
 				// The peer moves only 8 chunks, then waits: the survivor posts more than that,
 				// so some of its requests are certainly pending when the peer freezes.
@@ -298,15 +288,4 @@ func TestUCX_PeerFrozenThenResumed(t *testing.T) {
 			})
 		}
 	}
-}
-
-// unreceivedSendsComplete reports whether a context opened with cfg sends a large message
-// eagerly, completing the send with no receive posted: UCX's protocols v2 (1.22) with the
-// get_zcopy rendezvous scheme has no rendezvous over shared memory or TCP (docs/ucx.md,
-// "UCX 1.22"). Under UCX 1.13, and with "am", large messages are rendezvous.
-func unreceivedSendsComplete(cfg ContextConfig) bool {
-	if err := cfg.applyDefaults(); err != nil {
-		return false
-	}
-	return protocolsV2() && cfg.RendezvousScheme == "get_zcopy"
 }

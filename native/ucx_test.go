@@ -440,27 +440,39 @@ func TestUCX_ForceCloseCompletesInflightSend(t *testing.T) {
 }
 
 // The same with rendezvous sends on both versions (RendezvousScheme "am"): the 8 MiB send from
-// a mapped region stays with the sender until a receive matches, and a forced close completes
-// it with the close's error, its region then free. UCX 1.22 had never completed it: a send
-// whose buffer UCX found registered by itself waits, once its endpoint fails, for an
-// invalidation of that registration shared memory and TCP cannot do (kvx_ucx_tag_send_mapped).
+// a mapped region, contiguous or in IOV pieces, stays with the sender until a receive matches,
+// and a forced close completes it with the close's error, its region then free. UCX 1.22 had
+// never completed it: a send whose buffer UCX found registered by itself waits, once its
+// endpoint fails, for an invalidation of that registration shared memory and TCP cannot do
+// (kvx_ucx_tag_send_mapped; the IOV send was abandoned on 1.22 until it named the handle too).
 func TestUCX_ForceCloseCompletesInflightRendezvousSend(t *testing.T) {
+	sends := []struct {
+		name string
+		send func(ep *Endpoint, src *Memory) *Request
+	}{
+		{"contiguous", func(ep *Endpoint, src *Memory) *Request { return ep.TagSend(src, 0, 8<<20, 77) }},
+		{"iov", func(ep *Endpoint, src *Memory) *Request {
+			return ep.TagSendIOV(src, []Segment{{4 << 20, 4 << 20}, {0, 4 << 20}}, 77)
+		}},
+	}
 	for _, tr := range transports {
-		t.Run(tr.name, func(t *testing.T) {
-			p := newPairConfig(t, ContextConfig{TLS: tr.tls, RendezvousScheme: "am"})
-			src := alloc(t, p.ctxA, 8<<20)
-			send := p.ab.TagSend(src, 0, 8<<20, 77) // nobody receives tag 77
-			// The marker behind it has arrived, so the send's rendezvous request has too.
-			waitAll(t, time.Minute, p.ab.TagSendBytes([]byte("m"), 2), p.b.TagRecvBytes(nil, 8, 2, ^uint64(0)))
-			require.False(t, send.Completed(), "a rendezvous send completed with no receive")
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			require.NoError(t, p.ab.ForceClose(ctx))
-			err := send.Wait(ctx)
-			require.ErrorIs(t, err, ErrCancelled)
-			require.False(t, send.Abandoned(), "UCX kept the send after its endpoint closed")
-			require.Zero(t, src.InUse())
-		})
+		for _, sd := range sends {
+			t.Run(tr.name+"/"+sd.name, func(t *testing.T) {
+				p := newPairConfig(t, ContextConfig{TLS: tr.tls, RendezvousScheme: "am"})
+				src := alloc(t, p.ctxA, 8<<20)
+				send := sd.send(p.ab, src) // nobody receives tag 77
+				// The marker behind it has arrived, so the send's rendezvous request has too.
+				waitAll(t, time.Minute, p.ab.TagSendBytes([]byte("m"), 2), p.b.TagRecvBytes(nil, 8, 2, ^uint64(0)))
+				require.False(t, send.Completed(), "a rendezvous send completed with no receive")
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				require.NoError(t, p.ab.ForceClose(ctx))
+				err := send.Wait(ctx)
+				require.ErrorIs(t, err, ErrCancelled)
+				require.False(t, send.Abandoned(), "UCX kept the send after its endpoint closed")
+				require.Zero(t, src.InUse())
+			})
+		}
 	}
 }
 

@@ -18,11 +18,11 @@ import (
 
 // No peer can make this process hold unbounded data it never asked for: 512 MiB sent to a tag
 // nobody receives grows the receiving process by a bounded amount, whatever the sender does.
-// A sender whose large messages are rendezvous (kvxfer's default under UCX 1.13,
-// RendezvousScheme "am" under either) keeps the data until a receive matches: nothing is
-// discarded and every message is received later, intact. A sender that sends eagerly (UCX 1.22
-// with kvxfer's default get_zcopy scheme does, and any peer can, with UCX_RNDV_THRESH=inf, here
-// "eager") completes its sends at once, and the receiver's worker holds at most
+// A sender whose large messages are rendezvous (kvxfer's default on either version: get_zcopy
+// under UCX 1.13, "am" under 1.22; "am" named under either) keeps the data until a receive
+// matches: nothing is discarded and every message is received later, intact. A sender that
+// sends eagerly (UCX 1.22 with the get_zcopy scheme does, and any peer can, with
+// UCX_RNDV_THRESH=inf, here "eager") completes its sends at once, and the receiver's worker holds at most
 // WorkerConfig.UnexpectedBytes of them, discarding the oldest (before the bound, 1.22's UCX
 // held all 512 MiB: RSS grew 842 MiB). The messages it still holds are received intact. Both
 // ends are in this process, so its RSS counts what the receiving side holds.
@@ -35,7 +35,8 @@ func TestUCX_UnreceivedSendsAreBounded(t *testing.T) {
 		cfg        ContextConfig
 		rendezvous bool
 	}{
-		{"default", ContextConfig{}, !protocolsV2()},
+		{"default", ContextConfig{}, true},
+		{"get_zcopy", ContextConfig{RendezvousScheme: "get_zcopy"}, !protocolsV2()},
 		{"am", ContextConfig{RendezvousScheme: "am"}, true},
 		{"eager", ContextConfig{rndvThresh: "inf"}, false},
 	}

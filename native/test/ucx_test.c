@@ -164,7 +164,7 @@ static void test_tag_roundtrip(pair_t *p, size_t len, int iov) {
     siov[2] = (ucp_dt_iov_t){src + b, len - b};
     riov[0] = (ucp_dt_iov_t){dst, len / 4};
     riov[1] = (ucp_dt_iov_t){dst + len / 4, len - len / 4};
-    st = kvx_ucx_tag_recv_iov(p->b, 42, ~0ULL, riov, 2, 1, &rreq, &got);
+    st = kvx_ucx_tag_recv_iov(p->b, 42, ~0ULL, riov, 2, NULL, 1, &rreq, &got);
   } else {
     st = kvx_ucx_tag_recv(p->b, 42, ~0ULL, dst, len, 1, &rreq, &got);
   }
