@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
@@ -226,8 +227,8 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 			require.Equal(t, c.wantPath, hr.Path())
 			require.Equal(t, c.wantPath, hs.Path())
 			want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
-			require.NoError(t, layout.ReferenceGather(src.plan, src.mem, want))
-			require.NoError(t, layout.ReferenceGather(dst.plan, dst.mem, got))
+			require.NoError(t, layouttest.ReferenceGather(src.plan, src.mem, want))
+			require.NoError(t, layouttest.ReferenceGather(dst.plan, dst.mem, got))
 			require.Equal(t, want, got, "every byte")
 			if c.wantPath == PathRMA {
 				bytes, _ := w.total()
