@@ -81,7 +81,7 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 					"eagerly into the receiver's unexpected queue): no send is left stranded for an expired drain to leave so "+
 					"(docs/ucx.md, \"UCX 1.22\")", native.UCXVersion(), size)
 			}
-			recv := newBoundUCXTransport(t, tc.tls, tc.dev, Config{DrainTimeout: tc.drainTimeout})
+			recv := newBoundUCXTransport(t, tc.tls, tc.dev, Config{drainTimeout: tc.drainTimeout})
 			send := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
 			tag := transport.Tag{Request: 42, Sub: 1, Seq: 3}
 
