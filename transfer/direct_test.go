@@ -408,7 +408,7 @@ func TestL2_NoHandleForgottenWhileNotQuiescent(t *testing.T) {
 			} {
 				_, err := s.try()
 				require.ErrorIs(t, err, ErrBlocksBusy, s.desc)
-				var be *BlocksBusyError
+				var be *blocksBusyError
 				require.ErrorAs(t, err, &be, s.desc)
 				require.Equal(t, RequestID(1), be.Holder, s.desc)
 				require.Equal(t, c.poisoned, be.Poisoned, s.desc)

@@ -18,7 +18,8 @@ var (
 	// ErrInvalidConfig: a Config field cannot work; the error is a *ConfigError naming it
 	// (also when the staging pool found the fault: its *buffer.ConfigError is the cause).
 	ErrInvalidConfig = transport.ErrInvalidConfig
-	// ErrInvalidSpec: a Send or Receive spec is malformed; the error is a *SpecError.
+	// ErrInvalidSpec: a Send or Receive spec is malformed; the error names the field
+	// and why.
 	ErrInvalidSpec = transport.ErrInvalidSpec
 	// ErrDuplicate: a Send or Receive names a request id that is still live in this engine:
 	// held by a caller reference, or not quiescent (the engine remembers such a handle
@@ -26,7 +27,8 @@ var (
 	ErrDuplicate = errors.New("kvxfer: duplicate request id")
 	// ErrBlocksBusy: a Send or Receive names KV blocks of its pool that an earlier transfer
 	// may still touch: one whose outcome is decided but which is not quiescent (quarantined),
-	// or one whose blocks are poisoned for good. The error is a *BlocksBusyError.
+	// or one whose blocks are poisoned for good. The error names the block and
+	// the request that holds it.
 	ErrBlocksBusy = errors.New("kvxfer: KV blocks not quiescent")
 	// ErrNotFound: no live handle has that request id.
 	ErrNotFound = errors.New("kvxfer: unknown request id")
@@ -92,9 +94,9 @@ var (
 // of configuration error the engine and its transports return (transport.ConfigError).
 type ConfigError = transport.ConfigError
 
-// SpecError names the Spec field that is wrong and why; Err is ErrInvalidSpec, or a layout
+// specError names the Spec field that is wrong and why; Err is ErrInvalidSpec, or a layout
 // error when the plan or pool is at fault.
-type SpecError struct {
+type specError struct {
 	ID     RequestID
 	Field  string
 	Reason string
@@ -102,19 +104,19 @@ type SpecError struct {
 }
 
 // Error implements error.
-func (e *SpecError) Error() string {
+func (e *specError) Error() string {
 	return fmt.Sprintf("%v: request %d: %s: %s", ErrInvalidSpec, e.ID, e.Field, e.Reason)
 }
 
 // Is matches ErrInvalidSpec as well as the wrapped cause.
-func (e *SpecError) Is(target error) bool { return target == ErrInvalidSpec }
+func (e *specError) Is(target error) bool { return target == ErrInvalidSpec }
 
 // Unwrap returns the underlying cause, if any.
-func (e *SpecError) Unwrap() error { return e.Err }
+func (e *specError) Unwrap() error { return e.Err }
 
-// BlocksBusyError names a block of a refused Send or Receive that an earlier request still
+// blocksBusyError names a block of a refused Send or Receive that an earlier request still
 // holds, and that request. It matches ErrBlocksBusy.
-type BlocksBusyError struct {
+type blocksBusyError struct {
 	ID     RequestID // the refused request
 	Block  int32     // a block id it shares with Holder, in the same pool
 	Holder RequestID // the request not quiescent over that block
@@ -124,7 +126,7 @@ type BlocksBusyError struct {
 }
 
 // Error implements error.
-func (e *BlocksBusyError) Error() string {
+func (e *blocksBusyError) Error() string {
 	why := "quarantined: wait for its Quiesced"
 	if e.Poisoned {
 		why = "poisoned for good: never use them again"
@@ -133,7 +135,7 @@ func (e *BlocksBusyError) Error() string {
 }
 
 // Unwrap returns ErrBlocksBusy.
-func (e *BlocksBusyError) Unwrap() error { return ErrBlocksBusy }
+func (e *blocksBusyError) Unwrap() error { return ErrBlocksBusy }
 
 // RequestError ties an engine error to a request id.
 type RequestError struct {

@@ -218,7 +218,7 @@ func TestExposeRefusesANamedReceiver(t *testing.T) {
 	p := newPair(t, fastConfig(), fastConfig())
 	src, _ := pools(t, 1)
 	_, _, err := p.src.Expose(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
-	var se *SpecError
+	var se *specError
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, "Peer", se.Field)
 	hs, _, err := p.src.Expose(bg, Spec{ID: 1, Plan: src.plan, Pool: src.mem})

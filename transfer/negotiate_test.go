@@ -71,7 +71,7 @@ func patientConfig() Config {
 
 // Mixed versions: an engine of this build (the receiver, "decode") and one that speaks less
 // (an older build), more (a newer one) or nothing in common. A request that needs what the
-// peer lacks fails at once with a *FeatureError naming the feature and the peer's version:
+// peer lacks fails at once with an ErrPeerLacksFeature naming the feature and the peer's version:
 // the synchronisation point is that no request-info ever left the receiver, while every
 // deadline is an hour away. A request that needs nothing the peer lacks completes on the best
 // path both speak, every byte checked.
@@ -80,15 +80,15 @@ func TestMixedVersions(t *testing.T) {
 		desc     string
 		sender   speech
 		spec     func(*Spec) // the receive's spec, changed
-		wantErr  *FeatureError
+		wantErr  *featureError
 		wantPath Path
 	}{
 		{"an older peer without streaming: a streaming receive fails at once", lacking(wire.FeatureStreaming),
-			func(s *Spec) { s.Stream = true }, &FeatureError{Peer: "prefill", Feature: wire.FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
+			func(s *Spec) { s.Stream = true }, &featureError{Peer: "prefill", Feature: wire.FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
 		{"an older peer without partial requests: a partial receive fails at once", lacking(wire.FeaturePartial),
-			func(s *Spec) { s.Held = []int{1} }, &FeatureError{Peer: "prefill", Feature: wire.FeaturePartial, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
+			func(s *Spec) { s.Held = []int{1} }, &featureError{Peer: "prefill", Feature: wire.FeaturePartial, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
 		{"a peer with no version in common fails at once", tooNew,
-			nil, &FeatureError{Peer: "prefill", PeerVersion: wire.Version + 2, PeerMinVersion: wire.Version + 1}, 0},
+			nil, &featureError{Peer: "prefill", PeerVersion: wire.Version + 2, PeerMinVersion: wire.Version + 1}, 0},
 		{"an older peer without streaming: a plain receive completes", lacking(wire.FeatureStreaming), nil, nil, PathRMA},
 		{"an older peer without rma: the direct path's messages", lacking(wire.FeatureRMA), nil, nil, PathDirect},
 		{"an older peer without direct or rma: staging", lacking(wire.FeatureDirect | wire.FeatureRMA), nil, nil, PathStaging},
@@ -120,7 +120,7 @@ func TestMixedVersions(t *testing.T) {
 			if c.wantErr != nil {
 				waitClosed(t, hr.Quiesced(), "receiver quiesced")
 				requireState(t, hr, Failed, ErrPeerLacksFeature)
-				var fe *FeatureError
+				var fe *featureError
 				require.True(t, errors.As(hr.Status().Err, &fe))
 				require.Equal(t, c.wantErr, fe)
 				require.Zero(t, infos.Load(), "the request never left the receiver")

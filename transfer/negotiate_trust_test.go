@@ -105,7 +105,7 @@ func (tt *trustTrio) transferOrdered(t *testing.T, id RequestID, refused, receiv
 		return
 	}
 	requireState(t, hs, Failed, ErrIncompatible, ErrPeerLacksFeature)
-	var fe *FeatureError
+	var fe *featureError
 	require.True(t, errors.As(hs.Status().Err, &fe))
 	require.Equal(t, wire.FeatureLargeSegments, fe.Feature)
 	requireState(t, hr, Failed, ErrPeerAborted)

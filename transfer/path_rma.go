@@ -367,7 +367,7 @@ func (x *xfer) offerRMA(ri *wire.RequestInfo) (offered bool, decline []byte) {
 		}
 		if err == nil && len(s.offer) > 1 && !x.peerHas(wire.FeatureMultiPart) {
 			v, vmin, _ := x.eng.peerFeatures(x.peer)
-			err = &FeatureError{Peer: x.peer, Feature: wire.FeatureMultiPart, PeerVersion: v, PeerMinVersion: vmin}
+			err = &featureError{Peer: x.peer, Feature: wire.FeatureMultiPart, PeerVersion: v, PeerMinVersion: vmin}
 		}
 		if err == nil && !oneHop {
 			err = s.sendOffer()

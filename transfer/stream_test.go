@@ -333,7 +333,7 @@ func TestStreamAndPartialBadInputGivesTypedErrors(t *testing.T) {
 			}
 			require.ErrorIs(t, err, c.want)
 			require.ErrorIs(t, err, ErrInvalidSpec)
-			var se *SpecError
+			var se *specError
 			require.ErrorAs(t, err, &se)
 			require.Equal(t, c.field, se.Field)
 		})

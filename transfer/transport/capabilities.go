@@ -182,7 +182,7 @@ type PeerConnectReporter interface {
 // UCX's default 64 KiB receive buffer: ucx.Config.TCPSegmentBytes). A receiver that cannot take
 // them reads past its buffer or aborts, so the engine sends data only to a peer whose hello
 // says it takes them (the large-segments feature) and refuses the rest with a
-// *transfer.FeatureError before anything is sent.
+// transfer.ErrPeerLacksFeature before anything is sent.
 type LargeSegmentSender interface {
 	SendsLargeSegments() bool
 }

@@ -80,7 +80,7 @@ type Config struct {
 	// buffer of every transport of this package. A receiver with UCX's default 64 KiB buffer
 	// (an engine of an earlier build) cannot take them: the engine sends data only to a peer
 	// whose hello says it can (the large-segments feature) and refuses the others with a
-	// *transfer.FeatureError before anything is sent; set 64 KiB to serve such peers.
+	// transfer.ErrPeerLacksFeature before anything is sent; set 64 KiB to serve such peers.
 	// Process-wide: the first transport that may use TCP sets it for the process, unless
 	// UCX_TCP_TX_SEG_SIZE is set already (SendsLargeSegments reports what holds).
 	TCPSegmentBytes int64
