@@ -30,8 +30,6 @@ var (
 	// or one whose blocks are poisoned for good. The error names the block and
 	// the request that holds it.
 	ErrBlocksBusy = errors.New("kvxfer: KV blocks not quiescent")
-	// ErrNotFound: no live handle has that request id.
-	ErrNotFound = errors.New("kvxfer: unknown request id")
 	// ErrClosed: the engine (or transport) is closed.
 	ErrClosed = transport.ErrClosed
 	// ErrOverReleased: Handle.Release called more times than Retain (plus the first

@@ -15,7 +15,7 @@ var Budgets = map[string]int{
 	"layout":                           80,
 	"layout/layouttest":                9,   // +2 ReferenceGather, ReferenceScatter (from layout: test ground truth)
 	"native":                           163, // +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages
-	"transfer":                         267, // +1 HealthSnapshot.ProtocolRefusals (docs/security.md); +3 Engine.Expose, ErrAlreadyClaimed, Config.ExposureTimeout (docs/protocol.md); +1 Spec.Params (one-hop reads)
+	"transfer":                         266, // +1 HealthSnapshot.ProtocolRefusals (docs/security.md); +3 Engine.Expose, ErrAlreadyClaimed, Config.ExposureTimeout (docs/protocol.md); +1 Spec.Params (one-hop reads)
 	"transfer/discovery":               44,  // +2 Hand, Take: the handover of an exposure
 	"transfer/discovery/discoverytest": 8,
 	"transfer/discovery/etcd":          0,
@@ -23,7 +23,7 @@ var Budgets = map[string]int{
 	"transfer/transport":               141, // +7 Params, ParamsIssuer, AuthClaimed and the exposure's transport contract; +7 Exposure and its fields (one-hop reads, docs/protocol.md)
 	"transfer/transport/mem":           57,
 	"transfer/transport/transporttest": 18,
-	"transfer/transport/ucx":           122, // +2 ContextParams.Anonymous, Transport.ExposeParams; +2 ContextParams.Exposure, OneHop
+	"transfer/transport/ucx":           120, // +2 ContextParams.Anonymous, Transport.ExposeParams; +2 ContextParams.Exposure, OneHop
 }
 
 // UserPackages are the packages a prefill/decode program imports (examples/); UserGoal is

@@ -67,9 +67,6 @@ func (r *Region) Addr() uint64 { return r.addr }
 // Len is the region's size in bytes.
 func (r *Region) Len() int64 { return r.size }
 
-// Kind is where the region lives.
-func (r *Region) Kind() native.MemoryKind { return r.kind }
-
 // RemoteKey is the address of the region's first byte and the packed remote key of the
 // registration holding it, for a peer's gets (packed once, at registration).
 func (r *Region) RemoteKey() (addr uint64, key []byte) {

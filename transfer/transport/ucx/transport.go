@@ -220,13 +220,6 @@ var _ transport.ParamsIssuer = (*Transport)(nil)
 // peer, so nothing meant for its old life reaches the new one.
 func SenderPeer(c *ContextParams) transport.Peer { return PeerFromAddress(c.WorkerAddress) }
 
-// Worker exposes the UCX worker, for transport-level checks (lanes, counters).
-func (t *Transport) Worker() *native.Worker {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.w
-}
-
 // Bind implements transport.Transport.
 func (t *Transport) Bind(in transport.Inbound) error {
 	t.mu.Lock()
