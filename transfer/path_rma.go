@@ -81,7 +81,7 @@ func (x *xfer) askRMA() *rmaReceive {
 	x.take(r)
 	offer, regions, err := x.oneHopOffer() // onehop.go: the params' Exposure section
 	if err != nil {
-		x.abort(&RequestError{ID: x.h.id, Err: &RMAOfferError{Field: "Exposure", Reason: "the params' exposure", Err: err}},
+		x.abort(&RequestError{ID: x.h.id, Err: &rmaOfferError{Field: "Exposure", Reason: "the params' exposure", Err: err}},
 			wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return r
 	}
