@@ -31,17 +31,17 @@ import (
 	"go.uber.org/zap"
 )
 
-// WireVersions returns the lowest and highest wire versions this build's engines speak: what
+// wireVersions returns the lowest and highest wire versions this build's engines speak: what
 // they say in their hellos, and what a worker may publish for others to check.
-func WireVersions() (min, max int) { return wire.MinVersion, wire.Version }
+func wireVersions() (min, max int) { return wire.MinVersion, wire.Version }
 
-// Features returns the features this build's engines speak.
-func Features() Feature { return wire.KnownFeatures }
+// knownFeatures returns the features this build's engines speak.
+func knownFeatures() feature { return wire.KnownFeatures }
 
-// Feature is one part of the wire protocol that a peer may lack (a set of them, joined with
+// feature is one part of the wire protocol that a peer may lack (a set of them, joined with
 // "+" by String: streaming, partial, direct, rma, multi-part, large-segments, ...). The staging
 // path is in every wire version and is not one.
-type Feature = wire.Feature
+type feature = wire.Feature
 
 // ErrPeerLacksFeature: the peer does not speak a feature the request needs, or no wire
 // version in common with this engine. The error names the feature and the
@@ -53,7 +53,7 @@ var ErrPeerLacksFeature = errors.New("kvxfer: the peer lacks a protocol feature"
 type featureError struct {
 	Peer Peer
 	// Feature is what the request needed; zero when the two engines share no wire version.
-	Feature Feature
+	Feature feature
 	// PeerVersion is the version the pair speaks (the highest both do), or, when they share
 	// none, the highest the peer speaks; PeerMinVersion is the lowest it speaks.
 	PeerVersion, PeerMinVersion int

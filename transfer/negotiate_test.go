@@ -37,7 +37,7 @@ func answerHello(tr Transport, from Peer, m wire.Message) bool {
 // Speeches of the engines the mixed-version tests pair with one of this build.
 var (
 	// lacking speaks this build's version without the given features: an older build.
-	lacking = func(f Feature) speech { s := buildSpeech(); s.features &^= f; return s }
+	lacking = func(f feature) speech { s := buildSpeech(); s.features &^= f; return s }
 	// newer speaks this version and the next, with a feature this build does not know.
 	newer = speech{min: wire.MinVersion, max: wire.Version + 1, features: wire.KnownFeatures | 1<<40}
 	// tooNew speaks only versions after this build's.
@@ -248,7 +248,7 @@ func TestGarbageHelloLosesNothing(t *testing.T) {
 
 func TestHelloRoundTrips(t *testing.T) {
 	for _, m := range []*wire.Hello{buildSpeech().hello(false), buildSpeech().hello(true), newer.hello(false),
-		{Min: 1, Max: 200, Features: ^Feature(0)}} {
+		{Min: 1, Max: 200, Features: ^feature(0)}} {
 		b := wire.Encode(m)
 		require.Len(t, b, wire.HelloBytes)
 		got, err := wire.Decode(b)
@@ -273,7 +273,7 @@ func TestWireVersionsOutsideOursAreRefused(t *testing.T) {
 		require.True(t, errors.As(err, &de), "version %d: %v", v, err)
 		require.Equal(t, 2, de.Offset)
 	}
-	lo, hi := WireVersions()
+	lo, hi := wireVersions()
 	require.Equal(t, [2]int{wire.MinVersion, wire.Version}, [2]int{lo, hi})
-	require.Equal(t, wire.KnownFeatures, Features())
+	require.Equal(t, wire.KnownFeatures, knownFeatures())
 }

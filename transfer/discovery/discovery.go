@@ -17,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/discovery/internal/retry"
 	"github.com/kvxfer/kvxfer/transfer/internal/peernames"
 	"github.com/kvxfer/kvxfer/transfer/internal/stale"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"go.uber.org/zap"
 )
@@ -232,10 +233,10 @@ func RegisterBackend(scheme string, open BackendOpener) {
 	backends.open[scheme] = open
 }
 
-// BuildProtocol is what this build's engines speak (transfer.WireVersions, transfer.Features).
+// BuildProtocol is what this build's engines speak: the wire versions they say in their hellos
+// and the features they offer.
 func BuildProtocol() Protocol {
-	lo, hi := transfer.WireVersions()
-	return Protocol{Version: hi, MinVersion: lo, Features: strings.Split(transfer.Features().String(), "+")}
+	return Protocol{Version: wire.Version, MinVersion: wire.MinVersion, Features: strings.Split(wire.KnownFeatures.String(), "+")}
 }
 
 // WaitFor looks name up until it appears, the registry fails otherwise, or ctx ends: a decode
