@@ -160,16 +160,16 @@ type AuthError = transport.AuthError
 // loss itself); it matches ErrPeerLost.
 type PeerLostError struct {
 	Peer  Peer
-	Since time.Time // when the transport reported it
-	Err   error     // the transport's report
+	since time.Time // when the transport reported it
+	err   error     // the transport's report
 }
 
 func (e *PeerLostError) Error() string {
-	return fmt.Sprintf("kvxfer: peer %s was lost %v ago: %v", e.Peer.Short(), time.Since(e.Since).Round(time.Millisecond), e.Err)
+	return fmt.Sprintf("kvxfer: peer %s was lost %v ago: %v", e.Peer.Short(), time.Since(e.since).Round(time.Millisecond), e.err)
 }
 
 // Unwrap matches ErrPeerLost and the transport's report.
-func (e *PeerLostError) Unwrap() []error { return []error{ErrPeerLost, e.Err} }
+func (e *PeerLostError) Unwrap() []error { return []error{ErrPeerLost, e.err} }
 
 // peerLost returns cause as a *PeerLostError naming peer when it says the transport lost the
 // peer and is not one yet, so a caller's errors.As names the peer whichever way the loss came.
@@ -178,5 +178,5 @@ func peerLost(peer Peer, cause error) error {
 	if peer == "" || !errors.Is(cause, ErrPeerLost) || errors.As(cause, &pl) {
 		return cause
 	}
-	return &PeerLostError{Peer: peer, Since: time.Now(), Err: cause}
+	return &PeerLostError{Peer: peer, since: time.Now(), err: cause}
 }
