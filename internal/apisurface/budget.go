@@ -16,7 +16,7 @@ var Budgets = map[string]int{
 	"layout/layouttest":                9,   // +2 ReferenceGather, ReferenceScatter (from layout: test ground truth)
 	"native":                           163, // +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages
 	"transfer":                         249, // +1 HealthSnapshot.ProtocolRefusals (docs/security.md); +3 Engine.Expose, ErrAlreadyClaimed, Config.ExposureTimeout (docs/protocol.md); +1 Spec.Params (one-hop reads)
-	"transfer/discovery":               44,  // +2 Hand, Take: the handover of an exposure
+	"transfer/discovery":               43,  // +2 Hand, Take: the handover of an exposure
 	"transfer/discovery/discoverytest": 8,
 	"transfer/discovery/etcd":          0,
 	"transfer/observe":                 50,

@@ -127,8 +127,6 @@ type Registry interface {
 
 // Registration is one published worker.
 type Registration interface {
-	// Worker is what was published.
-	Worker() Worker
 	// Withdraw removes the entry (only if it is still this incarnation's) and stops
 	// renewing it. Safe to call more than once.
 	Withdraw(ctx context.Context) error

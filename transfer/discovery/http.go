@@ -334,8 +334,6 @@ type httpRegistration struct {
 	stop, done chan struct{}
 }
 
-func (g *httpRegistration) Worker() Worker { return g.w }
-
 func (g *httpRegistration) put(ctx context.Context) error {
 	path := fmt.Sprintf("%s/%s?ttl=%d", WorkersPath, g.w.Name, int(g.r.cfg.TTL/time.Second))
 	return g.r.do(ctx, http.MethodPut, path, g.body, nil)

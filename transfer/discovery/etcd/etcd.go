@@ -203,8 +203,6 @@ type etcdRegistration struct {
 	lease      clientv3.LeaseID
 }
 
-func (g *etcdRegistration) Worker() discovery.Worker { return g.w }
-
 // put grants a lease and writes the entry under it.
 func (g *etcdRegistration) put(ctx context.Context) (clientv3.LeaseID, error) {
 	l, err := g.r.cli.Grant(ctx, int64(g.r.cfg.TTL/time.Second))

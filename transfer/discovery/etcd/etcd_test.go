@@ -212,7 +212,7 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 	reg, err := old.Publish(ctx, worker("prefill-0", "prefill", 1))
 	require.NoError(t, err)
 	oldLease := reg.(*etcdRegistration).lease
-	oldParams := &ucx.ContextParams{Incarnation: 1, WorkerAddress: reg.Worker().Address}
+	oldParams := &ucx.ContextParams{Incarnation: 1, WorkerAddress: reg.(*etcdRegistration).w.Address}
 	require.NoError(t, discovery.CheckParams(ctx, look, "prefill-0", oldParams, nil))
 	reg.(*etcdRegistration).abandon() // killed
 
