@@ -177,13 +177,13 @@ func (g guarded) intact(t *testing.T, what string) {
 func expected(t *testing.T, p *layout.Plan, pool []byte, c layout.Chunk, src []byte) (gathered, scattered []byte) {
 	t.Helper()
 	full := make([]byte, p.Bytes())
-	require.NoError(t, layout.ReferenceGather(p, pool, full))
+	require.NoError(t, layouttest.ReferenceGather(p, pool, full))
 	gathered = make([]byte, c.Length)
 	copy(gathered, full[c.Offset:])
 	// Scatter only the chunk: rewrite the rest of the stream with the values already there.
 	copy(full[c.Offset:], src[:c.Length])
 	scattered = append([]byte(nil), pool...)
-	require.NoError(t, layout.ReferenceScatter(p, full, scattered))
+	require.NoError(t, layouttest.ReferenceScatter(p, full, scattered))
 	return gathered, scattered
 }
 

@@ -17,5 +17,5 @@
 // Layout.All (or a Selection of its own), and NewPlan with a request's block ids.
 //
 // This package holds no memory and imports nothing of kvxfer's, so every layer can use it.
-// Reference gather and scatter functions, element by element, are here for tests.
+// Reference gather and scatter functions, element by element, live in layouttest.
 package layout

@@ -126,20 +126,6 @@ func TestChunksCoverTheStreamOnElementBoundaries(t *testing.T) {
 	require.ErrorIs(t, err, layout.ErrOutOfRange)
 }
 
-func TestLayerRangeIsContiguous(t *testing.T) {
-	l := layout.Packed(small, layout.LayerMajor)
-	p, err := layout.NewPlan(l, l.All(), []int32{0, 2})
-	require.NoError(t, err)
-	c, err := p.LayerRange(1, 2)
-	require.NoError(t, err)
-	require.Equal(t, p.Bytes()/2, c.Offset)
-	require.Equal(t, p.Bytes()/2, c.Length)
-	// The first unit of layer 1 in the stream lies in layer 1 of the pool.
-	require.Equal(t, l.StrideLayer, p.UnitOffset(c.Offset/l.RowBytes())-p.UnitOffset(0))
-	_, err = p.LayerRange(1, 3)
-	require.ErrorIs(t, err, layout.ErrOutOfRange)
-}
-
 func TestCompatibleNamesTheDifference(t *testing.T) {
 	l := layout.Packed(small, layout.BlockMajor)
 	src, err := layout.NewPlan(l, l.All(), []int32{0, 1})

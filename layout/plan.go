@@ -28,8 +28,8 @@ type Shape struct {
 	ElemSize       int64
 }
 
-// Bytes is the stream size of the shape.
-func (s Shape) Bytes() int64 {
+// bytes is the stream size of the shape.
+func (s Shape) bytes() int64 {
 	return s.Layers * s.KVFactor * s.Blocks * s.Heads * s.TokensPerBlock * s.HeadDim * s.ElemSize
 }
 
@@ -93,7 +93,7 @@ func (p *Plan) Shape() Shape {
 }
 
 // Bytes is the size of the plan's stream.
-func (p *Plan) Bytes() int64 { return p.Shape().Bytes() }
+func (p *Plan) Bytes() int64 { return p.Shape().bytes() }
 
 // Units is the number of token rows in the stream.
 func (p *Plan) Units() int64 { return p.Bytes() / p.layout.RowBytes() }
@@ -142,17 +142,6 @@ func (p *Plan) Chunks(maxBytes int64) ([]Chunk, error) {
 		chunks = append(chunks, Chunk{Offset: off, Length: min(size, total-off)})
 	}
 	return chunks, nil
-}
-
-// LayerRange returns the stream bytes that hold selected layers [begin, end) of the plan,
-// counted from the selection's first layer. Layers are outermost in the stream, so a layer
-// range is one contiguous chunk.
-func (p *Plan) LayerRange(begin, end int64) (Chunk, error) {
-	if begin < 0 || end <= begin || end > p.sel.Layers() {
-		return Chunk{}, rangeErr("layers", end, fmt.Sprintf("range [%d, %d) must lie in [0, %d)", begin, end, p.sel.Layers()))
-	}
-	perLayer := p.Bytes() / p.sel.Layers()
-	return Chunk{Offset: begin * perLayer, Length: (end - begin) * perLayer}, nil
 }
 
 // CheckRange verifies that [off, off+n) lies within the stream.

@@ -24,7 +24,7 @@ func TestRunsReproduceTheReferenceGather(t *testing.T) {
 		off := r.Int64N(total)
 		n := r.Int64N(total-off) + 1
 		full := make([]byte, total)
-		require.NoError(t, layout.ReferenceGather(p, pool, full), "case %d", i)
+		require.NoError(t, layouttest.ReferenceGather(p, pool, full), "case %d", i)
 		want := full[off : off+n]
 		var got []byte
 		next := off

@@ -54,7 +54,7 @@ func TestGatherScatterProperty(t *testing.T) {
 		layouttest.Fill(r, pool)
 
 		want := make([]byte, p.Bytes())
-		require.NoError(t, layout.ReferenceGather(p, pool, want))
+		require.NoError(t, layouttest.ReferenceGather(p, pool, want))
 		got := make([]byte, p.Bytes())
 		require.NoError(t, native.HostGather(p, pool, 0, got))
 		require.Equal(t, want, got, "case %d: gather differs from reference (layout %+v sel %+v blocks %v)",
@@ -64,7 +64,7 @@ func TestGatherScatterProperty(t *testing.T) {
 		dst := bytes.Repeat([]byte{0xA5}, len(pool))
 		ref := bytes.Repeat([]byte{0xA5}, len(pool))
 		require.NoError(t, native.HostScatter(p, got, 0, dst))
-		require.NoError(t, layout.ReferenceScatter(p, got, ref))
+		require.NoError(t, layouttest.ReferenceScatter(p, got, ref))
 		require.Equal(t, ref, dst, "case %d: scatter differs from reference", i)
 
 		back := make([]byte, p.Bytes())
@@ -97,7 +97,7 @@ func TestChunkedPlansMatchUnchunked(t *testing.T) {
 		}
 		require.Equal(t, whole, pieced, "case %d", i)
 		ref := make([]byte, len(pool))
-		require.NoError(t, layout.ReferenceScatter(p, whole, ref))
+		require.NoError(t, layouttest.ReferenceScatter(p, whole, ref))
 		require.Equal(t, ref, out, "case %d: chunked scatter", i)
 	}
 }
@@ -112,7 +112,7 @@ func TestGatherLargeSplitAcrossCores(t *testing.T) {
 	pool := make([]byte, l.SpanBytes())
 	layouttest.Fill(r, pool)
 	want := make([]byte, p.Bytes())
-	require.NoError(t, layout.ReferenceGather(p, pool, want))
+	require.NoError(t, layouttest.ReferenceGather(p, pool, want))
 	got := make([]byte, p.Bytes())
 	require.NoError(t, native.HostGather(p, pool, 0, got))
 	require.True(t, bytes.Equal(want, got), "large gather differs from reference")

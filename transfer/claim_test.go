@@ -150,7 +150,7 @@ func TestL10_ReplayedClaimProvesNothingForTheNextSend(t *testing.T) {
 	require.Equal(t, 1, refusals.auth(), "the replay, nothing else")
 }
 
-// A Spec's secret is ClaimSecretBytes or none; any other size is a *SpecError naming Secret.
+// A Spec's secret is ClaimSecretBytes or none; any other size is an ErrInvalidSpec naming Secret.
 func TestSpecSecretIsValidated(t *testing.T) {
 	e, err := New(mem.NewNetwork().Transport("prefill"), patientConfig())
 	require.NoError(t, err)
@@ -166,7 +166,7 @@ func TestSpecSecretIsValidated(t *testing.T) {
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			_, err := e.Send(bg, Spec{ID: 1, Peer: "decode", Plan: sp.plan, Pool: sp.mem, Secret: c.secret})
-			var se *SpecError
+			var se *specError
 			require.ErrorAs(t, err, &se)
 			require.Equal(t, "Secret", se.Field)
 		})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"go.uber.org/zap"
 )
@@ -184,17 +185,17 @@ type Config struct {
 // PoisonedBlockBudget, MaxRetries) to zero.
 const None = -1
 
-// Defaults of Config that other packages size against (a transport's staging, the probes'
-// deadlines); the rest are documented on their fields.
+// Defaults of Config that the module's tools size against too (internal/transferdefaults);
+// each is documented on its field.
 const (
-	DefaultSlotBytes        = 4 << 20
-	DefaultDirectChunkBytes = 64 << 20
-	DefaultMaxConcurrent    = 64
-	DefaultPipelineDepth    = 2
-	DefaultProgressDeadline = 10 * time.Second
-	DefaultQuarantineBudget = 8
-	DefaultPoisonedBlocks   = 1024
-	DefaultCancelGrace      = 100 * time.Millisecond
+	defaultSlotBytes        = transferdefaults.SlotBytes
+	defaultDirectChunkBytes = transferdefaults.DirectChunkBytes
+	defaultMaxConcurrent    = transferdefaults.MaxConcurrent
+	defaultPipelineDepth    = transferdefaults.PipelineDepth
+	defaultProgressDeadline = transferdefaults.ProgressDeadline
+	defaultQuarantineBudget = transferdefaults.QuarantineBudget
+	defaultPoisonedBlocks   = transferdefaults.PoisonedBlocks
+	defaultCancelGrace      = transferdefaults.CancelGrace
 )
 
 // The other defaults of Config, each documented on its field.
@@ -235,11 +236,11 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	if c.SlotBytes == 0 {
-		c.SlotBytes = DefaultSlotBytes
+		c.SlotBytes = defaultSlotBytes
 	}
-	defInt(&c.MaxConcurrent, DefaultMaxConcurrent)
+	defInt(&c.MaxConcurrent, defaultMaxConcurrent)
 	if c.DirectChunkBytes == 0 {
-		c.DirectChunkBytes = DefaultDirectChunkBytes
+		c.DirectChunkBytes = defaultDirectChunkBytes
 	}
 	if c.RMAMinRegionBytes == 0 {
 		c.RMAMinRegionBytes = defaultRMAMinRegionBytes
@@ -250,7 +251,7 @@ func (c Config) withDefaults() Config {
 	if c.DirectMinRunBytes == 0 { // None stays: no bound (withDefaults may run twice)
 		c.DirectMinRunBytes = defaultDirectMinRunBytes
 	}
-	defInt(&c.PipelineDepth, DefaultPipelineDepth)
+	defInt(&c.PipelineDepth, defaultPipelineDepth)
 	if c.NumSlots == 0 && c.SlotBytes > 0 {
 		if c.StagingMemory != nil {
 			c.NumSlots = int(int64(len(c.StagingMemory)) / c.SlotBytes)
@@ -261,11 +262,11 @@ func (c Config) withDefaults() Config {
 	def(&c.TransferTimeout, defaultTransferTimeout)
 	def(&c.QueueTimeout, defaultQueueTimeout)
 	def(&c.ExposureTimeout, defaultExposureTimeout)
-	def(&c.ProgressDeadline, DefaultProgressDeadline)
-	defCount(&c.QuarantineBudget, DefaultQuarantineBudget)
-	defCount(&c.PoisonedBlockBudget, DefaultPoisonedBlocks)
+	def(&c.ProgressDeadline, defaultProgressDeadline)
+	defCount(&c.QuarantineBudget, defaultQuarantineBudget)
+	defCount(&c.PoisonedBlockBudget, defaultPoisonedBlocks)
 	def(&c.QuarantineTimeout, defaultQuarantineTimeout)
-	def(&c.CancelGrace, DefaultCancelGrace)
+	def(&c.CancelGrace, defaultCancelGrace)
 	def(&c.RetryInterval, defaultRetryInterval)
 	defCount(&c.MaxRetries, defaultMaxRetries)
 	defInt(&c.MaxPending, defaultMaxPending)

@@ -15,6 +15,6 @@ import (
 // import it, must be the engine's.
 func TestContractConstantsAreTheEngines(t *testing.T) {
 	require.Equal(t, transport.DataHeaderBytes, transport.DataHeaderBytes, "a data chunk's header, as the wire format makes it")
-	require.EqualValues(t, DefaultMaxConcurrent*DefaultPipelineDepth*DefaultSlotBytes, ucx.DefaultStagingBytes,
+	require.EqualValues(t, defaultMaxConcurrent*defaultPipelineDepth*defaultSlotBytes, ucx.DefaultStagingBytes,
 		"ucx's default staging region holds the engine's default staging pool")
 }

@@ -14,7 +14,7 @@ package transfer
 //   - staging, through the Spec's Mover (ucx.DeviceTransport's gather and scatter kernels),
 //     when one is given and the rma route cannot run here.
 //
-// Otherwise the transfer fails with a *DeviceRouteError saying why. Once the rma route is
+// Otherwise the transfer fails with an ErrDeviceRoute saying why. Once the rma route is
 // chosen, a sender that declines it (no device gets on its transport, rma off there, an offer
 // it could not make) answers with its decline and both sides stage instead when both specs
 // have a Mover (path_device_stage.go); without one the transfer fails with that error, as it
@@ -39,22 +39,22 @@ type DevicePool struct {
 
 func (d DevicePool) set() bool { return d.Addr != 0 || d.Len != 0 }
 
-// ErrDeviceRoute: a device pool has no way to move here; the error is a *DeviceRouteError
-// saying why.
+// ErrDeviceRoute: a device pool has no way to move here; the error says
+// why.
 var ErrDeviceRoute = errors.New("kvxfer: no route for device memory")
 
-// DeviceRouteError says why a transfer of a device pool (Spec.Device) cannot run: no device
+// deviceRouteError says why a transfer of a device pool (Spec.Device) cannot run: no device
 // gets on this transport and no Mover to stage with, a peer without rma, or an offer whose
 // ranges do not line up for gets. It matches ErrDeviceRoute.
-type DeviceRouteError struct {
+type deviceRouteError struct {
 	Reason string
 }
 
 // Error implements error.
-func (e *DeviceRouteError) Error() string { return fmt.Sprintf("%v: %s", ErrDeviceRoute, e.Reason) }
+func (e *deviceRouteError) Error() string { return fmt.Sprintf("%v: %s", ErrDeviceRoute, e.Reason) }
 
 // Is matches ErrDeviceRoute.
-func (e *DeviceRouteError) Is(target error) bool { return target == ErrDeviceRoute }
+func (e *deviceRouteError) Is(target error) bool { return target == ErrDeviceRoute }
 
 // checkDevice is the part of a device spec's checks that needs no transport.
 func (s Spec) checkDevice() error {
@@ -62,7 +62,7 @@ func (s Spec) checkDevice() error {
 		return nil
 	}
 	bad := func(field, reason string, err error) error {
-		return &SpecError{ID: s.ID, Field: field, Reason: reason, Err: err}
+		return &specError{ID: s.ID, Field: field, Reason: reason, Err: err}
 	}
 	switch {
 	case len(s.Pool) > 0:
@@ -99,11 +99,11 @@ func (e *Engine) checkDeviceSpec(s Spec) error {
 		if s.Mover != nil {
 			return nil // staging only
 		}
-		return &SpecError{ID: s.ID, Field: "Device", Reason: "this transport cannot get device memory and the spec has no Mover to stage it",
-			Err: &DeviceRouteError{Reason: "no device gets on this transport (UCX without CUDA?), and no Mover (ucx.DeviceTransport.NewMover) to stage with"}}
+		return &specError{ID: s.ID, Field: "Device", Reason: "this transport cannot get device memory and the spec has no Mover to stage it",
+			Err: &deviceRouteError{Reason: "no device gets on this transport (UCX without CUDA?), and no Mover (ucx.DeviceTransport.NewMover) to stage with"}}
 	}
 	if err := dt.CheckDevice(s.Device.Addr, s.Device.Len); err != nil {
-		return &SpecError{ID: s.ID, Field: "Device", Reason: "not inside one device registration of this transport (RegisterDevice)", Err: err}
+		return &specError{ID: s.ID, Field: "Device", Reason: "not inside one device registration of this transport (RegisterDevice)", Err: err}
 	}
 	return nil
 }
@@ -141,7 +141,7 @@ func (x *xfer) deviceRMAWhyNot() string {
 }
 
 // runReceiveDevice picks a device receiver's route: rma, else staging through its Mover, else
-// a *DeviceRouteError (the sender is told, so it does not wait for a request).
+// an ErrDeviceRoute (the sender is told, so it does not wait for a request).
 func (x *xfer) runReceiveDevice() {
 	why := x.deviceRMAWhyNot()
 	switch {
@@ -157,7 +157,7 @@ func (x *xfer) runReceiveDevice() {
 		}
 		x.runReceiveStaging()
 	default:
-		cause := &RequestError{ID: x.h.id, Err: &DeviceRouteError{Reason: why + ", and the spec has no Mover to stage with"}}
+		cause := &RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: why + ", and the spec has no Mover to stage with"}}
 		x.sendAbort(wire.AbortIncompatible, cause)
 		x.queuedExit(cause)
 	}
@@ -171,13 +171,13 @@ func (x *xfer) deviceSendRefusal(direct, rma bool) error {
 	}
 	switch {
 	case direct && !rma:
-		return &DeviceRouteError{Reason: "the receiver asked for direct messages, which a device pool cannot take (only rma gets)"}
+		return &deviceRouteError{Reason: "the receiver asked for direct messages, which a device pool cannot take (only rma gets)"}
 	case direct:
 		if why := x.deviceRMAWhyNot(); why != "" && !(rma && x.hasMover) { // else offerRMA declines; the receiver may stage
-			return &DeviceRouteError{Reason: why}
+			return &deviceRouteError{Reason: why}
 		}
 	case !x.hasMover:
-		return &DeviceRouteError{Reason: "the receiver asked for staging and this sender's device pool has no Mover"}
+		return &deviceRouteError{Reason: "the receiver asked for staging and this sender's device pool has no Mover"}
 	}
 	return nil
 }
@@ -189,7 +189,7 @@ func (r *rmaReceive) deviceNoFallback(why string) bool {
 	if !x.dev.set() {
 		return false
 	}
-	x.abort(&RequestError{ID: x.h.id, Err: &DeviceRouteError{Reason: why}}, wire.AbortIncompatible, x.eng.cfg.CancelGrace)
+	x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: why}}, wire.AbortIncompatible, x.eng.cfg.CancelGrace)
 	return true
 }
 
@@ -198,11 +198,11 @@ func (r *rmaReceive) deviceNoFallback(why string) bool {
 type noDeviceMover struct{}
 
 func (noDeviceMover) Gather(*layout.Plan, int64, []byte) error {
-	return &DeviceRouteError{Reason: "a device pool without a Mover cannot be staged"}
+	return &deviceRouteError{Reason: "a device pool without a Mover cannot be staged"}
 }
 
 func (noDeviceMover) Scatter(*layout.Plan, []byte, int64) error {
-	return &DeviceRouteError{Reason: "a device pool without a Mover cannot be staged"}
+	return &deviceRouteError{Reason: "a device pool without a Mover cannot be staged"}
 }
 
 // rmaKey describes this side's pool for a peer's gets: a host pool by its slice, a device
@@ -211,7 +211,7 @@ func (x *xfer) rmaKey(rt transport.RMATransport) (uint64, []byte, error) {
 	if x.dev.set() {
 		dt := x.eng.deviceGets()
 		if dt == nil {
-			return 0, nil, &DeviceRouteError{Reason: "this transport cannot get device memory"}
+			return 0, nil, &deviceRouteError{Reason: "this transport cannot get device memory"}
 		}
 		return dt.RMAKeyAt(x.dev.Addr, x.dev.Len)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
@@ -133,7 +134,7 @@ func newDevicePair(t *testing.T, scfg, rcfg Config, srcGets, dstGets bool) (*dev
 // A device pool moves by gets when both engines and the peer allow it (path rma, no staging:
 // the Mover is never called, and only the stream's bytes cross, once), stages through its
 // Mover where the rma route cannot run, and otherwise fails on both sides with a
-// *DeviceRouteError saying why.
+// ErrDeviceRoute saying why.
 func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 	cases := []struct {
 		desc                 string
@@ -216,8 +217,8 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 				for _, h := range []*Handle{hr, hs} {
 					requireState(t, h, Failed)
 				}
-				var re *DeviceRouteError // on the side that refused; the other hears why in the abort
-				require.True(t, errors.As(hr.Status().Err, &re) || errors.As(hs.Status().Err, &re), "a *DeviceRouteError on one side: %v / %v", hr.Status().Err, hs.Status().Err)
+				var re *deviceRouteError // on the side that refused; the other hears why in the abort
+				require.True(t, errors.As(hr.Status().Err, &re) || errors.As(hs.Status().Err, &re), "an ErrDeviceRoute on one side: %v / %v", hr.Status().Err, hs.Status().Err)
 				require.ErrorIs(t, re, c.wantErr)
 				return
 			}
@@ -226,8 +227,8 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 			require.Equal(t, c.wantPath, hr.Path())
 			require.Equal(t, c.wantPath, hs.Path())
 			want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
-			require.NoError(t, layout.ReferenceGather(src.plan, src.mem, want))
-			require.NoError(t, layout.ReferenceGather(dst.plan, dst.mem, got))
+			require.NoError(t, layouttest.ReferenceGather(src.plan, src.mem, want))
+			require.NoError(t, layouttest.ReferenceGather(dst.plan, dst.mem, got))
 			require.Equal(t, want, got, "every byte")
 			if c.wantPath == PathRMA {
 				bytes, _ := w.total()
@@ -248,7 +249,7 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
-// A device spec that cannot run is refused at Send or Receive with a *SpecError (nothing
+// A device spec that cannot run is refused at Send or Receive with an ErrInvalidSpec (nothing
 // starts, nothing held): both pools set, a plan past the region, an address outside every
 // device registration (host memory, say), and a transport without device gets and no Mover.
 func TestDeviceSpecRefusals(t *testing.T) {
@@ -291,7 +292,7 @@ func TestDeviceSpecRefusals(t *testing.T) {
 					_, err = p.src.Send(bg, s)
 				}
 				require.ErrorIs(t, err, ErrInvalidSpec)
-				var se *SpecError
+				var se *specError
 				require.ErrorAs(t, err, &se)
 				require.Equal(t, c.field, se.Field, fmt.Sprint(err))
 				if c.wantErr != nil {
@@ -425,7 +426,7 @@ func TestL2_DeviceBlocksHeldWhileNotQuiescent(t *testing.T) {
 			} {
 				_, err := s.try()
 				require.ErrorIs(t, err, ErrBlocksBusy, s.desc)
-				var be *BlocksBusyError
+				var be *blocksBusyError
 				require.ErrorAs(t, err, &be, s.desc)
 				require.Equal(t, RequestID(1), be.Holder, s.desc)
 				require.Equal(t, c.poisoned, be.Poisoned, s.desc)
@@ -455,7 +456,7 @@ func TestL2_DeviceBlocksHeldWhileNotQuiescent(t *testing.T) {
 
 // A device receiver whose sender declined the rma route stages only with a slot free at that
 // moment (the loop never waits on the pool): with every slot of its engine leased elsewhere,
-// both sides fail with a *DeviceRouteError that says so, and nothing is left held.
+// both sides fail with an ErrDeviceRoute that says so, and nothing is left held.
 func TestDeviceDeclineWithoutAFreeSlotFails(t *testing.T) {
 	src, dst := rmaPools(t, 5)
 	p, _ := newDevicePair(t, rmaConfig(), rmaConfig(), false, true)
@@ -477,7 +478,7 @@ func TestDeviceDeclineWithoutAFreeSlotFails(t *testing.T) {
 	releaseAll(held)
 	requireState(t, hr, Failed)
 	requireState(t, hs, Failed)
-	var re *DeviceRouteError
+	var re *deviceRouteError
 	require.ErrorAs(t, hr.Status().Err, &re)
 	require.Contains(t, re.Reason, "no staging slot was free")
 	require.Zero(t, p.dstT.holds.Load(), "the receiver's registration let go")

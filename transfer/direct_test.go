@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
@@ -103,13 +104,13 @@ func TestDirectMovesTheReferenceBytesAcrossLayouts(t *testing.T) {
 				dp, err := dst.plan.WithoutPositions(c.held)
 				require.NoError(t, err)
 				want, got = make([]byte, sp.Bytes()), make([]byte, dp.Bytes())
-				require.NoError(t, layout.ReferenceGather(sp, src.mem, want))
-				require.NoError(t, layout.ReferenceGather(dp, dst.mem, got))
+				require.NoError(t, layouttest.ReferenceGather(sp, src.mem, want))
+				require.NoError(t, layouttest.ReferenceGather(dp, dst.mem, got))
 				require.Equal(t, make([]byte, dst.plan.Bytes()-dp.Bytes()), func() []byte {
 					kept, err := dst.plan.WithoutPositions(notIn(c.held, len(dst.plan.Blocks())))
 					require.NoError(t, err)
 					b := make([]byte, kept.Bytes())
-					require.NoError(t, layout.ReferenceGather(kept, dst.mem, b))
+					require.NoError(t, layouttest.ReferenceGather(kept, dst.mem, b))
 					return b
 				}(), "a held block was written")
 			}
@@ -183,7 +184,7 @@ func TestDirectMultiPeerSubsLandInPlace(t *testing.T) {
 	requireState(t, hr, Completed)
 	for i, s := range subs {
 		want, got := srcs[i].stream(t), make([]byte, s.Plan.Bytes())
-		require.NoError(t, layout.ReferenceGather(s.Plan, dst.mem, got))
+		require.NoError(t, layouttest.ReferenceGather(s.Plan, dst.mem, got))
 		require.Equal(t, want, got, "sub %d", i)
 	}
 	bytes, _ := w.total()
@@ -407,7 +408,7 @@ func TestL2_NoHandleForgottenWhileNotQuiescent(t *testing.T) {
 			} {
 				_, err := s.try()
 				require.ErrorIs(t, err, ErrBlocksBusy, s.desc)
-				var be *BlocksBusyError
+				var be *blocksBusyError
 				require.ErrorAs(t, err, &be, s.desc)
 				require.Equal(t, RequestID(1), be.Holder, s.desc)
 				require.Equal(t, c.poisoned, be.Poisoned, s.desc)

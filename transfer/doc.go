@@ -58,7 +58,7 @@
 // A KV pool in device memory the caller registered with the transport
 // (ucx.Transport.RegisterDevice) goes in Spec.Device, by address and length: the RMA mode then
 // reads it GPU to GPU (transport.DeviceRMATransport), with no slot and no kernel; where that cannot run,
-// the engine stages it through the Spec's Mover, or fails with a *DeviceRouteError saying why
+// the engine stages it through the Spec's Mover, or fails with an ErrDeviceRoute saying why
 // (device.go; docs/kvcache.md, "GPU memory").
 //
 // # Multi-peer requests

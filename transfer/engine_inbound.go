@@ -289,5 +289,5 @@ func (e *Engine) PeerLost(peer Peer) error {
 		delete(e.lost, peer)
 		return nil
 	}
-	return &PeerLostError{Peer: peer, Since: l.at, Err: l.err}
+	return &PeerLostError{Peer: peer, since: l.at, err: l.err}
 }

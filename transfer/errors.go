@@ -18,7 +18,8 @@ var (
 	// ErrInvalidConfig: a Config field cannot work; the error is a *ConfigError naming it
 	// (also when the staging pool found the fault: its *buffer.ConfigError is the cause).
 	ErrInvalidConfig = transport.ErrInvalidConfig
-	// ErrInvalidSpec: a Send or Receive spec is malformed; the error is a *SpecError.
+	// ErrInvalidSpec: a Send or Receive spec is malformed; the error names the field
+	// and why.
 	ErrInvalidSpec = transport.ErrInvalidSpec
 	// ErrDuplicate: a Send or Receive names a request id that is still live in this engine:
 	// held by a caller reference, or not quiescent (the engine remembers such a handle
@@ -26,10 +27,9 @@ var (
 	ErrDuplicate = errors.New("kvxfer: duplicate request id")
 	// ErrBlocksBusy: a Send or Receive names KV blocks of its pool that an earlier transfer
 	// may still touch: one whose outcome is decided but which is not quiescent (quarantined),
-	// or one whose blocks are poisoned for good. The error is a *BlocksBusyError.
+	// or one whose blocks are poisoned for good. The error names the block and
+	// the request that holds it.
 	ErrBlocksBusy = errors.New("kvxfer: KV blocks not quiescent")
-	// ErrNotFound: no live handle has that request id.
-	ErrNotFound = errors.New("kvxfer: unknown request id")
 	// ErrClosed: the engine (or transport) is closed.
 	ErrClosed = transport.ErrClosed
 	// ErrOverReleased: Handle.Release called more times than Retain (plus the first
@@ -92,9 +92,9 @@ var (
 // of configuration error the engine and its transports return (transport.ConfigError).
 type ConfigError = transport.ConfigError
 
-// SpecError names the Spec field that is wrong and why; Err is ErrInvalidSpec, or a layout
+// specError names the Spec field that is wrong and why; Err is ErrInvalidSpec, or a layout
 // error when the plan or pool is at fault.
-type SpecError struct {
+type specError struct {
 	ID     RequestID
 	Field  string
 	Reason string
@@ -102,19 +102,19 @@ type SpecError struct {
 }
 
 // Error implements error.
-func (e *SpecError) Error() string {
+func (e *specError) Error() string {
 	return fmt.Sprintf("%v: request %d: %s: %s", ErrInvalidSpec, e.ID, e.Field, e.Reason)
 }
 
 // Is matches ErrInvalidSpec as well as the wrapped cause.
-func (e *SpecError) Is(target error) bool { return target == ErrInvalidSpec }
+func (e *specError) Is(target error) bool { return target == ErrInvalidSpec }
 
 // Unwrap returns the underlying cause, if any.
-func (e *SpecError) Unwrap() error { return e.Err }
+func (e *specError) Unwrap() error { return e.Err }
 
-// BlocksBusyError names a block of a refused Send or Receive that an earlier request still
+// blocksBusyError names a block of a refused Send or Receive that an earlier request still
 // holds, and that request. It matches ErrBlocksBusy.
-type BlocksBusyError struct {
+type blocksBusyError struct {
 	ID     RequestID // the refused request
 	Block  int32     // a block id it shares with Holder, in the same pool
 	Holder RequestID // the request not quiescent over that block
@@ -124,7 +124,7 @@ type BlocksBusyError struct {
 }
 
 // Error implements error.
-func (e *BlocksBusyError) Error() string {
+func (e *blocksBusyError) Error() string {
 	why := "quarantined: wait for its Quiesced"
 	if e.Poisoned {
 		why = "poisoned for good: never use them again"
@@ -133,7 +133,7 @@ func (e *BlocksBusyError) Error() string {
 }
 
 // Unwrap returns ErrBlocksBusy.
-func (e *BlocksBusyError) Unwrap() error { return ErrBlocksBusy }
+func (e *blocksBusyError) Unwrap() error { return ErrBlocksBusy }
 
 // RequestError ties an engine error to a request id.
 type RequestError struct {
@@ -160,16 +160,16 @@ type AuthError = transport.AuthError
 // loss itself); it matches ErrPeerLost.
 type PeerLostError struct {
 	Peer  Peer
-	Since time.Time // when the transport reported it
-	Err   error     // the transport's report
+	since time.Time // when the transport reported it
+	err   error     // the transport's report
 }
 
 func (e *PeerLostError) Error() string {
-	return fmt.Sprintf("kvxfer: peer %s was lost %v ago: %v", e.Peer.Short(), time.Since(e.Since).Round(time.Millisecond), e.Err)
+	return fmt.Sprintf("kvxfer: peer %s was lost %v ago: %v", e.Peer.Short(), time.Since(e.since).Round(time.Millisecond), e.err)
 }
 
 // Unwrap matches ErrPeerLost and the transport's report.
-func (e *PeerLostError) Unwrap() []error { return []error{ErrPeerLost, e.Err} }
+func (e *PeerLostError) Unwrap() []error { return []error{ErrPeerLost, e.err} }
 
 // peerLost returns cause as a *PeerLostError naming peer when it says the transport lost the
 // peer and is not one yet, so a caller's errors.As names the peer whichever way the loss came.
@@ -178,5 +178,5 @@ func peerLost(peer Peer, cause error) error {
 	if peer == "" || !errors.Is(cause, ErrPeerLost) || errors.As(cause, &pl) {
 		return cause
 	}
-	return &PeerLostError{Peer: peer, Since: time.Now(), Err: cause}
+	return &PeerLostError{Peer: peer, since: time.Now(), err: cause}
 }

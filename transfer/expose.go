@@ -44,7 +44,7 @@ func (e *Engine) Expose(ctx context.Context, spec Spec) (*Handle, transport.Para
 // exposable checks what only an exposure refuses: a named receiver.
 func (s Spec) exposable() error {
 	if s.Peer != "" || len(s.Subs) > 0 {
-		return &SpecError{ID: s.ID, Field: "Peer", Reason: "an exposure names no receiver: leave Peer and Subs empty (use Send to name one)"}
+		return &specError{ID: s.ID, Field: "Peer", Reason: "an exposure names no receiver: leave Peer and Subs empty (use Send to name one)"}
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
@@ -107,9 +108,9 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 	waitClosedWithin(t, hs.Quiesced(), "the exposure quiesced", time.Minute)
 	requireState(t, hs, Completed)
 	got := make([]byte, dplan.Bytes())
-	require.NoError(t, layout.ReferenceGather(dplan, dmem, got))
+	require.NoError(t, layouttest.ReferenceGather(dplan, dmem, got))
 	want := make([]byte, splan.Bytes())
-	require.NoError(t, layout.ReferenceGather(splan, smem, want))
+	require.NoError(t, layouttest.ReferenceGather(splan, smem, want))
 	require.True(t, bytes.Equal(want, got), "every byte")
 	require.Equal(t, pc.path, hr.Path(), "the receiver's path")
 	require.Equal(t, pc.path, hs.Path(), "the exposure's path")
@@ -217,7 +218,7 @@ func TestExposeRefusesANamedReceiver(t *testing.T) {
 	p := newPair(t, fastConfig(), fastConfig())
 	src, _ := pools(t, 1)
 	_, _, err := p.src.Expose(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
-	var se *SpecError
+	var se *specError
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, "Peer", se.Field)
 	hs, _, err := p.src.Expose(bg, Spec{ID: 1, Plan: src.plan, Pool: src.mem})

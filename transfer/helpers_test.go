@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -67,7 +68,7 @@ func seqBlocks(from, n int32) []int32 {
 func (p *kvPool) stream(t testing.TB) []byte {
 	t.Helper()
 	b := make([]byte, p.plan.Bytes())
-	require.NoError(t, layout.ReferenceGather(p.plan, p.mem, b))
+	require.NoError(t, layouttest.ReferenceGather(p.plan, p.mem, b))
 	return b
 }
 

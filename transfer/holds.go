@@ -83,9 +83,9 @@ func (b *blockHolds) check(id RequestID, spans []blockSpan, receive bool) error 
 			switch {
 			case hold == nil:
 			case hold.poisoned:
-				return &BlocksBusyError{ID: id, Block: blk, Holder: hold.poisonedBy, Poisoned: true}
+				return &blocksBusyError{ID: id, Block: blk, Holder: hold.poisonedBy, Poisoned: true}
 			case hold.writers > 0 || receive:
-				return &BlocksBusyError{ID: id, Block: blk, Holder: hold.holder}
+				return &blocksBusyError{ID: id, Block: blk, Holder: hold.holder}
 			}
 		}
 	}

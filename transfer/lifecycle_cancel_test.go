@@ -138,7 +138,7 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 			}
 			require.ErrorIs(t, err, c.want)
 			require.ErrorIs(t, err, ErrInvalidSpec)
-			var se *SpecError
+			var se *specError
 			require.ErrorAs(t, err, &se)
 			require.Equal(t, c.field, se.Field)
 		})
@@ -300,13 +300,13 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 	require.Zero(t, z.MaxRetries, "None sets zero")
 	require.NoError(t, z.validate())
 	d := Config{}.withDefaults()
-	require.Equal(t, DefaultQuarantineBudget, d.QuarantineBudget)
-	require.Equal(t, DefaultPoisonedBlocks, d.PoisonedBlockBudget)
+	require.Equal(t, defaultQuarantineBudget, d.QuarantineBudget)
+	require.Equal(t, defaultPoisonedBlocks, d.PoisonedBlockBudget)
 	require.Equal(t, defaultMaxRetries, d.MaxRetries)
-	require.Equal(t, int64(DefaultSlotBytes), d.SlotBytes)
-	require.Equal(t, DefaultMaxConcurrent*DefaultPipelineDepth, d.NumSlots)
+	require.Equal(t, int64(defaultSlotBytes), d.SlotBytes)
+	require.Equal(t, defaultMaxConcurrent*defaultPipelineDepth, d.NumSlots)
 	require.True(t, strings.Contains((&ConfigError{Field: "F", Value: 1, Reason: "r"}).Error(), "F = 1: r"))
-	require.True(t, errors.Is(&SpecError{}, ErrInvalidSpec))
+	require.True(t, errors.Is(&specError{}, ErrInvalidSpec))
 }
 
 // MaxRetries: None sends a receiver's request once; zero takes the default of six resends.

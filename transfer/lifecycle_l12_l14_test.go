@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
@@ -301,7 +302,7 @@ func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
 			plan, err := layout.NewPlan(dst.l, s, dst.plan.Blocks())
 			require.NoError(t, err)
 			got := make([]byte, plan.Bytes())
-			require.NoError(t, layout.ReferenceGather(plan, dst.mem, got))
+			require.NoError(t, layouttest.ReferenceGather(plan, dst.mem, got))
 			require.Equal(t, srcs[i].stream(t), got, "half %d", i)
 		}
 	})

@@ -6,7 +6,7 @@ package transfer
 // its sender for a request: the receiver sends its hello and waits, in Queued, for the
 // answer; the sender records the receiver's hello and answers with its own. Each then knows
 // the wire version the pair speaks (the highest both do) and the features the other lacks,
-// so a request that needs one fails at once with a *FeatureError, and one that can do
+// so a request that needs one fails at once with an ErrPeerLacksFeature, and one that can do
 // without (the direct path, RMA, an offer in parts) takes the path both speak.
 //
 // A hello's sender address is whatever its sender wrote, so from wire 4 on a hello proves
@@ -31,35 +31,36 @@ import (
 	"go.uber.org/zap"
 )
 
-// WireVersions returns the lowest and highest wire versions this build's engines speak: what
+// wireVersions returns the lowest and highest wire versions this build's engines speak: what
 // they say in their hellos, and what a worker may publish for others to check.
-func WireVersions() (min, max int) { return wire.MinVersion, wire.Version }
+func wireVersions() (min, max int) { return wire.MinVersion, wire.Version }
 
-// Features returns the features this build's engines speak.
-func Features() Feature { return wire.KnownFeatures }
+// knownFeatures returns the features this build's engines speak.
+func knownFeatures() feature { return wire.KnownFeatures }
 
-// Feature is one part of the wire protocol that a peer may lack (a set of them, joined with
+// feature is one part of the wire protocol that a peer may lack (a set of them, joined with
 // "+" by String: streaming, partial, direct, rma, multi-part, large-segments, ...). The staging
 // path is in every wire version and is not one.
-type Feature = wire.Feature
+type feature = wire.Feature
 
 // ErrPeerLacksFeature: the peer does not speak a feature the request needs, or no wire
-// version in common with this engine. The error is a *FeatureError; the request fails
+// version in common with this engine. The error names the feature and the
+// peer's versions; the request fails
 // before anything of it is sent, not at its deadline.
 var ErrPeerLacksFeature = errors.New("kvxfer: the peer lacks a protocol feature")
 
-// FeatureError names the peer, what the request needed, and the versions the peer speaks.
-type FeatureError struct {
+// featureError names the peer, what the request needed, and the versions the peer speaks.
+type featureError struct {
 	Peer Peer
 	// Feature is what the request needed; zero when the two engines share no wire version.
-	Feature Feature
+	Feature feature
 	// PeerVersion is the version the pair speaks (the highest both do), or, when they share
 	// none, the highest the peer speaks; PeerMinVersion is the lowest it speaks.
 	PeerVersion, PeerMinVersion int
 }
 
 // Error implements error.
-func (e *FeatureError) Error() string {
+func (e *featureError) Error() string {
 	if e.Feature == 0 {
 		return fmt.Sprintf("%v: %s speaks wire versions %d to %d, this engine %d to %d: none in common",
 			ErrPeerLacksFeature, e.Peer, e.PeerMinVersion, e.PeerVersion, wire.MinVersion, wire.Version)
@@ -69,7 +70,7 @@ func (e *FeatureError) Error() string {
 }
 
 // Unwrap returns ErrPeerLacksFeature.
-func (e *FeatureError) Unwrap() error { return ErrPeerLacksFeature }
+func (e *featureError) Unwrap() error { return ErrPeerLacksFeature }
 
 // speech is what an engine says in its hello: the versions and features it speaks. Every
 // engine speaks the build's (New); tests make engines that speak less, or more.
@@ -346,7 +347,7 @@ func (x *xfer) meet() bool {
 		need |= wire.FeaturePartial
 	}
 	if lacks := need &^ features; !ok || lacks != 0 {
-		fe := &FeatureError{Peer: x.peer, Feature: lacks, PeerVersion: int(version), PeerMinVersion: int(peerMin)}
+		fe := &featureError{Peer: x.peer, Feature: lacks, PeerVersion: int(version), PeerMinVersion: int(peerMin)}
 		if !ok {
 			fe.Feature, fe.PeerVersion = 0, int(peerMax)
 		}
@@ -405,7 +406,7 @@ func (x *xfer) refuseSmallReceiver() error {
 		return nil
 	}
 	v, vmin, _ := x.eng.peerFeatures(x.peer)
-	return &FeatureError{Peer: x.peer, Feature: wire.FeatureLargeSegments, PeerVersion: v, PeerMinVersion: vmin}
+	return &featureError{Peer: x.peer, Feature: wire.FeatureLargeSegments, PeerVersion: v, PeerMinVersion: vmin}
 }
 
 func (x *xfer) refuseUnspoken(ri *wire.RequestInfo) error {

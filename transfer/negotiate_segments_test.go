@@ -19,7 +19,7 @@ func (largeSegments) SendsLargeSegments() bool { return true }
 
 // TestLargeSegmentsGoOnlyToAReceiverThatTakesThem: a sender whose transport sends large pieces
 // sends nothing to a receiver whose hello lacks wire.FeatureLargeSegments (an older build): the
-// sender fails with a *FeatureError naming the feature (ErrPeerLacksFeature, ErrIncompatible),
+// sender fails with an ErrPeerLacksFeature naming the feature (ErrPeerLacksFeature, ErrIncompatible),
 // the receiver hears why, and not one byte reached its pool. A receiver of this build takes the
 // transfer, and a sender that sends no large pieces serves the older receiver as before.
 func TestLargeSegmentsGoOnlyToAReceiverThatTakesThem(t *testing.T) {
@@ -65,7 +65,7 @@ func TestLargeSegmentsGoOnlyToAReceiverThatTakesThem(t *testing.T) {
 				return
 			}
 			requireState(t, hs, Failed, ErrIncompatible, ErrPeerLacksFeature)
-			var fe *FeatureError
+			var fe *featureError
 			require.True(t, errors.As(hs.Status().Err, &fe))
 			require.Equal(t, wire.FeatureLargeSegments, fe.Feature)
 			requireState(t, hr, Failed, ErrPeerAborted)

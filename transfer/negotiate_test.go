@@ -37,7 +37,7 @@ func answerHello(tr Transport, from Peer, m wire.Message) bool {
 // Speeches of the engines the mixed-version tests pair with one of this build.
 var (
 	// lacking speaks this build's version without the given features: an older build.
-	lacking = func(f Feature) speech { s := buildSpeech(); s.features &^= f; return s }
+	lacking = func(f feature) speech { s := buildSpeech(); s.features &^= f; return s }
 	// newer speaks this version and the next, with a feature this build does not know.
 	newer = speech{min: wire.MinVersion, max: wire.Version + 1, features: wire.KnownFeatures | 1<<40}
 	// tooNew speaks only versions after this build's.
@@ -71,7 +71,7 @@ func patientConfig() Config {
 
 // Mixed versions: an engine of this build (the receiver, "decode") and one that speaks less
 // (an older build), more (a newer one) or nothing in common. A request that needs what the
-// peer lacks fails at once with a *FeatureError naming the feature and the peer's version:
+// peer lacks fails at once with an ErrPeerLacksFeature naming the feature and the peer's version:
 // the synchronisation point is that no request-info ever left the receiver, while every
 // deadline is an hour away. A request that needs nothing the peer lacks completes on the best
 // path both speak, every byte checked.
@@ -80,15 +80,15 @@ func TestMixedVersions(t *testing.T) {
 		desc     string
 		sender   speech
 		spec     func(*Spec) // the receive's spec, changed
-		wantErr  *FeatureError
+		wantErr  *featureError
 		wantPath Path
 	}{
 		{"an older peer without streaming: a streaming receive fails at once", lacking(wire.FeatureStreaming),
-			func(s *Spec) { s.Stream = true }, &FeatureError{Peer: "prefill", Feature: wire.FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
+			func(s *Spec) { s.Stream = true }, &featureError{Peer: "prefill", Feature: wire.FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
 		{"an older peer without partial requests: a partial receive fails at once", lacking(wire.FeaturePartial),
-			func(s *Spec) { s.Held = []int{1} }, &FeatureError{Peer: "prefill", Feature: wire.FeaturePartial, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
+			func(s *Spec) { s.Held = []int{1} }, &featureError{Peer: "prefill", Feature: wire.FeaturePartial, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, 0},
 		{"a peer with no version in common fails at once", tooNew,
-			nil, &FeatureError{Peer: "prefill", PeerVersion: wire.Version + 2, PeerMinVersion: wire.Version + 1}, 0},
+			nil, &featureError{Peer: "prefill", PeerVersion: wire.Version + 2, PeerMinVersion: wire.Version + 1}, 0},
 		{"an older peer without streaming: a plain receive completes", lacking(wire.FeatureStreaming), nil, nil, PathRMA},
 		{"an older peer without rma: the direct path's messages", lacking(wire.FeatureRMA), nil, nil, PathDirect},
 		{"an older peer without direct or rma: staging", lacking(wire.FeatureDirect | wire.FeatureRMA), nil, nil, PathStaging},
@@ -120,7 +120,7 @@ func TestMixedVersions(t *testing.T) {
 			if c.wantErr != nil {
 				waitClosed(t, hr.Quiesced(), "receiver quiesced")
 				requireState(t, hr, Failed, ErrPeerLacksFeature)
-				var fe *FeatureError
+				var fe *featureError
 				require.True(t, errors.As(hr.Status().Err, &fe))
 				require.Equal(t, c.wantErr, fe)
 				require.Zero(t, infos.Load(), "the request never left the receiver")
@@ -248,7 +248,7 @@ func TestGarbageHelloLosesNothing(t *testing.T) {
 
 func TestHelloRoundTrips(t *testing.T) {
 	for _, m := range []*wire.Hello{buildSpeech().hello(false), buildSpeech().hello(true), newer.hello(false),
-		{Min: 1, Max: 200, Features: ^Feature(0)}} {
+		{Min: 1, Max: 200, Features: ^feature(0)}} {
 		b := wire.Encode(m)
 		require.Len(t, b, wire.HelloBytes)
 		got, err := wire.Decode(b)
@@ -273,7 +273,7 @@ func TestWireVersionsOutsideOursAreRefused(t *testing.T) {
 		require.True(t, errors.As(err, &de), "version %d: %v", v, err)
 		require.Equal(t, 2, de.Offset)
 	}
-	lo, hi := WireVersions()
+	lo, hi := wireVersions()
 	require.Equal(t, [2]int{wire.MinVersion, wire.Version}, [2]int{lo, hi})
-	require.Equal(t, wire.KnownFeatures, Features())
+	require.Equal(t, wire.KnownFeatures, knownFeatures())
 }

@@ -105,7 +105,7 @@ func (tt *trustTrio) transferOrdered(t *testing.T, id RequestID, refused, receiv
 		return
 	}
 	requireState(t, hs, Failed, ErrIncompatible, ErrPeerLacksFeature)
-	var fe *FeatureError
+	var fe *featureError
 	require.True(t, errors.As(hs.Status().Err, &fe))
 	require.Equal(t, wire.FeatureLargeSegments, fe.Feature)
 	requireState(t, hr, Failed, ErrPeerAborted)
@@ -113,7 +113,7 @@ func (tt *trustTrio) transferOrdered(t *testing.T, id RequestID, refused, receiv
 }
 
 // believed is what e would act on for peer p: the features of its hello, once known.
-func believed(e *Engine, p Peer) Feature {
+func believed(e *Engine, p Peer) feature {
 	_, _, f := e.peerFeatures(p)
 	return f
 }
@@ -294,8 +294,8 @@ func TestWire3PeerInteroperates(t *testing.T) {
 		desc                  string
 		sender, receiver      speech
 		large, refused        bool
-		believed              Feature // what the sender believes of the receiver
-		believedByTheReceiver Feature
+		believed              feature // what the sender believes of the receiver
+		believedByTheReceiver feature
 	}{
 		{"a wire-3 sender to this build", wire3, buildSpeech(), false, false, wire.KnownFeatures, wire.KnownFeatures &^ wire.FeatureLargeSegments},
 		{"this build to a wire-3 receiver", buildSpeech(), wire3, false, false, wire.KnownFeatures &^ wire.FeatureLargeSegments, wire.KnownFeatures},
@@ -362,7 +362,7 @@ func TestHelloProofMustEchoAnOutstandingChallenge(t *testing.T) {
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			tt := newTrustTrio(t, false, lacking(wire.FeatureStreaming), patientConfig())
-			want := Feature(0)
+			want := feature(0)
 			if c.met {
 				tt.transfer(t, 1, false)
 				want = lacking(wire.FeatureStreaming).features

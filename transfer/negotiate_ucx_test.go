@@ -35,7 +35,7 @@ func newUCXEngineSpeaking(t testing.TB, tls, dev string, cfg Config, sp speech) 
 }
 
 // Mixed versions over UCX loopback: an older sender (no streaming, no partial requests) and a
-// receiver of this build. A streaming receive fails at once with a *FeatureError (deadlines
+// receiver of this build. A streaming receive fails at once with an ErrPeerLacksFeature (deadlines
 // an hour away, the sender still waiting for a request); a plain one completes, every byte
 // checked.
 func TestUCXTransport_MixedVersions(t *testing.T) {
@@ -53,9 +53,9 @@ func TestUCXTransport_MixedVersions(t *testing.T) {
 	require.NoError(t, err)
 	waitQuiesced(t, hr, 30*time.Second)
 	requireState(t, hr, Failed, ErrPeerLacksFeature)
-	var fe *FeatureError
+	var fe *featureError
 	require.True(t, errors.As(hr.Status().Err, &fe))
-	require.Equal(t, &FeatureError{Peer: old.tr.Self(), Feature: wire.FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, fe)
+	require.Equal(t, &featureError{Peer: old.tr.Self(), Feature: wire.FeatureStreaming, PeerVersion: wire.Version, PeerMinVersion: wire.MinVersion}, fe)
 	require.Equal(t, Queued, hs.Status().State, "the sender never got a request")
 	require.NoError(t, hr.Release()) // the id is free again
 
@@ -70,7 +70,7 @@ func TestUCXTransport_MixedVersions(t *testing.T) {
 
 // Over UCX's TCP transport, whose segments are 1 MiB by default (ucx.Config.TCPSegmentBytes), a
 // sender sends nothing to a receiver that does not say it takes them (an older build, whose
-// receive buffer would be UCX's 64 KiB): it fails with a *FeatureError naming
+// receive buffer would be UCX's 64 KiB): it fails with an ErrPeerLacksFeature naming
 // wire.FeatureLargeSegments, the receiver hears why, and its pool is untouched. Over shared memory
 // there are no TCP segments and the same pair completes.
 func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T) {
@@ -113,7 +113,7 @@ func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T)
 				return
 			}
 			requireState(t, hs, Failed, ErrPeerLacksFeature)
-			var fe *FeatureError
+			var fe *featureError
 			require.True(t, errors.As(hs.Status().Err, &fe))
 			require.Equal(t, wire.FeatureLargeSegments, fe.Feature)
 			requireState(t, hr, Failed, ErrPeerAborted)
@@ -175,7 +175,7 @@ func TestUCXTransport_ForgedHelloChangesNothing(t *testing.T) {
 					return
 				}
 				requireState(t, hs, Failed, ErrPeerLacksFeature)
-				var fe *FeatureError
+				var fe *featureError
 				require.True(t, errors.As(hs.Status().Err, &fe))
 				require.Equal(t, wire.FeatureLargeSegments, fe.Feature)
 				requireState(t, hr, Failed, ErrPeerAborted)

@@ -67,7 +67,7 @@ func (x *xfer) prepareOneHop() *transport.Exposure {
 
 // endOneHop ends the held generation word, once: before the exposure's blocks are reported
 // quiescent when nobody claimed it, or when its claim took another path. A read that raced
-// it reads the changed word after its last get and fails (*StaleReadError). Any goroutine.
+// it reads the changed word after its last get and fails (ErrStaleRead). Any goroutine.
 func (x *xfer) endOneHop() {
 	if h := x.oneHop; h != nil {
 		h.once.Do(h.end)
@@ -102,7 +102,7 @@ func checkRegions(addr uint64, gets []rmaRegion, regions [][2]uint64) error {
 			}
 		}
 		if !inside {
-			return &RMAOfferError{Field: "Regions", Reason: fmt.Sprintf("a get of [%#x, +%d) lies in no exposed region", at, n)}
+			return &rmaOfferError{Field: "Regions", Reason: fmt.Sprintf("a get of [%#x, +%d) lies in no exposed region", at, n)}
 		}
 	}
 	return nil

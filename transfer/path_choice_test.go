@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
@@ -43,8 +44,8 @@ func TestRMAWhereGetsAreEmulatedTheReceiverTakesMessages(t *testing.T) {
 			require.Equal(t, c.wantPath, hs.Path())
 			require.Equal(t, c.wantOffer, offers() > 0, "the sender was asked for an offer")
 			want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
-			require.NoError(t, layout.ReferenceGather(src.plan, src.mem, want))
-			require.NoError(t, layout.ReferenceGather(dst.plan, dst.mem, got))
+			require.NoError(t, layouttest.ReferenceGather(src.plan, src.mem, want))
+			require.NoError(t, layouttest.ReferenceGather(dst.plan, dst.mem, got))
 			require.Equal(t, want, got, "every byte")
 			_, ops := w.total()
 			require.Positive(t, ops)
@@ -71,8 +72,8 @@ func TestRMAGetsCutForLanes(t *testing.T) {
 			requireState(t, hr, Completed)
 			require.Equal(t, PathRMA, hr.Path())
 			want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
-			require.NoError(t, layout.ReferenceGather(src.plan, src.mem, want))
-			require.NoError(t, layout.ReferenceGather(dst.plan, dst.mem, got))
+			require.NoError(t, layouttest.ReferenceGather(src.plan, src.mem, want))
+			require.NoError(t, layouttest.ReferenceGather(dst.plan, dst.mem, got))
 			require.Equal(t, want, got, "every byte")
 			bytes, gets := w.total()
 			require.Equal(t, len(want), bytes)
@@ -116,8 +117,8 @@ func TestDirectLeavesPiecesUnderDirectMinRunBytesToStaging(t *testing.T) {
 			require.Equal(t, c.want, hr.Path())
 			require.Equal(t, c.want, hs.Path())
 			want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
-			require.NoError(t, layout.ReferenceGather(src.plan, src.mem, want))
-			require.NoError(t, layout.ReferenceGather(dst.plan, dst.mem, got))
+			require.NoError(t, layouttest.ReferenceGather(src.plan, src.mem, want))
+			require.NoError(t, layouttest.ReferenceGather(dst.plan, dst.mem, got))
 			require.Equal(t, want, got, "every byte")
 		})
 	}

@@ -10,7 +10,7 @@ package transfer
 // slots and sends on the staging path. Nothing moved before the switch (gets had not started,
 // and a device sender sends no IOV chunks), so the staging path starts from chunk 0. Slots are
 // taken only if free at that moment (the loop never waits on the pool); a side with none
-// fails with a *DeviceRouteError saying so, as does a receiver without a Mover.
+// fails with an ErrDeviceRoute saying so, as does a receiver without a Mover.
 
 import (
 	"github.com/kvxfer/kvxfer/buffer"
@@ -57,7 +57,7 @@ func (d *deviceDeclined) fromPeer(m wire.Message) {
 		return
 	}
 	refuse := func(reason string) {
-		x.abort(&RequestError{ID: x.h.id, Err: &DeviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.CancelGrace)
 	}
 	switch {
 	case ri.Flags&wire.FlagPull != 0:
@@ -94,7 +94,7 @@ func (r *rmaReceive) stageInstead(why string) bool {
 	}
 	first, err := x.eng.pool.TryLease()
 	if err != nil {
-		x.abort(&RequestError{ID: x.h.id, Err: &DeviceRouteError{Reason: why + ", and no staging slot was free to stage instead"}},
+		x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: why + ", and no staging slot was free to stage instead"}},
 			wire.AbortIncompatible, x.eng.cfg.CancelGrace)
 		return true
 	}

@@ -73,7 +73,7 @@ func (x *xfer) startDirectSend(ri *wire.RequestInfo) bool {
 				reason += ": " + o.Reason
 			}
 		}
-		x.abort(&RequestError{ID: x.h.id, Err: &DeviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.CancelGrace)
 		return true
 	}
 	d.decline = decline

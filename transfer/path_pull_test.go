@@ -285,7 +285,7 @@ func TestPull_GarbageAnnouncementsFailTheTransferAndLoseNothing(t *testing.T) {
 // gone ends the exposure of the slot the receiver is still reading and reuses it, a new gather
 // overwriting the payload before its header (as stampChunk does); the receiver, which never
 // heard, reads the torn slot, whose header still matches, then the changed generation word,
-// and fails with a *StaleReadError: it never completes with bytes that changed under it.
+// and fails with an ErrStaleRead: it never completes with bytes that changed under it.
 func TestPullValidatedRead_SenderReusesASlotMidRead(t *testing.T) {
 	cfg := pullConfig()
 	// Only the stale read may end the receiver: under load the steps between the first lease

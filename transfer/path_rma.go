@@ -81,7 +81,7 @@ func (x *xfer) askRMA() *rmaReceive {
 	x.take(r)
 	offer, regions, err := x.oneHopOffer() // onehop.go: the params' Exposure section
 	if err != nil {
-		x.abort(&RequestError{ID: x.h.id, Err: &RMAOfferError{Field: "Exposure", Reason: "the params' exposure", Err: err}},
+		x.abort(&RequestError{ID: x.h.id, Err: &rmaOfferError{Field: "Exposure", Reason: "the params' exposure", Err: err}},
 			wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return r
 	}
@@ -367,7 +367,7 @@ func (x *xfer) offerRMA(ri *wire.RequestInfo) (offered bool, decline []byte) {
 		}
 		if err == nil && len(s.offer) > 1 && !x.peerHas(wire.FeatureMultiPart) {
 			v, vmin, _ := x.eng.peerFeatures(x.peer)
-			err = &FeatureError{Peer: x.peer, Feature: wire.FeatureMultiPart, PeerVersion: v, PeerMinVersion: vmin}
+			err = &featureError{Peer: x.peer, Feature: wire.FeatureMultiPart, PeerVersion: v, PeerMinVersion: vmin}
 		}
 		if err == nil && !oneHop {
 			err = s.sendOffer()

@@ -18,30 +18,31 @@ import (
 
 // ErrBadRMAOffer: a sender's RMA offer does not describe memory the receiver may read: a
 // layout, selection or block list that does not validate, a pool smaller than the plan it
-// holds, or a stream unlike the request's. The error is an *RMAOfferError; the request fails
-// before any get is posted, so a garbage offer never becomes an out-of-bounds read.
+// holds, or a stream unlike the request's. The error names the field and why (and matches
+// ErrProtocol); the request fails before any get is posted, so a garbage offer never becomes
+// an out-of-bounds read.
 var ErrBadRMAOffer = errors.New("kvxfer: bad rma offer")
 
-// RMAOfferError names the part of an offer that is wrong. It matches ErrBadRMAOffer and
+// rmaOfferError names the part of an offer that is wrong. It matches ErrBadRMAOffer and
 // ErrProtocol.
-type RMAOfferError struct {
+type rmaOfferError struct {
 	Field  string
 	Reason string
 	Err    error // the underlying cause, if any (a layout error, say)
 }
 
 // Error implements error.
-func (e *RMAOfferError) Error() string {
+func (e *rmaOfferError) Error() string {
 	return fmt.Sprintf("%v: %s: %s", ErrBadRMAOffer, e.Field, e.Reason)
 }
 
 // Is matches ErrBadRMAOffer and ErrProtocol.
-func (e *RMAOfferError) Is(target error) bool {
+func (e *rmaOfferError) Is(target error) bool {
 	return target == ErrBadRMAOffer || target == ErrProtocol
 }
 
 // Unwrap returns the underlying cause.
-func (e *RMAOfferError) Unwrap() error { return e.Err }
+func (e *rmaOfferError) Unwrap() error { return e.Err }
 
 const (
 	// rmaGetsAhead is how many gets a receiver keeps posted: they hold no slot, and a few in
@@ -99,10 +100,10 @@ func newRMAParts(first *wire.RMAOffer) *rmaParts {
 }
 
 // add takes one part. It returns the whole offer once every position has come, nil before,
-// and an *RMAOfferError when the part disagrees with the others.
+// and an ErrBadRMAOffer when the part disagrees with the others.
 func (p *rmaParts) add(m *wire.RMAOffer) (*wire.RMAOffer, error) {
 	bad := func(field, format string, args ...any) error {
-		return &RMAOfferError{Field: field, Reason: "offer parts disagree: " + fmt.Sprintf(format, args...)}
+		return &rmaOfferError{Field: field, Reason: "offer parts disagree: " + fmt.Sprintf(format, args...)}
 	}
 	w := &p.whole
 	switch {
@@ -139,7 +140,7 @@ func (p *rmaParts) add(m *wire.RMAOffer) (*wire.RMAOffer, error) {
 // RMAMinRegionBytes on average, or InPlaceMinRegionBytes when they are read in place.
 func (x *xfer) checkOffer(m *wire.RMAOffer, inPlace bool) ([]rmaRegion, error) {
 	bad := func(field string, err error, format string, args ...any) error {
-		return &RMAOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
+		return &rmaOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
 	}
 	src, err := x.offerPlan(m)
 	if err != nil {
@@ -173,7 +174,7 @@ func (x *xfer) checkOffer(m *wire.RMAOffer, inPlace bool) ([]rmaRegion, error) {
 // bytes.
 func (x *xfer) offerPlan(m *wire.RMAOffer) (*layout.Plan, error) {
 	bad := func(field string, err error, format string, args ...any) error {
-		return &RMAOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
+		return &rmaOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
 	}
 	src, err := layout.NewPlan(m.Layout, m.Selection, m.Blocks)
 	if err != nil {

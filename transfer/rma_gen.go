@@ -14,22 +14,23 @@ import (
 
 // ErrStaleRead: a receiver's RMA gets may have read blocks the sender had already let go
 // (its exposure's generation changed before the receiver checked it): the transfer fails,
-// and the bytes it wrote must not be used. The error is a *StaleReadError.
+// and the bytes it wrote must not be used. The error names the offered
+// and the read generation words.
 var ErrStaleRead = errors.New("kvxfer: rma read of blocks the sender no longer exposed")
 
-// StaleReadError says which generation the offer named and which the receiver read. It
+// staleReadError says which generation the offer named and which the receiver read. It
 // matches ErrStaleRead.
-type StaleReadError struct {
+type staleReadError struct {
 	Offered, Read uint64
 }
 
 // Error implements error.
-func (e *StaleReadError) Error() string {
+func (e *staleReadError) Error() string {
 	return fmt.Sprintf("%v: the offer named generation %d, the sender's word held %d after the gets", ErrStaleRead, e.Offered, e.Read)
 }
 
 // Is matches ErrStaleRead.
-func (e *StaleReadError) Is(target error) bool { return target == ErrStaleRead }
+func (e *staleReadError) Is(target error) bool { return target == ErrStaleRead }
 
 // rmaGenerations returns the engine's transport as an transport.RMAGenerations, when it is one.
 func (x *xfer) rmaGenerations() transport.RMAGenerations {
@@ -137,14 +138,14 @@ func (g *genCheck) readGeneration(x *xfer) bool {
 }
 
 // gotGeneration handles rec if it is the read of the word: the transfer completes when the
-// word still holds the offered value and fails with a *StaleReadError otherwise. It reports
+// word still holds the offered value and fails with an ErrStaleRead otherwise. It reports
 // whether rec was that read.
 func (g *genCheck) gotGeneration(x *xfer, rec *opRec) bool {
 	if rec != g.genRec {
 		return false
 	}
 	if rec.gen != g.gen {
-		x.abort(&RequestError{ID: x.h.id, Err: &StaleReadError{Offered: g.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: &staleReadError{Offered: g.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
 		return true
 	}
 	g.genKey = nil // checked

@@ -50,7 +50,7 @@ func TestRMAValidatedRead_SenderReusesBlocksMidRead(t *testing.T) {
 	waitClosed(t, hr.Quiesced(), "receiver quiesced")
 	requireState(t, hr, Failed)
 	require.ErrorIs(t, hr.Status().Err, ErrStaleRead)
-	var se *StaleReadError
+	var se *staleReadError
 	require.ErrorAs(t, hr.Status().Err, &se)
 	require.NotEqual(t, se.Offered, se.Read)
 	require.Zero(t, p.net.Pending(), "every operation has its final verdict")

@@ -37,9 +37,9 @@ func TestRMARegionsMoveWhatGatherAndScatterWould(t *testing.T) {
 		srcPool := make([]byte, src.PoolSpan())
 		layouttest.Fill(r, srcPool)
 		stream := make([]byte, src.Bytes())
-		require.NoError(t, layout.ReferenceGather(src, srcPool, stream))
+		require.NoError(t, layouttest.ReferenceGather(src, srcPool, stream))
 		want := make([]byte, dst.PoolSpan())
-		require.NoError(t, layout.ReferenceScatter(dst, stream, want))
+		require.NoError(t, layouttest.ReferenceScatter(dst, stream, want))
 		got := make([]byte, dst.PoolSpan())
 		copy(got, want) // bytes outside the plan are not the regions' business
 		var moved int64

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
@@ -88,12 +89,12 @@ func TestRMAMovesTheReferenceBytesWithGetsOrFallsBack(t *testing.T) {
 				kept, err := dst.plan.WithoutPositions(notIn(c.held, len(dst.plan.Blocks())))
 				require.NoError(t, err)
 				b := make([]byte, kept.Bytes())
-				require.NoError(t, layout.ReferenceGather(kept, dst.mem, b))
+				require.NoError(t, layouttest.ReferenceGather(kept, dst.mem, b))
 				require.Equal(t, make([]byte, len(b)), b, "a held block was written")
 			}
 			want, got := make([]byte, sp.Bytes()), make([]byte, dp.Bytes())
-			require.NoError(t, layout.ReferenceGather(sp, src.mem, want))
-			require.NoError(t, layout.ReferenceGather(dp, dst.mem, got))
+			require.NoError(t, layouttest.ReferenceGather(sp, src.mem, want))
+			require.NoError(t, layouttest.ReferenceGather(dp, dst.mem, got))
 			require.Equal(t, want, got, "every byte")
 			bytes, ops := w.total()
 			require.Equal(t, len(want), bytes, "bare stream bytes, no header, nothing twice")

@@ -45,7 +45,7 @@ func TestUCXRMA_SenderReusesBlocksMidReadFailsTheReceiver(t *testing.T) {
 				go func() {
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 					defer cancel()
-					held <- dst.tr.Worker().RunOnThread(ctx, func() {
+					held <- ucxhooks.Hooks.Worker(dst.tr).RunOnThread(ctx, func() {
 						close(entered)
 						select { // holds the receiver's worker: no get progresses meanwhile
 						case <-release:

@@ -110,7 +110,7 @@ func (s Spec) resolve(receive bool, cfg Config) ([]SubSpec, Mover, time.Duration
 		return nil, nil, 0, err
 	}
 	bad := func(field, reason string, err error) error {
-		return &SpecError{ID: s.ID, Field: field, Reason: reason, Err: err}
+		return &specError{ID: s.ID, Field: field, Reason: reason, Err: err}
 	}
 	if receive && len(s.Ready) > 0 {
 		return nil, nil, 0, bad("Ready", "only a Send has readiness signals", nil)
@@ -169,7 +169,7 @@ func hasBadPosition(pos []int, n int) bool {
 
 func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Duration, error) {
 	bad := func(field, reason string, err error) error {
-		return &SpecError{ID: s.ID, Field: field, Reason: reason, Err: err}
+		return &specError{ID: s.ID, Field: field, Reason: reason, Err: err}
 	}
 	subs := s.Subs
 	switch {

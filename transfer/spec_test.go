@@ -51,7 +51,7 @@ func TestMultiPeerReceiveRefusesOverlappingSubs(t *testing.T) {
 			}
 			require.ErrorIs(t, err, ErrInvalidSpec)
 			require.ErrorIs(t, err, layout.ErrDuplicateBlock)
-			var se *SpecError
+			var se *specError
 			require.ErrorAs(t, err, &se)
 			require.Equal(t, c.field, se.Field)
 			require.Equal(t, NotFound, p.dst.Cancel(id), "a refused receive leaves nothing registered")

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
@@ -258,7 +259,7 @@ func TestStagingPipeline_TP2To1EveryByte(t *testing.T) {
 		plan, err := layout.NewPlan(dst.l, s, dst.plan.Blocks())
 		require.NoError(t, err)
 		got := make([]byte, plan.Bytes())
-		require.NoError(t, layout.ReferenceGather(plan, dst.mem, got))
+		require.NoError(t, layouttest.ReferenceGather(plan, dst.mem, got))
 		require.Equal(t, srcs[i].stream(t), got, "half %d", i)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
@@ -272,9 +273,9 @@ func TestPartialReceiveMovesOnlyTheBlocksItLacks(t *testing.T) {
 			dstPart, err := dst.plan.WithoutPositions(c.held)
 			require.NoError(t, err)
 			want := make([]byte, srcPart.Bytes())
-			require.NoError(t, layout.ReferenceGather(srcPart, src.mem, want))
+			require.NoError(t, layouttest.ReferenceGather(srcPart, src.mem, want))
 			got := make([]byte, dstPart.Bytes())
-			require.NoError(t, layout.ReferenceGather(dstPart, dst.mem, got))
+			require.NoError(t, layouttest.ReferenceGather(dstPart, dst.mem, got))
 			require.Equal(t, want, got, "the blocks the receiver lacked")
 			require.Equal(t, srcPart.Bytes(), hs.Status().Total, "the sender trimmed its plan the same way")
 			require.Equal(t, dstPart.Bytes(), hr.Status().Total)
@@ -282,7 +283,7 @@ func TestPartialReceiveMovesOnlyTheBlocksItLacks(t *testing.T) {
 
 			// Writing the expected blocks over the old pool must give exactly the new one:
 			// nothing else, held blocks included, was touched.
-			require.NoError(t, layout.ReferenceScatter(dstPart, want, before))
+			require.NoError(t, layouttest.ReferenceScatter(dstPart, want, before))
 			require.Equal(t, before, dst.mem)
 			require.NoError(t, hs.Release())
 			require.NoError(t, hr.Release())
@@ -332,7 +333,7 @@ func TestStreamAndPartialBadInputGivesTypedErrors(t *testing.T) {
 			}
 			require.ErrorIs(t, err, c.want)
 			require.ErrorIs(t, err, ErrInvalidSpec)
-			var se *SpecError
+			var se *specError
 			require.ErrorAs(t, err, &se)
 			require.Equal(t, c.field, se.Field)
 		})

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
 
 // Streamed and partial transfers between two engines over UCX shared memory: the receiver sees
@@ -62,9 +63,9 @@ func TestUCXStreamedAndPartialTransfers(t *testing.T) {
 				rp, err := r.plan.WithoutPositions(c.held)
 				require.NoError(t, err)
 				want := make([]byte, sp.Bytes())
-				require.NoError(t, layout.ReferenceGather(sp, s.mem, want))
+				require.NoError(t, layouttest.ReferenceGather(sp, s.mem, want))
 				got := make([]byte, rp.Bytes())
-				require.NoError(t, layout.ReferenceGather(rp, r.mem, got))
+				require.NoError(t, layouttest.ReferenceGather(rp, r.mem, got))
 				require.Equal(t, want, got)
 			}
 			require.NoError(t, hs.Release())

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -123,9 +124,9 @@ func TestUCXDevice_TwoEnginesEveryByteChecked(t *testing.T) {
 			}
 			require.NoError(t, rt.CopyFromDevice(dp.host, dp.buf.Mem()))
 			want := make([]byte, sPlan.Bytes())
-			require.NoError(t, layout.ReferenceGather(sPlan, sp.host, want))
+			require.NoError(t, layouttest.ReferenceGather(sPlan, sp.host, want))
 			got := make([]byte, dPlan.Bytes())
-			require.NoError(t, layout.ReferenceGather(dPlan, dp.host, got))
+			require.NoError(t, layouttest.ReferenceGather(dPlan, dp.host, got))
 			require.Equal(t, want, got, "the receiver's blocks hold the sender's stream")
 		})
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/peerproc"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/native"
 )
 
@@ -101,8 +102,8 @@ func TestUCXRegion_DeviceRegisteredPoolsTakeRMA(t *testing.T) {
 			}
 			require.NoError(t, rt.CopyFromDevice(dp.host, dp.buf.Mem()))
 			want, got := make([]byte, sPlan.Bytes()), make([]byte, dPlan.Bytes())
-			require.NoError(t, layout.ReferenceGather(sPlan, sp.host, want))
-			require.NoError(t, layout.ReferenceGather(dPlan, dp.host, got))
+			require.NoError(t, layouttest.ReferenceGather(sPlan, sp.host, want))
+			require.NoError(t, layouttest.ReferenceGather(dPlan, dp.host, got))
 			require.True(t, bytes.Equal(want, got), "every byte")
 			t.Logf("device-rma in-process: %d MiB in %v: %.2f GB/s (UCX %s)", len(want)>>20, elapsed,
 				float64(len(want))/elapsed.Seconds()/1e9, native.UCXVersion())

@@ -20,7 +20,7 @@ import (
 )
 
 // A device spec on a UCX without CUDA (Debian's 1.13): without a Mover it is refused at Send
-// and Receive with a *SpecError matching ErrDeviceRoute, nothing registered, held or started;
+// and Receive with an ErrInvalidSpec matching ErrDeviceRoute, nothing registered, held or started;
 // with one, the engine stages it (path staging, chosen automatically), every byte checked.
 // The "device" pools here are host memory standing in behind HostMover: no GPU is needed to
 // show the choice.
@@ -48,7 +48,7 @@ func TestUCXRegion_DeviceSpecWithoutCUDAStagesOrRefuses(t *testing.T) {
 			}
 			require.ErrorIs(t, err, ErrInvalidSpec)
 			require.ErrorIs(t, err, ErrDeviceRoute)
-			var se *SpecError
+			var se *specError
 			require.ErrorAs(t, err, &se)
 			require.Equal(t, "Device", se.Field)
 			require.Zero(t, ucxhooks.Hooks.Registrations(src.tr), "nothing registered")
@@ -147,7 +147,7 @@ func (d *deviceGetsStandIn) PostGetAt(transport.Peer, transport.Tag, []byte, uin
 
 // Over real UCX (shm, then TCP): a device receiver takes the rma route and the sender, a UCX
 // without CUDA, declines it; with a Mover on both sides they stage instead and complete, every
-// byte checked; without one on the receiver, both fail with a *DeviceRouteError. The "device"
+// byte checked; without one on the receiver, both fail with an ErrDeviceRoute. The "device"
 // pools are host memory behind HostMover.
 func TestUCXRegion_DeviceRMADeclinedStages(t *testing.T) {
 	for _, tls := range []string{"posix,cma,self", "tcp,self"} {

@@ -168,5 +168,5 @@ func newLedgerUCXEngine(t testing.TB, tls, dev string, cfg Config) (*ucxEngine, 
 
 // ucxWorkers lists a transport's UCX workers: its own and its lanes'.
 func ucxWorkers(tr *ucx.Transport) []*native.Worker {
-	return append([]*native.Worker{tr.Worker()}, ucxhooks.Hooks.LaneWorkers(tr)...)
+	return append([]*native.Worker{ucxhooks.Hooks.Worker(tr)}, ucxhooks.Hooks.LaneWorkers(tr)...)
 }

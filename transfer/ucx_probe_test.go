@@ -36,7 +36,7 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
-				held <- u.tr.Worker().RunOnThread(ctx, func() {
+				held <- ucxhooks.Hooks.Worker(u.tr).RunOnThread(ctx, func() {
 					select { // holds the worker's only thread: nothing is received meanwhile
 					case <-release:
 					case <-time.After(20 * time.Second):
@@ -127,7 +127,7 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
-				held <- recv.tr.Worker().RunOnThread(ctx, func() {
+				held <- ucxhooks.Hooks.Worker(recv.tr).RunOnThread(ctx, func() {
 					select {
 					case <-release:
 					case <-time.After(20 * time.Second):

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
@@ -81,7 +82,7 @@ func newUCXKV(t testing.TB, d layout.Dims, o layout.Order, blockIDs []int32, see
 func (k *ucxKV) stream(t testing.TB) []byte {
 	t.Helper()
 	b := make([]byte, k.plan.Bytes())
-	require.NoError(t, layout.ReferenceGather(k.plan, k.mem, b))
+	require.NoError(t, layouttest.ReferenceGather(k.plan, k.mem, b))
 	return b
 }
 

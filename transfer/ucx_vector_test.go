@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 )
 
@@ -164,8 +165,8 @@ func TestUCXCMA_TPSplitNHDReadByVectorGets(t *testing.T) {
 				rp, err := layout.NewPlan(recvKV[ri].plan.Layout(), rSel, rb)
 				require.NoError(t, err)
 				want, got := make([]byte, sp.Bytes()), make([]byte, rp.Bytes())
-				require.NoError(t, layout.ReferenceGather(sp, sendKV[si].mem, want))
-				require.NoError(t, layout.ReferenceGather(rp, recvKV[ri].mem, got))
+				require.NoError(t, layouttest.ReferenceGather(sp, sendKV[si].mem, want))
+				require.NoError(t, layouttest.ReferenceGather(rp, recvKV[ri].mem, got))
 				require.True(t, bytes.Equal(want, got), "half %d: every byte", i)
 			}
 			for _, u := range append(senders, receivers...) {
@@ -222,7 +223,7 @@ func TestUCXCMA_VectorGetsCancelMidTransfer(t *testing.T) {
 	if st.State == Completed {
 		for i, s := range subs {
 			got := make([]byte, s.Plan.Bytes())
-			require.NoError(t, layout.ReferenceGather(s.Plan, dst.mem, got))
+			require.NoError(t, layouttest.ReferenceGather(s.Plan, dst.mem, got))
 			require.Equal(t, srcs[i].stream(t), got, fmt.Sprintf("half %d", i))
 		}
 	} else {

@@ -63,7 +63,7 @@ type xfer struct {
 	admitted bool
 	// peerFeatures: what the peer speaks (negotiate.go), set by the goroutine before it
 	// chooses a path.
-	peerFeatures Feature
+	peerFeatures feature
 	// ident is the wire name (wireSub, nonce) as last published by the goroutine, and
 	// farewell that a peer's goodbye named it (goodbye.go); both read by the inbound handler.
 	ident    atomic.Pointer[wireIdent]

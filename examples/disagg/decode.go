@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
@@ -130,7 +131,7 @@ func (d *decodeWorker) receive(ctx context.Context, cp *ucx.ContextParams) error
 	d.out.printf("decode: request %d: %s, %d bytes from %s into blocks %v in %v, path %s", cp.RequestID, st.State, st.Bytes,
 		peer.Short(), blocks, time.Since(began).Round(time.Microsecond), h.Path())
 	got := make([]byte, plan.Bytes())
-	if err := layout.ReferenceGather(plan, d.pool.mem, got); err != nil {
+	if err := layouttest.ReferenceGather(plan, d.pool.mem, got); err != nil {
 		return err
 	}
 	for i, b := range got {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
@@ -93,7 +94,7 @@ func (w *prefillWorker) prefill(ctx context.Context, req prefillRequest) ([]byte
 	for i := range stream {
 		stream[i] = kvByte(req.Request, int64(i))
 	}
-	if err := layout.ReferenceScatter(plan, stream, w.pool.mem); err != nil {
+	if err := layouttest.ReferenceScatter(plan, stream, w.pool.mem); err != nil {
 		w.pool.release(blocks)
 		return nil, err
 	}

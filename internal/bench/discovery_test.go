@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 )
 
@@ -31,9 +30,9 @@ func TestPublishServe_EntryCarriesTheWireProtocol(t *testing.T) {
 	defer cancel()
 	w, err := r.Lookup(ctx, "prefill-w")
 	require.NoError(t, err)
-	lo, hi := transfer.WireVersions()
-	require.Equal(t, hi, w.Protocol.Version)
-	require.Equal(t, lo, w.Protocol.MinVersion)
+	build := discovery.BuildProtocol()
+	require.Equal(t, build.Version, w.Protocol.Version)
+	require.Equal(t, build.MinVersion, w.Protocol.MinVersion)
 	require.Contains(t, w.Protocol.Features, "rma")
 	require.Contains(t, w.Protocol.Features, "streaming")
 }

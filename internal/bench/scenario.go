@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
+	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 )
@@ -351,7 +352,7 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 	if d.direct {
 		chunk := d.cfg.DirectChunkBytes
 		if chunk == 0 {
-			chunk = transfer.DefaultDirectChunkBytes
+			chunk = transferdefaults.DirectChunkBytes
 		}
 		res.MessageBytes = min(chunk, res.Bytes/int64(len(d.ctrls)))
 		res.Path = "direct"

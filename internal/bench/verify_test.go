@@ -22,7 +22,7 @@ func TestStreamChecksumMatchesReferenceAndCatchesOneWrongByte(t *testing.T) {
 		pool := make([]byte, p.Layout().SpanBytes())
 		fillPattern(pool, uint64(i))
 		stream := make([]byte, p.Bytes())
-		require.NoError(t, layout.ReferenceGather(p, pool, stream))
+		require.NoError(t, layouttest.ReferenceGather(p, pool, stream))
 		h := newChecksum()
 		h.Write(stream)
 		require.Equal(t, h.Sum32(), streamChecksum(p, pool), "plan %d", i)

@@ -39,14 +39,17 @@ type Floor struct {
 // cuda and native are one floor apart only in this direction: native's device-memory tests
 // (gpu tag) allocate with package cuda, and cuda imports no native. internal/peerproc, the
 // two-process test harness, starts peer binaries by path and imports nothing of ours, so every
-// floor's tests may use it.
+// floor's tests may use it. internal/transferdefaults, the defaults of transfer.Config that the
+// benchmarks and the stress harness size against too, is constants that import nothing of
+// ours, so package transfer may take its values from there.
 var Floors = []Floor{
 	{Folder: "layout"},
 	{Folder: "internal/peerproc"},
+	{Folder: "internal/transferdefaults"},
 	{Folder: "cuda", MayImport: []string{"layout"}},
 	{Folder: "native", MayImport: []string{"layout", "cuda", "internal/peerproc"}},
 	{Folder: "buffer", MayImport: []string{"layout", "native"}},
-	{Folder: "transfer", MayImport: []string{"layout", "cuda", "native", "buffer", "internal/peerproc"}},
+	{Folder: "transfer", MayImport: []string{"layout", "cuda", "native", "buffer", "internal/peerproc", "internal/transferdefaults"}},
 	{Folder: "internal", MayImport: []string{"layout", "cuda", "native", "buffer", "transfer"}},
 	{Folder: "cmd", MayImport: []string{"layout", "cuda", "native", "buffer", "transfer", "internal"}},
 	// An example imports only what a user's program can: the library, not internal/.

@@ -58,14 +58,14 @@ func TestCheck(t *testing.T) {
 			pkg: Package{ImportPath: m + "transfer", Imports: []string{m + "buffer", m + "cmd/kvxbench"},
 				TestImports: []string{m + "examples/disagg", m + "internal/peerproc"}},
 			want: []string{
-				"transfer imports cmd/kvxbench: transfer/ may import only layout/, cuda/, native/, buffer/, internal/peerproc/ (imports point down)",
-				"transfer imports examples/disagg: transfer/ may import only layout/, cuda/, native/, buffer/, internal/peerproc/ (imports point down)",
+				"transfer imports cmd/kvxbench: transfer/ may import only layout/, cuda/, native/, buffer/, internal/peerproc/, internal/transferdefaults/ (imports point down)",
+				"transfer imports examples/disagg: transfer/ may import only layout/, cuda/, native/, buffer/, internal/peerproc/, internal/transferdefaults/ (imports point down)",
 			},
 		},
 		{
-			desc: "transfer may not import internal/ beyond the test harness",
+			desc: "transfer may not import internal/ beyond the test harness and its defaults",
 			pkg:  Package{ImportPath: m + "transfer/observe", Imports: []string{m + "transfer", m + "internal/stress"}},
-			want: []string{"transfer/observe imports internal/stress: transfer/ may import only layout/, cuda/, native/, buffer/, internal/peerproc/ (imports point down)"},
+			want: []string{"transfer/observe imports internal/stress: transfer/ may import only layout/, cuda/, native/, buffer/, internal/peerproc/, internal/transferdefaults/ (imports point down)"},
 		},
 		{
 			desc: "a peer binary under transfer imports transfer: one floor",

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
@@ -261,13 +262,13 @@ func newBench(cfg Config) (*bench, error) {
 func engineSlots(c transfer.Config) int64 {
 	slot, conc, depth := c.SlotBytes, int64(c.MaxConcurrent), int64(c.PipelineDepth)
 	if slot == 0 {
-		slot = transfer.DefaultSlotBytes
+		slot = transferdefaults.SlotBytes
 	}
 	if conc == 0 {
-		conc = transfer.DefaultMaxConcurrent
+		conc = transferdefaults.MaxConcurrent
 	}
 	if depth == 0 {
-		depth = transfer.DefaultPipelineDepth
+		depth = transferdefaults.PipelineDepth
 	}
 	if c.NumSlots > 0 {
 		return int64(c.NumSlots) * slot

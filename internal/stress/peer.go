@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
@@ -427,7 +428,7 @@ func seedFill(key [32]byte, pool []byte) {
 // bound as WEDGED; it returns false when the handle never quiesced (it is then left alone).
 func peerAwait(h *transfer.Handle, started time.Time, timeout time.Duration, pc peerConfig, say func(string, ...any)) bool {
 	id := h.ID()
-	doneBy := started.Add(pc.QueueTimeout + timeout + transfer.DefaultCancelGrace + pc.Grace + pc.Stopped)
+	doneBy := started.Add(pc.QueueTimeout + timeout + transferdefaults.CancelGrace + pc.Grace + pc.Stopped)
 	quietBy := doneBy.Add(pc.QuarantineTimeout + pc.Grace)
 	if ok, credit := waitCredited(h.Done(), started, doneBy); !ok {
 		st := h.Status()

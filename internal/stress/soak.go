@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
@@ -203,7 +204,7 @@ func (s *soak) newNode(name transfer.Peer) (*node, error) {
 // default's 1024 blocks are allowed per five minutes of run: a long soak is not unhealthy for
 // what its schedule injects, and only poison that piles up faster trips it.
 func (s *soak) poisonedBlockBudget() int {
-	return transfer.DefaultPoisonedBlocks * max(1, int(s.cfg.Duration/(5*time.Minute)))
+	return transferdefaults.PoisonedBlocks * max(1, int(s.cfg.Duration/(5*time.Minute)))
 }
 
 // live returns the engines serving now.
@@ -284,7 +285,7 @@ func (s *soak) quiesceBound(timeout time.Duration) time.Duration {
 
 // doneBound is how long after its start a request may take to reach an outcome.
 func (s *soak) doneBound(timeout time.Duration) time.Duration {
-	return s.cfg.QueueTimeout + timeout + transfer.DefaultCancelGrace + s.cfg.Grace
+	return s.cfg.QueueTimeout + timeout + transferdefaults.CancelGrace + s.cfg.Grace
 }
 
 // closeAll closes every engine still open, and the retired ones' transports.

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package layouttest makes random layouts, selections and plans for property tests of every
-// gather and scatter implementation (host, CUDA, transports).
+// gather and scatter implementation (host, CUDA, transports), and ReferenceGather and
+// ReferenceScatter, the element-by-element ground truth they are checked against.
 package layouttest
 
 import (

@@ -14,40 +14,27 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/discovery/internal/retry"
 	"github.com/kvxfer/kvxfer/transfer/internal/peernames"
+	"github.com/kvxfer/kvxfer/transfer/internal/stale"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"go.uber.org/zap"
 )
 
-// Errors of the package; the typed errors below match them through errors.Is.
+// Errors of the package (defined once in internal/retry, which the backends share).
 var (
 	// ErrNotFound: no live worker has that name (it never published, withdrew, or died and
 	// its lease ran out).
-	ErrNotFound = errors.New("kvxfer/discovery: no such worker")
+	ErrNotFound = retry.ErrNotFound
 	// ErrUnavailable: the registry did not answer within Config.LookupTimeout, retries
-	// included; the error is an *UnavailableError.
-	ErrUnavailable = errors.New("kvxfer/discovery: registry unavailable")
+	// included; the error names the registry, the call and how often it was tried.
+	ErrUnavailable = retry.ErrUnavailable
 	// ErrInvalid: a Worker, target or Config is malformed; nothing was published.
-	ErrInvalid = errors.New("kvxfer/discovery: invalid input")
+	ErrInvalid = retry.ErrInvalid
 	// ErrClosed: the Registry is closed.
-	ErrClosed = errors.New("kvxfer/discovery: registry closed")
+	ErrClosed = retry.ErrClosed
 )
-
-// UnavailableError says which registry did not answer, how often it was asked, and the last
-// failure.
-type UnavailableError struct {
-	Target   string
-	Op       string
-	Attempts int
-	Err      error
-}
-
-func (e *UnavailableError) Error() string {
-	return fmt.Sprintf("kvxfer/discovery: %s on %s: no answer after %d attempts: %v", e.Op, e.Target, e.Attempts, e.Err)
-}
-
-// Unwrap matches ErrUnavailable and the last failure.
-func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.Err} }
 
 // Worker is what one worker publishes about itself.
 type Worker struct {
@@ -140,8 +127,6 @@ type Registry interface {
 
 // Registration is one published worker.
 type Registration interface {
-	// Worker is what was published.
-	Worker() Worker
 	// Withdraw removes the entry (only if it is still this incarnation's) and stops
 	// renewing it. Safe to call more than once.
 	Withdraw(ctx context.Context) error
@@ -246,10 +231,10 @@ func RegisterBackend(scheme string, open BackendOpener) {
 	backends.open[scheme] = open
 }
 
-// BuildProtocol is what this build's engines speak (transfer.WireVersions, transfer.Features).
+// BuildProtocol is what this build's engines speak: the wire versions they say in their hellos
+// and the features they offer.
 func BuildProtocol() Protocol {
-	lo, hi := transfer.WireVersions()
-	return Protocol{Version: hi, MinVersion: lo, Features: strings.Split(transfer.Features().String(), "+")}
+	return Protocol{Version: wire.Version, MinVersion: wire.MinVersion, Features: strings.Split(wire.KnownFeatures.String(), "+")}
 }
 
 // WaitFor looks name up until it appears, the registry fails otherwise, or ctx ends: a decode
@@ -352,41 +337,16 @@ func CheckParams(ctx context.Context, r Registry, name string, cp *ucx.ContextPa
 	}
 	w, err := r.Lookup(ctx, name)
 	if errors.Is(err, ErrNotFound) {
-		return &ucx.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Reason: "the worker is gone from the registry"}
+		return &stale.Error{Peer: name, Have: cp.Incarnation, Reason: "the worker is gone from the registry"}
 	}
 	if err != nil {
 		return err
 	}
 	if w.Incarnation != cp.Incarnation {
-		return &ucx.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker restarted"}
+		return &stale.Error{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker restarted"}
 	}
 	if len(w.Address) > 0 && !bytes.Equal(w.Address, cp.WorkerAddress) {
-		return &ucx.StaleIncarnationError{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker's transport address changed"}
+		return &stale.Error{Peer: name, Have: cp.Incarnation, Current: w.Incarnation, Reason: "the worker's transport address changed"}
 	}
 	return nil
-}
-
-// Retry runs op until it succeeds, fails for good (an error matching ErrNotFound, ErrInvalid
-// or ErrClosed), ctx ends or bound passes, backing off from 20ms, doubling to 500ms; then it
-// fails with an *UnavailableError naming target and what. Backends use it for every call to
-// their store, so every backend keeps Config.LookupTimeout the same way.
-func Retry(ctx context.Context, bound time.Duration, target, what string, op func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, bound)
-	defer cancel()
-	wait := 20 * time.Millisecond
-	var last error
-	for attempt := 1; ; attempt++ {
-		last = op(ctx)
-		if last == nil || errors.Is(last, ErrNotFound) || errors.Is(last, ErrInvalid) || errors.Is(last, ErrClosed) {
-			return last
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return &UnavailableError{Target: target, Op: what, Attempts: attempt, Err: last}
-		case <-t.C:
-		}
-		wait = min(2*wait, 500*time.Millisecond)
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
@@ -91,8 +92,8 @@ func TestHandover_ExposedRequestReachesTheDecodeThatTakesIt(t *testing.T) {
 		require.Equal(t, transfer.Completed, h.Status().State, "%v", h.Status().Err)
 	}
 	sb, db := make([]byte, splan.Bytes()), make([]byte, dplan.Bytes())
-	require.NoError(t, layout.ReferenceGather(splan, smem, sb))
-	require.NoError(t, layout.ReferenceGather(dplan, dmem, db))
+	require.NoError(t, layouttest.ReferenceGather(splan, smem, sb))
+	require.NoError(t, layouttest.ReferenceGather(dplan, dmem, db))
 	require.True(t, bytes.Equal(sb, db), "every byte")
 
 	require.Eventually(t, func() bool {

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/discovery/internal/retry"
 	"go.uber.org/zap"
 )
 
@@ -264,7 +265,7 @@ func (r *httpRegistry) Publish(ctx context.Context, w Worker) (Registration, err
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	g := &httpRegistration{r: r, w: w, body: body, stop: make(chan struct{}), done: make(chan struct{})}
-	if err := Retry(ctx, r.cfg.LookupTimeout, r.base, "publish "+w.Name, g.put); err != nil {
+	if err := retry.Retry(ctx, r.cfg.LookupTimeout, r.base, "publish "+w.Name, g.put); err != nil {
 		return nil, err
 	}
 	r.mu.Lock()
@@ -281,7 +282,7 @@ func (r *httpRegistry) Publish(ctx context.Context, w Worker) (Registration, err
 // Lookup implements Registry.
 func (r *httpRegistry) Lookup(ctx context.Context, name string) (Worker, error) {
 	var w Worker
-	err := Retry(ctx, r.cfg.LookupTimeout, r.base, "lookup "+name, func(ctx context.Context) error {
+	err := retry.Retry(ctx, r.cfg.LookupTimeout, r.base, "lookup "+name, func(ctx context.Context) error {
 		return r.do(ctx, http.MethodGet, WorkersPath+"/"+name, nil, &w)
 	})
 	return w, err
@@ -294,7 +295,7 @@ func (r *httpRegistry) List(ctx context.Context, role string) ([]Worker, error) 
 	if role != "" {
 		q = "?role=" + url.QueryEscape(role)
 	}
-	err := Retry(ctx, r.cfg.LookupTimeout, r.base, "list", func(ctx context.Context) error {
+	err := retry.Retry(ctx, r.cfg.LookupTimeout, r.base, "list", func(ctx context.Context) error {
 		out = nil
 		return r.do(ctx, http.MethodGet, WorkersPath+q, nil, &out)
 	})
@@ -332,8 +333,6 @@ type httpRegistration struct {
 	once       sync.Once
 	stop, done chan struct{}
 }
-
-func (g *httpRegistration) Worker() Worker { return g.w }
 
 func (g *httpRegistration) put(ctx context.Context) error {
 	path := fmt.Sprintf("%s/%s?ttl=%d", WorkersPath, g.w.Name, int(g.r.cfg.TTL/time.Second))

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/discovery/internal/retry"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"github.com/stretchr/testify/require"
 )
@@ -104,7 +105,7 @@ func TestHTTP_Unreachable(t *testing.T) {
 	require.NoError(t, srv.Close(t.Context()))
 	_, err := r.Lookup(t.Context(), "prefill-0")
 	require.ErrorIs(t, err, ErrUnavailable)
-	var ue *UnavailableError
+	var ue *retry.UnavailableError
 	require.ErrorAs(t, err, &ue)
 	require.Greater(t, ue.Attempts, 1)
 	_, err = r.Publish(t.Context(), worker("prefill-0", "prefill", 1))

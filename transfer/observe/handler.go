@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
@@ -60,10 +61,10 @@ type HandlerConfig struct {
 // It fails only when cfg.Health is nil or LivenessTimeout negative.
 func Handler(cfg HandlerConfig) (http.Handler, error) {
 	if cfg.Health == nil {
-		return nil, &ConfigError{Field: "HandlerConfig.Health", Reason: "required: pass the engine, or a HealthFunc"}
+		return nil, &transfer.ConfigError{Field: "HandlerConfig.Health", Reason: "required: pass the engine, or a HealthFunc"}
 	}
 	if cfg.LivenessTimeout < 0 {
-		return nil, &ConfigError{Field: "HandlerConfig.LivenessTimeout", Reason: "negative: leave it zero for the default"}
+		return nil, &transfer.ConfigError{Field: "HandlerConfig.LivenessTimeout", Reason: "negative: leave it zero for the default"}
 	}
 	log := cfg.Logger
 	if log == nil {

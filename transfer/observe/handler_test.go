@@ -36,7 +36,7 @@ func get(t *testing.T, srv *httptest.Server, method, path string) (int, string) 
 func TestHandler_RequiresHealth(t *testing.T) {
 	h, err := observe.Handler(observe.HandlerConfig{})
 	require.Nil(t, h)
-	require.ErrorIs(t, err, observe.ErrInvalidConfig)
+	require.ErrorIs(t, err, transfer.ErrInvalidConfig)
 }
 
 func TestHandler_States(t *testing.T) {

@@ -57,10 +57,10 @@ var _ HealthSource = (*transfer.Engine)(nil)
 // observer at construction, so the two cannot be made in one step).
 func (m *Metrics) CollectHealth(src HealthSource) error {
 	if src == nil {
-		return &ConfigError{Field: "CollectHealth(src)", Reason: "required: pass the engine"}
+		return &transfer.ConfigError{Field: "CollectHealth(src)", Reason: "required: pass the engine"}
 	}
 	if err := m.reg.Register(newHealthCollector(src, m.constLabels)); err != nil {
-		return &ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering the health gauges (CollectHealth called twice?)", Cause: err}
+		return &transfer.ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering the health gauges (CollectHealth called twice?)", Cause: err}
 	}
 	return nil
 }

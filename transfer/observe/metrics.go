@@ -99,18 +99,18 @@ var (
 // NewMetrics validates cfg, creates the series and registers them on cfg.Registerer.
 func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 	if cfg.Registerer == nil {
-		return nil, &ConfigError{Field: "MetricsConfig.Registerer", Reason: "required: pass prometheus.NewRegistry() or your process's registry"}
+		return nil, &transfer.ConfigError{Field: "MetricsConfig.Registerer", Reason: "required: pass prometheus.NewRegistry() or your process's registry"}
 	}
 	if cfg.DurationBuckets == nil {
 		cfg.DurationBuckets = defaultDurationBuckets
 	}
 	for i := 1; i < len(cfg.DurationBuckets); i++ {
 		if cfg.DurationBuckets[i] <= cfg.DurationBuckets[i-1] {
-			return nil, &ConfigError{Field: "MetricsConfig.DurationBuckets", Reason: "bucket bounds must increase strictly"}
+			return nil, &transfer.ConfigError{Field: "MetricsConfig.DurationBuckets", Reason: "bucket bounds must increase strictly"}
 		}
 	}
 	if cfg.MaxTracked < 0 {
-		return nil, &ConfigError{Field: "MetricsConfig.MaxTracked", Reason: "must not be negative; 0 takes the default, 1<<17"}
+		return nil, &transfer.ConfigError{Field: "MetricsConfig.MaxTracked", Reason: "must not be negative; 0 takes the default, 1<<17"}
 	}
 	if cfg.MaxTracked == 0 {
 		cfg.MaxTracked = defaultMaxTracked
@@ -181,7 +181,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 		{"kvxfer_hello_refused_total", m.helloRefused}, {"kvxfer_auth_refused_total", m.authRefused},
 	} {
 		if err := cfg.Registerer.Register(c.c); err != nil {
-			return nil, &ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering " + c.name + " (two engines on one registry need different ConstLabels)", Cause: err}
+			return nil, &transfer.ConfigError{Field: "MetricsConfig.Registerer", Reason: "registering " + c.name + " (two engines on one registry need different ConstLabels)", Cause: err}
 		}
 	}
 	return m, nil

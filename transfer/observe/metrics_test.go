@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/observe"
@@ -39,8 +40,8 @@ func TestNewMetrics_RefusesBadConfig(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			m, err := observe.NewMetrics(c.cfg)
 			require.Nil(t, m)
-			require.ErrorIs(t, err, observe.ErrInvalidConfig)
-			var ce *observe.ConfigError
+			require.ErrorIs(t, err, transfer.ErrInvalidConfig)
+			var ce *transfer.ConfigError
 			require.True(t, errors.As(err, &ce))
 			require.Equal(t, c.field, ce.Field)
 		})
@@ -52,8 +53,8 @@ func TestMetrics_CollectHealthTwiceIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	src := observe.HealthFunc(func() transfer.Health { return transfer.Health{Healthy: true} })
 	require.NoError(t, m.CollectHealth(src))
-	require.ErrorIs(t, m.CollectHealth(src), observe.ErrInvalidConfig)
-	require.ErrorIs(t, m.CollectHealth(nil), observe.ErrInvalidConfig)
+	require.ErrorIs(t, m.CollectHealth(src), transfer.ErrInvalidConfig)
+	require.ErrorIs(t, m.CollectHealth(nil), transfer.ErrInvalidConfig)
 }
 
 // TestMetrics_ValuesAfterKnownTransfers moves three requests of known sizes between two real
@@ -125,8 +126,8 @@ func TestMetrics_ValuesAfterKnownTransfers(t *testing.T) {
 		require.Equal(t, 1.0, value(t, p.reg, "kvxfer_healthy", labels))
 		require.Zero(t, value(t, p.reg, "kvxfer_transfers_in_flight", labels))
 		require.Zero(t, value(t, p.reg, "kvxfer_quarantined_transfers", labels))
-		require.Equal(t, float64(transfer.DefaultQuarantineBudget), value(t, p.reg, "kvxfer_quarantine_budget_transfers", labels))
-		require.Equal(t, transfer.DefaultProgressDeadline.Seconds(), value(t, p.reg, "kvxfer_progress_deadline_seconds", labels))
+		require.Equal(t, float64(transferdefaults.QuarantineBudget), value(t, p.reg, "kvxfer_quarantine_budget_transfers", labels))
+		require.Equal(t, transferdefaults.ProgressDeadline.Seconds(), value(t, p.reg, "kvxfer_progress_deadline_seconds", labels))
 		require.Less(t, value(t, p.reg, "kvxfer_since_last_progress_seconds", labels), waitBound.Seconds())
 	}
 	require.Zero(t, p.pm.Tracked(), "every request forgotten once decided")

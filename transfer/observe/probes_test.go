@@ -90,7 +90,7 @@ func TestHandler_LivezWhenHealthHangs(t *testing.T) {
 func TestHandler_RejectsNegativeLivenessTimeout(t *testing.T) {
 	_, err := observe.Handler(observe.HandlerConfig{Health: observe.HealthFunc(func() transfer.Health { return transfer.Health{} }),
 		LivenessTimeout: -time.Second})
-	require.ErrorIs(t, err, observe.ErrInvalidConfig)
+	require.ErrorIs(t, err, transfer.ErrInvalidConfig)
 }
 
 // A process that has no engine yet (it waits for its peer) answers its probes from the

@@ -117,7 +117,7 @@ type RMALanes interface {
 //     sender ends the generation: the word changes, for good, to a value no exposure has.
 //  3. The receiver, after every data get has completed, reads the word with a fence in
 //     between (PostReadGeneration) and completes only if it still holds the offered value.
-//     Otherwise the transfer fails with a *StaleReadError and nothing completes.
+//     Otherwise the transfer fails with an ErrStaleRead and nothing completes.
 //
 // A get that read a block after the sender let it go therefore always precedes a read of the
 // changed word: a receiver the sender believed gone (a keepalive false alarm, a worker that
@@ -182,7 +182,7 @@ type PeerConnectReporter interface {
 // UCX's default 64 KiB receive buffer: ucx.Config.TCPSegmentBytes). A receiver that cannot take
 // them reads past its buffer or aborts, so the engine sends data only to a peer whose hello
 // says it takes them (the large-segments feature) and refuses the rest with a
-// *transfer.FeatureError before anything is sent.
+// transfer.ErrPeerLacksFeature before anything is sent.
 type LargeSegmentSender interface {
 	SendsLargeSegments() bool
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/transfer/discovery"
+	"github.com/kvxfer/kvxfer/transfer/discovery/internal/retry"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -92,7 +93,7 @@ func (r *etcdRegistry) Publish(ctx context.Context, w discovery.Worker) (discove
 	}
 	reg := &etcdRegistration{r: r, w: w, key: r.prefix + w.Name, value: string(value), stop: make(chan struct{}), done: make(chan struct{})}
 	var lease clientv3.LeaseID
-	err = discovery.Retry(ctx, r.cfg.LookupTimeout, r.target, "publish "+w.Name, r.call(ctx, func(ctx context.Context) error {
+	err = retry.Retry(ctx, r.cfg.LookupTimeout, r.target, "publish "+w.Name, r.call(ctx, func(ctx context.Context) error {
 		if r.isClosed() {
 			return discovery.ErrClosed
 		}
@@ -118,7 +119,7 @@ func (r *etcdRegistry) Publish(ctx context.Context, w discovery.Worker) (discove
 // Lookup implements discovery.Registry.
 func (r *etcdRegistry) Lookup(ctx context.Context, name string) (discovery.Worker, error) {
 	var w discovery.Worker
-	err := discovery.Retry(ctx, r.cfg.LookupTimeout, r.target, "lookup "+name, r.call(ctx, func(ctx context.Context) error {
+	err := retry.Retry(ctx, r.cfg.LookupTimeout, r.target, "lookup "+name, r.call(ctx, func(ctx context.Context) error {
 		if r.isClosed() {
 			return discovery.ErrClosed
 		}
@@ -137,7 +138,7 @@ func (r *etcdRegistry) Lookup(ctx context.Context, name string) (discovery.Worke
 // List implements discovery.Registry.
 func (r *etcdRegistry) List(ctx context.Context, role string) ([]discovery.Worker, error) {
 	var out []discovery.Worker
-	err := discovery.Retry(ctx, r.cfg.LookupTimeout, r.target, "list", r.call(ctx, func(ctx context.Context) error {
+	err := retry.Retry(ctx, r.cfg.LookupTimeout, r.target, "list", r.call(ctx, func(ctx context.Context) error {
 		if r.isClosed() {
 			return discovery.ErrClosed
 		}
@@ -201,8 +202,6 @@ type etcdRegistration struct {
 	mu         sync.Mutex
 	lease      clientv3.LeaseID
 }
-
-func (g *etcdRegistration) Worker() discovery.Worker { return g.w }
 
 // put grants a lease and writes the entry under it.
 func (g *etcdRegistration) put(ctx context.Context) (clientv3.LeaseID, error) {

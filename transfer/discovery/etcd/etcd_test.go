@@ -20,6 +20,8 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/discovery/discoverytest"
+	"github.com/kvxfer/kvxfer/transfer/discovery/internal/retry"
+	"github.com/kvxfer/kvxfer/transfer/internal/stale"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
@@ -210,7 +212,7 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 	reg, err := old.Publish(ctx, worker("prefill-0", "prefill", 1))
 	require.NoError(t, err)
 	oldLease := reg.(*etcdRegistration).lease
-	oldParams := &ucx.ContextParams{Incarnation: 1, WorkerAddress: reg.Worker().Address}
+	oldParams := &ucx.ContextParams{Incarnation: 1, WorkerAddress: reg.(*etcdRegistration).w.Address}
 	require.NoError(t, discovery.CheckParams(ctx, look, "prefill-0", oldParams, nil))
 	reg.(*etcdRegistration).abandon() // killed
 
@@ -223,7 +225,7 @@ func TestEtcd_RestartIsNewIncarnation(t *testing.T) {
 
 	err = discovery.CheckParams(ctx, look, "prefill-0", oldParams, nil)
 	require.ErrorIs(t, err, ucx.ErrStaleIncarnation)
-	var se *ucx.StaleIncarnationError
+	var se *stale.Error
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, uint64(1), se.Have)
 	require.Equal(t, uint64(2), se.Current)
@@ -291,7 +293,7 @@ func TestEtcd_Unreachable(t *testing.T) {
 	start := time.Now()
 	_, err = look.Lookup(ctx, "prefill-0")
 	require.ErrorIs(t, err, discovery.ErrUnavailable)
-	var ue *discovery.UnavailableError
+	var ue *retry.UnavailableError
 	require.ErrorAs(t, err, &ue)
 	require.Greater(t, ue.Attempts, 1, "retried")
 	require.Less(t, time.Since(start), bound+2*attempt, "bounded")

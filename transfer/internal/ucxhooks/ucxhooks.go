@@ -20,6 +20,8 @@ var Hooks struct {
 	// RemotePools counts the peer pools whose keys are unpacked, on any lane; RemoteKeys
 	// counts the unpacked keys (one per pool and lane).
 	RemotePools, RemoteKeys func(tr any) int
+	// Worker is the transport's own UCX worker (the one its lanes are beside).
+	Worker func(tr any) *native.Worker
 	// LaneWorkers lists the extra workers the gets are striped over (not the main one).
 	LaneWorkers func(tr any) []*native.Worker
 	// SetBeforeConnect and SetBeforeUnpack install a function run as an endpoint is about

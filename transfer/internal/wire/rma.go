@@ -30,7 +30,7 @@ import (
 //
 // Decoding checks the structure only (lengths, flags, bounds on counts); whether the layout,
 // the block ids and the pool size make sense together is the receiver's check (checkOffer),
-// which fails the request with an *RMAOfferError instead of dropping the message.
+// which fails the request with an ErrBadRMAOffer instead of dropping the message.
 
 const (
 	OfferFixedBytes      = HeaderBytes + 8

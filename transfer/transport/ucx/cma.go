@@ -19,7 +19,7 @@ package ucx
 // A peer is untrusted input (docs/security.md, "Same-host reads (process_vm_readv)"): its
 // worker address only says where to ask. Before the first read through a key the peer proves,
 // through the kernel, which process it is and which ranges the key covers (cma_proof.go);
-// every read lies inside those ranges (a *CMARangeError otherwise), goes in pieces of at most
+// every read lies inside those ranges (an ErrBadRegion and ErrProtocol otherwise), goes in pieces of at most
 // cmaPieceBytes, each bounded by Config.CMAReadTimeout (a peer's memory may block a read for
 // ever: userfaultfd, FUSE), and is checked against the proven process's pidfd after it.
 
@@ -59,23 +59,23 @@ type CMAStats struct {
 	Blocked  uint64 // reads that did not return within Config.CMAReadTimeout: their gets failed, memory unknown
 }
 
-// CMARangeError: a get through the process_vm_readv route asked for a range outside every
+// cmaRangeError: a get through the process_vm_readv route asked for a range outside every
 // registration the peer proved its key covers. The get is refused before anything is read.
-type CMARangeError struct {
+type cmaRangeError struct {
 	Peer   transport.Peer
 	Addr   uint64
 	Len    int
 	Ranges []string // the proven ranges, as [addr, +len)
 }
 
-func (e *CMARangeError) Error() string {
+func (e *cmaRangeError) Error() string {
 	return fmt.Sprintf("kvxfer: %s: get of [%#x, +%d) lies outside the ranges the peer's key covers %v", e.Peer.Short(), e.Addr, e.Len, e.Ranges)
 }
 
-// Unwrap makes a *CMARangeError a transport.ErrBadRegion, and a transport.ErrProtocol: the
+// Unwrap makes a *cmaRangeError a transport.ErrBadRegion, and a transport.ErrProtocol: the
 // range came from the peer, which asked for memory it never registered, and the engine counts
 // such refusals (Health.ProtocolRefusals).
-func (e *CMARangeError) Unwrap() []error {
+func (e *cmaRangeError) Unwrap() []error {
 	return []error{transport.ErrBadRegion, transport.ErrProtocol}
 }
 
@@ -338,14 +338,14 @@ func (t *Transport) cmaPeer(peer transport.Peer) (int, bool) {
 
 // postCMAGet posts a get that process_vm_readv serves; taken is false when dst cannot be read
 // into that way (device memory), or no new read may start (ucxCMA.shut), and the caller posts a
-// UCX get. A get outside the ranges the peer proved is refused (*CMARangeError).
+// UCX get. A get outside the ranges the peer proved is refused (*cmaRangeError).
 func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
 	return t.postCMA(from, k, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}, [][]byte{dst}, len(dst), done)
 }
 
 // postCMA posts a read of remote, in order, into local (total bytes each, every entry
 // non-empty), as postCMAGet says. Every remote range must lie inside a range the peer proved
-// (*CMARangeError otherwise, before anything is read), and every local piece inside one
+// (*cmaRangeError otherwise, before anything is read), and every local piece inside one
 // region this transport registered, which the read holds until its system call returned.
 func (t *Transport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []unix.RemoteIovec, local [][]byte, total int, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
 	t.mu.Lock()
@@ -358,7 +358,7 @@ func (t *Transport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []unix.
 	}
 	for _, r := range remote {
 		if !k.cma.covers(uint64(r.Base), r.Len) {
-			return 0, true, &CMARangeError{Peer: from, Addr: uint64(r.Base), Len: r.Len, Ranges: k.cma.rangeNames()}
+			return 0, true, &cmaRangeError{Peer: from, Addr: uint64(r.Base), Len: r.Len, Ranges: k.cma.rangeNames()}
 		}
 	}
 	mem, _, err := t.regionLocked(local[0])
@@ -423,7 +423,7 @@ func (t *Transport) vectorGets(from transport.Peer, key []byte) bool {
 // PostGetVector is vectorget.Hooks.PostGetVector for this transport: one process_vm_readv read of src into
 // dst, in calls of at most cmaIOVMax iovecs a side, in pieces each bounded by
 // Config.CMAReadTimeout, with everything a get by process_vm_readv has (cma.go): every range
-// checked against the ranges the peer proved (*CMARangeError), the pidfd checked after,
+// checked against the ranges the peer proved (*cmaRangeError), the pidfd checked after,
 // Cancel and Close as for such a get. Adjacent ranges of either list are merged first. It
 // fails where VectorGets(from, key) would report false.
 func (t *Transport) postGetVector(from transport.Peer, _ transport.Tag, key []byte, src []vectorget.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {

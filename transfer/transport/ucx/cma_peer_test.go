@@ -287,7 +287,7 @@ func TestCMA_ReadOutsideTheRegistrationIsRefused(t *testing.T) {
 			if c.refused {
 				require.ErrorIs(t, err, transport.ErrBadRegion)
 				require.ErrorIs(t, err, transport.ErrProtocol, "the peer's input broke the protocol: the engine counts it")
-				var re *CMARangeError
+				var re *cmaRangeError
 				require.ErrorAs(t, err, &re)
 				require.False(t, holds(dst, cmaSecret), "the peer's secret landed in the pool")
 				return
@@ -344,7 +344,7 @@ func TestCMA_VectorReadOutsideTheRegistrationIsRefused(t *testing.T) {
 			})
 			if c.forged != nil {
 				require.ErrorIs(t, err, transport.ErrProtocol, "the peer's input broke the protocol: the engine counts it")
-				var re *CMARangeError
+				var re *cmaRangeError
 				require.ErrorAs(t, err, &re)
 				require.Equal(t, make([]byte, n), dst, "nothing read, the secret least of all")
 				return

@@ -31,25 +31,25 @@ type Config struct {
 	// StagingBytes is the size of the UCX-allocated region StagingMemory returns, to pass as
 	// transfer.Config.StagingMemory. Default DefaultStagingBytes.
 	StagingBytes int64
-	// MaxControlBytes bounds one control message. Default 4096.
-	MaxControlBytes int
+	// maxControlBytes bounds one control message. Default 4096.
+	maxControlBytes int
 	// CloseTimeout bounds Close. Default 5s.
 	CloseTimeout time.Duration
-	// DrainTimeout is how long the tag of a cancelled receive stays drained: a message that
+	// drainTimeout is how long the tag of a cancelled receive stays drained: a message that
 	// arrives for it in that time is received into the transport's own scratch memory and
 	// dropped, which is what completes the peer's send (UCX 1.13 keeps a rendezvous send that
 	// no receive matches forever, so its sender would have to poison the slot). It should
 	// outlast the longest stop of a peer process that must not cost slots. Default 30s.
-	DrainTimeout time.Duration
-	// DrainAhead is how many chunks past a cancelled receive are drained too, and past a
+	drainTimeout time.Duration
+	// drainAhead is how many chunks past a cancelled receive are drained too, and past a
 	// receive asked to cancel that a chunk matched first: a sender may have sent up to its
 	// pipeline depth of chunks beyond the receiver's last posted receive (their predecessors
 	// completed as the receiver aborted). Default 4.
-	DrainAhead int
-	// MaxDrains bounds the drain receives posted at once, so a cancel storm cannot grow
+	drainAhead int
+	// maxDrains bounds the drain receives posted at once, so a cancel storm cannot grow
 	// memory without bound; past it a cancelled receive gets no drain (counted in
 	// drainCounters.Skipped) and a late send to it strands as before. Default 65536.
-	MaxDrains int
+	maxDrains int
 	// ProbeInterval is how often a second worker in this process sends the transport's worker
 	// a small message over the transports a local peer would use (see probe.go): UCX's
 	// shared-memory receive queue is wedged for good when a local peer dies while writing to
@@ -80,7 +80,7 @@ type Config struct {
 	// buffer of every transport of this package. A receiver with UCX's default 64 KiB buffer
 	// (an engine of an earlier build) cannot take them: the engine sends data only to a peer
 	// whose hello says it can (the large-segments feature) and refuses the others with a
-	// *transfer.FeatureError before anything is sent; set 64 KiB to serve such peers.
+	// transfer.ErrPeerLacksFeature before anything is sent; set 64 KiB to serve such peers.
 	// Process-wide: the first transport that may use TCP sets it for the process, unless
 	// UCX_TCP_TX_SEG_SIZE is set already (SendsLargeSegments reports what holds).
 	TCPSegmentBytes int64
@@ -110,11 +110,11 @@ func (c *Config) applyDefaults() error {
 	if c.StagingBytes < 0 {
 		return &transport.ConfigError{Field: "ucx.Config.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}
 	}
-	if c.MaxControlBytes == 0 {
-		c.MaxControlBytes = 4096
+	if c.maxControlBytes == 0 {
+		c.maxControlBytes = 4096
 	}
-	if c.MaxControlBytes < 256 {
-		return &transport.ConfigError{Field: "ucx.Config.MaxControlBytes", Value: c.MaxControlBytes, Reason: "must be at least 256 (a request-info message)"}
+	if c.maxControlBytes < 256 {
+		return &transport.ConfigError{Field: "ucx.Config.maxControlBytes", Value: c.maxControlBytes, Reason: "must be at least 256 (a request-info message)"}
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 5 * time.Second
@@ -122,23 +122,23 @@ func (c *Config) applyDefaults() error {
 	if c.CloseTimeout < 0 {
 		return &transport.ConfigError{Field: "ucx.Config.CloseTimeout", Value: c.CloseTimeout, Reason: "must be positive"}
 	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = defaultDrainTimeout
+	if c.drainTimeout == 0 {
+		c.drainTimeout = defaultDrainTimeout
 	}
-	if c.DrainTimeout < 0 {
-		return &transport.ConfigError{Field: "ucx.Config.DrainTimeout", Value: c.DrainTimeout, Reason: "must be positive"}
+	if c.drainTimeout < 0 {
+		return &transport.ConfigError{Field: "ucx.Config.drainTimeout", Value: c.drainTimeout, Reason: "must be positive"}
 	}
-	if c.DrainAhead == 0 {
-		c.DrainAhead = defaultDrainAhead
+	if c.drainAhead == 0 {
+		c.drainAhead = defaultDrainAhead
 	}
-	if c.DrainAhead < 0 || c.DrainAhead > 1024 {
-		return &transport.ConfigError{Field: "ucx.Config.DrainAhead", Value: c.DrainAhead, Reason: "must be between 1 and 1024"}
+	if c.drainAhead < 0 || c.drainAhead > 1024 {
+		return &transport.ConfigError{Field: "ucx.Config.drainAhead", Value: c.drainAhead, Reason: "must be between 1 and 1024"}
 	}
-	if c.MaxDrains == 0 {
-		c.MaxDrains = defaultMaxDrains
+	if c.maxDrains == 0 {
+		c.maxDrains = defaultMaxDrains
 	}
-	if c.MaxDrains < 0 {
-		return &transport.ConfigError{Field: "ucx.Config.MaxDrains", Value: c.MaxDrains, Reason: "must be positive"}
+	if c.maxDrains < 0 {
+		return &transport.ConfigError{Field: "ucx.Config.maxDrains", Value: c.maxDrains, Reason: "must be positive"}
 	}
 	if c.ProbeInterval == 0 {
 		c.ProbeInterval = defaultProbeInterval

@@ -11,6 +11,7 @@ import (
 	"math"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/stale"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
@@ -20,28 +21,10 @@ import (
 var ErrBadMetadata = errors.New("kvxfer: bad context params")
 
 // ErrStaleIncarnation: a ContextParams names a life of its sender that is over (the sender
-// restarted, replaced its worker, or died), so its request cannot be served; the error is a
-// *StaleIncarnationError. Checked before any transfer starts, so nothing waits out a deadline.
-var ErrStaleIncarnation = errors.New("kvxfer: stale incarnation")
-
-// StaleIncarnationError says whose incarnation is stale: the one the ContextParams carry
-// (Have) and the one current now (Current; zero when the sender is gone).
-type StaleIncarnationError struct {
-	Peer          string
-	Have, Current uint64
-	Reason        string
-}
-
-func (e *StaleIncarnationError) Error() string {
-	cur := "none"
-	if e.Current != 0 {
-		cur = fmt.Sprintf("%#x", e.Current)
-	}
-	return fmt.Sprintf("kvxfer: stale incarnation of %s: params carry %#x, current %s: %s", e.Peer, e.Have, cur, e.Reason)
-}
-
-// Unwrap matches ErrStaleIncarnation.
-func (e *StaleIncarnationError) Unwrap() error { return ErrStaleIncarnation }
+// restarted, replaced its worker, or died), so its request cannot be served; the error names
+// the peer, the incarnation the params carry and the current one. Checked before any transfer
+// starts, so nothing waits out a deadline.
+var ErrStaleIncarnation = stale.ErrStaleIncarnation
 
 // ContextParams is what a prefill engine hands to decode, through the serving stack's own
 // control plane, when a request's prefill is done: who to ask (the sender's UCX worker address

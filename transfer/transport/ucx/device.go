@@ -31,19 +31,19 @@ import (
 // Go never reads or writes device memory, and UCX is never handed the host header region.
 
 // ErrDeviceMemory: device memory was asked for where it cannot work: no CUDA-enabled UCX, no
-// GPU, or a spec that does not move through the transport's DeviceMover. The error is a
-// *DeviceMemoryError saying which and the fix.
+// GPU, or a spec that does not move through the transport's DeviceMover. The error's text
+// says which and the fix.
 var ErrDeviceMemory = errors.New("kvxfer: device memory unavailable")
 
-// DeviceMemoryError says why device memory cannot be used. It matches ErrDeviceMemory and
+// deviceMemoryError says why device memory cannot be used. It matches ErrDeviceMemory and
 // unwraps to the cause (native.ErrMemoryType for a UCX without CUDA, cuda.ErrNoDevice, ...).
-type DeviceMemoryError struct {
+type deviceMemoryError struct {
 	Reason string
 	Err    error
 }
 
 // Error implements error.
-func (e *DeviceMemoryError) Error() string {
+func (e *deviceMemoryError) Error() string {
 	if e.Err == nil {
 		return fmt.Sprintf("%v: %s", ErrDeviceMemory, e.Reason)
 	}
@@ -51,10 +51,10 @@ func (e *DeviceMemoryError) Error() string {
 }
 
 // Is matches ErrDeviceMemory.
-func (e *DeviceMemoryError) Is(target error) bool { return target == ErrDeviceMemory }
+func (e *deviceMemoryError) Is(target error) bool { return target == ErrDeviceMemory }
 
 // Unwrap returns the cause.
-func (e *DeviceMemoryError) Unwrap() error { return e.Err }
+func (e *deviceMemoryError) Unwrap() error { return e.Err }
 
 // DeviceMemory reports whether this transport's UCX can move CUDA device memory: a
 // CUDA-enabled UCX build (the libucx-cu12 wheel, say) on a host whose CUDA driver loads its
@@ -73,12 +73,12 @@ type DeviceConfig struct {
 	// pass StagingMemory as transfer.Config.StagingMemory, whose NumSlots*SlotBytes must fit in it.
 	// Default DefaultStagingBytes.
 	StagingBytes int64
-	// SyncTimeout bounds each wait for a gather or scatter kernel. A kernel that does not
+	// syncTimeout bounds each wait for a gather or scatter kernel. A kernel that does not
 	// finish in time may still write its slot, so the transport then refuses every later
 	// operation (the GPU is not trusted again). Default 10s.
-	SyncTimeout time.Duration
-	// BindTimeout bounds the set-up calls made on UCX's progress thread. Default 5s.
-	BindTimeout time.Duration
+	syncTimeout time.Duration
+	// bindTimeout bounds the set-up calls made on UCX's progress thread. Default 5s.
+	bindTimeout time.Duration
 }
 
 func (c *DeviceConfig) applyDefaults() error {
@@ -98,17 +98,17 @@ func (c *DeviceConfig) applyDefaults() error {
 	if c.StagingBytes < 0 {
 		return &transport.ConfigError{Field: "ucx.DeviceConfig.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}
 	}
-	if c.SyncTimeout == 0 {
-		c.SyncTimeout = 10 * time.Second
+	if c.syncTimeout == 0 {
+		c.syncTimeout = 10 * time.Second
 	}
-	if c.SyncTimeout < 0 {
-		return &transport.ConfigError{Field: "ucx.DeviceConfig.SyncTimeout", Value: c.SyncTimeout, Reason: "must be positive"}
+	if c.syncTimeout < 0 {
+		return &transport.ConfigError{Field: "ucx.DeviceConfig.syncTimeout", Value: c.syncTimeout, Reason: "must be positive"}
 	}
-	if c.BindTimeout == 0 {
-		c.BindTimeout = 5 * time.Second
+	if c.bindTimeout == 0 {
+		c.bindTimeout = 5 * time.Second
 	}
-	if c.BindTimeout < 0 {
-		return &transport.ConfigError{Field: "ucx.DeviceConfig.BindTimeout", Value: c.BindTimeout, Reason: "must be positive"}
+	if c.bindTimeout < 0 {
+		return &transport.ConfigError{Field: "ucx.DeviceConfig.bindTimeout", Value: c.bindTimeout, Reason: "must be positive"}
 	}
 	return nil
 }
@@ -134,12 +134,12 @@ type DeviceTransport struct {
 	mu       sync.Mutex
 	composed map[transport.OpID]transport.OpID // payload op -> header op, for Cancel
 	movers   map[transport.RequestID]int       // requests with a live DeviceMover
-	wedged   atomic.Pointer[error]             // a kernel overran SyncTimeout: nothing is trusted after
+	wedged   atomic.Pointer[error]             // a kernel overran syncTimeout: nothing is trusted after
 	closed   bool
 }
 
-// NewDevice opens UCX, checks that it reaches CUDA memory (else a
-// *DeviceMemoryError naming the fix, before any GPU memory is allocated), allocates the device
+// NewDevice opens UCX, checks that it reaches CUDA memory (else an ErrDeviceMemory naming the
+// fix, before any GPU memory is allocated), allocates the device
 // staging region and registers it with UCX once.
 func NewDevice(cfg DeviceConfig) (*DeviceTransport, error) {
 	if err := cfg.applyDefaults(); err != nil {
@@ -153,23 +153,23 @@ func NewDevice(cfg DeviceConfig) (*DeviceTransport, error) {
 		return nil, errors.Join(err, t.Close(true))
 	}
 	if !t.DeviceMemory() {
-		return fail(&DeviceMemoryError{Reason: "the UCX transport cannot reach CUDA memory",
+		return fail(&deviceMemoryError{Reason: "the UCX transport cannot reach CUDA memory",
 			Err: &native.MemoryTypeError{Kind: native.MemoryCUDA, UCXVersion: native.UCXVersion()}})
 	}
 	d := &DeviceTransport{Transport: t, cfg: cfg, rt: cfg.Runtime, composed: map[transport.OpID]transport.OpID{},
 		movers: map[transport.RequestID]int{}}
 	if d.stream, err = cfg.Runtime.NewStream(); err != nil {
-		return fail(&DeviceMemoryError{Reason: "CUDA stream", Err: err})
+		return fail(&deviceMemoryError{Reason: "CUDA stream", Err: err})
 	}
 	if d.dev, err = cfg.Runtime.Alloc(cfg.StagingBytes); err != nil {
 		_ = d.stream.Close()
-		return fail(&DeviceMemoryError{Reason: fmt.Sprintf("%d bytes of device staging", cfg.StagingBytes), Err: err})
+		return fail(&deviceMemoryError{Reason: fmt.Sprintf("%d bytes of device staging", cfg.StagingBytes), Err: err})
 	}
 	// UCX's CUDA transports run on the worker's progress thread and (before UCX 1.16) expect
 	// the device's context to be current there; registering from the same thread keeps the
 	// registration and the transfers in one context. Any runtime call on the thread makes the
 	// device's primary context current (kvx_cuda_* call cudaSetDevice first).
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.BindTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.bindTimeout)
 	defer cancel()
 	var regErr error
 	callErr := t.w.RunOnThread(ctx, func() {
@@ -186,7 +186,7 @@ func NewDevice(cfg DeviceConfig) (*DeviceTransport, error) {
 			_ = d.dev.Free()
 		}
 		_ = d.stream.Close()
-		return fail(&DeviceMemoryError{Reason: "registering the device staging region with UCX", Err: err})
+		return fail(&deviceMemoryError{Reason: "registering the device staging region with UCX", Err: err})
 	}
 	t.mu.Lock()
 	t.pools = append(t.pools, d.devMem) // unmapped by Close after the worker has settled everything
@@ -247,7 +247,7 @@ func (d *DeviceTransport) postChunk(peer transport.Peer, tag transport.Tag, buf 
 	mover := d.movers[tag.Request] > 0
 	d.mu.Unlock()
 	if !mover {
-		return 0, &DeviceMemoryError{Reason: fmt.Sprintf("request %d has no DeviceMover: every Send and Receive over a DeviceTransport moves its pool through DeviceTransport.NewMover", tag.Request)}
+		return 0, &deviceMemoryError{Reason: fmt.Sprintf("request %d has no DeviceMover: every Send and Receive over a DeviceTransport moves its pool through DeviceTransport.NewMover", tag.Request)}
 	}
 	n := int64(len(buf) - transport.DataHeaderBytes)
 	t := d.Transport
@@ -340,7 +340,7 @@ func (d *DeviceTransport) Close(force bool) error {
 	d.closed = true
 	d.mu.Unlock()
 	err := d.Transport.Close(force)
-	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.SyncTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.syncTimeout)
 	defer cancel()
 	if d.usable() != nil || d.devMem.InUse() > 0 {
 		// A kernel or UCX may still touch the region: it goes with the process instead.
@@ -427,7 +427,7 @@ type DeviceMover struct {
 // transport accepts the request's chunks.
 func (d *DeviceTransport) NewMover(id transport.RequestID, pool cuda.Mem) (*DeviceMover, error) {
 	if pool.Addr == 0 || pool.Size <= 0 {
-		return nil, &DeviceMemoryError{Reason: fmt.Sprintf("request %d: device pool [%#x, +%d) is empty", id, pool.Addr, pool.Size)}
+		return nil, &deviceMemoryError{Reason: fmt.Sprintf("request %d: device pool [%#x, +%d) is empty", id, pool.Addr, pool.Size)}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -442,7 +442,7 @@ func (d *DeviceTransport) NewMover(id transport.RequestID, pool cuda.Mem) (*Devi
 func (m *DeviceMover) deviceSlot(b []byte) (cuda.Mem, error) {
 	off, ok := m.d.offsetOf(b)
 	if !ok {
-		return cuda.Mem{}, &DeviceMemoryError{Reason: "the staging buffer is not in DeviceTransport.StagingMemory (pass it as transfer.Config.StagingMemory)"}
+		return cuda.Mem{}, &deviceMemoryError{Reason: "the staging buffer is not in DeviceTransport.StagingMemory (pass it as transfer.Config.StagingMemory)"}
 	}
 	return m.d.dev.Mem().Slice(off, int64(len(b)))
 }
@@ -477,7 +477,7 @@ func (m *DeviceMover) plan(p *layout.Plan) (*cuda.DevicePlan, *cuda.Event, error
 	return dp, ev, nil
 }
 
-// run enqueues one kernel and waits for it, at most SyncTimeout. A launched kernel whose end
+// run enqueues one kernel and waits for it, at most syncTimeout. A launched kernel whose end
 // cannot be told (it overran, its event reports a fault, or no event could be recorded behind
 // it) may still write its slot and the pool, so its error matches
 // transport.ErrQuiescenceUnknown (the engine poisons both, L9) and the transport stops
@@ -498,11 +498,11 @@ func (m *DeviceMover) run(p *layout.Plan, launch func(dp *cuda.DevicePlan) error
 		_ = ev.Close() // never recorded: nothing can fire it
 		return m.unknownEnd("no event could be recorded behind a launched gather or scatter kernel", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), m.d.cfg.SyncTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), m.d.cfg.syncTimeout)
 	defer cancel()
 	if err := ev.Wait(ctx); err != nil {
 		// The event is dropped, not reused: it may still fire.
-		return m.unknownEnd(fmt.Sprintf("a gather or scatter kernel did not finish within %v", m.d.cfg.SyncTimeout), err)
+		return m.unknownEnd(fmt.Sprintf("a gather or scatter kernel did not finish within %v", m.d.cfg.syncTimeout), err)
 	}
 	m.putEvent(ev)
 	return nil
@@ -511,7 +511,7 @@ func (m *DeviceMover) run(p *layout.Plan, launch func(dp *cuda.DevicePlan) error
 // unknownEnd wedges the transport (the device staging region is no longer trusted) and
 // returns the error of a copy whose end cannot be told.
 func (m *DeviceMover) unknownEnd(why string, err error) error {
-	wedged := &DeviceMemoryError{Reason: why + "; the device staging region is no longer trusted", Err: err}
+	wedged := &deviceMemoryError{Reason: why + "; the device staging region is no longer trusted", Err: err}
 	var werr error = wedged
 	m.d.wedged.CompareAndSwap(nil, &werr)
 	return fmt.Errorf("%w: %w", transport.ErrQuiescenceUnknown, wedged)

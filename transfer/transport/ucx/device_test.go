@@ -27,8 +27,8 @@ func TestUCXDevice_ConfigNamesTheField(t *testing.T) {
 	}{
 		{"no CUDA runtime", DeviceConfig{}, "ucx.DeviceConfig.Runtime"},
 		{"negative staging", DeviceConfig{Runtime: new(cuda.Runtime), StagingBytes: -1}, "ucx.DeviceConfig.StagingBytes"},
-		{"negative sync timeout", DeviceConfig{Runtime: new(cuda.Runtime), SyncTimeout: -time.Second}, "ucx.DeviceConfig.SyncTimeout"},
-		{"negative bind timeout", DeviceConfig{Runtime: new(cuda.Runtime), BindTimeout: -time.Second}, "ucx.DeviceConfig.BindTimeout"},
+		{"negative sync timeout", DeviceConfig{Runtime: new(cuda.Runtime), syncTimeout: -time.Second}, "ucx.DeviceConfig.syncTimeout"},
+		{"negative bind timeout", DeviceConfig{Runtime: new(cuda.Runtime), bindTimeout: -time.Second}, "ucx.DeviceConfig.bindTimeout"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -70,7 +70,7 @@ func TestUCXDevice_WithoutCUDAUCXIsATypedError(t *testing.T) {
 	require.ErrorIs(t, err, ErrDeviceMemory)
 	require.ErrorIs(t, err, native.ErrMemoryType)
 	require.ErrorIs(t, err, native.ErrNotSupported)
-	var de *DeviceMemoryError
+	var de *deviceMemoryError
 	require.ErrorAs(t, err, &de)
 	require.Contains(t, err.Error(), "libucx-cu12", "the error names the fix")
 	require.Contains(t, err.Error(), "cuda_copy", "the error names the transport list's fix")
@@ -84,7 +84,7 @@ func fakeDeviceTransport(t *testing.T) *DeviceTransport {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, tr.Close(true)) })
 	return &DeviceTransport{Transport: tr, headers: make([]byte, 1<<20), composed: map[transport.OpID]transport.OpID{},
-		movers: map[transport.RequestID]int{}, cfg: DeviceConfig{SyncTimeout: time.Second}}
+		movers: map[transport.RequestID]int{}, cfg: DeviceConfig{syncTimeout: time.Second}}
 }
 
 func TestUCXDevice_PostRefusesWhatItCannotMove(t *testing.T) {
@@ -101,7 +101,7 @@ func TestUCXDevice_PostRefusesWhatItCannotMove(t *testing.T) {
 		{"Go memory outside the header region", func() { d.movers[7] = 1 }, make([]byte, 4096), ErrUnregistered},
 		{"a slot holding only a header", func() { d.movers[7] = 1 }, slot[:transport.DataHeaderBytes], ErrUnregistered},
 		{"a GPU that overran its sync timeout", func() {
-			var err error = &DeviceMemoryError{Reason: "test: wedged"}
+			var err error = &deviceMemoryError{Reason: "test: wedged"}
 			d.wedged.Store(&err)
 		}, slot, ErrDeviceMemory},
 	}

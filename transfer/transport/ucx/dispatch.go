@@ -121,7 +121,7 @@ func (t *Transport) deliverRequest(req *native.Request) {
 				if cancelled {
 					t.startDrainLocked(op.tag)
 				}
-				for k := range uint64(t.cfg.DrainAhead) {
+				for k := range uint64(t.cfg.drainAhead) {
 					if seq := op.tag&ucxSeqMask + k + 1; seq <= ucxSeqMask {
 						t.startDrainLocked(op.tag&^ucxSeqMask | seq)
 					}

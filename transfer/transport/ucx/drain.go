@@ -4,7 +4,7 @@
 
 package ucx
 
-// Drain receives: what takes a late message of a cancelled UCX receive (Config.DrainTimeout).
+// Drain receives: what takes a late message of a cancelled UCX receive (Config.drainTimeout).
 
 import (
 	"errors"
@@ -20,12 +20,12 @@ type ucxDrain struct {
 	timer *time.Timer
 }
 
-// drainCounters counts the drain receives of a Transport (see Config.DrainTimeout).
+// drainCounters counts the drain receives of a Transport (see Config.drainTimeout).
 type drainCounters struct {
 	Started uint64 // drains posted for cancelled receives
 	Drained uint64 // drains that took a late message, completing its sender's request
-	Expired uint64 // drains cancelled at DrainTimeout (or replaced by a live receive) unused
-	Skipped uint64 // drains not posted because MaxDrains were live
+	Expired uint64 // drains cancelled at drainTimeout (or replaced by a live receive) unused
+	Skipped uint64 // drains not posted because maxDrains were live
 	Live    int    // drains posted now
 }
 
@@ -37,7 +37,7 @@ type drainCounters struct {
 // memory (truncated: the bytes are not wanted), which completes the send at the sender with
 // its memory released; the cancelled receive's buffer is never written. A drain ends when it
 // matches, when a receive of the same tags is posted again (a caller that does not reserve
-// tags), or after DrainTimeout; while it lasts, ReserveTags refuses its hash.
+// tags), or after drainTimeout; while it lasts, ReserveTags refuses its hash.
 func (t *Transport) startDrainLocked(tag uint64) {
 	family := t.drains[tag&^ucxSeqMask]
 	if family[tag] != nil {
@@ -46,7 +46,7 @@ func (t *Transport) startDrainLocked(tag uint64) {
 	if _, live := t.recvTag[tag]; live {
 		return // a live receive takes the message
 	}
-	if len(t.drainByReq) >= t.cfg.MaxDrains {
+	if len(t.drainByReq) >= t.cfg.maxDrains {
 		t.drainStats.Skipped++
 		return
 	}
@@ -59,7 +59,7 @@ func (t *Transport) startDrainLocked(tag uint64) {
 	family[tag] = d
 	t.drainByReq[req] = d
 	t.drainStats.Started++
-	d.timer = time.AfterFunc(t.cfg.DrainTimeout, func() { req.Cancel() })
+	d.timer = time.AfterFunc(t.cfg.drainTimeout, func() { req.Cancel() })
 }
 
 // retireDrainLocked cancels every drain of the transfer tag belongs to, because a live
@@ -96,7 +96,7 @@ func (t *Transport) drainDoneLocked(d *ucxDrain) {
 	}
 }
 
-// drainSnapshot returns the drain counters (see Config.DrainTimeout). It never blocks on UCX.
+// drainSnapshot returns the drain counters (see Config.drainTimeout). It never blocks on UCX.
 func (t *Transport) drainSnapshot() drainCounters {
 	t.mu.Lock()
 	defer t.mu.Unlock()

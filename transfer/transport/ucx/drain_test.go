@@ -75,7 +75,7 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 		{"shm/drain-expired", "posix,cma,self", "", 0, 100 * time.Millisecond, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			recv := newBoundUCXTransport(t, tc.tls, tc.dev, Config{DrainTimeout: tc.drainTimeout})
+			recv := newBoundUCXTransport(t, tc.tls, tc.dev, Config{drainTimeout: tc.drainTimeout})
 			send := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
 			tag := transport.Tag{Request: 42, Sub: 1, Seq: 3}
 

@@ -34,6 +34,12 @@ func init() {
 		defer t.mu.Unlock()
 		return len(t.rma.keys)
 	}
+	h.Worker = func(tr any) *native.Worker {
+		t := tr.(*Transport)
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return t.w
+	}
 	h.LaneWorkers = func(tr any) []*native.Worker {
 		t := tr.(*Transport)
 		t.mu.Lock()

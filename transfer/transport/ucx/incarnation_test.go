@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/stale"
 )
 
 // Params of this transport's life pass; params of another life (a restarted sender, or one
@@ -25,11 +26,11 @@ func TestUCXTransport_CheckParamsIncarnation(t *testing.T) {
 	require.Equal(t, tr.Incarnation(), cp.Incarnation)
 	require.NoError(t, tr.CheckParams(cp))
 
-	stale := *cp
-	stale.Incarnation++
-	err = tr.CheckParams(&stale)
+	old := *cp
+	old.Incarnation++
+	err = tr.CheckParams(&old)
 	require.ErrorIs(t, err, ErrStaleIncarnation)
-	var se *StaleIncarnationError
+	var se *stale.Error
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, cp.Incarnation+1, se.Have)
 	require.Equal(t, cp.Incarnation, se.Current)

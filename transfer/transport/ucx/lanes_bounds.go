@@ -9,8 +9,8 @@ const (
 	// MaxLanes bounds Config.Lanes: each lane is a worker and an OS thread.
 	MaxLanes = 64
 	// DefaultStagingBytes is the default of Config.StagingBytes and DeviceConfig.StagingBytes:
-	// room for the engine's default staging pool (transfer.DefaultMaxConcurrent transfers of
-	// transfer.DefaultPipelineDepth slots of transfer.DefaultSlotBytes; a test of package
+	// room for the engine's default staging pool (transferdefaults.MaxConcurrent transfers of
+	// transferdefaults.PipelineDepth slots of transferdefaults.SlotBytes; a test of package
 	// transfer holds the two equal).
 	DefaultStagingBytes = 64 * 2 * 4 << 20
 )

@@ -67,9 +67,6 @@ func (r *Region) Addr() uint64 { return r.addr }
 // Len is the region's size in bytes.
 func (r *Region) Len() int64 { return r.size }
 
-// Kind is where the region lives.
-func (r *Region) Kind() native.MemoryKind { return r.kind }
-
 // RemoteKey is the address of the region's first byte and the packed remote key of the
 // registration holding it, for a peer's gets (packed once, at registration).
 func (r *Region) RemoteKey() (addr uint64, key []byte) {
@@ -115,7 +112,7 @@ func (t *Transport) RegisterHost(pool []byte) (*Region, error) {
 // cudaMalloc or CUDA VMM: cuda.Buffer.Mem().Addr) with UCX once, its memory type named, and
 // packs its remote key once. The memory must stay allocated until the Region is
 // unregistered. Without a CUDA-enabled UCX it is refused before UCX sees the address (a
-// *transport.RegionError wrapping a *DeviceMemoryError: ErrDeviceMemory, native.ErrMemoryType); so are
+// *transport.RegionError wrapping ErrDeviceMemory and native.ErrMemoryType); so are
 // a zero size, an address off a 256-byte boundary and overlapping bounds (transport.ErrBadRegion).
 func (t *Transport) RegisterDevice(addr uint64, size int64) (*Region, error) {
 	refuse := func(reason string, err error) error {
@@ -127,7 +124,7 @@ func (t *Transport) RegisterDevice(addr uint64, size int64) (*Region, error) {
 	case addr == 0 || addr%deviceRegionAlign != 0:
 		return nil, refuse(fmt.Sprintf("device address not on a %d-byte boundary", deviceRegionAlign), transport.ErrBadRegion)
 	case !t.uctx.Supports(native.MemoryCUDA):
-		return nil, refuse("device memory", &DeviceMemoryError{Reason: "this UCX cannot register CUDA memory",
+		return nil, refuse("device memory", &deviceMemoryError{Reason: "this UCX cannot register CUDA memory",
 			Err: &native.MemoryTypeError{Kind: native.MemoryCUDA, UCXVersion: native.UCXVersion()}})
 	}
 	return t.register(addr, size, native.MemoryCUDA, refuse, func() (*native.Memory, error) {
@@ -178,7 +175,7 @@ func (t *Transport) register(addr uint64, size int64, kind native.MemoryKind, re
 	if err != nil {
 		var mt *native.MemoryTypeError
 		if errors.As(err, &mt) {
-			err = &DeviceMemoryError{Reason: "this UCX cannot register CUDA memory", Err: err}
+			err = &deviceMemoryError{Reason: "this UCX cannot register CUDA memory", Err: err}
 		}
 		return nil, refuse("ucx registration", err)
 	}

@@ -20,7 +20,7 @@ import (
 // receives of a cancelled one still watch, is refused with transport.ErrTagCollision: the engine draws
 // another nonce, which moves the hash. Two live transfers therefore never share tags, and a
 // late chunk of an old transfer meets either a drain or no receive at all for as long as the
-// drains last (Config.DrainTimeout); past that, the staging path's chunk header still
+// drains last (Config.drainTimeout); past that, the staging path's chunk header still
 // carries the nonce and is checked.
 const (
 	ucxKindShift = 60

@@ -84,7 +84,7 @@ type Transport struct {
 	// replaceFailures counts failed replacements since the last success; only the probe's
 	// goroutine, which runs replaceWorker, touches it.
 	replaceFailures int
-	// drains are the receives that stand in for cancelled ones (see Config.DrainTimeout),
+	// drains are the receives that stand in for cancelled ones (see Config.drainTimeout),
 	// by transfer (the tag without its chunk sequence), by UCX tag, and by request.
 	drains     map[uint64]map[uint64]*ucxDrain
 	drainByReq map[*native.Request]*ucxDrain
@@ -220,13 +220,6 @@ var _ transport.ParamsIssuer = (*Transport)(nil)
 // peer, so nothing meant for its old life reaches the new one.
 func SenderPeer(c *ContextParams) transport.Peer { return PeerFromAddress(c.WorkerAddress) }
 
-// Worker exposes the UCX worker, for transport-level checks (lanes, counters).
-func (t *Transport) Worker() *native.Worker {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.w
-}
-
 // Bind implements transport.Transport.
 func (t *Transport) Bind(in transport.Inbound) error {
 	t.mu.Lock()
@@ -245,7 +238,7 @@ func (t *Transport) Bind(in transport.Inbound) error {
 }
 
 func (t *Transport) postControlLocked() {
-	t.ctrl = t.w.TagRecvBytes(nil, t.cfg.MaxControlBytes, ucxKindCtrl, ucxKindMask)
+	t.ctrl = t.w.TagRecvBytes(nil, t.cfg.maxControlBytes, ucxKindCtrl, ucxKindMask)
 }
 
 // ensureEndpoint makes the endpoint to peer if there is none (first use, or the old one
@@ -380,12 +373,12 @@ func (t *Transport) regionLocked(buf []byte) (*native.Memory, int64, error) {
 	return nil, 0, fmt.Errorf("%w: [%#x, +%d)", ErrUnregistered, p, len(buf))
 }
 
-// ControlRoom implements transport.ControlBound: MaxControlBytes less the framing and this worker's
+// ControlRoom implements transport.ControlBound: maxControlBytes less the framing and this worker's
 // address, which every control message carries.
 func (t *Transport) ControlRoom() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.cfg.MaxControlBytes - 2 - len(t.addr)
+	return t.cfg.maxControlBytes - 2 - len(t.addr)
 }
 
 // SendControl implements transport.Transport.
@@ -395,8 +388,8 @@ func (t *Transport) SendControl(to transport.Peer, msg []byte) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if len(msg)+2+len(t.addr) > t.cfg.MaxControlBytes {
-		return &transport.ControlSizeError{Bytes: len(msg), Room: t.cfg.MaxControlBytes - 2 - len(t.addr), Reason: "with the sender address"}
+	if len(msg)+2+len(t.addr) > t.cfg.maxControlBytes {
+		return &transport.ControlSizeError{Bytes: len(msg), Room: t.cfg.maxControlBytes - 2 - len(t.addr), Reason: "with the sender address"}
 	}
 	if t.closed {
 		return transport.ErrClosed
