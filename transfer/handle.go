@@ -157,7 +157,7 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 		h.countPoisonedLocked()
 	}
 	h.eng.obs.OnTransition(h.id, -1, from, r.next, ev)
-	if r.closesDone {
+	if r.closesDone && !r.quiesces {
 		h.eng.signal(h.closeDone)
 	}
 	if r.quiesces {
@@ -173,7 +173,15 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 			h.eng.remembered.Add(-1)
 		}
 		h.quiescent = true
-		h.eng.signal(h.closeQuiesced)
+		if r.closesDone {
+			// One signal for both: a caller woken by Done (FreeNow) finds Quiesced closed
+			// too, where two signals left the observer queue's goroutine room to stop
+			// between them (TestL10_UnclaimedExposureIsQueued saw Done without Quiesced
+			// under CI load).
+			h.eng.signal(h.closeDoneQuiesced)
+		} else {
+			h.eng.signal(h.closeQuiesced)
+		}
 	}
 	return true
 }
@@ -193,6 +201,11 @@ func (h *Handle) countPoisonedLocked() {
 
 func (h *Handle) closeDone()     { h.doneOnce.Do(func() { close(h.done) }) }
 func (h *Handle) closeQuiesced() { h.quiescedOnce.Do(func() { close(h.quiesced) }) }
+
+// closeDoneQuiesced closes both for a move that ends the transfer with its memory quiescent:
+// Quiesced first, so that whoever sees Done closed sees Quiesced closed as well (a caller told
+// FreeNow frees the blocks on Done alone).
+func (h *Handle) closeDoneQuiesced() { h.closeQuiesced(); h.closeDone() }
 
 // signalNowLocked closes Done and Quiesced at once, ahead of the observer's queue, for a
 // handle the table has made terminal: Cancel is about to tell the caller it may free the
