@@ -50,6 +50,10 @@ type Config struct {
 	// memory without bound; past it a cancelled receive gets no drain (counted in
 	// drainCounters.Skipped) and a late send to it strands as before. Default 65536.
 	maxDrains int
+	// rendezvous is the context's UCX rendezvous scheme ("": native's default for the UCX
+	// loaded: get_zcopy under protocols v1, am under v2). NewDevice sets get_zcopy: device
+	// memory between two processes moves by cuda_ipc gets (docs/gpu-results.md).
+	rendezvous string
 	// ProbeInterval is how often a second worker in this process sends the transport's worker
 	// a small message over the transports a local peer would use (see probe.go): UCX's
 	// shared-memory receive queue is wedged for good when a local peer dies while writing to

@@ -246,3 +246,13 @@ func TestL9_DeviceMoverCopyOfUnknownEndIsUnknownQuiescence(t *testing.T) {
 		}
 	}
 }
+
+// TestUCXDevice_RendezvousByGets: a device transport's context pulls large device messages by
+// a get_zcopy rendezvous whatever the UCX loaded (UCX 1.22's host default is am), the scheme
+// the first GPU run measured at 21.6 GB/s over cuda_ipc (docs/gpu-results.md); a host
+// transport keeps native's per-version default.
+func TestUCXDevice_RendezvousByGets(t *testing.T) {
+	require.Equal(t, "get_zcopy", deviceUCX(Config{}).rendezvous)
+	require.Equal(t, "am", deviceUCX(Config{rendezvous: "am"}).rendezvous, "a scheme already set stays")
+	require.Empty(t, Config{}.rendezvous, "a host transport leaves the choice to native")
+}
