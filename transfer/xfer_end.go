@@ -71,6 +71,15 @@ func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 	if x.aborting || x.ended {
 		return
 	}
+	if x.farewell.Load() && errors.Is(cause, ErrPeerLost) {
+		// The peer's goodbye named this transfer and then closed the connection: an operation
+		// or a key that failed on that connection before the goodbye's own event was taken
+		// fails by the goodbye, which says what happened (the peer ended it, its operations
+		// quiescent), not as a lost peer (rehearsal ci13: a slot key unpacked on the closed
+		// endpoint). peerLeft aborts with the goodbye's cause.
+		x.peerLeft()
+		return
+	}
 	x.aborting, x.cause = true, peerLost(x.peer, cause) // a failed operation's loss names the peer too
 	if errors.Is(cause, ErrProtocol) {                  // the peer's input, refused (docs/security.md)
 		x.eng.refused.Add(1)

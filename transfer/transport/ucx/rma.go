@@ -6,6 +6,7 @@ package ucx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/kvxfer/kvxfer/native"
@@ -175,7 +176,7 @@ func (t *Transport) ensureKey(peer transport.Peer, lane int, key []byte) error {
 	defer cancel()
 	rk, err := ep.UnpackRemoteKey(ctx, key)
 	if err != nil {
-		return fmt.Errorf("%w: unpacking the peer's remote key: %w", transport.ErrProtocol, err)
+		return unpackError(err, peer)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -206,7 +207,7 @@ func (t *Transport) remoteKeyLocked(peer transport.Peer, lane int, ep *native.En
 	defer cancel()
 	rk, err := ep.UnpackRemoteKey(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("%w: unpacking the peer's remote key: %w", transport.ErrProtocol, err)
+		return nil, unpackError(err, peer)
 	}
 	k := &ucxRemoteKey{rk: rk, ep: ep}
 	t.addKeyLocked(id, k)
@@ -276,4 +277,15 @@ func (t *Transport) closeRMAKeys() {
 		delete(t.rma.keys, id)
 		t.retireKeyLocked(k)
 	}
+}
+
+// unpackError is why a peer's key could not be unpacked: a key refused (or one UCX failed) is a
+// protocol violation; an endpoint that failed or was closed meanwhile (the peer left: its
+// goodbye closes the connection) is the peer's loss, not a refusal of its input
+// (TestL11_UCXClosingSenderEndsItsWaitingReceivers met one in rehearsal ci13).
+func unpackError(err error, peer transport.Peer) error {
+	if errors.Is(err, native.ErrClosed) || errors.Is(err, native.ErrPeerUnreachable) {
+		return fmt.Errorf("unpacking the peer's remote key: %w", ucxError(err, peer))
+	}
+	return fmt.Errorf("%w: unpacking the peer's remote key: %w", transport.ErrProtocol, err)
 }
