@@ -17,6 +17,7 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"go.uber.org/zap"
 
@@ -41,7 +42,10 @@ type endedClean struct {
 	peer  Peer
 	ended wire.Ended
 	at    time.Time
-	x     *xfer // the transfer, to tell a later one with its route key from it
+	// x tells a later transfer with its route key from this one, without keeping it alive: a
+	// strong pointer held every ended transfer (its plan, buffers, mailbox) for PendingTTL,
+	// gigabytes in minutes under the soak's load.
+	x weak.Pointer[xfer]
 }
 
 // goodbyeState is what an engine keeps for goodbyes, under Engine.mu.
@@ -88,7 +92,7 @@ func (x *xfer) rememberEnded() {
 	for drop < len(g.ended) && (len(g.ended)-drop >= e.cfg.MaxPending || now.Sub(g.ended[drop].at) > e.cfg.PendingTTL) {
 		drop++
 	}
-	g.ended = append(g.ended[drop:], endedClean{peer: x.peer, at: now, x: x,
+	g.ended = append(g.ended[drop:], endedClean{peer: x.peer, at: now, x: weak.Make(x),
 		ended: wire.Ended{Request: x.h.id, Sub: x.wireSub, Nonce: x.nonce, Role: role}})
 }
 
@@ -119,7 +123,7 @@ func (e *Engine) sayGoodbye(leaving bool) {
 	for i := len(e.goodbye.ended) - 1; i >= 0; i-- {
 		r := e.goodbye.ended[i]
 		key := routeKey{r.peer, r.ended.Request}
-		stale[i] = r.ended.Nonce == 0 && (later[key] || (e.routes[key] != nil && e.routes[key] != r.x))
+		stale[i] = r.ended.Nonce == 0 && (later[key] || (e.routes[key] != nil && weak.Make(e.routes[key]) != r.x))
 		later[key] = true
 	}
 	for i, r := range e.goodbye.ended {
