@@ -29,7 +29,7 @@ export CGO_ENABLED := 1
 export CGO_CFLAGS ?= -g -O2 -Wno-deprecated-declarations
 
 # What `make test` runs, in this order.
-TEST_TARGETS := go-tidy go-vet go-imports go-test c-test go-fuzz cuda-check cuda-vet soak-ci ucx-cuda-check
+TEST_TARGETS := go-tidy go-vet go-nocgo go-imports go-test c-test go-fuzz cuda-check cuda-vet soak-ci ucx-cuda-check
 
 # Which UCX the build uses. system (the default): the distribution's, found by pkg-config
 # (Debian's 1.13.1 here, what a host without a GPU runs). wheel: the CUDA-enabled UCX 1.22 of

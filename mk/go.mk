@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Go: tidiness, vet, the tests under -race, the fuzz targets, and the disagg example.
 # go-test first builds libkvxcuda.so (mk/cuda.mk), whose loading the cuda tests check.
-.PHONY: go-tidy go-vet go-imports api-surface go-test go-fuzz fuzz-ucx-address fuzz-ucx-rkey serving-test pair disagg disagg-ucx
+.PHONY: go-tidy go-vet go-nocgo go-imports api-surface go-test go-fuzz fuzz-ucx-address fuzz-ucx-rkey serving-test pair disagg disagg-ucx
 
 # Fuzz targets run for FUZZ_TIME each in `make test`, as package:FuzzName: the layout plans,
 # the wire decoder and ContextParams, kvxfer's own parsers, and a peer's remote key (refused by
@@ -26,6 +26,13 @@ go-tidy: ## go.mod and go.sum are what `go mod tidy` makes (prints the diff when
 
 go-vet: ## go vet of every package.
 	$(GO) vet ./...
+
+# A build without cgo has no UCX transport (and no C copy, no NVML) but must still build and
+# vet: the engine over the mem transport, the registry, the probes, and commands that say why
+# a UCX run cannot start. Nothing else builds the tree this way, and it had broken unnoticed.
+go-nocgo: ## Every package builds and vets with CGO_ENABLED=0 (no UCX, no C copy).
+	CGO_ENABLED=0 $(GO) build ./...
+	CGO_ENABLED=0 $(GO) vet ./...
 
 # The import rules, a table in internal/importcheck: imports point down the floors (layout,
 # cuda and native, buffer, transfer, then internal, cmd, examples), only native/ imports "C",

@@ -25,3 +25,9 @@ func HostCopy(dst, src []byte) { copy(dst, src) }
 
 // HostCopyStreaming falls back to Go's copy without cgo.
 func HostCopyStreaming(dst, src []byte) { copy(dst, src) }
+
+// UCXVersion is empty: a build without cgo links no UCX.
+func UCXVersion() string { return "" }
+
+// systemDevices is 0: a build without cgo links no UCX to count them.
+func systemDevices() int { return 0 }

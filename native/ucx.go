@@ -51,10 +51,6 @@ func statusErr(op string, st C.ucs_status_t) error {
 	return &StatusError{Op: op, Status: int(st), Text: statusText(st)}
 }
 
-// TCPReceiveSegmentBytes is UCX_TCP_RX_SEG_SIZE as NewContext sets it: the largest segment a
-// peer may send this process over TCP (ContextConfig.TCPSegmentBytes).
-const TCPReceiveSegmentBytes = 1 << 20
-
 // Context is a UCX context (ucp_context_h): the transports and the memory registrations.
 // Workers and memory are created from it and must be closed before it.
 type Context struct {

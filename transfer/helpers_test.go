@@ -156,3 +156,12 @@ func eventually(t testing.TB, cond func() bool, what string) {
 }
 
 var bg = context.Background()
+
+func waitQuiesced(t testing.TB, h *Handle, d time.Duration) {
+	t.Helper()
+	select {
+	case <-h.Quiesced():
+	case <-time.After(d):
+		t.Fatalf("request %d not quiesced within %v: %+v", h.ID(), d, h.Status())
+	}
+}

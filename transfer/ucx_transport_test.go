@@ -97,15 +97,6 @@ func ucxTestConfig() Config {
 		DirectMinRunBytes: None} // the test layouts' rows are a few hundred bytes: every path stays reachable
 }
 
-func waitQuiesced(t testing.TB, h *Handle, d time.Duration) {
-	t.Helper()
-	select {
-	case <-h.Quiesced():
-	case <-time.After(d):
-		t.Fatalf("request %d not quiesced within %v: %+v", h.ID(), d, h.Status())
-	}
-}
-
 // Two engines in one process over UCX, shared memory and TCP: requests of several shapes and
 // orders, many concurrently, every byte checked against the reference gather.
 func TestUCXTransport_TwoEnginesEveryByteChecked(t *testing.T) {

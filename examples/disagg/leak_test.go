@@ -33,3 +33,10 @@ func TestMain(m *testing.M) {
 	}
 	goleak.VerifyTestMain(m)
 }
+
+// envWorkerChild makes this test binary one engine of the link-cut test: "ROLE,TARGET,DEV".
+const envWorkerChild = "KVXFER_DISAGG_WORKER_CHILD"
+
+// envEtcdChild makes this test binary an etcd server: "CLIENT_HOST:PORT,PEER_HOST:PORT,DIR".
+// It prints "etcd ready" and serves until its stdin closes.
+const envEtcdChild = "KVXFER_DISAGG_ETCD_CHILD"

@@ -25,9 +25,6 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
-// envWorkerChild makes this test binary one engine of the link-cut test: "ROLE,TARGET,DEV".
-const envWorkerChild = "KVXFER_DISAGG_WORKER_CHILD"
-
 // cutLayout is a 64 MiB pool moved whole: long enough over a rate-limited link to cut it
 // mid-transfer.
 var cutLayout = layout.Packed(layout.Dims{NumLayers: 8, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2,

@@ -22,10 +22,6 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
-// envEtcdChild makes this test binary an etcd server: "CLIENT_HOST:PORT,PEER_HOST:PORT,DIR".
-// It prints "etcd ready" and serves until its stdin closes.
-const envEtcdChild = "KVXFER_DISAGG_ETCD_CHILD"
-
 func etcdChild(spec string) int {
 	f := strings.Split(spec, ",")
 	if len(f) != 3 {

@@ -413,12 +413,6 @@ func (p *peerPools) unmap() {
 	}
 }
 
-func closedChan() <-chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}
-
 // seedFill fills pool with the ChaCha8 stream of key.
 func seedFill(key [32]byte, pool []byte) {
 	_, _ = rand.NewChaCha8(key).Read(pool) // ChaCha8.Read never fails

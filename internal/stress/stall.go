@@ -229,3 +229,10 @@ func (s *soak) watchStalls(m *stallMeter) func() {
 	})
 	return func() { m.setOnLong(nil) }
 }
+
+// closedChan is a channel already closed: a wait on it is bounded by its own timeout alone.
+func closedChan() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
+//go:build cgo
+
 // Command enginepeer is the other process in the transfer tests and benchmarks that run two
 // engines over UCX: a transfer.Engine over a ucx.Transport in its own process, started by a test
 // (internal/peerproc.BuildEnginePeer), never by people. It lives under transfer/ because it

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
+//go:build cgo
+
 // Command hostilepeer is the lying peer of the hostile peer harness (internal/hostile,
 // docs/security.md "The hostile peer harness"): a process built on the engine's own wire code
 // (transfer/internal/wire) over a real ucx.Transport, which answers a victim engine's requests

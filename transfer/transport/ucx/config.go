@@ -11,14 +11,9 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"go.uber.org/zap"
 )
-
-// MaxTCPSegmentBytes bounds Config.TCPSegmentBytes: the receive buffer every transport of
-// this package gives UCX's TCP transport (native.TCPReceiveSegmentBytes).
-const MaxTCPSegmentBytes = native.TCPReceiveSegmentBytes
 
 // Config configures a Transport. Zero values take the documented defaults.
 type Config struct {

@@ -5,6 +5,7 @@ package ucx
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -529,3 +530,11 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	}
 	return c, nil
 }
+
+// PeerFromAddress names the peer at a UCX worker address, as Transport does.
+func PeerFromAddress(addr []byte) transport.Peer { return transport.Peer(hex.EncodeToString(addr)) }
+
+// SenderPeer is the peer a ContextParams came from, as a Transport names it: pass it as
+// transfer.Spec.Peer of the Receive. A sender that restarted has a new worker address, hence a new
+// peer, so nothing meant for its old life reaches the new one.
+func SenderPeer(c *ContextParams) transport.Peer { return PeerFromAddress(c.WorkerAddress) }

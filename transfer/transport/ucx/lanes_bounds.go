@@ -2,6 +2,8 @@
 
 package ucx
 
+import "github.com/kvxfer/kvxfer/native"
+
 // Bounds and defaults of Config, here (no cgo) so that builds without cgo can name them.
 const (
 	// defaultLanes is Config.Lanes' default where GOMAXPROCS allows it.
@@ -14,3 +16,7 @@ const (
 	// transfer holds the two equal).
 	DefaultStagingBytes = 64 * 2 * 4 << 20
 )
+
+// MaxTCPSegmentBytes bounds Config.TCPSegmentBytes: the receive buffer every transport of
+// this package gives UCX's TCP transport (native.TCPReceiveSegmentBytes).
+const MaxTCPSegmentBytes = native.TCPReceiveSegmentBytes

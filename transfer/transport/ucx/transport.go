@@ -132,9 +132,6 @@ type ucxReport struct {
 	connected transport.Peer
 }
 
-// PeerFromAddress names the peer at a UCX worker address, as Transport does.
-func PeerFromAddress(addr []byte) transport.Peer { return transport.Peer(hex.EncodeToString(addr)) }
-
 // New opens UCX, allocates the staging region and starts the dispatch goroutine.
 func New(cfg Config) (*Transport, error) {
 	if err := cfg.applyDefaults(); err != nil {
@@ -215,11 +212,6 @@ func (t *Transport) ExposeParams(id transport.RequestID, plan *layout.Plan, secr
 }
 
 var _ transport.ParamsIssuer = (*Transport)(nil)
-
-// SenderPeer is the peer a ContextParams came from, as a Transport names it: pass it as
-// transfer.Spec.Peer of the Receive. A sender that restarted has a new worker address, hence a new
-// peer, so nothing meant for its old life reaches the new one.
-func SenderPeer(c *ContextParams) transport.Peer { return PeerFromAddress(c.WorkerAddress) }
 
 // Bind implements transport.Transport.
 func (t *Transport) Bind(in transport.Inbound) error {
