@@ -104,6 +104,10 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 	if cfg.rndvThresh != "" {
 		cc.rndv_thresh = cstr(cfg.rndvThresh)
 	}
+	rndvThresh := ""
+	if cc.rndv_thresh != nil {
+		rndvThresh = C.GoString(cc.rndv_thresh)
+	}
 	if cfg.TCPSegmentBytes != 0 {
 		cc.tcp_tx_seg_size = cstr(strconv.FormatInt(cfg.TCPSegmentBytes, 10))
 	}
@@ -121,6 +125,7 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 		c.stopLog()
 		return nil, statusErr("init context", st)
 	}
+	recordSettings(cfg, rndvThresh)
 	return c, nil
 }
 

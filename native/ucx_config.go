@@ -13,8 +13,11 @@ import "C"
 import (
 	"fmt"
 	"math"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -133,6 +136,52 @@ func protocolsV2() bool { return C.kvx_ucx_protocols_v2() == 1 }
 // default, which is 64 in 1.13 and 256 in 1.22), as UCX's configuration of its posix transport
 // says; 0 when this UCX has no posix transport.
 func shmFIFOSize() int { return max(int(C.kvx_ucx_mm_fifo_size()), 0) }
+
+// lastSettings is what the most recent context of this process opened with (Settings).
+var lastSettings struct {
+	sync.Mutex
+	list []string
+}
+
+// settingsFromEnv are the transport settings NewContext puts into the environment (or finds
+// there): UCX reads them from it, so they are what every context of the process runs with.
+var settingsFromEnv = []string{"UCX_MM_ERROR_HANDLING", "UCX_MM_FIFO_SIZE", "UCX_TCP_MAX_IOV",
+	"UCX_TCP_RX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE"}
+
+// recordSettings keeps what a context opened with cfg (defaults applied) and the rendezvous
+// threshold NewContext gave it ("" for UCX's) runs with, for Settings.
+func recordSettings(cfg ContextConfig, rndvThresh string) {
+	list := []string{"UCX_RNDV_SCHEME=" + cfg.RendezvousScheme,
+		fmt.Sprintf("UCX_KEEPALIVE_INTERVAL=%dms", cfg.KeepaliveInterval.Milliseconds())}
+	if rndvThresh == "" {
+		rndvThresh, _ = ProcessEnv("UCX_RNDV_THRESH")
+	}
+	if rndvThresh != "" {
+		list = append(list, "UCX_RNDV_THRESH="+rndvThresh)
+	}
+	for _, name := range settingsFromEnv {
+		if v, ok := ProcessEnv(name); ok {
+			list = append(list, name+"="+v)
+		}
+	}
+	sort.Strings(list)
+	lastSettings.Lock()
+	lastSettings.list = list
+	lastSettings.Unlock()
+}
+
+// Settings is the UCX configuration the most recent context of this process opened with,
+// beyond UCX's defaults and its transports (UCX_TLS, UCX_NET_DEVICES): the rendezvous scheme
+// and threshold, the keepalive interval, and the transport settings NewContext put into the
+// environment or found there, as sorted NAME=value assignments. Another UCX program given
+// them, ucx_perftest with peer error handling (-e) say, runs as this package's contexts do on
+// this UCX; kvxbench reports them and scripts/bench-paths.sh gives them to its baseline. Nil
+// before any context opened.
+func Settings() []string {
+	lastSettings.Lock()
+	defer lastSettings.Unlock()
+	return slices.Clone(lastSettings.list)
+}
 
 // ProcessEnv is the value of name in the process's environment as C code (UCX) reads it.
 // NewContext puts its transport settings there; os.Getenv does not see them, since Go reads

@@ -121,3 +121,57 @@ func TestWantsTCP(t *testing.T) {
 		require.Equal(t, want, wantsTCP(tls), tls)
 	}
 }
+
+// TestUCX_SettingsAreWhatTheContextRunsWith: Settings names what the most recent context opened
+// with, so a baseline given them (scripts/bench-paths.sh's ucx_perftest) runs as the engine
+// does on this UCX: the rendezvous scheme the config chose (get_zcopy under protocols v1,
+// am under v2, or the caller's), the threshold kvxfer sets under v2, and the transport
+// settings UCX reads from the environment as they stand there.
+func TestUCX_SettingsAreWhatTheContextRunsWith(t *testing.T) {
+	for _, tr := range transports {
+		for _, tc := range []struct {
+			name, scheme string // scheme: ContextConfig.RendezvousScheme
+			want         string // the UCX_RNDV_SCHEME Settings must name
+		}{
+			{"default", "", map[bool]string{false: "get_zcopy", true: "am"}[protocolsV2()]},
+			{"get_zcopy", "get_zcopy", "get_zcopy"},
+			{"am", "am", "am"},
+		} {
+			t.Run(tr.name+"/"+tc.name, func(t *testing.T) {
+				uc, err := NewContext(ContextConfig{TLS: tr.tls, RendezvousScheme: tc.scheme, KeepaliveInterval: 300 * time.Millisecond})
+				require.NoError(t, err)
+				defer func() { require.NoError(t, uc.Close()) }()
+				got := map[string]string{}
+				for _, kv := range Settings() {
+					k, v, ok := strings.Cut(kv, "=")
+					require.True(t, ok, kv)
+					got[k] = v
+				}
+				require.Equal(t, tc.want, got["UCX_RNDV_SCHEME"], "UCX %s: %v", UCXVersion(), Settings())
+				require.Equal(t, "300ms", got["UCX_KEEPALIVE_INTERVAL"])
+				thresh, set := ProcessEnv("UCX_RNDV_THRESH")
+				if !set && protocolsV2() && tc.want != "get_zcopy" {
+					thresh, set = strconv.Itoa(eagerLimitBytes), true
+				}
+				if set {
+					require.Equal(t, thresh, got["UCX_RNDV_THRESH"], "UCX %s", UCXVersion())
+				} else {
+					require.NotContains(t, got, "UCX_RNDV_THRESH", "UCX %s", UCXVersion())
+				}
+				for _, name := range settingsFromEnv {
+					v, ok := ProcessEnv(name)
+					if !ok {
+						require.NotContains(t, got, name)
+						continue
+					}
+					require.Equal(t, v, got[name], name)
+				}
+				if tr.name == "tcp" {
+					require.Equal(t, "0", got["UCX_TCP_MAX_IOV"], "no TCP zero-copy (docs/ucx.md)")
+				} else {
+					require.Equal(t, "y", got["UCX_MM_ERROR_HANDLING"])
+				}
+			})
+		}
+	}
+}

@@ -9,9 +9,12 @@
 #   tcp, the engine's choice / tag_bw over TCP    (kvxbench's own baseline, same message size)
 #   tcp --tcp-segment 64KiB / tag_bw              (what engines sent before 1 MiB became the default)
 #   tcp --rma-where-emulated / tag_bw             (what the choice avoided)
-#   tcp / tag_bw -e with UCX_RNDV_SCHEME=get_zcopy (UCX as kvxfer sets it up: peer error
-#                                                  handling and the receiver-pulled rendezvous;
-#                                                  kvxbench's baseline runs with neither)
+#   tcp / tag_bw -e with the engine's UCX settings (UCX as kvxfer sets it up on this UCX: peer
+#                                                  error handling, and the rendezvous scheme,
+#                                                  threshold and TCP settings the round's
+#                                                  tcp row reported in env.ucx_settings, e.g.
+#                                                  get_zcopy on 1.13, am on 1.22; kvxbench's
+#                                                  own baseline runs with none of them)
 #   shm --staging / tag_bw (the pull wire), and --staging --no-pull (tagged data messages);
 #   --staging with TP=2->1 and with block-major -> layer-major / tag_bw
 #   shm TP=2->1 and block-major -> layer-major on the engine's own choice / tag_bw
@@ -82,6 +85,28 @@ print(f'{name} perftest={what.strip().replace(" ", "+")} gbps={gbps:.3f} load={l
 PY
 }
 
+engine_settings() { # row: the UCX settings the engine of kvxbench row ROW ran with (its env.ucx_settings)
+	[ -f "$out/$1.json" ] || return 0
+	python3 - "$out/$1.json" <<'PY'
+import json, sys
+d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+print(" ".join((d.get("env") or {}).get("ucx_settings") or []))
+PY
+}
+
+as_engine() { # name row test tls flags: perftest with the UCX settings kvxbench row ROW's engine ran with
+	name=$1 row=$2
+	shift 2
+	only "$name" || return 0
+	settings=$(engine_settings "$row")
+	if [ -z "$settings" ]; then
+		echo "$name skipped: row $row reported no engine settings (not run, or a kvxbench without env.ucx_settings)" | tee -a "$out/skipped"
+		return 0
+	fi
+	# shellcheck disable=SC2086 # one NAME=value word each
+	perftest "$name" "$@" $settings
+}
+
 memcpy() { # name: kvxbench memcpy, one and two threads, as the lanes rows' host limit
 	name=$1
 	only "$name" || return 0
@@ -106,7 +131,7 @@ while [ "$i" -le "$ROUNDS" ]; do
 	perftest "r$i.shm.ucp_get" ucp_get posix,cma,self ""
 	pair "r$i.tcp.choice" --tls tcp,self
 	pair "r$i.tcp.seg64k" --tls tcp,self --tcp-segment 64KiB
-	perftest "r$i.tcp.tag_bw_kvx" tag_bw tcp,self -e UCX_RNDV_SCHEME=get_zcopy
+	as_engine "r$i.tcp.tag_bw_kvx" "r$i.tcp.choice" tag_bw tcp,self -e
 	pair "r$i.tcp.rma" --tls tcp,self --rma-where-emulated
 	pair "r$i.shm.staging" --tls posix,cma,self --staging
 	pair "r$i.shm.staging.msg" --tls posix,cma,self --staging --no-pull
@@ -135,7 +160,7 @@ cols = [
     ("rma/ucp_get", lambda r: div(g(r, "shm.lanes"), g(r, "shm.ucp_get"))),
     ("tcp-choice/tag_bw", lambda r: g(r, "tcp.choice", "ratio")),
     ("tcp-seg64k/tag_bw", lambda r: g(r, "tcp.seg64k", "ratio")),
-    ("tcp-choice/tag_bw(-e,get_zcopy)", lambda r: div(g(r, "tcp.choice"), g(r, "tcp.tag_bw_kvx"))),
+    ("tcp-choice/tag_bw(-e,engine's)", lambda r: div(g(r, "tcp.choice"), g(r, "tcp.tag_bw_kvx"))),
     ("tcp-rma/tag_bw", lambda r: g(r, "tcp.rma", "ratio")),
     ("staging/tag_bw", lambda r: g(r, "shm.staging", "ratio")),
     ("staging-msg/tag_bw", lambda r: g(r, "shm.staging.msg", "ratio")),

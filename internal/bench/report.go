@@ -115,7 +115,12 @@ type RunEnv struct {
 	UCX string `json:"ucx"`
 	// UCXTransports is UCX_TLS as this process saw it ("" when unset: UCX chose).
 	UCXTransports string `json:"ucx_transports"`
-	Host          string `json:"host"`
+	// UCXSettings is the UCX configuration the engines of this process ran with beyond UCX's
+	// defaults (native.Settings: rendezvous scheme and threshold, keepalive, the TCP and
+	// shared-memory settings), as NAME=value; scripts/bench-paths.sh gives them to the
+	// ucx_perftest it compares the engine with.
+	UCXSettings []string `json:"ucx_settings,omitempty"`
+	Host        string   `json:"host"`
 	// Cores is the number of CPUs the process may use; GoMaxProcs the Go scheduler's limit.
 	Cores      int    `json:"cores"`
 	GoMaxProcs int    `json:"gomaxprocs"`
@@ -132,11 +137,13 @@ type RunEnv struct {
 // runEnv reads the environment of this process now.
 func runEnv(now time.Time) *RunEnv {
 	host, _ := os.Hostname()
-	return &RunEnv{
+	env := &RunEnv{
 		Kvxfer: kvxferVersion(), UCX: native.UCXVersion(), UCXTransports: os.Getenv("UCX_TLS"),
 		Host: host, Cores: runtime.NumCPU(), GoMaxProcs: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
 		OS: runtime.GOOS, Arch: runtime.GOARCH, Timestamp: now.UTC().Format(time.RFC3339),
 	}
+	env.UCXSettings = native.Settings()
+	return env
 }
 
 // kvxferVersion is the version the Go toolchain stamped into this binary.
