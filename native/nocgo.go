@@ -31,3 +31,6 @@ func UCXVersion() string { return "" }
 
 // systemDevices is 0: a build without cgo links no UCX to count them.
 func systemDevices() int { return 0 }
+
+// Settings is nil: a build without cgo opens no UCX context.
+func Settings() []string { return nil }
