@@ -14,7 +14,7 @@ var Budgets = map[string]int{
 	"cuda/gpuinfo":                     27,
 	"layout":                           80,
 	"layout/layouttest":                9,   // +2 ReferenceGather, ReferenceScatter (from layout: test ground truth)
-	"native":                           163, // +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages
+	"native":                           164, // +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages; +1 Settings (kvxbench's env.ucx_settings, bench-paths' perftest baseline)
 	"transfer":                         249, // +1 HealthSnapshot.ProtocolRefusals (docs/security.md); +3 Engine.Expose, ErrAlreadyClaimed, Config.ExposureTimeout (docs/protocol.md); +1 Spec.Params (one-hop reads)
 	"transfer/discovery":               43,  // +2 Hand, Take: the handover of an exposure
 	"transfer/discovery/discoverytest": 8,
