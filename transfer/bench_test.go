@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,7 +40,7 @@ func BenchmarkCancel(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			const batch = 512
 			cfg := fastConfig()
-			cfg.MaxConcurrent, cfg.NumSlots, cfg.PipelineDepth = batch, batch, 1
+			cfg.MaxConcurrent, cfg.Tuning.NumSlots, cfg.Tuning.PipelineDepth = batch, batch, 1
 			cfg.QueueTimeout, cfg.TransferTimeout, cfg.ProgressDeadline = time.Minute, time.Minute, time.Hour
 			p := newPair(b, cfg, cfg)
 			ghost := p.net.Transport("nobody") // an address that never answers
@@ -97,8 +98,14 @@ func BenchmarkCancel(b *testing.B) {
 func BenchmarkManyInFlight(b *testing.B) {
 	for _, idle := range []int{10, 10000} {
 		b.Run(fmt.Sprintf("in-flight=%d", idle), func(b *testing.B) {
-			cfg := Config{SlotBytes: 8 << 10, MaxConcurrent: idle + 8, NumSlots: idle + 16, PipelineDepth: 4,
-				TransferTimeout: time.Hour, QueueTimeout: time.Minute, CloseTimeout: time.Minute, RetryInterval: time.Hour}
+			cfg := Config{
+				SlotBytes:       8 << 10,
+				MaxConcurrent:   idle + 8,
+				TransferTimeout: time.Hour,
+				QueueTimeout:    time.Minute,
+				CloseTimeout:    time.Minute,
+				Tuning:          tuning.Config{NumSlots: idle + 16, PipelineDepth: 4, RetryInterval: time.Hour},
+			}
 			p := newPair(b, cfg, cfg)
 			ghost := p.net.Transport("ghost") // an address that never answers
 			b.Cleanup(func() { _ = ghost.Close(true) })

@@ -34,8 +34,8 @@ func TestL3_ReceiversCancelIsACleanCancelForTheSenderOnEveryPath(t *testing.T) {
 	for _, mp := range memPaths() {
 		t.Run(mp.name, func(t *testing.T) {
 			scfg, rcfg := fastConfig(), fastConfig()
-			scfg.CancelGrace = 20 * time.Millisecond // shorter than a data operation takes
-			rcfg.CancelGrace = 5 * time.Second       // longer: the receiver's operations end in it
+			scfg.Tuning.CancelGrace = 20 * time.Millisecond // shorter than a data operation takes
+			rcfg.Tuning.CancelGrace = 5 * time.Second       // longer: the receiver's operations end in it
 			sq, rq := &quarantineCounter{}, &quarantineCounter{}
 			scfg.Observer, rcfg.Observer = sq, rq
 			p, start := mp.setup(t, scfg, rcfg)

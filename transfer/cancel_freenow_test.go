@@ -68,11 +68,11 @@ func TestL10_FreeNowCancelFindsDoneAndQuiescedClosed(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			obs := &blockingObserver{entered: make(chan struct{}), release: make(chan struct{}), moves: map[RequestID][]State{}}
 			cfg := pipelineConfig()
-			cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 2048, 512
+			cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 2048, 512
 			n := mem.NewNetwork()
 			src := memPathSide(t, n, "prefill", c.path, cfg)
 			cfg.Observer = obs
-			cfg.MaxConcurrent, cfg.PipelineDepth = 1, 1
+			cfg.MaxConcurrent, cfg.Tuning.PipelineDepth = 1, 1
 			dst := memPathSide(t, n, "decode", c.path, cfg)
 			var letGo sync.Once
 			let := func() { letGo.Do(func() { close(obs.release) }) }

@@ -49,7 +49,7 @@ func TestL10_ForgedClaimLeavesTheSendToTheRealReceiver(t *testing.T) {
 			// and the sender counts each refused copy: under a loaded host the refusal took
 			// longer than fastConfig's 20ms, and two were counted. The mem wire loses nothing,
 			// so no resend is needed here.
-			dst.RetryInterval = time.Minute
+			dst.Tuning.RetryInterval = time.Minute
 			refusals := &refusalCounter{}
 			src.Observer = refusals
 			a, err := New(n.Transport("prefill"), src)

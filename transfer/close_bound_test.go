@@ -96,9 +96,9 @@ func TestL1_CloseLeavesTheObserverItsShareOfTheBound(t *testing.T) {
 			t.Run(pc.name+"/"+c.desc, func(t *testing.T) {
 				t.Parallel()
 				cfg := pipelineConfig()
-				cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 2048, 512
+				cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 2048, 512
 				// Nothing but Close ends the transfers: no timer of theirs is what this is about.
-				cfg.TransferTimeout, cfg.QueueTimeout, cfg.QuarantineTimeout = time.Minute, time.Minute, time.Minute
+				cfg.TransferTimeout, cfg.QueueTimeout, cfg.Tuning.QuarantineTimeout = time.Minute, time.Minute, time.Minute
 				cfg.CloseTimeout = closeTimeout
 				pc.cfg(&cfg)
 				n := mem.NewNetwork()

@@ -90,7 +90,7 @@ func TestL2_CloseUnmapsNothingUnderACopy(t *testing.T) {
 				ecfg := cfg
 				tr := n.Transport(name)
 				if c.pull {
-					ecfg.StagingMemory = make([]byte, int64(ecfg.NumSlots)*ecfg.SlotBytes)
+					ecfg.StagingMemory = make([]byte, int64(ecfg.Tuning.NumSlots)*ecfg.SlotBytes)
 					tr.AllowDirect(ecfg.StagingMemory)
 					n.Endpoint(name).MapPeers(true)
 				}
@@ -138,7 +138,7 @@ func TestL2_CloseUnmapsNothingUnderACopy(t *testing.T) {
 				select {
 				case <-spies[closing].closing:
 					t.Errorf("the transport's Close began while the copy ran")
-				case <-time.After(cfg.CancelGrace + time.Second): // Close waits for the copy as long as CloseTimeout
+				case <-time.After(cfg.Tuning.CancelGrace + time.Second): // Close waits for the copy as long as CloseTimeout
 				}
 				stuck.let()
 				select {
@@ -189,11 +189,11 @@ type closePath struct {
 // messages or pulled (with gets, or read in place out of the sender's slot mapped here), and the
 // one-copy paths (IOV messages, RMA gets, RMA ranges read in place).
 var closePaths = []closePath{
-	{name: "staging", cfg: func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, path: PathStaging},
-	{name: "pull", cfg: func(c *Config) { c.DisableDirect, c.DisableInPlaceReads = true, true }, path: PathStaging, pull: true},
-	{name: "pull in place", cfg: func(c *Config) { c.DisableDirect = true }, path: PathStaging, pull: true, in: true},
-	{name: "direct", cfg: func(c *Config) { c.DisableRMA = true }, path: PathDirect},
-	{name: "RMA", cfg: func(c *Config) { c.DisableInPlaceReads = true }, path: PathRMA},
+	{name: "staging", cfg: func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, path: PathStaging},
+	{name: "pull", cfg: func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisableInPlaceReads = true, true }, path: PathStaging, pull: true},
+	{name: "pull in place", cfg: func(c *Config) { c.Tuning.DisableDirect = true }, path: PathStaging, pull: true, in: true},
+	{name: "direct", cfg: func(c *Config) { c.Tuning.DisableRMA = true }, path: PathDirect},
+	{name: "RMA", cfg: func(c *Config) { c.Tuning.DisableInPlaceReads = true }, path: PathRMA},
 	{name: "RMA in place", cfg: func(*Config) {}, path: PathRMA, in: true},
 }
 
@@ -278,8 +278,8 @@ func TestL1_CloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 			side := map[bool]string{true: "sender", false: "receiver"}[closeSender]
 			t.Run(pc.name+"/close the "+side, func(t *testing.T) {
 				cfg := pipelineConfig()
-				cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 2048, 512
-				cfg.QuarantineTimeout = 10 * time.Second // Close, not the timer, ends what is left
+				cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 2048, 512
+				cfg.Tuning.QuarantineTimeout = 10 * time.Second // Close, not the timer, ends what is left
 				n := mem.NewNetwork()
 				// Every message and get held a while: the transfers are still moving at Close.
 				n.SetFault(func(mem.FaultPoint) mem.Fault { return mem.Fault{Delay: 10 * time.Millisecond} })
@@ -302,7 +302,7 @@ func memPathSideOver(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg 
 	t.Helper()
 	pc.cfg(&cfg)
 	tr := n.Transport(name)
-	cfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+	cfg.StagingMemory = make([]byte, int64(cfg.Tuning.NumSlots)*cfg.SlotBytes)
 	if pc.pull {
 		tr.AllowDirect(cfg.StagingMemory) // as UCX's staging memory is mapped
 	}

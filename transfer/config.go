@@ -9,12 +9,19 @@ import (
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"go.uber.org/zap"
 )
 
-// Config tunes an Engine. Zero values take the defaults documented on each field (a few also
-// listed as Default* constants); the budgets and MaxRetries, whose zero is a setting of its own, take
-// None for zero. New validates the result once and names the first field that cannot work.
+// Config sets up an Engine. Zero values take the defaults documented on each field; New
+// validates the result once and names the first field that cannot work.
+//
+// The fields here are what a serving program decides: the staging slots' size and memory,
+// how many transfers run at once, the deadlines, the cluster keys, where logs and events go.
+// Everything else (the path thresholds and switches, the pipeline depth, the health budgets,
+// the protocol's retry and memory bounds) is in Tuning, package transfer/tuning, whose
+// defaults suit a serving program: set it to pin a path for a measurement or after measuring
+// that a default does not fit.
 type Config struct {
 	// SlotBytes is the size of one staging slot, header included: a chunk carries
 	// SlotBytes-transport.DataHeaderBytes bytes of KV. Peers must agree (the receiver's chunk size must
@@ -25,15 +32,8 @@ type Config struct {
 	// staging slots or take the one-copy path and hold none; more wait queued, bounded by
 	// QueueTimeout (a Send only once its receiver's request came). Default 64.
 	MaxConcurrent int
-	// PipelineDepth is the most slots one transfer holds, so chunk i+1 is gathered while
-	// chunk i is on the wire. A transfer needs only one to progress; the others are taken
-	// only when free. Default 2.
-	PipelineDepth int
-	// NumSlots is the number of staging slots. It must be at least MaxConcurrent (L13).
-	// Default MaxConcurrent*PipelineDepth.
-	NumSlots int
 	// StagingMemory backs the slots (registered memory, say). If nil, New allocates
-	// NumSlots*SlotBytes bytes. If set, NumSlots defaults to len/SlotBytes.
+	// NumSlots*SlotBytes bytes. If set, Tuning.NumSlots defaults to len/SlotBytes.
 	StagingMemory []byte
 	// TransferTimeout is a transfer's deadline, counted from its first slot lease, when its
 	// Spec gives none. Default 30s.
@@ -50,112 +50,17 @@ type Config struct {
 	// after another, active or still queued (a request that starts less than this after the
 	// last one ended keeps the clock running). Default 10s.
 	ProgressDeadline time.Duration
-	// QuarantineBudget: Health turns unhealthy when more transfers than this wait in
-	// quarantine at once (those quarantined for good with their caller's blocks poisoned are
-	// bounded by PoisonedBlockBudget instead). Default 8; None tolerates none.
-	QuarantineBudget int
-	// PoisonedBlockBudget: Health turns unhealthy when more of the callers' KV blocks than
-	// this are poisoned for good (a one-copy operation never said whether it let go of them:
-	// they are never to be used again, and the engine refuses transfers over them). It never
-	// recovers without a restart. Default 1024; None tolerates none.
-	PoisonedBlockBudget int
-	// QuarantineTimeout is how long a quarantined transfer waits for the transport to prove
-	// it is done with a slot before the slot is poisoned. Default 10s.
-	QuarantineTimeout time.Duration
-	// CancelGrace is how long a cancelled in-flight transfer waits for its operations to
-	// stop before it is quarantined. Default 100ms.
-	CancelGrace time.Duration
-	// RetryInterval is the first wait before the receiver resends its request to a sender
-	// that has not answered; it doubles on each retry. Default 200ms.
-	RetryInterval time.Duration
-	// MaxRetries bounds those resends. Default 6; None sends the request once.
-	MaxRetries int
-	// MaxPending bounds the requests kept for Sends not made yet, and the peers whose hellos
-	// the engine remembers (with the challenge outstanding for each: docs/protocol.md, "The
-	// hello handshake"); past it, peers no transfer waits on are forgotten, and met again.
-	// Default 4096.
-	MaxPending int
-	// PendingTTL is how long such a request is kept, and how long a hello challenge stays
-	// outstanding before a new one replaces it. It also bounds how long the engine keeps a
-	// connection it made only to answer a hello or challenge whose sender never proved itself
-	// (docs/security.md, "Hellos"). Default 30s.
-	PendingTTL time.Duration
-	// LostPeerTTL is how long the engine remembers a peer its transport reported lost: a
-	// Send or Receive with it fails at once (a *PeerLostError matching ErrPeerLost) instead
-	// of waiting out QueueTimeout for a peer that is gone. A message from the peer ends it
-	// sooner (a false alarm). At most MaxPending peers are remembered. Default 30s.
-	LostPeerTTL time.Duration
 	// CloseTimeout bounds Engine.Close, the transport's own close aside (it has its own bound,
 	// ucx.Config.CloseTimeout), and Drain when its context has no deadline. Close splits it so
-	// that no step eats another's share: stopping the transfers (CancelGrace, the settle before
+	// that no step eats another's share: stopping the transfers (Tuning.CancelGrace, the settle before
 	// the goodbye, the goodbye, the copies running) takes at most three quarters of it; after
 	// the transport's close, the transfers' last verdicts and the Observer's hearing every
 	// event (every Done closed) take the rest, at least a quarter. Default 10s.
 	CloseTimeout time.Duration
-	// ReadyPollInterval is how often a streaming Send polls its Spec.Ready signals while it
-	// waits on them (never blocking on one). Default 100us: a layer of prefill takes
-	// milliseconds, so the poll adds little delay and little CPU.
-	ReadyPollInterval time.Duration
-	// DisableDirect forces every transfer through staging slots. By default a transfer takes
-	// the one-copy (direct) path when the transport implements transport.DirectTransport, both sides'
-	// pools are direct-capable (Transport.Direct), the spec has no Mover, and the receiver
-	// asks for it: the transport then reads and writes the caller's pool in place, and no
-	// slot is leased. Set it on the receiver to make a pair use staging (the receiver decides;
-	// a sender's own setting refuses a direct request it gets).
-	DisableDirect bool
-	// DirectChunkBytes is the most stream bytes one direct message carries. No slot bounds
-	// it, so it is large: fewer messages cost less per byte, and PipelineDepth of them are
-	// posted at once. Default 64 MiB.
-	DirectChunkBytes int64
-	// DisableRMA keeps the direct path on tagged IOV messages. By default, when the transport
-	// implements transport.RMATransport, a direct receiver asks the sender for its pool (FlagRMA) and
-	// reads the blocks with RMA gets, pool range to pool range, whenever the two layouts line
-	// up (see RMAMinRegionBytes); a sender with DisableRMA declines such a request. See
-	// docs/onecopy.md.
-	DisableRMA bool
 	// noOneHop keeps an exposure's params without the Exposure section and a Receive from
 	// reading one (onehop.go): the request/offer round trip, as before one-hop reads. For tests
 	// and measurements.
 	noOneHop bool
-	// DisablePull keeps the staging path on tagged data messages. By default, when both
-	// engines' transports implement transport.RMATransport and map their staging memory (ucx.Transport's
-	// StagingMemory), and gets to the peer are not emulated, the receiver reads each chunk out
-	// of the sender's slot with a get (the pull wire, docs/staging.md): over UCX 1.13 shared
-	// memory a tagged message is copied through the receiver's FIFO in 8 KiB pieces, a get
-	// from mapped memory is one memcpy. A sender with DisablePull declines, and the chunks go
-	// as messages.
-	DisablePull bool
-	// DisableInPlaceReads makes a pull receiver read each chunk with a get into a slot of its
-	// own even where its transport maps the sender's slots into this process (transport.RMAMapper: UCX
-	// over shared memory). By default the scatter then reads the chunk in place, one copy
-	// fewer; only a Spec without a Mover, or with a Mover that says it may
-	// (AnySourceScatterer: HostMover does), reads in place.
-	DisableInPlaceReads bool
-	// RMAWhereEmulated keeps the RMA mode where the transport says its gets to the peer are
-	// emulated (transport.RMAEmulation: UCX 1.13 over TCP). By default such a receiver takes the direct
-	// path's tagged messages instead, and Handle.Path says PathDirect; on the staging path it
-	// keeps the data messages instead of the pull wire.
-	RMAWhereEmulated bool
-	// RMAMinRegionBytes is the smallest mean size of the pool-to-pool ranges (each as long as
-	// both sides' bytes stay contiguous) for which a receiver takes the RMA mode: below it
-	// (layout conversion, heterogeneous TP) every range would be a get of its own, and the IOV
-	// message does better. Default 256 KiB; a block-major pool moving whole blocks has ranges
-	// of at least one block.
-	RMAMinRegionBytes int64
-	// InPlaceMinRegionBytes replaces RMAMinRegionBytes where the receiver reads the offered
-	// pool in place (transport.RMAMapper: UCX shared memory, docs/onecopy.md "Reads in place"): each range
-	// is then a copy call, not a get, and layout conversion and heterogeneous TP take the RMA
-	// mode down to ranges of this mean size (or RMAMinRegionBytes, if smaller). Default 4 KiB.
-	InPlaceMinRegionBytes int64
-	// DirectMinRunBytes is the smallest contiguous piece of the receiver's pool (its plan's
-	// run: Plan.RunUnits rows) for which a receiver takes the direct path: below it (a
-	// token-major layout such as layer-major-nhd, whose pieces are one row of one head) each
-	// piece would be an IOV entry of its own, and staging's gather and scatter move such pieces
-	// faster than UCX does (measured on UCX 1.13 shared memory: 256-byte pieces 0.7 against 1.5
-	// GB/s, 1 KiB 0.6 against 1.1, 4 KiB 1.9 against 1.3; docs/benchmarks.md). Only this
-	// side's layout counts: the receiver does not know the sender's. Default 2 KiB; None
-	// takes the direct path whatever the pieces.
-	DirectMinRunBytes int64
 	// ClusterKeys, when set, authenticate the hello handshake (docs/protocol.md, "The cluster
 	// key"): each key is ClusterKeyBytes random bytes; the first seals every hello, hello
 	// challenge and proof this engine sends, and any one opens those it gets. A message not
@@ -176,14 +81,15 @@ type Config struct {
 	RequireClaimProof bool
 	// Logger receives lifecycle events. Default zap.NewNop().
 	Logger *zap.Logger
-	// Observer hears every transition, cancel, quarantine, poison and progress. Default
-	// NopObserver.
+	// Observer hears every transition, cancel, quarantine, poison and progress. Default: none.
 	Observer Observer
+	// Tuning holds the knobs a serving program leaves at their defaults (package
+	// transfer/tuning).
+	Tuning tuning.Config
 }
 
-// None sets a Config count whose zero value takes a default (QuarantineBudget,
-// PoisonedBlockBudget, MaxRetries) to zero.
-const None = -1
+// none is tuning.None: zero for a count whose zero value takes a default.
+const none = tuning.None
 
 // Defaults of Config that the module's tools size against too (internal/transferdefaults);
 // each is documented on its field.
@@ -231,7 +137,7 @@ func (c Config) withDefaults() Config {
 		switch *v {
 		case 0:
 			*v = d
-		case None:
+		case none:
 			*v = 0
 		}
 	}
@@ -239,41 +145,41 @@ func (c Config) withDefaults() Config {
 		c.SlotBytes = defaultSlotBytes
 	}
 	defInt(&c.MaxConcurrent, defaultMaxConcurrent)
-	if c.DirectChunkBytes == 0 {
-		c.DirectChunkBytes = defaultDirectChunkBytes
+	if c.Tuning.DirectChunkBytes == 0 {
+		c.Tuning.DirectChunkBytes = defaultDirectChunkBytes
 	}
-	if c.RMAMinRegionBytes == 0 {
-		c.RMAMinRegionBytes = defaultRMAMinRegionBytes
+	if c.Tuning.RMAMinRegionBytes == 0 {
+		c.Tuning.RMAMinRegionBytes = defaultRMAMinRegionBytes
 	}
-	if c.InPlaceMinRegionBytes == 0 {
-		c.InPlaceMinRegionBytes = defaultInPlaceMinRegion
+	if c.Tuning.InPlaceMinRegionBytes == 0 {
+		c.Tuning.InPlaceMinRegionBytes = defaultInPlaceMinRegion
 	}
-	if c.DirectMinRunBytes == 0 { // None stays: no bound (withDefaults may run twice)
-		c.DirectMinRunBytes = defaultDirectMinRunBytes
+	if c.Tuning.DirectMinRunBytes == 0 { // None stays: no bound (withDefaults may run twice)
+		c.Tuning.DirectMinRunBytes = defaultDirectMinRunBytes
 	}
-	defInt(&c.PipelineDepth, defaultPipelineDepth)
-	if c.NumSlots == 0 && c.SlotBytes > 0 {
+	defInt(&c.Tuning.PipelineDepth, defaultPipelineDepth)
+	if c.Tuning.NumSlots == 0 && c.SlotBytes > 0 {
 		if c.StagingMemory != nil {
-			c.NumSlots = int(int64(len(c.StagingMemory)) / c.SlotBytes)
+			c.Tuning.NumSlots = int(int64(len(c.StagingMemory)) / c.SlotBytes)
 		} else {
-			c.NumSlots = c.MaxConcurrent * c.PipelineDepth
+			c.Tuning.NumSlots = c.MaxConcurrent * c.Tuning.PipelineDepth
 		}
 	}
 	def(&c.TransferTimeout, defaultTransferTimeout)
 	def(&c.QueueTimeout, defaultQueueTimeout)
 	def(&c.ExposureTimeout, defaultExposureTimeout)
 	def(&c.ProgressDeadline, defaultProgressDeadline)
-	defCount(&c.QuarantineBudget, defaultQuarantineBudget)
-	defCount(&c.PoisonedBlockBudget, defaultPoisonedBlocks)
-	def(&c.QuarantineTimeout, defaultQuarantineTimeout)
-	def(&c.CancelGrace, defaultCancelGrace)
-	def(&c.RetryInterval, defaultRetryInterval)
-	defCount(&c.MaxRetries, defaultMaxRetries)
-	defInt(&c.MaxPending, defaultMaxPending)
-	def(&c.PendingTTL, defaultPendingTTL)
-	def(&c.LostPeerTTL, defaultLostPeerTTL)
+	defCount(&c.Tuning.QuarantineBudget, defaultQuarantineBudget)
+	defCount(&c.Tuning.PoisonedBlockBudget, defaultPoisonedBlocks)
+	def(&c.Tuning.QuarantineTimeout, defaultQuarantineTimeout)
+	def(&c.Tuning.CancelGrace, defaultCancelGrace)
+	def(&c.Tuning.RetryInterval, defaultRetryInterval)
+	defCount(&c.Tuning.MaxRetries, defaultMaxRetries)
+	defInt(&c.Tuning.MaxPending, defaultMaxPending)
+	def(&c.Tuning.PendingTTL, defaultPendingTTL)
+	def(&c.Tuning.LostPeerTTL, defaultLostPeerTTL)
 	def(&c.CloseTimeout, defaultCloseTimeout)
-	def(&c.ReadyPollInterval, defaultReadyPollInterval)
+	def(&c.Tuning.ReadyPollInterval, defaultReadyPollInterval)
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
@@ -290,41 +196,41 @@ func (c Config) validate() error {
 	switch {
 	case c.SlotBytes <= wire.DataHeaderBytes:
 		return bad("SlotBytes", c.SlotBytes, fmt.Sprintf("must exceed the %d-byte chunk header", wire.DataHeaderBytes))
-	case c.DirectChunkBytes < 8 || c.DirectChunkBytes > 1<<40:
-		return bad("DirectChunkBytes", c.DirectChunkBytes, "must be in [8, 2^40]")
-	case c.DirectMinRunBytes < None:
-		return bad("DirectMinRunBytes", c.DirectMinRunBytes, "must not be negative (None, -1, sets no bound)")
-	case c.RMAMinRegionBytes < 1:
-		return bad("RMAMinRegionBytes", c.RMAMinRegionBytes, "must be at least 1 byte")
-	case c.InPlaceMinRegionBytes < 1:
-		return bad("InPlaceMinRegionBytes", c.InPlaceMinRegionBytes, "must be at least 1 byte")
+	case c.Tuning.DirectChunkBytes < 8 || c.Tuning.DirectChunkBytes > 1<<40:
+		return bad("Tuning.DirectChunkBytes", c.Tuning.DirectChunkBytes, "must be in [8, 2^40]")
+	case c.Tuning.DirectMinRunBytes < none:
+		return bad("Tuning.DirectMinRunBytes", c.Tuning.DirectMinRunBytes, "must not be negative (None, -1, sets no bound)")
+	case c.Tuning.RMAMinRegionBytes < 1:
+		return bad("Tuning.RMAMinRegionBytes", c.Tuning.RMAMinRegionBytes, "must be at least 1 byte")
+	case c.Tuning.InPlaceMinRegionBytes < 1:
+		return bad("Tuning.InPlaceMinRegionBytes", c.Tuning.InPlaceMinRegionBytes, "must be at least 1 byte")
 	case c.MaxConcurrent < 1:
 		return bad("MaxConcurrent", c.MaxConcurrent, "must be at least 1")
-	case c.PipelineDepth < 1:
-		return bad("PipelineDepth", c.PipelineDepth, "must be at least 1")
-	case c.NumSlots < 1:
-		return bad("NumSlots", c.NumSlots, "must be at least 1")
-	case c.NumSlots < c.MaxConcurrent:
+	case c.Tuning.PipelineDepth < 1:
+		return bad("Tuning.PipelineDepth", c.Tuning.PipelineDepth, "must be at least 1")
+	case c.Tuning.NumSlots < 1:
+		return bad("Tuning.NumSlots", c.Tuning.NumSlots, "must be at least 1")
+	case c.Tuning.NumSlots < c.MaxConcurrent:
 		// Said here, in this Config's fields (and the UCX transport's, which sizes
 		// StagingMemory), before the staging pool would say it in its own.
-		from := "NumSlots"
+		from := "Tuning.NumSlots"
 		if c.StagingMemory != nil {
 			from = fmt.Sprintf("StagingMemory's %d bytes (ucx.Config.StagingBytes sizes the UCX transport's)", len(c.StagingMemory))
 		}
-		return &ConfigError{Field: "NumSlots", Value: c.NumSlots, Cause: buffer.ErrUndersized, Reason: fmt.Sprintf(
+		return &ConfigError{Field: "Tuning.NumSlots", Value: c.Tuning.NumSlots, Cause: buffer.ErrUndersized, Reason: fmt.Sprintf(
 			"%d staging slots of SlotBytes = %d (from %s), but MaxConcurrent = %d needs at least %d slots: each transfer "+
 				"past Queued holds one (L13); give more StagingMemory (ucx.Config.StagingBytes), shrink SlotBytes, or lower MaxConcurrent",
-			c.NumSlots, c.SlotBytes, from, c.MaxConcurrent, c.MaxConcurrent)}
-	case c.StagingMemory != nil && int64(len(c.StagingMemory)) < int64(c.NumSlots)*c.SlotBytes:
-		return bad("StagingMemory", len(c.StagingMemory), fmt.Sprintf("holds fewer than NumSlots*SlotBytes = %d bytes", int64(c.NumSlots)*c.SlotBytes))
-	case c.QuarantineBudget < 0:
-		return bad("QuarantineBudget", c.QuarantineBudget, "must not be negative (None, -1, sets zero)")
-	case c.PoisonedBlockBudget < 0:
-		return bad("PoisonedBlockBudget", c.PoisonedBlockBudget, "must not be negative (None, -1, sets zero)")
-	case c.MaxRetries < 0:
-		return bad("MaxRetries", c.MaxRetries, "must not be negative (None, -1, sets zero)")
-	case c.MaxPending < 0:
-		return bad("MaxPending", c.MaxPending, "must not be negative")
+			c.Tuning.NumSlots, c.SlotBytes, from, c.MaxConcurrent, c.MaxConcurrent)}
+	case c.StagingMemory != nil && int64(len(c.StagingMemory)) < int64(c.Tuning.NumSlots)*c.SlotBytes:
+		return bad("StagingMemory", len(c.StagingMemory), fmt.Sprintf("holds fewer than Tuning.NumSlots*SlotBytes = %d bytes", int64(c.Tuning.NumSlots)*c.SlotBytes))
+	case c.Tuning.QuarantineBudget < 0:
+		return bad("Tuning.QuarantineBudget", c.Tuning.QuarantineBudget, "must not be negative (None, -1, sets zero)")
+	case c.Tuning.PoisonedBlockBudget < 0:
+		return bad("Tuning.PoisonedBlockBudget", c.Tuning.PoisonedBlockBudget, "must not be negative (None, -1, sets zero)")
+	case c.Tuning.MaxRetries < 0:
+		return bad("Tuning.MaxRetries", c.Tuning.MaxRetries, "must not be negative (None, -1, sets zero)")
+	case c.Tuning.MaxPending < 0:
+		return bad("Tuning.MaxPending", c.Tuning.MaxPending, "must not be negative")
 	}
 	seen := map[string]int{}
 	for i, k := range c.ClusterKeys { // the value named is the length: key bytes are never printed
@@ -342,9 +248,9 @@ func (c Config) validate() error {
 		v    time.Duration
 	}{
 		{"TransferTimeout", c.TransferTimeout}, {"QueueTimeout", c.QueueTimeout}, {"ExposureTimeout", c.ExposureTimeout},
-		{"ProgressDeadline", c.ProgressDeadline}, {"QuarantineTimeout", c.QuarantineTimeout},
-		{"CancelGrace", c.CancelGrace}, {"RetryInterval", c.RetryInterval}, {"PendingTTL", c.PendingTTL},
-		{"LostPeerTTL", c.LostPeerTTL}, {"CloseTimeout", c.CloseTimeout}, {"ReadyPollInterval", c.ReadyPollInterval},
+		{"ProgressDeadline", c.ProgressDeadline}, {"Tuning.QuarantineTimeout", c.Tuning.QuarantineTimeout},
+		{"Tuning.CancelGrace", c.Tuning.CancelGrace}, {"Tuning.RetryInterval", c.Tuning.RetryInterval}, {"Tuning.PendingTTL", c.Tuning.PendingTTL},
+		{"Tuning.LostPeerTTL", c.Tuning.LostPeerTTL}, {"CloseTimeout", c.CloseTimeout}, {"Tuning.ReadyPollInterval", c.Tuning.ReadyPollInterval},
 	} {
 		if d.v < 0 {
 			return bad(d.name, d.v, "must be positive")

@@ -22,7 +22,9 @@ func TestConfigErrorIsOneType(t *testing.T) {
 		field string
 		cause error
 	}{
-		{"a pool below the concurrency", func(c *Config) { c.MaxConcurrent, c.NumSlots = 8, 5 }, "NumSlots", buffer.ErrUndersized},
+		{"a pool below the concurrency", func(c *Config) { c.MaxConcurrent, c.Tuning.NumSlots = 8, 5 }, "Tuning.NumSlots", buffer.ErrUndersized},
+		{"a tuning knob names its place in Config", func(c *Config) { c.Tuning.PipelineDepth = -1 }, "Tuning.PipelineDepth", nil},
+		{"a negative tuning budget", func(c *Config) { c.Tuning.MaxRetries = -2 }, "Tuning.MaxRetries", nil},
 		{"a negative slot size", func(c *Config) { c.SlotBytes = -1 }, "SlotBytes", nil},
 		{"a short cluster key", func(c *Config) { c.ClusterKeys = [][]byte{clusterKey(1), clusterKey(2)[:16]} }, "ClusterKeys[1]", nil},
 		{"a cluster key twice", func(c *Config) { c.ClusterKeys = [][]byte{clusterKey(1), clusterKey(1)} }, "ClusterKeys[1]", nil},

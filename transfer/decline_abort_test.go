@@ -42,7 +42,7 @@ func TestL3_AReceiverAbortedBeforeTheDeclineStrandsNoChunkOfTheSender(t *testing
 		{
 			desc: "staging: the sender declines the pull wire", decline: wire.KindSlots, want: PathStaging, config: pullConfig,
 			setup: func(t *testing.T, scfg, rcfg Config) (*pair, func() (hs, hr *Handle)) {
-				scfg.DisablePull = true
+				scfg.Tuning.DisablePull = true
 				p := newPullPair(t, scfg, rcfg)
 				src, dst := pools(t, 41)
 				return p, func() (*Handle, *Handle) { return p.startStaged(t, 1, src, dst) }
@@ -51,8 +51,8 @@ func TestL3_AReceiverAbortedBeforeTheDeclineStrandsNoChunkOfTheSender(t *testing
 		{
 			desc: "direct: the sender declines the rma mode", decline: wire.KindRMAOffer, want: PathDirect, config: rmaConfig,
 			setup: func(t *testing.T, scfg, rcfg Config) (*pair, func() (hs, hr *Handle)) {
-				scfg.DisableRMA = true
-				scfg.DirectChunkBytes, rcfg.DirectChunkBytes = 512, 512 // several chunks
+				scfg.Tuning.DisableRMA = true
+				scfg.Tuning.DirectChunkBytes, rcfg.Tuning.DirectChunkBytes = 512, 512 // several chunks
 				src := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(1, 2, 3, 4), 9)
 				dst := newKVPool(t, testDims, layout.BlockMajor, nil, blocks(5, 6, 7, 8), 0)
 				p, _ := directPair(t, scfg, rcfg, src, dst)
@@ -69,7 +69,7 @@ func TestL3_AReceiverAbortedBeforeTheDeclineStrandsNoChunkOfTheSender(t *testing
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			scfg, rcfg := c.config(), c.config()
-			scfg.QuarantineTimeout = 2 * time.Second // past the chunks' delay; the sender's slot or blocks poisoned soon if they strand
+			scfg.Tuning.QuarantineTimeout = 2 * time.Second // past the chunks' delay; the sender's slot or blocks poisoned soon if they strand
 			sp, rp := &poisonCounter{}, &poisonCounter{}
 			scfg.Observer, rcfg.Observer = sp, rp
 			p, start := c.setup(t, scfg, rcfg)
@@ -93,7 +93,7 @@ func TestL3_AReceiverAbortedBeforeTheDeclineStrandsNoChunkOfTheSender(t *testing
 			hs, hr := start()
 			waitClosed(t, declined, "the sender's decline")
 			// Every send the sender's pipeline holds, and it posts no more until one completes.
-			eventually(t, func() bool { return p.net.Pending() == scfg.PipelineDepth }, "the sender's chunks posted behind its decline")
+			eventually(t, func() bool { return p.net.Pending() == scfg.Tuning.PipelineDepth }, "the sender's chunks posted behind its decline")
 			require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(1))
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")
 			waitClosed(t, hs.Done(), "sender done")

@@ -128,10 +128,10 @@ func (x *xfer) poolBytes() int64 {
 // can (on a sender, once the receiver's request has named the peer's features).
 func (x *xfer) deviceRMAWhyNot() string {
 	switch {
-	case x.eng.cfg.DisableDirect:
-		return "Config.DisableDirect is set"
-	case x.eng.cfg.DisableRMA:
-		return "Config.DisableRMA is set"
+	case x.eng.cfg.Tuning.DisableDirect:
+		return "Config.Tuning.DisableDirect is set"
+	case x.eng.cfg.Tuning.DisableRMA:
+		return "Config.Tuning.DisableRMA is set"
 	case x.eng.deviceGets() == nil:
 		return "this transport cannot get device memory (a UCX without CUDA)"
 	case !x.peerHas(wire.FeatureDirect | wire.FeatureRMA):
@@ -189,7 +189,7 @@ func (r *rmaReceive) deviceNoFallback(why string) bool {
 	if !x.dev.set() {
 		return false
 	}
-	x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: why}}, wire.AbortIncompatible, x.eng.cfg.CancelGrace)
+	x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: why}}, wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
 	return true
 }
 

@@ -176,8 +176,8 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 				dst = newKVPool(t, testDims, c.dstOrder, nil, blocks(2, 7, 3, 11), 0)
 			}
 			scfg, rcfg := rmaConfig(), rmaConfig()
-			rcfg.DisableRMA = c.disableRMAOnRecv
-			scfg.DisableRMA = c.disableRMAOnSend
+			rcfg.Tuning.DisableRMA = c.disableRMAOnRecv
+			scfg.Tuning.DisableRMA = c.disableRMAOnSend
 			if c.wantErr != nil && c.disableRMAOnRecv {
 				// The receiver refuses before it sends its request (runReceiveDevice), and the
 				// sender does not trust an abort naming a request it never saw (runSend): it
@@ -379,9 +379,9 @@ func TestL2_DeviceBlocksHeldWhileNotQuiescent(t *testing.T) {
 			src, dst := rmaPools(t, 17)
 			rcfg := rmaConfig()
 			rcfg.TransferTimeout = 100 * time.Millisecond
-			rcfg.QuarantineTimeout = time.Minute
+			rcfg.Tuning.QuarantineTimeout = time.Minute
 			if c.poisoned {
-				rcfg.QuarantineTimeout = 50 * time.Millisecond
+				rcfg.Tuning.QuarantineTimeout = 50 * time.Millisecond
 			}
 			p, _ := newDevicePair(t, rmaConfig(), rcfg, c.gets, c.gets)
 			var hang atomic.Bool

@@ -16,16 +16,16 @@ const directRecvAhead = 64
 // the transport has it, the spec moves host memory through the plan (no Mover), and the
 // transport can reach the pool in place.
 func (x *xfer) directCapable() bool {
-	if x.eng.cfg.DisableDirect || !x.hostPool || x.eng.direct == nil {
+	if x.eng.cfg.Tuning.DisableDirect || !x.hostPool || x.eng.direct == nil {
 		return false
 	}
 	return x.eng.direct.Direct(x.pool)
 }
 
 // piecesTooSmall reports whether this side's pool holds the stream in pieces under
-// Config.DirectMinRunBytes, which staging moves faster than the direct path's IOV entries.
+// Config.Tuning.DirectMinRunBytes, which staging moves faster than the direct path's IOV entries.
 func (x *xfer) piecesTooSmall() bool {
-	return x.plan.RunUnits()*x.plan.Layout().RowBytes() < x.eng.cfg.DirectMinRunBytes
+	return x.plan.RunUnits()*x.plan.Layout().RowBytes() < x.eng.cfg.Tuning.DirectMinRunBytes
 }
 
 // pullBeatsDirect (a receiver choosing its path) reports whether the staging path's pull
@@ -36,13 +36,13 @@ func (x *xfer) piecesTooSmall() bool {
 // ranges) at half the in-place pull wire's rate and block-major -> layer-major (32 KiB) at
 // 0.8 of it (docs/benchmarks.md, "The pull wire"). Where an RMA offer would be read in place
 // (rmaInPlaceLikely) the direct path's RMA mode takes such ranges itself (InPlaceMinRegionBytes),
-// one copy where the pull wire makes two, and this does not apply. Config.DisableInPlaceReads
+// one copy where the pull wire makes two, and this does not apply. Config.Tuning.DisableInPlaceReads
 // (or DisablePull) keeps such pools on the direct path.
 func (x *xfer) pullBeatsDirect() bool {
 	if !x.pullWanted() || x.pullMapper() == nil || x.rmaInPlaceLikely() {
 		return false // an RMA offer read in place takes small ranges too, in one copy
 	}
-	limit := x.eng.cfg.RMAMinRegionBytes
+	limit := x.eng.cfg.Tuning.RMAMinRegionBytes
 	pieces := x.plan.Bytes() / (x.plan.RunUnits() * x.plan.Layout().RowBytes())
 	if pieces > rmaMaxPieces {
 		return true // pieces too many to walk: small ones

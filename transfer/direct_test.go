@@ -46,7 +46,7 @@ func (w *wireBytes) total() (bytes, chunks int) {
 
 func directConfig() Config {
 	cfg := fastConfig()
-	cfg.DirectChunkBytes = 512
+	cfg.Tuning.DirectChunkBytes = 512
 	return cfg
 }
 
@@ -86,7 +86,7 @@ func TestDirectMovesTheReferenceBytesAcrossLayouts(t *testing.T) {
 			src := newKVPool(t, testDims, c.srcOrder, nil, blocks(1, 2, 3, 4), 9)
 			dst := newKVPool(t, testDims, c.dstOrder, nil, blocks(5, 6, 7, 8), 0)
 			cfg := directConfig()
-			cfg.DirectChunkBytes = c.chunk
+			cfg.Tuning.DirectChunkBytes = c.chunk
 			p, w := directPair(t, cfg, cfg, src, dst)
 			hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
 			require.NoError(t, err)
@@ -211,7 +211,7 @@ func TestDirectFallsBackToStagingOrRefusesClearly(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			src, dst := pools(t, 3)
 			dcfg := directConfig()
-			dcfg.DisableDirect = c.disableOnReceiver
+			dcfg.Tuning.DisableDirect = c.disableOnReceiver
 			var sp, dp *kvPool
 			if c.allowSrc {
 				sp = src
@@ -251,7 +251,7 @@ func TestDirectFallsBackToStagingOrRefusesClearly(t *testing.T) {
 func TestDirectCancelInFlightWaitsForQuiescence(t *testing.T) {
 	src, dst := pools(t, 4)
 	cfg := directConfig()
-	cfg.QuarantineTimeout = 10 * time.Second
+	cfg.Tuning.QuarantineTimeout = 10 * time.Second
 	p, w := directPair(t, cfg, cfg, src, dst)
 	w.fault = mem.Fault{Hang: true}
 	hs, hr := p.start(t, 1, src, dst)
@@ -285,11 +285,11 @@ func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
 			cfg := directConfig()
 			dcfg := cfg
 			dcfg.TransferTimeout = 200 * time.Millisecond
-			dcfg.QuarantineTimeout = 100 * time.Millisecond
+			dcfg.Tuning.QuarantineTimeout = 100 * time.Millisecond
 			if c.close {
-				dcfg.QuarantineTimeout = time.Minute
+				dcfg.Tuning.QuarantineTimeout = time.Minute
 			}
-			dcfg.QuarantineBudget = 1
+			dcfg.Tuning.QuarantineBudget = 1
 			p, w := directPair(t, cfg, dcfg, src, dst)
 			src2, dst2 := pools(t, 6)
 			p.net.Endpoint("prefill").AllowDirect(src2.mem)
@@ -326,7 +326,7 @@ func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
 func TestDirectStreamingSendWaitsForReadyLayers(t *testing.T) {
 	src, dst := pools(t, 8)
 	cfg := directConfig()
-	cfg.DirectChunkBytes = 1 << 20 // one chunk per layer with the layer cut
+	cfg.Tuning.DirectChunkBytes = 1 << 20 // one chunk per layer with the layer cut
 	p, w := directPair(t, cfg, cfg, src, dst)
 	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: true})
 	require.NoError(t, err)
@@ -368,9 +368,9 @@ func TestL2_NoHandleForgottenWhileNotQuiescent(t *testing.T) {
 			cfg := directConfig()
 			dcfg := cfg
 			dcfg.TransferTimeout = 100 * time.Millisecond
-			dcfg.QuarantineTimeout = 50 * time.Millisecond
+			dcfg.Tuning.QuarantineTimeout = 50 * time.Millisecond
 			if !c.poisoned {
-				dcfg.QuarantineTimeout = time.Minute
+				dcfg.Tuning.QuarantineTimeout = time.Minute
 			}
 			p, w := directPair(t, cfg, dcfg, src, dst)
 			w.fault = c.fault
@@ -459,7 +459,7 @@ func TestCloseTakesQueuedCompletionsBeforePoisoning(t *testing.T) {
 	for round := range rounds {
 		src, dst := pools(t, uint64(round+1))
 		cfg := directConfig()
-		cfg.TransferTimeout, cfg.QuarantineTimeout = time.Minute, time.Minute
+		cfg.TransferTimeout, cfg.Tuning.QuarantineTimeout = time.Minute, time.Minute
 		cfg.MaxConcurrent = perRound
 		p, w := directPair(t, cfg, cfg, src, dst)
 		w.fault = mem.Fault{Hang: true} // on the wire until the force close ends it, memory done

@@ -8,7 +8,10 @@
 // Engine.Send and Engine.Receive (a Spec: request id, peer, plan, pool), the *Handle they
 // return (Status, Done, Quiesced, Release), Engine.Cancel and its CancelOutcome's FreeNow,
 // Engine.Health, and RequestIDs for a serving engine's string request ids. The rest tunes,
-// observes or explains those.
+// observes or explains those. Config holds what a serving program decides (slot size and
+// memory, concurrency, deadlines, cluster keys, logger, observer); the knobs it leaves at their
+// defaults (the data paths' switches and thresholds, the pipeline depth, health budgets, the
+// protocol's retries) are in Config.Tuning, package transfer/tuning.
 //
 // # Lifecycle
 //
@@ -27,7 +30,7 @@
 //
 // Every wait has a bound: the queued phase ends at the Send/Receive context's deadline or
 // Config.QueueTimeout; a started transfer at its deadline (Spec.Timeout, counted from its first
-// slot lease); a quarantined one at Config.QuarantineTimeout, when the slots the transport
+// slot lease); a quarantined one at Config.Tuning.QuarantineTimeout, when the slots the transport
 // never released are poisoned (taken out of circulation for good) rather than trusted. Health
 // reports unhealthy, with the reason, when no byte moved and no transfer completed for
 // Config.ProgressDeadline while transfers were asked for (in flight, or failing one after
@@ -39,7 +42,7 @@
 // The receiver leases a slot, posts a tagged receive into it and sends a request-info message;
 // the sender gathers chunks of the stream into its own slots (through a Mover: HostMover for host
 // pools, ucx.DeviceMover for GPU pools with ucx.DeviceTransport) and sends them; the receiver scatters each chunk and reposts the
-// slot. A transfer holds at most Config.PipelineDepth slots and needs only one, so a request
+// slot. A transfer holds at most Config.Tuning.PipelineDepth slots and needs only one, so a request
 // of any size streams through a small pool.
 //
 // # The direct (one-copy) path
@@ -49,11 +52,11 @@
 // is one IOV message straight from the sender's pool into the receiver's, no slot, no gather
 // or scatter. Same lifecycle; the one difference is L9 on caller memory: an operation whose
 // quiescence is unknown leaves the handle Quarantined for good, Status.BlocksPoisoned set and
-// Quiesced never closed. Config.DisableDirect forces staging. When the transport also
+// Quiesced never closed. Config.Tuning.DisableDirect forces staging. When the transport also
 // implements transport.RMATransport and the two layouts line up (same block-major layout, say), the
 // direct path runs in its RMA mode: the sender offers its pool (RMAOffer) and the receiver
 // reads it with gets, pool range to pool range; Handle.Path says which path ran, and
-// Config.DisableRMA keeps the IOV messages. See docs/onecopy.md.
+// Config.Tuning.DisableRMA keeps the IOV messages. See docs/onecopy.md.
 //
 // A KV pool in device memory the caller registered with the transport
 // (ucx.Transport.RegisterDevice) goes in Spec.Device, by address and length: the RMA mode then

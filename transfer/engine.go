@@ -48,7 +48,7 @@ type Engine struct {
 	peers      map[Peer]*peerHello // what each peer met said in its hello (negotiate.go)
 	// lost are the peers the transport reported lost and not heard from since: each told to
 	// the observer once however many times the transport reports it, and refused to new
-	// Receives for Config.LostPeerTTL (engine_inbound.go).
+	// Receives for Config.Tuning.LostPeerTTL (engine_inbound.go).
 	lost    map[Peer]lostPeer
 	goodbye goodbyeState // goodbye.go
 	// unproven are the addresses the engine connected to only to answer a hello or challenge
@@ -152,12 +152,12 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 	}
 	mem := cfg.StagingMemory
 	if mem == nil {
-		mem = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+		mem = make([]byte, int64(cfg.Tuning.NumSlots)*cfg.SlotBytes)
 	}
-	pool, err := buffer.New(mem[:int64(cfg.NumSlots)*cfg.SlotBytes], buffer.Config{
+	pool, err := buffer.New(mem[:int64(cfg.Tuning.NumSlots)*cfg.SlotBytes], buffer.Config{
 		SlotBytes: cfg.SlotBytes, Concurrency: cfg.MaxConcurrent, LeaseTimeout: cfg.QueueTimeout, Logger: cfg.Logger})
 	if err != nil {
-		return nil, &ConfigError{Field: "NumSlots", Value: cfg.NumSlots, Reason: "the staging pool refused it", Cause: err}
+		return nil, &ConfigError{Field: "Tuning.NumSlots", Value: cfg.Tuning.NumSlots, Reason: "the staging pool refused it", Cause: err}
 	}
 	e := &Engine{
 		incarnation: wire.NewNonce(),
@@ -182,7 +182,7 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 		}
 	}
 	e.direct, _ = tr.(transport.DirectTransport)
-	e.slots.mem = mem[:int64(cfg.NumSlots)*cfg.SlotBytes]
+	e.slots.mem = mem[:int64(cfg.Tuning.NumSlots)*cfg.SlotBytes]
 	e.slots.mapped = e.direct != nil && e.direct.Direct(e.slots.mem)
 	e.stallFrom.Store(time.Now().UnixNano())
 	if err := tr.Bind(inbound{e}); err != nil {
@@ -528,7 +528,7 @@ func (e *Engine) Close() error {
 		x.stop(&RequestError{ID: x.h.id, Err: ErrClosed})
 	}
 	// Give the transfers a moment to stop their operations gracefully, then force.
-	graceCtx, graceCancel := context.WithTimeout(stopCtx, e.cfg.CancelGrace)
+	graceCtx, graceCancel := context.WithTimeout(stopCtx, e.cfg.Tuning.CancelGrace)
 	_ = e.waitDrivers(graceCtx)
 	graceCancel()
 	e.settleBeforeGoodbye(stopCtx) // goodbye.go

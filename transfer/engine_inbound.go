@@ -199,7 +199,7 @@ func (e *Engine) heardLocked(peer Peer) {
 }
 
 // rememberUnanswered records a Send that ended before its request arrived, bounded in count
-// (Config.MaxPending) and age (Config.PendingTTL) like the pending requests.
+// (Config.Tuning.MaxPending) and age (Config.Tuning.PendingTTL) like the pending requests.
 func (e *Engine) rememberUnanswered(key routeKey, code wire.AbortCode, cause error) {
 	e.rememberEnded(key, unanswered{code: code, reason: cause.Error()})
 }
@@ -208,14 +208,14 @@ func (e *Engine) rememberUnanswered(key routeKey, code wire.AbortCode, cause err
 func (e *Engine) rememberEnded(key routeKey, u unanswered) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(e.unanswered) >= e.cfg.MaxPending {
+	if len(e.unanswered) >= e.cfg.Tuning.MaxPending {
 		now := time.Now()
 		for k, u := range e.unanswered {
-			if now.Sub(u.at) > e.cfg.PendingTTL {
+			if now.Sub(u.at) > e.cfg.Tuning.PendingTTL {
 				delete(e.unanswered, k)
 			}
 		}
-		if len(e.unanswered) >= e.cfg.MaxPending {
+		if len(e.unanswered) >= e.cfg.Tuning.MaxPending {
 			return
 		}
 	}
@@ -230,14 +230,14 @@ func (e *Engine) addPendingLocked(key routeKey, ri *wire.RequestInfo) {
 	if p, ok := e.pending[key]; ok && p.abort == nil {
 		return // a repeat
 	}
-	if len(e.pending) >= e.cfg.MaxPending {
+	if len(e.pending) >= e.cfg.Tuning.MaxPending {
 		now := time.Now()
 		for k, p := range e.pending {
-			if now.Sub(p.at) > e.cfg.PendingTTL {
+			if now.Sub(p.at) > e.cfg.Tuning.PendingTTL {
 				delete(e.pending, k)
 			}
 		}
-		if len(e.pending) >= e.cfg.MaxPending {
+		if len(e.pending) >= e.cfg.Tuning.MaxPending {
 			return
 		}
 	}
@@ -251,20 +251,20 @@ type lostPeer struct {
 }
 
 // rememberLostLocked remembers peer as lost and not heard from since, bounded in count
-// (Config.MaxPending: past it the expired entries go, then the oldest) and age
-// (Config.LostPeerTTL). e.mu is held.
+// (Config.Tuning.MaxPending: past it the expired entries go, then the oldest) and age
+// (Config.Tuning.LostPeerTTL). e.mu is held.
 func (e *Engine) rememberLostLocked(peer Peer, err error) {
 	now := time.Now()
-	if _, ok := e.lost[peer]; !ok && len(e.lost) >= max(e.cfg.MaxPending, 1) {
+	if _, ok := e.lost[peer]; !ok && len(e.lost) >= max(e.cfg.Tuning.MaxPending, 1) {
 		var oldest Peer
 		for p, l := range e.lost {
-			if now.Sub(l.at) > e.cfg.LostPeerTTL {
+			if now.Sub(l.at) > e.cfg.Tuning.LostPeerTTL {
 				delete(e.lost, p)
 			} else if oldest == "" || l.at.Before(e.lost[oldest].at) {
 				oldest = p
 			}
 		}
-		if len(e.lost) >= max(e.cfg.MaxPending, 1) {
+		if len(e.lost) >= max(e.cfg.Tuning.MaxPending, 1) {
 			delete(e.lost, oldest)
 		}
 	}
@@ -272,7 +272,7 @@ func (e *Engine) rememberLostLocked(peer Peer, err error) {
 }
 
 // PeerLost reports, without blocking, whether the transport reported peer lost less than
-// Config.LostPeerTTL ago with no word from the peer since: a *PeerLostError matching
+// Config.Tuning.LostPeerTTL ago with no word from the peer since: a *PeerLostError matching
 // ErrPeerLost, or nil. A Send or Receive with such a peer fails at once with it; a live peer
 // (a false alarm) clears the loss with its next message, and its request for a Send refused
 // so is answered with an abort at once.
@@ -285,7 +285,7 @@ func (e *Engine) PeerLost(peer Peer) error {
 	if !ok {
 		return nil
 	}
-	if time.Since(l.at) > e.cfg.LostPeerTTL {
+	if time.Since(l.at) > e.cfg.Tuning.LostPeerTTL {
 		delete(e.lost, peer)
 		return nil
 	}

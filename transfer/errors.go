@@ -155,7 +155,7 @@ const ClusterKeyBytes = wire.ClusterKeyBytes
 type AuthError = transport.AuthError
 
 // PeerLostError says that the transport reported Peer lost, when, and why. A Send or Receive
-// with a peer the engine remembers lost (Config.LostPeerTTL) fails at once with it, and so does
+// with a peer the engine remembers lost (Config.Tuning.LostPeerTTL) fails at once with it, and so does
 // every transfer the loss ends (however the transport reported it: a failed operation, or the
 // loss itself); it matches ErrPeerLost.
 type PeerLostError struct {

@@ -48,7 +48,7 @@ func memExposeRig(t *testing.T) exposeRig {
 
 // exposeConfig is cfg for an exposure test's engines: the observer counts refusals.
 func exposeConfig(base Config, pc closePath, obs Observer) Config {
-	base.DirectChunkBytes, base.RMAMinRegionBytes = 2048, 512
+	base.Tuning.DirectChunkBytes, base.Tuning.RMAMinRegionBytes = 2048, 512
 	base.Observer = obs
 	return base
 }

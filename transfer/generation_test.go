@@ -29,12 +29,12 @@ func TestLateMessageOfAnOldTransferIsNotTakenForANewOne(t *testing.T) {
 	}{{"staging", false}, {"direct", true}} {
 		t.Run(tc.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.DisableDirect = !tc.direct
+			cfg.Tuning.DisableDirect = !tc.direct
 			// The old send's end and release come before the new send: seconds on a loaded host,
 			// and the second receive's repeats back off, so the new send waits for one of them.
 			cfg.QueueTimeout = 15 * time.Second
 			dcfg := cfg
-			dcfg.MaxRetries = 16 // the second receive repeats its request until the old send is gone
+			dcfg.Tuning.MaxRetries = 16 // the second receive repeats its request until the old send is gone
 			p := newPair(t, cfg, dcfg)
 			// The engines meet first (their hello), so that the first receive below sends its
 			// request-info at once instead of waiting for the peer's hello.

@@ -89,7 +89,7 @@ func (x *xfer) rememberEnded() {
 	defer e.mu.Unlock()
 	g := &e.goodbye
 	drop := 0
-	for drop < len(g.ended) && (len(g.ended)-drop >= e.cfg.MaxPending || now.Sub(g.ended[drop].at) > e.cfg.PendingTTL) {
+	for drop < len(g.ended) && (len(g.ended)-drop >= e.cfg.Tuning.MaxPending || now.Sub(g.ended[drop].at) > e.cfg.Tuning.PendingTTL) {
 		drop++
 	}
 	g.ended = append(g.ended[drop:], endedClean{peer: x.peer, at: now, x: weak.Make(x),
@@ -127,7 +127,7 @@ func (e *Engine) sayGoodbye(leaving bool) {
 		later[key] = true
 	}
 	for i, r := range e.goodbye.ended {
-		if now.Sub(r.at) <= e.cfg.PendingTTL && !stale[i] {
+		if now.Sub(r.at) <= e.cfg.Tuning.PendingTTL && !stale[i] {
 			byPeer[r.peer] = append(byPeer[r.peer], r.ended)
 		}
 	}
@@ -268,5 +268,5 @@ func (x *xfer) peerLeft() {
 		return
 	}
 	x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w (code %d): it ended the transfer and said goodbye", ErrPeerAborted, wire.AbortClosed)},
-		0, x.eng.cfg.CancelGrace)
+		0, x.eng.cfg.Tuning.CancelGrace)
 }

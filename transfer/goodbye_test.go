@@ -31,7 +31,7 @@ var goodbyeSetups = []goodbyeSetup{
 	{"direct IOV messages", PathDirect, func(t *testing.T) (*pair, *kvPool, *kvPool) {
 		src, dst := pools(t, 3)
 		cfg := directConfig()
-		cfg.DisableRMA = true
+		cfg.Tuning.DisableRMA = true
 		p, w := directPair(t, cfg, cfg, src, dst)
 		w.fault = mem.Fault{Hang: true}
 		return p, src, dst
@@ -165,7 +165,7 @@ func TestL9_GoodbyeNamesOnlyTransfersEndedQuiescent(t *testing.T) {
 	src := fastConfig()
 	src.TransferTimeout = time.Minute
 	dst := fastConfig()
-	dst.TransferTimeout, dst.QuarantineTimeout = 300*time.Millisecond, 200*time.Millisecond
+	dst.TransferTimeout, dst.Tuning.QuarantineTimeout = 300*time.Millisecond, 200*time.Millisecond
 	p := newPair(t, src, dst)
 	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		switch {

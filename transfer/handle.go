@@ -25,7 +25,7 @@ type Status struct {
 	// is done with the caller's KV blocks. The handle stays Quarantined for good and Quiesced
 	// never closes: those blocks must never be freed or reused (L9, L10), and the engine
 	// refuses a new transfer over them (ErrBlocksBusy). Health counts them against
-	// Config.PoisonedBlockBudget.
+	// Config.Tuning.PoisonedBlockBudget.
 	BlocksPoisoned bool
 }
 

@@ -26,9 +26,9 @@ type HealthSnapshot struct {
 	Quarantined      int64         // handles quarantined now
 	BlocksPoisoned   int64         // of those, the ones quarantined for good with the caller's blocks poisoned (L9); not counted against the budget
 	PoisonedBlocks   int64         // the callers' KV blocks those poisoned, each counted once
-	PoisonedBudget   int           // Config.PoisonedBlockBudget: more PoisonedBlocks is unhealthy
+	PoisonedBudget   int           // Config.Tuning.PoisonedBlockBudget: more PoisonedBlocks is unhealthy
 	Remembered       int64         // handles every caller reference released while not quiescent: kept, with their ids and blocks, until they are
-	QuarantineBudget int           // Config.QuarantineBudget
+	QuarantineBudget int           // Config.Tuning.QuarantineBudget
 	TotalSlots       int           // staging slots, poisoned included
 	FreeSlots        int           // slots free now
 	PoisonedSlots    int           // slots out of circulation for good
@@ -58,7 +58,7 @@ type HealthSnapshot struct {
 // receiver's request or admission counts as an active failure does),
 // when more transfers wait in quarantine than the budget allows (those quarantined for good
 // with their caller's blocks poisoned are settled, not waiting), when more of the callers'
-// blocks are poisoned for good than Config.PoisonedBlockBudget, when poisoned slots leave
+// blocks are poisoned for good than Config.Tuning.PoisonedBlockBudget, when poisoned slots leave
 // fewer than MaxConcurrent, while every generation word of the transport is held (rma and pull
 // offers are declined then), or once a Mover could not say whether its copy ended (a GPU kernel
 // past its timeout: the device is wedged). It never blocks.
@@ -68,11 +68,11 @@ func (e *Engine) Health() Health {
 	// and never leaves either, so a snapshot never holds more settled than quarantined.
 	settled := e.poisonedForGood.Load()
 	s := HealthSnapshot{
-		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.QuarantineBudget,
+		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.Tuning.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
 		ProgressDeadline: e.cfg.ProgressDeadline,
 		MalformedControl: e.malformed.Load(), StaleMessages: e.stale.Load(), ProtocolRefusals: e.refused.Load(), BlocksPoisoned: settled, Remembered: e.remembered.Load(),
-		PoisonedBlocks: e.blocksPoisoned.Load(), PoisonedBudget: e.cfg.PoisonedBlockBudget,
+		PoisonedBlocks: e.blocksPoisoned.Load(), PoisonedBudget: e.cfg.Tuning.PoisonedBlockBudget,
 	}
 	now := time.Now().UnixNano()
 	stallFrom, lastFailure := e.stallFrom.Load(), e.lastFailure.Load()

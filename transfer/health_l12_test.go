@@ -42,7 +42,7 @@ func TestL12_FailuresWhileQueuedAreAStall(t *testing.T) {
 		},
 		{
 			desc: "a receiver waits for admission behind a stream waiting on its model",
-			cfg:  func(c *Config) { c.MaxConcurrent, c.NumSlots = 1, 2 },
+			cfg:  func(c *Config) { c.MaxConcurrent, c.Tuning.NumSlots = 1, 2 },
 			hold: func(t *testing.T, p *pair) {
 				src, dst := streamPools(t, 0)
 				hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: true})
@@ -120,15 +120,15 @@ func memPaths() []memPath {
 	}
 	return []memPath{
 		{"staging", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			scfg.DisableDirect, rcfg.DisableDirect = true, true
+			scfg.Tuning.DisableDirect, rcfg.Tuning.DisableDirect = true, true
 			p := newPair(t, scfg, rcfg)
 			src, dst := pools(t, 3)
 			return p, func(id RequestID) (*Handle, *Handle) { return p.start(t, id, src, dst) }
 		}, PathStaging, false},
 		{"pull", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
 			for _, c := range []*Config{&scfg, &rcfg} {
-				c.DisableDirect, c.DisableInPlaceReads = true, true
-				c.NumSlots = c.MaxConcurrent * c.PipelineDepth
+				c.Tuning.DisableDirect, c.Tuning.DisableInPlaceReads = true, true
+				c.Tuning.NumSlots = c.MaxConcurrent * c.Tuning.PipelineDepth
 			}
 			p := newPullPair(t, scfg, rcfg)
 			src, dst := pools(t, 4)
@@ -136,21 +136,21 @@ func memPaths() []memPath {
 		}, PathStaging, true},
 		{"direct", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
 			for _, c := range []*Config{&scfg, &rcfg} {
-				c.DisableRMA, c.DirectChunkBytes = true, 512
+				c.Tuning.DisableRMA, c.Tuning.DirectChunkBytes = true, 512
 			}
 			src, dst := pools(t, 5)
 			return direct(t, scfg, rcfg, false, src, dst)
 		}, PathDirect, false},
 		{"rma", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
 			for _, c := range []*Config{&scfg, &rcfg} {
-				c.RMAMinRegionBytes, c.DirectChunkBytes = 512, 1<<20
+				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
 			}
 			src, dst := rmaPools(t, 6)
 			return direct(t, scfg, rcfg, false, src, dst)
 		}, PathRMA, false},
 		{"rma in place", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
 			for _, c := range []*Config{&scfg, &rcfg} {
-				c.RMAMinRegionBytes, c.DirectChunkBytes = 512, 1<<20
+				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
 			}
 			src, dst := rmaPools(t, 7)
 			return direct(t, scfg, rcfg, true, src, dst)

@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"context"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -86,10 +87,13 @@ type pair struct {
 // TestPullValidatedRead_SenderReusesASlotMidRead).
 func fastConfig() Config {
 	return Config{
-		SlotBytes: 1024, MaxConcurrent: 4, PipelineDepth: 2, TransferTimeout: time.Minute,
-		QueueTimeout: time.Minute, ProgressDeadline: time.Minute, QuarantineTimeout: 30 * time.Second,
-		CancelGrace: 20 * time.Millisecond, RetryInterval: 20 * time.Millisecond, CloseTimeout: 30 * time.Second,
-		DirectMinRunBytes: None, // the test layouts' rows are a few hundred bytes: every path stays reachable
+		SlotBytes: 1024, MaxConcurrent: 4, TransferTimeout: time.Minute,
+		QueueTimeout: time.Minute, ProgressDeadline: time.Minute, CloseTimeout: 30 * time.Second,
+		Tuning: tuning.Config{
+			PipelineDepth: 2, QuarantineTimeout: 30 * time.Second,
+			CancelGrace: 20 * time.Millisecond, RetryInterval: 20 * time.Millisecond,
+			DirectMinRunBytes: tuning.None, // the test layouts' rows are a few hundred bytes: every path stays reachable
+		},
 	}
 }
 

@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"errors"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -76,8 +77,8 @@ func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.CancelGrace = 10 * time.Millisecond
-			cfg.QuarantineTimeout = 200 * time.Millisecond
+			cfg.Tuning.CancelGrace = 10 * time.Millisecond
+			cfg.Tuning.QuarantineTimeout = 200 * time.Millisecond
 			if c.cfg != nil {
 				c.cfg(&cfg)
 			}
@@ -216,7 +217,7 @@ func TestFaultsEndEveryTransferCleanly(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.QuarantineTimeout = 5 * time.Second
+			cfg.Tuning.QuarantineTimeout = 5 * time.Second
 			scfg, dcfg := cfg, cfg
 			if c.srcTimeout != 0 {
 				scfg.TransferTimeout = c.srcTimeout
@@ -272,12 +273,12 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 	}{
 		{"slot no larger than the header", func(c *Config) { c.SlotBytes = transport.DataHeaderBytes }, "SlotBytes"},
 		{"negative concurrency", func(c *Config) { c.MaxConcurrent = -1 }, "MaxConcurrent"},
-		{"negative depth", func(c *Config) { c.PipelineDepth = -2 }, "PipelineDepth"},
-		{"negative quarantine budget", func(c *Config) { c.QuarantineBudget = -2 }, "QuarantineBudget"},
-		{"negative poisoned-block budget", func(c *Config) { c.PoisonedBlockBudget = -3 }, "PoisonedBlockBudget"},
-		{"negative retries", func(c *Config) { c.MaxRetries = -2 }, "MaxRetries"},
+		{"negative depth", func(c *Config) { c.Tuning.PipelineDepth = -2 }, "PipelineDepth"},
+		{"negative quarantine budget", func(c *Config) { c.Tuning.QuarantineBudget = -2 }, "QuarantineBudget"},
+		{"negative poisoned-block budget", func(c *Config) { c.Tuning.PoisonedBlockBudget = -3 }, "PoisonedBlockBudget"},
+		{"negative retries", func(c *Config) { c.Tuning.MaxRetries = -2 }, "MaxRetries"},
 		{"negative deadline", func(c *Config) { c.ProgressDeadline = -time.Second }, "ProgressDeadline"},
-		{"staging memory too small", func(c *Config) { c.StagingMemory = make([]byte, 100); c.NumSlots = 4 }, "StagingMemory"},
+		{"staging memory too small", func(c *Config) { c.StagingMemory = make([]byte, 100); c.Tuning.NumSlots = 4 }, "StagingMemory"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -294,17 +295,17 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 	}
 	_, err := New(nil, Config{})
 	require.ErrorIs(t, err, ErrInvalidConfig)
-	z := Config{QuarantineBudget: None, PoisonedBlockBudget: None, MaxRetries: None}.withDefaults()
-	require.Zero(t, z.QuarantineBudget, "None sets zero")
-	require.Zero(t, z.PoisonedBlockBudget, "None sets zero")
-	require.Zero(t, z.MaxRetries, "None sets zero")
+	z := Config{Tuning: tuning.Config{QuarantineBudget: tuning.None, PoisonedBlockBudget: tuning.None, MaxRetries: tuning.None}}.withDefaults()
+	require.Zero(t, z.Tuning.QuarantineBudget, "tuning.None sets zero")
+	require.Zero(t, z.Tuning.PoisonedBlockBudget, "tuning.None sets zero")
+	require.Zero(t, z.Tuning.MaxRetries, "tuning.None sets zero")
 	require.NoError(t, z.validate())
 	d := Config{}.withDefaults()
-	require.Equal(t, defaultQuarantineBudget, d.QuarantineBudget)
-	require.Equal(t, defaultPoisonedBlocks, d.PoisonedBlockBudget)
-	require.Equal(t, defaultMaxRetries, d.MaxRetries)
+	require.Equal(t, defaultQuarantineBudget, d.Tuning.QuarantineBudget)
+	require.Equal(t, defaultPoisonedBlocks, d.Tuning.PoisonedBlockBudget)
+	require.Equal(t, defaultMaxRetries, d.Tuning.MaxRetries)
 	require.Equal(t, int64(defaultSlotBytes), d.SlotBytes)
-	require.Equal(t, defaultMaxConcurrent*defaultPipelineDepth, d.NumSlots)
+	require.Equal(t, defaultMaxConcurrent*defaultPipelineDepth, d.Tuning.NumSlots)
 	require.True(t, strings.Contains((&ConfigError{Field: "F", Value: 1, Reason: "r"}).Error(), "F = 1: r"))
 	require.True(t, errors.Is(&specError{}, ErrInvalidSpec))
 }
@@ -320,7 +321,7 @@ func TestMaxRetriesNoneSendsTheRequestOnce(t *testing.T) {
 		timeout time.Duration
 		end     func(t *testing.T, p *pair, h *Handle, sent func() int64)
 	}{
-		{"None: once", None, 200 * time.Millisecond, func(t *testing.T, _ *pair, h *Handle, sent func() int64) {
+		{"None: once", tuning.None, 200 * time.Millisecond, func(t *testing.T, _ *pair, h *Handle, sent func() int64) {
 			waitClosed(t, h.Quiesced(), "timed out")
 			requireState(t, h, Failed, ErrDeadline)
 			require.Equal(t, int64(1), sent())
@@ -333,7 +334,7 @@ func TestMaxRetriesNoneSendsTheRequestOnce(t *testing.T) {
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.MaxRetries = c.retries
+			cfg.Tuning.MaxRetries = c.retries
 			cfg.TransferTimeout = c.timeout
 			p := newPair(t, cfg, cfg) // the prefill engine never sends
 			var requests atomic.Int64

@@ -5,6 +5,7 @@ package transfer
 import (
 	"bytes"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -82,7 +83,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		// cancelled): the engine is still wedged, and must say so within the deadline. A lease
 		// or a cancel used to count as progress, which kept a frozen peer looking healthy.
 		cfg := fastConfig()
-		cfg.MaxConcurrent, cfg.NumSlots = 4, 8
+		cfg.MaxConcurrent, cfg.Tuning.NumSlots = 4, 8
 		cfg.ProgressDeadline = 150 * time.Millisecond
 		cfg.TransferTimeout = 10 * time.Second
 		p := newPair(t, cfg, cfg)
@@ -110,9 +111,9 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 	})
 	t.Run("quarantines over budget", func(t *testing.T) {
 		cfg := fastConfig()
-		cfg.QuarantineBudget = None // zero would take the default
+		cfg.Tuning.QuarantineBudget = tuning.None // zero would take the default
 		cfg.TransferTimeout = 300 * time.Millisecond
-		cfg.QuarantineTimeout = 10 * time.Second
+		cfg.Tuning.QuarantineTimeout = 10 * time.Second
 		p := newPair(t, cfg, cfg)
 		p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 		src, dst := pools(t, 1)
@@ -128,9 +129,9 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 	})
 	t.Run("poisoned slots leave too few", func(t *testing.T) {
 		cfg := fastConfig()
-		cfg.MaxConcurrent, cfg.NumSlots = 2, 2
+		cfg.MaxConcurrent, cfg.Tuning.NumSlots = 2, 2
 		cfg.TransferTimeout = 300 * time.Millisecond
-		cfg.QuarantineTimeout = 30 * time.Millisecond
+		cfg.Tuning.QuarantineTimeout = 30 * time.Millisecond
 		p := newPair(t, cfg, cfg)
 		p.net.SetFault(dataOnly(mem.Fault{Hang: true, NeverQuiesce: true}))
 		src, dst := pools(t, 1)
@@ -145,7 +146,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 
 func TestL13_PoolBelowConcurrencyIsRefused(t *testing.T) {
 	cfg := fastConfig()
-	cfg.MaxConcurrent, cfg.NumSlots = 8, 5
+	cfg.MaxConcurrent, cfg.Tuning.NumSlots = 8, 5
 	tr := mem.NewNetwork().Transport("x")
 	defer func() { require.NoError(t, tr.Close(true)) }() // a failed New leaves the transport with its caller
 	_, err := New(tr, cfg)
@@ -186,9 +187,9 @@ func TestL13_MaxConcurrentIsEnforced(t *testing.T) {
 		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
 			const maxConc, requests = 2, 6
 			cfg := fastConfig()
-			cfg.MaxConcurrent, cfg.NumSlots, cfg.PipelineDepth = maxConc, 8, 1
-			cfg.DirectChunkBytes = 512
-			cfg.DisableDirect = !direct
+			cfg.MaxConcurrent, cfg.Tuning.NumSlots, cfg.Tuning.PipelineDepth = maxConc, 8, 1
+			cfg.Tuning.DirectChunkBytes = 512
+			cfg.Tuning.DisableDirect = !direct
 			rcv, snd := &activeSubs{}, &activeSubs{}
 			scfg, rcfg := cfg, cfg
 			scfg.Observer, rcfg.Observer = snd, rcv
@@ -223,7 +224,7 @@ func TestL13_RequestLargerThanTheStagingPoolStreams(t *testing.T) {
 	d := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 2, HeadDim: 16, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 4096}
 	cfg := fastConfig()
 	cfg.SlotBytes = 4 << 20
-	cfg.MaxConcurrent, cfg.NumSlots = 1, 2
+	cfg.MaxConcurrent, cfg.Tuning.NumSlots = 1, 2
 	cfg.TransferTimeout = 60 * time.Second
 	p := newPair(t, cfg, cfg)
 	src := newKVPool(t, d, layout.BlockMajor, nil, seqBlocks(0, 4096), 11)
@@ -251,8 +252,8 @@ func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
 	half.NumHeads = 2
 	setup := func(t *testing.T, obs Observer) (*mem.Network, [2]*Engine, *Engine, [2]*kvPool, *kvPool, [2]layout.Selection) {
 		cfg := fastConfig()
-		cfg.CancelGrace = 50 * time.Millisecond
-		cfg.QuarantineTimeout = 10 * time.Second
+		cfg.Tuning.CancelGrace = 50 * time.Millisecond
+		cfg.Tuning.QuarantineTimeout = 10 * time.Second
 		n := mem.NewNetwork()
 		var senders [2]*Engine
 		var srcs [2]*kvPool
@@ -390,8 +391,8 @@ func TestL14_PoisonedSubNeverHidesAQuarantineFromTheBudget(t *testing.T) {
 				n.Endpoint(name).AllowDirect(srcs[i].mem)
 			}
 			dcfg := cfg
-			dcfg.QuarantineBudget = None
-			dcfg.TransferTimeout, dcfg.QuarantineTimeout, dcfg.CancelGrace = time.Minute, time.Minute, time.Minute
+			dcfg.Tuning.QuarantineBudget = tuning.None
+			dcfg.TransferTimeout, dcfg.Tuning.QuarantineTimeout, dcfg.Tuning.CancelGrace = time.Minute, time.Minute, time.Minute
 			dcfg.ProgressDeadline = time.Minute
 			recv, err := New(n.Transport("decode"), dcfg)
 			require.NoError(t, err)

@@ -127,7 +127,7 @@ func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
 	})
 	t.Run("Send and Receive return at once with every slot taken", func(t *testing.T) {
 		cfg := fastConfig()
-		cfg.MaxConcurrent, cfg.NumSlots, cfg.PipelineDepth = 1, 1, 1
+		cfg.MaxConcurrent, cfg.Tuning.NumSlots, cfg.Tuning.PipelineDepth = 1, 1, 1
 		p := newPair(t, cfg, cfg)
 		p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 		src, dst := pools(t, 1)
@@ -298,14 +298,14 @@ func testSlotsUnderChurn(t *testing.T) {
 	cfg := fastConfig()
 	cfg.TransferTimeout = 150 * time.Millisecond
 	cfg.QueueTimeout = 300 * time.Millisecond
-	cfg.QuarantineTimeout = 100 * time.Millisecond
-	cfg.MaxConcurrent, cfg.NumSlots = 4, 6
+	cfg.Tuning.QuarantineTimeout = 100 * time.Millisecond
+	cfg.MaxConcurrent, cfg.Tuning.NumSlots = 4, 6
 	n := mem.NewNetwork()
 	var ledgers []*slotLedger
 	var engines []*Engine
 	for _, name := range []Peer{"prefill", "decode"} {
 		c := cfg
-		c.StagingMemory = make([]byte, int64(c.NumSlots)*c.SlotBytes)
+		c.StagingMemory = make([]byte, int64(c.Tuning.NumSlots)*c.SlotBytes)
 		l := newSlotLedger(n.Transport(name), c.StagingMemory, c.SlotBytes)
 		e, err := New(l, c)
 		require.NoError(t, err)

@@ -29,7 +29,7 @@ func TestL6_EveryOperationCompletesExactlyOnce(t *testing.T) {
 		path   Path
 	}{
 		{"staging", fastConfig, false, pools, []string{"send", "receive"}, PathStaging},
-		{"direct IOV messages", func() Config { c := directConfig(); c.DisableRMA = true; return c }, true, pools,
+		{"direct IOV messages", func() Config { c := directConfig(); c.Tuning.DisableRMA = true; return c }, true, pools,
 			[]string{"IOV send", "IOV receive"}, PathDirect},
 		{"RMA gets", rmaConfig, true, rmaPools, []string{"get", "generation read"}, PathRMA},
 		{"staging pull", pullConfig, false, pools, []string{"get", "generation read"}, PathStaging},
@@ -38,15 +38,15 @@ func TestL6_EveryOperationCompletesExactlyOnce(t *testing.T) {
 		t.Run(pc.name, func(t *testing.T) {
 			cfg := pc.cfg()
 			cfg.TransferTimeout = 150 * time.Millisecond
-			cfg.QuarantineTimeout = 5 * time.Second // Close, not the timer, must end the hung ones
+			cfg.Tuning.QuarantineTimeout = 5 * time.Second // Close, not the timer, must end the hung ones
 			cfg.QueueTimeout = 300 * time.Millisecond
 			n := mem.NewNetwork()
 			mt := map[Peer]*mem.Transport{"prefill": n.Transport("prefill"), "decode": n.Transport("decode")}
 			led := map[Peer]*opLedger{"prefill": newOpLedger(mt["prefill"]), "decode": newOpLedger(mt["decode"])}
 			acfg, bcfg := cfg, cfg
 			if pc.name == "staging pull" { // staging memory the transport may expose (newPullPair)
-				acfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
-				bcfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+				acfg.StagingMemory = make([]byte, int64(cfg.Tuning.NumSlots)*cfg.SlotBytes)
+				bcfg.StagingMemory = make([]byte, int64(cfg.Tuning.NumSlots)*cfg.SlotBytes)
 				mt["prefill"].AllowDirect(acfg.StagingMemory)
 				mt["decode"].AllowDirect(bcfg.StagingMemory)
 			}
@@ -151,7 +151,7 @@ func TestL8_DuplicatesNeverStartASecondTransfer(t *testing.T) {
 	})
 	t.Run("every control message delivered twice, requests retried", func(t *testing.T) {
 		cfg := fastConfig()
-		cfg.RetryInterval = time.Millisecond
+		cfg.Tuning.RetryInterval = time.Millisecond
 		p := newPair(t, cfg, cfg)
 		p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 			if fp.Kind == wire.KindData {
@@ -186,7 +186,7 @@ func TestL9_UnknownQuiescenceMeansPoisonNeverRelease(t *testing.T) {
 			// The deadline must come after both chunks are on the wire: 300 ms raced their
 			// posting on a loaded host.
 			cfg.TransferTimeout = 2 * time.Second
-			cfg.QuarantineTimeout = 100 * time.Millisecond
+			cfg.Tuning.QuarantineTimeout = 100 * time.Millisecond
 			if c.lose {
 				cfg.TransferTimeout = 10 * time.Second
 			}
@@ -217,7 +217,7 @@ func TestL9_UnknownQuiescenceMeansPoisonNeverRelease(t *testing.T) {
 func TestL9_LateCompletionAfterPoisonNeverReturnsTheSlot(t *testing.T) {
 	cfg := fastConfig()
 	cfg.TransferTimeout = 300 * time.Millisecond
-	cfg.QuarantineTimeout = 50 * time.Millisecond
+	cfg.Tuning.QuarantineTimeout = 50 * time.Millisecond
 	p := newPair(t, cfg, cfg)
 	p.net.SetFault(dataOnly(mem.Fault{Hang: true}))
 	src, dst := pools(t, 1)
@@ -237,7 +237,7 @@ func TestL9_LateCompletionAfterPoisonNeverReturnsTheSlot(t *testing.T) {
 
 func TestL10_QuiescedClosesOnceAndOnlyWhenTheTransportLetsGo(t *testing.T) {
 	cfg := fastConfig()
-	cfg.QuarantineTimeout = 10 * time.Second
+	cfg.Tuning.QuarantineTimeout = 10 * time.Second
 	dcfg := cfg
 	dcfg.TransferTimeout = 300 * time.Millisecond
 	p := newPair(t, cfg, dcfg)
@@ -267,7 +267,7 @@ func TestL11_NoWaitWithoutABound(t *testing.T) {
 	cfg := fastConfig()
 	cfg.QueueTimeout = 50 * time.Millisecond
 	cfg.TransferTimeout = 50 * time.Millisecond
-	cfg.MaxConcurrent, cfg.NumSlots, cfg.PipelineDepth = 1, 1, 1
+	cfg.MaxConcurrent, cfg.Tuning.NumSlots, cfg.Tuning.PipelineDepth = 1, 1, 1
 	p := newPair(t, cfg, cfg)
 	src, dst := pools(t, 1)
 

@@ -100,7 +100,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 		final  []State
 		resume bool // hung operations end only when the network resumes
 	}{
-		{desc: "queued receiver: no slot free", cfg: func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 1, 1, 1 },
+		{desc: "queued receiver: no slot free", cfg: func(c *Config) { c.MaxConcurrent, c.Tuning.NumSlots, c.Tuning.PipelineDepth = 1, 1, 1 },
 			fault: dataOnly(mem.Fault{Hang: true}),
 			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
 				p.start(t, 1, src, dst) // holds both engines' only slot, hung
@@ -110,8 +110,8 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 				requireState(t, h, Queued)
 				return p.dst, h, nil
 			}, want: CancelledBeforeAdvertise, final: []State{Cancelled}, resume: true},
-		{desc: "queued sender: the request came, no slot free", cfg: func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 1, 1, 1 },
-			dcfg:  func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 2, 2, 1 },
+		{desc: "queued sender: the request came, no slot free", cfg: func(c *Config) { c.MaxConcurrent, c.Tuning.NumSlots, c.Tuning.PipelineDepth = 1, 1, 1 },
+			dcfg:  func(c *Config) { c.MaxConcurrent, c.Tuning.NumSlots, c.Tuning.PipelineDepth = 2, 2, 1 },
 			fault: dataOnly(mem.Fault{Hang: true}),
 			setup: func(t *testing.T, p *pair, src, dst *kvPool) (*Engine, *Handle, *Handle) {
 				// Request 1 holds the sender's only slot; request 7's receiver has a slot of
@@ -167,7 +167,7 @@ func TestL3_CancelIsObservedByEveryWaiter(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := fastConfig()
-			cfg.QuarantineTimeout = 10 * time.Second // only the transport may end a hung operation
+			cfg.Tuning.QuarantineTimeout = 10 * time.Second // only the transport may end a hung operation
 			if c.cfg != nil {
 				c.cfg(&cfg)
 			}

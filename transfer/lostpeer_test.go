@@ -159,7 +159,7 @@ func TestLostPeersAreForgottenAndBounded(t *testing.T) {
 	})
 	t.Run("after LostPeerTTL", func(t *testing.T) {
 		cfg := fastConfig()
-		cfg.LostPeerTTL = 50 * time.Millisecond
+		cfg.Tuning.LostPeerTTL = 50 * time.Millisecond
 		p := newPair(t, cfg, cfg)
 		p.net.ReportPeerLost(p.net.Endpoint("decode"), "prefill", alarm)
 		eventually(t, func() bool { return p.dst.PeerLost("prefill") != nil }, "the loss reported")
@@ -167,7 +167,7 @@ func TestLostPeersAreForgottenAndBounded(t *testing.T) {
 	})
 	t.Run("at most MaxPending", func(t *testing.T) {
 		cfg := fastConfig()
-		cfg.MaxPending = 4
+		cfg.Tuning.MaxPending = 4
 		p := newPair(t, cfg, cfg)
 		for i := range 10 {
 			p.net.ReportPeerLost(p.net.Endpoint("decode"), Peer(fmt.Sprintf("gone-%d", i)), alarm)
@@ -176,7 +176,7 @@ func TestLostPeersAreForgottenAndBounded(t *testing.T) {
 		p.dst.mu.Lock()
 		n := len(p.dst.lost)
 		p.dst.mu.Unlock()
-		require.Equal(t, cfg.MaxPending, n)
+		require.Equal(t, cfg.Tuning.MaxPending, n)
 		for i := range 6 {
 			require.NoError(t, p.dst.PeerLost(Peer(fmt.Sprintf("gone-%d", i))), "gone-%d outlived newer losses", i)
 		}

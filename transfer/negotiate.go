@@ -133,13 +133,13 @@ func (e *Engine) peerLocked(p Peer, forWaiter bool) *peerHello {
 	if ph, ok := e.peers[p]; ok {
 		return ph
 	}
-	if len(e.peers) >= e.cfg.MaxPending {
+	if len(e.peers) >= e.cfg.Tuning.MaxPending {
 		for k, ph := range e.peers {
 			if ph.waiting == 0 {
 				delete(e.peers, k)
 			}
 		}
-		if len(e.peers) >= e.cfg.MaxPending && !forWaiter {
+		if len(e.peers) >= e.cfg.Tuning.MaxPending && !forWaiter {
 			return nil
 		}
 	}
@@ -202,10 +202,10 @@ func (e *Engine) onHello(from Peer, m *wire.Hello) {
 func (e *Engine) challengeLocked(ph *peerHello) *wire.HelloChallenge {
 	c, now := &ph.challenge, time.Now()
 	switch {
-	case c.drawnAt.IsZero() || now.Sub(c.drawnAt) > e.cfg.PendingTTL:
+	case c.drawnAt.IsZero() || now.Sub(c.drawnAt) > e.cfg.Tuning.PendingTTL:
 		_, _ = rand.Read(c.value[:]) // never fails (crypto/rand)
 		c.drawnAt = now
-	case now.Sub(c.sentAt) < e.cfg.RetryInterval:
+	case now.Sub(c.sentAt) < e.cfg.Tuning.RetryInterval:
 		return nil
 	}
 	c.sentAt = now
@@ -242,7 +242,7 @@ func (e *Engine) onProof(from Peer, m *wire.HelloProof) {
 		refusal = HelloRefusedUnsolicited
 	case ph.challenge.answeredBefore && subtle.ConstantTimeCompare(m.Echo[:], ph.challenge.answered[:]) == 1:
 		refusal = HelloRefusedReplayed
-	case ph.challenge.drawnAt.IsZero() || time.Since(ph.challenge.drawnAt) > e.cfg.PendingTTL:
+	case ph.challenge.drawnAt.IsZero() || time.Since(ph.challenge.drawnAt) > e.cfg.Tuning.PendingTTL:
 		refusal = HelloRefusedUnsolicited
 	case subtle.ConstantTimeCompare(m.Echo[:], ph.challenge.value[:]) != 1:
 		refusal = HelloRefusedMismatch
@@ -281,7 +281,7 @@ func (e *Engine) greetWaiting(p Peer) (ph *peerHello, release func()) {
 		e.mu.Unlock()
 	}
 	now := time.Now()
-	send := !chanClosed(ph.met) && now.Sub(ph.sentAt) >= e.cfg.RetryInterval
+	send := !chanClosed(ph.met) && now.Sub(ph.sentAt) >= e.cfg.Tuning.RetryInterval
 	if send {
 		ph.sentAt = now
 	}
@@ -362,7 +362,7 @@ func (x *xfer) meet() bool {
 // reports false if the transfer ended instead.
 func (x *xfer) awaitHello(ph *peerHello) bool {
 	e := x.eng
-	backoff, retries := e.cfg.RetryInterval, 0
+	backoff, retries := e.cfg.Tuning.RetryInterval, 0
 	retry := time.NewTimer(backoff)
 	defer retry.Stop()
 	for !chanClosed(ph.met) {
@@ -380,7 +380,7 @@ func (x *xfer) awaitHello(ph *peerHello) bool {
 			x.queuedExit(x.queueErr(context.Cause(x.qctx)))
 			return false
 		case <-retry.C:
-			if retries < e.cfg.MaxRetries {
+			if retries < e.cfg.Tuning.MaxRetries {
 				retries++
 				backoff *= 2
 				e.greet(x.peer)

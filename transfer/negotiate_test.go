@@ -65,7 +65,7 @@ func newSpeakingPair(t testing.TB, srcSp, dstSp speech, src, dst Config) *pair {
 // test's wait did not wait one out.
 func patientConfig() Config {
 	cfg := rmaConfig()
-	cfg.TransferTimeout, cfg.QueueTimeout, cfg.PendingTTL = time.Hour, time.Hour, time.Hour
+	cfg.TransferTimeout, cfg.QueueTimeout, cfg.Tuning.PendingTTL = time.Hour, time.Hour, time.Hour
 	return cfg
 }
 
@@ -151,7 +151,7 @@ func TestMixedVersionsOfferInPartsOnlyToAPeerThatSpeaksThem(t *testing.T) {
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := patientConfig()
-			cfg.RMAMinRegionBytes = 1
+			cfg.Tuning.RMAMinRegionBytes = 1
 			p := newSpeakingPair(t, buildSpeech(), c.receiver, cfg, cfg)
 			src := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(0, 2*rmaMaxOfferBlocks), 5)
 			dst := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(1, 2*rmaMaxOfferBlocks), 0)

@@ -244,7 +244,7 @@ func TestForgottenPeerGetsConservativeFeatures(t *testing.T) {
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := patientConfig()
-			cfg.MaxPending = 1
+			cfg.Tuning.MaxPending = 1
 			tt := newTrustTrio(t, true, c.receiver, cfg)
 			tt.transfer(t, 1, c.refused)
 			require.Equal(t, c.receiver.features, believed(tt.src, "decode"))
@@ -406,7 +406,7 @@ func outstandingChallenge(t *testing.T, tt *trustTrio) [wire.ChallengeBytes]byte
 // a real peer still meets it and completes.
 func TestForgedHellosAreBoundedByMaxPending(t *testing.T) {
 	cfg := patientConfig()
-	cfg.MaxPending = 4
+	cfg.Tuning.MaxPending = 4
 	tt := newTrustTrio(t, false, buildSpeech(), cfg)
 	for i := range 100 {
 		require.NoError(t, tt.net.Spoof(Peer(fmt.Sprintf("forged-%d", i)), "prefill", wire.Encode(buildSpeech().hello(false))))
@@ -416,7 +416,7 @@ func TestForgedHellosAreBoundedByMaxPending(t *testing.T) {
 	tt.src.mu.Lock()
 	n := len(tt.src.peers)
 	tt.src.mu.Unlock()
-	require.LessOrEqual(t, n, cfg.MaxPending)
+	require.LessOrEqual(t, n, cfg.Tuning.MaxPending)
 	tt.transfer(t, 1, false)
 }
 
@@ -446,7 +446,7 @@ func (c *closeRecorder) closedPeers() []Peer {
 // transfers with it go on.
 func TestForgedHelloAddressesAreBoundedByMaxPending(t *testing.T) {
 	cfg := patientConfig() // PendingTTL an hour: every close here is the bound's
-	cfg.MaxPending = 4
+	cfg.Tuning.MaxPending = 4
 	n := mem.NewNetwork()
 	tr := &closeRecorder{Transport: n.Transport("prefill")}
 	src, err := New(tr, cfg)
@@ -461,14 +461,14 @@ func TestForgedHelloAddressesAreBoundedByMaxPending(t *testing.T) {
 	for i := range forged {
 		require.NoError(t, n.Spoof(Peer(fmt.Sprintf("forged-%d", i)), "prefill", wire.Encode(buildSpeech().hello(false))))
 	}
-	eventually(t, func() bool { return len(tr.closedPeers()) == forged-cfg.MaxPending }, "the oldest unproven addresses closed")
+	eventually(t, func() bool { return len(tr.closedPeers()) == forged-cfg.Tuning.MaxPending }, "the oldest unproven addresses closed")
 	for _, p := range tr.closedPeers() {
 		require.True(t, strings.HasPrefix(string(p), "forged-"), "closed %s", p)
 	}
 	src.mu.Lock()
 	remembered := len(src.unproven.since)
 	src.mu.Unlock()
-	require.Equal(t, cfg.MaxPending, remembered)
+	require.Equal(t, cfg.Tuning.MaxPending, remembered)
 
 	s, d := pools(t, 1)
 	hs, err := src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: s.plan, Pool: s.mem})

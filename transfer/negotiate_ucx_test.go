@@ -22,9 +22,9 @@ import (
 func newUCXEngineSpeaking(t testing.TB, tls, dev string, cfg Config, sp speech) *ucxEngine {
 	t.Helper()
 	cfg = cfg.withDefaults()
-	cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+	cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
 	tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
+		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
@@ -88,9 +88,9 @@ func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T)
 			}
 			require.Equal(t, c.refused, cur.tr.SendsLargeSegments())
 			oc := cfg.withDefaults()
-			oc.NumSlots = oc.MaxConcurrent * oc.PipelineDepth
+			oc.Tuning.NumSlots = oc.MaxConcurrent * oc.Tuning.PipelineDepth
 			otr, err := ucx.New(ucx.Config{TLS: c.tls, NetDevices: c.dev, KeepaliveInterval: 200 * time.Millisecond,
-				StagingBytes: int64(oc.NumSlots) * oc.SlotBytes, CloseTimeout: 2 * time.Second})
+				StagingBytes: int64(oc.Tuning.NumSlots) * oc.SlotBytes, CloseTimeout: 2 * time.Second})
 			require.NoError(t, err)
 			oc.StagingMemory = otr.StagingMemory()
 			old, err := newEngine(otr, oc, lacking(wire.FeatureLargeSegments))
@@ -254,7 +254,7 @@ func TestL10_UCXForgedClaimLeavesTheSendToTheRealReceiver(t *testing.T) {
 			// took longer, and three claims were counted (posix,cma,self). A resend is needed
 			// only for a lost message, and one still fits in the waits below.
 			dcfg := cfg
-			dcfg.RetryInterval = 10 * time.Second
+			dcfg.Tuning.RetryInterval = 10 * time.Second
 			dst := newUCXEngine(t, c.tls, c.dev, dcfg)
 			forger := newUCXEngine(t, c.tls, c.dev, ucxTestConfig())
 			s := newUCXKV(t, dims, layout.BlockMajor, []int32{3, 9, 27}, 5)
@@ -313,7 +313,7 @@ func TestUCXTransport_UnprovenHelloAddressIsDropped(t *testing.T) {
 		} {
 			t.Run(tr.tls+"/"+c.desc, func(t *testing.T) {
 				cfg := ucxTestConfig()
-				cfg.PendingTTL = 300 * time.Millisecond
+				cfg.Tuning.PendingTTL = 300 * time.Millisecond
 				lost := &lostCounter{}
 				cfg.Observer = lost
 				src := newUCXEngine(t, tr.tls, tr.dev, cfg)

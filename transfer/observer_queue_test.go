@@ -116,7 +116,7 @@ func BenchmarkCancelWithSlowObserver(b *testing.B) {
 	obs.slow.Store(true)
 	cfg := fastConfig()
 	cfg.Observer = obs
-	cfg.MaxConcurrent, cfg.PipelineDepth = 64, 1
+	cfg.MaxConcurrent, cfg.Tuning.PipelineDepth = 64, 1
 	e, err := New(mem.NewNetwork().Transport("decode"), cfg)
 	require.NoError(b, err)
 	_, dst := pools(b, 1)

@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -14,7 +15,7 @@ import (
 )
 
 // Where the transport emulates gets from the sender (UCX over TCP), the receiver takes tagged
-// IOV messages, never asking for an offer, unless Config.RMAWhereEmulated keeps the RMA mode;
+// IOV messages, never asking for an offer, unless Config.Tuning.RMAWhereEmulated keeps the RMA mode;
 // Path says which ran on both sides, and every byte arrives either way.
 func TestRMAWhereGetsAreEmulatedTheReceiverTakesMessages(t *testing.T) {
 	for _, c := range []struct {
@@ -31,7 +32,7 @@ func TestRMAWhereGetsAreEmulatedTheReceiverTakesMessages(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			src, dst := rmaPools(t, 41)
 			scfg, rcfg := rmaConfig(), rmaConfig()
-			rcfg.RMAWhereEmulated = c.keepRMA
+			rcfg.Tuning.RMAWhereEmulated = c.keepRMA
 			p, w := directPair(t, scfg, rcfg, src, dst)
 			p.net.Endpoint("decode").EmulateGets("prefill", c.emulated)
 			offers := faultNth(p, w, wire.KindRMAOffer, "", nil)
@@ -63,7 +64,7 @@ func TestRMAGetsCutForLanes(t *testing.T) {
 			src := newKVPool(t, dims, layout.BlockMajor, nil, blocks(1, 2, 3, 4, 5, 6, 7, 8), 3)
 			dst := newKVPool(t, dims, layout.BlockMajor, nil, blocks(11, 12, 13, 14, 15, 16, 17, 18), 0)
 			cfg := rmaConfig()
-			cfg.DirectChunkBytes = 64 << 20
+			cfg.Tuning.DirectChunkBytes = 64 << 20
 			p, w := directPair(t, cfg, cfg, src, dst)
 			p.net.Endpoint("decode").SetGetLanes(c.lanes)
 			hs, hr := p.start(t, 1, src, dst)
@@ -82,7 +83,7 @@ func TestRMAGetsCutForLanes(t *testing.T) {
 	}
 }
 
-// A receiver whose pool holds the stream in pieces under Config.DirectMinRunBytes (a
+// A receiver whose pool holds the stream in pieces under Config.Tuning.DirectMinRunBytes (a
 // token-major layout: one row of one head per piece) takes staging, which moves such pieces
 // faster than IOV entries; with pieces at least that long, or the bound off (None), it takes the
 // direct path. Path says which ran on both sides, and every byte arrives either way.
@@ -96,7 +97,7 @@ func TestDirectLeavesPiecesUnderDirectMinRunBytesToStaging(t *testing.T) {
 		want     Path
 	}{
 		{"NHD pieces under the default bound: staging", layout.LayerMajorNHD, 0, PathStaging},
-		{"NHD pieces, bound off: direct", layout.LayerMajorNHD, None, PathDirect},
+		{"NHD pieces, bound off: direct", layout.LayerMajorNHD, tuning.None, PathDirect},
 		{"NHD pieces at the bound: direct", layout.LayerMajorNHD, row, PathDirect},
 		{"NHD pieces one byte under the bound: staging", layout.LayerMajorNHD, row + 1, PathStaging},
 		{"block-major pieces (2 KiB) at the default bound: direct", layout.BlockMajor, 0, PathDirect},
@@ -107,7 +108,7 @@ func TestDirectLeavesPiecesUnderDirectMinRunBytesToStaging(t *testing.T) {
 			src := newKVPool(t, dims, layout.BlockMajor, nil, blocks(1, 2, 3), 17)
 			dst := newKVPool(t, dims, c.dstOrder, nil, blocks(4, 5, 6), 0)
 			scfg, rcfg := directConfig(), directConfig()
-			rcfg.DirectMinRunBytes = c.minRun
+			rcfg.Tuning.DirectMinRunBytes = c.minRun
 			p, _ := directPair(t, scfg, rcfg, src, dst)
 			hs, hr := p.start(t, 1, src, dst)
 			waitClosed(t, hr.Quiesced(), "receiver quiesced")

@@ -73,7 +73,7 @@ func (x *xfer) startDirectSend(ri *wire.RequestInfo) bool {
 				reason += ": " + o.Reason
 			}
 		}
-		x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
 		return true
 	}
 	d.decline = decline
@@ -90,7 +90,7 @@ func (x *xfer) runReceiveDirect() {
 		return
 	}
 	elem := x.plan.Layout().ElemSize
-	x.setChunks(x.eng.cfg.DirectChunkBytes/elem*elem, x.stream)
+	x.setChunks(x.eng.cfg.Tuning.DirectChunkBytes/elem*elem, x.stream)
 	if x.layerCut {
 		x.recvSeen = make([]bool, x.nChunks)
 	}
@@ -111,7 +111,7 @@ func (directReceive) kind() Path { return PathDirect }
 
 // postAhead posts the first PipelineDepth chunks.
 func (d *directSend) postAhead() {
-	for range min(d.x.eng.cfg.PipelineDepth, d.x.nChunks) {
+	for range min(d.x.eng.cfg.Tuning.PipelineDepth, d.x.nChunks) {
 		if !d.post(nil) {
 			break
 		}
@@ -129,7 +129,7 @@ func (d *directSend) post(*buffer.Slot) bool {
 	off, n := x.chunkRange(x.nextSeq)
 	if off+n > x.readyBytes {
 		if err := x.refreshReady(); err != nil {
-			x.abort(err, wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(err, wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 			return false
 		}
 		if off+n > x.readyBytes { // wait for the model; a nil slot marks a direct place
@@ -159,7 +159,7 @@ func (*directSend) peerLost() {}
 // aborting.
 func (d directReceive) postAhead() bool {
 	x := d.x
-	for range min(max(x.eng.cfg.PipelineDepth, directRecvAhead), x.nChunks) {
+	for range min(max(x.eng.cfg.Tuning.PipelineDepth, directRecvAhead), x.nChunks) {
 		if !d.post(nil) {
 			return false
 		}
@@ -185,7 +185,7 @@ func (d directReceive) completed(rec *opRec, c transport.Completion) {
 	_, n := x.chunkRange(rec.seq)
 	if int64(c.Bytes) != n {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: direct chunk %d carried %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
-			wire.AbortProtocol, x.eng.cfg.CancelGrace)
+			wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return
 	}
 	x.progress(n)
@@ -217,7 +217,7 @@ func (x *xfer) postDirect(off, n int64, post func(Peer, transport.Tag, [][]byte,
 		}
 	}
 	if err != nil {
-		x.abort(err, wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(err, wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		return false
 	}
 	x.posted(rec, id)

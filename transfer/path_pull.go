@@ -54,7 +54,7 @@ func (e *Engine) slotKey() (uint64, []byte, error) {
 }
 
 // Pulled reports, without blocking, whether the staging path moves this transfer's chunks on
-// the pull wire (the receiver reads each out of the sender's slot with a get: Config.DisablePull)
+// the pull wire (the receiver reads each out of the sender's slot with a get: Config.Tuning.DisablePull)
 // rather than as tagged messages; for a multi-peer Receive, whether any sub-transfer does.
 // Handle.Path still says PathStaging.
 func (h *Handle) Pulled() bool {
@@ -71,7 +71,7 @@ func (h *Handle) Pulled() bool {
 // host memory (AnySourceScatterer).
 func (x *xfer) pullMapper() transport.RMAMapper {
 	mp, ok := x.eng.tr.(transport.RMAMapper)
-	if !ok || x.eng.cfg.DisableInPlaceReads {
+	if !ok || x.eng.cfg.Tuning.DisableInPlaceReads {
 		return nil
 	}
 	if a, ok := x.mover.(AnySourceScatterer); !ok || !a.ScatterReadsAnyHostMemory() {
@@ -83,7 +83,7 @@ func (x *xfer) pullMapper() transport.RMAMapper {
 // pullWanted reports whether a staging receiver asks for the pull wire.
 func (x *xfer) pullWanted() bool {
 	e := x.eng
-	if e.cfg.DisablePull || !e.slots.mapped || e.speech.features&wire.FeatureSlotPull == 0 || !x.peerHas(wire.FeatureSlotPull) {
+	if e.cfg.Tuning.DisablePull || !e.slots.mapped || e.speech.features&wire.FeatureSlotPull == 0 || !x.peerHas(wire.FeatureSlotPull) {
 		return false
 	}
 	rt, ok := e.tr.(transport.RMATransport)
@@ -181,7 +181,7 @@ func (r *pullReceive) takeDeclined() {
 // protocol fails the transfer for a message of the sender's that breaks the pull wire.
 func (r *pullReceive) protocol(format string, args ...any) {
 	x := r.x
-	x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: pull wire: %s", ErrProtocol, fmt.Sprintf(format, args...))}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
+	x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: pull wire: %s", ErrProtocol, fmt.Sprintf(format, args...))}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 }
 
 // offered takes the sender's answer: its slots, or a decline, after which the chunks come as
@@ -209,13 +209,13 @@ func (r *pullReceive) offered(m *wire.Slots) {
 	}
 	if p, ok := x.eng.tr.(transport.RMAKeyPreparer); ok {
 		if err := p.PrepareKeys(x.peer, m.Key); err != nil {
-			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 			return
 		}
 	}
 	if m.Flags&wire.SlotsValidated != 0 {
 		if err := x.rmaGenerations().PrepareReadGeneration(x.peer, m.GenKey); err != nil {
-			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 			return
 		}
 		r.gen, r.genAddr, r.genKey = m.Generation, m.GenAddr, m.GenKey
@@ -270,7 +270,7 @@ func (r *pullReceive) pump() {
 		id, err := rt.PostGet(x.peer, x.tag(rec.seq), r.key, r.addr+uint64(m.Offset), dst, rec.done)
 		if err != nil {
 			releaseSlot(slot) // never posted
-			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 			return
 		}
 		x.trackStaging(rec, id)
@@ -287,7 +287,7 @@ func (r *pullReceive) readInPlace(rec *opRec, m wire.SlotReady) bool {
 	view, release, err := r.mapper.MapRemote(x.peer, r.key, r.addr+uint64(m.Offset), int(m.Length))
 	if err != nil {
 		releaseSlot(rec.slot)
-		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		return false
 	}
 	if view == nil {
@@ -370,8 +370,8 @@ func (x *xfer) answerPull() bool {
 	head := x.head()
 	addr, key, err := x.eng.slotKey()
 	switch {
-	case x.eng.cfg.DisablePull:
-		err = errors.New("this sender's Config.DisablePull is set")
+	case x.eng.cfg.Tuning.DisablePull:
+		err = errors.New("this sender's Config.Tuning.DisablePull is set")
 	case x.eng.speech.features&wire.FeatureSlotPull == 0:
 		err = errors.New("this sender does not speak the pull wire")
 	}
@@ -396,7 +396,7 @@ func (x *xfer) answerPull() bool {
 	x.take(&pullSend{stagingSend: stagingSend{x}, offer: offer, endGen: endGen})
 	x.pulled.Store(true)
 	if err := x.eng.tr.SendControl(x.peer, offer); err != nil {
-		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		return false
 	}
 	return true
@@ -410,7 +410,7 @@ func (p *pullSend) moved(rec *opRec) {
 	x.trackStaging(rec, 0)
 	m := &wire.SlotReady{Header: x.head(), Seq: uint32(rec.seq), Offset: int64(rec.slot.Index()) * x.eng.cfg.SlotBytes, Length: int64(len(buf))}
 	if err := x.eng.tr.SendControl(x.peer, wire.Encode(m)); err != nil {
-		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 	}
 }
 
@@ -422,7 +422,7 @@ func (p *pullSend) fromPeer(m wire.Message) {
 		if rec == nil {
 			if !x.aborting {
 				x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: pull wire: chunk %d taken but not announced", ErrProtocol, m.Seq)},
-					wire.AbortProtocol, x.eng.cfg.CancelGrace)
+					wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 			}
 			return
 		}
@@ -437,7 +437,7 @@ func (p *pullSend) fromPeer(m wire.Message) {
 	case *wire.RMARelease:
 		if !x.aborting {
 			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: the receiver stopped reading the slots before it completed", ErrPeerAborted)},
-				0, x.eng.cfg.CancelGrace)
+				0, x.eng.cfg.Tuning.CancelGrace)
 		}
 		p.endExposures()
 	case *wire.RequestInfo:

@@ -23,7 +23,7 @@ func newPullPair(t testing.TB, src, dst Config) *pair {
 	n := mem.NewNetwork()
 	mk := func(name string, cfg Config) *Engine {
 		tr := n.Transport(Peer(name))
-		cfg.StagingMemory = make([]byte, int64(cfg.NumSlots)*cfg.SlotBytes)
+		cfg.StagingMemory = make([]byte, int64(cfg.Tuning.NumSlots)*cfg.SlotBytes)
 		tr.AllowDirect(cfg.StagingMemory)
 		e, err := New(tr, cfg)
 		require.NoError(t, err)
@@ -45,13 +45,13 @@ func newPullPair(t testing.TB, src, dst Config) *pair {
 // lets the scatter read them in the sender's slot.
 func pullConfig() Config {
 	c := inPlaceConfig()
-	c.DisableInPlaceReads = true
+	c.Tuning.DisableInPlaceReads = true
 	return c
 }
 
 func inPlaceConfig() Config {
 	c := pipelineConfig()
-	c.DisableDirect = true // the pools are Go memory moved through a Mover anyway
+	c.Tuning.DisableDirect = true // the pools are Go memory moved through a Mover anyway
 	return c
 }
 
@@ -117,8 +117,8 @@ func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc, dc := pullConfig(), pullConfig()
-			sc.DisablePull, dc.DisablePull = tc.srcOff, tc.dstOff
-			dc.DisableInPlaceReads = !tc.inPlace
+			sc.Tuning.DisablePull, dc.Tuning.DisablePull = tc.srcOff, tc.dstOff
+			dc.Tuning.DisableInPlaceReads = !tc.inPlace
 			p := newPullPair(t, sc, dc)
 			k := countKinds(p, nil)
 			src, dst := pools(t, 31)
@@ -161,7 +161,7 @@ func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
 // arrives; then the slot goes back, not poisoned.
 func TestL10_PullSendersSlotStaysOutWhileTheReceiverMayReadIt(t *testing.T) {
 	cfg := pullConfig()
-	cfg.QuarantineTimeout = time.Minute // only the release may end the exposure here
+	cfg.Tuning.QuarantineTimeout = time.Minute // only the release may end the exposure here
 	p := newPullPair(t, cfg, cfg)
 	k := countKinds(p, func(fp mem.FaultPoint) mem.Fault {
 		if fp.Kind == wire.KindData && fp.Tag.Seq == 1 {
@@ -193,7 +193,7 @@ func TestL10_PullSendersSlotStaysOutWhileTheReceiverMayReadIt(t *testing.T) {
 // sender's announced slot is poisoned at the quarantine timeout, never reused.
 func TestL9_PullExposureNobodyEndsIsPoisoned(t *testing.T) {
 	cfg := pullConfig()
-	cfg.QuarantineTimeout = 100 * time.Millisecond
+	cfg.Tuning.QuarantineTimeout = 100 * time.Millisecond
 	p := newPullPair(t, cfg, cfg)
 	countKinds(p, func(fp mem.FaultPoint) mem.Fault {
 		switch {
@@ -218,7 +218,7 @@ func TestL9_PullExposureNobodyEndsIsPoisoned(t *testing.T) {
 // more, so the sender's announced slots go back at once.
 func TestL10_PullLostReceiverEndsTheExposure(t *testing.T) {
 	cfg := pullConfig()
-	cfg.QuarantineTimeout = time.Minute
+	cfg.Tuning.QuarantineTimeout = time.Minute
 	p := newPullPair(t, cfg, cfg)
 	countKinds(p, func(fp mem.FaultPoint) mem.Fault {
 		if fp.Kind == wire.KindData && fp.Tag.Seq == 1 {
@@ -332,7 +332,7 @@ func TestPullValidatedRead_SenderReusesASlotMidRead(t *testing.T) {
 // receiver's release arrives; then the slot goes back, not poisoned.
 func TestL10_PullInPlaceSendersSlotStaysOutWhileTheScatterReadsIt(t *testing.T) {
 	cfg := inPlaceConfig()
-	cfg.QuarantineTimeout = time.Minute // only the release may end the exposure here
+	cfg.Tuning.QuarantineTimeout = time.Minute // only the release may end the exposure here
 	p := newPullPair(t, cfg, cfg)
 	k := countKinds(p, nil)
 	src, dst := pools(t, 37)
@@ -382,11 +382,11 @@ func TestDirectLeavesSmallRangesToThePullWire(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := pipelineConfig()
-			cfg.DisableRMA = true
+			cfg.Tuning.DisableRMA = true
 			if tc.minRegion > 0 {
-				cfg.RMAMinRegionBytes = tc.minRegion
+				cfg.Tuning.RMAMinRegionBytes = tc.minRegion
 			}
-			cfg.DisableInPlaceReads = tc.noInPlace
+			cfg.Tuning.DisableInPlaceReads = tc.noInPlace
 			p := newPullPair(t, cfg, cfg)
 			src, dst := pools(t, 38) // block-major to layer-major: 256-byte pieces, 2 KiB ranges
 			p.net.Endpoint("prefill").AllowDirect(src.mem)

@@ -82,7 +82,7 @@ func (x *xfer) askRMA() *rmaReceive {
 	offer, regions, err := x.oneHopOffer() // onehop.go: the params' Exposure section
 	if err != nil {
 		x.abort(&RequestError{ID: x.h.id, Err: &rmaOfferError{Field: "Exposure", Reason: "the params' exposure", Err: err}},
-			wire.AbortProtocol, x.eng.cfg.CancelGrace)
+			wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return r
 	}
 	if offer != nil {
@@ -135,7 +135,7 @@ func (r *rmaReceive) takeDeclined() {
 	if r.pulling || x.dev.set() {
 		return
 	}
-	for range min(max(x.eng.cfg.PipelineDepth, directRecvAhead), x.nChunks) {
+	for range min(max(x.eng.cfg.Tuning.PipelineDepth, directRecvAhead), x.nChunks) {
 		if x.nextSeq >= x.nChunks {
 			return
 		}
@@ -170,7 +170,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		}
 		whole, err := r.parts.add(m)
 		if err != nil {
-			x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
+			x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 			return
 		}
 		if whole == nil {
@@ -201,7 +201,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		}
 	}
 	if err != nil {
-		x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return
 	}
 	if gets == nil {
@@ -221,14 +221,14 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 			return
 		}
 		if err := x.rmaGenerations().PrepareReadGeneration(x.peer, m.GenKey); err != nil {
-			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 			return
 		}
 		r.gen, r.genAddr, r.genKey = m.Generation, m.GenAddr, m.GenKey
 	}
 	if p, ok := x.rmaTransport().(transport.RMAKeyPreparer); ok {
 		if err := p.PrepareKeys(x.peer, m.Key); err != nil {
-			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 			return
 		}
 	}
@@ -281,7 +281,7 @@ func (r *rmaReceive) post(*buffer.Slot) bool {
 		id, err = x.rmaTransport().PostGet(x.peer, x.tag(rec.seq), r.key, r.addr+uint64(g.src), x.pool[g.dst:g.dst+g.n:g.dst+g.n], done)
 	}
 	if err != nil {
-		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		return false
 	}
 	x.posted(rec, id)
@@ -298,7 +298,7 @@ func (r *rmaReceive) completed(rec *opRec, c transport.Completion) {
 	n := r.gets[rec.seq].n
 	if int64(c.Bytes) != n {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: get %d read %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
-			wire.AbortProtocol, x.eng.cfg.CancelGrace)
+			wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return
 	}
 	x.progress(n)
@@ -473,7 +473,7 @@ func (s *rmaSend) released(done bool) {
 		x.progress(x.plan.Bytes())
 	default:
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: the receiver stopped reading the offered pool before it completed", ErrPeerAborted)},
-			0, x.eng.cfg.CancelGrace)
+			0, x.eng.cfg.Tuning.CancelGrace)
 	}
 }
 

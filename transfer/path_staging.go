@@ -92,7 +92,7 @@ func (p stagingSend) post(slot *buffer.Slot) bool {
 	if off+n > x.readyBytes {
 		if err := x.refreshReady(); err != nil {
 			releaseSlot(slot)
-			x.abort(err, wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(err, wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 			return false
 		}
 		if off+n > x.readyBytes { // wait for the model, not the wire
@@ -114,7 +114,7 @@ func (p stagingSend) moved(rec *opRec) {
 	id, err := x.eng.tr.PostSend(x.peer, x.tag(rec.seq), buf, rec.done)
 	if err != nil {
 		releaseSlot(rec.slot)
-		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		return
 	}
 	x.trackStaging(rec, id)
@@ -156,7 +156,7 @@ func (p stagingReceive) postChunk(slot *buffer.Slot) bool {
 	id, err := x.eng.tr.PostRecv(x.peer, x.tag(rec.seq), buf, rec.done)
 	if err != nil {
 		releaseSlot(slot) // never posted: the transport never saw it
-		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		return false
 	}
 	x.trackStaging(rec, id)
@@ -182,7 +182,7 @@ func (x *xfer) checkChunk(rec *opRec, b []byte) bool {
 	}
 	if err != nil {
 		releaseSlot(rec.slot)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return false
 	}
 	rec.off, rec.buf = off, payload
@@ -253,7 +253,7 @@ func (x *xfer) movedDone(rec *opRec) {
 			what = "scatter"
 		}
 		if !x.aborting {
-			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%s: %w", what, err)}, wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%s: %w", what, err)}, wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		} else {
 			x.maybeResolve()
 		}

@@ -27,9 +27,9 @@ type queuedSenderCase struct {
 
 var queuedSenderCases = []queuedSenderCase{
 	{"before its request reached it", "request", false, func(*Config) {}},
-	{"admission staging", "admission", false, func(c *Config) { c.MaxConcurrent, c.NumSlots = 1, 0 }},
-	{"admission direct", "admission", true, func(c *Config) { c.MaxConcurrent, c.NumSlots = 1, 0 }},
-	{"staging slot lease", "slot", false, func(c *Config) { c.MaxConcurrent, c.NumSlots, c.PipelineDepth = 2, 2, 2 }},
+	{"admission staging", "admission", false, func(c *Config) { c.MaxConcurrent, c.Tuning.NumSlots = 1, 0 }},
+	{"admission direct", "admission", true, func(c *Config) { c.MaxConcurrent, c.Tuning.NumSlots = 1, 0 }},
+	{"staging slot lease", "slot", false, func(c *Config) { c.MaxConcurrent, c.Tuning.NumSlots, c.Tuning.PipelineDepth = 2, 2, 2 }},
 }
 
 // queuedSenderCloses runs c between a leaving engine (the sender) and a survivor (the
@@ -117,7 +117,7 @@ func TestL11_ClosingSenderEndsItsWaitingReceivers(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				scfg, rcfg := fastConfig(), fastConfig()
 				c.sender(&scfg)
-				rcfg.DisableDirect, rcfg.DisableRMA = !c.direct, true
+				rcfg.Tuning.DisableDirect, rcfg.Tuning.DisableRMA = !c.direct, true
 				p := newPair(t, scfg, rcfg)
 				var dropped atomic.Int64
 				p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
@@ -159,7 +159,7 @@ func TestL11_ReceiverAbortEndsItsQueuedSend(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			scfg, rcfg := fastConfig(), fastConfig()
 			c.sender(&scfg)
-			rcfg.DisableDirect, rcfg.DisableRMA = !c.direct, true
+			rcfg.Tuning.DisableDirect, rcfg.Tuning.DisableRMA = !c.direct, true
 			p := newPair(t, scfg, rcfg)
 			var aborts atomic.Int64
 			p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {

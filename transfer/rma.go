@@ -72,11 +72,11 @@ type rmaRegion struct {
 // one-copy read of the peer's memory is to be had then, by the RMA mode or the pull wire.
 func (x *xfer) getsEmulated(rt transport.RMATransport) bool {
 	em, ok := rt.(transport.RMAEmulation)
-	return ok && !x.eng.cfg.RMAWhereEmulated && em.GetsEmulated(x.peer)
+	return ok && !x.eng.cfg.Tuning.RMAWhereEmulated && em.GetsEmulated(x.peer)
 }
 
 func (x *xfer) rmaTransport() transport.RMATransport {
-	if x.eng.cfg.DisableRMA {
+	if x.eng.cfg.Tuning.DisableRMA {
 		return nil
 	}
 	rt, _ := x.eng.tr.(transport.RMATransport)
@@ -147,9 +147,9 @@ func (x *xfer) checkOffer(m *wire.RMAOffer, inPlace bool) ([]rmaRegion, error) {
 		return nil, err
 	}
 	regions, ok := rmaRegions(src, x.plan)
-	least := x.eng.cfg.RMAMinRegionBytes
+	least := x.eng.cfg.Tuning.RMAMinRegionBytes
 	if inPlace {
-		least = min(least, x.eng.cfg.InPlaceMinRegionBytes)
+		least = min(least, x.eng.cfg.Tuning.InPlaceMinRegionBytes)
 	}
 	if !ok || x.plan.Bytes()/int64(len(regions)) < least {
 		x.log().Debug("rma offer declined: pool ranges too small", zap.Int("ranges", len(regions)), zap.Bool("too many pieces", !ok))
@@ -196,7 +196,7 @@ func (x *xfer) offerPlan(m *wire.RMAOffer) (*layout.Plan, error) {
 // over lanes (transport.RMALanes) and the request is too small to give each lane two gets of that size,
 // but never under rmaMinStripe.
 func (x *xfer) getBytes() int64 {
-	step := x.eng.cfg.DirectChunkBytes
+	step := x.eng.cfg.Tuning.DirectChunkBytes
 	if l, ok := x.eng.tr.(transport.RMALanes); ok {
 		if n := int64(l.GetLanes()); n > 1 {
 			per := (x.plan.Bytes() + 2*n - 1) / (2 * n)

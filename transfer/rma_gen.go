@@ -128,7 +128,7 @@ func (g *genCheck) readGeneration(x *xfer) bool {
 			x.box.Push(event{op: rec, c: c})
 		})
 	if err != nil {
-		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		return false
 	}
 	rec.id = id
@@ -145,7 +145,7 @@ func (g *genCheck) gotGeneration(x *xfer, rec *opRec) bool {
 		return false
 	}
 	if rec.gen != g.gen {
-		x.abort(&RequestError{ID: x.h.id, Err: &staleReadError{Offered: g.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: &staleReadError{Offered: g.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return true
 	}
 	g.genKey = nil // checked

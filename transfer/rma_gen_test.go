@@ -86,8 +86,8 @@ func TestRMAValidatedRead_UndisturbedCompletes(t *testing.T) {
 func TestL9_PoisonedExposureGivesItsGenerationWordBack(t *testing.T) {
 	src, dst := rmaPools(t, 71)
 	scfg, rcfg := rmaConfig(), rmaConfig()
-	scfg.TransferTimeout, scfg.QuarantineTimeout = 100*time.Millisecond, 50*time.Millisecond
-	rcfg.TransferTimeout, rcfg.QuarantineTimeout = time.Minute, time.Minute
+	scfg.TransferTimeout, scfg.Tuning.QuarantineTimeout = 100*time.Millisecond, 50*time.Millisecond
+	rcfg.TransferTimeout, rcfg.Tuning.QuarantineTimeout = time.Minute, time.Minute
 	p := newPair(t, scfg, rcfg)
 	p.net.Endpoint("prefill").SetGenerationWords(1)
 	p.net.Endpoint("prefill").AllowDirect(src.mem)
@@ -122,7 +122,7 @@ func TestL9_PoisonedExposureGivesItsGenerationWordBack(t *testing.T) {
 // word comes back, and the declined offers are counted.
 func TestL12_GenerationWordsRunOutVisibly(t *testing.T) {
 	long := func(c Config) Config {
-		c.TransferTimeout, c.QuarantineTimeout = time.Minute, time.Minute
+		c.TransferTimeout, c.Tuning.QuarantineTimeout = time.Minute, time.Minute
 		return c
 	}
 	cases := []struct {

@@ -50,7 +50,7 @@ type rmaInPlace struct {
 // offer).
 func (x *xfer) rmaInPlaceLikely() bool {
 	rt := x.rmaTransport()
-	if rt == nil || x.eng.cfg.DisableInPlaceReads || !x.peerHas(wire.FeatureRMA) {
+	if rt == nil || x.eng.cfg.Tuning.DisableInPlaceReads || !x.peerHas(wire.FeatureRMA) {
 		return false
 	}
 	_, maps := rt.(transport.RMAMapper)
@@ -60,7 +60,7 @@ func (x *xfer) rmaInPlaceLikely() bool {
 // rmaInPlace reports how this receiver may read the offer in place, or nil: gets.
 func (x *xfer) rmaInPlace() *rmaInPlace {
 	mp, ok := x.eng.tr.(transport.RMAMapper)
-	if !ok || x.eng.cfg.DisableInPlaceReads || x.dev.set() {
+	if !ok || x.eng.cfg.Tuning.DisableInPlaceReads || x.dev.set() {
 		return nil
 	}
 	limit := 1

@@ -31,10 +31,10 @@ func TestRMAReadsTheOfferedPoolInPlace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := rmaConfig()
-			cfg.DisableInPlaceReads = tc.off
+			cfg.Tuning.DisableInPlaceReads = tc.off
 			src, dst := rmaPools(t, 71)
 			if tc.convert {
-				cfg.RMAMinRegionBytes, cfg.InPlaceMinRegionBytes = 64<<10, 128
+				cfg.Tuning.RMAMinRegionBytes, cfg.Tuning.InPlaceMinRegionBytes = 64<<10, 128
 				src, dst = pools(t, 71)
 			}
 			p := newPair(t, cfg, cfg)

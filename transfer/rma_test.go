@@ -20,8 +20,8 @@ import (
 // rmaConfig lets the tiny test pools (1 KiB blocks) take the RMA mode.
 func rmaConfig() Config {
 	cfg := directConfig()
-	cfg.RMAMinRegionBytes = 512
-	cfg.DirectChunkBytes = 1 << 20
+	cfg.Tuning.RMAMinRegionBytes = 512
+	cfg.Tuning.DirectChunkBytes = 1 << 20
 	return cfg
 }
 
@@ -63,8 +63,8 @@ func TestRMAMovesTheReferenceBytesWithGetsOrFallsBack(t *testing.T) {
 			src := newKVPool(t, testDims, layout.BlockMajor, nil, c.srcIDs, 9)
 			dst := newKVPool(t, testDims, c.dstOrder, nil, c.dstIDs, 0)
 			scfg, rcfg := rmaConfig(), rmaConfig()
-			scfg.DisableRMA, rcfg.DisableRMA = c.disableOnSender, c.disableOnRecv
-			rcfg.DirectChunkBytes = c.chunk
+			scfg.Tuning.DisableRMA, rcfg.Tuning.DisableRMA = c.disableOnSender, c.disableOnRecv
+			rcfg.Tuning.DirectChunkBytes = c.chunk
 			p, w := directPair(t, scfg, rcfg, src, dst)
 			hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Stream: c.streamingSender})
 			require.NoError(t, err)
@@ -138,7 +138,7 @@ func TestRMAStopsWhileGetsAreOutstanding(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			src, dst := rmaPools(t, uint64(20+i))
 			cfg := rmaConfig()
-			cfg.QuarantineTimeout = 10 * time.Second
+			cfg.Tuning.QuarantineTimeout = 10 * time.Second
 			p, w := directPair(t, cfg, cfg, src, dst)
 			w.fault = mem.Fault{Hang: true}
 			hs, hr := p.start(t, 1, src, dst)
@@ -186,7 +186,7 @@ func TestRMASenderDeadlineQuarantinesUntilRelease(t *testing.T) {
 	src, dst := rmaPools(t, 30)
 	scfg, rcfg := rmaConfig(), rmaConfig()
 	scfg.TransferTimeout = 100 * time.Millisecond
-	scfg.QuarantineTimeout = 10 * time.Second
+	scfg.Tuning.QuarantineTimeout = 10 * time.Second
 	p, w := directPair(t, scfg, rcfg, src, dst)
 	w.fault = mem.Fault{Hang: true}
 	hs, hr := p.start(t, 1, src, dst)
@@ -208,7 +208,7 @@ func TestL9_RMAUnknownQuiescenceNeverQuiescesTheReceiversBlocks(t *testing.T) {
 	src, dst := rmaPools(t, 31)
 	scfg, rcfg := rmaConfig(), rmaConfig()
 	rcfg.TransferTimeout = 100 * time.Millisecond
-	rcfg.QuarantineTimeout = 100 * time.Millisecond
+	rcfg.Tuning.QuarantineTimeout = 100 * time.Millisecond
 	p, w := directPair(t, scfg, rcfg, src, dst)
 	w.fault = mem.Fault{Hang: true, NeverQuiesce: true}
 	hs, hr := p.start(t, 1, src, dst)
@@ -364,7 +364,7 @@ func TestRMALostHandshakeMessagesAreResent(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			src, dst := rmaPools(t, uint64(50+i))
 			scfg := rmaConfig()
-			scfg.DisableRMA = c.disableOnSender
+			scfg.Tuning.DisableRMA = c.disableOnSender
 			p, w := directPair(t, scfg, rmaConfig(), src, dst)
 			offers := faultNth(p, w, wire.KindRMAOffer, "", func(n int) mem.Fault { return mem.Fault{Drop: n == 1} })
 			hs, hr := p.start(t, 1, src, dst)
@@ -411,7 +411,7 @@ func TestRMAOfferInParts(t *testing.T) {
 			src := newKVPool(t, tiny, layout.BlockMajor, nil, srcIDs, uint64(70+i))
 			dst := newKVPool(t, tiny, layout.BlockMajor, nil, seqBlocks(8192-c.blocks, c.blocks), 0)
 			cfg := rmaConfig()
-			cfg.RMAMinRegionBytes = 1
+			cfg.Tuning.RMAMinRegionBytes = 1
 			p, w := directPair(t, cfg, cfg, src, dst)
 			p.net.SetMaxControl(c.maxControl) // SendControl refuses more: a part too large would decline the offer
 			offers := faultNth(p, w, wire.KindRMAOffer, "", c.fault)
@@ -510,9 +510,9 @@ func TestL10_RMADeclineAfterTheSendersDeadlineReleasesThePool(t *testing.T) {
 func TestL12_BlocksPoisonedForGoodHaveABudgetOfTheirOwn(t *testing.T) {
 	scfg, rcfg := rmaConfig(), rmaConfig()
 	rcfg.TransferTimeout = 100 * time.Millisecond
-	rcfg.QuarantineTimeout = 100 * time.Millisecond
-	rcfg.QuarantineBudget = 1
-	rcfg.PoisonedBlockBudget = 8 // two requests of four blocks
+	rcfg.Tuning.QuarantineTimeout = 100 * time.Millisecond
+	rcfg.Tuning.QuarantineBudget = 1
+	rcfg.Tuning.PoisonedBlockBudget = 8 // two requests of four blocks
 	p, w := directPair(t, scfg, rcfg, nil, nil)
 	w.fault = mem.Fault{Hang: true, NeverQuiesce: true}
 	for id := RequestID(1); id <= 3; id++ {

@@ -27,9 +27,9 @@ func TestUCXRMA_SenderReusesBlocksMidReadFailsTheReceiver(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
-			cfg.DirectChunkBytes = 1 << 20
+			cfg.Tuning.DirectChunkBytes = 1 << 20
 			cfg.TransferTimeout = 60 * time.Second
-			cfg.RMAWhereEmulated = true // the RMA mode itself, over TCP too
+			cfg.Tuning.RMAWhereEmulated = true // the RMA mode itself, over TCP too
 			src := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			s, _ := callerKV(t, src, dims, layout.BlockMajor, ids, 21, "anon")

@@ -38,9 +38,9 @@ func TestUCXRMA_EveryByteAndCancel(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
-			cfg.RMAWhereEmulated = true      // the RMA mode itself, over TCP too
-			cfg.RMAMinRegionBytes = 64 << 10 // one 128 KiB block is a range
-			cfg.DirectChunkBytes = 1 << 20
+			cfg.Tuning.RMAWhereEmulated = true      // the RMA mode itself, over TCP too
+			cfg.Tuning.RMAMinRegionBytes = 64 << 10 // one 128 KiB block is a range
+			cfg.Tuning.DirectChunkBytes = 1 << 20
 			src := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			for i, c := range cases {
@@ -126,7 +126,7 @@ func TestUCXRMA_TwoProcessesEveryByteChecked(t *testing.T) {
 			t.Run(tr.name+"/"+mode, func(t *testing.T) {
 				peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 78, 30*time.Second), "-direct", "-rma-where-emulated")...)
 				cfg := ucxPeerTestConfig()
-				cfg.RMAWhereEmulated = true // the RMA mode itself, over TCP too
+				cfg.Tuning.RMAWhereEmulated = true // the RMA mode itself, over TCP too
 				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
 				peer.Connect(t, string(local.tr.Self()))
 				goPool, plan := ucxEnginePool(t, blocks, 5, mode == "engine-recv")
@@ -165,8 +165,8 @@ func TestUCXRMA_SenderFrozenWhileReceiverPulls(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxPeerTestConfig()
-			cfg.DirectChunkBytes = 4 << 20
-			cfg.RMAWhereEmulated = true // the RMA mode itself, over TCP too
+			cfg.Tuning.DirectChunkBytes = 4 << 20
+			cfg.Tuning.RMAWhereEmulated = true // the RMA mode itself, over TCP too
 			local := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			peer := peerproc.Start(t, bin, append(ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 79, 120*time.Second), "-direct")...)
 			peer.Connect(t, string(local.tr.Self()))
@@ -196,7 +196,7 @@ func TestUCXRMA_SenderFrozenWhileReceiverPulls(t *testing.T) {
 			}
 			require.NotEqual(t, "shm", tr.name, "over shared memory the gets need no answer from the frozen sender")
 			require.Eventually(t, func() bool { return isClosed(h.Quiesced()) || h.Status().BlocksPoisoned },
-				cfg.QuarantineTimeout+5*time.Second, time.Millisecond, "neither quiesced nor poisoned: %+v", h.Status())
+				cfg.Tuning.QuarantineTimeout+5*time.Second, time.Millisecond, "neither quiesced nor poisoned: %+v", h.Status())
 			require.False(t, isClosed(h.Quiesced()) && h.Status().BlocksPoisoned, "quiesced with its blocks poisoned")
 			t.Logf("then: %v, blocks poisoned: %v", h.Status().State, h.Status().BlocksPoisoned)
 		})

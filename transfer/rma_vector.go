@@ -3,7 +3,7 @@
 package transfer
 
 // The RMA path's vector gets: where a pool holds the stream in pieces too small for one get
-// each (under Config.DirectMinRunBytes: a TP=2 rank's half of a token's heads in
+// each (under Config.Tuning.DirectMinRunBytes: a TP=2 rank's half of a token's heads in
 // layer-major-nhd is 1 KiB) and the transport reads many ranges of the peer's memory in one
 // operation (vectorget.Hooks: UCX from a process on this host, by process_vm_readv),
 // the receiver takes the RMA mode anyway and reads each chunk of the stream as one vector get:
@@ -42,9 +42,9 @@ func (x *xfer) vectorGetsLikely() bool {
 }
 
 // smallRuns reports whether p's contiguous pieces of the stream are under
-// Config.DirectMinRunBytes: too small for a get (or an IOV entry) each.
+// Config.Tuning.DirectMinRunBytes: too small for a get (or an IOV entry) each.
 func (x *xfer) smallRuns(p *layout.Plan) bool {
-	return p.RunUnits()*p.Layout().RowBytes() < x.eng.cfg.DirectMinRunBytes
+	return p.RunUnits()*p.Layout().RowBytes() < x.eng.cfg.Tuning.DirectMinRunBytes
 }
 
 // vectorOffer decides whether offer m is read by vector gets: either side's pieces are small

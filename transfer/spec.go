@@ -69,7 +69,7 @@ type Spec struct {
 	// without, chunks that straddle two layers then wait for both).
 	Stream bool
 	// Ready, on a streaming Send, lists non-blocking signals (a CUDA event recorded after
-	// each layer range's compute, say) that the engine polls every Config.ReadyPollInterval:
+	// each layer range's compute, say) that the engine polls every Config.Tuning.ReadyPollInterval:
 	// when Ready[i].Signal reports done, layers [0, Ready[i].End) are ready. Ends must rise.
 	// The engine never blocks on a signal and never waits for one past the deadline.
 	Ready []LayerSignal

@@ -5,6 +5,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -53,8 +54,8 @@ func (m *overlapMover) Scatter(p *layout.Plan, src []byte, off int64) error {
 
 func pipelineConfig() Config {
 	c := fastConfig()
-	c.PipelineDepth = 4
-	c.NumSlots = 16
+	c.Tuning.PipelineDepth = 4
+	c.Tuning.NumSlots = 16
 	return c
 }
 
@@ -193,7 +194,7 @@ func TestStagingPipeline_MoverErrorMidPipeline(t *testing.T) {
 // allocations per op (-benchmem) are the pipeline's per-chunk cost times the chunk count.
 func BenchmarkStagingPipeline(b *testing.B) {
 	d := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
-	cfg := Config{SlotBytes: 256 << 10, MaxConcurrent: 2, PipelineDepth: 4}
+	cfg := Config{SlotBytes: 256 << 10, MaxConcurrent: 2, Tuning: tuning.Config{PipelineDepth: 4}}
 	p := newPair(b, cfg, cfg)
 	src := newKVPool(b, d, layout.BlockMajor, nil, seqBlocks(0, 64), 1)
 	dst := newKVPool(b, d, layout.LayerMajor, nil, seqBlocks(0, 64), 0)
@@ -220,7 +221,7 @@ func TestStagingPipeline_TP2To1EveryByte(t *testing.T) {
 	half := testDims
 	half.NumHeads = 2
 	cfg := pipelineConfig()
-	cfg.DisableDirect = true
+	cfg.Tuning.DisableDirect = true
 	n := mem.NewNetwork()
 	var senders [2]*Engine
 	var srcs [2]*kvPool

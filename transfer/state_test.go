@@ -133,10 +133,10 @@ func testEngineFollowsTheTable(t *testing.T) {
 	// Requests 8, 9 and 10 must leave quarantine by their late chunk (resolved cancelled,
 	// resolved failed), 250 and 500 ms after they entered it: 300 ms left a stall of the loaded
 	// host's process of about 50 ms between the two. The poisoned ones wait 2 s.
-	cfg.QuarantineTimeout = 2 * time.Second
-	cfg.CancelGrace = 10 * time.Millisecond
+	cfg.Tuning.QuarantineTimeout = 2 * time.Second
+	cfg.Tuning.CancelGrace = 10 * time.Millisecond
 	cfg.QueueTimeout = 300 * time.Millisecond
-	cfg.DirectChunkBytes = 512
+	cfg.Tuning.DirectChunkBytes = 512
 	n := mem.NewNetwork()
 	names := []Peer{"prefill", "decode", "prefill-0", "prefill-1"}
 	obs := map[Peer]*tableObserver{}

@@ -462,7 +462,7 @@ func TestLayerCutChunksTileEachLayer(t *testing.T) {
 // memory pinned), and the slot the transport never lets go of is poisoned, never released.
 func TestL9_StreamDeadlineWithAHungChunkQuarantinesThenPoisons(t *testing.T) {
 	cfg := fastConfig()
-	cfg.QuarantineTimeout = 100 * time.Millisecond
+	cfg.Tuning.QuarantineTimeout = 100 * time.Millisecond
 	p := newPair(t, cfg, cfg)
 	src, dst := streamPools(t, layout.LayerMajor)
 	// The deadline runs from the first slot lease, before layer 1 moves and layer 2's chunk

@@ -33,7 +33,7 @@ func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses(b *testing.B) {
 // BenchmarkUCXTransport_Request4096Tokens_TwoProcesses_RMA is the same request with both
 // pools mapped by the transport, so the engines take the one-copy direct path in its RMA mode
 // (the decode peer reads the prefill pool with gets, one per 4 MiB block); the baseline is
-// ucx_perftest tag_bw at the direct path's chunk size (Config.DirectChunkBytes, 64 MiB).
+// ucx_perftest tag_bw at the direct path's chunk size (Config.Tuning.DirectChunkBytes, 64 MiB).
 // The run fails if the transfer took any other path.
 func BenchmarkUCXTransport_Request4096Tokens_TwoProcesses_RMA(b *testing.B) {
 	benchUCXRequest4096(b, PathRMA)
@@ -51,7 +51,7 @@ func benchUCXRequest4096(b *testing.B, want Path) {
 			message := cfg.SlotBytes
 			if want != PathStaging {
 				cfg = cfg.withDefaults()
-				message = cfg.DirectChunkBytes
+				message = cfg.Tuning.DirectChunkBytes
 			}
 			local := newUCXEngine(b, tr.tls, tr.dev, cfg)
 			args := append(ucxPeerArgs(tr.tls, tr.dev, "engine-recv", blocks, 1000, 5*time.Minute),

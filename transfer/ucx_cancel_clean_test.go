@@ -34,10 +34,12 @@ func TestL3_UCXReceiversCancelIsACleanCancelForTheSender(t *testing.T) {
 		want    Path
 		shmOnly bool
 	}{
-		{"staging", func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, false, PathStaging, false},
-		{"direct", func(c *Config) { c.DisableRMA = true }, true, PathDirect, false},
-		{"pull", func(c *Config) { c.DisableDirect, c.RMAWhereEmulated, c.DisableInPlaceReads = true, true, true }, false, PathStaging, false},
-		{"rma", func(c *Config) { c.RMAWhereEmulated, c.DisableInPlaceReads = true, true }, true, PathRMA, false},
+		{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, false, PathStaging, false},
+		{"direct", func(c *Config) { c.Tuning.DisableRMA = true }, true, PathDirect, false},
+		{"pull", func(c *Config) {
+			c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true, true
+		}, false, PathStaging, false},
+		{"rma", func(c *Config) { c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true }, true, PathRMA, false},
 		{"rma in place", func(c *Config) {}, true, PathRMA, true}, // only shared memory maps the peer's pool
 	}
 	for _, tr := range ucxTransports {
@@ -49,7 +51,7 @@ func TestL3_UCXReceiversCancelIsACleanCancelForTheSender(t *testing.T) {
 				scfg, rcfg := ucxTestConfig(), ucxTestConfig()
 				pc.cfg(&scfg)
 				pc.cfg(&rcfg)
-				rcfg.CancelGrace = 5 * time.Second // the receiver's operations end within it; the sender keeps the default
+				rcfg.Tuning.CancelGrace = 5 * time.Second // the receiver's operations end within it; the sender keeps the default
 				sq, rq := &quarantineCounter{}, &quarantineCounter{}
 				scfg.Observer, rcfg.Observer = sq, rq
 				src, dst := newUCXEngine(t, tr.tls, tr.dev, scfg), newUCXEngine(t, tr.tls, tr.dev, rcfg)
@@ -118,9 +120,9 @@ func TestL3_UCXReceiverCancelWithEverySlotScatteringIsCleanForTheSender(t *testi
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
-			cfg.DisableDirect, cfg.DisablePull = true, true
+			cfg.Tuning.DisableDirect, cfg.Tuning.DisablePull = true, true
 			scfg, rcfg := cfg, cfg
-			rcfg.CancelGrace = 5 * time.Second
+			rcfg.Tuning.CancelGrace = 5 * time.Second
 			sq, rq := &quarantineCounter{}, &quarantineCounter{}
 			scfg.Observer, rcfg.Observer = sq, rq
 			src, dst := newUCXEngine(t, tr.tls, tr.dev, scfg), newUCXEngine(t, tr.tls, tr.dev, rcfg)
@@ -140,7 +142,7 @@ func TestL3_UCXReceiverCancelWithEverySlotScatteringIsCleanForTheSender(t *testi
 			// Chunks 0 and 1 arrived and scatter (held at the gate); the sender's sends of
 			// them completed, so it gathered 2 and 3 and sent them, before it can hear the
 			// abort (its mailbox is in order).
-			require.Eventually(t, func() bool { return waiting.Load() == int64(cfg.PipelineDepth) && gathers.Load() >= 4 },
+			require.Eventually(t, func() bool { return waiting.Load() == int64(cfg.Tuning.PipelineDepth) && gathers.Load() >= 4 },
 				30*time.Second, time.Millisecond, "both slots scattering, chunks 2 and 3 gathered")
 			require.Equal(t, CancelRequestedInFlight, dst.e.Cancel(7))
 			open()

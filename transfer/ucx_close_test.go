@@ -34,10 +34,10 @@ func TestL1_UCXCloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 					cfg := ucxTestConfig()
 					// 1 MiB slots, and a grace shorter than a copy: Close finds copies queued
 					// and running on the mover workers.
-					cfg.SlotBytes, cfg.PipelineDepth, cfg.CancelGrace = 1<<20, 4, time.Microsecond
-					cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 64<<10, 1<<10
-					cfg.RMAWhereEmulated = true              // the RMA mode and the pull wire over TCP too
-					cfg.QuarantineTimeout = 10 * time.Second // Close, not the timer, ends what is left
+					cfg.SlotBytes, cfg.Tuning.PipelineDepth, cfg.Tuning.CancelGrace = 1<<20, 4, time.Microsecond
+					cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 64<<10, 1<<10
+					cfg.Tuning.RMAWhereEmulated = true              // the RMA mode and the pull wire over TCP too
+					cfg.Tuning.QuarantineTimeout = 10 * time.Second // Close, not the timer, ends what is left
 					pc.cfg(&cfg)
 					mk := func() closeSide {
 						u := newUCXEngine(t, tr.tls, tr.dev, cfg)

@@ -25,8 +25,8 @@ import (
 func TestUCXCMA_CallerPoolsReadByProcessVMReadv(t *testing.T) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
 	cfg := ucxTestConfig()
-	cfg.RMAMinRegionBytes = 64 << 10
-	cfg.DirectChunkBytes = 1 << 20
+	cfg.Tuning.RMAMinRegionBytes = 64 << 10
+	cfg.Tuning.DirectChunkBytes = 1 << 20
 	src := newUCXEngine(t, "posix,cma,self", "", cfg)
 	dst := newUCXEngine(t, "posix,cma,self", "", cfg)
 	ucxhooks.Hooks.AllowSameProcessCMA(dst.tr) // both engines in this process
@@ -86,7 +86,7 @@ func TestUCXCMA_PeerKilledMidTransfer(t *testing.T) {
 	const blocks = 256 // 512 MiB
 	bin := peerproc.BuildEnginePeer(t)
 	cfg := ucxPeerTestConfig()
-	cfg.DirectChunkBytes = 8 << 20
+	cfg.Tuning.DirectChunkBytes = 8 << 20
 	local := newUCXEngine(t, "posix,cma,self", "", cfg)
 	peer := peerproc.Start(t, bin, append(ucxPeerArgs("posix,cma,self", "", "engine-send", blocks, 84, 120*time.Second), "-caller")...)
 	peer.Connect(t, string(local.tr.Self()))
@@ -111,7 +111,7 @@ func TestUCXCMA_PeerKilledMidTransfer(t *testing.T) {
 		select {
 		case <-h.Quiesced():
 			require.False(t, h.Status().BlocksPoisoned)
-		case <-time.After(cfg.QuarantineTimeout + 5*time.Second):
+		case <-time.After(cfg.Tuning.QuarantineTimeout + 5*time.Second):
 			require.True(t, h.Status().BlocksPoisoned, "neither quiesced nor poisoned: %+v", h.Status())
 		}
 	}
@@ -149,7 +149,7 @@ func TestL9_UCXCMABlockedReadPoisonsTheBlocks(t *testing.T) {
 	require.NoError(t, err)
 	waitClosed(t, h.Done(), "receiver done")
 	require.Equal(t, PathRMA, h.Path())
-	require.Eventually(t, func() bool { return h.Status().BlocksPoisoned }, cfg.QuarantineTimeout+20*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return h.Status().BlocksPoisoned }, cfg.Tuning.QuarantineTimeout+20*time.Second, time.Millisecond,
 		"the blocked call may still write them: %+v", h.Status())
 	st := h.Status()
 	t.Logf("%v: %v", st.State, st.Err)

@@ -163,9 +163,9 @@ func TestUCXRegion_DeviceRMADeclinedStages(t *testing.T) {
 			}
 			r := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(2, 4), 0)
 			cfg := ucxTestConfig().withDefaults()
-			cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+			cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
 			tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
-				StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
+				StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 				ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 			require.NoError(t, err)
 			cfg.StagingMemory = tr.StagingMemory()

@@ -68,7 +68,7 @@ func TestUCXDirect_EveryByteAcrossLayouts(t *testing.T) {
 					s := mappedKV(t, src, dims, c.src, uniqueBlocks(sb), uint64(i+1))
 					r := mappedKV(t, dst, dims, c.dst, rb[:len(s.plan.Blocks())], 0)
 					id := RequestID(500 + i)
-					dst.e.cfg.DirectChunkBytes = c.chunk // read only by transfers started after this
+					dst.e.cfg.Tuning.DirectChunkBytes = c.chunk // read only by transfers started after this
 					hs, hr := startKV(t, src, dst, id, s, r)
 					waitQuiesced(t, hr, 20*time.Second)
 					waitQuiesced(t, hs, 20*time.Second)
@@ -91,7 +91,7 @@ func TestUCXDirect_FallbackAndRefusal(t *testing.T) {
 	tr := ucxTransports[0]
 	src := newUCXEngine(t, tr.tls, tr.dev, ucxTestConfig())
 	dcfg := ucxTestConfig()
-	dcfg.DisableInPlaceReads = true // else the layer-major receiver below takes the pull wire, not direct
+	dcfg.Tuning.DisableInPlaceReads = true // else the layer-major receiver below takes the pull wire, not direct
 	dst := newUCXEngine(t, tr.tls, tr.dev, dcfg)
 	ids := []int32{1, 2, 3, 4}
 
@@ -143,9 +143,9 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 		for _, rma := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/rma=%v/%v", tr.name, rma, syscall.SIGKILL), func(t *testing.T) {
 				cfg := ucxPeerTestConfig()
-				cfg.DirectChunkBytes = 8 << 20
-				cfg.DisableRMA = !rma // the receiver decides
-				cfg.RMAWhereEmulated = rma
+				cfg.Tuning.DirectChunkBytes = 8 << 20
+				cfg.Tuning.DisableRMA = !rma // the receiver decides
+				cfg.Tuning.RMAWhereEmulated = rma
 				// The survivor replaces a worker the kill wedged (see servedOrWedged).
 				local := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *ucx.Config) { c.ReplaceWedgedWorker = true })
 				// The deadline covers the peer's start (it fills and maps 512 MiB first: slow on a
@@ -173,7 +173,7 @@ func TestUCXDirect_PeerKilledMidTransfer(t *testing.T) {
 				select {
 				case <-h.Quiesced():
 					require.False(t, h.Status().BlocksPoisoned)
-				case <-time.After(cfg.QuarantineTimeout + 5*time.Second):
+				case <-time.After(cfg.Tuning.QuarantineTimeout + 5*time.Second):
 					require.True(t, h.Status().BlocksPoisoned, "neither quiesced nor poisoned: %+v", h.Status())
 					require.Equal(t, Quarantined, h.Status().State)
 				}

@@ -20,7 +20,7 @@ var ucxExposeDims = layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim:
 
 // ucxExposePaths are closePaths and, over shared memory, CMA: the RMA path reading pools the
 // caller mapped and registered with process_vm_readv.
-var ucxExposeCMA = closePath{name: "CMA", cfg: func(c *Config) { c.DisableInPlaceReads = true }, path: PathRMA}
+var ucxExposeCMA = closePath{name: "CMA", cfg: func(c *Config) { c.Tuning.DisableInPlaceReads = true }, path: PathRMA}
 
 // ucxExposeRig is exposeRig over the UCX transport tls/dev: the receivers take the sender's
 // peer and the secret from the exposure's ContextParams, encoded and decoded as a control
@@ -28,7 +28,7 @@ var ucxExposeCMA = closePath{name: "CMA", cfg: func(c *Config) { c.DisableInPlac
 func ucxExposeRig(tls, dev string) exposeRig {
 	return exposeRig{
 		side: func(t *testing.T, name Peer, pc closePath, cfg Config) closeSide {
-			cfg.RMAWhereEmulated = true // the RMA mode and the pull wire over TCP too
+			cfg.Tuning.RMAWhereEmulated = true // the RMA mode and the pull wire over TCP too
 			pc.cfg(&cfg)
 			u := newUCXEngine(t, tls, dev, cfg)
 			cma := pc.name == ucxExposeCMA.name
@@ -77,7 +77,7 @@ func TestL10_UCXExposureClaimedOnEveryPath(t *testing.T) {
 		for _, pc := range paths {
 			t.Run(tr.name+"/"+pc.name, func(t *testing.T) {
 				cfg := ucxTestConfig()
-				cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 64<<10, 1<<10
+				cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 64<<10, 1<<10
 				// The claim ends it, not a deadline: the shm/direct case's transfer outlasted
 				// 10s (and waitClosed's 10s) in a -race run under load.
 				cfg.TransferTimeout = time.Minute

@@ -26,15 +26,15 @@ var goodbyePaths = []struct {
 	path    Path
 	shmOnly bool // the path exists only where the transport maps a peer's memory
 }{
-	{"staging", func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, PathStaging, false},
-	{"staging pull", func(c *Config) { c.DisableDirect, c.RMAWhereEmulated = true, true }, PathStaging, false},
-	{"direct IOV messages", func(c *Config) { c.DisableRMA = true; c.DirectChunkBytes = 256 << 10 }, PathDirect, false},
+	{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, PathStaging, false},
+	{"staging pull", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated = true, true }, PathStaging, false},
+	{"direct IOV messages", func(c *Config) { c.Tuning.DisableRMA = true; c.Tuning.DirectChunkBytes = 256 << 10 }, PathDirect, false},
 	{"RMA gets", func(c *Config) {
-		c.RMAWhereEmulated, c.DisableInPlaceReads = true, true
-		c.RMAMinRegionBytes, c.DirectChunkBytes = 1<<10, 256<<10
+		c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true
+		c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 1<<10, 256<<10
 	}, PathRMA, false},
 	{"RMA read in place", func(c *Config) {
-		c.RMAMinRegionBytes, c.InPlaceMinRegionBytes, c.DirectChunkBytes = 1<<10, 1<<10, 256<<10
+		c.Tuning.RMAMinRegionBytes, c.Tuning.InPlaceMinRegionBytes, c.Tuning.DirectChunkBytes = 1<<10, 1<<10, 256<<10
 	}, PathRMA, true},
 }
 
@@ -59,8 +59,8 @@ func TestL9_UCXGracefulPeerLeavesNothingPoisoned(t *testing.T) {
 				t.Run(tr.name+"/"+pc.name+"/"+role, func(t *testing.T) {
 					cfg := ucxTestConfig()
 					cfg.SlotBytes = 256 << 10
-					cfg.TransferTimeout = 60 * time.Second   // the departure, not a deadline, ends them
-					cfg.QuarantineTimeout = 15 * time.Second // a net for verdicts late under load, not what is tested
+					cfg.TransferTimeout = 60 * time.Second          // the departure, not a deadline, ends them
+					cfg.Tuning.QuarantineTimeout = 15 * time.Second // a net for verdicts late under load, not what is tested
 					pc.cfg(&cfg)
 					cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 					survivor := newUCXEngine(t, tr.tls, tr.dev, cfg)
@@ -97,7 +97,7 @@ func TestL9_UCXGracefulPeerLeavesNothingPoisoned(t *testing.T) {
 					for _, h := range mine {
 						select {
 						case <-h.Quiesced():
-						case <-time.After(cfg.QuarantineTimeout + 20*time.Second):
+						case <-time.After(cfg.Tuning.QuarantineTimeout + 20*time.Second):
 						}
 						st := h.Status()
 						if st.State != Completed {
@@ -134,9 +134,9 @@ func TestL9_UCXPeerProcessLeavingLeavesNothingPoisoned(t *testing.T) {
 		cfg       func(*Config) // ours, for when we receive
 		mapped    bool
 	}{
-		{"staging", nil, func(c *Config) { c.DisableDirect = true }, false},
-		{"direct IOV messages", []string{"-direct", "-disable-rma"}, func(c *Config) { c.DisableRMA = true }, true},
-		{"RMA gets", []string{"-direct", "-rma-where-emulated"}, func(c *Config) { c.RMAWhereEmulated, c.DisableInPlaceReads = true, true }, true},
+		{"staging", nil, func(c *Config) { c.Tuning.DisableDirect = true }, false},
+		{"direct IOV messages", []string{"-direct", "-disable-rma"}, func(c *Config) { c.Tuning.DisableRMA = true }, true},
+		{"RMA gets", []string{"-direct", "-rma-where-emulated"}, func(c *Config) { c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true }, true},
 	}
 	for _, tr := range ucxTransports {
 		for _, pc := range paths {
@@ -184,7 +184,7 @@ func TestL9_UCXPeerProcessLeavingLeavesNothingPoisoned(t *testing.T) {
 					peer.Expect(t, "LEFT", 30*time.Second)
 					select {
 					case <-h.Quiesced():
-					case <-time.After(cfg.QuarantineTimeout + 20*time.Second):
+					case <-time.After(cfg.Tuning.QuarantineTimeout + 20*time.Second):
 					}
 					st := h.Status()
 					t.Logf("%v, %d of %d bytes, path %v, blocks poisoned %v (%v)", st.State, st.Bytes, st.Total, h.Path(), st.BlocksPoisoned, st.Err)

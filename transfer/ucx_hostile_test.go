@@ -35,7 +35,7 @@ func TestUCXRMA_AnOfferPastTheSendersSegmentIsRefused(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
-			cfg.RMAMinRegionBytes, cfg.DisableInPlaceReads = 64<<10, tc.gets
+			cfg.Tuning.RMAMinRegionBytes, cfg.Tuning.DisableInPlaceReads = 64<<10, tc.gets
 			dst, dc := newCountingUCXEngine(t, tc.tls, cfg)
 			evil, err := ucx.New(ucx.Config{TLS: tc.tls, KeepaliveInterval: 200 * time.Millisecond, StagingBytes: 1 << 20, CloseTimeout: 2 * time.Second})
 			require.NoError(t, err)

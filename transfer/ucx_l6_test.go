@@ -38,13 +38,13 @@ func testL6UCX(t *testing.T, closeUnderWay bool) {
 		kinds []string
 		path  Path
 	}{
-		{"staging", func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, []string{"send", "receive"}, PathStaging},
-		{"staging pull", func(c *Config) { c.DisableDirect, c.RMAWhereEmulated = true, true }, []string{"get", "generation read"}, PathStaging}, // over TCP too
-		{"direct IOV messages", func(c *Config) { c.DisableRMA = true; c.DirectChunkBytes = 64 << 10 }, []string{"IOV send", "IOV receive"}, PathDirect},
+		{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, []string{"send", "receive"}, PathStaging},
+		{"staging pull", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated = true, true }, []string{"get", "generation read"}, PathStaging}, // over TCP too
+		{"direct IOV messages", func(c *Config) { c.Tuning.DisableRMA = true; c.Tuning.DirectChunkBytes = 64 << 10 }, []string{"IOV send", "IOV receive"}, PathDirect},
 		{"RMA gets", func(c *Config) {
-			c.RMAWhereEmulated = true
-			c.RMAMinRegionBytes = 1 << 10
-			c.DirectChunkBytes = 64 << 10
+			c.Tuning.RMAWhereEmulated = true
+			c.Tuning.RMAMinRegionBytes = 1 << 10
+			c.Tuning.DirectChunkBytes = 64 << 10
 		},
 			[]string{"get"}, PathRMA},
 	}
@@ -53,7 +53,7 @@ func testL6UCX(t *testing.T, closeUnderWay bool) {
 			t.Run(tr.name+"/"+pc.name, func(t *testing.T) {
 				cfg := ucxTestConfig()
 				cfg.SlotBytes = 64 << 10
-				cfg.QuarantineTimeout = 10 * time.Second // Close, not the timer, ends what is left
+				cfg.Tuning.QuarantineTimeout = 10 * time.Second // Close, not the timer, ends what is left
 				pc.cfg(&cfg)
 				src, srcLed := newLedgerUCXEngine(t, tr.tls, tr.dev, cfg)
 				dst, dstLed := newLedgerUCXEngine(t, tr.tls, tr.dev, cfg)
@@ -151,11 +151,11 @@ func testL6UCX(t *testing.T, closeUnderWay bool) {
 func newLedgerUCXEngine(t testing.TB, tls, dev string, cfg Config) (*ucxEngine, *opLedger) {
 	t.Helper()
 	cfg = cfg.withDefaults()
-	if cfg.NumSlots == 0 {
-		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+	if cfg.Tuning.NumSlots == 0 {
+		cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
 	}
 	tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
+		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()

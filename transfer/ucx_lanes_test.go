@@ -32,9 +32,9 @@ func TestUCXPathChoiceFollowsTheEndpointsLanes(t *testing.T) {
 			}
 			t.Run(tr.name+"/"+map[bool]string{false: "default", true: "RMAWhereEmulated"}[keep], func(t *testing.T) {
 				cfg := ucxTestConfig()
-				cfg.RMAMinRegionBytes = 64 << 10
-				cfg.DirectChunkBytes = 1 << 20
-				cfg.RMAWhereEmulated = keep
+				cfg.Tuning.RMAMinRegionBytes = 64 << 10
+				cfg.Tuning.DirectChunkBytes = 1 << 20
+				cfg.Tuning.RMAWhereEmulated = keep
 				src := newUCXEngine(t, tr.tls, tr.dev, cfg)
 				dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
 				require.Equal(t, tr.name == "tcp", dst.tr.GetsEmulated(src.tr.Self()))
@@ -66,10 +66,10 @@ func TestUCXRMA_GetsStripedOverLanes(t *testing.T) {
 		for _, lanes := range []int{1, 3} {
 			t.Run(fmt.Sprintf("%s/lanes=%d", tr.name, lanes), func(t *testing.T) {
 				cfg := ucxTestConfig()
-				cfg.RMAMinRegionBytes = 64 << 10
-				cfg.DirectChunkBytes = 1 << 20
-				cfg.RMAWhereEmulated = true
-				cfg.DisableInPlaceReads = true // the gets themselves, striped (rma_inplace.go copies instead)
+				cfg.Tuning.RMAMinRegionBytes = 64 << 10
+				cfg.Tuning.DirectChunkBytes = 1 << 20
+				cfg.Tuning.RMAWhereEmulated = true
+				cfg.Tuning.DisableInPlaceReads = true // the gets themselves, striped (rma_inplace.go copies instead)
 				withLanes := func(c *ucx.Config) { c.Lanes = lanes }
 				src := newUCXEngine(t, tr.tls, tr.dev, cfg, withLanes)
 				dst := newUCXEngine(t, tr.tls, tr.dev, cfg, withLanes)

@@ -22,7 +22,7 @@ import (
 func TestUCXTransport_UnpackHoldsNoLock(t *testing.T) {
 	dims := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 16}
 	cfg := ucxTestConfig()
-	cfg.RMAMinRegionBytes = 4 << 10
+	cfg.Tuning.RMAMinRegionBytes = 4 << 10
 	src := newUCXEngine(t, "posix,cma,self", "", cfg)
 	dst := newUCXEngine(t, "posix,cma,self", "", cfg)
 	other := newUCXEngine(t, "posix,cma,self", "", cfg)

@@ -94,7 +94,7 @@ func TestL11_UCXSendToAKilledPeerFailsAtOnceOnEveryPath(t *testing.T) {
 		cfg     func(*Config)
 		path    Path
 		shmOnly bool
-	}{"CMA reads of a registered pool", func(c *Config) { c.RMAMinRegionBytes, c.DirectChunkBytes = 1<<10, 256<<10 }, PathRMA, true})
+	}{"CMA reads of a registered pool", func(c *Config) { c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 1<<10, 256<<10 }, PathRMA, true})
 	bin := peerproc.BuildEnginePeer(t)
 	for _, tr := range ucxTransports {
 		for _, pc := range paths {

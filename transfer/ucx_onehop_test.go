@@ -26,8 +26,8 @@ type oneHopPair struct {
 
 func newOneHopPair(t *testing.T, tls, dev string, id RequestID, cfg Config) *oneHopPair {
 	t.Helper()
-	cfg.RMAWhereEmulated = true // gets over TCP too
-	cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 64<<10, 1<<10
+	cfg.Tuning.RMAWhereEmulated = true // gets over TCP too
+	cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 64<<10, 1<<10
 	src := newUCXEngine(t, tls, dev, cfg)
 	dst := newUCXEngine(t, tls, dev, cfg)
 	s := mappedKV(t, src, ucxExposeDims, layout.BlockMajor, seqBlocks(3, 24), 7)
@@ -185,7 +185,7 @@ func BenchmarkUCXOneHop32Tokens(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			cfg := ucxTestConfig()
 			cfg.noOneHop = off
-			cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 64<<10, 1<<10
+			cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 64<<10, 1<<10
 			src := newUCXEngine(b, "posix,cma,self", "", cfg)
 			dst := newUCXEngine(b, "posix,cma,self", "", cfg)
 			s := mappedKV(b, src, ucxExposeDims, layout.BlockMajor, seqBlocks(3, 2), 7)

@@ -34,7 +34,7 @@ func TestUCXTransport_ReceiverKilledWhileWeSend(t *testing.T) {
 			require.NoError(t, err)
 			peer.WaitGot(t, 1, 60*time.Second) // bytes are landing in the peer: kill it mid-transfer
 			peer.Signal(t, syscall.SIGKILL)
-			waitQuiesced(t, h, cfg.TransferTimeout+cfg.QuarantineTimeout+10*time.Second)
+			waitQuiesced(t, h, cfg.TransferTimeout+cfg.Tuning.QuarantineTimeout+10*time.Second)
 			st := h.Status()
 			require.NotEqual(t, Completed, st.State, "512 MiB cannot have been received before the kill")
 			require.Error(t, st.Err)

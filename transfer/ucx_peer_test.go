@@ -55,7 +55,7 @@ func ucxPeerTestConfig() Config {
 	cfg.SlotBytes = 1 << 20
 	cfg.TransferTimeout = 3 * time.Second
 	cfg.ProgressDeadline = 500 * time.Millisecond
-	cfg.QuarantineTimeout = 2 * time.Second
+	cfg.Tuning.QuarantineTimeout = 2 * time.Second
 	return cfg
 }
 
@@ -137,7 +137,7 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 				if sig == syscall.SIGSTOP {
 					require.True(t, sawUnhealthy, "a frozen peer must turn health unhealthy within the progress deadline")
 				}
-				waitQuiesced(t, h, cfg.QuarantineTimeout+5*time.Second)
+				waitQuiesced(t, h, cfg.Tuning.QuarantineTimeout+5*time.Second)
 				ps := local.e.pool.Stats()
 				require.Equal(t, ps.Total, ps.Free+ps.Leased+ps.Poisoned)
 				require.Zero(t, ps.Leased)

@@ -99,7 +99,7 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxPeerTestConfig()
 			cfg.TransferTimeout = 60 * time.Second // the failure must come from the replacement, not the deadline
-			cfg.DisablePull = true                 // receives posted in the worker, not gets waiting for announcements
+			cfg.Tuning.DisablePull = true          // receives posted in the worker, not gets waiting for announcements
 			recv := newUCXEngine(t, tr.tls, tr.dev, cfg, func(c *ucx.Config) {
 				c.ProbeTimeout, c.ReplaceWedgedWorker = time.Second, true
 			})
@@ -117,7 +117,7 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 			require.Eventually(t, func() bool { return stuck.Status().State == Advertised }, 10*time.Second, time.Millisecond)
 			// Every receive of its pipeline too: a post still under way when the worker wedges
 			// lands on the replacement once the old worker lets go, and waits for its sender.
-			depth := min(recv.e.cfg.PipelineDepth, 4)
+			depth := min(recv.e.cfg.Tuning.PipelineDepth, 4)
 			require.Eventually(t, func() bool {
 				return ucxhooks.Hooks.Ops(recv.tr) == depth
 			}, 10*time.Second, time.Millisecond, "the stuck receive's %d receives posted", depth)

@@ -39,9 +39,9 @@ func (c *countingUCX) MapRemote(from transport.Peer, key []byte, addr uint64, n 
 func newCountingUCXEngine(t testing.TB, tls string, cfg Config) (*ucxEngine, *countingUCX) {
 	t.Helper()
 	cfg = cfg.withDefaults()
-	cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+	cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
 	tr, err := ucx.New(ucx.Config{TLS: tls, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
+		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	c := &countingUCX{Transport: tr}
 	cfg.StagingMemory = tr.StagingMemory()
@@ -68,7 +68,7 @@ func TestUCXPull_ScatterReadsTheSendersSlotInPlace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
-			cfg.DisableDirect, cfg.DisableInPlaceReads = true, tc.gets
+			cfg.Tuning.DisableDirect, cfg.Tuning.DisableInPlaceReads = true, tc.gets
 			src, _ := newCountingUCXEngine(t, tc.tls, cfg)
 			dst, dc := newCountingUCXEngine(t, tc.tls, cfg)
 			chunks := 0
@@ -111,7 +111,7 @@ func TestUCXRMA_ReadsTheOfferedPoolInPlace(t *testing.T) {
 	for _, tc := range []struct{ name, tls string }{{"shm", "posix,cma,self"}, {"tcp", "tcp,self"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
-			cfg.RMAMinRegionBytes, cfg.RMAWhereEmulated = 64<<10, true
+			cfg.Tuning.RMAMinRegionBytes, cfg.Tuning.RMAWhereEmulated = 64<<10, true
 			src, _ := newCountingUCXEngine(t, tc.tls, cfg)
 			dst, dc := newCountingUCXEngine(t, tc.tls, cfg)
 			sb, rb := make([]int32, 21), make([]int32, 21)

@@ -29,7 +29,7 @@ func TestL11_UCXClosingSenderEndsItsWaitingReceivers(t *testing.T) {
 			t.Run(tr.name+"/"+c.name, func(t *testing.T) {
 				cfg := ucxTestConfig()
 				cfg.TransferTimeout, cfg.QueueTimeout = time.Minute, time.Minute // the close, not a deadline, ends them
-				cfg.DisableDirect, cfg.DisableRMA = !c.direct, true
+				cfg.Tuning.DisableDirect, cfg.Tuning.DisableRMA = !c.direct, true
 				cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 				scfg := cfg
 				c.sender(&scfg)
@@ -64,7 +64,7 @@ func TestL11_UCXReceiverAbortEndsItsQueuedSend(t *testing.T) {
 			t.Run(tr.name+"/"+c.name, func(t *testing.T) {
 				cfg := ucxTestConfig()
 				cfg.TransferTimeout, cfg.QueueTimeout = time.Minute, time.Minute // the abort, not a deadline, ends it
-				cfg.DisableDirect, cfg.DisableRMA = !c.direct, true
+				cfg.Tuning.DisableDirect, cfg.Tuning.DisableRMA = !c.direct, true
 				cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 				scfg := cfg
 				c.sender(&scfg)

@@ -76,9 +76,9 @@ func TestUCXRegion_CallerMappedPoolsTakeRMA(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
-			cfg.RMAMinRegionBytes = 64 << 10
-			cfg.DirectChunkBytes = 1 << 20
-			cfg.RMAWhereEmulated = true // the RMA mode from caller memory, over TCP too
+			cfg.Tuning.RMAMinRegionBytes = 64 << 10
+			cfg.Tuning.DirectChunkBytes = 1 << 20
+			cfg.Tuning.RMAWhereEmulated = true // the RMA mode from caller memory, over TCP too
 			src := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			for i, kind := range pageKinds {

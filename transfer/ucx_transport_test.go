@@ -7,6 +7,7 @@ package transfer
 import (
 	"bytes"
 	"errors"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -39,11 +40,11 @@ type ucxEngine struct {
 func newUCXEngine(t testing.TB, tls, dev string, cfg Config, mods ...func(*ucx.Config)) *ucxEngine {
 	t.Helper()
 	cfg = cfg.withDefaults()
-	if cfg.NumSlots == 0 {
-		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+	if cfg.Tuning.NumSlots == 0 {
+		cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
 	}
 	uc := ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
+		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second}
 	for _, m := range mods {
 		m(&uc)
@@ -91,10 +92,15 @@ func (k *ucxKV) stream(t testing.TB) []byte {
 // loaded host's -race run sent more than 10s late (TestUCXTransport_ReceiverKilledWhileWeSend's
 // second peer).
 func ucxTestConfig() Config {
-	return Config{SlotBytes: 256 << 10, MaxConcurrent: 8, PipelineDepth: 2, TransferTimeout: 10 * time.Second,
-		QueueTimeout: time.Minute, ProgressDeadline: 2 * time.Second, QuarantineTimeout: 2 * time.Second,
-		CancelGrace: 50 * time.Millisecond, RetryInterval: 50 * time.Millisecond, CloseTimeout: 5 * time.Second,
-		DirectMinRunBytes: None} // the test layouts' rows are a few hundred bytes: every path stays reachable
+	return Config{
+		SlotBytes:        256 << 10,
+		MaxConcurrent:    8,
+		TransferTimeout:  10 * time.Second,
+		QueueTimeout:     time.Minute,
+		ProgressDeadline: 2 * time.Second,
+		CloseTimeout:     5 * time.Second,
+		Tuning:           tuning.Config{PipelineDepth: 2, QuarantineTimeout: 2 * time.Second, CancelGrace: 50 * time.Millisecond, RetryInterval: 50 * time.Millisecond, DirectMinRunBytes: tuning.None},
+	} // the test layouts' rows are a few hundred bytes: every path stays reachable
 }
 
 // Two engines in one process over UCX, shared memory and TCP: requests of several shapes and
@@ -187,7 +193,7 @@ func TestUCXTransport_Request4096Tokens(t *testing.T) {
 	cfg := ucxTestConfig()
 	cfg.SlotBytes = 4 << 20
 	cfg.MaxConcurrent = 2
-	cfg.PipelineDepth = 4
+	cfg.Tuning.PipelineDepth = 4
 	cfg.TransferTimeout = 60 * time.Second
 	src := newUCXEngine(t, "posix,cma,self", "", cfg)
 	dst := newUCXEngine(t, "posix,cma,self", "", cfg)
@@ -223,7 +229,7 @@ func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
 			cfg.TransferTimeout = 2 * time.Second
-			cfg.DisablePull = true // the stall holds sends: the chunks must go as messages
+			cfg.Tuning.DisablePull = true // the stall holds sends: the chunks must go as messages
 			dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
 			src := newStallingUCXEngine(t, tr.tls, tr.dev, cfg, stallAfter)
 			s := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(0, 32), 3) // 16 MiB
@@ -235,7 +241,7 @@ func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 			require.NoError(t, err)
 			// Every slot of the sender parked in a stalled send: its real sends are all done, and
 			// nothing of it touches its staging memory again, which the close below unmaps.
-			eventually(t, func() bool { return src.st.heldCount() == cfg.PipelineDepth }, "the sender stalled")
+			eventually(t, func() bool { return src.st.heldCount() == cfg.Tuning.PipelineDepth }, "the sender stalled")
 			eventually(t, func() bool { return hr.Status().Bytes > 0 }, "chunks before the stall arrived")
 
 			start := time.Now()
@@ -252,7 +258,7 @@ func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 			require.Less(t, st.Bytes, st.Total)
 			require.NotErrorIs(t, st.Err, ErrPeerAborted, "the dead sender sent no abort")
 			require.True(t, errors.Is(st.Err, ErrPeerLost) || errors.Is(st.Err, ErrDeadline), "%v", st.Err)
-			waitQuiesced(t, hr, cfg.QuarantineTimeout+5*time.Second)
+			waitQuiesced(t, hr, cfg.Tuning.QuarantineTimeout+5*time.Second)
 			ps := dst.e.pool.Stats()
 			require.Equal(t, ps.Total, ps.Free+ps.Leased+ps.Poisoned)
 			require.Zero(t, ps.Leased)
@@ -335,11 +341,11 @@ type stallingEngine struct {
 func newStallingUCXEngine(t testing.TB, tls, dev string, cfg Config, n int) *stallingEngine {
 	t.Helper()
 	cfg = cfg.withDefaults()
-	if cfg.NumSlots == 0 {
-		cfg.NumSlots = cfg.MaxConcurrent * cfg.PipelineDepth
+	if cfg.Tuning.NumSlots == 0 {
+		cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
 	}
 	tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
+		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()

@@ -46,10 +46,10 @@ func vectorKV(t *testing.T, u *ucxEngine, d layout.Dims, o layout.Order, heads i
 func TestUCXCMA_TPSplitNHDReadByVectorGets(t *testing.T) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
 	cfg := ucxTestConfig()
-	cfg.DirectMinRunBytes = 0 // the engine's default: 2 KiB; these pieces are 512 bytes
-	cfg.DirectChunkBytes = 256 << 10
+	cfg.Tuning.DirectMinRunBytes = 0 // the engine's default: 2 KiB; these pieces are 512 bytes
+	cfg.Tuning.DirectChunkBytes = 256 << 10
 	cfg.TransferTimeout, cfg.QueueTimeout = time.Minute, time.Minute // a loaded box: no deadline is what these are about
-	cfg.ProgressDeadline, cfg.QuarantineTimeout = 30*time.Second, 30*time.Second
+	cfg.ProgressDeadline, cfg.Tuning.QuarantineTimeout = 30*time.Second, 30*time.Second
 	for _, c := range []struct {
 		desc   string
 		up     bool // TP=2->1 (two senders, one receiver); else TP=1->2
@@ -184,10 +184,10 @@ func TestUCXCMA_TPSplitNHDReadByVectorGets(t *testing.T) {
 func TestUCXCMA_VectorGetsCancelMidTransfer(t *testing.T) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 256}
 	cfg := ucxTestConfig()
-	cfg.DirectMinRunBytes = 0
-	cfg.DirectChunkBytes = 256 << 10
+	cfg.Tuning.DirectMinRunBytes = 0
+	cfg.Tuning.DirectChunkBytes = 256 << 10
 	cfg.TransferTimeout, cfg.QueueTimeout = time.Minute, time.Minute // a loaded box: no deadline is what these are about
-	cfg.ProgressDeadline, cfg.QuarantineTimeout = 30*time.Second, 30*time.Second
+	cfg.ProgressDeadline, cfg.Tuning.QuarantineTimeout = 30*time.Second, 30*time.Second
 	half := dims
 	half.NumHeads = 4
 	var senders [2]*ucxEngine

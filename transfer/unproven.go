@@ -47,7 +47,7 @@ func (e *Engine) answeredUnprovenLocked(p Peer) (dropNow Peer) {
 	if u.since == nil {
 		u.since = map[Peer]time.Time{}
 	}
-	if len(u.since) >= max(e.cfg.MaxPending, 1) {
+	if len(u.since) >= max(e.cfg.Tuning.MaxPending, 1) {
 		var oldest Peer
 		for q, at := range u.since {
 			if oldest == "" || at.Before(u.since[oldest]) {
@@ -61,7 +61,7 @@ func (e *Engine) answeredUnprovenLocked(p Peer) (dropNow Peer) {
 	}
 	u.since[p] = time.Now()
 	if u.timer == nil && !e.closed {
-		u.timer = time.AfterFunc(e.cfg.PendingTTL, e.sweepUnproven)
+		u.timer = time.AfterFunc(e.cfg.Tuning.PendingTTL, e.sweepUnproven)
 	}
 	return dropNow
 }
@@ -102,13 +102,13 @@ func (e *Engine) dropUnprovenLocked(p Peer, inUse map[Peer]bool) bool {
 		u.dropped = map[Peer]time.Time{}
 	}
 	now := time.Now()
-	if len(u.dropped) >= max(e.cfg.MaxPending, 1) {
+	if len(u.dropped) >= max(e.cfg.Tuning.MaxPending, 1) {
 		for q, at := range u.dropped {
-			if now.Sub(at) > e.cfg.PendingTTL {
+			if now.Sub(at) > e.cfg.Tuning.PendingTTL {
 				delete(u.dropped, q)
 			}
 		}
-		if len(u.dropped) >= max(e.cfg.MaxPending, 1) {
+		if len(u.dropped) >= max(e.cfg.Tuning.MaxPending, 1) {
 			clear(u.dropped) // the reports of those are long past or never come
 		}
 	}
@@ -126,7 +126,7 @@ func (e *Engine) sweepUnproven() {
 		e.mu.Unlock()
 		return
 	}
-	now, ttl := time.Now(), e.cfg.PendingTTL
+	now, ttl := time.Now(), e.cfg.Tuning.PendingTTL
 	inUse := e.peersInUseLocked()
 	var drop []Peer
 	var next time.Duration

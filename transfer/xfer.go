@@ -406,7 +406,7 @@ func (x *xfer) stopping() error {
 // slot while holding one, so a pool of MaxConcurrent slots always makes progress.
 func (x *xfer) extraSlots(first *buffer.Slot) []*buffer.Slot {
 	slots := []*buffer.Slot{first}
-	for len(slots) < min(x.eng.cfg.PipelineDepth, x.nChunks) {
+	for len(slots) < min(x.eng.cfg.Tuning.PipelineDepth, x.nChunks) {
 		s, err := x.eng.pool.TryLease()
 		if err != nil {
 			break
@@ -530,8 +530,8 @@ func (x *xfer) loop() {
 	start := time.Now()
 	x.timers.deadline = start.Add(x.timeout)
 	stop := x.stopCh
-	backoff := x.eng.cfg.RetryInterval
-	if x.receive && x.eng.cfg.MaxRetries > 0 {
+	backoff := x.eng.cfg.Tuning.RetryInterval
+	if x.receive && x.eng.cfg.Tuning.MaxRetries > 0 {
 		x.timers.retry = start.Add(backoff)
 	}
 	var closing <-chan struct{}
@@ -547,7 +547,7 @@ func (x *xfer) loop() {
 			x.timers.retry = time.Time{}
 			x.timers.poll = time.Time{}
 		} else if !x.receive && x.nextSignal < len(x.signals) && x.timers.poll.IsZero() {
-			x.timers.poll = time.Now().Add(x.eng.cfg.ReadyPollInterval)
+			x.timers.poll = time.Now().Add(x.eng.cfg.Tuning.ReadyPollInterval)
 		}
 		x.updateAwaiting()
 		if stop != nil && chanClosed(stop) {
@@ -595,7 +595,7 @@ func (x *xfer) stopped() {
 	if errors.Is(x.stopCause, ErrClosed) {
 		code = wire.AbortClosed
 	}
-	x.abort(x.stopCause, code, x.eng.cfg.CancelGrace)
+	x.abort(x.stopCause, code, x.eng.cfg.Tuning.CancelGrace)
 }
 
 // timersDue runs whatever the transfer's timer was set for and has come due.
@@ -603,7 +603,7 @@ func (x *xfer) timersDue(now time.Time, backoff *time.Duration) {
 	if due(&x.timers.deadline, now) {
 		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, wire.AbortDeadline, 0)
 	}
-	if due(&x.timers.retry, now) && x.moved == 0 && !x.aborting && x.retries < x.eng.cfg.MaxRetries {
+	if due(&x.timers.retry, now) && x.moved == 0 && !x.aborting && x.retries < x.eng.cfg.Tuning.MaxRetries {
 		x.retries++
 		x.sendRequestInfo()
 		*backoff *= 2
@@ -633,7 +633,7 @@ func (x *xfer) handleEvent(ev event) {
 		if p, ok := x.path.(peerTalk); ok {
 			p.peerLost()
 		}
-		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.CancelGrace)
+		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.Tuning.CancelGrace)
 	case ev.ready:
 		x.onReady()
 	case ev.goodbye:
@@ -649,7 +649,7 @@ func (x *xfer) handleEvent(ev event) {
 				return
 			}
 			_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.AbortAck{Header: x.head()}))
-			x.abort(peerAbortErr(x.h.id, m, !x.receive), 0, x.eng.cfg.CancelGrace)
+			x.abort(peerAbortErr(x.h.id, m, !x.receive), 0, x.eng.cfg.Tuning.CancelGrace)
 		case *wire.Done:
 			if !x.receive {
 				x.doneMsg = true
@@ -674,7 +674,7 @@ func (x *xfer) opDone(rec *opRec, c transport.Completion) {
 	switch c.Memory {
 	case transport.MemoryBusy:
 		if !x.aborting {
-			x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		}
 		return
 	case transport.MemoryUnknown:
@@ -682,7 +682,7 @@ func (x *xfer) opDone(rec *opRec, c transport.Completion) {
 		x.outstanding--
 		x.poison(rec, fmt.Sprintf("transport cannot say whether it is done with seq %d: %v", rec.seq, c.Err))
 		if !x.aborting {
-			x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+			x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		} else {
 			x.maybeResolve()
 		}
@@ -696,7 +696,7 @@ func (x *xfer) opDone(rec *opRec, c transport.Completion) {
 		x.maybeResolve()
 	case c.Err != nil:
 		releaseSlot(rec.slot)
-		x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(transportErr(c.Err), wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 	default:
 		x.path.completed(rec, c)
 	}

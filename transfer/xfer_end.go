@@ -51,7 +51,7 @@ func (x *xfer) poison(rec *opRec, reason string) {
 // blocks, and there is no slot to take out of circulation in their place. The transfer stays
 // quarantined for good (its Quiesced channel never closes, so the caller never frees or
 // reuses those blocks, and the engine refuses new transfers over them), Status says
-// BlocksPoisoned, and Health counts its blocks against Config.PoisonedBlockBudget.
+// BlocksPoisoned, and Health counts its blocks against Config.Tuning.PoisonedBlockBudget.
 func (x *xfer) poisonBlocks(rec *opRec, reason string) {
 	if !x.blocksUnknown {
 		x.blocksUnknown = true
@@ -65,7 +65,7 @@ func (x *xfer) poisonBlocks(rec *opRec, reason string) {
 // abort stops the transfer for cause: it tells the peer (code != 0), asks the transport to
 // cancel every outstanding operation, and ends at once if none is left; otherwise it waits
 // grace for them, then quarantines. A deadline passes no grace: the transfer is already late,
-// so it is quarantined at once. Other causes get Config.CancelGrace, because cancelling an
+// so it is quarantined at once. Other causes get Config.Tuning.CancelGrace, because cancelling an
 // unmatched receive takes the transport microseconds and is no reason to quarantine.
 func (x *xfer) abort(cause error, code wire.AbortCode, grace time.Duration) {
 	if x.aborting || x.ended {
@@ -142,7 +142,7 @@ func (x *xfer) quarantine() {
 	x.apply(EvQuarantine, x.cause)
 	x.eng.obs.OnQuarantine(x.h.id, x.sub, x.cause)
 	x.log().Warn("transfer quarantined", zap.Error(x.cause), zap.Int("outstanding", x.outstanding))
-	x.timers.quarantine = time.Now().Add(x.eng.cfg.QuarantineTimeout)
+	x.timers.quarantine = time.Now().Add(x.eng.cfg.Tuning.QuarantineTimeout)
 }
 
 // poisonOutstanding gives up on operations that never reported: their slots leave

@@ -31,7 +31,7 @@ func (x *xfer) runReceive() {
 
 func (x *xfer) sendRequestInfo() {
 	ri := &wire.RequestInfo{Header: x.head(), Shape: x.plan.Shape(),
-		ChunkBytes: x.chunk, Depth: int64(x.eng.cfg.PipelineDepth), Held: x.held, HeldOf: x.heldOf}
+		ChunkBytes: x.chunk, Depth: int64(x.eng.cfg.Tuning.PipelineDepth), Held: x.held, HeldOf: x.heldOf}
 	if x.layerCut {
 		ri.Flags |= wire.FlagLayerCut
 	}

@@ -97,7 +97,7 @@ func (x *xfer) runSend() {
 		err = x.deviceSendRefusal(direct, ri.Flags&wire.FlagRMA != 0) // device.go
 	} else if err == nil && direct && !x.directCapable() {
 		err = fmt.Errorf("the receiver asked for the direct (one-copy) path and this sender's pool cannot take it " +
-			"(allocate or register it with the transport, drop the Mover, or set Config.DisableDirect on the receiver)")
+			"(allocate or register it with the transport, drop the Mover, or set Config.Tuning.DisableDirect on the receiver)")
 	}
 	if err != nil || (!direct && ri.ChunkBytes > x.payloadCap()) {
 		if err == nil {
@@ -245,7 +245,7 @@ func (x *xfer) onReady() {
 		return
 	}
 	if err := x.refreshReady(); err != nil {
-		x.abort(err, wire.AbortInternal, x.eng.cfg.CancelGrace)
+		x.abort(err, wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		return
 	}
 	for len(x.idle) > 0 && !x.aborting {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"io"
 	"os"
 	"os/exec"
@@ -46,9 +47,15 @@ func workerChild(spec string) int {
 	if err != nil {
 		return fail(err)
 	}
-	eng, err := transfer.New(tr, transfer.Config{SlotBytes: 1 << 20, MaxConcurrent: 1, StagingMemory: tr.StagingMemory(),
-		DisableDirect: true, ProgressDeadline: time.Second, TransferTimeout: 4 * time.Second, QueueTimeout: 30 * time.Second,
-		QuarantineTimeout: 4 * time.Second})
+	eng, err := transfer.New(tr, transfer.Config{
+		SlotBytes:        1 << 20,
+		MaxConcurrent:    1,
+		StagingMemory:    tr.StagingMemory(),
+		ProgressDeadline: time.Second,
+		TransferTimeout:  4 * time.Second,
+		QueueTimeout:     30 * time.Second,
+		Tuning:           tuning.Config{DisableDirect: true, QuarantineTimeout: 4 * time.Second},
+	})
 	if err != nil {
 		_ = tr.Close(true)
 		return fail(err)

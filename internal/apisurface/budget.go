@@ -15,13 +15,14 @@ var Budgets = map[string]int{
 	"layout":                           80,
 	"layout/layouttest":                9,   // +2 ReferenceGather, ReferenceScatter (from layout: test ground truth)
 	"native":                           164, // +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages; +1 Settings (kvxbench's env.ucx_settings, bench-paths' perftest baseline)
-	"transfer":                         249, // +1 HealthSnapshot.ProtocolRefusals (docs/security.md); +3 Engine.Expose, ErrAlreadyClaimed, Config.ExposureTimeout (docs/protocol.md); +1 Spec.Params (one-hop reads)
+	"transfer":                         228, // issue 27: Config's tuning knobs and None moved to transfer/tuning
 	"transfer/discovery":               43,  // +2 Hand, Take: the handover of an exposure
 	"transfer/discovery/discoverytest": 8,
 	"transfer/discovery/etcd":          0,
 	"transfer/observe":                 50,
 	"transfer/transport":               141, // +7 Params, ParamsIssuer, AuthClaimed and the exposure's transport contract; +7 Exposure and its fields (one-hop reads, docs/protocol.md)
 	"transfer/transport/mem":           57,
+	"transfer/tuning":                  23, // transfer.Config's knobs a serving program leaves at their defaults, and None (from transfer)
 	"transfer/transport/transporttest": 18,
 	"transfer/transport/ucx":           120, // +2 ContextParams.Anonymous, Transport.ExposeParams; +2 ContextParams.Exposure, OneHop
 }

@@ -77,11 +77,11 @@ type RunConfig struct {
 	// end reads each chunk out of the prefill end's slot with a get where gets are one copy.
 	NoPull bool `json:"no_pull,omitempty"`
 	// NoInPlace reads each pulled chunk with a get into a slot even where the decode end maps the
-	// prefill end's slots (--no-in-place: transfer.Config.DisableInPlaceReads).
+	// prefill end's slots (--no-in-place: transfer.Config.Tuning.DisableInPlaceReads).
 	NoInPlace bool `json:"no_in_place,omitempty"`
 	// RMAWhereEmulated keeps the RMA mode where UCX emulates gets (--rma-where-emulated).
 	RMAWhereEmulated bool `json:"rma_where_emulated"`
-	// RMAMinRegionBytes is transfer.Config.RMAMinRegionBytes (--rma-min-region); 0: the engine's.
+	// RMAMinRegionBytes is transfer.Config.Tuning.RMAMinRegionBytes (--rma-min-region); 0: the engine's.
 	RMAMinRegionBytes int64 `json:"rma_min_region_bytes,omitempty"`
 	// Lanes is ucx.Config.Lanes of both ends (--lanes; 0: the transport's default).
 	Lanes int `json:"lanes"`

@@ -94,7 +94,7 @@ func newDeviceEngineSide(cfg RunConfig, role string, rank int) (engineSide, erro
 		return nil, fmt.Errorf("%s rank %d: %w", role, rank, deviceRunErr("no usable GPU", err))
 	}
 	ec := engineConfig(cfg) // --staging sets DisableDirect: device pools stage, never get
-	tr, err := ucx.NewDevice(ucx.DeviceConfig{Runtime: rt, StagingBytes: int64(ec.NumSlots) * ec.SlotBytes,
+	tr, err := ucx.NewDevice(ucx.DeviceConfig{Runtime: rt, StagingBytes: int64(ec.Tuning.NumSlots) * ec.SlotBytes,
 		UCX: ucx.Config{TLS: cfg.TLS}})
 	if err != nil {
 		_ = rt.Close()

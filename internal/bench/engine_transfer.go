@@ -5,6 +5,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"time"
 
 	"github.com/kvxfer/kvxfer/layout"
@@ -48,10 +49,14 @@ func engineConfig(cfg RunConfig) transfer.Config {
 		maxConc = max(maxConc, c)
 	}
 	timeout := max(30*time.Second, 10*cfg.Duration)
-	return transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: maxConc, PipelineDepth: cfg.PipelineDepth,
-		NumSlots: maxConc * cfg.PipelineDepth, TransferTimeout: timeout, QueueTimeout: timeout,
-		DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes, DisableRMA: cfg.NoRMA,
-		RMAWhereEmulated: cfg.RMAWhereEmulated, DisablePull: cfg.NoPull, DisableInPlaceReads: cfg.NoInPlace, RMAMinRegionBytes: cfg.RMAMinRegionBytes, ClusterKeys: clusterKeys(cfg)}
+	return transfer.Config{
+		SlotBytes:       cfg.SlotBytes,
+		MaxConcurrent:   maxConc,
+		TransferTimeout: timeout,
+		QueueTimeout:    timeout,
+		ClusterKeys:     clusterKeys(cfg),
+		Tuning:          tuning.Config{PipelineDepth: cfg.PipelineDepth, NumSlots: maxConc * cfg.PipelineDepth, DisableDirect: cfg.Staging, DirectChunkBytes: cfg.DirectChunkBytes, DisableRMA: cfg.NoRMA, RMAWhereEmulated: cfg.RMAWhereEmulated, DisablePull: cfg.NoPull, DisableInPlaceReads: cfg.NoInPlace, RMAMinRegionBytes: cfg.RMAMinRegionBytes},
+	}
 }
 
 // clusterKeys is the engine's Config.ClusterKeys: the run's key (--cluster-key), or none.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -47,7 +48,7 @@ func Stream(ctx context.Context, cfg RunConfig, f StreamOptions, o Output, out *
 		dims := cfg.Dims
 		r, err := streambench.Run(ctx, streambench.Config{Dims: dims, Tokens: int(tokens), LayerCompute: f.LayerCompute,
 			BusyCompute: f.Busy, Runs: f.Runs, Transport: f.Transport, UCXTLS: cfg.TLS,
-			Engine: transfer.Config{SlotBytes: cfg.SlotBytes, PipelineDepth: cfg.PipelineDepth}})
+			Engine: transfer.Config{SlotBytes: cfg.SlotBytes, Tuning: tuning.Config{PipelineDepth: cfg.PipelineDepth}}})
 		name := fmt.Sprintf("stream %s %s", cfg.ShapeName, humanTokens(tokens))
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)

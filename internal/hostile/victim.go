@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -247,9 +248,15 @@ func (v *victim) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ecfg := transfer.Config{SlotBytes: 256 << 10, MaxConcurrent: 4, PipelineDepth: 2, NumSlots: 8, StagingMemory: v.tr.StagingMemory(),
-		TransferTimeout: bound, QueueTimeout: bound, CancelGrace: 50 * time.Millisecond, QuarantineTimeout: 2 * time.Second,
-		RMAMinRegionBytes: 64 << 10, RMAWhereEmulated: true, Observer: metrics}
+	ecfg := transfer.Config{
+		SlotBytes:       256 << 10,
+		MaxConcurrent:   4,
+		StagingMemory:   v.tr.StagingMemory(),
+		TransferTimeout: bound,
+		QueueTimeout:    bound,
+		Observer:        metrics,
+		Tuning:          tuning.Config{PipelineDepth: 2, NumSlots: 8, CancelGrace: 50 * time.Millisecond, QuarantineTimeout: 2 * time.Second, RMAMinRegionBytes: 64 << 10, RMAWhereEmulated: true},
+	}
 	if v.cfg.ClusterKey != nil {
 		ecfg.ClusterKeys, ecfg.RequireClaimProof = [][]byte{v.cfg.ClusterKey}, true
 	}

@@ -260,7 +260,7 @@ func newBench(cfg Config) (*bench, error) {
 
 // engineSlots is the staging memory an engine with c needs.
 func engineSlots(c transfer.Config) int64 {
-	slot, conc, depth := c.SlotBytes, int64(c.MaxConcurrent), int64(c.PipelineDepth)
+	slot, conc, depth := c.SlotBytes, int64(c.MaxConcurrent), int64(c.Tuning.PipelineDepth)
 	if slot == 0 {
 		slot = transferdefaults.SlotBytes
 	}
@@ -270,8 +270,8 @@ func engineSlots(c transfer.Config) int64 {
 	if depth == 0 {
 		depth = transferdefaults.PipelineDepth
 	}
-	if c.NumSlots > 0 {
-		return int64(c.NumSlots) * slot
+	if c.Tuning.NumSlots > 0 {
+		return int64(c.Tuning.NumSlots) * slot
 	}
 	return conc * depth * slot
 }

@@ -186,7 +186,7 @@ type Config struct {
 	// Routes is the peer-process soak's mix: each request takes one of them at random.
 	// Default (nil): AllRoutes.
 	Routes []Route
-	// DecodeDisablesPull sets Config.DisablePull on the peer-process soak's decode engine, so
+	// DecodeDisablesPull sets Config.Tuning.DisablePull on the peer-process soak's decode engine, so
 	// it never asks for the pull wire and the staging route's prefill process never declines
 	// one: plain tagged data messages on both sides (the pull route then stages the same way).
 	DecodeDisablesPull bool
@@ -219,7 +219,7 @@ type Config struct {
 	QueueTimeout time.Duration
 	// ProgressDeadline is each engine's Config.ProgressDeadline. Default 2s.
 	ProgressDeadline time.Duration
-	// QuarantineTimeout is each engine's Config.QuarantineTimeout. Default 4s.
+	// QuarantineTimeout is each engine's Config.Tuning.QuarantineTimeout. Default 4s.
 	QuarantineTimeout time.Duration
 	// FreezeFor is how long the frozen peer stays frozen. Default 4s; it must exceed
 	// ProgressDeadline so health has a stall to see.

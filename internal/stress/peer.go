@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -50,7 +51,7 @@ type peerConfig struct {
 	// Plain turns the pull wire and the RMA mode off (the staging and direct routes' sender);
 	// the other peer keeps the serving defaults.
 	Plain bool `json:"plain"`
-	// RMAMinRegionBytes is the engine's Config.RMAMinRegionBytes (0: the default).
+	// RMAMinRegionBytes is the engine's Config.Tuning.RMAMinRegionBytes (0: the default).
 	RMAMinRegionBytes int64 `json:"rma_min_region_bytes"`
 	// Windows and WindowBytes size the peer's two registered pools (one allocated by UCX, one
 	// its own mmap registered with RegisterHost); 0 windows: none.
@@ -147,11 +148,16 @@ func runPeer(pc peerConfig, stdin io.Reader, stdout io.Writer) error {
 	// its Close, and nothing here outlives that.
 	tracked := newUCXTracked(tr, pc.SlotBytes)
 	n := &node{name: tr.Self(), slot: tracked.slots}
-	eng, err := transfer.New(tracked, transfer.Config{SlotBytes: pc.SlotBytes, MaxConcurrent: pc.MaxConcurrent,
-		NumSlots: pc.NumSlots, StagingMemory: tr.StagingMemory(), QueueTimeout: pc.QueueTimeout,
-		ProgressDeadline: pc.ProgressDeadline, QuarantineTimeout: pc.QuarantineTimeout,
-		CloseTimeout: pc.QuarantineTimeout + pc.Grace, Observer: n,
-		DisablePull: pc.Plain, DisableRMA: pc.Plain, RMAMinRegionBytes: pc.RMAMinRegionBytes})
+	eng, err := transfer.New(tracked, transfer.Config{
+		SlotBytes:        pc.SlotBytes,
+		MaxConcurrent:    pc.MaxConcurrent,
+		StagingMemory:    tr.StagingMemory(),
+		QueueTimeout:     pc.QueueTimeout,
+		ProgressDeadline: pc.ProgressDeadline,
+		CloseTimeout:     pc.QuarantineTimeout + pc.Grace,
+		Observer:         n,
+		Tuning:           tuning.Config{NumSlots: pc.NumSlots, QuarantineTimeout: pc.QuarantineTimeout, DisablePull: pc.Plain, DisableRMA: pc.Plain, RMAMinRegionBytes: pc.RMAMinRegionBytes},
+	})
 	if err != nil {
 		_ = tr.Close(true)
 		return err

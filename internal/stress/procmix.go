@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"math/rand/v2"
 	"slices"
 	"syscall"
@@ -26,13 +27,13 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
-// mixRMAMinRegionBytes is every engine's Config.RMAMinRegionBytes in the peer-process soak:
+// mixRMAMinRegionBytes is every engine's Config.Tuning.RMAMinRegionBytes in the peer-process soak:
 // the soak's whole 16 KiB blocks take RMA gets where the default (256 KiB, sized for real
 // models' blocks) would send them as IOV messages, as in the in-process soak.
 const mixRMAMinRegionBytes = 8 << 10
 
 // The prefill processes: the serving default, and one with the pull wire and the RMA mode
-// off (Config.DisablePull, DisableRMA: a sender's own setting declines them).
+// off (Config.Tuning.DisablePull, DisableRMA: a sender's own setting declines them).
 const (
 	defaultPeer = 0
 	plainPeer   = 1
@@ -248,11 +249,18 @@ func (ps *procSoak) newDecode(name transfer.Peer) (*node, *ucx.Transport, error)
 	}
 	tracked := newUCXTracked(tr, cfg.SlotBytes)
 	n := &node{name: name, slot: tracked.slots}
-	if n.eng, err = transfer.New(tracked, transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent,
-		NumSlots: ps.numSlots, StagingMemory: tr.StagingMemory(), TransferTimeout: cfg.TransferTimeout,
-		QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline, QuarantineTimeout: cfg.QuarantineTimeout,
-		CloseTimeout: cfg.QuarantineTimeout + cfg.Grace, Logger: cfg.EngineLogger, Observer: n,
-		RMAMinRegionBytes: mixRMAMinRegionBytes, DisablePull: cfg.DecodeDisablesPull}); err != nil {
+	if n.eng, err = transfer.New(tracked, transfer.Config{
+		SlotBytes:        cfg.SlotBytes,
+		MaxConcurrent:    cfg.MaxConcurrent,
+		StagingMemory:    tr.StagingMemory(),
+		TransferTimeout:  cfg.TransferTimeout,
+		QueueTimeout:     cfg.QueueTimeout,
+		ProgressDeadline: cfg.ProgressDeadline,
+		CloseTimeout:     cfg.QuarantineTimeout + cfg.Grace,
+		Logger:           cfg.EngineLogger,
+		Observer:         n,
+		Tuning:           tuning.Config{NumSlots: ps.numSlots, QuarantineTimeout: cfg.QuarantineTimeout, RMAMinRegionBytes: mixRMAMinRegionBytes, DisablePull: cfg.DecodeDisablesPull},
+	}); err != nil {
 		_ = tr.Close(true)
 		return nil, nil, err
 	}

@@ -48,7 +48,7 @@ type Report struct {
 	BlocksPoisoned int64 `json:"blocks_poisoned"`
 	// PoisonedBlocks counts the callers' KV blocks poisoned for good, over every engine
 	// (HealthSnapshot.PoisonedBlocks); PoisonedBlockBudget is each engine's bound on them
-	// (Config.PoisonedBlockBudget), past which it reports unhealthy.
+	// (Config.Tuning.PoisonedBlockBudget), past which it reports unhealthy.
 	PoisonedBlocks      int64 `json:"poisoned_blocks"`
 	PoisonedBlockBudget int   `json:"poisoned_block_budget"`
 	// RememberedUnquiesced counts the handles the engines keep because they are not quiescent

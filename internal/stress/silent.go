@@ -5,6 +5,7 @@ package stress
 import (
 	"context"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"time"
 
 	"go.uber.org/zap"
@@ -23,9 +24,13 @@ func (s *soak) silentPeer(ctx context.Context, progressDeadline time.Duration) {
 	cfg := s.cfg
 	s.silentRan.Store(true)
 	newEngine := func(name transfer.Peer) (*transfer.Engine, error) {
-		return transfer.New(s.net.Transport(name), transfer.Config{SlotBytes: cfg.SlotBytes, MaxConcurrent: 1,
-			ProgressDeadline: progressDeadline, QuarantineTimeout: cfg.QuarantineTimeout,
-			Logger: cfg.EngineLogger.With(zap.String("engine", string(name)))})
+		return transfer.New(s.net.Transport(name), transfer.Config{
+			SlotBytes:        cfg.SlotBytes,
+			MaxConcurrent:    1,
+			ProgressDeadline: progressDeadline,
+			Logger:           cfg.EngineLogger.With(zap.String("engine", string(name))),
+			Tuning:           tuning.Config{QuarantineTimeout: cfg.QuarantineTimeout},
+		})
 	}
 	client, err := newEngine("silent-client")
 	if err != nil {

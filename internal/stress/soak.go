@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"runtime"
 	"slices"
 	"sync"
@@ -182,14 +183,16 @@ func (s *soak) newNode(name transfer.Peer) (*node, error) {
 	n := &node{name: name, mem: s.net.Transport(name)}
 	n.slot = newSlotTracker(n.mem, staging, cfg.SlotBytes)
 	eng, err := transfer.New(n.slot, transfer.Config{
-		SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent, NumSlots: s.numSlots, StagingMemory: staging,
+		SlotBytes: cfg.SlotBytes, MaxConcurrent: cfg.MaxConcurrent, StagingMemory: staging,
 		TransferTimeout: cfg.TransferTimeout, QueueTimeout: cfg.QueueTimeout, ProgressDeadline: cfg.ProgressDeadline,
-		QuarantineTimeout: cfg.QuarantineTimeout, CloseTimeout: cfg.QuarantineTimeout + cfg.Grace,
-		PoisonedBlockBudget: s.poisonedBlockBudget(),
-		// Whole 16 KiB blocks take RMA gets; a TP=2 rank's 2 KiB pieces of them do not, and take
-		// IOV messages: a direct request exercises both.
-		RMAMinRegionBytes: 8 << 10,
-		Logger:            cfg.EngineLogger.With(zap.String("engine", string(name))), Observer: n,
+		CloseTimeout: cfg.QuarantineTimeout + cfg.Grace,
+		Logger:       cfg.EngineLogger.With(zap.String("engine", string(name))), Observer: n,
+		Tuning: tuning.Config{
+			NumSlots: s.numSlots, QuarantineTimeout: cfg.QuarantineTimeout, PoisonedBlockBudget: s.poisonedBlockBudget(),
+			// Whole 16 KiB blocks take RMA gets; a TP=2 rank's 2 KiB pieces of them do not, and
+			// take IOV messages: a direct request exercises both.
+			RMAMinRegionBytes: 8 << 10,
+		},
 	})
 	if err != nil {
 		_ = n.slot.Close(true)
@@ -199,7 +202,7 @@ func (s *soak) newNode(name transfer.Peer) (*node, error) {
 	return n, nil
 }
 
-// poisonedBlockBudget is each engine's Config.PoisonedBlockBudget: the faults that leave
+// poisonedBlockBudget is each engine's Config.Tuning.PoisonedBlockBudget: the faults that leave
 // quiescence unknown poison about a hundred blocks a minute of soak (30 in a 20 s run), so the
 // default's 1024 blocks are allowed per five minutes of run: a long soak is not unhealthy for
 // what its schedule injects, and only poison that piles up faster trips it.

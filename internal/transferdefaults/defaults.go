@@ -15,6 +15,6 @@ const (
 	PipelineDepth    = 2
 	ProgressDeadline = 10 * time.Second
 	QuarantineBudget = 8
-	PoisonedBlocks   = 1024 // transfer.Config.PoisonedBlockBudget
+	PoisonedBlocks   = 1024 // transfer.Config.Tuning.PoisonedBlockBudget
 	CancelGrace      = 100 * time.Millisecond
 )

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"testing"
 	"time"
 
@@ -22,9 +23,15 @@ import (
 // handoverEngine is an engine over a UCX transport on TCP loopback.
 func handoverEngine(t *testing.T) (*transfer.Engine, *ucx.Transport) {
 	t.Helper()
-	cfg := transfer.Config{SlotBytes: 64 << 10, MaxConcurrent: 2, PipelineDepth: 2, NumSlots: 4,
-		TransferTimeout: 10 * time.Second, QueueTimeout: 10 * time.Second, CloseTimeout: 5 * time.Second}
-	tr, err := ucx.New(ucx.Config{TLS: "tcp,self", NetDevices: "lo", StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
+	cfg := transfer.Config{
+		SlotBytes:       64 << 10,
+		MaxConcurrent:   2,
+		TransferTimeout: 10 * time.Second,
+		QueueTimeout:    10 * time.Second,
+		CloseTimeout:    5 * time.Second,
+		Tuning:          tuning.Config{PipelineDepth: 2, NumSlots: 4},
+	}
+	tr, err := ucx.New(ucx.Config{TLS: "tcp,self", NetDevices: "lo", StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
 	if err != nil {
 		t.Skipf("no UCX here: %v", err)
 	}

@@ -93,7 +93,7 @@ func newHealthCollector(src HealthSource, cl prometheus.Labels) *healthCollector
 		bad:            d("kvxfer_malformed_control_messages_total", "Control messages from peers that did not decode."),
 		blocksPoisoned: d("kvxfer_blocks_poisoned_transfers", "Quarantined transfers the engine gave up on: their caller's KV blocks are poisoned for good (unknown quiescence) and never to be reused; not counted against the quarantine budget."),
 		poisonedBlocks: d("kvxfer_blocks_poisoned", "The callers' KV blocks poisoned for good, each counted once: never to be used again; the engine refuses transfers over them."),
-		poisonedBudget: d("kvxfer_poisoned_block_budget", "Poisoned blocks the engine tolerates before it reports unhealthy (Config.PoisonedBlockBudget); past it only a restart helps."),
+		poisonedBudget: d("kvxfer_poisoned_block_budget", "Poisoned blocks the engine tolerates before it reports unhealthy (Config.Tuning.PoisonedBlockBudget); past it only a restart helps."),
 		remembered:     d("kvxfer_transfers_remembered_unquiesced", "Handles their callers released while not quiescent: the engine keeps them, their ids and their blocks, until they are (for ever when poisoned)."),
 		genHeld:        d("kvxfer_generation_words_held", "Generation words held by rma and pull exposures (validated reads); when every word is held, offers are declined and the engine is unhealthy."),
 		genWords:       d("kvxfer_generation_words", "The transport's generation words in all (0: it does not count them)."),

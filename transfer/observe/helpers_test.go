@@ -4,6 +4,7 @@ package observe_test
 
 import (
 	"context"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"testing"
 	"time"
 
@@ -67,8 +68,13 @@ func newPair(t *testing.T, cfg transfer.Config, extra func(engine string) transf
 // smallConfig is an engine configuration with small slots (several chunks per transfer) and
 // short deadlines, so failure paths finish in milliseconds.
 func smallConfig() transfer.Config {
-	return transfer.Config{SlotBytes: transport.DataHeaderBytes + 512, MaxConcurrent: 4, PipelineDepth: 2,
-		TransferTimeout: 5 * time.Second, QueueTimeout: 5 * time.Second}
+	return transfer.Config{
+		SlotBytes:       transport.DataHeaderBytes + 512,
+		MaxConcurrent:   4,
+		TransferTimeout: 5 * time.Second,
+		QueueTimeout:    5 * time.Second,
+		Tuning:          tuning.Config{PipelineDepth: 2},
+	}
 }
 
 func (p *pair) plan(t *testing.T, blocks ...int32) *layout.Plan {

@@ -68,8 +68,8 @@ func TestLogObserver_CompletedTransfer(t *testing.T) {
 func TestLogObserver_QuarantineAndPoisonWarnWithReason(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	cfg := smallConfig()
-	cfg.CancelGrace = 10 * time.Millisecond
-	cfg.QuarantineTimeout = 50 * time.Millisecond
+	cfg.Tuning.CancelGrace = 10 * time.Millisecond
+	cfg.Tuning.QuarantineTimeout = 50 * time.Millisecond
 	p := newPair(t, cfg, logsTo(core))
 	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		return mem.Fault{Hang: fp.Kind == transport.KindData, NeverQuiesce: fp.Kind == transport.KindData}

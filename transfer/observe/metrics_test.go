@@ -115,7 +115,7 @@ func TestMetrics_ValuesAfterKnownTransfers(t *testing.T) {
 	require.Zero(t, value(t, p.reg, "kvxfer_quarantines_total", pre))
 
 	cfg := smallConfig()
-	slots := float64(cfg.MaxConcurrent * cfg.PipelineDepth)
+	slots := float64(cfg.MaxConcurrent * cfg.Tuning.PipelineDepth)
 	for _, labels := range []map[string]string{pre, dec} {
 		eventually(t, waitBound, func() bool {
 			return value(t, p.reg, "kvxfer_staging_slots_free", labels) == slots

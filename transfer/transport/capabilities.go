@@ -62,7 +62,7 @@ type RMATransport interface {
 // emulated (UCX 1.13 over TCP turns each get into active messages the peer's worker answers,
 // which is no faster than tagged messages and leaves the sender's pool exposed for nothing).
 // An engine takes the RMA mode where gets are emulated only when its configuration asks for it
-// (transfer.Config.RMAWhereEmulated).
+// (transfer.Config.Tuning.RMAWhereEmulated).
 type RMAEmulation interface {
 	RMATransport
 	// GetsEmulated reports whether gets from peer would be emulated. It decides by what the

@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -78,10 +79,10 @@ func main() {
 	flag.BoolVar(&o.device, "device", false, "the KV pool is in cudaMalloc memory of GPU 0 registered with the transport (RegisterDevice), moved by gets GPU to GPU (needs a CUDA-enabled UCX)")
 	flag.BoolVar(&o.rmaWhereEmulated, "rma-where-emulated", false, "a receiver keeps the RMA mode where UCX emulates gets (TCP), as the tests of that mode want")
 	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another")
-	flag.BoolVar(&o.disableRMA, "disable-rma", false, "the direct path sends IOV messages instead of RMA gets (transfer.Config.DisableRMA)")
+	flag.BoolVar(&o.disableRMA, "disable-rma", false, "the direct path sends IOV messages instead of RMA gets (transfer.Config.Tuning.DisableRMA)")
 	flag.DurationVar(&o.drain, "drain", 10*time.Millisecond, "on SIGTERM, how long to Drain before Close")
-	flag.BoolVar(&o.disablePull, "disable-pull", false, "Config.DisablePull: a sender declines the pull wire")
-	flag.DurationVar(&o.quarantine, "quarantine", 0, "Config.QuarantineTimeout (0: the default)")
+	flag.BoolVar(&o.disablePull, "disable-pull", false, "Config.Tuning.DisablePull: a sender declines the pull wire")
+	flag.DurationVar(&o.quarantine, "quarantine", 0, "Config.Tuning.QuarantineTimeout (0: the default)")
 	flag.DurationVar(&o.quiesceBound, "quiesce-bound", 0, "after each DONE, wait this long for the handle to quiesce and print "+
 		"\"QUIESCED <true|false> <poisoned slots> <blocks poisoned>\" (0: no such line)")
 	flag.Parse()
@@ -129,10 +130,14 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 	if err != nil {
 		return err
 	}
-	eng, err := transfer.New(tr, transfer.Config{SlotBytes: o.chunk, MaxConcurrent: 4, PipelineDepth: 2,
-		NumSlots: 8, StagingMemory: tr.StagingMemory(), TransferTimeout: o.timeout, QueueTimeout: o.timeout,
-		RMAWhereEmulated: o.rmaWhereEmulated, DisablePull: o.disablePull, DisableRMA: o.disableRMA,
-		QuarantineTimeout: o.quarantine})
+	eng, err := transfer.New(tr, transfer.Config{
+		SlotBytes:       o.chunk,
+		MaxConcurrent:   4,
+		StagingMemory:   tr.StagingMemory(),
+		TransferTimeout: o.timeout,
+		QueueTimeout:    o.timeout,
+		Tuning:          tuning.Config{PipelineDepth: 2, NumSlots: 8, RMAWhereEmulated: o.rmaWhereEmulated, DisablePull: o.disablePull, DisableRMA: o.disableRMA, QuarantineTimeout: o.quarantine},
+	})
 	if err != nil {
 		return err
 	}
