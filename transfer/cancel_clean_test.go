@@ -16,7 +16,7 @@ import (
 // quarantineCounter counts the quarantines an engine reports (what kvxfer_quarantines_total
 // counts).
 type quarantineCounter struct {
-	NopObserver
+	nopObserver
 	n atomic.Int64
 }
 

@@ -38,7 +38,7 @@ func (b *boundEater) ClosePeer(p Peer) {
 // endsObserver records which handles it heard end (sub -1, a terminal state), and with block
 // set holds its first callback until release closes.
 type endsObserver struct {
-	NopObserver
+	nopObserver
 	block   bool
 	release chan struct{}
 	once    sync.Once

@@ -65,7 +65,7 @@ type Config struct {
 	// key"): each key is ClusterKeyBytes random bytes; the first seals every hello, hello
 	// challenge and proof this engine sends, and any one opens those it gets. A message not
 	// sealed by a key it holds (an engine without keys, of wire 3, another fleet's, or forged)
-	// is dropped before it is answered, counted (TrustObserver.OnAuthRefused,
+	// is dropped before it is answered, counted (an Observer's OnAuthRefused,
 	// kvxfer_auth_refused_total), and changes nothing, so transfers with such a peer end at
 	// their queued deadline. The same keys sign and check ContextParams (Engine.SignParams,
 	// Engine.VerifyParams; "params" in the metric). Every engine of a fleet must hold a key
@@ -184,7 +184,7 @@ func (c Config) withDefaults() Config {
 		c.Logger = zap.NewNop()
 	}
 	if c.Observer == nil {
-		c.Observer = NopObserver{}
+		c.Observer = nopObserver{}
 	}
 	return c
 }

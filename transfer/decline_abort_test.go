@@ -16,7 +16,7 @@ import (
 
 // poisonCounter counts the poisons an engine reports (slots and the callers' blocks).
 type poisonCounter struct {
-	NopObserver
+	nopObserver
 	n atomic.Int64
 }
 

@@ -29,7 +29,7 @@ type Engine struct {
 	movers *moverPool
 	log    *zap.Logger
 	obs    Observer
-	// oq delivers the caller's Observer outside the engine's locks; nil for NopObserver, whose
+	// oq delivers the caller's Observer outside the engine's locks; nil for nopObserver, whose
 	// calls cost nothing under a lock.
 	oq *observerQueue
 	// direct is tr when it implements the one-copy extension, else nil.
@@ -168,7 +168,7 @@ func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
 		closing:   make(chan struct{}),
 		movers:    newMoverPool(),
 	}
-	if _, nop := cfg.Observer.(NopObserver); !nop {
+	if _, nop := cfg.Observer.(nopObserver); !nop {
 		e.oq = newObserverQueue(cfg.Observer) // the caller's callbacks run outside the engine's locks
 		e.obs = e.oq
 	}
@@ -354,12 +354,12 @@ func (h *Handle) cancel() CancelOutcome {
 		for _, x := range h.subs {
 			// onehop.go: a read that raced the cancel goes stale before FreeNow.
 			x.endOneHop()
-			if from, r := x.m.apply(EvCancelQueued); r.ok { // a sub may have failed already
-				h.eng.obs.OnTransition(h.id, x.sub, from, r.next, EvCancelQueued)
+			if from, r := x.m.apply(evCancelQueued); r.ok { // a sub may have failed already
+				h.eng.obs.OnTransition(h.id, x.sub, from, r.next, evCancelQueued)
 			}
 			x.stop(cause)
 		}
-		h.applyLocked(EvCancelQueued, cause)
+		h.applyLocked(evCancelQueued, cause)
 		h.signalNowLocked() // FreeNow, as for AlreadyComplete
 		return CancelledBeforeAdvertise
 	default:

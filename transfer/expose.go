@@ -32,7 +32,7 @@ const exposedPeer Peer = "(exposed: no receiver yet)"
 // Spec.Secret from the params) claims the exposure, and the transfer runs as a Send to that
 // receiver would, on the path it would take; any later claim is refused (that Receive fails
 // with ErrAlreadyClaimed), and so is one whose proof is wrong or missing (ErrUnauthenticated),
-// each counted (TrustObserver.OnAuthRefused, what "claim", reasons "claimed", "bad-mac",
+// each counted (an Observer's OnAuthRefused, what "claim", reasons "claimed", "bad-mac",
 // "unsealed"). An exposure nobody claims within Config.ExposureTimeout, or before ctx is
 // done, ends Failed (ErrDeadline; or ErrQueueTimeout with ctx's cause) with its blocks quiescent at once; Cancel
 // of an unclaimed exposure returns CancelledBeforeAdvertise, and Close ends it as it ends a

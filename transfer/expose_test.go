@@ -71,8 +71,8 @@ func TestL10_ExposureClaimedOnEveryPath(t *testing.T) {
 func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims layout.Dims, nBlocks int32) {
 	refusals := &refusalCounter{}
 	src := rig.side(t, "prefill", pc, exposeConfig(base, pc, refusals))
-	dst := rig.side(t, "decode", pc, exposeConfig(base, pc, NopObserver{}))
-	other := rig.side(t, "decode-2", pc, exposeConfig(base, pc, NopObserver{}))
+	dst := rig.side(t, "decode", pc, exposeConfig(base, pc, nopObserver{}))
+	other := rig.side(t, "decode-2", pc, exposeConfig(base, pc, nopObserver{}))
 	const id = RequestID(700)
 	smem, splan := src.kv(t, seqBlocks(0, nBlocks), 7)
 	specSecret := rig.specSecret()
@@ -175,8 +175,8 @@ func exposeUnclaimed(t *testing.T, rig exposeRig, c unclaimedCase, base Config, 
 		// would call the engine stalled.
 		base.ExposureTimeout, base.ProgressDeadline = 300*time.Millisecond, 100*time.Millisecond
 	}
-	src := rig.side(t, "prefill", pc, exposeConfig(base, pc, NopObserver{}))
-	dst := rig.side(t, "decode", pc, exposeConfig(base, pc, NopObserver{}))
+	src := rig.side(t, "prefill", pc, exposeConfig(base, pc, nopObserver{}))
+	dst := rig.side(t, "decode", pc, exposeConfig(base, pc, nopObserver{}))
 	const id = RequestID(710)
 	smem, splan := src.kv(t, seqBlocks(0, nBlocks), 7)
 	specSecret := rig.specSecret()

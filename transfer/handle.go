@@ -148,7 +148,7 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 	if !r.ok {
 		return false
 	}
-	if cause != nil && (h.err.Load() == nil || ev == EvQuarantine) {
+	if cause != nil && (h.err.Load() == nil || ev == evQuarantine) {
 		h.err.Store(&cause)
 	}
 	h.eng.account(from, r.next, h.queuedAt, h.unclaimed.Load())
@@ -226,10 +226,10 @@ func (h *Handle) subApplyLocked(x *xfer, ev Event, cause error) bool {
 	}
 	h.eng.obs.OnTransition(h.id, x.sub, from, r.next, ev)
 	switch {
-	case ev == EvAdvertise:
-		h.applyLocked(EvAdvertise, nil)
-	case ev == EvProgress:
-		h.applyLocked(EvProgress, nil)
+	case ev == evAdvertise:
+		h.applyLocked(evAdvertise, nil)
+	case ev == evProgress:
+		h.applyLocked(evProgress, nil)
 	case r.next == Quarantined || r.next.Terminal():
 		if cause != nil && !errors.Is(cause, ErrSiblingFailed) {
 			h.recordErrLocked(x, cause)
@@ -275,26 +275,26 @@ func (h *Handle) settleLocked() {
 	case !allOutcome:
 	case st == Quarantined:
 		if allTerminal && cancelled {
-			h.applyLocked(EvResolveCancelled, nil)
+			h.applyLocked(evResolveCancelled, nil)
 		} else if allTerminal {
-			h.applyLocked(EvResolveFailed, nil)
+			h.applyLocked(evResolveFailed, nil)
 		}
 	case st.Terminal():
 	case allCompleted:
-		h.applyLocked(EvComplete, nil)
+		h.applyLocked(evComplete, nil)
 	case st == Queued && cancelled:
-		h.applyLocked(EvCancelQueued, &RequestError{ID: h.id, Err: ErrCancelled})
+		h.applyLocked(evCancelQueued, &RequestError{ID: h.id, Err: ErrCancelled})
 	case st == Queued:
-		h.applyLocked(EvFail, cause)
+		h.applyLocked(evFail, cause)
 	case anyQuarantined:
-		h.applyLocked(EvQuarantine, &RequestError{ID: h.id, Err: errors.Join(ErrQuarantined, cause)})
+		h.applyLocked(evQuarantine, &RequestError{ID: h.id, Err: errors.Join(ErrQuarantined, cause)})
 		if allTerminal { // cannot happen with a quarantined sub; kept for the table's sake
 			h.settleLocked()
 		}
 	case cancelled:
-		h.applyLocked(EvCancelQuiescent, &RequestError{ID: h.id, Err: ErrCancelled})
+		h.applyLocked(evCancelQuiescent, &RequestError{ID: h.id, Err: ErrCancelled})
 	default:
-		h.applyLocked(EvFail, cause)
+		h.applyLocked(evFail, cause)
 	}
 }
 

@@ -162,7 +162,7 @@ func TestL13_PoolBelowConcurrencyIsRefused(t *testing.T) {
 // activeSubs counts an engine's sub-transfers past Queued and not yet ended, and the most it
 // ever saw at once.
 type activeSubs struct {
-	NopObserver
+	nopObserver
 	now, most atomic.Int64
 }
 
@@ -344,7 +344,7 @@ func TestL14_MultiPeerRequestIsTerminalOnlyWhenEverySubIs(t *testing.T) {
 
 // terminalProbe records, at the moment sub 0 fails, whether the handle was already done.
 type terminalProbe struct {
-	NopObserver
+	nopObserver
 	h              atomic.Pointer[Handle]
 	sawSub0Fail    atomic.Bool
 	doneAtSub0Fail atomic.Bool

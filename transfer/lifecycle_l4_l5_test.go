@@ -248,12 +248,12 @@ func (s *stuckCancel) Cancel(id transport.OpID) {
 
 // stuckObserver blocks, at its gate, when it hears the first advertise of a sub-transfer.
 type stuckObserver struct {
-	NopObserver
+	nopObserver
 	*gate
 }
 
 func (o *stuckObserver) OnTransition(id RequestID, sub int, from, to State, ev Event) {
-	if sub >= 0 && ev == EvAdvertise {
+	if sub >= 0 && ev == evAdvertise {
 		o.stick()
 	}
 }

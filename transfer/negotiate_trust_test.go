@@ -120,7 +120,7 @@ func believed(e *Engine, p Peer) feature {
 
 // refusalCounter counts the hello messages an engine refused, by reason.
 type refusalCounter struct {
-	NopObserver
+	nopObserver
 	mu sync.Mutex
 	n  map[string]int
 }
@@ -327,7 +327,7 @@ func TestWire3PeerInteroperates(t *testing.T) {
 // TestHelloProofMustEchoAnOutstandingChallenge: a proof counts only when it echoes the
 // challenge this engine has outstanding for the address it came from. A forged proof with no
 // challenge outstanding, one echoing other bytes, and a replay of one already answered are
-// each refused and counted by reason (TrustObserver, kvxfer_hello_refused_total), and what
+// each refused and counted by reason (trustObserver, kvxfer_hello_refused_total), and what
 // the engine believes of the peer does not change.
 func TestHelloProofMustEchoAnOutstandingChallenge(t *testing.T) {
 	forged := func(echo [wire.ChallengeBytes]byte) []byte {

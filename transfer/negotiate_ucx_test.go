@@ -347,7 +347,7 @@ func TestUCXTransport_UnprovenHelloAddressIsDropped(t *testing.T) {
 
 // lostCounter counts the peers the engine told lost.
 type lostCounter struct {
-	NopObserver
+	nopObserver
 	n atomic.Int64
 }
 

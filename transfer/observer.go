@@ -15,6 +15,15 @@ import "time"
 // (CancelOutcome.FreeNow), Done and Quiesced are closed by the time it returns, and the
 // observer hears those moves afterwards, still in order. So implementations should be fast;
 // they may call Status and Cancel, not Close.
+//
+// An Observer may also have any of these methods, which the engine then calls under the same
+// rules (package observe's observers have them all):
+//
+//	OnStart(info StartInfo)                        // a request accepted, before its first transition
+//	OnPeerConnected(peer Peer)                     // the transport reached peer
+//	OnPeerLost(peer Peer, err error)               // the transport lost peer: once per loss
+//	OnHelloRefused(peer Peer, reason HelloRefusal) // a hello proof that answered no challenge of ours
+//	OnAuthRefused(err *AuthError)                  // a message or ContextParams no cluster key sealed
 type Observer interface {
 	// OnTransition reports a handle's (sub == -1) or a sub-transfer's state change.
 	OnTransition(id RequestID, sub int, from, to State, ev Event)
@@ -29,20 +38,20 @@ type Observer interface {
 	OnProgress(id RequestID, bytes int64, at time.Time)
 }
 
-// NopObserver ignores everything; it is the default.
-type NopObserver struct{}
+// nopObserver ignores everything; it stands for a Config without an Observer.
+type nopObserver struct{}
 
 // OnTransition implements Observer.
-func (NopObserver) OnTransition(RequestID, int, State, State, Event) {}
+func (nopObserver) OnTransition(RequestID, int, State, State, Event) {}
 
 // OnCancel implements Observer.
-func (NopObserver) OnCancel(RequestID, CancelOutcome) {}
+func (nopObserver) OnCancel(RequestID, CancelOutcome) {}
 
 // OnQuarantine implements Observer.
-func (NopObserver) OnQuarantine(RequestID, int, error) {}
+func (nopObserver) OnQuarantine(RequestID, int, error) {}
 
 // OnPoison implements Observer.
-func (NopObserver) OnPoison(RequestID, int, string) {}
+func (nopObserver) OnPoison(RequestID, int, string) {}
 
 // OnProgress implements Observer.
-func (NopObserver) OnProgress(RequestID, int64, time.Time) {}
+func (nopObserver) OnProgress(RequestID, int64, time.Time) {}

@@ -9,48 +9,30 @@ import "github.com/kvxfer/kvxfer/transfer/transport"
 // that also implements one of these interfaces hears the extra events; one that does not is
 // called exactly as before. The engine reaches them only through the notify helpers below.
 
-// Direction says which side of a transfer an engine plays.
-type Direction int
-
-// The two directions.
-const (
-	// DirectionSend: the engine gathers the blocks and sends them (prefill).
-	DirectionSend Direction = iota
-	// DirectionReceive: the engine receives the blocks and scatters them (decode).
-	DirectionReceive
-)
-
-// String names the direction as metrics label it: "send" or "receive".
-func (d Direction) String() string {
-	if d == DirectionReceive {
-		return "receive"
-	}
-	return "send"
-}
-
 // StartInfo describes a request the engine has just accepted.
 type StartInfo struct {
 	// ID is the request id.
 	ID RequestID
-	// Direction is Send for Engine.Send, Receive for Engine.Receive.
-	Direction Direction
+	// Receive is true for Engine.Receive (the decode side), false for Engine.Send and
+	// Engine.Expose (the prefill side).
+	Receive bool
 	// Peers names the peer of every sub-transfer, in sub-transfer order.
 	Peers []Peer
 	// Bytes is the stream size over all sub-transfers.
 	Bytes int64
 }
 
-// StartObserver is an optional extension of Observer: it hears every request the engine
+// startObserver is an optional extension of Observer: it hears every request the engine
 // accepts, before any transition of that request is reported, so it can tell a transfer's
 // direction, peers and size, and time it from acceptance. Same rules as Observer: it hears
 // events on the engine's observer goroutine, in order, and should be fast.
-type StartObserver interface {
+type startObserver interface {
 	OnStart(info StartInfo)
 }
 
-// PeerObserver is an optional extension of Observer: it hears about peers coming and going.
+// peerObserver is an optional extension of Observer: it hears about peers coming and going.
 // Same rules as Observer.
-type PeerObserver interface {
+type peerObserver interface {
 	// OnPeerConnected reports that the transport reached peer (a new or re-established
 	// connection). The engine reports it when its transport does.
 	OnPeerConnected(peer Peer)
@@ -88,9 +70,9 @@ func (r HelloRefusal) String() string {
 	return "unknown"
 }
 
-// TrustObserver is an optional extension of Observer: it hears each message of a peer's hello
+// trustObserver is an optional extension of Observer: it hears each message of a peer's hello
 // handshake that the engine refused. Same rules as Observer.
-type TrustObserver interface {
+type trustObserver interface {
 	// OnHelloRefused reports a proof that did not answer a challenge of this engine's.
 	OnHelloRefused(peer Peer, reason HelloRefusal)
 	// OnAuthRefused reports a hello, challenge or proof, or ContextParams given to
@@ -104,38 +86,35 @@ func notifyStart(o Observer, h *Handle, receive bool) {
 	if q, ok := o.(*observerQueue); ok && !q.start {
 		return
 	}
-	if s, ok := o.(StartObserver); ok {
+	if s, ok := o.(startObserver); ok {
 		s.OnStart(startInfo(h, receive))
 	}
 }
 
 // notifyPeerLost tells o about a lost peer if it listens for peers.
 func notifyPeerLost(o Observer, peer Peer, err error) {
-	if p, ok := o.(PeerObserver); ok {
+	if p, ok := o.(peerObserver); ok {
 		p.OnPeerLost(peer, err)
 	}
 }
 
 // notifyHelloRefused tells o about a refused hello proof if it listens for them.
 func notifyHelloRefused(o Observer, peer Peer, reason HelloRefusal) {
-	if p, ok := o.(TrustObserver); ok {
+	if p, ok := o.(trustObserver); ok {
 		p.OnHelloRefused(peer, reason)
 	}
 }
 
 // notifyAuthRefused tells o about an unauthenticated message if it listens for them.
 func notifyAuthRefused(o Observer, err *AuthError) {
-	if p, ok := o.(TrustObserver); ok {
+	if p, ok := o.(trustObserver); ok {
 		p.OnAuthRefused(err)
 	}
 }
 
 // startInfo describes h, whose subs are set, for notifyStart.
 func startInfo(h *Handle, receive bool) StartInfo {
-	info := StartInfo{ID: h.id, Direction: DirectionSend, Peers: make([]Peer, len(h.subs)), Bytes: h.total.Load()}
-	if receive {
-		info.Direction = DirectionReceive
-	}
+	info := StartInfo{ID: h.id, Receive: receive, Peers: make([]Peer, len(h.subs)), Bytes: h.total.Load()}
 	for i, x := range h.subs {
 		info.Peers[i] = x.peer
 	}
@@ -146,7 +125,7 @@ var _ transport.PeerConnectReporter = inbound{}
 
 // OnPeerConnected passes the transport's report on to the observer.
 func (in inbound) OnPeerConnected(peer Peer) {
-	if p, ok := in.e.obs.(PeerObserver); ok {
+	if p, ok := in.e.obs.(peerObserver); ok {
 		p.OnPeerConnected(peer)
 	}
 }

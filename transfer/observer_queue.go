@@ -19,15 +19,15 @@ import (
 type observerQueue struct {
 	user  Observer
 	q     queue.Queue[func()]
-	start bool // user is a StartObserver
-	peers bool // user is a PeerObserver
-	trust bool // user is a TrustObserver
+	start bool // user is a startObserver
+	peers bool // user is a peerObserver
+	trust bool // user is a trustObserver
 }
 
 func newObserverQueue(user Observer) *observerQueue {
-	_, start := user.(StartObserver)
-	_, peers := user.(PeerObserver)
-	_, trust := user.(TrustObserver)
+	_, start := user.(startObserver)
+	_, peers := user.(peerObserver)
+	_, trust := user.(trustObserver)
 	return &observerQueue{user: user, start: start, peers: peers, trust: trust}
 }
 
@@ -91,37 +91,37 @@ func (o *observerQueue) OnProgress(id RequestID, bytes int64, at time.Time) {
 	o.push(func() { o.user.OnProgress(id, bytes, at) })
 }
 
-// OnStart implements StartObserver for a user that is one.
+// OnStart implements startObserver for a user that is one.
 func (o *observerQueue) OnStart(info StartInfo) {
 	if o.start {
-		o.push(func() { o.user.(StartObserver).OnStart(info) })
+		o.push(func() { o.user.(startObserver).OnStart(info) })
 	}
 }
 
-// OnPeerConnected implements PeerObserver for a user that is one.
+// OnPeerConnected implements peerObserver for a user that is one.
 func (o *observerQueue) OnPeerConnected(peer Peer) {
 	if o.peers {
-		o.push(func() { o.user.(PeerObserver).OnPeerConnected(peer) })
+		o.push(func() { o.user.(peerObserver).OnPeerConnected(peer) })
 	}
 }
 
-// OnPeerLost implements PeerObserver for a user that is one.
+// OnPeerLost implements peerObserver for a user that is one.
 func (o *observerQueue) OnPeerLost(peer Peer, err error) {
 	if o.peers {
-		o.push(func() { o.user.(PeerObserver).OnPeerLost(peer, err) })
+		o.push(func() { o.user.(peerObserver).OnPeerLost(peer, err) })
 	}
 }
 
-// OnHelloRefused implements TrustObserver for a user that is one.
+// OnHelloRefused implements trustObserver for a user that is one.
 func (o *observerQueue) OnHelloRefused(peer Peer, reason HelloRefusal) {
 	if o.trust {
-		o.push(func() { o.user.(TrustObserver).OnHelloRefused(peer, reason) })
+		o.push(func() { o.user.(trustObserver).OnHelloRefused(peer, reason) })
 	}
 }
 
-// OnAuthRefused implements TrustObserver for a user that is one.
+// OnAuthRefused implements trustObserver for a user that is one.
 func (o *observerQueue) OnAuthRefused(err *AuthError) {
 	if o.trust {
-		o.push(func() { o.user.(TrustObserver).OnAuthRefused(err) })
+		o.push(func() { o.user.(trustObserver).OnAuthRefused(err) })
 	}
 }

@@ -15,7 +15,7 @@ import (
 // blockingObserver blocks its first OnTransition until released, and records every
 // transition it hears, by handle.
 type blockingObserver struct {
-	NopObserver
+	nopObserver
 	entered, release chan struct{}
 	once             sync.Once
 	mu               sync.Mutex
@@ -99,7 +99,7 @@ func TestCancelReturnsWhileTheObserverBlocks(t *testing.T) {
 
 // slowObserver takes 300 ms over every OnTransition while slow is set.
 type slowObserver struct {
-	NopObserver
+	nopObserver
 	slow atomic.Bool
 }
 

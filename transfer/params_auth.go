@@ -30,7 +30,7 @@ func (e *Engine) SignParams(p SealableParams) error {
 // VerifyParams checks, before a Receive uses them, that p was signed by a cluster key of this
 // engine's: params unsigned, signed by a key it does not hold, or changed since they were
 // signed are refused with an *AuthError (matching ErrUnauthenticated) and counted
-// (TrustObserver.OnAuthRefused; kvxfer_auth_refused_total{what="params"}). Without keys it
+// (an Observer's OnAuthRefused; kvxfer_auth_refused_total{what="params"}). Without keys it
 // checks nothing and returns nil, as an engine without keys reads sealed hellos.
 func (e *Engine) VerifyParams(p SealableParams) error {
 	if len(e.cfg.ClusterKeys) == 0 {

@@ -41,7 +41,7 @@ func (x *xfer) startDirect(p path) bool {
 	if !x.admit() {
 		return false
 	}
-	if !x.apply(EvAdvertise, nil) {
+	if !x.apply(evAdvertise, nil) {
 		return false
 	}
 	x.qcancel() // as lease: starting is no sign of progress (L12)

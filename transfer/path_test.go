@@ -44,7 +44,7 @@ func TestPath_SeesOnlyFinalQuiescentSuccesses(t *testing.T) {
 			net := mem.NewNetwork()
 			tr := net.Transport("self")
 			t.Cleanup(func() { _ = tr.Close(true) })
-			eng := &Engine{cfg: fastConfig(), tr: tr, log: zap.NewNop(), obs: NopObserver{}}
+			eng := &Engine{cfg: fastConfig(), tr: tr, log: zap.NewNop(), obs: nopObserver{}}
 			p := &recordingPath{}
 			x := &xfer{h: &Handle{id: 7, eng: eng}, eng: eng, peer: "peer", path: p, aborting: tc.aborting}
 			rec, other := &opRec{id: 1, seq: 0}, &opRec{id: 2, seq: 1}

@@ -54,31 +54,33 @@ func (s State) Terminal() bool { return s == Completed || s == Failed || s == Ca
 // active reports whether a transfer in s holds (or is about to hold) transport resources.
 func (s State) active() bool { return s == Advertised || s == InFlight }
 
-// Event is what happened to a transfer; the table says where it moves it.
+// Event is what happened to a transfer; the table says where it moves it. An Observer hears
+// it with each transition; String names it: advertise, progress, complete, cancel-queued,
+// fail, cancel-quiescent, quarantine, resolve-failed or resolve-cancelled.
 type Event int32
 
 // The lifecycle events.
 const (
-	// EvAdvertise: a slot was leased and the transfer is about to post or request.
-	EvAdvertise Event = iota
-	// EvProgress: a chunk moved.
-	EvProgress
-	// EvComplete: every byte moved and every operation is done with the memory.
-	EvComplete
-	// EvCancelQueued: the caller cancelled before anything was posted.
-	EvCancelQueued
-	// EvFail: the transfer failed and no operation can touch its memory any more.
-	EvFail
-	// EvCancelQuiescent: a cancel in flight took effect and the memory is quiescent.
-	EvCancelQuiescent
-	// EvQuarantine: the transfer failed or was cancelled while operations may still touch
+	// evAdvertise: a slot was leased and the transfer is about to post or request.
+	evAdvertise Event = iota
+	// evProgress: a chunk moved.
+	evProgress
+	// evComplete: every byte moved and every operation is done with the memory.
+	evComplete
+	// evCancelQueued: the caller cancelled before anything was posted.
+	evCancelQueued
+	// evFail: the transfer failed and no operation can touch its memory any more.
+	evFail
+	// evCancelQuiescent: a cancel in flight took effect and the memory is quiescent.
+	evCancelQuiescent
+	// evQuarantine: the transfer failed or was cancelled while operations may still touch
 	// its memory.
-	EvQuarantine
-	// EvResolveFailed: a quarantined failure's memory is quiescent now (operations done, or
+	evQuarantine
+	// evResolveFailed: a quarantined failure's memory is quiescent now (operations done, or
 	// their slots poisoned).
-	EvResolveFailed
-	// EvResolveCancelled: a quarantined cancel's memory is quiescent now.
-	EvResolveCancelled
+	evResolveFailed
+	// evResolveCancelled: a quarantined cancel's memory is quiescent now.
+	evResolveCancelled
 	numEvents
 )
 
@@ -106,18 +108,18 @@ var transitions = func() (t [numStates][numEvents]rule) {
 	allow := func(from State, ev Event, to State, done, quiet bool) {
 		t[from][ev] = rule{ok: true, next: to, closesDone: done, quiesces: quiet}
 	}
-	allow(Queued, EvAdvertise, Advertised, false, false)
-	allow(Queued, EvCancelQueued, Cancelled, true, true)
-	allow(Queued, EvFail, Failed, true, true)
+	allow(Queued, evAdvertise, Advertised, false, false)
+	allow(Queued, evCancelQueued, Cancelled, true, true)
+	allow(Queued, evFail, Failed, true, true)
 	for _, s := range []State{Advertised, InFlight} {
-		allow(s, EvProgress, InFlight, false, false)
-		allow(s, EvComplete, Completed, true, true)
-		allow(s, EvFail, Failed, true, true)
-		allow(s, EvCancelQuiescent, Cancelled, true, true)
-		allow(s, EvQuarantine, Quarantined, true, false)
+		allow(s, evProgress, InFlight, false, false)
+		allow(s, evComplete, Completed, true, true)
+		allow(s, evFail, Failed, true, true)
+		allow(s, evCancelQuiescent, Cancelled, true, true)
+		allow(s, evQuarantine, Quarantined, true, false)
 	}
-	allow(Quarantined, EvResolveFailed, Failed, false, true)
-	allow(Quarantined, EvResolveCancelled, Cancelled, false, true)
+	allow(Quarantined, evResolveFailed, Failed, false, true)
+	allow(Quarantined, evResolveCancelled, Cancelled, false, true)
 	return t
 }()
 

@@ -77,7 +77,7 @@ func testTablePaths(t *testing.T) {
 // the move is the table's, it starts where the last one for that handle or sub-transfer
 // ended, and nothing leaves a terminal state.
 type tableObserver struct {
-	NopObserver
+	nopObserver
 	name string
 	mu   sync.Mutex
 	at   map[[2]int64]State // (request, sub) -> state after the last move
@@ -380,9 +380,9 @@ func testEngineFollowsTheTable(t *testing.T) {
 		from State
 		ev   Event
 	}{
-		{Queued, EvAdvertise}, {Queued, EvCancelQueued}, {Queued, EvFail}, {Advertised, EvProgress},
-		{InFlight, EvComplete}, {InFlight, EvFail}, {Advertised, EvCancelQuiescent}, {InFlight, EvQuarantine},
-		{Advertised, EvQuarantine}, {Quarantined, EvResolveFailed}, {Quarantined, EvResolveCancelled},
+		{Queued, evAdvertise}, {Queued, evCancelQueued}, {Queued, evFail}, {Advertised, evProgress},
+		{InFlight, evComplete}, {InFlight, evFail}, {Advertised, evCancelQuiescent}, {InFlight, evQuarantine},
+		{Advertised, evQuarantine}, {Quarantined, evResolveFailed}, {Quarantined, evResolveCancelled},
 	} {
 		if !seen[[2]int32{int32(m.from), int32(m.ev)}] {
 			missing = append(missing, fmt.Sprintf("%v --%v-->", m.from, m.ev))
@@ -400,14 +400,14 @@ func TestApplyRefusesWhatTheTableDoesNotAllow(t *testing.T) {
 		ok   bool
 		to   State
 	}{
-		{"advertise a queued transfer", Queued, EvAdvertise, true, Advertised},
-		{"progress before advertise", Queued, EvProgress, false, Queued},
-		{"complete a queued transfer", Queued, EvComplete, false, Queued},
-		{"complete in flight", InFlight, EvComplete, true, Completed},
-		{"fail after completion", Completed, EvFail, false, Completed},
-		{"cancel-queued in flight", InFlight, EvCancelQueued, false, InFlight},
-		{"resolve a quarantined cancel", Quarantined, EvResolveCancelled, true, Cancelled},
-		{"complete a quarantined transfer", Quarantined, EvComplete, false, Quarantined},
+		{"advertise a queued transfer", Queued, evAdvertise, true, Advertised},
+		{"progress before advertise", Queued, evProgress, false, Queued},
+		{"complete a queued transfer", Queued, evComplete, false, Queued},
+		{"complete in flight", InFlight, evComplete, true, Completed},
+		{"fail after completion", Completed, evFail, false, Completed},
+		{"cancel-queued in flight", InFlight, evCancelQueued, false, InFlight},
+		{"resolve a quarantined cancel", Quarantined, evResolveCancelled, true, Cancelled},
+		{"complete a quarantined transfer", Quarantined, evComplete, false, Quarantined},
 		{"unknown event", Queued, numEvents, false, Queued},
 	}
 	for _, c := range cases {

@@ -190,7 +190,7 @@ func (x *xfer) log() *zap.Logger {
 
 // apply moves this sub-transfer through the table under the handle's lock.
 func (x *xfer) apply(ev Event, cause error) bool {
-	if ev != EvAdvertise && ev != EvProgress {
+	if ev != evAdvertise && ev != evProgress {
 		x.endOneHop() // onehop.go: before the blocks can be reported quiescent
 	}
 	x.h.mu.Lock()
@@ -294,9 +294,9 @@ func (x *xfer) run() {
 // queuedExit ends a transfer that never left Queued.
 func (x *xfer) queuedExit(cause error) {
 	x.queuedCause = cause
-	ev := EvFail
+	ev := evFail
 	if errors.Is(cause, ErrCancelled) {
-		ev = EvCancelQueued
+		ev = evCancelQueued
 	}
 	x.apply(ev, cause)
 }
@@ -361,7 +361,7 @@ func (x *xfer) lease(p path) (*buffer.Slot, bool) {
 		x.queuedExit(err)
 		return nil, false
 	}
-	if !x.apply(EvAdvertise, nil) { // cancelled while we waited
+	if !x.apply(evAdvertise, nil) { // cancelled while we waited
 		releaseSlot(slot)
 		return nil, false
 	}
@@ -519,7 +519,7 @@ func (x *xfer) progress(n int64) {
 	now := time.Now()
 	x.eng.stallFrom.Store(now.UnixNano())
 	if x.m.load() == Advertised {
-		x.apply(EvProgress, nil)
+		x.apply(evProgress, nil)
 	}
 	x.eng.obs.OnProgress(x.h.id, n, now)
 }

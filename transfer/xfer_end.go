@@ -139,7 +139,7 @@ func (x *xfer) quarantine() {
 	x.quarantined = true
 	x.timers.grace = time.Time{}
 	x.sendHeldAbort() // the operations did not end in the grace: the sender must know anyway
-	x.apply(EvQuarantine, x.cause)
+	x.apply(evQuarantine, x.cause)
 	x.eng.obs.OnQuarantine(x.h.id, x.sub, x.cause)
 	x.log().Warn("transfer quarantined", zap.Error(x.cause), zap.Int("outstanding", x.outstanding))
 	x.timers.quarantine = time.Now().Add(x.eng.cfg.Tuning.QuarantineTimeout)
@@ -191,13 +191,13 @@ func (x *xfer) maybeResolve() {
 	cancelled := errors.Is(x.cause, ErrCancelled)
 	switch {
 	case x.quarantined && cancelled:
-		x.finish(EvResolveCancelled, nil)
+		x.finish(evResolveCancelled, nil)
 	case x.quarantined:
-		x.finish(EvResolveFailed, nil)
+		x.finish(evResolveFailed, nil)
 	case cancelled:
-		x.finish(EvCancelQuiescent, x.cause)
+		x.finish(evCancelQuiescent, x.cause)
 	default:
-		x.finish(EvFail, x.cause)
+		x.finish(evFail, x.cause)
 	}
 }
 

@@ -52,7 +52,7 @@ func (x *xfer) receivedAll() {
 	}
 	x.layersReady.Store(x.plan.Selection().Layers())
 	_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.Done{Header: x.head(), Bytes: x.plan.Bytes()}))
-	x.finish(EvComplete, nil)
+	x.finish(evComplete, nil)
 }
 
 // markReceived advances the scattered prefix of a streaming Receive and publishes the layers

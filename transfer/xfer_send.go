@@ -275,6 +275,6 @@ func (x *xfer) sentChunk(rec *opRec) {
 // maybeSent completes the sending side once every chunk left and the receiver confirmed.
 func (x *xfer) maybeSent() {
 	if x.moved == x.nChunks && x.doneMsg && !x.ended {
-		x.finish(EvComplete, nil)
+		x.finish(evComplete, nil)
 	}
 }

@@ -213,12 +213,15 @@ func (n *node) OnPoison(_ transfer.RequestID, slot int, _ string) {
 	n.slot.markPoisoned(slot)
 }
 
-var _ transfer.PeerObserver = (*node)(nil)
+var _ interface {
+	OnPeerConnected(transfer.Peer)
+	OnPeerLost(transfer.Peer, error)
+} = (*node)(nil) // transfer.Observer's optional peer methods
 
-// OnPeerConnected implements transfer.PeerObserver.
+// OnPeerConnected implements transfer.Observer's optional method.
 func (n *node) OnPeerConnected(transfer.Peer) {}
 
-// OnPeerLost implements transfer.PeerObserver: peerLost's waiters hear of it.
+// OnPeerLost implements transfer.Observer's optional method: peerLost's waiters hear of it.
 func (n *node) OnPeerLost(peer transfer.Peer, _ error) {
 	ch := n.lostChan(peer)
 	n.lostMu.Lock()

@@ -24,20 +24,20 @@ func BenchmarkMetrics_Transfer(b *testing.B) {
 		b.Fatal(err)
 	}
 	obs := observe.Multi(m, observe.NewLogObserver(zap.NewNop()))
-	start := obs.(transfer.StartObserver)
+	start := obs.(observe.StartObserver)
 	now := time.Now()
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		id := transfer.RequestID(time.Now().UnixNano())
 		for pb.Next() {
 			id++
-			start.OnStart(transfer.StartInfo{ID: id, Direction: transfer.DirectionReceive, Bytes: 4 << 20})
-			obs.OnTransition(id, -1, transfer.Queued, transfer.Advertised, transfer.EvAdvertise)
+			start.OnStart(transfer.StartInfo{ID: id, Receive: true, Bytes: 4 << 20})
+			obs.OnTransition(id, -1, transfer.Queued, transfer.Advertised, anEvent)
 			for range 4 {
 				obs.OnProgress(id, 1<<20, now)
 			}
-			obs.OnTransition(id, -1, transfer.Advertised, transfer.InFlight, transfer.EvProgress)
-			obs.OnTransition(id, -1, transfer.InFlight, transfer.Completed, transfer.EvComplete)
+			obs.OnTransition(id, -1, transfer.Advertised, transfer.InFlight, anEvent)
+			obs.OnTransition(id, -1, transfer.InFlight, transfer.Completed, anEvent)
 		}
 	})
 }

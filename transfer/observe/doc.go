@@ -6,7 +6,7 @@
 //
 // Everything here hangs off two seams of package transfer: the transfer.Observer the engine
 // calls on every transition, cancel, quarantine, poison and chunk (plus the optional
-// transfer.StartObserver and transfer.PeerObserver), and Engine.Health, which never blocks.
+// methods its documentation lists: OnStart, OnPeerLost, ...), and Engine.Health, which never blocks.
 // Nothing is global: metrics are registered on the prometheus.Registerer the caller passes,
 // and logs go to the *zap.Logger the caller passes.
 //

@@ -159,3 +159,18 @@ func eventually(t *testing.T, bound time.Duration, cond func() bool, msg string,
 	t.Helper()
 	require.Eventually(t, cond, bound, 5*time.Millisecond, append([]any{msg}, args...)...)
 }
+
+// nopObserver ignores every event; a test's observer embeds it and adds the methods it needs.
+type nopObserver struct{}
+
+func (nopObserver) OnTransition(transfer.RequestID, int, transfer.State, transfer.State, transfer.Event) {
+}
+func (nopObserver) OnCancel(transfer.RequestID, transfer.CancelOutcome) {}
+func (nopObserver) OnQuarantine(transfer.RequestID, int, error)         {}
+func (nopObserver) OnPoison(transfer.RequestID, int, string)            {}
+func (nopObserver) OnProgress(transfer.RequestID, int64, time.Time)     {}
+
+// anEvent is the event the tests that call an observer directly pass with each transition:
+// the observers under test count states, not events (the engine's own tests check which event
+// moved a transfer where), and Multi passes it on unread.
+var anEvent transfer.Event

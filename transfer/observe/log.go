@@ -20,10 +20,10 @@ type logObserver struct {
 }
 
 var (
-	_ transfer.Observer      = (*logObserver)(nil)
-	_ transfer.StartObserver = (*logObserver)(nil)
-	_ transfer.PeerObserver  = (*logObserver)(nil)
-	_ transfer.TrustObserver = (*logObserver)(nil)
+	_ transfer.Observer = (*logObserver)(nil)
+	_ startObserver     = (*logObserver)(nil)
+	_ peerObserver      = (*logObserver)(nil)
+	_ trustObserver     = (*logObserver)(nil)
 )
 
 // NewLogObserver returns an observer that logs the engine's lifecycle through an injected
@@ -44,8 +44,8 @@ var (
 // tell its lines apart. Use one per engine: it remembers
 // requests by id, and two engines of one process may both serve a request id.
 //
-// Besides transfer.Observer it implements transfer.StartObserver, PeerObserver and
-// TrustObserver, which Multi and the engine find by type assertion.
+// Besides transfer.Observer's methods it has all its optional ones (OnStart, OnPeerConnected,
+// OnPeerLost, OnHelloRefused, OnAuthRefused), which Multi and the engine find by type assertion.
 func NewLogObserver(log *zap.Logger) transfer.Observer {
 	if log == nil {
 		log = zap.NewNop()
@@ -77,7 +77,7 @@ func (l *logObserver) requestFields(id transfer.RequestID, sub int) []zap.Field 
 	} else {
 		fields = append(fields, zap.Strings("peers", peerStrings(info.Peers)))
 	}
-	return append(fields, zap.Stringer("direction", info.Direction), zap.Int64("bytes", info.Bytes))
+	return append(fields, zap.String("direction", direction(info)), zap.Int64("bytes", info.Bytes))
 }
 
 func peerStrings(peers []transfer.Peer) []string {
@@ -90,11 +90,11 @@ func peerStrings(peers []transfer.Peer) []string {
 
 func requestField(id transfer.RequestID) zap.Field { return zap.Uint64("request", uint64(id)) }
 
-// OnStart implements transfer.StartObserver.
+// OnStart implements transfer.Observer's optional method.
 func (l *logObserver) OnStart(info transfer.StartInfo) {
 	l.remember(info)
 	if ce := l.log.Check(zap.DebugLevel, "transfer accepted"); ce != nil {
-		ce.Write(requestField(info.ID), zap.Stringer("direction", info.Direction),
+		ce.Write(requestField(info.ID), zap.String("direction", direction(info)),
 			zap.Strings("peers", peerStrings(info.Peers)), zap.Int64("bytes", info.Bytes))
 	}
 }
@@ -134,22 +134,22 @@ func (l *logObserver) OnPoison(id transfer.RequestID, slot int, reason string) {
 // OnProgress implements transfer.Observer; it logs nothing (see NewLogObserver).
 func (l *logObserver) OnProgress(transfer.RequestID, int64, time.Time) {}
 
-// OnPeerConnected implements transfer.PeerObserver.
+// OnPeerConnected implements transfer.Observer's optional method.
 func (l *logObserver) OnPeerConnected(peer transfer.Peer) {
 	l.log.Debug("peer connected", zap.String("peer", peer.Short()))
 }
 
-// OnPeerLost implements transfer.PeerObserver.
+// OnPeerLost implements transfer.Observer's optional method.
 func (l *logObserver) OnPeerLost(peer transfer.Peer, err error) {
 	l.log.Warn("peer lost", zap.String("peer", peer.Short()), zap.NamedError("reason", err))
 }
 
-// OnHelloRefused implements transfer.TrustObserver.
+// OnHelloRefused implements transfer.Observer's optional method.
 func (l *logObserver) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) {
 	l.log.Warn("hello proof refused", zap.String("peer", peer.Short()), zap.Stringer("reason", reason))
 }
 
-// OnAuthRefused implements transfer.TrustObserver.
+// OnAuthRefused implements transfer.Observer's optional method.
 func (l *logObserver) OnAuthRefused(err *transfer.AuthError) {
 	l.log.Warn("unauthenticated peer message refused", zap.String("peer", err.Peer.Short()), zap.String("what", err.What),
 		zap.Stringer("reason", err.Reason))

@@ -108,7 +108,7 @@ func TestLogObserver_QuarantineAndPoisonWarnWithReason(t *testing.T) {
 func TestLogObserver_PeersAndNilLogger(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	obs := observe.NewLogObserver(zap.New(core))
-	l, ok := obs.(transfer.PeerObserver)
+	l, ok := obs.(observe.PeerObserver)
 	require.True(t, ok, "the log observer hears of peers")
 	obs.OnProgress(1, 10, time.Now())
 	l.OnPeerConnected("10.0.0.2:7000")
@@ -122,7 +122,7 @@ func TestLogObserver_PeersAndNilLogger(t *testing.T) {
 
 	quiet := observe.NewLogObserver(nil) // must not panic
 	quiet.OnPoison(1, 2, "x")
-	quiet.(transfer.StartObserver).OnStart(transfer.StartInfo{ID: 1})
+	quiet.(observe.StartObserver).OnStart(transfer.StartInfo{ID: 1})
 }
 
 // Every line the log observer writes names a peer by its short name (transport.Peer.Short),
@@ -131,10 +131,10 @@ func TestLogObserver_PeersAreShortInEveryLine(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	obs := observe.NewLogObserver(zap.New(core))
 	long := transfer.Peer(strings.Repeat("0a1b2c3d", 50)) // 400 hex digits, as a UCX worker address
-	obs.(transfer.StartObserver).OnStart(transfer.StartInfo{ID: 7, Direction: transfer.DirectionReceive, Peers: []transfer.Peer{long, long + "ff"}, Bytes: 1})
+	obs.(observe.StartObserver).OnStart(transfer.StartInfo{ID: 7, Receive: true, Peers: []transfer.Peer{long, long + "ff"}, Bytes: 1})
 	obs.OnQuarantine(7, 0, transfer.ErrPeerLost)
 	obs.OnPoison(7, 3, "x")
-	obs.(transfer.PeerObserver).OnPeerLost(long, transfer.ErrPeerLost)
+	obs.(observe.PeerObserver).OnPeerLost(long, transfer.ErrPeerLost)
 	all := logs.AllUntimed()
 	require.Len(t, all, 4)
 	for _, e := range all {

@@ -13,12 +13,20 @@ import (
 )
 
 // Label values of the direction label. A transfer whose start the engine did not report (an
-// engine without transfer.StartObserver support) is labelled "unknown".
+// OnStart this observer never heard) is labelled "unknown".
 const (
 	directionSend    = "send"
 	directionReceive = "receive"
 	directionUnknown = "unknown"
 )
+
+// direction is the label value of a request the engine reported started.
+func direction(info transfer.StartInfo) string {
+	if info.Receive {
+		return directionReceive
+	}
+	return directionSend
+}
 
 // defaultDurationBuckets are the transfer duration histogram's buckets: 0.5 ms doubling to
 // about 33 s, so both a single-block handover on shared memory and a long prompt near the
@@ -47,7 +55,7 @@ type MetricsConfig struct {
 	MaxTracked int
 }
 
-// Metrics is a transfer.Observer (and transfer.StartObserver, transfer.PeerObserver) that
+// Metrics is a transfer.Observer, with its optional methods, that
 // keeps Prometheus series of an engine's transfers. CollectHealth adds the gauges read from
 // Engine.Health at scrape time. Safe for concurrent use.
 //
@@ -90,10 +98,10 @@ type tracked struct {
 }
 
 var (
-	_ transfer.Observer      = (*Metrics)(nil)
-	_ transfer.StartObserver = (*Metrics)(nil)
-	_ transfer.PeerObserver  = (*Metrics)(nil)
-	_ transfer.TrustObserver = (*Metrics)(nil)
+	_ transfer.Observer = (*Metrics)(nil)
+	_ startObserver     = (*Metrics)(nil)
+	_ peerObserver      = (*Metrics)(nil)
+	_ trustObserver     = (*Metrics)(nil)
 )
 
 // NewMetrics validates cfg, creates the series and registers them on cfg.Registerer.
@@ -187,13 +195,10 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 	return m, nil
 }
 
-// OnStart implements transfer.StartObserver: it remembers the request's direction and the
-// moment it was accepted.
+// OnStart implements transfer.Observer's optional method: it remembers the request's
+// direction and the moment it was accepted.
 func (m *Metrics) OnStart(info transfer.StartInfo) {
-	dir := directionSend
-	if info.Direction == transfer.DirectionReceive {
-		dir = directionReceive
-	}
+	dir := direction(info)
 	m.mu.Lock()
 	if len(m.live) < m.maxTracked {
 		m.live[info.ID] = tracked{direction: dir, bytes: m.bytes.WithLabelValues(dir), start: time.Now()}
@@ -227,7 +232,7 @@ func (m *Metrics) OnTransition(id transfer.RequestID, sub int, from, to transfer
 }
 
 // trackLate starts timing a request whose start the engine did not report, from its first
-// transition: the best an engine without StartObserver support allows.
+// transition: the best a transfer whose OnStart this observer missed allows.
 func (m *Metrics) trackLate(id transfer.RequestID) {
 	m.mu.Lock()
 	if _, ok := m.live[id]; !ok && len(m.live) < m.maxTracked {
@@ -261,18 +266,18 @@ func (m *Metrics) OnQuarantine(transfer.RequestID, int, error) { m.quarantines.I
 // comes back, so the gauge is also the running total.
 func (m *Metrics) OnPoison(transfer.RequestID, int, string) {}
 
-// OnPeerConnected implements transfer.PeerObserver.
+// OnPeerConnected implements transfer.Observer's optional method.
 func (m *Metrics) OnPeerConnected(transfer.Peer) { m.peerConnects.Inc() }
 
-// OnPeerLost implements transfer.PeerObserver.
+// OnPeerLost implements transfer.Observer's optional method.
 func (m *Metrics) OnPeerLost(transfer.Peer, error) { m.peerFailures.Inc() }
 
-// OnAuthRefused implements transfer.TrustObserver: it counts the refusal by message and reason.
+// OnAuthRefused implements transfer.Observer's optional method: it counts the refusal by message and reason.
 func (m *Metrics) OnAuthRefused(err *transfer.AuthError) {
 	m.authRefused.WithLabelValues(err.What, err.Reason.String()).Inc()
 }
 
-// OnHelloRefused implements transfer.TrustObserver: it counts the refusal by reason.
+// OnHelloRefused implements transfer.Observer's optional method: it counts the refusal by reason.
 func (m *Metrics) OnHelloRefused(_ transfer.Peer, reason transfer.HelloRefusal) {
 	m.helloRefused.WithLabelValues(reason.String()).Inc()
 }

@@ -157,19 +157,19 @@ func TestMetrics_ObserverEventsByHand(t *testing.T) {
 			m, err := observe.NewMetrics(observe.MetricsConfig{Registerer: reg, MaxTracked: c.maxTrack})
 			require.NoError(t, err)
 			if c.maxTrack == 1 {
-				m.OnStart(transfer.StartInfo{ID: 99, Direction: transfer.DirectionSend}) // fills the table
+				m.OnStart(transfer.StartInfo{ID: 99, Receive: false}) // fills the table
 			}
 			if c.start {
-				m.OnStart(transfer.StartInfo{ID: 7, Direction: transfer.DirectionReceive, Peers: []transfer.Peer{"a"}, Bytes: 300})
+				m.OnStart(transfer.StartInfo{ID: 7, Receive: true, Peers: []transfer.Peer{"a"}, Bytes: 300})
 			}
-			m.OnTransition(7, -1, transfer.Queued, transfer.Advertised, transfer.EvAdvertise)
-			m.OnTransition(7, 0, transfer.Advertised, transfer.InFlight, transfer.EvProgress) // sub: ignored
+			m.OnTransition(7, -1, transfer.Queued, transfer.Advertised, anEvent)
+			m.OnTransition(7, 0, transfer.Advertised, transfer.InFlight, anEvent) // sub: ignored
 			m.OnProgress(7, 100, time.Now())
 			m.OnProgress(7, 200, time.Now())
 			m.OnQuarantine(7, 0, errors.New("deadline"))
-			m.OnTransition(7, -1, transfer.InFlight, transfer.Quarantined, transfer.EvQuarantine)
+			m.OnTransition(7, -1, transfer.InFlight, transfer.Quarantined, anEvent)
 			// Leaving quarantine is not a second outcome.
-			m.OnTransition(7, -1, transfer.Quarantined, transfer.Failed, transfer.EvResolveFailed)
+			m.OnTransition(7, -1, transfer.Quarantined, transfer.Failed, anEvent)
 			m.OnPeerConnected("a")
 			m.OnPeerConnected("a")
 			m.OnPeerLost("a", errors.New("gone"))
@@ -225,7 +225,7 @@ func TestMetrics_HealthGaugesReadAtScrape(t *testing.T) {
 }
 
 // TestMetrics_PeerFailuresFromTheEngine: a peer the transport loses reaches the Metrics through
-// the engine's PeerObserver hook.
+// the engine's OnPeerLost call.
 func TestMetrics_PeerFailuresFromTheEngine(t *testing.T) {
 	p := newPair(t, smallConfig(), nil)
 	require.Zero(t, value(t, p.reg, "kvxfer_peer_failures_total", map[string]string{"engine": "prefill"}))
@@ -239,7 +239,7 @@ func TestMetrics_PeerFailuresFromTheEngine(t *testing.T) {
 
 // lostPeers records, in order, the peers an engine reported lost to its observer.
 type lostPeers struct {
-	transfer.NopObserver
+	nopObserver
 	mu    sync.Mutex
 	peers []transfer.Peer
 }
@@ -269,7 +269,7 @@ func TestMetrics_OneDeadPeerCountsOnce(t *testing.T) {
 		if engine == "prefill" {
 			return rec
 		}
-		return transfer.NopObserver{}
+		return nopObserver{}
 	})
 	prefill := p.net.Endpoint("prefill")
 	lost := fmt.Errorf("%w: test: endpoint failed", transfer.ErrPeerLost)
@@ -295,7 +295,7 @@ func TestMetrics_OneDeadPeerCountsOnce(t *testing.T) {
 
 // TestMetrics_HelloRefusalsFromTheEngine: every refusal reason has its series from the start,
 // and a hello proof the engine never asked for (forged "from" a peer) is counted under its
-// reason through the engine's TrustObserver hook.
+// reason through the engine's OnHelloRefused or OnAuthRefused call.
 func TestMetrics_HelloRefusalsFromTheEngine(t *testing.T) {
 	p := newPair(t, smallConfig(), nil)
 	prefill := map[string]string{"engine": "prefill"}
@@ -312,7 +312,7 @@ func TestMetrics_HelloRefusalsFromTheEngine(t *testing.T) {
 
 // TestMetrics_AuthRefusalsFromTheEngine: every message and reason has its series from the start,
 // and a hello that no cluster key sealed, sent to an engine with keys, is counted under
-// hello/unsealed through the engine's TrustObserver hook.
+// hello/unsealed through the engine's OnHelloRefused or OnAuthRefused call.
 func TestMetrics_AuthRefusalsFromTheEngine(t *testing.T) {
 	cfg := smallConfig()
 	cfg.ClusterKeys = [][]byte{make([]byte, transfer.ClusterKeyBytes)}
@@ -352,7 +352,7 @@ func TestMetrics_Exposition(t *testing.T) {
 	m.OnCancel(1, transfer.CancelRequestedInFlight)
 	m.OnCancel(2, transfer.CancelRequestedInFlight)
 	m.OnCancel(3, transfer.NotCancellable)
-	m.OnStart(transfer.StartInfo{ID: 4, Direction: transfer.DirectionSend})
+	m.OnStart(transfer.StartInfo{ID: 4, Receive: false})
 	m.OnProgress(4, 4096, time.Now())
 	m.OnPeerLost("prefill-0", transfer.ErrPeerLost)
 	want := `

@@ -11,14 +11,29 @@ import (
 // multi fans every event out to several observers, in order.
 type multi []transfer.Observer
 
+// The optional methods of a transfer.Observer (its documentation lists them), each group as
+// this package's observers implement it and Multi looks for it.
+type (
+	startObserver interface{ OnStart(info transfer.StartInfo) }
+	peerObserver  interface {
+		OnPeerConnected(peer transfer.Peer)
+		OnPeerLost(peer transfer.Peer, err error)
+	}
+	trustObserver interface {
+		OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal)
+		OnAuthRefused(err *transfer.AuthError)
+	}
+)
+
 var (
-	_ transfer.StartObserver = multi(nil)
-	_ transfer.PeerObserver  = multi(nil)
-	_ transfer.TrustObserver = multi(nil)
+	_ startObserver = multi(nil)
+	_ peerObserver  = multi(nil)
+	_ trustObserver = multi(nil)
 )
 
 // Multi returns an Observer that passes every event to each of obs, in the order given (nil
-// entries are skipped). The optional StartObserver, PeerObserver and TrustObserver events reach those of obs
+// entries are skipped). The optional events (OnStart, OnPeerConnected, OnPeerLost, OnHelloRefused,
+// OnAuthRefused: transfer.Observer lists them) reach those of obs
 // that implement them, so Multi(metrics, logs) loses nothing that either would hear alone.
 // Config.Observer takes one observer; this is how it takes several.
 func Multi(obs ...transfer.Observer) transfer.Observer {
@@ -31,10 +46,10 @@ func Multi(obs ...transfer.Observer) transfer.Observer {
 	return m
 }
 
-// OnStart implements transfer.StartObserver.
+// OnStart implements transfer.Observer's optional method.
 func (m multi) OnStart(info transfer.StartInfo) {
 	for _, o := range m {
-		if s, ok := o.(transfer.StartObserver); ok {
+		if s, ok := o.(startObserver); ok {
 			s.OnStart(info)
 		}
 	}
@@ -75,37 +90,37 @@ func (m multi) OnProgress(id transfer.RequestID, bytes int64, at time.Time) {
 	}
 }
 
-// OnPeerConnected implements transfer.PeerObserver.
+// OnPeerConnected implements transfer.Observer's optional method.
 func (m multi) OnPeerConnected(peer transfer.Peer) {
 	for _, o := range m {
-		if p, ok := o.(transfer.PeerObserver); ok {
+		if p, ok := o.(peerObserver); ok {
 			p.OnPeerConnected(peer)
 		}
 	}
 }
 
-// OnPeerLost implements transfer.PeerObserver.
+// OnPeerLost implements transfer.Observer's optional method.
 func (m multi) OnPeerLost(peer transfer.Peer, err error) {
 	for _, o := range m {
-		if p, ok := o.(transfer.PeerObserver); ok {
+		if p, ok := o.(peerObserver); ok {
 			p.OnPeerLost(peer, err)
 		}
 	}
 }
 
-// OnHelloRefused implements transfer.TrustObserver.
+// OnHelloRefused implements transfer.Observer's optional method.
 func (m multi) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) {
 	for _, o := range m {
-		if p, ok := o.(transfer.TrustObserver); ok {
+		if p, ok := o.(trustObserver); ok {
 			p.OnHelloRefused(peer, reason)
 		}
 	}
 }
 
-// OnAuthRefused implements transfer.TrustObserver.
+// OnAuthRefused implements transfer.Observer's optional method.
 func (m multi) OnAuthRefused(err *transfer.AuthError) {
 	for _, o := range m {
-		if p, ok := o.(transfer.TrustObserver); ok {
+		if p, ok := o.(trustObserver); ok {
 			p.OnAuthRefused(err)
 		}
 	}

@@ -36,7 +36,7 @@ func (r *recorder) OnProgress(id transfer.RequestID, n int64, _ time.Time) {
 type full struct{ recorder }
 
 func (f *full) OnStart(info transfer.StartInfo) {
-	f.calls = append(f.calls, fmt.Sprintf("start %d %v %v %d", info.ID, info.Direction, info.Peers, info.Bytes))
+	f.calls = append(f.calls, fmt.Sprintf("start %d receive=%v %v %d", info.ID, info.Receive, info.Peers, info.Bytes))
 }
 func (f *full) OnPeerConnected(p transfer.Peer) { f.calls = append(f.calls, "connected "+string(p)) }
 func (f *full) OnPeerLost(p transfer.Peer, err error) {
@@ -46,23 +46,23 @@ func (f *full) OnPeerLost(p transfer.Peer, err error) {
 func TestMulti_FansOutInOrder(t *testing.T) {
 	a, b := &full{}, &recorder{}
 	obs := observe.Multi(a, nil, b)
-	obs.OnTransition(1, -1, transfer.Queued, transfer.Advertised, transfer.EvAdvertise)
+	obs.OnTransition(1, -1, transfer.Queued, transfer.Advertised, anEvent)
 	obs.OnCancel(1, transfer.CancelRequestedInFlight)
 	obs.OnQuarantine(1, 0, errors.New("late"))
 	obs.OnPoison(1, 3, "unknown")
 	obs.OnProgress(1, 64, time.Now())
-	obs.(transfer.StartObserver).OnStart(transfer.StartInfo{ID: 2, Direction: transfer.DirectionReceive, Peers: []transfer.Peer{"p"}, Bytes: 8})
-	obs.(transfer.PeerObserver).OnPeerConnected("p")
-	obs.(transfer.PeerObserver).OnPeerLost("p", errors.New("gone"))
+	obs.(observe.StartObserver).OnStart(transfer.StartInfo{ID: 2, Receive: true, Peers: []transfer.Peer{"p"}, Bytes: 8})
+	obs.(observe.PeerObserver).OnPeerConnected("p")
+	obs.(observe.PeerObserver).OnPeerLost("p", errors.New("gone"))
 
-	base := []string{"transition 1 -1 queued->advertised advertise", "cancel 1 cancel-requested-in-flight",
+	base := []string{"transition 1 -1 queued->advertised " + anEvent.String(), "cancel 1 cancel-requested-in-flight",
 		"quarantine 1 0 late", "poison 1 3 unknown", "progress 1 64"}
-	require.Equal(t, append(append([]string{}, base...), "start 2 receive [p] 8", "connected p", "lost p gone"), a.calls)
+	require.Equal(t, append(append([]string{}, base...), "start 2 receive=true [p] 8", "connected p", "lost p gone"), a.calls)
 	require.Equal(t, base, b.calls, "an observer without the extensions hears only the base events")
 }
 
 func TestMulti_Empty(t *testing.T) {
 	obs := observe.Multi()
 	obs.OnCancel(1, transfer.NotFound) // nothing to call, nothing to panic
-	obs.(transfer.StartObserver).OnStart(transfer.StartInfo{})
+	obs.(observe.StartObserver).OnStart(transfer.StartInfo{})
 }

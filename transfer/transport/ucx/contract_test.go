@@ -242,7 +242,7 @@ func TestUCXTransport_ContractRefusesCollidingReceives(t *testing.T) {
 
 // A forced close is this side going away, not its peers: the endpoints it force-closes must
 // not be reported as lost peers (an engine would fail its transfers with a lost peer instead
-// of ErrClosed, and a PeerObserver would count peers that are alive).
+// of ErrClosed, and an Observer's OnPeerLost would count peers that are alive).
 func TestUCXTransport_ContractForceCloseLosesNoPeer(t *testing.T) {
 	for _, tr := range ucxTransports {
 		t.Run(tr.name, func(t *testing.T) {
