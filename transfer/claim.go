@@ -19,13 +19,13 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-// ClaimSecretBytes is the size of a per-request secret (Spec.Secret; ucx.ContextParams.Secret).
-const ClaimSecretBytes = 16
+// claimSecretBytes is the size of a per-request secret (Spec.Secret; ucx.ContextParams.Secret).
+const claimSecretBytes = 16
 
 // NewClaimSecret draws a per-request secret: put it in Spec.Secret of the Send and in the
 // request's ContextParams (ucx.ContextParams.Secret) before they are signed and handed out.
 func NewClaimSecret() []byte {
-	b := make([]byte, ClaimSecretBytes)
+	b := make([]byte, claimSecretBytes)
 	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24)
 	return b
 }

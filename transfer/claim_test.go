@@ -21,8 +21,8 @@ import (
 // nothing, and completes with the real receiver, every byte. Without a secret on the Send, or
 // without keys and RequireClaimProof, no proof is asked for.
 func TestL10_ForgedClaimLeavesTheSendToTheRealReceiver(t *testing.T) {
-	secret := bytes.Repeat([]byte{0x5c}, ClaimSecretBytes)
-	wrong := bytes.Repeat([]byte{0x3a}, ClaimSecretBytes)
+	secret := bytes.Repeat([]byte{0x5c}, claimSecretBytes)
+	wrong := bytes.Repeat([]byte{0x3a}, claimSecretBytes)
 	key := clusterKey(4)
 	for _, c := range []struct {
 		desc       string
@@ -150,7 +150,7 @@ func TestL10_ReplayedClaimProvesNothingForTheNextSend(t *testing.T) {
 	require.Equal(t, 1, refusals.auth(), "the replay, nothing else")
 }
 
-// A Spec's secret is ClaimSecretBytes or none; any other size is an ErrInvalidSpec naming Secret.
+// A Spec's secret is claimSecretBytes or none; any other size is an ErrInvalidSpec naming Secret.
 func TestSpecSecretIsValidated(t *testing.T) {
 	e, err := New(mem.NewNetwork().Transport("prefill"), patientConfig())
 	require.NoError(t, err)
@@ -160,8 +160,8 @@ func TestSpecSecretIsValidated(t *testing.T) {
 		desc   string
 		secret []byte
 	}{
-		{"short", make([]byte, ClaimSecretBytes-1)},
-		{"long", make([]byte, ClaimSecretBytes+1)},
+		{"short", make([]byte, claimSecretBytes-1)},
+		{"long", make([]byte, claimSecretBytes+1)},
 		{"empty, not nil", []byte{}},
 	} {
 		t.Run(c.desc, func(t *testing.T) {

@@ -51,7 +51,7 @@ func (m *countingStuckMover) Scatter(p *layout.Plan, src []byte, off int64) erro
 	return m.stuckMover.Scatter(p, src, off)
 }
 
-// ScatterReadsAnyHostMemory implements AnySourceScatterer, as the host mover it wraps does: the
+// ScatterReadsAnyHostMemory implements anySourceScatterer, as the host mover it wraps does: the
 // pull wire's chunks are then scattered out of the sender's slot mapped here.
 func (m *countingStuckMover) ScatterReadsAnyHostMemory() bool { return true }
 
@@ -102,8 +102,8 @@ func TestL2_CloseUnmapsNothingUnderACopy(t *testing.T) {
 			}
 			src, dst := pools(t, 1)
 			closing := Peer("decode")
-			sm := &countingStuckMover{stuckMover: stuckMover{Mover: HostMover(src.mem), gate: newGate(t), gather: true}, copying: &copying}
-			rm := &countingStuckMover{stuckMover: stuckMover{Mover: HostMover(dst.mem), gate: newGate(t)}, copying: &copying}
+			sm := &countingStuckMover{stuckMover: stuckMover{Mover: newHostMover(src.mem), gate: newGate(t), gather: true}, copying: &copying}
+			rm := &countingStuckMover{stuckMover: stuckMover{Mover: newHostMover(dst.mem), gate: newGate(t)}, copying: &copying}
 			stuck := rm.gate
 			if c.gather {
 				closing, stuck = "prefill", sm.gate
@@ -340,5 +340,5 @@ func (m slowMover) Scatter(p *layout.Plan, src []byte, off int64) error {
 	return m.Mover.Scatter(p, src, off)
 }
 
-// ScatterReadsAnyHostMemory implements AnySourceScatterer, as the host mover does.
+// ScatterReadsAnyHostMemory implements anySourceScatterer, as the host mover does.
 func (slowMover) ScatterReadsAnyHostMemory() bool { return true }

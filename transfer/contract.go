@@ -17,14 +17,4 @@ type (
 	Peer = transport.Peer
 	// Transport moves bytes between engines (transport.Transport).
 	Transport = transport.Transport
-	// RegionError says why a registration was refused (transport.RegionError).
-	RegionError = transport.RegionError
-)
-
-// Errors of caller-memory registration (transport.ErrBadRegion and the others); the error is
-// a *RegionError.
-var (
-	ErrBadRegion   = transport.ErrBadRegion
-	ErrGoMemory    = transport.ErrGoMemory
-	ErrRegionInUse = transport.ErrRegionInUse
 )

@@ -157,7 +157,7 @@ func (x *xfer) runReceiveDevice() {
 		}
 		x.runReceiveStaging()
 	default:
-		cause := &RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: why + ", and the spec has no Mover to stage with"}}
+		cause := &requestError{ID: x.h.id, Err: &deviceRouteError{Reason: why + ", and the spec has no Mover to stage with"}}
 		x.sendAbort(wire.AbortIncompatible, cause)
 		x.queuedExit(cause)
 	}
@@ -189,7 +189,7 @@ func (r *rmaReceive) deviceNoFallback(why string) bool {
 	if !x.dev.set() {
 		return false
 	}
-	x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: why}}, wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
+	x.abort(&requestError{ID: x.h.id, Err: &deviceRouteError{Reason: why}}, wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
 	return true
 }
 

@@ -197,7 +197,7 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 					s.Pool = pool.mem
 				}
 				if mover {
-					m := &countingMover{Mover: HostMover(pool.mem)}
+					m := &countingMover{Mover: newHostMover(pool.mem)}
 					movers = append(movers, m)
 					s.Mover = m
 				}
@@ -396,7 +396,7 @@ func TestL2_DeviceBlocksHeldWhileNotQuiescent(t *testing.T) {
 			dev := p.dstT.register(dst.mem)
 			rspec := Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Device: dev}
 			if !c.gets {
-				sspec.Mover = HostMover(src.mem)
+				sspec.Mover = newHostMover(src.mem)
 				rspec.Mover = unknownMover{}
 			}
 			_, err := p.src.Send(bg, sspec)
@@ -469,9 +469,9 @@ func TestDeviceDeclineWithoutAFreeSlotFails(t *testing.T) {
 		held = append(held, s)
 	}
 	require.NotEmpty(t, held)
-	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Device: p.srcT.register(src.mem), Mover: HostMover(src.mem)})
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Device: p.srcT.register(src.mem), Mover: newHostMover(src.mem)})
 	require.NoError(t, err)
-	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Device: p.dstT.register(dst.mem), Mover: HostMover(dst.mem)})
+	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Device: p.dstT.register(dst.mem), Mover: newHostMover(dst.mem)})
 	require.NoError(t, err)
 	waitClosed(t, hr.Quiesced(), "receiver quiesced")
 	waitClosed(t, hs.Quiesced(), "sender quiesced")

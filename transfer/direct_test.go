@@ -222,7 +222,7 @@ func TestDirectFallsBackToStagingOrRefusesClearly(t *testing.T) {
 			p, w := directPair(t, directConfig(), dcfg, sp, dp)
 			spec := Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem}
 			if c.senderMover {
-				spec.Mover = HostMover(src.mem)
+				spec.Mover = newHostMover(src.mem)
 			}
 			hs, err := p.src.Send(bg, spec)
 			require.NoError(t, err)

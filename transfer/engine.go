@@ -277,12 +277,12 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive, expose bool) (*H
 	if e.closed {
 		e.mu.Unlock()
 		h.unhold()
-		return nil, nil, &RequestError{ID: spec.ID, Err: ErrClosed}
+		return nil, nil, &requestError{ID: spec.ID, Err: ErrClosed}
 	}
 	if _, dup := e.handles[spec.ID]; dup {
 		e.mu.Unlock()
 		h.unhold()
-		return nil, nil, &RequestError{ID: spec.ID, Err: ErrDuplicate}
+		return nil, nil, &requestError{ID: spec.ID, Err: ErrDuplicate}
 	}
 	if err := e.holds.check(spec.ID, h.spans, receive); err != nil {
 		e.mu.Unlock()
@@ -350,7 +350,7 @@ func (h *Handle) cancel() CancelOutcome {
 		return NotCancellable
 	case st == Queued:
 		h.cancelRequested = true
-		cause := &RequestError{ID: h.id, Err: ErrCancelled}
+		cause := &requestError{ID: h.id, Err: ErrCancelled}
 		for _, x := range h.subs {
 			// onehop.go: a read that raced the cancel goes stale before FreeNow.
 			x.endOneHop()
@@ -365,7 +365,7 @@ func (h *Handle) cancel() CancelOutcome {
 	default:
 		h.cancelRequested = true
 		for _, x := range h.subs {
-			x.stop(&RequestError{ID: h.id, Err: ErrCancelled})
+			x.stop(&requestError{ID: h.id, Err: ErrCancelled})
 		}
 		return CancelRequestedInFlight
 	}
@@ -525,7 +525,7 @@ func (e *Engine) Close() error {
 	stopCtx, stopCancel := context.WithTimeout(context.Background(), b.stop)
 	defer stopCancel()
 	for _, x := range xs {
-		x.stop(&RequestError{ID: x.h.id, Err: ErrClosed})
+		x.stop(&requestError{ID: x.h.id, Err: ErrClosed})
 	}
 	// Give the transfers a moment to stop their operations gracefully, then force.
 	graceCtx, graceCancel := context.WithTimeout(stopCtx, e.cfg.Tuning.CancelGrace)

@@ -32,9 +32,6 @@ var (
 	ErrBlocksBusy = errors.New("kvxfer: KV blocks not quiescent")
 	// ErrClosed: the engine (or transport) is closed.
 	ErrClosed = transport.ErrClosed
-	// ErrOverReleased: Handle.Release called more times than Retain (plus the first
-	// reference), or Retain on a handle whose references are all gone.
-	ErrOverReleased = errors.New("kvxfer: handle released more often than retained")
 	// ErrQueueTimeout: the transfer never started: no slot freed or no peer request arrived
 	// before the Send/Receive context or Config.QueueTimeout ended.
 	ErrQueueTimeout = errors.New("kvxfer: transfer did not start in time")
@@ -58,9 +55,6 @@ var (
 	// nor the caller's blocks: it poisons both, keeps the handle quarantined for good, and
 	// Health reports the mover wedged.
 	ErrQuiescenceUnknown = transport.ErrQuiescenceUnknown
-	// ErrTagCollision: a transport's data tags for a transfer would match another live
-	// transfer's (transport.TagReserver); the engine draws another nonce and tries again.
-	ErrTagCollision = transport.ErrTagCollision
 	// ErrUnauthenticated: with Config.ClusterKeys set, a peer's hello, hello challenge or proof,
 	// or a ContextParams blob (Engine.VerifyParams), was not sealed by a key this engine holds;
 	// the error is an *AuthError. The engine drops the message and counts it; nothing it knows
@@ -73,19 +67,31 @@ var (
 	// ErrSiblingFailed: another sub-transfer of the same multi-peer request failed, so this
 	// one was stopped.
 	ErrSiblingFailed = errors.New("kvxfer: a sibling sub-transfer failed")
-	// ErrNotStreaming: a streaming call (MarkLayersReady) on a handle whose Spec did not set
-	// Stream.
-	ErrNotStreaming = errors.New("kvxfer: not a streaming send")
 	// ErrNothingToMove: a partial Receive holds every block of the request already. It is
 	// refused rather than completed at once, because the sender would still wait for a
 	// request that never comes: the caller should not start the transfer at all.
 	ErrNothingToMove = errors.New("kvxfer: the receiver already holds every block")
-	// ErrReadySignal: a readiness signal (a CUDA event, say) reported an error, so the layers
+)
+
+// Errors the engine returns with a message that says all a caller needs, and no caller has a
+// reason to match: misuse of a handle, a failed readiness signal (the error wraps the
+// signal's own), and the transport's reports the engine handles itself.
+var (
+	// errOverReleased: Handle.Release called more times than Retain (plus the first
+	// reference), or Retain on a handle whose references are all gone.
+	errOverReleased = errors.New("kvxfer: handle released more often than retained")
+	// errTagCollision: a transport's data tags for a transfer would match another live
+	// transfer's (transport.TagReserver); the engine draws another nonce and tries again.
+	errTagCollision = transport.ErrTagCollision
+	// errNotStreaming: a streaming call (MarkLayersReady) on a handle whose Spec did not set
+	// Stream.
+	errNotStreaming = errors.New("kvxfer: not a streaming send")
+	// errReadySignal: a readiness signal (a CUDA event, say) reported an error, so the layers
 	// it guards will never be ready.
-	ErrReadySignal = errors.New("kvxfer: readiness signal failed")
-	// ErrTransportWedged: the transport can tell that nothing will reach this engine any more
+	errReadySignal = errors.New("kvxfer: readiness signal failed")
+	// errTransportWedged: the transport can tell that nothing will reach this engine any more
 	// (ucx.Transport's receive probe); Health reports it until the process restarts.
-	ErrTransportWedged = transport.ErrTransportWedged
+	errTransportWedged = transport.ErrTransportWedged
 )
 
 // ConfigError names the Config field that is wrong, its value, and the fix. It is the one type
@@ -135,17 +141,17 @@ func (e *blocksBusyError) Error() string {
 // Unwrap returns ErrBlocksBusy.
 func (e *blocksBusyError) Unwrap() error { return ErrBlocksBusy }
 
-// RequestError ties an engine error to a request id.
-type RequestError struct {
+// requestError ties an engine error to a request id.
+type requestError struct {
 	ID  RequestID
 	Err error
 }
 
 // Error implements error.
-func (e *RequestError) Error() string { return fmt.Sprintf("request %d: %v", e.ID, e.Err) }
+func (e *requestError) Error() string { return fmt.Sprintf("request %d: %v", e.ID, e.Err) }
 
 // Unwrap returns the sentinel.
-func (e *RequestError) Unwrap() error { return e.Err }
+func (e *requestError) Unwrap() error { return e.Err }
 
 // ClusterKeyBytes is the size of each of Config.ClusterKeys.
 const ClusterKeyBytes = wire.ClusterKeyBytes

@@ -61,7 +61,7 @@ func (e *Engine) exposeParams(spec Spec, plan *layout.Plan, exposure *transport.
 		err = e.SignParams(p)
 	}
 	if err != nil {
-		return nil, &RequestError{ID: spec.ID, Err: fmt.Errorf("the exposure's params: %w", err)}
+		return nil, &requestError{ID: spec.ID, Err: fmt.Errorf("the exposure's params: %w", err)}
 	}
 	return p, nil
 }

@@ -79,14 +79,14 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 	hs, p, err := src.e.Expose(bg, Spec{ID: id, Plan: splan, Pool: smem, Secret: specSecret})
 	require.NoError(t, err)
 	peer, secret := rig.claimOf(t, p, id, src, specSecret)
-	require.Len(t, secret, ClaimSecretBytes)
+	require.Len(t, secret, claimSecretBytes)
 
 	// Refused claims: a wrong secret, then none, from another receiver.
 	omem, oplan := other.kv(t, seqBlocks(int32(dims.NumBlocks)-nBlocks, nBlocks), 0)
 	for _, c := range []struct {
 		secret []byte
 		reason string
-	}{{bytes.Repeat([]byte{0x3a}, ClaimSecretBytes), "bad-mac"}, {nil, "unsealed"}} {
+	}{{bytes.Repeat([]byte{0x3a}, claimSecretBytes), "bad-mac"}, {nil, "unsealed"}} {
 		h := startOnceFree(t, func() (*Handle, error) {
 			return other.e.Receive(bg, Spec{ID: id, Peer: peer, Plan: oplan, Pool: omem, Secret: c.secret})
 		})

@@ -106,7 +106,7 @@ func (c *collidingMem) ReserveTags(_ Peer, tag transport.Tag) (func(), error) {
 	defer c.mu.Unlock()
 	c.nonces = append(c.nonces, tag.Nonce)
 	if len(c.nonces) <= c.refuse {
-		return nil, fmt.Errorf("%w: test", ErrTagCollision)
+		return nil, fmt.Errorf("%w: test", errTagCollision)
 	}
 	return func() { c.mu.Lock(); c.released++; c.mu.Unlock() }, nil
 }
@@ -148,7 +148,7 @@ func TestTagCollisionDrawsAnotherNonce(t *testing.T) {
 				require.NoError(t, hr.Release())
 				eventually(t, func() bool { tr.mu.Lock(); defer tr.mu.Unlock(); return tr.released == 1 }, "tags given back")
 			} else {
-				require.ErrorIs(t, hr.Status().Err, ErrTagCollision)
+				require.ErrorIs(t, hr.Status().Err, errTagCollision)
 				require.Equal(t, CancelledBeforeAdvertise, src.Cancel(9))
 			}
 		})

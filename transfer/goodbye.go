@@ -267,6 +267,6 @@ func (x *xfer) peerLeft() {
 		x.maybeResolve()
 		return
 	}
-	x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w (code %d): it ended the transfer and said goodbye", ErrPeerAborted, wire.AbortClosed)},
+	x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%w (code %d): it ended the transfer and said goodbye", ErrPeerAborted, wire.AbortClosed)},
 		0, x.eng.cfg.Tuning.CancelGrace)
 }

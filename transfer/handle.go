@@ -109,25 +109,25 @@ func (h *Handle) Done() <-chan struct{} { return h.done }
 // transport only ever touches staging slots, never the caller's pool).
 func (h *Handle) Quiesced() <-chan struct{} { return h.quiesced }
 
-// Retain adds a caller reference. It fails with ErrOverReleased once the caller's references
-// are all gone.
+// Retain adds a caller reference. It fails (a caller's bug: the error says so) once the
+// caller's references are all gone.
 func (h *Handle) Retain() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.callerRefs <= 0 {
-		return &RequestError{ID: h.id, Err: ErrOverReleased}
+		return &requestError{ID: h.id, Err: errOverReleased}
 	}
 	h.callerRefs++
 	return nil
 }
 
-// Release drops a caller reference. Releasing more often than retained returns
-// ErrOverReleased and changes nothing. Releasing does not cancel the transfer.
+// Release drops a caller reference. Releasing more often than retained returns an error
+// and changes nothing. Releasing does not cancel the transfer.
 func (h *Handle) Release() error {
 	h.mu.Lock()
 	if h.callerRefs <= 0 {
 		h.mu.Unlock()
-		return &RequestError{ID: h.id, Err: ErrOverReleased}
+		return &requestError{ID: h.id, Err: errOverReleased}
 	}
 	h.callerRefs--
 	gone := h.callerRefs == 0 && !h.engineRef
@@ -247,7 +247,7 @@ func (h *Handle) recordErrLocked(failed *xfer, cause error) {
 	}
 	for _, x := range h.subs {
 		if x != failed {
-			x.stop(&RequestError{ID: h.id, Err: ErrSiblingFailed})
+			x.stop(&requestError{ID: h.id, Err: ErrSiblingFailed})
 		}
 	}
 }
@@ -283,16 +283,16 @@ func (h *Handle) settleLocked() {
 	case allCompleted:
 		h.applyLocked(evComplete, nil)
 	case st == Queued && cancelled:
-		h.applyLocked(evCancelQueued, &RequestError{ID: h.id, Err: ErrCancelled})
+		h.applyLocked(evCancelQueued, &requestError{ID: h.id, Err: ErrCancelled})
 	case st == Queued:
 		h.applyLocked(evFail, cause)
 	case anyQuarantined:
-		h.applyLocked(evQuarantine, &RequestError{ID: h.id, Err: errors.Join(ErrQuarantined, cause)})
+		h.applyLocked(evQuarantine, &requestError{ID: h.id, Err: errors.Join(ErrQuarantined, cause)})
 		if allTerminal { // cannot happen with a quarantined sub; kept for the table's sake
 			h.settleLocked()
 		}
 	case cancelled:
-		h.applyLocked(evCancelQuiescent, &RequestError{ID: h.id, Err: ErrCancelled})
+		h.applyLocked(evCancelQuiescent, &requestError{ID: h.id, Err: ErrCancelled})
 	default:
 		h.applyLocked(evFail, cause)
 	}
@@ -300,14 +300,14 @@ func (h *Handle) settleLocked() {
 
 // MarkLayersReady tells a streaming Send (Spec.Stream) that layers [0, end) of its plan's
 // selection hold their final KV: chunks that lie wholly in them may go. It never blocks, and
-// a smaller end than already marked changes nothing. It fails with ErrNotStreaming on any
-// other handle and with layout.ErrOutOfRange for an end outside [0, layers].
+// a smaller end than already marked changes nothing. It fails on any other handle (not a
+// streaming Send) and with layout.ErrOutOfRange for an end outside [0, layers].
 func (h *Handle) MarkLayersReady(end int) error {
 	if h.receive || !h.stream {
-		return &RequestError{ID: h.id, Err: ErrNotStreaming}
+		return &requestError{ID: h.id, Err: errNotStreaming}
 	}
 	if end < 0 || int64(end) > h.layers {
-		return &RequestError{ID: h.id, Err: fmt.Errorf("%w: layer end %d outside [0, %d]", layout.ErrOutOfRange, end, h.layers)}
+		return &requestError{ID: h.id, Err: fmt.Errorf("%w: layer end %d outside [0, %d]", layout.ErrOutOfRange, end, h.layers)}
 	}
 	for i := 0; i < 64; i++ { // bounded: each lost race means another caller raised it
 		cur := h.readyLayers.Load()

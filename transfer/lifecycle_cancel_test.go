@@ -183,7 +183,7 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 		require.Contains(t, e.Health().Reason, "closed")
 		require.NoError(t, e.Drain(bg))
 		require.NoError(t, h.Release())
-		require.ErrorIs(t, h.Release(), ErrOverReleased)
+		require.ErrorIs(t, h.Release(), errOverReleased)
 	})
 }
 

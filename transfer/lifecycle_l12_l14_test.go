@@ -240,8 +240,8 @@ func TestL13_RequestLargerThanTheStagingPoolStreams(t *testing.T) {
 	requireState(t, hr, Completed)
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(src.plan.Bytes()/8), "streaming allocated like a copy of the request")
 	want, got := make([]byte, src.plan.Bytes()), make([]byte, dst.plan.Bytes())
-	require.NoError(t, HostMover(src.mem).Gather(src.plan, 0, want)) // checked against the reference in TestHostMoverMatchesReference
-	require.NoError(t, HostMover(dst.mem).Gather(dst.plan, 0, got))
+	require.NoError(t, newHostMover(src.mem).Gather(src.plan, 0, want)) // checked against the reference in TestHostMoverMatchesReference
+	require.NoError(t, newHostMover(dst.mem).Gather(dst.plan, 0, got))
 	require.True(t, bytes.Equal(want, got), "the streamed request arrived corrupted")
 }
 

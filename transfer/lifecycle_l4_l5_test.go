@@ -53,7 +53,7 @@ func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
 	t.Run("Cancel returns while the sender's goroutine is stuck gathering", func(t *testing.T) {
 		p := newPair(t, fastConfig(), fastConfig())
 		src, dst := pools(t, 1)
-		m := &stuckMover{Mover: HostMover(src.mem), gate: newGate(t), gather: true}
+		m := &stuckMover{Mover: newHostMover(src.mem), gate: newGate(t), gather: true}
 		hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: m})
 		require.NoError(t, err)
 		hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})
@@ -70,7 +70,7 @@ func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
 	t.Run("Cancel returns while the receiver's goroutine is stuck scattering", func(t *testing.T) {
 		p := newPair(t, fastConfig(), fastConfig())
 		src, dst := pools(t, 1)
-		m := &stuckMover{Mover: HostMover(dst.mem), gate: newGate(t)}
+		m := &stuckMover{Mover: newHostMover(dst.mem), gate: newGate(t)}
 		hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
 		require.NoError(t, err)
 		hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: m})

@@ -61,8 +61,8 @@ func TestL2_HandleAndSlotsOutliveCallerReferences(t *testing.T) {
 	// The caller lets go of both handles while the transport holds their slots.
 	require.NoError(t, hs.Release())
 	require.NoError(t, hr.Release())
-	require.ErrorIs(t, hr.Release(), ErrOverReleased)
-	require.ErrorIs(t, hr.Retain(), ErrOverReleased)
+	require.ErrorIs(t, hr.Release(), errOverReleased)
+	require.ErrorIs(t, hr.Retain(), errOverReleased)
 	// The engine still holds its reference: the id is live, and a second Send is refused.
 	_, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem})
 	require.ErrorIs(t, err, ErrDuplicate)
@@ -81,7 +81,7 @@ func TestL2_HandleAndSlotsOutliveCallerReferences(t *testing.T) {
 	require.NoError(t, h2.Retain())
 	require.NoError(t, h2.Release())
 	require.NoError(t, h2.Release())
-	require.ErrorIs(t, h2.Release(), ErrOverReleased)
+	require.ErrorIs(t, h2.Release(), errOverReleased)
 }
 
 // TestL3_CancelIsObservedByEveryWaiter cancels a transfer in each phase and checks what L3

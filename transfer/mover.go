@@ -21,6 +21,14 @@ import (
 // matches ErrQuiescenceUnknown: the mover cannot say whether the copy still runs (a device
 // kernel that overran its timeout may still write). The engine then poisons the staging slot
 // and the caller's blocks instead of releasing them, and Health reports the mover wedged.
+//
+// A Mover whose Scatter reads its source with the CPU wherever it lies in host memory (the
+// host mover's does) may also have a method ScatterReadsAnyHostMemory() bool that returns
+// true. The staging path's pull wire then hands it chunks straight out of the sender's slots,
+// where the transport maps them into this process (transport.RMAMapper), instead of a copy in
+// a slot of this engine: one copy of every byte fewer. A Mover that needs its source in the
+// engine's staging memory (a device mover that looks the slot up in a registered region) has
+// no such method, or returns false.
 type Mover interface {
 	// Gather copies stream bytes [off, off+len(dst)) of p out of the pool into dst.
 	Gather(p *layout.Plan, off int64, dst []byte) error
@@ -28,20 +36,16 @@ type Mover interface {
 	Scatter(p *layout.Plan, src []byte, off int64) error
 }
 
-// AnySourceScatterer is an optional extension of Mover, for a Mover whose Scatter reads its
-// source with the CPU wherever it lies in host memory (HostMover's does). The staging path's
-// pull wire then hands it chunks straight out of the sender's slots, where the transport maps
-// them into this process (transport.RMAMapper), instead of a copy in a slot of this engine: one copy of
-// every byte fewer. A Mover that needs its source in the engine's staging memory (a device
-// mover that looks the slot up in a registered region) does not implement it, or says false.
-type AnySourceScatterer interface {
+// anySourceScatterer is an optional method of a Mover (Mover's doc says when to have it),
+// which the staging path's pull wire asks for by type assertion.
+type anySourceScatterer interface {
 	ScatterReadsAnyHostMemory() bool
 }
 
-// HostMover returns the Mover for a KV pool in host memory. It copies with the C gather and
-// scatter of package native (the same layout header as the CUDA kernels); a build without cgo
-// falls back to a Go loop over the same plan math.
-func HostMover(pool []byte) Mover { return hostMover{pool: pool} }
+// newHostMover returns the Mover for a KV pool in host memory, the one a Spec without a Mover
+// gets. It copies with the C gather and scatter of package native (the same layout header as
+// the CUDA kernels); a build without cgo falls back to a Go loop over the same plan math.
+func newHostMover(pool []byte) Mover { return hostMover{pool: pool} }
 
 type hostMover struct{ pool []byte }
 
@@ -54,7 +58,8 @@ func (m hostMover) Gather(p *layout.Plan, off int64, dst []byte) error {
 	return err
 }
 
-// ScatterReadsAnyHostMemory implements AnySourceScatterer.
+// ScatterReadsAnyHostMemory implements anySourceScatterer: the host scatter reads any host
+// memory.
 func (hostMover) ScatterReadsAnyHostMemory() bool { return true }
 
 // Scatter implements Mover.

@@ -29,7 +29,7 @@ func TestHostMoverMatchesReference(t *testing.T) {
 		t.Run(c.desc, func(t *testing.T) {
 			p := newKVPool(t, testDims, c.o, c.sel, blocks(5, 0, 17, 3), uint64(i+1))
 			want := p.stream(t)
-			m := HostMover(p.mem)
+			m := newHostMover(p.mem)
 			for _, r := range [][2]int64{{0, p.plan.Bytes()}, {3, 77}, {p.plan.Bytes() - 5, 5}, {64, 640}} {
 				got := make([]byte, r[1])
 				require.NoError(t, m.Gather(p.plan, r[0], got))
@@ -40,7 +40,7 @@ func TestHostMoverMatchesReference(t *testing.T) {
 			}
 			// Scatter the stream back in odd pieces into an empty pool: the same bytes land.
 			q := newKVPool(t, testDims, c.o, c.sel, blocks(5, 0, 17, 3), 0)
-			mq := HostMover(q.mem)
+			mq := newHostMover(q.mem)
 			for off := int64(0); off < int64(len(want)); off += 37 {
 				end := min(off+37, int64(len(want)))
 				require.NoError(t, mq.Scatter(q.plan, want[off:end], off))
@@ -53,7 +53,7 @@ func TestHostMoverMatchesReference(t *testing.T) {
 			}
 			require.Equal(t, want, g.stream(t))
 			require.ErrorIs(t, m.Gather(p.plan, p.plan.Bytes()-1, make([]byte, 2)), layout.ErrOutOfRange)
-			require.ErrorIs(t, HostMover(p.mem[:10]).Gather(p.plan, 0, make([]byte, 2)), layout.ErrBufferTooSmall)
+			require.ErrorIs(t, newHostMover(p.mem[:10]).Gather(p.plan, 0, make([]byte, 2)), layout.ErrBufferTooSmall)
 		})
 	}
 }

@@ -64,9 +64,9 @@ func TestMoverUnknownQuiescencePoisons(t *testing.T) {
 			rspec := Spec{ID: 3, Peer: "prefill", Plan: dst.plan, Pool: dst.mem}
 			eng := p.dst
 			if tc.gather {
-				m.Mover, sspec.Mover, eng = HostMover(src.mem), m, p.src
+				m.Mover, sspec.Mover, eng = newHostMover(src.mem), m, p.src
 			} else {
-				m.Mover, rspec.Mover = HostMover(dst.mem), m
+				m.Mover, rspec.Mover = newHostMover(dst.mem), m
 			}
 			hs, err := p.src.Send(bg, sspec)
 			require.NoError(t, err)

@@ -352,7 +352,7 @@ func (x *xfer) meet() bool {
 			fe.Feature, fe.PeerVersion = 0, int(peerMax)
 		}
 		x.log().Debug("the peer lacks what the request needs", zap.Error(fe))
-		x.queuedExit(&RequestError{ID: x.h.id, Err: fe})
+		x.queuedExit(&requestError{ID: x.h.id, Err: fe})
 		return false
 	}
 	return true

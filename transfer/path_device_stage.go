@@ -57,7 +57,7 @@ func (d *deviceDeclined) fromPeer(m wire.Message) {
 		return
 	}
 	refuse := func(reason string) {
-		x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
+		x.abort(&requestError{ID: x.h.id, Err: &deviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
 	}
 	switch {
 	case ri.Flags&wire.FlagPull != 0:
@@ -94,7 +94,7 @@ func (r *rmaReceive) stageInstead(why string) bool {
 	}
 	first, err := x.eng.pool.TryLease()
 	if err != nil {
-		x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: why + ", and no staging slot was free to stage instead"}},
+		x.abort(&requestError{ID: x.h.id, Err: &deviceRouteError{Reason: why + ", and no staging slot was free to stage instead"}},
 			wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
 		return true
 	}

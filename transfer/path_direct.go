@@ -73,7 +73,7 @@ func (x *xfer) startDirectSend(ri *wire.RequestInfo) bool {
 				reason += ": " + o.Reason
 			}
 		}
-		x.abort(&RequestError{ID: x.h.id, Err: &deviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
+		x.abort(&requestError{ID: x.h.id, Err: &deviceRouteError{Reason: reason}}, wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
 		return true
 	}
 	d.decline = decline
@@ -184,7 +184,7 @@ func (d directReceive) completed(rec *opRec, c transport.Completion) {
 	x := d.x
 	_, n := x.chunkRange(rec.seq)
 	if int64(c.Bytes) != n {
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: direct chunk %d carried %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
+		x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%w: direct chunk %d carried %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
 			wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return
 	}

@@ -68,13 +68,13 @@ func (h *Handle) Pulled() bool {
 
 // pullMapper is what shows a pull receiver the sender's slots in place, or nil: the transport
 // maps peers' memory (transport.RMAMapper), DisableInPlaceReads is off, and the Mover scatters from any
-// host memory (AnySourceScatterer).
+// host memory (anySourceScatterer).
 func (x *xfer) pullMapper() transport.RMAMapper {
 	mp, ok := x.eng.tr.(transport.RMAMapper)
 	if !ok || x.eng.cfg.Tuning.DisableInPlaceReads {
 		return nil
 	}
-	if a, ok := x.mover.(AnySourceScatterer); !ok || !a.ScatterReadsAnyHostMemory() {
+	if a, ok := x.mover.(anySourceScatterer); !ok || !a.ScatterReadsAnyHostMemory() {
 		return nil
 	}
 	return mp
@@ -107,7 +107,7 @@ type pullReceive struct {
 	seen    []bool           // announced, by seq
 	// mapper shows the sender's slots in this process (transport.RMAMapper): the scatter then reads
 	// each chunk in place, one copy fewer than a get into a slot; nil once a slot is not mapped
-	// here, or when the Mover may need its source in a slot (AnySourceScatterer).
+	// here, or when the Mover may need its source in a slot (anySourceScatterer).
 	mapper   transport.RMAMapper
 	genCheck // a validated offer's generation word, read after the last chunk (rma_gen.go)
 }
@@ -181,7 +181,7 @@ func (r *pullReceive) takeDeclined() {
 // protocol fails the transfer for a message of the sender's that breaks the pull wire.
 func (r *pullReceive) protocol(format string, args ...any) {
 	x := r.x
-	x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: pull wire: %s", ErrProtocol, fmt.Sprintf(format, args...))}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
+	x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%w: pull wire: %s", ErrProtocol, fmt.Sprintf(format, args...))}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 }
 
 // offered takes the sender's answer: its slots, or a decline, after which the chunks come as
@@ -421,7 +421,7 @@ func (p *pullSend) fromPeer(m wire.Message) {
 		rec := p.exposed(int(m.Seq))
 		if rec == nil {
 			if !x.aborting {
-				x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: pull wire: chunk %d taken but not announced", ErrProtocol, m.Seq)},
+				x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%w: pull wire: chunk %d taken but not announced", ErrProtocol, m.Seq)},
 					wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 			}
 			return
@@ -436,7 +436,7 @@ func (p *pullSend) fromPeer(m wire.Message) {
 		}
 	case *wire.RMARelease:
 		if !x.aborting {
-			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: the receiver stopped reading the slots before it completed", ErrPeerAborted)},
+			x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%w: the receiver stopped reading the slots before it completed", ErrPeerAborted)},
 				0, x.eng.cfg.Tuning.CancelGrace)
 		}
 		p.endExposures()

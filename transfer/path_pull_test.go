@@ -93,9 +93,9 @@ func (k *kindCounter) count(kind wire.Kind) int {
 // startStaged starts a staging Send and Receive of id (Movers on both sides).
 func (p *pair) startStaged(t *testing.T, id RequestID, src, dst *kvPool) (hs, hr *Handle) {
 	t.Helper()
-	hs, err := p.src.Send(bg, Spec{ID: id, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: HostMover(src.mem)})
+	hs, err := p.src.Send(bg, Spec{ID: id, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: newHostMover(src.mem)})
 	require.NoError(t, err)
-	hr, err = p.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: HostMover(dst.mem)})
+	hr, err = p.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: newHostMover(dst.mem)})
 	require.NoError(t, err)
 	return hs, hr
 }
@@ -337,8 +337,8 @@ func TestL10_PullInPlaceSendersSlotStaysOutWhileTheScatterReadsIt(t *testing.T) 
 	k := countKinds(p, nil)
 	src, dst := pools(t, 37)
 	g := newGate(t)
-	m := &stuckMover{Mover: HostMover(dst.mem), gate: g}
-	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: HostMover(src.mem)})
+	m := &stuckMover{Mover: newHostMover(dst.mem), gate: g}
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: newHostMover(src.mem)})
 	require.NoError(t, err)
 	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: anySource{m}})
 	require.NoError(t, err)
@@ -360,7 +360,7 @@ func TestL10_PullInPlaceSendersSlotStaysOutWhileTheScatterReadsIt(t *testing.T) 
 	require.Equal(t, st.Total, st.Free)
 }
 
-// anySource says its wrapped Mover's Scatter reads any host memory (AnySourceScatterer).
+// anySource says its wrapped Mover's Scatter reads any host memory (anySourceScatterer).
 type anySource struct{ Mover }
 
 func (anySource) ScatterReadsAnyHostMemory() bool { return true }

@@ -81,7 +81,7 @@ func (x *xfer) askRMA() *rmaReceive {
 	x.take(r)
 	offer, regions, err := x.oneHopOffer() // onehop.go: the params' Exposure section
 	if err != nil {
-		x.abort(&RequestError{ID: x.h.id, Err: &rmaOfferError{Field: "Exposure", Reason: "the params' exposure", Err: err}},
+		x.abort(&requestError{ID: x.h.id, Err: &rmaOfferError{Field: "Exposure", Reason: "the params' exposure", Err: err}},
 			wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return r
 	}
@@ -170,7 +170,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		}
 		whole, err := r.parts.add(m)
 		if err != nil {
-			x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
+			x.abort(&requestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 			return
 		}
 		if whole == nil {
@@ -201,7 +201,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		}
 	}
 	if err != nil {
-		x.abort(&RequestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
+		x.abort(&requestError{ID: x.h.id, Err: err}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return
 	}
 	if gets == nil {
@@ -297,7 +297,7 @@ func (r *rmaReceive) completed(rec *opRec, c transport.Completion) {
 	}
 	n := r.gets[rec.seq].n
 	if int64(c.Bytes) != n {
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: get %d read %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
+		x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%w: get %d read %d bytes, want %d", ErrProtocol, rec.seq, c.Bytes, n)},
 			wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return
 	}
@@ -472,7 +472,7 @@ func (s *rmaSend) released(done bool) {
 	case done:
 		x.progress(x.plan.Bytes())
 	default:
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: the receiver stopped reading the offered pool before it completed", ErrPeerAborted)},
+		x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%w: the receiver stopped reading the offered pool before it completed", ErrPeerAborted)},
 			0, x.eng.cfg.Tuning.CancelGrace)
 	}
 }

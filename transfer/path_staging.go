@@ -182,7 +182,7 @@ func (x *xfer) checkChunk(rec *opRec, b []byte) bool {
 	}
 	if err != nil {
 		releaseSlot(rec.slot)
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
+		x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrProtocol, err)}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return false
 	}
 	rec.off, rec.buf = off, payload
@@ -253,7 +253,7 @@ func (x *xfer) movedDone(rec *opRec) {
 			what = "scatter"
 		}
 		if !x.aborting {
-			x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%s: %w", what, err)}, wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
+			x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%s: %w", what, err)}, wire.AbortInternal, x.eng.cfg.Tuning.CancelGrace)
 		} else {
 			x.maybeResolve()
 		}

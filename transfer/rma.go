@@ -16,14 +16,14 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-// ErrBadRMAOffer: a sender's RMA offer does not describe memory the receiver may read: a
+// errBadRMAOffer: a sender's RMA offer does not describe memory the receiver may read: a
 // layout, selection or block list that does not validate, a pool smaller than the plan it
 // holds, or a stream unlike the request's. The error names the field and why (and matches
 // ErrProtocol); the request fails before any get is posted, so a garbage offer never becomes
 // an out-of-bounds read.
-var ErrBadRMAOffer = errors.New("kvxfer: bad rma offer")
+var errBadRMAOffer = errors.New("kvxfer: bad rma offer")
 
-// rmaOfferError names the part of an offer that is wrong. It matches ErrBadRMAOffer and
+// rmaOfferError names the part of an offer that is wrong. It matches errBadRMAOffer and
 // ErrProtocol.
 type rmaOfferError struct {
 	Field  string
@@ -33,12 +33,12 @@ type rmaOfferError struct {
 
 // Error implements error.
 func (e *rmaOfferError) Error() string {
-	return fmt.Sprintf("%v: %s: %s", ErrBadRMAOffer, e.Field, e.Reason)
+	return fmt.Sprintf("%v: %s: %s", errBadRMAOffer, e.Field, e.Reason)
 }
 
-// Is matches ErrBadRMAOffer and ErrProtocol.
+// Is matches errBadRMAOffer and ErrProtocol.
 func (e *rmaOfferError) Is(target error) bool {
-	return target == ErrBadRMAOffer || target == ErrProtocol
+	return target == errBadRMAOffer || target == ErrProtocol
 }
 
 // Unwrap returns the underlying cause.
@@ -100,7 +100,7 @@ func newRMAParts(first *wire.RMAOffer) *rmaParts {
 }
 
 // add takes one part. It returns the whole offer once every position has come, nil before,
-// and an ErrBadRMAOffer when the part disagrees with the others.
+// and an errBadRMAOffer when the part disagrees with the others.
 func (p *rmaParts) add(m *wire.RMAOffer) (*wire.RMAOffer, error) {
 	bad := func(field, format string, args ...any) error {
 		return &rmaOfferError{Field: field, Reason: "offer parts disagree: " + fmt.Sprintf(format, args...)}

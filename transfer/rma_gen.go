@@ -145,7 +145,7 @@ func (g *genCheck) gotGeneration(x *xfer, rec *opRec) bool {
 		return false
 	}
 	if rec.gen != g.gen {
-		x.abort(&RequestError{ID: x.h.id, Err: &staleReadError{Offered: g.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
+		x.abort(&requestError{ID: x.h.id, Err: &staleReadError{Offered: g.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
 		return true
 	}
 	g.genKey = nil // checked

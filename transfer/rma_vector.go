@@ -51,7 +51,7 @@ func (x *xfer) smallRuns(p *layout.Plan) bool {
 // and the transport reads the offered key that way (vectorget.Hooks.VectorGets, which may
 // wait for the peer's proof). It returns the offer's plan and the gets, one per chunk of the
 // stream (rmaRegion.src and dst are stream offsets then), or a nil plan: gets as usual. A bad
-// offer is an ErrBadRMAOffer.
+// offer is an errBadRMAOffer.
 func (x *xfer) vectorOffer(m *wire.RMAOffer) (*layout.Plan, []rmaRegion, error) {
 	if !x.vectorGets() {
 		return nil, nil, nil

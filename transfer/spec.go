@@ -18,8 +18,8 @@ import (
 type Spec struct {
 	// ID is the request id both sides use.
 	ID RequestID
-	// Secret is the request's per-request secret (ContextParamsSecretBytes: ClaimSecretBytes
-	// random bytes, or nil). A Send with one draws it into the request's ContextParams (see
+	// Secret is the request's per-request secret (16 random bytes from NewClaimSecret,
+	// or nil). A Send with one draws it into the request's ContextParams (see
 	// NewClaimSecret) and, with cluster keys or Config.RequireClaimProof, takes only a request
 	// whose claim proves it: a refused claim fails that receiver with ErrUnauthenticated and
 	// the Send keeps waiting for the real one. A Receive passes the secret its ContextParams
@@ -86,7 +86,7 @@ type Spec struct {
 // Handle.MarkLayersReady instead.
 type ReadySignal interface {
 	// Query reports whether the signal has fired. It must not block. An error means it
-	// never will: the transfer fails with ErrReadySignal.
+	// never will: the transfer fails, its error wrapping Query's.
 	Query() (done bool, err error)
 }
 
@@ -186,8 +186,8 @@ func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Dura
 	if s.Timeout < 0 {
 		return nil, nil, 0, bad("Timeout", "must not be negative", nil)
 	}
-	if s.Secret != nil && len(s.Secret) != ClaimSecretBytes {
-		return nil, nil, 0, bad("Secret", fmt.Sprintf("%d bytes, want %d or none", len(s.Secret), ClaimSecretBytes), nil)
+	if s.Secret != nil && len(s.Secret) != claimSecretBytes {
+		return nil, nil, 0, bad("Secret", fmt.Sprintf("%d bytes, want %d or none", len(s.Secret), claimSecretBytes), nil)
 	}
 	timeout := s.Timeout
 	if timeout == 0 {
@@ -233,7 +233,7 @@ func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Dura
 		mover = noDeviceMover{}
 	}
 	if mover == nil {
-		mover = HostMover(s.Pool)
+		mover = newHostMover(s.Pool)
 	}
 	return subs, mover, timeout, nil
 }

@@ -80,9 +80,9 @@ func TestStagingPipeline_ChunksMoveConcurrently(t *testing.T) {
 			sspec := Spec{ID: 4, Peer: "decode", Plan: src.plan, Pool: src.mem}
 			rspec := Spec{ID: 4, Peer: "prefill", Plan: dst.plan, Pool: dst.mem}
 			if gather {
-				m.Mover, sspec.Mover = HostMover(src.mem), m
+				m.Mover, sspec.Mover = newHostMover(src.mem), m
 			} else {
-				m.Mover, rspec.Mover = HostMover(dst.mem), m
+				m.Mover, rspec.Mover = newHostMover(dst.mem), m
 			}
 			hs, err := p.src.Send(bg, sspec)
 			require.NoError(t, err)
@@ -107,7 +107,7 @@ func TestStagingPipeline_CancelWithChunksInEveryStage(t *testing.T) {
 	p := newPair(t, pipelineConfig(), pipelineConfig())
 	src, dst := pools(t, 22)
 	g := newGate(t)
-	m := &stuckMover{Mover: HostMover(dst.mem), gate: g}
+	m := &stuckMover{Mover: newHostMover(dst.mem), gate: g}
 	hs, err := p.src.Send(bg, Spec{ID: 5, Peer: "decode", Plan: src.plan, Pool: src.mem})
 	require.NoError(t, err)
 	hr, err := p.dst.Receive(bg, Spec{ID: 5, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: m})
@@ -167,9 +167,9 @@ func TestStagingPipeline_MoverErrorMidPipeline(t *testing.T) {
 			rspec := Spec{ID: 6, Peer: "prefill", Plan: dst.plan, Pool: dst.mem}
 			h, eng := (*Handle)(nil), p.dst
 			if gather {
-				m.Mover, sspec.Mover, eng = HostMover(src.mem), m, p.src
+				m.Mover, sspec.Mover, eng = newHostMover(src.mem), m, p.src
 			} else {
-				m.Mover, rspec.Mover = HostMover(dst.mem), m
+				m.Mover, rspec.Mover = newHostMover(dst.mem), m
 			}
 			hs, err := p.src.Send(bg, sspec)
 			require.NoError(t, err)
@@ -202,9 +202,9 @@ func BenchmarkStagingPipeline(b *testing.B) {
 	b.ReportAllocs()
 	for i := range b.N {
 		id := RequestID(i + 1)
-		hs, err := p.src.Send(bg, Spec{ID: id, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: HostMover(src.mem)})
+		hs, err := p.src.Send(bg, Spec{ID: id, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: newHostMover(src.mem)})
 		require.NoError(b, err)
-		hr, err := p.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: HostMover(dst.mem)})
+		hr, err := p.dst.Receive(bg, Spec{ID: id, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: newHostMover(dst.mem)})
 		require.NoError(b, err)
 		<-hr.Done()
 		<-hs.Done()

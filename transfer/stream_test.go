@@ -141,7 +141,7 @@ func TestStreamMidStreamFailuresFollowTheLifecycle(t *testing.T) {
 			require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(hs.ID()))
 		}, Cancelled, []error{ErrPeerAborted, ErrCancelled}, Cancelled, []error{ErrCancelled}},
 		{"signal fails", 0, true, func(*pair, *Handle) {},
-			Failed, []error{ErrReadySignal}, Failed, []error{ErrPeerAborted}},
+			Failed, []error{errReadySignal}, Failed, []error{ErrPeerAborted}},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
@@ -342,10 +342,10 @@ func TestStreamAndPartialBadInputGivesTypedErrors(t *testing.T) {
 	t.Run("MarkLayersReady on handles that do not stream, and out of range", func(t *testing.T) {
 		hs, err := p.src.Send(bg, Spec{ID: 20, Peer: "decode", Plan: src.plan, Pool: src.mem})
 		require.NoError(t, err)
-		require.ErrorIs(t, hs.MarkLayersReady(1), ErrNotStreaming)
+		require.ErrorIs(t, hs.MarkLayersReady(1), errNotStreaming)
 		hr, err := p.dst.Receive(bg, Spec{ID: 20, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Stream: true})
 		require.NoError(t, err)
-		require.ErrorIs(t, hr.MarkLayersReady(1), ErrNotStreaming, "a receive is told by its sender")
+		require.ErrorIs(t, hr.MarkLayersReady(1), errNotStreaming, "a receive is told by its sender")
 		waitClosed(t, hr.Quiesced(), "receiver")
 		require.NoError(t, hs.Release())
 		require.NoError(t, hr.Release())

@@ -133,8 +133,8 @@ func TestL3_UCXReceiverCancelWithEverySlotScatteringIsCleanForTheSender(t *testi
 			open := func() { once.Do(func() { close(gate) }) }
 			t.Cleanup(open)
 			var waiting, gathers, unused atomic.Int64
-			sm := gatedMover{Mover: HostMover(s.mem), gate: make(chan struct{}), waiting: &unused, gathers: &gathers}
-			rm := gatedMover{Mover: HostMover(r.mem), gate: gate, waiting: &waiting, gathers: &unused}
+			sm := gatedMover{Mover: newHostMover(s.mem), gate: make(chan struct{}), waiting: &unused, gathers: &gathers}
+			rm := gatedMover{Mover: newHostMover(r.mem), gate: gate, waiting: &waiting, gathers: &unused}
 			hs, err := src.e.Send(bg, Spec{ID: 7, Peer: dst.tr.Self(), Plan: s.plan, Mover: sm})
 			require.NoError(t, err)
 			hr, err := dst.e.Receive(bg, Spec{ID: 7, Peer: src.tr.Self(), Plan: r.plan, Mover: rm})

@@ -43,7 +43,7 @@ func TestL1_UCXCloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 						u := newUCXEngine(t, tr.tls, tr.dev, cfg)
 						side := closeSide{e: u.e, self: u.tr.Self()}
 						if pc.path == PathStaging { // copies on the mover workers that take a while
-							side.mover = func(pool []byte) Mover { return slowMover{Mover: HostMover(pool), delay: 20 * time.Millisecond} }
+							side.mover = func(pool []byte) Mover { return slowMover{Mover: newHostMover(pool), delay: 20 * time.Millisecond} }
 						}
 						side.kv = func(t testing.TB, ids []int32, seed uint64) ([]byte, *layout.Plan) {
 							k := newUCXKV(t, dims, layout.BlockMajor, ids, seed)

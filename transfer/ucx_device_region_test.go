@@ -22,7 +22,7 @@ import (
 // A device spec on a UCX without CUDA (Debian's 1.13): without a Mover it is refused at Send
 // and Receive with an ErrInvalidSpec matching ErrDeviceRoute, nothing registered, held or started;
 // with one, the engine stages it (path staging, chosen automatically), every byte checked.
-// The "device" pools here are host memory standing in behind HostMover: no GPU is needed to
+// The "device" pools here are host memory standing in behind the host mover: no GPU is needed to
 // show the choice.
 func TestUCXRegion_DeviceSpecWithoutCUDAStagesOrRefuses(t *testing.T) {
 	src := newUCXEngine(t, "posix,cma,self", "", ucxTestConfig())
@@ -59,9 +59,9 @@ func TestUCXRegion_DeviceSpecWithoutCUDAStagesOrRefuses(t *testing.T) {
 	})
 
 	t.Run("with a Mover: staging", func(t *testing.T) {
-		hs, err := src.e.Send(bg, Spec{ID: 1601, Peer: dst.tr.Self(), Plan: s.plan, Device: pretend(s), Mover: HostMover(s.mem)})
+		hs, err := src.e.Send(bg, Spec{ID: 1601, Peer: dst.tr.Self(), Plan: s.plan, Device: pretend(s), Mover: newHostMover(s.mem)})
 		require.NoError(t, err)
-		hr, err := dst.e.Receive(bg, Spec{ID: 1601, Peer: src.tr.Self(), Plan: r.plan, Device: pretend(r), Mover: HostMover(r.mem)})
+		hr, err := dst.e.Receive(bg, Spec{ID: 1601, Peer: src.tr.Self(), Plan: r.plan, Device: pretend(r), Mover: newHostMover(r.mem)})
 		require.NoError(t, err)
 		waitQuiesced(t, hr, 20*time.Second)
 		waitQuiesced(t, hs, 20*time.Second)
@@ -74,7 +74,7 @@ func TestUCXRegion_DeviceSpecWithoutCUDAStagesOrRefuses(t *testing.T) {
 }
 
 // The transport's device-RMA calls refuse what is not a device registration with a
-// *RegionError matching ErrBadRegion (host memory it registered is named as such), hold
+// *transport.RegionError matching transport.ErrBadRegion (host memory it registered is named as such), hold
 // nothing, and refuse everything once closed.
 func TestUCXRegion_DeviceRMACallsRefuseHostMemory(t *testing.T) {
 	u := newUCXEngine(t, "posix,cma,self", "", ucxTestConfig())
@@ -98,8 +98,8 @@ func TestUCXRegion_DeviceRMACallsRefuseHostMemory(t *testing.T) {
 	for _, c := range checks {
 		t.Run(c.desc, func(t *testing.T) {
 			err := c.call()
-			require.ErrorIs(t, err, ErrBadRegion)
-			var re *RegionError
+			require.ErrorIs(t, err, transport.ErrBadRegion)
+			var re *transport.RegionError
 			require.ErrorAs(t, err, &re)
 			if re.Len > 0 {
 				require.Contains(t, re.Reason, "host memory")
@@ -125,7 +125,7 @@ func (d *deviceGetsStandIn) DeviceGets() bool { return true }
 func (d *deviceGetsStandIn) CheckDevice(addr uint64, n int64) error {
 	base := uint64(uintptr(unsafe.Pointer(&d.pool[0])))
 	if addr < base || n <= 0 || addr-base+uint64(n) > uint64(len(d.pool)) {
-		return &RegionError{Op: "check", Addr: addr, Len: n, Reason: "outside the stand-in's pool", Err: ErrBadRegion}
+		return &transport.RegionError{Op: "check", Addr: addr, Len: n, Reason: "outside the stand-in's pool", Err: transport.ErrBadRegion}
 	}
 	return nil
 }
@@ -138,17 +138,17 @@ func (d *deviceGetsStandIn) HoldDevice(addr uint64, n int64) func() {
 }
 
 func (d *deviceGetsStandIn) RMAKeyAt(addr uint64, n int64) (uint64, []byte, error) {
-	return 0, nil, &RegionError{Op: "key", Addr: addr, Len: n, Reason: "the stand-in offers nothing", Err: ErrBadRegion}
+	return 0, nil, &transport.RegionError{Op: "key", Addr: addr, Len: n, Reason: "the stand-in offers nothing", Err: transport.ErrBadRegion}
 }
 
 func (d *deviceGetsStandIn) PostGetAt(transport.Peer, transport.Tag, []byte, uint64, uint64, int64, func(transport.Completion)) (transport.OpID, error) {
-	return 0, &RegionError{Op: "get", Reason: "the stand-in does no gets", Err: ErrBadRegion}
+	return 0, &transport.RegionError{Op: "get", Reason: "the stand-in does no gets", Err: transport.ErrBadRegion}
 }
 
 // Over real UCX (shm, then TCP): a device receiver takes the rma route and the sender, a UCX
 // without CUDA, declines it; with a Mover on both sides they stage instead and complete, every
 // byte checked; without one on the receiver, both fail with an ErrDeviceRoute. The "device"
-// pools are host memory behind HostMover.
+// pools are host memory behind the host mover.
 func TestUCXRegion_DeviceRMADeclinedStages(t *testing.T) {
 	for _, tls := range []string{"posix,cma,self", "tcp,self"} {
 		t.Run(tls, func(t *testing.T) {
@@ -185,9 +185,9 @@ func TestUCXRegion_DeviceRMADeclinedStages(t *testing.T) {
 					clear(r.mem)
 					rspec := Spec{ID: id, Peer: src.tr.Self(), Plan: r.plan, Device: pretend(r)}
 					if c.dstMover {
-						rspec.Mover = HostMover(r.mem)
+						rspec.Mover = newHostMover(r.mem)
 					}
-					hs, err := src.e.Send(bg, Spec{ID: id, Peer: tr.Self(), Plan: s.plan, Device: pretend(s), Mover: HostMover(s.mem)})
+					hs, err := src.e.Send(bg, Spec{ID: id, Peer: tr.Self(), Plan: s.plan, Device: pretend(s), Mover: newHostMover(s.mem)})
 					require.NoError(t, err)
 					hr, err := dst.Receive(bg, rspec)
 					require.NoError(t, err)

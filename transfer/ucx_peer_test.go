@@ -178,7 +178,7 @@ func servedOrWedged(t *testing.T, u *ucxEngine, h *Handle, d time.Duration, wedg
 	start := time.Now()
 	replace, base := ucxhooks.Hooks.ReplacesWedgedWorker(u.tr), u.tr.WorkersReplaced()
 	replaced := func() bool { return u.tr.WorkersReplaced() > base }
-	reported := func() bool { return !replace && errors.Is(u.tr.TransportHealth(), ErrTransportWedged) }
+	reported := func() bool { return !replace && errors.Is(u.tr.TransportHealth(), errTransportWedged) }
 	for time.Since(start) < d && !isClosed(h.Done()) && !reported() && !replaced() {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -194,7 +194,7 @@ func servedOrWedged(t *testing.T, u *ucxEngine, h *Handle, d time.Duration, wedg
 	if err := u.tr.TransportHealth(); err != nil && !replace && !isClosed(h.Done()) {
 		t.Logf("UCX limitation hit: the killed peer wedged this worker's shared-memory receive queue; "+
 			"the survivor reports it after %v: %v", time.Since(start).Round(time.Millisecond), err)
-		require.ErrorIs(t, err, ErrTransportWedged)
+		require.ErrorIs(t, err, errTransportWedged)
 		require.True(t, wedgeCan, "a wedged receive queue where none can be")
 		hl := u.e.Health()
 		require.False(t, hl.Healthy)

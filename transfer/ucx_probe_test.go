@@ -20,7 +20,7 @@ import (
 // The receive probe (package ucx's probe.go) makes Health tell when the worker receives nothing any
 // more, with no transfer in flight to stall. A worker whose progress thread is held stands in
 // for UCX's wedged shared-memory queue (which a peer killed mid-write leaves, at random): the
-// probe's messages stop arriving, Health turns unhealthy naming ErrTransportWedged, and turns
+// probe's messages stop arriving, Health turns unhealthy naming errTransportWedged, and turns
 // healthy again once they arrive. The probe's messages never reach the engine.
 func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 	for _, tr := range ucxTransports {
@@ -50,7 +50,7 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 					close(release)
 				}
 			})
-			require.Eventually(t, func() bool { return errors.Is(u.tr.TransportHealth(), ErrTransportWedged) }, 10*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return errors.Is(u.tr.TransportHealth(), errTransportWedged) }, 10*time.Second, 10*time.Millisecond)
 			h := u.e.Health()
 			require.False(t, h.Healthy, "idle, yet nothing can arrive")
 			require.Zero(t, h.InFlight)

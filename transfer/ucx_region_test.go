@@ -19,6 +19,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -138,8 +139,8 @@ func TestUCXRegion_UnregisterWhileInUseRefused(t *testing.T) {
 	h, err := src.e.Send(bg, Spec{ID: 1520, Peer: dst.tr.Self(), Plan: k.plan, Pool: region.Pool(), Timeout: 10 * time.Second})
 	require.NoError(t, err)
 	err = region.Unregister()
-	require.ErrorIs(t, err, ErrRegionInUse)
-	var re *RegionError
+	require.ErrorIs(t, err, transport.ErrRegionInUse)
+	var re *transport.RegionError
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, "unregister", re.Op)
 	require.True(t, src.tr.Direct(region.Pool()), "a refused Unregister changes nothing")
@@ -199,15 +200,15 @@ func TestUCXRegion_Refusals(t *testing.T) {
 		register func() (*ucx.Region, error)
 		want     error
 	}{
-		{"Go heap memory", func() (*ucx.Region, error) { return u.tr.RegisterHost(goMem) }, ErrGoMemory},
-		{"zero length", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem[:0]) }, ErrBadRegion},
-		{"start off a page", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem[64 : 2*page]) }, ErrBadRegion},
-		{"straddles a registration's start", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem[2*page : 6*page]) }, ErrBadRegion},
-		{"contains a registration", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem) }, ErrBadRegion},
-		{"inside AllocatePool memory", func() (*ucx.Region, error) { return u.tr.RegisterHost(owned) }, ErrBadRegion},
-		{"inside the staging region", func() (*ucx.Region, error) { return u.tr.RegisterHost(u.tr.StagingMemory()) }, ErrBadRegion},
-		{"device memory, zero length", func() (*ucx.Region, error) { return u.tr.RegisterDevice(1<<40, 0) }, ErrBadRegion},
-		{"device memory, unaligned", func() (*ucx.Region, error) { return u.tr.RegisterDevice(1<<40+8, 4096) }, ErrBadRegion},
+		{"Go heap memory", func() (*ucx.Region, error) { return u.tr.RegisterHost(goMem) }, transport.ErrGoMemory},
+		{"zero length", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem[:0]) }, transport.ErrBadRegion},
+		{"start off a page", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem[64 : 2*page]) }, transport.ErrBadRegion},
+		{"straddles a registration's start", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem[2*page : 6*page]) }, transport.ErrBadRegion},
+		{"contains a registration", func() (*ucx.Region, error) { return u.tr.RegisterHost(mem) }, transport.ErrBadRegion},
+		{"inside AllocatePool memory", func() (*ucx.Region, error) { return u.tr.RegisterHost(owned) }, transport.ErrBadRegion},
+		{"inside the staging region", func() (*ucx.Region, error) { return u.tr.RegisterHost(u.tr.StagingMemory()) }, transport.ErrBadRegion},
+		{"device memory, zero length", func() (*ucx.Region, error) { return u.tr.RegisterDevice(1<<40, 0) }, transport.ErrBadRegion},
+		{"device memory, unaligned", func() (*ucx.Region, error) { return u.tr.RegisterDevice(1<<40+8, 4096) }, transport.ErrBadRegion},
 	}
 	if !u.tr.DeviceMemory() {
 		cases = append(cases, struct {
@@ -221,7 +222,7 @@ func TestUCXRegion_Refusals(t *testing.T) {
 			r, err := c.register()
 			require.Nil(t, r)
 			require.ErrorIs(t, err, c.want)
-			var re *RegionError
+			var re *transport.RegionError
 			require.ErrorAs(t, err, &re)
 			require.Equal(t, "register", re.Op)
 			require.Equal(t, 1, ucxhooks.Hooks.Registrations(u.tr), "nothing registered")

@@ -239,13 +239,13 @@ func (x *xfer) reserveTags() bool {
 			x.releaseTags = release
 			return true
 		}
-		if !errors.Is(err, ErrTagCollision) {
+		if !errors.Is(err, errTagCollision) {
 			break
 		}
 		x.nonce = wire.NewNonce()
 		x.publishIdent()
 	}
-	x.queuedExit(&RequestError{ID: x.h.id, Err: transportErr(err)})
+	x.queuedExit(&requestError{ID: x.h.id, Err: transportErr(err)})
 	return false
 }
 
@@ -277,7 +277,7 @@ func (x *xfer) run() {
 	// after this check finds the route: its report is in the mailbox, and lostQueued ends
 	// whatever queued wait this transfer is in (OnPeerLost).
 	if err := x.eng.PeerLost(x.peer); err != nil {
-		cause := &RequestError{ID: x.h.id, Err: err}
+		cause := &requestError{ID: x.h.id, Err: err}
 		x.queuedExit(cause)
 		if !x.receive {
 			x.eng.rememberUnanswered(routeKey{x.peer, x.h.id}, wire.AbortInternal, cause)
@@ -309,12 +309,12 @@ func (x *xfer) queueErr(err error) error {
 	default:
 	}
 	if lost := x.lostCause.Load(); lost != nil {
-		return &RequestError{ID: x.h.id, Err: *lost}
+		return &requestError{ID: x.h.id, Err: *lost}
 	}
 	if ab := x.abortCause.Load(); ab != nil {
 		return *ab
 	}
-	return &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrQueueTimeout, err)}
+	return &requestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrQueueTimeout, err)}
 }
 
 // lostQueued ends the queued phase's waits (for a hello, a request, one of MaxConcurrent, a
@@ -397,7 +397,7 @@ func (x *xfer) stopping() error {
 		return x.queueErr(context.Cause(x.qctx))
 	}
 	if x.eng.isClosed() {
-		return &RequestError{ID: x.h.id, Err: ErrClosed}
+		return &requestError{ID: x.h.id, Err: ErrClosed}
 	}
 	return nil
 }
@@ -601,7 +601,7 @@ func (x *xfer) stopped() {
 // timersDue runs whatever the transfer's timer was set for and has come due.
 func (x *xfer) timersDue(now time.Time, backoff *time.Duration) {
 	if due(&x.timers.deadline, now) {
-		x.abort(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, wire.AbortDeadline, 0)
+		x.abort(&requestError{ID: x.h.id, Err: fmt.Errorf("%w: %v after the first slot lease", ErrDeadline, x.timeout)}, wire.AbortDeadline, 0)
 	}
 	if due(&x.timers.retry, now) && x.moved == 0 && !x.aborting && x.retries < x.eng.cfg.Tuning.MaxRetries {
 		x.retries++
@@ -633,7 +633,7 @@ func (x *xfer) handleEvent(ev event) {
 		if p, ok := x.path.(peerTalk); ok {
 			p.peerLost()
 		}
-		x.abort(&RequestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.Tuning.CancelGrace)
+		x.abort(&requestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.Tuning.CancelGrace)
 	case ev.ready:
 		x.onReady()
 	case ev.goodbye:

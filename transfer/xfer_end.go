@@ -248,5 +248,5 @@ func peerAbortErr(id RequestID, m *wire.Abort, sender bool) error {
 	case wire.AbortClaimed:
 		err = fmt.Errorf("%w: %w", ErrAlreadyClaimed, err)
 	}
-	return &RequestError{ID: id, Err: err}
+	return &requestError{ID: id, Err: err}
 }

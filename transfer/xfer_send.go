@@ -57,7 +57,7 @@ func (x *xfer) runSend() {
 				}
 			}
 		case <-unclaimed:
-			x.endQueued(&RequestError{ID: x.h.id, Err: fmt.Errorf("%w: the exposure was not claimed within %v (Config.ExposureTimeout)",
+			x.endQueued(&requestError{ID: x.h.id, Err: fmt.Errorf("%w: the exposure was not claimed within %v (Config.ExposureTimeout)",
 				ErrDeadline, x.eng.cfg.ExposureTimeout)})
 			return
 		case <-x.qctx.Done():
@@ -103,7 +103,7 @@ func (x *xfer) runSend() {
 		if err == nil {
 			err = fmt.Errorf("receiver's %d-byte chunks do not fit this engine's %d-byte slots", ri.ChunkBytes, x.eng.cfg.SlotBytes)
 		}
-		cause := &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrIncompatible, err)}
+		cause := &requestError{ID: x.h.id, Err: fmt.Errorf("%w: %w", ErrIncompatible, err)}
 		x.sendAbort(wire.AbortIncompatible, cause)
 		x.queuedExit(cause)
 		return
@@ -216,7 +216,7 @@ func (x *xfer) refreshReady() error {
 		s := x.signals[x.nextSignal]
 		done, err := s.Signal.Query()
 		if err != nil {
-			return &RequestError{ID: x.h.id, Err: fmt.Errorf("%w: layers [0, %d): %w", ErrReadySignal, s.End, err)}
+			return &requestError{ID: x.h.id, Err: fmt.Errorf("%w: layers [0, %d): %w", errReadySignal, s.End, err)}
 		}
 		if !done {
 			break

@@ -104,7 +104,7 @@ func (m *timedMover) Gather(p *layout.Plan, off int64, dst []byte) error {
 	return err
 }
 
-// ScatterReadsAnyHostMemory implements transfer.AnySourceScatterer: the host scatter reads its
+// ScatterReadsAnyHostMemory is the optional Mover method (transfer.Mover): the host scatter reads its
 // source wherever it lies, so the pull wire may hand it the prefill end's slot in place.
 func (m *timedMover) ScatterReadsAnyHostMemory() bool { return true }
 

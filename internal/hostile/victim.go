@@ -7,7 +7,6 @@ package hostile
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -482,8 +481,7 @@ func (v *victim) receive(ctx context.Context, f forgery.Forgery, id uint64, peer
 func (v *victim) claim(ctx context.Context, f forgery.Forgery, before counters) bool {
 	v.seq++
 	id := forgery.RequestID(v.seq, f)
-	secret := make([]byte, transfer.ClaimSecretBytes)
-	_, _ = rand.Read(secret)
+	secret := transfer.NewClaimSecret()
 	h, err := v.eng.Send(ctx, transfer.Spec{ID: transfer.RequestID(id), Peer: v.addrs[forgery.Honest], Plan: v.plan, Pool: v.pool, Secret: secret, Timeout: bound})
 	if err != nil {
 		v.rep.fail("%s: Send: %v", f, err)

@@ -114,8 +114,8 @@ func TestErrorClassNamesTheSentinel(t *testing.T) {
 		want string
 	}{
 		{"no error", nil, "-"},
-		{"deadline, wrapped", &transfer.RequestError{ID: 7, Err: transfer.ErrDeadline}, "deadline"},
-		{"peer lost, wrapped twice", fmt.Errorf("sub 1: %w", &transfer.RequestError{ID: 7, Err: transfer.ErrPeerLost}), "peer-lost"},
+		{"deadline, wrapped", fmt.Errorf("request 7: %w", transfer.ErrDeadline), "deadline"},
+		{"peer lost, wrapped twice", fmt.Errorf("sub 1: %w", fmt.Errorf("request 7: %w", transfer.ErrPeerLost)), "peer-lost"},
 		{"quarantined before its cause", fmt.Errorf("%w: %w", transfer.ErrQuarantined, transfer.ErrDeadline), "quarantined"},
 		{"stale RMA read", fmt.Errorf("request 3: %w", transfer.ErrStaleRead), "stale-read"},
 		{"a bare string", errors.New("something broke"), untypedError},

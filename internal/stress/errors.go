@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
 // Sentinel errors of the soak.
@@ -34,9 +35,9 @@ var typedErrors = []struct {
 	{"deadline", transfer.ErrDeadline}, {"queue-timeout", transfer.ErrQueueTimeout}, {"cancelled", transfer.ErrCancelled},
 	{"closed", transfer.ErrClosed}, {"sibling-failed", transfer.ErrSiblingFailed}, {"protocol", transfer.ErrProtocol},
 	{"incompatible", transfer.ErrIncompatible}, {"quiescence-unknown", transfer.ErrQuiescenceUnknown},
-	{"transport-wedged", transfer.ErrTransportWedged}, {"tag-collision", transfer.ErrTagCollision},
-	{"stale-read", transfer.ErrStaleRead}, {"bad-rma-offer", transfer.ErrBadRMAOffer},
-	{"peer-lacks-feature", transfer.ErrPeerLacksFeature}, {"bad-region", transfer.ErrBadRegion},
+	{"transport-wedged", transport.ErrTransportWedged}, {"tag-collision", transport.ErrTagCollision},
+	{"stale-read", transfer.ErrStaleRead}, // a bad RMA offer is a "protocol" violation
+	{"peer-lacks-feature", transfer.ErrPeerLacksFeature}, {"bad-region", transport.ErrBadRegion},
 }
 
 // errorClass names the kvxfer sentinel err matches: "-" for no error, untypedError for an
