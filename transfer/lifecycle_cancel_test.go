@@ -273,10 +273,10 @@ func TestConfigIsValidatedOnceWithTheFieldNamed(t *testing.T) {
 	}{
 		{"slot no larger than the header", func(c *Config) { c.SlotBytes = transport.DataHeaderBytes }, "SlotBytes"},
 		{"negative concurrency", func(c *Config) { c.MaxConcurrent = -1 }, "MaxConcurrent"},
-		{"negative depth", func(c *Config) { c.Tuning.PipelineDepth = -2 }, "PipelineDepth"},
-		{"negative quarantine budget", func(c *Config) { c.Tuning.QuarantineBudget = -2 }, "QuarantineBudget"},
-		{"negative poisoned-block budget", func(c *Config) { c.Tuning.PoisonedBlockBudget = -3 }, "PoisonedBlockBudget"},
-		{"negative retries", func(c *Config) { c.Tuning.MaxRetries = -2 }, "MaxRetries"},
+		{"negative depth", func(c *Config) { c.Tuning.PipelineDepth = -2 }, "Tuning.PipelineDepth"},
+		{"negative quarantine budget", func(c *Config) { c.Tuning.QuarantineBudget = -2 }, "Tuning.QuarantineBudget"},
+		{"negative poisoned-block budget", func(c *Config) { c.Tuning.PoisonedBlockBudget = -3 }, "Tuning.PoisonedBlockBudget"},
+		{"negative retries", func(c *Config) { c.Tuning.MaxRetries = -2 }, "Tuning.MaxRetries"},
 		{"negative deadline", func(c *Config) { c.ProgressDeadline = -time.Second }, "ProgressDeadline"},
 		{"staging memory too small", func(c *Config) { c.StagingMemory = make([]byte, 100); c.Tuning.NumSlots = 4 }, "StagingMemory"},
 	}
