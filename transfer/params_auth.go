@@ -5,22 +5,16 @@ package transfer
 import (
 	"errors"
 
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"go.uber.org/zap"
 )
 
-// SealableParams is request metadata a cluster key signs and checks: a transport's
-// ContextParams (ucx.ContextParams). Sign seals it with the first of keys; Verify checks its
-// seal against any of them and refuses it with an *AuthError (What "params").
-type SealableParams interface {
-	Sign(keys [][]byte) error
-	Verify(keys [][]byte) error
-}
-
-// SignParams seals p with the engine's first cluster key (Config.ClusterKeys), so an engine of
-// the same fleet can verify it (docs/protocol.md, "ContextParams v3"). Call it on the params a
-// Send hands out, after the last change to them and before they are encoded. Without keys it
-// leaves p unsigned and returns nil.
-func (e *Engine) SignParams(p SealableParams) error {
+// SignParams seals p (a transport's ContextParams: *ucx.ContextParams) with the engine's first
+// cluster key (Config.ClusterKeys), so an engine of the same fleet can verify it
+// (docs/protocol.md, "ContextParams v3"). Call it on the params a Send hands out, after the
+// last change to them and before they are encoded. Without keys it leaves p unsigned and
+// returns nil.
+func (e *Engine) SignParams(p transport.Params) error {
 	if len(e.cfg.ClusterKeys) == 0 {
 		return nil
 	}
@@ -32,7 +26,7 @@ func (e *Engine) SignParams(p SealableParams) error {
 // signed are refused with an *AuthError (matching ErrUnauthenticated) and counted
 // (an Observer's OnAuthRefused; kvxfer_auth_refused_total{what="params"}). Without keys it
 // checks nothing and returns nil, as an engine without keys reads sealed hellos.
-func (e *Engine) VerifyParams(p SealableParams) error {
+func (e *Engine) VerifyParams(p transport.Params) error {
 	if len(e.cfg.ClusterKeys) == 0 {
 		return nil
 	}

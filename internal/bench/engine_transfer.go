@@ -161,10 +161,8 @@ func (e *engineAdapter) ReceiveExposed(ctx context.Context, id uint64, params, s
 		if pid != id {
 			return nil, fmt.Errorf("receive %d: the params name request %d", id, pid)
 		}
-		if sp, ok := p.(transfer.SealableParams); ok {
-			if err := e.eng.VerifyParams(sp); err != nil {
-				return nil, fmt.Errorf("receive %d: %w", id, err)
-			}
+		if err := e.eng.VerifyParams(p); err != nil {
+			return nil, fmt.Errorf("receive %d: %w", id, err)
 		}
 		spec.Params, spec.Secret, oneHop = p, sec, hop
 	}
