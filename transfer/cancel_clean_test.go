@@ -58,7 +58,7 @@ func TestL3_ReceiversCancelIsACleanCancelForTheSenderOnEveryPath(t *testing.T) {
 			require.False(t, hs.Status().BlocksPoisoned)
 			require.False(t, hr.Status().BlocksPoisoned)
 			for _, e := range []*Engine{p.src, p.dst} {
-				require.Zero(t, e.Health().Quarantined)
+				require.Zero(t, e.Health().Numbers.Quarantined)
 			}
 		})
 	}

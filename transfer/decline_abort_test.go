@@ -105,8 +105,8 @@ func TestL3_AReceiverAbortedBeforeTheDeclineStrandsNoChunkOfTheSender(t *testing
 			require.Zero(t, sp.n.Load(), "the sender poisoned a slot or its blocks")
 			require.Zero(t, rp.n.Load(), "the receiver poisoned a slot or its blocks")
 			for _, e := range []*Engine{p.src, p.dst} {
-				require.Zero(t, e.Health().PoisonedSlots)
-				require.Zero(t, e.Health().PoisonedBlocks)
+				require.Zero(t, e.Health().Numbers.PoisonedSlots)
+				require.Zero(t, e.Health().Numbers.PoisonedBlocks)
 			}
 		})
 	}

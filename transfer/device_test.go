@@ -407,7 +407,7 @@ func TestL2_DeviceBlocksHeldWhileNotQuiescent(t *testing.T) {
 			if c.poisoned {
 				eventually(t, func() bool { return hr.Status().BlocksPoisoned }, "blocks poisoned")
 				require.NoError(t, p.dst.Drain(bg), "the transfer's goroutine ended")
-				require.Equal(t, int64(len(dst.plan.Blocks())), p.dst.Health().PoisonedBlocks, "each device block counted once")
+				require.Equal(t, int64(len(dst.plan.Blocks())), p.dst.Health().Numbers.PoisonedBlocks, "each device block counted once")
 			} else {
 				requireState(t, hr, Quarantined, ErrDeadline)
 			}

@@ -268,7 +268,7 @@ func TestDirectCancelInFlightWaitsForQuiescence(t *testing.T) {
 	waitClosed(t, hs.Quiesced(), "sender quiesced")
 	requireState(t, hr, Cancelled)
 	require.False(t, hr.Status().BlocksPoisoned)
-	require.Zero(t, p.dst.Health().Quarantined)
+	require.Zero(t, p.dst.Health().Numbers.Quarantined)
 }
 
 func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
@@ -311,9 +311,9 @@ func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
 			require.True(t, hr2.Status().BlocksPoisoned)
 			require.False(t, isClosed(hr2.Quiesced()))
 			if !c.close {
-				eventually(t, func() bool { return p.dst.Health().BlocksPoisoned == 2 }, "both settled")
+				eventually(t, func() bool { return p.dst.Health().Numbers.BlocksPoisoned == 2 }, "both settled")
 				h := p.dst.Health()
-				require.Equal(t, int64(2), h.Quarantined, "quarantined for good")
+				require.Equal(t, int64(2), h.Numbers.Quarantined, "quarantined for good")
 				require.True(t, h.Healthy, "settled transfers leave the quarantine budget (L12): %s", h.Reason)
 			}
 			require.Zero(t, p.dst.pool.Stats().Poisoned, "no slot was involved")
@@ -382,7 +382,7 @@ func TestL2_NoHandleForgottenWhileNotQuiescent(t *testing.T) {
 				require.NoError(t, p.dst.Drain(bg), "the transfer's goroutine ended")
 			}
 			require.NoError(t, hr.Release())
-			require.Equal(t, int64(1), p.dst.Health().Remembered, "released but not quiescent")
+			require.Equal(t, int64(1), p.dst.Health().Numbers.Remembered, "released but not quiescent")
 
 			out := p.dst.Cancel(1)
 			require.Equal(t, NotCancellable, out)
@@ -436,7 +436,7 @@ func TestL2_NoHandleForgottenWhileNotQuiescent(t *testing.T) {
 			}
 			p.net.Resume()
 			waitClosed(t, hr.Quiesced(), "the transport let go")
-			require.Zero(t, p.dst.Health().Remembered)
+			require.Zero(t, p.dst.Health().Numbers.Remembered)
 			// Quiesced closes before the transfer's goroutine has ended and let the handle go.
 			eventually(t, func() bool { return p.dst.Cancel(1) == NotFound }, "quiescent and released: forgotten")
 			h, err = p.dst.Receive(bg, Spec{ID: 2, Peer: "prefill", Plan: dst.plan, Pool: dst.mem})

@@ -449,7 +449,7 @@ func (e *Engine) idle(now int64) bool {
 // Drain waits until every transfer's goroutine has ended, or ctx is done (Config.CloseTimeout
 // when ctx has no deadline); it does not refuse new transfers. A transfer whose goroutine has
 // ended has its outcome and is quiescent, except one whose caller's blocks are poisoned for
-// good (Status.BlocksPoisoned, counted in HealthSnapshot.BlocksPoisoned): that one never
+// good (Status.BlocksPoisoned, counted in Health.Numbers.BlocksPoisoned): that one never
 // quiesces, and Drain does not wait for it. Meant for shutdown, before Close. Then it tells
 // each peer that takes a goodbye (wire 4) which transfers with it ended here, failed or
 // cancelled, with every operation quiescent, so the peer ends its side of them at once and

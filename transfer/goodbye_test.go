@@ -111,7 +111,7 @@ func TestL9_GoodbyeEndsOnlyTheTransfersItNames(t *testing.T) {
 					require.ErrorIs(t, st.Err, ErrPeerAborted)
 					require.False(t, st.BlocksPoisoned)
 					require.Zero(t, survivor.pool.Stats().Poisoned)
-					require.Zero(t, survivor.Health().PoisonedBlocks)
+					require.Zero(t, survivor.Health().Numbers.PoisonedBlocks)
 				})
 			}
 		}

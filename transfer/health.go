@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/health"
 	"strings"
 	"time"
 
@@ -17,38 +18,9 @@ type Health struct {
 	// Reason says why the engine is unhealthy ("" when healthy); several reasons are joined
 	// with "; ".
 	Reason string
-	HealthSnapshot
-}
-
-// HealthSnapshot holds the numbers Health is computed from.
-type HealthSnapshot struct {
-	InFlight         int64         // handles advertised or in flight
-	Quarantined      int64         // handles quarantined now
-	BlocksPoisoned   int64         // of those, the ones quarantined for good with the caller's blocks poisoned (L9); not counted against the budget
-	PoisonedBlocks   int64         // the callers' KV blocks those poisoned, each counted once
-	PoisonedBudget   int           // Config.Tuning.PoisonedBlockBudget: more PoisonedBlocks is unhealthy
-	Remembered       int64         // handles every caller reference released while not quiescent: kept, with their ids and blocks, until they are
-	QuarantineBudget int           // Config.Tuning.QuarantineBudget
-	TotalSlots       int           // staging slots, poisoned included
-	FreeSlots        int           // slots free now
-	PoisonedSlots    int           // slots out of circulation for good
-	MinSlots         int           // slots needed to serve MaxConcurrent transfers
-	AwaitingReady    int64         // in-flight streaming transfers waiting on the model's layers, not the wire
-	SinceProgress    time.Duration // since the last chunk moved or transfer completed (or an idle engine was asked for one)
-	ProgressDeadline time.Duration // Config.ProgressDeadline
-	MalformedControl int64         // control messages that did not decode
-	StaleMessages    int64         // messages of an older transfer with the same request id (another nonce), dropped
-	// ProtocolRefusals counts the transfers this engine failed because what their peer sent
-	// broke the protocol (ErrProtocol): an offer outside the layout or the peer's segment, a
-	// malformed remote key, a read outside what the peer registered (docs/security.md).
-	ProtocolRefusals int64
-	MoverWedged      bool // a Mover could not say whether its copy ended (ErrQuiescenceUnknown): the device is not trusted
-	TransportWedged  bool // the transport reports it cannot deliver (transport.TransportHealth)
-	Closed           bool // the engine is closed
-	// Generation words (validated rma and pull reads, rma_gen.go): held now and in all, of
-	// a transport that counts them (transport.GenerationWords), and the offers declined for want of one.
-	GenerationWordsHeld, GenerationWords int
-	GenerationDeclines                   int64
+	// Numbers are what the verdict was computed from (package transfer/health): package
+	// observe exports them as gauges; a serving program's probes need only Healthy and Reason.
+	Numbers health.Numbers
 }
 
 // Health tells the truth (L12): unhealthy when no byte moved and no transfer completed for
@@ -67,7 +39,7 @@ func (e *Engine) Health() Health {
 	// The settled count first: a handle joins it only after it joined the quarantined count
 	// and never leaves either, so a snapshot never holds more settled than quarantined.
 	settled := e.poisonedForGood.Load()
-	s := HealthSnapshot{
+	s := health.Numbers{
 		InFlight: e.inFlight.Load(), AwaitingReady: e.awaiting.Load(), Quarantined: e.quarantined.Load(), QuarantineBudget: e.cfg.Tuning.QuarantineBudget,
 		TotalSlots: st.Total, FreeSlots: st.Free, PoisonedSlots: st.Poisoned, MinSlots: e.cfg.MaxConcurrent,
 		ProgressDeadline: e.cfg.ProgressDeadline,
@@ -122,5 +94,5 @@ func (e *Engine) Health() Health {
 		why = append(why, fmt.Sprintf("%d of %d staging slots poisoned: %d usable, %d needed for MaxConcurrent",
 			s.PoisonedSlots, s.TotalSlots, usable, s.MinSlots))
 	}
-	return Health{Healthy: len(why) == 0, Reason: strings.Join(why, "; "), HealthSnapshot: s}
+	return Health{Healthy: len(why) == 0, Reason: strings.Join(why, "; "), Numbers: s}
 }

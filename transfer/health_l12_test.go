@@ -50,7 +50,7 @@ func TestL12_FailuresWhileQueuedAreAStall(t *testing.T) {
 				hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Stream: true})
 				require.NoError(t, err)
 				eventually(t, func() bool { return hr.Status().State == Advertised && hs.Status().State == Advertised }, "the stream advertised")
-				require.Equal(t, int64(1), p.dst.Health().AwaitingReady)
+				require.Equal(t, int64(1), p.dst.Health().Numbers.AwaitingReady)
 				t.Cleanup(func() { p.dst.Cancel(1); p.src.Cancel(1) })
 			},
 			request: func(p *pair, id RequestID, dst *kvPool) (*Handle, *Engine, error) {
@@ -188,7 +188,7 @@ func TestL12_FrozenPeerTurnsTheOtherSideUnhealthyOnEveryPath(t *testing.T) {
 				h := watcher.Health()
 				require.False(t, h.Healthy, "healthy %v after the %s froze: %+v", time.Since(froze), frozen, h)
 				require.Contains(t, h.Reason, "no transfer progressed")
-				require.Equal(t, int64(1), h.InFlight)
+				require.Equal(t, int64(1), h.Numbers.InFlight)
 
 				p.net.SetFault(nil)
 				p.net.Resume()

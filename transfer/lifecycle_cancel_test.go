@@ -161,7 +161,7 @@ func TestBadInputGivesTypedErrors(t *testing.T) {
 		tr := p.net.Transport("vandal")
 		require.NoError(t, tr.Bind(inbound{p.dst}))
 		require.NoError(t, tr.SendControl("decode", []byte("not a message at all")))
-		eventually(t, func() bool { return p.dst.Health().MalformedControl == 1 }, "counted")
+		eventually(t, func() bool { return p.dst.Health().Numbers.MalformedControl == 1 }, "counted")
 		require.NoError(t, tr.Close(true))
 	})
 

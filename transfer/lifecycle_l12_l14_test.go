@@ -37,8 +37,8 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		require.Less(t, time.Since(start), cfg.ProgressDeadline+5*time.Second)
 		h := p.dst.Health()
 		require.Contains(t, h.Reason, "no transfer progressed")
-		require.Equal(t, int64(1), h.InFlight)
-		require.Greater(t, h.SinceProgress, cfg.ProgressDeadline)
+		require.Equal(t, int64(1), h.Numbers.InFlight)
+		require.Greater(t, h.Numbers.SinceProgress, cfg.ProgressDeadline)
 
 		p.net.SetFault(nil)
 		p.net.Resume()
@@ -121,7 +121,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		waitClosed(t, h1.Done(), "quarantined")
 		h := p.dst.Health()
 		require.False(t, h.Healthy)
-		require.Zero(t, h.QuarantineBudget)
+		require.Zero(t, h.Numbers.QuarantineBudget)
 		require.Contains(t, h.Reason, "1 transfers quarantined, over the budget of 0")
 		p.net.Resume()
 		waitClosed(t, h1.Quiesced(), "resolved")
@@ -140,7 +140,7 @@ func TestL12_HealthTellsTheTruth(t *testing.T) {
 		h := p.dst.Health()
 		require.False(t, h.Healthy)
 		require.Contains(t, h.Reason, "staging slots poisoned")
-		require.Equal(t, 2, h.PoisonedSlots)
+		require.Equal(t, 2, h.Numbers.PoisonedSlots)
 	})
 }
 
@@ -421,7 +421,7 @@ func TestL14_PoisonedSubNeverHidesAQuarantineFromTheBudget(t *testing.T) {
 			})
 			health := func(what string) Health {
 				h := recv.Health()
-				require.GreaterOrEqual(t, h.Quarantined, h.BlocksPoisoned, "%s: settled transfers counted that are not quarantined: %+v", what, h.HealthSnapshot)
+				require.GreaterOrEqual(t, h.Numbers.Quarantined, h.Numbers.BlocksPoisoned, "%s: settled transfers counted that are not quarantined: %+v", what, h.Numbers)
 				return h
 			}
 
@@ -457,13 +457,13 @@ func TestL14_PoisonedSubNeverHidesAQuarantineFromTheBudget(t *testing.T) {
 			waitClosed(t, h88.Done(), "the other transfer's deadline")
 			requireState(t, h88, Quarantined, ErrDeadline)
 			hl := health("another quarantined")
-			require.False(t, hl.Healthy, "a quarantined transfer over a budget of none: %+v", hl.HealthSnapshot)
+			require.False(t, hl.Healthy, "a quarantined transfer over a budget of none: %+v", hl.Numbers)
 			require.Contains(t, hl.Reason, "quarantined, over the budget")
 
 			n.Resume() // the sibling's hung data ends: the handle quarantines, settled for good
 			waitClosed(t, h.Done(), "the multi-peer handle decided")
 			requireState(t, h, Quarantined)
-			eventually(t, func() bool { return recv.Health().BlocksPoisoned == 1 }, "the handle settled")
+			eventually(t, func() bool { return recv.Health().Numbers.BlocksPoisoned == 1 }, "the handle settled")
 			waitClosed(t, h88.Quiesced(), "the other transfer resolved")
 			hl = health("the other resolved")
 			require.True(t, hl.Healthy, "only the settled handle is left: %s", hl.Reason)

@@ -251,7 +251,7 @@ func TestL10_QuiescedClosesOnceAndOnlyWhenTheTransportLetsGo(t *testing.T) {
 	quiet(t, p.net)
 	require.False(t, isClosed(hr.Quiesced()), "quiesced while the transport still holds the slot")
 	require.NotZero(t, p.dst.pool.Stats().Leased)
-	require.Equal(t, int64(1), p.dst.Health().Quarantined)
+	require.Equal(t, int64(1), p.dst.Health().Numbers.Quarantined)
 
 	p.net.Resume()
 	waitClosed(t, hr.Quiesced(), "receiver quiesced")
@@ -259,7 +259,7 @@ func TestL10_QuiescedClosesOnceAndOnlyWhenTheTransportLetsGo(t *testing.T) {
 	requireState(t, hr, Failed, ErrDeadline)
 	requireState(t, hs, Failed, ErrPeerAborted)
 	require.Zero(t, p.dst.pool.Stats().Poisoned, "proven done: released, not poisoned")
-	require.Zero(t, p.dst.Health().Quarantined)
+	require.Zero(t, p.dst.Health().Numbers.Quarantined)
 	require.Equal(t, make([]byte, dst.plan.Bytes()), dst.stream(t), "the engine wrote caller memory after giving up")
 }
 

@@ -280,7 +280,7 @@ func TestL11_ASendToALostPeerFailsAtOnceOnEveryPath(t *testing.T) {
 				waitClosed(t, hr.Quiesced(), "the Receive quiesced")
 				require.False(t, st.BlocksPoisoned)
 				require.Zero(t, p.src.pool.Stats().Poisoned)
-				require.Zero(t, p.src.Health().Quarantined)
+				require.Zero(t, p.src.Health().Numbers.Quarantined)
 				require.GreaterOrEqual(t, p.src.lastFailure.Load(), asked, "the failure counts for Health")
 			})
 		}

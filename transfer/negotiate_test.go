@@ -231,7 +231,7 @@ func TestGarbageHelloLosesNothing(t *testing.T) {
 		require.NoError(t, p.net.Endpoint("decode").SendControl("prefill", b))
 	}
 	eventually(t, func() bool {
-		return p.dst.Health().MalformedControl == int64(len(bad)) && p.src.Health().MalformedControl == int64(len(bad))
+		return p.dst.Health().Numbers.MalformedControl == int64(len(bad)) && p.src.Health().Numbers.MalformedControl == int64(len(bad))
 	}, "every bad hello counted")
 	p.net.SetFault(nil)
 	p.net.Resume()

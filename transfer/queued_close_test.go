@@ -94,7 +94,7 @@ func queuedSenderCloses(t *testing.T, c queuedSenderCase, leaving, survivor *Eng
 	ps := survivor.pool.Stats()
 	require.Zero(t, ps.Poisoned, "slots poisoned: %+v", ps)
 	require.Zero(t, ps.Leased, "slots leased: %+v", ps)
-	require.Zero(t, survivor.Health().PoisonedBlocks)
+	require.Zero(t, survivor.Health().Numbers.PoisonedBlocks)
 }
 
 // TestL11_ClosingSenderEndsItsWaitingReceivers: a Send still Queued when its engine closes
@@ -225,6 +225,6 @@ func receiverAbortsQueuedSend(t *testing.T, c queuedSenderCase, sender, receiver
 	}
 	require.Equal(t, Advertised, holder.Status().State, "the holder is untouched")
 	waitClosedWithin(t, hr.Quiesced(), "the receiver quiesced", 30*time.Second)
-	require.Zero(t, sender.Health().PoisonedBlocks)
-	require.Zero(t, receiver.Health().PoisonedBlocks)
+	require.Zero(t, sender.Health().Numbers.PoisonedBlocks)
+	require.Zero(t, receiver.Health().Numbers.PoisonedBlocks)
 }

@@ -5,6 +5,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/health"
 
 	"go.uber.org/zap"
 
@@ -70,7 +71,7 @@ func (x *xfer) noGenerationWord(err error) {
 // generationHealth fills s's generation word counts and returns why they make the engine
 // unhealthy, or "": every word held, so each rma or pull offer is declined until one comes
 // back (the words of exposures that end, or that were poisoned for good, do).
-func (e *Engine) generationHealth(s *HealthSnapshot) string {
+func (e *Engine) generationHealth(s *health.Numbers) string {
 	s.GenerationDeclines = e.genDeclines.Load()
 	gw, ok := e.tr.(transport.GenerationWords)
 	if !ok {

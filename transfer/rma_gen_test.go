@@ -158,14 +158,14 @@ func TestL12_GenerationWordsRunOutVisibly(t *testing.T) {
 			h := p.src.Health()
 			require.False(t, h.Healthy, "every generation word held went unreported")
 			require.Contains(t, h.Reason, "all 1 generation words held")
-			require.Equal(t, 1, h.GenerationWordsHeld)
-			require.Equal(t, 1, h.GenerationWords)
+			require.Equal(t, 1, h.Numbers.GenerationWordsHeld)
+			require.Equal(t, 1, h.Numbers.GenerationWords)
 
 			hs2, hr2 := c.start(t, p, 2)
 			waitClosed(t, hr2.Quiesced(), "transfer 2 received")
 			waitClosed(t, hs2.Quiesced(), "transfer 2 sent")
 			requireState(t, hr2, Completed)
-			require.Equal(t, int64(1), p.src.Health().GenerationDeclines, "the declined offer counted")
+			require.Equal(t, int64(1), p.src.Health().Numbers.GenerationDeclines, "the declined offer counted")
 			if c.desc == "rma" {
 				require.Equal(t, PathDirect, hr2.Path(), "declined: IOV messages")
 			}
@@ -177,8 +177,8 @@ func TestL12_GenerationWordsRunOutVisibly(t *testing.T) {
 			requireState(t, hr1, Completed)
 			eventually(t, func() bool { return p.src.Health().Healthy }, "healthy once the word came back")
 			h = p.src.Health()
-			require.Zero(t, h.GenerationWordsHeld)
-			require.Equal(t, int64(1), h.GenerationDeclines)
+			require.Zero(t, h.Numbers.GenerationWordsHeld)
+			require.Equal(t, int64(1), h.Numbers.GenerationDeclines)
 		})
 	}
 }

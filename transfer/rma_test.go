@@ -342,7 +342,7 @@ func TestRMABadOfferIsRejected(t *testing.T) {
 			require.Zero(t, ops, "no get was made")
 			require.Equal(t, make([]byte, len(dst.mem)), dst.mem, "nothing written")
 			if errors.Is(hr.Status().Err, ErrProtocol) {
-				require.EqualValues(t, 1, e.Health().ProtocolRefusals, "the refused offer is counted")
+				require.EqualValues(t, 1, e.Health().Numbers.ProtocolRefusals, "the refused offer is counted")
 			}
 		})
 	}
@@ -521,11 +521,11 @@ func TestL12_BlocksPoisonedForGoodHaveABudgetOfTheirOwn(t *testing.T) {
 		p.net.Endpoint("decode").AllowDirect(dst.mem)
 		_, hr := p.start(t, id, src, dst)
 		waitClosed(t, hr.Done(), "receiver done")
-		eventually(t, func() bool { return p.dst.Health().BlocksPoisoned == int64(id) }, "receiver's blocks poisoned")
+		eventually(t, func() bool { return p.dst.Health().Numbers.BlocksPoisoned == int64(id) }, "receiver's blocks poisoned")
 		h := p.dst.Health()
-		require.Equal(t, int64(id), h.Quarantined, "they stay quarantined")
-		require.Equal(t, 4*int64(id), h.PoisonedBlocks)
-		require.Equal(t, 8, h.PoisonedBudget)
+		require.Equal(t, int64(id), h.Numbers.Quarantined, "they stay quarantined")
+		require.Equal(t, 4*int64(id), h.Numbers.PoisonedBlocks)
+		require.Equal(t, 8, h.Numbers.PoisonedBudget)
 		if id < 3 {
 			require.True(t, h.Healthy, "within both budgets: %s", h.Reason)
 			continue

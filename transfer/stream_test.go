@@ -206,7 +206,7 @@ func TestL12_StreamWaitingOnTheModelIsNotAStall(t *testing.T) {
 				p.net.Resume()
 			} else {
 				require.True(t, h.Healthy, h.Reason)
-				require.Equal(t, int64(1), h.AwaitingReady)
+				require.Equal(t, int64(1), h.Numbers.AwaitingReady)
 				require.True(t, p.dst.Health().Healthy, p.dst.Health().Reason)
 			}
 			require.NoError(t, hs.MarkLayersReady(int(streamDims.NumLayers)))
@@ -215,7 +215,7 @@ func TestL12_StreamWaitingOnTheModelIsNotAStall(t *testing.T) {
 			requireState(t, hs, Completed)
 			requireState(t, hr, Completed)
 			require.Equal(t, src.stream(t), dst.stream(t))
-			require.Zero(t, p.src.Health().AwaitingReady)
+			require.Zero(t, p.src.Health().Numbers.AwaitingReady)
 			require.NoError(t, hs.Release())
 			require.NoError(t, hr.Release())
 		})

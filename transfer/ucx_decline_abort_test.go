@@ -84,7 +84,7 @@ func TestL3_UCXAReceiverAbortedBeforeTheDeclineStrandsNoChunkOfTheSender(t *test
 			require.Equal(t, "true 0 false", peer.Expect(t, "QUIESCED ", 30*time.Second),
 				"the sender's handle quiesced (true), no slot poisoned (0), its blocks not poisoned (false)")
 			require.False(t, h.Status().BlocksPoisoned)
-			require.Zero(t, local.e.Health().PoisonedSlots)
+			require.Zero(t, local.e.Health().Numbers.PoisonedSlots)
 		})
 	}
 }

@@ -114,7 +114,7 @@ func TestL9_UCXGracefulPeerLeavesNothingPoisoned(t *testing.T) {
 					require.Zero(t, ps.Poisoned, "slots poisoned: %+v", ps)
 					require.Zero(t, ps.Leased, "slots leased: %+v", ps)
 					hl := survivor.e.Health()
-					require.Zero(t, hl.PoisonedBlocks)
+					require.Zero(t, hl.Numbers.PoisonedBlocks)
 				})
 			}
 		}
@@ -196,7 +196,7 @@ func TestL9_UCXPeerProcessLeavingLeavesNothingPoisoned(t *testing.T) {
 					ps := local.e.pool.Stats()
 					require.Zero(t, ps.Poisoned, "slots poisoned: %+v", ps)
 					require.Zero(t, ps.Leased, "slots leased: %+v", ps)
-					require.Zero(t, local.e.Health().PoisonedBlocks)
+					require.Zero(t, local.e.Health().Numbers.PoisonedBlocks)
 				})
 			}
 		}

@@ -159,12 +159,12 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 				t.Run("forged: "+f.desc, func(t *testing.T) {
 					p := newOneHopPair(t, tr.tls, tr.dev, 75, ucxTestConfig())
 					f.edit(p)
-					before := p.dst.e.Health().ProtocolRefusals
+					before := p.dst.e.Health().Numbers.ProtocolRefusals
 					hr := p.receive(t)
 					waitQuiesced(t, hr, 30*time.Second)
 					require.Equal(t, Failed, hr.Status().State, "path %v oneHop %v", hr.Path(), oneHopUsed(hr))
 					require.ErrorIs(t, hr.Status().Err, ErrProtocol, "%v", hr.Status().Err)
-					require.Equal(t, before+1, p.dst.e.Health().ProtocolRefusals, "counted")
+					require.Equal(t, before+1, p.dst.e.Health().Numbers.ProtocolRefusals, "counted")
 					require.Zero(t, p.r.stream(t)[0], "nothing read")
 					require.Equal(t, CancelledBeforeAdvertise, p.src.e.Cancel(p.hs.ID()), "the exposure was never claimed")
 				})

@@ -53,17 +53,17 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 			require.Eventually(t, func() bool { return errors.Is(u.tr.TransportHealth(), errTransportWedged) }, 10*time.Second, 10*time.Millisecond)
 			h := u.e.Health()
 			require.False(t, h.Healthy, "idle, yet nothing can arrive")
-			require.Zero(t, h.InFlight)
+			require.Zero(t, h.Numbers.InFlight)
 			require.Contains(t, h.Reason, "wedged")
 			require.Contains(t, h.Reason, "loopback probe")
-			require.True(t, h.TransportWedged)
+			require.True(t, h.Numbers.TransportWedged)
 
 			close(release)
 			require.NoError(t, <-held)
 			require.Eventually(t, func() bool { return u.e.Health().Healthy }, 10*time.Second, 10*time.Millisecond,
 				"the probe's messages arrive again: %s", u.e.Health().Reason)
-			require.Zero(t, u.e.Health().MalformedControl, "probe messages are the transport's, never the engine's")
-			require.False(t, u.e.Health().TransportWedged)
+			require.Zero(t, u.e.Health().Numbers.MalformedControl, "probe messages are the transport's, never the engine's")
+			require.False(t, u.e.Health().Numbers.TransportWedged)
 		})
 	}
 }

@@ -608,7 +608,7 @@ type counters struct {
 
 func (v *victim) counters() counters {
 	h := v.eng.Health()
-	c := counters{refusals: h.ProtocolRefusals, stale: h.StaleMessages, auth: map[string]float64{}}
+	c := counters{refusals: h.Numbers.ProtocolRefusals, stale: h.Numbers.StaleMessages, auth: map[string]float64{}}
 	mfs, err := v.reg.Gather()
 	if err != nil {
 		return c

@@ -304,7 +304,7 @@ loop:
 	cancel()
 	h := eng.Health()
 	seen, reused, _ := n.slot.findings()
-	say("POOL %d %d %d %d %d", h.TotalSlots, h.FreeSlots, h.PoisonedSlots, seen, len(reused))
+	say("POOL %d %d %d %d %d", h.Numbers.TotalSlots, h.Numbers.FreeSlots, h.Numbers.PoisonedSlots, seen, len(reused))
 	return eng.Close()
 }
 
@@ -318,12 +318,12 @@ func terminate(eng *transfer.Engine, n *node, reg discovery.Registration, sends 
 	ctx, cancel := context.WithTimeout(context.Background(), pc.DrainFor)
 	_ = eng.Drain(ctx) // a deadline missed is the point: Close meets what is left
 	cancel()
-	say("TERM %d", eng.Health().InFlight)
+	say("TERM %d", eng.Health().Numbers.InFlight)
 	closeErr := eng.Close()
 	waitBounded(sends, closedChan(), pc.QueueTimeout+pc.QuarantineTimeout+time.Minute)
 	h := eng.Health()
 	seen, reused, _ := n.slot.findings()
-	say("POOL %d %d %d %d %d", h.TotalSlots, h.FreeSlots, h.PoisonedSlots, seen, len(reused))
+	say("POOL %d %d %d %d %d", h.Numbers.TotalSlots, h.Numbers.FreeSlots, h.Numbers.PoisonedSlots, seen, len(reused))
 	return closeErr
 }
 

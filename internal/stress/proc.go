@@ -424,7 +424,7 @@ func (ps *procSoak) freezePeers(k int) {
 	for !detected && time.Now().Before(detectBy) {
 		h := ps.decodeNode().eng.Health()
 		ps.log.Debug("decode health while the peers are stopped", zap.Duration("since_stop", time.Since(t0)),
-			zap.Bool("healthy", h.Healthy), zap.Int64("in_flight", h.InFlight), zap.Duration("since_progress", h.SinceProgress))
+			zap.Bool("healthy", h.Healthy), zap.Int64("in_flight", h.Numbers.InFlight), zap.Duration("since_progress", h.Numbers.SinceProgress))
 		if !h.Healthy {
 			detected = true
 			storeMax(&ps.longestDetect, time.Since(t0))

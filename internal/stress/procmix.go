@@ -516,7 +516,7 @@ func (ps *procSoak) restartDecode() {
 	ctx, cancel := context.WithTimeout(context.Background(), drainFor)
 	_ = old.eng.Drain(ctx) // a deadline missed is the point: Close meets what is left
 	cancel()
-	if old.eng.Health().InFlight > 0 {
+	if old.eng.Health().Numbers.InFlight > 0 {
 		ps.underLoad.Add(1)
 	}
 	cma := oldTr.CMAStats()

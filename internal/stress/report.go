@@ -47,12 +47,12 @@ type Report struct {
 	// faults it must be 0.
 	BlocksPoisoned int64 `json:"blocks_poisoned"`
 	// PoisonedBlocks counts the callers' KV blocks poisoned for good, over every engine
-	// (HealthSnapshot.PoisonedBlocks); PoisonedBlockBudget is each engine's bound on them
+	// (Health.Numbers.PoisonedBlocks); PoisonedBlockBudget is each engine's bound on them
 	// (Config.Tuning.PoisonedBlockBudget), past which it reports unhealthy.
 	PoisonedBlocks      int64 `json:"poisoned_blocks"`
 	PoisonedBlockBudget int   `json:"poisoned_block_budget"`
 	// RememberedUnquiesced counts the handles the engines keep because they are not quiescent
-	// although the soak released them (HealthSnapshot.Remembered): every released handle
+	// although the soak released them (Health.Numbers.Remembered): every released handle
 	// whose blocks were poisoned must be counted (fewer is a breach: a handle forgotten).
 	RememberedUnquiesced int64 `json:"remembered_unquiesced"`
 	// SilentUnhealthySeconds is how long an engine issuing requests one after another to a

@@ -120,7 +120,7 @@ func (s *soak) freeze() {
 			h := n.eng.Health()
 			if !h.Healthy {
 				seen[n.name] = time.Since(t0)
-			} else if h.InFlight <= h.AwaitingReady {
+			} else if h.Numbers.InFlight <= h.Numbers.AwaitingReady {
 				excused[n.name] = true
 			}
 		}
@@ -277,11 +277,11 @@ func (s *soak) monitor(ctx context.Context) {
 			sick := false
 			for _, n := range s.live() {
 				h := n.eng.Health()
-				if h.FreeSlots < 0 || h.PoisonedSlots < 0 || h.FreeSlots+h.PoisonedSlots > h.TotalSlots {
+				if h.Numbers.FreeSlots < 0 || h.Numbers.PoisonedSlots < 0 || h.Numbers.FreeSlots+h.Numbers.PoisonedSlots > h.Numbers.TotalSlots {
 					s.accountingErrors.Add(1)
-					s.addBreach(fmt.Sprintf("engine %s: free %d + poisoned %d exceeds total %d", n.name, h.FreeSlots, h.PoisonedSlots, h.TotalSlots))
+					s.addBreach(fmt.Sprintf("engine %s: free %d + poisoned %d exceeds total %d", n.name, h.Numbers.FreeSlots, h.Numbers.PoisonedSlots, h.Numbers.TotalSlots))
 				}
-				if p := int64(h.PoisonedSlots); p < n.maxPoisoned.Load() {
+				if p := int64(h.Numbers.PoisonedSlots); p < n.maxPoisoned.Load() {
 					s.accountingErrors.Add(1)
 					s.addBreach(fmt.Sprintf("engine %s: poisoned slots fell from %d to %d", n.name, n.maxPoisoned.Load(), p))
 				} else {

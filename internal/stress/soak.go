@@ -339,13 +339,13 @@ func (s *soak) drainAndCheck() {
 // slots are exactly those the observer reported.
 func (s *soak) checkDrained(n *node) {
 	h := n.eng.Health()
-	if leased := h.TotalSlots - h.FreeSlots - h.PoisonedSlots; leased != 0 {
+	if leased := h.Numbers.TotalSlots - h.Numbers.FreeSlots - h.Numbers.PoisonedSlots; leased != 0 {
 		s.addBreach(fmt.Sprintf("engine %s: %d slots still leased after the drain (total %d, free %d, poisoned %d)",
-			n.name, leased, h.TotalSlots, h.FreeSlots, h.PoisonedSlots))
+			n.name, leased, h.Numbers.TotalSlots, h.Numbers.FreeSlots, h.Numbers.PoisonedSlots))
 	}
 	seen, reused, foreign := n.slot.findings()
-	if seen != h.PoisonedSlots {
-		s.addBreach(fmt.Sprintf("engine %s: pool says %d slots poisoned, the observer heard of %d", n.name, h.PoisonedSlots, seen))
+	if seen != h.Numbers.PoisonedSlots {
+		s.addBreach(fmt.Sprintf("engine %s: pool says %d slots poisoned, the observer heard of %d", n.name, h.Numbers.PoisonedSlots, seen))
 	}
 	for _, r := range reused {
 		s.addBreach(fmt.Sprintf("engine %s: poisoned slot reused: %s", n.name, r))
@@ -392,11 +392,11 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 			continue
 		}
 		h := n.eng.Health()
-		r.PoisonedSlots += int64(h.PoisonedSlots)
-		r.PoisonedBlocks += h.PoisonedBlocks
-		r.RememberedUnquiesced += h.Remembered
-		r.PoisonedBlockBudget = h.PoisonedBudget // every engine has the same
-		if leased := h.TotalSlots - h.FreeSlots - h.PoisonedSlots; leased > 0 {
+		r.PoisonedSlots += int64(h.Numbers.PoisonedSlots)
+		r.PoisonedBlocks += h.Numbers.PoisonedBlocks
+		r.RememberedUnquiesced += h.Numbers.Remembered
+		r.PoisonedBlockBudget = h.Numbers.PoisonedBudget // every engine has the same
+		if leased := h.Numbers.TotalSlots - h.Numbers.FreeSlots - h.Numbers.PoisonedSlots; leased > 0 {
 			r.LeakedSlots += int64(leased)
 		}
 		_, reused, _ := n.slot.findings()

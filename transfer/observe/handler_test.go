@@ -3,6 +3,7 @@
 package observe_test
 
 import (
+	"github.com/kvxfer/kvxfer/transfer/health"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -135,11 +136,11 @@ func TestL12_WedgedEngineAnswers503(t *testing.T) {
 
 func TestCombineHealth(t *testing.T) {
 	ok := observe.HealthFunc(func() transfer.Health {
-		return transfer.Health{Healthy: true, HealthSnapshot: transfer.HealthSnapshot{InFlight: 1, TotalSlots: 4,
+		return transfer.Health{Healthy: true, Numbers: health.Numbers{InFlight: 1, TotalSlots: 4,
 			SinceProgress: time.Second, ProgressDeadline: 10 * time.Second}}
 	})
 	stalled := observe.HealthFunc(func() transfer.Health {
-		return transfer.Health{Reason: "no transfer progressed for 6s", HealthSnapshot: transfer.HealthSnapshot{InFlight: 2,
+		return transfer.Health{Reason: "no transfer progressed for 6s", Numbers: health.Numbers{InFlight: 2,
 			TotalSlots: 8, SinceProgress: 6 * time.Second, ProgressDeadline: 5 * time.Second}}
 	})
 	silent := observe.HealthFunc(func() transfer.Health { return transfer.Health{} })
@@ -162,14 +163,14 @@ func TestCombineHealth(t *testing.T) {
 		})
 	}
 	h := observe.CombineHealth(observe.NamedHealth{"prefill", ok}, observe.NamedHealth{"decode", stalled}).Health()
-	require.EqualValues(t, 3, h.InFlight)
-	require.Equal(t, 12, h.TotalSlots)
-	require.Equal(t, 6*time.Second, h.SinceProgress, "the worst stall")
-	require.Equal(t, 5*time.Second, h.ProgressDeadline, "the strictest deadline")
-	require.False(t, h.TransportWedged)
+	require.EqualValues(t, 3, h.Numbers.InFlight)
+	require.Equal(t, 12, h.Numbers.TotalSlots)
+	require.Equal(t, 6*time.Second, h.Numbers.SinceProgress, "the worst stall")
+	require.Equal(t, 5*time.Second, h.Numbers.ProgressDeadline, "the strictest deadline")
+	require.False(t, h.Numbers.TransportWedged)
 	wedged := observe.HealthFunc(func() transfer.Health {
-		return transfer.Health{Reason: "transport wedged", HealthSnapshot: transfer.HealthSnapshot{TransportWedged: true}}
+		return transfer.Health{Reason: "transport wedged", Numbers: health.Numbers{TransportWedged: true}}
 	})
 	h = observe.CombineHealth(observe.NamedHealth{"prefill", ok}, observe.NamedHealth{"decode", wedged}).Health()
-	require.True(t, h.TransportWedged, "one engine's wedged transport is the process's")
+	require.True(t, h.Numbers.TransportWedged, "one engine's wedged transport is the process's")
 }

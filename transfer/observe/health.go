@@ -125,27 +125,27 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
 	}
 	gauge(c.healthy, healthy)
-	gauge(c.inFlight, float64(h.InFlight))
-	gauge(c.quarantined, float64(h.Quarantined))
-	gauge(c.blocksPoisoned, float64(h.BlocksPoisoned))
-	gauge(c.poisonedBlocks, float64(h.PoisonedBlocks))
-	gauge(c.poisonedBudget, float64(h.PoisonedBudget))
-	gauge(c.remembered, float64(h.Remembered))
-	gauge(c.budget, float64(h.QuarantineBudget))
-	gauge(c.slots, float64(h.TotalSlots))
-	gauge(c.free, float64(h.FreeSlots))
-	gauge(c.poisoned, float64(h.PoisonedSlots))
-	gauge(c.minSlots, float64(h.MinSlots))
-	gauge(c.sinceProgress, h.SinceProgress.Seconds())
-	gauge(c.deadline, h.ProgressDeadline.Seconds())
-	ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(h.MalformedControl))
-	gauge(c.genHeld, float64(h.GenerationWordsHeld))
-	gauge(c.genWords, float64(h.GenerationWords))
-	ch <- prometheus.MustNewConstMetric(c.genDeclines, prometheus.CounterValue, float64(h.GenerationDeclines))
-	ch <- prometheus.MustNewConstMetric(c.stale, prometheus.CounterValue, float64(h.StaleMessages))
-	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(h.ProtocolRefusals))
+	gauge(c.inFlight, float64(h.Numbers.InFlight))
+	gauge(c.quarantined, float64(h.Numbers.Quarantined))
+	gauge(c.blocksPoisoned, float64(h.Numbers.BlocksPoisoned))
+	gauge(c.poisonedBlocks, float64(h.Numbers.PoisonedBlocks))
+	gauge(c.poisonedBudget, float64(h.Numbers.PoisonedBudget))
+	gauge(c.remembered, float64(h.Numbers.Remembered))
+	gauge(c.budget, float64(h.Numbers.QuarantineBudget))
+	gauge(c.slots, float64(h.Numbers.TotalSlots))
+	gauge(c.free, float64(h.Numbers.FreeSlots))
+	gauge(c.poisoned, float64(h.Numbers.PoisonedSlots))
+	gauge(c.minSlots, float64(h.Numbers.MinSlots))
+	gauge(c.sinceProgress, h.Numbers.SinceProgress.Seconds())
+	gauge(c.deadline, h.Numbers.ProgressDeadline.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.bad, prometheus.CounterValue, float64(h.Numbers.MalformedControl))
+	gauge(c.genHeld, float64(h.Numbers.GenerationWordsHeld))
+	gauge(c.genWords, float64(h.Numbers.GenerationWords))
+	ch <- prometheus.MustNewConstMetric(c.genDeclines, prometheus.CounterValue, float64(h.Numbers.GenerationDeclines))
+	ch <- prometheus.MustNewConstMetric(c.stale, prometheus.CounterValue, float64(h.Numbers.StaleMessages))
+	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(h.Numbers.ProtocolRefusals))
 	wedged := 0.0
-	if h.TransportWedged {
+	if h.Numbers.TransportWedged {
 		wedged = 1
 	}
 	gauge(c.wedged, wedged)
@@ -184,7 +184,7 @@ func CombineHealth(engines ...NamedHealth) HealthFunc {
 				}
 				why = append(why, e.Name+": "+reason)
 			}
-			s, o := h.HealthSnapshot, &out.HealthSnapshot
+			s, o := h.Numbers, &out.Numbers
 			o.InFlight += s.InFlight
 			o.Quarantined += s.Quarantined
 			o.BlocksPoisoned += s.BlocksPoisoned

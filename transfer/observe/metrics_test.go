@@ -5,6 +5,7 @@ package observe_test
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/health"
 	"slices"
 	"strings"
 	"sync"
@@ -208,7 +209,7 @@ func TestMetrics_HealthGaugesReadAtScrape(t *testing.T) {
 	require.NoError(t, m.CollectHealth(observe.HealthFunc(func() transfer.Health { return h })))
 	require.Equal(t, 1.0, value(t, reg, "kvxfer_healthy", nil))
 	require.Equal(t, 0.0, value(t, reg, "kvxfer_transport_wedged", nil))
-	h = transfer.Health{Reason: "wedged", HealthSnapshot: transfer.HealthSnapshot{InFlight: 3, Quarantined: 2, BlocksPoisoned: 1,
+	h = transfer.Health{Reason: "wedged", Numbers: health.Numbers{InFlight: 3, Quarantined: 2, BlocksPoisoned: 1,
 		PoisonedBlocks: 6, PoisonedBudget: 4, Remembered: 7,
 		TotalSlots: 8, FreeSlots: 1, PoisonedSlots: 4, MinSlots: 4, SinceProgress: 1500 * time.Millisecond,
 		ProgressDeadline: time.Second, MalformedControl: 5, TransportWedged: true,

@@ -16,11 +16,11 @@ import (
 
 // Live is the liveness half of a health verdict: false only when a restart is what helps,
 // because the engine is closed, its transport reports that nothing will reach it any more
-// (HealthSnapshot.TransportWedged), or its mover could not say whether a copy ended
-// (HealthSnapshot.MoverWedged: the device is not trusted). A stall (transfers in flight, none progressing: a frozen
+// (Health.Numbers.TransportWedged), or its mover could not say whether a copy ended
+// (Health.Numbers.MoverWedged: the device is not trusted). A stall (transfers in flight, none progressing: a frozen
 // or dead peer), a quarantine over budget or a shortage of staging slots makes an engine
 // unready, not dead: restarting it would not unfreeze its peer.
-func Live(h transfer.Health) bool { return !h.Closed && !h.TransportWedged && !h.MoverWedged }
+func Live(h transfer.Health) bool { return !h.Numbers.Closed && !h.Numbers.TransportWedged && !h.Numbers.MoverWedged }
 
 // defaultLivenessTimeout is how long /livez waits for the engine's Health call when
 // HandlerConfig.LivenessTimeout is zero: shorter than Kubernetes' default probe timeout (1s).

@@ -3,6 +3,7 @@
 package observe_test
 
 import (
+	"github.com/kvxfer/kvxfer/transfer/health"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -21,9 +22,9 @@ import (
 // transport or a closed engine is neither.
 func TestHandler_LivenessAndReadiness(t *testing.T) {
 	stalled := transfer.Health{Reason: "no transfer progressed for 3s (deadline 1s) while 2 are in flight",
-		HealthSnapshot: transfer.HealthSnapshot{InFlight: 2, SinceProgress: 3 * time.Second, ProgressDeadline: time.Second}}
-	wedged := transfer.Health{Reason: "kvxfer: transport wedged", HealthSnapshot: transfer.HealthSnapshot{TransportWedged: true}}
-	closed := transfer.Health{Reason: "engine closed", HealthSnapshot: transfer.HealthSnapshot{Closed: true}}
+		Numbers: health.Numbers{InFlight: 2, SinceProgress: 3 * time.Second, ProgressDeadline: time.Second}}
+	wedged := transfer.Health{Reason: "kvxfer: transport wedged", Numbers: health.Numbers{TransportWedged: true}}
+	closed := transfer.Health{Reason: "engine closed", Numbers: health.Numbers{Closed: true}}
 	cases := []struct {
 		desc                   string
 		health                 transfer.Health
@@ -35,7 +36,7 @@ func TestHandler_LivenessAndReadiness(t *testing.T) {
 		{"over the quarantine budget: not ready, live", transfer.Health{Reason: "5 transfers quarantined"}, 503, 503, 200, "ok"},
 		{"transport wedged: neither", wedged, 503, 503, 503, "transport wedged"},
 		{"engine closed: neither", closed, 503, 503, 503, "engine closed"},
-		{"mover wedged: neither", transfer.Health{Reason: "mover wedged: kernel overran", HealthSnapshot: transfer.HealthSnapshot{MoverWedged: true}}, 503, 503, 503, "mover wedged"},
+		{"mover wedged: neither", transfer.Health{Reason: "mover wedged: kernel overran", Numbers: health.Numbers{MoverWedged: true}}, 503, 503, 503, "mover wedged"},
 	}
 	var health atomic.Pointer[transfer.Health]
 	src := observe.HealthFunc(func() transfer.Health { return *health.Load() })
@@ -108,10 +109,10 @@ func TestPending_AnswersBeforeTheEngine(t *testing.T) {
 func TestCombineHealth_Closed(t *testing.T) {
 	ok := observe.HealthFunc(func() transfer.Health { return transfer.Health{Healthy: true} })
 	closed := observe.HealthFunc(func() transfer.Health {
-		return transfer.Health{Reason: "engine closed", HealthSnapshot: transfer.HealthSnapshot{Closed: true}}
+		return transfer.Health{Reason: "engine closed", Numbers: health.Numbers{Closed: true}}
 	})
 	h := observe.CombineHealth(observe.NamedHealth{Name: "a", Source: ok}, observe.NamedHealth{Name: "b", Source: closed}).Health()
-	require.True(t, h.Closed)
+	require.True(t, h.Numbers.Closed)
 	require.False(t, observe.Live(h))
 }
 
@@ -122,6 +123,6 @@ func TestLive_RealEngine(t *testing.T) {
 	require.True(t, observe.Live(e.Health()))
 	require.NoError(t, e.Close())
 	h := e.Health()
-	require.True(t, h.Closed)
+	require.True(t, h.Numbers.Closed)
 	require.False(t, observe.Live(h))
 }

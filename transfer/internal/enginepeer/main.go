@@ -262,7 +262,7 @@ func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer tr
 			quiesced = true
 		case <-time.After(o.quiesceBound):
 		}
-		fmt.Printf("QUIESCED %v %d %v\n", quiesced, eng.Health().PoisonedSlots, h.Status().BlocksPoisoned)
+		fmt.Printf("QUIESCED %v %d %v\n", quiesced, eng.Health().Numbers.PoisonedSlots, h.Status().BlocksPoisoned)
 	}
 	return nil
 }

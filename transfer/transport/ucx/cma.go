@@ -74,7 +74,7 @@ func (e *cmaRangeError) Error() string {
 
 // Unwrap makes a *cmaRangeError a transport.ErrBadRegion, and a transport.ErrProtocol: the
 // range came from the peer, which asked for memory it never registered, and the engine counts
-// such refusals (Health.ProtocolRefusals).
+// such refusals (Health.Numbers.ProtocolRefusals).
 func (e *cmaRangeError) Unwrap() []error {
 	return []error{transport.ErrBadRegion, transport.ErrProtocol}
 }
