@@ -236,16 +236,16 @@ func (e *Engine) onChallenge(from Peer, m *wire.HelloChallenge) {
 func (e *Engine) onProof(from Peer, m *wire.HelloProof) {
 	e.mu.Lock()
 	ph := e.peers[from]
-	refusal := HelloRefusal(-1)
+	refusal := helloRefusal(-1)
 	switch {
 	case ph == nil:
-		refusal = HelloRefusedUnsolicited
+		refusal = helloRefusedUnsolicited
 	case ph.challenge.answeredBefore && subtle.ConstantTimeCompare(m.Echo[:], ph.challenge.answered[:]) == 1:
-		refusal = HelloRefusedReplayed
+		refusal = helloRefusedReplayed
 	case ph.challenge.drawnAt.IsZero() || time.Since(ph.challenge.drawnAt) > e.cfg.Tuning.PendingTTL:
-		refusal = HelloRefusedUnsolicited
+		refusal = helloRefusedUnsolicited
 	case subtle.ConstantTimeCompare(m.Echo[:], ph.challenge.value[:]) != 1:
-		refusal = HelloRefusedMismatch
+		refusal = helloRefusedMismatch
 	default:
 		c := &ph.challenge
 		c.answered, c.answeredBefore, c.drawnAt = c.value, true, time.Time{}

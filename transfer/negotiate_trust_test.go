@@ -125,13 +125,13 @@ type refusalCounter struct {
 	n  map[string]int
 }
 
-func (r *refusalCounter) OnHelloRefused(_ Peer, reason HelloRefusal) {
+func (r *refusalCounter) OnHelloRefused(_ Peer, reason string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.n == nil {
 		r.n = map[string]int{}
 	}
-	r.n[reason.String()]++
+	r.n[reason]++
 }
 
 func (r *refusalCounter) OnAuthRefused(err *AuthError) {
@@ -154,7 +154,7 @@ func (r *refusalCounter) auth(whatWhy ...string) int {
 	return r.n[whatWhy[0]+" "+whatWhy[1]]
 }
 
-func (r *refusalCounter) count(reason HelloRefusal) int {
+func (r *refusalCounter) count(reason helloRefusal) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.n[reason.String()]
@@ -205,7 +205,7 @@ func TestForgedHelloChangesNothing(t *testing.T) {
 			require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(c.forged)))
 			require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(&wire.HelloProof{Min: wire.MinVersion, Max: wire.Version})))
 			eventually(t, func() bool {
-				return tt.refusals.count(HelloRefusedUnsolicited)+tt.refusals.count(HelloRefusedMismatch) == 1
+				return tt.refusals.count(helloRefusedUnsolicited)+tt.refusals.count(helloRefusedMismatch) == 1
 			}, "the forged proof refused")
 			got := believed(tt.src, "decode")
 			require.Zero(t, got&^c.receiver.features, "the sender believes %v, which the receiver lacks", got&^c.receiver.features)
@@ -336,29 +336,29 @@ func TestHelloProofMustEchoAnOutstandingChallenge(t *testing.T) {
 	for _, c := range []struct {
 		desc   string
 		setup  func(t *testing.T, tt *trustTrio) []byte // returns the forged proof
-		reason HelloRefusal
+		reason helloRefusal
 		met    bool // the pair met first: the sender believes the receiver's proof
 	}{
 		{"a proof nobody asked for", func(t *testing.T, tt *trustTrio) []byte {
 			return forged([wire.ChallengeBytes]byte{1, 2, 3})
-		}, HelloRefusedUnsolicited, false},
+		}, helloRefusedUnsolicited, false},
 		{"a proof echoing other bytes than the challenge", func(t *testing.T, tt *trustTrio) []byte {
 			echo := outstandingChallenge(t, tt)
 			echo[0] ^= 1
 			return forged(echo)
-		}, HelloRefusedMismatch, false},
+		}, helloRefusedMismatch, false},
 		{"a proof of a challenge sent before the peer was lost", func(t *testing.T, tt *trustTrio) []byte {
 			echo := outstandingChallenge(t, tt)
 			losePeer(t, tt)
 			return forged(echo)
-		}, HelloRefusedUnsolicited, false},
+		}, helloRefusedUnsolicited, false},
 		{"a replay of a proof already answered", func(t *testing.T, tt *trustTrio) []byte {
 			tt.src.mu.Lock()
 			defer tt.src.mu.Unlock()
 			ph := tt.src.peers["decode"]
 			require.True(t, ph.challenge.answeredBefore)
 			return forged(ph.challenge.answered)
-		}, HelloRefusedReplayed, true},
+		}, helloRefusedReplayed, true},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			tt := newTrustTrio(t, false, lacking(wire.FeatureStreaming), patientConfig())
@@ -371,7 +371,7 @@ func TestHelloProofMustEchoAnOutstandingChallenge(t *testing.T) {
 			require.NoError(t, tt.net.Spoof("decode", "prefill", proof))
 			eventually(t, func() bool { return tt.refusals.count(c.reason) == 1 }, "the proof refused and counted")
 			require.Equal(t, want, believed(tt.src, "decode"), "what the sender believes of the receiver")
-			for r := range HelloRefusalCount {
+			for r := range helloRefusalCount {
 				if r != c.reason {
 					require.Zero(t, tt.refusals.count(r), r.String())
 				}
@@ -412,7 +412,7 @@ func TestForgedHellosAreBoundedByMaxPending(t *testing.T) {
 		require.NoError(t, tt.net.Spoof(Peer(fmt.Sprintf("forged-%d", i)), "prefill", wire.Encode(buildSpeech().hello(false))))
 	}
 	require.NoError(t, tt.net.Spoof("decode", "prefill", wire.Encode(&wire.HelloProof{Min: wire.MinVersion, Max: wire.Version})))
-	eventually(t, func() bool { return tt.refusals.count(HelloRefusedUnsolicited) == 1 }, "every forged hello read")
+	eventually(t, func() bool { return tt.refusals.count(helloRefusedUnsolicited) == 1 }, "every forged hello read")
 	tt.src.mu.Lock()
 	n := len(tt.src.peers)
 	tt.src.mu.Unlock()

@@ -147,7 +147,7 @@ func TestUCXTransport_ForgedHelloChangesNothing(t *testing.T) {
 			}
 			dst := newUCXEngineSpeaking(t, c.tls, c.dev, cfg, older)
 			forger := newUCXEngine(t, c.tls, c.dev, cfg)
-			refused := func() int { return refusals.count(HelloRefusedUnsolicited) + refusals.count(HelloRefusedMismatch) }
+			refused := func() int { return refusals.count(helloRefusedUnsolicited) + refusals.count(helloRefusedMismatch) }
 			// forge sends the messages "from" the receiver, then a proof nobody asked for, and
 			// returns once the sender refused that proof: it has read every frame before it.
 			forge := func(ms ...wire.Message) {

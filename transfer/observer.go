@@ -22,7 +22,8 @@ import "time"
 //	OnStart(info StartInfo)                        // a request accepted, before its first transition
 //	OnPeerConnected(peer Peer)                     // the transport reached peer
 //	OnPeerLost(peer Peer, err error)               // the transport lost peer: once per loss
-//	OnHelloRefused(peer Peer, reason HelloRefusal) // a hello proof that answered no challenge of ours
+//	OnHelloRefused(peer Peer, reason string)       // a hello proof that answered no challenge of ours:
+//	                                               // "unsolicited", "mismatch" or "replayed"
 //	OnAuthRefused(err *AuthError)                  // a message or ContextParams no cluster key sealed
 type Observer interface {
 	// OnTransition reports a handle's (sub == -1) or a sub-transfer's state change.

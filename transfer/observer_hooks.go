@@ -41,30 +41,30 @@ type peerObserver interface {
 	OnPeerLost(peer Peer, err error)
 }
 
-// HelloRefusal says why the engine refused a peer's proof of its hello (docs/protocol.md, "The
+// helloRefusal says why the engine refused a peer's proof of its hello (docs/protocol.md, "The
 // hello handshake"): each is a peer that claimed what it could not prove, or a message
 // misrouted or replayed; the peer's entry is unchanged.
-type HelloRefusal int
+type helloRefusal int
 
 // The reasons.
 const (
-	// HelloRefusedUnsolicited: a proof from an address this engine has no challenge
+	// helloRefusedUnsolicited: a proof from an address this engine has no challenge
 	// outstanding for (never sent one, or forgot it: expired, evicted, the peer lost).
-	HelloRefusedUnsolicited HelloRefusal = iota
-	// HelloRefusedMismatch: a proof that echoes bytes other than the challenge outstanding
+	helloRefusedUnsolicited helloRefusal = iota
+	// helloRefusedMismatch: a proof that echoes bytes other than the challenge outstanding
 	// for its address.
-	HelloRefusedMismatch
-	// HelloRefusedReplayed: a proof that echoes a challenge already answered.
-	HelloRefusedReplayed
-	// HelloRefusalCount is the number of reasons, for tables indexed by them.
-	HelloRefusalCount
+	helloRefusedMismatch
+	// helloRefusedReplayed: a proof that echoes a challenge already answered.
+	helloRefusedReplayed
+	// helloRefusalCount is the number of reasons, for tables indexed by them.
+	helloRefusalCount
 )
 
-var helloRefusalNames = [HelloRefusalCount]string{"unsolicited", "mismatch", "replayed"}
+var helloRefusalNames = [helloRefusalCount]string{"unsolicited", "mismatch", "replayed"}
 
 // String names the reason as metrics label it.
-func (r HelloRefusal) String() string {
-	if r >= 0 && r < HelloRefusalCount {
+func (r helloRefusal) String() string {
+	if r >= 0 && r < helloRefusalCount {
 		return helloRefusalNames[r]
 	}
 	return "unknown"
@@ -74,7 +74,7 @@ func (r HelloRefusal) String() string {
 // handshake that the engine refused. Same rules as Observer.
 type trustObserver interface {
 	// OnHelloRefused reports a proof that did not answer a challenge of this engine's.
-	OnHelloRefused(peer Peer, reason HelloRefusal)
+	OnHelloRefused(peer Peer, reason string)
 	// OnAuthRefused reports a hello, challenge or proof, or ContextParams given to
 	// Engine.VerifyParams, that no cluster key of this engine's sealed (Config.ClusterKeys).
 	OnAuthRefused(err *AuthError)
@@ -99,9 +99,9 @@ func notifyPeerLost(o Observer, peer Peer, err error) {
 }
 
 // notifyHelloRefused tells o about a refused hello proof if it listens for them.
-func notifyHelloRefused(o Observer, peer Peer, reason HelloRefusal) {
+func notifyHelloRefused(o Observer, peer Peer, reason helloRefusal) {
 	if p, ok := o.(trustObserver); ok {
-		p.OnHelloRefused(peer, reason)
+		p.OnHelloRefused(peer, reason.String())
 	}
 }
 

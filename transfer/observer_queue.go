@@ -113,7 +113,7 @@ func (o *observerQueue) OnPeerLost(peer Peer, err error) {
 }
 
 // OnHelloRefused implements trustObserver for a user that is one.
-func (o *observerQueue) OnHelloRefused(peer Peer, reason HelloRefusal) {
+func (o *observerQueue) OnHelloRefused(peer Peer, reason string) {
 	if o.trust {
 		o.push(func() { o.user.(trustObserver).OnHelloRefused(peer, reason) })
 	}

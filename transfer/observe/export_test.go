@@ -12,3 +12,6 @@ type (
 	PeerObserver  = peerObserver
 	TrustObserver = trustObserver
 )
+
+// HelloRefusalReasons are the reasons whose series Metrics creates up front.
+var HelloRefusalReasons = helloRefusalReasons

@@ -145,8 +145,8 @@ func (l *logObserver) OnPeerLost(peer transfer.Peer, err error) {
 }
 
 // OnHelloRefused implements transfer.Observer's optional method.
-func (l *logObserver) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) {
-	l.log.Warn("hello proof refused", zap.String("peer", peer.Short()), zap.Stringer("reason", reason))
+func (l *logObserver) OnHelloRefused(peer transfer.Peer, reason string) {
+	l.log.Warn("hello proof refused", zap.String("peer", peer.Short()), zap.String("reason", reason))
 }
 
 // OnAuthRefused implements transfer.Observer's optional method.

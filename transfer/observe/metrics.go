@@ -20,6 +20,11 @@ const (
 	directionUnknown = "unknown"
 )
 
+// helloRefusalReasons are the reasons an engine gives OnHelloRefused (transfer.Observer lists
+// them), each with its series from the start; a reason a later engine adds is counted too,
+// from its first refusal.
+var helloRefusalReasons = []string{"unsolicited", "mismatch", "replayed"}
+
 // direction is the label value of a request the engine reported started.
 func direction(info transfer.StartInfo) string {
 	if info.Receive {
@@ -171,8 +176,8 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 	for o := range transfer.CancelOutcomeCount {
 		m.cancels.WithLabelValues(o.String())
 	}
-	for r := range transfer.HelloRefusalCount {
-		m.helloRefused.WithLabelValues(r.String())
+	for _, r := range helloRefusalReasons {
+		m.helloRefused.WithLabelValues(r)
 	}
 	for _, what := range transport.AuthMessages {
 		for r := range transport.AuthRefusalCount {
@@ -278,8 +283,8 @@ func (m *Metrics) OnAuthRefused(err *transfer.AuthError) {
 }
 
 // OnHelloRefused implements transfer.Observer's optional method: it counts the refusal by reason.
-func (m *Metrics) OnHelloRefused(_ transfer.Peer, reason transfer.HelloRefusal) {
-	m.helloRefused.WithLabelValues(reason.String()).Inc()
+func (m *Metrics) OnHelloRefused(_ transfer.Peer, reason string) {
+	m.helloRefused.WithLabelValues(reason).Inc()
 }
 
 // SentBytes returns the counter of stream bytes this engine sent (for tests and examples;

@@ -300,12 +300,12 @@ func TestMetrics_OneDeadPeerCountsOnce(t *testing.T) {
 func TestMetrics_HelloRefusalsFromTheEngine(t *testing.T) {
 	p := newPair(t, smallConfig(), nil)
 	prefill := map[string]string{"engine": "prefill"}
-	for r := range transfer.HelloRefusalCount {
-		require.Zero(t, value(t, p.reg, "kvxfer_hello_refused_total", map[string]string{"engine": "prefill", "reason": r.String()}), r.String())
+	for _, r := range observe.HelloRefusalReasons {
+		require.Zero(t, value(t, p.reg, "kvxfer_hello_refused_total", map[string]string{"engine": "prefill", "reason": r}), r)
 	}
 	forged := wire.Encode(&wire.HelloProof{Min: wire.MinVersion, Max: wire.Version, Features: wire.KnownFeatures})
 	require.NoError(t, p.net.Spoof("decode", "prefill", forged))
-	prefill["reason"] = transfer.HelloRefusedUnsolicited.String()
+	prefill["reason"] = "unsolicited"
 	eventually(t, waitBound, func() bool {
 		return value(t, p.reg, "kvxfer_hello_refused_total", prefill) == 1
 	}, "the forged proof counted")

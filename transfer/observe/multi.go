@@ -20,7 +20,7 @@ type (
 		OnPeerLost(peer transfer.Peer, err error)
 	}
 	trustObserver interface {
-		OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal)
+		OnHelloRefused(peer transfer.Peer, reason string)
 		OnAuthRefused(err *transfer.AuthError)
 	}
 )
@@ -109,7 +109,7 @@ func (m multi) OnPeerLost(peer transfer.Peer, err error) {
 }
 
 // OnHelloRefused implements transfer.Observer's optional method.
-func (m multi) OnHelloRefused(peer transfer.Peer, reason transfer.HelloRefusal) {
+func (m multi) OnHelloRefused(peer transfer.Peer, reason string) {
 	for _, o := range m {
 		if p, ok := o.(trustObserver); ok {
 			p.OnHelloRefused(peer, reason)

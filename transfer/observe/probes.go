@@ -20,7 +20,9 @@ import (
 // (Health.Numbers.MoverWedged: the device is not trusted). A stall (transfers in flight, none progressing: a frozen
 // or dead peer), a quarantine over budget or a shortage of staging slots makes an engine
 // unready, not dead: restarting it would not unfreeze its peer.
-func Live(h transfer.Health) bool { return !h.Numbers.Closed && !h.Numbers.TransportWedged && !h.Numbers.MoverWedged }
+func Live(h transfer.Health) bool {
+	return !h.Numbers.Closed && !h.Numbers.TransportWedged && !h.Numbers.MoverWedged
+}
 
 // defaultLivenessTimeout is how long /livez waits for the engine's Health call when
 // HandlerConfig.LivenessTimeout is zero: shorter than Kubernetes' default probe timeout (1s).
