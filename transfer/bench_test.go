@@ -4,7 +4,6 @@ package transfer
 
 import (
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // BenchmarkStatus polls a live handle; the target is under 100 ns.

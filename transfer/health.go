@@ -4,10 +4,10 @@ package transfer
 
 import (
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/health"
 	"strings"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer/health"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 

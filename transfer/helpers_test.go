@@ -4,7 +4,6 @@ package transfer
 
 import (
 	"context"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -4,7 +4,6 @@ package transfer
 
 import (
 	"errors"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 func TestCancelInEachStateGivesItsOutcomeAndMemoryRule(t *testing.T) {

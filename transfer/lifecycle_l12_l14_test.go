@@ -5,7 +5,6 @@ package transfer
 import (
 	"bytes"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 func TestL12_HealthTellsTheTruth(t *testing.T) {

@@ -4,7 +4,6 @@ package transfer
 
 import (
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -12,6 +11,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // Where the transport emulates gets from the sender (UCX over TCP), the receiver takes tagged

@@ -5,10 +5,10 @@ package transfer
 import (
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/health"
 
 	"go.uber.org/zap"
 
+	"github.com/kvxfer/kvxfer/transfer/health"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )

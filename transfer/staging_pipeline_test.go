@@ -5,7 +5,6 @@ package transfer
 import (
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // overlapMover holds every Gather (gather) or Scatter at a gate and closes both once two of

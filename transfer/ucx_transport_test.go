@@ -7,7 +7,6 @@ package transfer
 import (
 	"bytes"
 	"errors"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // The transports the UCX engine tests run over (loopback only).

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"io"
 	"os"
 	"os/exec"
@@ -24,6 +23,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/observe"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // cutLayout is a 64 MiB pool moved whole: long enough over a rate-limited link to cut it

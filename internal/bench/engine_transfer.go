@@ -5,12 +5,12 @@ package bench
 import (
 	"context"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"time"
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // engineAdapter is the benchmark's view of a transfer.Engine: the caller's pool moved through

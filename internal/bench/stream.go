@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/streambench"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // StreamOptions are run's --stream settings: layer-wise streaming measured beside simulated

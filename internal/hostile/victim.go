@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +26,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // PeerBinEnv names the hostilepeer binary FindPeer returns.

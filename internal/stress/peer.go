@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -26,6 +25,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // PeerEnv names the environment variable that turns a soak binary into a prefill peer

@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"math/rand/v2"
 	"slices"
 	"syscall"
@@ -25,6 +24,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // mixRMAMinRegionBytes is every engine's Config.Tuning.RMAMinRegionBytes in the peer-process soak:

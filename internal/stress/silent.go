@@ -5,13 +5,13 @@ package stress
 import (
 	"context"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // silentPeer issues requests one after another, from an engine of its own, to a peer that

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"runtime"
 	"slices"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // soak is one run: the network, its engines, the fault state the network's fault function

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // handoverEngine is an engine over a UCX transport on TCP loopback.

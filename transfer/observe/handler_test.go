@@ -3,7 +3,6 @@
 package observe_test
 
 import (
-	"github.com/kvxfer/kvxfer/transfer/health"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/health"
 	"github.com/kvxfer/kvxfer/transfer/observe"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"

@@ -4,7 +4,6 @@ package observe_test
 
 import (
 	"context"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/observe"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 // testDims is a small pool: 1 KiB per block, so a few blocks span several 512-byte chunks.

@@ -5,7 +5,6 @@ package observe_test
 import (
 	"errors"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/health"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/health"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/observe"
 	"github.com/kvxfer/kvxfer/transfer/transport"

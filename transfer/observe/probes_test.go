@@ -3,7 +3,6 @@
 package observe_test
 
 import (
-	"github.com/kvxfer/kvxfer/transfer/health"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/health"
 	"github.com/kvxfer/kvxfer/transfer/observe"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )

@@ -25,7 +25,6 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
-	"github.com/kvxfer/kvxfer/transfer/tuning"
 	"math/rand/v2"
 	"os"
 	"os/signal"
@@ -37,6 +36,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
+	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
 
 type options struct {
