@@ -33,7 +33,7 @@ type Config struct {
 	// QueueTimeout (a Send only once its receiver's request came). Default 64.
 	MaxConcurrent int
 	// StagingMemory backs the slots (registered memory, say). If nil, New allocates
-	// NumSlots*SlotBytes bytes. If set, Tuning.NumSlots defaults to len/SlotBytes.
+	// Tuning.NumSlots*SlotBytes bytes. If set, Tuning.NumSlots defaults to len/SlotBytes.
 	StagingMemory []byte
 	// TransferTimeout is a transfer's deadline, counted from its first slot lease, when its
 	// Spec gives none. Default 30s.
