@@ -5,6 +5,8 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"unsafe"
 
 	"go.uber.org/zap"
 
@@ -115,11 +117,17 @@ type genCheck struct {
 }
 
 // readGeneration (the receiver, after its last read) reads the sender's generation word, fenced
-// behind every get to the sender. It reports false when the check was posted (or the transfer
-// is aborting), true when there is nothing to check and the transfer may complete now.
+// behind every get to the sender. Where the transport maps the word here (as it maps pools read
+// in place), the loop reads it at once and judges it: no operation, no report through the
+// transport's goroutine and back. It reports false when the check was posted, found the word
+// changed (the transfer aborts) or the transfer is aborting; true when there is nothing (more)
+// to check and the transfer may complete now.
 func (g *genCheck) readGeneration(x *xfer) bool {
 	if g.genKey == nil || x.aborting {
 		return !x.aborting
+	}
+	if v, ok := g.readMapped(x); ok {
+		return g.judge(x, v)
 	}
 	rec := &opRec{seq: -1}
 	g.genRec = rec
@@ -145,11 +153,42 @@ func (g *genCheck) gotGeneration(x *xfer, rec *opRec) bool {
 	if rec != g.genRec {
 		return false
 	}
-	if rec.gen != g.gen {
-		x.abort(&requestError{ID: x.h.id, Err: &staleReadError{Offered: g.gen, Read: rec.gen}}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
-		return true
+	if g.judge(x, rec.gen) {
+		x.receivedAll()
+	}
+	return true
+}
+
+// judge checks the word's value read after the last read: the offered one, and the transfer
+// may complete (true); another, and it fails with an ErrStaleRead.
+func (g *genCheck) judge(x *xfer, read uint64) bool {
+	if read != g.gen {
+		x.abort(&requestError{ID: x.h.id, Err: &staleReadError{Offered: g.gen, Read: read}}, wire.AbortProtocol, x.eng.cfg.Tuning.CancelGrace)
+		return false
 	}
 	g.genKey = nil // checked
-	x.receivedAll()
 	return true
+}
+
+// readMapped reads the generation word where the transport maps the sender's word into this
+// process (transport.RMAMapper: UCX over shared memory, which reads a mapped word so inside
+// PostReadGeneration too), unless in-place reads are off or the pool is a device's: ok false
+// and the word is read with a get. Every read of the transfer has completed before (its gets'
+// final reports, its copies' events came back through the mailbox, whose lock orders them
+// before this load), so no fence is needed.
+func (g *genCheck) readMapped(x *xfer) (value uint64, ok bool) {
+	mp, isMapper := x.eng.tr.(transport.RMAMapper)
+	if !isMapper || x.eng.cfg.Tuning.DisableInPlaceReads || x.dev.set() || g.genAddr%8 != 0 {
+		return 0, false
+	}
+	view, release, err := mp.MapRemote(x.peer, g.genKey, g.genAddr, 8)
+	if err != nil || len(view) < 8 {
+		if release != nil {
+			release()
+		}
+		return 0, false // the get says what is wrong with the word, if anything
+	}
+	value = atomic.LoadUint64((*uint64)(unsafe.Pointer(unsafe.SliceData(view))))
+	release()
+	return value, true
 }

@@ -77,6 +77,11 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 				require.True(t, bytes.Equal(p.s.stream(t), p.r.stream(t)), "every byte")
 				require.True(t, oneHopUsed(hr), "read from the params, no offer asked for")
 				require.Equal(t, PathRMA, p.hs.Path())
+				if tr.name == "shm" {
+					// The word lies in memory mapped here: the loop read it, no operation
+					// and no report through the transport's goroutine (rma_gen.go).
+					require.Nil(t, hr.subs[0].path.(*rmaReceive).genRec, "the generation word read with an operation")
+				}
 			})
 			t.Run("without the switch: the offer's round trip", func(t *testing.T) {
 				cfg := ucxTestConfig()

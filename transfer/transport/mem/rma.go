@@ -212,9 +212,15 @@ func (t *Transport) MapRemote(from transport.Peer, key []byte, addr uint64, n in
 	if len(key) != len(memKeyMagic)+4 || string(key[:len(memKeyMagic)]) != memKeyMagic {
 		return nil, nil, fmt.Errorf("%w: %d-byte key is not a memtransport rma key", transport.ErrInvalidSpec, len(key))
 	}
-	pool, ok := net.eps[from].direct[binary.LittleEndian.Uint32(key[len(memKeyMagic):])]
+	owner := net.eps[from]
+	pool, ok := owner.direct[binary.LittleEndian.Uint32(key[len(memKeyMagic):])]
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: the rma key names a pool %s does not allow (now)", transport.ErrInvalidSpec, from)
+	}
+	if owner.gens.words != nil && unsafe.SliceData(pool) == unsafe.SliceData(owner.gens.words) {
+		// The generation words stay gets, which the network's faults reach: the lifecycle
+		// tests freeze and delay the read of the word on the in-place path.
+		return nil, nil, nil
 	}
 	base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(pool))))
 	if n <= 0 || addr < base || addr-base > uint64(len(pool)) || uint64(n) > uint64(len(pool))-(addr-base) {
