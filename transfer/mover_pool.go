@@ -123,6 +123,42 @@ func (p *moverPool) runHere(x *xfer, rec *opRec) {
 	p.busy++
 	p.mu.Unlock()
 	x.move(rec)
+	p.ran()
+}
+
+// help runs on the calling goroutine (x's loop) the copies of x that no worker has begun, the
+// last queued first (a worker takes the first), until none of x's is queued: the loop would
+// only wait for them, and on a busy host a worker's wake-up can take longer than the copy.
+// Each is fenced and counted busy as runHere's is, and its event comes back as a worker's
+// does; a worker woken for a copy taken back finds the queue without it and waits again.
+func (p *moverPool) help(x *xfer) {
+	for range maxHelp {
+		p.mu.Lock()
+		i := len(p.jobs) - 1
+		for i >= p.head && p.jobs[i].x != x {
+			i--
+		}
+		if p.fenced || i < p.head { // fence refused every queued copy already
+			p.mu.Unlock()
+			return
+		}
+		rec := p.jobs[i].rec
+		copy(p.jobs[i:], p.jobs[i+1:])
+		p.jobs[len(p.jobs)-1] = moveJob{}
+		p.jobs = p.jobs[:len(p.jobs)-1]
+		p.busy++
+		p.mu.Unlock()
+		x.move(rec)
+		p.ran()
+	}
+}
+
+// maxHelp bounds the copies one help runs: a transfer queues at most its lanes' worth at once
+// (rma_inplace.go), far fewer.
+const maxHelp = 64
+
+// ran ends a copy run on a caller's goroutine (runHere, help).
+func (p *moverPool) ran() {
 	p.mu.Lock()
 	p.busy--
 	if p.busy == 0 && p.quiet != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
@@ -324,6 +325,63 @@ func TestPullValidatedRead_SenderReusesASlotMidRead(t *testing.T) {
 	requireState(t, hr, Failed)
 	require.ErrorIs(t, hr.Status().Err, ErrStaleRead)
 	require.Zero(t, p.net.Pending(), "every operation has its final verdict")
+}
+
+// TestPullValidatedRead_InPlaceScatterOfAReusedSlotIsStale: the same with the last chunk read
+// in place (its scatter reads the sender's slot where it lies): the sender, told falsely that
+// its receiver is gone, ends the exposure and reuses the slot while the scatter is held; the
+// scatter then copies the changed bytes, the word read after it has changed too, and the
+// receiver fails with an ErrStaleRead instead of completing.
+func TestPullValidatedRead_InPlaceScatterOfAReusedSlotIsStale(t *testing.T) {
+	cfg := inPlaceConfig()
+	cfg.TransferTimeout = time.Minute // only the stale read may end the receiver
+	p := newPullPair(t, cfg, cfg)
+	k := countKinds(p, func(fp mem.FaultPoint) mem.Fault {
+		if fp.Kind == wire.KindAbort && fp.From == "prefill" {
+			return mem.Fault{Drop: true} // the receiver never hears that the sender gave up
+		}
+		return mem.Fault{}
+	})
+	src, dst := pools(t, 39)
+	g := newGate(t)
+	m := &lastScatterStuck{Mover: newHostMover(dst.mem), gate: g}
+	hs, err := p.src.Send(bg, Spec{ID: 1, Peer: "decode", Plan: src.plan, Pool: src.mem, Mover: newHostMover(src.mem)})
+	require.NoError(t, err)
+	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: anySource{m}})
+	require.NoError(t, err)
+	waitClosed(t, g.entered, "the last chunk's scatter reading the sender's slot, held")
+	// Every chunk announced before the sender hears the false alarm (gathers end out of order):
+	// the receiver then has all it needs to reach its check.
+	capB := cfg.SlotBytes - wire.DataHeaderBytes
+	capB -= capB % src.plan.Layout().ElemSize
+	chunks := int((src.plan.Bytes() + capB - 1) / capB)
+	eventually(t, func() bool { return k.count(wire.KindSlotReady) == chunks }, "every chunk announced")
+	p.net.ReportPeerLost(p.net.Endpoint("prefill"), "decode", fmt.Errorf("%w: false alarm", ErrPeerLost))
+	waitClosed(t, hs.Quiesced(), "sender quiesced")
+	requireState(t, hs, Failed)
+	for i := range p.src.slots.mem { // every slot rewritten, as new gathers would
+		p.src.slots.mem[i] = ^p.src.slots.mem[i]
+	}
+	g.let()
+	waitClosed(t, hr.Quiesced(), "receiver quiesced")
+	requireState(t, hr, Failed)
+	require.ErrorIs(t, hr.Status().Err, ErrStaleRead)
+	require.Zero(t, k.count(wire.KindData), "every chunk read in place")
+	require.Equal(t, 1, k.count(genRead), "the word read once, after the last scatter")
+	require.Zero(t, p.net.Pending(), "every operation has its final verdict")
+}
+
+// lastScatterStuck is a Mover whose scatter of the plan's last bytes blocks at its gate.
+type lastScatterStuck struct {
+	Mover
+	*gate
+}
+
+func (m *lastScatterStuck) Scatter(p *layout.Plan, src []byte, off int64) error {
+	if off+int64(len(src)) == p.Bytes() {
+		m.stick()
+	}
+	return m.Mover.Scatter(p, src, off)
 }
 
 // TestL10_PullInPlaceSendersSlotStaysOutWhileTheScatterReadsIt (L9, L10 on the pull wire read

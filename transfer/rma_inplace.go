@@ -4,7 +4,7 @@ package transfer
 
 // The RMA path's reads in place: where the transport maps the sender's offered pool into this
 // process (transport.RMAMapper: UCX over shared memory, for memory UCX allocated), the receiver copies
-// the ranges itself, on the engine's mover workers, instead of posting gets. A get over UCX
+// the ranges itself, on the engine's mover workers and its own loop, instead of posting gets. A get over UCX
 // 1.13's shared memory is a glibc memmove on the transport's worker thread, one range at a
 // time per lane, with a command and a completion around each; a copy on the movers runs at the
 // host's memcpy rate, in batches, as many at once as the lanes allow. Nothing else changes:
@@ -29,11 +29,6 @@ const inPlaceBatchBytes = 8 << 20
 // core, while the others idle): below it a second mover's hand-off costs about what the half
 // copy saves.
 const inPlaceSplitMin = 512 << 10
-
-// inPlaceHereBytes is the most a transfer whose every range makes one job copies on its own
-// loop instead of a mover (moverPool.runHere): a 128 KiB block layer copies in about 10 us
-// on one core, less than a mover's wake-up and the event's way back on a busy host.
-const inPlaceHereBytes = 256 << 10
 
 // rmaInPlace is a receiver's state for reading the offered pool in place.
 type rmaInPlace struct {
@@ -88,9 +83,12 @@ func (r *rmaReceive) mapOffer(m *wire.RMAOffer) {
 	r.inPlace.view, r.inPlace.release = view, release
 }
 
-// copyInPlace hands the next ranges, up to inPlaceBatchBytes, to a mover to copy out of the
-// sender's mapped pool, unless the jobs in flight are at the limit: the next then waits for
-// one to end (moved posts again).
+// copyInPlace copies the next ranges, up to the job size, out of the sender's mapped pool,
+// unless the jobs in flight are at the limit: the next then waits for one to end (moved posts
+// again). A job goes to a mover while another lane is left after it; the request's last job,
+// or the last lane's, the loop copies itself (it would only wait for it), and then the jobs of
+// its own that no mover has begun: a 128 KiB block layer copies in about 10 us on one core,
+// less than a mover's wake-up and the event's way back on a busy host.
 func (r *rmaReceive) copyInPlace() {
 	x := r.x
 	if x.moving >= r.inPlace.limit {
@@ -106,13 +104,16 @@ func (r *rmaReceive) copyInPlace() {
 		x.nextSeq++
 	}
 	rec := &opRec{seq: first, buf: r.inPlace.view, batch: r.gets[first:x.nextSeq]}
-	if first == 0 && x.nextSeq == x.nChunks && n <= inPlaceHereBytes {
-		x.moving++ // as toMover counts it: the copy's event settles it (movedDone)
-		x.movingPeer++
-		x.eng.movers.runHere(x, rec)
+	if x.nextSeq < x.nChunks && x.moving+1 < r.inPlace.limit {
+		x.toMover(rec) // a lane left after this one: a worker copies it
 		return
 	}
-	x.toMover(rec)
+	// The request's last copy, or its last lane: the loop copies it itself instead of
+	// waiting, then takes back its copies that no worker has begun.
+	x.moving++ // as toMover counts it: the copy's event settles it (movedDone)
+	x.movingPeer++
+	x.eng.movers.runHere(x, rec)
+	x.eng.movers.help(x)
 }
 
 // splitForLanes cuts ranges read in place so that their bytes make at least lanes jobs where

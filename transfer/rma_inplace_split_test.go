@@ -83,3 +83,40 @@ func TestMoverPool_RunHereIsFenced(t *testing.T) {
 		})
 	}
 }
+
+// help (a transfer's loop copying its own queued jobs instead of waiting for a worker) takes
+// back only its transfer's copies that no worker has begun, runs them on the caller and reports
+// each through the mailbox; another transfer's copy stays queued for the workers, and after
+// fence there is nothing left to take (fence refused every queued copy).
+func TestMoverPool_HelpTakesBackOnlyItsOwnUnbegunCopies(t *testing.T) {
+	p := newMoverPool()
+	p.limit = 1
+	defer p.close()
+	g := newGate(t)
+	p.submit(&xfer{receive: true, mover: gateMover{g}}, &opRec{}) // the only worker, held
+	waitClosed(t, g.entered, "the worker held")
+
+	src := []byte("0123456789abcdef")
+	x := &xfer{pool: make([]byte, len(src))}
+	y := &xfer{pool: make([]byte, len(src))}
+	x1 := &opRec{buf: src, batch: []rmaRegion{{src: 0, dst: 0, n: 4}}}
+	yr := &opRec{buf: src, batch: []rmaRegion{{src: 8, dst: 8, n: 8}}}
+	x2 := &opRec{buf: src, batch: []rmaRegion{{src: 4, dst: 4, n: 4}}}
+	p.submit(x, x1)
+	p.submit(y, yr)
+	p.submit(x, x2)
+	p.help(x)
+	evs := x.box.Take(nil)
+	require.Len(t, evs, 2)
+	require.Same(t, x2, evs[0].op, "the last queued first")
+	require.Same(t, x1, evs[1].op)
+	require.Equal(t, []byte("01234567"), x.pool[:8])
+	require.Empty(t, y.box.Take(nil), "another transfer's copy is not taken")
+
+	g.let()
+	eventually(t, func() bool { return y.box.Len() == 1 }, "the worker copied the other transfer's job")
+	require.Equal(t, []byte("89abcdef"), y.pool[8:])
+	require.Zero(t, p.fence(context.Background()))
+	p.help(x) // nothing queued, fenced: returns at once
+	require.Empty(t, x.box.Take(nil))
+}

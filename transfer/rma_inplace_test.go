@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
 
@@ -63,4 +64,47 @@ func TestRMAReadsTheOfferedPoolInPlace(t *testing.T) {
 			require.Zero(t, p.net.Pending())
 		})
 	}
+}
+
+// A receiver reading in place copies on its own loop what it would otherwise only wait for
+// (its last copy, or its last lane's, and any copy of its that no worker has begun): with the
+// engine's only mover worker held by another copy, a 1 MiB request read in place still
+// completes, every byte. Before, its one copy queued behind the held worker until that let go.
+func TestRMAInPlaceReadCopiesOnItsLoopWhileTheWorkersAreBusy(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 8}
+	src := newKVPool(t, dims, layout.BlockMajor, nil, blocks(1, 2, 3, 4), 81) // 256 KiB blocks
+	dst := newKVPool(t, dims, layout.BlockMajor, nil, blocks(4, 5, 6, 7), 0)
+	p := newPair(t, rmaConfig(), rmaConfig())
+	for _, ep := range []string{"prefill", "decode"} {
+		p.net.Endpoint(Peer(ep)).MapPeers(true)
+	}
+	p.net.Endpoint("prefill").AllowDirect(src.mem)
+	p.net.Endpoint("decode").AllowDirect(dst.mem)
+
+	movers := p.dst.movers
+	movers.mu.Lock()
+	movers.limit = 1 // one worker, held below
+	movers.mu.Unlock()
+	g := newGate(t)
+	held := &xfer{receive: true, mover: gateMover{g}}
+	movers.submit(held, &opRec{})
+	waitClosed(t, g.entered, "the only worker held by another copy")
+
+	hs, hr := p.start(t, 1, src, dst)
+	waitClosed(t, hr.Quiesced(), "receive quiesced while the worker was held")
+	requireState(t, hr, Completed)
+	require.Equal(t, PathRMA, hr.Path())
+	require.Equal(t, src.stream(t), dst.stream(t))
+	g.let()
+	waitClosed(t, hs.Quiesced(), "send quiesced")
+	requireState(t, hs, Completed)
+}
+
+// gateMover's Scatter waits at its gate and copies nothing.
+type gateMover struct{ *gate }
+
+func (gateMover) Gather(*layout.Plan, int64, []byte) error { return nil }
+func (m gateMover) Scatter(*layout.Plan, []byte, int64) error {
+	m.stick()
+	return nil
 }
