@@ -24,6 +24,12 @@ import (
 // hand-offs cost little, enough that every lane has one while another is handed back.
 const inPlaceBatchBytes = 8 << 20
 
+// inPlaceLoopBytes is the largest request whose loop copies a share of its ranges read in
+// place (copyInPlace): a short request's time is its fixed cost, which a worker's wake-up adds
+// to; a large one's jobs keep to the workers, where its loop's copy gained nothing measurable
+// on the 2-core host (docs/benchmarks.md, "Where a one-hop 32-token request's time goes").
+const inPlaceLoopBytes = 16 << 20
+
 // inPlaceSplitMin is the smallest job a request's ranges are cut into so that every lane
 // copies a share of a short request (one 32-token block is one 4 MiB range: one mover, one
 // core, while the others idle): below it a second mover's hand-off costs about what the half
@@ -85,10 +91,10 @@ func (r *rmaReceive) mapOffer(m *wire.RMAOffer) {
 
 // copyInPlace copies the next ranges, up to the job size, out of the sender's mapped pool,
 // unless the jobs in flight are at the limit: the next then waits for one to end (moved posts
-// again). A job goes to a mover while another lane is left after it; the request's last job,
-// or the last lane's, the loop copies itself (it would only wait for it), and then the jobs of
-// its own that no mover has begun: a 128 KiB block layer copies in about 10 us on one core,
-// less than a mover's wake-up and the event's way back on a busy host.
+// again). A job goes to a mover while another lane is left after it; a short request's last
+// job, or its last lane's, the loop copies itself (it would only wait for it), and then the
+// jobs of its own that no mover has begun: a 128 KiB block layer copies in about 10 us on one
+// core, less than a mover's wake-up and the event's way back on a busy host.
 func (r *rmaReceive) copyInPlace() {
 	x := r.x
 	if x.moving >= r.inPlace.limit {
@@ -104,8 +110,8 @@ func (r *rmaReceive) copyInPlace() {
 		x.nextSeq++
 	}
 	rec := &opRec{seq: first, buf: r.inPlace.view, batch: r.gets[first:x.nextSeq]}
-	if x.nextSeq < x.nChunks && x.moving+1 < r.inPlace.limit {
-		x.toMover(rec) // a lane left after this one: a worker copies it
+	if x.plan.Bytes() > inPlaceLoopBytes || x.nextSeq < x.nChunks && x.moving+1 < r.inPlace.limit {
+		x.toMover(rec) // a large request, or a lane left after this one: a worker copies it
 		return
 	}
 	// The request's last copy, or its last lane: the loop copies it itself instead of
