@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
@@ -79,11 +80,11 @@ func (r *Runtime) copyArgs(op string, s *Stream, p *DevicePlan, pool Mem, off in
 	if p == nil || p.blocks.freed.Load() {
 		return nil, fmt.Errorf("cuda: %s: plan: %w", op, ErrClosed)
 	}
-	if err := p.plan.CheckRange(off, buf.Size); err != nil {
+	if err := kvplan.CheckRange(p.plan, off, buf.Size); err != nil {
 		return nil, fmt.Errorf("cuda: %s: %w", op, err)
 	}
 	l := p.plan.Layout()
-	if span := p.plan.PoolSpan(); pool.Size < span {
+	if span := kvplan.PoolSpan(p.plan); pool.Size < span {
 		return nil, fmt.Errorf("%w: %s: pool holds %d bytes, the layout spans %d", ErrInvalidArgument, op, pool.Size, span)
 	}
 	return &copyArgs{

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
@@ -18,7 +19,7 @@ import (
 type kernelCase struct {
 	desc      string
 	plan      *layout.Plan
-	chunks    []layout.Chunk
+	chunks    []kvplan.Chunk
 	poolShift int   // bytes past 16-byte alignment of the pool's base
 	bufShift  int   // bytes past 16-byte alignment of the stream buffer
 	ctas      int64 // grid size the emulation sizes work items for
@@ -79,17 +80,17 @@ func randomSelection(r *rand.Rand, l layout.Layout, kind int) (layout.Selection,
 
 // randomChunks is the whole stream, the plan's own element-aligned chunking, and a few ranges
 // with arbitrary byte bounds (the kernels take any byte range, as the host path does).
-func randomChunks(r *rand.Rand, p *layout.Plan) []layout.Chunk {
+func randomChunks(r *rand.Rand, p *layout.Plan) []kvplan.Chunk {
 	total := p.Bytes()
-	chunks := []layout.Chunk{{Offset: 0, Length: total}}
-	if cs, err := p.Chunks(1 + r.Int64N(total)); err == nil && len(cs) > 1 {
+	chunks := []kvplan.Chunk{{Offset: 0, Length: total}}
+	if cs, err := kvplan.Chunks(p, 1+r.Int64N(total)); err == nil && len(cs) > 1 {
 		chunks = append(chunks, cs[r.IntN(len(cs))], cs[len(cs)-1])
 	}
 	for range 3 {
 		off := r.Int64N(total)
-		chunks = append(chunks, layout.Chunk{Offset: off, Length: 1 + r.Int64N(total-off)})
+		chunks = append(chunks, kvplan.Chunk{Offset: off, Length: 1 + r.Int64N(total-off)})
 	}
-	return append(chunks, layout.Chunk{Offset: total / 2, Length: 0})
+	return append(chunks, kvplan.Chunk{Offset: total / 2, Length: 0})
 }
 
 // kernelCases draws n cases from seed: half from this file's generator, cycling through the
@@ -174,7 +175,7 @@ func (g guarded) intact(t *testing.T, what string) {
 
 // expected computes what a gather of chunk returns and what a scatter of src over chunk leaves
 // in a copy of pool, with the slow reference.
-func expected(t *testing.T, p *layout.Plan, pool []byte, c layout.Chunk, src []byte) (gathered, scattered []byte) {
+func expected(t *testing.T, p *layout.Plan, pool []byte, c kvplan.Chunk, src []byte) (gathered, scattered []byte) {
 	t.Helper()
 	full := make([]byte, p.Bytes())
 	require.NoError(t, layouttest.ReferenceGather(p, pool, full))

@@ -10,11 +10,13 @@
 //	[layer][kv][block i][head][token][head_dim elements]
 //
 // over the selected layers and heads, in the order the block ids are listed. A sender's plan
-// and a receiver's plan describe the same bytes when their Shapes are equal, whatever their
-// pools' strides; Compatible checks that.
+// and a receiver's plan describe the same bytes when they select as many layers, heads and
+// blocks of the same dimensions, whatever their pools' strides; Compatible checks that.
 //
 // A program starts with Packed (a Dims and an Order) or a Layout with its own strides,
-// Layout.All (or a Selection of its own), and NewPlan with a request's block ids.
+// Layout.All (or a Selection of its own), and NewPlan with a request's block ids. The stream
+// arithmetic the engine and the gather/scatter backends do over a plan (where each unit lies
+// in the pool, chunks, runs, partial plans) is theirs, not a program's, and is not exported.
 //
 // This package holds no memory and imports nothing of kvxfer's, so every layer can use it.
 // Reference gather and scatter functions, element by element, live in layouttest.

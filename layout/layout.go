@@ -166,8 +166,7 @@ func (l Layout) Validate() error {
 }
 
 // SpanBytes is how many bytes the pool's memory must hold: one past the highest byte any
-// element occupies. It is only meaningful for a valid layout (-1 otherwise). Plans keep it
-// computed: Plan.PoolSpan.
+// element occupies. It is only meaningful for a valid layout (-1 otherwise).
 func (l Layout) SpanBytes() int64 {
 	span, err := nonOverlappingSpan(l.RowBytes(), l.stridedDims())
 	if err != nil {

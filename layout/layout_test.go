@@ -4,14 +4,13 @@ package layout_test
 
 import (
 	"math"
-	"math/rand/v2"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
-	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
 
 var small = layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 8, ElemSize: 2, TokensPerBlock: 4, NumBlocks: 3}
@@ -106,26 +105,6 @@ func TestNewPlanRefusesBadInput(t *testing.T) {
 	require.ErrorIs(t, err, layout.ErrInvalidLayout)
 }
 
-func TestChunksCoverTheStreamOnElementBoundaries(t *testing.T) {
-	l := layout.Packed(small, layout.BlockMajor)
-	p, err := layout.NewPlan(l, l.All(), []int32{1, 2})
-	require.NoError(t, err)
-	for _, max := range []int64{2, 3, 100, 1000, p.Bytes(), p.Bytes() + 5} {
-		chunks, err := p.Chunks(max)
-		require.NoError(t, err)
-		next := int64(0)
-		for _, c := range chunks {
-			require.Equal(t, next, c.Offset)
-			require.LessOrEqual(t, c.Length, max)
-			require.Zero(t, c.Offset%l.ElemSize)
-			next += c.Length
-		}
-		require.Equal(t, p.Bytes(), next)
-	}
-	_, err = p.Chunks(1)
-	require.ErrorIs(t, err, layout.ErrOutOfRange)
-}
-
 func TestCompatibleNamesTheDifference(t *testing.T) {
 	l := layout.Packed(small, layout.BlockMajor)
 	src, err := layout.NewPlan(l, l.All(), []int32{0, 1})
@@ -144,31 +123,6 @@ func TestCompatibleNamesTheDifference(t *testing.T) {
 	require.Equal(t, "Heads", fe.Field)
 }
 
-// Every unit offset of a random plan stays inside the pool, and the plan's units map to
-// distinct rows (no two stream units share pool memory).
-func TestUnitOffsetsAreInsideAndDistinct(t *testing.T) {
-	r := rand.New(rand.NewPCG(11, 12))
-	for range 300 {
-		p := layouttest.RandomPlan(r)
-		span, row := p.Layout().SpanBytes(), p.Layout().RowBytes()
-		seen := map[int64]bool{}
-		for u := range p.Units() {
-			off := p.UnitOffset(u)
-			require.GreaterOrEqual(t, off, int64(0))
-			require.LessOrEqual(t, off+row, span)
-			require.False(t, seen[off], "two units at offset %d", off)
-			seen[off] = true
-		}
-		// RunUnits really are contiguous.
-		run := p.RunUnits()
-		for u := int64(0); u+1 < p.Units(); u++ {
-			if (u+1)%run != 0 {
-				require.Equal(t, p.UnitOffset(u)+row, p.UnitOffset(u+1), "run of %d units broken at %d", run, u)
-			}
-		}
-	}
-}
-
 // FuzzPlan: no layout, selection or block list makes validation or planning panic, and any
 // plan that validates only ever points inside its pool.
 func FuzzPlan(f *testing.F) {
@@ -183,32 +137,9 @@ func FuzzPlan(f *testing.F) {
 		}
 		span := l.SpanBytes()
 		require.Positive(t, span)
-		for _, u := range []int64{0, p.Units() / 2, p.Units() - 1} {
-			off := p.UnitOffset(u)
+		for _, u := range []int64{0, kvplan.Units(p) / 2, kvplan.Units(p) - 1} {
+			off := kvplan.UnitOffset(p, u)
 			require.True(t, off >= 0 && off+l.RowBytes() <= span, "unit %d at %d outside span %d", u, off, span)
 		}
 	})
-}
-
-func TestWithoutPositionsKeepsSenderAndReceiverInStep(t *testing.T) {
-	src := layout.Packed(small, layout.BlockMajor)
-	dst := layout.Packed(small, layout.LayerMajor)
-	sp, err := layout.NewPlan(src, src.All(), []int32{2, 0, 1})
-	require.NoError(t, err)
-	dp, err := layout.NewPlan(dst, dst.All(), []int32{1, 2, 0})
-	require.NoError(t, err)
-	// The receiver holds the first block already (a prefix-cache hit).
-	sp2, err := sp.WithoutPositions([]int{0})
-	require.NoError(t, err)
-	dp2, err := dp.WithoutPositions([]int{0})
-	require.NoError(t, err)
-	require.Equal(t, []int32{0, 1}, sp2.Blocks())
-	require.Equal(t, []int32{2, 0}, dp2.Blocks())
-	require.NoError(t, layout.Compatible(sp2, dp2))
-	require.Equal(t, sp.Bytes()*2/3, sp2.Bytes())
-
-	for _, bad := range [][]int{{3}, {-1}, {1, 1}, {0, 1, 2}} {
-		_, err := sp.WithoutPositions(bad)
-		require.Error(t, err, "positions %v", bad)
-	}
 }

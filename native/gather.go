@@ -28,6 +28,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
@@ -78,11 +79,11 @@ func checkHost(p *layout.Plan, pool []byte, off, n int64) error {
 	if p == nil {
 		return fmt.Errorf("%w: nil plan", layout.ErrInvalidLayout)
 	}
-	if span := p.PoolSpan(); int64(len(pool)) < span {
+	if span := kvplan.PoolSpan(p); int64(len(pool)) < span {
 		return &layout.FieldError{Field: "pool", Value: int64(len(pool)),
 			Reason: fmt.Sprintf("the layout spans %d bytes", span), Err: layout.ErrBufferTooSmall}
 	}
-	return p.CheckRange(off, n)
+	return kvplan.CheckRange(p, off, n)
 }
 
 func hostCopy(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) error {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/native"
@@ -83,7 +84,7 @@ func BenchmarkScatter(b *testing.B) {
 // BenchmarkGatherChunked: the same request gathered in 4 MiB chunks, as the staging path does.
 func BenchmarkGatherChunked(b *testing.B) {
 	p, pool := llamaRequest(b)
-	chunks, err := p.Chunks(4 << 20)
+	chunks, err := kvplan.Chunks(p, 4<<20)
 	require.NoError(b, err)
 	slot := make([]byte, 4<<20)
 	benchAgainstMemcpy(b, p.Bytes(), func() error {
@@ -130,7 +131,7 @@ func BenchmarkGatherScatterLayouts(b *testing.B) {
 		require.NoError(b, err)
 		pool := make([]byte, l.SpanBytes())
 		native.HostCopy(pool, pool) // fault the pages in
-		chunks, err := p.Chunks(4 << 20)
+		chunks, err := kvplan.Chunks(p, 4<<20)
 		require.NoError(b, err)
 		slot := make([]byte, 4<<20)
 		b.Run(c.name+"/gather", func(b *testing.B) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/native"
@@ -84,7 +85,7 @@ func TestChunkedPlansMatchUnchunked(t *testing.T) {
 		whole := make([]byte, p.Bytes())
 		require.NoError(t, native.HostGather(p, pool, 0, whole))
 
-		chunks, err := p.Chunks(p.Layout().ElemSize + r.Int64N(p.Bytes()+8))
+		chunks, err := kvplan.Chunks(p, p.Layout().ElemSize+r.Int64N(p.Bytes()+8))
 		require.NoError(t, err)
 		pieced := make([]byte, 0, p.Bytes())
 		out := make([]byte, len(pool))
@@ -206,7 +207,7 @@ func move(t *testing.T, src *rank, srcSel layout.Selection, dst *rank, dstSel la
 	dp, err := layout.NewPlan(dst.l, dstSel, dst.blocks)
 	require.NoError(t, err)
 	require.NoError(t, layout.Compatible(sp, dp))
-	chunks, err := sp.Chunks(chunk)
+	chunks, err := kvplan.Chunks(sp, chunk)
 	require.NoError(t, err)
 	for _, c := range chunks {
 		buf := make([]byte, c.Length)
@@ -304,7 +305,7 @@ func TestHostChunkCopyDoesNotAllocate(t *testing.T) {
 	l := layouttest.Llama3_8B(4)
 	p, err := layout.NewPlan(l, l.All(), []int32{3, 1})
 	require.NoError(t, err)
-	pool := make([]byte, p.PoolSpan())
+	pool := make([]byte, kvplan.PoolSpan(p))
 	buf := make([]byte, 1<<20)
 	allocs := testing.AllocsPerRun(20, func() {
 		if err := native.HostGather(p, pool, 4096, buf); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
@@ -140,7 +141,7 @@ func TestL10_ReplayedClaimProvesNothingForTheNextSend(t *testing.T) {
 	first := NewClaimSecret()
 	hr := run(first, nil)
 	nonce := hr.subs[0].nonce
-	recorded := &wire.RequestInfo{Header: wire.Header{Request: 1, Nonce: nonce}, Shape: dp.plan.Shape(), ChunkBytes: 4096, Depth: 2,
+	recorded := &wire.RequestInfo{Header: wire.Header{Request: 1, Nonce: nonce}, Shape: kvplan.ShapeOf(dp.plan), ChunkBytes: 4096, Depth: 2,
 		Flags: wire.FlagClaim, Claim: wire.Claim{Incarnation: b.incarnation, Proof: wire.ClaimProof(first, 1, 0, nonce, b.incarnation)}}
 	run(NewClaimSecret(), func() {
 		require.NoError(t, n.Spoof("decode", "prefill", wire.Encode(recorded)))

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -269,7 +270,7 @@ func TestDeviceSpecRefusals(t *testing.T) {
 		}},
 		{desc: "blocks past the region", gets: true, field: "Device.Len", wantErr: layout.ErrBufferTooSmall, spec: func(d *fakeDevice) Spec {
 			dev := d.register(src.mem)
-			dev.Len = src.plan.PoolSpan() - 1
+			dev.Len = kvplan.PoolSpan(src.plan) - 1
 			return Spec{Device: dev}
 		}},
 		{desc: "not a device registration", gets: true, field: "Device", wantErr: transport.ErrBadRegion, spec: func(d *fakeDevice) Spec {

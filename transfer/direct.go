@@ -5,6 +5,8 @@ package transfer
 import (
 	"cmp"
 	"slices"
+
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 )
 
 // directRecvAhead is how many direct receives a transfer keeps posted (at least
@@ -25,7 +27,7 @@ func (x *xfer) directCapable() bool {
 // piecesTooSmall reports whether this side's pool holds the stream in pieces under
 // Config.Tuning.DirectMinRunBytes, which staging moves faster than the direct path's IOV entries.
 func (x *xfer) piecesTooSmall() bool {
-	return x.plan.RunUnits()*x.plan.Layout().RowBytes() < x.eng.cfg.Tuning.DirectMinRunBytes
+	return kvplan.RunUnits(x.plan)*x.plan.Layout().RowBytes() < x.eng.cfg.Tuning.DirectMinRunBytes
 }
 
 // pullBeatsDirect (a receiver choosing its path) reports whether the staging path's pull
@@ -43,7 +45,7 @@ func (x *xfer) pullBeatsDirect() bool {
 		return false // an RMA offer read in place takes small ranges too, in one copy
 	}
 	limit := x.eng.cfg.Tuning.RMAMinRegionBytes
-	pieces := x.plan.Bytes() / (x.plan.RunUnits() * x.plan.Layout().RowBytes())
+	pieces := x.plan.Bytes() / (kvplan.RunUnits(x.plan) * x.plan.Layout().RowBytes())
 	if pieces > rmaMaxPieces {
 		return true // pieces too many to walk: small ones
 	}
@@ -51,7 +53,7 @@ func (x *xfer) pullBeatsDirect() bool {
 	// block-major pool streams layer by layer, yet each of its blocks is one range).
 	type span struct{ at, n int64 }
 	var spans []span
-	_ = x.plan.Runs(0, x.plan.Bytes(), func(at, _, n int64) { spans = append(spans, span{at, n}) })
+	_ = kvplan.Runs(x.plan, 0, x.plan.Bytes(), func(at, _, n int64) { spans = append(spans, span{at, n}) })
 	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.at, b.at) })
 	runs := int64(0)
 	for i, sp := range spans {
@@ -66,8 +68,9 @@ func (x *xfer) pullBeatsDirect() bool {
 // the transport.
 func (x *xfer) iov(off, n int64) ([][]byte, error) {
 	var iov [][]byte
-	err := x.plan.Runs(off, n, func(poolOff, _, length int64) {
+	err := kvplan.Runs(x.plan, off, n, func(poolOff, _, length int64) {
 		iov = append(iov, x.pool[poolOff:poolOff+length:poolOff+length])
 	})
+
 	return iov, err
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -99,15 +100,15 @@ func TestDirectMovesTheReferenceBytesAcrossLayouts(t *testing.T) {
 
 			want, got := src.stream(t), dst.stream(t)
 			if len(c.held) > 0 {
-				sp, err := src.plan.WithoutPositions(c.held)
+				sp, err := kvplan.WithoutPositions(src.plan, c.held)
 				require.NoError(t, err)
-				dp, err := dst.plan.WithoutPositions(c.held)
+				dp, err := kvplan.WithoutPositions(dst.plan, c.held)
 				require.NoError(t, err)
 				want, got = make([]byte, sp.Bytes()), make([]byte, dp.Bytes())
 				require.NoError(t, layouttest.ReferenceGather(sp, src.mem, want))
 				require.NoError(t, layouttest.ReferenceGather(dp, dst.mem, got))
 				require.Equal(t, make([]byte, dst.plan.Bytes()-dp.Bytes()), func() []byte {
-					kept, err := dst.plan.WithoutPositions(notIn(c.held, len(dst.plan.Blocks())))
+					kept, err := kvplan.WithoutPositions(dst.plan, notIn(c.held, len(dst.plan.Blocks())))
 					require.NoError(t, err)
 					b := make([]byte, kept.Bytes())
 					require.NoError(t, layouttest.ReferenceGather(kept, dst.mem, b))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 )
@@ -72,18 +73,18 @@ func (m hostMover) Scatter(p *layout.Plan, src []byte, off int64) error {
 }
 
 // goCopy is the cgo-free host copy: it walks the stream range in runs of pool-contiguous rows
-// (Plan.RunUnits), so a packed layout copies whole blocks at a time and a strided one row by
+// (kvplan.RunUnits), so a packed layout copies whole blocks at a time and a strided one row by
 // row.
 func goCopy(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) error {
 	n := int64(len(stream))
-	if err := p.CheckRange(off, n); err != nil {
+	if err := kvplan.CheckRange(p, off, n); err != nil {
 		return err
 	}
-	if span := p.PoolSpan(); int64(len(pool)) < span {
+	if span := kvplan.PoolSpan(p); int64(len(pool)) < span {
 		return &layout.FieldError{Field: "pool", Value: int64(len(pool)), Reason: fmt.Sprintf("needs %d bytes", span), Err: layout.ErrBufferTooSmall}
 	}
 	row := p.Layout().RowBytes()
-	run := p.RunUnits()
+	run := kvplan.RunUnits(p)
 	pos := int64(0)
 	for pos < n {
 		s := off + pos
@@ -91,7 +92,7 @@ func goCopy(p *layout.Plan, pool []byte, off int64, stream []byte, gather bool) 
 		// Rows left in this run: runs start at multiples of run in the stream.
 		left := (run - unit%run) * row
 		k := min(left-in, n-pos)
-		at := p.UnitOffset(unit) + in
+		at := kvplan.UnitOffset(p, unit) + in
 		if gather {
 			copy(stream[pos:pos+k], pool[at:at+k])
 		} else {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -263,7 +264,7 @@ func TestL10_UCXForgedClaimLeavesTheSendToTheRealReceiver(t *testing.T) {
 			hs, err := src.e.Send(bg, Spec{ID: 1, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem, Secret: secret})
 			require.NoError(t, err)
 
-			forged := wire.Encode(&wire.RequestInfo{Header: wire.Header{Request: 1, Nonce: 77}, Shape: r.plan.Shape(),
+			forged := wire.Encode(&wire.RequestInfo{Header: wire.Header{Request: 1, Nonce: 77}, Shape: kvplan.ShapeOf(r.plan),
 				ChunkBytes: 4096, Depth: 2, Flags: wire.FlagClaim, Claim: wire.Claim{Incarnation: 1, Proof: [wire.ClaimProofBytes]byte{1}}})
 			require.NoError(t, ucxhooks.Hooks.SendControlAs(forger.tr, src.tr.Self(), dst.tr.Self(), forged))
 			eventually(t, func() bool { return refusals.auth("claim", "bad-mac") == 1 }, "the forged claim refused")

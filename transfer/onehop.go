@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -85,7 +86,7 @@ func (x *xfer) oneHopOffer() (*wire.RMAOffer, [][2]uint64, error) {
 	if err != nil || e == nil {
 		return nil, nil, err
 	}
-	return &wire.RMAOffer{Header: x.head(), Flags: wire.RMAValidated, Addr: e.Addr, PoolBytes: src.PoolSpan(),
+	return &wire.RMAOffer{Header: x.head(), Flags: wire.RMAValidated, Addr: e.Addr, PoolBytes: kvplan.PoolSpan(src),
 		Layout: src.Layout(), Selection: src.Selection(), Blocks: src.Blocks(), Key: e.Key,
 		GenAddr: e.GenAddr, GenKey: e.GenKey, Generation: e.Generation}, e.Regions, nil
 }

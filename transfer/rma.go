@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -180,13 +181,13 @@ func (x *xfer) offerPlan(m *wire.RMAOffer) (*layout.Plan, error) {
 	if err != nil {
 		return nil, bad("plan", err, "the offered layout, selection and blocks do not make a plan: %v", err)
 	}
-	if m.PoolBytes <= 0 || src.PoolSpan() > m.PoolBytes {
-		return nil, bad("PoolBytes", nil, "a %d-byte pool cannot hold the offered layout's %d bytes", m.PoolBytes, src.PoolSpan())
+	if m.PoolBytes <= 0 || kvplan.PoolSpan(src) > m.PoolBytes {
+		return nil, bad("PoolBytes", nil, "a %d-byte pool cannot hold the offered layout's %d bytes", m.PoolBytes, kvplan.PoolSpan(src))
 	}
 	if m.Addr+uint64(m.PoolBytes) < m.Addr {
 		return nil, bad("Addr", nil, "[%#x, +%d) wraps around", m.Addr, m.PoolBytes)
 	}
-	if err := layout.CompatibleShapes(src.Shape(), x.plan.Shape()); err != nil {
+	if err := kvplan.CompatibleShapes(kvplan.ShapeOf(src), kvplan.ShapeOf(x.plan)); err != nil {
 		return nil, bad("Blocks", err, "the offered stream is not the requested one: %v", err)
 	}
 	return src, nil
@@ -206,7 +207,7 @@ func (x *xfer) getBytes() int64 {
 	return step
 }
 
-// planRun is one run of a plan (layout.Plan.Runs): n bytes at pool offset pool, stream
+// planRun is one run of a plan (kvplan.Runs): n bytes at pool offset pool, stream
 // offset stream.
 type planRun struct{ pool, stream, n int64 }
 
@@ -235,12 +236,12 @@ func pairRuns(a, b []planRun, at int64) []rmaRegion {
 // false when the plans have more runs than rmaMaxPieces.
 func rmaRegions(src, dst *layout.Plan) ([]rmaRegion, bool) {
 	runs := func(p *layout.Plan) ([]planRun, bool) {
-		most := p.Bytes() / (p.Layout().RowBytes() * p.RunUnits())
+		most := p.Bytes() / (p.Layout().RowBytes() * kvplan.RunUnits(p))
 		if most > rmaMaxPieces {
 			return nil, false
 		}
 		rs := make([]planRun, 0, most)
-		_ = p.Runs(0, p.Bytes(), func(poolOff, streamOff, n int64) { rs = append(rs, planRun{poolOff, streamOff, n}) })
+		_ = kvplan.Runs(p, 0, p.Bytes(), func(poolOff, streamOff, n int64) { rs = append(rs, planRun{poolOff, streamOff, n}) })
 		return rs, true
 	}
 	a, okA := runs(src)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
@@ -34,16 +35,16 @@ func TestRMARegionsMoveWhatGatherAndScatterWould(t *testing.T) {
 
 		regions, ok := rmaRegions(src, dst)
 		require.True(t, ok)
-		srcPool := make([]byte, src.PoolSpan())
+		srcPool := make([]byte, kvplan.PoolSpan(src))
 		layouttest.Fill(r, srcPool)
 		stream := make([]byte, src.Bytes())
 		require.NoError(t, layouttest.ReferenceGather(src, srcPool, stream))
-		want := make([]byte, dst.PoolSpan())
+		want := make([]byte, kvplan.PoolSpan(dst))
 		require.NoError(t, layouttest.ReferenceScatter(dst, stream, want))
-		got := make([]byte, dst.PoolSpan())
+		got := make([]byte, kvplan.PoolSpan(dst))
 		copy(got, want) // bytes outside the plan are not the regions' business
 		var moved int64
-		_ = dst.Runs(0, dst.Bytes(), func(at, _, k int64) { clear(got[at : at+k]) })
+		_ = kvplan.Runs(dst, 0, dst.Bytes(), func(at, _, k int64) { clear(got[at : at+k]) })
 		for k, g := range regions {
 			require.Positive(t, g.n, "case %d region %d", i, k)
 			if k > 0 {

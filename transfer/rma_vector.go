@@ -16,6 +16,7 @@ package transfer
 import (
 	"go.uber.org/zap"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -44,7 +45,7 @@ func (x *xfer) vectorGetsLikely() bool {
 // smallRuns reports whether p's contiguous pieces of the stream are under
 // Config.Tuning.DirectMinRunBytes: too small for a get (or an IOV entry) each.
 func (x *xfer) smallRuns(p *layout.Plan) bool {
-	return p.RunUnits()*p.Layout().RowBytes() < x.eng.cfg.Tuning.DirectMinRunBytes
+	return kvplan.RunUnits(p)*p.Layout().RowBytes() < x.eng.cfg.Tuning.DirectMinRunBytes
 }
 
 // vectorOffer decides whether offer m is read by vector gets: either side's pieces are small
@@ -126,7 +127,7 @@ func (l *vectorLists) add(s, d, n int64) {
 // source's order a block's rows merge into one range, where in stream order none would.
 //
 // The stream is groups (layer, K/V, block) of heads x tokens rows, token innermost (see
-// Plan.UnitOffset); within a range of whole groups each row's offset on either side is a
+// kvplan.UnitOffset); within a range of whole groups each row's offset on either side is a
 // group base plus head and token strides, so walk steps through them with no division and
 // no sort, the source's smaller stride innermost. Other ranges (or plans whose groups differ)
 // go through vectorPieces.
@@ -147,10 +148,10 @@ func (l *vectorLists) walk(src, dst *layout.Plan, off, n int64) error {
 		}
 		return nil
 	}
-	if err := src.CheckRange(off, n); err != nil {
+	if err := kvplan.CheckRange(src, off, n); err != nil {
 		return err
 	}
-	if err := dst.CheckRange(off, n); err != nil {
+	if err := kvplan.CheckRange(dst, off, n); err != nil {
 		return err
 	}
 	kv := max(ls.KVFactor, 1)
@@ -189,10 +190,10 @@ func (l *vectorLists) walk(src, dst *layout.Plan, off, n int64) error {
 // order a chunk's rows merge into a range per block, where in stream order none would.
 func vectorPieces(src, dst *layout.Plan, off, n int64) ([]rmaRegion, error) {
 	var a, b []planRun
-	if err := src.Runs(off, n, func(pool, stream, k int64) { a = append(a, planRun{pool, stream, k}) }); err != nil {
+	if err := kvplan.Runs(src, off, n, func(pool, stream, k int64) { a = append(a, planRun{pool, stream, k}) }); err != nil {
 		return nil, err
 	}
-	if err := dst.Runs(off, n, func(pool, stream, k int64) { b = append(b, planRun{pool, stream, k}) }); err != nil {
+	if err := kvplan.Runs(dst, off, n, func(pool, stream, k int64) { b = append(b, planRun{pool, stream, k}) }); err != nil {
 		return nil, err
 	}
 	// sortByDst orders by the dst field: the source's offset goes there until sorted.

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -141,11 +142,11 @@ func (s Spec) resolve(receive bool, cfg Config) ([]SubSpec, Mover, time.Duration
 		case len(s.Plan.Blocks()) > wire.MaxBlocks:
 			return nil, nil, 0, bad("Held", fmt.Sprintf("a partial transfer of %d blocks, at most %d", len(s.Plan.Blocks()), wire.MaxBlocks), layout.ErrOutOfRange)
 		case len(s.Held) == len(s.Plan.Blocks()) && len(s.Held) > 0:
-			if _, err := s.Plan.WithoutPositions(s.Held); errors.Is(err, layout.ErrOutOfRange) && !hasBadPosition(s.Held, len(s.Plan.Blocks())) {
+			if _, err := kvplan.WithoutPositions(s.Plan, s.Held); errors.Is(err, layout.ErrOutOfRange) && !hasBadPosition(s.Held, len(s.Plan.Blocks())) {
 				return nil, nil, 0, bad("Held", fmt.Sprintf("all %d blocks held", len(s.Held)), ErrNothingToMove)
 			}
 		}
-		trimmed, err := s.Plan.WithoutPositions(s.Held)
+		trimmed, err := kvplan.WithoutPositions(s.Plan, s.Held)
 		if err != nil {
 			return nil, nil, 0, bad("Held", err.Error(), err)
 		}
@@ -214,11 +215,11 @@ func (s Spec) resolveBase(receive bool, cfg Config) ([]SubSpec, Mover, time.Dura
 			return nil, nil, 0, bad(field, "nil plan", nil)
 		}
 		if s.Device.set() {
-			if span := sub.Plan.PoolSpan(); s.Device.Len < span {
+			if span := kvplan.PoolSpan(sub.Plan); s.Device.Len < span {
 				return nil, nil, 0, bad("Device.Len", fmt.Sprintf("%d bytes, the plan's layout spans %d: blocks lie past the region", s.Device.Len, span), layout.ErrBufferTooSmall)
 			}
 		} else if mover == nil {
-			if span := sub.Plan.PoolSpan(); int64(len(s.Pool)) < span {
+			if span := kvplan.PoolSpan(sub.Plan); int64(len(s.Pool)) < span {
 				return nil, nil, 0, bad("Pool", fmt.Sprintf("%d bytes, the plan's layout spans %d", len(s.Pool), span), layout.ErrBufferTooSmall)
 			}
 		}
@@ -252,9 +253,10 @@ func overlappingSubs(subs []SubSpec) (i, j int, found bool) {
 	}
 	var runs []run
 	for k, s := range subs {
-		_ = s.Plan.Runs(0, s.Plan.Bytes(), func(poolOff, _, n int64) {
+		_ = kvplan.Runs(s.Plan, 0, s.Plan.Bytes(), func(poolOff, _, n int64) {
 			runs = append(runs, run{poolOff, poolOff + n, k})
 		})
+
 	}
 	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.off, b.off) })
 	// A plan's own runs never overlap (NewPlan refuses a repeated block and a layout whose

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
@@ -69,17 +70,19 @@ func TestOverlappingSubsBySelectionMatchesTheRunWalk(t *testing.T) {
 		for j := 1; j < len(subs); j++ {
 			for i := range j {
 				seen := map[int64]bool{}
-				_ = subs[i].Plan.Runs(0, subs[i].Plan.Bytes(), func(off, _, n int64) {
+				_ = kvplan.Runs(subs[i].Plan, 0, subs[i].Plan.Bytes(), func(off, _, n int64) {
 					for b := off; b < off+n; b++ {
 						seen[b] = true
 					}
 				})
+
 				hit := false
-				_ = subs[j].Plan.Runs(0, subs[j].Plan.Bytes(), func(off, _, n int64) {
+				_ = kvplan.Runs(subs[j].Plan, 0, subs[j].Plan.Bytes(), func(off, _, n int64) {
 					for b := off; b < off+n && !hit; b++ {
 						hit = seen[b]
 					}
 				})
+
 				if hit {
 					return i, j, true
 				}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -268,9 +269,9 @@ func TestPartialReceiveMovesOnlyTheBlocksItLacks(t *testing.T) {
 			requireState(t, hs, Completed)
 			requireState(t, hr, Completed)
 
-			srcPart, err := src.plan.WithoutPositions(c.held)
+			srcPart, err := kvplan.WithoutPositions(src.plan, c.held)
 			require.NoError(t, err)
-			dstPart, err := dst.plan.WithoutPositions(c.held)
+			dstPart, err := kvplan.WithoutPositions(dst.plan, c.held)
 			require.NoError(t, err)
 			want := make([]byte, srcPart.Bytes())
 			require.NoError(t, layouttest.ReferenceGather(srcPart, src.mem, want))
@@ -380,7 +381,7 @@ func TestStreamAndPartialBadInputGivesTypedErrors(t *testing.T) {
 
 func TestRequestInfoExtensionRoundTripsAndStaysOptional(t *testing.T) {
 	h := wire.Header{Kind: wire.KindRequestInfo, Sub: 1, Request: 77}
-	shape := layout.Shape{Layers: 32, KVFactor: 2, Blocks: 250, Heads: 8, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}
+	shape := kvplan.Shape{Layers: 32, KVFactor: 2, Blocks: 250, Heads: 8, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}
 	cases := []struct {
 		desc  string
 		m     wire.RequestInfo

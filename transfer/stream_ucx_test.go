@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
@@ -58,9 +59,9 @@ func TestUCXStreamedAndPartialTransfers(t *testing.T) {
 			} else {
 				requireState(t, hs, Completed)
 				requireState(t, hr, Completed)
-				sp, err := s.plan.WithoutPositions(c.held) // nil held: the whole plan
+				sp, err := kvplan.WithoutPositions(s.plan, c.held) // nil held: the whole plan
 				require.NoError(t, err)
-				rp, err := r.plan.WithoutPositions(c.held)
+				rp, err := kvplan.WithoutPositions(r.plan, c.held)
 				require.NoError(t, err)
 				want := make([]byte, sp.Bytes())
 				require.NoError(t, layouttest.ReferenceGather(sp, s.mem, want))

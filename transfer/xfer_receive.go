@@ -7,6 +7,7 @@ package transfer
 // far, the end. xfer.go has what both sides share: the loop, timers, abort, quarantine.
 
 import (
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"go.uber.org/zap"
 )
@@ -30,7 +31,7 @@ func (x *xfer) runReceive() {
 }
 
 func (x *xfer) sendRequestInfo() {
-	ri := &wire.RequestInfo{Header: x.head(), Shape: x.plan.Shape(),
+	ri := &wire.RequestInfo{Header: x.head(), Shape: kvplan.ShapeOf(x.plan),
 		ChunkBytes: x.chunk, Depth: int64(x.eng.cfg.Tuning.PipelineDepth), Held: x.held, HeldOf: x.heldOf}
 	if x.layerCut {
 		ri.Flags |= wire.FlagLayerCut

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 )
@@ -90,7 +91,7 @@ func (x *xfer) runSend() {
 		err = x.applyHeld(ri)
 	}
 	if err == nil {
-		err = layout.CompatibleShapes(x.plan.Shape(), ri.Shape)
+		err = kvplan.CompatibleShapes(kvplan.ShapeOf(x.plan), ri.Shape)
 	}
 	direct := ri.Flags&wire.FlagDirect != 0 // the receiver picked the path: direct or staging
 	if err == nil && x.dev.set() {
@@ -196,7 +197,7 @@ func (x *xfer) applyHeld(ri *wire.RequestInfo) error {
 	if n := len(x.plan.Blocks()); ri.HeldOf != n {
 		return fmt.Errorf("%w: the receiver's request has %d blocks, this sender's %d", layout.ErrIncompatible, ri.HeldOf, n)
 	}
-	trimmed, err := x.plan.WithoutPositions(ri.Held)
+	trimmed, err := kvplan.WithoutPositions(x.plan, ri.Held)
 	if err != nil {
 		return fmt.Errorf("receiver's held positions: %w", err)
 	}

@@ -12,7 +12,7 @@ var Budgets = map[string]int{
 	"cuda":                             68,
 	"cuda/cudatest":                    5,
 	"cuda/gpuinfo":                     27,
-	"layout":                           80,
+	"layout":                           59,  // -21 issue 27: the plan arithmetic (Runs, UnitOffset, Chunks, Shape, ...) in internal/kvplan
 	"layout/layouttest":                9,   // +2 ReferenceGather, ReferenceScatter (from layout: test ground truth)
 	"native":                           164, // +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages; +1 Settings (kvxbench's env.ucx_settings, bench-paths' perftest baseline)
 	"transfer":                         149, // issue 27: tuning knobs to transfer/tuning, health numbers to transfer/health; observer plumbing, transport-owned and misuse errors, HostMover, SealableParams unexported or gone (CHANGELOG)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
@@ -91,7 +92,7 @@ func runDeviceGather(ctx context.Context, cfg GatherConfig, out *Outputs) error 
 		if err != nil {
 			return fmt.Errorf("plan for %d tokens: %w", tokens, err)
 		}
-		chunks, err := plan.Chunks(cfg.Slot)
+		chunks, err := kvplan.Chunks(plan, cfg.Slot)
 		if err != nil {
 			return err
 		}
@@ -148,7 +149,7 @@ func (d *deviceMeasure) close(ctx context.Context, bufs ...*cuda.Buffer) {
 }
 
 // enqueue puts one whole request's op (or its device-copy baseline) on the stream.
-func (d *deviceMeasure) enqueue(dp *cuda.DevicePlan, chunks []layout.Chunk, op string, baseline bool) error {
+func (d *deviceMeasure) enqueue(dp *cuda.DevicePlan, chunks []kvplan.Chunk, op string, baseline bool) error {
 	for _, c := range chunks {
 		slot, err := d.slot.Slice(0, c.Length)
 		if err != nil {
@@ -192,7 +193,7 @@ func (d *deviceMeasure) timed(ctx context.Context, f func() error) (time.Duratio
 	return d.stop.Elapsed(d.start)
 }
 
-func (d *deviceMeasure) run(ctx context.Context, dp *cuda.DevicePlan, chunks []layout.Chunk, op string, o Output, bar *progress) (Result, error) {
+func (d *deviceMeasure) run(ctx context.Context, dp *cuda.DevicePlan, chunks []kvplan.Chunk, op string, o Output, bar *progress) (Result, error) {
 	p := dp.Plan()
 	bytes := p.Bytes()
 	res := Result{Op: op + " device", Concurrency: 1, Bytes: bytes, MessageBytes: min(d.slot.Size, bytes)}
@@ -252,7 +253,7 @@ func (d *deviceMeasure) run(ctx context.Context, dp *cuda.DevicePlan, chunks []l
 
 // verify moves the request once more and checks every byte, as hostMeasure.verify does, with
 // the device pool's host mirror.
-func (d *deviceMeasure) verify(ctx context.Context, dp *cuda.DevicePlan, chunks []layout.Chunk, op string) error {
+func (d *deviceMeasure) verify(ctx context.Context, dp *cuda.DevicePlan, chunks []kvplan.Chunk, op string) error {
 	p := dp.Plan()
 	h := newChecksum()
 	buf := make([]byte, d.slot.Size)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
@@ -109,10 +110,10 @@ func (e *mirrorEngine) dev(pool []byte) []byte {
 
 // eachRun calls f with the pool range of each run of p's stream, as streamChecksum walks it.
 func eachRun(p *layout.Plan, f func(off, n int64)) {
-	run := p.RunUnits()
+	run := kvplan.RunUnits(p)
 	runBytes := run * p.Layout().RowBytes()
-	for u := int64(0); u < p.Units(); u += run {
-		f(p.UnitOffset(u), runBytes)
+	for u := int64(0); u < kvplan.Units(p); u += run {
+		f(kvplan.UnitOffset(p, u), runBytes)
 	}
 }
 

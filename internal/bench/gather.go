@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 )
@@ -89,7 +90,7 @@ func Gather(ctx context.Context, cfg GatherConfig, out *Outputs) error {
 		if err != nil {
 			return fmt.Errorf("plan for %d tokens: %w", tokens, err)
 		}
-		chunks, err := plan.Chunks(cfg.Slot)
+		chunks, err := kvplan.Chunks(plan, cfg.Slot)
 		if err != nil {
 			return fmt.Errorf("chunks for %d tokens: %w", tokens, err)
 		}
@@ -115,7 +116,7 @@ func Gather(ctx context.Context, cfg GatherConfig, out *Outputs) error {
 // staging slot, against memcpy of the same chunks.
 type hostMeasure struct {
 	plan   *layout.Plan
-	chunks []layout.Chunk
+	chunks []kvplan.Chunk
 	pool   []byte
 	slot   []byte
 	op     string // gather or scatter

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
@@ -632,10 +633,10 @@ func (d *decodeEnd) warmUp(ctx context.Context, plans [][]recvSub, sums []uint32
 // scrub zeroes the plan's destination bytes in pool, so a transfer that writes nothing (or
 // writes short) fails its check instead of passing on the previous round's bytes.
 func scrub(p *layout.Plan, pool []byte) {
-	run := p.RunUnits()
+	run := kvplan.RunUnits(p)
 	runBytes := run * p.Layout().RowBytes()
-	for u := int64(0); u < p.Units(); u += run {
-		off := p.UnitOffset(u)
+	for u := int64(0); u < kvplan.Units(p); u += run {
+		off := kvplan.UnitOffset(p, u)
 		clear(pool[off : off+runBytes])
 	}
 }

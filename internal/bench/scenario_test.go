@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
@@ -134,7 +135,7 @@ func (n *fakeNet) copy(id uint64, s, r *fakeOp) error {
 	if err := layout.Compatible(s.plan, r.plan); err != nil {
 		return err
 	}
-	chunks, err := s.plan.Chunks(n.slot)
+	chunks, err := kvplan.Chunks(s.plan, n.slot)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 )
 
@@ -19,14 +20,14 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 func newChecksum() hash.Hash32 { return crc32.New(castagnoli) }
 
 // streamChecksum is the CRC-32C of the plan's stream as it lies in pool. It walks the pool
-// with Go's plan math (Plan.UnitOffset and RunUnits), not with the C gather, so a bug in the
+// with Go's plan math (kvplan.UnitOffset and RunUnits), not with the C gather, so a bug in the
 // gather or scatter shows up as a mismatch instead of being checked against itself.
 func streamChecksum(p *layout.Plan, pool []byte) uint32 {
 	h := newChecksum()
-	run := p.RunUnits()
+	run := kvplan.RunUnits(p)
 	runBytes := run * p.Layout().RowBytes()
-	for u := int64(0); u < p.Units(); u += run {
-		off := p.UnitOffset(u)
+	for u := int64(0); u < kvplan.Units(p); u += run {
+		off := kvplan.UnitOffset(p, u)
 		h.Write(pool[off : off+runBytes])
 	}
 	return h.Sum32()

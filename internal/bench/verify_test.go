@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/native"
@@ -67,7 +68,7 @@ func TestHostVerifyFailsOnAWrongPlan(t *testing.T) {
 	require.NoError(t, err)
 	pool := make([]byte, l.SpanBytes())
 	fillPattern(pool, 1)
-	chunks, err := p.Chunks(1 << 20)
+	chunks, err := kvplan.Chunks(p, 1<<20)
 	require.NoError(t, err)
 	m := hostMeasure{plan: p, chunks: chunks, pool: pool, slot: make([]byte, 1<<20), op: "gather"}
 	require.NoError(t, m.verify())

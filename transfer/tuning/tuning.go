@@ -104,7 +104,7 @@ type Config struct {
 	// mode down to ranges of this mean size (or RMAMinRegionBytes, if smaller). Default 4 KiB.
 	InPlaceMinRegionBytes int64
 	// DirectMinRunBytes is the smallest contiguous piece of the receiver's pool (its plan's
-	// run: layout.Plan.RunUnits rows) for which a receiver takes the direct path: below it (a
+	// run: kvplan.RunUnits rows, internal/kvplan) for which a receiver takes the direct path: below it (a
 	// token-major layout such as layer-major-nhd, whose pieces are one row of one head) each
 	// piece would be an IOV entry of its own, and staging's gather and scatter move such pieces
 	// faster than UCX does (measured on UCX 1.13 shared memory: 256-byte pieces 0.7 against 1.5

@@ -40,6 +40,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/internal/peerproc/forgery"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
@@ -313,7 +314,7 @@ func (p *peer) send(f forgery.Forgery, arg string) error {
 			return err
 		}
 		ri := &wire.RequestInfo{Header: wire.Header{Request: transport.RequestID(id), Nonce: p.rng.Uint64() | 1},
-			Shape: whole.Shape(), ChunkBytes: 256 << 10, Depth: 2}
+			Shape: kvplan.ShapeOf(whole), ChunkBytes: 256 << 10, Depth: 2}
 		if f == forgery.ClaimWrongProof {
 			ri.Flags |= wire.FlagClaim
 			ri.Claim = wire.Claim{Incarnation: p.rng.Uint64(), Proof: wire.ClaimProof(echo[:], ri.Request, 0, ri.Nonce, 1)}

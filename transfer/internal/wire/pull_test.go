@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 )
 
 func TestPullWireRoundTrip(t *testing.T) {
@@ -42,7 +42,7 @@ func TestPullWireRoundTrip(t *testing.T) {
 			require.Equal(t, &c, got)
 		}
 	}
-	ri := &RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 4096, Depth: 2, Flags: FlagPull}
+	ri := &RequestInfo{Header: h, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 4096, Depth: 2, Flags: FlagPull}
 	got, err := Decode(Encode(ri))
 	require.NoError(t, err)
 	require.Equal(t, FlagPull, got.(*RequestInfo).Flags)
@@ -65,7 +65,7 @@ func TestPullWireRefusesGarbage(t *testing.T) {
 		binary.LittleEndian.PutUint64(c[at:], v)
 		return c
 	}
-	ri := Encode(&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 4096, Depth: 2, Flags: FlagPull})
+	ri := Encode(&RequestInfo{Header: h, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 4096, Depth: 2, Flags: FlagPull})
 	for name, b := range map[string][]byte{
 		"slots short":              slots[:HeaderBytes+10],
 		"slots unknown flag":       put32(slots, HeaderBytes, 1<<5),

@@ -11,7 +11,7 @@ import (
 	"math/rand/v2"
 	"strings"
 
-	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -231,13 +231,13 @@ type Header struct {
 // still decodes every request a plain transfer sends.
 type RequestInfo struct {
 	Header
-	Shape      layout.Shape // the stream the receiver expects, held blocks already dropped
+	Shape      kvplan.Shape // the stream the receiver expects, held blocks already dropped
 	ChunkBytes int64        // payload bytes per chunk, a multiple of Shape.ElemSize
 	Depth      int64        // receives the receiver keeps posted (informational)
 	Flags      RequestFlags
 	// Held lists, in ascending order, the positions of the request's block list that the
 	// receiver already holds; the sender drops them from its plan
-	// (layout.Plan.WithoutPositions) before comparing shapes. HeldOf is the length of that
+	// (kvplan.WithoutPositions) before comparing shapes. HeldOf is the length of that
 	// full block list (0 when Held is empty), so the sender can check it names the same
 	// request.
 	Held   []int
@@ -636,7 +636,7 @@ func Decode(b []byte) (Message, error) {
 		if len(b) != RequestInfoBytes && len(b) < RequestInfoBytes+requestExtBytes {
 			return nil, malformed(len(b), "request-info of %d bytes: %d, or at least %d with the extension", len(b), RequestInfoBytes, RequestInfoBytes+requestExtBytes)
 		}
-		m := &RequestInfo{Header: h, Shape: layout.Shape{Layers: u64(0), KVFactor: u64(1), Blocks: u64(2),
+		m := &RequestInfo{Header: h, Shape: kvplan.Shape{Layers: u64(0), KVFactor: u64(1), Blocks: u64(2),
 			Heads: u64(3), TokensPerBlock: u64(4), HeadDim: u64(5), ElemSize: u64(6)}, ChunkBytes: u64(7), Depth: u64(8)}
 		for i, v := range []int64{m.Shape.Layers, m.Shape.KVFactor, m.Shape.Blocks, m.Shape.Heads,
 			m.Shape.TokensPerBlock, m.Shape.HeadDim, m.Shape.ElemSize, m.ChunkBytes, m.Depth} {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
@@ -24,16 +25,16 @@ func TestDataHeaderBytesIsTransports(t *testing.T) {
 func TestWireRoundTrip(t *testing.T) {
 	h := Header{Sub: 3, Request: 0xdeadbeef01, Nonce: 0x0123456789abcdef}
 	msgs := []Message{
-		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 4096, Depth: 2},
-		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64 << 20, Depth: 2, Flags: FlagDirect},
-		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64, Depth: 2, Flags: FlagDirect | FlagLayerCut, Held: []int{1}, HeldOf: 10},
+		&RequestInfo{Header: h, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 4096, Depth: 2},
+		&RequestInfo{Header: h, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64 << 20, Depth: 2, Flags: FlagDirect},
+		&RequestInfo{Header: h, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64, Depth: 2, Flags: FlagDirect | FlagLayerCut, Held: []int{1}, HeldOf: 10},
 		&Done{Header: h, Bytes: 123456},
 		&Abort{Header: h, Code: AbortDeadline, Reason: "too slow"},
 		&AbortAck{Header: h},
-		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64 << 20, Depth: 2, Flags: FlagDirect | FlagRMA},
-		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64, Depth: 2, Flags: FlagClaim,
+		&RequestInfo{Header: h, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64 << 20, Depth: 2, Flags: FlagDirect | FlagRMA},
+		&RequestInfo{Header: h, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64, Depth: 2, Flags: FlagClaim,
 			Claim: Claim{Incarnation: 0xabcdef, Proof: [ClaimProofBytes]byte{1, 2, 3, 15: 16}}},
-		&RequestInfo{Header: h, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64, Depth: 2, Flags: FlagClaim | FlagLayerCut, Held: []int{3}, HeldOf: 10,
+		&RequestInfo{Header: h, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 9, Heads: 4, TokensPerBlock: 16, HeadDim: 128, ElemSize: 2}, ChunkBytes: 64, Depth: 2, Flags: FlagClaim | FlagLayerCut, Held: []int{3}, HeldOf: 10,
 			Claim: Claim{Incarnation: 1, Proof: [ClaimProofBytes]byte{9}}},
 		&RMAOffer{Header: h, Addr: 0x7f0000001000, PoolBytes: 1 << 30, Layout: layout.Packed(testDims, layout.BlockMajor),
 			Selection: layout.Selection{LayerEnd: 2, HeadBegin: 1, HeadEnd: 3}, Blocks: []int32{7, 3, -1}, Key: []byte{1, 2, 3}},
@@ -121,7 +122,7 @@ func TestWireRejectsGarbage(t *testing.T) {
 		{"truncated body", good[:len(good)-1]},
 		{"data through Decode", mut(func(b []byte) []byte { b[3] = byte(KindData); return b })},
 		{"abort with unknown code", encodeRaw(&Abort{Header: Header{Request: 1}, Code: 99})},
-		{"request-info with zero layers", Encode(&RequestInfo{Shape: layout.Shape{KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 2, Depth: 1})},
+		{"request-info with zero layers", Encode(&RequestInfo{Shape: kvplan.Shape{KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 2, Depth: 1})},
 		{"rma offer with a block count past its bytes", func() []byte {
 			b := Encode(&RMAOffer{Header: Header{Request: 1}, Layout: layout.Packed(testDims, layout.BlockMajor), Blocks: []int32{1}, Key: []byte{9}})
 			b[HeaderBytes+4] = 2
@@ -170,7 +171,7 @@ func TestWireRejectsGarbage(t *testing.T) {
 		{"a proof with min zero", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes] = 0; return b }()},
 		{"a proof with flags", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes+2] = 1; return b }()},
 		{"a proof with reserved set", func() []byte { b := Encode(goodProof()); b[HeaderBytes+ChallengeBytes+4] = 1; return b }()},
-		{"request-info chunk not whole elements", Encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 3, Depth: 1})},
+		{"request-info chunk not whole elements", Encode(&RequestInfo{Shape: kvplan.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2}, ChunkBytes: 3, Depth: 1})},
 		{"request-info with a claim cut short", claimed()[:len(claimed())-1]},
 		{"request-info with a claim and a byte more", append(claimed(), 0)},
 		{"request-info with a claim's bytes but no flag", func() []byte {
@@ -214,7 +215,7 @@ func mutPart(f func(b []byte)) []byte {
 // MaxBlocks, and a decline that claims to be a part.
 // claimed is a request-info with a claim, for the decoder's tables.
 func claimed() []byte {
-	return Encode(&RequestInfo{Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2},
+	return Encode(&RequestInfo{Shape: kvplan.Shape{Layers: 1, KVFactor: 2, Blocks: 1, Heads: 1, TokensPerBlock: 1, HeadDim: 1, ElemSize: 2},
 		ChunkBytes: 2, Depth: 1, Flags: FlagClaim, Claim: Claim{Incarnation: 5, Proof: [ClaimProofBytes]byte{7}}})
 }
 
@@ -263,10 +264,10 @@ func FuzzDecode(f *testing.F) {
 	f.Add(append(v1[:16], v1[HeaderBytes:]...))
 	f.Add(Encode(&Abort{Header: Header{Request: 2, Sub: 1, Nonce: 7}, Code: AbortCancelled, Reason: "x"}))
 	f.Add(Encode(&AbortAck{Header: Header{Request: 3}}))
-	f.Add(Encode(&RequestInfo{Header: Header{Request: 4}, Shape: layout.Shape{Layers: 1, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2}, ChunkBytes: 64, Depth: 2}))
-	f.Add(Encode(&RequestInfo{Header: Header{Request: 5}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
+	f.Add(Encode(&RequestInfo{Header: Header{Request: 4}, Shape: kvplan.Shape{Layers: 1, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2}, ChunkBytes: 64, Depth: 2}))
+	f.Add(Encode(&RequestInfo{Header: Header{Request: 5}, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
 		ChunkBytes: 64, Depth: 2, Flags: FlagLayerCut, Held: []int{0, 9}, HeldOf: 12}))
-	f.Add(Encode(&RequestInfo{Header: Header{Request: 6}, Shape: layout.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
+	f.Add(Encode(&RequestInfo{Header: Header{Request: 6}, Shape: kvplan.Shape{Layers: 2, KVFactor: 2, Blocks: 3, Heads: 1, TokensPerBlock: 4, HeadDim: 8, ElemSize: 2},
 		ChunkBytes: 1 << 26, Depth: 2, Flags: FlagDirect}))
 	f.Add(claimed())
 	f.Add(Encode(&RMAOffer{Header: Header{Request: 7}, Addr: 4096, PoolBytes: 1 << 20, Layout: layout.Packed(testDims, layout.BlockMajor),

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -471,7 +472,7 @@ func (m *DeviceMover) plan(p *layout.Plan) (*cuda.DevicePlan, *cuda.Event, error
 	}
 	dp := m.plans[p]
 	if dp == nil {
-		if span := p.PoolSpan(); span > m.pool.Size {
+		if span := kvplan.PoolSpan(p); span > m.pool.Size {
 			return nil, nil, &layout.FieldError{Field: "pool", Value: m.pool.Size, Reason: fmt.Sprintf("needs %d bytes", span), Err: layout.ErrBufferTooSmall}
 		}
 		var err error

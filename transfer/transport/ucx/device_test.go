@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/cuda"
 	"github.com/kvxfer/kvxfer/cuda/cudatest"
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -219,7 +220,7 @@ func TestL9_DeviceMoverCopyOfUnknownEndIsUnknownQuiescence(t *testing.T) {
 				require.NoError(t, err)
 				d.stream, err = d.rt.NewStream()
 				require.NoError(t, err)
-				m, err := d.NewMover(7, cuda.Mem{Addr: 1 << 44, Size: plan.PoolSpan()})
+				m, err := d.NewMover(7, cuda.Mem{Addr: 1 << 44, Size: kvplan.PoolSpan(plan)})
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = m.Close() })
 				slot := d.StagingMemory()[4096 : 4096+plan.Bytes()]

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package layout_test
+package kvplan_test
 
 import (
 	"math/rand/v2"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
@@ -18,7 +19,7 @@ func TestRunsReproduceTheReferenceGather(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
 	for i := range 200 {
 		p := layouttest.RandomPlan(r)
-		pool := make([]byte, p.PoolSpan())
+		pool := make([]byte, kvplan.PoolSpan(p))
 		layouttest.Fill(r, pool)
 		total := p.Bytes()
 		off := r.Int64N(total)
@@ -29,7 +30,7 @@ func TestRunsReproduceTheReferenceGather(t *testing.T) {
 		var got []byte
 		next := off
 		prevEnd := int64(-1)
-		require.NoError(t, p.Runs(off, n, func(poolOff, streamOff, length int64) {
+		require.NoError(t, kvplan.Runs(p, off, n, func(poolOff, streamOff, length int64) {
 			require.Equal(t, next, streamOff, "case %d: ranges come in stream order, without gaps", i)
 			require.Positive(t, length)
 			require.NotEqual(t, prevEnd, poolOff, "case %d: back-to-back ranges are merged", i)
@@ -60,7 +61,7 @@ func TestRunsMergeWholeBlocks(t *testing.T) {
 			p, err := layout.NewPlan(l, s, c.blocks)
 			require.NoError(t, err)
 			got := 0
-			require.NoError(t, p.Runs(0, p.Bytes(), func(_, _, _ int64) { got++ }))
+			require.NoError(t, kvplan.Runs(p, 0, p.Bytes(), func(_, _, _ int64) { got++ }))
 			require.Equal(t, c.want, got)
 		})
 	}
@@ -69,7 +70,7 @@ func TestRunsMergeWholeBlocks(t *testing.T) {
 func TestRunsRefusesARangeOutsideTheStream(t *testing.T) {
 	p := layouttest.RandomPlan(rand.New(rand.NewPCG(1, 2)))
 	called := false
-	err := p.Runs(p.Bytes()-1, 2, func(_, _, _ int64) { called = true })
+	err := kvplan.Runs(p, p.Bytes()-1, 2, func(_, _, _ int64) { called = true })
 	require.ErrorIs(t, err, layout.ErrOutOfRange)
 	require.False(t, called)
 }

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package layout_test
+package kvplan_test
 
 import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
@@ -29,7 +30,7 @@ func BenchmarkRuns(b *testing.B) {
 			n := 0
 			for b.Loop() {
 				n = 0
-				_ = p.Runs(0, p.Bytes(), func(_, _, _ int64) { n++ })
+				_ = kvplan.Runs(p, 0, p.Bytes(), func(_, _, _ int64) { n++ })
 			}
 			b.ReportMetric(float64(n), "runs")
 		})

@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package kvplan
+
+import (
+	"fmt"
+
+	"github.com/kvxfer/kvxfer/layout"
+)
+
+// Shape is what a plan's stream is made of, independent of the pool's strides. Two plans move
+// the same bytes exactly when their shapes are equal.
+type Shape struct {
+	Layers         int64
+	KVFactor       int64
+	Blocks         int64
+	Heads          int64
+	TokensPerBlock int64
+	HeadDim        int64
+	ElemSize       int64
+}
+
+// ShapeOf returns what p's stream is made of.
+func ShapeOf(p *layout.Plan) Shape {
+	l, s := p.Layout(), p.Selection()
+	return Shape{
+		Layers: s.Layers(), KVFactor: l.KVFactor, Blocks: int64(len(p.Blocks())),
+		Heads: s.Heads(), TokensPerBlock: l.TokensPerBlock,
+		HeadDim: l.HeadDim, ElemSize: l.ElemSize,
+	}
+}
+
+// Bytes is the stream size of the shape.
+func (s Shape) Bytes() int64 {
+	return s.Layers * s.KVFactor * s.Blocks * s.Heads * s.TokensPerBlock * s.HeadDim * s.ElemSize
+}
+
+// Chunk is a byte range [Offset, Offset+Length) of a plan's stream.
+type Chunk struct {
+	Offset int64
+	Length int64
+}
+
+// PoolSpan is the number of bytes p's pool must hold (Layout.SpanBytes).
+func PoolSpan(p *layout.Plan) int64 { return p.Layout().SpanBytes() }
+
+// Units is the number of token rows in p's stream.
+func Units(p *layout.Plan) int64 { return p.Bytes() / p.Layout().RowBytes() }
+
+// RunUnits is how many consecutive stream units lie back to back in the pool (see
+// kvx_run_units): the length, in rows, of the contiguous copies a gather or scatter makes.
+func RunUnits(p *layout.Plan) int64 { return runUnits(p.Layout(), p.Selection()) }
+
+func runUnits(l layout.Layout, s layout.Selection) int64 {
+	row := l.RowBytes()
+	if l.TokensPerBlock > 1 && l.StrideToken != row {
+		return 1
+	}
+	if s.Heads() > 1 && l.StrideHead != row*l.TokensPerBlock {
+		return l.TokensPerBlock
+	}
+	return s.Heads() * l.TokensPerBlock
+}
+
+// UnitOffset is the byte offset in the pool of stream unit u (see kvx_unit_offset).
+func UnitOffset(p *layout.Plan, u int64) int64 {
+	return unitOffset(p.Layout(), p.Selection(), p.Blocks(), u)
+}
+
+func unitOffset(l layout.Layout, s layout.Selection, blocks []int32, u int64) int64 {
+	t := u % l.TokensPerBlock
+	u /= l.TokensPerBlock
+	h := u % s.Heads()
+	u /= s.Heads()
+	b := u % int64(len(blocks))
+	u /= int64(len(blocks))
+	k := u % l.KVFactor
+	layer := u / l.KVFactor
+	return int64(blocks[b])*l.StrideBlock + (s.LayerBegin+layer)*l.StrideLayer +
+		k*l.StrideKV + (s.HeadBegin+h)*l.StrideHead + t*l.StrideToken
+}
+
+// Chunks splits p's stream into consecutive ranges of at most maxBytes, cut on element
+// boundaries. maxBytes is rounded down to a whole number of elements and must hold at least
+// one element.
+func Chunks(p *layout.Plan, maxBytes int64) ([]Chunk, error) {
+	elem := p.Layout().ElemSize
+	size := maxBytes - maxBytes%elem
+	if size <= 0 {
+		return nil, rangeErr("maxBytes", maxBytes, fmt.Sprintf("must hold at least one %d-byte element", elem))
+	}
+	total := p.Bytes()
+	chunks := make([]Chunk, 0, (total+size-1)/size)
+	for off := int64(0); off < total; off += size {
+		chunks = append(chunks, Chunk{Offset: off, Length: min(size, total-off)})
+	}
+	return chunks, nil
+}
+
+// CheckRange verifies that [off, off+n) lies within p's stream; the error matches
+// layout.ErrOutOfRange.
+func CheckRange(p *layout.Plan, off, n int64) error {
+	if total := p.Bytes(); off < 0 || n < 0 || off > total || n > total-off {
+		return rangeErr("range", off, fmt.Sprintf("[%d, +%d) is outside the %d-byte stream", off, n, total))
+	}
+	return nil
+}
+
+// Runs walks stream bytes [off, off+n) of p as pool ranges, in stream order: fn gets each
+// range's pool offset, its stream offset and its length. Ranges that lie back to back in the
+// pool are merged, so a plan whose blocks are contiguous (a block-major pool moving whole
+// blocks) yields few, long ranges. It is what a one-copy path hands the network as an IOV
+// list instead of gathering into a staging buffer. It returns an error matching
+// layout.ErrOutOfRange (from CheckRange) for a range outside the stream and calls fn for
+// nothing then.
+func Runs(p *layout.Plan, off, n int64, fn func(poolOff, streamOff, length int64)) error {
+	if err := CheckRange(p, off, n); err != nil {
+		return err
+	}
+	l, s, blocks := p.Layout(), p.Selection(), p.Blocks()
+	row := l.RowBytes()
+	run := runUnits(l, s)
+	var curPool, curStream, curLen int64 // the range being merged; curLen 0: none yet
+	for pos := int64(0); pos < n; {
+		st := off + pos
+		unit, in := st/row, st%row
+		// Runs start at multiples of run in the stream (see kvx_run_units).
+		left := (run - unit%run) * row
+		k := min(left-in, n-pos)
+		at := unitOffset(l, s, blocks, unit) + in
+		if curLen > 0 && curPool+curLen == at {
+			curLen += k
+		} else {
+			if curLen > 0 {
+				fn(curPool, curStream, curLen)
+			}
+			curPool, curStream, curLen = at, st, k
+		}
+		pos += k
+	}
+	if curLen > 0 {
+		fn(curPool, curStream, curLen)
+	}
+	return nil
+}
+
+// CompatibleShapes is layout.Compatible for two shapes, as a peer reports its own: the same
+// verdict and the same error (a test holds the two equal).
+func CompatibleShapes(a, b Shape) error {
+	diffs := []struct {
+		name string
+		x, y int64
+	}{
+		{"Layers", a.Layers, b.Layers}, {"KVFactor", a.KVFactor, b.KVFactor},
+		{"Blocks", a.Blocks, b.Blocks}, {"Heads", a.Heads, b.Heads},
+		{"TokensPerBlock", a.TokensPerBlock, b.TokensPerBlock},
+		{"HeadDim", a.HeadDim, b.HeadDim}, {"ElemSize", a.ElemSize, b.ElemSize},
+	}
+	for _, d := range diffs {
+		if d.x != d.y {
+			return &layout.FieldError{Field: d.name, Value: d.y,
+				Reason: fmt.Sprintf("receiver has %d, sender has %d", d.y, d.x), Err: layout.ErrIncompatible}
+		}
+	}
+	return nil
+}
+
+// WithoutPositions returns p without the blocks at the given positions of its block list:
+// for a partial transfer, where the receiver already holds some of the request's blocks (a
+// prefix-cache hit) and only the others move. Sender and receiver drop the same positions of
+// their own block lists, so their streams still agree. Positions must be distinct, in range,
+// and leave at least one block.
+func WithoutPositions(p *layout.Plan, positions []int) (*layout.Plan, error) {
+	blocks := p.Blocks()
+	drop := make(map[int]bool, len(positions))
+	for i, pos := range positions {
+		if pos < 0 || pos >= len(blocks) {
+			return nil, rangeErr(fmt.Sprintf("positions[%d]", i), int64(pos), fmt.Sprintf("must be in [0, %d)", len(blocks)))
+		}
+		if drop[pos] {
+			return nil, &layout.FieldError{Field: fmt.Sprintf("positions[%d]", i), Value: int64(pos),
+				Reason: "listed twice", Err: layout.ErrDuplicateBlock}
+		}
+		drop[pos] = true
+	}
+	keep := make([]int32, 0, len(blocks)-len(drop))
+	for i, b := range blocks {
+		if !drop[i] {
+			keep = append(keep, b)
+		}
+	}
+	if len(keep) == 0 {
+		return nil, rangeErr("positions", int64(len(positions)), "a partial transfer must leave at least one block to move")
+	}
+	return layout.NewPlan(p.Layout(), p.Selection(), keep)
+}
+
+func rangeErr(field string, v int64, reason string) error {
+	return &layout.FieldError{Field: field, Value: v, Reason: reason, Err: layout.ErrOutOfRange}
+}
