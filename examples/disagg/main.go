@@ -194,7 +194,7 @@ func serveControl(addr string, prefill *prefillWorker, health observe.HealthSour
 	}
 	mux := http.NewServeMux()
 	prefill.routes(mux)
-	for _, path := range []string{observe.HealthzPath, observe.LivezPath, observe.ReadyzPath, observe.MetricsPath} {
+	for _, path := range []string{"/healthz", "/livez", "/readyz", "/metrics"} {
 		mux.Handle(path, probes)
 	}
 	if embedRegistry { // the embedded default registry, when no -discovery is given
@@ -319,7 +319,7 @@ func runInProcess(ctx context.Context, o options, out *printer, log *zap.Logger)
 		return err
 	}
 	defer func() { err = errors.Join(err, stopControl()) }()
-	out.printf("control plane: %s (also %s and %s)", control, observe.HealthzPath, observe.MetricsPath)
+	out.printf("control plane: %s (also %s and %s)", control, "/healthz", "/metrics")
 	registry, found, err := meet(ctx, o, control, out,
 		func(r discovery.Registry) error { return publish(ctx, r, prefillName, "prefill", prefillFab, control) },
 		func(r discovery.Registry) error { return publish(ctx, r, decodeName, "decode", decodeFab, "") })
@@ -338,7 +338,7 @@ func runInProcess(ctx context.Context, o options, out *printer, log *zap.Logger)
 	}
 	// Request 4 (with -freeze): the wire stops under a transfer; the probe must notice.
 	if o.freeze > 0 {
-		if err := freezeDemo(ctx, network, decode, o, control+observe.HealthzPath); err != nil {
+		if err := freezeDemo(ctx, network, decode, o, control+"/healthz"); err != nil {
 			return fmt.Errorf("request 4: %w", err)
 		}
 	}
@@ -346,7 +346,7 @@ func runInProcess(ctx context.Context, o options, out *printer, log *zap.Logger)
 	if err := prefill.wait(ctx); err != nil {
 		return err
 	}
-	code, reason := probe(ctx, control+observe.HealthzPath)
+	code, reason := probe(ctx, control+"/healthz")
 	out.printf("healthz: %d %s", code, reason)
 	out.printf("metrics: prefill sent %.0f bytes, decode received %.0f bytes",
 		testutil.ToFloat64(pw.metrics.SentBytes()), testutil.ToFloat64(dw.metrics.ReceivedBytes()))
@@ -382,7 +382,7 @@ func runPrefill(ctx context.Context, o options, out *printer, stderr io.Writer, 
 		return err
 	}
 	defer func() { err = errors.Join(err, stopControl()) }()
-	out.printf("control plane: %s (also %s and %s)", control, observe.HealthzPath, observe.MetricsPath)
+	out.printf("control plane: %s (also %s and %s)", control, "/healthz", "/metrics")
 	registry, _, err := meet(ctx, o, control, out,
 		func(r discovery.Registry) error { return publish(ctx, r, prefillName, "prefill", fab, control) })
 	if err != nil {
@@ -422,7 +422,7 @@ func runPrefill(ctx context.Context, o options, out *printer, stderr io.Writer, 
 	if err := prefill.wait(ctx); err != nil {
 		return err
 	}
-	code, reason := probe(ctx, control+observe.HealthzPath)
+	code, reason := probe(ctx, control+"/healthz")
 	out.printf("healthz: %d %s", code, reason)
 	out.printf("metrics: prefill sent %.0f bytes", testutil.ToFloat64(pw.metrics.SentBytes()))
 	out.printf("KV blocks free: prefill %d of %d", prefill.pool.freeBlocks(), poolDims.NumBlocks)

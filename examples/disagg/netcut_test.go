@@ -21,7 +21,6 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
-	"github.com/kvxfer/kvxfer/transfer/observe"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
@@ -108,7 +107,7 @@ func workerChild(spec string) int {
 	defer t.Stop()
 	for {
 		st, hl := h.Status(), eng.Health()
-		fmt.Printf("STATUS %s %d %t %t\n", st.State, st.Bytes, hl.Healthy, observe.Live(hl))
+		fmt.Printf("STATUS %s %d %t %t\n", st.State, st.Bytes, hl.Healthy, !hl.Numbers.Closed && !hl.Numbers.TransportWedged && !hl.Numbers.MoverWedged) // live: /livez's rule (observe)
 		select {
 		case <-stop:
 			return 0

@@ -12,7 +12,8 @@
 //
 // A process starts with four names: NewMetrics, NewLogObserver, Multi (the engine's
 // Config.Observer) and Serve (a HandlerConfig: the probes, /metrics, and the embedded registry
-// if it hosts one). Pending, CombineHealth and Handler serve the less common shapes.
+// if it hosts one). Pending, CombineHealth (several engines, one verdict) and Handler (on a mux of your own)
+// serve the less common shapes.
 //
 // Wiring, in order (the engine takes its observer at construction, the health collector
 // needs the engine):

@@ -12,17 +12,17 @@ import (
 	"go.uber.org/zap"
 )
 
-// Paths the handler serves.
+// Paths the handler serves (Handler lists what each answers).
 const (
-	HealthzPath = "/healthz"
-	LivezPath   = "/livez"
-	ReadyzPath  = "/readyz"
-	MetricsPath = "/metrics"
+	healthzPath = "/healthz"
+	livezPath   = "/livez"
+	readyzPath  = "/readyz"
+	metricsPath = "/metrics"
 )
 
 // HandlerConfig configures Handler.
 type HandlerConfig struct {
-	// Health is the engine (or several, through HealthFunc). Required.
+	// Health is the engine (or several, through CombineHealth). Required.
 	Health HealthSource
 	// Gatherer serves /metrics: the registry the Metrics were registered on. If nil,
 	// /metrics answers 404, for a process that exposes metrics elsewhere.
@@ -30,20 +30,20 @@ type HandlerConfig struct {
 	// Logger hears about unhealthy answers (at debug: probes repeat them every few
 	// seconds) and metric gathering errors. Default zap.NewNop().
 	Logger *zap.Logger
-	// LivenessTimeout bounds /livez's wait for the engine's Health call: an engine that does
-	// not answer within it is reported dead. Default 500ms; negative is
-	// refused.
-	LivenessTimeout time.Duration
 	// Registry, if set, is served on the same mux at every path the probes and /metrics do
 	// not take: pass discovery.Handler() (which answers under discovery.WorkersPath and 404s
 	// the rest) and one listener serves the probes, the metrics and the embedded registry.
 	Registry http.Handler
+
+	// livenessTimeout bounds /livez's wait for the engine's Health call: an engine that does
+	// not answer within it is reported dead. Zero takes defaultLivenessTimeout (tests set it).
+	livenessTimeout time.Duration
 }
 
 // Handler returns an http.Handler serving:
 //
-//	GET /livez    200 "ok\n" while the engine answers its Health call within LivenessTimeout
-//	              and is Live (not closed, its transport not wedged); 503 with the reason when not
+//	GET /livez    200 "ok\n" while the engine answers its Health call within 500 ms
+//	              and is live (not closed, its transport not wedged); 503 with the reason when not
 //	GET /readyz   200 "ok\n" when cfg.Health says healthy (transfers progressing, quarantine
 //	              within budget, staging slots enough); 503 with Health's reason when not
 //	GET /healthz  the same answer as /readyz, kept for probes configured before the split
@@ -58,19 +58,16 @@ type HandlerConfig struct {
 // ends. Health never blocks, so neither do /readyz and /healthz. Mount the handler at the
 // root of its own listener, or under a prefix with http.StripPrefix.
 //
-// It fails only when cfg.Health is nil or LivenessTimeout negative.
+// It fails only when cfg.Health is nil.
 func Handler(cfg HandlerConfig) (http.Handler, error) {
 	if cfg.Health == nil {
-		return nil, &transfer.ConfigError{Field: "HandlerConfig.Health", Reason: "required: pass the engine, or a HealthFunc"}
-	}
-	if cfg.LivenessTimeout < 0 {
-		return nil, &transfer.ConfigError{Field: "HandlerConfig.LivenessTimeout", Reason: "negative: leave it zero for the default"}
+		return nil, &transfer.ConfigError{Field: "HandlerConfig.Health", Reason: "required: pass the engine, or CombineHealth of several"}
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
-	live := &liveness{src: cfg.Health, timeout: cfg.LivenessTimeout}
+	live := &liveness{src: cfg.Health, timeout: cfg.livenessTimeout}
 	if live.timeout == 0 {
 		live.timeout = defaultLivenessTimeout
 	}
@@ -84,15 +81,15 @@ func Handler(cfg HandlerConfig) (http.Handler, error) {
 		}
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc(HealthzPath, ready(HealthzPath))
-	mux.HandleFunc(ReadyzPath, ready(ReadyzPath))
-	mux.HandleFunc(LivezPath, func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc(healthzPath, ready(healthzPath))
+	mux.HandleFunc(readyzPath, ready(readyzPath))
+	mux.HandleFunc(livezPath, func(w http.ResponseWriter, r *http.Request) {
 		if probeMethods(w, r) {
 			live.serveLivez(w, r, log)
 		}
 	})
 	if cfg.Gatherer != nil {
-		mux.Handle(MetricsPath, promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
+		mux.Handle(metricsPath, promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
 			ErrorLog:      zapErrorLog{log},
 			ErrorHandling: promhttp.ContinueOnError,
 		}))

@@ -16,12 +16,11 @@ type HealthSource interface {
 	Health() transfer.Health
 }
 
-// HealthFunc adapts a function to HealthSource: to combine several engines of one process
-// into one verdict, say, or to fake one in a test.
-type HealthFunc func() transfer.Health
+// healthFunc adapts a function to HealthSource (CombineHealth's verdict).
+type healthFunc func() transfer.Health
 
 // Health calls f.
-func (f HealthFunc) Health() transfer.Health { return f() }
+func (f healthFunc) Health() transfer.Health { return f() }
 
 var _ HealthSource = (*transfer.Engine)(nil)
 
@@ -165,9 +164,9 @@ type NamedHealth struct {
 // given. The snapshot adds up the counts, and takes the longest time since progress and the
 // shortest progress deadline, so it errs towards reporting a stall. With no engines it is
 // unhealthy: a probe with nothing behind it must not pass.
-func CombineHealth(engines ...NamedHealth) HealthFunc {
+func CombineHealth(engines ...NamedHealth) HealthSource {
 	engines = append([]NamedHealth(nil), engines...)
-	return func() transfer.Health {
+	return healthFunc(func() transfer.Health {
 		if len(engines) == 0 {
 			return transfer.Health{Reason: "no engines to report on"}
 		}
@@ -212,5 +211,5 @@ func CombineHealth(engines ...NamedHealth) HealthFunc {
 		}
 		out.Reason = strings.Join(why, "; ")
 		return out
-	}
+	})
 }

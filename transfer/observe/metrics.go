@@ -33,12 +33,12 @@ func direction(info transfer.StartInfo) string {
 	return directionSend
 }
 
-// defaultDurationBuckets are the transfer duration histogram's buckets: 0.5 ms doubling to
+// durationBuckets are the transfer duration histogram's buckets: 0.5 ms doubling to
 // about 33 s, so both a single-block handover on shared memory and a long prompt near the
 // default 30 s deadline land in a bucket of their own.
-var defaultDurationBuckets = prometheus.ExponentialBuckets(0.0005, 2, 17)
+var durationBuckets = prometheus.ExponentialBuckets(0.0005, 2, 17)
 
-// defaultMaxTracked is MetricsConfig.MaxTracked's default: well above the 10,000 concurrent
+// defaultMaxTracked bounds the requests Metrics remembers: well above the 10,000 concurrent
 // transfers the engine is built for.
 const defaultMaxTracked = 1 << 17
 
@@ -51,13 +51,12 @@ type MetricsConfig struct {
 	// (for example {"engine": "prefill"}). Two Metrics may share a Registerer only if their
 	// ConstLabels differ. Default none.
 	ConstLabels prometheus.Labels
-	// DurationBuckets are the upper bounds, in seconds, of the transfer duration histogram.
-	// Default: 0.5 ms doubling to about 33 s (17 buckets).
-	DurationBuckets []float64
-	// MaxTracked bounds how many live requests the observer remembers (to know a request's
+
+	// maxTracked bounds how many live requests the observer remembers (to know a request's
 	// direction and start time); past it, new requests are labelled "unknown" and not
-	// timed, so a leak elsewhere cannot grow memory here without bound. Default 131072 (1<<17).
-	MaxTracked int
+	// timed, so a leak elsewhere cannot grow memory here without bound. Zero takes
+	// defaultMaxTracked (tests set another).
+	maxTracked int
 }
 
 // Metrics is a transfer.Observer, with its optional methods, that
@@ -114,24 +113,13 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 	if cfg.Registerer == nil {
 		return nil, &transfer.ConfigError{Field: "MetricsConfig.Registerer", Reason: "required: pass prometheus.NewRegistry() or your process's registry"}
 	}
-	if cfg.DurationBuckets == nil {
-		cfg.DurationBuckets = defaultDurationBuckets
-	}
-	for i := 1; i < len(cfg.DurationBuckets); i++ {
-		if cfg.DurationBuckets[i] <= cfg.DurationBuckets[i-1] {
-			return nil, &transfer.ConfigError{Field: "MetricsConfig.DurationBuckets", Reason: "bucket bounds must increase strictly"}
-		}
-	}
-	if cfg.MaxTracked < 0 {
-		return nil, &transfer.ConfigError{Field: "MetricsConfig.MaxTracked", Reason: "must not be negative; 0 takes the default, 1<<17"}
-	}
-	if cfg.MaxTracked == 0 {
-		cfg.MaxTracked = defaultMaxTracked
+	if cfg.maxTracked == 0 {
+		cfg.maxTracked = defaultMaxTracked
 	}
 	cl := cfg.ConstLabels
 	m := &Metrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "kvxfer_transfer_duration_seconds", ConstLabels: cl, Buckets: cfg.DurationBuckets,
+			Name: "kvxfer_transfer_duration_seconds", ConstLabels: cl, Buckets: durationBuckets,
 			Help: "Time from the engine accepting a transfer to its outcome being decided, by direction and outcome (completed, failed, cancelled, quarantined).",
 		}, []string{"direction", "outcome"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -162,7 +150,7 @@ func NewMetrics(cfg MetricsConfig) (*Metrics, error) {
 			Name: "kvxfer_auth_refused_total", ConstLabels: cl,
 			Help: "Hellos, hello challenges and proofs, ContextParams and claims refused unauthenticated (Config.ClusterKeys; a claim of a request secret), by message and reason (unsealed, unknown-key, bad-mac, claimed: a proven claim of an exposure claimed before).",
 		}, []string{"what", "reason"}),
-		reg: cfg.Registerer, constLabels: cl, maxTracked: cfg.MaxTracked,
+		reg: cfg.Registerer, constLabels: cl, maxTracked: cfg.maxTracked,
 		live: make(map[transfer.RequestID]tracked),
 	}
 	// Create every labelled series up front, so dashboards and rate() see zeros rather
@@ -229,7 +217,7 @@ func (m *Metrics) OnTransition(id transfer.RequestID, sub int, from, to transfer
 	delete(m.live, id)
 	m.mu.Unlock()
 	if !ok || t.start.IsZero() {
-		// Never tracked (over MaxTracked, or ended while queued without a reported start):
+		// Never tracked (over maxTracked, or ended while queued without a reported start):
 		// there is no honest duration to observe.
 		return
 	}

@@ -14,18 +14,18 @@ import (
 	"github.com/kvxfer/kvxfer/transfer"
 )
 
-// Live is the liveness half of a health verdict: false only when a restart is what helps,
+// live is the liveness half of a health verdict: false only when a restart is what helps,
 // because the engine is closed, its transport reports that nothing will reach it any more
 // (Health.Numbers.TransportWedged), or its mover could not say whether a copy ended
 // (Health.Numbers.MoverWedged: the device is not trusted). A stall (transfers in flight, none progressing: a frozen
 // or dead peer), a quarantine over budget or a shortage of staging slots makes an engine
 // unready, not dead: restarting it would not unfreeze its peer.
-func Live(h transfer.Health) bool {
+func live(h transfer.Health) bool {
 	return !h.Numbers.Closed && !h.Numbers.TransportWedged && !h.Numbers.MoverWedged
 }
 
 // defaultLivenessTimeout is how long /livez waits for the engine's Health call when
-// HandlerConfig.LivenessTimeout is zero: shorter than Kubernetes' default probe timeout (1s).
+// no test set another: shorter than Kubernetes' default probe timeout (1s).
 const defaultLivenessTimeout = 500 * time.Millisecond
 
 // Pending is a HealthSource for a process whose engine does not exist yet (it is made once a
@@ -97,11 +97,11 @@ func (l *liveness) serveLivez(w http.ResponseWriter, r *http.Request, log *zap.L
 	h, ok := l.check()
 	switch {
 	case !ok:
-		writeProbe(w, r, false, fmt.Sprintf("the engine did not answer its health call within %v", l.timeout), log, LivezPath)
-	case Live(h):
-		writeProbe(w, r, true, "", log, LivezPath)
+		writeProbe(w, r, false, fmt.Sprintf("the engine did not answer its health call within %v", l.timeout), log, livezPath)
+	case live(h):
+		writeProbe(w, r, true, "", log, livezPath)
 	default:
-		writeProbe(w, r, false, h.Reason, log, LivezPath)
+		writeProbe(w, r, false, h.Reason, log, livezPath)
 	}
 }
 

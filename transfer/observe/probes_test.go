@@ -61,7 +61,7 @@ func TestHandler_LivenessAndReadiness(t *testing.T) {
 }
 
 // An engine whose Health call does not return (a loop stuck on a lock) fails /livez within
-// LivenessTimeout, and the probes that follow do not pile up goroutines behind it: they
+// its liveness timeout, and the probes that follow do not pile up goroutines behind it: they
 // answer at once while the stuck call is outstanding.
 func TestHandler_LivezWhenHealthHangs(t *testing.T) {
 	release := make(chan struct{})
@@ -71,7 +71,7 @@ func TestHandler_LivezWhenHealthHangs(t *testing.T) {
 		<-release
 		return transfer.Health{Healthy: true}
 	})
-	h, err := observe.Handler(observe.HandlerConfig{Health: src, LivenessTimeout: 50 * time.Millisecond})
+	h, err := observe.Handler(observe.WithLivenessTimeout(observe.HandlerConfig{Health: src}, 50*time.Millisecond))
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -86,12 +86,6 @@ func TestHandler_LivezWhenHealthHangs(t *testing.T) {
 		code, _ := get(t, srv, http.MethodGet, observe.LivezPath)
 		return code == http.StatusOK
 	}, waitBound, 10*time.Millisecond)
-}
-
-func TestHandler_RejectsNegativeLivenessTimeout(t *testing.T) {
-	_, err := observe.Handler(observe.HandlerConfig{Health: observe.HealthFunc(func() transfer.Health { return transfer.Health{} }),
-		LivenessTimeout: -time.Second})
-	require.ErrorIs(t, err, transfer.ErrInvalidConfig)
 }
 
 // A process that has no engine yet (it waits for its peer) answers its probes from the
