@@ -18,7 +18,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
-	"github.com/kvxfer/kvxfer/transfer/discovery"
+	"github.com/kvxfer/kvxfer/internal/registryserver"
 )
 
 // engineBuilt: this build moves transfers (bench.EngineBuilt), so a connect measures.
@@ -189,7 +189,7 @@ func TestServeProbesAnswerFromStart(t *testing.T) {
 // serve publishes its control address in a registry and connect finds it there by name,
 // with no address passed by hand.
 func TestServeAndConnectThroughDiscovery(t *testing.T) {
-	reg, err := discovery.Serve("127.0.0.1:0")
+	reg, err := registryserver.Serve("127.0.0.1:0")
 	require.NoError(t, err)
 	defer reg.Close(context.Background())
 	small := []string{"--layers", "2", "--prompts", "64", "--concurrency", "1", "--slot-size", "256KiB", "--max-memory", "256MiB", "--duration", "20ms"}

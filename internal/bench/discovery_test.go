@@ -9,13 +9,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/registryserver"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 )
 
 // A serve's registry entry carries the engine wire versions and features of this build, so a
 // peer can tell what it will meet before it connects.
 func TestPublishServe_EntryCarriesTheWireProtocol(t *testing.T) {
-	reg, err := discovery.Serve("127.0.0.1:0")
+	reg, err := registryserver.Serve("127.0.0.1:0")
 	require.NoError(t, err)
 	defer reg.Close(context.Background())
 	d := Discovery{Target: reg.URL(), Name: "prefill-w"}

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
+	"github.com/kvxfer/kvxfer/internal/registryserver"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
@@ -68,8 +69,8 @@ type procSoak struct {
 	decodePool  []byte   // decode's KV pool: an mmap every incarnation registers (RegisterHost)
 	decodeWins  *windows // its windows, one per request on a registered route
 	inflight    map[Route]*atomic.Int64
-	pinned      atomic.Pointer[Route] // freeze-paths: every new request takes this route
-	registry    *discovery.Server     // where the peers publish themselves
+	pinned      atomic.Pointer[Route]  // freeze-paths: every new request takes this route
+	registry    *registryserver.Server // where the peers publish themselves
 	lookup      discovery.Registry
 	restarts    atomic.Int64 // rolling restarts done (either side)
 	underLoad   atomic.Int64 // of them, Closes that met transfers in flight

@@ -20,6 +20,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvxfer/kvxfer/internal/registryserver"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
@@ -207,7 +208,7 @@ func (ps *procSoak) openMix(windows int) error {
 	}
 	ps.decodePool = mem
 	ps.decodeWins = newWindows(mem, ps.cfg.windowBytes(), windows)
-	if ps.registry, err = discovery.Serve("127.0.0.1:0"); err != nil {
+	if ps.registry, err = registryserver.Serve("127.0.0.1:0"); err != nil {
 		return fmt.Errorf("stress: starting the discovery registry: %w", err)
 	}
 	if ps.lookup, err = discovery.Open(ps.registry.URL(), discovery.Config{}); err != nil {

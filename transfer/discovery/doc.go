@@ -5,12 +5,13 @@
 // and features) and looks the others up by name or role.
 //
 // A program starts with Open (a target and a Config), Registry.Publish and WaitFor (or
-// Registry.Lookup), CheckParams on a request's ContextParams, and Serve, Handler or
-// observe.HandlerConfig.Registry where it hosts the embedded registry.
+// Registry.Lookup), Hand and Take to pass a request's ContextParams by name, CheckParams on a
+// request's ContextParams, and Handler (on its own mux, or as observe.HandlerConfig.Registry
+// beside the probes) where it hosts the embedded registry.
 //
 // One interface, Registry, has two backends, chosen by Open's target:
 //
-//	http://HOST:PORT              the embedded default: a small HTTP registry (Handler, Serve)
+//	http://HOST:PORT              the embedded default: a small HTTP registry (Handler)
 //	                              that one process of the deployment runs; needs nothing else
 //	etcd://HOST:PORT[,HOST:PORT]/PREFIX
 //	                              etcd (v3 API), the store a serving cluster already runs;

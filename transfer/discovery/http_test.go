@@ -19,16 +19,25 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func serveRegistry(t *testing.T) *Server {
+// testRegistry is the embedded registry on a test server (internal/registryserver, which
+// kvxbench starts, imports this package).
+type testRegistry struct{ srv *httptest.Server }
+
+func (r testRegistry) URL() string { return r.srv.URL }
+
+func (r testRegistry) Close(context.Context) error {
+	r.srv.Close()
+	return nil
+}
+
+func serveRegistry(t *testing.T) testRegistry {
 	t.Helper()
-	srv, err := Serve("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Close(ctx)
-	})
-	return srv
+	mux, h := http.NewServeMux(), Handler()
+	mux.Handle(WorkersPath, h)
+	mux.Handle(WorkersPath+"/", h)
+	r := testRegistry{srv: httptest.NewServer(mux)}
+	t.Cleanup(r.srv.Close)
+	return r
 }
 
 func openHTTP(t *testing.T, url string, cfg Config) Registry {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/registryserver"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
@@ -23,7 +24,7 @@ var _ discovery.LostPeers = (*transfer.Engine)(nil)
 // names the worker, though the registry still lists it (its entry lives until its TTL).
 // Params of a live sender pass, and without LostPeers only the registry is asked.
 func TestCheckParams_RefusesASenderTheTransportLost(t *testing.T) {
-	srv, err := discovery.Serve("127.0.0.1:0")
+	srv, err := registryserver.Serve("127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
