@@ -11,7 +11,7 @@ package transfer
 //     pools to be reachable by gets (device pools, or a device pool on one side and a
 //     registered host pool on the other), a transport with device gets, and a peer whose
 //     engine offers rma.
-//   - staging, through the Spec's Mover (ucx.DeviceTransport's gather and scatter kernels),
+//   - staging, through the Spec's Mover (the gather and scatter kernels of a ucx.NewDevice transport),
 //     when one is given and the rma route cannot run here.
 //
 // Otherwise the transfer fails with an ErrDeviceRoute saying why. Once the rma route is
@@ -100,7 +100,7 @@ func (e *Engine) checkDeviceSpec(s Spec) error {
 			return nil // staging only
 		}
 		return &specError{ID: s.ID, Field: "Device", Reason: "this transport cannot get device memory and the spec has no Mover to stage it",
-			Err: &deviceRouteError{Reason: "no device gets on this transport (UCX without CUDA?), and no Mover (ucx.DeviceTransport.NewMover) to stage with"}}
+			Err: &deviceRouteError{Reason: "no device gets on this transport (UCX without CUDA?), and no Mover (ucx.Transport.NewMover on a ucx.NewDevice transport) to stage with"}}
 	}
 	if err := dt.CheckDevice(s.Device.Addr, s.Device.Len); err != nil {
 		return &specError{ID: s.ID, Field: "Device", Reason: "not inside one device registration of this transport (RegisterDevice)", Err: err}

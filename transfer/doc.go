@@ -41,7 +41,7 @@
 //
 // The receiver leases a slot, posts a tagged receive into it and sends a request-info message;
 // the sender gathers chunks of the stream into its own slots (through a Mover: the engine's own for host
-// pools, ucx.DeviceMover for GPU pools with ucx.DeviceTransport) and sends them; the receiver scatters each chunk and reposts the
+// pools, ucx.DeviceMover for GPU pools with ucx.NewDevice) and sends them; the receiver scatters each chunk and reposts the
 // slot. A transfer holds at most Config.Tuning.PipelineDepth slots and needs only one, so a request
 // of any size streams through a small pool.
 //

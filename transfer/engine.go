@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/buffer"
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
@@ -137,8 +138,10 @@ type unanswered struct {
 
 // New validates cfg, carves the staging pool and binds the transport (which progresses its
 // operations on its own goroutines). The engine owns the transport from here on and closes it in Close.
+// It drives the implementation behind tr (internal/transportimpl: ucx.Transport shows a program
+// only what it calls), whose optional capabilities it finds by type assertion.
 func New(tr Transport, cfg Config) (*Engine, error) {
-	return newEngine(tr, cfg, buildSpeech())
+	return newEngine(transportimpl.Of(tr), cfg, buildSpeech())
 }
 
 // newEngine is New for an engine that says sp in its hellos.

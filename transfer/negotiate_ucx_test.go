@@ -84,10 +84,10 @@ func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T)
 	}{{"tcp,self", "lo", true}, {"posix,cma,self", "", false}} {
 		t.Run(c.tls, func(t *testing.T) {
 			cur := newUCXEngine(t, c.tls, c.dev, cfg)
-			if c.refused && !cur.tr.SendsLargeSegments() {
+			if c.refused && !ucxOf(cur.tr).SendsLargeSegments() {
 				t.Skip("this process's UCX_TCP_TX_SEG_SIZE is at most 64 KiB (set in its environment)")
 			}
-			require.Equal(t, c.refused, cur.tr.SendsLargeSegments())
+			require.Equal(t, c.refused, ucxOf(cur.tr).SendsLargeSegments())
 			oc := cfg.withDefaults()
 			oc.Tuning.NumSlots = oc.MaxConcurrent * oc.Tuning.PipelineDepth
 			otr, err := ucx.New(ucx.Config{TLS: c.tls, NetDevices: c.dev, KeepaliveInterval: 200 * time.Millisecond,
@@ -143,7 +143,7 @@ func TestUCXTransport_ForgedHelloChangesNothing(t *testing.T) {
 			scfg := cfg
 			scfg.Observer = refusals
 			src := newUCXEngine(t, c.tls, c.dev, scfg)
-			if c.refused && !src.tr.SendsLargeSegments() {
+			if c.refused && !ucxOf(src.tr).SendsLargeSegments() {
 				t.Skip("this process's UCX_TCP_TX_SEG_SIZE is at most 64 KiB (set in its environment)")
 			}
 			dst := newUCXEngineSpeaking(t, c.tls, c.dev, cfg, older)

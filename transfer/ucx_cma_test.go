@@ -40,7 +40,7 @@ func TestUCXCMA_CallerPoolsReadByProcessVMReadv(t *testing.T) {
 	require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
 	require.Equal(t, PathRMA, hr.Path())
 	require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
-	require.Zero(t, dst.tr.CMAStats().Gets, "an AllocatePool pool: UCX's gets")
+	require.Zero(t, ucxOf(dst.tr).CMAStats().Gets, "an AllocatePool pool: UCX's gets")
 
 	s2, _ := callerKV(t, src, dims, layout.BlockMajor, ids, 4, "anon")
 	r2, _ := callerKV(t, dst, dims, layout.BlockMajor, ids, 0, "anon")
@@ -51,7 +51,7 @@ func TestUCXCMA_CallerPoolsReadByProcessVMReadv(t *testing.T) {
 	require.Equal(t, Completed, hs.Status().State, "%v", hs.Status().Err)
 	require.Equal(t, PathRMA, hr.Path())
 	require.True(t, bytes.Equal(s2.stream(t), r2.stream(t)), "every byte")
-	st := dst.tr.CMAStats()
+	st := ucxOf(dst.tr).CMAStats()
 	require.NotZero(t, st.Gets, "a registered pool: process_vm_readv")
 	require.Equal(t, uint64(hr.Status().Bytes), st.Bytes, "every byte of the request read that way, once")
 }
@@ -76,7 +76,7 @@ func TestUCXCMA_TwoProcessesEveryByteChecked(t *testing.T) {
 	require.Equal(t, Completed.String()+" OK", peer.Expect(t, "DONE ", 30*time.Second))
 	want, _ := ucxEnginePool(t, blocks, 5, true)
 	require.True(t, bytes.Equal(want, region.Pool()), "every byte")
-	require.Equal(t, uint64(len(want)), local.tr.CMAStats().Bytes, "every byte read by process_vm_readv")
+	require.Equal(t, uint64(len(want)), ucxOf(local.tr).CMAStats().Bytes, "every byte read by process_vm_readv")
 }
 
 // The peer is killed while this side reads its registered pool with process_vm_readv: the
@@ -99,7 +99,7 @@ func TestUCXCMA_PeerKilledMidTransfer(t *testing.T) {
 	peer.Signal(t, syscall.SIGKILL)
 	waitClosed(t, h.Done(), "receiver done")
 	require.Equal(t, PathRMA, h.Path())
-	require.NotZero(t, local.tr.CMAStats().Gets, "the reads went by process_vm_readv")
+	require.NotZero(t, ucxOf(local.tr).CMAStats().Gets, "the reads went by process_vm_readv")
 	st := h.Status()
 	t.Logf("after the kill: %v (%v)", st.State, st.Err)
 	if st.State == Completed {
@@ -155,7 +155,7 @@ func TestL9_UCXCMABlockedReadPoisonsTheBlocks(t *testing.T) {
 	t.Logf("%v: %v", st.State, st.Err)
 	require.Error(t, st.Err)
 	require.False(t, isClosed(h.Quiesced()), "poisoned blocks never quiesce")
-	require.NotZero(t, local.tr.CMAStats().Blocked)
+	require.NotZero(t, ucxOf(local.tr).CMAStats().Blocked)
 	closed := make(chan error, 1)
 	go func() { closed <- local.e.Close() }()
 	select {

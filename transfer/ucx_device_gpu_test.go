@@ -36,9 +36,9 @@ func openGPU(t *testing.T) *cuda.Runtime {
 	return rt
 }
 
-// deviceEngine is an Engine over a ucx.DeviceTransport.
+// deviceEngine is an Engine over a ucx.NewDevice transport.
 type deviceEngine struct {
-	tr *ucx.DeviceTransport
+	tr *ucx.Transport
 	e  *Engine
 }
 

@@ -30,7 +30,7 @@ import (
 func newRegionEngine(t *testing.T, cfg Config) *ucxEngine {
 	t.Helper()
 	u := newUCXEngine(t, "", "", cfg)
-	if !u.tr.DeviceMemory() {
+	if !ucxOf(u.tr).DeviceMemory() {
 		if os.Getenv("KVX_EXPECT_UCX_CUDA") == "1" {
 			t.Fatalf("UCX %s reports no CUDA memory with KVX_EXPECT_UCX_CUDA=1", native.UCXVersion())
 		}

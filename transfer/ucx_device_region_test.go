@@ -27,7 +27,7 @@ import (
 func TestUCXRegion_DeviceSpecWithoutCUDAStagesOrRefuses(t *testing.T) {
 	src := newUCXEngine(t, "posix,cma,self", "", ucxTestConfig())
 	dst := newUCXEngine(t, "posix,cma,self", "", ucxTestConfig())
-	if src.tr.DeviceMemory() {
+	if ucxOf(src.tr).DeviceMemory() {
 		t.Skip("this UCX reaches CUDA memory: the GPU tests cover it (make gpu-test)")
 	}
 	dims := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 2, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 8}
@@ -87,13 +87,13 @@ func TestUCXRegion_DeviceRMACallsRefuseHostMemory(t *testing.T) {
 		desc string
 		call func() error
 	}{
-		{"CheckDevice", func() error { return u.tr.CheckDevice(addr, n) }},
-		{"RMAKeyAt", func() error { _, _, err := u.tr.RMAKeyAt(addr, n); return err }},
+		{"CheckDevice", func() error { return ucxOf(u.tr).CheckDevice(addr, n) }},
+		{"RMAKeyAt", func() error { _, _, err := ucxOf(u.tr).RMAKeyAt(addr, n); return err }},
 		{"PostGetAt", func() error {
-			_, err := u.tr.PostGetAt(u.tr.Self(), transport.Tag{}, mustKey(t, reg), addr, addr, n, func(transport.Completion) { t.Error("a refused get completed") })
+			_, err := ucxOf(u.tr).PostGetAt(u.tr.Self(), transport.Tag{}, mustKey(t, reg), addr, addr, n, func(transport.Completion) { t.Error("a refused get completed") })
 			return err
 		}},
-		{"CheckDevice, zero length", func() error { return u.tr.CheckDevice(1<<40, 0) }},
+		{"CheckDevice, zero length", func() error { return ucxOf(u.tr).CheckDevice(1<<40, 0) }},
 	}
 	for _, c := range checks {
 		t.Run(c.desc, func(t *testing.T) {
@@ -106,17 +106,17 @@ func TestUCXRegion_DeviceRMACallsRefuseHostMemory(t *testing.T) {
 			}
 		})
 	}
-	require.Nil(t, u.tr.HoldDevice(addr, n), "host memory is never held as a device region")
+	require.Nil(t, ucxOf(u.tr).HoldDevice(addr, n), "host memory is never held as a device region")
 	require.NoError(t, reg.Unregister())
 	require.NoError(t, u.e.Close())
-	require.ErrorIs(t, u.tr.CheckDevice(1<<40, 1<<20), ErrClosed)
+	require.ErrorIs(t, ucxOf(u.tr).CheckDevice(1<<40, 1<<20), ErrClosed)
 }
 
 // deviceGetsStandIn is a ucx.Transport that claims device gets over one host region, standing
 // in for a CUDA-enabled UCX on a receiver: enough for the receiver to take the rma route and
 // ask for an offer. Its gets are never posted here (the sender declines), and refuse if they are.
 type deviceGetsStandIn struct {
-	*ucx.Transport
+	ucxImpl
 	pool []byte
 }
 
@@ -158,7 +158,7 @@ func TestUCXRegion_DeviceRMADeclinedStages(t *testing.T) {
 				dev = "lo"
 			}
 			src := newUCXEngine(t, tls, dev, ucxTestConfig())
-			if src.tr.DeviceMemory() {
+			if ucxOf(src.tr).DeviceMemory() {
 				t.Skip("this UCX reaches CUDA memory: the sender would offer; the GPU tests cover it (make gpu-test)")
 			}
 			r := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(2, 4), 0)
@@ -169,7 +169,7 @@ func TestUCXRegion_DeviceRMADeclinedStages(t *testing.T) {
 				ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 			require.NoError(t, err)
 			cfg.StagingMemory = tr.StagingMemory()
-			dst, err := New(&deviceGetsStandIn{Transport: tr, pool: r.mem}, cfg)
+			dst, err := New(&deviceGetsStandIn{ucxImpl: ucxOf(tr), pool: r.mem}, cfg)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = dst.Close() })
 			pretend := func(k *ucxKV) DevicePool {

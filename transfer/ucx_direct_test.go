@@ -102,7 +102,7 @@ func TestUCXDirect_FallbackAndRefusal(t *testing.T) {
 	waitQuiesced(t, hs, 10*time.Second)
 	require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
 	require.Equal(t, s.stream(t), r.stream(t))
-	require.False(t, dst.tr.Direct(r.mem), "Go memory is never direct-capable")
+	require.False(t, ucxOf(dst.tr).Direct(r.mem), "Go memory is never direct-capable")
 
 	s2 := newUCXKV(t, dims, layout.BlockMajor, ids, 4)
 	r2 := mappedKV(t, dst, dims, layout.LayerMajor, ids, 0)
@@ -122,12 +122,12 @@ func TestUCXDirect_AllocatePoolAfterCloseFails(t *testing.T) {
 	mem, err := u.tr.AllocatePool(1 << 20)
 	require.NoError(t, err)
 	require.Len(t, mem, 1<<20)
-	require.True(t, u.tr.Direct(mem[4096:8192]))
-	require.False(t, u.tr.Direct(make([]byte, 16)))
+	require.True(t, ucxOf(u.tr).Direct(mem[4096:8192]))
+	require.False(t, ucxOf(u.tr).Direct(make([]byte, 16)))
 	require.NoError(t, u.e.Close())
 	_, err = u.tr.AllocatePool(1 << 20)
 	require.ErrorIs(t, err, ErrClosed)
-	require.False(t, u.tr.Direct(mem))
+	require.False(t, ucxOf(u.tr).Direct(mem))
 }
 
 // The peer sending a direct request is killed mid-transfer, on each mode of the direct path:
@@ -194,7 +194,7 @@ func survivorServesANewPeer(t *testing.T, bin string, tr struct{ name, tls, dev 
 	const blocks = 16
 	_, h, pool := directFromNewPeer(t, bin, tr, local, blocks, 32, 30*time.Second)
 	if !servedOrWedged(t, local, h, 35*time.Second, tr.name == "shm") {
-		require.Equal(t, 1, local.tr.WorkersReplaced(), "the survivor replaces its wedged worker")
+		require.Equal(t, 1, ucxOf(local.tr).WorkersReplaced(), "the survivor replaces its wedged worker")
 		// A peer given the new address, as after a restart: served by the new worker.
 		_, h, pool = directFromNewPeer(t, bin, tr, local, blocks, 33, 30*time.Second)
 		require.True(t, servedOrWedged(t, local, h, 35*time.Second, false), "served after the replacement")

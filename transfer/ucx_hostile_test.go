@@ -42,7 +42,7 @@ func TestUCXRMA_AnOfferPastTheSendersSegmentIsRefused(t *testing.T) {
 			t.Cleanup(func() { require.NoError(t, evil.Close(true)) })
 			pool, err := evil.AllocatePool(1 << 20)
 			require.NoError(t, err)
-			addr, key, err := evil.RMAKey(pool)
+			addr, key, err := ucxOf(evil).RMAKey(pool)
 			require.NoError(t, err)
 			claimed := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(40, 8), 0) // blocks 40..47: past the first MiB
 			require.NoError(t, evil.Bind(fakeRMASender{tr: evil, offer: func(ri *wire.RequestInfo) []*wire.RMAOffer {

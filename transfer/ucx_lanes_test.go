@@ -37,7 +37,7 @@ func TestUCXPathChoiceFollowsTheEndpointsLanes(t *testing.T) {
 				cfg.Tuning.RMAWhereEmulated = keep
 				src := newUCXEngine(t, tr.tls, tr.dev, cfg)
 				dst := newUCXEngine(t, tr.tls, tr.dev, cfg)
-				require.Equal(t, tr.name == "tcp", dst.tr.GetsEmulated(src.tr.Self()))
+				require.Equal(t, tr.name == "tcp", ucxOf(dst.tr).GetsEmulated(src.tr.Self()))
 				sb, rb := make([]int32, 21), make([]int32, 21)
 				for j := range sb {
 					sb[j], rb[j] = int32(j*3)%64, int32(63-j)

@@ -176,9 +176,9 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 func servedOrWedged(t *testing.T, u *ucxEngine, h *Handle, d time.Duration, wedgeCan bool) bool {
 	t.Helper()
 	start := time.Now()
-	replace, base := ucxhooks.Hooks.ReplacesWedgedWorker(u.tr), u.tr.WorkersReplaced()
-	replaced := func() bool { return u.tr.WorkersReplaced() > base }
-	reported := func() bool { return !replace && errors.Is(u.tr.TransportHealth(), errTransportWedged) }
+	replace, base := ucxhooks.Hooks.ReplacesWedgedWorker(u.tr), ucxOf(u.tr).WorkersReplaced()
+	replaced := func() bool { return ucxOf(u.tr).WorkersReplaced() > base }
+	reported := func() bool { return !replace && errors.Is(ucxOf(u.tr).TransportHealth(), errTransportWedged) }
 	for time.Since(start) < d && !isClosed(h.Done()) && !reported() && !replaced() {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -191,7 +191,7 @@ func servedOrWedged(t *testing.T, u *ucxEngine, h *Handle, d time.Duration, wedg
 		require.Zero(t, u.e.pool.Stats().Leased)
 		return false
 	}
-	if err := u.tr.TransportHealth(); err != nil && !replace && !isClosed(h.Done()) {
+	if err := ucxOf(u.tr).TransportHealth(); err != nil && !replace && !isClosed(h.Done()) {
 		t.Logf("UCX limitation hit: the killed peer wedged this worker's shared-memory receive queue; "+
 			"the survivor reports it after %v: %v", time.Since(start).Round(time.Millisecond), err)
 		require.ErrorIs(t, err, errTransportWedged)

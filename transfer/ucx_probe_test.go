@@ -29,7 +29,7 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 			require.Eventually(t, func() bool { on, seen := ucxhooks.Hooks.ProbeSeen(u.tr); return on && seen >= 2 }, 10*time.Second, 10*time.Millisecond,
 				"the probe's messages arrive")
 			require.True(t, u.e.Health().Healthy, u.e.Health().Reason)
-			require.NoError(t, u.tr.TransportHealth())
+			require.NoError(t, ucxOf(u.tr).TransportHealth())
 
 			release := make(chan struct{})
 			held := make(chan error, 1)
@@ -50,7 +50,7 @@ func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
 					close(release)
 				}
 			})
-			require.Eventually(t, func() bool { return errors.Is(u.tr.TransportHealth(), errTransportWedged) }, 10*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return errors.Is(ucxOf(u.tr).TransportHealth(), errTransportWedged) }, 10*time.Second, 10*time.Millisecond)
 			h := u.e.Health()
 			require.False(t, h.Healthy, "idle, yet nothing can arrive")
 			require.Zero(t, h.Numbers.InFlight)
@@ -76,7 +76,7 @@ func TestUCXProbe_DisabledAndBadConfig(t *testing.T) {
 	defer func() { require.NoError(t, e.Close()) }()
 	on, _ := ucxhooks.Hooks.ProbeSeen(tr)
 	require.False(t, on, "ProbeInterval < 0: no probe")
-	require.NoError(t, tr.TransportHealth())
+	require.NoError(t, ucxOf(tr).TransportHealth())
 
 	_, err = ucx.New(ucx.Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, ProbeInterval: time.Second, ProbeTimeout: time.Millisecond})
 	var ce *ConfigError
@@ -134,7 +134,7 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 					}
 				})
 			}()
-			require.Eventually(t, func() bool { return recv.tr.WorkersReplaced() == 1 }, 15*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return ucxOf(recv.tr).WorkersReplaced() == 1 }, 15*time.Second, 10*time.Millisecond)
 			require.NotEqual(t, before, recv.tr.Self(), "a new worker, a new address")
 			close(release) // lets the old worker close
 			require.NoError(t, <-held)
@@ -158,7 +158,7 @@ func TestL12_UCXReplacesAWedgedWorker(t *testing.T) {
 			waitQuiesced(t, hs, 25*time.Second)
 			require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
 			require.True(t, bytes.Equal(src, dst), "every byte, through the new worker")
-			require.Equal(t, 1, recv.tr.WorkersReplaced())
+			require.Equal(t, 1, ucxOf(recv.tr).WorkersReplaced())
 		})
 	}
 }

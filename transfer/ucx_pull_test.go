@@ -19,17 +19,17 @@ import (
 
 // countingUCX is a ucx.Transport that counts the pull wire's two ways of reading a chunk.
 type countingUCX struct {
-	*ucx.Transport
+	ucxImpl
 	gets, maps atomic.Int64
 }
 
 func (c *countingUCX) PostGet(from Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
 	c.gets.Add(1)
-	return c.Transport.PostGet(from, tag, key, addr, dst, done)
+	return c.ucxImpl.PostGet(from, tag, key, addr, dst, done)
 }
 
 func (c *countingUCX) MapRemote(from transport.Peer, key []byte, addr uint64, n int) ([]byte, func(), error) {
-	v, release, err := c.Transport.MapRemote(from, key, addr, n)
+	v, release, err := c.ucxImpl.MapRemote(from, key, addr, n)
 	if v != nil {
 		c.maps.Add(1)
 	}
@@ -43,7 +43,7 @@ func newCountingUCXEngine(t testing.TB, tls string, cfg Config) (*ucxEngine, *co
 	tr, err := ucx.New(ucx.Config{TLS: tls, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
 	require.NoError(t, err)
-	c := &countingUCX{Transport: tr}
+	c := &countingUCX{ucxImpl: ucxOf(tr)}
 	cfg.StagingMemory = tr.StagingMemory()
 	e, err := New(c, cfg)
 	require.NoError(t, err)

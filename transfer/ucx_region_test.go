@@ -143,12 +143,12 @@ func TestUCXRegion_UnregisterWhileInUseRefused(t *testing.T) {
 	var re *transport.RegionError
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, "unregister", re.Op)
-	require.True(t, src.tr.Direct(region.Pool()), "a refused Unregister changes nothing")
+	require.True(t, ucxOf(src.tr).Direct(region.Pool()), "a refused Unregister changes nothing")
 	src.e.Cancel(1520)
 	waitQuiesced(t, h, 10*time.Second)
 	require.NoError(t, region.Unregister())
 	require.NoError(t, region.Unregister(), "twice")
-	require.False(t, src.tr.Direct(mem), "unregistered memory is no longer the transport's")
+	require.False(t, ucxOf(src.tr).Direct(mem), "unregistered memory is no longer the transport's")
 	require.Zero(t, ucxhooks.Hooks.Registrations(src.tr))
 }
 
@@ -169,9 +169,9 @@ func TestUCXRegion_DuplicatesShareOneRegistration(t *testing.T) {
 	require.Equal(t, ka, kb, "one key, packed once")
 	require.NoError(t, a.Unregister())
 	require.NoError(t, b.Unregister())
-	require.True(t, u.tr.Direct(mem[4*page:8*page]), "the nested region still holds the registration")
+	require.True(t, ucxOf(u.tr).Direct(mem[4*page:8*page]), "the nested region still holds the registration")
 	require.NoError(t, c.Unregister())
-	require.False(t, u.tr.Direct(mem))
+	require.False(t, ucxOf(u.tr).Direct(mem))
 	require.Zero(t, ucxhooks.Hooks.Registrations(u.tr))
 }
 
@@ -210,7 +210,7 @@ func TestUCXRegion_Refusals(t *testing.T) {
 		{"device memory, zero length", func() (*ucx.Region, error) { return u.tr.RegisterDevice(1<<40, 0) }, transport.ErrBadRegion},
 		{"device memory, unaligned", func() (*ucx.Region, error) { return u.tr.RegisterDevice(1<<40+8, 4096) }, transport.ErrBadRegion},
 	}
-	if !u.tr.DeviceMemory() {
+	if !ucxOf(u.tr).DeviceMemory() {
 		cases = append(cases, struct {
 			desc     string
 			register func() (*ucx.Region, error)
@@ -229,7 +229,7 @@ func TestUCXRegion_Refusals(t *testing.T) {
 		})
 	}
 	t.Run("device memory on a UCX without CUDA names the UCX", func(t *testing.T) {
-		if u.tr.DeviceMemory() {
+		if ucxOf(u.tr).DeviceMemory() {
 			t.Skip("this UCX reaches CUDA memory")
 		}
 		_, err := u.tr.RegisterDevice(1<<40, 1<<20)
@@ -289,7 +289,7 @@ func TestUCXRegion_TwoProcessesEveryByteChecked(t *testing.T) {
 				waitQuiesced(t, h, 30*time.Second)
 				require.Equal(t, Completed, h.Status().State, "%v", h.Status().Err)
 				want := PathRMA
-				if local.tr.GetsEmulated(Peer(peer.Addr)) {
+				if ucxOf(local.tr).GetsEmulated(Peer(peer.Addr)) {
 					want = PathDirect
 				}
 				require.Equal(t, want, h.Path())

@@ -286,7 +286,7 @@ func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 // engine stalls there for good, as a process that hangs mid-transfer. Close ends the held
 // sends (memory done: they never reached UCX).
 type stallingUCX struct {
-	*ucx.Transport
+	ucxImpl
 	n int
 
 	mu   sync.Mutex
@@ -300,7 +300,7 @@ func (s *stallingUCX) PostSend(to Peer, tag transport.Tag, buf []byte, done func
 	if s.sent < s.n {
 		s.sent++
 		s.mu.Unlock()
-		return s.Transport.PostSend(to, tag, buf, done)
+		return s.ucxImpl.PostSend(to, tag, buf, done)
 	}
 	s.next++
 	id := transport.OpID(1)<<62 | s.next
@@ -317,7 +317,7 @@ func (s *stallingUCX) heldCount() int {
 
 func (s *stallingUCX) Cancel(id transport.OpID) {
 	if id&(transport.OpID(1)<<62) == 0 {
-		s.Transport.Cancel(id)
+		s.ucxImpl.Cancel(id)
 	}
 }
 
@@ -329,7 +329,7 @@ func (s *stallingUCX) Close(force bool) error {
 	for _, done := range held {
 		done(transport.Completion{Err: ErrClosed, Memory: transport.MemoryDone})
 	}
-	return s.Transport.Close(force)
+	return s.ucxImpl.Close(force)
 }
 
 type stallingEngine struct {
@@ -349,7 +349,7 @@ func newStallingUCXEngine(t testing.TB, tls, dev string, cfg Config, n int) *sta
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
-	st := &stallingUCX{Transport: tr, n: n, held: map[transport.OpID]func(transport.Completion){}}
+	st := &stallingUCX{ucxImpl: ucxOf(tr), n: n, held: map[transport.OpID]func(transport.Completion){}}
 	e, err := New(st, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })

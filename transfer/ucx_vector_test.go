@@ -144,7 +144,7 @@ func TestUCXCMA_TPSplitNHDReadByVectorGets(t *testing.T) {
 			}
 			var read uint64
 			for _, r := range receivers {
-				st := r.tr.CMAStats()
+				st := ucxOf(r.tr).CMAStats()
 				require.NotZero(t, st.Gets, "vector gets by process_vm_readv")
 				read += st.Bytes
 			}

@@ -3,7 +3,7 @@
 //go:build cgo
 
 // --memory device for run: both ends keep their KV pools in GPU memory, registered with a
-// ucx.DeviceTransport, and hand them to the engine as a serving process does (Spec.Device):
+// a ucx.NewDevice transport, and hand them to the engine as a serving process does (Spec.Device):
 // the engine reads them by gets, GPU to GPU (the rma route), and falls back to staging slots in
 // GPU memory, gathered and scattered by the CUDA kernels (the Spec's Mover), where gets cannot
 // run; --staging keeps every transfer on the staging route. The scenario driver is the host one: it
@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/kvxfer/kvxfer/cuda"
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer"
@@ -48,7 +49,7 @@ func probeDeviceRun(cfg RunConfig, stream bool) error {
 	if err != nil {
 		return oneLine(deviceRunErr("UCX", err))
 	}
-	ok := tr.DeviceMemory()
+	ok := transportimpl.Of(tr).(interface{ DeviceMemory() bool }).DeviceMemory()
 	if err := tr.Close(true); err != nil {
 		return oneLine(deviceRunErr("UCX", err))
 	}
@@ -66,7 +67,7 @@ func oneLine(err error) error {
 // deviceEngineSide is the engine adapter with pools in device memory.
 type deviceEngineSide struct {
 	*engineAdapter
-	tr *ucx.DeviceTransport
+	tr *ucx.Transport
 	rt *cuda.Runtime
 
 	mu    sync.Mutex
@@ -86,7 +87,7 @@ var (
 	_ poolMirror = (*deviceEngineSide)(nil)
 )
 
-// newDeviceEngineSide makes a transfer.Engine over a ucx.DeviceTransport whose host header
+// newDeviceEngineSide makes a transfer.Engine over a ucx.NewDevice transport whose host header
 // region backs the engine's slots (their payloads live on the GPU).
 func newDeviceEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) {
 	rt, err := openCUDA(cfg.Device)

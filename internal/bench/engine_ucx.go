@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
@@ -54,7 +55,7 @@ func newUCXEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) 
 	}
 	a := &engineAdapter{eng: eng, addr: tr.WorkerAddress(), peerOf: ucx.PeerFromAddress, obs: obs, decodeParams: decodeUCXParams}
 	if !cfg.Staging {
-		a.mapPool, a.direct = tr.AllocatePool, tr.Direct
+		a.mapPool, a.direct = tr.AllocatePool, transportimpl.Of(tr).(transport.DirectTransport).Direct
 		if cfg.Pool == "caller" {
 			a.hugePages = cfg.CallerPages != "4k"
 			a.mapPool = a.callerPool(tr)

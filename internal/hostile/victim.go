@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/peerproc/forgery"
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/observe"
@@ -423,7 +424,7 @@ func (v *victim) offered(ctx context.Context, f forgery.Forgery, before counters
 func (v *victim) receive(ctx context.Context, f forgery.Forgery, id uint64, peer transfer.Peer, before counters, first bool) bool {
 	dst := v.dst()
 	clear(dst)
-	cma := v.tr.CMAStats()
+	cma := cmaStats(v.tr)
 	h, err := v.eng.Receive(ctx, transfer.Spec{ID: transfer.RequestID(id), Peer: peer, Plan: v.plan, Pool: v.pool, Timeout: bound})
 	if err != nil {
 		v.rep.fail("%s: Receive: %v", f, err)
@@ -450,7 +451,7 @@ func (v *victim) receive(ctx context.Context, f forgery.Forgery, id uint64, peer
 		c := v.counters()
 		switch {
 		case f == forgery.PidOfThird || f == forgery.PidOfVictim:
-			if got := v.tr.CMAStats().Gets; got != cma.Gets { // the process named was never read
+			if got := cmaStats(v.tr).Gets; got != cma.Gets { // the process named was never read
 				v.rep.fail("%s: %d process_vm_readv reads of a process that proved nothing", f, got-cma.Gets)
 				return false
 			}
@@ -722,4 +723,10 @@ func plan(blocks int64, first int32) (*layout.Plan, error) {
 		ids[i] = first + int32(i)
 	}
 	return layout.NewPlan(l, l.All(), ids)
+}
+
+// cmaStats reads the UCX transport's process_vm_readv counts (from its implementation:
+// internal/transportimpl).
+func cmaStats(tr *ucx.Transport) ucx.CMAStats {
+	return transportimpl.Of(tr).(interface{ CMAStats() ucx.CMAStats }).CMAStats()
 }

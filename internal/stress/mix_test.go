@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
@@ -25,7 +26,7 @@ import (
 // The engine picks its paths by asking its transport for optional capabilities; a soak whose
 // wrapper hides one runs paths no serving process runs (every peer-process request went by
 // plain staging while the wrapper was a slotTracker). The UCX wrapper must offer every
-// capability the engine asks for that *ucx.Transport has.
+// capability the engine asks for that the implementation behind *ucx.Transport has.
 func TestUCXTracked_KeepsEveryCapabilityTheEngineAsksFor(t *testing.T) {
 	capabilities := []struct {
 		desc  string
@@ -45,11 +46,14 @@ func TestUCXTracked_KeepsEveryCapabilityTheEngineAsksFor(t *testing.T) {
 		{"large segments (TCP)", reflect.TypeFor[transport.LargeSegmentSender]()},
 		{"device gets", reflect.TypeFor[transport.DeviceRMATransport]()},
 	}
-	raw, tracked := reflect.TypeFor[*ucx.Transport](), reflect.TypeFor[*ucxTracked]()
+	tr, err := ucx.New(ucx.Config{})
+	require.NoError(t, err)
+	defer tr.Close(true)
+	raw, tracked := reflect.TypeOf(transportimpl.Of(tr)), reflect.TypeFor[*ucxTracked]()
 	for _, c := range capabilities {
 		t.Run(c.desc, func(t *testing.T) {
 			require.Equal(t, raw.Implements(c.iface), tracked.Implements(c.iface),
-				"*ucx.Transport implements %v: %v; the soak's wrapper: %v", c.iface, raw.Implements(c.iface), tracked.Implements(c.iface))
+				"the UCX transport implements %v: %v; the soak's wrapper: %v", c.iface, raw.Implements(c.iface), tracked.Implements(c.iface))
 		})
 	}
 }

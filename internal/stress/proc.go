@@ -471,7 +471,7 @@ func (ps *procSoak) announce(ctx context.Context) {
 		if tr != lastTr { // decode restarted: its new transport has replaced none yet
 			lastTr, seen = tr, 0
 		}
-		n := tr.WorkersReplaced()
+		n := workersReplaced(tr)
 		if n == seen {
 			continue
 		}

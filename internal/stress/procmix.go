@@ -520,8 +520,8 @@ func (ps *procSoak) restartDecode() {
 	if old.eng.Health().Numbers.InFlight > 0 {
 		ps.underLoad.Add(1)
 	}
-	cma := oldTr.CMAStats()
-	repl := oldTr.WorkersReplaced()
+	cma := cmaStats(oldTr)
+	repl := workersReplaced(oldTr)
 	if err := old.eng.Close(); err != nil {
 		ps.addBreach(fmt.Sprintf("restart: closing decode under load: %v", err))
 	}
@@ -539,7 +539,7 @@ func (ps *procSoak) restartDecode() {
 // every pinned freeze was seen; it fills the report's mix fields.
 func (ps *procSoak) checkMix() {
 	tr := ps.decodeTransport()
-	cma := tr.CMAStats()
+	cma := cmaStats(tr)
 	ps.mu.Lock()
 	cma.Gets += ps.retiredCMA.Gets
 	cma.Refused += ps.retiredCMA.Refused

@@ -42,6 +42,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/internal/peerproc/forgery"
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
@@ -171,7 +172,7 @@ func runPeer(o options, stdin *bufio.Scanner) error {
 		return err
 	}
 	forgery.Fill(p.seg, o.seed)
-	if _, p.segKey, err = p.tr.RMAKey(p.seg); err != nil {
+	if _, p.segKey, err = transportimpl.Of(p.tr).(transport.RMATransport).RMAKey(p.seg); err != nil {
 		return err
 	}
 	fmt.Printf("ADDR %s\n", hex.EncodeToString(p.tr.WorkerAddress()))

@@ -11,7 +11,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ transport.PeerCloser = (*Transport)(nil)
+var _ transport.PeerCloser = (*ucxTransport)(nil)
 
 // ClosePeer implements transport.PeerCloser: the endpoints to peer, the transport's own and its
 // lanes', are force-closed in the background, and the next operation with peer connects anew.
@@ -22,7 +22,7 @@ var _ transport.PeerCloser = (*Transport)(nil)
 // an error and, once UCX releases it, MemoryDone. One UCX still holds after the close is
 // abandoned (native.Request.Abandoned) and stays busy until UCX lets go, as under Close. The
 // endpoints' failure reports the peer lost, as any closed endpoint does.
-func (t *Transport) ClosePeer(peer transport.Peer) {
+func (t *ucxTransport) ClosePeer(peer transport.Peer) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()

@@ -148,7 +148,7 @@ func (r *ucxCMARoute) rangeNames() []string {
 }
 
 // ucxCMAGet is a get PostGet or PostGetVector handed to process_vm_readv: remote read in
-// order into local, total bytes each. started, finished and blocked are under Transport.mu.
+// order into local, total bytes each. started, finished and blocked are under ucxTransport.mu.
 type ucxCMAGet struct {
 	key      *ucxRemoteKey // its inflight counts this read
 	pid      int
@@ -163,7 +163,7 @@ type ucxCMAGet struct {
 }
 
 // initCMA readies the process_vm_readv route (New).
-func (t *Transport) initCMA() {
+func (t *ucxTransport) initCMA() {
 	t.cma.self, t.cma.selfOK = native.AddressInfo(t.addr, t.addr)
 	t.cma.slots = make(chan struct{}, max(1, t.cfg.Lanes))
 	t.cma.answers = make(chan struct{}, cmaProofAnswers)
@@ -173,7 +173,7 @@ func (t *Transport) initCMA() {
 }
 
 // CMAStats reports the gets served by process_vm_readv so far.
-func (t *Transport) CMAStats() CMAStats {
+func (t *ucxTransport) CMAStats() CMAStats {
 	return CMAStats{Gets: t.cma.gets.Load(), Bytes: t.cma.bytes.Load(), Refused: t.cma.refused.Load(),
 		Unproven: t.cma.unproven.Load(), Blocked: t.cma.blocked.Load()}
 }
@@ -197,7 +197,7 @@ func (c *ucxCMA) shut(peer transport.Peer) bool {
 // vector is a vector get's (PostGetVector): it takes the route from memory UCX maps here too,
 // since one get per small piece costs far more than one process_vm_readv of many; a plain
 // get from such memory stays UCX's.
-func (t *Transport) cmaRoute(from transport.Peer, key []byte, vector bool) (*ucxRemoteKey, bool) {
+func (t *ucxTransport) cmaRoute(from transport.Peer, key []byte, vector bool) (*ucxRemoteKey, bool) {
 	if !t.cma.selfOK || t.cma.shut(from) {
 		return nil, false
 	}
@@ -248,7 +248,7 @@ func (t *Transport) cmaRoute(from transport.Peer, key []byte, vector bool) (*ucx
 
 // proveRoute asks the peer for its proof and, given it, probes the first range: route.use says
 // whether both passed.
-func (t *Transport) proveRoute(route *ucxCMARoute, from transport.Peer, key []byte, claimed int) {
+func (t *ucxTransport) proveRoute(route *ucxCMARoute, from transport.Peer, key []byte, claimed int) {
 	proof, err := t.proveCMA(from, key, claimed)
 	if err != nil {
 		t.cma.unproven.Add(1)
@@ -272,7 +272,7 @@ func (t *Transport) proveRoute(route *ucxCMARoute, from transport.Peer, key []by
 // cmaProbe reads one byte of route's first range, bounded by Config.CMAReadTimeout (a read
 // that does not return is left to run on its goroutine, counted stuck), and checks the
 // process is still the one that proved itself.
-func (t *Transport) cmaProbe(route *ucxCMARoute) error {
+func (t *ucxTransport) cmaProbe(route *ucxCMARoute) error {
 	type result struct{ err error }
 	res := make(chan result, 1)
 	var mu sync.Mutex
@@ -317,7 +317,7 @@ func closeRoute(route *ucxCMARoute) {
 
 // cmaPeer is the pid peer's worker address claims, when process_vm_readv could read it and
 // UCX would otherwise emulate gets to it. A claim only: proveCMA checks it.
-func (t *Transport) cmaPeer(peer transport.Peer) (int, bool) {
+func (t *ucxTransport) cmaPeer(peer transport.Peer) (int, bool) {
 	addr, err := hex.DecodeString(string(peer))
 	if err != nil {
 		return 0, false
@@ -339,7 +339,7 @@ func (t *Transport) cmaPeer(peer transport.Peer) (int, bool) {
 // postCMAGet posts a get that process_vm_readv serves; taken is false when dst cannot be read
 // into that way (device memory), or no new read may start (ucxCMA.shut), and the caller posts a
 // UCX get. A get outside the ranges the peer proved is refused (*cmaRangeError).
-func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
+func (t *ucxTransport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
 	return t.postCMA(from, k, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}, [][]byte{dst}, len(dst), done)
 }
 
@@ -347,7 +347,7 @@ func (t *Transport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64
 // non-empty), as postCMAGet says. Every remote range must lie inside a range the peer proved
 // (*cmaRangeError otherwise, before anything is read), and every local piece inside one
 // region this transport registered, which the read holds until its system call returned.
-func (t *Transport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []unix.RemoteIovec, local [][]byte, total int, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
+func (t *ucxTransport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []unix.RemoteIovec, local [][]byte, total int, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -389,11 +389,11 @@ func (t *Transport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []unix.
 
 func init() {
 	vectorget.Hooks.VectorGets = func(tr any, from transport.Peer, key []byte) bool {
-		t, ok := tr.(*Transport)
+		t, ok := tr.(*ucxTransport)
 		return ok && t.vectorGets(from, key)
 	}
 	vectorget.Hooks.PostGetVector = func(tr any, from transport.Peer, tag transport.Tag, key []byte, src []vectorget.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {
-		t, ok := tr.(*Transport)
+		t, ok := tr.(*ucxTransport)
 		if !ok {
 			return 0, fmt.Errorf("%w: %T has no vector gets", transport.ErrBadRegion, tr)
 		}
@@ -405,7 +405,7 @@ func init() {
 // from must be a process on this host that process_vm_readv may read (cmaRoute). With a nil
 // key it answers from the peer's worker address alone; with a key it decides the route for
 // it (the peer's proof, bounded), from memory UCX maps here too.
-func (t *Transport) vectorGets(from transport.Peer, key []byte) bool {
+func (t *ucxTransport) vectorGets(from transport.Peer, key []byte) bool {
 	if key == nil { // a kernel that refused one read (Yama's ptrace_scope, seccomp) refuses all
 		if !t.cma.selfOK || t.cma.shut(from) || t.cma.refused.Load() > 0 {
 			return false
@@ -426,7 +426,7 @@ func (t *Transport) vectorGets(from transport.Peer, key []byte) bool {
 // checked against the ranges the peer proved (*cmaRangeError), the pidfd checked after,
 // Cancel and Close as for such a get. Adjacent ranges of either list are merged first. It
 // fails where VectorGets(from, key) would report false.
-func (t *Transport) postGetVector(from transport.Peer, _ transport.Tag, key []byte, src []vectorget.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+func (t *ucxTransport) postGetVector(from transport.Peer, _ transport.Tag, key []byte, src []vectorget.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	remote := make([]unix.RemoteIovec, 0, len(src))
 	rtotal := 0
 	for _, r := range src {
@@ -478,7 +478,7 @@ func (t *Transport) postGetVector(from transport.Peer, _ transport.Tag, key []by
 // not return within Config.CMAReadTimeout is declared blocked (cmaBlocked) and the get final
 // with its memory unknown; the goroutine then only waits for the system call to give its
 // destination back.
-func (t *Transport) runCMAGet(op *ucxOp) {
+func (t *ucxTransport) runCMAGet(op *ucxOp) {
 	g := op.cma
 	t.cma.slots <- struct{}{} // each holder returns it within a piece's bound, or when declared blocked
 	t.mu.Lock()
@@ -557,7 +557,7 @@ func (t *Transport) runCMAGet(op *ucxOp) {
 // The get is final now, failed with its memory unknown (its destination may still be written,
 // so the engine poisons it: L9); its slot goes back, its peer's memory is read no more (and
 // its gets go through UCX), and the goroutine stays counted stuck until the call returns.
-func (t *Transport) cmaBlocked(op *ucxOp) {
+func (t *ucxTransport) cmaBlocked(op *ucxOp) {
 	g := op.cma
 	t.mu.Lock()
 	if g.finished {
@@ -581,7 +581,7 @@ func (t *Transport) cmaBlocked(op *ucxOp) {
 
 // cmaRead reads len(dst) bytes at addr of process pid into dst, in as many calls as the kernel
 // needs (it stops short at a fault, or past MAX_RW_COUNT). It returns the bytes read.
-func (t *Transport) cmaRead(pid int, dst []byte, addr uint64) (int, error) {
+func (t *ucxTransport) cmaRead(pid int, dst []byte, addr uint64) (int, error) {
 	read := 0
 	for read < len(dst) {
 		local := []unix.Iovec{{Base: &dst[read]}}
@@ -673,7 +673,7 @@ func (c *cmaCursor) advance(n int) {
 // cmaReadPiece reads the next piece bytes of c from process pid, in as many calls as the
 // kernel needs (it stops short at a fault, or past MAX_RW_COUNT) or the iovec windows take
 // (cmaIOVMax a call). It returns the bytes read.
-func (t *Transport) cmaReadPiece(pid int, c *cmaCursor, piece int) (int, error) {
+func (t *ucxTransport) cmaReadPiece(pid int, c *cmaCursor, piece int) (int, error) {
 	read := 0
 	for read < piece {
 		if c.window(piece-read) == 0 {
@@ -693,7 +693,7 @@ func (t *Transport) cmaReadPiece(pid int, c *cmaCursor, piece int) (int, error) 
 }
 
 // deliverCMA delivers a process_vm_readv get's final completion.
-func (t *Transport) deliverCMA(op *ucxOp, err error, unknown bool) {
+func (t *ucxTransport) deliverCMA(op *ucxOp, err error, unknown bool) {
 	t.mu.Lock()
 	live := t.ops[op.id] == op
 	delete(t.ops, op.id)
@@ -715,7 +715,7 @@ func (t *Transport) deliverCMA(op *ucxOp, err error, unknown bool) {
 // cancelCMALocked is Cancel for a process_vm_readv get: one running reports MemoryBusy now, as
 // a UCX get does (a system call cannot be stopped), and its final completion when its piece
 // returns; one not begun reads nothing and reports cancelled when its goroutine finds it so.
-func (t *Transport) cancelCMALocked(op *ucxOp) (busy bool) {
+func (t *ucxTransport) cancelCMALocked(op *ucxOp) (busy bool) {
 	return op.cma.started && !op.cma.finished
 }
 
@@ -724,7 +724,7 @@ func (t *Transport) cancelCMALocked(op *ucxOp) (busy bool) {
 // and the peer's endpoints may not report its death for a while (UCX's keepalive), which is
 // when dropKeysOnFailure would have retired them. A key some get still uses goes with its
 // last get (keyUnused).
-func (t *Transport) dropPeerKeys(peer transport.Peer) {
+func (t *ucxTransport) dropPeerKeys(peer transport.Peer) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, k := range t.rma.keys {
@@ -738,7 +738,7 @@ func (t *Transport) dropPeerKeys(peer transport.Peer) {
 // closeCMA waits for the process_vm_readv gets to be final and the challenges being answered
 // to end (Close): each get within one piece's Config.CMAReadTimeout (a blocked one is final
 // once declared so, its thread left to the kernel), each answer within cmaProofTimeout.
-func (t *Transport) closeCMA() {
+func (t *ucxTransport) closeCMA() {
 	t.cma.wg.Wait()
 	t.cma.answering.Wait()
 }

@@ -103,7 +103,7 @@ func runCMAChild(args []string) int {
 		if err != nil {
 			return fail(err)
 		}
-		tr, err := New(Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, ProbeInterval: -1})
+		tr, err := newTransport(Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, ProbeInterval: -1})
 		if err != nil {
 			return fail(err)
 		}
@@ -169,14 +169,14 @@ func startCMAChild(t *testing.T, args ...string) *cmaChild {
 
 // cmaReader is this process's side: a transport over shared memory that reads into a
 // registered buffer of n bytes.
-func cmaReader(t *testing.T, n int, cfg Config) (*Transport, *ucxRecorder, []byte) {
+func cmaReader(t *testing.T, n int, cfg Config) (*ucxTransport, *ucxRecorder, []byte) {
 	t.Helper()
 	dstMem := mmapRegion(t, n)
 	cfg.TLS, cfg.StagingBytes, cfg.ProbeInterval = "posix,cma,self", 1<<20, -1
 	if cfg.CloseTimeout == 0 {
 		cfg.CloseTimeout = 2 * time.Second
 	}
-	b, err := New(cfg)
+	b, err := newTransport(cfg)
 	require.NoError(t, err)
 	rb := newUCXRecorder()
 	require.NoError(t, b.Bind(rb))
@@ -184,7 +184,7 @@ func cmaReader(t *testing.T, n int, cfg Config) (*Transport, *ucxRecorder, []byt
 }
 
 // getFrom posts one get of dst's length at addr of peer's pool into dst.
-func getFrom(t *testing.T, b *Transport, rb *ucxRecorder, peer transport.Peer, key []byte, addr uint64, dst []byte) (transport.OpID, error) {
+func getFrom(t *testing.T, b *ucxTransport, rb *ucxRecorder, peer transport.Peer, key []byte, addr uint64, dst []byte) (transport.OpID, error) {
 	t.Helper()
 	return post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) {
 		return b.PostGet(peer, transport.Tag{Request: 7, Seq: 1}, key, addr, dst, d)
@@ -408,7 +408,7 @@ func TestCMA_PidReuseCannotRedirectReads(t *testing.T) {
 }
 
 // routePidfd is the pidfd of the one process_vm_readv route b holds.
-func routePidfd(t *testing.T, b *Transport) int {
+func routePidfd(t *testing.T, b *ucxTransport) int {
 	t.Helper()
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -526,7 +526,7 @@ func TestCMA_ProofRefusesLies(t *testing.T) {
 				if c.hangUp {
 					<-answered
 				}
-				tr := &Transport{}
+				tr := &ucxTransport{}
 				tr.cma.allowSelf = c.allowSelf
 				tr.cma.alive = func(pidfd int) error { return unix.PidfdSendSignal(pidfd, 0, nil, 0) }
 				tr.cma.peerPidfd = func(conn *net.UnixConn) (int, int, error) { return peerPidfdOf(conn, exact) }

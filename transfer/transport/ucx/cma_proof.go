@@ -84,7 +84,7 @@ var errCMAUnproven = errors.New("kvxfer: the peer did not prove its process")
 
 // proveCMA asks peer (whose worker address claims pid claimed) to prove it is that process and
 // which ranges key covers; see the top of this file. It never reads the peer's memory.
-func (t *Transport) proveCMA(peer transport.Peer, key []byte, claimed int) (cmaProof, error) {
+func (t *ucxTransport) proveCMA(peer transport.Peer, key []byte, claimed int) (cmaProof, error) {
 	peerAddr, err := hex.DecodeString(string(peer))
 	if err != nil {
 		return cmaProof{}, fmt.Errorf("%w: %w", errCMAUnproven, err)
@@ -128,7 +128,7 @@ func (t *Transport) proveCMA(peer transport.Peer, key []byte, claimed int) (cmaP
 
 // checkAnswer reads one answer on conn and returns the proof it gives, with a pidfd of the
 // process that connected, or why it gives none.
-func (t *Transport) checkAnswer(conn *net.UnixConn, deadline time.Time, nonce [cmaNonceBytes]byte, peerAddr []byte, claimed int) (cmaProof, error) {
+func (t *ucxTransport) checkAnswer(conn *net.UnixConn, deadline time.Time, nonce [cmaNonceBytes]byte, peerAddr []byte, claimed int) (cmaProof, error) {
 	if err := conn.SetDeadline(deadline); err != nil {
 		return cmaProof{}, err
 	}
@@ -329,7 +329,7 @@ func readAnswer(r io.Reader) (cmaAnswerHead, []cmaRange, error) {
 // key (host memory only), on a goroutine bounded by cmaProofTimeout, at most cmaProofAnswers
 // at once (more are dropped: the reader reads through UCX then). A key this transport did not
 // pack is not answered. It reports whether b was a challenge.
-func (t *Transport) answerChallenge(b []byte) bool {
+func (t *ucxTransport) answerChallenge(b []byte) bool {
 	if len(b) < len(cmaChallengeMagic) || !bytes.Equal(b[:len(cmaChallengeMagic)], cmaChallengeMagic[:]) {
 		return false
 	}

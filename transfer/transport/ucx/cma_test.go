@@ -29,7 +29,7 @@ func mmapRegion(t testing.TB, n int) []byte {
 }
 
 // registered registers mem with tr and returns the pool.
-func registered(t testing.TB, tr *Transport, mem []byte) []byte {
+func registered(t testing.TB, tr *ucxTransport, mem []byte) []byte {
 	t.Helper()
 	r, err := tr.RegisterHost(mem)
 	require.NoError(t, err)
@@ -37,7 +37,7 @@ func registered(t testing.TB, tr *Transport, mem []byte) []byte {
 }
 
 // cmaGet posts one get of len(dst) bytes at off of a's pool into dst from b, and returns its id.
-func cmaGet(t *testing.T, a, b *Transport, rb *ucxRecorder, pool []byte, off int, dst []byte) transport.OpID {
+func cmaGet(t *testing.T, a, b *ucxTransport, rb *ucxRecorder, pool []byte, off int, dst []byte) transport.OpID {
 	t.Helper()
 	addr, key, err := a.RMAKey(pool)
 	require.NoError(t, err)
@@ -108,7 +108,7 @@ func TestUCXCMA_RegisteredPoolsReadByProcessVMReadv(t *testing.T) {
 // cmaPair is a shared-memory pair whose a exposes a registered pool of n bytes (filled) and
 // whose b reads into a registered buffer, its process_vm_readv replaced by readv (before the
 // first get) when not nil.
-func cmaPair(t *testing.T, n int, readv func(pid int, local []unix.Iovec, remote []unix.RemoteIovec, flags uint) (int, error)) (a, b *Transport, rb *ucxRecorder, pool, dst []byte) {
+func cmaPair(t *testing.T, n int, readv func(pid int, local []unix.Iovec, remote []unix.RemoteIovec, flags uint) (int, error)) (a, b *ucxTransport, rb *ucxRecorder, pool, dst []byte) {
 	t.Helper()
 	srcMem, dstMem := mmapRegion(t, n), mmapRegion(t, n)
 	a, b, _, rb = newUCXPair(t, "posix,cma,self", "")
@@ -240,18 +240,18 @@ func TestUCXCMA_CloseWaitsForTheReadInFlight(t *testing.T) {
 	require.Equal(t, transport.MemoryDone, cs[len(cs)-1].Memory)
 }
 
-// The Transport contract holds where every get takes the process_vm_readv route: the
+// The transport.Transport contract holds where every get takes the process_vm_readv route: the
 // conformance suite over buffers in registered caller memory.
 func TestConformance_CMA(t *testing.T) {
 	var mu sync.Mutex
-	var made []*Transport
+	var made []*ucxTransport
 	transporttest.Run(t, transporttest.Harness{Pair: func(tb transporttest.TB) (a, b transporttest.Endpoint) {
 		mk := func() transporttest.Endpoint {
 			mem, err := syscall.Mmap(-1, 0, 8<<20, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 			require.NoError(tb, err)
 			tb.Cleanup(func() { _ = syscall.Munmap(mem) })
 			e := conformanceEndpoint(tb, "posix,cma,self", "")
-			tr := e.Transport.(*Transport)
+			tr := e.Transport.(*ucxTransport)
 			tr.cma.allowSelf = true // both ends in this process
 			pool, err := tr.RegisterHost(mem)
 			require.NoError(tb, err)

@@ -33,7 +33,7 @@ func strided(n, piece int, gaps bool) []int {
 
 // vectorGet posts one vector get from a's pool (pieces at srcOffs of piece bytes) into dst
 // (pieces at dstOffs) on b, and returns its id and error.
-func vectorGet(t *testing.T, a, b *Transport, rb *ucxRecorder, pool []byte, srcOffs []int, dst []byte, dstOffs []int, piece int) (transport.OpID, error) {
+func vectorGet(t *testing.T, a, b *ucxTransport, rb *ucxRecorder, pool []byte, srcOffs []int, dst []byte, dstOffs []int, piece int) (transport.OpID, error) {
 	t.Helper()
 	addr, key, err := a.RMAKey(pool)
 	require.NoError(t, err)

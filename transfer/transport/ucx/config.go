@@ -183,11 +183,11 @@ const defaultCMAReadTimeout = 5 * time.Second
 // (UCX_TCP_RX_SEG_SIZE): what a peer not of this package takes in one segment.
 const defaultTCPReceiveSegmentBytes = 64 << 10
 
-var _ transport.LargeSegmentSender = (*Transport)(nil)
+var _ transport.LargeSegmentSender = (*ucxTransport)(nil)
 
 // SendsLargeSegments implements transport.LargeSegmentSender: whether this transport's TCP
 // segments (the process's UCX_TCP_TX_SEG_SIZE, which the first transport set) are larger than
 // defaultTCPReceiveSegmentBytes. Always false when its transports cannot include TCP.
-func (t *Transport) SendsLargeSegments() bool {
+func (t *ucxTransport) SendsLargeSegments() bool {
 	return t.uctx.TCPSendSegmentBytes() > defaultTCPReceiveSegmentBytes
 }

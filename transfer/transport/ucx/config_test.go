@@ -15,7 +15,7 @@ import (
 
 func TestUCXConfig_TCPSegmentBytesBounded(t *testing.T) {
 	for _, n := range []int64{-1, 4 << 10, native.TCPReceiveSegmentBytes + 1} {
-		_, err := New(Config{TLS: "tcp,self", StagingBytes: 1 << 20, TCPSegmentBytes: n})
+		_, err := newTransport(Config{TLS: "tcp,self", StagingBytes: 1 << 20, TCPSegmentBytes: n})
 		var ce *transport.ConfigError
 		require.ErrorAs(t, err, &ce, "segment %d", n)
 		require.Equal(t, "ucx.Config.TCPSegmentBytes", ce.Field)
@@ -24,7 +24,7 @@ func TestUCXConfig_TCPSegmentBytesBounded(t *testing.T) {
 
 func TestUCXConfig_ShmFIFOSizeBounded(t *testing.T) {
 	for _, n := range []int{-64, 32, 100, 32768} {
-		_, err := New(Config{TLS: "posix,self", StagingBytes: 1 << 20, ShmFIFOSize: n})
+		_, err := newTransport(Config{TLS: "posix,self", StagingBytes: 1 << 20, ShmFIFOSize: n})
 		var ce *transport.ConfigError
 		require.ErrorAs(t, err, &ce, "FIFO %d", n)
 		require.Equal(t, "ucx.Config.ShmFIFOSize", ce.Field)

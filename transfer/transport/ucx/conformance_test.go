@@ -14,7 +14,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport/transporttest"
 )
 
-// The UCX transport keeps the Transport contract, with its direct path and RMA gets, over
+// The UCX transport keeps the transport.Transport contract, with its direct path and RMA gets, over
 // shared memory and over TCP on loopback.
 func TestConformance(t *testing.T) {
 	for _, tr := range ucxTransports {
@@ -29,7 +29,7 @@ func TestConformance(t *testing.T) {
 // conformanceEndpoint is a UCX transport whose buffers are successive parts of its staging
 // memory (UCX is never handed Go memory).
 func conformanceEndpoint(t transporttest.TB, tls, dev string) transporttest.Endpoint {
-	tr, err := New(Config{TLS: tls, NetDevices: dev, StagingBytes: 8 << 20, CloseTimeout: 2 * time.Second})
+	tr, err := newTransport(Config{TLS: tls, NetDevices: dev, StagingBytes: 8 << 20, CloseTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	mem := tr.StagingMemory()
 	var mu sync.Mutex

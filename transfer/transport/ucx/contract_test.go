@@ -14,7 +14,7 @@ import (
 )
 
 // ucxRecorder is an transport.Inbound and a completion sink that remembers everything, for the
-// Transport contract tests of Transport.
+// transport.Transport contract tests of the UCX transport.
 type ucxRecorder struct {
 	mu      sync.Mutex
 	control []ucxControl
@@ -59,12 +59,12 @@ func (r *ucxRecorder) reportsOf(id transport.OpID) []transport.Completion {
 	return append([]transport.Completion(nil), r.reports[id]...)
 }
 
-func newUCXPair(t *testing.T, tls, dev string) (a, b *Transport, ra, rb *ucxRecorder) {
+func newUCXPair(t *testing.T, tls, dev string) (a, b *ucxTransport, ra, rb *ucxRecorder) {
 	t.Helper()
 	var err error
-	a, err = New(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
+	a, err = newTransport(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
 	require.NoError(t, err)
-	b, err = New(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
+	b, err = newTransport(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	ra, rb = newUCXRecorder(), newUCXRecorder()
 	require.NoError(t, a.Bind(ra))

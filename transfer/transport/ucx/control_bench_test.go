@@ -36,9 +36,9 @@ func BenchmarkUCXControlReply(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, CloseTimeout: 2 * time.Second}
-			a, err := New(cfg)
+			a, err := newTransport(cfg)
 			require.NoError(b, err)
-			bb, err := New(cfg)
+			bb, err := newTransport(cfg)
 			require.NoError(b, err)
 			ia, ib := make(chanInbound, 1), make(chanInbound, 1)
 			require.NoError(b, a.Bind(ia))

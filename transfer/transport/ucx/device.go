@@ -22,7 +22,7 @@ import (
 
 // Device memory over UCX (docs/ucx.md, "Device memory"). The engine's staging path is kept as
 // it is: slots, chunk headers, the lifecycle. What changes is where a slot's bytes live. A
-// DeviceTransport backs every slot twice: a host "header" region, which is what the engine
+// deviceTransport backs every slot twice: a host "header" region, which is what the engine
 // sees as transfer.Config.StagingMemory (it writes and reads each chunk's 48-byte header there), and a
 // device region of the same size, registered once with UCX, which holds each chunk's payload.
 // The DeviceMover gathers a request's blocks from the caller's device pool into a slot's
@@ -60,9 +60,9 @@ func (e *deviceMemoryError) Unwrap() error { return e.Err }
 // DeviceMemory reports whether this transport's UCX can move CUDA device memory: a
 // CUDA-enabled UCX build (the libucx-cu12 wheel, say) on a host whose CUDA driver loads its
 // cuda transports. Debian's UCX cannot.
-func (t *Transport) DeviceMemory() bool { return t.uctx.Supports(native.MemoryCUDA) }
+func (t *ucxTransport) DeviceMemory() bool { return t.uctx.Supports(native.MemoryCUDA) }
 
-// DeviceConfig configures a DeviceTransport. Zero values take the documented defaults.
+// DeviceConfig configures a deviceTransport. Zero values take the documented defaults.
 type DeviceConfig struct {
 	// UCX configures the transport underneath. Its StagingBytes (host staging) defaults to
 	// 64 KiB here, since a device engine stages in device memory. TLS must let UCX reach
@@ -118,17 +118,17 @@ func (c *DeviceConfig) applyDefaults() error {
 // control, so neither the control receive nor a host data receive can match it.
 const ucxKindDevHeader = uint64(3) << ucxKindShift
 
-// DeviceTransport is a Transport whose staging slots live in GPU memory; see the top of
+// deviceTransport is a ucxTransport whose staging slots live in GPU memory; see the top of
 // this file. Build the engine over it with transfer.Config.StagingMemory = StagingMemory(), and give
 // every Send and Receive a Mover from NewMover: a spec without one is refused at its first
 // chunk with ErrDeviceMemory (the engine would otherwise gather host bytes into the header
 // region and send device bytes nobody wrote). Both ends of a transfer must use it.
-type DeviceTransport struct {
-	*Transport
+type deviceTransport struct {
+	*ucxTransport
 	cfg     DeviceConfig
 	rt      *cuda.Runtime
 	dev     *cuda.Buffer   // the device staging region
-	devMem  *native.Memory // its UCX registration, unmapped by Transport.Close
+	devMem  *native.Memory // its UCX registration, unmapped by ucxTransport.Close
 	headers []byte         // the host twin: chunk headers only
 	stream  *cuda.Stream   // gathers and scatters, in order
 
@@ -151,7 +151,7 @@ func deviceUCX(c Config) Config {
 // NewDevice opens UCX, checks that it reaches CUDA memory (else an ErrDeviceMemory naming the
 // fix, before any GPU memory is allocated), allocates the device
 // staging region and registers it with UCX once.
-func NewDevice(cfg DeviceConfig) (*DeviceTransport, error) {
+func newDevice(cfg DeviceConfig) (*deviceTransport, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
@@ -161,18 +161,18 @@ func NewDevice(cfg DeviceConfig) (*DeviceTransport, error) {
 	// docs/gpu-results.md); the receiver pulls, so a cancelled receive stays safe to reuse.
 	// A device engine carries no host-memory payload (host specs are refused), so UCX 1.22's
 	// eager sends of large host messages under get_zcopy do not arise on it.
-	t, err := New(deviceUCX(cfg.UCX))
+	t, err := newTransport(deviceUCX(cfg.UCX))
 	if err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*DeviceTransport, error) {
+	fail := func(err error) (*deviceTransport, error) {
 		return nil, errors.Join(err, t.Close(true))
 	}
 	if !t.DeviceMemory() {
 		return fail(&deviceMemoryError{Reason: "the UCX transport cannot reach CUDA memory",
 			Err: &native.MemoryTypeError{Kind: native.MemoryCUDA, UCXVersion: native.UCXVersion()}})
 	}
-	d := &DeviceTransport{Transport: t, cfg: cfg, rt: cfg.Runtime, composed: map[transport.OpID]transport.OpID{},
+	d := &deviceTransport{ucxTransport: t, cfg: cfg, rt: cfg.Runtime, composed: map[transport.OpID]transport.OpID{},
 		movers: map[transport.RequestID]int{}}
 	if d.stream, err = cfg.Runtime.NewStream(); err != nil {
 		return fail(&deviceMemoryError{Reason: "CUDA stream", Err: err})
@@ -216,11 +216,11 @@ func NewDevice(cfg DeviceConfig) (*DeviceTransport, error) {
 
 // StagingMemory is the host header region to pass as transfer.Config.StagingMemory: the engine carves
 // its slots from it and writes each chunk's header there; each slot's payload bytes live at
-// the same offset of the device region. It hides Transport.StagingMemory.
-func (d *DeviceTransport) StagingMemory() []byte { return d.headers }
+// the same offset of the device region. It hides ucxTransport.StagingMemory.
+func (d *deviceTransport) StagingMemory() []byte { return d.headers }
 
 // offsetOf returns where b starts in the header region, or false when it lies outside.
-func (d *DeviceTransport) offsetOf(b []byte) (int64, bool) {
+func (d *deviceTransport) offsetOf(b []byte) (int64, bool) {
 	if len(b) == 0 || len(d.headers) == 0 {
 		return 0, false
 	}
@@ -233,7 +233,7 @@ func (d *DeviceTransport) offsetOf(b []byte) (int64, bool) {
 }
 
 // usable reports why the device path cannot take another operation, if it cannot.
-func (d *DeviceTransport) usable() error {
+func (d *deviceTransport) usable() error {
 	if p := d.wedged.Load(); p != nil {
 		return *p
 	}
@@ -242,31 +242,31 @@ func (d *DeviceTransport) usable() error {
 
 // PostSend implements transport.Transport: buf is a slot of StagingMemory holding a chunk header and,
 // at the same offset of the device region, the payload a DeviceMover gathered.
-func (d *DeviceTransport) PostSend(to transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+func (d *deviceTransport) PostSend(to transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	return d.postChunk(to, tag, buf, done, true)
 }
 
 // PostRecv implements transport.Transport, the receiving twin of PostSend.
-func (d *DeviceTransport) PostRecv(from transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+func (d *deviceTransport) PostRecv(from transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	return d.postChunk(from, tag, buf, done, false)
 }
 
-func (d *DeviceTransport) postChunk(peer transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion), send bool) (transport.OpID, error) {
+func (d *deviceTransport) postChunk(peer transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion), send bool) (transport.OpID, error) {
 	if err := d.usable(); err != nil {
 		return 0, err
 	}
 	off, ok := d.offsetOf(buf)
 	if !ok || len(buf) <= transport.DataHeaderBytes {
-		return 0, fmt.Errorf("%w: a device chunk must be a slot of DeviceTransport.StagingMemory longer than its %d-byte header", ErrUnregistered, transport.DataHeaderBytes)
+		return 0, fmt.Errorf("%w: a device chunk must be a slot of deviceTransport.StagingMemory longer than its %d-byte header", ErrUnregistered, transport.DataHeaderBytes)
 	}
 	d.mu.Lock()
 	mover := d.movers[tag.Request] > 0
 	d.mu.Unlock()
 	if !mover {
-		return 0, &deviceMemoryError{Reason: fmt.Sprintf("request %d has no DeviceMover: every Send and Receive over a DeviceTransport moves its pool through DeviceTransport.NewMover", tag.Request)}
+		return 0, &deviceMemoryError{Reason: fmt.Sprintf("request %d has no DeviceMover: every Send and Receive over a deviceTransport moves its pool through deviceTransport.NewMover", tag.Request)}
 	}
 	n := int64(len(buf) - transport.DataHeaderBytes)
-	t := d.Transport
+	t := d.ucxTransport
 	if err := t.ensureEndpoint(peer); err != nil {
 		return 0, err
 	}
@@ -327,27 +327,27 @@ func (d *DeviceTransport) postChunk(peer transport.Peer, tag transport.Tag, buf 
 	return pop.id, nil
 }
 
-// newOpLocked makes an operation record of the Transport; the caller sets its request and
+// newOpLocked makes an operation record of the ucxTransport; the caller sets its request and
 // files it in ops and byReq, after which deliverRequest reports it as any other.
-func (t *Transport) newOpLocked(peer transport.Peer, send bool, tag uint64, size int, done func(transport.Completion)) *ucxOp {
+func (t *ucxTransport) newOpLocked(peer transport.Peer, send bool, tag uint64, size int, done func(transport.Completion)) *ucxOp {
 	t.nextOp++
 	return &ucxOp{id: t.nextOp, send: send, peer: peer, size: size, done: done, tag: tag}
 }
 
 // Cancel implements transport.Transport: both messages of a device chunk are cancelled.
-func (d *DeviceTransport) Cancel(id transport.OpID) {
+func (d *deviceTransport) Cancel(id transport.OpID) {
 	d.mu.Lock()
 	header, ok := d.composed[id]
 	d.mu.Unlock()
-	d.Transport.Cancel(id)
+	d.ucxTransport.Cancel(id)
 	if ok {
-		d.Transport.Cancel(header)
+		d.ucxTransport.Cancel(header)
 	}
 }
 
 // Close implements transport.Transport: the UCX transport closes (which settles every request and
 // unmaps the device region), then the device region is freed once the stream is idle.
-func (d *DeviceTransport) Close(force bool) error {
+func (d *deviceTransport) Close(force bool) error {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -355,7 +355,7 @@ func (d *DeviceTransport) Close(force bool) error {
 	}
 	d.closed = true
 	d.mu.Unlock()
-	err := d.Transport.Close(force)
+	err := d.ucxTransport.Close(force)
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.syncTimeout)
 	defer cancel()
 	if d.usable() != nil || d.devMem.InUse() > 0 {
@@ -428,7 +428,7 @@ func (c *deviceChunk) report(comp transport.Completion) {
 // staging slots, with the CUDA gather and scatter kernels. Make one per request
 // (NewMover), pass it as transfer.Spec.Mover, and Close it once the handle's Done has closed.
 type DeviceMover struct {
-	d    *DeviceTransport
+	d    *deviceTransport
 	id   transport.RequestID
 	pool cuda.Mem
 
@@ -441,7 +441,7 @@ type DeviceMover struct {
 // NewMover returns the Mover of request id over pool, the caller's KV pool in device memory
 // (cuda.Buffer.Mem, or an inference engine's pool wrapped as cuda.Mem). Until Close, the
 // transport accepts the request's chunks.
-func (d *DeviceTransport) NewMover(id transport.RequestID, pool cuda.Mem) (*DeviceMover, error) {
+func (d *deviceTransport) NewMover(id transport.RequestID, pool cuda.Mem) (*DeviceMover, error) {
 	if pool.Addr == 0 || pool.Size <= 0 {
 		return nil, &deviceMemoryError{Reason: fmt.Sprintf("request %d: device pool [%#x, +%d) is empty", id, pool.Addr, pool.Size)}
 	}
@@ -458,7 +458,7 @@ func (d *DeviceTransport) NewMover(id transport.RequestID, pool cuda.Mem) (*Devi
 func (m *DeviceMover) deviceSlot(b []byte) (cuda.Mem, error) {
 	off, ok := m.d.offsetOf(b)
 	if !ok {
-		return cuda.Mem{}, &deviceMemoryError{Reason: "the staging buffer is not in DeviceTransport.StagingMemory (pass it as transfer.Config.StagingMemory)"}
+		return cuda.Mem{}, &deviceMemoryError{Reason: "the staging buffer is not in deviceTransport.StagingMemory (pass it as transfer.Config.StagingMemory)"}
 	}
 	return m.d.dev.Mem().Slice(off, int64(len(b)))
 }

@@ -33,7 +33,7 @@ func TestUCXDevice_ConfigNamesTheField(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.desc, func(t *testing.T) {
-			d, err := NewDevice(tc.cfg)
+			d, err := newDevice(tc.cfg)
 			require.Nil(t, d)
 			var ce *transport.ConfigError
 			require.ErrorAs(t, err, &ce)
@@ -51,13 +51,13 @@ func TestUCXDevice_WithoutCUDAUCXIsATypedError(t *testing.T) {
 	// to have them: UCX 1.13 has none to name).
 	switch os.Getenv("KVX_EXPECT_UCX_CUDA") {
 	case "0":
-		probe, err := New(Config{TLS: "posix,cma,self", StagingBytes: 64 << 10})
+		probe, err := newTransport(Config{TLS: "posix,cma,self", StagingBytes: 64 << 10})
 		require.NoError(t, err)
 		has := probe.DeviceMemory()
 		require.NoError(t, probe.Close(true))
 		require.False(t, has, "UCX %s reports CUDA memory, KVX_EXPECT_UCX_CUDA=0 says it must not", native.UCXVersion())
 	case "1":
-		probe, err := New(Config{TLS: "posix,cma,self,cuda_copy,cuda_ipc", StagingBytes: 64 << 10})
+		probe, err := newTransport(Config{TLS: "posix,cma,self,cuda_copy,cuda_ipc", StagingBytes: 64 << 10})
 		require.NoError(t, err)
 		has := probe.DeviceMemory()
 		require.NoError(t, probe.Close(true))
@@ -66,7 +66,7 @@ func TestUCXDevice_WithoutCUDAUCXIsATypedError(t *testing.T) {
 	// A transport list that names no CUDA transport reaches no device memory with any UCX
 	// (1.22 with "posix,cma,self" reports none, the first GPU run found): a typed error that
 	// names both fixes.
-	d, err := NewDevice(DeviceConfig{Runtime: new(cuda.Runtime), UCX: Config{TLS: "posix,cma,self"}})
+	d, err := newDevice(DeviceConfig{Runtime: new(cuda.Runtime), UCX: Config{TLS: "posix,cma,self"}})
 	require.Nil(t, d)
 	require.ErrorIs(t, err, ErrDeviceMemory)
 	require.ErrorIs(t, err, native.ErrMemoryType)
@@ -77,14 +77,14 @@ func TestUCXDevice_WithoutCUDAUCXIsATypedError(t *testing.T) {
 	require.Contains(t, err.Error(), "cuda_copy", "the error names the transport list's fix")
 }
 
-// fakeDeviceTransport is a DeviceTransport over a real Transport whose device region
+// fakeDeviceTransport is a deviceTransport over a real ucxTransport whose device region
 // was never allocated: enough to exercise every check made before a device address is used.
-func fakeDeviceTransport(t *testing.T) *DeviceTransport {
+func fakeDeviceTransport(t *testing.T) *deviceTransport {
 	t.Helper()
-	tr, err := New(Config{TLS: "posix,cma,self", StagingBytes: 64 << 10})
+	tr, err := newTransport(Config{TLS: "posix,cma,self", StagingBytes: 64 << 10})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, tr.Close(true)) })
-	return &DeviceTransport{Transport: tr, headers: make([]byte, 1<<20), composed: map[transport.OpID]transport.OpID{},
+	return &deviceTransport{ucxTransport: tr, headers: make([]byte, 1<<20), composed: map[transport.OpID]transport.OpID{},
 		movers: map[transport.RequestID]int{}, cfg: DeviceConfig{syncTimeout: time.Second}}
 }
 
@@ -140,7 +140,7 @@ func TestUCXDevice_MoverChecksItsBuffers(t *testing.T) {
 }
 
 // The two messages of a device chunk must look like one operation to the engine: the
-// Transport callback rules (transport.MemoryBusy at most before the one final report, which carries the
+// transport.Transport callback rules (transport.MemoryBusy at most before the one final report, which carries the
 // worst verdict and the first error) hold for every order of their reports.
 func TestUCXDevice_ChunkReportsFollowTheCallbackRules(t *testing.T) {
 	errA, errB := errors.New("header failed"), errors.New("payload failed")

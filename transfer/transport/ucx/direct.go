@@ -12,14 +12,14 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ transport.DirectTransport = (*Transport)(nil)
+var _ transport.DirectTransport = (*ucxTransport)(nil)
 
 // AllocatePool maps bytes of host memory through UCX (ucp_mem_map with ALLOCATE) for a KV
 // pool the one-copy path can use: UCX must never be handed Go memory, and memory it
 // allocated itself is the fastest it sends from and receives into. The slice views memory
 // outside the Go heap; it stays valid until Close, which unmaps it (and reports an error,
 // keeping it mapped, while UCX still uses it).
-func (t *Transport) AllocatePool(bytes int64) ([]byte, error) {
+func (t *ucxTransport) AllocatePool(bytes int64) ([]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -36,7 +36,7 @@ func (t *Transport) AllocatePool(bytes int64) ([]byte, error) {
 
 // Direct implements transport.DirectTransport: pool must lie in one region this transport mapped
 // (staging or AllocatePool).
-func (t *Transport) Direct(pool []byte) bool {
+func (t *ucxTransport) Direct(pool []byte) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed || len(pool) == 0 {
@@ -48,16 +48,16 @@ func (t *Transport) Direct(pool []byte) bool {
 
 // PostSendIOV implements transport.DirectTransport with one UCX tagged send of IOV datatype: UCX reads
 // the pieces in place.
-func (t *Transport) PostSendIOV(to transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+func (t *ucxTransport) PostSendIOV(to transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	return t.postIOV(to, tag, iov, done, true)
 }
 
 // PostRecvIOV implements transport.DirectTransport with one UCX tagged receive of IOV datatype.
-func (t *Transport) PostRecvIOV(from transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+func (t *ucxTransport) PostRecvIOV(from transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	return t.postIOV(from, tag, iov, done, false)
 }
 
-func (t *Transport) postIOV(peer transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion), send bool) (transport.OpID, error) {
+func (t *ucxTransport) postIOV(peer transport.Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion), send bool) (transport.OpID, error) {
 	if len(iov) == 0 {
 		return 0, fmt.Errorf("%w: an empty IOV", transport.ErrInvalidSpec)
 	}

@@ -16,12 +16,12 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-func (t *Transport) enqueueRequest(r *native.Request) { t.push(ucxReport{req: r}) }
+func (t *ucxTransport) enqueueRequest(r *native.Request) { t.push(ucxReport{req: r}) }
 
-func (t *Transport) push(r ucxReport) { t.reports.Push(r) }
+func (t *ucxTransport) push(r ucxReport) { t.reports.Push(r) }
 
 // dispatch delivers reports in order until Close has drained them.
-func (t *Transport) dispatch() {
+func (t *ucxTransport) dispatch() {
 	defer close(t.exited)
 	ready := t.reports.Ready()
 	var batch []ucxReport
@@ -44,7 +44,7 @@ func (t *Transport) dispatch() {
 	}
 }
 
-func (t *Transport) deliver(r ucxReport) {
+func (t *ucxTransport) deliver(r ucxReport) {
 	switch {
 	case r.connected != "":
 		t.mu.Lock()
@@ -80,7 +80,7 @@ func (t *Transport) deliver(r ucxReport) {
 	}
 }
 
-func (t *Transport) deliverRequest(req *native.Request) {
+func (t *ucxTransport) deliverRequest(req *native.Request) {
 	t.mu.Lock()
 	if req == t.ctrl {
 		in := t.in
@@ -151,7 +151,7 @@ func (t *Transport) deliverRequest(req *native.Request) {
 	op.done(c)
 }
 
-func (t *Transport) deliverControl(in transport.Inbound, b []byte) {
+func (t *ucxTransport) deliverControl(in transport.Inbound, b []byte) {
 	if len(b) < 2 {
 		return
 	}

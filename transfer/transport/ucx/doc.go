@@ -15,9 +15,12 @@
 //
 // A program starts with New (a Config, whose zero value works), Transport.RegisterHost (or
 // AllocatePool) for its KV pool, Transport.StagingMemory for the engine's Config,
-// Transport.ContextParams and UnmarshalContextParams for the request a prefill hands to decode,
-// and Transport.Close. Most other methods of Transport are the transport.Transport contract
-// and its capabilities, which the engine calls, not the program.
+// Transport.ContextParams and UnmarshalContextParams for the request a prefill hands to decode
+// by name, and Transport.Close; NewDevice and Transport.NewMover for GPU staging. A Transport
+// is a transport.Transport (its Bind, SendControl, PostSend, PostRecv and Cancel are for the
+// engine); the rest of the transport contract, the capabilities above, lives on the
+// implementation that transfer.New resolves the Transport to (internal/transportimpl), not on
+// the Transport a program holds.
 //
 // Peers are named by worker address (PeerFromAddress, Transport.Self). ContextParams is what
 // a prefill engine hands to decode through the serving stack: the sender's worker address,

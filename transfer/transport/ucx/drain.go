@@ -20,7 +20,7 @@ type ucxDrain struct {
 	timer *time.Timer
 }
 
-// drainCounters counts the drain receives of a Transport (see Config.drainTimeout).
+// drainCounters counts the drain receives of a ucxTransport (see Config.drainTimeout).
 type drainCounters struct {
 	Started uint64 // drains posted for cancelled receives
 	Drained uint64 // drains that took a late message, completing its sender's request
@@ -38,7 +38,7 @@ type drainCounters struct {
 // its memory released; the cancelled receive's buffer is never written. A drain ends when it
 // matches, when a receive of the same tags is posted again (a caller that does not reserve
 // tags), or after drainTimeout; while it lasts, ReserveTags refuses its hash.
-func (t *Transport) startDrainLocked(tag uint64) {
+func (t *ucxTransport) startDrainLocked(tag uint64) {
 	family := t.drains[tag&^ucxSeqMask]
 	if family[tag] != nil {
 		return
@@ -67,7 +67,7 @@ func (t *Transport) startDrainLocked(tag uint64) {
 // reserves, and ReserveTags refuses a drained hash): the worker runs the cancels before that
 // receive's post, so its chunks reach its own receives, not a drain left from an earlier
 // transfer (a stale message a drain already took stays the drain's).
-func (t *Transport) retireDrainLocked(tag uint64) {
+func (t *ucxTransport) retireDrainLocked(tag uint64) {
 	family := t.drains[tag&^ucxSeqMask]
 	if family == nil {
 		return
@@ -80,7 +80,7 @@ func (t *Transport) retireDrainLocked(tag uint64) {
 }
 
 // drainDoneLocked forgets a drain UCX has reported on.
-func (t *Transport) drainDoneLocked(d *ucxDrain) {
+func (t *ucxTransport) drainDoneLocked(d *ucxDrain) {
 	delete(t.drainByReq, d.req)
 	if family := t.drains[d.tag&^ucxSeqMask]; family[d.tag] == d {
 		delete(family, d.tag)
@@ -97,7 +97,7 @@ func (t *Transport) drainDoneLocked(d *ucxDrain) {
 }
 
 // drainSnapshot returns the drain counters (see Config.drainTimeout). It never blocks on UCX.
-func (t *Transport) drainSnapshot() drainCounters {
+func (t *ucxTransport) drainSnapshot() drainCounters {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.drainStats

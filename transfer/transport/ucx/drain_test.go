@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func newBoundUCXTransport(t *testing.T, tls, dev string, cfg Config) *Transport {
+func newBoundUCXTransport(t *testing.T, tls, dev string, cfg Config) *ucxTransport {
 	t.Helper()
 	cfg.TLS, cfg.NetDevices = tls, dev
 	if cfg.KeepaliveInterval == 0 {
@@ -23,7 +23,7 @@ func newBoundUCXTransport(t *testing.T, tls, dev string, cfg Config) *Transport 
 		cfg.StagingBytes = 4 << 20
 	}
 	cfg.CloseTimeout = 2 * time.Second
-	tr, err := New(cfg)
+	tr, err := newTransport(cfg)
 	require.NoError(t, err)
 	require.NoError(t, tr.Bind(nopInbound{}))
 	t.Cleanup(func() { _ = tr.Close(true) })

@@ -16,9 +16,9 @@ import (
 // package ucxhooks.
 func init() {
 	h := &ucxhooks.Hooks
-	h.InjectPeerLost = func(tr any, peer transport.Peer, err error) { tr.(*Transport).push(ucxReport{lost: peer, err: err}) }
+	h.InjectPeerLost = func(tr any, peer transport.Peer, err error) { hookImpl(tr).push(ucxReport{lost: peer, err: err}) }
 	h.RemotePools = func(tr any) int {
-		t := tr.(*Transport)
+		t := hookImpl(tr)
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		pools := map[ucxKeyID]bool{}
@@ -29,19 +29,19 @@ func init() {
 		return len(pools)
 	}
 	h.RemoteKeys = func(tr any) int {
-		t := tr.(*Transport)
+		t := hookImpl(tr)
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		return len(t.rma.keys)
 	}
 	h.Worker = func(tr any) *native.Worker {
-		t := tr.(*Transport)
+		t := hookImpl(tr)
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		return t.w
 	}
 	h.LaneWorkers = func(tr any) []*native.Worker {
-		t := tr.(*Transport)
+		t := hookImpl(tr)
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		var ws []*native.Worker
@@ -51,36 +51,36 @@ func init() {
 		return ws
 	}
 	h.SetBeforeConnect = func(tr any, f func()) {
-		t := tr.(*Transport)
+		t := hookImpl(tr)
 		t.mu.Lock()
 		t.beforeConnect = f
 		t.mu.Unlock()
 	}
 	h.SetBeforeUnpack = func(tr any, f func()) {
-		t := tr.(*Transport)
+		t := hookImpl(tr)
 		t.mu.Lock()
 		t.beforeUnpack = f
 		t.mu.Unlock()
 	}
 	h.ProbeSeen = func(tr any) (bool, uint64) {
-		p := tr.(*Transport).probe.Load()
+		p := hookImpl(tr).probe.Load()
 		if p == nil {
 			return false, 0
 		}
 		return true, p.seen.Load()
 	}
 	h.Ops = func(tr any) int {
-		t := tr.(*Transport)
+		t := hookImpl(tr)
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		return len(t.ops)
 	}
-	h.Registrations = func(tr any) int { return tr.(*Transport).registrations() }
-	h.ReplacesWedgedWorker = func(tr any) bool { return tr.(*Transport).cfg.ReplaceWedgedWorker }
-	h.AllowSameProcessCMA = func(tr any) { tr.(*Transport).cma.allowSelf = true }
-	h.CMAReadsStuck = func(tr any) int { return int(tr.(*Transport).cma.stuck.Load()) }
+	h.Registrations = func(tr any) int { return hookImpl(tr).registrations() }
+	h.ReplacesWedgedWorker = func(tr any) bool { return hookImpl(tr).cfg.ReplaceWedgedWorker }
+	h.AllowSameProcessCMA = func(tr any) { hookImpl(tr).cma.allowSelf = true }
+	h.CMAReadsStuck = func(tr any) int { return int(hookImpl(tr).cma.stuck.Load()) }
 	h.Endpoints = func(tr any, peer transport.Peer) int {
-		t := tr.(*Transport)
+		t := hookImpl(tr)
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		n := 0
@@ -95,7 +95,7 @@ func init() {
 		return n
 	}
 	h.SendControlAs = func(tr any, to, as transport.Peer, msg []byte) error {
-		t := tr.(*Transport)
+		t := hookImpl(tr)
 		from, err := hex.DecodeString(string(as))
 		if err != nil {
 			return err
@@ -112,4 +112,16 @@ func init() {
 		ep.TagSendBytes(ucxControlFrame(from, msg), ucxKindCtrl)
 		return nil
 	}
+}
+
+// hookImpl is the UCX transport behind tr: a *Transport a test holds, its implementation, or
+// a device transport.
+func hookImpl(tr any) *ucxTransport {
+	switch t := tr.(type) {
+	case *Transport:
+		return t.u
+	case *deviceTransport:
+		return t.ucxTransport
+	}
+	return tr.(*ucxTransport)
 }

@@ -13,7 +13,7 @@ import (
 // Incarnation is this transport's current life, what its ContextParams carry: it changes
 // when the transport replaces a wedged worker (Config.ReplaceWedgedWorker), as does the
 // worker address. Publish it (package discovery) beside WorkerAddress.
-func (t *Transport) Incarnation() uint64 {
+func (t *ucxTransport) Incarnation() uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.life
@@ -25,7 +25,7 @@ func (t *Transport) Incarnation() uint64 {
 // once with a *stale.Error matching ErrStaleIncarnation, so the request is refused
 // rather than left to wait out its deadline. Call it before posting the Send of a request a
 // peer asks for by its params.
-func (t *Transport) CheckParams(cp *ContextParams) error {
+func (t *ucxTransport) CheckParams(cp *ContextParams) error {
 	t.mu.Lock()
 	life, addr := t.life, t.addr
 	t.mu.Unlock()

@@ -16,7 +16,7 @@ import (
 // Params of this transport's life pass; params of another life (a restarted sender, or one
 // that replaced its worker) or of another worker fail at once with ErrStaleIncarnation.
 func TestUCXTransport_CheckParamsIncarnation(t *testing.T) {
-	tr, err := New(Config{TLS: "posix,cma,self", StagingBytes: 64 << 10})
+	tr, err := newTransport(Config{TLS: "posix,cma,self", StagingBytes: 64 << 10})
 	require.NoError(t, err)
 	defer tr.Close(true)
 	l := layout.Packed(layout.Dims{NumLayers: 1, KVFactor: 2, NumHeads: 1, HeadDim: 8, ElemSize: 2, TokensPerBlock: 4, NumBlocks: 2}, layout.BlockMajor)

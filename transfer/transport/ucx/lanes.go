@@ -18,19 +18,19 @@ import (
 )
 
 var (
-	_ transport.RMAEmulation = (*Transport)(nil)
-	_ transport.RMALanes     = (*Transport)(nil)
+	_ transport.RMAEmulation = (*ucxTransport)(nil)
+	_ transport.RMALanes     = (*ucxTransport)(nil)
 )
 
 // GetLanes implements transport.RMALanes: Config.Lanes, the workers gets go to in turn.
-func (t *Transport) GetLanes() int { return t.cfg.Lanes }
+func (t *ucxTransport) GetLanes() int { return t.cfg.Lanes }
 
 // stripesGets says whether gets from peer go to the lanes in turn: only where UCX serves them
 // natively (shared memory, cma, RDMA). Where it emulates them (TCP in UCX 1.13) they stay on
 // the transport's own worker: striping buys nothing there (the bytes go through each
 // worker's active messages one way or another), and UCX 1.13 crashed the process
 // (SIGSEGV in a lane's thread) when a peer was killed under gets striped over TCP lanes.
-func (t *Transport) stripesGets(peer transport.Peer) bool {
+func (t *ucxTransport) stripesGets(peer transport.Peer) bool {
 	l, ok := t.getLanes(peer)
 	return t.cfg.Lanes > 1 && (!ok || l.native)
 }
@@ -56,14 +56,14 @@ type ucxGetLanes struct {
 // half the speed (docs/ucx.md, "UCX 1.22"). The answer is kept per endpoint; a replaced
 // endpoint is asked again. When UCX cannot be asked it answers false, and the receiver keeps
 // the RMA mode, which works on every transport.
-func (t *Transport) GetsEmulated(peer transport.Peer) bool {
+func (t *ucxTransport) GetsEmulated(peer transport.Peer) bool {
 	l, ok := t.getLanes(peer)
 	return ok && !l.native && !l.sharedMemoryOnly
 }
 
 // getLanes is what UCX reported about the endpoint to peer, asked once per endpoint; ok is
 // false when it cannot be asked (closed, no endpoint).
-func (t *Transport) getLanes(peer transport.Peer) (ucxGetLanes, bool) {
+func (t *ucxTransport) getLanes(peer transport.Peer) (ucxGetLanes, bool) {
 	if t.ensureEndpoint(peer) != nil {
 		return ucxGetLanes{}, false
 	}
@@ -104,9 +104,9 @@ func (t *Transport) getLanes(peer transport.Peer) (ucxGetLanes, bool) {
 	return l, true
 }
 
-// ucxLanes are the workers a Transport's gets are striped over, lane 0 being the
+// ucxLanes are the workers a ucxTransport's gets are striped over, lane 0 being the
 // transport's own worker (t.w, its endpoints t.eps) and lane i > 0 extra[i-1]. Guarded by
-// Transport.mu, except start.
+// ucxTransport.mu, except start.
 type ucxLanes struct {
 	start sync.Once // makes the extra workers, on the first get
 	extra []*ucxLane
@@ -121,7 +121,7 @@ type ucxLane struct {
 
 // startLanes makes the extra workers once, outside mu (a worker starts its own thread). A
 // worker that cannot be made leaves fewer lanes, logged; gets still go.
-func (t *Transport) startLanes() {
+func (t *ucxTransport) startLanes() {
 	t.rma.lanes.start.Do(func() {
 		var ws []*native.Worker
 		for range t.cfg.Lanes - 1 {
@@ -151,7 +151,7 @@ func (t *Transport) startLanes() {
 // nextLaneLocked is the lane of the next get: round robin, so a request of n gets in flight
 // spreads them over min(n, lanes) workers and a request of one get uses one, and concurrent
 // requests share every lane.
-func (t *Transport) nextLaneLocked() int {
+func (t *ucxTransport) nextLaneLocked() int {
 	n := uint64(1 + len(t.rma.lanes.extra))
 	lane := int(t.rma.lanes.next % n)
 	t.rma.lanes.next++
@@ -161,7 +161,7 @@ func (t *Transport) nextLaneLocked() int {
 // ensureLaneEndpoints makes the lanes' missing endpoints to peer outside mu (each a round
 // trip to its lane's worker), as ensureEndpoint does for the transport's own, so a first get to
 // a peer holds up nobody else's posts and completions.
-func (t *Transport) ensureLaneEndpoints(peer transport.Peer) error {
+func (t *ucxTransport) ensureLaneEndpoints(peer transport.Peer) error {
 	t.mu.Lock()
 	var need []*ucxLane
 	if !t.closed {
@@ -200,7 +200,7 @@ func (t *Transport) ensureLaneEndpoints(peer transport.Peer) error {
 // the lane worker's. The caller ran ensureLaneEndpoints first, so it exists but for a race
 // with its failure; then it is made here, under mu. A lane endpoint that fails reports the
 // peer lost, as the transport's own endpoint does, and takes the keys unpacked on it with it.
-func (t *Transport) laneEndpointLocked(lane int, peer transport.Peer) (*native.Endpoint, error) {
+func (t *ucxTransport) laneEndpointLocked(lane int, peer transport.Peer) (*native.Endpoint, error) {
 	if lane == 0 {
 		return t.endpointLocked(peer)
 	}
@@ -219,7 +219,7 @@ func (t *Transport) laneEndpointLocked(lane int, peer transport.Peer) (*native.E
 
 // watchLane forgets a lane endpoint that failed and reports its peer lost, unless the
 // transport is closing.
-func (t *Transport) watchLane(l *ucxLane, peer transport.Peer, ep *native.Endpoint) {
+func (t *ucxTransport) watchLane(l *ucxLane, peer transport.Peer, ep *native.Endpoint) {
 	select {
 	case <-ep.Failed():
 	case <-t.stop:
@@ -242,7 +242,7 @@ func (t *Transport) watchLane(l *ucxLane, peer transport.Peer, ep *native.Endpoi
 // settles every get still in them, each reported through dispatch like the transport's own.
 // It runs in Close before the transport's worker closes; a start still making workers is
 // waited for, and one not begun never will.
-func (t *Transport) closeLanes(ctx context.Context, force bool) error {
+func (t *ucxTransport) closeLanes(ctx context.Context, force bool) error {
 	t.rma.lanes.start.Do(func() {})
 	t.mu.Lock()
 	lanes := t.rma.lanes.extra

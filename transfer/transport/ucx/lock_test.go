@@ -19,7 +19,7 @@ import (
 func TestUCXTransport_ConnectHoldsNoLock(t *testing.T) {
 	a, b, ra, _ := newUCXPair(t, "posix,cma,self", "")
 	require.NoError(t, a.SendControl(b.Self(), []byte("reach b first")))
-	c, err := New(Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, CloseTimeout: 2 * time.Second})
+	c, err := newTransport(Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, CloseTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close(true)) }()
 	require.NoError(t, c.Bind(nopInbound{}))

@@ -11,7 +11,7 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ transport.RMAMapper = (*Transport)(nil)
+var _ transport.RMAMapper = (*ucxTransport)(nil)
 
 // MapRemote implements transport.RMAMapper: where the peer's key is mapped here (memory UCX
 // allocated for the peer, seen over shared memory: native.RemoteKey.View), the view is that
@@ -21,7 +21,7 @@ var _ transport.RMAMapper = (*Transport)(nil)
 // (native.ErrBadRemoteKey), and a range outside the segment the key names
 // (native.ErrOutOfBounds), are refused as transport.ErrProtocol: the peer named memory it
 // does not have (docs/security.md).
-func (t *Transport) MapRemote(from transport.Peer, key []byte, addr uint64, n int) ([]byte, func(), error) {
+func (t *ucxTransport) MapRemote(from transport.Peer, key []byte, addr uint64, n int) ([]byte, func(), error) {
 	if err := t.ensureEndpoint(from); err != nil {
 		return nil, nil, err
 	}

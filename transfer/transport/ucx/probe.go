@@ -58,7 +58,7 @@ type ucxProbe struct {
 
 // startProbe opens the probe worker and connects it to the transport's worker. A probe that
 // cannot be opened is logged and left out: the transport works without it.
-func (t *Transport) startProbe() {
+func (t *ucxTransport) startProbe() {
 	if t.cfg.ProbeInterval < 0 {
 		return
 	}
@@ -211,6 +211,6 @@ func (p *ucxProbe) close() {
 
 // transport.TransportHealth implements transport.TransportHealth: an error while the receive probe says the
 // worker's receive queue is wedged. It never blocks.
-func (t *Transport) TransportHealth() error {
+func (t *ucxTransport) TransportHealth() error {
 	return t.probe.Load().wedged(time.Now())
 }

@@ -23,7 +23,7 @@ import (
 // reached lost (watch) and drops the keys unpacked on them, and closing the old worker settles
 // every operation still in it, each reported failed with its memory released. The transport's
 // address changes: to peers this is a restart of the process.
-func (t *Transport) replaceWorker(cause error) {
+func (t *ucxTransport) replaceWorker(cause error) {
 	nw, err := t.uctx.NewWorker(native.WorkerConfig{OnReport: t.enqueueRequest, Logger: t.cfg.Logger})
 	if err != nil {
 		// The probe tries again each interval while the worker stays wedged; the log says so
@@ -73,7 +73,7 @@ func (t *Transport) replaceWorker(cause error) {
 
 // WorkersReplaced is how many times the transport replaced a wedged worker
 // (Config.ReplaceWedgedWorker). It never blocks on UCX.
-func (t *Transport) WorkersReplaced() int {
+func (t *ucxTransport) WorkersReplaced() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.swaps

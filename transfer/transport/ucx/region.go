@@ -16,17 +16,17 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ transport.PoolHolder = (*Transport)(nil)
+var _ transport.PoolHolder = (*ucxTransport)(nil)
 
 // deviceRegionAlign is the alignment RegisterDevice asks of a device range: cudaMalloc's
 // allocations start on 256-byte boundaries at least (CUDA VMM's on 2 MiB).
 const deviceRegionAlign = 256
 
-// ucxRegs holds the caller's registrations, under Transport.mu (regMu serialises
+// ucxRegs holds the caller's registrations, under ucxTransport.mu (regMu serialises
 // registering and unregistering, which call into UCX outside mu).
 type ucxRegs struct {
 	regMu  sync.Mutex
-	host   []*ucxRegistration // also in Transport.regions, so Direct and RMAKey find them
+	host   []*ucxRegistration // also in ucxTransport.regions, so Direct and RMAKey find them
 	device []*ucxRegistration
 }
 
@@ -34,7 +34,7 @@ type ucxRegs struct {
 // packed once, shared by every Region inside it.
 type ucxRegistration struct {
 	mem  *native.Memory
-	refs int          // Regions not yet unregistered, under Transport.mu
+	refs int          // Regions not yet unregistered, under ucxTransport.mu
 	uses atomic.Int64 // transfers holding it (HoldPool)
 	gone bool         // unmapped (its last Region unregistered, or the transport closed)
 }
@@ -48,7 +48,7 @@ func (g *ucxRegistration) end() uint64   { return g.mem.Addr() + uint64(g.mem.Le
 // then move it in place, exactly as a pool from AllocatePool. Unregister it once no transfer
 // uses it; the transport's Close unregisters what is left.
 type Region struct {
-	t    *Transport
+	t    *ucxTransport
 	reg  *ucxRegistration
 	addr uint64
 	size int64
@@ -84,7 +84,7 @@ func (r *Region) RemoteKey() (addr uint64, key []byte) {
 // without lying inside it, or overlap memory the transport mapped itself (transport.ErrBadRegion). A
 // pool equal to or inside an existing registration shares it: one registration, counted once
 // per Region. Nothing is registered when it fails.
-func (t *Transport) RegisterHost(pool []byte) (*Region, error) {
+func (t *ucxTransport) RegisterHost(pool []byte) (*Region, error) {
 	p := unsafe.Pointer(unsafe.SliceData(pool))
 	addr, size := uint64(uintptr(p)), int64(len(pool))
 	refuse := func(reason string, err error) error {
@@ -114,7 +114,7 @@ func (t *Transport) RegisterHost(pool []byte) (*Region, error) {
 // unregistered. Without a CUDA-enabled UCX it is refused before UCX sees the address (a
 // *transport.RegionError wrapping ErrDeviceMemory and native.ErrMemoryType); so are
 // a zero size, an address off a 256-byte boundary and overlapping bounds (transport.ErrBadRegion).
-func (t *Transport) RegisterDevice(addr uint64, size int64) (*Region, error) {
+func (t *ucxTransport) RegisterDevice(addr uint64, size int64) (*Region, error) {
 	refuse := func(reason string, err error) error {
 		return &transport.RegionError{Op: "register", Addr: addr, Len: size, Reason: reason, Err: err}
 	}
@@ -133,7 +133,7 @@ func (t *Transport) RegisterDevice(addr uint64, size int64) (*Region, error) {
 }
 
 // register finds the registration [addr, addr+size) lies in, or makes one with mapMem.
-func (t *Transport) register(addr uint64, size int64, kind native.MemoryKind, refuse func(string, error) error,
+func (t *ucxTransport) register(addr uint64, size int64, kind native.MemoryKind, refuse func(string, error) error,
 	mapMem func() (*native.Memory, error)) (*Region, error) {
 	t.regs.regMu.Lock()
 	defer t.regs.regMu.Unlock()
@@ -207,7 +207,7 @@ func (t *Transport) register(addr uint64, size int64, kind native.MemoryKind, re
 
 // callerMemLocked returns the caller registration of m, or nil for memory the transport
 // mapped itself.
-func (t *Transport) callerMemLocked(m *native.Memory) *ucxRegistration {
+func (t *ucxTransport) callerMemLocked(m *native.Memory) *ucxRegistration {
 	for _, g := range t.regs.host {
 		if g.mem == m {
 			return g
@@ -256,7 +256,7 @@ func (r *Region) Unregister() error {
 }
 
 // dropRegistrationLocked takes g out of every list, so nothing new can use it.
-func (t *Transport) dropRegistrationLocked(g *ucxRegistration) {
+func (t *ucxTransport) dropRegistrationLocked(g *ucxRegistration) {
 	g.gone = true
 	delete(t.rma.packed, g.mem)
 	t.regs.host = deleteReg(t.regs.host, g)
@@ -279,7 +279,7 @@ func deleteReg(list []*ucxRegistration, g *ucxRegistration) []*ucxRegistration {
 }
 
 // HoldPool implements transport.PoolHolder: a pool inside a caller registration is held until release.
-func (t *Transport) HoldPool(pool []byte) func() {
+func (t *ucxTransport) HoldPool(pool []byte) func() {
 	if len(pool) == 0 {
 		return nil
 	}
@@ -299,7 +299,7 @@ func (t *Transport) HoldPool(pool []byte) func() {
 }
 
 // closeRegions unmaps every registration still live, once the worker is gone (Close).
-func (t *Transport) closeRegions() []error {
+func (t *ucxTransport) closeRegions() []error {
 	t.mu.Lock()
 	all := append(append([]*ucxRegistration(nil), t.regs.host...), t.regs.device...)
 	for _, g := range all {
@@ -314,7 +314,7 @@ func (t *Transport) closeRegions() []error {
 }
 
 // registrations is how many caller registrations are live (tests: nothing leaked).
-func (t *Transport) registrations() int {
+func (t *ucxTransport) registrations() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.regs.host) + len(t.regs.device)

@@ -29,8 +29,8 @@ import (
 func TestUCXRegion_DeviceRegisteredMemoryGPUToGPU(t *testing.T) {
 	rt := openGPU(t)
 	const n = 64 << 20
-	mk := func() *Transport {
-		tr, err := New(Config{KeepaliveInterval: 200 * time.Millisecond, CloseTimeout: 2 * time.Second, StagingBytes: 1 << 20})
+	mk := func() *ucxTransport {
+		tr, err := newTransport(Config{KeepaliveInterval: 200 * time.Millisecond, CloseTimeout: 2 * time.Second, StagingBytes: 1 << 20})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tr.Close(true) })
 		if !tr.DeviceMemory() {

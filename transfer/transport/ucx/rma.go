@@ -13,9 +13,9 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ transport.RMATransport = (*Transport)(nil)
+var _ transport.RMATransport = (*ucxTransport)(nil)
 
-// ucxRMA holds the UCX transport's RMA keys, under Transport.mu: each mapped region's key
+// ucxRMA holds the UCX transport's RMA keys, under ucxTransport.mu: each mapped region's key
 // packed once, and each peer's key unpacked once per endpoint (never per block or per get).
 type ucxRMA struct {
 	packed   map[*native.Memory][]byte
@@ -44,7 +44,7 @@ type ucxRemoteKey struct {
 
 // RMAKey implements transport.RMATransport: pool must lie in a region this transport mapped
 // (AllocatePool, or the staging region); its key is packed on first use.
-func (t *Transport) RMAKey(pool []byte) (uint64, []byte, error) {
+func (t *ucxTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -69,7 +69,7 @@ func (t *Transport) RMAKey(pool []byte) (uint64, []byte, error) {
 
 // PrepareKeys implements transport.RMAKeyPreparer: the pool's key is unpacked on every lane's endpoint
 // to from, once, outside mu (ensureKey); the gets find it unpacked.
-func (t *Transport) PrepareKeys(from transport.Peer, poolKey []byte) error {
+func (t *ucxTransport) PrepareKeys(from transport.Peer, poolKey []byte) error {
 	if err := t.ensureEndpoint(from); err != nil {
 		return err
 	}
@@ -95,7 +95,7 @@ func (t *Transport) PrepareKeys(from transport.Peer, poolKey []byte) error {
 // a get, so the operation is marked as a send is: Cancel reports it transport.MemoryBusy while it runs,
 // and a forced close of its endpoint ends it. Where UCX would emulate the get and the peer is a
 // process on this host, process_vm_readv reads it instead (cma.go), with the same reports.
-func (t *Transport) PostGet(from transport.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
+func (t *ucxTransport) PostGet(from transport.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}
@@ -151,7 +151,7 @@ func (t *Transport) PostGet(from transport.Peer, tag transport.Tag, key []byte, 
 // without holding mu: unpacking is a round trip to the endpoint's worker (up to CloseTimeout
 // when it is busy), and posts, completions and cancels must not wait for it. remoteKeyLocked
 // then finds the key; it unpacks under mu only when the endpoint was replaced in between.
-func (t *Transport) ensureKey(peer transport.Peer, lane int, key []byte) error {
+func (t *ucxTransport) ensureKey(peer transport.Peer, lane int, key []byte) error {
 	id := ucxKeyID{peer: peer, key: string(key), lane: lane}
 	t.mu.Lock()
 	if t.closed {
@@ -194,7 +194,7 @@ func (t *Transport) ensureKey(peer transport.Peer, lane int, key []byte) error {
 
 // remoteKeyLocked returns peer's key unpacked on ep, unpacking it on first use. A key
 // unpacked on an endpoint that has since been replaced is dropped.
-func (t *Transport) remoteKeyLocked(peer transport.Peer, lane int, ep *native.Endpoint, key []byte) (*ucxRemoteKey, error) {
+func (t *ucxTransport) remoteKeyLocked(peer transport.Peer, lane int, ep *native.Endpoint, key []byte) (*ucxRemoteKey, error) {
 	id := ucxKeyID{peer: peer, key: string(key), lane: lane}
 	if k := t.rma.keys[id]; k != nil {
 		if k.ep == ep {
@@ -216,7 +216,7 @@ func (t *Transport) remoteKeyLocked(peer transport.Peer, lane int, ep *native.En
 
 // addKeyLocked records an unpacked key; the first on an endpoint starts the watch that
 // drops them all when it fails.
-func (t *Transport) addKeyLocked(id ucxKeyID, k *ucxRemoteKey) {
+func (t *ucxTransport) addKeyLocked(id ucxKeyID, k *ucxRemoteKey) {
 	if t.rma.keys == nil {
 		t.rma.keys = map[ucxKeyID]*ucxRemoteKey{}
 	}
@@ -232,7 +232,7 @@ func (t *Transport) addKeyLocked(id ucxKeyID, k *ucxRemoteKey) {
 
 // dropKeysOnFailure destroys the keys unpacked on ep once it fails or closes (each when its
 // last get is over), so a peer's keys do not outlive its endpoint.
-func (t *Transport) dropKeysOnFailure(ep *native.Endpoint) {
+func (t *ucxTransport) dropKeysOnFailure(ep *native.Endpoint) {
 	select {
 	case <-ep.Failed():
 	case <-t.stop:
@@ -249,7 +249,7 @@ func (t *Transport) dropKeysOnFailure(ep *native.Endpoint) {
 }
 
 // retireKeyLocked marks k dead and destroys it if no get uses it.
-func (t *Transport) retireKeyLocked(k *ucxRemoteKey) {
+func (t *ucxTransport) retireKeyLocked(k *ucxRemoteKey) {
 	k.dead = true
 	if k.inflight == 0 && k.rk != nil {
 		k.rk.Close()
@@ -259,7 +259,7 @@ func (t *Transport) retireKeyLocked(k *ucxRemoteKey) {
 }
 
 // keyUnused records a get's final completion.
-func (t *Transport) keyUnused(k *ucxRemoteKey) {
+func (t *ucxTransport) keyUnused(k *ucxRemoteKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k.inflight--
@@ -270,7 +270,7 @@ func (t *Transport) keyUnused(k *ucxRemoteKey) {
 
 // closeRMAKeys destroys every unpacked key no get uses any more, before Close stops the
 // worker (a key in use goes with the worker).
-func (t *Transport) closeRMAKeys() {
+func (t *ucxTransport) closeRMAKeys() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, k := range t.rma.keys {

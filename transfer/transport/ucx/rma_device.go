@@ -18,15 +18,15 @@ import (
 // transports they go GPU to GPU: cuda_ipc on one node, GPUDirect RDMA across nodes where the
 // fabric has it.
 
-var _ transport.DeviceRMATransport = (*Transport)(nil)
+var _ transport.DeviceRMATransport = (*ucxTransport)(nil)
 
 // DeviceGets implements transport.DeviceRMATransport: this UCX can register CUDA memory
 // (DeviceMemory).
-func (t *Transport) DeviceGets() bool { return t.DeviceMemory() }
+func (t *ucxTransport) DeviceGets() bool { return t.DeviceMemory() }
 
 // deviceRegLocked returns the live device registration holding [addr, addr+n), or a
 // *transport.RegionError matching transport.ErrBadRegion that says what the range is instead.
-func (t *Transport) deviceRegLocked(addr uint64, n int64) (*ucxRegistration, error) {
+func (t *ucxTransport) deviceRegLocked(addr uint64, n int64) (*ucxRegistration, error) {
 	end := addr + uint64(n)
 	if n > 0 && end > addr {
 		for _, g := range t.regs.device {
@@ -45,7 +45,7 @@ func (t *Transport) deviceRegLocked(addr uint64, n int64) (*ucxRegistration, err
 }
 
 // CheckDevice implements transport.DeviceRMATransport.
-func (t *Transport) CheckDevice(addr uint64, n int64) error {
+func (t *ucxTransport) CheckDevice(addr uint64, n int64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -57,7 +57,7 @@ func (t *Transport) CheckDevice(addr uint64, n int64) error {
 
 // HoldDevice implements transport.DeviceRMATransport: the registration's Unregister is refused
 // (transport.ErrRegionInUse) until release.
-func (t *Transport) HoldDevice(addr uint64, n int64) func() {
+func (t *ucxTransport) HoldDevice(addr uint64, n int64) func() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	g, err := t.deviceRegLocked(addr, n)
@@ -71,7 +71,7 @@ func (t *Transport) HoldDevice(addr uint64, n int64) func() {
 
 // RMAKeyAt implements transport.DeviceRMATransport with the key packed at registration; a
 // peer's gets name device addresses as they are in this process.
-func (t *Transport) RMAKeyAt(addr uint64, n int64) (uint64, []byte, error) {
+func (t *ucxTransport) RMAKeyAt(addr uint64, n int64) (uint64, []byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -92,7 +92,7 @@ func (t *Transport) RMAKeyAt(addr uint64, n int64) (uint64, []byte, error) {
 // registration, memory type and handle named. Device gets go on the transport's own worker,
 // never striped over lanes: it is the one thread the caller's CUDA context is known on. The
 // rules of PostGet hold: UCX cannot cancel a get, so Cancel reports transport.MemoryBusy while it runs.
-func (t *Transport) PostGetAt(from transport.Peer, tag transport.Tag, key []byte, addr, dstAddr uint64, n int64, done func(transport.Completion)) (transport.OpID, error) {
+func (t *ucxTransport) PostGetAt(from transport.Peer, tag transport.Tag, key []byte, addr, dstAddr uint64, n int64, done func(transport.Completion)) (transport.OpID, error) {
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}

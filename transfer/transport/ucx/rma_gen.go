@@ -15,15 +15,15 @@ import (
 )
 
 var (
-	_ transport.RMAGenerations  = (*Transport)(nil)
-	_ transport.GenerationWords = (*Transport)(nil)
+	_ transport.RMAGenerations  = (*ucxTransport)(nil)
+	_ transport.GenerationWords = (*ucxTransport)(nil)
 )
 
 // ucxGenWords is how many exposures may hold a generation word at once, and how many
 // generation reads may be in flight; the region holds both (64 KiB).
 const ucxGenWords = 4096
 
-// ucxGens is the UCX transport's generation region, under Transport.mu: words [0,
+// ucxGens is the UCX transport's generation region, under ucxTransport.mu: words [0,
 // ucxGenWords) are exposures' generation words that peers read, words [ucxGenWords,
 // 2*ucxGenWords) are where this side's reads of peers' words land. Mapped by UCX on first use,
 // its key packed once.
@@ -42,7 +42,7 @@ func (g *ucxGens) word(i int) *uint64 {
 }
 
 // gensLocked maps the region on first use.
-func (t *Transport) gensLocked() (*ucxGens, error) {
+func (t *ucxTransport) gensLocked() (*ucxGens, error) {
 	g := &t.gens
 	if g.mem != nil {
 		return g, nil
@@ -65,7 +65,7 @@ func (t *Transport) gensLocked() (*ucxGens, error) {
 
 // ExposeGeneration implements transport.RMAGenerations with a word of the transport's generation
 // region: the value is this transport's next, stored atomically; end stores the one after.
-func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
+func (t *ucxTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -106,7 +106,7 @@ func (t *Transport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
 
 // GenerationWords implements transport.GenerationWords: the exposure words held now, of
 // ucxGenWords. It takes no lock: the engine's Health asks, and never blocks.
-func (t *Transport) GenerationWords() (held, total int) {
+func (t *ucxTransport) GenerationWords() (held, total int) {
 	return int(t.gens.held.Load()), ucxGenWords
 }
 
@@ -116,7 +116,7 @@ func (t *Transport) GenerationWords() (held, total int) {
 // (its data gets, from a segment already attached, can still succeed), UCX 1.13 fails the
 // unpack and then crashes the process in its own clean-up (seen in
 // TestUCXDirect_PeerKilledMidTransfer).
-func (t *Transport) PrepareReadGeneration(from transport.Peer, key []byte) error {
+func (t *ucxTransport) PrepareReadGeneration(from transport.Peer, key []byte) error {
 	if err := t.ensureEndpoint(from); err != nil { // made outside mu, as PostGet's
 		return err
 	}
@@ -126,7 +126,7 @@ func (t *Transport) PrepareReadGeneration(from transport.Peer, key []byte) error
 // PostReadGeneration implements transport.RMAGenerations with one fenced ucp_get_nbx of 8 bytes into a
 // landing word of the generation region: the fence orders it after every get this worker
 // posted before it. A word this process maps is loaded from the mapping instead.
-func (t *Transport) PostReadGeneration(from transport.Peer, tag transport.Tag, key []byte, addr uint64, done func(transport.Completion, uint64)) (transport.OpID, error) {
+func (t *ucxTransport) PostReadGeneration(from transport.Peer, tag transport.Tag, key []byte, addr uint64, done func(transport.Completion, uint64)) (transport.OpID, error) {
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}
@@ -199,7 +199,7 @@ func (t *Transport) PostReadGeneration(from transport.Peer, tag transport.Tag, k
 }
 
 // closeGens unmaps the generation region once the worker is gone (Close).
-func (t *Transport) closeGens() error {
+func (t *ucxTransport) closeGens() error {
 	t.mu.Lock()
 	mem := t.gens.mem
 	t.gens.mem = nil

@@ -54,7 +54,7 @@ type ucxTagOwner struct {
 
 // ReserveTags implements transport.TagReserver: it reserves the hash of the receive's data tags from
 // peer, or fails with transport.ErrTagCollision if another transfer's receives or drains hold it.
-func (t *Transport) ReserveTags(from transport.Peer, tag transport.Tag) (func(), error) {
+func (t *ucxTransport) ReserveTags(from transport.Peer, tag transport.Tag) (func(), error) {
 	owner := ucxTagOwner{from, tag.Request, tag.Sub, tag.Nonce}
 	hash := ucxTagHash(ucxDataTag(from, tag))
 	t.mu.Lock()
@@ -79,6 +79,6 @@ func (t *Transport) ReserveTags(from transport.Peer, tag transport.Tag) (func(),
 }
 
 // drainingLocked reports whether drain receives watch tags of hash.
-func (t *Transport) drainingLocked(hash uint64) bool {
+func (t *ucxTransport) drainingLocked(hash uint64) bool {
 	return len(t.drains[ucxKindData|hash]) > 0 || len(t.drains[ucxKindDevHeader|hash]) > 0
 }

@@ -31,7 +31,7 @@ func collidingTags(t *testing.T, peer transport.Peer) (transport.Tag, transport.
 // live at once: the second reservation fails with transport.ErrTagCollision until the first is given
 // back, and a hash that drains of a cancelled transfer still watch is refused too.
 func TestUCXReserveTagsRefusesACollision(t *testing.T) {
-	tr, err := New(Config{TLS: "posix,cma,self", StagingBytes: 1 << 20})
+	tr, err := newTransport(Config{TLS: "posix,cma,self", StagingBytes: 1 << 20})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, tr.Close(true)) }()
 	require.NoError(t, tr.Bind(nopInbound{}))

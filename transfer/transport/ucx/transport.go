@@ -24,10 +24,10 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-var _ transport.Transport = (*Transport)(nil)
+var _ transport.Transport = (*ucxTransport)(nil)
 
 // ErrUnregistered: a buffer handed to the UCX transport lies outside the memory UCX has
-// mapped for it (Transport.StagingMemory, Transport.Register). Go memory is never given
+// mapped for it (Transport.StagingMemory, Transport.RegisterHost). Go memory is never given
 // to UCX.
 var ErrUnregistered = errors.New("kvxfer: buffer outside UCX-registered memory")
 
@@ -45,13 +45,13 @@ const (
 // still answers a truncated rendezvous, which completes the sender's request.
 const ucxDrainBytes = 64
 
-// Transport is the transport.Transport over UCX: one context and one worker (its own progress
+// ucxTransport is the transport.Transport over UCX: one context and one worker (its own progress
 // goroutine), endpoints made on first use with peer error handling, tagged messages straight
 // from and into UCX-mapped staging memory, and control messages as small tagged messages
 // carrying the sender's worker address. Peers are named by their worker address in hex
 // (PeerFromAddress); a peer that restarts has a new address, so nothing meant for its old
 // life reaches the new one. Completions run on the transport's own dispatch goroutine.
-type Transport struct {
+type ucxTransport struct {
 	cfg     Config
 	log     *zap.Logger
 	uctx    *native.Context
@@ -133,11 +133,11 @@ type ucxReport struct {
 }
 
 // New opens UCX, allocates the staging region and starts the dispatch goroutine.
-func New(cfg Config) (*Transport, error) {
+func newTransport(cfg Config) (*ucxTransport, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
-	t := &Transport{cfg: cfg, log: cfg.Logger, eps: map[transport.Peer]*native.Endpoint{}, retired: map[*native.Endpoint]struct{}{}, ops: map[transport.OpID]*ucxOp{},
+	t := &ucxTransport{cfg: cfg, log: cfg.Logger, eps: map[transport.Peer]*native.Endpoint{}, retired: map[*native.Endpoint]struct{}{}, ops: map[transport.OpID]*ucxOp{},
 		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]transport.OpID{}, tagOwners: map[uint64]ucxTagOwner{},
 		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{},
 		stop: make(chan struct{}), exited: make(chan struct{})}
@@ -171,14 +171,14 @@ func New(cfg Config) (*Transport, error) {
 // Self is this transport's peer name, what the other side passes as transfer.Spec.Peer.
 // It changes when the transport replaces a wedged worker (Config.ReplaceWedgedWorker): read it
 // per request rather than once.
-func (t *Transport) Self() transport.Peer {
+func (t *ucxTransport) Self() transport.Peer {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.self
 }
 
 // WorkerAddress is this transport's UCX worker address (for ContextParams.WorkerAddress).
-func (t *Transport) WorkerAddress() []byte {
+func (t *ucxTransport) WorkerAddress() []byte {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]byte(nil), t.addr...)
@@ -186,12 +186,12 @@ func (t *Transport) WorkerAddress() []byte {
 
 // StagingMemory is the UCX-mapped region to pass as transfer.Config.StagingMemory. It is valid until
 // Close.
-func (t *Transport) StagingMemory() []byte { return t.staging.Bytes() }
+func (t *ucxTransport) StagingMemory() []byte { return t.staging.Bytes() }
 
 // ContextParams describes request id over plan (this side's blocks) for the peer that will
 // receive it: what a prefill engine hands to decode. It names no RMA regions whatever path the
 // transfer takes: what RMA reads (regions, remote keys) travels in the offer on the engines' wire.
-func (t *Transport) ContextParams(id transport.RequestID, plan *layout.Plan) *ContextParams {
+func (t *ucxTransport) ContextParams(id transport.RequestID, plan *layout.Plan) *ContextParams {
 	t.mu.Lock()
 	life, addr := t.life, append([]byte(nil), t.addr...)
 	t.mu.Unlock()
@@ -202,7 +202,7 @@ func (t *Transport) ContextParams(id transport.RequestID, plan *layout.Plan) *Co
 // ExposeParams implements transport.ParamsIssuer: ContextParams of request id over plan with
 // secret, naming no receiver (Anonymous), with the Exposure section when exposure is not nil,
 // for transfer.Engine.Expose.
-func (t *Transport) ExposeParams(id transport.RequestID, plan *layout.Plan, secret []byte, exposure *transport.Exposure) (transport.Params, error) {
+func (t *ucxTransport) ExposeParams(id transport.RequestID, plan *layout.Plan, secret []byte, exposure *transport.Exposure) (transport.Params, error) {
 	cp := t.ContextParams(id, plan)
 	cp.Secret, cp.Anonymous, cp.Exposure = append([]byte(nil), secret...), true, exposure
 	if err := cp.Validate(); err != nil {
@@ -211,10 +211,10 @@ func (t *Transport) ExposeParams(id transport.RequestID, plan *layout.Plan, secr
 	return cp, nil
 }
 
-var _ transport.ParamsIssuer = (*Transport)(nil)
+var _ transport.ParamsIssuer = (*ucxTransport)(nil)
 
 // Bind implements transport.Transport.
-func (t *Transport) Bind(in transport.Inbound) error {
+func (t *ucxTransport) Bind(in transport.Inbound) error {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -230,7 +230,7 @@ func (t *Transport) Bind(in transport.Inbound) error {
 	return nil
 }
 
-func (t *Transport) postControlLocked() {
+func (t *ucxTransport) postControlLocked() {
 	t.ctrl = t.w.TagRecvBytes(nil, t.cfg.maxControlBytes, ucxKindCtrl, ucxKindMask)
 }
 
@@ -239,7 +239,7 @@ func (t *Transport) postControlLocked() {
 // takes up to CloseTimeout when the worker is busy, and posts, completions and cancels of
 // every other peer must not wait for it. Every method that reaches a peer calls it before
 // taking mu; endpointLocked then finds the endpoint made.
-func (t *Transport) ensureEndpoint(peer transport.Peer) error {
+func (t *ucxTransport) ensureEndpoint(peer transport.Peer) error {
 	t.mu.Lock()
 	if ep := t.eps[peer]; t.closed || (ep != nil && ep.Err() == nil) {
 		t.mu.Unlock()
@@ -269,7 +269,7 @@ func (t *Transport) ensureEndpoint(peer transport.Peer) error {
 }
 
 // connect makes an endpoint to peer on w.
-func (t *Transport) connect(w *native.Worker, peer transport.Peer, hook func()) (*native.Endpoint, error) {
+func (t *ucxTransport) connect(w *native.Worker, peer transport.Peer, hook func()) (*native.Endpoint, error) {
 	addr, err := hex.DecodeString(string(peer))
 	if err != nil || len(addr) == 0 {
 		return nil, fmt.Errorf("%w: peer %.16q is not a UCX worker address in hex", transport.ErrInvalidSpec, peer)
@@ -296,7 +296,7 @@ func (t *Transport) connect(w *native.Worker, peer transport.Peer, hook func()) 
 
 // unreachable reports whether a failed connect says the peer cannot be reached, rather than
 // that its address is malformed, this worker closed, or the worker was too busy to answer.
-func (t *Transport) unreachable(ctx context.Context, err error) bool {
+func (t *ucxTransport) unreachable(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && !errors.Is(err, native.ErrBadAddress) && !errors.Is(err, native.ErrInvalidArgument) &&
 		!errors.Is(err, native.ErrClosed) && !errors.Is(err, native.ErrTimeout)
 }
@@ -304,7 +304,7 @@ func (t *Transport) unreachable(ctx context.Context, err error) bool {
 // endpointLocked returns the endpoint to peer. The caller ran ensureEndpoint first, so it
 // exists but for a race with its failure; then it is made here, under mu (UCX connects
 // lazily, so this is one worker round trip, not a network one).
-func (t *Transport) endpointLocked(peer transport.Peer) (*native.Endpoint, error) {
+func (t *ucxTransport) endpointLocked(peer transport.Peer) (*native.Endpoint, error) {
 	if ep := t.eps[peer]; ep != nil && ep.Err() == nil {
 		return ep, nil
 	}
@@ -319,7 +319,7 @@ func (t *Transport) endpointLocked(peer transport.Peer) (*native.Endpoint, error
 }
 
 // watch reports a peer lost when its endpoint fails, unless the transport is closing.
-func (t *Transport) watch(peer transport.Peer, ep *native.Endpoint) {
+func (t *ucxTransport) watch(peer transport.Peer, ep *native.Endpoint) {
 	select {
 	case <-ep.Failed():
 	case <-t.stop:
@@ -353,7 +353,7 @@ func (t *Transport) watch(peer transport.Peer, ep *native.Endpoint) {
 }
 
 // regionLocked finds the registered region holding buf.
-func (t *Transport) regionLocked(buf []byte) (*native.Memory, int64, error) {
+func (t *ucxTransport) regionLocked(buf []byte) (*native.Memory, int64, error) {
 	if len(buf) == 0 {
 		return nil, 0, fmt.Errorf("%w: empty buffer", ErrUnregistered)
 	}
@@ -368,14 +368,14 @@ func (t *Transport) regionLocked(buf []byte) (*native.Memory, int64, error) {
 
 // ControlRoom implements transport.ControlBound: maxControlBytes less the framing and this worker's
 // address, which every control message carries.
-func (t *Transport) ControlRoom() int {
+func (t *ucxTransport) ControlRoom() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.cfg.maxControlBytes - 2 - len(t.addr)
 }
 
 // SendControl implements transport.Transport.
-func (t *Transport) SendControl(to transport.Peer, msg []byte) error {
+func (t *ucxTransport) SendControl(to transport.Peer, msg []byte) error {
 	if err := t.ensureEndpoint(to); err != nil {
 		return err
 	}
@@ -405,16 +405,16 @@ func ucxControlFrame(from, msg []byte) []byte {
 }
 
 // PostSend implements transport.Transport.
-func (t *Transport) PostSend(to transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+func (t *ucxTransport) PostSend(to transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	return t.post(to, tag, buf, done, true)
 }
 
 // PostRecv implements transport.Transport.
-func (t *Transport) PostRecv(from transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+func (t *ucxTransport) PostRecv(from transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
 	return t.post(from, tag, buf, done, false)
 }
 
-func (t *Transport) post(peer transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion), send bool) (transport.OpID, error) {
+func (t *ucxTransport) post(peer transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion), send bool) (transport.OpID, error) {
 	if err := t.ensureEndpoint(peer); err != nil {
 		return 0, err
 	}
@@ -453,7 +453,7 @@ func (t *Transport) post(peer transport.Peer, tag transport.Tag, buf []byte, don
 // Cancel implements transport.Transport. A receive is cancelled in UCX (if unmatched, it reports
 // transport.ErrCancelled with transport.MemoryDone); a send cannot be, so it reports transport.MemoryBusy now and its final
 // verdict when UCX completes it or its endpoint is force-closed.
-func (t *Transport) Cancel(id transport.OpID) {
+func (t *ucxTransport) Cancel(id transport.OpID) {
 	t.mu.Lock()
 	op := t.ops[id]
 	if op == nil || op.cancel {
@@ -484,7 +484,7 @@ func (t *Transport) Cancel(id transport.OpID) {
 // once it is gone UCX touches no memory), waits for the process_vm_readv gets at most
 // CMAReadTimeout (cma.go: one blocked past it is final already, its destination left
 // registered), delivers every final verdict, and releases UCX.
-func (t *Transport) Close(force bool) error {
+func (t *ucxTransport) Close(force bool) error {
 	first := false
 	t.once.Do(func() { first = true })
 	if !first {

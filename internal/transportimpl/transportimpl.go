@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: Apache-2.0
+
+// Package transportimpl is the route from the transport a program holds to the value that
+// keeps the whole transport contract behind it. A transport package whose public type shows a
+// program only what it calls (ucx.Transport: New, the pool's registration, StagingMemory,
+// ContextParams, Close and the six methods of transport.Transport) keeps its optional
+// capabilities (transport.DirectTransport, RMATransport, ... : what only the engine calls) on
+// an unexported implementation, and registers here, from its init, how to find that
+// implementation. transfer.New resolves the transport it is given through Of, so the engine
+// still finds every capability by type assertion; so do the contract tests, the stress
+// harness and the benchmarks. A transport that is its own implementation (the in-memory one)
+// registers nothing and resolves to itself.
+package transportimpl
+
+import (
+	"sync"
+
+	"github.com/kvxfer/kvxfer/transfer/transport"
+)
+
+// A Resolver returns the implementation behind tr, and whether tr is a public type of its
+// package.
+type Resolver func(tr transport.Transport) (transport.Transport, bool)
+
+var (
+	mu        sync.RWMutex
+	resolvers []Resolver
+)
+
+// Register adds a transport package's Resolver. Call it from the package's init.
+func Register(r Resolver) {
+	mu.Lock()
+	defer mu.Unlock()
+	resolvers = append(resolvers, r)
+}
+
+// Of returns the implementation behind tr: what a registered Resolver finds for it, or tr
+// itself. A nil tr stays nil.
+func Of(tr transport.Transport) transport.Transport {
+	if tr == nil {
+		return nil
+	}
+	mu.RLock()
+	defer mu.RUnlock()
+	for _, r := range resolvers {
+		if impl, ok := r(tr); ok {
+			return impl
+		}
+	}
+	return tr
+}

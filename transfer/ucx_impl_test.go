@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
+	"github.com/kvxfer/kvxfer/transfer/transport"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
+)
+
+// ucxImpl is the implementation behind a *ucx.Transport, as New drives it
+// (internal/transportimpl): every capability the engine asks for, and what the tests read of
+// it. The tests' wrappers embed it, so an engine over a wrapper still finds every capability.
+type ucxImpl interface {
+	transport.DeviceRMATransport
+	transport.RMAEmulation
+	transport.RMAKeyPreparer
+	transport.RMAMapper
+	transport.RMALanes
+	transport.RMAGenerations
+	transport.GenerationWords
+	transport.PoolHolder
+	transport.TagReserver
+	transport.TransportHealth
+	transport.ControlBound
+	transport.LargeSegmentSender
+	transport.PeerCloser
+	transport.ParamsIssuer
+	CMAStats() ucx.CMAStats
+	WorkersReplaced() int
+	DeviceMemory() bool
+	Self() Peer
+	StagingMemory() []byte
+}
+
+// ucxOf is the implementation behind tr.
+func ucxOf(tr *ucx.Transport) ucxImpl { return transportimpl.Of(tr).(ucxImpl) }
