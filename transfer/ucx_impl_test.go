@@ -5,6 +5,7 @@
 package transfer
 
 import (
+	"github.com/kvxfer/kvxfer/internal/cmastats"
 	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
@@ -28,7 +29,7 @@ type ucxImpl interface {
 	transport.LargeSegmentSender
 	transport.PeerCloser
 	transport.ParamsIssuer
-	CMAStats() ucx.CMAStats
+	CMAStats() cmastats.Stats
 	WorkersReplaced() int
 	DeviceMemory() bool
 	Self() Peer

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvxfer/kvxfer/internal/cmastats"
 	"github.com/kvxfer/kvxfer/internal/peerproc/forgery"
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 	"github.com/kvxfer/kvxfer/internal/transportimpl"
@@ -727,6 +728,6 @@ func plan(blocks int64, first int32) (*layout.Plan, error) {
 
 // cmaStats reads the UCX transport's process_vm_readv counts (from its implementation:
 // internal/transportimpl).
-func cmaStats(tr *ucx.Transport) ucx.CMAStats {
-	return transportimpl.Of(tr).(interface{ CMAStats() ucx.CMAStats }).CMAStats()
+func cmaStats(tr *ucx.Transport) cmastats.Stats {
+	return transportimpl.Of(tr).(interface{ CMAStats() cmastats.Stats }).CMAStats()
 }

@@ -5,6 +5,7 @@
 package stress
 
 import (
+	"github.com/kvxfer/kvxfer/internal/cmastats"
 	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -85,8 +86,8 @@ func (u *ucxTracked) PostGet(from transfer.Peer, tag transport.Tag, key []byte, 
 }
 
 // cmaStats reads the UCX transport's process_vm_readv counts from its implementation.
-func cmaStats(tr *ucx.Transport) ucx.CMAStats {
-	return transportimpl.Of(tr).(interface{ CMAStats() ucx.CMAStats }).CMAStats()
+func cmaStats(tr *ucx.Transport) cmastats.Stats {
+	return transportimpl.Of(tr).(interface{ CMAStats() cmastats.Stats }).CMAStats()
 }
 
 // workersReplaced is how many wedged workers the UCX transport replaced.

@@ -22,6 +22,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kvxfer/kvxfer/internal/cmastats"
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 	"github.com/kvxfer/kvxfer/internal/registryserver"
 	"github.com/kvxfer/kvxfer/layout"
@@ -76,8 +77,8 @@ type procSoak struct {
 	underLoad   atomic.Int64 // of them, Closes that met transfers in flight
 	deadChecked atomic.Int64 // requests to a known dead peer timed
 	frozenSeen  map[Route]time.Duration
-	retiredCMA  ucx.CMAStats // CMA reads of decode's retired incarnations
-	retiredRepl int64        // workers they replaced
+	retiredCMA  cmastats.Stats // CMA reads of decode's retired incarnations
+	retiredRepl int64          // workers they replaced
 }
 
 // RunProcesses is Run with the prefill side in two peer processes over UCX (TLS tls; empty

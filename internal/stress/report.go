@@ -71,7 +71,7 @@ type Report struct {
 	// WorkersReplaced counts decode's UCX workers replaced because a killed peer wedged their
 	// shared-memory receive queue (peer-process soak; ucx.Config.ReplaceWedgedWorker).
 	WorkersReplaced int64 `json:"workers_replaced"`
-	// CMAReads counts decode's reads by process_vm_readv (ucx.Transport.CMAStats; peer-process
+	// CMAReads counts decode's reads by process_vm_readv (the UCX transport's CMAStats; peer-process
 	// soak, route cma).
 	CMAReads int64 `json:"cma_reads"`
 	// WindowsExhausted counts requests of the peer-process mix that found every window of a

@@ -63,7 +63,7 @@ type soak struct {
 	extraPoisoned, extraLeaked, extraReused atomic.Int64
 	// The peer-process soak's mix and lifecycle faults (procmix.go).
 	crashes          atomic.Int64 // peer processes that ended other than as told
-	cmaReads         atomic.Int64 // decode's process_vm_readv reads (ucx.Transport.CMAStats)
+	cmaReads         atomic.Int64 // decode's process_vm_readv reads (the UCX transport's CMAStats)
 	longestDeadPeer  atomic.Int64 // nanoseconds: the longest a request to a known dead peer took to end
 	windowsExhausted atomic.Int64 // requests a peer refused: every window of its registered pool out for good
 }

@@ -36,6 +36,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvxfer/kvxfer/internal/cmastats"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -48,16 +49,6 @@ const cmaPieceBytes = 4 << 20
 
 // cmaIOVMax is the most iovecs process_vm_readv takes on either side (the kernel's IOV_MAX).
 const cmaIOVMax = 1024
-
-// CMAStats counts the gets this transport served with process_vm_readv, and the keys and reads
-// it kept from it.
-type CMAStats struct {
-	Gets     uint64 // gets read by process_vm_readv that succeeded
-	Bytes    uint64 // their bytes
-	Refused  uint64 // pool keys whose first read the kernel refused (EPERM, ENOSYS, ...): UCX gets them
-	Unproven uint64 // pool keys whose peer did not prove its process and ranges (cma_proof.go): UCX gets them
-	Blocked  uint64 // reads that did not return within Config.CMAReadTimeout: their gets failed, memory unknown
-}
 
 // cmaRangeError: a get through the process_vm_readv route asked for a range outside every
 // registration the peer proved its key covers. The get is refused before anything is read.
@@ -173,8 +164,8 @@ func (t *ucxTransport) initCMA() {
 }
 
 // CMAStats reports the gets served by process_vm_readv so far.
-func (t *ucxTransport) CMAStats() CMAStats {
-	return CMAStats{Gets: t.cma.gets.Load(), Bytes: t.cma.bytes.Load(), Refused: t.cma.refused.Load(),
+func (t *ucxTransport) CMAStats() cmastats.Stats {
+	return cmastats.Stats{Gets: t.cma.gets.Load(), Bytes: t.cma.bytes.Load(), Refused: t.cma.refused.Load(),
 		Unproven: t.cma.unproven.Load(), Blocked: t.cma.blocked.Load()}
 }
 

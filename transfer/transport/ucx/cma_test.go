@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/kvxfer/kvxfer/internal/cmastats"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/transporttest"
 )
@@ -97,7 +98,7 @@ func TestUCXCMA_RegisteredPoolsReadByProcessVMReadv(t *testing.T) {
 			require.Equal(t, pool[off:], dst, "every byte")
 			st := b.CMAStats()
 			if c.wantCMA {
-				require.Equal(t, CMAStats{Gets: 1, Bytes: n - off}, st)
+				require.Equal(t, cmastats.Stats{Gets: 1, Bytes: n - off}, st)
 			} else {
 				require.Zero(t, st.Gets)
 			}
@@ -140,7 +141,7 @@ func TestUCXCMA_RefusedFallsBackToUCX(t *testing.T) {
 		require.NoError(t, cs[len(cs)-1].Err, "get %d", i)
 		require.Equal(t, pool, dst, "every byte, get %d", i)
 	}
-	require.Equal(t, CMAStats{Refused: 1}, b.CMAStats())
+	require.Equal(t, cmastats.Stats{Refused: 1}, b.CMAStats())
 	mu.Lock()
 	require.Equal(t, 1, calls, "asked once per key")
 	mu.Unlock()
