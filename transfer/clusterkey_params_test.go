@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/paramhooks"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
@@ -48,7 +49,7 @@ func TestClusterKeysAuthenticateContextParams(t *testing.T) {
 			donor := paramsFor(t)
 			donor.RequestID = 77
 			require.NoError(t, donor.Sign([][]byte{cur}))
-			p.Seal = donor.Seal
+			paramhooks.Hooks.CopySeal(p, donor)
 		}, "bad-mac"},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
@@ -67,7 +68,7 @@ func TestClusterKeysAuthenticateContextParams(t *testing.T) {
 			})
 			p := paramsFor(t)
 			require.NoError(t, a.SignParams(p))
-			require.Equal(t, len(c.senderKeys) > 0, p.Seal != nil, "signed when the sender has keys")
+			require.Equal(t, len(c.senderKeys) > 0, paramhooks.Hooks.Sealed(p), "signed when the sender has keys")
 			// Through the blob, as the serving stack carries it.
 			blob, err := p.MarshalBinary()
 			require.NoError(t, err)

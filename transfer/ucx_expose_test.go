@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/paramhooks"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
@@ -53,7 +54,7 @@ func ucxExposeRig(tls, dev string) exposeRig {
 			require.NoError(t, err)
 			cp, err := ucx.UnmarshalContextParams(blob)
 			require.NoError(t, err)
-			require.True(t, cp.Anonymous, "the params name no receiver")
+			require.True(t, paramhooks.Hooks.Anonymous(cp), "the params name no receiver")
 			require.Equal(t, id, cp.RequestID)
 			require.Equal(t, sender.self, ucx.SenderPeer(cp))
 			return ucx.SenderPeer(cp), cp.Secret
@@ -115,9 +116,9 @@ func TestUCXExposeSignsItsParams(t *testing.T) {
 	require.NoError(t, err)
 	cp, err := ucx.UnmarshalContextParams(blob)
 	require.NoError(t, err)
-	require.NotNil(t, cp.Seal, "sealed")
+	require.True(t, paramhooks.Hooks.Sealed(cp), "sealed")
 	require.NoError(t, dst.e.VerifyParams(cp))
-	cp.Anonymous = false
+	paramhooks.Hooks.SetAnonymous(cp, false)
 	require.ErrorIs(t, dst.e.VerifyParams(cp), ErrUnauthenticated)
 	require.Equal(t, CancelledBeforeAdvertise, src.e.Cancel(h.ID()))
 }

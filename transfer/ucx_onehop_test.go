@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/paramhooks"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -68,7 +69,7 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			t.Run("completes every byte", func(t *testing.T) {
 				p := newOneHopPair(t, tr.tls, tr.dev, 71, ucxTestConfig())
-				require.NotNil(t, p.cp.Exposure, "the params carry the section")
+				require.NotNil(t, paramhooks.Hooks.Exposure(p.cp), "the params carry the section")
 				hr := p.receive(t)
 				waitQuiesced(t, hr, 30*time.Second)
 				waitQuiesced(t, p.hs, 30*time.Second)
@@ -87,7 +88,7 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 				cfg := ucxTestConfig()
 				cfg.noOneHop = true
 				p := newOneHopPair(t, tr.tls, tr.dev, 72, cfg)
-				require.Nil(t, p.cp.Exposure)
+				require.Nil(t, paramhooks.Hooks.Exposure(p.cp))
 				hr := p.receive(t)
 				waitQuiesced(t, hr, 30*time.Second)
 				require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
@@ -96,7 +97,7 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 			})
 			t.Run("a stale generation is refused", func(t *testing.T) {
 				p := newOneHopPair(t, tr.tls, tr.dev, 73, ucxTestConfig())
-				p.cp.Exposure.Generation++ // not what the word holds: as if the sender had let go
+				paramhooks.Hooks.Exposure(p.cp).Generation++ // not what the word holds: as if the sender had let go
 				hr := p.receive(t)
 				waitQuiesced(t, hr, 30*time.Second)
 				require.Equal(t, Failed, hr.Status().State)
@@ -155,10 +156,10 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 				edit func(p *oneHopPair)
 			}{
 				{"a region that does not hold the reads", func(p *oneHopPair) {
-					p.cp.Exposure.Regions = [][2]uint64{{p.cp.Exposure.Addr, 64}}
+					paramhooks.Hooks.Exposure(p.cp).Regions = [][2]uint64{{paramhooks.Hooks.Exposure(p.cp).Addr, 64}}
 				}},
 				{"a remote key this UCX never packed", func(p *oneHopPair) {
-					p.cp.Exposure.Key = bytes.Repeat([]byte{0xff}, len(p.cp.Exposure.Key))
+					paramhooks.Hooks.Exposure(p.cp).Key = bytes.Repeat([]byte{0xff}, len(paramhooks.Hooks.Exposure(p.cp).Key))
 				}},
 			} {
 				t.Run("forged: "+f.desc, func(t *testing.T) {

@@ -70,7 +70,11 @@ func decodeUCXParams(b []byte) (transport.Params, uint64, []byte, bool, error) {
 	if err != nil {
 		return nil, 0, nil, false, err
 	}
-	return cp, uint64(cp.RequestID), cp.Secret, cp.Exposure != nil, nil
+	exposure, _, err := cp.OneHop()
+	if err != nil {
+		return nil, 0, nil, false, err
+	}
+	return cp, uint64(cp.RequestID), cp.Secret, exposure != nil, nil
 }
 
 // callerPool maps pools the way a serving process maps its own KV cache (mmap, with

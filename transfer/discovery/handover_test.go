@@ -16,6 +16,7 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer"
+	"github.com/kvxfer/kvxfer/transfer/internal/paramhooks"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"github.com/kvxfer/kvxfer/transfer/tuning"
 )
@@ -82,7 +83,7 @@ func TestHandover_ExposedRequestReachesTheDecodeThatTakesIt(t *testing.T) {
 	require.NoError(t, Hand(t.Context(), prefillReg, key, params, hs.Done()))
 	require.NoError(t, <-takeErr)
 	cp := <-taken
-	require.True(t, cp.Anonymous)
+	require.True(t, paramhooks.Hooks.Anonymous(cp), "the params name no receiver")
 	want, err := params.MarshalBinary()
 	require.NoError(t, err)
 	got, err := cp.MarshalBinary()

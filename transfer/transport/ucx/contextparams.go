@@ -12,6 +12,7 @@ import (
 	"math"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/paramhooks"
 	"github.com/kvxfer/kvxfer/transfer/internal/stale"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -76,25 +77,35 @@ type ContextParams struct {
 	// random bytes the sender's engine drew for this request. Whoever holds the blob holds the
 	// secret; it never travels on the engines' wire.
 	Secret []byte
-	// Exposure (section Exposure, flag 2) is what a one-hop read of the request needs: nil, or
+	// exposure (section Exposure, flag 2) is what a one-hop read of the request needs: nil, or
 	// the sender's pool as its RMA registration names it (docs/protocol.md, "One-hop reads").
 	// It needs a Secret. The encoder and the decoder check its bounds: the keys' sizes
 	// (wire.MaxRMAKey), 1 to 16 regions, sorted and disjoint, each inside the layout's pool,
 	// no address that wraps.
-	Exposure *transport.Exposure
-	// Anonymous (flag 4) says the sender named no receiver (transfer.Engine.Expose): the
+	exposure *transport.Exposure
+	// anonymous (flag 4) says the sender named no receiver (transfer.Engine.Expose): the
 	// first receiver that proves Secret claims the request. It needs a Secret.
-	Anonymous bool
-	// Seal is the cluster key's MAC over the blob (section MAC): nil when unsigned. Sign sets
+	anonymous bool
+	// seal is the cluster key's MAC over the blob (section MAC): nil when unsigned. Sign sets
 	// it, Verify checks it; any change to the params after Sign makes Verify refuse them.
-	Seal *ParamsSeal
+	seal *paramsSeal
 }
 
-// ParamsSeal is a ContextParams blob's MAC section: the id of the cluster key that signed it
+// Package transfer's tests reach the sections a program never sets through paramhooks.
+func init() {
+	h := &paramhooks.Hooks
+	h.Exposure = func(cp any) *transport.Exposure { return cp.(*ContextParams).exposure }
+	h.Anonymous = func(cp any) bool { return cp.(*ContextParams).anonymous }
+	h.SetAnonymous = func(cp any, anonymous bool) { cp.(*ContextParams).anonymous = anonymous }
+	h.Sealed = func(cp any) bool { return cp.(*ContextParams).seal != nil }
+	h.CopySeal = func(dst, src any) { dst.(*ContextParams).seal = src.(*ContextParams).seal }
+}
+
+// paramsSeal is a ContextParams blob's MAC section: the id of the cluster key that signed it
 // (the first 8 bytes of the key's SHA-256) and HMAC-SHA256, under a key derived from it by
 // HKDF-SHA256 with the label "kvxfer params v3", over the whole blob with the mac and the
 // checksum zero.
-type ParamsSeal struct {
+type paramsSeal struct {
 	KeyID [wire.KeyIDBytes]byte
 	MAC   [wire.MACBytes]byte
 }
@@ -161,16 +172,16 @@ func (c *ContextParams) Validate() error {
 		return bad("Blocks", "%d blocks, at most %d", len(c.Blocks), contextParamsMaxBlocks)
 	case c.Secret != nil && len(c.Secret) != ContextParamsSecretBytes:
 		return bad("Secret", "%d bytes, want %d or none", len(c.Secret), ContextParamsSecretBytes)
-	case c.Anonymous && c.Secret == nil:
+	case c.anonymous && c.Secret == nil:
 		return bad("Anonymous", "params that name no receiver need a Secret")
-	case c.Exposure != nil && c.Secret == nil:
+	case c.exposure != nil && c.Secret == nil:
 		return bad("Exposure", "params a receiver reads at once need a Secret to end the read with")
 	}
 	if _, err := c.Plan(); err != nil {
 		return fmt.Errorf("%w: plan: %w", ErrBadMetadata, err)
 	}
-	if c.Exposure != nil {
-		return checkExposure(c.Exposure, c.Layout.SpanBytes())
+	if c.exposure != nil {
+		return checkExposure(c.exposure, c.Layout.SpanBytes())
 	}
 	return nil
 }
@@ -210,7 +221,7 @@ func checkExposure(x *transport.Exposure, span int64) error {
 
 // MarshalBinary encodes the params after validating them.
 func (c *ContextParams) MarshalBinary() ([]byte, error) {
-	out, err := c.encode(c.Seal)
+	out, err := c.encode(c.seal)
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +230,7 @@ func (c *ContextParams) MarshalBinary() ([]byte, error) {
 }
 
 // encode is MarshalBinary with the given seal and the checksum left zero.
-func (c *ContextParams) encode(seal *ParamsSeal) ([]byte, error) {
+func (c *ContextParams) encode(seal *paramsSeal) ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -227,7 +238,7 @@ func (c *ContextParams) encode(seal *ParamsSeal) ([]byte, error) {
 }
 
 // encodeUnchecked writes the params as they are, valid or not (encode checks them first).
-func (c *ContextParams) encodeUnchecked(seal *ParamsSeal) ([]byte, error) {
+func (c *ContextParams) encodeUnchecked(seal *paramsSeal) ([]byte, error) {
 	var b bytes.Buffer
 	le := binary.LittleEndian
 	put := func(v any) { _ = binary.Write(&b, le, v) } // bytes.Buffer writes cannot fail
@@ -235,10 +246,10 @@ func (c *ContextParams) encodeUnchecked(seal *ParamsSeal) ([]byte, error) {
 	if c.Secret != nil {
 		flags |= contextParamsFlagSecret
 	}
-	if c.Exposure != nil {
+	if c.exposure != nil {
 		flags |= contextParamsFlagExposure
 	}
-	if c.Anonymous {
+	if c.anonymous {
 		flags |= contextParamsFlagAnonymous
 	}
 	if seal != nil {
@@ -269,7 +280,7 @@ func (c *ContextParams) encodeUnchecked(seal *ParamsSeal) ([]byte, error) {
 	put(uint32(len(c.WorkerAddress)))
 	b.Write(c.WorkerAddress)
 	b.Write(c.Secret)
-	if x := c.Exposure; x != nil {
+	if x := c.exposure; x != nil {
 		put(x.Addr)
 		put(x.GenAddr)
 		put(x.Generation)
@@ -295,14 +306,14 @@ func (c *ContextParams) encodeUnchecked(seal *ParamsSeal) ([]byte, error) {
 // OneHop is what a one-hop read of these params needs (transfer.Spec.Params): their Exposure
 // section and the sender's plan, or nil, nil without the section.
 func (c *ContextParams) OneHop() (*transport.Exposure, *layout.Plan, error) {
-	if c.Exposure == nil {
+	if c.exposure == nil {
 		return nil, nil, nil
 	}
 	if err := c.Validate(); err != nil {
 		return nil, nil, err
 	}
 	p, err := c.Plan()
-	return c.Exposure, p, err
+	return c.exposure, p, err
 }
 
 // Sign seals the params with the first of keys (cluster keys, as transfer.Config.ClusterKeys):
@@ -317,15 +328,15 @@ func (c *ContextParams) Sign(keys [][]byte) error {
 	if ring == nil {
 		return errors.New("kvxfer: signing context params: no cluster key")
 	}
-	b, err := c.encode(&ParamsSeal{})
+	b, err := c.encode(&paramsSeal{})
 	if err != nil {
 		return err
 	}
 	ring.SealParams(b)
-	s := &ParamsSeal{}
+	s := &paramsSeal{}
 	copy(s.KeyID[:], b[len(b)-contextParamsSealBytes:])
 	copy(s.MAC[:], b[len(b)-wire.MACBytes:])
-	c.Seal = s
+	c.seal = s
 	return nil
 }
 
@@ -343,10 +354,10 @@ func (c *ContextParams) Verify(keys [][]byte) error {
 	refuse := func(r transport.AuthRefusal) error {
 		return &transport.AuthError{Peer: SenderPeer(c), What: "params", Reason: r}
 	}
-	if c.Seal == nil {
+	if c.seal == nil {
 		return refuse(transport.AuthUnsealed)
 	}
-	b, err := c.encode(c.Seal)
+	b, err := c.encode(c.seal)
 	if err != nil {
 		return err
 	}
@@ -509,15 +520,15 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 		c.Secret = append([]byte(nil), r.take(ContextParamsSecretBytes, "secret")...)
 	}
 	if flags&contextParamsFlagExposure != 0 {
-		if c.Exposure = r.exposure(); r.err != nil {
+		if c.exposure = r.exposure(); r.err != nil {
 			return nil, r.err
 		}
 	}
-	c.Anonymous = flags&contextParamsFlagAnonymous != 0
+	c.anonymous = flags&contextParamsFlagAnonymous != 0
 	if flags&contextParamsFlagMAC != 0 {
-		c.Seal = &ParamsSeal{}
-		copy(c.Seal.KeyID[:], r.take(wire.KeyIDBytes, "key id"))
-		copy(c.Seal.MAC[:], r.take(wire.MACBytes, "mac"))
+		c.seal = &paramsSeal{}
+		copy(c.seal.KeyID[:], r.take(wire.KeyIDBytes, "key id"))
+		copy(c.seal.MAC[:], r.take(wire.MACBytes, "mac"))
 	}
 	if r.err != nil {
 		return nil, r.err

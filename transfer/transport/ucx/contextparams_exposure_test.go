@@ -21,7 +21,7 @@ const poolAt = 0x7f00_0000_0000
 func withExposure(c *ContextParams) *ContextParams {
 	withSecret(c)
 	span := uint64(c.Layout.SpanBytes())
-	c.Exposure = &transport.Exposure{
+	c.exposure = &transport.Exposure{
 		Addr:       poolAt,
 		Key:        bytes.Repeat([]byte{0x6b}, 40),
 		Regions:    [][2]uint64{{poolAt, span}},
@@ -48,7 +48,7 @@ func TestContextParams_ExposureSection(t *testing.T) {
 	}
 	twoRegions := withExposure(llamaParams())
 	span := uint64(twoRegions.Layout.SpanBytes())
-	twoRegions.Exposure.Regions = [][2]uint64{{poolAt, 4096}, {poolAt + span/2, span / 2}}
+	twoRegions.exposure.Regions = [][2]uint64{{poolAt, 4096}, {poolAt + span/2, span / 2}}
 	for _, tc := range []struct {
 		desc  string
 		in    *ContextParams
@@ -66,14 +66,14 @@ func TestContextParams_ExposureSection(t *testing.T) {
 			require.Equal(t, uint16(3), binary.LittleEndian.Uint16(blob[4:]))
 			require.Equal(t, tc.flags, binary.LittleEndian.Uint16(blob[6:]))
 			bare := *tc.in
-			bare.Exposure, bare.Seal = nil, nil
+			bare.exposure, bare.seal = nil, nil
 			plain, err := bare.MarshalBinary()
 			require.NoError(t, err)
-			x := tc.in.Exposure
+			x := tc.in.exposure
 			size := contextParamsExposureFixed + 16*len(x.Regions) + len(x.Key) + len(x.GenKey)
 			require.LessOrEqual(t, size, contextParamsMaxExposure)
 			sealBytes := 0
-			if tc.in.Seal != nil {
+			if tc.in.seal != nil {
 				sealBytes = contextParamsSealBytes
 			}
 			require.Equal(t, len(plain)+size+sealBytes, len(blob), "the section its size")
@@ -102,31 +102,31 @@ func TestContextParams_ExposureBounds(t *testing.T) {
 		field string
 	}{
 		{"no secret", func(c *ContextParams) { c.Secret = nil }, "Exposure"},
-		{"no key", func(c *ContextParams) { c.Exposure.Key = nil }, "Exposure.Key"},
-		{"a key over the bound", func(c *ContextParams) { c.Exposure.Key = make([]byte, wire.MaxRMAKey+1) }, "Exposure.Key"},
-		{"no generation key", func(c *ContextParams) { c.Exposure.GenKey = nil }, "Exposure.GenKey"},
-		{"a generation key over the bound", func(c *ContextParams) { c.Exposure.GenKey = make([]byte, wire.MaxRMAKey+1) }, "Exposure.GenKey"},
-		{"a generation word that wraps", func(c *ContextParams) { c.Exposure.GenAddr = math.MaxUint64 - 4 }, "Exposure.GenAddr"},
-		{"no region", func(c *ContextParams) { c.Exposure.Regions = nil }, "Exposure.Regions"},
+		{"no key", func(c *ContextParams) { c.exposure.Key = nil }, "Exposure.Key"},
+		{"a key over the bound", func(c *ContextParams) { c.exposure.Key = make([]byte, wire.MaxRMAKey+1) }, "Exposure.Key"},
+		{"no generation key", func(c *ContextParams) { c.exposure.GenKey = nil }, "Exposure.GenKey"},
+		{"a generation key over the bound", func(c *ContextParams) { c.exposure.GenKey = make([]byte, wire.MaxRMAKey+1) }, "Exposure.GenKey"},
+		{"a generation word that wraps", func(c *ContextParams) { c.exposure.GenAddr = math.MaxUint64 - 4 }, "Exposure.GenAddr"},
+		{"no region", func(c *ContextParams) { c.exposure.Regions = nil }, "Exposure.Regions"},
 		{"too many regions", func(c *ContextParams) {
-			c.Exposure.Regions = nil
+			c.exposure.Regions = nil
 			for i := range contextParamsMaxRegions + 1 {
-				c.Exposure.Regions = append(c.Exposure.Regions, [2]uint64{poolAt + uint64(i)*64, 64})
+				c.exposure.Regions = append(c.exposure.Regions, [2]uint64{poolAt + uint64(i)*64, 64})
 			}
 		}, "Exposure.Regions"},
-		{"an empty region", func(c *ContextParams) { c.Exposure.Regions[0][1] = 0 }, "Exposure.Regions"},
-		{"a region before the pool", func(c *ContextParams) { c.Exposure.Regions[0][0] = poolAt - 1 }, "Exposure.Regions"},
-		{"a region past the pool", func(c *ContextParams) { c.Exposure.Regions[0][1] = span + 1 }, "Exposure.Regions"},
-		{"a region that wraps", func(c *ContextParams) { c.Exposure.Regions[0] = [2]uint64{poolAt + 64, math.MaxUint64 - 32} }, "Exposure.Regions"},
+		{"an empty region", func(c *ContextParams) { c.exposure.Regions[0][1] = 0 }, "Exposure.Regions"},
+		{"a region before the pool", func(c *ContextParams) { c.exposure.Regions[0][0] = poolAt - 1 }, "Exposure.Regions"},
+		{"a region past the pool", func(c *ContextParams) { c.exposure.Regions[0][1] = span + 1 }, "Exposure.Regions"},
+		{"a region that wraps", func(c *ContextParams) { c.exposure.Regions[0] = [2]uint64{poolAt + 64, math.MaxUint64 - 32} }, "Exposure.Regions"},
 		{"a pool that wraps", func(c *ContextParams) {
-			c.Exposure.Addr = math.MaxUint64 - span/2
-			c.Exposure.Regions[0] = [2]uint64{c.Exposure.Addr, 64}
+			c.exposure.Addr = math.MaxUint64 - span/2
+			c.exposure.Regions[0] = [2]uint64{c.exposure.Addr, 64}
 		}, "Exposure.Addr"},
 		{"regions that overlap", func(c *ContextParams) {
-			c.Exposure.Regions = [][2]uint64{{poolAt, 128}, {poolAt + 64, 128}}
+			c.exposure.Regions = [][2]uint64{{poolAt, 128}, {poolAt + 64, 128}}
 		}, "Exposure.Regions"},
 		{"regions out of order", func(c *ContextParams) {
-			c.Exposure.Regions = [][2]uint64{{poolAt + 256, 64}, {poolAt, 64}}
+			c.exposure.Regions = [][2]uint64{{poolAt + 256, 64}, {poolAt, 64}}
 		}, "Exposure.Regions"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
@@ -209,7 +209,7 @@ func TestContextParams_ExposureIsSealed(t *testing.T) {
 			out, err := UnmarshalContextParams(blob)
 			require.NoError(t, err)
 			require.NoError(t, out.Verify([][]byte{key}))
-			tc.edit(out.Exposure)
+			tc.edit(out.exposure)
 			forged, err := out.MarshalBinary()
 			require.NoError(t, err, "a well-formed forgery")
 			f, err := UnmarshalContextParams(forged)
@@ -221,7 +221,7 @@ func TestContextParams_ExposureIsSealed(t *testing.T) {
 	}
 	t.Run("stripped", func(t *testing.T) {
 		out := *c
-		out.Exposure = nil
+		out.exposure = nil
 		var ae *transport.AuthError
 		require.ErrorAs(t, out.Verify([][]byte{key}), &ae)
 		require.Equal(t, transport.AuthBadMAC, ae.Reason)
@@ -229,9 +229,9 @@ func TestContextParams_ExposureIsSealed(t *testing.T) {
 	t.Run("added", func(t *testing.T) {
 		plain := withSecret(llamaParams())
 		require.NoError(t, plain.Sign([][]byte{key}))
-		seal := plain.Seal
+		seal := plain.seal
 		withExposure(plain)
-		plain.Seal = seal
+		plain.seal = seal
 		var ae *transport.AuthError
 		require.ErrorAs(t, plain.Verify([][]byte{key}), &ae)
 		require.Equal(t, transport.AuthBadMAC, ae.Reason)

@@ -163,7 +163,7 @@ func FuzzContextParams(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(blob) // version 3, a secret and an exposure
-	exposed.Exposure.Regions = [][2]uint64{{poolAt, 64}, {poolAt + 4096, 4096}}
+	exposed.exposure.Regions = [][2]uint64{{poolAt, 64}, {poolAt + 4096, 4096}}
 	anonymous(exposed)
 	if err := exposed.Sign([][]byte{paramsKey(9)}); err != nil {
 		f.Fatal(err)
@@ -186,7 +186,7 @@ func FuzzContextParams(f *testing.F) {
 		}
 		again, err := c.MarshalBinary()
 		require.NoError(t, err)
-		if binary.LittleEndian.Uint16(b[4:]) == 3 && c.Secret == nil && c.Seal == nil { // re-encoded as version 2, otherwise the same
+		if binary.LittleEndian.Uint16(b[4:]) == 3 && c.Secret == nil && c.seal == nil { // re-encoded as version 2, otherwise the same
 			binary.LittleEndian.PutUint16(again[4:], 3)
 			reseal(again)
 		}

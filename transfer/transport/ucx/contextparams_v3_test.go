@@ -16,7 +16,7 @@ import (
 func paramsKey(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
 
 func anonymous(c *ContextParams) *ContextParams {
-	c.Anonymous = true
+	c.anonymous = true
 	return c
 }
 
@@ -57,7 +57,7 @@ func TestContextParams_V3Sections(t *testing.T) {
 			require.Equal(t, tc.version, binary.LittleEndian.Uint16(blob[4:]))
 			require.Equal(t, tc.flags, binary.LittleEndian.Uint16(blob[6:]))
 			bare := *tc.in
-			bare.Secret, bare.Seal, bare.Anonymous = nil, nil, false
+			bare.Secret, bare.seal, bare.anonymous = nil, nil, false
 			plain, err := bare.MarshalBinary()
 			require.NoError(t, err)
 			require.Equal(t, len(plain)+tc.extra, len(blob), "each section its size")
@@ -83,7 +83,7 @@ func TestContextParams_V3Sections(t *testing.T) {
 	})
 	t.Run("the anonymous flag is sealed", func(t *testing.T) {
 		c := signed(withSecret(llamaParams()))
-		c.Anonymous = true // claimed after signing: whoever proves the secret may pull it
+		c.anonymous = true // claimed after signing: whoever proves the secret may pull it
 		var ae *transport.AuthError
 		require.ErrorAs(t, c.Verify([][]byte{key}), &ae)
 		require.Equal(t, transport.AuthBadMAC, ae.Reason)

@@ -204,7 +204,7 @@ func (t *ucxTransport) ContextParams(id transport.RequestID, plan *layout.Plan) 
 // for transfer.Engine.Expose.
 func (t *ucxTransport) ExposeParams(id transport.RequestID, plan *layout.Plan, secret []byte, exposure *transport.Exposure) (transport.Params, error) {
 	cp := t.ContextParams(id, plan)
-	cp.Secret, cp.Anonymous, cp.Exposure = append([]byte(nil), secret...), true, exposure
+	cp.Secret, cp.anonymous, cp.exposure = append([]byte(nil), secret...), true, exposure
 	if err := cp.Validate(); err != nil {
 		return nil, err
 	}
