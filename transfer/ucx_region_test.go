@@ -177,7 +177,7 @@ func TestUCXRegion_DuplicatesShareOneRegistration(t *testing.T) {
 
 func mustKey(t testing.TB, r *ucx.Region) []byte {
 	t.Helper()
-	_, key := r.RemoteKey()
+	_, key := ucxhooks.Hooks.RegionKey(r)
 	require.NotEmpty(t, key)
 	return key
 }

@@ -416,7 +416,7 @@ func (a *answerer) offer(f forgery.Forgery, ri *wire.RequestInfo) []*wire.RMAOff
 	if region == nil {
 		region = p.region
 	}
-	addr, key := region.RemoteKey()
+	addr, key := ucxhooks.Hooks.RegionKey(region)
 	whole, err := plan(forgery.PoolBlocks, 0)
 	if err != nil {
 		return nil

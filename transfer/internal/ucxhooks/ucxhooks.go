@@ -2,10 +2,11 @@
 
 //go:build cgo
 
-// Package ucxhooks lets package transfer's tests, which run engines over the UCX transport,
-// look inside it (how many keys it unpacked, its lanes' workers) and stall it at chosen
-// points, without package ucx exporting any of that. Package ucx fills Hooks when it is
-// linked in; nothing else sets or reads it. Every function takes the *ucx.Transport as tr.
+// Package ucxhooks lets package transfer's tests (and the hostile peer they start), which run
+// engines over the UCX transport, look inside it (how many keys it unpacked, its lanes'
+// workers) and stall it at chosen points, without package ucx exporting any of that. Package
+// ucx fills Hooks when it is linked in; nothing else sets it. Every function takes the
+// *ucx.Transport as tr.
 package ucxhooks
 
 import (
@@ -45,4 +46,7 @@ var Hooks struct {
 	SendControlAs func(tr any, to, as transport.Peer, msg []byte) error
 	// Endpoints counts the transport's endpoints to peer, its own and its lanes'.
 	Endpoints func(tr any, peer transport.Peer) int
+	// RegionKey is the address of a *ucx.Region's first byte and the packed remote key of the
+	// registration holding it: what a peer's gets of the region name.
+	RegionKey func(region any) (addr uint64, key []byte)
 }

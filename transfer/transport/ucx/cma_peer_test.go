@@ -127,7 +127,7 @@ func runCMAChild(args []string) int {
 		} else if err := uffd.Block(mem[n:]); err != nil {
 			return fail(err)
 		}
-		addr, key := r.RemoteKey()
+		addr, key := r.remoteKey()
 		fmt.Println("ADDR " + hex.EncodeToString(tr.WorkerAddress()))
 		fmt.Printf("POOL %#x %d %s\n", addr, len(pool), hex.EncodeToString(key))
 		fmt.Printf("SECRET %#x\n", addrOf(mem))

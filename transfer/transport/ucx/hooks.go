@@ -94,6 +94,7 @@ func init() {
 		}
 		return n
 	}
+	h.RegionKey = func(region any) (uint64, []byte) { return region.(*Region).remoteKey() }
 	h.SendControlAs = func(tr any, to, as transport.Peer, msg []byte) error {
 		t := hookImpl(tr)
 		from, err := hex.DecodeString(string(as))

@@ -67,9 +67,9 @@ func (r *Region) Addr() uint64 { return r.addr }
 // Len is the region's size in bytes.
 func (r *Region) Len() int64 { return r.size }
 
-// RemoteKey is the address of the region's first byte and the packed remote key of the
+// remoteKey is the address of the region's first byte and the packed remote key of the
 // registration holding it, for a peer's gets (packed once, at registration).
-func (r *Region) RemoteKey() (addr uint64, key []byte) {
+func (r *Region) remoteKey() (addr uint64, key []byte) {
 	r.t.mu.Lock()
 	defer r.t.mu.Unlock()
 	return r.addr, r.t.rma.packed[r.reg.mem]

@@ -61,7 +61,7 @@ func TestUCXRegion_DeviceRegisteredMemoryGPUToGPU(t *testing.T) {
 		_ = dbuf.Free()
 	})
 
-	addr, key := sreg.RemoteKey()
+	addr, key := sreg.remoteKey()
 	dst.mu.Lock()
 	ep, err := dst.endpointLocked(src.Self())
 	var rk *ucxRemoteKey
