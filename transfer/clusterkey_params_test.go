@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/paramhooks"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
@@ -19,7 +20,7 @@ func paramsFor(t *testing.T) *ucx.ContextParams {
 	l := layout.Packed(layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 2, HeadDim: 8, ElemSize: 2,
 		TokensPerBlock: 4, NumBlocks: 8}, layout.LayerMajor)
 	return &ucx.ContextParams{RequestID: 9, Incarnation: 3, WorkerAddress: []byte("prefill-worker"),
-		Layout: l, Selection: l.All(), Blocks: []int32{5}, Secret: make([]byte, ucx.ContextParamsSecretBytes)}
+		Layout: l, Selection: l.All(), Blocks: []int32{5}, Secret: make([]byte, wire.ParamsSecretBytes)}
 }
 
 // TestClusterKeysAuthenticateContextParams: an engine with cluster keys signs the params it

@@ -91,8 +91,8 @@ func (w *Worker) Validate() error {
 		return fmt.Errorf("%w: Worker.Role %s: want 1 to 64 bytes", ErrInvalid, quoteInput(w.Role))
 	case w.Incarnation == 0:
 		return fmt.Errorf("%w: Worker.Incarnation: zero (give each life of the worker its own, non-zero)", ErrInvalid)
-	case len(w.Address) > ucx.ContextParamsMaxAddress:
-		return fmt.Errorf("%w: Worker.Address: %d bytes, at most %d", ErrInvalid, len(w.Address), ucx.ContextParamsMaxAddress)
+	case len(w.Address) > wire.ParamsMaxAddress:
+		return fmt.Errorf("%w: Worker.Address: %d bytes, at most %d", ErrInvalid, len(w.Address), wire.ParamsMaxAddress)
 	}
 	return nil
 }

@@ -331,7 +331,7 @@ func (p *peer) params(f forgery.Forgery) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	secret := make([]byte, ucx.ContextParamsSecretBytes)
+	secret := make([]byte, wire.ParamsSecretBytes)
 	_, _ = rand.Read(secret)
 	c := &ucx.ContextParams{RequestID: transport.RequestID(p.rng.Uint64() >> 8), Incarnation: p.rng.Uint64() | 1, WorkerAddress: p.tr.WorkerAddress(),
 		Layout: whole.Layout(), Selection: whole.Selection(), Blocks: whole.Blocks(), Secret: secret}

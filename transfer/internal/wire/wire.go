@@ -704,6 +704,15 @@ func Decode(b []byte) (Message, error) {
 // (a transport may bound control messages further: UCX's default is 4 KiB, about 32k blocks).
 const MaxBlocks = 1 << 20
 
+// What a ContextParams blob (package ucx; docs/protocol.md) carries, bounded here so that the
+// engine, discovery and the tests agree with its encoder without package ucx exporting them.
+const (
+	// ParamsSecretBytes is the size of a per-request secret.
+	ParamsSecretBytes = 16
+	// ParamsMaxAddress bounds the worker address.
+	ParamsMaxAddress = 1 << 16
+)
+
 // decodeRequestExt parses request-info's extension: flags, then the held-block bitmap.
 func decodeRequestExt(m *RequestInfo, b []byte) error {
 	at := RequestInfoBytes

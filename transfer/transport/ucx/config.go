@@ -24,7 +24,7 @@ type Config struct {
 	// KeepaliveInterval is UCX's peer liveness check period. Default 1s.
 	KeepaliveInterval time.Duration
 	// StagingBytes is the size of the UCX-allocated region StagingMemory returns, to pass as
-	// transfer.Config.StagingMemory. Default DefaultStagingBytes.
+	// transfer.Config.StagingMemory. Default 512 MiB, room for the engine's default staging pool.
 	StagingBytes int64
 	// maxControlBytes bounds one control message. Default 4096.
 	maxControlBytes int
@@ -104,7 +104,7 @@ type Config struct {
 
 func (c *Config) applyDefaults() error {
 	if c.StagingBytes == 0 {
-		c.StagingBytes = DefaultStagingBytes
+		c.StagingBytes = defaultStagingBytes
 	}
 	if c.StagingBytes < 0 {
 		return &transport.ConfigError{Field: "ucx.Config.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}

@@ -73,7 +73,7 @@ type ContextParams struct {
 	Layout    layout.Layout
 	Selection layout.Selection
 	Blocks    []int32
-	// Secret is the request's capability (section Secret): nil, or ContextParamsSecretBytes
+	// Secret is the request's capability (section Secret): nil, or 16
 	// random bytes the sender's engine drew for this request. Whoever holds the blob holds the
 	// secret; it never travels on the engines' wire.
 	Secret []byte
@@ -128,14 +128,10 @@ const (
 	contextParamsFlagAnonymous = 4
 	// contextParamsFlagMAC announces the MAC section (Seal).
 	contextParamsFlagMAC = 8
-	// ContextParamsSecretBytes is the size of a per-request secret.
-	ContextParamsSecretBytes = 16
 	// contextParamsSealBytes is the size of the MAC section: key id and mac.
 	contextParamsSealBytes = wire.SealBytes
 	// contextParamsMaxBlocks bounds the block list (a 1M-token request at 16 tokens a block).
 	contextParamsMaxBlocks = 1 << 16
-	// ContextParamsMaxAddress bounds the worker address.
-	ContextParamsMaxAddress = 1 << 16
 	// contextParamsMaxRegions bounds an Exposure's regions.
 	contextParamsMaxRegions = 16
 	// contextParamsExposureFixed is the Exposure section but for its regions and keys.
@@ -166,12 +162,12 @@ func (c *ContextParams) Validate() error {
 	switch {
 	case len(c.WorkerAddress) == 0:
 		return bad("WorkerAddress", "empty")
-	case len(c.WorkerAddress) > ContextParamsMaxAddress:
-		return bad("WorkerAddress", "%d bytes, at most %d", len(c.WorkerAddress), ContextParamsMaxAddress)
+	case len(c.WorkerAddress) > wire.ParamsMaxAddress:
+		return bad("WorkerAddress", "%d bytes, at most %d", len(c.WorkerAddress), wire.ParamsMaxAddress)
 	case len(c.Blocks) > contextParamsMaxBlocks:
 		return bad("Blocks", "%d blocks, at most %d", len(c.Blocks), contextParamsMaxBlocks)
-	case c.Secret != nil && len(c.Secret) != ContextParamsSecretBytes:
-		return bad("Secret", "%d bytes, want %d or none", len(c.Secret), ContextParamsSecretBytes)
+	case c.Secret != nil && len(c.Secret) != wire.ParamsSecretBytes:
+		return bad("Secret", "%d bytes, want %d or none", len(c.Secret), wire.ParamsSecretBytes)
 	case c.anonymous && c.Secret == nil:
 		return bad("Anonymous", "params that name no receiver need a Secret")
 	case c.exposure != nil && c.Secret == nil:
@@ -512,12 +508,12 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 		}
 	}
 	na := r.u32("address length")
-	if r.err == nil && na > ContextParamsMaxAddress {
-		return nil, fmt.Errorf("%w: %d-byte address, at most %d", ErrBadMetadata, na, ContextParamsMaxAddress)
+	if r.err == nil && na > wire.ParamsMaxAddress {
+		return nil, fmt.Errorf("%w: %d-byte address, at most %d", ErrBadMetadata, na, wire.ParamsMaxAddress)
 	}
 	c.WorkerAddress = append([]byte(nil), r.take(int(na), "worker address")...)
 	if flags&contextParamsFlagSecret != 0 {
-		c.Secret = append([]byte(nil), r.take(ContextParamsSecretBytes, "secret")...)
+		c.Secret = append([]byte(nil), r.take(wire.ParamsSecretBytes, "secret")...)
 	}
 	if flags&contextParamsFlagExposure != 0 {
 		if c.exposure = r.exposure(); r.err != nil {

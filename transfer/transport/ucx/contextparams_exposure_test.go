@@ -34,7 +34,7 @@ func withExposure(c *ContextParams) *ContextParams {
 
 // exposureAt is the offset of the Exposure section in a blob of c's encoding.
 func exposureAt(c *ContextParams) int {
-	return cpHeaderSize + 16 + 16*8 + 4 + 4*len(c.Blocks) + 4 + len(c.WorkerAddress) + ContextParamsSecretBytes
+	return cpHeaderSize + 16 + 16*8 + 4 + 4*len(c.Blocks) + 4 + len(c.WorkerAddress) + wire.ParamsSecretBytes
 }
 
 // TestContextParams_ExposureSection: the Exposure section (flag 2) round-trips alone, with a

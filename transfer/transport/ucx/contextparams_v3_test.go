@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -21,7 +22,7 @@ func anonymous(c *ContextParams) *ContextParams {
 }
 
 func withSecret(c *ContextParams) *ContextParams {
-	c.Secret = bytes.Repeat([]byte{0xa5}, ContextParamsSecretBytes)
+	c.Secret = bytes.Repeat([]byte{0xa5}, wire.ParamsSecretBytes)
 	return c
 }
 
@@ -44,12 +45,12 @@ func TestContextParams_V3Sections(t *testing.T) {
 		extra   int
 	}{
 		{"no sections: version 2", llamaParams(), 2, 0, 0},
-		{"a secret", withSecret(llamaParams()), 3, contextParamsFlagSecret, ContextParamsSecretBytes},
+		{"a secret", withSecret(llamaParams()), 3, contextParamsFlagSecret, wire.ParamsSecretBytes},
 		{"a seal", signed(llamaParams()), 3, contextParamsFlagMAC, contextParamsSealBytes},
-		{"a secret and a seal", signed(withSecret(llamaParams())), 3, contextParamsFlagSecret | contextParamsFlagMAC, ContextParamsSecretBytes + contextParamsSealBytes},
-		{"anonymous: a flag, no section", anonymous(withSecret(llamaParams())), 3, contextParamsFlagSecret | contextParamsFlagAnonymous, ContextParamsSecretBytes},
+		{"a secret and a seal", signed(withSecret(llamaParams())), 3, contextParamsFlagSecret | contextParamsFlagMAC, wire.ParamsSecretBytes + contextParamsSealBytes},
+		{"anonymous: a flag, no section", anonymous(withSecret(llamaParams())), 3, contextParamsFlagSecret | contextParamsFlagAnonymous, wire.ParamsSecretBytes},
 		{"anonymous and sealed", signed(anonymous(withSecret(llamaParams()))), 3,
-			contextParamsFlagSecret | contextParamsFlagAnonymous | contextParamsFlagMAC, ContextParamsSecretBytes + contextParamsSealBytes},
+			contextParamsFlagSecret | contextParamsFlagAnonymous | contextParamsFlagMAC, wire.ParamsSecretBytes + contextParamsSealBytes},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			blob, err := tc.in.MarshalBinary()
@@ -75,7 +76,7 @@ func TestContextParams_V3Sections(t *testing.T) {
 		blob, err := withSecret(llamaParams()).MarshalBinary()
 		require.NoError(t, err)
 		// The flag set on a blob without the secret's section: refused as the encoder refuses it.
-		forged := append([]byte(nil), blob[:len(blob)-ContextParamsSecretBytes]...)
+		forged := append([]byte(nil), blob[:len(blob)-wire.ParamsSecretBytes]...)
 		binary.LittleEndian.PutUint16(forged[6:], contextParamsFlagAnonymous)
 		binary.LittleEndian.PutUint32(forged[8:], uint32(len(forged)))
 		_, err = UnmarshalContextParams(reseal(forged))
@@ -221,7 +222,7 @@ func BenchmarkContextParams_Seal4096Tokens(b *testing.B) {
 			for range b.N {
 				p := llamaParams()
 				if sealed {
-					p.Secret = bytes.Repeat([]byte{0xa5}, ContextParamsSecretBytes)
+					p.Secret = bytes.Repeat([]byte{0xa5}, wire.ParamsSecretBytes)
 					if err := p.Sign(keys); err != nil {
 						b.Fatal(err)
 					}

@@ -72,7 +72,7 @@ type DeviceConfig struct {
 	Runtime *cuda.Runtime
 	// StagingBytes is the size of the device staging region (and of its host header twin):
 	// pass StagingMemory as transfer.Config.StagingMemory, whose NumSlots*SlotBytes must fit in it.
-	// Default DefaultStagingBytes.
+	// Default 512 MiB, as Config.StagingBytes.
 	StagingBytes int64
 	// syncTimeout bounds each wait for a gather or scatter kernel. A kernel that does not
 	// finish in time may still write its slot, so the transport then refuses every later
@@ -94,7 +94,7 @@ func (c *DeviceConfig) applyDefaults() error {
 		c.UCX.StagingBytes = 64 << 10
 	}
 	if c.StagingBytes == 0 {
-		c.StagingBytes = DefaultStagingBytes
+		c.StagingBytes = defaultStagingBytes
 	}
 	if c.StagingBytes < 0 {
 		return &transport.ConfigError{Field: "ucx.DeviceConfig.StagingBytes", Value: c.StagingBytes, Reason: "must be positive"}

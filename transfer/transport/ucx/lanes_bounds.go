@@ -2,7 +2,10 @@
 
 package ucx
 
-import "github.com/kvxfer/kvxfer/native"
+import (
+	"github.com/kvxfer/kvxfer/internal/transferdefaults"
+	"github.com/kvxfer/kvxfer/native"
+)
 
 // Bounds and defaults of Config, here (no cgo) so that builds without cgo can name them.
 const (
@@ -10,11 +13,10 @@ const (
 	defaultLanes = 4
 	// MaxLanes bounds Config.Lanes: each lane is a worker and an OS thread.
 	MaxLanes = 64
-	// DefaultStagingBytes is the default of Config.StagingBytes and DeviceConfig.StagingBytes:
-	// room for the engine's default staging pool (transferdefaults.MaxConcurrent transfers of
-	// transferdefaults.PipelineDepth slots of transferdefaults.SlotBytes; a test of package
-	// transfer holds the two equal).
-	DefaultStagingBytes = 64 * 2 * 4 << 20
+	// defaultStagingBytes is the default of Config.StagingBytes and DeviceConfig.StagingBytes:
+	// room for the engine's default staging pool (512 MiB: MaxConcurrent transfers of
+	// PipelineDepth slots of SlotBytes, the engine's defaults).
+	defaultStagingBytes = transferdefaults.MaxConcurrent * transferdefaults.PipelineDepth * transferdefaults.SlotBytes
 )
 
 // MaxTCPSegmentBytes bounds Config.TCPSegmentBytes: the receive buffer every transport of
