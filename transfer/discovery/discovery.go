@@ -171,7 +171,7 @@ func (c Config) withDefaults() (Config, error) {
 }
 
 // Open connects to the registry target names: "http://HOST:PORT" (an embedded registry,
-// Serve or Handler), or a target of a backend linked in by importing its package, such as
+// Handler), or a target of a backend linked in by importing its package, such as
 // "etcd://HOST:PORT[,HOST:PORT...][/PREFIX]" (package transfer/discovery/etcd; default prefix
 // "/kvxfer"). It does not wait for the registry to answer: a registry that is down yet makes
 // the first calls retry. Every backend's answers are checked as Publish checks a Worker:

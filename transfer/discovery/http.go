@@ -30,7 +30,7 @@ import (
 // An entry not renewed within its ttl is gone.
 
 // WorkersPath is the embedded registry's path prefix; mount Handler there on a mux of your
-// own (or serve it with Serve).
+// own (or pass Handler as observe.HandlerConfig.Registry, which does).
 const WorkersPath = "/v1/workers"
 
 const maxEntryBytes = 256 << 10

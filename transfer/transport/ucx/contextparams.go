@@ -313,7 +313,7 @@ func (c *ContextParams) OneHop() (*transport.Exposure, *layout.Plan, error) {
 }
 
 // Sign seals the params with the first of keys (cluster keys, as transfer.Config.ClusterKeys):
-// it sets Seal to the MAC of their encoding. Sign last: any change after it makes Verify refuse
+// it seals them with the MAC of their encoding. Sign last: any change after it makes Verify refuse
 // the params. An error (no keys, or keys that are not ClusterKeyBytes each and all different,
 // or invalid params) matches ErrBadMetadata for the params and names the keys otherwise.
 func (c *ContextParams) Sign(keys [][]byte) error {

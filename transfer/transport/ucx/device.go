@@ -62,7 +62,7 @@ func (e *deviceMemoryError) Unwrap() error { return e.Err }
 // cuda transports. Debian's UCX cannot.
 func (t *ucxTransport) DeviceMemory() bool { return t.uctx.Supports(native.MemoryCUDA) }
 
-// DeviceConfig configures a deviceTransport. Zero values take the documented defaults.
+// DeviceConfig configures NewDevice. Zero values take the documented defaults.
 type DeviceConfig struct {
 	// UCX configures the transport underneath. Its StagingBytes (host staging) defaults to
 	// 64 KiB here, since a device engine stages in device memory. TLS must let UCX reach
