@@ -8,3 +8,7 @@ package native
 // TCPReceiveSegmentBytes is UCX_TCP_RX_SEG_SIZE as NewContext sets it: the largest segment a
 // peer may send this process over TCP (ContextConfig.TCPSegmentBytes).
 const TCPReceiveSegmentBytes = 1 << 20
+
+// MaxLanes bounds the UCX workers (lanes) one transport opens over its context
+// (ucx.Config.Lanes): each lane is a worker and an OS thread.
+const MaxLanes = 64

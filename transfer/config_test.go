@@ -45,3 +45,23 @@ func TestConfigErrorIsOneType(t *testing.T) {
 		})
 	}
 }
+
+// closerOnly closes but keeps no transport contract: not a transport a package made.
+type closerOnly struct{}
+
+func (closerOnly) Close(bool) error { return nil }
+
+// New takes a Transport that a transport package made; a value that only closes (it would
+// satisfy Transport's one method) is refused with a ConfigError naming it, not driven.
+func TestNew_RefusesAValueThatKeepsNoTransportContract(t *testing.T) {
+	_, err := New(closerOnly{}, Config{})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	var ce *ConfigError
+	require.True(t, errors.As(err, &ce))
+	require.Equal(t, "Transport", ce.Field)
+	_, err = New(nil, Config{})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	e, err := New(mem.NewNetwork().Transport("a"), Config{})
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+}

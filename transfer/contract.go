@@ -15,6 +15,13 @@ type (
 	RequestID = transport.RequestID
 	// Peer is a transport's name for a remote engine (transport.Peer).
 	Peer = transport.Peer
-	// Transport moves bytes between engines (transport.Transport).
-	Transport = transport.Transport
 )
+
+// Transport is what New takes: a transport that a transport package made (ucx.New,
+// ucx.NewDevice, mem.Network.Transport). A program makes it and hands it to New, which drives
+// the contract of package transport behind it (internal/transportimpl) and closes it in
+// Engine.Close; a program calls Close itself only on a transport it never gave an engine.
+type Transport interface {
+	// Close stops the transport; force tears down what is in flight (transport.Transport).
+	Close(force bool) error
+}

@@ -24,7 +24,7 @@ import (
 // Drain and Close wait, and both are bounded.
 type Engine struct {
 	cfg  Config
-	tr   Transport
+	tr   transport.Transport
 	pool *buffer.Pool
 	// movers copies staging chunks off the transfers' loops (mover_pool.go).
 	movers *moverPool
@@ -141,11 +141,16 @@ type unanswered struct {
 // It drives the implementation behind tr (internal/transportimpl: ucx.Transport shows a program
 // only what it calls), whose optional capabilities it finds by type assertion.
 func New(tr Transport, cfg Config) (*Engine, error) {
-	return newEngine(transportimpl.Of(tr), cfg, buildSpeech())
+	impl := transportimpl.Of(tr)
+	if impl == nil && tr != nil {
+		return nil, &ConfigError{Field: "Transport", Value: fmt.Sprintf("%T", tr),
+			Reason: "not a transport a transport package made (it keeps no transport contract)"}
+	}
+	return newEngine(impl, cfg, buildSpeech())
 }
 
 // newEngine is New for an engine that says sp in its hellos.
-func newEngine(tr Transport, cfg Config, sp speech) (*Engine, error) {
+func newEngine(tr transport.Transport, cfg Config, sp speech) (*Engine, error) {
 	if tr == nil {
 		return nil, &ConfigError{Field: "Transport", Value: nil, Reason: "a transport is required"}
 	}

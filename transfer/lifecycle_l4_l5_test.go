@@ -451,7 +451,7 @@ func requireEveryFreeSlotLeasable(t testing.TB, pool *buffer.Pool) {
 // live operation (its lease ended too early and it was leased again) or into a poisoned
 // slot is a finding.
 type slotLedger struct {
-	Transport
+	transport.Transport
 	base, size, slotBytes uintptr
 	pool                  *buffer.Pool // set before the first post
 
@@ -460,7 +460,7 @@ type slotLedger struct {
 	problems []string
 }
 
-func newSlotLedger(tr Transport, staging []byte, slotBytes int64) *slotLedger {
+func newSlotLedger(tr transport.Transport, staging []byte, slotBytes int64) *slotLedger {
 	return &slotLedger{Transport: tr, base: uintptr(unsafe.Pointer(unsafe.SliceData(staging))), size: uintptr(len(staging)),
 		slotBytes: uintptr(slotBytes), live: map[int]transport.Tag{}}
 }

@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"errors"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"testing"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -36,7 +37,7 @@ func TestLargeSegmentsGoOnlyToAReceiverThatTakesThem(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			n := mem.NewNetwork()
 			prefill := n.Transport("prefill")
-			var srcTr Transport = prefill
+			var srcTr transport.Transport = prefill
 			if c.large {
 				srcTr = largeSegments{prefill}
 			}

@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"errors"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ import (
 
 // answerHello answers a hello, and proves it when challenged, as an engine of this build would,
 // for the test's fake peers; it reports whether m was one of those messages.
-func answerHello(tr Transport, from Peer, m wire.Message) bool {
+func answerHello(tr transport.Transport, from Peer, m wire.Message) bool {
 	sp := buildSpeech()
 	switch m := m.(type) {
 	case *wire.Hello:

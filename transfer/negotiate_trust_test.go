@@ -5,6 +5,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"slices"
 	"strings"
 	"sync"
@@ -38,7 +39,7 @@ type trustTrio struct {
 func newTrustTrio(t *testing.T, large bool, sp speech, srcCfg Config) *trustTrio {
 	t.Helper()
 	tt := &trustTrio{net: mem.NewNetwork(), refusals: &refusalCounter{}}
-	var srcTr Transport = tt.net.Transport("prefill")
+	var srcTr transport.Transport = tt.net.Transport("prefill")
 	if large {
 		srcTr = largeSegments{srcTr.(*mem.Transport)}
 	}
@@ -303,7 +304,7 @@ func TestWire3PeerInteroperates(t *testing.T) {
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			n := mem.NewNetwork()
-			var srcTr Transport = n.Transport("prefill")
+			var srcTr transport.Transport = n.Transport("prefill")
 			if c.large {
 				srcTr = largeSegments{srcTr.(*mem.Transport)}
 			}

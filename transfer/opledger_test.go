@@ -15,7 +15,7 @@ import (
 // completion (a memory verdict other than MemoryBusy), nothing after it, and a post that was
 // refused never completes.
 type opLedger struct {
-	inner Transport
+	inner transport.Transport
 
 	mu       sync.Mutex
 	ops      []*ledgerOp
@@ -30,7 +30,7 @@ type ledgerOp struct {
 	refused       bool
 }
 
-func newOpLedger(inner Transport) *opLedger {
+func newOpLedger(inner transport.Transport) *opLedger {
 	return &opLedger{inner: inner, kinds: map[string]int{}}
 }
 

@@ -4,6 +4,7 @@ package transfer
 
 import (
 	"errors"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -249,7 +250,7 @@ func faultNth(p *pair, w *wireBytes, kind wire.Kind, from Peer, f func(n int) me
 // fakeRMASender answers every request with FlagRMA with the offer a test made, as a
 // confused or hostile sender would.
 type fakeRMASender struct {
-	tr    Transport                                   // any transport: it only sends control messages
+	tr    transport.Transport                         // any transport: it only sends control messages
 	offer func(ri *wire.RequestInfo) []*wire.RMAOffer // one offer, or its parts
 }
 

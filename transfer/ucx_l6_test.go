@@ -6,6 +6,7 @@ package transfer
 
 import (
 	"bytes"
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"testing"
 	"time"
 
@@ -159,7 +160,7 @@ func newLedgerUCXEngine(t testing.TB, tls, dev string, cfg Config) (*ucxEngine, 
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
-	led := newOpLedger(tr)
+	led := newOpLedger(transportimpl.Of(tr))
 	e, err := New(led, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })

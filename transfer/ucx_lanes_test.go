@@ -118,7 +118,7 @@ func laneWorkers(tr *ucx.Transport) []*native.Worker { return ucxhooks.Hooks.Lan
 func ucxNativeShmGets() bool { return strings.HasPrefix(native.UCXVersion(), "1.13.") }
 
 func TestUCXConfig_LanesBounded(t *testing.T) {
-	for _, n := range []int{-1, ucx.MaxLanes + 1} {
+	for _, n := range []int{-1, native.MaxLanes + 1} {
 		_, err := ucx.New(ucx.Config{TLS: "posix,cma,self", StagingBytes: 1 << 20, Lanes: n})
 		var ce *ConfigError
 		require.ErrorAs(t, err, &ce)

@@ -6,6 +6,7 @@ package transfer
 
 import (
 	"bytes"
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"testing"
 	"time"
 
@@ -26,7 +27,7 @@ func TestUCXTransport_UnpackHoldsNoLock(t *testing.T) {
 	src := newUCXEngine(t, "posix,cma,self", "", cfg)
 	dst := newUCXEngine(t, "posix,cma,self", "", cfg)
 	other := newUCXEngine(t, "posix,cma,self", "", cfg)
-	require.NoError(t, dst.tr.SendControl(other.tr.Self(), []byte("reach other first")))
+	require.NoError(t, transportimpl.Of(dst.tr).SendControl(other.tr.Self(), []byte("reach other first")))
 
 	inUnpack, letGo := make(chan struct{}), make(chan struct{})
 	var once bool
@@ -47,7 +48,7 @@ func TestUCXTransport_UnpackHoldsNoLock(t *testing.T) {
 		t.Fatal("the receiver never unpacked the sender's key")
 	}
 	sent := make(chan error, 1)
-	go func() { sent <- dst.tr.SendControl(other.tr.Self(), []byte("meanwhile")) }()
+	go func() { sent <- transportimpl.Of(dst.tr).SendControl(other.tr.Self(), []byte("meanwhile")) }()
 	select {
 	case err := <-sent:
 		require.NoError(t, err)

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/kvxfer/kvxfer/native"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/bench"
 	"github.com/kvxfer/kvxfer/layout"
-	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // transferFlags are the flags of run, sweep, serve and connect.
@@ -122,14 +122,14 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	if f.connectTimeout <= 0 {
 		return bench.RunConfig{}, usagef("--connect-timeout = %v: must be positive", f.connectTimeout)
 	}
-	if f.lanes < 0 || f.lanes > ucx.MaxLanes {
-		return bench.RunConfig{}, usagef("--lanes = %d: must be between 0 (the default) and %d", f.lanes, ucx.MaxLanes)
+	if f.lanes < 0 || f.lanes > native.MaxLanes {
+		return bench.RunConfig{}, usagef("--lanes = %d: must be between 0 (the default) and %d", f.lanes, native.MaxLanes)
 	}
 	tcpSegment, err := parseBytes("tcp-segment", f.tcpSegment)
 	if err != nil {
 		return bench.RunConfig{}, err
 	}
-	if tcpSegment != 0 && (tcpSegment < 8<<10 || tcpSegment > ucx.MaxTCPSegmentBytes) {
+	if tcpSegment != 0 && (tcpSegment < 8<<10 || tcpSegment > native.TCPReceiveSegmentBytes) {
 		return bench.RunConfig{}, usagef("--tcp-segment = %d: must be 0 (the default) or between 8KiB and 1MiB", tcpSegment)
 	}
 	var rmaMinRegion int64

@@ -14,8 +14,8 @@ var Budgets = map[string]int{
 	"cuda/gpuinfo":                     27,
 	"layout":                           59,  // -21 issue 27: the plan arithmetic (Runs, UnitOffset, Chunks, Shape, ...) in internal/kvplan
 	"layout/layouttest":                9,   // +2 ReferenceGather, ReferenceScatter (from layout: test ground truth)
-	"native":                           164, // +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages; +1 Settings (kvxbench's env.ucx_settings, bench-paths' perftest baseline)
-	"transfer":                         149, // issue 27: tuning knobs to transfer/tuning, health numbers to transfer/health; observer plumbing, transport-owned and misuse errors, HostMover, SealableParams unexported or gone (CHANGELOG)
+	"native":                           165, // +1 MaxLanes (ucx.Config.Lanes' bound, for kvxbench's flag check); +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages; +1 Settings (kvxbench's env.ucx_settings, bench-paths' perftest baseline)
+	"transfer":                         150, // +1 Transport.Close: Transport is what New takes, not the whole contract; issue 27: tuning knobs to transfer/tuning, health numbers to transfer/health; observer plumbing, transport-owned and misuse errors, HostMover, SealableParams unexported or gone (CHANGELOG)
 	"transfer/discovery":               39,  // -4 issue 27: Serve and Server in internal/registryserver (kvxbench, stress, tests)
 	"transfer/discovery/discoverytest": 8,
 	"transfer/discovery/etcd":          0,
@@ -24,7 +24,7 @@ var Budgets = map[string]int{
 	"transfer/transport":               141, // +7 Params, ParamsIssuer, AuthClaimed and the exposure's transport contract; +7 Exposure and its fields (one-hop reads, docs/protocol.md)
 	"transfer/transport/mem":           57,
 	"transfer/transport/transporttest": 18,
-	"transfer/transport/ucx":           69, // -51 issue 27: the contract's capabilities on the implementation behind Transport (internal/transportimpl), DeviceTransport folded into Transport; CMAStats in internal/cmastats; ContextParams's wire sections (Exposure, Anonymous, Seal, ParamsSeal) and Region.RemoteKey unexported; DefaultStagingBytes (from transferdefaults), ContextParamsSecretBytes and ContextParamsMaxAddress (wire)
+	"transfer/transport/ucx":           62, // -7: Bind, SendControl, PostSend, PostRecv, Cancel (the contract, reached through internal/transportimpl), MaxLanes and MaxTCPSegmentBytes (native); -51 issue 27: the contract's capabilities on the implementation behind Transport (internal/transportimpl), DeviceTransport folded into Transport; CMAStats in internal/cmastats; ContextParams's wire sections (Exposure, Anonymous, Seal, ParamsSeal) and Region.RemoteKey unexported; DefaultStagingBytes (from transferdefaults), ContextParamsSecretBytes and ContextParamsMaxAddress (wire)
 	"transfer/tuning":                  23, // transfer.Config's knobs a serving program leaves at their defaults, and None (from transfer)
 }
 

@@ -4,6 +4,7 @@ package stress
 
 import (
 	"fmt"
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,7 +40,7 @@ type node struct {
 // forbids. Tracking by index rather than by a canary written into the slot is deliberate: a
 // transport may legitimately still write into a poisoned slot (that is why it was poisoned).
 type slotTracker struct {
-	inner     transfer.Transport
+	inner     transport.Transport
 	base      uintptr
 	size      uintptr
 	slotBytes uintptr
@@ -58,7 +59,7 @@ var (
 
 func newSlotTracker(inner transfer.Transport, staging []byte, slotBytes int64) *slotTracker {
 	return &slotTracker{
-		inner: inner,
+		inner: transportimpl.Of(inner), // the contract behind a ucx.Transport
 		// The address is only compared, never dereferenced; staging stays referenced by the
 		// engine for the tracker's whole life, and Go's heap does not move objects.
 		base: uintptr(unsafe.Pointer(unsafe.SliceData(staging))), size: uintptr(len(staging)),

@@ -3,7 +3,7 @@
 // Package transportimpl is the route from the transport a program holds to the value that
 // keeps the whole transport contract behind it. A transport package whose public type shows a
 // program only what it calls (ucx.Transport: New, the pool's registration, StagingMemory,
-// ContextParams, Close and the six methods of transport.Transport) keeps its optional
+// ContextParams, Close) keeps its optional
 // capabilities (transport.DirectTransport, RMATransport, ... : what only the engine calls) on
 // an unexported implementation, and registers here, from its init, how to find that
 // implementation. transfer.New resolves the transport it is given through Of, so the engine
@@ -20,7 +20,7 @@ import (
 
 // A Resolver returns the implementation behind tr, and whether tr is a public type of its
 // package.
-type Resolver func(tr transport.Transport) (transport.Transport, bool)
+type Resolver func(tr any) (transport.Transport, bool)
 
 var (
 	mu        sync.RWMutex
@@ -35,17 +35,20 @@ func Register(r Resolver) {
 }
 
 // Of returns the implementation behind tr: what a registered Resolver finds for it, or tr
-// itself. A nil tr stays nil.
-func Of(tr transport.Transport) transport.Transport {
+// itself where it keeps the contract (transport.Transport) itself. A nil tr, and one that is
+// neither, give nil.
+func Of(tr any) transport.Transport {
 	if tr == nil {
 		return nil
 	}
 	mu.RLock()
-	defer mu.RUnlock()
 	for _, r := range resolvers {
 		if impl, ok := r(tr); ok {
+			mu.RUnlock()
 			return impl
 		}
 	}
-	return tr
+	mu.RUnlock()
+	t, _ := tr.(transport.Transport)
+	return t
 }

@@ -12,18 +12,18 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
-// handle is a public transport handle over an implementation, as ucx.Transport is.
+// handle is a public transport handle over an implementation, as ucx.Transport is: it keeps
+// none of the contract itself.
 type handle struct {
-	transport.Transport // what the handle delegates to; the test only resolves it
-	impl                transport.Transport
+	impl transport.Transport
 }
 
 // A registered resolver finds the implementation behind its handles; every other transport,
-// and nil, resolves to itself.
+// resolves to itself, and nil and a value that keeps no contract to nil.
 func TestOf(t *testing.T) {
 	n := mem.NewNetwork()
 	impl, other := n.Transport("a"), n.Transport("b")
-	transportimpl.Register(func(tr transport.Transport) (transport.Transport, bool) {
+	transportimpl.Register(func(tr any) (transport.Transport, bool) {
 		if h, ok := tr.(*handle); ok {
 			return h.impl, true
 		}
@@ -31,12 +31,13 @@ func TestOf(t *testing.T) {
 	})
 	cases := []struct {
 		desc string
-		in   transport.Transport
+		in   any
 		want transport.Transport
 	}{
-		{"a handle: its implementation", &handle{Transport: impl, impl: impl}, impl},
+		{"a handle: its implementation", &handle{impl: impl}, impl},
 		{"a transport no resolver knows: itself", other, other},
 		{"nil: nil", nil, nil},
+		{"neither a handle nor a transport: nil", struct{}{}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {

@@ -200,10 +200,10 @@ func runPeer(o options, stdin *bufio.Scanner) error {
 	if _, err := fmt.Sscanf(pids, "%d %d", &third, &self); err != nil {
 		return fmt.Errorf("PIDS %q: %w", pids, err)
 	}
-	if err := p.tr.Bind(&answerer{p: p, tr: p.tr}); err != nil {
+	if err := contract(p.tr).Bind(&answerer{p: p, tr: p.tr}); err != nil {
 		return err
 	}
-	if err := p.other.Bind(&answerer{p: p, tr: p.other, honest: true}); err != nil {
+	if err := contract(p.other).Bind(&answerer{p: p, tr: p.other, honest: true}); err != nil {
 		return err
 	}
 	// Workers that answer in a name whose pid is another process's: the third one, the victim.
@@ -225,7 +225,7 @@ func runPeer(o options, stdin *bufio.Scanner) error {
 		if err != nil {
 			return err
 		}
-		if err := tr.Bind(&answerer{p: p, tr: tr, as: as, region: r, honest: true}); err != nil {
+		if err := contract(tr).Bind(&answerer{p: p, tr: tr, as: as, region: r, honest: true}); err != nil {
 			return err
 		}
 		fmt.Printf("FORGED %s %s\n", f.forgery, as)
@@ -300,11 +300,11 @@ func (p *peer) send(f forgery.Forgery, arg string) error {
 		}
 		return ucxhooks.Hooks.SendControlAs(p.tr, p.victim, as, p.seal(&wire.HelloProof{Echo: echo, Min: wire.MinVersion, Max: wire.Version, Features: all}))
 	case forgery.UnsolicitedProof:
-		return p.tr.SendControl(p.victim, p.seal(&wire.HelloProof{Echo: echo, Min: wire.MinVersion, Max: wire.Version, Features: all}))
+		return contract(p.tr).SendControl(p.victim, p.seal(&wire.HelloProof{Echo: echo, Min: wire.MinVersion, Max: wire.Version, Features: all}))
 	case forgery.UnsealedHello:
-		return p.tr.SendControl(p.victim, wire.Encode(&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: all}))
+		return contract(p.tr).SendControl(p.victim, wire.Encode(&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: all}))
 	case forgery.ForeignKeyHello:
-		return p.tr.SendControl(p.victim, p.foreign.SealMessage(&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: all}))
+		return contract(p.tr).SendControl(p.victim, p.foreign.SealMessage(&wire.Hello{Min: wire.MinVersion, Max: wire.Version, Features: all}))
 	case forgery.ClaimWithoutProof, forgery.ClaimWrongProof:
 		id, err := strconv.ParseUint(arg, 10, 64)
 		if err != nil {
@@ -320,7 +320,7 @@ func (p *peer) send(f forgery.Forgery, arg string) error {
 			ri.Flags |= wire.FlagClaim
 			ri.Claim = wire.Claim{Incarnation: p.rng.Uint64(), Proof: wire.ClaimProof(echo[:], ri.Request, 0, ri.Nonce, 1)}
 		}
-		return p.tr.SendControl(p.victim, wire.Encode(ri))
+		return contract(p.tr).SendControl(p.victim, wire.Encode(ri))
 	}
 	return fmt.Errorf("not a forgery to send")
 }
@@ -375,7 +375,7 @@ func (a *answerer) reply(to transport.Peer, b []byte) {
 		_ = ucxhooks.Hooks.SendControlAs(a.tr, to, a.as, b)
 		return
 	}
-	_ = a.tr.SendControl(to, b)
+	_ = contract(a.tr).SendControl(to, b)
 }
 
 func (a *answerer) OnControl(from transport.Peer, msg []byte) {
@@ -482,3 +482,7 @@ func plan(blocks int64, first int32) (*layout.Plan, error) {
 	}
 	return layout.NewPlan(l, l.All(), ids)
 }
+
+// contract is the transport contract behind tr (internal/transportimpl): the liar binds and
+// sends control messages as the engine would, which a program's ucx.Transport does not show.
+func contract(tr *ucx.Transport) transport.Transport { return transportimpl.Of(tr) }

@@ -69,13 +69,13 @@ type Config struct {
 	// side are striped over (lanes.go): the transport's own worker and Lanes-1 more, made
 	// on the first get. A get is one copy made by the thread that posts it (shared memory,
 	// cma), so one worker bounds every request to one core. 1 keeps every get on the
-	// transport's worker. Default: 4, at most GOMAXPROCS.
+	// transport's worker. Default: 4, at most GOMAXPROCS; at most 64 (native.MaxLanes).
 	Lanes int
 	// TCPSegmentBytes is the largest piece UCX's TCP transport sends in one copy
 	// (native.ContextConfig.TCPSegmentBytes): a large message over TCP goes as many such
 	// sends, so larger pieces cost fewer system calls and wake-ups on both sides: 1 MiB moved
 	// a 4096-token request over loopback several times as fast as 64 KiB (docs/ucx.md, "TCP:
-	// what the engine does"). Default and most: MaxTCPSegmentBytes (1 MiB), the receive
+	// what the engine does"). Default and most: 1 MiB (native.TCPReceiveSegmentBytes), the receive
 	// buffer of every transport of this package. A receiver with UCX's default 64 KiB buffer
 	// (an engine of an earlier build) cannot take them: the engine sends data only to a peer
 	// whose hello says it can (the large-segments feature) and refuses the others with a
@@ -151,15 +151,15 @@ func (c *Config) applyDefaults() error {
 	if c.Lanes == 0 {
 		c.Lanes = max(1, min(defaultLanes, runtime.GOMAXPROCS(0)))
 	}
-	if c.Lanes < 1 || c.Lanes > MaxLanes {
-		return &transport.ConfigError{Field: "ucx.Config.Lanes", Value: c.Lanes, Reason: fmt.Sprintf("must be between 1 and %d", MaxLanes)}
+	if c.Lanes < 1 || c.Lanes > maxLanes {
+		return &transport.ConfigError{Field: "ucx.Config.Lanes", Value: c.Lanes, Reason: fmt.Sprintf("must be between 1 and %d", maxLanes)}
 	}
 	if c.TCPSegmentBytes == 0 {
-		c.TCPSegmentBytes = MaxTCPSegmentBytes
+		c.TCPSegmentBytes = maxTCPSegmentBytes
 	}
-	if c.TCPSegmentBytes < 8<<10 || c.TCPSegmentBytes > MaxTCPSegmentBytes {
+	if c.TCPSegmentBytes < 8<<10 || c.TCPSegmentBytes > maxTCPSegmentBytes {
 		return &transport.ConfigError{Field: "ucx.Config.TCPSegmentBytes", Value: c.TCPSegmentBytes,
-			Reason: fmt.Sprintf("must be between 8 KiB and %d", MaxTCPSegmentBytes)}
+			Reason: fmt.Sprintf("must be between 8 KiB and %d", maxTCPSegmentBytes)}
 	}
 	if f := c.ShmFIFOSize; f != 0 && (f < 64 || f > 16384 || f&(f-1) != 0) {
 		return &transport.ConfigError{Field: "ucx.Config.ShmFIFOSize", Value: f, Reason: "must be 0 or a power of two from 64 to 16384"}

@@ -17,10 +17,9 @@
 // AllocatePool) for its KV pool, Transport.StagingMemory for the engine's Config,
 // Transport.ContextParams and UnmarshalContextParams for the request a prefill hands to decode
 // by name, and Transport.Close; NewDevice and Transport.NewMover for GPU staging. A Transport
-// is a transport.Transport (its Bind, SendControl, PostSend, PostRecv and Cancel are for the
-// engine); the rest of the transport contract, the capabilities above, lives on the
-// implementation that transfer.New resolves the Transport to (internal/transportimpl), not on
-// the Transport a program holds.
+// is a transfer.Transport (what transfer.New takes); the transport contract (transport.Transport
+// and the capabilities above) lives on the implementation that transfer.New resolves the
+// Transport to (internal/transportimpl), not on the Transport a program holds.
 //
 // Peers are named by worker address (PeerFromAddress, Transport.Self). ContextParams is what
 // a prefill engine hands to decode through the serving stack: the sender's worker address,

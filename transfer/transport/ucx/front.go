@@ -16,10 +16,10 @@ import (
 // Transport is kvxfer's UCX transport as a program holds it: one UCX context and worker, made
 // by New (or NewDevice for GPU staging). Register the KV pool once (RegisterHost,
 // AllocatePool, RegisterDevice), pass the Transport to transfer.New with StagingMemory as the
-// engine's staging, and Close it after the engine. It is a transport.Transport (the methods
-// the engine calls to move bytes); the engine reaches the rest of the transport contract (the
-// direct path, RMA gets, tag reservation, the receive probe, ...) through
-// internal/transportimpl, not through methods here. See docs/ucx.md.
+// engine's staging, and Close it after the engine. It is what transfer.New takes (transfer.Transport);
+// the engine reaches the transport contract (transport.Transport: posting sends and receives,
+// control messages; and the direct path, RMA gets, tag reservation, the receive probe, ...)
+// through internal/transportimpl, not through methods here. See docs/ucx.md.
 //
 // Peers are named by worker address in hex (PeerFromAddress, Self); a peer that restarts has
 // a new address, so nothing meant for its old life reaches the new one.
@@ -34,11 +34,9 @@ type frontImpl interface {
 	StagingMemory() []byte
 }
 
-var _ transport.Transport = (*Transport)(nil)
-
 // The engine resolves a *Transport to its implementation (transfer.New).
 func init() {
-	transportimpl.Register(func(tr transport.Transport) (transport.Transport, bool) {
+	transportimpl.Register(func(tr any) (transport.Transport, bool) {
 		if f, ok := tr.(*Transport); ok {
 			if f == nil {
 				return nil, true
@@ -129,27 +127,6 @@ func (f *Transport) ContextParams(id transport.RequestID, plan *layout.Plan) *Co
 // transport's current life; params of a life that is over fail with an error matching
 // ErrStaleIncarnation.
 func (f *Transport) CheckParams(cp *ContextParams) error { return f.u.CheckParams(cp) }
-
-// Bind implements transport.Transport (the engine calls it from transfer.New).
-func (f *Transport) Bind(in transport.Inbound) error { return f.impl.Bind(in) }
-
-// SendControl implements transport.Transport.
-func (f *Transport) SendControl(to transport.Peer, msg []byte) error {
-	return f.impl.SendControl(to, msg)
-}
-
-// PostSend implements transport.Transport.
-func (f *Transport) PostSend(to transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
-	return f.impl.PostSend(to, tag, buf, done)
-}
-
-// PostRecv implements transport.Transport.
-func (f *Transport) PostRecv(from transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
-	return f.impl.PostRecv(from, tag, buf, done)
-}
-
-// Cancel implements transport.Transport.
-func (f *Transport) Cancel(op transport.OpID) { f.impl.Cancel(op) }
 
 // Close stops the transport (after the engine over it is closed). With force, operations in
 // flight are torn down; otherwise endpoints are flushed within Config.CloseTimeout. Every

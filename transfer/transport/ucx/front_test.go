@@ -15,8 +15,8 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
-// The Transport a program holds is a transport.Transport and nothing more of the contract: the
-// capabilities only the engine calls are on the implementation transfer.New resolves it to
+// The Transport a program holds keeps none of the contract, not even transport.Transport: what
+// only the engine calls is on the implementation transfer.New resolves it to
 // (internal/transportimpl), every one of them, and calls on the Transport reach that same
 // implementation.
 func TestTransport_ShowsAProgramOnlyWhatItCalls(t *testing.T) {
@@ -28,7 +28,7 @@ func TestTransport_ShowsAProgramOnlyWhatItCalls(t *testing.T) {
 	require.Same(t, tr.u, impl, "transfer.New drives the UCX transport itself")
 	front := reflect.TypeFor[*Transport]()
 	for _, capability := range []reflect.Type{
-		reflect.TypeFor[transport.DirectTransport](), reflect.TypeFor[transport.RMATransport](),
+		reflect.TypeFor[transport.Transport](), reflect.TypeFor[transport.DirectTransport](), reflect.TypeFor[transport.RMATransport](),
 		reflect.TypeFor[transport.RMAEmulation](), reflect.TypeFor[transport.RMAKeyPreparer](),
 		reflect.TypeFor[transport.RMAMapper](), reflect.TypeFor[transport.RMALanes](),
 		reflect.TypeFor[transport.RMAGenerations](), reflect.TypeFor[transport.GenerationWords](),

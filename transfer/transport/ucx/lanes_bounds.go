@@ -11,14 +11,14 @@ import (
 const (
 	// defaultLanes is Config.Lanes' default where GOMAXPROCS allows it.
 	defaultLanes = 4
-	// MaxLanes bounds Config.Lanes: each lane is a worker and an OS thread.
-	MaxLanes = 64
+	// maxLanes bounds Config.Lanes: each lane is a worker and an OS thread.
+	maxLanes = native.MaxLanes
 	// defaultStagingBytes is the default of Config.StagingBytes and DeviceConfig.StagingBytes:
 	// room for the engine's default staging pool (512 MiB: MaxConcurrent transfers of
 	// PipelineDepth slots of SlotBytes, the engine's defaults).
 	defaultStagingBytes = transferdefaults.MaxConcurrent * transferdefaults.PipelineDepth * transferdefaults.SlotBytes
 )
 
-// MaxTCPSegmentBytes bounds Config.TCPSegmentBytes: the receive buffer every transport of
+// maxTCPSegmentBytes bounds Config.TCPSegmentBytes: the receive buffer every transport of
 // this package gives UCX's TCP transport (native.TCPReceiveSegmentBytes).
-const MaxTCPSegmentBytes = native.TCPReceiveSegmentBytes
+const maxTCPSegmentBytes = native.TCPReceiveSegmentBytes
