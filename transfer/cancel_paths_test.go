@@ -72,8 +72,8 @@ func TestL10_CancelOutcomeIsTruthfulOnEveryPath(t *testing.T) {
 				side := map[bool]string{true: "sender", false: "receiver"}[cancelSender]
 				t.Run(pc.name+"/"+ph.name+"/the "+side+" cancels", func(t *testing.T) {
 					cfg := pipelineConfig()
-					cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 2048, 512
-					cfg.TransferTimeout, cfg.QuarantineTimeout = time.Minute, time.Minute // the cancel, not a timer, ends it
+					cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 2048, 512
+					cfg.TransferTimeout, cfg.Tuning.QuarantineTimeout = time.Minute, time.Minute // the cancel, not a timer, ends it
 					n := mem.NewNetwork()
 					src, dst := memPathSide(t, n, "prefill", pc, cfg), memPathSide(t, n, "decode", pc, cfg)
 					h, other := ph.start(t, src, dst, n, cancelSender)

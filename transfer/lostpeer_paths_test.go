@@ -33,8 +33,8 @@ func TestL9_PeerLostMidTransferOnEveryPath(t *testing.T) {
 				role += map[bool]string{true: "/ends unknown", false: "/ends known"}[unknown]
 				t.Run(pc.name+"/"+role, func(t *testing.T) {
 					cfg := pipelineConfig()
-					cfg.DirectChunkBytes, cfg.RMAMinRegionBytes = 2048, 512
-					cfg.QuarantineTimeout = 200 * time.Millisecond
+					cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 2048, 512
+					cfg.Tuning.QuarantineTimeout = 200 * time.Millisecond
 					n := mem.NewNetwork()
 					src, dst := memPathSide(t, n, "prefill", pc, cfg), memPathSide(t, n, "decode", pc, cfg)
 					n.SetFault(func(fp mem.FaultPoint) mem.Fault {
@@ -91,7 +91,7 @@ func TestL9_PeerLostMidTransferOnEveryPath(t *testing.T) {
 					} else {
 						waitClosed(t, h.Quiesced(), "the survivor's blocks quiesced")
 					}
-					eventually(t, func() bool { return survivor.e.Health().InFlight == 0 }, "nothing left in flight")
+					eventually(t, func() bool { return survivor.e.Health().Numbers.InFlight == 0 }, "nothing left in flight")
 				})
 			}
 		}

@@ -30,11 +30,13 @@ func TestL10_UCXSendersCancelIsTruthfulOnEveryPath(t *testing.T) {
 		want    Path
 		shmOnly bool
 	}{
-		{"staging", func(c *Config) { c.DisableDirect, c.DisablePull = true, true }, false, PathStaging, false},
-		{"direct", func(c *Config) { c.DisableRMA = true }, true, PathDirect, false},
-		{"pull", func(c *Config) { c.DisableDirect, c.RMAWhereEmulated, c.DisableInPlaceReads = true, true, true }, false, PathStaging, false},
-		{"pull in place", func(c *Config) { c.DisableDirect = true }, false, PathStaging, true},
-		{"rma", func(c *Config) { c.RMAWhereEmulated, c.DisableInPlaceReads = true, true }, true, PathRMA, false},
+		{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, false, PathStaging, false},
+		{"direct", func(c *Config) { c.Tuning.DisableRMA = true }, true, PathDirect, false},
+		{"pull", func(c *Config) {
+			c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true, true
+		}, false, PathStaging, false},
+		{"pull in place", func(c *Config) { c.Tuning.DisableDirect = true }, false, PathStaging, true},
+		{"rma", func(c *Config) { c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true }, true, PathRMA, false},
 		{"rma in place", func(c *Config) {}, true, PathRMA, true}, // only shared memory maps the peer's pool
 	}
 	for _, tr := range ucxTransports {
