@@ -8,7 +8,7 @@
 # native.CheckRemoteKey or unpacked, and every byte it names read, in a child process).
 # FUZZ_MINIMIZE_TIME bounds the minimizing of each new input: FuzzRemoteKey reruns a child
 # process for every try.
-FUZZ_TARGETS := ./layout:FuzzPlan ./transfer/internal/wire:FuzzDecode ./transfer/transport/ucx:FuzzContextParams ./native:FuzzRemoteKey
+FUZZ_TARGETS := ./internal/kvplan:FuzzPlan ./transfer/internal/wire:FuzzDecode ./transfer/transport/ucx:FuzzContextParams ./native:FuzzRemoteKey
 FUZZ_TIME ?= 10s
 FUZZ_MINIMIZE_TIME ?= 10s
 # A peer's worker address (refused by native.CheckAddress or survived by UCX, tried in a child

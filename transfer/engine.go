@@ -141,8 +141,8 @@ type unanswered struct {
 // It drives the implementation behind tr (internal/transportimpl: ucx.Transport shows a program
 // only what it calls), whose optional capabilities it finds by type assertion.
 func New(tr Transport, cfg Config) (*Engine, error) {
-	impl := transportimpl.Of(tr)
-	if impl == nil && tr != nil {
+	impl, ok := transportimpl.Of(tr).(transport.Transport)
+	if !ok && tr != nil {
 		return nil, &ConfigError{Field: "Transport", Value: fmt.Sprintf("%T", tr),
 			Reason: "not a transport a transport package made (it keeps no transport contract)"}
 	}

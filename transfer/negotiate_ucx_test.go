@@ -6,7 +6,6 @@ package transfer
 
 import (
 	"errors"
-	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,7 +29,7 @@ func newUCXEngineSpeaking(t testing.TB, tls, dev string, cfg Config, sp speech) 
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
-	e, err := newEngine(transportimpl.Of(tr), cfg, sp)
+	e, err := newEngine(ucxContract(tr), cfg, sp)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
 	return &ucxEngine{tr: tr, e: e}
@@ -95,7 +94,7 @@ func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T)
 				StagingBytes: int64(oc.Tuning.NumSlots) * oc.SlotBytes, CloseTimeout: 2 * time.Second})
 			require.NoError(t, err)
 			oc.StagingMemory = otr.StagingMemory()
-			old, err := newEngine(transportimpl.Of(otr), oc, lacking(wire.FeatureLargeSegments))
+			old, err := newEngine(ucxContract(otr), oc, lacking(wire.FeatureLargeSegments))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = old.Close() })
 

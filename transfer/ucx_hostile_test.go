@@ -6,7 +6,6 @@ package transfer
 
 import (
 	"bytes"
-	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"testing"
 	"time"
 
@@ -46,7 +45,7 @@ func TestUCXRMA_AnOfferPastTheSendersSegmentIsRefused(t *testing.T) {
 			addr, key, err := ucxOf(evil).RMAKey(pool)
 			require.NoError(t, err)
 			claimed := newUCXKV(t, dims, layout.BlockMajor, seqBlocks(40, 8), 0) // blocks 40..47: past the first MiB
-			require.NoError(t, transportimpl.Of(evil).Bind(fakeRMASender{tr: transportimpl.Of(evil), offer: func(ri *wire.RequestInfo) []*wire.RMAOffer {
+			require.NoError(t, ucxContract(evil).Bind(fakeRMASender{tr: ucxContract(evil), offer: func(ri *wire.RequestInfo) []*wire.RMAOffer {
 				return []*wire.RMAOffer{{Header: wire.Header{Sub: ri.Sub, Request: ri.Request, Nonce: ri.Nonce},
 					Addr: addr, PoolBytes: int64(len(claimed.mem)), Layout: claimed.plan.Layout(), Selection: claimed.plan.Selection(),
 					Blocks: append([]int32(nil), claimed.plan.Blocks()...), Key: key}}

@@ -38,3 +38,8 @@ type ucxImpl interface {
 
 // ucxOf is the implementation behind tr.
 func ucxOf(tr *ucx.Transport) ucxImpl { return transportimpl.Of(tr).(ucxImpl) }
+
+// ucxContract is the transport contract behind tr, which the engine's tests drive by hand.
+func ucxContract(tr *ucx.Transport) transport.Transport {
+	return transportimpl.Of(tr).(transport.Transport)
+}

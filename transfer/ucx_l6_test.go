@@ -6,7 +6,6 @@ package transfer
 
 import (
 	"bytes"
-	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"testing"
 	"time"
 
@@ -160,7 +159,7 @@ func newLedgerUCXEngine(t testing.TB, tls, dev string, cfg Config) (*ucxEngine, 
 		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
-	led := newOpLedger(transportimpl.Of(tr))
+	led := newOpLedger(ucxContract(tr))
 	e, err := New(led, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })

@@ -6,7 +6,6 @@ package transfer
 
 import (
 	"bytes"
-	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"testing"
 	"time"
 
@@ -27,7 +26,7 @@ func TestUCXTransport_UnpackHoldsNoLock(t *testing.T) {
 	src := newUCXEngine(t, "posix,cma,self", "", cfg)
 	dst := newUCXEngine(t, "posix,cma,self", "", cfg)
 	other := newUCXEngine(t, "posix,cma,self", "", cfg)
-	require.NoError(t, transportimpl.Of(dst.tr).SendControl(other.tr.Self(), []byte("reach other first")))
+	require.NoError(t, ucxContract(dst.tr).SendControl(other.tr.Self(), []byte("reach other first")))
 
 	inUnpack, letGo := make(chan struct{}), make(chan struct{})
 	var once bool
@@ -48,7 +47,7 @@ func TestUCXTransport_UnpackHoldsNoLock(t *testing.T) {
 		t.Fatal("the receiver never unpacked the sender's key")
 	}
 	sent := make(chan error, 1)
-	go func() { sent <- transportimpl.Of(dst.tr).SendControl(other.tr.Self(), []byte("meanwhile")) }()
+	go func() { sent <- ucxContract(dst.tr).SendControl(other.tr.Self(), []byte("meanwhile")) }()
 	select {
 	case err := <-sent:
 		require.NoError(t, err)

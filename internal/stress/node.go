@@ -59,7 +59,7 @@ var (
 
 func newSlotTracker(inner transfer.Transport, staging []byte, slotBytes int64) *slotTracker {
 	return &slotTracker{
-		inner: transportimpl.Of(inner), // the contract behind a ucx.Transport
+		inner: transportimpl.Of(inner).(transport.Transport), // the contract behind a ucx.Transport
 		// The address is only compared, never dereferenced; staging stays referenced by the
 		// engine for the tracker's whole life, and Go's heap does not move objects.
 		base: uintptr(unsafe.Pointer(unsafe.SliceData(staging))), size: uintptr(len(staging)),

@@ -12,15 +12,11 @@
 // registers nothing and resolves to itself.
 package transportimpl
 
-import (
-	"sync"
-
-	"github.com/kvxfer/kvxfer/transfer/transport"
-)
+import "sync"
 
 // A Resolver returns the implementation behind tr, and whether tr is a public type of its
 // package.
-type Resolver func(tr any) (transport.Transport, bool)
+type Resolver func(tr any) (impl any, ok bool)
 
 var (
 	mu        sync.RWMutex
@@ -35,20 +31,19 @@ func Register(r Resolver) {
 }
 
 // Of returns the implementation behind tr: what a registered Resolver finds for it, or tr
-// itself where it keeps the contract (transport.Transport) itself. A nil tr, and one that is
-// neither, give nil.
-func Of(tr any) transport.Transport {
+// itself (a transport that keeps its contract itself, as the in-memory one does). The caller
+// asserts what it needs of it (transport.Transport, a capability); a nil tr gives nil. It
+// imports nothing of kvxfer's, so package transfer may use it (internal/importcheck).
+func Of(tr any) any {
 	if tr == nil {
 		return nil
 	}
 	mu.RLock()
+	defer mu.RUnlock()
 	for _, r := range resolvers {
 		if impl, ok := r(tr); ok {
-			mu.RUnlock()
 			return impl
 		}
 	}
-	mu.RUnlock()
-	t, _ := tr.(transport.Transport)
-	return t
+	return tr
 }

@@ -8,36 +8,40 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/internal/transportimpl"
-	"github.com/kvxfer/kvxfer/transfer/transport"
-	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // handle is a public transport handle over an implementation, as ucx.Transport is: it keeps
 // none of the contract itself.
-type handle struct {
-	impl transport.Transport
-}
+type handle struct{ impl *impl }
 
-// A registered resolver finds the implementation behind its handles; every other transport,
-// resolves to itself, and nil and a value that keeps no contract to nil.
+// impl stands for a transport's implementation; other for a transport no resolver knows.
+type (
+	impl  struct{ name string }
+	other struct{ name string }
+)
+
+// A registered resolver finds the implementation behind its handles, a nil handle included
+// (nil); every other value resolves to itself, and nil to nil.
 func TestOf(t *testing.T) {
-	n := mem.NewNetwork()
-	impl, other := n.Transport("a"), n.Transport("b")
-	transportimpl.Register(func(tr any) (transport.Transport, bool) {
+	transportimpl.Register(func(tr any) (any, bool) {
 		if h, ok := tr.(*handle); ok {
+			if h == nil {
+				return nil, true
+			}
 			return h.impl, true
 		}
 		return nil, false
 	})
+	in, o := &impl{"a"}, &other{"b"}
+	var nilHandle *handle
 	cases := []struct {
-		desc string
-		in   any
-		want transport.Transport
+		desc     string
+		in, want any
 	}{
-		{"a handle: its implementation", &handle{impl: impl}, impl},
-		{"a transport no resolver knows: itself", other, other},
+		{"a handle: its implementation", &handle{impl: in}, in},
+		{"a nil handle: nil", nilHandle, nil},
+		{"a value no resolver knows: itself", o, o},
 		{"nil: nil", nil, nil},
-		{"neither a handle nor a transport: nil", struct{}{}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {

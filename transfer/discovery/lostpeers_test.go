@@ -3,14 +3,14 @@
 package discovery_test
 
 import (
-	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvxfer/kvxfer/internal/registryserver"
 	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/discovery"
 	"github.com/kvxfer/kvxfer/transfer/transport/mem"
@@ -24,15 +24,13 @@ var _ discovery.LostPeers = (*transfer.Engine)(nil)
 // names the worker, though the registry still lists it (its entry lives until its TTL).
 // Params of a live sender pass, and without LostPeers only the registry is asked.
 func TestCheckParams_RefusesASenderTheTransportLost(t *testing.T) {
-	srv, err := registryserver.Serve("127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Close(ctx)
-	})
+	mux, h := http.NewServeMux(), discovery.Handler()
+	mux.Handle(discovery.WorkersPath, h)
+	mux.Handle(discovery.WorkersPath+"/", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
 	ctx := t.Context()
-	reg, err := discovery.Open(srv.URL(), discovery.Config{TTL: 10 * time.Second})
+	reg, err := discovery.Open(srv.URL, discovery.Config{TTL: 10 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = reg.Close() })
 	addr := []byte("prefill-0 worker address")

@@ -485,4 +485,6 @@ func plan(blocks int64, first int32) (*layout.Plan, error) {
 
 // contract is the transport contract behind tr (internal/transportimpl): the liar binds and
 // sends control messages as the engine would, which a program's ucx.Transport does not show.
-func contract(tr *ucx.Transport) transport.Transport { return transportimpl.Of(tr) }
+func contract(tr *ucx.Transport) transport.Transport {
+	return transportimpl.Of(tr).(transport.Transport)
+}

@@ -36,7 +36,7 @@ type frontImpl interface {
 
 // The engine resolves a *Transport to its implementation (transfer.New).
 func init() {
-	transportimpl.Register(func(tr any) (transport.Transport, bool) {
+	transportimpl.Register(func(tr any) (any, bool) {
 		if f, ok := tr.(*Transport); ok {
 			if f == nil {
 				return nil, true
