@@ -17,7 +17,8 @@ import (
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
-// countingUCX is a ucx.Transport that counts the pull wire's two ways of reading a chunk.
+// countingUCX is a ucx.Transport that counts the two ways of reading a chunk or a pool's
+// ranges: gets, and views of the peer's memory mapped here (not of its generation word).
 type countingUCX struct {
 	ucxImpl
 	gets, maps atomic.Int64
@@ -30,7 +31,7 @@ func (c *countingUCX) PostGet(from Peer, tag transport.Tag, key []byte, addr uin
 
 func (c *countingUCX) MapRemote(from transport.Peer, key []byte, addr uint64, n int) ([]byte, func(), error) {
 	v, release, err := c.ucxImpl.MapRemote(from, key, addr, n)
-	if v != nil {
+	if v != nil && n > 8 { // a chunk or a pool; the RMA receiver maps its 8-byte generation word too (rma_gen.go)
 		c.maps.Add(1)
 	}
 	return v, release, err
