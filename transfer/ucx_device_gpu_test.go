@@ -45,7 +45,7 @@ type deviceEngine struct {
 func newDeviceEngine(t *testing.T, rt *cuda.Runtime, cfg Config) *deviceEngine {
 	t.Helper()
 	cfg = cfg.withDefaults()
-	tr, err := ucx.NewDevice(ucx.DeviceConfig{Runtime: rt, StagingBytes: int64(cfg.NumSlots) * cfg.SlotBytes,
+	tr, err := ucx.NewDevice(ucx.DeviceConfig{Runtime: rt, StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes,
 		UCX: ucx.Config{KeepaliveInterval: 200 * time.Millisecond, CloseTimeout: 2 * time.Second}})
 	if os.Getenv("KVX_EXPECT_UCX_CUDA") != "1" && errors.Is(err, ucx.ErrDeviceMemory) && !errors.Is(err, ErrInvalidConfig) {
 		t.Skipf("this UCX cannot move device memory (set KVX_EXPECT_UCX_CUDA=1 to make that a failure): %v", err)

@@ -56,7 +56,7 @@ func registerPool(t *testing.T, u *ucxEngine, p *devicePool) DevicePool {
 func TestUCXRegion_DeviceRegisteredPoolsTakeRMA(t *testing.T) {
 	rt := openGPU(t)
 	cfg := ucxTestConfig()
-	cfg.DirectChunkBytes = 8 << 20
+	cfg.Tuning.DirectChunkBytes = 8 << 20
 	src, dst := newRegionEngine(t, cfg), newRegionEngine(t, cfg)
 	dims := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 128}
 	cases := []struct {
