@@ -27,23 +27,8 @@ import (
 // QuarantineTimeout) in about 2 runs of 3.
 func TestL3_UCXReceiversCancelIsACleanCancelForTheSender(t *testing.T) {
 	big := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 128}
-	paths := []struct {
-		name    string
-		cfg     func(*Config)
-		mapped  bool // the pools are the transport's (AllocatePool): the one-copy paths may run
-		want    Path
-		shmOnly bool
-	}{
-		{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, false, PathStaging, false},
-		{"direct", func(c *Config) { c.Tuning.DisableRMA = true }, true, PathDirect, false},
-		{"pull", func(c *Config) {
-			c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true, true
-		}, false, PathStaging, false},
-		{"rma", func(c *Config) { c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true }, true, PathRMA, false},
-		{"rma in place", func(c *Config) {}, true, PathRMA, true}, // only shared memory maps the peer's pool
-	}
 	for _, tr := range ucxTransports {
-		for _, pc := range paths {
+		for _, pc := range ucxCancelPaths {
 			if pc.shmOnly && tr.name != "shm" {
 				continue
 			}

@@ -23,30 +23,15 @@ import (
 // poisoned. The receiver ends too, Completed only with every byte.
 func TestL10_UCXSendersCancelIsTruthfulOnEveryPath(t *testing.T) {
 	big := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 128}
-	paths := []struct {
-		name    string
-		cfg     func(*Config)
-		mapped  bool // the pools are the transport's (AllocatePool): the one-copy paths may run
-		want    Path
-		shmOnly bool
-	}{
-		{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, false, PathStaging, false},
-		{"direct", func(c *Config) { c.Tuning.DisableRMA = true }, true, PathDirect, false},
-		{"pull", func(c *Config) {
-			c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true, true
-		}, false, PathStaging, false},
-		{"pull in place", func(c *Config) { c.Tuning.DisableDirect = true }, false, PathStaging, true},
-		{"rma", func(c *Config) { c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true }, true, PathRMA, false},
-		{"rma in place", func(c *Config) {}, true, PathRMA, true}, // only shared memory maps the peer's pool
-	}
 	for _, tr := range ucxTransports {
-		for _, pc := range paths {
+		for _, pc := range ucxCancelPaths {
 			if pc.shmOnly && tr.name != "shm" {
 				continue
 			}
 			t.Run(tr.name+"/"+pc.name, func(t *testing.T) {
 				cfg := ucxTestConfig()
 				pc.cfg(&cfg)
+				cfg.Tuning.CancelGrace = 5 * time.Second // 50 ms is short on a loaded box; a stranded op outlives 5 s
 				src, dst := newUCXEngine(t, tr.tls, tr.dev, cfg), newUCXEngine(t, tr.tls, tr.dev, cfg)
 				ids := seqBlocks(0, 128)
 				s, r := newUCXKV(t, big, layout.BlockMajor, ids, 93), newUCXKV(t, big, layout.BlockMajor, ids, 0)
@@ -85,4 +70,23 @@ func TestL10_UCXSendersCancelIsTruthfulOnEveryPath(t *testing.T) {
 			})
 		}
 	}
+}
+
+// ucxCancelPaths are the paths the UCX cancel tests force, each by its Config, over shared
+// memory and TCP (pull in place and RMA in place map the peer's pool: shared memory only).
+var ucxCancelPaths = []struct {
+	name    string
+	cfg     func(*Config)
+	mapped  bool // the pools are the transport's (AllocatePool): the one-copy paths may run
+	want    Path
+	shmOnly bool
+}{
+	{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, false, PathStaging, false},
+	{"direct", func(c *Config) { c.Tuning.DisableRMA = true }, true, PathDirect, false},
+	{"pull", func(c *Config) {
+		c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true, true
+	}, false, PathStaging, false},
+	{"pull in place", func(c *Config) { c.Tuning.DisableDirect = true }, false, PathStaging, true},
+	{"rma", func(c *Config) { c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true }, true, PathRMA, false},
+	{"rma in place", func(c *Config) {}, true, PathRMA, true}, // only shared memory maps the peer's pool
 }
