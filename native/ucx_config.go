@@ -73,7 +73,11 @@ type ContextConfig struct {
 	// environment, unless set there already, when the first context that may use shared
 	// memory opens.
 	ShmFIFOSize int
-	// NoRMA leaves out UCP_FEATURE_RMA (puts and gets), for transports that lack it.
+	// NoRMA leaves out UCP_FEATURE_RMA (puts and gets). Such a context posts no puts or gets
+	// (each fails at once with ErrInvalidArgument) and, more to the point, serves none: UCX
+	// installs the handlers of its RMA emulation (ucp_put_handler, ucp_get_req_handler), which
+	// write and read any address a peer's message names with no key, only in a context with
+	// the feature. A peer's put or get to it changes and reads nothing (docs/security.md).
 	NoRMA bool
 	// Logger receives lifecycle events; default zap.NewNop().
 	Logger *zap.Logger

@@ -23,6 +23,9 @@ func (ep *Endpoint) GetDevice(mem *Memory, off, n int64, remoteAddr uint64, rkey
 	if mem != nil && mem.kind != MemoryCUDA {
 		return ep.w.failed(opGet, fmt.Errorf("%w: get device: a %v region (use Get)", ErrInvalidArgument, mem.kind))
 	}
+	if err := ep.w.ctx.rmaRefused(opGet); err != nil {
+		return ep.w.failed(opGet, err)
+	}
 	if rkey == nil || rkey.ep != ep {
 		return ep.w.failed(opGet, fmt.Errorf("%w: get device: the remote key must be unpacked on this endpoint", ErrInvalidArgument))
 	}

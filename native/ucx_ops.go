@@ -198,6 +198,9 @@ func (ep *Endpoint) rma(kind opKind, mem *Memory, off, n int64, remoteAddr uint6
 }
 
 func (ep *Endpoint) rmaOp(kind opKind, fenced bool, mem *Memory, off, n int64, remoteAddr uint64, rkey *RemoteKey) *Request {
+	if err := ep.w.ctx.rmaRefused(kind); err != nil {
+		return ep.w.failed(kind, err)
+	}
 	if rkey == nil || rkey.ep != ep {
 		return ep.w.failed(kind, fmt.Errorf("%w: %v: the remote key must be unpacked on this endpoint", ErrInvalidArgument, kind))
 	}
@@ -224,6 +227,17 @@ func (ep *Endpoint) rmaOp(kind opKind, fenced bool, mem *Memory, off, n int64, r
 		}
 		return st, creq, 0
 	})
+}
+
+// rmaRefused is the error of a put or get on a context opened without RMA (ContextConfig.NoRMA),
+// or nil. UCX 1.13 refuses such an operation itself, but UCX 1.22 as the wheel builds it checks
+// no feature flags: it would send the operation's active messages to the peer anyway, and a
+// get from a peer without RMA is never answered (it ends only with its endpoint).
+func (c *Context) rmaRefused(kind opKind) error {
+	if !c.cfg.NoRMA {
+		return nil
+	}
+	return fmt.Errorf("%w: %v: the context was opened without RMA (ContextConfig.NoRMA)", ErrInvalidArgument, kind)
 }
 
 // Flush completes once every put and get issued on the endpoint before it is complete at
