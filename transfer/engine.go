@@ -189,6 +189,12 @@ func newEngine(tr transport.Transport, cfg Config, sp speech) (*Engine, error) {
 			return nil, &ConfigError{Field: "ClusterKeys", Value: len(cfg.ClusterKeys), Reason: "the keys do not make a keyring", Cause: err}
 		}
 	}
+	if cfg.Tuning.RMAWhereEmulated && !cfg.Tuning.DisableRMA && e.gets() == nil {
+		if _, ok := tr.(transport.RMATransport); ok {
+			return nil, &ConfigError{Field: "Tuning.RMAWhereEmulated", Value: true,
+				Reason: "the transport serves no RMA: a UCX transport over TCP only opens UCX without it unless its ucx.Config.ServeEmulatedRMA is set (docs/security.md)"}
+		}
+	}
 	e.direct, _ = tr.(transport.DirectTransport)
 	e.slots.mem = mem[:int64(cfg.Tuning.NumSlots)*cfg.SlotBytes]
 	e.slots.mapped = e.direct != nil && e.direct.Direct(e.slots.mem)

@@ -26,7 +26,7 @@ func newUCXEngineSpeaking(t testing.TB, tls, dev string, cfg Config, sp speech) 
 	cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
 	tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
-		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
+		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second, ServeEmulatedRMA: cfg.Tuning.RMAWhereEmulated})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
 	e, err := newEngine(ucxContract(tr), cfg, sp)
@@ -91,7 +91,7 @@ func TestUCXTransport_LargeTCPSegmentsOnlyToAReceiverThatTakesThem(t *testing.T)
 			oc := cfg.withDefaults()
 			oc.Tuning.NumSlots = oc.MaxConcurrent * oc.Tuning.PipelineDepth
 			otr, err := ucx.New(ucx.Config{TLS: c.tls, NetDevices: c.dev, KeepaliveInterval: 200 * time.Millisecond,
-				StagingBytes: int64(oc.Tuning.NumSlots) * oc.SlotBytes, CloseTimeout: 2 * time.Second})
+				StagingBytes: int64(oc.Tuning.NumSlots) * oc.SlotBytes, CloseTimeout: 2 * time.Second, ServeEmulatedRMA: oc.Tuning.RMAWhereEmulated})
 			require.NoError(t, err)
 			oc.StagingMemory = otr.StagingMemory()
 			old, err := newEngine(ucxContract(otr), oc, lacking(wire.FeatureLargeSegments))

@@ -40,9 +40,9 @@ type slotExposure struct {
 func (e *Engine) slotKey() (uint64, []byte, error) {
 	s := &e.slots
 	s.once.Do(func() {
-		rt, ok := e.tr.(transport.RMATransport)
+		rt := e.gets()
 		switch {
-		case !ok:
+		case rt == nil:
 			s.err = errors.New("this sender's transport has no rma gets")
 		case !s.mapped:
 			s.err = errors.New("this sender's staging memory is not mapped by its transport (Config.StagingMemory: use the transport's staging memory)")
@@ -86,8 +86,8 @@ func (x *xfer) pullWanted() bool {
 	if e.cfg.Tuning.DisablePull || !e.slots.mapped || e.speech.features&wire.FeatureSlotPull == 0 || !x.peerHas(wire.FeatureSlotPull) {
 		return false
 	}
-	rt, ok := e.tr.(transport.RMATransport)
-	if !ok || x.rmaGenerations() == nil { // a validated offer must be checkable here
+	rt := e.gets()
+	if rt == nil || x.rmaGenerations() == nil { // a validated offer must be checkable here
 		return false
 	}
 	return !x.getsEmulated(rt)
@@ -249,7 +249,7 @@ func (r *pullReceive) announced(m *wire.SlotReady) {
 // pump reads announced chunks into free slots.
 func (r *pullReceive) pump() {
 	x := r.x
-	rt, _ := x.eng.tr.(transport.RMATransport)
+	rt := x.eng.gets()
 	for r.pulling && !x.aborting && len(r.queue) > 0 && len(x.idle) > 0 {
 		m := r.queue[0]
 		r.queue = r.queue[1:]

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/internal/kvplan"
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
 	"github.com/kvxfer/kvxfer/transfer/transport"
@@ -80,7 +81,23 @@ func (x *xfer) rmaTransport() transport.RMATransport {
 	if x.eng.cfg.Tuning.DisableRMA {
 		return nil
 	}
-	rt, _ := x.eng.tr.(transport.RMATransport)
+	return x.eng.gets()
+}
+
+// gets returns the engine's transport as a transport.RMATransport where it posts and serves
+// gets, whatever the configuration says of the routes that use them; nil where it is no
+// RMATransport or says it serves no RMA (transportimpl.RMAServing: the UCX transport over TCP
+// only). Every route that reads a peer's memory with gets, or exposes this side's to a peer's
+// gets, asks here first, so a transport without RMA gets no such call: the receiver asks for
+// no offer, the sender declines one, and the data moves by messages.
+func (e *Engine) gets() transport.RMATransport {
+	rt, ok := e.tr.(transport.RMATransport)
+	if !ok {
+		return nil
+	}
+	if s, ok := rt.(transportimpl.RMAServing); ok && !s.ServesRMA() {
+		return nil
+	}
 	return rt
 }
 

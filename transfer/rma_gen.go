@@ -37,6 +37,9 @@ func (e *staleReadError) Is(target error) bool { return target == ErrStaleRead }
 
 // rmaGenerations returns the engine's transport as an transport.RMAGenerations, when it is one.
 func (x *xfer) rmaGenerations() transport.RMAGenerations {
+	if x.eng.gets() == nil { // a word is read with a get: none on a transport without them
+		return nil
+	}
 	g, _ := x.eng.tr.(transport.RMAGenerations)
 	return g
 }

@@ -17,6 +17,7 @@ import (
 type ucxImpl interface {
 	transport.DeviceRMATransport
 	transport.RMAEmulation
+	transportimpl.RMAServing
 	transport.RMAKeyPreparer
 	transport.RMAMapper
 	transport.RMALanes

@@ -156,7 +156,7 @@ func newLedgerUCXEngine(t testing.TB, tls, dev string, cfg Config) (*ucxEngine, 
 	}
 	tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
-		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
+		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second, ServeEmulatedRMA: cfg.Tuning.RMAWhereEmulated})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
 	led := newOpLedger(ucxContract(tr))

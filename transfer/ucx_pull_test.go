@@ -42,7 +42,7 @@ func newCountingUCXEngine(t testing.TB, tls string, cfg Config) (*ucxEngine, *co
 	cfg = cfg.withDefaults()
 	cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
 	tr, err := ucx.New(ucx.Config{TLS: tls, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second})
+		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second, ServeEmulatedRMA: cfg.Tuning.RMAWhereEmulated})
 	require.NoError(t, err)
 	c := &countingUCX{ucxImpl: ucxOf(tr)}
 	cfg.StagingMemory = tr.StagingMemory()

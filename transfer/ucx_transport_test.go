@@ -45,7 +45,7 @@ func newUCXEngine(t testing.TB, tls, dev string, cfg Config, mods ...func(*ucx.C
 	}
 	uc := ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
-		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second}
+		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second, ServeEmulatedRMA: cfg.Tuning.RMAWhereEmulated}
 	for _, m := range mods {
 		m(&uc)
 	}
@@ -346,7 +346,7 @@ func newStallingUCXEngine(t testing.TB, tls, dev string, cfg Config, n int) *sta
 	}
 	tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
-		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
+		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second, ServeEmulatedRMA: cfg.Tuning.RMAWhereEmulated})
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
 	st := &stallingUCX{ucxImpl: ucxOf(tr), n: n, held: map[transport.OpID]func(transport.Completion){}}

@@ -24,7 +24,7 @@ var Budgets = map[string]int{
 	"transfer/transport":               141, // +7 Params, ParamsIssuer, AuthClaimed and the exposure's transport contract; +7 Exposure and its fields (one-hop reads, docs/protocol.md)
 	"transfer/transport/mem":           57,
 	"transfer/transport/transporttest": 18,
-	"transfer/transport/ucx":           62, // -7: Bind, SendControl, PostSend, PostRecv, Cancel (the contract, reached through internal/transportimpl), MaxLanes and MaxTCPSegmentBytes (native); -51 issue 27: the contract's capabilities on the implementation behind Transport (internal/transportimpl), DeviceTransport folded into Transport; CMAStats in internal/cmastats; ContextParams's wire sections (Exposure, Anonymous, Seal, ParamsSeal) and Region.RemoteKey unexported; DefaultStagingBytes (from transferdefaults), ContextParamsSecretBytes and ContextParamsMaxAddress (wire)
+	"transfer/transport/ucx":           63, // +1 Config.ServeEmulatedRMA (a transport over TCP only opens UCX without RMA unless it is set: docs/security.md); -7: Bind, SendControl, PostSend, PostRecv, Cancel (the contract, reached through internal/transportimpl), MaxLanes and MaxTCPSegmentBytes (native); -51 issue 27: the contract's capabilities on the implementation behind Transport (internal/transportimpl), DeviceTransport folded into Transport; CMAStats in internal/cmastats; ContextParams's wire sections (Exposure, Anonymous, Seal, ParamsSeal) and Region.RemoteKey unexported; DefaultStagingBytes (from transferdefaults), ContextParamsSecretBytes and ContextParamsMaxAddress (wire)
 	"transfer/tuning":                  23, // transfer.Config's knobs a serving program leaves at their defaults, and None (from transfer)
 }
 

@@ -96,7 +96,7 @@ func newDeviceEngineSide(cfg RunConfig, role string, rank int) (engineSide, erro
 	}
 	ec := engineConfig(cfg) // --staging sets DisableDirect: device pools stage, never get
 	tr, err := ucx.NewDevice(ucx.DeviceConfig{Runtime: rt, StagingBytes: int64(ec.Tuning.NumSlots) * ec.SlotBytes,
-		UCX: ucx.Config{TLS: cfg.TLS}})
+		UCX: ucx.Config{TLS: cfg.TLS, ServeEmulatedRMA: cfg.RMAWhereEmulated}})
 	if err != nil {
 		_ = rt.Close()
 		return nil, fmt.Errorf("%s rank %d: %w", role, rank, err)

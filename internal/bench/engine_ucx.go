@@ -30,7 +30,8 @@ func newUCXEngineSide(cfg RunConfig, role string, rank int) (engineSide, error) 
 		return newDeviceEngineSide(cfg, role, rank) // device_engine.go
 	}
 	ec := engineConfig(cfg)
-	tr, err := ucx.New(ucx.Config{TLS: cfg.TLS, StagingBytes: int64(ec.Tuning.NumSlots) * ec.SlotBytes, Lanes: cfg.Lanes, TCPSegmentBytes: cfg.TCPSegmentBytes, ShmFIFOSize: cfg.ShmFIFOSize})
+	tr, err := ucx.New(ucx.Config{TLS: cfg.TLS, StagingBytes: int64(ec.Tuning.NumSlots) * ec.SlotBytes, Lanes: cfg.Lanes, TCPSegmentBytes: cfg.TCPSegmentBytes, ShmFIFOSize: cfg.ShmFIFOSize,
+		ServeEmulatedRMA: cfg.RMAWhereEmulated})
 	if err != nil {
 		return nil, fmt.Errorf("%s rank %d: UCX transport: %w", role, rank, err)
 	}

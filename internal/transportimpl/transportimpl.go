@@ -47,3 +47,17 @@ func Of(tr any) any {
 	}
 	return tr
 }
+
+// RMAServing is an optional capability of a transport.RMATransport whose RMA can be off in one
+// instance though its type has the methods: the UCX transport over TCP only, which opens UCX
+// without RMA unless ucx.Config.ServeEmulatedRMA is set, so that no peer reaches UCX's
+// emulation of it (docs/security.md). When ServesRMA reports false the transport posts no
+// gets and serves none of its peers': its RMA calls fail, and the engine takes no route that
+// needs them (the RMA mode, the pull wire, one-hop reads, device gets); it declines a peer's
+// request for an offer or for its slots, and the data moves by messages. A transport without
+// this method serves RMA wherever it is an RMATransport. It lives here, not in package
+// transport, because only the engine and the contract tests ask for it.
+type RMAServing interface {
+	// ServesRMA reports whether this transport posts and serves gets. It never changes.
+	ServesRMA() bool
+}

@@ -90,7 +90,9 @@ type Config struct {
 	// RMAWhereEmulated keeps the RMA mode where the transport says its gets to the peer are
 	// emulated (transport.RMAEmulation: UCX 1.13 over TCP). By default such a receiver takes the direct
 	// path's tagged messages instead, and transfer.Handle.Path says PathDirect; on the staging path it
-	// keeps the data messages instead of the pull wire.
+	// keeps the data messages instead of the pull wire. A UCX transport over TCP only serves
+	// no RMA unless its ucx.Config.ServeEmulatedRMA is set (docs/security.md); transfer.New
+	// refuses this setting over a transport that serves none.
 	RMAWhereEmulated bool
 	// RMAMinRegionBytes is the smallest mean size of the pool-to-pool ranges (each as long as
 	// both sides' bytes stay contiguous) for which a receiver takes the RMA mode: below it

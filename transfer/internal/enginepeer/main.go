@@ -126,7 +126,11 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 		return fmt.Errorf("-mode %q: want engine-send or engine-recv", o.mode)
 	}
 	tr, err := ucx.New(ucx.Config{TLS: o.tls, NetDevices: o.netDevs,
-		KeepaliveInterval: o.keepalive, StagingBytes: 8 * o.chunk})
+		KeepaliveInterval: o.keepalive, StagingBytes: 8 * o.chunk,
+		// A sender serves gets over TCP too (as an engine of an earlier build did): the
+		// tests' receivers that keep the RMA mode there (-rma-where-emulated on their side)
+		// read it; a receiver of this build without ServeEmulatedRMA never asks.
+		ServeEmulatedRMA: true})
 	if err != nil {
 		return err
 	}

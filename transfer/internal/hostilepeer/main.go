@@ -144,8 +144,9 @@ func runPeer(o options, stdin *bufio.Scanner) error {
 		}
 		p.insider = [][]byte{k}
 	}
+	// ServeEmulatedRMA: the liar's honest offers are read by gets over TCP too
 	cfg := ucx.Config{TLS: o.tls, NetDevices: o.netDevs, KeepaliveInterval: 200 * time.Millisecond, StagingBytes: 1 << 20,
-		CloseTimeout: 2 * time.Second}
+		CloseTimeout: 2 * time.Second, ServeEmulatedRMA: true}
 	if p.tr, err = ucx.New(cfg); err != nil {
 		return err
 	}

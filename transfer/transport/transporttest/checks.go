@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
 
@@ -273,13 +274,29 @@ func checkDirectIOV(t TB, h Harness) {
 
 // checkRMAGet: a transport with RMA gets (RMATransport) reads a range of the peer's pool, named
 // by the peer's RMAKey, into a local buffer: every byte, one final report with MemoryDone.
-// Buffers Direct refuses are not tried.
+// Buffers Direct refuses are not tried. A transport that says it serves no RMA
+// (internal/transportimpl.RMAServing) refuses both calls at once, with an error and no report.
 func checkRMAGet(t TB, h Harness) {
 	a, b := h.pair(t)
 	ra, okA := a.Transport.(transport.RMATransport)
 	rb, okB := b.Transport.(transport.RMATransport)
 	const n, off = 8192, 512
 	pool, dst := a.Buffer(n), b.Buffer(n-off)
+	if s, ok := a.Transport.(transportimpl.RMAServing); ok && !s.ServesRMA() && okB && rb.Direct(dst) {
+		if _, _, err := ra.RMAKey(pool); err == nil {
+			t.Errorf("RMAKey succeeded on a transport that serves no RMA")
+		}
+		tag := transport.Tag{Request: 600, Seq: 1}
+		g := b.rec.newOp("get", tag)
+		var err error
+		b.call(func() { g.id, err = rb.PostGet(a.Peer, tag, nil, 0, dst, g.done) })
+		b.rec.posted(g, err)
+		if s, ok := rb.(transportimpl.RMAServing); ok && !s.ServesRMA() && err == nil {
+			t.Errorf("PostGet succeeded on a transport that serves no RMA")
+		}
+		finish(t, h, a, b)
+		return
+	}
 	if !okA || !okB || !ra.Direct(pool) || !rb.Direct(dst) {
 		t.Logf("the transport has no RMA gets for the harness's buffers")
 		finish(t, h, a, b)

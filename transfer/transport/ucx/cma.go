@@ -397,6 +397,9 @@ func init() {
 // key it answers from the peer's worker address alone; with a key it decides the route for
 // it (the peer's proof, bounded), from memory UCX maps here too.
 func (t *ucxTransport) vectorGets(from transport.Peer, key []byte) bool {
+	if t.noRMA { // a vector get is a get: none on a transport without RMA
+		return false
+	}
 	if key == nil { // a kernel that refused one read (Yama's ptrace_scope, seccomp) refuses all
 		if !t.cma.selfOK || t.cma.shut(from) || t.cma.refused.Load() > 0 {
 			return false

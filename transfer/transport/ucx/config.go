@@ -9,8 +9,10 @@ package ucx
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"time"
 
+	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"go.uber.org/zap"
 )
@@ -98,8 +100,52 @@ type Config struct {
 	// get with its memory unknown (the engine poisons the destination, L9), that peer's memory
 	// is read through UCX from then on, and Close stops waiting for it. Default 5s.
 	CMAReadTimeout time.Duration
+	// ServeEmulatedRMA keeps UCX's RMA on a transport whose transports are TCP only (TLS
+	// naming tcp and self and nothing else). By default such a transport opens UCX without
+	// RMA: every get over TCP would be UCX's emulation, which the engine does not take unless
+	// transfer.Config.Tuning.RMAWhereEmulated says so, and the emulation's handlers, once
+	// installed, write and read any address of this process that a peer's message names
+	// (docs/security.md, "What UCX itself serves to a connected peer"). Without RMA the
+	// transport posts no gets and serves none; the engine moves the data by messages (the
+	// direct path's IOV messages, or staging), as it does over TCP by default. Set it, with
+	// Tuning.RMAWhereEmulated on both engines, only where every process that can reach this
+	// worker's TCP interfaces is trusted. Transports that include shared memory, RDMA or CUDA
+	// keep RMA whatever this says.
+	ServeEmulatedRMA bool
 	// Logger receives peer failures. Default zap.NewNop().
 	Logger *zap.Logger
+}
+
+// rmaWanted reports whether a transport of this configuration opens UCX with RMA: always,
+// unless its transports are TCP only (tlsTCPOnly) and ServeEmulatedRMA is off.
+func (c *Config) rmaWanted() bool {
+	tls := c.TLS
+	if tls == "" {
+		tls, _ = native.ProcessEnv("UCX_TLS")
+	}
+	return c.ServeEmulatedRMA || !tlsTCPOnly(tls)
+}
+
+// tlsTCPOnly reports whether a UCX_TLS list selects TCP and nothing else that moves bytes
+// between processes ("self" is the process's loopback to itself): "tcp", "tcp,self". An
+// empty list, "all", an exclusion ("^...") or any other transport (shared memory, RDMA,
+// CUDA, an alias such as "sm") is not.
+func tlsTCPOnly(tls string) bool {
+	tls = strings.TrimSpace(tls)
+	if tls == "" || strings.HasPrefix(tls, "^") {
+		return false
+	}
+	tcp := false
+	for _, name := range strings.Split(tls, ",") {
+		switch strings.ToLower(strings.TrimSpace(name)) {
+		case "tcp":
+			tcp = true
+		case "self":
+		default:
+			return false
+		}
+	}
+	return tcp
 }
 
 func (c *Config) applyDefaults() error {

@@ -59,12 +59,14 @@ func (r *ucxRecorder) reportsOf(id transport.OpID) []transport.Completion {
 	return append([]transport.Completion(nil), r.reports[id]...)
 }
 
+// newUCXPair is two bound transports over tls. They keep RMA over TCP too
+// (ServeEmulatedRMA): the tests that use them check the RMA route where UCX emulates it.
 func newUCXPair(t *testing.T, tls, dev string) (a, b *ucxTransport, ra, rb *ucxRecorder) {
 	t.Helper()
 	var err error
-	a, err = newTransport(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
+	a, err = newTransport(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second, ServeEmulatedRMA: true})
 	require.NoError(t, err)
-	b, err = newTransport(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second})
+	b, err = newTransport(Config{TLS: tls, NetDevices: dev, StagingBytes: 32 << 20, CloseTimeout: 2 * time.Second, ServeEmulatedRMA: true})
 	require.NoError(t, err)
 	ra, rb = newUCXRecorder(), newUCXRecorder()
 	require.NoError(t, a.Bind(ra))

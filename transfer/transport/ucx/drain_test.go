@@ -13,9 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// newBoundUCXTransport is a transport over tls bound to nothing; it keeps RMA over TCP too
+// (ServeEmulatedRMA), as newUCXPair's do.
 func newBoundUCXTransport(t *testing.T, tls, dev string, cfg Config) *ucxTransport {
 	t.Helper()
-	cfg.TLS, cfg.NetDevices = tls, dev
+	cfg.TLS, cfg.NetDevices, cfg.ServeEmulatedRMA = tls, dev, true
 	if cfg.KeepaliveInterval == 0 {
 		cfg.KeepaliveInterval = 200 * time.Millisecond
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/kvxfer/kvxfer/internal/transportimpl"
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
@@ -42,9 +43,29 @@ type ucxRemoteKey struct {
 	proving chan struct{}
 }
 
+var _ transportimpl.RMAServing = (*ucxTransport)(nil)
+
+// ServesRMA implements transportimpl.RMAServing: false when this transport opened UCX without RMA
+// (its transports are TCP only and Config.ServeEmulatedRMA is off).
+func (t *ucxTransport) ServesRMA() bool { return !t.noRMA }
+
+// rmaRefused is the error of an RMA call on a transport that opened UCX without RMA, or nil:
+// a *transport.ConfigError (transport.ErrInvalidConfig) naming the setting. UCX itself would
+// refuse the get (UCS_ERR_INVALID_PARAM); this says why before it is asked.
+func (t *ucxTransport) rmaRefused(what string) error {
+	if !t.noRMA {
+		return nil
+	}
+	return &transport.ConfigError{Field: "ucx.Config.ServeEmulatedRMA", Value: false,
+		Reason: fmt.Sprintf("%s: this transport's transports (TLS %q) are TCP only, so it opened UCX without RMA (docs/security.md); the engine moves the data by messages", what, t.cfg.TLS)}
+}
+
 // RMAKey implements transport.RMATransport: pool must lie in a region this transport mapped
 // (AllocatePool, or the staging region); its key is packed on first use.
 func (t *ucxTransport) RMAKey(pool []byte) (uint64, []byte, error) {
+	if err := t.rmaRefused("a remote key for gets"); err != nil {
+		return 0, nil, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -70,6 +91,9 @@ func (t *ucxTransport) RMAKey(pool []byte) (uint64, []byte, error) {
 // PrepareKeys implements transport.RMAKeyPreparer: the pool's key is unpacked on every lane's endpoint
 // to from, once, outside mu (ensureKey); the gets find it unpacked.
 func (t *ucxTransport) PrepareKeys(from transport.Peer, poolKey []byte) error {
+	if err := t.rmaRefused("a key for gets"); err != nil {
+		return err
+	}
 	if err := t.ensureEndpoint(from); err != nil {
 		return err
 	}
@@ -96,6 +120,9 @@ func (t *ucxTransport) PrepareKeys(from transport.Peer, poolKey []byte) error {
 // and a forced close of its endpoint ends it. Where UCX would emulate the get and the peer is a
 // process on this host, process_vm_readv reads it instead (cma.go), with the same reports.
 func (t *ucxTransport) PostGet(from transport.Peer, tag transport.Tag, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (transport.OpID, error) {
+	if err := t.rmaRefused("a get"); err != nil {
+		return 0, err
+	}
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}

@@ -21,8 +21,8 @@ import (
 var _ transport.DeviceRMATransport = (*ucxTransport)(nil)
 
 // DeviceGets implements transport.DeviceRMATransport: this UCX can register CUDA memory
-// (DeviceMemory).
-func (t *ucxTransport) DeviceGets() bool { return t.DeviceMemory() }
+// (DeviceMemory), and the transport opened it with RMA (ServesRMA).
+func (t *ucxTransport) DeviceGets() bool { return !t.noRMA && t.DeviceMemory() }
 
 // deviceRegLocked returns the live device registration holding [addr, addr+n), or a
 // *transport.RegionError matching transport.ErrBadRegion that says what the range is instead.
@@ -72,6 +72,9 @@ func (t *ucxTransport) HoldDevice(addr uint64, n int64) func() {
 // RMAKeyAt implements transport.DeviceRMATransport with the key packed at registration; a
 // peer's gets name device addresses as they are in this process.
 func (t *ucxTransport) RMAKeyAt(addr uint64, n int64) (uint64, []byte, error) {
+	if err := t.rmaRefused("a remote key for device gets"); err != nil {
+		return 0, nil, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -93,6 +96,9 @@ func (t *ucxTransport) RMAKeyAt(addr uint64, n int64) (uint64, []byte, error) {
 // never striped over lanes: it is the one thread the caller's CUDA context is known on. The
 // rules of PostGet hold: UCX cannot cancel a get, so Cancel reports transport.MemoryBusy while it runs.
 func (t *ucxTransport) PostGetAt(from transport.Peer, tag transport.Tag, key []byte, addr, dstAddr uint64, n int64, done func(transport.Completion)) (transport.OpID, error) {
+	if err := t.rmaRefused("a device get"); err != nil {
+		return 0, err
+	}
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}

@@ -66,6 +66,9 @@ func (t *ucxTransport) gensLocked() (*ucxGens, error) {
 // ExposeGeneration implements transport.RMAGenerations with a word of the transport's generation
 // region: the value is this transport's next, stored atomically; end stores the one after.
 func (t *ucxTransport) ExposeGeneration() (uint64, []byte, uint64, func(), error) {
+	if err := t.rmaRefused("a generation word"); err != nil {
+		return 0, nil, 0, nil, err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -117,6 +120,9 @@ func (t *ucxTransport) GenerationWords() (held, total int) {
 // unpack and then crashes the process in its own clean-up (seen in
 // TestUCXDirect_PeerKilledMidTransfer).
 func (t *ucxTransport) PrepareReadGeneration(from transport.Peer, key []byte) error {
+	if err := t.rmaRefused("a generation word's key"); err != nil {
+		return err
+	}
 	if err := t.ensureEndpoint(from); err != nil { // made outside mu, as PostGet's
 		return err
 	}
@@ -127,6 +133,9 @@ func (t *ucxTransport) PrepareReadGeneration(from transport.Peer, key []byte) er
 // landing word of the generation region: the fence orders it after every get this worker
 // posted before it. A word this process maps is loaded from the mapping instead.
 func (t *ucxTransport) PostReadGeneration(from transport.Peer, tag transport.Tag, key []byte, addr uint64, done func(transport.Completion, uint64)) (transport.OpID, error) {
+	if err := t.rmaRefused("a read of a generation word"); err != nil {
+		return 0, err
+	}
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
 	}

@@ -60,6 +60,8 @@ type ucxTransport struct {
 	addr    []byte
 	life    uint64 // this transport's incarnation, for ContextParams
 	staging *native.Memory
+	// noRMA: UCX was opened without RMA (Config.rmaWanted): no gets posted, none served (rma.go)
+	noRMA bool
 
 	mu  sync.Mutex
 	in  transport.Inbound
@@ -137,13 +139,13 @@ func newTransport(cfg Config) (*ucxTransport, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
-	t := &ucxTransport{cfg: cfg, log: cfg.Logger, eps: map[transport.Peer]*native.Endpoint{}, retired: map[*native.Endpoint]struct{}{}, ops: map[transport.OpID]*ucxOp{},
+	t := &ucxTransport{cfg: cfg, log: cfg.Logger, noRMA: !cfg.rmaWanted(), eps: map[transport.Peer]*native.Endpoint{}, retired: map[*native.Endpoint]struct{}{}, ops: map[transport.OpID]*ucxOp{},
 		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]transport.OpID{}, tagOwners: map[uint64]ucxTagOwner{},
 		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{},
 		stop: make(chan struct{}), exited: make(chan struct{})}
 	uctx, err := native.NewContext(native.ContextConfig{TLS: cfg.TLS, NetDevices: cfg.NetDevices,
 		KeepaliveInterval: cfg.KeepaliveInterval, TCPSegmentBytes: cfg.TCPSegmentBytes, ShmFIFOSize: cfg.ShmFIFOSize, Logger: cfg.Logger,
-		RendezvousScheme: cfg.rendezvous})
+		RendezvousScheme: cfg.rendezvous, NoRMA: t.noRMA})
 	if err != nil {
 		return nil, err
 	}
