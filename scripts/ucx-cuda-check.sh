@@ -16,10 +16,12 @@ build=$(cd "$1" && pwd)
 # The host-memory tests run against UCX 1.22: a selection, the UCX API and the transports'
 # contract (the whole suite against it is `make test UCX=wheel`). The forced-close tests check
 # the per-version rendezvous default: an 8 MiB send nobody receives stays with its sender on
-# 1.22 too ("am"; docs/ucx.md, "UCX 1.22").
-native_tests='StatusCodes|ForceCloseCompletesInflight|LoopbackUsesSharedMemory|TaggedTransfersEveryByte|ManySmallMessages|RMAPutGet|CancelUnmatched|TestL6_|TestL2_|InvalidRanges|MemoryType|DeviceMemory|RegisterRefuses|DeviceOps|RunOnThread'
+# 1.22 too ("am"; docs/ucx.md, "UCX 1.22"). The RMA-emulation tests check that a context
+# without RMA serves a peer's keyless put and get on 1.22 no more than on 1.13, and that
+# native refuses its own (1.22's UCX checks no feature flags: docs/security.md).
+native_tests='StatusCodes|ForceCloseCompletesInflight|LoopbackUsesSharedMemory|TaggedTransfersEveryByte|ManySmallMessages|RMAPutGet|CancelUnmatched|TestL6_|TestL2_|InvalidRanges|MemoryType|DeviceMemory|RegisterRefuses|DeviceOps|RunOnThread|RMAEmulationServesAPeer|NoRMAContextRefuses'
 transfer_tests='TestUCXTransport_TwoEnginesEveryByteChecked|TestUCXDirect_EveryByteAcrossLayouts|TestUCXDevice_|TestUCXRegion_'
-ucx_tests='TestUCXTransport_Contract(ControlAndData|RefusesGoMemory|RefusesCollidingReceives|Cancel|ForceCloseReportsEveryOp)|TestUCXDevice_|TestUCXRegion_'
+ucx_tests='TestUCXTransport_Contract(ControlAndData|RefusesGoMemory|RefusesCollidingReceives|Cancel|ForceCloseReportsEveryOp)|TestUCXDevice_|TestUCXRegion_|TestUCXTransport_TCPOnlyServesNoRMA'
 
 . scripts/ucx-cuda-env.sh
 echo "ucx-cuda-check: building against $(pkg-config --modversion ucx) at $root"
