@@ -56,8 +56,8 @@ func ucxExposeRig(tls, dev string) exposeRig {
 			require.NoError(t, err)
 			require.True(t, paramhooks.Hooks.Anonymous(cp), "the params name no receiver")
 			require.Equal(t, id, cp.RequestID)
-			require.Equal(t, sender.self, ucx.SenderPeer(cp))
-			return ucx.SenderPeer(cp), cp.Secret
+			require.Equal(t, sender.self, ucx.PeerFromAddress(cp.WorkerAddress))
+			return ucx.PeerFromAddress(cp.WorkerAddress), cp.Secret
 		},
 		specSecret: func() []byte { return nil }, // drawn by Expose
 		die: func(t *testing.T, sender closeSide) {

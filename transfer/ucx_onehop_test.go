@@ -45,7 +45,7 @@ func newOneHopPair(t *testing.T, tls, dev string, id RequestID, cfg Config) *one
 // receive starts the decode's Receive with the params (Spec.Params), as a one-hop reader.
 func (p *oneHopPair) receive(t *testing.T) *Handle {
 	t.Helper()
-	hr, err := p.dst.e.Receive(bg, Spec{ID: p.cp.RequestID, Peer: ucx.SenderPeer(p.cp), Plan: p.r.plan, Pool: p.r.mem,
+	hr, err := p.dst.e.Receive(bg, Spec{ID: p.cp.RequestID, Peer: ucx.PeerFromAddress(p.cp.WorkerAddress), Plan: p.r.plan, Pool: p.r.mem,
 		Secret: p.cp.Secret, Params: p.cp})
 	require.NoError(t, err)
 	return hr
@@ -210,7 +210,7 @@ func BenchmarkUCXOneHop32Tokens(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				hr, err := dst.e.Receive(bg, Spec{ID: cp.RequestID, Peer: ucx.SenderPeer(cp), Plan: r.plan, Pool: r.mem,
+				hr, err := dst.e.Receive(bg, Spec{ID: cp.RequestID, Peer: ucx.PeerFromAddress(cp.WorkerAddress), Plan: r.plan, Pool: r.mem,
 					Secret: cp.Secret, Params: cp})
 				if err != nil {
 					b.Fatal(err)

@@ -142,9 +142,9 @@ func TestUCXTransport_TwoEnginesEveryByteChecked(t *testing.T) {
 				sendPlan, err := params.Plan()
 				require.NoError(t, err)
 				require.NoError(t, layout.Compatible(sendPlan, r.plan))
-				require.Equal(t, src.tr.Self(), ucx.SenderPeer(params))
+				require.Equal(t, src.tr.Self(), ucx.PeerFromAddress(params.WorkerAddress))
 				if i%2 == 0 {
-					p.hr, err = dst.e.Receive(bg, Spec{ID: params.RequestID, Peer: ucx.SenderPeer(params), Plan: r.plan, Pool: r.mem})
+					p.hr, err = dst.e.Receive(bg, Spec{ID: params.RequestID, Peer: ucx.PeerFromAddress(params.WorkerAddress), Plan: r.plan, Pool: r.mem})
 					require.NoError(t, err)
 					p.hs, err = src.e.Send(bg, Spec{ID: id, Peer: dst.tr.Self(), Plan: s.plan, Pool: s.mem})
 					require.NoError(t, err)

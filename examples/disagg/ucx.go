@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvxfer/kvxfer/transfer"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 	"go.uber.org/zap"
 )
@@ -27,7 +28,7 @@ func ucxFabric(tls string, keepalive time.Duration, log *zap.Logger) (fabric, er
 		return fabric{}, err
 	}
 	return fabric{transport: tr, staging: tr.StagingMemory(), self: tr.Self(), params: tr.ContextParams,
-		senderPeer: ucx.SenderPeer, incarnation: tr.Incarnation, address: tr.WorkerAddress, mapPool: func(n int) ([]byte, error) { return registeredPool(tr, n) }}, nil
+		senderPeer: func(c *ucx.ContextParams) transfer.Peer { return ucx.PeerFromAddress(c.WorkerAddress) }, incarnation: tr.Incarnation, address: tr.WorkerAddress, mapPool: func(n int) ([]byte, error) { return registeredPool(tr, n) }}, nil
 }
 
 // registeredPool is how a serving process hands UCX the KV cache it owns: memory it mapped

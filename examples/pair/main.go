@@ -129,7 +129,7 @@ func (w *worker) decode(ctx context.Context, url string) {
 			fmt.Printf("decode: prefill exited: %v\n", pf.Wait())
 		}
 		spec, blocks := w.lease(cp.RequestID)
-		spec.Peer, spec.Secret = ucx.SenderPeer(cp), cp.Secret
+		spec.Peer, spec.Secret = ucx.PeerFromAddress(cp.WorkerAddress), cp.Secret
 		start, h := time.Now(), must(w.eng.Receive(ctx, spec))
 		for name == "req-2" && h.Status().State == transfer.Queued && ctx.Err() == nil {
 			time.Sleep(time.Millisecond) // until prefill has it; then its client goes away

@@ -58,7 +58,7 @@ func Hand(ctx context.Context, r Registry, key string, params transport.Params, 
 
 // Take waits, bounded by ctx, for the params handed under key and decodes them
 // (ucx.UnmarshalContextParams: version, length, checksum and plan checked). Receive them with
-// Spec{ID: cp.RequestID, Peer: ucx.SenderPeer(cp), Secret: cp.Secret} after the checks any
+// Spec{ID: cp.RequestID, Peer: ucx.PeerFromAddress(cp.WorkerAddress), Secret: cp.Secret} after the checks any
 // params get (Engine.VerifyParams with cluster keys; CheckParams against the sender's entry).
 // Params not handed before ctx ends fail with an error matching ErrNotFound.
 func Take(ctx context.Context, r Registry, key string) (*ucx.ContextParams, error) {

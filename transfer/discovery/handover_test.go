@@ -91,7 +91,7 @@ func TestHandover_ExposedRequestReachesTheDecodeThatTakesIt(t *testing.T) {
 	require.Equal(t, want, got, "the params as handed")
 
 	dmem, dplan := handoverKV(t, 0)
-	hr, err := decode.Receive(t.Context(), transfer.Spec{ID: cp.RequestID, Peer: ucx.SenderPeer(cp), Secret: cp.Secret, Plan: dplan, Pool: dmem})
+	hr, err := decode.Receive(t.Context(), transfer.Spec{ID: cp.RequestID, Peer: ucx.PeerFromAddress(cp.WorkerAddress), Secret: cp.Secret, Plan: dplan, Pool: dmem})
 	require.NoError(t, err)
 	for _, h := range []*transfer.Handle{hr, hs} {
 		select {

@@ -348,7 +348,7 @@ func (c *ContextParams) Verify(keys [][]byte) error {
 		return err
 	}
 	refuse := func(r transport.AuthRefusal) error {
-		return &transport.AuthError{Peer: SenderPeer(c), What: "params", Reason: r}
+		return &transport.AuthError{Peer: PeerFromAddress(c.WorkerAddress), What: "params", Reason: r}
 	}
 	if c.seal == nil {
 		return refuse(transport.AuthUnsealed)
@@ -538,10 +538,8 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	return c, nil
 }
 
-// PeerFromAddress names the peer at a UCX worker address, as Transport does.
+// PeerFromAddress names the peer at a UCX worker address, as Transport does. The peer a
+// ContextParams came from is PeerFromAddress(cp.WorkerAddress): pass it as transfer.Spec.Peer of
+// the Receive. A sender that restarted has a new worker address, hence a new peer, so nothing
+// meant for its old life reaches the new one.
 func PeerFromAddress(addr []byte) transport.Peer { return transport.Peer(hex.EncodeToString(addr)) }
-
-// SenderPeer is the peer a ContextParams came from, as a Transport names it: pass it as
-// transfer.Spec.Peer of the Receive. A sender that restarted has a new worker address, hence a new
-// peer, so nothing meant for its old life reaches the new one.
-func SenderPeer(c *ContextParams) transport.Peer { return PeerFromAddress(c.WorkerAddress) }

@@ -197,7 +197,7 @@ func TestContextParams_VerifyRefusesForgeries(t *testing.T) {
 			require.True(t, errors.As(err, &ae))
 			require.Equal(t, "params", ae.What)
 			require.Equal(t, tc.reason, ae.Reason)
-			require.Equal(t, SenderPeer(c), ae.Peer)
+			require.Equal(t, PeerFromAddress(c.WorkerAddress), ae.Peer)
 		})
 	}
 	t.Run("keys that make no keyring", func(t *testing.T) {
