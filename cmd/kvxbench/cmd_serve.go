@@ -44,6 +44,9 @@ func cmdServe(ctx context.Context, args []string, out *outputs) error {
 	if f.prefillTP != 1 {
 		return usagef("--prefill-tp: a two-host run has one prefill rank; heterogeneous TP is measured by run")
 	}
+	if f.decodeTP != 1 {
+		return usagef("--decode-tp: a two-host run has one decode rank; heterogeneous TP is measured by run")
+	}
 	cfg, note, err := f.resolveDevice()
 	if err != nil {
 		return err
@@ -83,6 +86,9 @@ func cmdConnect(ctx context.Context, args []string, out *outputs) error {
 	}
 	if f.prefillTP != 1 {
 		return usagef("--prefill-tp: a two-host run has one prefill rank; heterogeneous TP is measured by run")
+	}
+	if f.decodeTP != 1 {
+		return usagef("--decode-tp: a two-host run has one decode rank; heterogeneous TP is measured by run")
 	}
 	cfg, note, err := f.resolveDevice()
 	if err != nil {

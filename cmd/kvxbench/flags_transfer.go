@@ -27,6 +27,7 @@ type transferFlags struct {
 	memory         string
 	device         string
 	prefillTP      int
+	decodeTP       int
 	connectTimeout time.Duration
 	maxMemory      string
 	seed           uint64
@@ -69,6 +70,7 @@ func (f *transferFlags) register(fs *flagSet, defaultDuration time.Duration) {
 	fs.StringVar(&f.memory, "memory", "host", "where the KV pools live: host or device (registered GPU pools, read by gets where UCX can; with --staging, through device staging slots and the CUDA kernels)")
 	fs.StringVar(&f.device, "device", "auto", deviceUsage)
 	fs.IntVar(&f.prefillTP, "prefill-tp", 1, "prefill tensor parallelism: 2 runs two prefill processes, each holding half the heads, feeding one decode process (TP=1)")
+	fs.IntVar(&f.decodeTP, "decode-tp", 1, "decode tensor parallelism: 2 gives the decode process two ranks (two pools of half the heads each, one engine), each reading its half of one prefill pool that holds every head (TP=1->2)")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "how long to wait for the peer to connect or answer")
 	fs.StringVar(&f.maxMemory, "max-memory", "auto", "most memory the KV pools of both ends may take together; scenarios that need more are skipped with a note (auto: 45% of RAM)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the random order of each request's blocks in the pool")
@@ -150,6 +152,14 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	if f.prefillTP != 1 && f.prefillTP != 2 {
 		return bench.RunConfig{}, usagef("--prefill-tp = %d: 1 (same TP on both ends) or 2 (two prefill ranks feed one decode rank)", f.prefillTP)
 	}
+	switch {
+	case f.decodeTP != 1 && f.decodeTP != 2:
+		return bench.RunConfig{}, usagef("--decode-tp = %d: 1 (same TP on both ends) or 2 (one prefill rank feeds two decode ranks)", f.decodeTP)
+	case f.decodeTP > 1 && f.prefillTP > 1:
+		return bench.RunConfig{}, usagef("--decode-tp %d with --prefill-tp %d: one end has TP 1 (the same TP on both ends is --prefill-tp 1)", f.decodeTP, f.prefillTP)
+	case f.decodeTP > 1 && f.memory != "host":
+		return bench.RunConfig{}, usagef("--decode-tp %d: host memory only", f.decodeTP)
+	}
 	s, err := f.layout.shape()
 	if err != nil {
 		return bench.RunConfig{}, err
@@ -180,7 +190,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	if err != nil {
 		return bench.RunConfig{}, err
 	}
-	prefill, decode, err := bench.SizePools(s, prompts, conc, f.prefillTP, memCap, f.layout.poolBlocks, f.latencyOn())
+	prefill, decode, err := bench.SizePools(s, prompts, conc, f.prefillTP, f.decodeTP, memCap, f.layout.poolBlocks, f.latencyOn())
 	if err == nil && f.decodeOrder != "" {
 		o, perr := parseOrder(f.decodeOrder)
 		if perr != nil {
@@ -204,7 +214,7 @@ func (f *transferFlags) resolve(lookupTLS func() string) (bench.RunConfig, error
 	return bench.RunConfig{
 		ShapeName: s.Name, MemCap: memCap, Dims: s.Dims, Order: s.Order, Decode: decode, Prefill: prefill,
 		Prompts: prompts, Concurrency: conc, SlotBytes: slot, PipelineDepth: f.pipelineDepth,
-		TLS: tls, PrefillTP: f.prefillTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
+		TLS: tls, PrefillTP: f.prefillTP, DecodeTP: f.decodeTP, Duration: f.out.Duration, MaxIters: f.out.MaxIters,
 		Verify: !f.out.NoVerify, ConnectTimeout: f.connectTimeout, Seed: f.seed, HTTP: f.http,
 		Staging: f.staging, DirectChunkBytes: directChunk, NoRMA: f.noRMA, NoPull: f.noPull, NoInPlace: f.noInPlace, RMAWhereEmulated: f.rmaEmulated, RMAMinRegionBytes: rmaMinRegion, Lanes: f.lanes, TCPSegmentBytes: tcpSegment, ShmFIFOSize: f.shmFIFO, Memory: f.memory,
 		Pool: f.pool, CallerPages: f.callerPages, Latency: f.latencyOn(), Sender: f.sender, ClusterKeyFile: f.clusterKey, ClusterKey: clusterKey,

@@ -45,7 +45,7 @@ type RunConfig struct {
 	MemCap      int64         `json:"mem_cap"`
 	Dims        layout.Dims   `json:"dims"`
 	Order       layout.Order  `json:"order"`
-	Decode      layout.Layout `json:"decode"`  // the decode pool (TP=1 when prefill TP is 2)
+	Decode      layout.Layout `json:"decode"`  // each decode rank's pool (TP=1 when prefill TP is 2)
 	Prefill     layout.Layout `json:"prefill"` // each prefill rank's pool
 	Prompts     []int64       `json:"prompts"`
 	Concurrency []int         `json:"concurrency"`
@@ -59,6 +59,10 @@ type RunConfig struct {
 	PipelineDepth  int           `json:"pipeline_depth"`
 	TLS            string        `json:"tls"`
 	PrefillTP      int           `json:"prefill_tp"`
+	// DecodeTP is how many decode ranks the run's process holds (--decode-tp; 0 or 1: one):
+	// with 2, one prefill rank (all the heads) feeds two decode pools of half the heads each,
+	// one Receive per rank and request (TP=1->2).
+	DecodeTP int `json:"decode_tp,omitempty"`
 	Duration       time.Duration `json:"duration"`
 	MaxIters       int           `json:"max_iters"`
 	Verify         bool          `json:"verify"`
@@ -123,10 +127,15 @@ type RunConfig struct {
 // request's blocks are scattered). Decode requests in flight write distinct blocks and are
 // checked afterwards, so the decode pool holds concurrency times the prompt, for the largest
 // scenario that fits in memCap with the prefill pools (poolBlocks, when set, overrides); with
-// latency, also for the latency rows (latencyScenarios).
-func SizePools(s Shape, prompts []int64, conc []int, prefillTP int, memCap, poolBlocks int64, latency bool) (prefill, decode layout.Layout, err error) {
+// latency, also for the latency rows (latencyScenarios). decode is one decode rank's pool: with
+// decodeTP ranks, each holds its share of the heads.
+func SizePools(s Shape, prompts []int64, conc []int, prefillTP, decodeTP int, memCap, poolBlocks int64, latency bool) (prefill, decode layout.Layout, err error) {
 	if s.Dims.NumHeads%int64(prefillTP) != 0 {
 		return prefill, decode, Usagef("--prefill-tp %d: the pool's %d heads do not split evenly", prefillTP, s.Dims.NumHeads)
+	}
+	decodeTP = max(decodeTP, 1)
+	if s.Dims.NumHeads%int64(decodeTP) != 0 {
+		return prefill, decode, Usagef("--decode-tp %d: the pool's %d heads do not split evenly", decodeTP, s.Dims.NumHeads)
 	}
 	most := MostBlocks(s, prompts)
 	pd := s.Dims
@@ -168,6 +177,7 @@ func SizePools(s Shape, prompts []int64, conc []int, prefillTP int, memCap, pool
 	}
 	dd := s.Dims
 	dd.NumBlocks = numBlocks
+	dd.NumHeads /= int64(decodeTP) // each decode rank's pool: room counted every rank's share
 	decode = layout.Packed(dd, s.Order)
 	if err := decode.Validate(); err != nil {
 		return prefill, decode, LayoutUsageError(err)
@@ -177,8 +187,11 @@ func SizePools(s Shape, prompts []int64, conc []int, prefillTP int, memCap, pool
 
 // poolBytes is the memory the run's pools take on this host, both ends together.
 func (c RunConfig) poolBytes() int64 {
-	return c.Decode.SpanBytes() + int64(c.PrefillTP)*c.Prefill.SpanBytes()
+	return int64(c.decodeRanks())*c.Decode.SpanBytes() + int64(c.PrefillTP)*c.Prefill.SpanBytes()
 }
+
+// decodeRanks is how many decode ranks (pools, and Receives per request) the decode end holds.
+func (c RunConfig) decodeRanks() int { return max(c.DecodeTP, 1) }
 
 func (c RunConfig) encode() (string, error) {
 	b, err := json.Marshal(c)

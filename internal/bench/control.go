@@ -51,7 +51,9 @@ type hello struct {
 	Layout layout.Layout `json:"layout"`
 	// Rank and TP place the end among its tensor-parallel peers. Heterogeneous TP: two
 	// prefill ranks of TP=2 each send all their heads to one decode rank of TP=1, which
-	// receives rank r's into its heads [r*H/2, (r+1)*H/2).
+	// receives rank r's into its heads [r*H/2, (r+1)*H/2); or one prefill rank of TP=1 sends
+	// heads [r*H/2, (r+1)*H/2) to decode rank r of TP=2, which holds those alone. A decode
+	// end that holds two ranks (run --decode-tp 2) says hello as its rank 0.
 	Rank int `json:"rank"`
 	TP   int `json:"tp"`
 	// KeyID names the end's cluster key (RunConfig.keyID; empty without one): both ends
@@ -103,7 +105,10 @@ type scenarioMsg struct {
 
 type readyMsg struct {
 	Checksum uint32 `json:"checksum"`
-	Bytes    int64  `json:"bytes"`
+	// RankChecksums, where the decode end holds several ranks (--decode-tp), is each decode
+	// rank's share's checksum (Checksum is rank 0's); Bytes counts every share.
+	RankChecksums []uint32 `json:"rank_checksums,omitempty"`
+	Bytes         int64    `json:"bytes"`
 }
 
 type reqMsg struct {
@@ -115,6 +120,9 @@ type reqMsg struct {
 	// Sender is the run's --sender: empty (after) posts the Send and answers only Sent;
 	// first posts the Send, expose an Expose, and each answers Posted before Sent.
 	Sender string `json:"sender,omitempty"`
+	// DecodeRank is the decode rank whose share of the heads the request moves, where the
+	// decode end holds several (--decode-tp): each rank's share is a request of its own.
+	DecodeRank int `json:"decode_rank,omitempty"`
 }
 
 // postedMsg says a request's Send or Expose is posted. Params is the exposure's params as its
@@ -284,7 +292,11 @@ func checkHello(ours, theirs hello) error {
 		prefill, decode = theirs, ours
 	}
 	// One block of each side's selection moves the same bytes exactly when every block does.
-	a, err := layout.NewPlan(prefill.Layout, prefill.Layout.All(), []int32{0})
+	ssel, err := senderSelection(prefill.Layout, prefill, decode)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errPeerIncompatible, err)
+	}
+	a, err := layout.NewPlan(prefill.Layout, ssel, []int32{0})
 	if err != nil {
 		return fmt.Errorf("%w: prefill layout: %v", errPeerIncompatible, err)
 	}
@@ -309,23 +321,39 @@ const (
 )
 
 // receiverSelection is the share of the decode pool that one prefill rank fills: all of it
-// when both have the same TP, else the rank's slice of heads (prefill TP a multiple of
-// decode TP).
+// when both have the same TP or the decode end has more ranks (each then holds only the heads
+// it takes), else the prefill rank's slice of heads (prefill TP a multiple of decode TP).
 func receiverSelection(l layout.Layout, prefill, decode hello) (layout.Selection, error) {
+	return tpShare(l, prefill.TP, decode.TP, prefill.Rank, "decode", "prefill")
+}
+
+// senderSelection is the share of the prefill pool that one decode rank takes: all of it when
+// both have the same TP or the prefill end has more ranks, else the decode rank's slice of
+// heads (decode TP a multiple of prefill TP; decode.Rank names the rank).
+func senderSelection(l layout.Layout, prefill, decode hello) (layout.Selection, error) {
+	return tpShare(l, decode.TP, prefill.TP, decode.Rank, "prefill", "decode")
+}
+
+// tpShare is the slice of heads of pool l (held by an end of TP mine) that rank of the other
+// end (TP theirs) moves: all of l when theirs is not above mine.
+func tpShare(l layout.Layout, theirs, mine, rank int, pool, other string) (layout.Selection, error) {
 	sel := l.All()
-	ptp, dtp := max(prefill.TP, 1), max(decode.TP, 1)
-	if ptp == dtp {
+	theirs, mine = max(theirs, 1), max(mine, 1)
+	if theirs <= mine {
+		if mine%theirs != 0 {
+			return sel, fmt.Errorf("%s TP %d must be a multiple of %s TP %d", pool, mine, other, theirs)
+		}
 		return sel, nil
 	}
-	if ptp < dtp || ptp%dtp != 0 {
-		return sel, fmt.Errorf("prefill TP %d must be a multiple of decode TP %d", ptp, dtp)
+	if theirs%mine != 0 {
+		return sel, fmt.Errorf("%s TP %d must be a multiple of %s TP %d", other, theirs, pool, mine)
 	}
-	ratio := int64(ptp / dtp)
+	ratio := int64(theirs / mine)
 	if l.NumHeads%ratio != 0 {
-		return sel, fmt.Errorf("decode pool's %d heads do not split over %d prefill ranks", l.NumHeads, ratio)
+		return sel, fmt.Errorf("%s pool's %d heads do not split over %d %s ranks", pool, l.NumHeads, ratio, other)
 	}
 	share := l.NumHeads / ratio
-	r := int64(prefill.Rank) % ratio
+	r := int64(rank) % ratio
 	sel.HeadBegin, sel.HeadEnd = r*share, (r+1)*share
 	return sel, nil
 }

@@ -53,6 +53,26 @@ func TestCheckHello(t *testing.T) {
 			require.ErrorContains(t, err, tc.msg)
 		})
 	}
+	// TP=1->2: each decode rank holds half the heads and takes its half of the prefill pool's.
+	for _, tc := range []struct {
+		desc string
+		ours hello
+		msg  string
+	}{
+		{"TP=1 into a TP=2 rank", with(decode, func(h *hello) { h.Layout = llamaPool(4); h.TP, h.Rank = 2, 1 }), ""},
+		{"a TP=2 rank that holds every head", with(decode, func(h *hello) { h.TP = 2 }), "Heads"},
+		{"TP=3 does not split", with(decode, func(h *hello) { h.Layout = llamaPool(4); h.TP = 3 }), "do not split over 3"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			err := checkHello(tc.ours, prefill)
+			if tc.msg == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, errPeerIncompatible)
+			require.ErrorContains(t, err, tc.msg)
+		})
+	}
 	keyed := with(decode, func(h *hello) { h.KeyID = "0011223344556677" })
 	for _, tc := range []struct {
 		desc   string

@@ -54,6 +54,9 @@ type peerRef string
 type recvSub struct {
 	peer peerRef
 	plan *layout.Plan
+	// prefillRank is the peer's rank; decodeRank the decode rank whose pool the share lands
+	// in (--decode-tp: each rank's share is a Receive of its own).
+	prefillRank, decodeRank int
 }
 
 // pendingXfer is a posted transfer.

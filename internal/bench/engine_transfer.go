@@ -41,13 +41,14 @@ var (
 )
 
 // engineConfig sizes an engine for the run: as many transfers at once as the largest
-// concurrency, each holding up to --pipeline-depth slots of --slot-size, with deadlines long
+// concurrency (times the decode ranks), each holding up to --pipeline-depth slots of --slot-size, with deadlines long
 // enough for the slowest request of a loaded host.
 func engineConfig(cfg RunConfig) transfer.Config {
 	maxConc := 1
 	for _, c := range cfg.Concurrency {
 		maxConc = max(maxConc, c)
 	}
+	maxConc *= cfg.decodeRanks() // --decode-tp: a request is a Send and a Receive per decode rank
 	timeout := max(30*time.Second, 10*cfg.Duration)
 	return transfer.Config{
 		SlotBytes:       cfg.SlotBytes,

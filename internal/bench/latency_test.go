@@ -138,10 +138,10 @@ func TestSizePoolsHoldsTheLatencyRows(t *testing.T) {
 	p, err := FindPreset("llama3-8b")
 	require.NoError(t, err)
 	s := Shape{Name: p.Name, Dims: p.Dims, Order: p.Order}
-	_, without, err := SizePools(s, []int64{32}, []int{1}, 1, 8<<30, 0, false)
+	_, without, err := SizePools(s, []int64{32}, []int{1}, 1, 1, 8<<30, 0, false)
 	require.NoError(t, err)
 	require.Less(t, without.NumBlocks, int64(16))
-	_, with, err := SizePools(s, []int64{32}, []int{1}, 1, 8<<30, 0, true)
+	_, with, err := SizePools(s, []int64{32}, []int{1}, 1, 1, 8<<30, 0, true)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, with.NumBlocks, int64(16))
 }

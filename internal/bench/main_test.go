@@ -59,6 +59,8 @@ type runSpec struct {
 	prompts        []int64
 	concurrency    []int
 	prefillTP      int
+	decodeTP       int
+	order          layout.Order
 	slotBytes      int64
 	memCap         int64
 	pool           string
@@ -84,6 +86,12 @@ func runFor(t *testing.T, s runSpec) RunConfig {
 	if s.layers != 0 {
 		shape.Dims.NumLayers, shape.Name = s.layers, "custom("+p.Name+")"
 	}
+	if s.order != 0 {
+		shape.Order = s.order
+		if s.decodeOrder == 0 {
+			s.decodeOrder = s.order
+		}
+	}
 	or := func(v, def int64) int64 {
 		if v == 0 {
 			return def
@@ -92,7 +100,7 @@ func runFor(t *testing.T, s runSpec) RunConfig {
 	}
 	cfg := RunConfig{ShapeName: shape.Name, MemCap: or(s.memCap, 8<<30), Dims: shape.Dims, Order: shape.Order,
 		Prompts: s.prompts, Concurrency: s.concurrency, SlotBytes: or(s.slotBytes, 4<<20), PipelineDepth: 2,
-		TLS: s.tls, PrefillTP: int(or(int64(s.prefillTP), 1)), Duration: time.Second, MaxIters: 10000, Verify: true,
+		TLS: s.tls, PrefillTP: int(or(int64(s.prefillTP), 1)), DecodeTP: int(or(int64(s.decodeTP), 1)), Duration: time.Second, MaxIters: 10000, Verify: true,
 		ConnectTimeout: time.Duration(or(int64(s.connectTimeout), int64(10*time.Second))), Seed: 1,
 		Staging: s.staging, DirectChunkBytes: 64 << 20, NoRMA: s.noRMA, Pool: s.pool, Memory: s.memory, HTTP: s.http,
 		Latency: s.latency, Sender: s.sender, RMAWhereEmulated: s.rmaEmulated}
@@ -111,7 +119,7 @@ func runFor(t *testing.T, s runSpec) RunConfig {
 	if cfg.Memory == "" {
 		cfg.Memory = "host"
 	}
-	cfg.Prefill, cfg.Decode, err = SizePools(shape, cfg.Prompts, cfg.Concurrency, cfg.PrefillTP, cfg.MemCap, 0, cfg.Latency)
+	cfg.Prefill, cfg.Decode, err = SizePools(shape, cfg.Prompts, cfg.Concurrency, cfg.PrefillTP, cfg.DecodeTP, cfg.MemCap, 0, cfg.Latency)
 	require.NoError(t, err)
 	if s.decodeOrder != cfg.Order {
 		cfg.Decode = layout.Packed(cfg.Decode.Dims(), s.decodeOrder)

@@ -42,6 +42,9 @@ type Result struct {
 	TLS string `json:"tls,omitempty"`
 	// PrefillTP is the number of prefill ranks feeding the decode rank (transfers only).
 	PrefillTP int `json:"prefill_tp,omitempty"`
+	// DecodeTP is the number of decode ranks one prefill rank feeds, where more than one
+	// (--decode-tp; transfers only): Bytes and GB/s count every rank's share.
+	DecodeTP int `json:"decode_tp,omitempty"`
 	// Requests is how many requests were timed.
 	Requests int `json:"requests"`
 	// GBps is total payload over wall time.

@@ -94,11 +94,15 @@ func driveDecode(ctx context.Context, cfg RunConfig, o Output, perftestBin, remo
 // message size, and hands each result to add.
 func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftestBin string, out *Outputs, add func(Result) error) error {
 	cfg := d.cfg
-	pool, direct, err := d.eng.NewPool(cfg.Decode.SpanBytes())
-	if err != nil {
-		return fmt.Errorf("decode KV pool: %w", err)
+	d.direct = true
+	for k := range cfg.decodeRanks() {
+		pool, direct, err := d.eng.NewPool(cfg.Decode.SpanBytes())
+		if err != nil {
+			return fmt.Errorf("decode KV pool of rank %d: %w", k, err)
+		}
+		d.pools, d.direct = append(d.pools, pool), d.direct && direct
 	}
-	d.pool, d.direct = pool, direct
+	d.pool = d.pools[0]
 	var scenarios []scenario
 	for _, t := range cfg.Prompts {
 		for _, c := range cfg.Concurrency {
@@ -135,7 +139,7 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftestBin s
 			return err
 		}
 		if perftestBin != "" && s.latency {
-			l, err := limits.limit(ctx, res.Bytes/int64(len(d.ctrls)))
+			l, err := limits.limit(ctx, res.Bytes/int64(len(d.ctrls)*cfg.decodeRanks())) // one Send's bytes
 			if err != nil {
 				return err
 			}
@@ -266,7 +270,7 @@ func acceptPeers(ln *net.TCPListener, cfg RunConfig, peers *peerProcs) ([]*contr
 		if err == nil {
 			c := newControl(conn, cfg.ConnectTimeout)
 			all = append(all, c)
-			theirs, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: 1, KeyID: cfg.keyID()})
+			theirs, err := c.exchangeHello(hello{Role: roleDecode, Layout: cfg.Decode, TP: cfg.decodeRanks(), KeyID: cfg.keyID()})
 			if err != nil {
 				return all, fmt.Errorf("prefill peer: %w", err)
 			}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/layout"
 )
 
 // run starts its prefill peers as second processes (this test binary, re-executed), meets them
@@ -17,17 +19,26 @@ import (
 func TestRunLoopback(t *testing.T) {
 	skipWithoutHostCopy(t)
 	for _, c := range []struct {
-		tp, pool string
-		key      bool
-	}{{"1", "transport", false}, {"2", "transport", false}, {"1", "caller", false}, {"1", "transport", true}} {
-		tp := c.tp
-		name := "prefill-tp=" + tp + "/pool=" + c.pool
-		if c.key { // the peer reads the key from the same file: hellos sealed, claims proven
-			name += "/cluster-key"
-		}
-		t.Run(name, func(t *testing.T) {
-			cfg := runFor(t, runSpec{layers: 4, prompts: []int64{64, 256}, concurrency: []int{1, 2}, prefillTP: map[string]int{"1": 1, "2": 2}[tp],
-				slotBytes: 256 << 10, memCap: 512 << 20, pool: c.pool, clusterKey: c.key})
+		desc                string
+		prefillTP, decodeTP int
+		order               layout.Order
+		pool                string
+		key                 bool
+		path                string // the path every row took; "" leaves it to the engine
+	}{
+		{desc: "prefill-tp=1/pool=transport", pool: "transport"},
+		{desc: "prefill-tp=2/pool=transport", prefillTP: 2, pool: "transport"},
+		{desc: "prefill-tp=1/pool=caller", pool: "caller"},
+		// the peer reads the key from the same file: hellos sealed, claims proven
+		{desc: "prefill-tp=1/pool=transport/cluster-key", pool: "transport", key: true},
+		// one prefill pool read by two decode ranks, each half the heads of a token: 1 KiB
+		// pieces, read by vector gets (docs/onecopy.md, "Vector gets")
+		{desc: "decode-tp=2/layer-major-nhd/pool=transport", decodeTP: 2, order: layout.LayerMajorNHD, pool: "transport", path: "rma"},
+		{desc: "decode-tp=2/layer-major-nhd/pool=caller", decodeTP: 2, order: layout.LayerMajorNHD, pool: "caller", path: "rma"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := runFor(t, runSpec{layers: 4, prompts: []int64{64, 256}, concurrency: []int{1, 2}, prefillTP: c.prefillTP, decodeTP: c.decodeTP,
+				order: c.order, slotBytes: 256 << 10, memCap: 512 << 20, pool: c.pool, clusterKey: c.key})
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			var results []Result
@@ -46,6 +57,13 @@ func TestRunLoopback(t *testing.T) {
 				require.Equal(t, c.key, r.ClusterKey, r.Name)
 				if c.pool == "caller" { // pools the processes mapped and registered go one-copy
 					require.Contains(t, []string{"rma", "direct"}, r.Path, r.Name)
+				}
+				if c.path != "" {
+					require.Equal(t, c.path, r.Path, r.Name)
+				}
+				if c.decodeTP > 1 {
+					require.Equal(t, c.decodeTP, r.DecodeTP, r.Name)
+					require.Contains(t, r.Name, "tp1>2")
 				}
 			}
 		})

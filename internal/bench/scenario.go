@@ -40,15 +40,16 @@ import (
 // that makes a transfer that wrote nothing fail its check, run between rounds, off the clock.
 
 // prefillEnd is one prefill rank's state: its pool, filled with a pattern in which every
-// 8-byte word differs, and the plan of the current scenario.
+// 8-byte word differs, and the plans of the current scenario: one per decode rank (each that
+// rank's share of the heads, --decode-tp), else one.
 type prefillEnd struct {
-	cfg  RunConfig
-	rank int
-	pool []byte
-	eng  engineSide
-	peer peerRef
-	plan *layout.Plan
-	rng  *rand.Rand
+	cfg   RunConfig
+	rank  int
+	pool  []byte
+	eng   engineSide
+	peer  peerRef
+	plans []*layout.Plan
+	rng   *rand.Rand
 }
 
 func newPrefillEnd(cfg RunConfig, rank int, eng engineSide, peer peerRef) (*prefillEnd, error) {
@@ -102,7 +103,7 @@ func (p *prefillEnd) serve(ctx context.Context, c *control) error {
 				return err
 			}
 		case m.Req != nil:
-			if p.plan == nil {
+			if p.plans == nil {
 				err := errors.New("request before any scenario")
 				c.sendError(err)
 				return err
@@ -164,16 +165,33 @@ func (p *prefillEnd) plan1(tokens, layers int64) (readyMsg, error) {
 	if err != nil {
 		return readyMsg{}, fmt.Errorf("prefill rank %d: %w", p.rank, err)
 	}
-	plan, err := layout.NewPlan(p.cfg.Prefill, sel, randomBlocks(p.rng, p.cfg.Prefill.NumBlocks, n))
-	if err != nil {
-		return readyMsg{}, fmt.Errorf("prefill rank %d: %w", p.rank, err)
+	blocks := randomBlocks(p.rng, p.cfg.Prefill.NumBlocks, n)
+	var ready readyMsg
+	p.plans = nil
+	for k := range p.cfg.decodeRanks() {
+		share, err := senderSelection(p.cfg.Prefill, hello{Rank: p.rank, TP: p.cfg.PrefillTP}, hello{Rank: k, TP: p.cfg.decodeRanks()})
+		if err != nil {
+			return readyMsg{}, fmt.Errorf("prefill rank %d: %w", p.rank, err)
+		}
+		share.LayerBegin, share.LayerEnd = sel.LayerBegin, sel.LayerEnd
+		plan, err := layout.NewPlan(p.cfg.Prefill, share, blocks)
+		if err != nil {
+			return readyMsg{}, fmt.Errorf("prefill rank %d: %w", p.rank, err)
+		}
+		p.plans = append(p.plans, plan)
+		var sum uint32
+		if p.cfg.Verify {
+			sum = streamChecksum(plan, p.pool)
+		}
+		if k == 0 {
+			ready.Checksum = sum
+		}
+		if p.cfg.decodeRanks() > 1 {
+			ready.RankChecksums = append(ready.RankChecksums, sum)
+		}
+		ready.Bytes += plan.Bytes()
 	}
-	p.plan = plan
-	var sum uint32
-	if p.cfg.Verify {
-		sum = streamChecksum(plan, p.pool)
-	}
-	return readyMsg{Checksum: sum, Bytes: plan.Bytes()}, nil
+	return ready, nil
 }
 
 // post posts one request's sending side as r.Sender says (an Expose for expose, else a Send
@@ -185,15 +203,22 @@ func (p *prefillEnd) post(ctx context.Context, r reqMsg, posted func(postedMsg) 
 	var h pendingXfer
 	var err error
 	pm := postedMsg{ID: id}
-	if r.Sender == SenderExpose {
+	var plan *layout.Plan
+	if r.DecodeRank >= 0 && r.DecodeRank < len(p.plans) {
+		plan = p.plans[r.DecodeRank]
+	}
+	switch {
+	case plan == nil:
+		err = fmt.Errorf("prefill rank %d: request %d for decode rank %d of %d", p.rank, id, r.DecodeRank, len(p.plans))
+	case r.Sender == SenderExpose:
 		x, ok := p.eng.(exposer)
 		if !ok {
 			err = fmt.Errorf("prefill rank %d: this engine cannot expose a request", p.rank)
 		} else {
-			h, pm.Params, pm.Secret, err = x.Expose(ctx, id, p.plan, m)
+			h, pm.Params, pm.Secret, err = x.Expose(ctx, id, plan, m)
 		}
-	} else {
-		h, err = p.eng.Send(ctx, id, r.Secret, p.peer, p.plan, m)
+	default:
+		h, err = p.eng.Send(ctx, id, r.Secret, p.peer, plan, m)
 	}
 	if posted != nil {
 		if err != nil {
@@ -220,7 +245,9 @@ func (p *prefillEnd) post(ctx context.Context, r reqMsg, posted func(postedMsg) 
 // decodeEnd is the decode end: it drives the scenarios and measures them.
 type decodeEnd struct {
 	cfg  RunConfig
-	pool []byte
+	pool []byte // decode rank 0's pool: pools[0]
+	// pools are the decode ranks' pools, one per rank (--decode-tp); one without.
+	pools [][]byte
 	// direct: the decode pool may go direct, so transfers take the one-copy path (a prefill
 	// pool that cannot fails them as incompatible: the path reported is the one taken).
 	direct bool
@@ -261,6 +288,9 @@ func (s scenario) name(cfg RunConfig) string {
 	if cfg.PrefillTP > 1 {
 		n += fmt.Sprintf(" tp%d>1", cfg.PrefillTP)
 	}
+	if cfg.decodeRanks() > 1 {
+		n += fmt.Sprintf(" tp1>%d", cfg.decodeRanks())
+	}
 	if f := s.flow(cfg, true); f != SenderAfter {
 		n += " " + f
 	}
@@ -300,8 +330,12 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 	if s.latency {
 		res.Op = "latency"
 	}
-	// Each prefill rank plans the request and tells its checksum.
-	sums := make([]uint32, len(d.ctrls))
+	if d.cfg.decodeRanks() > 1 {
+		res.DecodeTP = d.cfg.decodeRanks()
+	}
+	// Each prefill rank plans the request and tells its checksum: sums[prefill rank][decode
+	// rank], one decode rank unless --decode-tp.
+	sums := make([][]uint32, len(d.ctrls))
 	for _, c := range d.ctrls {
 		if err := c.send(message{Scenario: &scenarioMsg{Tokens: s.tokens, Layers: s.layers}}); err != nil {
 			return res, err
@@ -315,7 +349,13 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 		if m.Ready == nil {
 			return res, fmt.Errorf("%w: prefill rank %d answered a scenario with something else than ready", errPeerNotKvxbench, r)
 		}
-		sums[r] = m.Ready.Checksum
+		sums[r] = []uint32{m.Ready.Checksum}
+		if ranks := d.cfg.decodeRanks(); ranks > 1 {
+			if len(m.Ready.RankChecksums) != ranks {
+				return res, fmt.Errorf("%w: prefill rank %d sent %d checksums for %d decode ranks", errPeerNotKvxbench, r, len(m.Ready.RankChecksums), ranks)
+			}
+			sums[r] = m.Ready.RankChecksums
+		}
 		res.Bytes += m.Ready.Bytes
 	}
 	// Concurrency disjoint sets of destination blocks, each in random order.
@@ -331,21 +371,24 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 			ids[k] = int32(perm[int64(i)*nBlocks+int64(k)])
 		}
 		for r := range d.ctrls {
-			sel, err := receiverSelection(d.cfg.Decode, hello{Rank: r, TP: d.cfg.PrefillTP}, hello{TP: 1})
-			if err != nil {
-				return res, err
+			for k := range d.cfg.decodeRanks() {
+				sel, err := receiverSelection(d.cfg.Decode, hello{Rank: r, TP: d.cfg.PrefillTP}, hello{Rank: k, TP: d.cfg.decodeRanks()})
+				if err != nil {
+					return res, err
+				}
+				if sel, err = firstLayers(sel, s.layers); err != nil {
+					return res, fmt.Errorf("decode plan: %w", err)
+				}
+				p, err := layout.NewPlan(d.cfg.Decode, sel, ids)
+				if err != nil {
+					return res, fmt.Errorf("decode plan: %w", err)
+				}
+				plans[i] = append(plans[i], recvSub{peer: d.peers[r], plan: p, prefillRank: r, decodeRank: k})
 			}
-			if sel, err = firstLayers(sel, s.layers); err != nil {
-				return res, fmt.Errorf("decode plan: %w", err)
-			}
-			p, err := layout.NewPlan(d.cfg.Decode, sel, ids)
-			if err != nil {
-				return res, fmt.Errorf("decode plan: %w", err)
-			}
-			plans[i] = append(plans[i], recvSub{peer: d.peers[r], plan: p})
 		}
 	}
-	res.MessageBytes = min(d.cfg.SlotBytes, res.Bytes/int64(len(d.ctrls)))
+	sends := int64(len(d.ctrls) * d.cfg.decodeRanks()) // Sends per request: one per pair of ranks
+	res.MessageBytes = min(d.cfg.SlotBytes, res.Bytes/sends)
 	res.Path = "staging"
 	if d.cfg.Memory == "device" {
 		res.Path = "device staging"
@@ -355,7 +398,7 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 		if chunk == 0 {
 			chunk = transferdefaults.DirectChunkBytes
 		}
-		res.MessageBytes = min(chunk, res.Bytes/int64(len(d.ctrls)))
+		res.MessageBytes = min(chunk, res.Bytes/sends)
 		res.Path = "direct"
 	}
 
@@ -381,7 +424,7 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 		if d.cfg.Verify {
 			_ = eachParallel(len(plans), func(i int) error {
 				for _, sub := range plans[i] {
-					scrub(sub.plan, d.pool)
+					scrub(sub.plan, d.pools[sub.decodeRank])
 				}
 				return nil
 			})
@@ -399,10 +442,10 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 				return res, fmt.Errorf("%s: %w", res.Name, err)
 			}
 			err := eachParallel(len(plans), func(i int) error {
-				for r, sub := range plans[i] {
-					if got := streamChecksum(sub.plan, d.pool); got != sums[r] {
-						return fmt.Errorf("%s: verification failed: request %d of round %d from prefill rank %d landed with checksum %08x, the sender's stream has %08x",
-							res.Name, i, round, r, got, sums[r])
+				for _, sub := range plans[i] {
+					if got, want := streamChecksum(sub.plan, d.pools[sub.decodeRank]), sums[sub.prefillRank][sub.decodeRank]; got != want {
+						return fmt.Errorf("%s: verification failed: request %d of round %d from prefill rank %d to decode rank %d landed with checksum %08x, the sender's stream has %08x",
+							res.Name, i, round, sub.prefillRank, sub.decodeRank, got, want)
 					}
 				}
 				return nil
@@ -419,7 +462,7 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 	res.P50us, res.P99us = us(lat.percentile(50)), us(lat.percentile(99))
 	res.GatherUs = float64(gatherNs) / float64(n) / 1e3
 	res.ScatterUs = float64(scatterNs) / float64(n) / 1e3
-	res.WireUs = max(us(lat.mean())-res.GatherUs/float64(len(d.ctrls))-res.ScatterUs, 0)
+	res.WireUs = max(us(lat.mean())-res.GatherUs/float64(len(d.ctrls))-res.ScatterUs/float64(d.cfg.decodeRanks()), 0)
 	res.Verified = verified
 	if len(d.paths) > 0 { // what the engine says overrides what the pools allowed
 		res.Path = strings.Join(slices.Sorted(maps.Keys(d.paths)), "+")
@@ -430,11 +473,47 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 	return res, nil
 }
 
-// round runs one request per plan set at once and returns their latencies, the round's wall
-// time, and the time spent gathering (prefill) and scattering (decode).
+// recvOp is one Receive of a round: its request to the prefill ends it names, its subs, and
+// the request of the round it is part of (with --decode-tp, one per decode rank).
+type recvOp struct {
+	req  reqMsg
+	subs []recvSub
+	of   int
+}
+
+// receives splits a round's requests into Receives: one per request, or with several decode
+// ranks one per request and rank, each with its own id and its rank's pool.
+func (d *decodeEnd) receives(plans [][]recvSub) []recvOp {
+	var ops []recvOp
+	for i, subs := range plans {
+		groups := [][]recvSub{subs}
+		if d.cfg.decodeRanks() > 1 {
+			groups = groups[:0]
+			for _, sub := range subs {
+				groups = append(groups, []recvSub{sub})
+			}
+		}
+		for _, g := range groups {
+			d.nextID++
+			op := recvOp{req: reqMsg{ID: d.nextID, DecodeRank: g[0].decodeRank}, subs: g, of: i}
+			if len(d.cfg.ClusterKey) > 0 {
+				// As a serving stack would: the secret travels to the Send in the request's
+				// ContextParams (here the control connection), never on the engines' wire.
+				op.req.Secret = transfer.NewClaimSecret()
+			}
+			ops = append(ops, op)
+		}
+	}
+	return ops
+}
+
+// round runs one request per plan set at once and returns their latencies (a request's from
+// its first Receive to its last Done), the round's wall time, and the time spent gathering
+// (prefill) and scattering (decode).
 func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, time.Duration, int64, int64, error) {
 	type posted struct {
 		id    uint64
+		of    int
 		h     pendingXfer
 		m     *timedMover
 		start time.Time
@@ -445,51 +524,44 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 			p.h.Release()
 		}
 	}()
-	reqs := make([]reqMsg, len(plans))
-	for i := range reqs {
-		d.nextID++
-		reqs[i].ID = d.nextID
-		if len(d.cfg.ClusterKey) > 0 {
-			// As a serving stack would: the secret travels to the Send in the request's
-			// ContextParams (here the control connection), never on the engines' wire.
-			reqs[i].Secret = transfer.NewClaimSecret()
-		}
-	}
+	ops := d.receives(plans)
 	// first and expose: every prefill end posts its side before the round's clock starts.
 	sendersFirst := d.flow == SenderFirst || d.flow == SenderExpose
 	var exposed map[uint64]postedMsg
 	if sendersFirst {
 		var err error
-		if exposed, err = d.postSendersFirst(reqs); err != nil {
+		if exposed, err = d.postSendersFirst(ops); err != nil {
 			return nil, 0, 0, 0, err
 		}
 	}
+	reqs := make([]int, len(d.ctrls)) // requests sent to each prefill rank: each answers one Sent
 	start := time.Now()
-	for i, subs := range plans {
-		id := reqs[i].ID
-		m := &timedMover{pool: d.pool}
+	for _, op := range ops {
+		id := op.req.ID
+		m := &timedMover{pool: d.pools[op.subs[0].decodeRank]}
 		t := time.Now()
 		var h pendingXfer
 		var err error
 		if d.flow == SenderExpose {
-			h, err = d.receiveExposed(ctx, exposed[id], subs, m)
+			h, err = d.receiveExposed(ctx, exposed[id], op.subs, m)
 		} else {
-			h, err = d.eng.Receive(ctx, id, reqs[i].Secret, subs, m)
+			h, err = d.eng.Receive(ctx, id, op.req.Secret, op.subs, m)
 		}
 		if err != nil {
 			return nil, 0, 0, 0, fmt.Errorf("receive %d: %w", id, err)
 		}
-		ps = append(ps, posted{id: id, h: h, m: m, start: t})
-		if sendersFirst {
-			continue
-		}
-		for r, c := range d.ctrls {
-			if err := c.send(message{Req: &reqs[i]}); err != nil {
-				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", r, err)
+		ps = append(ps, posted{id: id, of: op.of, h: h, m: m, start: t})
+		for _, sub := range op.subs {
+			reqs[sub.prefillRank]++
+			if sendersFirst {
+				continue
+			}
+			if err := d.ctrls[sub.prefillRank].send(message{Req: &op.req}); err != nil {
+				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", sub.prefillRank, err)
 			}
 		}
 	}
-	// One waiter per request notes the moment its Done closes, so a request that ends
+	// One waiter per Receive notes the moment its Done closes, so a request that ends
 	// before an earlier one is not charged for the wait.
 	ends := make([]time.Time, len(ps))
 	var wg sync.WaitGroup
@@ -505,8 +577,8 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 		}()
 	}
 	wg.Wait()
-	lat := make(latencies, len(ps))
-	var last time.Time
+	first, last := make([]time.Time, len(plans)), make([]time.Time, len(plans))
+	var lastEnd time.Time
 	for i, p := range ps {
 		if ends[i].IsZero() {
 			return nil, 0, 0, 0, fmt.Errorf("request %d: %w", p.id, ctx.Err())
@@ -514,16 +586,25 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 		if err := p.h.Err(); err != nil {
 			return nil, 0, 0, 0, fmt.Errorf("request %d: %w", p.id, err)
 		}
-		lat[i] = ends[i].Sub(p.start)
+		if first[p.of].IsZero() {
+			first[p.of] = p.start
+		}
+		if ends[i].After(last[p.of]) {
+			last[p.of] = ends[i]
+		}
 		if path := p.h.Path(); path != "" {
 			if d.paths == nil {
 				d.paths = map[string]bool{}
 			}
 			d.paths[path] = true
 		}
-		if ends[i].After(last) {
-			last = ends[i]
+		if ends[i].After(lastEnd) {
+			lastEnd = ends[i]
 		}
+	}
+	lat := make(latencies, len(plans))
+	for i := range lat {
+		lat[i] = last[i].Sub(first[i])
 	}
 	// The pool's blocks are read (checks) and zeroed (scrub) next: only once the engine and
 	// the transport are done with them.
@@ -534,7 +615,7 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 			return nil, 0, 0, 0, fmt.Errorf("request %d not quiesced: %w", p.id, ctx.Err())
 		}
 	}
-	wall := last.Sub(start)
+	wall := lastEnd.Sub(start)
 	var scatterNs int64
 	for _, p := range ps {
 		scatterNs += p.m.scatterNs.Load()
@@ -542,7 +623,7 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 	// The prefill ends report each Send; collect them, bounded by the control timeout.
 	var gatherNs int64
 	for r, c := range d.ctrls {
-		for range ps {
+		for range reqs[r] {
 			m, err := c.recvMessage(0)
 			if err != nil {
 				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", r, err)
@@ -560,24 +641,26 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 }
 
 // postSendersFirst (--sender first or expose) asks every prefill end to post its side of each
-// request and waits until all have: the answers of an expose run, by request id (one prefill
+// Receive and waits until all have: the answers of an expose run, by request id (one prefill
 // rank), carry the params its Receive is given.
-func (d *decodeEnd) postSendersFirst(reqs []reqMsg) (map[uint64]postedMsg, error) {
+func (d *decodeEnd) postSendersFirst(ops []recvOp) (map[uint64]postedMsg, error) {
 	if d.flow == SenderExpose && len(d.ctrls) != 1 {
 		return nil, fmt.Errorf("--sender expose: one prefill rank only (a Receive carries one sender's params), not %d", len(d.ctrls))
 	}
-	for r, c := range d.ctrls {
-		for i := range reqs {
-			req := reqs[i]
+	asked := make([]int, len(d.ctrls))
+	for _, op := range ops {
+		for _, sub := range op.subs {
+			req := op.req
 			req.Sender = d.flow
-			if err := c.send(message{Req: &req}); err != nil {
-				return nil, fmt.Errorf("prefill rank %d: %w", r, err)
+			if err := d.ctrls[sub.prefillRank].send(message{Req: &req}); err != nil {
+				return nil, fmt.Errorf("prefill rank %d: %w", sub.prefillRank, err)
 			}
+			asked[sub.prefillRank]++
 		}
 	}
-	out := make(map[uint64]postedMsg, len(reqs))
+	out := make(map[uint64]postedMsg, len(ops))
 	for r, c := range d.ctrls {
-		for range reqs {
+		for range asked[r] {
 			m, err := c.recvMessage(0)
 			if err != nil {
 				return nil, fmt.Errorf("prefill rank %d: %w", r, err)
@@ -591,9 +674,9 @@ func (d *decodeEnd) postSendersFirst(reqs []reqMsg) (map[uint64]postedMsg, error
 			out[m.Posted.ID] = *m.Posted
 		}
 	}
-	for _, req := range reqs {
-		if _, ok := out[req.ID]; !ok {
-			return nil, fmt.Errorf("%w: no prefill rank said it posted request %d", errPeerNotKvxbench, req.ID)
+	for _, op := range ops {
+		if _, ok := out[op.req.ID]; !ok {
+			return nil, fmt.Errorf("%w: no prefill rank said it posted request %d", errPeerNotKvxbench, op.req.ID)
 		}
 	}
 	return out, nil
@@ -609,7 +692,7 @@ func (d *decodeEnd) receiveExposed(ctx context.Context, pm postedMsg, subs []rec
 }
 
 // warmUp runs one round of the scenario off the clock and checks its bytes.
-func (d *decodeEnd) warmUp(ctx context.Context, plans [][]recvSub, sums []uint32, name string) error {
+func (d *decodeEnd) warmUp(ctx context.Context, plans [][]recvSub, sums [][]uint32, name string) error {
 	if _, _, _, _, err := d.round(ctx, plans); err != nil {
 		return fmt.Errorf("%s: warm-up: %w", name, err)
 	}
@@ -620,10 +703,10 @@ func (d *decodeEnd) warmUp(ctx context.Context, plans [][]recvSub, sums []uint32
 		return fmt.Errorf("%s: warm-up: %w", name, err)
 	}
 	for i := range plans {
-		for r, sub := range plans[i] {
-			if got := streamChecksum(sub.plan, d.pool); got != sums[r] {
-				return fmt.Errorf("%s: warm-up: verification failed: request %d from prefill rank %d landed with checksum %08x, the sender's stream has %08x",
-					name, i, r, got, sums[r])
+		for _, sub := range plans[i] {
+			if got, want := streamChecksum(sub.plan, d.pools[sub.decodeRank]), sums[sub.prefillRank][sub.decodeRank]; got != want {
+				return fmt.Errorf("%s: warm-up: verification failed: request %d from prefill rank %d to decode rank %d landed with checksum %08x, the sender's stream has %08x",
+					name, i, sub.prefillRank, sub.decodeRank, got, want)
 			}
 		}
 	}

@@ -228,9 +228,17 @@ func runDriver(t *testing.T, cfg RunConfig, decodeEng engineSide, prefill []engi
 // per scenario, for same-TP and for two prefill ranks feeding one decode rank.
 func TestDriverMeasuresAndVerifiesEveryScenario(t *testing.T) {
 	skipWithoutHostCopy(t)
-	for _, tp := range []string{"1", "2"} {
-		t.Run("prefill-tp="+tp, func(t *testing.T) {
-			cfg := smallRun(t, func(s *runSpec) { s.prefillTP = map[string]int{"1": 1, "2": 2}[tp] })
+	for _, c := range []struct {
+		desc                string
+		prefillTP, decodeTP int
+		suffix              string
+	}{
+		{"same TP", 1, 1, ""},
+		{"two prefill ranks feed one decode rank", 2, 1, "tp2>1"},
+		{"one prefill rank feeds two decode ranks", 1, 2, "tp1>2"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := smallRun(t, func(s *runSpec) { s.prefillTP, s.decodeTP = c.prefillTP, c.decodeTP })
 			n := &fakeNet{slot: cfg.SlotBytes, sends: map[fakeKey]*fakeOp{}, recvs: map[fakeKey]*fakeOp{}}
 			out, err := runFake(t, cfg, n, Output{JSON: true, Duration: 20 * time.Millisecond, MaxIters: 50})
 			require.NoError(t, err)
@@ -247,8 +255,15 @@ func TestDriverMeasuresAndVerifiesEveryScenario(t *testing.T) {
 				tokens := []int64{64, 64, 128, 128}[i]
 				require.Equal(t, tokens*4*2*8*128*2, r.Bytes, "4 layers, K and V, 8 heads, 128 dims, BF16")
 				require.Equal(t, []int{1, 4, 1, 4}[i], r.Concurrency)
-				if tp == "2" {
-					require.Contains(t, r.Name, "tp2>1")
+				if c.suffix != "" {
+					require.Contains(t, r.Name, c.suffix)
+				}
+				if c.decodeTP > 1 {
+					require.Equal(t, c.decodeTP, r.DecodeTP)
+					// each decode rank's Send carries half the bytes: the baseline's message
+					require.Equal(t, min(r.Bytes/2, cfg.SlotBytes), r.MessageBytes)
+				} else {
+					require.Zero(t, r.DecodeTP)
 				}
 			}
 			require.Empty(t, n.sends, "every send matched")

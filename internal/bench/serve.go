@@ -158,7 +158,7 @@ func SweepRuns(base RunConfig, blockTokens, batches []int) ([]RunConfig, error) 
 			cfg.Prompts = append(cfg.Prompts, int64(b)*int64(bt))
 		}
 		var err error
-		cfg.Prefill, cfg.Decode, err = SizePools(s, cfg.Prompts, cfg.Concurrency, cfg.PrefillTP, cfg.MemCap, 0, false)
+		cfg.Prefill, cfg.Decode, err = SizePools(s, cfg.Prompts, cfg.Concurrency, cfg.PrefillTP, 1, cfg.MemCap, 0, false)
 		if err != nil {
 			return nil, fmt.Errorf("block size %d tokens: %w", bt, err)
 		}
