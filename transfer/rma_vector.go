@@ -14,6 +14,8 @@ package transfer
 // last get, the release, cancel and quarantine.
 
 import (
+	"slices"
+
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/internal/kvplan"
@@ -156,30 +158,49 @@ func (l *vectorLists) walk(src, dst *layout.Plan, off, n int64) error {
 	}
 	kv := max(ls.KVFactor, 1)
 	sb, db := src.Blocks(), dst.Blocks()
-	tokenInner := ls.StrideToken <= ls.StrideHead
+	// The inner loop runs over the source's smaller stride; where both sides hold its rows
+	// back to back (a token's heads in layer-major-nhd), they go as one piece.
+	inner, outer := heads, tpb
+	sIn, sOut, dIn, dOut := ls.StrideHead, ls.StrideToken, ld.StrideHead, ld.StrideToken
+	if ls.StrideToken <= ls.StrideHead {
+		inner, outer = tpb, heads
+		sIn, sOut, dIn, dOut = ls.StrideToken, ls.StrideHead, ld.StrideToken, ld.StrideHead
+	}
+	groups := n / group
+	// Each list sized once: at most a piece per run of rows one side holds back to back.
+	l.src = slices.Grow(l.src, int(groups*maxPieces(row, inner, outer, sIn, sOut)))
+	l.dst = slices.Grow(l.dst, int(groups*maxPieces(row, inner, outer, dIn, dOut)))
+	step, span := row, int64(1) // each add: one row, or the inner loop's rows at once
+	if sIn == row && dIn == row {
+		step, span = inner*row, inner
+	}
 	for gi := off / group; gi < (off+n)/group; gi++ {
 		b, k, layer := gi%nb, (gi/nb)%kv, gi/nb/kv
 		sBase := int64(sb[b])*ls.StrideBlock + (ss.LayerBegin+layer)*ls.StrideLayer + k*ls.StrideKV + ss.HeadBegin*ls.StrideHead
 		dBase := int64(db[b])*ld.StrideBlock + (sd.LayerBegin+layer)*ld.StrideLayer + k*ld.StrideKV + sd.HeadBegin*ld.StrideHead
-		if tokenInner {
-			for h := range heads {
-				s, d := sBase+h*ls.StrideHead, dBase+h*ld.StrideHead
-				for range tpb {
-					l.add(s, d, row)
-					s, d = s+ls.StrideToken, d+ld.StrideToken
-				}
-			}
-			continue
-		}
-		for t := range tpb {
-			s, d := sBase+t*ls.StrideToken, dBase+t*ld.StrideToken
-			for range heads {
-				l.add(s, d, row)
-				s, d = s+ls.StrideHead, d+ld.StrideHead
+		for o := range outer {
+			s, d := sBase+o*sOut, dBase+o*dOut
+			for i := int64(0); i < inner; i += span {
+				l.add(s, d, step)
+				s, d = s+span*sIn, d+span*dIn
 			}
 		}
 	}
 	return nil
+}
+
+// maxPieces is the most pieces one group of rows makes on a side whose inner and outer
+// strides are in and out (inner rows of each outer index, row bytes each): one where the
+// group lies back to back, one per outer index where only the inner rows do, else one a row.
+// Pieces that continue each other across groups merge, so a list needs no more.
+func maxPieces(row, inner, outer, in, out int64) int64 {
+	switch {
+	case in == row && out == inner*row:
+		return 1
+	case in == row:
+		return outer
+	}
+	return inner * outer
 }
 
 // vectorPieces pairs stream bytes [off, off+n) of the two plans piece by piece (pool offsets

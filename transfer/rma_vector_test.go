@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package transfer
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/layout/layouttest"
+)
+
+// vectorCase is a sender's and a receiver's plan of the same stream: the TP splits into and
+// out of layer-major-nhd that vector gets exist for, and orders where the pieces are long.
+type vectorCase struct {
+	desc     string
+	src, dst *layout.Plan
+}
+
+func vectorCases(t testing.TB) []vectorCase {
+	d := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 32, NumBlocks: 40}
+	half := d
+	half.NumHeads = 4
+	plan := func(dims layout.Dims, o layout.Order, heads [2]int64, seed uint64) *layout.Plan {
+		l := layout.Packed(dims, o)
+		sel := l.All()
+		sel.HeadBegin, sel.HeadEnd = heads[0], heads[1]
+		ids := make([]int32, 32)
+		for i, v := range rand.New(rand.NewPCG(seed, 7)).Perm(int(dims.NumBlocks))[:32] {
+			ids[i] = int32(v)
+		}
+		p, err := layout.NewPlan(l, sel, ids)
+		require.NoError(t, err)
+		return p
+	}
+	nhd, bm := layout.LayerMajorNHD, layout.BlockMajor
+	return []vectorCase{
+		{"TP=2->1 into nhd: a rank's heads into half of each token's", plan(half, nhd, [2]int64{0, 4}, 1), plan(d, nhd, [2]int64{4, 8}, 2)},
+		{"TP=1->2 out of nhd: half of each token's heads into a rank's", plan(d, nhd, [2]int64{0, 4}, 3), plan(half, nhd, [2]int64{0, 4}, 4)},
+		{"nhd to nhd, every head", plan(d, nhd, [2]int64{0, 8}, 5), plan(d, nhd, [2]int64{0, 8}, 6)},
+		{"block-major to nhd", plan(d, bm, [2]int64{0, 8}, 7), plan(d, nhd, [2]int64{0, 8}, 8)},
+		{"nhd to block-major, half the heads", plan(d, nhd, [2]int64{2, 6}, 9), plan(d, bm, [2]int64{4, 8}, 10)},
+	}
+}
+
+// A vector get's two lists, read as the kernel reads them (the remote ranges as one stream
+// into the local pieces in order), land every byte of the chunk where the reference copy puts
+// it, and touch nothing else; no two neighbours of a list continue each other (merged).
+func TestVectorLists_WalkIsTheReferenceCopy(t *testing.T) {
+	for _, c := range vectorCases(t) {
+		t.Run(c.desc, func(t *testing.T) {
+			srcPool := make([]byte, c.src.Layout().SpanBytes())
+			layouttest.Fill(rand.New(rand.NewPCG(1, 1)), srcPool)
+			stream := make([]byte, c.src.Bytes())
+			require.NoError(t, layouttest.ReferenceGather(c.src, srcPool, stream))
+			want := make([]byte, c.dst.Layout().SpanBytes())
+			require.NoError(t, layouttest.ReferenceScatter(c.dst, stream, want))
+
+			got := make([]byte, len(want))
+			group := c.src.Layout().RowBytes() * c.src.Layout().TokensPerBlock * c.src.Selection().Heads()
+			step := 3 * group // chunks of whole groups, as vectorOffer cuts them
+			const base = 1 << 40
+			for off := int64(0); off < c.src.Bytes(); off += step {
+				n := min(step, c.src.Bytes()-off)
+				l := vectorLists{base: base, pool: got}
+				require.NoError(t, l.walk(c.src, c.dst, off, n))
+				var read []byte
+				for i, r := range l.src {
+					require.GreaterOrEqual(t, r.Addr, uint64(base))
+					read = append(read, srcPool[r.Addr-base:r.Addr-base+uint64(r.Len)]...)
+					if i > 0 {
+						require.NotEqual(t, l.src[i-1].Addr+uint64(l.src[i-1].Len), r.Addr, "remote ranges %d and %d not merged", i-1, i)
+					}
+				}
+				require.Equal(t, int(n), len(read), "the remote ranges hold the chunk")
+				at := func(p []byte) uintptr { return uintptr(unsafe.Pointer(&p[0])) - uintptr(unsafe.Pointer(&got[0])) }
+				for i, p := range l.dst {
+					copy(p, read[:len(p)])
+					read = read[len(p):]
+					if i > 0 {
+						prev := l.dst[i-1]
+						require.NotEqual(t, at(prev)+uintptr(len(prev)), at(p), "local pieces %d and %d not merged", i-1, i)
+					}
+				}
+				require.Empty(t, read, "local pieces hold every byte read")
+			}
+			require.True(t, bytes.Equal(want, got), "the lists land the bytes where the reference copy does")
+		})
+	}
+}
+
+// Walking a chunk sizes each list once: a 64 MiB chunk of a TP=2->1 request into
+// layer-major-nhd is 65,536 local pieces, which append's doubling copied about 17 times over,
+// each copy garbage for the collector inside the timed transfer.
+func TestVectorLists_WalkAllocatesEachListOnce(t *testing.T) {
+	for _, c := range vectorCases(t) {
+		t.Run(c.desc, func(t *testing.T) {
+			pool := make([]byte, c.dst.Layout().SpanBytes())
+			allocs := testing.AllocsPerRun(3, func() {
+				l := vectorLists{base: 1 << 40, pool: pool}
+				if err := l.walk(c.src, c.dst, 0, c.src.Bytes()); err != nil {
+					t.Fatal(err)
+				}
+			})
+			require.LessOrEqual(t, allocs, 2.0+raceAllocs, "the remote list and the local one, each once")
+		})
+	}
+}
+
+// BenchmarkVectorListsWalk walks a 64 MiB chunk of a 4096-token Llama-3-8B request's TP
+// splits in layer-major-nhd: what the receiver does before each vector get.
+func BenchmarkVectorListsWalk(b *testing.B) {
+	d := layouttest.Llama3_8B(160).Dims()
+	half := d
+	half.NumHeads /= 2
+	plan := func(dims layout.Dims, heads [2]int64, seed uint64) *layout.Plan {
+		l := layout.Packed(dims, layout.LayerMajorNHD)
+		sel := l.All()
+		sel.HeadBegin, sel.HeadEnd = heads[0], heads[1]
+		ids := make([]int32, 128)
+		for i, v := range rand.New(rand.NewPCG(seed, 2)).Perm(160)[:128] {
+			ids[i] = int32(v)
+		}
+		p, err := layout.NewPlan(l, sel, ids)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return p
+	}
+	for _, c := range []struct {
+		name     string
+		src, dst *layout.Plan
+	}{
+		{"tp2to1", plan(half, [2]int64{0, 4}, 1), plan(d, [2]int64{4, 8}, 3)},
+		{"tp1to2", plan(d, [2]int64{0, 4}, 1), plan(half, [2]int64{0, 4}, 3)},
+	} {
+		pool := make([]byte, c.dst.Layout().SpanBytes())
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(64 << 20)
+			for b.Loop() {
+				l := vectorLists{base: 1 << 40, pool: pool}
+				if err := l.walk(c.src, c.dst, 0, 64<<20); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
