@@ -54,15 +54,15 @@ type RunConfig struct {
 	Latency bool `json:"latency,omitempty"`
 	// Sender is when and how each prefill end posts its side of a request (--sender):
 	// SenderAfter, SenderFirst, SenderExpose or SenderAuto ("" is SenderAfter).
-	Sender         string        `json:"sender,omitempty"`
-	SlotBytes      int64         `json:"slot_bytes"`
-	PipelineDepth  int           `json:"pipeline_depth"`
-	TLS            string        `json:"tls"`
-	PrefillTP      int           `json:"prefill_tp"`
+	Sender        string `json:"sender,omitempty"`
+	SlotBytes     int64  `json:"slot_bytes"`
+	PipelineDepth int    `json:"pipeline_depth"`
+	TLS           string `json:"tls"`
+	PrefillTP     int    `json:"prefill_tp"`
 	// DecodeTP is how many decode ranks the run's process holds (--decode-tp; 0 or 1: one):
 	// with 2, one prefill rank (all the heads) feeds two decode pools of half the heads each,
 	// one Receive per rank and request (TP=1->2).
-	DecodeTP int `json:"decode_tp,omitempty"`
+	DecodeTP       int           `json:"decode_tp,omitempty"`
 	Duration       time.Duration `json:"duration"`
 	MaxIters       int           `json:"max_iters"`
 	Verify         bool          `json:"verify"`
