@@ -113,6 +113,7 @@ ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context
                       UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_TAG;
   if (cfg == NULL || cfg->with_rma) params.features |= UCP_FEATURE_RMA;
+  if (cfg != NULL && cfg->wakeup) params.features |= UCP_FEATURE_WAKEUP;
   params.request_size = sizeof(kvx_ucx_req_priv_t);
   params.request_init = req_init;
   /* Memory registration and rkey packing run on callers' goroutines while the progress
@@ -189,12 +190,26 @@ int kvx_ucx_mm_fifo_size(void) {
 ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,
                                    kvx_ucx_ep_error_fn on_ep_error, void *cb_arg,
                                    kvx_ucx_worker_t **out) {
+  return kvx_ucx_worker_create_efd(ctx, on_done, on_ep_error, cb_arg, -1, out);
+}
+
+ucs_status_t kvx_ucx_worker_create_efd(ucp_context_h ctx, kvx_ucx_done_fn on_done,
+                                       kvx_ucx_ep_error_fn on_ep_error, void *cb_arg, int event_fd,
+                                       kvx_ucx_worker_t **out) {
   kvx_ucx_worker_t *w = calloc(1, sizeof(*w));
   if (w == NULL) return UCS_ERR_NO_MEMORY;
   ucp_worker_params_t wp;
   memset(&wp, 0, sizeof(wp));
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  if (event_fd >= 0) {
+    /* UCX adds its own fds (its signal eventfd, the keepalive timer, each active transport's
+     * event fd) to the caller's epoll set, level-triggered, and never closes it. Every event
+     * kind (the default): a transport then also reports send completions, so ucp_worker_arm
+     * says BUSY while a send waits in its pending queue instead of sleeping through it. */
+    wp.field_mask |= UCP_WORKER_PARAM_FIELD_EVENT_FD;
+    wp.event_fd = event_fd;
+  }
   ucs_status_t st = ucp_worker_create(ctx, &wp, &w->worker);
   if (st != UCS_OK) {
     free(w);
@@ -210,6 +225,8 @@ ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,
 }
 
 static void unexp_drop_oldest(kvx_ucx_worker_t *w);
+
+ucs_status_t kvx_ucx_worker_arm(kvx_ucx_worker_t *w) { return ucp_worker_arm(w->worker); }
 
 void kvx_ucx_worker_destroy(kvx_ucx_worker_t *w) {
   if (w == NULL) return;

@@ -23,8 +23,8 @@ static void kvx_go_on_ep_error(void *arg, uint64_t user, ucs_status_t status) {
 	kvxGoEndpointError(user, (int)status);
 }
 
-static ucs_status_t kvx_go_worker_create(ucp_context_h ctx, kvx_ucx_worker_t **out) {
-	return kvx_ucx_worker_create(ctx, kvx_go_on_done, kvx_go_on_ep_error, NULL, out);
+static ucs_status_t kvx_go_worker_create(ucp_context_h ctx, int event_fd, kvx_ucx_worker_t **out) {
+	return kvx_ucx_worker_create_efd(ctx, kvx_go_on_done, kvx_go_on_ep_error, NULL, event_fd, out);
 }
 */
 import "C"
@@ -56,6 +56,7 @@ func statusErr(op string, st C.ucs_status_t) error {
 type Context struct {
 	cfg     ContextConfig
 	ctx     C.ucp_context_h
+	wakeup  bool // made with UCP_FEATURE_WAKEUP: its workers can sleep until UCX has work
 	mu      sync.Mutex
 	closed  bool
 	workers int
@@ -118,13 +119,23 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 	if !cfg.NoRMA {
 		cc.with_rma = 1
 	}
+	if !cfg.noWakeup {
+		cc.wakeup = 1
+	}
 	c := &Context{cfg: cfg}
 	// Routed before ucp_init, so what UCX says while it opens goes to the logger too.
 	c.stopLog = routeUCXLog(cfg.Logger)
-	if st := C.kvx_ucx_context_create(&cc, &c.ctx); st != C.UCS_OK {
+	st := C.kvx_ucx_context_create(&cc, &c.ctx)
+	if st != C.UCS_OK && cc.wakeup == 1 {
+		// A UCX that cannot wake its workers still moves data: its workers poll (Worker.loop).
+		cc.wakeup = 0
+		st = C.kvx_ucx_context_create(&cc, &c.ctx)
+	}
+	if st != C.UCS_OK {
 		c.stopLog()
 		return nil, statusErr("init context", st)
 	}
+	c.wakeup = cc.wakeup == 1
 	recordSettings(cfg, rndvThresh)
 	return c, nil
 }
@@ -187,6 +198,9 @@ type WorkerConfig struct {
 	UnexpectedBytes int64
 	// Logger receives endpoint failures and close events; default the context's logger.
 	Logger *zap.Logger
+	// fixedSleep, when set, is every sleep of the loop, unchecked: tests make a worker whose
+	// every sleep lasts seconds, so that what ends one early is seen.
+	fixedSleep time.Duration
 }
 
 func (c *WorkerConfig) applyDefaults(parent *zap.Logger) error {
@@ -256,6 +270,14 @@ type Worker struct {
 	inUCX    int
 	lateErrs []lateEPError
 
+	// wakeable (set by the loop before NewWorker returns) is whether UCX wakes the loop for
+	// what arrives (UCP_FEATURE_WAKEUP, its fds in the waker's set): the loop then sleeps
+	// until then, and spins only briefly for receives (Worker.spin).
+	wakeable bool
+	inFlight int // loop-owned: pending requests that are not receives
+	// emptyRounds counts the loop's progress rounds that found nothing to do (for tests).
+	emptyRounds atomic.Uint64
+
 	address []byte
 	stats   atomic.Pointer[WorkerStats]
 	// unexpDropped is the discard count last logged (publishStats, on the loop).
@@ -291,7 +313,7 @@ func (c *Context) NewWorker(cfg WorkerConfig) (*Worker, error) {
 	if err := cfg.applyDefaults(c.cfg.Logger); err != nil {
 		return nil, err
 	}
-	wake, err := newWaker()
+	wake, err := newWaker(c.wakeup)
 	if err != nil {
 		return nil, err
 	}
@@ -320,11 +342,18 @@ func (w *Worker) loop(ready chan<- error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer w.wake.close()
-	if st := C.kvx_go_worker_create(w.ctx.ctx, &w.cw); st != C.UCS_OK {
+	st := C.kvx_go_worker_create(w.ctx.ctx, C.int(w.wake.eventFD()), &w.cw)
+	if st != C.UCS_OK && w.wake.eventFD() >= 0 {
+		// A UCX that would not take the set still makes a worker that polls.
+		w.wake.dropSet()
+		st = C.kvx_go_worker_create(w.ctx.ctx, -1, &w.cw)
+	}
+	if st != C.UCS_OK {
 		ready <- statusErr("create worker", st)
 		close(w.stopped)
 		return
 	}
+	w.wakeable = w.wake.eventFD() >= 0
 	C.kvx_ucx_worker_set_unexpected(w.cw, C.size_t(w.cfg.UnexpectedBytes))
 	var addr unsafe.Pointer
 	var n C.size_t
@@ -340,6 +369,8 @@ func (w *Worker) loop(ready chan<- error) {
 	ready <- nil
 
 	empty, sleep := 0, time.Duration(0)
+	var quiet time.Time // when the current run of empty rounds began
+	armBusy := 0        // how often ucp_worker_arm said BUSY since the last round that did anything
 	for {
 		// Checked every round, busy or not: a peer that never stops sending must not keep
 		// Close waiting.
@@ -352,22 +383,74 @@ func (w *Worker) loop(ready chan<- error) {
 		ran := w.runCommands()
 		busy := C.kvx_ucx_progress(w.cw, 64)
 		if ran || busy > 0 {
-			empty, sleep = 0, 0
+			empty, sleep, armBusy = 0, 0, 0
 			continue
 		}
-		empty++
-		if len(w.pending) > 0 && empty < w.cfg.SpinRounds {
+		w.emptyRounds.Add(1)
+		if empty++; empty == 1 {
+			quiet = time.Now()
+		}
+		if w.spin(empty, quiet) {
 			continue
 		}
 		w.publishStats()
+		if w.wakeable {
+			switch C.kvx_ucx_worker_arm(w.cw) {
+			case C.UCS_OK:
+				// Every transport will signal the set when anything arrives or completes:
+				// sleep until then (or a command, Close, MaxSleep), no back-off.
+				w.wake.sleepArmed(w.sleepFor(w.cfg.MaxSleep), w.idle)
+				sleep = 0
+				continue
+			case C.UCS_ERR_BUSY:
+				// An event was queued, or a transport holds work its events do not announce
+				// (a send in its pending queue, a copy in flight): progress again, and after
+				// armBusyRounds of those the back-off below, which sleeps on the timer alone.
+				if armBusy++; armBusy < armBusyRounds {
+					continue
+				}
+			}
+		}
 		// Back off from 10us up to MaxSleep, waking at once for a command or Close.
 		if sleep == 0 {
 			sleep = 10 * time.Microsecond
 		} else if sleep *= 2; sleep > w.cfg.MaxSleep {
 			sleep = w.cfg.MaxSleep
 		}
-		w.wake.sleep(sleep, w.idle)
+		w.wake.sleep(w.sleepFor(sleep), w.idle)
 	}
+}
+
+func (w *Worker) sleepFor(d time.Duration) time.Duration {
+	if w.cfg.fixedSleep > 0 {
+		return w.cfg.fixedSleep
+	}
+	return d
+}
+
+// armBusyRounds is how many times in a row ucp_worker_arm may say BUSY, each followed by an
+// empty round, before the loop backs off on its timer.
+const armBusyRounds = 16
+
+// wakeSpin bounds the empty rounds of a worker UCX can wake when it waits only for receives
+// to match: their messages will wake it, so spinning for one buys only the wake's own
+// latency, for a reply that comes within a few microseconds.
+const wakeSpin = 20 * time.Microsecond
+
+// spin (the loop, after its empty-th empty round in a row, the first at quiet) reports
+// whether to progress again at once rather than sleep. Spinning is what keeps rendezvous
+// transfers at wire speed while operations are in flight; on a worker UCX cannot wake it is
+// also what keeps a reply from waiting out the back-off. So: SpinRounds rounds while anything
+// is pending, except that a worker UCX can wake with only receives pending (the transport's
+// standing control receive is always pending) spins at most wakeSpin.
+func (w *Worker) spin(empty int, quiet time.Time) bool {
+	if len(w.pending) == 0 || empty >= w.cfg.SpinRounds {
+		return false
+	}
+	if !w.wakeable || w.inFlight > 0 {
+		return true
+	}
+	return time.Since(quiet) < wakeSpin
 }
 
 // idle (the loop, about to sleep) reports whether no command waits and Close has not begun.

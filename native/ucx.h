@@ -53,6 +53,7 @@ typedef struct kvx_ucx_ctx_config {
   const char *tcp_tx_seg_size;    /* UCX_TCP_TX_SEG_SIZE, e.g. "1048576"; NULL: 64k */
   const char *mm_fifo_size;       /* UCX_MM_FIFO_SIZE, e.g. "1024"; NULL: UCX's (64) */
   int with_rma;                   /* request UCP_FEATURE_RMA too */
+  int wakeup;                     /* request UCP_FEATURE_WAKEUP (see kvx_ucx_worker_arm) */
 } kvx_ucx_ctx_config_t;
 
 /* Counters kept per worker, for tests of L6 and for metrics. */
@@ -120,6 +121,17 @@ int kvx_ucx_mm_fifo_size(void);
 ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,
                                    kvx_ucx_ep_error_fn on_ep_error, void *cb_arg,
                                    kvx_ucx_worker_t **out);
+/* kvx_ucx_worker_create, with UCX's wakeup fds added to event_fd (an epoll set the caller
+ * owns and closes after kvx_ucx_worker_destroy) when event_fd >= 0: the context must have
+ * been created with wakeup. */
+ucs_status_t kvx_ucx_worker_create_efd(ucp_context_h ctx, kvx_ucx_done_fn on_done,
+                                       kvx_ucx_ep_error_fn on_ep_error, void *cb_arg, int event_fd,
+                                       kvx_ucx_worker_t **out);
+/* ucp_worker_arm, for a worker made with an event_fd: UCS_OK once every transport the worker
+ * uses will make event_fd readable when anything arrives or completes (the caller may then
+ * wait on it), UCS_ERR_BUSY when there is work now (progress again before waiting: an event
+ * already queued, a send a transport holds in its pending queue, a copy in flight). */
+ucs_status_t kvx_ucx_worker_arm(kvx_ucx_worker_t *w);
 /* Destroys the worker. Requests still pending are released by UCX without callbacks. */
 void kvx_ucx_worker_destroy(kvx_ucx_worker_t *w);
 /* The worker's address, copied into malloc'd memory the caller frees with free(). */

@@ -84,6 +84,9 @@ type ContextConfig struct {
 	// rndvThresh, when set, is UCX_RNDV_THRESH for this context whatever else says: tests
 	// make a sender that sends everything eagerly ("inf"), as any peer may.
 	rndvThresh string
+	// noWakeup leaves out UCP_FEATURE_WAKEUP: the context's workers then poll with the
+	// back-off of a worker UCX cannot wake (Worker.loop). Tests of that loop set it.
+	noWakeup bool
 }
 
 func (c *ContextConfig) applyDefaults() error {

@@ -143,6 +143,9 @@ func (w *Worker) track(r *Request, st C.ucs_status_t, creq unsafe.Pointer, lengt
 		r.creq = creq
 		r.tracked = true
 		w.pending[r] = struct{}{}
+		if r.kind != opTagRecv {
+			w.inFlight++
+		}
 		if r.ep != nil {
 			if r.kind == opTagRecv {
 				r.ep.recvs[r] = struct{}{}
@@ -164,6 +167,9 @@ func (r *Request) finish(err error, length int64) {
 	r.finished = true
 	if r.tracked {
 		delete(r.w.pending, r)
+		if r.kind != opTagRecv {
+			r.w.inFlight--
+		}
 		if r.ep != nil {
 			if r.kind == opTagRecv {
 				delete(r.ep.recvs, r)

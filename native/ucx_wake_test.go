@@ -43,7 +43,7 @@ func TestWorker_ACommandEndsTheIdleSleep(t *testing.T) {
 // The sleep itself: a worker asked to sleep 20 us must not sleep a millisecond, which is what
 // a Go timer gives when every P is idle. BenchmarkWorkerSleep reports the overshoot.
 func BenchmarkWorkerSleep(b *testing.B) {
-	k, err := newWaker()
+	k, err := newWaker(false)
 	require.NoError(b, err)
 	defer k.close()
 	idle := func() bool { return true }
@@ -64,4 +64,130 @@ func BenchmarkWorkerSleep(b *testing.B) {
 		over += time.Since(start) - 20*time.Microsecond
 	}
 	b.ReportMetric(float64(over.Microseconds())/n, "us_over_go_timer")
+}
+
+// asleep waits (generously: a loaded box) until w's loop has gone to sleep.
+func asleep(t *testing.T, w *Worker) {
+	t.Helper()
+	require.Eventually(t, w.wake.sleeping.Load, 10*time.Second, 100*time.Microsecond,
+		"the worker never went to sleep")
+}
+
+// A worker UCX can wake (shared memory and TCP both can) sleeps until a message lands, not
+// until a timer: with every sleep made 20 s long, a message to a worker that went to sleep
+// waiting for it is still received at once (within 5 s on a loaded box; a worker that waited
+// for its timer would take the whole 20 s). The same worker then ends its sleep for a
+// command and for Close.
+func TestWorker_UCXWakesTheSleepForAMessage(t *testing.T) {
+	const sleep, bound = 20 * time.Second, 5 * time.Second
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{fixedSleep: sleep})
+			require.True(t, p.b.wakeable, "UCX gave %s no wakeup", tr.name)
+			src := alloc(t, p.ctxA, 4096)
+			dst := alloc(t, p.ctxB, 4096)
+			require.NoError(t, src.FillPattern(0, 4096, 0, 5))
+			for i := range 3 {
+				recv := p.ba.TagRecv(dst, 0, 4096, uint64(100+i), ^uint64(0))
+				asleep(t, p.b) // the receive posted, nothing to do until the message
+				start := time.Now()
+				send := p.ab.TagSend(src, 0, 4096, uint64(100+i))
+				waitAll(t, bound, recv, send)
+				require.Less(t, time.Since(start), bound)
+				bad, err := dst.CheckPattern(0, 4096, 0, 5)
+				require.NoError(t, err)
+				require.Equal(t, int64(-1), bad)
+			}
+			// A command ends the armed sleep.
+			asleep(t, p.b)
+			ctx, cancel := context.WithTimeout(context.Background(), bound)
+			defer cancel()
+			require.NoError(t, p.b.call(ctx, func() {}))
+		})
+	}
+}
+
+// Close ends an armed sleep too, with a receive still pending (it completes cancelled).
+func TestWorker_CloseEndsAnArmedSleep(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := ContextConfig{TLS: tr.tls}
+			if tr.name == "tcp" {
+				cfg.NetDevices = "lo"
+			}
+			c, err := NewContext(cfg)
+			require.NoError(t, err)
+			w, err := c.NewWorker(WorkerConfig{fixedSleep: 20 * time.Second})
+			require.NoError(t, err)
+			require.True(t, w.wakeable)
+			m, err := c.Allocate(64)
+			require.NoError(t, err)
+			recv := w.TagRecv(m, 0, 64, 1, ^uint64(0))
+			asleep(t, w)
+			done := make(chan error, 1)
+			go func() { done <- w.Close() }()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("Close waited out the armed sleep")
+			}
+			require.True(t, recv.Completed())
+			require.Error(t, recv.Err())
+			require.NoError(t, m.Close())
+			require.NoError(t, c.Close())
+		})
+	}
+}
+
+// After a message, a worker UCX can wake, with only receives pending (the transport's
+// standing control receive always is), spins a bounded time (wakeSpin), not SpinRounds empty
+// rounds: each message used to cost each process a core for about a millisecond
+// (docs/benchmarks.md, "Where a one-hop 32-token request's time goes"). Counted in rounds,
+// not timed: at most half of SpinRounds between the message and the worker's sleep (20 us
+// of rounds is a few hundred even on a fast core).
+func TestWorker_ReceivesAloneSpinBriefly(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{})
+			require.True(t, p.b.wakeable)
+			src := alloc(t, p.ctxA, 64)
+			dst := alloc(t, p.ctxB, 64)
+			standing := p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0)) // never matched
+			for i := range 5 {
+				recv := p.ba.TagRecv(dst, 0, 64, uint64(10+i), ^uint64(0))
+				asleep(t, p.b)
+				before := p.b.emptyRounds.Load()
+				waitAll(t, 10*time.Second, recv, p.ab.TagSend(src, 0, 64, uint64(10+i)))
+				asleep(t, p.b)
+				rounds := p.b.emptyRounds.Load() - before
+				require.Less(t, rounds, uint64(p.b.cfg.SpinRounds/2), "empty rounds after message %d", i)
+			}
+			require.True(t, standing.Cancel())
+			select {
+			case <-standing.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the cancelled receive never completed")
+			}
+		})
+	}
+}
+
+// A worker UCX cannot wake (a context without UCP_FEATURE_WAKEUP) keeps the polling loop:
+// messages and commands still reach it.
+func TestWorker_WithoutWakeupPolls(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := ContextConfig{TLS: tr.tls, noWakeup: true}
+			p := newPairWith(t, cfg, cfg, WorkerConfig{MaxSleep: 5 * time.Millisecond})
+			require.False(t, p.b.wakeable)
+			src := alloc(t, p.ctxA, 4096)
+			dst := alloc(t, p.ctxB, 4096)
+			for i := range 3 {
+				recv := p.ba.TagRecv(dst, 0, 4096, uint64(i), ^uint64(0))
+				asleep(t, p.b)
+				waitAll(t, 10*time.Second, recv, p.ab.TagSend(src, 0, 4096, uint64(i)))
+			}
+		})
+	}
 }

@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_OPS 64
 
@@ -347,6 +349,64 @@ static void test_unexpected_bound(const char *tls) {
   pair_close(&p); /* with two messages still held */
 }
 
+/* A worker made with an epoll set of the caller's (kvx_ucx_worker_create_efd, a context with
+ * wakeup): once kvx_ucx_worker_arm says OK, a message sent to it makes the set readable, and
+ * the worker then receives it. Arm says BUSY until the worker has nothing left to do, which
+ * must come within a bounded number of rounds. */
+static void test_wakeup(const char *tls) {
+  pair_t p;
+  memset(&p, 0, sizeof(p));
+  kvx_ucx_ctx_config_t cfg = {.tls = tls, .keepalive_interval = "200ms", .with_rma = 1, .wakeup = 1};
+  CHECK(kvx_ucx_context_create(&cfg, &p.ctx) == UCS_OK, "context with wakeup over %s", tls);
+  int set = epoll_create1(EPOLL_CLOEXEC);
+  CHECK(set >= 0, "epoll_create1");
+  CHECK(kvx_ucx_worker_create(p.ctx, on_done, on_ep_error, NULL, &p.a) == UCS_OK, "worker a");
+  CHECK(kvx_ucx_worker_create_efd(p.ctx, on_done, on_ep_error, NULL, set, &p.b) == UCS_OK,
+        "worker b with an event set");
+  void *addr_a, *addr_b;
+  size_t la, lb;
+  CHECK(kvx_ucx_worker_address(p.a, &addr_a, &la) == UCS_OK, "address");
+  CHECK(kvx_ucx_worker_address(p.b, &addr_b, &lb) == UCS_OK, "address");
+  ucs_status_t s1 = kvx_ucx_ep_create(p.a, addr_b, lb, 100, &p.ab);
+  ucs_status_t s2 = kvx_ucx_ep_create(p.b, addr_a, la, 200, &p.ba);
+  free(addr_a);
+  free(addr_b);
+  CHECK(s1 == UCS_OK && s2 == UCS_OK, "endpoints: %d %d", s1, s2);
+  drain(&p, 0.05);
+  for (int round = 0; round < 3; round++) {
+    char src[256], dst[256];
+    kvx_ucx_pattern_fill(src, 0, sizeof(src), 30 + round);
+    void *rreq, *sreq;
+    size_t got = 0;
+    reset(50);
+    reset(51);
+    ucs_status_t st = kvx_ucx_tag_recv(p.b, 900 + round, ~0ULL, dst, sizeof(dst), 50, &rreq, &got);
+    posted(50, st, rreq);
+    /* Progress b (and a, for the wireup) until b's arm says OK. */
+    ucs_status_t armed = UCS_ERR_BUSY;
+    double end = now_s() + 5.0;
+    while (armed == UCS_ERR_BUSY && now_s() < end) {
+      kvx_ucx_progress(p.a, 64);
+      if (kvx_ucx_progress(p.b, 64) == 0) armed = kvx_ucx_worker_arm(p.b);
+    }
+    CHECK(armed == UCS_OK, "%s: arm returned %s for 5 s", tls, ucs_status_string(armed));
+    st = kvx_ucx_tag_send(p.ab, 900 + round, src, sizeof(src), 51, &sreq);
+    posted(51, st, sreq);
+    end = now_s() + 5.0;
+    while (ops[51].done_count == 0 && now_s() < end) kvx_ucx_progress(p.a, 64);
+    CHECK(ops[51].done_count == 1, "send did not complete");
+    struct epoll_event ev;
+    int n = epoll_wait(set, &ev, 1, 5000);
+    CHECK(n == 1, "%s: the set of an armed worker stayed quiet for 5 s after a message (%d)", tls, n);
+    CHECK(wait_op(&p, 50, 5.0) == 1 && ops[50].status == UCS_OK, "receive after the wake");
+    CHECK(kvx_ucx_pattern_check(dst, 0, sizeof(dst), 30 + round) < 0, "wrong bytes");
+  }
+  check_l6("wakeup a", p.a);
+  check_l6("wakeup b", p.b);
+  pair_close(&p);
+  close(set);
+}
+
 /* expect is "shm" or "tcp": which kind of lane the TLS list must end up on. */
 static void test_transports(pair_t *p, const char *tls, const char *expect) {
   char *info = kvx_ucx_ep_info(p->ab);
@@ -387,6 +447,7 @@ int main(int argc, char **argv) {
   pair_close(&p);
   test_force_close_inflight(tls);
   test_unexpected_bound(tls);
+  test_wakeup(tls);
   if (failures) {
     fprintf(stderr, "%d failures\n", failures);
     return 1;
