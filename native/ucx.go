@@ -173,8 +173,11 @@ type WorkerConfig struct {
 	// SpinRounds is how many empty progress rounds the loop makes, while operations are in
 	// flight, before it starts sleeping between rounds. Spinning is what keeps rendezvous
 	// transfers at wire speed; sleeping is what keeps an idle worker off the CPU. Default 4096.
+	// A worker UCX can wake (docs/ucx.md, "An idle worker sleeps until UCX has work for it")
+	// with only receives pending spins at most 20 us of them: their messages wake it.
 	SpinRounds int
-	// MaxSleep caps the sleep between progress rounds; it bounds the delay before an
+	// MaxSleep caps the sleep between progress rounds. On a worker UCX can wake, a message or
+	// a completion ends the sleep; on one it cannot, MaxSleep bounds the delay before an
 	// incoming message or a keepalive is noticed. Default 1ms; at most 100ms.
 	MaxSleep time.Duration
 	// CloseTimeout bounds Close: how long it progresses to let cancelled and force-closed
