@@ -276,8 +276,9 @@ type Worker struct {
 	// wakeable (set by the loop before NewWorker returns) is whether UCX wakes the loop for
 	// what arrives (UCP_FEATURE_WAKEUP, its fds in the waker's set): the loop then sleeps
 	// until then, and spins only briefly for receives (Worker.spin).
-	wakeable bool
-	inFlight int // loop-owned: pending requests that are not receives
+	wakeable    bool
+	inFlight    int       // loop-owned: pending requests that are not receives
+	lastCommand time.Time // loop-owned: when the loop last ran a command (commandSpin)
 	// emptyRounds counts the loop's progress rounds that found nothing to do (for tests).
 	emptyRounds atomic.Uint64
 
@@ -385,6 +386,9 @@ func (w *Worker) loop(ready chan<- error) {
 		}
 		ran := w.runCommands()
 		busy := C.kvx_ucx_progress(w.cw, 64)
+		if ran {
+			w.lastCommand = time.Now()
+		}
 		if ran || busy > 0 {
 			empty, sleep, armBusy = 0, 0, 0
 			continue
@@ -453,8 +457,15 @@ func (w *Worker) spin(empty int, quiet time.Time) bool {
 	if !w.wakeable || w.inFlight > 0 {
 		return true
 	}
-	return time.Since(quiet) < wakeSpin
+	return time.Since(quiet) < wakeSpin || time.Since(w.lastCommand) < commandSpin
 }
+
+// commandSpin is how long a worker UCX can wake keeps spinning after it ran a command (a
+// send, a get, a cancel the engine posted): one request's commands come in bursts (a one-hop
+// read's claim, then its Done tens of microseconds later), and a command that finds the worker
+// armed waits for a wake of its locked thread (30-60 us on the 2-core VM) where one that
+// finds it spinning runs at once.
+const commandSpin = 150 * time.Microsecond
 
 // idle (the loop, about to sleep) reports whether no command waits and Close has not begun.
 func (w *Worker) idle() bool {
