@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/kvxfer/kvxfer/internal/peerproc"
 )
 
 // The transports the tests run over: loopback shared memory (with cma for rendezvous) and TCP
@@ -106,7 +108,7 @@ func waitAll(t testing.TB, d time.Duration, reqs ...*Request) {
 }
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(peerproc.SharedBuilds(m)) // each peer built once
 }
 
 func TestUCX_StatusCodesMatchHeader(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -40,8 +41,9 @@ const (
 )
 
 // Build builds ucxpeer into the calling test's temporary directory, removed when that test
-// ends, or returns the prebuilt one $KVX_UCXPEER_BIN names. Call it from the top-level test and
-// pass the path to its subtests: one build per test.
+// ends (or once for the test binary, under SharedBuilds), or returns the prebuilt one
+// $KVX_UCXPEER_BIN names. Call it from the top-level test and pass the path to its subtests:
+// one build per test.
 func Build(t testing.TB) string {
 	t.Helper()
 	return buildPeer(t, UCXPeerEnv, "ucxpeer", "github.com/kvxfer/kvxfer/native/internal/ucxpeer")
@@ -70,10 +72,54 @@ func buildPeer(t testing.TB, env, name, pkg string) string {
 	if bin != "" {
 		return bin
 	}
-	bin = filepath.Join(t.TempDir(), name)
+	shared.Lock()
+	defer shared.Unlock()
+	if b, ok := shared.built[pkg]; ok {
+		return b
+	}
+	dir := shared.dir
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	bin = filepath.Join(dir, name)
 	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
 	require.NoError(t, err, "go build %s:\n%s", name, out)
+	if shared.dir != "" {
+		shared.built[pkg] = bin
+	}
 	return bin
+}
+
+// shared holds the peers built once for a whole test binary (SharedBuilds).
+var shared struct {
+	sync.Mutex
+	dir   string            // "" unless SharedBuilds runs
+	built map[string]string // package path to binary
+}
+
+// SharedBuilds wraps a TestMain's m (goleak.VerifyTestMain(peerproc.SharedBuilds(m)), or
+// os.Exit(peerproc.SharedBuilds(m).Run())): while it runs, Build, BuildEnginePeer and
+// BuildHostilePeer build each peer once for the test binary, not once per test (a link of a
+// cgo binary takes seconds), and it removes them when m.Run returns.
+func SharedBuilds(m interface{ Run() int }) interface{ Run() int } { return sharedBuilds{m} }
+
+type sharedBuilds struct{ m interface{ Run() int } }
+
+func (s sharedBuilds) Run() int {
+	dir, err := os.MkdirTemp("", "kvxfer-peers-")
+	if err != nil { // each test builds its own, as without SharedBuilds
+		return s.m.Run()
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	shared.Lock()
+	shared.dir, shared.built = dir, map[string]string{}
+	shared.Unlock()
+	defer func() {
+		shared.Lock()
+		shared.dir, shared.built = "", nil
+		shared.Unlock()
+	}()
+	return s.m.Run()
 }
 
 // prebuiltPeer returns the peer the environment variable env names, or "" when it is unset. A
@@ -110,6 +156,40 @@ type Proc struct {
 // Start starts bin with args and waits up to 20 s for its address.
 func Start(t testing.TB, bin string, args ...string) *Proc {
 	t.Helper()
+	p := start(t, bin, args...)
+	p.Addr = p.Expect(t, "ADDR ", 20*time.Second)
+	return p
+}
+
+// StartServing starts an enginepeer (BuildEnginePeer) with -serve and args, and waits up to 20 s
+// for it to say it is ready: it then runs one engine per Run, in the one process, so a test
+// that walks every path spends one process per transport, not one per path.
+func StartServing(t testing.TB, bin string, args ...string) *Proc {
+	t.Helper()
+	p := start(t, bin, append([]string{"-serve"}, args...)...)
+	p.Expect(t, "READY", 20*time.Second)
+	return p
+}
+
+// Run starts an engine in a serving peer with args (enginepeer's flags, over those it was
+// started with), sets Addr to its address and returns it. Connect then tells it this side's;
+// CloseRun ends it.
+func (p *Proc) Run(t testing.TB, args ...string) string {
+	t.Helper()
+	require.NoError(t, p.child.Send("RUN "+strings.Join(args, " ")))
+	p.Addr = p.Expect(t, "ADDR ", 30*time.Second)
+	return p.Addr
+}
+
+// CloseRun closes the engine Run started, once its requests ended, and waits up to d for it.
+func (p *Proc) CloseRun(t testing.TB, d time.Duration) {
+	t.Helper()
+	require.NoError(t, p.child.Send("CLOSE"))
+	p.Expect(t, "CLOSED", d)
+}
+
+func start(t testing.TB, bin string, args ...string) *Proc {
+	t.Helper()
 	p := &Proc{lines: make(chan string, 1<<16)}
 	child, err := proc.Start(context.Background(), exec.Command(bin, args...), proc.Options{
 		Stdin: true, Stderr: os.Stderr,
@@ -128,7 +208,6 @@ func Start(t testing.TB, bin string, args ...string) *Proc {
 			t.Errorf("%s %d did not exit", filepath.Base(bin), child.Pid())
 		}
 	})
-	p.Addr = p.Expect(t, "ADDR ", 20*time.Second)
 	return p
 }
 

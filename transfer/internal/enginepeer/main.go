@@ -55,43 +55,92 @@ type options struct {
 	device             bool
 	rmaWhereEmulated   bool
 	disablePull        bool
+	disableDirect      bool
+	disableInPlace     bool
+	directChunk        int64
+	freeze             bool
+	serve              bool
 	quarantine         time.Duration
 	quiesceBound       time.Duration
 	timeout, keepalive time.Duration
 }
 
-func main() {
-	var o options
-	flag.StringVar(&o.mode, "mode", "engine-recv", "engine-send or engine-recv")
-	flag.StringVar(&o.tls, "tls", "posix,cma,self", "UCX_TLS")
-	flag.StringVar(&o.netDevs, "net-devices", "", "UCX_NET_DEVICES (tcp: lo)")
-	flag.Int64Var(&o.total, "total", 16, "blocks of the request")
-	flag.Int64Var(&o.chunk, "chunk", 4<<20, "bytes per staging slot")
-	flag.IntVar(&o.report, "report", 1, "print GOT as the bytes moved change (0: never)")
-	flag.Uint64Var(&o.seed, "seed", 1, "test pattern seed")
-	flag.BoolVar(&o.check, "check", true, "a receiver verifies the test pattern")
-	flag.DurationVar(&o.timeout, "timeout", 60*time.Second, "bound on the whole run")
-	flag.DurationVar(&o.keepalive, "keepalive", 200*time.Millisecond, "UCX keepalive interval")
-	flag.Uint64Var(&o.requestID, "id", 1, "request id")
-	flag.BoolVar(&o.direct, "direct", false, "the KV pool is mapped by the transport (AllocatePool), so the one-copy path may run")
-	flag.BoolVar(&o.caller, "caller", false, "the KV pool is mapped by this process (mmap) and registered with the transport (RegisterHost), as a serving process's own KV cache")
-	flag.BoolVar(&o.uffdTail, "uffd-tail", false, "with -caller: the pool's second half is backed by a userfaultfd nobody serves, so a peer's process_vm_readv of it blocks until this process exits")
-	flag.BoolVar(&o.device, "device", false, "the KV pool is in cudaMalloc memory of GPU 0 registered with the transport (RegisterDevice), moved by gets GPU to GPU (needs a CUDA-enabled UCX)")
-	flag.BoolVar(&o.rmaWhereEmulated, "rma-where-emulated", false, "a receiver keeps the RMA mode where UCX emulates gets (TCP), as the tests of that mode want")
-	flag.IntVar(&o.repeat, "repeat", 1, "requests id, id+1, ... moved one after another")
-	flag.BoolVar(&o.disableRMA, "disable-rma", false, "the direct path sends IOV messages instead of RMA gets (transfer.Config.Tuning.DisableRMA)")
-	flag.DurationVar(&o.drain, "drain", 10*time.Millisecond, "on SIGTERM, how long to Drain before Close")
-	flag.BoolVar(&o.disablePull, "disable-pull", false, "Config.Tuning.DisablePull: a sender declines the pull wire")
-	flag.DurationVar(&o.quarantine, "quarantine", 0, "Config.Tuning.QuarantineTimeout (0: the default)")
-	flag.DurationVar(&o.quiesceBound, "quiesce-bound", 0, "after each DONE, wait this long for the handle to quiesce and print "+
+// defaultOptions are the flags' defaults.
+func defaultOptions() options {
+	return options{mode: "engine-recv", tls: "posix,cma,self", total: 16, chunk: 4 << 20, report: 1, seed: 1, check: true,
+		timeout: 60 * time.Second, keepalive: 200 * time.Millisecond, requestID: 1, repeat: 1, drain: 10 * time.Millisecond}
+}
+
+// bindFlags binds fs's flags to o, each defaulting to o's value: a RUN line of -serve parses
+// onto a copy of the process's own options.
+func bindFlags(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.mode, "mode", o.mode, "engine-send or engine-recv")
+	fs.StringVar(&o.tls, "tls", o.tls, "UCX_TLS")
+	fs.StringVar(&o.netDevs, "net-devices", o.netDevs, "UCX_NET_DEVICES (tcp: lo)")
+	fs.Int64Var(&o.total, "total", o.total, "blocks of the request")
+	fs.Int64Var(&o.chunk, "chunk", o.chunk, "bytes per staging slot")
+	fs.IntVar(&o.report, "report", o.report, "print GOT as the bytes moved change (0: never)")
+	fs.Uint64Var(&o.seed, "seed", o.seed, "test pattern seed")
+	fs.BoolVar(&o.check, "check", o.check, "a receiver verifies the test pattern")
+	fs.DurationVar(&o.timeout, "timeout", o.timeout, "bound on the whole run")
+	fs.DurationVar(&o.keepalive, "keepalive", o.keepalive, "UCX keepalive interval")
+	fs.Uint64Var(&o.requestID, "id", o.requestID, "request id")
+	fs.BoolVar(&o.direct, "direct", o.direct, "the KV pool is mapped by the transport (AllocatePool), so the one-copy path may run")
+	fs.BoolVar(&o.caller, "caller", o.caller, "the KV pool is mapped by this process (mmap) and registered with the transport (RegisterHost), as a serving process's own KV cache")
+	fs.BoolVar(&o.uffdTail, "uffd-tail", o.uffdTail, "with -caller: the pool's second half is backed by a userfaultfd nobody serves, so a peer's process_vm_readv of it blocks until this process exits")
+	fs.BoolVar(&o.device, "device", o.device, "the KV pool is in cudaMalloc memory of GPU 0 registered with the transport (RegisterDevice), moved by gets GPU to GPU (needs a CUDA-enabled UCX)")
+	fs.BoolVar(&o.rmaWhereEmulated, "rma-where-emulated", o.rmaWhereEmulated, "a receiver keeps the RMA mode where UCX emulates gets (TCP), as the tests of that mode want")
+	fs.IntVar(&o.repeat, "repeat", o.repeat, "requests id, id+1, ... moved one after another")
+	fs.BoolVar(&o.disableRMA, "disable-rma", o.disableRMA, "the direct path sends IOV messages instead of RMA gets (transfer.Config.Tuning.DisableRMA)")
+	fs.DurationVar(&o.drain, "drain", o.drain, "on SIGTERM, how long to Drain before Close")
+	fs.BoolVar(&o.disablePull, "disable-pull", o.disablePull, "Config.Tuning.DisablePull: a sender declines the pull wire")
+	fs.BoolVar(&o.disableDirect, "disable-direct", o.disableDirect, "Config.Tuning.DisableDirect: a receiver takes the staging path")
+	fs.BoolVar(&o.disableInPlace, "disable-in-place", o.disableInPlace, "Config.Tuning.DisableInPlaceReads: a receiver reads a mapped pool or slot with gets, not in place")
+	fs.Int64Var(&o.directChunk, "direct-chunk", o.directChunk, "Config.Tuning.DirectChunkBytes: the most bytes one direct message or get carries (0: the default)")
+	fs.BoolVar(&o.freeze, "freeze", o.freeze, "a receiver stops its own process (SIGSTOP) once its request has moved bytes and before it is done, "+
+		"printing \"FREEZE stopped\" first (or \"FREEZE missed\" when the request ended first): the frozen peer of the health tests, caught mid-transfer")
+	fs.DurationVar(&o.quarantine, "quarantine", o.quarantine, "Config.Tuning.QuarantineTimeout (0: the default)")
+	fs.DurationVar(&o.quiesceBound, "quiesce-bound", o.quiesceBound, "after each DONE, wait this long for the handle to quiesce and print "+
 		"\"QUIESCED <true|false> <poisoned slots> <blocks poisoned>\" (0: no such line)")
+}
+
+func main() {
+	o := defaultOptions()
+	bindFlags(flag.CommandLine, &o)
+	flag.BoolVar(&o.serve, "serve", false, "print \"READY\", then run one engine per \"RUN <flags>\" line on stdin (the flags above, "+
+		"over this command line's), each printing ADDR, taking PEER, moving its requests and closing, then \"CLOSED\"; exit 0 when stdin closes")
 	flag.Parse()
 	stdin := bufio.NewScanner(os.Stdin)
 	stdin.Buffer(make([]byte, 1<<16), 1<<20)
-	if err := runEngine(o, stdin); err != nil {
+	if err := serve(o, stdin); err != nil {
 		fmt.Printf("ERR %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// serve is one engine's run, or with -serve one per RUN line.
+func serve(o options, stdin *bufio.Scanner) error {
+	if !o.serve {
+		return runEngine(o, stdin)
+	}
+	fmt.Println("READY")
+	for stdin.Scan() {
+		args, ok := strings.CutPrefix(stdin.Text(), "RUN")
+		if !ok {
+			return fmt.Errorf("want RUN <flags>, got %q", stdin.Text())
+		}
+		ro := o
+		fs := flag.NewFlagSet("RUN", flag.ContinueOnError)
+		bindFlags(fs, &ro)
+		if err := fs.Parse(strings.Fields(args)); err != nil {
+			return err
+		}
+		if err := runEngine(ro, stdin); err != nil {
+			return err
+		}
+		fmt.Println("CLOSED")
+	}
+	return nil
 }
 
 // EngineDims is the model the engine modes move: 32 layers, 8 KV heads of 128 BF16, 16-token
@@ -140,13 +189,23 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 		StagingMemory:   tr.StagingMemory(),
 		TransferTimeout: o.timeout,
 		QueueTimeout:    o.timeout,
-		Tuning:          tuning.Config{PipelineDepth: 2, NumSlots: 8, RMAWhereEmulated: o.rmaWhereEmulated, DisablePull: o.disablePull, DisableRMA: o.disableRMA, QuarantineTimeout: o.quarantine},
+		Tuning: tuning.Config{PipelineDepth: 2, NumSlots: 8, QuarantineTimeout: o.quarantine,
+			DisableDirect: o.disableDirect, DisableRMA: o.disableRMA, DisablePull: o.disablePull, DisableInPlaceReads: o.disableInPlace,
+			RMAWhereEmulated: o.rmaWhereEmulated, DirectChunkBytes: o.directChunk},
 	})
 	if err != nil {
 		return err
 	}
-	defer func() { _ = eng.Close() }()
-	leaveOnTerm(eng, o.drain)
+	var unmap []byte // -caller's mapping, unmapped once the engine (and its transport) closed
+	defer func() {
+		_ = eng.Close()
+		if unmap != nil {
+			_ = syscall.Munmap(unmap)
+		}
+	}()
+	if !o.serve { // a serving peer's engines come and go; it has no departure of its own
+		leaveOnTerm(eng, o.drain)
+	}
 	fmt.Printf("ADDR %s\n", hex.EncodeToString(tr.WorkerAddress()))
 	if !stdin.Scan() {
 		return fmt.Errorf("no PEER line on stdin")
@@ -174,6 +233,7 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 		if err != nil {
 			return err
 		}
+		unmap = mapped
 		copy(mapped, pool)
 		region, err := tr.RegisterHost(mapped)
 		if err != nil {
@@ -200,7 +260,10 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 			return err
 		}
 	}
-	for stdin.Scan() {
+	for stdin.Scan() { // the engine lives on until stdin closes, or a serving peer's CLOSE
+		if o.serve && stdin.Text() == "CLOSE" {
+			break
+		}
 	}
 	return nil
 }
@@ -221,6 +284,11 @@ func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer tr
 	}
 	if err != nil {
 		return err
+	}
+	if o.freeze && !send {
+		if err := freezeMidway(ctx, h); err != nil {
+			return err
+		}
 	}
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
@@ -268,6 +336,41 @@ func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer tr
 		}
 		fmt.Printf("QUIESCED %v %d %v\n", quiesced, eng.Health().Numbers.PoisonedSlots, h.Status().BlocksPoisoned)
 	}
+	return nil
+}
+
+// freezeMidway is -freeze: it stops this process (SIGSTOP) as soon as h has moved bytes and
+// is not done, printing "FREEZE stopped" first, or prints "FREEZE missed" when h ended first.
+// Once continued it prints "THAW <done>": whether h was done at that moment, which says the
+// request may have ended in the instant before the stop (a test then cannot tell what the
+// freeze held back).
+func freezeMidway(ctx context.Context, h *transfer.Handle) error {
+	tick := time.NewTicker(20 * time.Microsecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-h.Done():
+			fmt.Println("FREEZE missed")
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("request %d moved no byte before its bound", h.ID())
+		case <-tick.C:
+		}
+		if h.Status().Bytes > 0 {
+			break
+		}
+	}
+	fmt.Println("FREEZE stopped")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
+		return err
+	}
+	done := false
+	select {
+	case <-h.Done():
+		done = true
+	default:
+	}
+	fmt.Printf("THAW %v\n", done)
 	return nil
 }
 
