@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 )
 
 // TestL3_ReceiversCancelIsACleanCancelForTheSenderOnEveryPath over real UCX, shared memory
@@ -44,10 +45,10 @@ func TestL3_UCXReceiversCancelIsACleanCancelForTheSender(t *testing.T) {
 				scfg.Observer, rcfg.Observer = sq, rq
 				src, dst := newUCXEngine(t, tr.tls, tr.dev, scfg), newUCXEngine(t, tr.tls, tr.dev, rcfg)
 				ids := seqBlocks(0, 128)
-				s, r := newUCXKV(t, big, layout.BlockMajor, ids, 91), newUCXKV(t, big, layout.BlockMajor, ids, 0)
-				if pc.mapped {
-					s, r = mappedKV(t, src, big, layout.BlockMajor, ids, 91), mappedKV(t, dst, big, layout.BlockMajor, ids, 0)
+				if pc.pool == callerPool {
+					ucxhooks.Hooks.AllowSameProcessCMA(dst.tr) // both engines in this process
 				}
+				s, r := pc.kv(t, src, big, ids, 91), pc.kv(t, dst, big, ids, 0)
 				hs, hr := startKV(t, src, dst, 95, s, r)
 				require.Eventually(t, func() bool { return hr.Status().Bytes > 0 || isClosed(hr.Done()) }, 30*time.Second, 50*time.Microsecond)
 				out := dst.e.Cancel(95)
@@ -55,6 +56,9 @@ func TestL3_UCXReceiversCancelIsACleanCancelForTheSender(t *testing.T) {
 				waitQuiesced(t, hr, 20*time.Second)
 				waitQuiesced(t, hs, 20*time.Second)
 				require.Equal(t, pc.want, hr.Path())
+				if pc.pool == callerPool {
+					require.NotZero(t, ucxOf(dst.tr).CMAStats().Gets, "the reads went by process_vm_readv")
+				}
 				require.Zero(t, sq.n.Load(), "the sender reported a quarantine: %v", hs.Status().Err)
 				if out == AlreadyComplete { // 256 MiB at memory speed can beat the cancel
 					require.Equal(t, Completed, hr.Status().State)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 )
 
 // TestL10_UCXSendersCancelIsTruthfulOnEveryPath is TestL10_CancelOutcomeIsTruthfulOnEveryPath's
@@ -34,10 +35,10 @@ func TestL10_UCXSendersCancelIsTruthfulOnEveryPath(t *testing.T) {
 				cfg.Tuning.CancelGrace = 5 * time.Second // 50 ms is short on a loaded box; a stranded op outlives 5 s
 				src, dst := newUCXEngine(t, tr.tls, tr.dev, cfg), newUCXEngine(t, tr.tls, tr.dev, cfg)
 				ids := seqBlocks(0, 128)
-				s, r := newUCXKV(t, big, layout.BlockMajor, ids, 93), newUCXKV(t, big, layout.BlockMajor, ids, 0)
-				if pc.mapped {
-					s, r = mappedKV(t, src, big, layout.BlockMajor, ids, 93), mappedKV(t, dst, big, layout.BlockMajor, ids, 0)
+				if pc.pool == callerPool {
+					ucxhooks.Hooks.AllowSameProcessCMA(dst.tr) // both engines in this process
 				}
+				s, r := pc.kv(t, src, big, ids, 93), pc.kv(t, dst, big, ids, 0)
 				hs, hr := startKV(t, src, dst, 97, s, r)
 				require.Eventually(t, func() bool { return hr.Status().Bytes > 0 || isClosed(hr.Done()) }, 30*time.Second, 50*time.Microsecond)
 				out := src.e.Cancel(97)
@@ -49,6 +50,9 @@ func TestL10_UCXSendersCancelIsTruthfulOnEveryPath(t *testing.T) {
 				waitQuiesced(t, hs, 20*time.Second)
 				waitQuiesced(t, hr, 20*time.Second)
 				require.Equal(t, pc.want, hr.Path())
+				if pc.pool == callerPool {
+					require.NotZero(t, ucxOf(dst.tr).CMAStats().Gets, "the reads went by process_vm_readv")
+				}
 				if hr.Status().State == Completed { // the receiver had every byte before the cancel reached it
 					require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
 				}
@@ -72,21 +76,52 @@ func TestL10_UCXSendersCancelIsTruthfulOnEveryPath(t *testing.T) {
 	}
 }
 
-// ucxCancelPaths are the paths the UCX cancel tests force, each by its Config, over shared
-// memory and TCP (pull in place and RMA in place map the peer's pool: shared memory only).
-var ucxCancelPaths = []struct {
-	name    string
-	cfg     func(*Config)
-	mapped  bool // the pools are the transport's (AllocatePool): the one-copy paths may run
-	want    Path
-	shmOnly bool
-}{
-	{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, false, PathStaging, false},
-	{"direct", func(c *Config) { c.Tuning.DisableRMA = true }, true, PathDirect, false},
+// ucxCancelPaths are the paths the UCX cancel and frozen-peer tests force, each by its Config
+// (and, for a peer process, by the same settings as enginepeer's flags), over shared memory and
+// TCP (pull in place and RMA in place map the peer's pool, and CMA reads it with
+// process_vm_readv: shared memory only).
+var ucxCancelPaths = []ucxPathCase{
+	{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true },
+		[]string{"-disable-direct", "-disable-pull"}, goPool, PathStaging, false},
+	{"direct", func(c *Config) { c.Tuning.DisableRMA = true }, []string{"-direct", "-disable-rma"}, mappedPool, PathDirect, false},
 	{"pull", func(c *Config) {
 		c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true, true
-	}, false, PathStaging, false},
-	{"pull in place", func(c *Config) { c.Tuning.DisableDirect = true }, false, PathStaging, true},
-	{"rma", func(c *Config) { c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true }, true, PathRMA, false},
-	{"rma in place", func(c *Config) {}, true, PathRMA, true}, // only shared memory maps the peer's pool
+	}, []string{"-disable-direct", "-rma-where-emulated", "-disable-in-place"}, goPool, PathStaging, false},
+	{"pull in place", func(c *Config) { c.Tuning.DisableDirect = true }, []string{"-disable-direct"}, goPool, PathStaging, true},
+	{"rma", func(c *Config) { c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true },
+		[]string{"-direct", "-rma-where-emulated", "-disable-in-place"}, mappedPool, PathRMA, false},
+	{"rma in place", func(c *Config) {}, []string{"-direct"}, mappedPool, PathRMA, true}, // only shared memory maps the peer's pool
+	{"cma", func(c *Config) {}, []string{"-caller"}, callerPool, PathRMA, true},          // process_vm_readv of a registered pool
+}
+
+// ucxPathCase is one row of ucxCancelPaths.
+type ucxPathCase struct {
+	name    string
+	cfg     func(*Config)
+	peer    []string // enginepeer's flags for the same configuration and pool
+	pool    poolKind
+	want    Path
+	shmOnly bool
+}
+
+// poolKind is where a test's KV pool lives, which decides the paths it may take.
+type poolKind int
+
+const (
+	goPool     poolKind = iota // Go memory: staging (and the pull wire) only
+	mappedPool                 // the transport's (AllocatePool): the one-copy paths, read in place over shared memory
+	callerPool                 // mapped by the test and registered (RegisterHost): the RMA mode, read by process_vm_readv over shared memory
+)
+
+// kv is a pool of this case's kind on u's side.
+func (pc ucxPathCase) kv(t testing.TB, u *ucxEngine, d layout.Dims, ids []int32, seed uint64) *ucxKV {
+	t.Helper()
+	switch pc.pool {
+	case mappedPool:
+		return mappedKV(t, u, d, layout.BlockMajor, ids, seed)
+	case callerPool:
+		k, _ := callerKV(t, u, d, layout.BlockMajor, ids, seed, "anon")
+		return k
+	}
+	return newUCXKV(t, d, layout.BlockMajor, ids, seed)
 }
