@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package transfer
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/internal/peerproc"
+	"github.com/kvxfer/kvxfer/layout"
+)
+
+// TestL9_UCXPeerKilledMidTransferOnEveryPath is TestL9_PeerLostMidTransferOnEveryPath over real
+// UCX, shared memory and TCP, with the peer a process killed by SIGKILL while the request
+// moves on the path (ucxCancelPaths), this side sending and receiving. The survivor's request
+// ends within the loss bound (docs/ucx.md, "A killed peer"): failed with a *PeerLostError
+// naming the peer, or, a receiver that had read every byte (in place, or out of the dead
+// process's mapped pool), completed with every byte right. A dead process touches no memory
+// any more and UCX ends every operation with it, so each end is known: the request quiesces,
+// nothing is poisoned, no slot stays leased. (TestUCXCMA_PeerKilledMidTransfer, on CMA, lets
+// the blocks be poisoned: a read of a pool may end unknown there; see its test.) The receiver
+// that is killed is caught at its first bytes: it stops itself (-freeze) and the kill follows.
+func TestL9_UCXPeerKilledMidTransferOnEveryPath(t *testing.T) {
+	const blocks = 32                  // 64 MiB, in 4 MiB gets or messages
+	const lossBound = 10 * time.Second // docs/ucx.md, "A killed peer"
+	bin := peerproc.BuildEnginePeer(t)
+	ids := seqBlocks(0, blocks)
+	want := newUCXKV(t, engineDims(blocks), layout.BlockMajor, ids, 5).mem // enginepeer's -seed (ucxPeerArgs)
+	for _, tr := range ucxTransports {
+		for _, pc := range ucxCancelPaths {
+			if pc.shmOnly && tr.name != "shm" {
+				continue
+			}
+			for _, killed := range []string{"sender", "receiver"} {
+				t.Run(tr.name+"/"+pc.name+"/killed "+killed, func(t *testing.T) {
+					cfg := ucxPeerTestConfig()
+					cfg.TransferTimeout = 60 * time.Second // the loss, not a deadline, ends it
+					cfg.Tuning.DirectChunkBytes = 4 << 20
+					cfg.Tuning.QuarantineTimeout = 15 * time.Second // a net for verdicts late under load
+					pc.cfg(&cfg)
+					q := &quarantineCounter{}
+					cfg.Observer = q
+					local := newUCXEngine(t, tr.tls, tr.dev, cfg)
+					mode, localSends := "engine-send", false
+					if killed == "receiver" {
+						mode, localSends = "engine-recv", true
+					}
+					args := append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 700, 120*time.Second), "-direct-chunk", strconv.Itoa(4<<20))
+					args = append(args, pc.peer...)
+					if localSends {
+						args = append(args, "-freeze")
+					}
+					peer := peerproc.Start(t, bin, args...)
+					defer func() { _ = peer.Cmd.Process.Signal(syscall.SIGCONT) }()
+					peer.Connect(t, string(local.tr.Self()))
+					k := pc.kv(t, local, engineDims(blocks), ids, 0)
+					if localSends {
+						copy(k.mem, want) // the bytes the peer checks
+					}
+					spec := Spec{ID: 700, Peer: Peer(peer.Addr), Plan: k.plan, Pool: k.mem}
+					var h *Handle
+					var err error
+					if localSends {
+						h, err = local.e.Send(bg, spec)
+						require.NoError(t, err)
+						if peer.Expect(t, "FREEZE ", 60*time.Second) == "missed" {
+							waitQuiesced(t, h, 30*time.Second)
+							t.Skip("the request ended before the peer's first bytes were seen: nothing to check")
+						}
+					} else {
+						h, err = local.e.Receive(bg, spec)
+						require.NoError(t, err)
+						require.Eventually(t, func() bool { return h.Status().Bytes > 0 || isClosed(h.Done()) }, 60*time.Second, 20*time.Microsecond,
+							"bytes moving (the peer fills its pool first: slow on a loaded box)")
+						if isClosed(h.Done()) {
+							t.Skip("the request ended before any byte was seen here: nothing to check")
+						}
+					}
+					require.Equal(t, pc.want, h.Path())
+					peer.Signal(t, syscall.SIGKILL)
+					killed := time.Now()
+					select {
+					case <-h.Done():
+					case <-time.After(lossBound + time.Second):
+						require.FailNow(t, "not done after its peer was killed", "%v: %+v", time.Since(killed), h.Status())
+					}
+					st := h.Status()
+					t.Logf("%v after the kill: %v, %d of %d bytes (%v)", time.Since(killed).Round(time.Millisecond), st.State, st.Bytes, st.Total, st.Err)
+					if st.State == Completed {
+						require.False(t, localSends, "a sender completed though its receiver died before it was done")
+						require.True(t, bytes.Equal(want, k.mem), "a completed transfer has every byte right")
+					} else {
+						require.Equal(t, Failed, st.State, "%v", st.Err)
+						var pl *PeerLostError
+						require.True(t, errors.As(st.Err, &pl), "%v", st.Err)
+						require.Equal(t, Peer(peer.Addr), pl.Peer)
+					}
+					select {
+					case <-h.Quiesced():
+					case <-time.After(cfg.Tuning.QuarantineTimeout + 5*time.Second):
+					}
+					st = h.Status()
+					require.False(t, st.BlocksPoisoned, "the dead peer can touch nothing: %+v", st)
+					require.True(t, isClosed(h.Quiesced()), "not quiesced: %+v", st)
+					require.Zero(t, q.n.Load(), "a quarantine: %v", st.Err)
+					eventually(t, func() bool { return local.e.pool.Stats().Leased == 0 }, "every slot lease ended")
+					requireSlotsAccounted(t, local.e)
+					require.Zero(t, local.e.pool.Stats().Poisoned, "staging slots poisoned")
+					require.Zero(t, local.e.Health().Numbers.PoisonedBlocks)
+				})
+			}
+		}
+	}
+}
