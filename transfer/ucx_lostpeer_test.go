@@ -79,13 +79,14 @@ func TestL11_UCXKilledPeerIsLostWithinTheBound(t *testing.T) {
 }
 
 // TestL11_UCXSendToAKilledPeerFailsAtOnceOnEveryPath: over real UCX, shared memory and TCP, with
-// each sending path's configuration and pool (staging, the pull wire, direct IOV messages, RMA
-// gets, RMA read in place, CMA reads of a registered pool): a receiver process that greeted this
-// engine is SIGKILLed. A Send already waiting for its request fails within a second of the
-// transport reporting the loss, and a Send made after it fails at once with a *PeerLostError
-// naming the peer, instead of waiting out QueueTimeout (60 s here). Nothing is poisoned or
-// quarantined, and both handles quiesce. (TestL11_ASendToALostPeerFailsAtOnceOnEveryPath has
-// the queued waits for admission and a slot, on mem.)
+// each sending path's configuration and pool (staging, the pull wire read with gets or in
+// place, direct IOV messages, RMA gets, RMA read in place, CMA reads of a registered pool): a
+// receiver process that greeted this engine is SIGKILLed. A Send already waiting for its
+// request fails within a second of the transport reporting the loss, and a Send made after it
+// fails at once with a *PeerLostError naming the peer, instead of waiting out QueueTimeout (60 s
+// here). Nothing is poisoned or quarantined, and both handles quiesce.
+// (TestL11_ASendToALostPeerFailsAtOnceOnEveryPath has the queued waits for admission and a
+// slot, on mem.)
 func TestL11_UCXSendToAKilledPeerFailsAtOnceOnEveryPath(t *testing.T) {
 	const bound, lossBound = time.Second, 10 * time.Second // the promise; docs/ucx.md, "A killed peer"
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 16}
@@ -94,7 +95,13 @@ func TestL11_UCXSendToAKilledPeerFailsAtOnceOnEveryPath(t *testing.T) {
 		cfg     func(*Config)
 		path    Path
 		shmOnly bool
-	}{"CMA reads of a registered pool", func(c *Config) { c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 1<<10, 256<<10 }, PathRMA, true})
+	}{"CMA reads of a registered pool", func(c *Config) { c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 1<<10, 256<<10 }, PathRMA, true},
+		struct {
+			name    string
+			cfg     func(*Config)
+			path    Path
+			shmOnly bool
+		}{"staging pull read in place", func(c *Config) { c.Tuning.DisableDirect = true }, PathStaging, true})
 	bin := peerproc.BuildEnginePeer(t)
 	for _, tr := range ucxTransports {
 		for _, pc := range paths {
