@@ -95,8 +95,13 @@ func TestL9_UCXPeerKilledMidTransferOnEveryPath(t *testing.T) {
 					st := h.Status()
 					t.Logf("%v after the kill: %v, %d of %d bytes (%v)", time.Since(killed).Round(time.Millisecond), st.State, st.Bytes, st.Total, st.Err)
 					if st.State == Completed {
-						require.False(t, localSends, "a sender completed though its receiver died before it was done")
-						require.True(t, bytes.Equal(want, k.mem), "a completed transfer has every byte right")
+						// A sender completes only on its receiver's Done, which the receiver sends once
+						// every byte has landed: a CMA receiver reads a request in a few milliseconds and
+						// may have said Done before the kill took it. A receiver that completed has
+						// every byte.
+						if !localSends {
+							require.True(t, bytes.Equal(want, k.mem), "a completed transfer has every byte right")
+						}
 					} else {
 						require.Equal(t, Failed, st.State, "%v", st.Err)
 						var pl *PeerLostError
