@@ -134,6 +134,8 @@ func (x *xfer) deviceRMAWhyNot() string {
 		return "Config.Tuning.DisableRMA is set"
 	case x.eng.deviceGets() == nil:
 		return "this transport cannot get device memory (a UCX without CUDA)"
+	case x.rmaTransport() == nil:
+		return "this transport serves no rma gets (a UCX transport over TCP only without ucx.Config.ServeEmulatedRMA)"
 	case !x.peerHas(wire.FeatureDirect | wire.FeatureRMA):
 		return "the peer's engine offers no rma gets"
 	}

@@ -99,6 +99,12 @@ func (x *xfer) runReceiveDirect() {
 		r.end()
 		return
 	}
+	if x.dev.set() { // a device pool is never a host buffer to post receives into
+		x.abort(&requestError{ID: x.h.id, Err: &deviceRouteError{Reason: "the rma route cannot run for this request"}},
+			wire.AbortIncompatible, x.eng.cfg.Tuning.CancelGrace)
+		x.loop()
+		return
+	}
 	d.postAhead()
 	if !x.aborting {
 		x.sendRequestInfo()

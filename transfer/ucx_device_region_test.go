@@ -166,7 +166,8 @@ func TestUCXRegion_DeviceRMADeclinedStages(t *testing.T) {
 			cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
 			tr, err := ucx.New(ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
 				StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
-				ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
+				ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second,
+				ServeEmulatedRMA: true}) // device gets need RMA: a UCX over TCP only opens without it otherwise
 			require.NoError(t, err)
 			cfg.StagingMemory = tr.StagingMemory()
 			dst, err := New(&deviceGetsStandIn{ucxImpl: ucxOf(tr), pool: r.mem}, cfg)
