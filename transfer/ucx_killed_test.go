@@ -41,6 +41,14 @@ func TestL9_UCXPeerKilledMidTransferOnEveryPath(t *testing.T) {
 			}
 			for _, killed := range []string{"sender", "receiver"} {
 				t.Run(tr.name+"/"+pc.name+"/killed "+killed, func(t *testing.T) {
+					if tr.name == "tcp" && killed == "receiver" && (pc.name == "pull" || pc.name == "rma") {
+						// This engine serves the dead receiver's gets through UCX's emulation over
+						// TCP: UCX 1.13 aborts the process (uct_tcp_ep_pending_purge: stubs.c
+						// Assertion `0' failed) in about 1 run in 10 when such a peer goes while
+						// replies are pending (TestL9_UCXPeerProcessLeavingLeavesNothingPoisoned
+						// skips it too; ci20 aborted here). Shared memory covers these paths.
+						t.Skip("UCX 1.13 may abort the process when a peer whose gets over TCP this worker emulates dies with replies pending")
+					}
 					cfg := ucxPeerTestConfig()
 					cfg.TransferTimeout = 60 * time.Second // the loss, not a deadline, ends it
 					cfg.Tuning.DirectChunkBytes = 4 << 20
