@@ -20,8 +20,9 @@ import (
 // registered), then the engines' ContextParams, then each end's checksums. Bulk data never
 // crosses it: that is the transport's job.
 
-// controlVersion is the control protocol's version; both ends must speak the same one.
-const controlVersion = 1
+// controlVersion is the control protocol's version; both ends must speak the same one. 2: a
+// perftest request carries UCX settings (perftestMsg.Env), which a version 1 server would ignore.
+const controlVersion = 2
 
 // controlMagic starts every hello, so a connection to something that is not kvxbench is told
 // apart from a kvxbench of another version.
@@ -95,6 +96,10 @@ type perftestMsg struct {
 	Iters   int           `json:"iters"`
 	Warmup  int           `json:"warmup"`
 	Timeout time.Duration `json:"timeout"`
+	// ErrorHandling and Env are perftest.Config's: the server must run with the client's
+	// settings (a client sending 1 MiB TCP segments aborts a server that takes 64 KiB ones).
+	ErrorHandling bool     `json:"error_handling,omitempty"`
+	Env           []string `json:"env,omitempty"`
 }
 
 type scenarioMsg struct {

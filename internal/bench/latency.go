@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
@@ -75,12 +76,29 @@ func (l latencyLimit) name(tls string) string {
 
 // setLimit records the latency limit a latency row is compared to.
 func (r *Result) setLimit(name string, l latencyLimit) {
-	limit := l.us()
-	if limit <= 0 || math.IsNaN(limit) || math.IsInf(limit, 0) {
+	limit, ratio, ok := l.against(r.P50us)
+	if !ok {
 		return
 	}
-	ratio := r.P50us / limit
 	r.Baseline, r.BaselineBytes, r.LimitUs, r.LimitRatio = name, l.bytes, &limit, &ratio
+}
+
+// setEngineLimit records the latency limit measured as the engine runs UCX (Result.LimitEngineUs).
+func (r *Result) setEngineLimit(l latencyLimit) {
+	limit, ratio, ok := l.against(r.P50us)
+	if !ok {
+		return
+	}
+	r.LimitEngineUs, r.LimitEngineRatio = &limit, &ratio
+}
+
+// against is the limit and p50 over it, unless the limit is no time.
+func (l latencyLimit) against(p50 float64) (limit, ratio float64, ok bool) {
+	limit = l.us()
+	if limit <= 0 || math.IsNaN(limit) || math.IsInf(limit, 0) {
+		return 0, 0, false
+	}
+	return limit, p50 / limit, true
 }
 
 // latencyMoveIters bounds the gets or messages of one measurement of a move: a median needs no
@@ -163,4 +181,42 @@ func medianUs(r perftest.Result) (float64, error) {
 func latencyPerftest(cfg RunConfig, bin string) perftest.Config {
 	return perftest.Config{Binary: bin, TLS: cfg.TLS, MemType: perftestMemType(cfg),
 		Timeout: cfg.Duration*10 + 30*time.Second}
+}
+
+// runLimits are a run's two latency limits: UCX as it comes (Result.LimitUs, the least the wire
+// takes) and UCX as the engine runs it (Result.LimitEngineUs: peer error handling and the
+// engine's settings, such as TCP without zero-copy, which copies each byte twice more), nil
+// where the engine reported no settings (no UCX context).
+type runLimits struct {
+	asUCXComes, asEngine *latencyLimits
+}
+
+// newRunLimits measures with run, from base, and as the engine runs UCX with settings
+// (native.Settings of the run's engine) where there are any.
+func newRunLimits(run func(context.Context, perftest.Config) (perftest.Result, error), base perftest.Config, budget int64, settings []string) runLimits {
+	l := runLimits{asUCXComes: &latencyLimits{run: run, base: base, budget: budget}}
+	if len(settings) > 0 {
+		eng := base
+		eng.ErrorHandling, eng.Env = true, slices.Clone(settings)
+		l.asEngine = &latencyLimits{run: run, base: eng, budget: budget}
+	}
+	return l
+}
+
+// set measures (once per size) and records both limits of a latency row of bytes per send.
+func (l runLimits) set(ctx context.Context, res *Result, bytes int64, tls string) error {
+	lim, err := l.asUCXComes.limit(ctx, bytes)
+	if err != nil {
+		return err
+	}
+	res.setLimit(lim.name(tls), lim)
+	if l.asEngine == nil {
+		return nil
+	}
+	lim, err = l.asEngine.limit(ctx, bytes)
+	if err != nil {
+		return fmt.Errorf("as the engine runs UCX: %w", err)
+	}
+	res.setEngineLimit(lim)
+	return nil
 }

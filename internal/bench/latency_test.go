@@ -89,6 +89,94 @@ func TestLatencyLimitIsOneMoveOfTheBytesPlusOneRoundTrip(t *testing.T) {
 	require.ErrorContains(t, err, "no server")
 }
 
+// A latency row carries two limits, both measured: UCX as it comes (limit_us, the least the wire
+// takes) and UCX as the engine runs it (limit_engine_us: peer error handling and the engine's
+// settings, on both ends of every measurement); the first is never replaced by the second.
+func TestLatencyLimitBothAsUCXComesAndAsTheEngineRunsIt(t *testing.T) {
+	settings := []string{"UCX_RNDV_SCHEME=get_zcopy", "UCX_TCP_MAX_IOV=0", "UCX_TCP_TX_SEG_SIZE=1m"}
+	cases := []struct {
+		desc       string
+		settings   []string
+		wantLimit  float64
+		wantEngine float64 // 0: none
+	}{
+		// UCX as it comes: a 400 us message and a 5 us round trip; as the engine runs it a
+		// 900 us message (twice the copies) and a 6 us round trip.
+		{desc: "an engine with UCX settings", settings: settings, wantLimit: 405, wantEngine: 906},
+		{desc: "no UCX context: no settings, only the limit as UCX comes", wantLimit: 405},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			var asked []perftest.Config
+			run := func(_ context.Context, c perftest.Config) (perftest.Result, error) {
+				asked = append(asked, c)
+				probe, move := 2.5, 400.0
+				if c.ErrorHandling {
+					probe, move = 3, 900
+				}
+				switch {
+				case c.Test == "tag_lat" && c.Size == latencyProbeBytes:
+					return perftest.Result{TypicalLatencyUs: probe}, nil
+				case c.Test == "tag_lat":
+					return perftest.Result{TypicalLatencyUs: move}, nil
+				}
+				return perftest.Result{TypicalLatencyUs: 5 * move}, nil // TCP: emulated gets
+			}
+			base := perftest.Config{Binary: "ucx_perftest", TLS: "tcp,self", Timeout: time.Minute}
+			limits := newRunLimits(run, base, 1<<30, tc.settings)
+			res := Result{Op: "latency", P50us: 1812}
+			require.NoError(t, limits.set(context.Background(), &res, 4<<20, "tcp,self"))
+
+			require.NotNil(t, res.LimitUs)
+			require.InDelta(t, tc.wantLimit, *res.LimitUs, 1e-9)
+			require.InDelta(t, 1812/tc.wantLimit, *res.LimitRatio, 1e-9)
+			require.Equal(t, "move+rtt tcp,self", res.Baseline)
+			var asEngine int
+			for _, c := range asked {
+				require.Equal(t, "tcp,self", c.TLS)
+				if c.ErrorHandling {
+					asEngine++
+					require.Equal(t, tc.settings, c.Env, "%s %d: the engine's settings", c.Test, c.Size)
+				} else {
+					require.Empty(t, c.Env, "%s %d: UCX as it comes", c.Test, c.Size)
+				}
+			}
+			if tc.wantEngine == 0 {
+				require.Nil(t, res.LimitEngineUs)
+				require.Zero(t, asEngine)
+				return
+			}
+			require.Equal(t, 3, asEngine, "the round trip, the get and the message, as the engine")
+			require.Len(t, asked, 6)
+			require.NotNil(t, res.LimitEngineUs)
+			require.InDelta(t, tc.wantEngine, *res.LimitEngineUs, 1e-9)
+			require.InDelta(t, 1812/tc.wantEngine, *res.LimitEngineRatio, 1e-9)
+
+			var obj map[string]any
+			b, err := json.Marshal(res)
+			require.NoError(t, err)
+			require.NoError(t, json.Unmarshal(b, &obj))
+			require.InDelta(t, tc.wantLimit, obj["limit_us"], 1e-9)
+			require.InDelta(t, tc.wantEngine, obj["limit_engine_us"], 1e-9)
+			require.InDelta(t, 1812/tc.wantEngine, obj["limit_engine_ratio"], 1e-9)
+
+			require.NoError(t, limits.set(context.Background(), &res, 4<<20, "tcp,self"))
+			require.Len(t, asked, 6, "each limit's parts measured once per run and size")
+		})
+	}
+
+	failing := newRunLimits(func(_ context.Context, c perftest.Config) (perftest.Result, error) {
+		if c.ErrorHandling {
+			return perftest.Result{}, errors.New("server aborted")
+		}
+		return perftest.Result{TypicalLatencyUs: 10}, nil
+	}, perftest.Config{}, 1<<20, settings)
+	res := Result{Op: "latency", P50us: 100}
+	err := failing.set(context.Background(), &res, 1<<20, "tcp,self")
+	require.ErrorContains(t, err, "as the engine runs UCX")
+	require.ErrorContains(t, err, "server aborted")
+}
+
 // With --latency the driver adds the latency rows after the others: a 32-token request and one
 // block's first layer, at concurrency 1 and 16, every byte checked, one prefill rank or two.
 func TestDriverMeasuresTheLatencyRows(t *testing.T) {
@@ -153,6 +241,7 @@ func TestLatencyRowsPrintBesideTheirLimit(t *testing.T) {
 		P50us: 1300, P99us: 2600, Verified: true, Path: "rma", Requests: 500}
 	lim := latencyLimit{moveUs: 400, roundTripUs: 100, bytes: 4 << 20}
 	lat.setLimit(lim.name("posix,cma,self"), lim)
+	lat.setEngineLimit(latencyLimit{moveUs: 600, roundTripUs: 50, bytes: 4 << 20})
 	none := Result{Name: "latency llama3-8b 1 block, 1 layer c=16", Op: "latency", Concurrency: 16, Bytes: 128 << 10,
 		GBps: 1, P50us: 90, P99us: 300, Layers: 1, Requests: 500}
 	results := append(sampleResults(), lat, none)
@@ -164,14 +253,14 @@ func TestLatencyRowsPrintBesideTheirLimit(t *testing.T) {
 	require.NotContains(t, tables[0], "latency ")
 	lines := strings.Split(tables[1], "\n")
 	require.Len(t, lines, 3)
-	for _, col := range []string{"scenario", "bytes/req", "p50", "p99", "p99/p50", "limit", "limit by", "p50/limit", "verified", "path"} {
+	for _, col := range []string{"scenario", "bytes/req", "p50", "p99", "p99/p50", "limit", "limit by", "p50/limit", "engine limit", "p50/engine", "verified", "path"} {
 		require.Contains(t, lines[0], col)
 	}
 	for _, l := range lines[1:] {
 		require.Equal(t, len(lines[0]), len(l), "rows as wide as the header:\n%s", tables[1])
 	}
-	require.Regexp(t, `1\.30 ms\s+2\.60 ms\s+2\.00\s+500\.0 us\s+move\+rtt posix,cma,self\s+2\.60\s+yes\s+rma\s*$`, lines[1])
-	require.Regexp(t, `300\.0 us\s+3\.33\s+-\s+-\s+-\s+no\s+-\s*$`, lines[2], "no limit ran: dashes")
+	require.Regexp(t, `1\.30 ms\s+2\.60 ms\s+2\.00\s+500\.0 us\s+move\+rtt posix,cma,self\s+2\.60\s+650\.0 us\s+2\.00\s+yes\s+rma\s*$`, lines[1])
+	require.Regexp(t, `300\.0 us\s+3\.33\s+-\s+-\s+-\s+-\s+-\s+no\s+-\s*$`, lines[2], "no limit ran: dashes")
 
 	buf.Reset()
 	p := NewPrinter(&buf, true)
@@ -181,6 +270,8 @@ func TestLatencyRowsPrintBesideTheirLimit(t *testing.T) {
 	require.Equal(t, "latency", obj["op"])
 	require.InDelta(t, 500.0, obj["limit_us"], 1e-9)
 	require.InDelta(t, 2.6, obj["limit_ratio"], 1e-9)
+	require.InDelta(t, 650.0, obj["limit_engine_us"], 1e-9)
+	require.InDelta(t, 2.0, obj["limit_engine_ratio"], 1e-9)
 	require.NotContains(t, obj, "ratio", "a latency row has no bandwidth ratio")
 
 	for _, s := range seriesOf(results) {

@@ -87,6 +87,13 @@ type Result struct {
 	// LimitRatio is P50us over it. Present only where the limit ran.
 	LimitUs    *float64 `json:"limit_us,omitempty"`
 	LimitRatio *float64 `json:"limit_ratio,omitempty"`
+	// LimitEngineUs is the same limit measured as the engine runs UCX: ucx_perftest with peer
+	// error handling (-e) and the UCX settings of Env.UCXSettings (native.Settings), such as
+	// TCP without zero-copy, where each byte is copied twice more than UCX as it comes does;
+	// LimitEngineRatio is P50us over it. The first is what the wire allows, this one what
+	// UCX allows with the engine's safety settings. Present only where it ran.
+	LimitEngineUs    *float64 `json:"limit_engine_us,omitempty"`
+	LimitEngineRatio *float64 `json:"limit_engine_ratio,omitempty"`
 	// ClusterKey is true when both ends' engines held a cluster key (--cluster-key): hellos
 	// sealed, and every request's claim proven.
 	ClusterKey bool `json:"cluster_key,omitempty"`
@@ -324,13 +331,19 @@ func bandwidthRows(results []Result) [][]string {
 }
 
 // latencyRows are the header and rows of the latency table: p50 and p99 beside the same-run
-// limit (Result.LimitUs) and their ratios, where 1 is the wire's own time.
+// limit (Result.LimitUs) and their ratios, where 1 is the wire's own time, and beside the limit
+// as the engine runs UCX (Result.LimitEngineUs).
 func latencyRows(results []Result) [][]string {
-	rows := [][]string{{"scenario", "bytes/req", "GB/s", "p50", "p99", "p99/p50", "limit", "limit by", "p50/limit", "verified", "path"}}
+	rows := [][]string{{"scenario", "bytes/req", "GB/s", "p50", "p99", "p99/p50", "limit", "limit by", "p50/limit",
+		"engine limit", "p50/engine", "verified", "path"}}
 	for _, r := range results {
 		limit, by, ratio := "-", "-", "-"
 		if r.LimitUs != nil {
 			limit, by, ratio = fmtUs(*r.LimitUs), r.Baseline, fmt.Sprintf("%.2f", *r.LimitRatio)
+		}
+		engLimit, engRatio := "-", "-"
+		if r.LimitEngineUs != nil {
+			engLimit, engRatio = fmtUs(*r.LimitEngineUs), fmt.Sprintf("%.2f", *r.LimitEngineRatio)
 		}
 		spread := "-"
 		if r.P50us > 0 {
@@ -338,7 +351,7 @@ func latencyRows(results []Result) [][]string {
 		}
 		rows = append(rows, []string{
 			r.Name, humanBytes(r.Bytes), fmt.Sprintf("%.2f", r.GBps), fmtUs(r.P50us), p99Cell(r),
-			spread, limit, by, ratio, yesNo(r.Verified), orDash(r.Path),
+			spread, limit, by, ratio, engLimit, engRatio, yesNo(r.Verified), orDash(r.Path),
 		})
 	}
 	return rows

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
+	"github.com/kvxfer/kvxfer/native"
 )
 
 // PeerEnv marks a process started as a loopback run's peer. The real binary ignores it; a
@@ -125,13 +126,14 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftestBin s
 	bar := newProgress(out.Stderr, len(scenarios), 2*cfg.Duration)
 	defer bar.done()
 	baselines := map[int64]float64{}
-	limits := latencyLimits{run: perftest.Run, base: latencyPerftest(cfg, perftestBin),
-		budget: int64(float64(cfg.Duration.Seconds()) * 4e9)}
+	runPerftest := perftest.Run
 	if d.remoteHost != "" {
-		limits.run = func(ctx context.Context, pc perftest.Config) (perftest.Result, error) {
+		runPerftest = func(ctx context.Context, pc perftest.Config) (perftest.Result, error) {
 			return runRemotePerftest(ctx, d.ctrls[0], d.remoteHost, pc)
 		}
 	}
+	limits := newRunLimits(runPerftest, latencyPerftest(cfg, perftestBin),
+		int64(float64(cfg.Duration.Seconds())*4e9), native.Settings())
 	for _, s := range scenarios {
 		bar.step(s.name(cfg))
 		res, err := d.measure(ctx, s, o, bar)
@@ -139,11 +141,9 @@ func measureTransfers(ctx context.Context, d *decodeEnd, o Output, perftestBin s
 			return err
 		}
 		if perftestBin != "" && s.latency {
-			l, err := limits.limit(ctx, res.Bytes/int64(len(d.ctrls)*cfg.decodeRanks())) // one Send's bytes
-			if err != nil {
+			if err := limits.set(ctx, &res, res.Bytes/int64(len(d.ctrls)*cfg.decodeRanks()), cfg.TLS); err != nil { // one Send's bytes
 				return err
 			}
-			res.setLimit(l.name(cfg.TLS), l)
 		} else if perftestBin != "" {
 			g, ok := baselines[res.MessageBytes]
 			if !ok {
@@ -182,7 +182,7 @@ func runRemotePerftest(ctx context.Context, c *control, host string, pc perftest
 	ctx, cancel := context.WithTimeout(ctx, pc.Timeout)
 	defer cancel()
 	if err := c.send(message{PerftestServe: &perftestMsg{Test: pc.Test, Size: pc.Size, TLS: pc.TLS,
-		Iters: pc.Iters, Warmup: pc.Warmup, Timeout: pc.Timeout}}); err != nil {
+		Iters: pc.Iters, Warmup: pc.Warmup, Timeout: pc.Timeout, ErrorHandling: pc.ErrorHandling, Env: pc.Env}}); err != nil {
 		return perftest.Result{}, err
 	}
 	m, err := c.recvMessage(0)

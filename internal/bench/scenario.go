@@ -137,7 +137,8 @@ func (p *prefillEnd) startPerftest(ctx context.Context, m perftestMsg, wg *sync.
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	cfg := perftest.Config{Binary: bin, Test: m.Test, Size: m.Size, TLS: m.TLS, Iters: m.Iters, Warmup: m.Warmup, Timeout: m.Timeout}
+	cfg := perftest.Config{Binary: bin, Test: m.Test, Size: m.Size, TLS: m.TLS, Iters: m.Iters, Warmup: m.Warmup,
+		Timeout: m.Timeout, ErrorHandling: m.ErrorHandling, Env: m.Env}
 	sctx, cancel := context.WithTimeout(ctx, m.Timeout)
 	server, err := perftest.StartServer(sctx, cfg, port)
 	if err != nil {

@@ -38,6 +38,11 @@ type Config struct {
 	MemType string
 	// Iters and Warmup are -n and -w.
 	Iters, Warmup int
+	// ErrorHandling creates the endpoints with peer error handling (-e), as kvxfer's are.
+	ErrorHandling bool
+	// Env is UCX settings (NAME=value) for both ends beyond UCX_TLS, such as the ones
+	// kvxfer's contexts run with (native.Settings); they override the caller's environment.
+	Env []string
 	// Timeout bounds the whole measurement, retries included; both processes are killed
 	// with their process groups when it passes.
 	Timeout time.Duration
@@ -117,6 +122,9 @@ func (cfg Config) Args(port int) []string {
 	if cfg.MemType != "" {
 		args = append(args, "-m", cfg.MemType)
 	}
+	if cfg.ErrorHandling {
+		args = append(args, "-e")
+	}
 	return args
 }
 
@@ -125,7 +133,7 @@ func (cfg Config) env() []string {
 	if cfg.TLS != "" {
 		env = append(env, "UCX_TLS="+cfg.TLS)
 	}
-	return env
+	return append(env, cfg.Env...)
 }
 
 // Server is a running ucx_perftest server (StartServer).

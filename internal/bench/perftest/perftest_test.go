@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -102,6 +103,54 @@ func TestRealPerftestBaseline(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, res.GBps, 0.05, "1 MiB messages over shared memory")
 	require.Equal(t, 200, res.Iters)
+}
+
+// A measurement as kvxfer's engines run UCX gives both ends peer error handling (-e) and the
+// engine's settings, which win over the caller's environment.
+func TestPerftestRunsBothEndsWithTheSettingsAsked(t *testing.T) {
+	cases := []struct {
+		desc     string
+		cfg      Config
+		wantE    bool
+		wantSegs string
+	}{
+		{desc: "as UCX comes", cfg: Config{TLS: "tcp,self"}, wantSegs: "8k"},
+		{desc: "as the engine runs it", cfg: Config{TLS: "tcp,self", ErrorHandling: true,
+			Env: []string{"UCX_TCP_TX_SEG_SIZE=1m", "UCX_TCP_MAX_IOV=0"}}, wantE: true, wantSegs: "1m"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Setenv("UCX_TCP_TX_SEG_SIZE", "8k") // the caller's
+			dir := t.TempDir()
+			fake := filepath.Join(dir, "ucx_perftest")
+			// Each end writes its arguments and UCX settings to a file of its own; the client
+			// then prints a report.
+			script := "#!/bin/sh\nend=server\nif [ \"$1\" = 127.0.0.1 ]; then end=client; fi\n" +
+				"echo \"args $*\" > " + dir + "/$end.tmp\n" +
+				"env | grep '^UCX_' | sort >> " + dir + "/$end.tmp\nmv " + dir + "/$end.tmp " + dir + "/$end\n" +
+				"if [ $end = client ]; then echo 'iterations,50.0_percentile_lat,avg_lat,overall_bw'; echo '10,4.5,5.0,100'; " +
+				"else sleep 0.3; fi\n"
+			require.NoError(t, os.WriteFile(fake, []byte(script), 0o755))
+			cfg := tc.cfg
+			cfg.Binary, cfg.Test, cfg.Size, cfg.Iters, cfg.Warmup, cfg.Timeout = fake, "tag_lat", 4096, 10, 2, 30*time.Second
+			res, err := Run(context.Background(), cfg)
+			require.NoError(t, err)
+			require.InDelta(t, 4.5, res.TypicalLatencyUs, 1e-9)
+			for _, end := range []string{"server", "client"} {
+				var seen []byte
+				require.Eventually(t, func() bool { seen, err = os.ReadFile(filepath.Join(dir, end)); return err == nil },
+					20*time.Second, 10*time.Millisecond, "the %s ran", end)
+				lines := strings.Split(strings.TrimSpace(string(seen)), "\n")
+				args := strings.Fields(lines[0])
+				require.Equal(t, tc.wantE, slices.Contains(args, "-e"), "%s: %s", end, lines[0])
+				require.Contains(t, lines, "UCX_TLS=tcp,self", end)
+				require.Contains(t, lines, "UCX_TCP_TX_SEG_SIZE="+tc.wantSegs, end)
+				for _, kv := range tc.cfg.Env {
+					require.Contains(t, lines, kv, end)
+				}
+			}
+		})
+	}
 }
 
 // A perftest that never finishes is killed, with its process group, when the timeout passes,
