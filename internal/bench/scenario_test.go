@@ -327,28 +327,43 @@ func TestSweepCoversBlockSizeByBatch(t *testing.T) {
 }
 
 // The two-host baseline: the prefill end starts ucx_perftest's server when asked over the
-// control connection, the decode end runs the client against it (both on 127.0.0.1 here).
+// control connection, the decode end runs the client against it (both on 127.0.0.1 here), the
+// server with the client's settings: as UCX comes, or as the engine runs it (-e, and 1 MiB TCP
+// segments, which a server with UCX's 64 KiB receive buffer cannot take: UCX 1.13 aborts it).
 func TestRemotePerftestOverTheControlConnection(t *testing.T) {
 	bin, err := perftest.Find()
 	if err != nil {
 		t.Skipf("ucx_perftest is not installed (Debian package ucx-utils): %v", err)
 	}
-	cfg := smallRun(t)
-	a, b := tcpPair(t)
-	dc, pc := newControl(a, 5*time.Second), newControl(b, 5*time.Second)
-	defer dc.Close()
-	defer pc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	n := &fakeNet{slot: cfg.SlotBytes, sends: map[fakeKey]*fakeOp{}, recvs: map[fakeKey]*fakeOp{}}
-	served := make(chan error, 1)
-	p, err := newPrefillEnd(cfg, 0, n.end("prefill0"), "decode")
-	require.NoError(t, err)
-	go func() { served <- p.serve(ctx, pc) }()
-	res, err := runRemotePerftest(ctx, dc, "127.0.0.1", perftest.Config{Binary: bin, Test: "tag_bw", Size: 256 << 10,
-		TLS: "shm,self", Iters: 100, Warmup: 10, Timeout: 30 * time.Second})
-	require.NoError(t, err)
-	require.Greater(t, res.GBps, 0.0)
-	require.NoError(t, dc.send(message{Bye: true}))
-	require.NoError(t, <-served)
+	cases := []struct {
+		desc string
+		pc   perftest.Config
+	}{
+		{"as UCX comes", perftest.Config{Test: "tag_bw", Size: 256 << 10, TLS: "shm,self"}},
+		{"as the engine runs it", perftest.Config{Test: "tag_bw", Size: 4 << 20, TLS: "tcp,self", ErrorHandling: true,
+			Env: []string{"UCX_TCP_MAX_IOV=0", "UCX_TCP_RX_SEG_SIZE=1m", "UCX_TCP_TX_SEG_SIZE=1m", "UCX_NET_DEVICES=lo"}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg := smallRun(t)
+			a, b := tcpPair(t)
+			dc, pc := newControl(a, 5*time.Second), newControl(b, 5*time.Second)
+			defer dc.Close()
+			defer pc.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			n := &fakeNet{slot: cfg.SlotBytes, sends: map[fakeKey]*fakeOp{}, recvs: map[fakeKey]*fakeOp{}}
+			served := make(chan error, 1)
+			p, err := newPrefillEnd(cfg, 0, n.end("prefill0"), "decode")
+			require.NoError(t, err)
+			go func() { served <- p.serve(ctx, pc) }()
+			c := tc.pc
+			c.Binary, c.Iters, c.Warmup, c.Timeout = bin, 40, 4, 30*time.Second
+			res, err := runRemotePerftest(ctx, dc, "127.0.0.1", c)
+			require.NoError(t, err)
+			require.Greater(t, res.GBps, 0.0)
+			require.NoError(t, dc.send(message{Bye: true}))
+			require.NoError(t, <-served)
+		})
+	}
 }
