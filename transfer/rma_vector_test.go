@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 )
@@ -89,6 +90,40 @@ func TestVectorLists_WalkIsTheReferenceCopy(t *testing.T) {
 				require.Empty(t, read, "local pieces hold every byte read")
 			}
 			require.True(t, bytes.Equal(want, got), "the lists land the bytes where the reference copy does")
+		})
+	}
+}
+
+// Copying a chunk's pieces out of the offered pool mapped here (copyPieces, the route for a
+// mapped pool) lands every byte where the reference copy puts it and touches nothing else,
+// whatever the chunks; a view shorter than the offered plan (a forged pool size the mapping
+// did not catch) is refused with ErrProtocol before any piece past it is read.
+func TestVectorLists_CopyPiecesIsTheReferenceCopy(t *testing.T) {
+	for _, c := range vectorCases(t) {
+		t.Run(c.desc, func(t *testing.T) {
+			srcPool := make([]byte, c.src.Layout().SpanBytes())
+			layouttest.Fill(rand.New(rand.NewPCG(2, 2)), srcPool)
+			stream := make([]byte, c.src.Bytes())
+			require.NoError(t, layouttest.ReferenceGather(c.src, srcPool, stream))
+			want := make([]byte, c.dst.Layout().SpanBytes())
+			require.NoError(t, layouttest.ReferenceScatter(c.dst, stream, want))
+			group := c.src.Layout().RowBytes() * c.src.Layout().TokensPerBlock * c.src.Selection().Heads()
+			for _, step := range []int64{group, 3 * group, c.src.Bytes()} { // whole groups, as vectorOffer cuts them
+				got := make([]byte, len(want))
+				var chunks []rmaRegion
+				for off := int64(0); off < c.src.Bytes(); off += step {
+					chunks = append(chunks, rmaRegion{src: off, dst: off, n: min(step, c.src.Bytes()-off)})
+				}
+				require.NoError(t, copyPieces(c.src, c.dst, srcPool, got, chunks[:1]))
+				require.NoError(t, copyPieces(c.src, c.dst, srcPool, got, chunks[1:]))
+				require.True(t, bytes.Equal(want, got), "chunks of %d bytes land where the reference copy puts them", step)
+			}
+			var end int64 // the end of the plan's last piece in its pool
+			require.NoError(t, kvplan.Runs(c.src, 0, c.src.Bytes(), func(pool, _, n int64) { end = max(end, pool+n) }))
+			short := srcPool[:end-1]
+			got := make([]byte, len(want))
+			err := copyPieces(c.src, c.dst, short, got, []rmaRegion{{src: 0, dst: 0, n: c.src.Bytes()}})
+			require.ErrorIs(t, err, ErrProtocol, "a piece past the view")
 		})
 	}
 }
