@@ -15,6 +15,8 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // vectorCase is one TP split over UCX shared memory: senders' pools (each its own engine) feed
@@ -242,5 +244,62 @@ func TestUCXCMA_VectorGetsCancelMidTransfer(t *testing.T) {
 	}
 	for _, u := range append(senders[:], recv) {
 		require.Eventually(t, func() bool { return ucxhooks.Hooks.Ops(u.tr) == 0 }, 20*time.Second, time.Millisecond, "ops left")
+	}
+}
+
+// A sender over UCX shared memory whose offer of a layer-major-nhd TP=2 rank's pool names more
+// memory than its key's segment has (a 1 MiB pool offered as 2 MiB, every layer past the
+// first K half outside it) fails the receiver of that half with ErrProtocol: the mapping of the
+// offered pool is refused (native.ErrOutOfBounds), and so is the vector get that would read
+// it instead (the ranges the peer proved); nothing is read past the segment and nothing is
+// written into the receiver's blocks. With reads in place and without.
+func TestUCXCMA_TPSplitNHDOfferPastTheSegmentIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		desc    string
+		inPlace bool
+	}{
+		{"the mapping first", true},
+		{"vector gets only (DisableInPlaceReads)", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			half := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 32}
+			full := half
+			full.NumHeads = 8
+			cfg := ucxTestConfig()
+			cfg.Tuning.DirectMinRunBytes = 0 // the engine's default: 2 KiB; these pieces are 1 KiB
+			cfg.Tuning.DisableInPlaceReads = !tc.inPlace
+			cfg.TransferTimeout, cfg.QueueTimeout = time.Minute, time.Minute // a loaded box: no deadline is what these are about
+			dst := newUCXEngine(t, "posix,cma,self", "", cfg)
+			ucxhooks.Hooks.AllowSameProcessCMA(dst.tr)
+			evil, err := ucx.New(ucx.Config{TLS: "posix,cma,self", KeepaliveInterval: 200 * time.Millisecond, StagingBytes: 1 << 20, CloseTimeout: 2 * time.Second})
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, evil.Close(true)) })
+			pool, err := evil.AllocatePool(1 << 20)
+			require.NoError(t, err)
+			addr, key, err := ucxOf(evil).RMAKey(pool)
+			require.NoError(t, err)
+			claimed := newUCXKV(t, half, layout.LayerMajorNHD, seqBlocks(0, 8), 0) // 2 MiB: a pool twice the segment
+			require.Greater(t, len(claimed.mem), len(pool))
+			require.NoError(t, ucxContract(evil).Bind(fakeRMASender{tr: ucxContract(evil), offer: func(ri *wire.RequestInfo) []*wire.RMAOffer {
+				return []*wire.RMAOffer{{Header: wire.Header{Sub: ri.Sub, Request: ri.Request, Nonce: ri.Nonce},
+					Addr: addr, PoolBytes: int64(len(claimed.mem)), Layout: claimed.plan.Layout(), Selection: claimed.plan.Selection(),
+					Blocks: append([]int32(nil), claimed.plan.Blocks()...), Key: key}}
+			}}))
+			r := mappedKV(t, dst, full, layout.LayerMajorNHD, seqBlocks(0, 8), 0)
+			sel := r.plan.Selection()
+			sel.HeadBegin, sel.HeadEnd = 4, 8
+			rp, err := layout.NewPlan(r.plan.Layout(), sel, seqBlocks(0, 8))
+			require.NoError(t, err)
+			hr, err := dst.e.Receive(bg, Spec{ID: 1, Peer: evil.Self(), Plan: rp, Pool: r.mem})
+			require.NoError(t, err)
+			waitQuiesced(t, hr, 30*time.Second)
+			st := hr.Status()
+			require.Equal(t, Failed, st.State, "%v", st.Err)
+			t.Logf("refused: %v", st.Err)
+			require.ErrorIs(t, st.Err, ErrProtocol)
+			require.Equal(t, PathRMA, hr.Path())
+			require.Zero(t, ucxOf(dst.tr).CMAStats().Bytes, "nothing read by process_vm_readv")
+			require.True(t, bytes.Equal(make([]byte, len(r.mem)), r.mem), "nothing written")
+		})
 	}
 }
