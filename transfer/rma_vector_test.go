@@ -193,7 +193,7 @@ func TestRMASmallPiecesReadThroughTheMapping(t *testing.T) {
 			fakeVectorGets(t)
 			cfg := rmaConfig()
 			cfg.Tuning.DisableInPlaceReads = tc.off
-			cfg.Tuning.DirectChunkBytes = 64 << 10 // a few chunks of whole groups
+			cfg.Tuning.DirectChunkBytes = 64 << 10  // a few chunks of whole groups
 			cfg.Tuning.RMAMinRegionBytes = 64 << 10 // the pieces too small for a get each
 			cfg.Tuning.DirectMinRunBytes = 0        // the engine's default: 2 KiB
 			src, dst := tc.pools(t)
