@@ -103,10 +103,10 @@ type ucxCMA struct {
 	gets, bytes   atomic.Uint64
 	// discard is where a vector get's Discard ranges land (vectorget.Range): scratch that
 	// every read may write at once, never read.
-	discard  []byte
-	refused  atomic.Uint64
-	unproven atomic.Uint64
-	blocked  atomic.Uint64
+	discard []byte
+	refused       atomic.Uint64
+	unproven      atomic.Uint64
+	blocked       atomic.Uint64
 }
 
 // ucxCMARoute is what was decided for a peer's key: read by process_vm_readv from pid, or not.
