@@ -118,7 +118,7 @@ func copyPieces(src, dst *layout.Plan, view, pool []byte, chunks []rmaRegion) er
 // offered pool's order (vectorLists).
 func (r *rmaReceive) postVector(g rmaRegion, tag transport.Tag, done func(transport.Completion)) (transport.OpID, error) {
 	x := r.x
-	l := vectorLists{base: r.addr, pool: x.pool, wide: true}
+	l := vectorLists{base: r.addr, pool: x.pool}
 	if err := l.walk(r.vecSrc, x.plan, g.src, g.n); err != nil {
 		return 0, err
 	}
@@ -139,10 +139,6 @@ type vectorLists struct {
 	view       []byte
 	ps, pd, pn int64 // the piece not yet copied
 	err        error
-
-	// wide reads whole token rows of the source where the other heads are few enough (walk):
-	// the process_vm_readv route, where each remote range is pinned apart.
-	wide bool
 }
 
 // add appends n bytes at src offset s of the peer's pool and offset d of this one.
@@ -157,7 +153,7 @@ func (l *vectorLists) add(s, d, n int64) {
 		return
 	}
 	a := l.base + uint64(s)
-	if k := len(l.src) - 1; k >= 0 && !l.src[k].Discard && l.src[k].Addr+uint64(l.src[k].Len) == a {
+	if k := len(l.src) - 1; k >= 0 && l.src[k].Addr+uint64(l.src[k].Len) == a {
 		l.src[k].Len += int(n)
 	} else {
 		l.src = append(l.src, vectorget.Range{Addr: a, Len: int(n)})
@@ -231,23 +227,13 @@ func (l *vectorLists) walk(src, dst *layout.Plan, off, n int64) error {
 		sIn, sOut, dIn, dOut = ls.StrideToken, ls.StrideHead, ld.StrideToken, ld.StrideHead
 	}
 	groups := n / group
+	if l.view == nil { // each list sized once: at most a piece per run of rows one side holds back to back
+		l.src = slices.Grow(l.src, int(groups*maxPieces(row, inner, outer, sIn, sOut)))
+		l.dst = slices.Grow(l.dst, int(groups*maxPieces(row, inner, outer, dIn, dOut)))
+	}
 	step, span := row, int64(1) // each add: one row, or the inner loop's rows at once
 	if sIn == row && dIn == row {
 		step, span = inner*row, inner
-	}
-	// Whole token rows (wide): where the source's token holds its selected heads and at most
-	// as many others back to back, the others are read too, as Discard ranges, so that a
-	// group's rows are one remote range, pinned once, instead of a range per token.
-	before, after := ss.HeadBegin*row, (ls.NumHeads-ss.HeadEnd)*row
-	wide := l.wide && l.view == nil && span == inner && inner == heads && sOut == ls.NumHeads*row &&
-		before+after > 0 && before+after <= heads*row
-	if l.view == nil { // each list sized once: at most a piece per run of rows one side holds back to back
-		extra := int64(0)
-		if wide {
-			extra = 2 * outer // a Discard range before and after each token's rows
-		}
-		l.src = slices.Grow(l.src, int(groups*(maxPieces(row, inner, outer, sIn, sOut)+extra)))
-		l.dst = slices.Grow(l.dst, int(groups*maxPieces(row, inner, outer, dIn, dOut)))
 	}
 	for gi := off / group; gi < (off+n)/group; gi++ {
 		b, k, layer := gi%nb, (gi/nb)%kv, gi/nb/kv
@@ -255,12 +241,6 @@ func (l *vectorLists) walk(src, dst *layout.Plan, off, n int64) error {
 		dBase := int64(db[b])*ld.StrideBlock + (sd.LayerBegin+layer)*ld.StrideLayer + k*ld.StrideKV + sd.HeadBegin*ld.StrideHead
 		for o := range outer {
 			s, d := sBase+o*sOut, dBase+o*dOut
-			if wide {
-				l.discard(s-before, before)
-				l.add(s, d, step)
-				l.discard(s+step, after)
-				continue
-			}
 			for i := int64(0); i < inner; i += span {
 				l.add(s, d, step)
 				s, d = s+span*sIn, d+span*dIn
@@ -268,20 +248,6 @@ func (l *vectorLists) walk(src, dst *layout.Plan, off, n int64) error {
 		}
 	}
 	return nil
-}
-
-// discard appends n bytes at src offset s of the peer's pool that are read and dropped (a
-// Discard range, vectorget.Range); none for n 0.
-func (l *vectorLists) discard(s, n int64) {
-	if n <= 0 {
-		return
-	}
-	a := l.base + uint64(s)
-	if k := len(l.src) - 1; k >= 0 && l.src[k].Discard && l.src[k].Addr+uint64(l.src[k].Len) == a {
-		l.src[k].Len += int(n)
-		return
-	}
-	l.src = append(l.src, vectorget.Range{Addr: a, Len: int(n), Discard: true})
 }
 
 // maxPieces is the most pieces one group of rows makes on a side whose inner and outer

@@ -54,73 +54,48 @@ func vectorCases(t testing.TB) []vectorCase {
 }
 
 // A vector get's two lists, read as the kernel reads them (the remote ranges as one stream
-// into the local pieces in order, Discard ranges read and dropped), land every byte of the
-// chunk where the reference copy puts it, and touch nothing else; no two neighbours of a list
-// continue each other (merged) unless one is dropped and the other kept. Wide (whole token
-// rows, the process_vm_readv route): a source whose tokens hold the selected heads and at
-// most as many others is read as one remote range per group (TP=1->2 out of nhd), its other
-// heads dropped, where narrow it is a range per token.
+// into the local pieces in order), land every byte of the chunk where the reference copy puts
+// it, and touch nothing else; no two neighbours of a list continue each other (merged).
 func TestVectorLists_WalkIsTheReferenceCopy(t *testing.T) {
 	for _, c := range vectorCases(t) {
-		for _, wide := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/wide=%v", c.desc, wide), func(t *testing.T) {
-				srcPool := make([]byte, c.src.Layout().SpanBytes())
-				layouttest.Fill(rand.New(rand.NewPCG(1, 1)), srcPool)
-				stream := make([]byte, c.src.Bytes())
-				require.NoError(t, layouttest.ReferenceGather(c.src, srcPool, stream))
-				want := make([]byte, c.dst.Layout().SpanBytes())
-				require.NoError(t, layouttest.ReferenceScatter(c.dst, stream, want))
+		t.Run(c.desc, func(t *testing.T) {
+			srcPool := make([]byte, c.src.Layout().SpanBytes())
+			layouttest.Fill(rand.New(rand.NewPCG(1, 1)), srcPool)
+			stream := make([]byte, c.src.Bytes())
+			require.NoError(t, layouttest.ReferenceGather(c.src, srcPool, stream))
+			want := make([]byte, c.dst.Layout().SpanBytes())
+			require.NoError(t, layouttest.ReferenceScatter(c.dst, stream, want))
 
-				got := make([]byte, len(want))
-				ls, ss := c.src.Layout(), c.src.Selection()
-				group := ls.RowBytes() * ls.TokensPerBlock * ss.Heads()
-				step := 3 * group // chunks of whole groups, as vectorOffer cuts them
-				others := ls.NumHeads - ss.Heads()
-				// Whole rows apply where a token's heads lie back to back, some not selected, no more than selected.
-				rows := wide && ls.StrideHead == ls.RowBytes() && ls.StrideToken == ls.NumHeads*ls.RowBytes() &&
-					c.dst.Layout().StrideHead == ls.RowBytes() && others > 0 && others <= ss.Heads()
-				const base = 1 << 40
-				for off := int64(0); off < c.src.Bytes(); off += step {
-					n := min(step, c.src.Bytes()-off)
-					l := vectorLists{base: base, pool: got, wide: wide}
-					require.NoError(t, l.walk(c.src, c.dst, off, n))
-					var read []byte
-					remotes, dropped := 0, 0 // ranges as the transport merges them (kept and dropped alike)
-					for i, r := range l.src {
-						require.GreaterOrEqual(t, r.Addr, uint64(base))
-						require.Less(t, r.Addr-base+uint64(r.Len), uint64(len(srcPool))+1, "a range inside the pool")
-						if r.Discard {
-							dropped += r.Len
-						} else {
-							read = append(read, srcPool[r.Addr-base:r.Addr-base+uint64(r.Len)]...)
-						}
-						if i == 0 || l.src[i-1].Addr+uint64(l.src[i-1].Len) != r.Addr {
-							remotes++
-						} else {
-							require.NotEqual(t, l.src[i-1].Discard, r.Discard, "remote ranges %d and %d not merged", i-1, i)
-						}
+			got := make([]byte, len(want))
+			group := c.src.Layout().RowBytes() * c.src.Layout().TokensPerBlock * c.src.Selection().Heads()
+			step := 3 * group // chunks of whole groups, as vectorOffer cuts them
+			const base = 1 << 40
+			for off := int64(0); off < c.src.Bytes(); off += step {
+				n := min(step, c.src.Bytes()-off)
+				l := vectorLists{base: base, pool: got}
+				require.NoError(t, l.walk(c.src, c.dst, off, n))
+				var read []byte
+				for i, r := range l.src {
+					require.GreaterOrEqual(t, r.Addr, uint64(base))
+					read = append(read, srcPool[r.Addr-base:r.Addr-base+uint64(r.Len)]...)
+					if i > 0 {
+						require.NotEqual(t, l.src[i-1].Addr+uint64(l.src[i-1].Len), r.Addr, "remote ranges %d and %d not merged", i-1, i)
 					}
-					require.Equal(t, int(n), len(read), "the kept remote ranges hold the chunk")
-					if rows {
-						require.Equal(t, int(n/ss.Heads()*others), dropped, "the other heads of each token read and dropped")
-						require.LessOrEqual(t, int64(remotes), n/group, "a remote range per group at most")
-					} else {
-						require.Zero(t, dropped, "nothing read to be dropped")
-					}
-					at := func(p []byte) uintptr { return uintptr(unsafe.Pointer(&p[0])) - uintptr(unsafe.Pointer(&got[0])) }
-					for i, p := range l.dst {
-						copy(p, read[:len(p)])
-						read = read[len(p):]
-						if i > 0 {
-							prev := l.dst[i-1]
-							require.NotEqual(t, at(prev)+uintptr(len(prev)), at(p), "local pieces %d and %d not merged", i-1, i)
-						}
-					}
-					require.Empty(t, read, "local pieces hold every byte read")
 				}
-				require.True(t, bytes.Equal(want, got), "the lists land the bytes where the reference copy does")
-			})
-		}
+				require.Equal(t, int(n), len(read), "the remote ranges hold the chunk")
+				at := func(p []byte) uintptr { return uintptr(unsafe.Pointer(&p[0])) - uintptr(unsafe.Pointer(&got[0])) }
+				for i, p := range l.dst {
+					copy(p, read[:len(p)])
+					read = read[len(p):]
+					if i > 0 {
+						prev := l.dst[i-1]
+						require.NotEqual(t, at(prev)+uintptr(len(prev)), at(p), "local pieces %d and %d not merged", i-1, i)
+					}
+				}
+				require.Empty(t, read, "local pieces hold every byte read")
+			}
+			require.True(t, bytes.Equal(want, got), "the lists land the bytes where the reference copy does")
+		})
 	}
 }
 

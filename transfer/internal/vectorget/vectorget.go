@@ -11,13 +11,10 @@ package vectorget
 
 import "github.com/kvxfer/kvxfer/transfer/transport"
 
-// Range is a range of a peer's memory, as a vector get names it. Discard: its bytes are read
-// (so that the ranges around it go as one, pinned once) and dropped; no destination bytes
-// stand for them.
+// Range is a range of a peer's memory, as a vector get names it.
 type Range struct {
-	Addr    uint64
-	Len     int
-	Discard bool
+	Addr uint64
+	Len  int
 }
 
 // Hooks is filled by package ucx's init; every function takes the transport as tr and
@@ -29,9 +26,8 @@ var Hooks struct {
 	// peer's process and the ranges its key covers first, docs/security.md).
 	VectorGets func(tr any, from transport.Peer, key []byte) bool
 	// PostGetVector reads src, ranges of from's memory named by key, in order as one stream,
-	// into the pieces of dst, in order: byte i of the one (its Discard ranges left out) lands
-	// at byte i of the other, so the two lists need not pair up piece for piece, only their
-	// totals must agree. A Discard range is read too, into the transport's own scratch memory. It has
+	// into the pieces of dst, in order: byte i of the one lands at byte i of the other, so
+	// the two lists need not pair up piece for piece, only their totals must agree. It has
 	// RMATransport.PostGet's contract: one final completion with its memory verdict; Cancel
 	// reports MemoryBusy while a read runs. Every range of src lies in memory the peer's key
 	// covers, or the get fails before anything is read (ErrProtocol).

@@ -101,9 +101,6 @@ type ucxCMA struct {
 	unproveLogged atomic.Bool
 	blockedLogged atomic.Bool
 	gets, bytes   atomic.Uint64
-	// discard is where a vector get's Discard ranges land (vectorget.Range): scratch that
-	// every read may write at once, never read.
-	discard []byte
 	refused       atomic.Uint64
 	unproven      atomic.Uint64
 	blocked       atomic.Uint64
@@ -160,7 +157,6 @@ type ucxCMAGet struct {
 func (t *ucxTransport) initCMA() {
 	t.cma.self, t.cma.selfOK = native.AddressInfo(t.addr, t.addr)
 	t.cma.slots = make(chan struct{}, max(1, t.cfg.Lanes))
-	t.cma.discard = make([]byte, cmaDiscardBytes)
 	t.cma.answers = make(chan struct{}, cmaProofAnswers)
 	t.cma.readv = unix.ProcessVMReadv
 	t.cma.alive = func(pidfd int) error { return unix.PidfdSendSignal(pidfd, 0, nil, 0) }
@@ -335,26 +331,14 @@ func (t *ucxTransport) cmaPeer(peer transport.Peer) (int, bool) {
 // into that way (device memory), or no new read may start (ucxCMA.shut), and the caller posts a
 // UCX get. A get outside the ranges the peer proved is refused (*cmaRangeError).
 func (t *ucxTransport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
-	return t.postCMA(from, k, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}, [][]byte{dst}, len(dst), len(dst), done)
-}
-
-// cmaDiscardBytes is the scratch a vector get's Discard ranges are read into, a piece at most
-// this long each (longer ranges take several).
-const cmaDiscardBytes = 64 << 10
-
-// discarded reports whether b lies in the scratch memory of Discard ranges.
-func (t *ucxTransport) discarded(b []byte) bool {
-	p, d := uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(unsafe.Pointer(unsafe.SliceData(t.cma.discard)))
-	return p >= d && p-d < uintptr(len(t.cma.discard))
+	return t.postCMA(from, k, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}, [][]byte{dst}, len(dst), done)
 }
 
 // postCMA posts a read of remote, in order, into local (total bytes each, every entry
-// non-empty), as postCMAGet says; useful of them land outside the discard scratch, and are
-// what the completion reports. Every remote range must lie inside a range the peer proved
-// (*cmaRangeError otherwise, before anything is read), and every local piece but the scratch
-// inside one region this transport registered, which the read holds until its system call
-// returned.
-func (t *ucxTransport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []unix.RemoteIovec, local [][]byte, total, useful int, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
+// non-empty), as postCMAGet says. Every remote range must lie inside a range the peer proved
+// (*cmaRangeError otherwise, before anything is read), and every local piece inside one
+// region this transport registered, which the read holds until its system call returned.
+func (t *ucxTransport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []unix.RemoteIovec, local [][]byte, total int, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -368,18 +352,11 @@ func (t *ucxTransport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []un
 			return 0, true, &cmaRangeError{Peer: from, Addr: uint64(r.Base), Len: r.Len, Ranges: k.cma.rangeNames()}
 		}
 	}
-	first := 0
-	for first < len(local)-1 && t.discarded(local[first]) {
-		first++
-	}
-	mem, _, err := t.regionLocked(local[first])
+	mem, _, err := t.regionLocked(local[0])
 	if err != nil {
 		return 0, true, err
 	}
-	for _, l := range local {
-		if t.discarded(l) {
-			continue
-		}
+	for _, l := range local[1:] {
 		if p := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(l)))); p < mem.Addr() || p-mem.Addr() > uint64(mem.Len()) || uint64(len(l)) > uint64(mem.Len())-(p-mem.Addr()) {
 			return 0, true, fmt.Errorf("%w: a vector get's pieces lie in more than one region: [%#x, +%d)", ErrUnregistered, p, len(l))
 		}
@@ -392,7 +369,7 @@ func (t *ucxTransport) postCMA(from transport.Peer, k *ucxRemoteKey, remote []un
 		return 0, true, fmt.Errorf("%w: %w", ErrUnregistered, err)
 	}
 	t.nextOp++
-	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: useful, done: done,
+	op := &ucxOp{id: t.nextOp, send: true, peer: from, size: total, done: done,
 		cma: &ucxCMAGet{key: k, pid: k.cma.pid, pidfd: k.cma.pidfd, remote: remote, local: local, total: total, release: release}}
 	k.inflight++
 	t.ops[op.id] = op
@@ -445,15 +422,12 @@ func (t *ucxTransport) vectorGets(from transport.Peer, key []byte) bool {
 // fails where VectorGets(from, key) would report false.
 func (t *ucxTransport) postGetVector(from transport.Peer, _ transport.Tag, key []byte, src []vectorget.Range, dst [][]byte, done func(transport.Completion)) (transport.OpID, error) {
 	remote := make([]unix.RemoteIovec, 0, len(src))
-	rtotal, useful := 0, 0
+	rtotal := 0
 	for _, r := range src {
 		if r.Len <= 0 || r.Addr+uint64(r.Len) < r.Addr {
 			return 0, fmt.Errorf("%w: a vector get's range [%#x, +%d)", transport.ErrBadRegion, r.Addr, r.Len)
 		}
 		rtotal += r.Len
-		if !r.Discard {
-			useful += r.Len
-		}
 		if k := len(remote) - 1; k >= 0 && uint64(remote[k].Base)+uint64(remote[k].Len) == r.Addr {
 			remote[k].Len += r.Len
 			continue
@@ -462,42 +436,21 @@ func (t *ucxTransport) postGetVector(from transport.Peer, _ transport.Tag, key [
 	}
 	local := make([][]byte, 0, len(dst))
 	ltotal := 0
-	appendLocal := func(d []byte) {
-		if k := len(local) - 1; k >= 0 && !t.discarded(d) && !t.discarded(local[k]) &&
-			uintptr(unsafe.Pointer(unsafe.SliceData(local[k])))+uintptr(len(local[k])) == uintptr(unsafe.Pointer(unsafe.SliceData(d))) &&
-			cap(local[k]) >= len(local[k])+len(d) {
-			local[k] = local[k][:len(local[k])+len(d)]
-			return
-		}
-		local = append(local, d)
-	}
 	for _, d := range dst {
 		if len(d) == 0 {
 			return 0, fmt.Errorf("%w: a vector get's empty destination piece", transport.ErrBadRegion)
 		}
 		ltotal += len(d)
-	}
-	if useful != ltotal || useful == 0 {
-		return 0, fmt.Errorf("%w: a vector get of %d bytes into %d", transport.ErrBadRegion, useful, ltotal)
-	}
-	// The local list in the stream's order: dst's bytes where src's ranges are kept, the
-	// scratch where they are dropped.
-	di, do := 0, 0
-	for _, r := range src {
-		for left := r.Len; left > 0; {
-			if r.Discard {
-				n := min(left, len(t.cma.discard))
-				appendLocal(t.cma.discard[:n:n])
-				left -= n
-				continue
-			}
-			n := min(left, len(dst[di])-do)
-			appendLocal(dst[di][do : do+n : do+n])
-			if do += n; do == len(dst[di]) {
-				di, do = di+1, 0
-			}
-			left -= n
+		if k := len(local) - 1; k >= 0 && unsafe.SliceData(local[k]) != nil &&
+			uintptr(unsafe.Pointer(unsafe.SliceData(local[k])))+uintptr(len(local[k])) == uintptr(unsafe.Pointer(unsafe.SliceData(d))) &&
+			cap(local[k]) >= len(local[k])+len(d) {
+			local[k] = local[k][:len(local[k])+len(d)]
+			continue
 		}
+		local = append(local, d)
+	}
+	if rtotal != ltotal || rtotal == 0 {
+		return 0, fmt.Errorf("%w: a vector get of %d bytes into %d", transport.ErrBadRegion, rtotal, ltotal)
 	}
 	if err := t.ensureEndpoint(from); err != nil {
 		return 0, err
@@ -506,7 +459,7 @@ func (t *ucxTransport) postGetVector(from transport.Peer, _ transport.Tag, key [
 	if !ok {
 		return 0, fmt.Errorf("%w: %s: no process_vm_readv route to this peer's key, which vector gets need", transport.ErrBadRegion, from.Short())
 	}
-	id, taken, err := t.postCMA(from, k, remote, local, rtotal, useful, done)
+	id, taken, err := t.postCMA(from, k, remote, local, rtotal, done)
 	if !taken {
 		return 0, fmt.Errorf("%w: %s: the process_vm_readv route is shut (a read blocked) or the destination is not host memory", transport.ErrBadRegion, from.Short())
 	}
@@ -571,9 +524,7 @@ func (t *ucxTransport) runCMAGet(op *ucxOp) {
 	if err == nil {
 		if gone := t.cma.alive(g.pidfd); gone != nil { // the pid may name another process now
 			for _, l := range g.local {
-				if !t.discarded(l) { // the scratch is never read
-					clear(l) // what it read may be another process's: none of it stays
-				}
+				clear(l) // what it read may be another process's: none of it stays
 			}
 			err = fmt.Errorf("%w: %w", unix.ESRCH, gone)
 		}
@@ -590,7 +541,7 @@ func (t *ucxTransport) runCMAGet(op *ucxOp) {
 			transport.ErrBadRegion, g.names(), g.pid, read, err)
 	default:
 		t.cma.gets.Add(1)
-		t.cma.bytes.Add(uint64(op.size)) // the bytes delivered: Discard ranges' not counted
+		t.cma.bytes.Add(uint64(read))
 	}
 	t.push(ucxReport{cma: op, err: err})
 	t.cma.wg.Done()

@@ -135,64 +135,6 @@ func TestUCXCMA_VectorGetsReadEveryPiece(t *testing.T) {
 	}
 }
 
-// A vector get whose source names whole token rows, the other rank's half of each marked
-// Discard (TP=1->2 out of a layer-major-nhd pool, read a group at a time): the kept halves land
-// in the destination back to back, the dropped ones nowhere in it; the kernel is handed one
-// remote range per call (the rows merged across kept and dropped), the completion and the
-// statistics count the kept bytes only, and the region's hold is released.
-func TestUCXCMA_VectorGetsDropDiscardRanges(t *testing.T) {
-	const n, piece = 4 << 20, 1 << 10
-	var remotes, calls int
-	var mu sync.Mutex
-	a, b, rb, pool, dst := cmaPair(t, 2*n, func(pid int, local []unix.Iovec, remote []unix.RemoteIovec, flags uint) (int, error) {
-		if remote[0].Len > 1 { // not the route's one-byte probe
-			mu.Lock()
-			calls++
-			remotes += len(remote)
-			mu.Unlock()
-		}
-		return unix.ProcessVMReadv(pid, local, remote, flags)
-	})
-	addr, key, err := a.RMAKey(pool)
-	require.NoError(t, err)
-	var src []vectorget.Range
-	for off := 0; off < 2*n; off += 2 * piece { // a token's kept half, then the dropped one
-		src = append(src, vectorget.Range{Addr: addr + uint64(off), Len: piece}, vectorget.Range{Addr: addr + uint64(off+piece), Len: piece, Discard: true})
-	}
-	for i := range dst {
-		dst[i] = 0xEE
-	}
-	require.True(t, b.vectorGets(a.Self(), key), "the route is proven")
-	id, err := post(t, rb, func(done func(transport.Completion)) (transport.OpID, error) {
-		return b.postGetVector(a.Self(), transport.Tag{Request: 9, Seq: 1}, key, src, [][]byte{dst[:n]}, done)
-	})
-	require.NoError(t, err)
-	cs := awaitCMAFinal(t, rb, id)
-	require.Len(t, cs, 1)
-	require.NoError(t, cs[0].Err)
-	require.Equal(t, n, cs[0].Bytes, "the kept bytes")
-	want := make([]byte, len(dst))
-	for i := range want {
-		want[i] = 0xEE
-	}
-	for off := 0; off < n; off += piece {
-		copy(want[off:off+piece], pool[2*off:2*off+piece])
-	}
-	require.Equal(t, want, dst, "every kept half where it belongs, nothing else written")
-	st := b.CMAStats()
-	require.Equal(t, uint64(1), st.Gets)
-	require.Equal(t, uint64(n), st.Bytes, "the dropped bytes not counted")
-	mu.Lock()
-	require.Equal(t, calls, remotes, "one remote range a call: the rows merged")
-	mu.Unlock()
-	b.mu.Lock()
-	require.Empty(t, b.ops)
-	mem, _, err := b.regionLocked(dst)
-	require.NoError(t, err)
-	require.Zero(t, mem.InUse(), "the region's hold released")
-	b.mu.Unlock()
-}
-
 // A vector get whose lists disagree, or whose pieces are not all in one registered region, is
 // refused before anything is read.
 func TestUCXCMA_VectorGetsRefuseBadLists(t *testing.T) {
