@@ -182,7 +182,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 	var gets []rmaRegion
 	var err error
 	if !r.oneHop { // a one-hop offer's gets are checked against its regions as pool ranges
-		src, gets, err = x.vectorOffer(m) // rma_vector.go
+		src, gets, err = r.vectorOffer(m) // rma_vector.go
 	}
 	if err == nil && src == nil {
 		if r.inPlace = x.rmaInPlace(); r.inPlace != nil {

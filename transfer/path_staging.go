@@ -219,6 +219,8 @@ func (x *xfer) readsPeer(rec *opRec) bool { return rec.batch != nil || rec.inPla
 // move runs on a mover worker: it copies rec's chunk and hands the result to the loop.
 func (x *xfer) move(rec *opRec) {
 	switch {
+	case rec.batch != nil && rec.vec != nil: // small pieces read in place (rma_vector.go)
+		rec.moveErr = copyPieces(rec.vec, x.plan, rec.buf, x.pool, rec.batch)
 	case rec.batch != nil: // RMA ranges read in place (rma_inplace.go): plain copies
 		for _, g := range rec.batch {
 			copy(x.pool[g.dst:g.dst+g.n], rec.buf[g.src:g.src+g.n])

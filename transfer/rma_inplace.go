@@ -109,7 +109,7 @@ func (r *rmaReceive) copyInPlace() {
 		n += r.gets[x.nextSeq].n
 		x.nextSeq++
 	}
-	rec := &opRec{seq: first, buf: r.inPlace.view, batch: r.gets[first:x.nextSeq]}
+	rec := &opRec{seq: first, buf: r.inPlace.view, batch: r.gets[first:x.nextSeq], vec: r.vecSrc}
 	if x.plan.Bytes() > inPlaceLoopBytes || x.nextSeq < x.nChunks && x.moving+1 < r.inPlace.limit {
 		x.toMover(rec) // a large request, or a lane left after this one: a worker copies it
 		return

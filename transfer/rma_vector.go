@@ -14,6 +14,7 @@ package transfer
 // last get, the release, cancel and quarantine.
 
 import (
+	"fmt"
 	"slices"
 
 	"go.uber.org/zap"
@@ -50,13 +51,21 @@ func (x *xfer) smallRuns(p *layout.Plan) bool {
 	return kvplan.RunUnits(p)*p.Layout().RowBytes() < x.eng.cfg.Tuning.DirectMinRunBytes
 }
 
-// vectorOffer decides whether offer m is read by vector gets: either side's pieces are small
-// and the transport reads the offered key that way (vectorget.Hooks.VectorGets, which may
-// wait for the peer's proof). It returns the offer's plan and the gets, one per chunk of the
-// stream (rmaRegion.src and dst are stream offsets then), or a nil plan: gets as usual. A bad
-// offer is an errBadRMAOffer.
-func (x *xfer) vectorOffer(m *wire.RMAOffer) (*layout.Plan, []rmaRegion, error) {
-	if !x.vectorGets() {
+// vectorOffer decides whether offer m is read piece by piece: either side's pieces are small,
+// and either the transport maps the offered pool here (rmaInPlace: the pieces are copied out of
+// the mapping on the movers, as reads in place are, with no system call and nothing pinned per
+// piece) or it reads the offered key by vector gets (vectorget.Hooks.VectorGets, which may wait
+// for the peer's proof). It returns the offer's plan and the chunks of the stream to read, one
+// get or copy each (rmaRegion.src and dst are stream offsets then), or a nil plan: ranges as
+// usual. r.inPlace is set where the pieces are read in place. A bad offer is an
+// errBadRMAOffer.
+func (r *rmaReceive) vectorOffer(m *wire.RMAOffer) (*layout.Plan, []rmaRegion, error) {
+	x := r.x
+	if x.dev.set() || !x.hostPool {
+		return nil, nil, nil
+	}
+	ip := x.rmaInPlace()
+	if ip == nil && !x.vectorGets() {
 		return nil, nil, nil
 	}
 	src, err := x.offerPlan(m)
@@ -66,8 +75,12 @@ func (x *xfer) vectorOffer(m *wire.RMAOffer) (*layout.Plan, []rmaRegion, error) 
 	if !x.smallRuns(src) && !x.smallRuns(x.plan) {
 		return nil, nil, nil
 	}
-	if !vectorget.Hooks.VectorGets(x.eng.tr, x.peer, m.Key) {
-		x.log().Debug("small pieces, but the offered pool cannot be read by vector gets")
+	if ip != nil && m.PoolBytes >= kvplan.PoolSpan(src) { // offerPlan checked it; every piece lies in the view
+		r.inPlace = ip
+		r.mapOffer(m) // rma_inplace.go: nil where the offered pool is not mapped here
+	}
+	if r.inPlace == nil && (!x.vectorGets() || !vectorget.Hooks.VectorGets(x.eng.tr, x.peer, m.Key)) {
+		x.log().Debug("small pieces, but the offered pool is neither mapped here nor read by vector gets")
 		return nil, nil, nil
 	}
 	total, step := x.plan.Bytes(), x.getBytes()
@@ -79,8 +92,25 @@ func (x *xfer) vectorOffer(m *wire.RMAOffer) (*layout.Plan, []rmaRegion, error) 
 	for off := int64(0); off < total; off += step {
 		gets = append(gets, rmaRegion{src: off, dst: off, n: min(step, total-off)})
 	}
-	x.log().Debug("rma offer read by vector gets", zap.Int("gets", len(gets)))
+	x.log().Debug("rma offer read piece by piece", zap.Int("chunks", len(gets)), zap.Bool("inPlace", r.inPlace != nil))
 	return src, gets, nil
+}
+
+// copyPieces copies stream chunks (rmaRegion.src and dst stream offsets) of the offered pool,
+// mapped here as view, piece by piece into pool, src's pieces into dst's (a mover's job on the
+// route vectorOffer chose where the offered pool is mapped). A piece outside view or pool is
+// refused before it is copied (ErrProtocol); the pieces before it have been copied.
+func copyPieces(src, dst *layout.Plan, view, pool []byte, chunks []rmaRegion) error {
+	l := vectorLists{view: view, pool: pool}
+	for _, g := range chunks {
+		if err := l.walk(src, dst, g.src, g.n); err != nil {
+			return err
+		}
+		if l.flush(); l.err != nil {
+			return l.err
+		}
+	}
+	return nil
 }
 
 // postVector posts vector get g (stream bytes [g.src, g.src+g.n)): the offered pool's pieces
@@ -96,17 +126,32 @@ func (r *rmaReceive) postVector(g rmaRegion, tag transport.Tag, done func(transp
 }
 
 // vectorLists builds a vector get's two lists, merging each piece into the last where it
-// continues it: src at base in the peer's memory, dst in pool.
+// continues it: src at base in the peer's memory, dst in pool. With view set (the peer's pool
+// mapped here) it copies each piece instead, out of view into pool, merging pieces that
+// continue each other on both sides (flush copies the last); err is the first piece refused.
 type vectorLists struct {
 	base   uint64
 	pool   []byte
 	src    []vectorget.Range
 	dst    [][]byte
 	dstEnd int64
+
+	view       []byte
+	ps, pd, pn int64 // the piece not yet copied
+	err        error
 }
 
 // add appends n bytes at src offset s of the peer's pool and offset d of this one.
 func (l *vectorLists) add(s, d, n int64) {
+	if l.view != nil {
+		if l.pn > 0 && l.ps+l.pn == s && l.pd+l.pn == d {
+			l.pn += n
+			return
+		}
+		l.flush()
+		l.ps, l.pd, l.pn = s, d, n
+		return
+	}
 	a := l.base + uint64(s)
 	if k := len(l.src) - 1; k >= 0 && l.src[k].Addr+uint64(l.src[k].Len) == a {
 		l.src[k].Len += int(n)
@@ -120,6 +165,21 @@ func (l *vectorLists) add(s, d, n int64) {
 		l.dst = append(l.dst, l.pool[d:d+n:d+n])
 	}
 	l.dstEnd = d + n
+}
+
+// flush copies the piece add holds back (view set), unless an earlier one was refused.
+func (l *vectorLists) flush() {
+	s, d, n := l.ps, l.pd, l.pn
+	l.pn = 0
+	if n == 0 || l.err != nil {
+		return
+	}
+	if s < 0 || d < 0 || s > int64(len(l.view))-n || d > int64(len(l.pool))-n {
+		l.err = fmt.Errorf("%w: a piece of %d bytes at %d of the offered pool (%d bytes), %d of this one (%d)",
+			ErrProtocol, n, s, len(l.view), d, len(l.pool))
+		return
+	}
+	copy(l.pool[d:d+n:d+n], l.view[s:s+n:s+n])
 }
 
 // walk lists stream bytes [off, off+n) of the two plans in the source pool's order. The kernel
@@ -167,9 +227,10 @@ func (l *vectorLists) walk(src, dst *layout.Plan, off, n int64) error {
 		sIn, sOut, dIn, dOut = ls.StrideToken, ls.StrideHead, ld.StrideToken, ld.StrideHead
 	}
 	groups := n / group
-	// Each list sized once: at most a piece per run of rows one side holds back to back.
-	l.src = slices.Grow(l.src, int(groups*maxPieces(row, inner, outer, sIn, sOut)))
-	l.dst = slices.Grow(l.dst, int(groups*maxPieces(row, inner, outer, dIn, dOut)))
+	if l.view == nil { // each list sized once: at most a piece per run of rows one side holds back to back
+		l.src = slices.Grow(l.src, int(groups*maxPieces(row, inner, outer, sIn, sOut)))
+		l.dst = slices.Grow(l.dst, int(groups*maxPieces(row, inner, outer, dIn, dOut)))
+	}
 	step, span := row, int64(1) // each add: one row, or the inner loop's rows at once
 	if sIn == row && dIn == row {
 		step, span = inner*row, inner

@@ -4,14 +4,20 @@ package transfer
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
+	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport"
+	"github.com/kvxfer/kvxfer/transfer/transport/mem"
 )
 
 // vectorCase is a sender's and a receiver's plan of the same stream: the TP splits into and
@@ -89,6 +95,127 @@ func TestVectorLists_WalkIsTheReferenceCopy(t *testing.T) {
 				require.Empty(t, read, "local pieces hold every byte read")
 			}
 			require.True(t, bytes.Equal(want, got), "the lists land the bytes where the reference copy does")
+		})
+	}
+}
+
+// Copying a chunk's pieces out of the offered pool mapped here (copyPieces, the route for a
+// mapped pool) lands every byte where the reference copy puts it and touches nothing else,
+// whatever the chunks; a view shorter than the offered plan (a forged pool size the mapping
+// did not catch) is refused with ErrProtocol before any piece past it is read.
+func TestVectorLists_CopyPiecesIsTheReferenceCopy(t *testing.T) {
+	for _, c := range vectorCases(t) {
+		t.Run(c.desc, func(t *testing.T) {
+			srcPool := make([]byte, c.src.Layout().SpanBytes())
+			layouttest.Fill(rand.New(rand.NewPCG(2, 2)), srcPool)
+			stream := make([]byte, c.src.Bytes())
+			require.NoError(t, layouttest.ReferenceGather(c.src, srcPool, stream))
+			want := make([]byte, c.dst.Layout().SpanBytes())
+			require.NoError(t, layouttest.ReferenceScatter(c.dst, stream, want))
+			group := c.src.Layout().RowBytes() * c.src.Layout().TokensPerBlock * c.src.Selection().Heads()
+			for _, step := range []int64{group, 3 * group, c.src.Bytes()} { // whole groups, as vectorOffer cuts them
+				got := make([]byte, len(want))
+				var chunks []rmaRegion
+				for off := int64(0); off < c.src.Bytes(); off += step {
+					chunks = append(chunks, rmaRegion{src: off, dst: off, n: min(step, c.src.Bytes()-off)})
+				}
+				require.NoError(t, copyPieces(c.src, c.dst, srcPool, got, chunks[:1]))
+				require.NoError(t, copyPieces(c.src, c.dst, srcPool, got, chunks[1:]))
+				require.True(t, bytes.Equal(want, got), "chunks of %d bytes land where the reference copy puts them", step)
+			}
+			var end int64 // the end of the plan's last piece in its pool
+			require.NoError(t, kvplan.Runs(c.src, 0, c.src.Bytes(), func(pool, _, n int64) { end = max(end, pool+n) }))
+			short := srcPool[:end-1]
+			got := make([]byte, len(want))
+			err := copyPieces(c.src, c.dst, short, got, []rmaRegion{{src: 0, dst: 0, n: c.src.Bytes()}})
+			require.ErrorIs(t, err, ErrProtocol, "a piece past the view")
+		})
+	}
+}
+
+// fakeVectorGets stands in, until the test ends, for a transport whose vector gets might reach
+// a mem peer (the receiver's path choice, a nil key) but read no offered key: a receiver of
+// small pieces then takes the RMA mode, and at the offer reads the pieces through the mapping
+// (mem.Transport.MapPeers) or, not mapped, falls back to IOV messages.
+func fakeVectorGets(t *testing.T) {
+	saved := vectorget.Hooks
+	vectorget.Hooks.VectorGets = func(tr any, _ transport.Peer, key []byte) bool {
+		_, ok := tr.(*mem.Transport)
+		return ok && key == nil
+	}
+	vectorget.Hooks.PostGetVector = func(any, transport.Peer, transport.Tag, []byte, []vectorget.Range, [][]byte, func(transport.Completion)) (transport.OpID, error) {
+		return 0, fmt.Errorf("%w: no vector gets here", transport.ErrBadRegion)
+	}
+	t.Cleanup(func() { vectorget.Hooks = saved })
+}
+
+// A receiver of a TP split into or out of layer-major-nhd (1 KiB pieces, far under
+// DirectMinRunBytes) whose sender's pool the transport maps here copies each piece out of
+// the mapping: the path is RMA, no get carries a byte (only the generation word's read after
+// the copies), every byte lands. Not mapped (and no vector gets), or DisableInPlaceReads, it
+// falls back to IOV messages, every byte still right. Over the mem transport; the UCX
+// transport's test is TestUCXCMA_TPSplitNHDReadByVectorGets.
+func TestRMASmallPiecesReadThroughTheMapping(t *testing.T) {
+	d := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 24}
+	half := d
+	half.NumHeads = 4
+	heads := func(b, e int64) *layout.Selection {
+		sel := layout.Packed(d, layout.LayerMajorNHD).All()
+		sel.HeadBegin, sel.HeadEnd = b, e
+		return &sel
+	}
+	nhd, bm := layout.LayerMajorNHD, layout.BlockMajor
+	type pools func(t *testing.T) (src, dst *kvPool)
+	tp21 := func(t *testing.T) (*kvPool, *kvPool) { // a TP=2 rank's pool into half of each token's heads
+		return newKVPool(t, half, nhd, nil, blocks(3, 1, 7, 5), 91), newKVPool(t, d, nhd, heads(4, 8), blocks(10, 2, 14, 6), 0)
+	}
+	tp12 := func(t *testing.T) (*kvPool, *kvPool) { // half of each token's heads into a TP=2 rank's pool
+		return newKVPool(t, d, nhd, heads(0, 4), blocks(3, 1, 7, 5), 92), newKVPool(t, half, nhd, nil, blocks(10, 2, 14, 6), 0)
+	}
+	toBM := func(t *testing.T) (*kvPool, *kvPool) { // half the heads of nhd into a block-major TP=2 rank
+		return newKVPool(t, d, nhd, heads(4, 8), blocks(3, 1, 7, 5), 93), newKVPool(t, half, bm, nil, blocks(10, 2, 14, 6), 0)
+	}
+	for _, tc := range []struct {
+		desc    string
+		pools   pools
+		mapping bool
+		off     bool // DisableInPlaceReads
+		want    Path
+	}{
+		{"TP=2->1 into nhd, mapped", tp21, true, false, PathRMA},
+		{"TP=2->1 into nhd, not mapped: IOV messages", tp21, false, false, PathDirect},
+		{"TP=1->2 out of nhd, mapped", tp12, true, false, PathRMA},
+		{"TP=1->2 out of nhd, not mapped: IOV messages", tp12, false, false, PathDirect},
+		{"TP=1->2 out of nhd into block-major, mapped", toBM, true, false, PathRMA},
+		{"TP=2->1 into nhd, mapped, DisableInPlaceReads: IOV messages", tp21, true, true, PathDirect},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			fakeVectorGets(t)
+			cfg := rmaConfig()
+			cfg.Tuning.DisableInPlaceReads = tc.off
+			cfg.Tuning.DirectChunkBytes = 64 << 10  // a few chunks of whole groups
+			cfg.Tuning.RMAMinRegionBytes = 64 << 10 // the pieces too small for a get each
+			cfg.Tuning.DirectMinRunBytes = 0        // the engine's default: 2 KiB
+			src, dst := tc.pools(t)
+			p := newPair(t, cfg, cfg)
+			for _, ep := range []string{"prefill", "decode"} {
+				p.net.Endpoint(Peer(ep)).MapPeers(tc.mapping)
+			}
+			p.net.Endpoint("prefill").AllowDirect(src.mem)
+			p.net.Endpoint("decode").AllowDirect(dst.mem)
+			k := countKinds(p, nil)
+			hs, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receive quiesced")
+			waitClosed(t, hs.Quiesced(), "send quiesced")
+			requireState(t, hr, Completed)
+			requireState(t, hs, Completed)
+			require.Equal(t, tc.want, hr.Path())
+			require.Equal(t, src.stream(t), dst.stream(t), "every byte")
+			if tc.want == PathRMA {
+				require.Zero(t, k.count(wire.KindData), "a piece read with a get")
+				require.Equal(t, 1, k.count(genRead), "the generation word read after the copies")
+			}
+			require.Zero(t, p.net.Pending())
 		})
 	}
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/layout/layouttest"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/internal/wire"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // vectorCase is one TP split over UCX shared memory: senders' pools (each its own engine) feed
@@ -41,8 +43,10 @@ func vectorKV(t *testing.T, u *ucxEngine, d layout.Dims, o layout.Order, heads i
 
 // A TP split into or out of a layer-major-nhd pool over shared memory, whose pieces (one
 // token's half of the heads) are far under DirectMinRunBytes: the receivers take the RMA mode
-// and read it with vector gets by process_vm_readv, every byte of every piece checked,
-// whoever mapped the pools; no staging slot is used and nothing is left in the transports.
+// and read it piece by piece, every byte of every piece checked. Senders' pools UCX allocated
+// (mapped here over posix shared memory) are copied out of the mapping, nothing read by
+// process_vm_readv; caller pools (not mapped) are read with vector gets by process_vm_readv,
+// every byte. No staging slot is used and nothing is left in the transports.
 func TestUCXCMA_TPSplitNHDReadByVectorGets(t *testing.T) {
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 64}
 	cfg := ucxTestConfig()
@@ -145,10 +149,16 @@ func TestUCXCMA_TPSplitNHDReadByVectorGets(t *testing.T) {
 			var read uint64
 			for _, r := range receivers {
 				st := ucxOf(r.tr).CMAStats()
-				require.NotZero(t, st.Gets, "vector gets by process_vm_readv")
+				if c.caller {
+					require.NotZero(t, st.Gets, "vector gets by process_vm_readv")
+				}
 				read += st.Bytes
 			}
-			require.Equal(t, total, read, "every byte read that way, once")
+			if c.caller {
+				require.Equal(t, total, read, "every byte read by process_vm_readv, once")
+			} else {
+				require.Zero(t, read, "pools mapped here: every piece copied out of the mapping, none read by process_vm_readv")
+			}
 			for i := range 2 { // every piece of each half where it belongs
 				si, ri := i, 0
 				if !c.up {
@@ -234,5 +244,62 @@ func TestUCXCMA_VectorGetsCancelMidTransfer(t *testing.T) {
 	}
 	for _, u := range append(senders[:], recv) {
 		require.Eventually(t, func() bool { return ucxhooks.Hooks.Ops(u.tr) == 0 }, 20*time.Second, time.Millisecond, "ops left")
+	}
+}
+
+// A sender over UCX shared memory whose offer of a layer-major-nhd TP=2 rank's pool names more
+// memory than its key's segment has (a 1 MiB pool offered as 2 MiB, every layer past the
+// first K half outside it) fails the receiver of that half with ErrProtocol: the mapping of the
+// offered pool is refused (native.ErrOutOfBounds), and so is the vector get that would read
+// it instead (the ranges the peer proved); nothing is read past the segment and nothing is
+// written into the receiver's blocks. With reads in place and without.
+func TestUCXCMA_TPSplitNHDOfferPastTheSegmentIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		desc    string
+		inPlace bool
+	}{
+		{"the mapping first", true},
+		{"vector gets only (DisableInPlaceReads)", false},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			half := layout.Dims{NumLayers: 2, KVFactor: 2, NumHeads: 4, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 32}
+			full := half
+			full.NumHeads = 8
+			cfg := ucxTestConfig()
+			cfg.Tuning.DirectMinRunBytes = 0 // the engine's default: 2 KiB; these pieces are 1 KiB
+			cfg.Tuning.DisableInPlaceReads = !tc.inPlace
+			cfg.TransferTimeout, cfg.QueueTimeout = time.Minute, time.Minute // a loaded box: no deadline is what these are about
+			dst := newUCXEngine(t, "posix,cma,self", "", cfg)
+			ucxhooks.Hooks.AllowSameProcessCMA(dst.tr)
+			evil, err := ucx.New(ucx.Config{TLS: "posix,cma,self", KeepaliveInterval: 200 * time.Millisecond, StagingBytes: 1 << 20, CloseTimeout: 2 * time.Second})
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, evil.Close(true)) })
+			pool, err := evil.AllocatePool(1 << 20)
+			require.NoError(t, err)
+			addr, key, err := ucxOf(evil).RMAKey(pool)
+			require.NoError(t, err)
+			claimed := newUCXKV(t, half, layout.LayerMajorNHD, seqBlocks(0, 8), 0) // 2 MiB: a pool twice the segment
+			require.Greater(t, len(claimed.mem), len(pool))
+			require.NoError(t, ucxContract(evil).Bind(fakeRMASender{tr: ucxContract(evil), offer: func(ri *wire.RequestInfo) []*wire.RMAOffer {
+				return []*wire.RMAOffer{{Header: wire.Header{Sub: ri.Sub, Request: ri.Request, Nonce: ri.Nonce},
+					Addr: addr, PoolBytes: int64(len(claimed.mem)), Layout: claimed.plan.Layout(), Selection: claimed.plan.Selection(),
+					Blocks: append([]int32(nil), claimed.plan.Blocks()...), Key: key}}
+			}}))
+			r := mappedKV(t, dst, full, layout.LayerMajorNHD, seqBlocks(0, 8), 0)
+			sel := r.plan.Selection()
+			sel.HeadBegin, sel.HeadEnd = 4, 8
+			rp, err := layout.NewPlan(r.plan.Layout(), sel, seqBlocks(0, 8))
+			require.NoError(t, err)
+			hr, err := dst.e.Receive(bg, Spec{ID: 1, Peer: evil.Self(), Plan: rp, Pool: r.mem})
+			require.NoError(t, err)
+			waitQuiesced(t, hr, 30*time.Second)
+			st := hr.Status()
+			require.Equal(t, Failed, st.State, "%v", st.Err)
+			t.Logf("refused: %v", st.Err)
+			require.ErrorIs(t, st.Err, ErrProtocol)
+			require.Equal(t, PathRMA, hr.Path())
+			require.Zero(t, ucxOf(dst.tr).CMAStats().Bytes, "nothing read by process_vm_readv")
+			require.True(t, bytes.Equal(make([]byte, len(r.mem)), r.mem), "nothing written")
+		})
 	}
 }

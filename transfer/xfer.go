@@ -154,6 +154,9 @@ type opRec struct {
 	// batch are RMA ranges read in place (rma_inplace.go): the mover copies each out of buf,
 	// the sender's pool as mapped here, into the pool.
 	batch []rmaRegion
+	// vec is the offered pool's plan where batch are chunks of the stream whose small pieces
+	// are copied one by one (rma_vector.go, copyPieces); nil: batch are pool ranges.
+	vec *layout.Plan
 	// done is a staging record's completion callback, made once (stagingRec); listed: it is
 	// in x.ops.
 	done   func(transport.Completion)
