@@ -475,7 +475,7 @@ func (e *Engine) Drain(ctx context.Context) error {
 		defer cancel()
 	}
 	err := e.waitDrivers(ctx)
-	e.sayGoodbye(false) // goodbye.go
+	e.sayGoodbye(false, nil) // goodbye.go
 	return err
 }
 
@@ -545,8 +545,8 @@ func (e *Engine) Close() error {
 	graceCtx, graceCancel := context.WithTimeout(stopCtx, e.cfg.Tuning.CancelGrace)
 	_ = e.waitDrivers(graceCtx)
 	graceCancel()
-	e.settleBeforeGoodbye(stopCtx) // goodbye.go
-	e.sayGoodbye(true)             // before the endpoints close
+	greeted := e.settleBeforeGoodbye(stopCtx) // goodbye.go
+	e.sayGoodbye(true, greeted)               // before the endpoints close
 	saidGoodbye := time.Since(t0)
 	// The transport's close may unmap memory the mover workers copy into or out of (its
 	// staging slots, pools it allocated, a peer's slots mapped here): copies not begun are
