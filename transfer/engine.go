@@ -495,8 +495,8 @@ func (e *Engine) waitDrivers(ctx context.Context) error {
 // Close stops the engine: new Sends and Receives fail with ErrClosed, every live transfer is
 // cancelled, each peer that takes one gets a goodbye naming the transfers that ended here with
 // their operations quiescent (as Drain sends; the connections to peers whose transfers did not
-// stop within CancelGrace are closed first, and Close waits up to half of CloseTimeout for
-// their verdicts), the transport is force-closed, slots it cannot prove done are poisoned, and
+// stop within CancelGrace and an eighth of CloseTimeout more are closed first, and Close waits
+// up to half of CloseTimeout for their verdicts), the transport is force-closed, slots it cannot prove done are poisoned, and
 // the goroutines end. Handles stay readable, and each ends: Done closes, terminal or, where the
 // force close could not say the transport let go of the caller's blocks, quarantined for good
 // with them poisoned (L9). When Close returns nil, every handle's Done is closed and the

@@ -165,9 +165,10 @@ func (e *Engine) sayGoodbye(leaving bool, greeted map[Peer]bool) {
 	}
 }
 
-// settleBeforeGoodbye (Close, its transfers already told to stop, before its goodbye) closes
-// the connection to every peer that still has a transfer here whose operations did not end
-// within CancelGrace (a receive UCX matched, a send on the wire), and waits at most half of
+// settleBeforeGoodbye (Close, its transfers already told to stop, before its goodbye) waits
+// at most an eighth of CloseTimeout more for them, then closes the connection to every peer
+// that still has a transfer here whose operations did not end (a receive UCX matched, a send
+// on the wire to a frozen peer), and waits at most half of
 // CloseTimeout, and never past ctx (Close's share for stopping its transfers), for those
 // transfers to take the verdicts the close gives their operations (on a loaded host a
 // CancelGrace was found too short). What ends so, with every verdict transport.MemoryDone, the
@@ -179,6 +180,17 @@ func (e *Engine) sayGoodbye(leaving bool, greeted map[Peer]bool) {
 func (e *Engine) settleBeforeGoodbye(ctx context.Context) map[Peer]bool {
 	pc, ok := e.tr.(transport.PeerCloser)
 	if !ok || e.liveDrivers.Load() == 0 {
+		return nil
+	}
+	// First a while longer without closing: a send to a live peer that is cut mid-message
+	// strands the peer's receive that UCX had matched (nothing completes it, and over TCP it
+	// stays held even after the goodbye), and the goodbye would go on a new connection that the
+	// transport's close may drop before it leaves. On a loaded host CancelGrace was too short
+	// for sends the peer was taking (its slots were poisoned at the quarantine timeout).
+	wait, cancelWait := context.WithTimeout(ctx, e.cfg.CloseTimeout/8)
+	err := e.waitDrivers(wait)
+	cancelWait()
+	if err == nil {
 		return nil
 	}
 	e.mu.Lock()
