@@ -82,6 +82,7 @@ type Endpoint struct {
 	closed     chan struct{}         // closed when UCX released the endpoint
 	closing    bool                  // loop-owned: a close was started
 	peerFailed bool                  // loop-owned: UCX reported the peer failed (not our own close)
+	departed   bool                  // loop-owned: the peer said it sends nothing more (ForceCloseDeparted)
 	released   bool                  // loop-owned
 	recvs      map[*Request]struct{} // loop-owned: receives bound to the endpoint
 	ops        map[*Request]struct{} // loop-owned: sends, puts, gets, flushes not yet completed
@@ -237,6 +238,21 @@ func (ep *Endpoint) Close(ctx context.Context) error {
 // gets complete with an error, its receives are cancelled. This is how a frozen peer is cut
 // off: nothing else stops an in-flight send.
 func (ep *Endpoint) ForceClose(ctx context.Context) error {
+	return ep.close(ctx, true)
+}
+
+// ForceCloseDeparted is ForceClose for a peer that has told this process, on a channel
+// ordered after everything it sent here (a shared-memory endpoint: every local sender writes
+// into this worker's one receive FIFO, read in order), that it sends nothing more: its sends
+// ended. A receive the close fails after it matched a message then releases its memory, as
+// for a peer UCX reported dead, instead of staying pinned until the worker closes (a live
+// peer may still write into it, ForceClose's rule): everything that peer will ever write has
+// arrived. The caller vouches for the order; over TCP it does not hold (the message may come
+// on another connection than a fragment still on its way), and ForceClose is the one to use.
+func (ep *Endpoint) ForceCloseDeparted(ctx context.Context) error {
+	if err := ep.w.submit(func() { ep.departed = true }); err != nil {
+		return nil // the worker is closing: it closes every endpoint itself
+	}
 	return ep.close(ctx, true)
 }
 

@@ -184,7 +184,7 @@ func (r *Request) finish(err error, length int64) {
 	if r.tracked && r.w.cancelling == r {
 		r.cleanCancel = true
 	}
-	if r.kind == opTagRecv && err != nil && !r.cleanCancel && r.ep != nil && r.ep.closing && !r.ep.peerFailed {
+	if r.kind == opTagRecv && err != nil && !r.cleanCancel && r.ep != nil && r.ep.closing && !r.ep.peerFailed && !r.ep.departed {
 		r.suspend(err)
 		return
 	}

@@ -475,7 +475,7 @@ func (e *Engine) Drain(ctx context.Context) error {
 		defer cancel()
 	}
 	err := e.waitDrivers(ctx)
-	e.sayGoodbye(false) // goodbye.go
+	e.sayGoodbye(false, nil) // goodbye.go
 	return err
 }
 
@@ -495,8 +495,8 @@ func (e *Engine) waitDrivers(ctx context.Context) error {
 // Close stops the engine: new Sends and Receives fail with ErrClosed, every live transfer is
 // cancelled, each peer that takes one gets a goodbye naming the transfers that ended here with
 // their operations quiescent (as Drain sends; the connections to peers whose transfers did not
-// stop within CancelGrace are closed first, and Close waits up to half of CloseTimeout for
-// their verdicts), the transport is force-closed, slots it cannot prove done are poisoned, and
+// stop within CancelGrace and an eighth of CloseTimeout more are closed first, and Close waits
+// up to half of CloseTimeout for their verdicts), the transport is force-closed, slots it cannot prove done are poisoned, and
 // the goroutines end. Handles stay readable, and each ends: Done closes, terminal or, where the
 // force close could not say the transport let go of the caller's blocks, quarantined for good
 // with them poisoned (L9). When Close returns nil, every handle's Done is closed and the
@@ -545,8 +545,8 @@ func (e *Engine) Close() error {
 	graceCtx, graceCancel := context.WithTimeout(stopCtx, e.cfg.Tuning.CancelGrace)
 	_ = e.waitDrivers(graceCtx)
 	graceCancel()
-	e.settleBeforeGoodbye(stopCtx) // goodbye.go
-	e.sayGoodbye(true)             // before the endpoints close
+	greeted := e.settleBeforeGoodbye(stopCtx) // goodbye.go
+	e.sayGoodbye(true, greeted)               // before the endpoints close
 	saidGoodbye := time.Since(t0)
 	// The transport's close may unmap memory the mover workers copy into or out of (its
 	// staging slots, pools it allocated, a peer's slots mapped here): copies not begun are

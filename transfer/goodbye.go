@@ -110,9 +110,10 @@ func (e *Engine) takesGoodbyeLocked(p Peer) bool {
 // sayGoodbye sends each peer that takes one a goodbye naming the transfers with it that this
 // engine ended cleanly (rememberEnded); with leaving (Close, after settleBeforeGoodbye), also
 // each peer it still has transfers with, so the goodbye reaches every peer before the
-// endpoints close. Drain and Close call it; it never blocks on a peer (SendControl is best
-// effort).
-func (e *Engine) sayGoodbye(leaving bool) {
+// endpoints close. greeted are peers known to take one although this engine may have
+// forgotten their hello since (settleBeforeGoodbye's closes report them lost). Drain and
+// Close call it; it never blocks on a peer (SendControl is best effort).
+func (e *Engine) sayGoodbye(leaving bool, greeted map[Peer]bool) {
 	e.mu.Lock()
 	now := time.Now()
 	byPeer := map[Peer][]wire.Ended{}
@@ -139,7 +140,7 @@ func (e *Engine) sayGoodbye(leaving bool) {
 		}
 	}
 	for p := range byPeer {
-		if !e.takesGoodbyeLocked(p) {
+		if !greeted[p] && !e.takesGoodbyeLocked(p) {
 			delete(byPeer, p)
 		}
 	}
@@ -164,23 +165,42 @@ func (e *Engine) sayGoodbye(leaving bool) {
 	}
 }
 
-// settleBeforeGoodbye (Close, its transfers already told to stop, before its goodbye) closes
-// the connection to every peer that still has a transfer here whose operations did not end
-// within CancelGrace (a receive UCX matched, a send on the wire), and waits at most half of
+// settleBeforeGoodbye (Close, its transfers already told to stop, before its goodbye) waits
+// at most an eighth of CloseTimeout more for them, then closes the connection to every peer
+// that still has a transfer here whose operations did not end (a receive UCX matched, a send
+// on the wire to a frozen peer), and waits at most half of
 // CloseTimeout, and never past ctx (Close's share for stopping its transfers), for those
 // transfers to take the verdicts the close gives their operations (on a loaded host a
 // CancelGrace was found too short). What ends so, with every verdict transport.MemoryDone, the
 // goodbye can name; the rest keep the lost-peer rule on the other side. The transport's own
-// Close, right after, would have closed these connections anyway.
-func (e *Engine) settleBeforeGoodbye(ctx context.Context) {
+// Close, right after, would have closed these connections anyway. It returns the peers it
+// closed that take a goodbye: a closed connection reports its peer lost, which forgets the
+// peer's hello, and the goodbye must still reach them (a new connection carries it); without
+// it a survivor's receive that UCX had matched stayed held until its slot was poisoned.
+func (e *Engine) settleBeforeGoodbye(ctx context.Context) map[Peer]bool {
 	pc, ok := e.tr.(transport.PeerCloser)
 	if !ok || e.liveDrivers.Load() == 0 {
-		return
+		return nil
+	}
+	// First a while longer without closing: a send to a live peer that is cut mid-message
+	// strands the peer's receive that UCX had matched (nothing completes it, and over TCP it
+	// stays held even after the goodbye), and the goodbye would go on a new connection that the
+	// transport's close may drop before it leaves. On a loaded host CancelGrace was too short
+	// for sends the peer was taking (its slots were poisoned at the quarantine timeout).
+	wait, cancelWait := context.WithTimeout(ctx, e.cfg.CloseTimeout/8)
+	err := e.waitDrivers(wait)
+	cancelWait()
+	if err == nil {
+		return nil
 	}
 	e.mu.Lock()
 	peers := map[Peer]bool{}
+	greeted := map[Peer]bool{}
 	for k := range e.routes {
 		peers[k.peer] = true
+		if e.takesGoodbyeLocked(k.peer) {
+			greeted[k.peer] = true
+		}
 	}
 	e.mu.Unlock()
 	for p := range peers {
@@ -189,6 +209,7 @@ func (e *Engine) settleBeforeGoodbye(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.CloseTimeout/2)
 	defer cancel()
 	_ = e.waitDrivers(ctx)
+	return greeted
 }
 
 // onGoodbye takes a peer's goodbye: each transfer it names that this engine has with that peer,
@@ -231,9 +252,22 @@ func (e *Engine) onGoodbye(from Peer, m *wire.Goodbye) {
 	for _, x := range told {
 		x.box.Push(event{goodbye: true})
 	}
-	if pc, ok := e.tr.(transport.PeerCloser); ok && closePeer {
-		pc.ClosePeer(from) // its completions come after the events just pushed
+	if !closePeer {
+		return
 	}
+	if dc, ok := e.tr.(departedCloser); ok {
+		dc.CloseDepartedPeer(from) // its completions come after the events just pushed
+	} else if pc, ok := e.tr.(transport.PeerCloser); ok {
+		pc.ClosePeer(from)
+	}
+}
+
+// departedCloser is a transport.PeerCloser that can close the connection to a peer whose
+// goodbye said it sends nothing more, releasing what the close fails where the transport can
+// prove that everything the peer sent has arrived (the UCX transport over shared memory),
+// rather than keeping it busy as for a live peer.
+type departedCloser interface {
+	CloseDepartedPeer(peer Peer)
 }
 
 // named reports whether a goodbye's entry names this sub-transfer: its nonce and sub-transfer

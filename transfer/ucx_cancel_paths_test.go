@@ -125,3 +125,111 @@ func (pc ucxPathCase) kv(t testing.TB, u *ucxEngine, d layout.Dims, ids []int32,
 	}
 	return newUCXKV(t, d, layout.BlockMajor, ids, seed)
 }
+
+// TestL10_UCXCancelWhileQueuedOrAdvertisedIsTruthfulOnEveryPath is
+// TestCancelInEachStateGivesItsOutcomeAndMemoryRule's queued and advertised phases over real
+// UCX, shared memory and TCP, with each path's configuration and pool (ucxCancelPaths): a Send
+// whose request has not come (queued), a Receive waiting for the engine's one admission
+// (queued) and a Receive whose request went to a sender with no Send yet (advertised: its
+// first receives are posted on the staging path). A FreeNow answer finds Done and Quiesced
+// closed; any other leaves Quiesced to close within the bound; each ends Cancelled, nothing
+// quarantined or poisoned, no slot leased. Then the same two engines move a request on the
+// path, every byte checked: the cancelled one left nothing in the transport in its way (its
+// tags, a drain, an exposure).
+func TestL10_UCXCancelWhileQueuedOrAdvertisedIsTruthfulOnEveryPath(t *testing.T) {
+	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 16}
+	ids := seqBlocks(0, 16)
+	phases := []struct {
+		name string
+		// start returns the handle to cancel and the engine that cancels it; a Receive of
+		// another id that holds the receiver's one admission is cancelled afterwards.
+		start   func(t *testing.T, pc ucxPathCase, src, dst *ucxEngine) (*ucxEngine, *Handle)
+		want    CancelOutcome
+		receive bool
+	}{
+		{"queued sender", func(t *testing.T, pc ucxPathCase, src, dst *ucxEngine) (*ucxEngine, *Handle) {
+			k := pc.kv(t, src, dims, ids, 3)
+			h, err := src.e.Send(bg, Spec{ID: 51, Peer: dst.tr.Self(), Plan: k.plan, Pool: k.mem})
+			require.NoError(t, err)
+			require.Equal(t, Queued, h.Status().State)
+			return src, h
+		}, CancelledBeforeAdvertise, false},
+		{"queued receiver", func(t *testing.T, pc ucxPathCase, src, dst *ucxEngine) (*ucxEngine, *Handle) {
+			first := pc.kv(t, dst, dims, ids, 0)
+			h1, err := dst.e.Receive(bg, Spec{ID: 50, Peer: src.tr.Self(), Plan: first.plan, Pool: first.mem})
+			require.NoError(t, err)
+			eventually(t, func() bool { return h1.Status().State == Advertised }, "the first receive holds the one admission")
+			t.Cleanup(func() { dst.e.Cancel(50) })
+			k := pc.kv(t, dst, dims, seqBlocks(0, 16), 0)
+			h, err := dst.e.Receive(bg, Spec{ID: 51, Peer: src.tr.Self(), Plan: k.plan, Pool: k.mem})
+			require.NoError(t, err)
+			require.Equal(t, Queued, h.Status().State)
+			return dst, h
+		}, CancelledBeforeAdvertise, true},
+		{"advertised receiver", func(t *testing.T, pc ucxPathCase, src, dst *ucxEngine) (*ucxEngine, *Handle) {
+			k := pc.kv(t, dst, dims, ids, 0)
+			h, err := dst.e.Receive(bg, Spec{ID: 51, Peer: src.tr.Self(), Plan: k.plan, Pool: k.mem})
+			require.NoError(t, err)
+			eventually(t, func() bool { return h.Status().State == Advertised }, "advertised")
+			return dst, h
+		}, CancelRequestedInFlight, true},
+	}
+	for _, tr := range ucxTransports {
+		for _, pc := range ucxCancelPaths {
+			if pc.shmOnly && tr.name != "shm" {
+				continue
+			}
+			for _, ph := range phases {
+				t.Run(tr.name+"/"+pc.name+"/"+ph.name, func(t *testing.T) {
+					cfg := ucxTestConfig()
+					pc.cfg(&cfg)
+					cfg.MaxConcurrent, cfg.SlotBytes = 1, 64<<10 // one admission: the queued receiver waits for it
+					cfg.Tuning.CancelGrace = 5 * time.Second     // a cancelled receive ends in microseconds; a stranded one outlives 5 s
+					sq, rq := &quarantineCounter{}, &quarantineCounter{}
+					scfg, rcfg := cfg, cfg
+					scfg.Observer, rcfg.Observer = sq, rq
+					src, dst := newUCXEngine(t, tr.tls, tr.dev, scfg), newUCXEngine(t, tr.tls, tr.dev, rcfg)
+					if pc.pool == callerPool {
+						ucxhooks.Hooks.AllowSameProcessCMA(dst.tr) // both engines in this process
+					}
+					u, h := ph.start(t, pc, src, dst)
+					out := u.e.Cancel(51)
+					require.Equal(t, ph.want, out, "%+v", h.Status())
+					if out.FreeNow() {
+						require.True(t, isClosed(h.Done()), "Cancel answered %v with Done open", out)
+						require.True(t, isClosed(h.Quiesced()), "Cancel answered %v with Quiesced open", out)
+					}
+					waitQuiesced(t, h, 20*time.Second)
+					st := h.Status()
+					require.Equal(t, Cancelled, st.State, "%v", st.Err)
+					require.ErrorIs(t, st.Err, ErrCancelled)
+					require.False(t, st.BlocksPoisoned)
+					require.Equal(t, AlreadyComplete, u.e.Cancel(51))
+					if ph.name == "queued receiver" {
+						require.Equal(t, CancelRequestedInFlight, dst.e.Cancel(50))
+					}
+					for _, v := range []*ucxEngine{src, dst} {
+						eventually(t, func() bool { return v.e.pool.Stats().Leased == 0 }, "every slot lease ended")
+						requireSlotsAccounted(t, v.e)
+						require.Zero(t, v.e.pool.Stats().Poisoned, "staging slots poisoned")
+					}
+
+					// The path still serves both engines: a new request, every byte.
+					s, r := pc.kv(t, src, dims, ids, 59), pc.kv(t, dst, dims, ids, 0)
+					hs, hr := startKV(t, src, dst, 52, s, r)
+					waitQuiesced(t, hr, 30*time.Second)
+					waitQuiesced(t, hs, 30*time.Second)
+					require.Equal(t, Completed, hr.Status().State, "%v", hr.Status().Err)
+					require.Equal(t, Completed, hs.Status().State, "%v", hs.Status().Err)
+					require.Equal(t, pc.want, hr.Path())
+					require.True(t, bytes.Equal(s.stream(t), r.stream(t)), "every byte")
+					if pc.pool == callerPool {
+						require.NotZero(t, ucxOf(dst.tr).CMAStats().Gets, "the reads went by process_vm_readv")
+					}
+					require.Zero(t, sq.n.Load(), "the sender reported a quarantine")
+					require.Zero(t, rq.n.Load(), "the receiver reported a quarantine")
+				})
+			}
+		}
+	}
+}

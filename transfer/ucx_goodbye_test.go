@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/internal/peerproc"
 	"github.com/kvxfer/kvxfer/layout"
+	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
 )
 
 // goodbyePaths are the paths a graceful departure must leave clean on the survivor, with
@@ -25,17 +26,26 @@ var goodbyePaths = []struct {
 	cfg     func(*Config)
 	path    Path
 	shmOnly bool // the path exists only where the transport maps a peer's memory
+	pool    poolKind
 }{
-	{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, PathStaging, false},
-	{"staging pull", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated = true, true }, PathStaging, false},
-	{"direct IOV messages", func(c *Config) { c.Tuning.DisableRMA = true; c.Tuning.DirectChunkBytes = 256 << 10 }, PathDirect, false},
+	{"staging", func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, PathStaging, false, goPool},
+	{"staging pull", func(c *Config) {
+		c.Tuning.DisableDirect, c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true, true
+	}, PathStaging, false, goPool},
+	// The receiver reads the sender's slots where UCX maps them (shared memory only).
+	{"staging pull in place", func(c *Config) { c.Tuning.DisableDirect = true }, PathStaging, true, goPool},
+	{"direct IOV messages", func(c *Config) { c.Tuning.DisableRMA = true; c.Tuning.DirectChunkBytes = 256 << 10 }, PathDirect, false, mappedPool},
 	{"RMA gets", func(c *Config) {
 		c.Tuning.RMAWhereEmulated, c.Tuning.DisableInPlaceReads = true, true
 		c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 1<<10, 256<<10
-	}, PathRMA, false},
+	}, PathRMA, false, mappedPool},
 	{"RMA read in place", func(c *Config) {
 		c.Tuning.RMAMinRegionBytes, c.Tuning.InPlaceMinRegionBytes, c.Tuning.DirectChunkBytes = 1<<10, 1<<10, 256<<10
-	}, PathRMA, true},
+	}, PathRMA, true, mappedPool},
+	// process_vm_readv of a pool the test mapped and registered (RegisterHost).
+	{"CMA", func(c *Config) {
+		c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 1<<10, 256<<10
+	}, PathRMA, true, callerPool},
 }
 
 // TestL9_UCXGracefulPeerLeavesNothingPoisoned: a peer that leaves gracefully (Drain, then
@@ -57,6 +67,14 @@ func TestL9_UCXGracefulPeerLeavesNothingPoisoned(t *testing.T) {
 					role = "survivor sends"
 				}
 				t.Run(tr.name+"/"+pc.name+"/"+role, func(t *testing.T) {
+					if tr.name == "tcp" && (pc.path == PathRMA || pc.name == "staging pull") {
+						// Gets over TCP are UCX's emulation (RMAWhereEmulated): UCX 1.13 may abort the
+						// whole test process (uct_tcp_ep_pending_purge: stubs.c Assertion `0') when an
+						// engine closes under emulated gets it serves or whose replies are pending, as
+						// TestL1_UCXCloseWithTransfersInFlightOnEveryPath and the killed-peer test skip.
+						// A UCX defect, not the goodbye's; shared memory covers these paths.
+						t.Skip("UCX 1.13 may abort the process when an engine closes under emulated gets over TCP")
+					}
 					cfg := ucxTestConfig()
 					cfg.SlotBytes = 256 << 10
 					cfg.TransferTimeout = 60 * time.Second          // the departure, not a deadline, ends them
@@ -64,16 +82,21 @@ func TestL9_UCXGracefulPeerLeavesNothingPoisoned(t *testing.T) {
 					pc.cfg(&cfg)
 					cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 					survivor := newUCXEngine(t, tr.tls, tr.dev, cfg)
-					leaving := newUCXEngine(t, tr.tls, tr.dev, cfg)
+					// The leaving engine's transfers never stop within its grace, as on a loaded
+					// host: its Close closes their connections before the goodbye
+					// (settleBeforeGoodbye), and must still say it.
+					lcfg := cfg
+					lcfg.Tuning.CancelGrace = time.Microsecond
+					leaving := newUCXEngine(t, tr.tls, tr.dev, lcfg)
 					src, dst := leaving, survivor
 					if survivorSends {
 						src, dst = survivor, leaving
 					}
+					if pc.pool == callerPool {
+						ucxhooks.Hooks.AllowSameProcessCMA(dst.tr) // both engines in this process
+					}
 					kv := func(u *ucxEngine, seed uint64) *ucxKV {
-						if pc.path == PathStaging {
-							return newUCXKV(t, dims, layout.BlockMajor, seqBlocks(0, 24), seed)
-						}
-						return mappedKV(t, u, dims, layout.BlockMajor, seqBlocks(0, 24), seed)
+						return ucxPathCase{pool: pc.pool}.kv(t, u, dims, seqBlocks(0, 24), seed)
 					}
 					var mine []*Handle // the survivor's
 					for i := range 4 {
@@ -109,6 +132,9 @@ func TestL9_UCXGracefulPeerLeavesNothingPoisoned(t *testing.T) {
 					}
 					if inFlight == 0 {
 						t.Skip("every transfer completed before the peer left: nothing to check (reads in place move 192 MiB in a few ms)")
+					}
+					if pc.pool == callerPool {
+						require.NotZero(t, ucxOf(dst.tr).CMAStats().Gets, "the reads went by process_vm_readv")
 					}
 					ps := survivor.e.pool.Stats()
 					require.Zero(t, ps.Poisoned, "slots poisoned: %+v", ps)

@@ -90,18 +90,7 @@ func TestL11_UCXKilledPeerIsLostWithinTheBound(t *testing.T) {
 func TestL11_UCXSendToAKilledPeerFailsAtOnceOnEveryPath(t *testing.T) {
 	const bound, lossBound = time.Second, 10 * time.Second // the promise; docs/ucx.md, "A killed peer"
 	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 64, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 16}
-	paths := append(goodbyePaths[:len(goodbyePaths):len(goodbyePaths)], struct {
-		name    string
-		cfg     func(*Config)
-		path    Path
-		shmOnly bool
-	}{"CMA reads of a registered pool", func(c *Config) { c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 1<<10, 256<<10 }, PathRMA, true},
-		struct {
-			name    string
-			cfg     func(*Config)
-			path    Path
-			shmOnly bool
-		}{"staging pull read in place", func(c *Config) { c.Tuning.DisableDirect = true }, PathStaging, true})
+	paths := goodbyePaths // CMA and the pull wire read in place included
 	bin := peerproc.BuildEnginePeer(t)
 	for _, tr := range ucxTransports {
 		for _, pc := range paths {

@@ -22,15 +22,29 @@ var _ transport.PeerCloser = (*ucxTransport)(nil)
 // an error and, once UCX releases it, MemoryDone. One UCX still holds after the close is
 // abandoned (native.Request.Abandoned) and stays busy until UCX lets go, as under Close. The
 // endpoints' failure reports the peer lost, as any closed endpoint does.
-func (t *ucxTransport) ClosePeer(peer transport.Peer) {
+func (t *ucxTransport) ClosePeer(peer transport.Peer) { t.closePeer(peer, false) }
+
+// CloseDepartedPeer is ClosePeer after peer's goodbye, which said that its every operation with
+// this process ended: it sends nothing more. Over an endpoint whose every lane is shared
+// memory, the goodbye came through this worker's one receive FIFO behind every fragment the
+// peer sent before it, so all of those have arrived: a receive UCX had matched when the
+// peer's send stopped mid-message (its engine closed) fails with the close and releases its
+// memory (native.Endpoint.ForceCloseDeparted), where ClosePeer keeps it busy until the worker
+// closes and the engine poisons its slot. Over any other endpoint (TCP: the goodbye may come
+// on another connection than a fragment still on its way) it is ClosePeer. The engine's
+// goodbye handling asks for it (transfer's departedCloser).
+func (t *ucxTransport) CloseDepartedPeer(peer transport.Peer) { t.closePeer(peer, true) }
+
+func (t *ucxTransport) closePeer(peer transport.Peer, departed bool) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		return
 	}
 	var eps []*native.Endpoint
-	if ep := t.eps[peer]; ep != nil {
-		eps = append(eps, ep)
+	own := t.eps[peer] // the one the goodbye came on: the lanes' carry gets, no receives
+	if own != nil {
+		eps = append(eps, own)
 		delete(t.eps, peer)
 	}
 	for _, l := range t.rma.lanes.extra {
@@ -44,6 +58,12 @@ func (t *ucxTransport) ClosePeer(peer transport.Peer) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), t.cfg.CloseTimeout)
 			defer cancel()
+			if departed && ep == own {
+				if lanes, err := ep.Lanes(ctx); err == nil && sharedMemoryOnly(lanes) {
+					_ = ep.ForceCloseDeparted(ctx)
+					return
+				}
+			}
 			_ = ep.ForceClose(ctx)
 		}()
 	}

@@ -14,8 +14,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
@@ -64,6 +66,31 @@ func mapAt(addr uintptr, n int) ([]byte, error) {
 }
 
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
+// canaryAt maps n bytes in this process at an address a child can map too: a child maps its
+// pool (or a canary) at the same addresses with MAP_FIXED_NOREPLACE, which fails with EEXIST
+// ("file exists") if anything of the child's lies there. An address the kernel picked here
+// lies where the kernel puts a process's own mappings (shared libraries, thread stacks, UCX's
+// segments), and a child's lie in the same window; this one is picked at random, 2 MiB aligned,
+// between 80 and 96 TiB, far below where the kernel maps anything of either process (its
+// mappings grow down from near 128 TiB) and clear of the race detector's fixed ranges (below
+// 64 TiB).
+func canaryAt(t *testing.T, n int) []byte {
+	t.Helper()
+	const lo, span, align = 0x5000_0000_0000, 0x1000_0000_0000, 2 << 20
+	for range 64 {
+		addr := uintptr(lo + rand.Uint64N(span/align)*align)
+		mem, err := mapAt(addr, n)
+		if errors.Is(err, unix.EEXIST) {
+			continue
+		}
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = unix.Munmap(mem) })
+		return mem
+	}
+	require.FailNow(t, "no free address for the canary in 64 tries")
+	return nil
+}
 
 // runCMAChild is the child's main. Modes (each prints its lines, then waits for stdin to close):
 //
@@ -174,7 +201,9 @@ func cmaReader(t *testing.T, n int, cfg Config) (*ucxTransport, *ucxRecorder, []
 	dstMem := mmapRegion(t, n)
 	cfg.TLS, cfg.StagingBytes, cfg.ProbeInterval = "posix,cma,self", 1<<20, -1
 	if cfg.CloseTimeout == 0 {
-		cfg.CloseTimeout = 2 * time.Second
+		// Close waits this long (and a second) for the worker to stop: 2 s failed at load 15
+		// under -race ("worker did not stop within 3s") with nothing left to settle.
+		cfg.CloseTimeout = 20 * time.Second
 	}
 	b, err := newTransport(cfg)
 	require.NoError(t, err)
@@ -223,9 +252,7 @@ func holds(b []byte, v byte) bool { return bytes.Contains(b, bytes.Repeat([]byte
 // canary byte lands in the destination.
 func TestCMA_ForgedPIDIsNeverRead(t *testing.T) {
 	const n = 1 << 20
-	canary, err := mapAt(0, n) // this process's canary, at the address the child's pool will have
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = unix.Munmap(canary) })
+	canary := canaryAt(t, n) // this process's canary, at the address the child's pool will have
 	for i := range canary {
 		canary[i] = cmaCanary
 	}
@@ -385,9 +412,7 @@ func TestCMA_PidReuseCannotRedirectReads(t *testing.T) {
 			"the pidfd says the process is gone, whatever takes its pid")
 	})
 	t.Run("a dead peer's pid names another process", func(t *testing.T) {
-		canary, err := mapAt(0, n)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = unix.Munmap(canary) })
+		canary := canaryAt(t, n)
 		child := startCMAChild(t, "pool", fmt.Sprint(n), "14", fmt.Sprint(addrOf(canary)-n))
 		third := startCMAChild(t, "canary", fmt.Sprint(child.pool), fmt.Sprint(n))
 		b, rb, dst := cmaReader(t, n, Config{})

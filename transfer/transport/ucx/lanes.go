@@ -88,13 +88,7 @@ func (t *ucxTransport) getLanes(peer transport.Peer) (ucxGetLanes, bool) {
 	if err != nil {
 		return ucxGetLanes{}, false
 	}
-	l := ucxGetLanes{ep: ep, native: lanes.NativeGet, sharedMemoryOnly: len(lanes.Transports) > 0}
-	for _, tl := range lanes.Transports {
-		// "posix/memory.0", "cma/memory.0", "self/memory0": UCX names its shared-memory
-		// transports' one device "memory"
-		_, dev, _ := strings.Cut(tl, "/")
-		l.sharedMemoryOnly = l.sharedMemoryOnly && strings.HasPrefix(dev, "memory")
-	}
+	l := ucxGetLanes{ep: ep, native: lanes.NativeGet, sharedMemoryOnly: sharedMemoryOnly(lanes)}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.rma.getLanes == nil {
@@ -266,4 +260,16 @@ func (t *ucxTransport) closeLanes(ctx context.Context, force bool) error {
 		errs = append(errs, l.w.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// sharedMemoryOnly reports whether every lane of an endpoint is a shared-memory transport of
+// this host: "posix/memory.0", "cma/memory.0", "self/memory0" (UCX names its shared-memory
+// transports' one device "memory").
+func sharedMemoryOnly(lanes native.EndpointLanes) bool {
+	for _, tl := range lanes.Transports {
+		if _, dev, _ := strings.Cut(tl, "/"); !strings.HasPrefix(dev, "memory") {
+			return false
+		}
+	}
+	return len(lanes.Transports) > 0
 }
