@@ -6,7 +6,10 @@ package native
 
 import (
 	"context"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,6 +191,61 @@ func TestWorker_WithoutWakeupPolls(t *testing.T) {
 				asleep(t, p.b)
 				waitAll(t, 10*time.Second, recv, p.ab.TagSend(src, 0, 4096, uint64(i)))
 			}
+		})
+	}
+}
+
+// The short spins of a worker UCX can wake (wakeSpin after a message, commandSpin after a
+// command) buy a wake's latency with a P; UCX wakes the worker for what comes anyway. While
+// other goroutines of the process wait for a P (16 concurrent reads copying on two cores,
+// docs/benchmarks.md) the spin takes their core, so the worker arms at once instead. Counted
+// in rounds, not timed: with more busy goroutines than Ps, a command is followed by at most a
+// few empty rounds before the worker sleeps (150 us of spin is hundreds).
+func TestWorker_NoSpinWhileGoroutinesWaitForAP(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{})
+			require.True(t, p.b.wakeable)
+			dst := alloc(t, p.ctxB, 64)
+			standing := p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0)) // never matched: receives pending
+			t.Cleanup(func() { // before dst's Close
+				require.True(t, standing.Cancel())
+				select {
+				case <-standing.Done():
+				case <-time.After(10 * time.Second):
+					t.Error("the cancelled receive never completed")
+				}
+			})
+			asleep(t, p.b)
+
+			// More goroutines that never block than Ps: at any moment some wait for one.
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer stop.Store(true)
+			deadline := time.Now().Add(2 * time.Minute) // bounds them if the test dies early
+			for range runtime.GOMAXPROCS(0) + 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for n := 0; !stop.Load(); n++ {
+						if n%1024 == 0 && time.Now().After(deadline) {
+							return
+						}
+					}
+				}()
+			}
+			var most uint64
+			for range 5 {
+				asleep(t, p.b)
+				before := p.b.emptyRounds.Load()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				require.NoError(t, p.b.call(ctx, func() {}))
+				cancel()
+				asleep(t, p.b)
+				most = max(most, p.b.emptyRounds.Load()-before)
+			}
+			require.Less(t, most, uint64(2*armBusyRounds), "empty rounds between a command and the sleep, with goroutines waiting for a P")
 		})
 	}
 }
