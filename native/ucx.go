@@ -212,6 +212,9 @@ type WorkerConfig struct {
 	// fixedSleep, when set, is every sleep of the loop, unchecked: tests make a worker whose
 	// every sleep lasts seconds, so that what ends one early is seen.
 	fixedSleep time.Duration
+	// wakeSpin, when set, replaces the spin after activity (wakeSpin): tests shorten it to
+	// see the command spin alone.
+	wakeSpin time.Duration
 }
 
 func (c *WorkerConfig) applyDefaults(parent *zap.Logger) error {
@@ -466,21 +469,30 @@ func (w *Worker) spin(empty int, quiet time.Time) bool {
 	if !w.wakeable || w.inFlight > 0 {
 		return true
 	}
-	if time.Since(quiet) >= wakeSpin && time.Since(w.lastCommand) >= commandSpin {
-		return false
+	if empty == 1 {
+		w.sched.next = 0 // a new run of empty rounds reads the scheduler afresh
 	}
-	return !w.sched.othersWait(empty)
+	ws := wakeSpin
+	if w.cfg.wakeSpin > 0 {
+		ws = w.cfg.wakeSpin
+	}
+	if time.Since(quiet) < ws {
+		return true
+	}
+	return time.Since(w.lastCommand) < commandSpin && !w.sched.othersWait(empty)
 }
 
-// schedWatch tells a worker's short spins whether goroutines of this process wait for a P. A
-// worker UCX can wake spins only to save the wake's latency, with its P: on a host with few
-// cores, while goroutines wait for one (16 concurrent reads copying on two cores), the spin
-// takes a core from them and saves a wake nobody waits for, so the worker arms at once
-// instead (docs/ucx.md, "An idle worker sleeps until UCX has work for it"). The runtime's
-// scheduler metrics are read on a spin's first round and every schedWatchEvery rounds after:
-// a read takes the scheduler's lock (about 150 ns).
+// schedWatch tells a worker's command spin whether goroutines of this process wait for a P.
+// The spin only saves the wake of a worker UCX can wake, with its P: on a host with few cores,
+// while goroutines wait for one (16 concurrent reads copying on two cores), it takes a core
+// from them and saves a wake nobody waits for, so the worker arms at once instead (docs/ucx.md,
+// "An idle worker sleeps until UCX has work for it"). The runtime's scheduler metrics are read
+// on the first round that asks and every schedWatchEvery rounds after: a read takes the
+// scheduler's lock (about 150 ns). The 20 us spin after activity is left alone: over TCP the
+// worker reading a stream's segments is the data's mover.
 type schedWatch struct {
 	samples []metrics.Sample
+	next    int // the empty round at which to read again
 	wait    bool
 }
 
@@ -498,9 +510,10 @@ func newSchedWatch() *schedWatch {
 // runnable or running than there are Ps: some wait for one. A runtime without these metrics
 // reports false, and the worker spins as it did before.
 func (s *schedWatch) othersWait(empty int) bool {
-	if empty != 1 && empty%schedWatchEvery != 0 {
+	if empty < s.next {
 		return s.wait
 	}
+	s.next = empty + schedWatchEvery
 	metrics.Read(s.samples)
 	var v [3]uint64
 	for i, m := range s.samples {

@@ -195,16 +195,17 @@ func TestWorker_WithoutWakeupPolls(t *testing.T) {
 	}
 }
 
-// The short spins of a worker UCX can wake (wakeSpin after a message, commandSpin after a
-// command) buy a wake's latency with a P; UCX wakes the worker for what comes anyway. While
-// other goroutines of the process wait for a P (16 concurrent reads copying on two cores,
-// docs/benchmarks.md) the spin takes their core, so the worker arms at once instead. Counted
-// in rounds, not timed: with more busy goroutines than Ps, a command is followed by at most a
-// few empty rounds before the worker sleeps (150 us of spin is hundreds).
+// A worker UCX can wake spins 150 us after it ran a command (commandSpin) to save the wake
+// of a command that follows, with its P. While other goroutines of the process wait for a P
+// (16 concurrent reads copying on two cores, docs/benchmarks.md) that spin takes their core,
+// so the worker arms at once instead. Counted in rounds, not timed, with the 20 us spin after
+// activity shortened to nothing to see the command's alone: with more busy goroutines than
+// Ps, a command is followed by at most a few empty rounds before the worker sleeps (its
+// 150 us spin was 122 to 260 rounds).
 func TestWorker_NoSpinWhileGoroutinesWaitForAP(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{})
+			p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{wakeSpin: time.Nanosecond})
 			require.True(t, p.b.wakeable)
 			dst := alloc(t, p.ctxB, 64)
 			standing := p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0)) // never matched: receives pending
