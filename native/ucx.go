@@ -288,8 +288,8 @@ type Worker struct {
 	// what arrives (UCP_FEATURE_WAKEUP, its fds in the waker's set): the loop then sleeps
 	// until then, and spins only briefly for receives (Worker.spin).
 	wakeable    bool
-	inFlight    int       // loop-owned: pending requests that are not receives
-	lastCommand time.Time // loop-owned: when the loop last ran a command (commandSpin)
+	inFlight    int         // loop-owned: pending requests that are not receives
+	lastCommand time.Time   // loop-owned: when the loop last ran a command (commandSpin)
 	sched       *schedWatch // loop-owned: whether goroutines wait for a P (spin)
 	// emptyRounds counts the loop's progress rounds that found nothing to do (for tests).
 	emptyRounds atomic.Uint64

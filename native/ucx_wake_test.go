@@ -208,8 +208,10 @@ func TestWorker_NoSpinWhileGoroutinesWaitForAP(t *testing.T) {
 			p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{wakeSpin: time.Nanosecond})
 			require.True(t, p.b.wakeable)
 			dst := alloc(t, p.ctxB, 64)
-			standing := p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0)) // never matched: receives pending
-			t.Cleanup(func() { // before dst's Close
+			// Never matched: receives are pending. Cancelled before dst's Close (cleanups run last
+			// first).
+			standing := p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0))
+			t.Cleanup(func() {
 				require.True(t, standing.Cancel())
 				select {
 				case <-standing.Done():
