@@ -33,6 +33,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -211,6 +212,9 @@ type WorkerConfig struct {
 	// fixedSleep, when set, is every sleep of the loop, unchecked: tests make a worker whose
 	// every sleep lasts seconds, so that what ends one early is seen.
 	fixedSleep time.Duration
+	// wakeSpin, when set, replaces the spin after activity (wakeSpin): tests shorten it to
+	// see the command spin alone.
+	wakeSpin time.Duration
 }
 
 func (c *WorkerConfig) applyDefaults(parent *zap.Logger) error {
@@ -284,8 +288,9 @@ type Worker struct {
 	// what arrives (UCP_FEATURE_WAKEUP, its fds in the waker's set): the loop then sleeps
 	// until then, and spins only briefly for receives (Worker.spin).
 	wakeable    bool
-	inFlight    int       // loop-owned: pending requests that are not receives
-	lastCommand time.Time // loop-owned: when the loop last ran a command (commandSpin)
+	inFlight    int         // loop-owned: pending requests that are not receives
+	lastCommand time.Time   // loop-owned: when the loop last ran a command (commandSpin)
+	sched       *schedWatch // loop-owned: whether goroutines wait for a P (spin)
 	// emptyRounds counts the loop's progress rounds that found nothing to do (for tests).
 	emptyRounds atomic.Uint64
 
@@ -335,7 +340,7 @@ func (c *Context) NewWorker(cfg WorkerConfig) (*Worker, error) {
 	w := &Worker{
 		ctx: c, cfg: cfg, log: cfg.Logger, wake: wake,
 		cmds: make(chan func(), 1024), stopReq: make(chan struct{}), stopped: make(chan struct{}),
-		pending: make(map[*Request]struct{}), endpoints: make(map[*Endpoint]struct{}),
+		pending: make(map[*Request]struct{}), endpoints: make(map[*Endpoint]struct{}), sched: newSchedWatch(),
 		suspects: make(map[*Request]struct{}),
 	}
 	ready := make(chan error, 1)
@@ -464,7 +469,62 @@ func (w *Worker) spin(empty int, quiet time.Time) bool {
 	if !w.wakeable || w.inFlight > 0 {
 		return true
 	}
-	return time.Since(quiet) < wakeSpin || time.Since(w.lastCommand) < commandSpin
+	if empty == 1 {
+		w.sched.next = 0 // a new run of empty rounds reads the scheduler afresh
+	}
+	ws := wakeSpin
+	if w.cfg.wakeSpin > 0 {
+		ws = w.cfg.wakeSpin
+	}
+	if time.Since(quiet) < ws {
+		return true
+	}
+	return time.Since(w.lastCommand) < commandSpin && !w.sched.othersWait(empty)
+}
+
+// schedWatch tells a worker's command spin whether goroutines of this process wait for a P.
+// The spin only saves the wake of a worker UCX can wake, with its P: on a host with few cores,
+// while goroutines wait for one (16 concurrent reads copying on two cores), it takes a core
+// from them and saves a wake nobody waits for, so the worker arms at once instead (docs/ucx.md,
+// "An idle worker sleeps until UCX has work for it"). The runtime's scheduler metrics are read
+// on the first round that asks and every schedWatchEvery rounds after: a read takes the
+// scheduler's lock (about 150 ns). The 20 us spin after activity is left alone: over TCP the
+// worker reading a stream's segments is the data's mover.
+type schedWatch struct {
+	samples []metrics.Sample
+	next    int // the empty round at which to read again
+	wait    bool
+}
+
+const schedWatchEvery = 32
+
+func newSchedWatch() *schedWatch {
+	return &schedWatch{samples: []metrics.Sample{
+		{Name: "/sched/goroutines/runnable:goroutines"},
+		{Name: "/sched/goroutines/running:goroutines"},
+		{Name: "/sched/gomaxprocs:threads"},
+	}}
+}
+
+// othersWait (the loop, in its empty-th empty round) reports whether more goroutines are
+// runnable or running than there are Ps: some wait for one. A runtime without these metrics
+// reports false, and the worker spins as it did before.
+func (s *schedWatch) othersWait(empty int) bool {
+	if empty < s.next {
+		return s.wait
+	}
+	s.next = empty + schedWatchEvery
+	metrics.Read(s.samples)
+	var v [3]uint64
+	for i, m := range s.samples {
+		if m.Value.Kind() != metrics.KindUint64 {
+			s.wait = false
+			return false
+		}
+		v[i] = m.Value.Uint64()
+	}
+	s.wait = v[0]+v[1] > v[2]
+	return s.wait
 }
 
 // commandSpin is how long a worker UCX can wake keeps spinning after it ran a command (a

@@ -6,7 +6,10 @@ package native
 
 import (
 	"context"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -188,6 +191,66 @@ func TestWorker_WithoutWakeupPolls(t *testing.T) {
 				asleep(t, p.b)
 				waitAll(t, 10*time.Second, recv, p.ab.TagSend(src, 0, 4096, uint64(i)))
 			}
+		})
+	}
+}
+
+// A worker UCX can wake spins 150 us after it ran a command (commandSpin) to save the wake
+// of a command that follows, with its P. While other goroutines of the process wait for a P
+// (16 concurrent reads copying on two cores, docs/benchmarks.md) that spin takes their core,
+// so the worker arms at once instead. Counted in rounds, not timed, with the 20 us spin after
+// activity shortened to nothing to see the command's alone: with more busy goroutines than
+// Ps, a command is followed by a few empty rounds before the worker sleeps, the fewest of five
+// commands under 32 (its 150 us spin was 122 to 273 rounds after each).
+func TestWorker_NoSpinWhileGoroutinesWaitForAP(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{wakeSpin: time.Nanosecond})
+			require.True(t, p.b.wakeable)
+			dst := alloc(t, p.ctxB, 64)
+			// Never matched: receives are pending. Cancelled before dst's Close (cleanups run last
+			// first).
+			standing := p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0))
+			t.Cleanup(func() {
+				require.True(t, standing.Cancel())
+				select {
+				case <-standing.Done():
+				case <-time.After(10 * time.Second):
+					t.Error("the cancelled receive never completed")
+				}
+			})
+			asleep(t, p.b)
+
+			// More goroutines that never block than Ps: at any moment some wait for one.
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer stop.Store(true)
+			deadline := time.Now().Add(2 * time.Minute) // bounds them if the test dies early
+			for range runtime.GOMAXPROCS(0) + 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for n := 0; !stop.Load(); n++ {
+						if n%1024 == 0 && time.Now().After(deadline) {
+							return
+						}
+					}
+				}()
+			}
+			least := ^uint64(0)
+			for range 5 {
+				asleep(t, p.b)
+				before := p.b.emptyRounds.Load()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				require.NoError(t, p.b.call(ctx, func() {}))
+				cancel()
+				asleep(t, p.b)
+				least = min(least, p.b.emptyRounds.Load()-before)
+			}
+			// The fewest of five: a keepalive or an arm that says BUSY can add up to armBusyRounds
+			// rounds to one command's count; the spin adds over a hundred to every one.
+			require.Less(t, least, uint64(2*armBusyRounds), "empty rounds between a command and the sleep, with goroutines waiting for a P")
 		})
 	}
 }
