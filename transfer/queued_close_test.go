@@ -223,7 +223,14 @@ func receiverAbortsQueuedSend(t *testing.T, c queuedSenderCase, sender, receiver
 	if sentAborts != nil {
 		require.Equal(t, told, sentAborts(), "no abort back to a receiver that aborted")
 	}
-	require.Equal(t, Advertised, holder.Status().State, "the holder is untouched")
+	// Untouched: the holder is still live. Its own receiver's claim may land late on a loaded
+	// host and move it from Advertised on (InFlight, a stream waiting for its pieces).
+	require.Contains(t, []State{Advertised, InFlight}, holder.Status().State, "the holder is untouched")
+	select {
+	case <-holder.Done():
+		t.Fatalf("the holder ended with the other request's abort: %v", holder.Status())
+	default:
+	}
 	waitClosedWithin(t, hr.Quiesced(), "the receiver quiesced", 30*time.Second)
 	require.Zero(t, sender.Health().Numbers.PoisonedBlocks)
 	require.Zero(t, receiver.Health().Numbers.PoisonedBlocks)
