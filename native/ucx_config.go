@@ -185,7 +185,7 @@ func recordSettings(cfg ContextConfig, rndvThresh, eagerThresh string) {
 
 // Settings is the UCX configuration the most recent context of this process opened with,
 // beyond UCX's defaults and its transports (UCX_TLS, UCX_NET_DEVICES): the rendezvous scheme
-// and thresholds (UCX_RNDV_SEND_NBR_THRESH: Endpoint.TagSendIOVEager's), the keepalive interval, and the transport settings NewContext put into the
+// and threshold, the keepalive interval, and the transport settings NewContext put into the
 // environment or found there, as sorted NAME=value assignments. Another UCX program given
 // them, ucx_perftest with peer error handling (-e) say, runs as this package's contexts do on
 // this UCX; kvxbench reports them and scripts/bench-paths.sh gives them to its baseline. Nil
