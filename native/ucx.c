@@ -101,8 +101,7 @@ ucs_status_t kvx_ucx_context_create(const kvx_ucx_ctx_config_t *cfg, ucp_context
         set_config(config, "KEEPALIVE_INTERVAL", cfg->keepalive_interval) != 0 ||
         set_config(config, "NET_DEVICES", cfg->net_devices) != 0 ||
         set_config(config, "RNDV_SCHEME", cfg->rndv_scheme) != 0 ||
-        set_config(config, "RNDV_THRESH", cfg->rndv_thresh) != 0 ||
-        set_config(config, "RNDV_SEND_NBR_THRESH", cfg->rndv_send_nbr_thresh) != 0) {
+        set_config(config, "RNDV_THRESH", cfg->rndv_thresh) != 0) {
       ucp_config_release(config);
       return UCS_ERR_INVALID_PARAM;
     }
@@ -550,12 +549,11 @@ ucs_status_t kvx_ucx_tag_send_mapped(kvx_ucx_ep_t *ep, uint64_t tag, const void 
 }
 
 ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_iov_t *iov,
-                                  size_t iovcnt, int eager, uint64_t user, void **req_out) {
+                                  size_t iovcnt, uint64_t user, void **req_out) {
   kvx_ucx_worker_t *w = ep->w;
   ucp_request_param_t p;
   send_param(&p, w, user);
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-  if (eager) p.op_attr_mask |= UCP_OP_ATTR_FLAG_FAST_CMPL;
   p.datatype = ucp_dt_make_iov();
   return kvx_ucx_track(w, ucp_tag_send_nbx(ep->ep, iov, iovcnt, tag, &p), user, req_out);
 }

@@ -106,9 +106,6 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 	if cfg.rndvThresh != "" {
 		cc.rndv_thresh = cstr(cfg.rndvThresh)
 	}
-	if _, set := ProcessEnv("UCX_RNDV_SEND_NBR_THRESH"); !set {
-		cc.rndv_send_nbr_thresh = cstr(eagerSendThresh)
-	}
 	rndvThresh := ""
 	if cc.rndv_thresh != nil {
 		rndvThresh = C.GoString(cc.rndv_thresh)
@@ -140,11 +137,7 @@ func NewContext(cfg ContextConfig) (*Context, error) {
 		return nil, statusErr("init context", st)
 	}
 	c.wakeup = cc.wakeup == 1
-	eagerThresh := ""
-	if cc.rndv_send_nbr_thresh != nil {
-		eagerThresh = C.GoString(cc.rndv_send_nbr_thresh)
-	}
-	recordSettings(cfg, rndvThresh, eagerThresh)
+	recordSettings(cfg, rndvThresh)
 	return c, nil
 }
 

@@ -50,8 +50,6 @@ typedef struct kvx_ucx_ctx_config {
   const char *net_devices;        /* UCX_NET_DEVICES, e.g. "lo"; NULL: all */
   const char *rndv_scheme;        /* UCX_RNDV_SCHEME, e.g. "get_zcopy"; NULL: default */
   const char *rndv_thresh;        /* UCX_RNDV_THRESH, e.g. "65536"; NULL: default */
-  const char *rndv_send_nbr_thresh; /* UCX_RNDV_SEND_NBR_THRESH: the rendezvous threshold of
-                                     * an eager send (kvx_ucx_tag_send_iov); NULL: UCX's (256k) */
   const char *tcp_tx_seg_size;    /* UCX_TCP_TX_SEG_SIZE, e.g. "1048576"; NULL: 64k */
   const char *mm_fifo_size;       /* UCX_MM_FIFO_SIZE, e.g. "1024"; NULL: UCX's (64) */
   int with_rma;                   /* request UCP_FEATURE_RMA too */
@@ -189,12 +187,8 @@ ucs_status_t kvx_ucx_tag_send(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, s
  * the close's error at once, as 1.13 does. */
 ucs_status_t kvx_ucx_tag_send_mapped(kvx_ucx_ep_t *ep, uint64_t tag, const void *buf, size_t len,
                                      ucp_mem_h memh, uint64_t user, void **req_out);
-/* eager asks for fast completion (UCP_OP_ATTR_FLAG_FAST_CMPL): where UCX_RNDV_THRESH is "auto"
- * (kvxfer's on UCX 1.13) UCX then sends the message eagerly below UCX_RNDV_SEND_NBR_THRESH
- * instead of by rendezvous, saving the rendezvous round trip where the receiver has already
- * posted its receive. Where UCX_RNDV_THRESH is set (kvxfer's on 1.22) it changes nothing. */
 ucs_status_t kvx_ucx_tag_send_iov(kvx_ucx_ep_t *ep, uint64_t tag, const ucp_dt_iov_t *iov,
-                                  size_t iovcnt, int eager, uint64_t user, void **req_out);
+                                  size_t iovcnt, uint64_t user, void **req_out);
 /* *len_out receives the message length when the receive completes inline. */
 ucs_status_t kvx_ucx_tag_recv(kvx_ucx_worker_t *w, uint64_t tag, uint64_t tag_mask, void *buf,
                               size_t len, uint64_t user, void **req_out, size_t *len_out);

@@ -156,8 +156,8 @@ var settingsFromEnv = []string{"UCX_MM_ERROR_HANDLING", "UCX_MM_FIFO_SIZE", "UCX
 	"UCX_TCP_RX_SEG_SIZE", "UCX_TCP_TX_SEG_SIZE"}
 
 // recordSettings keeps what a context opened with cfg (defaults applied) and the rendezvous
-// thresholds NewContext gave it ("" for UCX's or the environment's) runs with, for Settings.
-func recordSettings(cfg ContextConfig, rndvThresh, eagerThresh string) {
+// threshold NewContext gave it ("" for UCX's) runs with, for Settings.
+func recordSettings(cfg ContextConfig, rndvThresh string) {
 	list := []string{"UCX_RNDV_SCHEME=" + cfg.RendezvousScheme,
 		fmt.Sprintf("UCX_KEEPALIVE_INTERVAL=%dms", cfg.KeepaliveInterval.Milliseconds())}
 	if rndvThresh == "" {
@@ -165,12 +165,6 @@ func recordSettings(cfg ContextConfig, rndvThresh, eagerThresh string) {
 	}
 	if rndvThresh != "" {
 		list = append(list, "UCX_RNDV_THRESH="+rndvThresh)
-	}
-	if eagerThresh == "" {
-		eagerThresh, _ = ProcessEnv("UCX_RNDV_SEND_NBR_THRESH")
-	}
-	if eagerThresh != "" {
-		list = append(list, "UCX_RNDV_SEND_NBR_THRESH="+eagerThresh)
 	}
 	for _, name := range settingsFromEnv {
 		if v, ok := ProcessEnv(name); ok {

@@ -70,34 +70,10 @@ func iovFor(kind opKind, mem *Memory, segs []Segment) (unsafe.Pointer, int64, er
 // pieces in place (no gather copy), which is the one-copy path for KV blocks that lie
 // scattered in a registered pool.
 func (ep *Endpoint) TagSendIOV(mem *Memory, segs []Segment, tag uint64) *Request {
-	return ep.tagSendIOV(mem, segs, tag, false)
-}
-
-// TagSendIOVEager is TagSendIOV sent eagerly, without the rendezvous round trip, where this UCX
-// allows it: a message of at most EagerIOVBytes, on UCX 1.13 (UCX_RNDV_THRESH auto, as this
-// package leaves it there). It is for a receiver that has posted its receive already: its
-// data then lands straight in the receive, and the send completes once UCX copied it out,
-// possibly before the receiver has it all. A message nobody receives yet is held whole by
-// the receiver's UCX, within the receiver's WorkerConfig.UnexpectedBytes. Elsewhere (a larger
-// message, UCX 1.22, where this package sets UCX_RNDV_THRESH) it is a TagSendIOV.
-func (ep *Endpoint) TagSendIOVEager(mem *Memory, segs []Segment, tag uint64) *Request {
-	return ep.tagSendIOV(mem, segs, tag, true)
-}
-
-// EagerIOVBytes is the largest message TagSendIOVEager sends eagerly. Every context of this
-// package sets UCX_RNDV_SEND_NBR_THRESH (the threshold UCX 1.13 applies to such sends)
-// above it, unless the environment sets it.
-const EagerIOVBytes = 4 << 20
-
-// eagerSendThresh is the UCX_RNDV_SEND_NBR_THRESH a context gets: twice EagerIOVBytes, so
-// every message up to EagerIOVBytes is below it however UCX rounds.
-const eagerSendThresh = "8m"
-
-func (ep *Endpoint) tagSendIOV(mem *Memory, segs []Segment, tag uint64, eager bool) *Request {
 	if mem == nil {
 		return ep.w.failed(opTagSend, fmt.Errorf("%w: tag send: nil memory", ErrInvalidArgument))
 	}
-	arr, total, err := iovFor(opTagSend, mem, segs)
+	arr, _, err := iovFor(opTagSend, mem, segs)
 	if err != nil {
 		return ep.w.failed(opTagSend, err)
 	}
@@ -107,14 +83,10 @@ func (ep *Endpoint) tagSendIOV(mem *Memory, segs []Segment, tag uint64, eager bo
 	}
 	r := ep.w.newRequest(opTagSend, mem, ep)
 	r.cbuf = arr
-	fast := C.int(0)
-	if eager && total <= EagerIOVBytes {
-		fast = 1
-	}
 	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
 		var creq unsafe.Pointer
 		st := C.kvx_ucx_tag_send_iov(ep.cep, C.uint64_t(tag), (*C.ucp_dt_iov_t)(arr), C.size_t(len(segs)),
-			fast, C.uint64_t(r.handle), &creq)
+			C.uint64_t(r.handle), &creq)
 		return st, creq, 0
 	})
 }

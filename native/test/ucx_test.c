@@ -172,7 +172,7 @@ static void test_tag_roundtrip(pair_t *p, size_t len, int iov) {
   }
   posted(1, st, rreq);
   if (iov)
-    st = kvx_ucx_tag_send_iov(p->ab, 42, siov, 3, 0, 2, &sreq);
+    st = kvx_ucx_tag_send_iov(p->ab, 42, siov, 3, 2, &sreq);
   else
     st = kvx_ucx_tag_send(p->ab, 42, src, len, 2, &sreq);
   posted(2, st, sreq);

@@ -126,20 +126,6 @@ func (c *Config) rmaWanted() bool {
 	return c.ServeEmulatedRMA || !tlsTCPOnly(tls)
 }
 
-// eagerIOVWanted reports whether a transport of this configuration sends the direct path's
-// short messages eagerly (native.Endpoint.TagSendIOVEager): where its transports are TCP only.
-// Its receiver posts each receive before it asks for the data, so the message lands in it
-// without the rendezvous round trip (RTS, RTR) each would cost; with TCP's copies (zero-copy is
-// off, docs/ucx.md) eager moves the bytes the same way. Over shared memory an eager message
-// would go through the 8 KiB FIFO instead of one cma copy, so there it stays a rendezvous.
-func (c *Config) eagerIOVWanted() bool {
-	tls := c.TLS
-	if tls == "" {
-		tls, _ = native.ProcessEnv("UCX_TLS")
-	}
-	return tlsTCPOnly(tls)
-}
-
 // tlsTCPOnly reports whether a UCX_TLS list selects TCP and nothing else that moves bytes
 // between processes ("self" is the process's loopback to itself): "tcp", "tcp,self". An
 // empty list, "all", an exclusion ("^...") or any other transport (shared memory, RDMA,

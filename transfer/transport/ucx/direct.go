@@ -93,11 +93,7 @@ func (t *ucxTransport) postIOV(peer transport.Peer, tag transport.Tag, iov [][]b
 	op := &ucxOp{id: t.nextOp, send: send, peer: peer, size: size, done: done}
 	if send {
 		op.tag = ucxDataTag(t.self, tag)
-		if t.eagerIOV {
-			op.req = ep.TagSendIOVEager(mem, segs, op.tag) // eager up to native.EagerIOVBytes
-		} else {
-			op.req = ep.TagSendIOV(mem, segs, op.tag)
-		}
+		op.req = ep.TagSendIOV(mem, segs, op.tag)
 	} else {
 		op.tag = ucxDataTag(peer, tag)
 		if other, live := t.recvTag[op.tag]; live {

@@ -38,29 +38,6 @@ func TestUCXConfig_TCPOnlyTransportsOpenWithoutRMA(t *testing.T) {
 	}
 }
 
-// The direct path's short messages go eagerly (native.Endpoint.TagSendIOVEager) from a transport
-// over TCP only, where each saves the rendezvous round trip and moves its bytes the same way;
-// over shared memory, or UCX's choice of transports, they stay rendezvous (one cma copy rather
-// than the FIFO's 8 KiB pieces).
-func TestUCXConfig_DirectMessagesEagerOnlyOverTCP(t *testing.T) {
-	cases := []struct {
-		tls, dev string
-		eager    bool
-	}{
-		{"tcp,self", "lo", true},
-		{"posix,cma,self", "", false},
-		{"posix,cma,tcp,self", "", false},
-	}
-	for _, c := range cases {
-		tr, err := newTransport(Config{TLS: c.tls, NetDevices: c.dev, StagingBytes: 1 << 20, CloseTimeout: 2 * time.Second, ProbeInterval: -1})
-		require.NoError(t, err)
-		require.Equal(t, c.eager, tr.eagerIOV, "TLS %q", c.tls)
-		require.NoError(t, tr.Close(true))
-	}
-	t.Setenv("UCX_TLS", "tcp")
-	require.True(t, (&Config{}).eagerIOVWanted(), "UCX_TLS of the environment where Config.TLS is empty")
-}
-
 // A transport over TCP only serves no RMA by default: it says so (transport.RMAServing), and
 // each of its RMA calls is refused at once with a *transport.ConfigError naming
 // ServeEmulatedRMA, before UCX is asked; with ServeEmulatedRMA, or over shared memory, it

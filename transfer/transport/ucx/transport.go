@@ -62,9 +62,6 @@ type ucxTransport struct {
 	staging *native.Memory
 	// noRMA: UCX was opened without RMA (Config.rmaWanted): no gets posted, none served (rma.go)
 	noRMA bool
-	// eagerIOV: the direct path's messages of up to native.EagerIOVBytes go eagerly
-	// (eagerIOVWanted).
-	eagerIOV bool
 
 	mu  sync.Mutex
 	in  transport.Inbound
@@ -142,7 +139,7 @@ func newTransport(cfg Config) (*ucxTransport, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
-	t := &ucxTransport{cfg: cfg, log: cfg.Logger, noRMA: !cfg.rmaWanted(), eagerIOV: cfg.eagerIOVWanted(), eps: map[transport.Peer]*native.Endpoint{}, retired: map[*native.Endpoint]struct{}{}, ops: map[transport.OpID]*ucxOp{},
+	t := &ucxTransport{cfg: cfg, log: cfg.Logger, noRMA: !cfg.rmaWanted(), eps: map[transport.Peer]*native.Endpoint{}, retired: map[*native.Endpoint]struct{}{}, ops: map[transport.OpID]*ucxOp{},
 		byReq: map[*native.Request]*ucxOp{}, recvTag: map[uint64]transport.OpID{}, tagOwners: map[uint64]ucxTagOwner{},
 		drains: map[uint64]map[uint64]*ucxDrain{}, drainByReq: map[*native.Request]*ucxDrain{},
 		stop: make(chan struct{}), exited: make(chan struct{})}
