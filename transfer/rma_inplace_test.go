@@ -38,20 +38,7 @@ func TestRMAReadsTheOfferedPoolInPlace(t *testing.T) {
 				cfg.Tuning.RMAMinRegionBytes, cfg.Tuning.InPlaceMinRegionBytes = 64<<10, 128
 				src, dst = pools(t, 71)
 			}
-			p := newPair(t, cfg, cfg)
-			for _, ep := range []string{"prefill", "decode"} {
-				p.net.Endpoint(Peer(ep)).MapPeers(tc.mapping)
-			}
-			p.net.Endpoint("prefill").AllowDirect(src.mem)
-			p.net.Endpoint("decode").AllowDirect(dst.mem)
-			k := countKinds(p, nil)
-			hs, hr := p.start(t, 1, src, dst)
-			waitClosed(t, hr.Quiesced(), "receive quiesced")
-			waitClosed(t, hs.Quiesced(), "send quiesced")
-			requireState(t, hr, Completed)
-			requireState(t, hs, Completed)
-			require.Equal(t, tc.want, hr.Path())
-			require.Equal(t, src.stream(t), dst.stream(t))
+			p, k := runMappedPair(t, cfg, tc.mapping, src, dst, tc.want)
 			if tc.want != PathRMA {
 				return
 			}
@@ -64,6 +51,28 @@ func TestRMAReadsTheOfferedPoolInPlace(t *testing.T) {
 			require.Zero(t, p.net.Pending())
 		})
 	}
+}
+
+// runMappedPair moves request 1 from src to dst over a mem pair with both ends' pools allowed
+// direct, the peers' pools mapped here or not: both ends complete, on path want, with every
+// byte. It returns the pair and the count of what crossed the wire.
+func runMappedPair(t *testing.T, cfg Config, mapping bool, src, dst *kvPool, want Path) (*pair, *kindCounter) {
+	t.Helper()
+	p := newPair(t, cfg, cfg)
+	for _, ep := range []string{"prefill", "decode"} {
+		p.net.Endpoint(Peer(ep)).MapPeers(mapping)
+	}
+	p.net.Endpoint("prefill").AllowDirect(src.mem)
+	p.net.Endpoint("decode").AllowDirect(dst.mem)
+	k := countKinds(p, nil)
+	hs, hr := p.start(t, 1, src, dst)
+	waitClosed(t, hr.Quiesced(), "receive quiesced")
+	waitClosed(t, hs.Quiesced(), "send quiesced")
+	requireState(t, hr, Completed)
+	requireState(t, hs, Completed)
+	require.Equal(t, want, hr.Path())
+	require.Equal(t, src.stream(t), dst.stream(t), "every byte")
+	return p, k
 }
 
 // A receiver reading in place copies on its own loop what it would otherwise only wait for

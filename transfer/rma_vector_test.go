@@ -197,20 +197,7 @@ func TestRMASmallPiecesReadThroughTheMapping(t *testing.T) {
 			cfg.Tuning.RMAMinRegionBytes = 64 << 10 // the pieces too small for a get each
 			cfg.Tuning.DirectMinRunBytes = 0        // the engine's default: 2 KiB
 			src, dst := tc.pools(t)
-			p := newPair(t, cfg, cfg)
-			for _, ep := range []string{"prefill", "decode"} {
-				p.net.Endpoint(Peer(ep)).MapPeers(tc.mapping)
-			}
-			p.net.Endpoint("prefill").AllowDirect(src.mem)
-			p.net.Endpoint("decode").AllowDirect(dst.mem)
-			k := countKinds(p, nil)
-			hs, hr := p.start(t, 1, src, dst)
-			waitClosed(t, hr.Quiesced(), "receive quiesced")
-			waitClosed(t, hs.Quiesced(), "send quiesced")
-			requireState(t, hr, Completed)
-			requireState(t, hs, Completed)
-			require.Equal(t, tc.want, hr.Path())
-			require.Equal(t, src.stream(t), dst.stream(t), "every byte")
+			p, k := runMappedPair(t, cfg, tc.mapping, src, dst, tc.want)
 			if tc.want == PathRMA {
 				require.Zero(t, k.count(wire.KindData), "a piece read with a get")
 				require.Equal(t, 1, k.count(genRead), "the generation word read after the copies")
