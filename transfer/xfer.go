@@ -586,9 +586,25 @@ func (x *xfer) loop() {
 				x.poisonOutstanding("engine closed: the force-closed transport never proved it was done")
 			}
 		case now := <-x.timers.C():
-			x.timers.fired()
-			x.timersDue(now, &backoff)
+			x.timerFired(now, &backoff)
 		}
+	}
+}
+
+// timerFired runs the timers that came due, after the events already in the mailbox: on a
+// loaded host the loop can wake late with both a lapsed grace and the completions that ended
+// its operations in time waiting (select picks at random), and the completions must win, or a
+// transfer whose operations all ended is quarantined (CI: a mem transfer's failure in flight
+// reported as a quarantine).
+func (x *xfer) timerFired(now time.Time, backoff *time.Duration) {
+	x.timers.fired()
+	x.scratch = x.box.Take(x.scratch)
+	for _, ev := range x.scratch {
+		x.handleEvent(ev)
+	}
+	clear(x.scratch)
+	if !x.ended {
+		x.timersDue(now, backoff)
 	}
 }
 
