@@ -137,6 +137,12 @@ func testEngineFollowsTheTable(t *testing.T) {
 	cfg.Tuning.CancelGrace = 10 * time.Millisecond
 	cfg.QueueTimeout = 300 * time.Millisecond
 	cfg.Tuning.DirectChunkBytes = 512
+	// One slot per transfer (and the slots the default would give): a chunk's fault strikes
+	// with no other operation of its transfer outstanding, so request 12's failure in flight
+	// ends as the table's failure, not as a quarantine by a grace that a loaded host's stall
+	// outlasted (CI reached no in-flight failure once, with two chunks in flight each).
+	cfg.Tuning.PipelineDepth = 1
+	cfg.Tuning.NumSlots = cfg.MaxConcurrent * 2
 	n := mem.NewNetwork()
 	names := []Peer{"prefill", "decode", "prefill-0", "prefill-1"}
 	obs := map[Peer]*tableObserver{}
