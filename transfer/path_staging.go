@@ -15,6 +15,7 @@ package transfer
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvxfer/kvxfer/buffer"
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -293,6 +294,12 @@ func (x *xfer) drainAhead(slot *buffer.Slot) bool {
 		if !op.final && op.slot == slot {
 			x.eng.tr.Cancel(op.id)
 		}
+	}
+	// The abort found nothing outstanding and set no clock; this receive needs one as any
+	// abort's operations do: a message that matched it before its cancel (a frozen peer's)
+	// may never end, and the transfer must quarantine, then poison the slot (L9, L11).
+	if !x.quarantined && x.timers.grace.IsZero() {
+		x.timers.grace = time.Now().Add(x.eng.cfg.Tuning.CancelGrace)
 	}
 	return true
 }
