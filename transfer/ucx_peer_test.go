@@ -115,6 +115,9 @@ func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 				local := newUCXEngine(t, tr.tls, tr.dev, cfg)
 				peer := peerproc.Start(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-send", blocks, 21, 180*time.Second)...)
 				peer.Connect(t, string(local.tr.Self()))
+				// The Receive's deadline (3 s) runs from its first slot lease: asked before the
+				// peer filled its pool, it ran out at load 26 with no byte moved (a CI rehearsal).
+				peer.Expect(t, "FILLED", 2*time.Minute)
 				pool, plan := ucxEnginePool(t, blocks, 5, false)
 				h, err := local.e.Receive(bg, Spec{ID: 21, Peer: Peer(peer.Addr), Plan: plan, Pool: pool})
 				require.NoError(t, err)

@@ -8,15 +8,16 @@
 // imports transfer; native/internal/ucxpeer, the peer of native's own tests, stays below it.
 //
 // Protocol, one line at a time: enginepeer prints "ADDR <hex>" (its worker address); the test
-// writes "PEER <hex>" (the test's); then enginepeer moves request -id (and -repeat - 1 more,
-// one after another) with that peer: -mode engine-send sends it, -mode engine-recv receives it
-// and checks every byte when -check. -total is the request's block count (EngineDims), -chunk
-// the staging slot size. It prints "GOT <bytes>" as the transfer moves (when -report > 0),
-// "PATH <path>" (with -device) and "DONE <state> <OK|BAD|error>" at the end of each request (then
-// "QUIESCED ..." with -quiesce-bound), "ERR <reason>" and exits 1 on any
-// failure, and exits 0 once its standard input closes. On SIGTERM it leaves as a serving
-// process in a rolling restart does: Drain for -drain, Close (which says goodbye to the test's
-// engine), print "LEFT" and exit 0. Every wait is bounded by -timeout.
+// writes "PEER <hex>" (the test's); enginepeer prints "FILLED" once its pool is filled and in
+// place, then moves request -id (and -repeat - 1 more, one after another) with that peer: -mode
+// engine-send sends it, -mode engine-recv receives it and checks every byte when -check. -total
+// is the request's block count (EngineDims), -chunk the staging slot size. It prints "GOT
+// <bytes>" as the transfer moves (when -report > 0), "PATH <path>" (with -device) and "DONE
+// <state> <OK|BAD|error>" at the end of each request (then "QUIESCED ..." with -quiesce-bound),
+// "ERR <reason>" and exits 1 on any failure, and exits 0 once its standard input closes. On
+// SIGTERM it leaves as a serving process in a rolling restart does: Drain for -drain, Close
+// (which says goodbye to the test's engine), print "LEFT" and exit 0. Every wait is bounded by
+// -timeout.
 package main
 
 import (
@@ -253,6 +254,9 @@ func runEngine(o options, stdin *bufio.Scanner) error {
 		}
 		defer func() { _ = dev.close() }()
 	}
+	// FILLED: the pool is filled and in place, so a test may time what follows from here (a
+	// 512 MiB fill on a loaded 2-core host takes seconds).
+	fmt.Println("FILLED")
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	for k := 0; k < o.repeat; k++ {
