@@ -46,6 +46,12 @@ type Engine struct {
 	exposures  map[RequestID]*xfer
 	pending    map[routeKey]pendingInfo
 	unanswered map[routeKey]unanswered
+	// endedOrder records unanswered's entries in the order they were made (from endedHead on),
+	// so that rememberEnded expires and evicts from the oldest without a scan of the table; a
+	// record whose entry left the table or was made again is skipped (engine_inbound.go).
+	endedOrder []endedRecord
+	endedHead  int
+	endedSeq   uint64
 	peers      map[Peer]*peerHello // what each peer met said in its hello (negotiate.go)
 	// lost are the peers the transport reported lost and not heard from since: each told to
 	// the observer once however many times the transport reports it, and refused to new
@@ -134,6 +140,14 @@ type unanswered struct {
 	// later claims must prove, and whether a receiver had claimed it.
 	secret  []byte
 	claimed bool
+	seq     uint64 // which rememberEnded made it (endedRecord)
+}
+
+// endedRecord is one entry of Engine.unanswered in the order of their making: seq tells it from
+// a later entry of the same key.
+type endedRecord struct {
+	key routeKey
+	seq uint64
 }
 
 // New validates cfg, carves the staging pool and binds the transport (which progresses its
