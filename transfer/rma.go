@@ -325,6 +325,15 @@ func sortByDst(p []rmaRegion) []rmaRegion {
 		slices.SortFunc(p, func(a, b rmaRegion) int { return cmp.Compare(a.dst, b.dst) })
 		return p
 	}
+	return radixSortByDst(p)
+}
+
+// radixSortByDst is sortByDst's radix sort, in a function of its own because its digit counts
+// (16 KiB) live in its frame: in sortByDst's, every call, a short request's few pieces too,
+// would grow the calling transfer goroutine's stack to fit them (TestShortOfferPairsWithinASmallStack).
+//
+//go:noinline
+func radixSortByDst(p []rmaRegion) []rmaRegion {
 	const bits, digits = 11, 1 << 11
 	var top int64
 	for _, r := range p {

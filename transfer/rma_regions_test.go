@@ -5,6 +5,9 @@ package transfer
 import (
 	"cmp"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime/debug"
 	"slices"
 	"testing"
 
@@ -78,6 +81,39 @@ func TestSortByDstSortsAnyOffsets(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A receiver pairs the ranges of every RMA offer (rmaRegions) on its transfer's goroutine, which
+// starts with a small stack: a short request's few ranges must pair within a small stack, or
+// every such transfer grows its goroutine's stack (copies it) to fit the radix sort's digit
+// counts, which only a request of many pieces uses (perf: morestack/copystack about 2-4 % of
+// both processes' samples in the 32-token c=16 row). A child test process pairs a one-hop
+// request's ranges (same layout both sides: one range per run of blocks) on a fresh goroutine
+// with the stack limit at 32 KiB, which a growth to fit the 16 KiB of counts passes: the
+// runtime then ends the child with a stack overflow.
+func TestShortOfferPairsWithinASmallStack(t *testing.T) {
+	if os.Getenv("KVX_SMALL_STACK_CHILD") == "1" {
+		for _, o := range []layout.Order{layout.BlockMajor, layout.LayerMajor} {
+			src := newKVPool(t, testDims, o, nil, blocks(1, 2, 3, 9), 0)
+			dst := newKVPool(t, testDims, o, nil, blocks(5, 6, 7, 20), 0)
+			var regions []rmaRegion
+			done := make(chan struct{})
+			old := debug.SetMaxStack(32 << 10)
+			go func() {
+				defer close(done)
+				regions, _ = rmaRegions(src.plan, dst.plan)
+			}()
+			<-done
+			debug.SetMaxStack(old)
+			require.NotEmpty(t, regions)
+			require.Less(t, len(regions), 64, "%v: few enough pieces for the comparison sort", o)
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestShortOfferPairsWithinASmallStack$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "KVX_SMALL_STACK_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "the child:\n%s", out)
 }
 
 func blockIDs(perm []int) []int32 {
