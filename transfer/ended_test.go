@@ -76,3 +76,19 @@ func TestEndedTransfersAreBoundedKeepingTheNewest(t *testing.T) {
 		requireState(t, h2, Failed, ErrAlreadyClaimed)
 	})
 }
+
+// BenchmarkRememberEndedFull is one ending remembered while the table holds MaxPending (4,096)
+// endings younger than PendingTTL, as a steady 2,500 short requests a second keep it.
+func BenchmarkRememberEndedFull(b *testing.B) {
+	p := newPair(b, fastConfig(), fastConfig())
+	e := p.src
+	limit := e.cfg.Tuning.MaxPending
+	for i := range limit {
+		e.rememberEnded(routeKey{"", RequestID(i)}, unanswered{code: wire.AbortCancelled})
+	}
+	i := limit
+	for b.Loop() {
+		e.rememberEnded(routeKey{"", RequestID(i)}, unanswered{code: wire.AbortCancelled})
+		i++
+	}
+}
