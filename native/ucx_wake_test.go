@@ -147,8 +147,12 @@ func TestWorker_CloseEndsAnArmedSleep(t *testing.T) {
 // standing control receive always is), spins a bounded time (wakeSpin), not SpinRounds empty
 // rounds: each message used to cost each process a core for about a millisecond
 // (docs/benchmarks.md, "Where a one-hop 32-token request's time goes"). Counted in rounds,
-// not timed: at most half of SpinRounds between the message and the worker's sleep (20 us
-// of rounds is a few hundred even on a fast core).
+// not timed: the fewest of five messages' rounds, between the message and the worker's sleep,
+// under half of SpinRounds (20 us of rounds is a few hundred even on a fast core; a worker
+// that spun SpinRounds would make at least that many after each). The fewest, not each: any
+// other event in the window (over TCP the wireup of the endpoint's first message, a keepalive
+// every 200 ms) starts a new 20 us spin, and on a loaded host (load ~25) a window that took
+// several of them once counted more than half of SpinRounds.
 func TestWorker_ReceivesAloneSpinBriefly(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
@@ -157,6 +161,9 @@ func TestWorker_ReceivesAloneSpinBriefly(t *testing.T) {
 			src := alloc(t, p.ctxA, 64)
 			dst := alloc(t, p.ctxB, 64)
 			standing := p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0)) // never matched
+			// A first message connects the endpoint (over TCP a wireup of several messages).
+			waitAll(t, 10*time.Second, p.ba.TagRecv(dst, 0, 64, 9, ^uint64(0)), p.ab.TagSend(src, 0, 64, 9))
+			var each []uint64
 			for i := range 5 {
 				recv := p.ba.TagRecv(dst, 0, 64, uint64(10+i), ^uint64(0))
 				asleep(t, p.b)
@@ -164,8 +171,9 @@ func TestWorker_ReceivesAloneSpinBriefly(t *testing.T) {
 				waitAll(t, 10*time.Second, recv, p.ab.TagSend(src, 0, 64, uint64(10+i)))
 				asleep(t, p.b)
 				rounds := p.b.emptyRounds.Load() - before
-				require.Less(t, rounds, uint64(p.b.cfg.SpinRounds/2), "empty rounds after message %d", i)
+				each = append(each, rounds)
 			}
+			require.Less(t, slices.Min(each), uint64(p.b.cfg.SpinRounds/2), "empty rounds after each message: %v", each)
 			require.True(t, standing.Cancel())
 			select {
 			case <-standing.Done():
