@@ -15,6 +15,8 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport"
+	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
 // TestL3_ReceiversCancelIsACleanCancelForTheSenderOnEveryPath over real UCX, shared memory
@@ -144,6 +146,113 @@ func TestL3_UCXReceiverCancelWithEverySlotScatteringIsCleanForTheSender(t *testi
 			require.Equal(t, Cancelled, hs.Status().State, "%v", hs.Status().Err)
 			require.Zero(t, sq.n.Load(), "the sender reported a quarantine")
 			require.Zero(t, rq.n.Load(), "the receiver reported a quarantine")
+			for _, u := range []*ucxEngine{src, dst} {
+				require.Zero(t, u.e.pool.Stats().Poisoned, "staging slots poisoned")
+			}
+		})
+	}
+}
+
+// heldRecvs is a transport whose data receives' successful completions it holds, once hold
+// is set, until release: the transport has given them their final verdict (UCX forgot the
+// operation), and the engine has not heard yet. That is the moment a loaded host makes at
+// random between a receive's completion and its event reaching the transfer's goroutine.
+type heldRecvs struct {
+	transport.Transport
+	mu   sync.Mutex
+	held []func()
+}
+
+func (h *heldRecvs) ReserveTags(from transport.Peer, tag transport.Tag) (func(), error) {
+	return h.Transport.(transport.TagReserver).ReserveTags(from, tag)
+}
+
+func (h *heldRecvs) ControlRoom() int { return h.Transport.(transport.ControlBound).ControlRoom() }
+
+func (h *heldRecvs) PostRecv(from transport.Peer, tag transport.Tag, buf []byte, done func(transport.Completion)) (transport.OpID, error) {
+	return h.Transport.PostRecv(from, tag, buf, func(c transport.Completion) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if c.Err == nil && h.held != nil {
+			h.held = append(h.held, func() { done(c) })
+			return
+		}
+		done(c)
+	})
+}
+
+func (h *heldRecvs) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.held)
+}
+
+func (h *heldRecvs) release() {
+	h.mu.Lock()
+	held := h.held
+	h.held = nil
+	h.mu.Unlock()
+	for _, f := range held {
+		f()
+	}
+}
+
+// TestL3_UCXReceiverCancelAfterItsReceivesEndedIsCleanForTheSender: over UCX shared memory and
+// TCP on the staging path, the receiver cancels when both its receives have ended in the
+// transport (UCX completed them, with their chunks) but their completions have not reached the
+// transfer yet, so the abort's cancels find nothing to cancel, and no receive is left whose
+// cancel would drain: the sender, a pipeline ahead, has sent the next two chunks, which no
+// receive will take. Their completions, handled while the transfer aborts, must still leave
+// the transport able to end those sends, so the sender ends a clean cancel: no quarantine, no
+// staging slot poisoned. They used to strand, and the sender quarantined at its CancelGrace;
+// TestL3_UCXReceiversCancelIsACleanCancelForTheSender/shm/staging failed so 1 run in 120 under
+// -cpu 1 at load 10 (a completion's event came after the cancel's).
+func TestL3_UCXReceiverCancelAfterItsReceivesEndedIsCleanForTheSender(t *testing.T) {
+	dims := layout.Dims{NumLayers: 32, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 8}
+	for _, tr := range ucxTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := ucxTestConfig()
+			cfg.Tuning.DisableDirect, cfg.Tuning.DisablePull = true, true
+			// Each side's operations end well within its grace once the chunks are drained; a
+			// send stranded for good (the defect above) outlives 5 s.
+			cfg.Tuning.CancelGrace = 5 * time.Second
+			scfg, rcfg := cfg, cfg
+			sq, rq := &quarantineCounter{}, &quarantineCounter{}
+			scfg.Observer, rcfg.Observer = sq, rq
+			src := newUCXEngine(t, tr.tls, tr.dev, scfg)
+			rcfg = rcfg.withDefaults()
+			rcfg.Tuning.NumSlots = rcfg.MaxConcurrent * rcfg.Tuning.PipelineDepth
+			rtr, err := ucx.New(ucx.Config{TLS: tr.tls, NetDevices: tr.dev, KeepaliveInterval: 200 * time.Millisecond,
+				StagingBytes: int64(rcfg.Tuning.NumSlots) * rcfg.SlotBytes, CloseTimeout: 2 * time.Second,
+				ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second})
+			require.NoError(t, err)
+			rcfg.StagingMemory = rtr.StagingMemory()
+			held := &heldRecvs{Transport: ucxContract(rtr), held: []func(){}}
+			de, err := newEngine(held, rcfg, buildSpeech())
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = de.Close() })
+			dst := &ucxEngine{tr: rtr, e: de}
+			ids := seqBlocks(0, 8)
+			s, r := newUCXKV(t, dims, layout.BlockMajor, ids, 5), newUCXKV(t, dims, layout.BlockMajor, ids, 0)
+			var gathers, unused atomic.Int64
+			sm := gatedMover{Mover: newHostMover(s.mem), gate: make(chan struct{}), waiting: &unused, gathers: &gathers}
+			hs, err := src.e.Send(bg, Spec{ID: 7, Peer: dst.tr.Self(), Plan: s.plan, Mover: sm})
+			require.NoError(t, err)
+			hr, err := dst.e.Receive(bg, Spec{ID: 7, Peer: src.tr.Self(), Plan: r.plan, Mover: newHostMover(r.mem)})
+			require.NoError(t, err)
+			t.Cleanup(held.release)
+			// Chunks 0 and 1 arrived, their completions held; the sender's sends of them
+			// completed, so it gathered 2 and 3 and sent them, before it can hear the abort.
+			require.Eventually(t, func() bool { return held.count() == cfg.Tuning.PipelineDepth && gathers.Load() >= 4 },
+				30*time.Second, time.Millisecond, "both receives ended, chunks 2 and 3 gathered")
+			require.Equal(t, CancelRequestedInFlight, dst.e.Cancel(7))
+			held.release()
+			waitQuiesced(t, hr, 20*time.Second)
+			waitQuiesced(t, hs, 20*time.Second)
+			require.Equal(t, Cancelled, hr.Status().State, "%v", hr.Status().Err)
+			require.Equal(t, Cancelled, hs.Status().State, "%v", hs.Status().Err)
+			require.Zero(t, sq.n.Load(), "the sender reported a quarantine: %v", hs.Status().Err)
+			require.Zero(t, rq.n.Load(), "the receiver reported a quarantine: %v", hr.Status().Err)
 			for _, u := range []*ucxEngine{src, dst} {
 				require.Zero(t, u.e.pool.Stats().Poisoned, "staging slots poisoned")
 			}

@@ -711,6 +711,13 @@ func (x *xfer) opDone(rec *opRec, c transport.Completion) {
 	x.outstanding--
 	switch {
 	case x.aborting:
+		// A staging receive that took its chunk ended before the abort's cancel reached the
+		// transport (its completion was still on its way here), so that cancel drained
+		// nothing: the sender, a pipeline ahead, may have sent the chunks past it, as when
+		// every slot was scattering (drainAhead).
+		if c.Err == nil && x.drainAhead(rec.slot) {
+			return
+		}
 		releaseSlot(rec.slot)
 		x.maybeResolve()
 	case c.Err != nil:
