@@ -79,20 +79,34 @@ func (t *ucxTransport) retireDrainLocked(tag uint64) {
 	}
 }
 
-// drainDoneLocked forgets a drain UCX has reported on.
+// drainDoneLocked forgets a drain UCX has reported on. One that took a message drains
+// drainAhead chunks past it too: the send it completed freed its sender's slot, and a sender
+// that has not heard of the abort yet sends its next chunk from it, past the drains the cancel
+// started (a staging sender on a loaded host ran a pipeline past them, and its last send
+// stranded into a poisoned slot). Not once a live receive retired the drain's transfer.
 func (t *ucxTransport) drainDoneLocked(d *ucxDrain) {
 	delete(t.drainByReq, d.req)
+	retired := true
 	if family := t.drains[d.tag&^ucxSeqMask]; family[d.tag] == d {
+		retired = false
 		delete(family, d.tag)
 		if len(family) == 0 {
 			delete(t.drains, d.tag&^ucxSeqMask)
 		}
 	}
 	d.timer.Stop()
-	if d.req.Err() == nil || errors.Is(d.req.Err(), native.ErrTruncated) {
-		t.drainStats.Drained++
-	} else {
+	if d.req.Err() != nil && !errors.Is(d.req.Err(), native.ErrTruncated) {
 		t.drainStats.Expired++
+		return
+	}
+	t.drainStats.Drained++
+	if retired || t.closed {
+		return
+	}
+	for k := range uint64(t.cfg.drainAhead) {
+		if seq := d.tag&ucxSeqMask + k + 1; seq <= ucxSeqMask {
+			t.startDrainLocked(d.tag&^ucxSeqMask | seq)
+		}
 	}
 }
 

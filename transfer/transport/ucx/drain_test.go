@@ -6,6 +6,7 @@ package ucx
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -122,6 +123,44 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 				}, 5*time.Second, time.Millisecond, "drain stats: %+v", recv.drainSnapshot())
 			}
 			require.True(t, bytes.Equal(bytes.Repeat([]byte{0xa5}, size), rbuf), "the cancelled receive's buffer was written")
+		})
+	}
+}
+
+// A sender that has not heard of the receiver's abort keeps sending as the drains complete its
+// sends (each frees its slot for the next chunk): the drains follow it, drainAhead chunks past
+// the last one they took, so its every send completes, however far it runs before the abort
+// reaches it. They used to stop drainAhead chunks past the cancelled receive: a staging sender
+// on a loaded host ran past them and its next send stranded (TestL3_UCXReceiversCancelIsAClean
+// CancelForTheSender/shm/staging: the sender quarantined, one slot poisoned).
+func TestUCXTransport_DrainsFollowASenderThatKeepsSending(t *testing.T) {
+	const size = 1 << 20 // well above UCX's rendezvous threshold on every transport
+	for _, tc := range []struct{ name, tls, dev string }{
+		{"shm", "posix,cma,self", ""},
+		{"tcp", "tcp,self", "lo"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recv := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
+			send := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
+			tag := transport.Tag{Request: 42, Sub: 1, Seq: 3}
+			done, rch := completionChan()
+			id, err := recv.PostRecv(send.Self(), tag, recv.StagingMemory()[:size], done)
+			require.NoError(t, err)
+			recv.Cancel(id)
+			require.ErrorIs(t, awaitFinal(t, rch, 20*time.Second, "cancelled receive").Err, transport.ErrCancelled)
+			sbuf := send.StagingMemory()[:size]
+			const chunks = 3 * defaultDrainAhead
+			for k := range uint32(chunks) {
+				sdone, sch := completionChan()
+				late := tag
+				late.Seq += k
+				_, err = send.PostSend(recv.Self(), late, sbuf, sdone)
+				require.NoError(t, err)
+				sc := awaitFinal(t, sch, 20*time.Second, fmt.Sprintf("send of chunk %d past the cancelled receive", k))
+				require.Equal(t, transport.MemoryDone, sc.Memory, "chunk %d: %v", k, sc.Err)
+			}
+			require.Eventually(t, func() bool { return recv.drainSnapshot().Drained == chunks }, 20*time.Second, time.Millisecond,
+				"drain stats: %+v", recv.drainSnapshot())
 		})
 	}
 }
