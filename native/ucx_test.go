@@ -478,6 +478,58 @@ func TestUCX_ForceCloseCompletesInflightRendezvousSend(t *testing.T) {
 	}
 }
 
+// A receive UCX matched when its peer's send stopped mid-message (the peer's engine closed:
+// its endpoint force-closed as the message moved) fails when its endpoint is force-closed.
+// ForceCloseDeparted, for a peer that said it sends nothing more, releases its memory at once,
+// neither abandoned nor suspended; ForceClose, for a peer that may still write into it, keeps
+// it pinned until the worker closes (Request.suspend). Shared memory only: the order
+// ForceCloseDeparted relies on (one receive FIFO) holds there. The marker sent behind the
+// rendezvous request proves the receive matched; the message (128 MiB over posix without cma,
+// so its fragments are pushed by the sender's progress, not pulled by the receiver) is far
+// from moved when the sender's close, a command away, cuts it.
+func TestUCX_ForceCloseDepartedReleasesAReceiveMatchedMidMessage(t *testing.T) {
+	const n = 128 << 20
+	for _, tc := range []struct {
+		name     string
+		close    func(*Endpoint, context.Context) error
+		released bool
+	}{
+		{"departed", (*Endpoint).ForceCloseDeparted, true},
+		{"live", (*Endpoint).ForceClose, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPairConfig(t, ContextConfig{TLS: "posix,self"}) // no cma: the receiver cannot pull the message itself
+			src := alloc(t, p.ctxA, n)
+			dst, err := p.ctxB.Allocate(n) // closed below: pinned until the worker closes on "live"
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			recv := p.ba.TagRecv(dst, 0, n, 77, ^uint64(0))
+			marker := p.b.TagRecvBytes(nil, 8, 2, ^uint64(0))
+			send := p.ab.TagSend(src, 0, n, 77)
+			require.NoError(t, p.ab.TagSendBytes([]byte("m"), 2).Wait(ctx))
+			require.NoError(t, p.ab.ForceClose(ctx)) // the peer departs mid-message
+			require.Error(t, send.Wait(ctx))
+			require.NoError(t, marker.Wait(ctx), "the marker behind the rendezvous request")
+			require.False(t, recv.Completed(), "%d bytes moved before the sender's close", n)
+			require.NoError(t, tc.close(p.ba, ctx))
+			require.Error(t, recv.Wait(ctx), "the matched receive failed with its endpoint's close")
+			if tc.released {
+				require.Eventually(t, recv.Settled, 10*time.Second, time.Millisecond, "UCX let go of the receive")
+				require.False(t, recv.Abandoned())
+				require.Zero(t, dst.InUse(), "the receive's memory released")
+			} else {
+				require.True(t, recv.Abandoned(), "a live peer may still write into it: %v", recv.Err())
+				require.NotZero(t, dst.InUse(), "the receive's memory stays pinned while the worker lives")
+				require.ErrorIs(t, dst.Close(), ErrBusy)
+			}
+			require.NoError(t, p.b.Close())
+			require.Zero(t, dst.InUse(), "nothing pinned once the worker closed")
+			require.NoError(t, dst.Close())
+		})
+	}
+}
+
 // UCX 1.13 reports an endpoint's failure from inside the post that finds it (a TCP send that
 // gets a connection reset): the endpoint is closed only once that post has returned, never
 // under it, and then what was pending on it completes with the error.
