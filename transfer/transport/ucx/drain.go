@@ -62,20 +62,26 @@ func (t *ucxTransport) startDrainLocked(tag uint64) {
 	d.timer = time.AfterFunc(t.cfg.drainTimeout, func() { req.Cancel() })
 }
 
-// retireDrainLocked cancels every drain of the transfer tag belongs to, because a live
-// receive now wants its tags (posted by a caller that did not reserve them: the engine
-// reserves, and ReserveTags refuses a drained hash): the worker runs the cancels before that
-// receive's post, so its chunks reach its own receives, not a drain left from an earlier
-// transfer (a stale message a drain already took stays the drain's).
+// retireDrainLocked cancels the drains of the transfer tag belongs to at and past its chunk,
+// because a live receive now wants those tags (posted by a caller that did not reserve them:
+// the engine reserves, and ReserveTags refuses a drained hash): the worker runs the cancels
+// before that receive's post, so its chunks reach its own receives, not a drain left from an
+// earlier transfer (a stale message a drain already took stays the drain's). A new transfer
+// starts at chunk 0 and retires them all. The drains below it stay: an aborting staging
+// receiver posts (and cancels at once) the receive of its next chunk to drain what its sender
+// sent past it, and retiring the drain of an earlier chunk the sender had not sent yet
+// stranded that send.
 func (t *ucxTransport) retireDrainLocked(tag uint64) {
 	family := t.drains[tag&^ucxSeqMask]
-	if family == nil {
-		return
+	for dt, d := range family {
+		if dt&ucxSeqMask >= tag&ucxSeqMask {
+			delete(family, dt)
+			d.timer.Stop()
+			d.req.Cancel()
+		}
 	}
-	delete(t.drains, tag&^ucxSeqMask)
-	for _, d := range family {
-		d.timer.Stop()
-		d.req.Cancel()
+	if family != nil && len(family) == 0 {
+		delete(t.drains, tag&^ucxSeqMask)
 	}
 }
 

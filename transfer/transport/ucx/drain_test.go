@@ -165,6 +165,46 @@ func TestUCXTransport_DrainsFollowASenderThatKeepsSending(t *testing.T) {
 	}
 }
 
+// A receive posted past a cancelled one (an aborting staging receiver posts and cancels its
+// next chunk's receive to drain what its sender sent past it) retires the drains at and past
+// its chunk only: the drain of an earlier chunk the sender has not sent yet stays, and that
+// send completes. Posting it used to retire the whole transfer's drains, and the earlier
+// chunk's send stranded.
+func TestUCXTransport_ReceivePastADrainKeepsIt(t *testing.T) {
+	const size = 1 << 20
+	for _, tc := range []struct{ name, tls, dev string }{
+		{"shm", "posix,cma,self", ""},
+		{"tcp", "tcp,self", "lo"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recv := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
+			send := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
+			tag := transport.Tag{Request: 42, Sub: 1, Seq: 3}
+			done, rch := completionChan()
+			id, err := recv.PostRecv(send.Self(), tag, recv.StagingMemory()[:size], done)
+			require.NoError(t, err)
+			recv.Cancel(id)
+			require.ErrorIs(t, awaitFinal(t, rch, 20*time.Second, "cancelled receive").Err, transport.ErrCancelled)
+			next := tag
+			next.Seq += 2
+			done, rch = completionChan()
+			id, err = recv.PostRecv(send.Self(), next, recv.StagingMemory()[size:2*size], done)
+			require.NoError(t, err)
+			recv.Cancel(id)
+			require.ErrorIs(t, awaitFinal(t, rch, 20*time.Second, "the receive posted past it, cancelled").Err, transport.ErrCancelled)
+			for _, seq := range []uint32{tag.Seq, tag.Seq + 1, next.Seq} {
+				sdone, sch := completionChan()
+				late := tag
+				late.Seq = seq
+				_, err = send.PostSend(recv.Self(), late, send.StagingMemory()[:size], sdone)
+				require.NoError(t, err)
+				sc := awaitFinal(t, sch, 20*time.Second, fmt.Sprintf("send of chunk %d", seq))
+				require.Equal(t, transport.MemoryDone, sc.Memory, "chunk %d: %v", seq, sc.Err)
+			}
+		})
+	}
+}
+
 // A request started again with the same id, sub-transfer and sender after its receives were
 // cancelled gets its own chunks: posting its receive retires the drains left from the first
 // attempt (including those ahead of the cancelled receive), so none of them steals a chunk.
