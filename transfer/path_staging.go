@@ -271,15 +271,15 @@ func (x *xfer) movedDone(rec *opRec) {
 	}
 }
 
-// drainAhead is for a staging receiver that aborted with no receive outstanding (every slot
-// was scattering, or its receives had taken their chunks before the abort's cancels reached
-// the transport): its sender, a pipeline ahead, may have sent the next chunks, and no receive
-// will take them. UCX keeps such a send for ever and cannot cancel it; only a receive that is
-// cancelled, or that a message matched before its cancel, has the transport drain the chunks
-// at and past it (UCX's drains). So the receive of the next chunk goes into slot, whose
-// scatter (or receive) just ended, and is cancelled at once: the sender's sends end, instead of stranding
-// it into quarantine and its slots into poison. Once per transfer; not when the peer was lost
-// or the engine closes (as takeDeclined). It reports whether it took the slot.
+// drainAhead is for a staging receiver that aborted with no receive outstanding (every slot was
+// scattering, or its receives had taken their chunks before the abort's cancels reached the
+// transport): its sender, a pipeline ahead, may have sent the next chunks, and no receive will
+// take them. UCX keeps such a send for ever and cannot cancel it; only a receive that is
+// cancelled, or that a message matched before its cancel, has the transport drain the chunks at
+// and past it (UCX's drains). So the receive of the next chunk goes into slot, whose scatter (or
+// receive) just ended, and is cancelled at once: the sender's sends end, instead of stranding it
+// into quarantine and its slots into poison. Once per transfer; not when the peer was lost or the
+// engine closes (as takeDeclined). It reports whether it took the slot.
 func (x *xfer) drainAhead(slot *buffer.Slot) bool {
 	p, ok := x.path.(stagingReceive)
 	if !ok || x.drainPosted || x.outstanding > 0 || x.nextSeq >= x.nChunks ||
