@@ -105,6 +105,10 @@ func TestL4_StatusNeverBlocksAndBlockingCallsAreBounded(t *testing.T) {
 		waitClosed(t, st.entered, "the receiver cancelling its operations in the transport")
 		requireAnswersAtOnce(t, b, hr, CancelRequestedInFlight)
 		st.let()
+		// No chunk hangs any more: the aborting receiver's drain (drainAhead) may match the
+		// sender's next chunk after the resume, and a hang there is quarantined and poisoned
+		// only after QuarantineTimeout (30 s here; CI: quiesced did not close within 10s).
+		n.SetFault(nil)
 		n.Resume()
 		waitClosed(t, hr.Quiesced(), "receiver quiesced")
 		waitClosed(t, hs.Quiesced(), "sender quiesced")
