@@ -135,29 +135,17 @@ func TestUCXTransport_CancelledReceiveDrainsLateSend(t *testing.T) {
 // CancelForTheSender/shm/staging: the sender quarantined, one slot poisoned).
 func TestUCXTransport_DrainsFollowASenderThatKeepsSending(t *testing.T) {
 	const size = 1 << 20 // well above UCX's rendezvous threshold on every transport
-	for _, tc := range []struct{ name, tls, dev string }{
-		{"shm", "posix,cma,self", ""},
-		{"tcp", "tcp,self", "lo"},
-	} {
+	for _, tc := range ucxTransports {
 		t.Run(tc.name, func(t *testing.T) {
 			recv := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
 			send := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
 			tag := transport.Tag{Request: 42, Sub: 1, Seq: 3}
-			done, rch := completionChan()
-			id, err := recv.PostRecv(send.Self(), tag, recv.StagingMemory()[:size], done)
-			require.NoError(t, err)
-			recv.Cancel(id)
-			require.ErrorIs(t, awaitFinal(t, rch, 20*time.Second, "cancelled receive").Err, transport.ErrCancelled)
-			sbuf := send.StagingMemory()[:size]
+			cancelledRecv(t, recv, send, tag, recv.StagingMemory()[:size], "cancelled receive")
 			const chunks = 3 * defaultDrainAhead
 			for k := range uint32(chunks) {
-				sdone, sch := completionChan()
 				late := tag
 				late.Seq += k
-				_, err = send.PostSend(recv.Self(), late, sbuf, sdone)
-				require.NoError(t, err)
-				sc := awaitFinal(t, sch, 20*time.Second, fmt.Sprintf("send of chunk %d past the cancelled receive", k))
-				require.Equal(t, transport.MemoryDone, sc.Memory, "chunk %d: %v", k, sc.Err)
+				sendDone(t, send, recv, late, send.StagingMemory()[:size], "past the cancelled receive")
 			}
 			require.Eventually(t, func() bool { return recv.drainSnapshot().Drained == chunks }, 20*time.Second, time.Millisecond,
 				"drain stats: %+v", recv.drainSnapshot())
@@ -172,37 +160,44 @@ func TestUCXTransport_DrainsFollowASenderThatKeepsSending(t *testing.T) {
 // chunk's send stranded.
 func TestUCXTransport_ReceivePastADrainKeepsIt(t *testing.T) {
 	const size = 1 << 20
-	for _, tc := range []struct{ name, tls, dev string }{
-		{"shm", "posix,cma,self", ""},
-		{"tcp", "tcp,self", "lo"},
-	} {
+	for _, tc := range ucxTransports {
 		t.Run(tc.name, func(t *testing.T) {
 			recv := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
 			send := newBoundUCXTransport(t, tc.tls, tc.dev, Config{})
 			tag := transport.Tag{Request: 42, Sub: 1, Seq: 3}
-			done, rch := completionChan()
-			id, err := recv.PostRecv(send.Self(), tag, recv.StagingMemory()[:size], done)
-			require.NoError(t, err)
-			recv.Cancel(id)
-			require.ErrorIs(t, awaitFinal(t, rch, 20*time.Second, "cancelled receive").Err, transport.ErrCancelled)
+			cancelledRecv(t, recv, send, tag, recv.StagingMemory()[:size], "cancelled receive")
 			next := tag
 			next.Seq += 2
-			done, rch = completionChan()
-			id, err = recv.PostRecv(send.Self(), next, recv.StagingMemory()[size:2*size], done)
-			require.NoError(t, err)
-			recv.Cancel(id)
-			require.ErrorIs(t, awaitFinal(t, rch, 20*time.Second, "the receive posted past it, cancelled").Err, transport.ErrCancelled)
+			cancelledRecv(t, recv, send, next, recv.StagingMemory()[size:2*size], "the receive posted past it, cancelled")
 			for _, seq := range []uint32{tag.Seq, tag.Seq + 1, next.Seq} {
-				sdone, sch := completionChan()
 				late := tag
 				late.Seq = seq
-				_, err = send.PostSend(recv.Self(), late, send.StagingMemory()[:size], sdone)
-				require.NoError(t, err)
-				sc := awaitFinal(t, sch, 20*time.Second, fmt.Sprintf("send of chunk %d", seq))
-				require.Equal(t, transport.MemoryDone, sc.Memory, "chunk %d: %v", seq, sc.Err)
+				sendDone(t, send, recv, late, send.StagingMemory()[:size], "")
 			}
 		})
 	}
+}
+
+// cancelledRecv posts a receive of tag from send into buf and cancels it at once: the
+// cancelled receive the drains start from.
+func cancelledRecv(t *testing.T, recv, send *ucxTransport, tag transport.Tag, buf []byte, what string) {
+	t.Helper()
+	done, rch := completionChan()
+	id, err := recv.PostRecv(send.Self(), tag, buf, done)
+	require.NoError(t, err)
+	recv.Cancel(id)
+	require.ErrorIs(t, awaitFinal(t, rch, 20*time.Second, what).Err, transport.ErrCancelled)
+}
+
+// sendDone sends buf as tag to recv and requires the send to complete with its memory done
+// (a drain took it).
+func sendDone(t *testing.T, send, recv *ucxTransport, tag transport.Tag, buf []byte, what string) {
+	t.Helper()
+	sdone, sch := completionChan()
+	_, err := send.PostSend(recv.Self(), tag, buf, sdone)
+	require.NoError(t, err)
+	sc := awaitFinal(t, sch, 20*time.Second, fmt.Sprintf("send of chunk %d %s", tag.Seq, what))
+	require.Equal(t, transport.MemoryDone, sc.Memory, "chunk %d: %v", tag.Seq, sc.Err)
 }
 
 // A request started again with the same id, sub-transfer and sender after its receives were
