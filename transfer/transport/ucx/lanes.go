@@ -228,6 +228,7 @@ func (t *ucxTransport) watchLane(l *ucxLane, peer transport.Peer, ep *native.End
 	if closed {
 		return
 	}
+	t.held.failed(peer)
 	t.log.Warn("ucx peer lost on a lane", zap.String("peer", peer.Short()), zap.Error(ep.Err()))
 	t.push(ucxReport{lost: peer, err: ep.Err()})
 }

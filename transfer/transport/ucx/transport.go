@@ -98,6 +98,8 @@ type ucxTransport struct {
 	// beforeUnpack, when set (tests), runs as a peer's remote key is about to be unpacked
 	// outside mu (ensureKey): a worker round trip too.
 	beforeUnpack func()
+	// held refuses new endpoints to a peer whose endpoint just failed (holdoff.go).
+	held holdoff
 
 	// tagOwners holds the tag hashes receiving transfers reserved (tags.go).
 	tagOwners map[uint64]ucxTagOwner
@@ -276,6 +278,9 @@ func (t *ucxTransport) connect(w *native.Worker, peer transport.Peer, hook func(
 	if err != nil || len(addr) == 0 {
 		return nil, fmt.Errorf("%w: peer %.16q is not a UCX worker address in hex", transport.ErrInvalidSpec, peer)
 	}
+	if err := t.held.check(peer); err != nil {
+		return nil, err
+	}
 	if hook != nil {
 		hook()
 	}
@@ -289,6 +294,7 @@ func (t *ucxTransport) connect(w *native.Worker, peer transport.Peer, hook func(
 			// fails, and the engine must hear it, or a request waits out its queue for a hello
 			// nobody sends (UCX's keepalive never runs on an endpoint that was never made).
 			t.log.Warn("ucx peer unreachable", zap.String("peer", peer.Short()), zap.Error(err))
+			t.held.failed(peer)
 			t.push(ucxReport{lost: peer, err: err})
 		}
 		return nil, fmt.Errorf("%w: connect: %w", transport.ErrPeerLost, err)
@@ -349,6 +355,9 @@ func (t *ucxTransport) watch(peer transport.Peer, ep *native.Endpoint) {
 	err := ep.Err()
 	if retired { // closed by replaceWorker: its transfers fail, the peer is not known dead
 		err = fmt.Errorf("%w: %w", transport.ErrEndpointRetired, err)
+	}
+	if !retired { // a retired endpoint's peer may be alive, and the new worker holds no connection of it
+		t.held.failed(peer)
 	}
 	t.log.Warn("ucx peer lost", zap.String("peer", peer.Short()), zap.Error(err))
 	t.push(ucxReport{lost: peer, err: err})
