@@ -28,7 +28,14 @@ type recorder struct {
 	mu     sync.Mutex
 	stamps []Stamp
 	last   uint64 // the request last marked by id: where MarkLast's stamps go
+	lastAt int64  // when it was marked
 }
+
+// lastWindow is how long after the last stamp by id MarkLast's stamps still go to that
+// request: long enough for a worker's commands and sleep after a request's last step, short
+// enough that an idle worker's periodic wakes (WorkerConfig.MaxSleep, 1 ms) between requests
+// are not charged to the one before.
+const lastWindow = 500 * time.Microsecond
 
 var on atomic.Pointer[recorder]
 
@@ -56,8 +63,9 @@ func Mark(id uint64, hop string) {
 	}
 }
 
-// MarkLast records hop for the request this process marked last: for points that do not know
-// their request (a UCX worker's wake), which is right only while one request runs at a time.
+// MarkLast records hop for the request this process marked last, if it did within lastWindow:
+// for points that do not know their request (a UCX worker's wake), which is right only while
+// one request runs at a time.
 func MarkLast(hop string) {
 	if r := on.Load(); r != nil {
 		r.add(0, hop, false)
@@ -69,8 +77,8 @@ func (r *recorder) add(id uint64, hop string, byID bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if byID {
-		r.last = id
-	} else if id = r.last; id == 0 {
+		r.last, r.lastAt = id, t
+	} else if id = r.last; id == 0 || t-r.lastAt > int64(lastWindow) {
 		return
 	}
 	if len(r.stamps) < maxStamps {

@@ -4,6 +4,7 @@ package hopstamp
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -57,4 +58,11 @@ func TestSummarize(t *testing.T) {
 	require.Len(t, got, 2)
 	require.Equal(t, uint64(7), got[1].ID, "MarkLast goes to the request marked last")
 	require.Equal(t, "y", got[1].Hop)
+
+	// Past lastWindow, a stamp that does not know its request is dropped.
+	Start()
+	Mark(8, "x")
+	time.Sleep(2 * lastWindow)
+	MarkLast("late")
+	require.Len(t, Stop(), 1)
 }
