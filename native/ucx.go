@@ -41,6 +41,8 @@ import (
 	"unsafe"
 
 	"go.uber.org/zap"
+
+	"github.com/kvxfer/kvxfer/internal/hopstamp"
 )
 
 func statusText(st C.ucs_status_t) string { return C.GoString(C.ucs_status_string(st)) }
@@ -411,7 +413,9 @@ func (w *Worker) loop(ready chan<- error) {
 			case C.UCS_OK:
 				// Every transport will signal the set when anything arrives or completes:
 				// sleep until then (or a command, Close, MaxSleep), no back-off.
+				hopstamp.MarkLast("worker sleeps")
 				w.wake.sleepArmed(w.sleepFor(w.cfg.MaxSleep), w.idle)
+				hopstamp.MarkLast("worker woke")
 				sleep = 0
 				continue
 			case C.UCS_ERR_BUSY:
@@ -543,6 +547,7 @@ func (w *Worker) runCommands() bool {
 	for i := 0; i < 256; i++ {
 		select {
 		case f := <-w.cmds:
+			hopstamp.MarkLast("worker runs a command")
 			f()
 		default:
 			return i > 0
@@ -588,7 +593,9 @@ func (w *Worker) submit(f func()) error {
 	}
 	select {
 	case w.cmds <- f:
+		hopstamp.MarkLast("submit queued")
 		w.wake.wake() // a full queue was woken for by whoever filled it
+		hopstamp.MarkLast("submit woke")
 		return nil
 	case <-w.stopReq:
 		return ErrClosed

@@ -22,24 +22,39 @@ import (
 // slept about 1.1 ms on the 2-core VM; docs/benchmarks.md, "Per-request overhead"), so a
 // sleeping loop holds no P the way a sleeping system call would:
 //
-//   - sleep: a read of a timerfd, which ends when the timer expires, or at once when a command
-//     or Close re-arms it to expire now (wake). The back-off of a worker UCX cannot wake.
-//   - sleepArmed: a wait on an epoll set that holds the same timerfd and, given to UCX as the
+//   - sleep: a wait on an epoll set of a timerfd and an eventfd (own), which ends when the
+//     timer expires, or at once when a command or Close writes the eventfd (wake). The
+//     back-off of a worker UCX cannot wake.
+//   - sleepArmed: a wait on an epoll set that holds the same two and, given to UCX as the
 //     worker's event fd (UCP_WORKER_PARAM_FIELD_EVENT_FD), UCX's own fds: after
 //     ucp_worker_arm said OK it ends when a message lands or an operation completes, as well
 //     as on the timer or a wake. The sleep of a worker UCX can wake.
+//
+// A wake writes the eventfd rather than re-arming the timer to expire now: on the 2-core
+// Firecracker VM the re-arm held its caller 31-34 us at the median and woke the loop after
+// 51-68 us, the write 8 us and 14 us (docs/benchmarks.md, "Where a one-block request's time
+// goes on this VM"); the caller is an engine's loop, whose request waits meanwhile.
 type waker struct {
-	f        *os.File // the timerfd, non-blocking: reads park in the poller
+	f        *os.File // the timerfd, non-blocking
 	fd       int
+	ev       int         // the eventfd, non-blocking: a wake writes it, each sleep drains it
 	sleeping atomic.Bool // set by the loop before it looks for work, then sleeps
+	woken    atomic.Bool // a wake wrote the eventfd since the loop began this sleep
+	wakes    atomic.Uint64
 
-	set   *os.File // the epoll set (nil: the worker cannot be woken by UCX)
+	own waitSet            // the timer and the eventfd
+	set waitSet            // the same and UCX's fds (setfd -1: the worker cannot be woken by UCX)
+	evs [8]unix.EpollEvent // the loop's: what a look at a set returns
+
+	mu     sync.Mutex // settime and the eventfd's write against close: never an fd number reused elsewhere
+	closed bool
+}
+
+// waitSet is an epoll set in the runtime's poller.
+type waitSet struct {
+	f     *os.File
 	setfd int
 	setrc syscall.RawConn
-	evs   [8]unix.EpollEvent // the loop's: what a look at the set returns
-
-	mu     sync.Mutex // settime against close: never an fd number reused elsewhere
-	closed bool
 }
 
 // newWaker makes a waker; with set, an epoll set too, for UCX to add its fds to (eventFD).
@@ -48,53 +63,61 @@ func newWaker(set bool) (*waker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ucx worker: timerfd for the progress loop's sleep: %w", err)
 	}
-	k := &waker{f: os.NewFile(uintptr(fd), "kvx-worker-timer"), fd: fd, setfd: -1}
-	if set {
-		if err := k.openSet(); err != nil {
-			_ = k.f.Close()
-			return nil, err
-		}
+	ev, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("ucx worker: eventfd for the progress loop's wake: %w", err)
+	}
+	k := &waker{f: os.NewFile(uintptr(fd), "kvx-worker-timer"), fd: fd, ev: ev, set: waitSet{setfd: -1}}
+	if k.own, err = k.openSet("kvx-worker-sleep"); err == nil && set {
+		k.set, err = k.openSet("kvx-worker-wakeup")
+	}
+	if err != nil {
+		k.close()
+		return nil, err
 	}
 	return k, nil
 }
 
-func (k *waker) openSet() error {
+// openSet makes an epoll set of the timer and the eventfd.
+func (k *waker) openSet(name string) (waitSet, error) {
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return fmt.Errorf("ucx worker: epoll set for UCX's wakeup: %w", err)
+		return waitSet{setfd: -1}, fmt.Errorf("ucx worker: epoll set for the loop's sleep: %w", err)
 	}
 	// Level-triggered, as UCX adds its own: the set stays readable while the timer has
-	// expired and nobody re-armed it.
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(k.fd)}
-	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, k.fd, &ev); err != nil {
-		_ = unix.Close(ep)
-		return fmt.Errorf("ucx worker: timerfd into the wakeup set: %w", err)
+	// expired and nobody re-armed it, or a wake is not drained.
+	for _, fd := range []int{k.fd, k.ev} {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			_ = unix.Close(ep)
+			return waitSet{setfd: -1}, fmt.Errorf("ucx worker: timerfd and eventfd into the sleep's set: %w", err)
+		}
 	}
 	// Non-blocking, so that os.NewFile puts the set itself into the runtime's poller: an epoll
 	// set is readable while anything in it is ready.
 	if err := unix.SetNonblock(ep, true); err != nil {
 		_ = unix.Close(ep)
-		return fmt.Errorf("ucx worker: wakeup set: %w", err)
+		return waitSet{setfd: -1}, fmt.Errorf("ucx worker: sleep's set: %w", err)
 	}
-	f := os.NewFile(uintptr(ep), "kvx-worker-wakeup")
+	f := os.NewFile(uintptr(ep), name)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		_ = f.Close()
-		return fmt.Errorf("ucx worker: wakeup set: %w", err)
+		return waitSet{setfd: -1}, fmt.Errorf("ucx worker: sleep's set: %w", err)
 	}
-	k.set, k.setfd, k.setrc = f, ep, rc
-	return nil
+	return waitSet{f: f, setfd: ep, setrc: rc}, nil
 }
 
 // eventFD is the epoll set UCX is to add its fds to, or -1 without one.
-func (k *waker) eventFD() int { return k.setfd }
+func (k *waker) eventFD() int { return k.set.setfd }
 
 // dropSet (the loop, when UCX would not take the set) closes the set: the worker sleeps on
-// the timer alone.
+// the timer and its wakes alone.
 func (k *waker) dropSet() {
-	if k.set != nil {
-		_ = k.set.Close()
-		k.set, k.setfd, k.setrc = nil, -1, nil
+	if k.set.f != nil {
+		_ = k.set.f.Close()
+		k.set = waitSet{setfd: -1}
 	}
 }
 
@@ -110,22 +133,50 @@ func (k *waker) arm(d time.Duration) {
 }
 
 // wake (any goroutine, after queueing a command or closing stopReq) ends the loop's sleep if
-// it sleeps. A wake that races the loop's own arm costs at most that sleep, never a lost
-// command: the loop looks for work each time it wakes.
+// it sleeps. A wake that races the loop's going to sleep costs at most a round, never a lost
+// command: the loop looks for work after it marks itself asleep and each time it wakes. Only
+// the first wake of a sleep writes the eventfd: the write costs its caller a system call and
+// the wake of a thread (8 us on the 2-core VM), and a command queued while that wake is on its
+// way runs with the first, since the loop runs every queued command when it wakes.
 func (k *waker) wake() {
-	if k.sleeping.Load() {
-		k.arm(0)
+	if k.sleeping.Load() && k.woken.CompareAndSwap(false, true) {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if !k.closed {
+			k.wakes.Add(1)
+			one := [8]byte{1}
+			_, _ = unix.Write(k.ev, one[:])
+		}
 	}
+}
+
+// beginSleep (the loop) drains the eventfd and marks the loop asleep, with no wake on its way
+// (a wake left over from an earlier sleep, one that raced the loop's waking, must not stand
+// for this one's), then sets the timer.
+func (k *waker) beginSleep(d time.Duration) {
+	k.woken.Store(false)
+	var b [8]byte
+	_, _ = unix.Read(k.ev, b[:]) // EAGAIN: nothing to drain
+	k.sleeping.Store(true)
+	k.arm(d)
+}
+
+// wait parks in the poller until something in s is ready. The runtime's poller reports the
+// set by edges; the look before each park sees what is ready already, so nothing that came
+// before the park is slept through.
+func (k *waker) wait(s waitSet) {
+	_ = s.setrc.Read(func(uintptr) bool {
+		n, err := unix.EpollWait(s.setfd, k.evs[:], 0)
+		return n > 0 || (err != nil && !errors.Is(err, unix.EINTR))
+	})
 }
 
 // sleep (the loop) waits up to d, unless idle reports there is work after all, or until
 // wake.
 func (k *waker) sleep(d time.Duration, idle func() bool) {
-	k.sleeping.Store(true)
-	k.arm(d)
+	k.beginSleep(d)
 	if idle() {
-		var b [8]byte
-		_, _ = k.f.Read(b[:]) // parks in the poller until the timer expires
+		k.wait(k.own)
 	}
 	k.sleeping.Store(false)
 }
@@ -134,15 +185,9 @@ func (k *waker) sleep(d time.Duration, idle func() bool) {
 // reports there is work after all, until wake, or until one of UCX's fds in the set is
 // ready: a message landed, an operation completed, UCX's keepalive is due.
 func (k *waker) sleepArmed(d time.Duration, idle func() bool) {
-	k.sleeping.Store(true)
-	k.arm(d)
+	k.beginSleep(d)
 	if idle() {
-		// The runtime's poller reports the set by edges; the look before each park sees what
-		// is ready already, so nothing that came before the park is slept through.
-		_ = k.setrc.Read(func(uintptr) bool {
-			n, err := unix.EpollWait(k.setfd, k.evs[:], 0)
-			return n > 0 || (err != nil && !errors.Is(err, unix.EINTR))
-		})
+		k.wait(k.set)
 	}
 	k.sleeping.Store(false)
 }
@@ -152,9 +197,12 @@ func (k *waker) close() {
 	defer k.mu.Unlock()
 	if !k.closed {
 		k.closed = true
-		_ = k.f.Close()
-		if k.set != nil {
-			_ = k.set.Close()
+		for _, s := range []waitSet{k.own, k.set} {
+			if s.f != nil {
+				_ = s.f.Close()
+			}
 		}
+		_ = k.f.Close()
+		_ = unix.Close(k.ev)
 	}
 }

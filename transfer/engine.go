@@ -240,6 +240,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive, expose bool) (*H
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	stampSide(spec.ID, receive, "Engine.start")
 	resolved := spec
 	if expose {
 		if err := spec.exposable(); err != nil {

@@ -31,6 +31,7 @@ func (in inbound) OnControl(from Peer, msg []byte) {
 	if !e.authentic(from, msg, m) {
 		return
 	}
+	stampIn(m)
 	switch m := m.(type) {
 	case *wire.Hello:
 		e.onHello(from, m)

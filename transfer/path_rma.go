@@ -91,6 +91,7 @@ func (x *xfer) askRMA() *rmaReceive {
 		// (the transfer aborts) claims nothing; one whose ranges are too small falls back,
 		// and that fallback's request is the claim.
 		r.oneHop, r.regions = true, regions
+		x.stamp("exposure parsed")
 		if r.offered(offer); !r.pulling {
 			return r
 		}
@@ -233,6 +234,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 		}
 	}
 	r.pulling, r.key, r.addr, r.gets, r.vecSrc = true, m.Key, m.Addr, gets, src
+	x.stamp("offer checked")
 	x.take(r)                              // now PathRMA
 	x.nChunks, x.recvSeen = len(gets), nil // layers are reported ready at the end
 	for range min(rmaGetsAhead, len(gets)) {

@@ -118,8 +118,10 @@ func (r *rmaReceive) copyInPlace() {
 	// waiting, then takes back its copies that no worker has begun.
 	x.moving++ // as toMover counts it: the copy's event settles it (movedDone)
 	x.movingPeer++
+	x.stamp("loop copy begins")
 	x.eng.movers.runHere(x, rec)
 	x.eng.movers.help(x)
+	x.stamp("loop copy ended")
 }
 
 // splitForLanes cuts ranges read in place so that their bytes make at least lanes jobs where

@@ -261,6 +261,7 @@ func (x *xfer) giveBackTags() {
 }
 
 func (x *xfer) run() {
+	x.stamp("goroutine runs")
 	defer x.eng.driverDone(x)
 	defer x.rememberEnded() // goodbye.go
 	defer x.giveBackTags()
@@ -645,6 +646,7 @@ func (x *xfer) handleEvent(ev event) {
 	}
 	switch {
 	case ev.op != nil && ev.moved:
+		x.stamp("copy event on loop")
 		x.movedDone(ev.op)
 	case ev.op != nil:
 		x.opDone(ev.op, ev.c)
@@ -662,6 +664,7 @@ func (x *xfer) handleEvent(ev event) {
 			return
 		}
 		x.heard.Store(true)
+		x.stampLoop(ev.msg)
 		switch m := ev.msg.(type) {
 		case *wire.Abort:
 			if m.Sub != x.wireSub && x.receive {

@@ -206,6 +206,7 @@ func (x *xfer) finish(ev Event, cause error) {
 	x.setAwaiting(false) // before the terminal event: a caller woken by it sees the count settled
 	x.releaseIdle()
 	x.apply(ev, cause)
+	x.stamp("finished")
 }
 
 func transportErr(err error) error {

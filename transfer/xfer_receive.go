@@ -40,9 +40,11 @@ func (x *xfer) sendRequestInfo() {
 	if p, ok := x.path.(requestFlags); ok && !p.request(ri) {
 		return
 	}
+	x.stamp("request to send")
 	if err := x.eng.tr.SendControl(x.peer, wire.Encode(ri)); err != nil {
 		x.log().Debug("request-info not sent; will retry", zap.Error(err))
 	}
+	x.stamp("request sent")
 }
 
 // receivedAll completes a receive once its last chunk has landed, on whichever path it ran
@@ -52,7 +54,9 @@ func (x *xfer) receivedAll() {
 		return
 	}
 	x.layersReady.Store(x.plan.Selection().Layers())
+	x.stamp("all moved")
 	_ = x.eng.tr.SendControl(x.peer, wire.Encode(&wire.Done{Header: x.head(), Bytes: x.plan.Bytes()}))
+	x.stamp("Done sent")
 	x.finish(evComplete, nil)
 }
 

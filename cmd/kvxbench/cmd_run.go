@@ -22,6 +22,7 @@ func cmdRun(ctx context.Context, args []string, out *outputs) error {
 	fs := newFlagSet("run", "run [flags]", out)
 	f.register(fs, time.Second)
 	sf.register(fs)
+	hops := fs.Bool("hops", false, "stamp each request's hops in both processes (the engine's steps, the UCX workers' wakes) and print each row's per-hop medians on stderr, joined by wall clock (docs/benchmarks.md); a worker's stamps are right at concurrency 1 only")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -47,6 +48,7 @@ func cmdRun(ctx context.Context, args []string, out *outputs) error {
 		return err
 	}
 	pr := bench.NewPrinter(out.Stdout, f.out.JSON)
+	cfg.Hops = *hops
 	if err := bench.Loopback(ctx, cfg, f.out.Output, perftest, out, pr.Add); err != nil {
 		return err
 	}

@@ -117,6 +117,12 @@ type RunConfig struct {
 	// HTTP is where this process serves its probes and /metrics; never handed to peers, which
 	// would all try to listen on it.
 	HTTP string `json:"-"`
+	// HopsDir, when set (Hops), turns on the hop stamps (internal/hopstamp) in both ends:
+	// each prefill rank writes its stamps to hopsFile(HopsDir, rank) when the decode end says
+	// bye, and the decode end prints each row's per-hop medians (hops.go).
+	HopsDir string `json:"hops_dir,omitempty"`
+	// Hops asks Loopback for the hop stamps (--hops): it makes HopsDir.
+	Hops bool `json:"-"`
 	// processHTTP is the endpoint serve opened at start on HTTP, for its engine to report
 	// through once made; nil: the engine opens its own.
 	processHTTP *observability

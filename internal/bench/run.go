@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
+	"github.com/kvxfer/kvxfer/internal/hopstamp"
 	"github.com/kvxfer/kvxfer/internal/peerproc/proc"
 	"github.com/kvxfer/kvxfer/native"
 )
@@ -40,6 +41,17 @@ func runBudget(c RunConfig) time.Duration {
 func Loopback(ctx context.Context, cfg RunConfig, o Output, perftestBin string, out *Outputs, add func(Result) error) error {
 	ctx, cancel := context.WithTimeout(ctx, runBudget(cfg))
 	defer cancel()
+	var rows *[]hopRow
+	if cfg.Hops {
+		dir, err := os.MkdirTemp("", "kvxbench-hops-")
+		if err != nil {
+			return fmt.Errorf("--hops: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		cfg.HopsDir, rows = dir, new([]hopRow)
+		hopstamp.Start()
+		defer func() { printHops(out.Stderr, cfg, *rows) }() // after the peers exited (below)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("open the control port: %w", err)
@@ -61,13 +73,15 @@ func Loopback(ctx context.Context, cfg RunConfig, o Output, perftestBin string, 
 	if err != nil {
 		return err
 	}
-	return driveDecode(ctx, cfg, o, perftestBin, "", ctrls, out, add)
+	return driveDecode(ctx, cfg, o, perftestBin, "", ctrls, out, add, rows)
 }
 
 // driveDecode makes the decode end's engine, exchanges engine addresses with every prefill
 // rank, and measures every scenario with its baseline. remoteHost is the prefill host of a
 // two-host run, empty for a loopback run.
-func driveDecode(ctx context.Context, cfg RunConfig, o Output, perftestBin, remoteHost string, ctrls []*control, out *Outputs, add func(Result) error) error {
+//
+// hops, where not nil, gets each timed row's request ids (run --hops).
+func driveDecode(ctx context.Context, cfg RunConfig, o Output, perftestBin, remoteHost string, ctrls []*control, out *Outputs, add func(Result) error, hops *[]hopRow) error {
 	eng, err := newEngineSide(cfg, roleDecode, 0)
 	if err != nil {
 		for _, c := range ctrls {
@@ -76,7 +90,7 @@ func driveDecode(ctx context.Context, cfg RunConfig, o Output, perftestBin, remo
 		return err
 	}
 	defer eng.Close()
-	d := &decodeEnd{cfg: cfg, eng: eng, ctrls: ctrls, remoteHost: remoteHost, rng: rand.New(rand.NewPCG(cfg.Seed, 0xdec0de))}
+	d := &decodeEnd{cfg: cfg, eng: eng, ctrls: ctrls, remoteHost: remoteHost, rng: rand.New(rand.NewPCG(cfg.Seed, 0xdec0de)), hopRows: hops}
 	for r, c := range ctrls {
 		addr, err := c.exchangeAddr(eng.Address())
 		if err != nil {
@@ -342,6 +356,10 @@ func Peer(ctx context.Context, a PeerArgs) error {
 // servePrefill is the prefill end after the hello, shared by peer and serve: it makes its
 // engine, exchanges engine addresses, and answers the decode end until bye.
 func servePrefill(ctx context.Context, c *control, cfg RunConfig, rank int) error {
+	if cfg.HopsDir != "" {
+		hopstamp.Start()
+		defer func() { _ = writeHops(cfg.HopsDir, rank) }() // the decode end reads it once this process exited
+	}
 	eng, err := newEngineSide(cfg, rolePrefill, rank)
 	if err != nil {
 		c.sendError(err)

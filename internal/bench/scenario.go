@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvxfer/kvxfer/internal/bench/perftest"
+	"github.com/kvxfer/kvxfer/internal/hopstamp"
 	"github.com/kvxfer/kvxfer/internal/kvplan"
 	"github.com/kvxfer/kvxfer/internal/transferdefaults"
 	"github.com/kvxfer/kvxfer/layout"
@@ -264,6 +265,10 @@ type decodeEnd struct {
 	flow   string
 	rng    *rand.Rand
 	nextID uint64
+	// hopRows, where not nil (run --hops), gets each timed row's request ids, and hopIDs
+	// collects the row being measured (round).
+	hopRows *[]hopRow
+	hopIDs  map[uint64]bool
 }
 
 // scenario is one row of the table: a prompt length at a concurrency.
@@ -410,6 +415,10 @@ func (d *decodeEnd) measure(ctx context.Context, s scenario, o Output, bar *prog
 		return res, err
 	}
 	d.paths = nil // the warm-up's do not count
+	if d.hopRows != nil {
+		d.hopIDs = map[uint64]bool{}
+		defer func() { *d.hopRows, d.hopIDs = append(*d.hopRows, hopRow{res.Name, d.hopIDs}), nil }()
+	}
 	var lat latencies
 	var wall time.Duration
 	var gatherNs, scatterNs int64
@@ -541,6 +550,10 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 		id := op.req.ID
 		m := &timedMover{pool: d.pools[op.subs[0].decodeRank]}
 		t := time.Now()
+		if d.hopIDs != nil {
+			d.hopIDs[id] = true
+			hopstamp.Mark(id, "bench Receive called")
+		}
 		var h pendingXfer
 		var err error
 		if d.flow == SenderExpose {
@@ -573,6 +586,7 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 			select {
 			case <-p.h.Done():
 				ends[i] = time.Now()
+				hopstamp.Mark(p.id, "bench waiter awake")
 			case <-ctx.Done():
 			}
 		}()

@@ -117,7 +117,7 @@ func Connect(ctx context.Context, cfg RunConfig, addr, perftestBin string, o Out
 	}
 	// The baseline's server runs on the serve host, started over the control connection.
 	pr := NewPrinter(out.Stdout, o.JSON)
-	if err := driveDecode(ctx, cfg, o, perftestBin, host, []*control{c}, out, pr.Add); err != nil {
+	if err := driveDecode(ctx, cfg, o, perftestBin, host, []*control{c}, out, pr.Add, nil); err != nil {
 		return err
 	}
 	return pr.Finish(o.Plot)

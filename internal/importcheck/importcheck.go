@@ -45,19 +45,22 @@ type Floor struct {
 // low because a user never imports them (issue 27 moved them out of the public surface):
 // internal/kvplan, the plan arithmetic the movers and transports use, just above layout (it
 // imports only layout); internal/cmastats and internal/transportimpl (the route from a
-// ucx.Transport to its implementation), which import nothing of ours, below transfer.
+// ucx.Transport to its implementation), which import nothing of ours, below transfer; and
+// internal/hopstamp, kvxbench --hops's stamps, which imports nothing of ours, below native,
+// whose workers and transfer's steps it stamps.
 var Floors = []Floor{
 	{Folder: "layout"},
 	{Folder: "internal/peerproc"},
 	{Folder: "internal/transferdefaults"},
 	{Folder: "internal/cmastats"},
 	{Folder: "internal/transportimpl"},
+	{Folder: "internal/hopstamp"},
 	{Folder: "internal/kvplan", MayImport: []string{"layout"}},
 	{Folder: "cuda", MayImport: []string{"layout", "internal/kvplan"}},
-	{Folder: "native", MayImport: []string{"layout", "internal/kvplan", "cuda", "internal/peerproc"}},
+	{Folder: "native", MayImport: []string{"layout", "internal/kvplan", "cuda", "internal/peerproc", "internal/hopstamp"}},
 	{Folder: "buffer", MayImport: []string{"layout", "native"}},
 	{Folder: "transfer", MayImport: []string{"layout", "internal/kvplan", "cuda", "native", "buffer", "internal/peerproc",
-		"internal/transferdefaults", "internal/cmastats", "internal/transportimpl"}},
+		"internal/transferdefaults", "internal/cmastats", "internal/transportimpl", "internal/hopstamp"}},
 	{Folder: "internal", MayImport: []string{"layout", "cuda", "native", "buffer", "transfer"}},
 	{Folder: "cmd", MayImport: []string{"layout", "cuda", "native", "buffer", "transfer", "internal"}},
 	// An example imports only what a user's program can: the library, not internal/.

@@ -41,7 +41,7 @@ func TestCheck(t *testing.T) {
 		{
 			desc: "native may not import transfer (an arrow up a floor)",
 			pkg:  Package{ImportPath: m + "native/internal/ucxpeer", Imports: []string{m + "native", m + "transfer", "fmt"}},
-			want: []string{"native/internal/ucxpeer imports transfer: native/ may import only layout/, internal/kvplan/, cuda/, internal/peerproc/ (imports point down)"},
+			want: []string{"native/internal/ucxpeer imports transfer: native/ may import only layout/, internal/kvplan/, cuda/, internal/peerproc/, internal/hopstamp/ (imports point down)"},
 		},
 		{
 			desc: "layout imports no other package of ours, its own subpackages aside",
@@ -58,14 +58,14 @@ func TestCheck(t *testing.T) {
 			pkg: Package{ImportPath: m + "transfer", Imports: []string{m + "buffer", m + "cmd/kvxbench"},
 				TestImports: []string{m + "examples/disagg", m + "internal/peerproc"}},
 			want: []string{
-				"transfer imports cmd/kvxbench: transfer/ may import only layout/, internal/kvplan/, cuda/, native/, buffer/, internal/peerproc/, internal/transferdefaults/, internal/cmastats/, internal/transportimpl/ (imports point down)",
-				"transfer imports examples/disagg: transfer/ may import only layout/, internal/kvplan/, cuda/, native/, buffer/, internal/peerproc/, internal/transferdefaults/, internal/cmastats/, internal/transportimpl/ (imports point down)",
+				"transfer imports cmd/kvxbench: transfer/ may import only layout/, internal/kvplan/, cuda/, native/, buffer/, internal/peerproc/, internal/transferdefaults/, internal/cmastats/, internal/transportimpl/, internal/hopstamp/ (imports point down)",
+				"transfer imports examples/disagg: transfer/ may import only layout/, internal/kvplan/, cuda/, native/, buffer/, internal/peerproc/, internal/transferdefaults/, internal/cmastats/, internal/transportimpl/, internal/hopstamp/ (imports point down)",
 			},
 		},
 		{
 			desc: "transfer may not import internal/ beyond the test harness and its defaults",
 			pkg:  Package{ImportPath: m + "transfer/observe", Imports: []string{m + "transfer", m + "internal/stress"}},
-			want: []string{"transfer/observe imports internal/stress: transfer/ may import only layout/, internal/kvplan/, cuda/, native/, buffer/, internal/peerproc/, internal/transferdefaults/, internal/cmastats/, internal/transportimpl/ (imports point down)"},
+			want: []string{"transfer/observe imports internal/stress: transfer/ may import only layout/, internal/kvplan/, cuda/, native/, buffer/, internal/peerproc/, internal/transferdefaults/, internal/cmastats/, internal/transportimpl/, internal/hopstamp/ (imports point down)"},
 		},
 		{
 			desc: "a peer binary under transfer imports transfer: one floor",
