@@ -25,14 +25,15 @@ import (
 //   - sleep: a wait on an epoll set of the loop's own (quiet) that holds a timerfd and an
 //     eventfd: it ends when the timer expires, or at once when a command or Close writes the
 //     eventfd (wake). The back-off of a worker UCX cannot wake, or whose arm said BUSY.
-//   - sleepArmed: a wait on an epoll set that holds the quiet set and, given to UCX as the
-//     worker's event fd (UCP_WORKER_PARAM_FIELD_EVENT_FD), UCX's own fds: after
+//   - sleepArmed: a wait on an epoll set that holds the same timerfd and eventfd and, given
+//     to UCX as the worker's event fd (UCP_WORKER_PARAM_FIELD_EVENT_FD), UCX's own fds: after
 //     ucp_worker_arm said OK it ends when a message lands or an operation completes, as well
 //     as on the timer or a wake. The sleep of a worker UCX can wake.
 //
-// A wake writes the eventfd, not the timer: a timerfd re-armed to expire at once took 40-65 us
-// of system time per wake on the 2-core Firecracker VM (its LAPIC deadline timer traps to the
-// host), and every command to a sleeping worker paid it (BenchmarkWakerWake).
+// A wake writes the eventfd, not the timer: a timerfd re-armed to expire at once took 32-47 us
+// inside timerfd_settime on the 2-core Firecracker VM (likely its LAPIC deadline timer, which
+// the hypervisor traps), and every command to a sleeping worker paid it; the eventfd write
+// takes about 1 us (BenchmarkWakerWake).
 type waker struct {
 	f        *os.File // the timerfd, non-blocking
 	fd       int
@@ -44,10 +45,7 @@ type waker struct {
 	quietfd int
 	quietrc syscall.RawConn
 
-	// set holds the quiet set (nested: with the timerfd and the eventfd in both sets a wake
-	// took 500 us to end an armed sleep, against 3 us nested; BenchmarkWakerWake) and UCX's
-	// fds. Nil: the worker cannot be woken by UCX.
-	set   *os.File
+	set   *os.File // the timerfd, the eventfd and UCX's fds (nil: UCX cannot wake the worker)
 	setfd int
 	setrc syscall.RawConn
 	evs   [8]unix.EpollEvent // the loop's: what a look at a set returns
@@ -68,11 +66,11 @@ func newWaker(set bool) (*waker, error) {
 		return nil, fmt.Errorf("ucx worker: eventfd for the progress loop's wake: %w", err)
 	}
 	k := &waker{f: os.NewFile(uintptr(fd), "kvx-worker-timer"), fd: fd, ev: ev, setfd: -1}
-	quiet, rc, qfd, err := k.openSet(k.fd, k.ev)
+	quiet, rc, qfd, err := k.openSet()
 	if err == nil {
 		k.quiet, k.quietrc, k.quietfd = quiet, rc, qfd
 		if set {
-			k.set, k.setrc, k.setfd, err = k.openSet(qfd)
+			k.set, k.setrc, k.setfd, err = k.openSet()
 		}
 	}
 	if err != nil {
@@ -82,15 +80,15 @@ func newWaker(set bool) (*waker, error) {
 	return k, nil
 }
 
-// openSet makes an epoll set that holds fds, in the runtime's poller.
-func (k *waker) openSet(fds ...int) (*os.File, syscall.RawConn, int, error) {
+// openSet makes an epoll set that holds the timerfd and the eventfd, in the runtime's poller.
+func (k *waker) openSet() (*os.File, syscall.RawConn, int, error) {
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, nil, -1, fmt.Errorf("ucx worker: epoll set for the progress loop's sleep: %w", err)
 	}
 	// Level-triggered, as UCX adds its own: the set stays readable while the timer has
 	// expired and nobody re-armed it, or a wake was not drained.
-	for _, fd := range fds {
+	for _, fd := range []int{k.fd, k.ev} {
 		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
 		if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 			_ = unix.Close(ep)
@@ -183,9 +181,9 @@ func (k *waker) sleepArmed(d time.Duration, idle func() bool) {
 	k.sleeping.Store(false)
 }
 
-// wait parks in the runtime's poller until the set fd (read through rc) is ready. The poller reports the
-// set by edges; the look before each park sees what is ready already, so nothing that came
-// before the park is slept through.
+// wait parks in the runtime's poller until the set fd (read through rc) is ready. The poller
+// reports the set by edges; the look before each park sees what is ready already, so nothing
+// that came before the park is slept through.
 func (k *waker) wait(rc syscall.RawConn, fd int) {
 	_ = rc.Read(func(uintptr) bool {
 		n, err := unix.EpollWait(fd, k.evs[:], 0)
