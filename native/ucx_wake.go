@@ -30,7 +30,7 @@ import (
 //     ucp_worker_arm said OK it ends when a message lands or an operation completes, as well
 //     as on the timer or a wake. The sleep of a worker UCX can wake.
 //
-// A wake writes the eventfd, not the timer: a timerfd re-armed to expire at once took 32-47 us
+// A wake writes the eventfd, not the timer: a timerfd re-armed to expire at once took 32-53 us
 // inside timerfd_settime on the 2-core Firecracker VM (likely its LAPIC deadline timer, which
 // the hypervisor traps), and every command to a sleeping worker paid it; the eventfd write
 // takes about 1 us (BenchmarkWakerWake).

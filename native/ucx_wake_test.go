@@ -316,7 +316,7 @@ func TestWaker_AWakeEndsOneSleep(t *testing.T) {
 // What a wake costs the goroutine that queues a command for a sleeping worker (each of a
 // request's sends, receives and cancels is one): us_wake is the time inside wake, us_woken
 // from the wake until the sleep returned. The timerfd re-armed to expire at once, as wakes
-// were made before, took 32-47 us per wake on the 2-core Firecracker VM (likely its LAPIC
+// were made before, took 32-53 us per wake on the 2-core Firecracker VM (likely its LAPIC
 // deadline timer, which the hypervisor traps); the eventfd write about 1 us.
 func BenchmarkWakerWake(b *testing.B) {
 	for _, tc := range wakerSleeps {
