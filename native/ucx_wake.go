@@ -135,9 +135,9 @@ func (k *waker) arm(d time.Duration) {
 // wake (any goroutine, after queueing a command or closing stopReq) ends the loop's sleep if
 // it sleeps. A wake that races the loop's going to sleep costs at most a round, never a lost
 // command: the loop looks for work after it marks itself asleep and each time it wakes. Only
-// the first wake of a sleep writes the eventfd: the write costs its caller a system call and
-// the wake of a thread (8 us on the 2-core VM), and a command queued while that wake is on its
-// way runs with the first, since the loop runs every queued command when it wakes.
+// the first wake of a sleep writes the eventfd: the write costs its caller a system call (1-2
+// us on the 2-core VM) and wakes a thread, and a command queued while that wake is on its way
+// runs with the first, since the loop runs every queued command when it wakes.
 func (k *waker) wake() {
 	if k.sleeping.Load() && k.woken.CompareAndSwap(false, true) {
 		k.mu.Lock()
