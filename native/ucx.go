@@ -284,6 +284,7 @@ type Worker struct {
 	// until then, and spins only briefly for receives (Worker.spin).
 	wakeable    bool
 	inFlight    int         // loop-owned: pending requests that are not receives
+	awaited     int         // loop-owned: pending IOV receives, each awaiting a message (spin)
 	lastCommand time.Time   // loop-owned: when the loop last ran a command (commandSpin)
 	sched       *schedWatch // loop-owned: whether goroutines wait for a P (spin)
 	// emptyRounds counts the loop's progress rounds that found nothing to do (for tests).
@@ -458,7 +459,11 @@ const wakeSpin = 20 * time.Microsecond
 // transfers at wire speed while operations are in flight; on a worker UCX cannot wake it is
 // also what keeps a reply from waiting out the back-off. So: SpinRounds rounds while anything
 // is pending, except that a worker UCX can wake with only receives pending (the transport's
-// standing control receive is always pending) spins at most wakeSpin.
+// standing control receive is always pending) spins at most wakeSpin, and commandSpin after a
+// command only while no IOV receive awaits its message: that message wakes the worker, and the
+// next command of its request comes after it (over TCP the spin after a direct receiver's claim
+// saved nothing and took a core from the peer answering it, docs/benchmarks.md, "The TCP
+// 32-token request hop by hop on this host").
 func (w *Worker) spin(empty int, quiet time.Time) bool {
 	if len(w.pending) == 0 || empty >= w.cfg.SpinRounds {
 		return false
@@ -476,7 +481,7 @@ func (w *Worker) spin(empty int, quiet time.Time) bool {
 	if time.Since(quiet) < ws {
 		return true
 	}
-	return time.Since(w.lastCommand) < commandSpin && !w.sched.othersWait(empty)
+	return w.awaited == 0 && time.Since(w.lastCommand) < commandSpin && !w.sched.othersWait(empty)
 }
 
 // schedWatch tells a worker's command spin whether goroutines of this process wait for a P.

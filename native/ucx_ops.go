@@ -148,7 +148,7 @@ func (ep *Endpoint) TagRecvIOV(mem *Memory, segs []Segment, tag, mask uint64) *R
 		return w.failed(opTagRecv, err)
 	}
 	r := w.newRequest(opTagRecv, mem, ep)
-	r.cbuf = arr
+	r.cbuf, r.awaited = arr, true
 	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
 		var creq unsafe.Pointer
 		var got C.size_t

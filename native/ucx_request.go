@@ -55,6 +55,7 @@ type Request struct {
 	settled     atomic.Bool    // UCX released the request and its memory (see Settled)
 	cbuf        unsafe.Pointer // C memory the operation owns: a message copy or an iov array
 	copyOut     bool           // cbuf is a TagRecvBytes buffer: copy it into data on success
+	awaited     bool           // a TagRecvIOV receive: its message wakes the worker (Worker.awaited)
 	onDone      func(error)
 
 	// Final once done is closed.
@@ -146,6 +147,9 @@ func (w *Worker) track(r *Request, st C.ucs_status_t, creq unsafe.Pointer, lengt
 		if r.kind != opTagRecv {
 			w.inFlight++
 		}
+		if r.awaited {
+			w.awaited++
+		}
 		if r.ep != nil {
 			if r.kind == opTagRecv {
 				r.ep.recvs[r] = struct{}{}
@@ -169,6 +173,9 @@ func (r *Request) finish(err error, length int64) {
 		delete(r.w.pending, r)
 		if r.kind != opTagRecv {
 			r.w.inFlight--
+		}
+		if r.awaited {
+			r.w.awaited--
 		}
 		if r.ep != nil {
 			if r.kind == opTagRecv {

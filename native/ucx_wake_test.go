@@ -389,3 +389,72 @@ func BenchmarkWakerWake(b *testing.B) {
 		})
 	}
 }
+
+// The command spin saves the wake of a command that follows within 150 us. A worker that
+// awaits a message into an IOV receive (the direct path's, after its claim went out) is woken
+// by that message, and its next command (the Done) comes only after it: over TCP its spin
+// saved nothing and, on a host with few cores, delayed the peer that had to answer the claim
+// (docs/benchmarks.md, "The TCP 32-token request hop by hop on this host"). So such a worker
+// arms at once after a command, and one with only other receives pending still spins. Counted
+// in rounds, with the 20 us spin after activity shortened to nothing: while an IOV receive is
+// pending at most one of five commands is followed by 2*armBusyRounds empty rounds or more (a
+// keepalive or an arm that says BUSY adds up to armBusyRounds to one), without one the most of
+// five at least that (the spin made 122 to 273; under load the scheduler watch may skip some).
+func TestWorker_NoCommandSpinWhileAMessageIsAwaited(t *testing.T) {
+	for _, tr := range transports {
+		for _, tc := range []struct {
+			name     string
+			awaiting bool // an IOV receive is pending besides the standing one
+		}{
+			{"an IOV receive pending: arms at once", true},
+			{"other receives alone: spins", false},
+		} {
+			t.Run(tr.name+"/"+tc.name, func(t *testing.T) {
+				// Ps enough that the scheduler watch never sees goroutines wait for one (the
+				// two workers, this goroutine): the spin is then the command's alone to decide.
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+				p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{wakeSpin: time.Nanosecond})
+				require.True(t, p.b.wakeable)
+				dst := alloc(t, p.ctxB, 4096)
+				// Never matched: receives are pending. Cancelled before dst's Close (cleanups
+				// run last first).
+				pending := []*Request{p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0))}
+				if tc.awaiting {
+					pending = append(pending, p.ba.TagRecvIOV(dst, []Segment{{0, 1024}, {2048, 1024}}, 8, ^uint64(0)))
+				}
+				t.Cleanup(func() {
+					for _, r := range pending {
+						require.True(t, r.Cancel())
+						select {
+						case <-r.Done():
+						case <-time.After(10 * time.Second):
+							t.Error("a cancelled receive never completed")
+						}
+					}
+				})
+				var each []uint64
+				for range 5 {
+					asleep(t, p.b)
+					before := p.b.emptyRounds.Load()
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					require.NoError(t, p.b.call(ctx, func() {}))
+					cancel()
+					asleep(t, p.b)
+					each = append(each, p.b.emptyRounds.Load()-before)
+				}
+				t.Logf("empty rounds after each command: %v", each)
+				if tc.awaiting {
+					spun := 0
+					for _, n := range each {
+						if n >= 2*armBusyRounds {
+							spun++
+						}
+					}
+					require.Less(t, spun, 2, "commands followed by a spin: empty rounds between a command and the sleep %v", each)
+				} else {
+					require.GreaterOrEqual(t, slices.Max(each), uint64(2*armBusyRounds), "empty rounds between a command and the sleep: %v", each)
+				}
+			})
+		}
+	}
+}
