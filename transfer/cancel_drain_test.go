@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -29,8 +30,13 @@ func TestL11_DrainReceivePostedWhileAbortingHasItsGraceAndQuarantine(t *testing.
 	p := newPair(t, fastConfig(), recvCfg)
 	// Chunk 1 hangs on the wire once a receive matches it (the drain's receive does), and
 	// neither side's cancel reaches it: a frozen peer's message, mid-way.
+	sent := make(chan struct{}) // closed when the sender posts chunk 1
+	var once sync.Once
 	p.net.SetFault(func(fp mem.FaultPoint) mem.Fault {
 		hang := fp.Kind == wire.KindData && fp.Tag.Seq == 1
+		if hang {
+			once.Do(func() { close(sent) })
+		}
 		return mem.Fault{Hang: hang, IgnoreCancel: hang}
 	})
 	src, dst := pools(t, 4)
@@ -40,6 +46,10 @@ func TestL11_DrainReceivePostedWhileAbortingHasItsGraceAndQuarantine(t *testing.
 	hr, err := p.dst.Receive(bg, Spec{ID: 1, Peer: "prefill", Plan: dst.plan, Pool: dst.mem, Mover: m})
 	require.NoError(t, err)
 	waitClosed(t, m.entered, "the receiver scattering chunk 0 (its one slot)")
+	// The drain matches chunk 1 only if it is on its way: on a loaded host the sender may not
+	// have posted it yet, and an abort that reached the sender first would leave nothing to
+	// hang (CI at load 6: the drain's cancel was clean and no slot poisoned).
+	waitClosed(t, sent, "the sender posting chunk 1")
 	require.Equal(t, CancelRequestedInFlight, p.dst.Cancel(1))
 	m.let() // the scatter ends while aborting: the drain's receive goes out and matches chunk 1
 
