@@ -184,6 +184,24 @@ func TestWorker_ReceivesAloneSpinBriefly(t *testing.T) {
 	}
 }
 
+// roundsAfterCommands runs n empty commands on w, each from one sleep of its loop to the next,
+// and returns the empty progress rounds the loop made after each: a spin after a command makes
+// over a hundred, an arm at once a few.
+func roundsAfterCommands(t *testing.T, w *Worker, n int) []uint64 {
+	t.Helper()
+	each := make([]uint64, 0, n)
+	for range n {
+		asleep(t, w)
+		before := w.emptyRounds.Load()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		require.NoError(t, w.call(ctx, func() {}))
+		cancel()
+		asleep(t, w)
+		each = append(each, w.emptyRounds.Load()-before)
+	}
+	return each
+}
+
 // A worker UCX cannot wake (a context without UCP_FEATURE_WAKEUP) keeps the polling loop:
 // messages and commands still reach it.
 func TestWorker_WithoutWakeupPolls(t *testing.T) {
@@ -246,16 +264,7 @@ func TestWorker_NoSpinWhileGoroutinesWaitForAP(t *testing.T) {
 					}
 				}()
 			}
-			least := ^uint64(0)
-			for range 5 {
-				asleep(t, p.b)
-				before := p.b.emptyRounds.Load()
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				require.NoError(t, p.b.call(ctx, func() {}))
-				cancel()
-				asleep(t, p.b)
-				least = min(least, p.b.emptyRounds.Load()-before)
-			}
+			least := slices.Min(roundsAfterCommands(t, p.b, 5))
 			// The fewest of five: a keepalive or an arm that says BUSY can add up to armBusyRounds
 			// rounds to one command's count; the spin adds over a hundred to every one.
 			require.Less(t, least, uint64(2*armBusyRounds), "empty rounds between a command and the sleep, with goroutines waiting for a P")
@@ -432,16 +441,7 @@ func TestWorker_NoCommandSpinWhileAMessageIsAwaited(t *testing.T) {
 						}
 					}
 				})
-				var each []uint64
-				for range 5 {
-					asleep(t, p.b)
-					before := p.b.emptyRounds.Load()
-					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-					require.NoError(t, p.b.call(ctx, func() {}))
-					cancel()
-					asleep(t, p.b)
-					each = append(each, p.b.emptyRounds.Load()-before)
-				}
+				each := roundsAfterCommands(t, p.b, 5)
 				t.Logf("empty rounds after each command: %v", each)
 				if tc.awaiting {
 					spun := 0
