@@ -204,8 +204,11 @@ type WorkerConfig struct {
 	UnexpectedBytes int64
 	// Logger receives endpoint failures and close events; default the context's logger.
 	Logger *zap.Logger
-	// fixedSleep, when set, is every sleep of the loop, unchecked: tests make a worker whose
-	// every sleep lasts seconds, so that what ends one early is seen.
+	// fixedSleep, when set, is every armed sleep of the loop (one UCX can end), unchecked:
+	// tests make a worker whose armed sleeps last seconds, so that what ends one early is
+	// seen. The back-off after ucp_worker_arm said BUSY keeps its own 10 us to MaxSleep: UCX
+	// cannot end that sleep, and a test's message that came during one used to wait out the
+	// seconds (a flake of TestWorker_UCXWakesTheSleepForAMessage, 3 runs in 60 on a loaded host).
 	fixedSleep time.Duration
 	// wakeSpin, when set, replaces the spin after activity (wakeSpin): tests shorten it to
 	// see the command spin alone.
@@ -415,7 +418,7 @@ func (w *Worker) loop(ready chan<- error) {
 				// Every transport will signal the set when anything arrives or completes:
 				// sleep until then (or a command, Close, MaxSleep), no back-off.
 				hopstamp.MarkLast("worker sleeps")
-				w.wake.sleepArmed(w.sleepFor(w.cfg.MaxSleep), w.idle)
+				w.wake.sleepArmed(w.armedSleep(), w.idle)
 				hopstamp.MarkLast("worker woke")
 				sleep = 0
 				continue
@@ -434,15 +437,16 @@ func (w *Worker) loop(ready chan<- error) {
 		} else if sleep *= 2; sleep > w.cfg.MaxSleep {
 			sleep = w.cfg.MaxSleep
 		}
-		w.wake.sleep(w.sleepFor(sleep), w.idle)
+		w.wake.sleep(sleep, w.idle)
 	}
 }
 
-func (w *Worker) sleepFor(d time.Duration) time.Duration {
+// armedSleep is how long an armed sleep may last: MaxSleep, or a test's fixedSleep.
+func (w *Worker) armedSleep() time.Duration {
 	if w.cfg.fixedSleep > 0 {
 		return w.cfg.fixedSleep
 	}
-	return d
+	return w.cfg.MaxSleep
 }
 
 // armBusyRounds is how many times in a row ucp_worker_arm may say BUSY, each followed by an

@@ -39,6 +39,7 @@ type waker struct {
 	fd       int
 	ev       int         // the eventfd, non-blocking: a wake writes it, each sleep drains it
 	sleeping atomic.Bool // set by the loop before it looks for work, then sleeps
+	armed    atomic.Bool // sleeping in sleepArmed: UCX's fds can end this sleep
 	woken    atomic.Bool // a wake wrote the eventfd since the loop began this sleep
 	wakes    atomic.Uint64
 
@@ -185,11 +186,13 @@ func (k *waker) sleep(d time.Duration, idle func() bool) {
 // reports there is work after all, until wake, or until one of UCX's fds in the set is
 // ready: a message landed, an operation completed, UCX's keepalive is due.
 func (k *waker) sleepArmed(d time.Duration, idle func() bool) {
+	k.armed.Store(true)
 	k.beginSleep(d)
 	if idle() {
 		k.wait(k.set)
 	}
 	k.sleeping.Store(false)
+	k.armed.Store(false)
 }
 
 func (k *waker) close() {

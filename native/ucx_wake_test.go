@@ -76,8 +76,16 @@ func asleep(t *testing.T, w *Worker) {
 		"the worker never went to sleep")
 }
 
+// asleepArmed waits until w's loop sleeps armed: in the sleep UCX ends for a message, not in
+// the back-off that follows ucp_worker_arm's BUSY, which only its timer, a command or Close ends.
+func asleepArmed(t *testing.T, w *Worker) {
+	t.Helper()
+	require.Eventually(t, func() bool { return w.wake.sleeping.Load() && w.wake.armed.Load() }, 10*time.Second, 100*time.Microsecond,
+		"the worker never went to sleep armed")
+}
+
 // A worker UCX can wake (shared memory and TCP both can) sleeps until a message lands, not
-// until a timer: with every sleep made 20 s long, a message to a worker that went to sleep
+// until a timer: with every armed sleep made 20 s long, a message to a worker that went to sleep
 // waiting for it is still received at once (within 5 s on a loaded box; a worker that waited
 // for its timer would take the whole 20 s). The same worker then ends its sleep for a
 // command and for Close.
@@ -92,7 +100,7 @@ func TestWorker_UCXWakesTheSleepForAMessage(t *testing.T) {
 			require.NoError(t, src.FillPattern(0, 4096, 0, 5))
 			for i := range 3 {
 				recv := p.ba.TagRecv(dst, 0, 4096, uint64(100+i), ^uint64(0))
-				asleep(t, p.b) // the receive posted, nothing to do until the message
+				asleepArmed(t, p.b) // the receive posted, nothing to do until the message
 				start := time.Now()
 				send := p.ab.TagSend(src, 0, 4096, uint64(100+i))
 				waitAll(t, bound, recv, send)
@@ -102,7 +110,7 @@ func TestWorker_UCXWakesTheSleepForAMessage(t *testing.T) {
 				require.Equal(t, int64(-1), bad)
 			}
 			// A command ends the armed sleep.
-			asleep(t, p.b)
+			asleepArmed(t, p.b)
 			ctx, cancel := context.WithTimeout(context.Background(), bound)
 			defer cancel()
 			require.NoError(t, p.b.call(ctx, func() {}))
@@ -126,7 +134,7 @@ func TestWorker_CloseEndsAnArmedSleep(t *testing.T) {
 			m, err := c.Allocate(64)
 			require.NoError(t, err)
 			recv := w.TagRecv(m, 0, 64, 1, ^uint64(0))
-			asleep(t, w)
+			asleepArmed(t, w)
 			done := make(chan error, 1)
 			go func() { done <- w.Close() }()
 			select {
