@@ -157,6 +157,10 @@ type opRec struct {
 	// vec is the offered pool's plan where batch are chunks of the stream whose small pieces
 	// are copied one by one (rma_vector.go, copyPieces); nil: batch are pool ranges.
 	vec *layout.Plan
+	// share is a short request's ranges read in place, which this record's copy takes one by
+	// one with the other participants' (rma_inplace.go); the copy sets batch to those it
+	// copied.
+	share *inPlaceShare
 	// done is a staging record's completion callback, made once (stagingRec); listed: it is
 	// in x.ops.
 	done   func(transport.Completion)
