@@ -66,6 +66,25 @@ func (x *xfer) rmaInPlaceLikely() bool {
 	return maps && !x.getsEmulated(rt)
 }
 
+// inPlaceSoon (a Receive, as it starts) reports whether its first copy in place is about
+// 55-80 us away, worth a mover's standby (moverPool.standby): its params carry a one-hop
+// exposure, so the offer is in hand; the transport maps peers' memory and has more than one
+// lane; and the request is short (copyShared), so its loop copies too and would otherwise
+// copy alone while a mover wakes.
+func (x *xfer) inPlaceSoon() bool {
+	if !x.receive || !x.hostPool || x.eng.cfg.Tuning.DisableInPlaceReads || x.plan.Bytes() > inPlaceLoopBytes {
+		return false
+	}
+	if _, maps := x.eng.tr.(transport.RMAMapper); !maps {
+		return false
+	}
+	if l, ok := x.eng.tr.(transport.RMALanes); !ok || l.GetLanes() < 2 {
+		return false
+	}
+	e, _, err := x.oneHopSection()
+	return err == nil && e != nil
+}
+
 // rmaInPlace reports how this receiver may read the offer in place, or nil: gets.
 func (x *xfer) rmaInPlace() *rmaInPlace {
 	mp, ok := x.eng.tr.(transport.RMAMapper)

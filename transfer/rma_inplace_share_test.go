@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -145,4 +146,72 @@ func TestMoverPool_HelpTakesBackAnEmptyShare(t *testing.T) {
 	require.Empty(t, mover.batch)
 	require.NoError(t, mover.moveErr)
 	require.Equal(t, src, x.pool)
+}
+
+// standby readies a worker for a copy about to be queued: it waits for one awake (spinning)
+// until its window has passed, and the copy queued meanwhile goes to it with no wake; after
+// the window it sleeps again. With copies queued or running, or after fence or close, standby
+// does nothing: the workers are awake, or none may start.
+func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
+	t.Run("a copy queued in the window goes to the waiting worker", func(t *testing.T) {
+		p := newMoverPool()
+		p.standbyFor = time.Minute // the test's window; a worker's, in the engine, is standbySpin
+		defer p.close()
+		p.standby()
+		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.spinning == 1 }, "a worker waits awake")
+		src := []byte("0123456789abcdef")
+		x := &xfer{pool: make([]byte, len(src))}
+		p.submit(x, &opRec{buf: src, batch: []rmaRegion{{0, 0, 16}}})
+		p.mu.Lock()
+		require.Zero(t, p.wakes, "no worker woken for it")
+		p.mu.Unlock()
+		eventually(t, func() bool { return x.box.Len() == 1 }, "the copy ran")
+		require.Equal(t, src, x.pool)
+		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.idle == 1 && p.spinning == 0 },
+			"the copy it waited for ended the window: the worker asleep again")
+	})
+	t.Run("after the window the worker sleeps", func(t *testing.T) {
+		p := newMoverPool()
+		defer p.close()
+		p.standby()
+		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.idle == 1 && p.spinning == 0 }, "the worker asleep again")
+	})
+	t.Run("one standby at a time", func(t *testing.T) {
+		p := newMoverPool()
+		p.limit = 4
+		defer p.close()
+		for range 8 {
+			p.standby()
+		}
+		p.mu.Lock()
+		require.Equal(t, 1, p.running)
+		p.mu.Unlock()
+	})
+	for _, c := range []struct {
+		desc  string
+		setup func(p *moverPool)
+	}{
+		{"after fence: nothing", func(p *moverPool) { require.Zero(t, p.fence(context.Background())) }},
+		{"after close: nothing", func(p *moverPool) { p.close() }},
+		{"a copy running: nothing", func(p *moverPool) {
+			g := newGate(t)
+			p.submit(&xfer{receive: true, mover: gateMover{g}}, &opRec{})
+			waitClosed(t, g.entered, "a worker busy")
+		}},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			p := newMoverPool()
+			p.limit = 4
+			defer p.close()
+			c.setup(p)
+			p.mu.Lock()
+			running := p.running
+			p.mu.Unlock()
+			p.standby()
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			require.Equal(t, running, p.running, "no worker started")
+			require.Zero(t, p.standbyUntil)
+		})
+	}
 }

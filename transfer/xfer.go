@@ -53,6 +53,8 @@ type xfer struct {
 	// set before its goroutine starts; params: a Receive's Spec.Params.
 	oneHop *oneHopHold
 	params transport.Params
+	// section: the params' Exposure section as parsed (oneHopSection), nil until asked.
+	section *parsedSection
 	// layersReady is how many leading layers this sub has scattered (Receive).
 	layersReady atomic.Int64
 	// pathShown is the kind of path, for Handle.Path (written by its goroutine through take).
