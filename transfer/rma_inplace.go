@@ -38,10 +38,9 @@ const inPlaceLoopBytes = 16 << 20
 // copying it (a 256 KiB copy takes about 20 us on one core of the 2-core host).
 const inPlacePieceBytes = 256 << 10
 
-// inPlaceSplitMin is the smallest job a request's ranges are cut into so that every lane
-// copies a share of a short request (one 32-token block is one 4 MiB range: one mover, one
-// core, while the others idle): below it a second mover's hand-off costs about what the half
-// copy saves.
+// inPlaceSplitMin is the smallest job splitForLanes makes outside a share (a request over
+// inPlaceLoopBytes, or over one lane): below it a job's hand-off to a mover costs about what
+// its copy takes.
 const inPlaceSplitMin = 512 << 10
 
 // rmaInPlace is a receiver's state for reading the offered pool in place.
