@@ -120,7 +120,7 @@ func (p *moverPool) work() {
 			p.mu.Unlock()
 			return
 		}
-		if time.Now().UnixNano() < p.standbyUntil { // standby: the copy is on its way
+		if p.standbyUntil != 0 && time.Now().UnixNano() < p.standbyUntil { // standby: the copy is on its way
 			p.spinning++
 			p.mu.Unlock()
 			runtime.Gosched() // a goroutine of this process that wants the P gets it
