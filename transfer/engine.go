@@ -344,6 +344,9 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive, expose bool) (*H
 	e.liveDrivers.Add(int64(len(xs)))
 	notifyStart(e.obs, h, receive) // under e.mu: no Cancel can report a transition before it
 	e.mu.Unlock()
+	if len(xs) == 1 && xs[0].inPlaceSoon() { // rma_inplace.go
+		e.movers.standby()
+	}
 	for _, x := range xs {
 		go x.run()
 	}

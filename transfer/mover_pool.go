@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 )
 
 // moverPool runs the staging path's gathers and scatters off the transfers' loops, on at most
@@ -36,7 +37,20 @@ type moverPool struct {
 	busy   int
 	fenced bool
 	quiet  chan struct{}
+	// standbyUntil (Unix ns): until then a worker that finds no copy waits for one awake,
+	// yielding its P, instead of asleep (standby, for standbyFor: standbySpin); spinning
+	// counts the workers that do, which a queued copy needs no wake for. wakes counts the
+	// wakes of sleeping workers.
+	standbyFor   time.Duration
+	standbyUntil int64
+	spinning     int
+	wakes        int
 }
+
+// standbySpin is how long a worker readied by standby waits awake for its copy: about the
+// time from a one-hop Receive's start to its first copy on the 2-core host (55-80 us at the
+// median when quiet, docs/benchmarks.md), with room for a busy host.
+const standbySpin = 250 * time.Microsecond
 
 // moveJob is one copy: a gather of rec's chunk into its slot (sender) or a scatter of its
 // payload out of it (receiver).
@@ -46,7 +60,7 @@ type moveJob struct {
 }
 
 func newMoverPool() *moverPool {
-	p := &moverPool{limit: max(1, runtime.GOMAXPROCS(0))}
+	p := &moverPool{limit: max(1, runtime.GOMAXPROCS(0)), standbyFor: standbySpin}
 	p.wake.L = &p.mu
 	return p
 }
@@ -67,8 +81,10 @@ func (p *moverPool) submit(x *xfer, rec *opRec) {
 	p.jobs = append(p.jobs, moveJob{x: x, rec: rec})
 	start := false
 	switch {
+	case p.spinning > 0: // a worker on standby looks at the queue before it stops waiting
 	case p.idle > 0: // one waiting worker per queued copy: idle counts those not yet woken
 		p.idle--
+		p.wakes++
 		p.wake.Signal()
 	case p.running < p.limit:
 		p.running++
@@ -88,6 +104,7 @@ func (p *moverPool) work() {
 			p.jobs[p.head] = moveJob{}
 			p.head++
 			p.busy++
+			p.standbyUntil = 0 // the copy a standby waited for has come
 			p.mu.Unlock()
 			j.x.move(j.rec)
 			p.mu.Lock()
@@ -103,8 +120,51 @@ func (p *moverPool) work() {
 			p.mu.Unlock()
 			return
 		}
+		if p.standbyUntil != 0 && time.Now().UnixNano() < p.standbyUntil { // standby: the copy is on its way
+			p.spinning++
+			p.mu.Unlock()
+			runtime.Gosched() // a goroutine of this process that wants the P gets it
+			p.mu.Lock()
+			p.spinning--
+			continue
+		}
 		p.idle++
 		p.wake.Wait() // whoever wakes it took it off idle
+	}
+}
+
+// standby readies a worker for a copy about to be queued (a one-hop read in place, whose copy
+// begins 55-80 us after its Receive starts): it wakes a sleeping worker, or starts one,
+// that waits for the copy awake until standbyFor has passed. On the 2-core host a sleeping
+// worker woken for a copy began it 160 us later at the median, most often after the loop had
+// copied the whole request itself (docs/benchmarks.md). One standby at a time: a later one
+// only extends the window, and the first copy a worker takes ends it. The wait yields the P
+// (runtime.Gosched): a wait that kept it delayed the request's own loop by 150 us at the
+// median, the other P being busy with the UCX workers' goroutines. Nothing while copies are queued or running (the workers are
+// awake), after fence or close.
+func (p *moverPool) standby() {
+	p.mu.Lock()
+	if p.fenced || p.closed || p.busy > 0 || p.head < len(p.jobs) {
+		p.mu.Unlock()
+		return
+	}
+	now := time.Now().UnixNano()
+	readied := p.standbyUntil > now
+	p.standbyUntil = now + int64(p.standbyFor)
+	start := false
+	switch {
+	case readied || p.spinning > 0:
+	case p.idle > 0:
+		p.idle--
+		p.wakes++
+		p.wake.Signal()
+	case p.running < p.limit:
+		p.running++
+		start = true
+	}
+	p.mu.Unlock()
+	if start {
+		go p.work()
 	}
 }
 

@@ -78,17 +78,32 @@ func (x *xfer) endOneHop() {
 // oneHopOffer (a Receive) is the offer its Spec.Params' Exposure section stands for, with
 // the regions every get must lie in; nil where the params carry none.
 func (x *xfer) oneHopOffer() (*wire.RMAOffer, [][2]uint64, error) {
-	p, ok := x.params.(oneHopParams)
-	if !ok || x.eng.cfg.noOneHop {
-		return nil, nil, nil
-	}
-	e, src, err := p.OneHop()
+	e, src, err := x.oneHopSection()
 	if err != nil || e == nil {
 		return nil, nil, err
 	}
 	return &wire.RMAOffer{Header: x.head(), Flags: wire.RMAValidated, Addr: e.Addr, PoolBytes: kvplan.PoolSpan(src),
 		Layout: src.Layout(), Selection: src.Selection(), Blocks: src.Blocks(), Key: e.Key,
 		GenAddr: e.GenAddr, GenKey: e.GenKey, Generation: e.Generation}, e.Regions, nil
+}
+
+// oneHopSection is the Exposure section of a Receive's Spec.Params and the sender's plan,
+// parsed on the first ask (Engine.start's, inPlaceSoon) and kept for the loop's.
+func (x *xfer) oneHopSection() (*transport.Exposure, *layout.Plan, error) {
+	if x.section == nil {
+		x.section = &parsedSection{}
+		if p, ok := x.params.(oneHopParams); ok && !x.eng.cfg.noOneHop {
+			x.section.e, x.section.src, x.section.err = p.OneHop()
+		}
+	}
+	return x.section.e, x.section.src, x.section.err
+}
+
+// parsedSection is what oneHopSection parsed.
+type parsedSection struct {
+	e   *transport.Exposure
+	src *layout.Plan
+	err error
 }
 
 // checkRegions refuses gets from addr that leave every region of an exposure.

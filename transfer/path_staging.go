@@ -215,11 +215,13 @@ func (x *xfer) toMover(rec *opRec) {
 // readsPeer reports whether rec's copy reads the peer's memory in place (RMA ranges, or a
 // pulled chunk scattered straight out of the sender's slot), which a cancelling receiver's
 // abort must wait for; a scatter out of its own slot touches nothing of the sender's.
-func (x *xfer) readsPeer(rec *opRec) bool { return rec.batch != nil || rec.inPlace }
+func (x *xfer) readsPeer(rec *opRec) bool { return rec.batch != nil || rec.inPlace || rec.share != nil }
 
 // move runs on a mover worker: it copies rec's chunk and hands the result to the loop.
 func (x *xfer) move(rec *opRec) {
 	switch {
+	case rec.share != nil: // a short request's ranges read in place, taken one by one (rma_inplace.go)
+		rec.batch, rec.moveErr = rec.share.run()
 	case rec.batch != nil && rec.vec != nil: // small pieces read in place (rma_vector.go)
 		rec.moveErr = copyPieces(rec.vec, x.plan, rec.buf, x.pool, rec.batch)
 	case rec.batch != nil: // RMA ranges read in place (rma_inplace.go): plain copies

@@ -14,6 +14,8 @@ package transfer
 // of the sender's pool go back.
 
 import (
+	"sync/atomic"
+
 	"go.uber.org/zap"
 
 	"github.com/kvxfer/kvxfer/transfer/internal/wire"
@@ -30,10 +32,15 @@ const inPlaceBatchBytes = 8 << 20
 // on the 2-core host (docs/benchmarks.md, "Where a one-hop 32-token request's time goes").
 const inPlaceLoopBytes = 16 << 20
 
-// inPlaceSplitMin is the smallest job a request's ranges are cut into so that every lane
-// copies a share of a short request (one 32-token block is one 4 MiB range: one mover, one
-// core, while the others idle): below it a second mover's hand-off costs about what the half
-// copy saves.
+// inPlacePieceBytes is the largest range of a short request read in place (copyShared): small
+// enough that a mover that starts late finds most of the request still to share and the last
+// range taken ends soon after the others, large enough that taking one is nothing beside
+// copying it (a 256 KiB copy takes about 20 us on one core of the 2-core host).
+const inPlacePieceBytes = 256 << 10
+
+// inPlaceSplitMin is the smallest job splitForLanes makes outside a share (a request over
+// inPlaceLoopBytes, or over one lane): below it a job's hand-off to a mover costs about what
+// its copy takes.
 const inPlaceSplitMin = 512 << 10
 
 // rmaInPlace is a receiver's state for reading the offered pool in place.
@@ -56,6 +63,25 @@ func (x *xfer) rmaInPlaceLikely() bool {
 	}
 	_, maps := rt.(transport.RMAMapper)
 	return maps && !x.getsEmulated(rt)
+}
+
+// inPlaceSoon (a Receive, as it starts) reports whether its first copy in place is about
+// 55-80 us away, worth a mover's standby (moverPool.standby): its params carry a one-hop
+// exposure, so the offer is in hand; the transport maps peers' memory and has more than one
+// lane; and the request is short (copyShared), so its loop copies too and would otherwise
+// copy alone while a mover wakes.
+func (x *xfer) inPlaceSoon() bool {
+	if !x.receive || !x.hostPool || x.eng.cfg.Tuning.DisableInPlaceReads || x.plan.Bytes() > inPlaceLoopBytes {
+		return false
+	}
+	if _, maps := x.eng.tr.(transport.RMAMapper); !maps {
+		return false
+	}
+	if l, ok := x.eng.tr.(transport.RMALanes); !ok || l.GetLanes() < 2 {
+		return false
+	}
+	e, _, err := x.oneHopSection()
+	return err == nil && e != nil
 }
 
 // rmaInPlace reports how this receiver may read the offer in place, or nil: gets.
@@ -89,14 +115,16 @@ func (r *rmaReceive) mapOffer(m *wire.RMAOffer) {
 	r.inPlace.view, r.inPlace.release = view, release
 }
 
-// copyInPlace copies the next ranges, up to the job size, out of the sender's mapped pool,
-// unless the jobs in flight are at the limit: the next then waits for one to end (moved posts
-// again). A job goes to a mover while another lane is left after it; a short request's last
-// job, or its last lane's, the loop copies itself (it would only wait for it), and then the
-// jobs of its own that no mover has begun: a 128 KiB block layer copies in about 10 us on one
-// core, less than a mover's wake-up and the event's way back on a busy host.
+// copyInPlace copies the next ranges out of the sender's mapped pool. A short request's
+// (inPlaceLoopBytes or less) all go to one share (copyShared). A large request's go to the
+// movers, up to the job size each, unless the jobs in flight are at the limit: the next then
+// waits for one to end (moved posts again).
 func (r *rmaReceive) copyInPlace() {
 	x := r.x
+	if x.plan.Bytes() <= inPlaceLoopBytes {
+		r.copyShared()
+		return
+	}
 	if x.moving >= r.inPlace.limit {
 		return
 	}
@@ -109,34 +137,93 @@ func (r *rmaReceive) copyInPlace() {
 		n += r.gets[x.nextSeq].n
 		x.nextSeq++
 	}
-	rec := &opRec{seq: first, buf: r.inPlace.view, batch: r.gets[first:x.nextSeq], vec: r.vecSrc}
-	if x.plan.Bytes() > inPlaceLoopBytes || x.nextSeq < x.nChunks && x.moving+1 < r.inPlace.limit {
-		x.toMover(rec) // a large request, or a lane left after this one: a worker copies it
-		return
+	x.toMover(&opRec{seq: first, buf: r.inPlace.view, batch: r.gets[first:x.nextSeq], vec: r.vecSrc})
+}
+
+// copyShared copies a short request's ranges on its loop and, where the transport has more
+// lanes, on as many more movers at once: every one of them takes the next range nobody has
+// taken from one cursor (inPlaceShare), so a mover that starts late copies what is left
+// rather than a fixed half the loop would then wait for, and one that starts after the last
+// range copies nothing. The loop copies until no range is left, then takes back the shares
+// no worker has begun (help): the request waits only for the ranges movers are copying. A
+// 128 KiB block layer is one range, and no mover is asked: its copy takes about 10 us on
+// one core, less than a mover's wake-up and the event's way back on a busy host.
+func (r *rmaReceive) copyShared() {
+	x := r.x
+	first := x.nextSeq
+	s := &inPlaceShare{ranges: r.gets[first:x.nChunks], copyRange: r.copyRange()}
+	x.nextSeq = x.nChunks
+	for range min(r.inPlace.limit, len(s.ranges)) - 1 {
+		x.toMover(&opRec{seq: first, share: s})
 	}
-	// The request's last copy, or its last lane: the loop copies it itself instead of
-	// waiting, then takes back its copies that no worker has begun.
 	x.moving++ // as toMover counts it: the copy's event settles it (movedDone)
 	x.movingPeer++
 	x.stamp("loop copy begins")
-	x.eng.movers.runHere(x, rec)
+	x.eng.movers.runHere(x, &opRec{seq: first, share: s})
 	x.eng.movers.help(x)
 	x.stamp("loop copy ended")
 }
 
-// splitForLanes cuts ranges read in place so that their bytes make at least lanes jobs where
-// each would still copy inPlaceSplitMin or more, and no job more than inPlaceBatchBytes: it
-// returns the ranges (each inside one of gets, together exactly gets' bytes, in order) and the
-// job size copyInPlace batches them by. Every piece keeps its range's source and destination
-// offsets, so the checks the ranges passed (the offer's, a one-hop read's regions) hold for it.
+// copyRange copies one range out of the sender's pool as mapped here into the pool: bytes as
+// they are, or a stream chunk's pieces where the layouts differ (rma_vector.go).
+func (r *rmaReceive) copyRange() func(rmaRegion) error {
+	view, pool := r.inPlace.view, r.x.pool
+	if src, dst := r.vecSrc, r.x.plan; src != nil {
+		return func(g rmaRegion) error { return copyPieces(src, dst, view, pool, []rmaRegion{g}) }
+	}
+	return func(g rmaRegion) error {
+		copy(pool[g.dst:g.dst+g.n], view[g.src:g.src+g.n])
+		return nil
+	}
+}
+
+// inPlaceShare is a short request's ranges read in place (copyShared), which its loop and its
+// movers copy together, each taking the next one from one cursor.
+type inPlaceShare struct {
+	ranges    []rmaRegion
+	next      atomic.Int64 // the first range nobody has taken
+	copyRange func(rmaRegion) error
+}
+
+// run (a participant: the loop or a mover) takes the next range and copies it until none is
+// left or one fails; it returns the ranges it copied, for its event to count (moved), and
+// the failure. Any goroutine, any number at once.
+func (s *inPlaceShare) run() ([]rmaRegion, error) {
+	var copied []rmaRegion
+	for {
+		i := s.next.Add(1) - 1
+		if i >= int64(len(s.ranges)) {
+			return copied, nil
+		}
+		g := s.ranges[i]
+		if err := s.copyRange(g); err != nil {
+			return copied, err
+		}
+		copied = append(copied, g)
+	}
+}
+
+// splitForLanes cuts ranges read in place so that every lane copies a share: a short request's
+// (inPlaceLoopBytes or less, over more than one lane) into ranges of at most inPlacePieceBytes,
+// which its loop and movers take from one cursor (inPlaceShare); a large request's so that its
+// bytes make at least lanes jobs where each would still copy inPlaceSplitMin or more, and no
+// job more than inPlaceBatchBytes. It returns the ranges (each inside one of gets, together
+// exactly gets' bytes, in order) and the job size copyInPlace batches them by. Every piece
+// keeps its range's source and destination offsets, so the checks the ranges passed (the
+// offer's, a one-hop read's regions) hold for it.
 func splitForLanes(gets []rmaRegion, lanes int) ([]rmaRegion, int64) {
 	var total int64
 	for _, g := range gets {
 		total += g.n
 	}
-	batch := (total + int64(max(lanes, 1)) - 1) / int64(max(lanes, 1))
-	batch = (batch + 4095) &^ 4095 // whole pages, where the ranges allow
-	batch = min(max(batch, inPlaceSplitMin), inPlaceBatchBytes)
+	var batch int64
+	if lanes > 1 && total <= inPlaceLoopBytes {
+		batch = inPlacePieceBytes
+	} else {
+		batch = (total + int64(max(lanes, 1)) - 1) / int64(max(lanes, 1))
+		batch = (batch + 4095) &^ 4095 // whole pages, where the ranges allow
+		batch = min(max(batch, inPlaceSplitMin), inPlaceBatchBytes)
+	}
 	cut := false
 	for _, g := range gets {
 		cut = cut || g.n > batch
@@ -162,7 +249,9 @@ func (r *rmaReceive) moved(rec *opRec) {
 	if !r.post(nil) {
 		return
 	}
-	if x.moved == x.nChunks && !r.readGeneration(x) {
+	// The last copy back ends the reads: a share's mover that came after the last range
+	// copied nothing, and its event may be the last.
+	if x.moved < x.nChunks || x.moving > 0 || !r.readGeneration(x) {
 		return
 	}
 	x.receivedAll()

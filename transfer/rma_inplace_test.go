@@ -3,6 +3,7 @@
 package transfer
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -75,38 +76,50 @@ func runMappedPair(t *testing.T, cfg Config, mapping bool, src, dst *kvPool, wan
 	return p, k
 }
 
-// A receiver reading in place copies on its own loop what it would otherwise only wait for
-// (its last copy, or its last lane's, and any copy of its that no worker has begun): with the
-// engine's only mover worker held by another copy, a 1 MiB request read in place still
-// completes, every byte. Before, its one copy queued behind the held worker until that let go.
+// A receiver reading a short request in place copies it on its own loop, sharing its ranges
+// with as many movers as the transport has lanes (copyShared): with the engine's only mover
+// worker held by another copy, a 1 MiB request read in place still completes, every byte, over
+// one lane or several. The movers' shares no worker began come back empty, and the request
+// completes only once every one is back (no copy counted as running, none reading the
+// sender's pool), with the generation word read once, after the last range.
 func TestRMAInPlaceReadCopiesOnItsLoopWhileTheWorkersAreBusy(t *testing.T) {
-	dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 8}
-	src := newKVPool(t, dims, layout.BlockMajor, nil, blocks(1, 2, 3, 4), 81) // 256 KiB blocks
-	dst := newKVPool(t, dims, layout.BlockMajor, nil, blocks(4, 5, 6, 7), 0)
-	p := newPair(t, rmaConfig(), rmaConfig())
-	for _, ep := range []string{"prefill", "decode"} {
-		p.net.Endpoint(Peer(ep)).MapPeers(true)
+	for _, lanes := range []int{1, 2, 4} {
+		t.Run(fmt.Sprintf("%d lanes", lanes), func(t *testing.T) {
+			dims := layout.Dims{NumLayers: 4, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 8}
+			src := newKVPool(t, dims, layout.BlockMajor, nil, blocks(1, 2, 3, 4), 81) // 256 KiB blocks
+			dst := newKVPool(t, dims, layout.BlockMajor, nil, blocks(4, 5, 6, 7), 0)
+			p := newPair(t, rmaConfig(), rmaConfig())
+			for _, ep := range []string{"prefill", "decode"} {
+				p.net.Endpoint(Peer(ep)).MapPeers(true)
+			}
+			p.net.Endpoint("decode").SetGetLanes(lanes)
+			p.net.Endpoint("prefill").AllowDirect(src.mem)
+			p.net.Endpoint("decode").AllowDirect(dst.mem)
+			k := countKinds(p, nil)
+
+			movers := p.dst.movers
+			movers.mu.Lock()
+			movers.limit = 1 // one worker, held below
+			movers.mu.Unlock()
+			g := newGate(t)
+			held := &xfer{receive: true, mover: gateMover{g}}
+			movers.submit(held, &opRec{})
+			waitClosed(t, g.entered, "the only worker held by another copy")
+
+			hs, hr := p.start(t, 1, src, dst)
+			waitClosed(t, hr.Quiesced(), "receive quiesced while the worker was held")
+			requireState(t, hr, Completed)
+			require.Equal(t, PathRMA, hr.Path())
+			require.Equal(t, src.stream(t), dst.stream(t))
+			x := hr.subs[0]
+			require.Zero(t, x.moving, "a copy still counted as running")
+			require.Zero(t, x.movingPeer, "a copy still counted as reading the sender's pool")
+			require.Equal(t, 1, k.count(genRead), "the generation word read once")
+			g.let()
+			waitClosed(t, hs.Quiesced(), "send quiesced")
+			requireState(t, hs, Completed)
+		})
 	}
-	p.net.Endpoint("prefill").AllowDirect(src.mem)
-	p.net.Endpoint("decode").AllowDirect(dst.mem)
-
-	movers := p.dst.movers
-	movers.mu.Lock()
-	movers.limit = 1 // one worker, held below
-	movers.mu.Unlock()
-	g := newGate(t)
-	held := &xfer{receive: true, mover: gateMover{g}}
-	movers.submit(held, &opRec{})
-	waitClosed(t, g.entered, "the only worker held by another copy")
-
-	hs, hr := p.start(t, 1, src, dst)
-	waitClosed(t, hr.Quiesced(), "receive quiesced while the worker was held")
-	requireState(t, hr, Completed)
-	require.Equal(t, PathRMA, hr.Path())
-	require.Equal(t, src.stream(t), dst.stream(t))
-	g.let()
-	waitClosed(t, hs.Quiesced(), "send quiesced")
-	requireState(t, hs, Completed)
 }
 
 // gateMover's Scatter waits at its gate and copies nothing.

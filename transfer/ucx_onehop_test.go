@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/paramhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -82,6 +83,16 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 					// The word lies in memory mapped here: the loop read it, no operation
 					// and no report through the transport's goroutine (rma_gen.go).
 					require.Nil(t, hr.subs[0].path.(*rmaReceive).genRec, "the generation word read with an operation")
+					// Read in place, shared with the movers where there are lanes: one was
+					// readied as the Receive started (moverPool.standby); every copy's event
+					// came back.
+					if p.dst.e.tr.(transport.RMALanes).GetLanes() > 1 {
+						m := p.dst.e.movers
+						m.mu.Lock()
+						require.NotZero(t, m.standbyUntil, "no mover readied for the copy")
+						m.mu.Unlock()
+					}
+					require.Zero(t, hr.subs[0].moving)
 				}
 			})
 			t.Run("without the switch: the offer's round trip", func(t *testing.T) {

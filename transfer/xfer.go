@@ -53,6 +53,8 @@ type xfer struct {
 	// set before its goroutine starts; params: a Receive's Spec.Params.
 	oneHop *oneHopHold
 	params transport.Params
+	// section: the params' Exposure section as parsed (oneHopSection), nil until asked.
+	section *parsedSection
 	// layersReady is how many leading layers this sub has scattered (Receive).
 	layersReady atomic.Int64
 	// pathShown is the kind of path, for Handle.Path (written by its goroutine through take).
@@ -157,6 +159,10 @@ type opRec struct {
 	// vec is the offered pool's plan where batch are chunks of the stream whose small pieces
 	// are copied one by one (rma_vector.go, copyPieces); nil: batch are pool ranges.
 	vec *layout.Plan
+	// share is a short request's ranges read in place, which this record's copy takes one by
+	// one with the other participants' (rma_inplace.go); the copy sets batch to those it
+	// copied.
+	share *inPlaceShare
 	// done is a staging record's completion callback, made once (stagingRec); listed: it is
 	// in x.ops.
 	done   func(transport.Completion)
