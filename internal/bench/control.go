@@ -22,7 +22,8 @@ import (
 
 // controlVersion is the control protocol's version; both ends must speak the same one. 2: a
 // perftest request carries UCX settings (perftestMsg.Env), which a version 1 server would ignore.
-const controlVersion = 2
+// 3: the prefill end reports a round's Sends in one Sent when asked (Report), not one each.
+const controlVersion = 3
 
 // controlMagic starts every hello, so a connection to something that is not kvxbench is told
 // apart from a kvxbench of another version.
@@ -78,9 +79,13 @@ type message struct {
 	// Posted (prefill to decode) answers a Req whose Sender is first or expose: the
 	// request's Send or Expose is posted, and the params an Expose handed out.
 	Posted *postedMsg `json:"posted,omitempty"`
-	// Sent (prefill to decode) reports that a request's Send ended, how, and the time it
-	// spent gathering.
-	Sent *sentMsg `json:"sent,omitempty"`
+	// Report (decode to prefill, after a round's clock stopped) asks for the outcome of
+	// every request asked since the last Report; the prefill end waits for their Sends to
+	// end and answers one Sent.
+	Report bool `json:"report,omitempty"`
+	// Sent (prefill to decode) answers Report. Sent after the round rather than as each
+	// Send ends, the reports cost the measured window nothing.
+	Sent *sentReport `json:"sent,omitempty"`
 	// PerftestServe (decode to prefill, two hosts) asks the prefill host to start a
 	// ucx_perftest server for the baseline; it answers PerftestPort.
 	PerftestServe *perftestMsg `json:"perftest_serve,omitempty"`
@@ -139,6 +144,12 @@ type postedMsg struct {
 	Params []byte `json:"params,omitempty"`
 	Secret []byte `json:"secret,omitempty"`
 	Err    string `json:"err,omitempty"`
+}
+
+// sentReport is one entry per request asked since the last Report, in the order asked (none:
+// an empty list), saying how its Send ended and the time it spent gathering.
+type sentReport struct {
+	Sends []sentMsg `json:"sends"`
 }
 
 type sentMsg struct {

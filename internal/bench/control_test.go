@@ -34,7 +34,7 @@ func TestCheckHello(t *testing.T) {
 		{"same stream, other strides", with(prefill, func(h *hello) { h.Layout = layout.Packed(h.Layout.Dims(), layout.LayerMajorNHD) }), nil, ""},
 		{"TP=2 rank 1 into TP=1", with(prefill, func(h *hello) { h.Layout = llamaPool(4); h.TP, h.Rank = 2, 1 }), nil, ""},
 		{"not kvxbench", with(prefill, func(h *hello) { h.Magic = "HTTP/1.1" }), errPeerNotKvxbench, `magic "HTTP/1.1"`},
-		{"other version", with(prefill, func(h *hello) { h.Version = controlVersion + 1 }), errPeerVersion, "it speaks version 3, this kvxbench speaks 2"},
+		{"other version", with(prefill, func(h *hello) { h.Version = controlVersion + 1 }), errPeerVersion, "it speaks version 4, this kvxbench speaks 3"},
 		{"same role", with(prefill, func(h *hello) { h.Role = roleDecode }), errPeerIncompatible, "both ends are decode"},
 		{"other element size", with(prefill, func(h *hello) { h.Layout = otherDType }), errPeerIncompatible, "ElemSize"},
 		{"half the heads without TP", with(prefill, func(h *hello) { h.Layout = llamaPool(4) }), errPeerIncompatible, "Heads"},

@@ -29,11 +29,13 @@ import (
 //	decode -> prefill  scenario{tokens}        prefill plans the request, checksums its stream
 //	prefill -> decode  ready{checksum, bytes}
 //	decode -> prefill  req{id} (one per request; decode has posted its Receive)
-//	prefill -> decode  sent{id, gather_ns, err} once the Send ends
+//	decode -> prefill  report (after the round's clock stopped)
+//	prefill -> decode  sent{sends: [{id, gather_ns, err}, ...]} once every Send asked ended
 //
 // With --sender first or expose, each round's requests go before any Receive (req{id,
 // sender}), the prefill end answers posted{id, params} once its Send or Expose is posted, and
-// the round's clock starts after every answer; sent follows as above.
+// the round's clock starts after every answer; report and sent follow as above. Nothing
+// crosses the control connection while the clock runs.
 //	decode -> prefill  bye
 //
 // Requests run in rounds of --concurrency at once. The clock runs from the first Receive of a
@@ -66,13 +68,20 @@ func newPrefillEnd(cfg RunConfig, rank int, eng engineSide, peer peerRef) (*pref
 		rng: rand.New(rand.NewPCG(cfg.Seed, uint64(rank)))}, nil
 }
 
-// serve answers the decode end until bye, an error, or ctx's end. Every request's goroutine is
-// waited for, bounded by ctx, before it returns.
+// serve answers the decode end until bye, an error, or ctx's end. The perftest server's
+// goroutine is waited for, bounded by ctx, before it returns, and every posted request's
+// handle released.
 func (p *prefillEnd) serve(ctx context.Context, c *control) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // ends the request goroutines' waits on every exit
+	defer cancel()         // ends the perftest server's wait on every exit
+	var asked []postedSend // the requests asked since the last report, in the order asked
+	defer func() {
+		for _, a := range asked {
+			a.release()
+		}
+	}()
 	for {
 		if ctx.Err() != nil {
 			return fmt.Errorf("prefill rank %d stopped: %w", p.rank, ctx.Err())
@@ -109,15 +118,21 @@ func (p *prefillEnd) serve(ctx context.Context, c *control) error {
 				c.sendError(err)
 				return err
 			}
-			wg.Add(1)
-			go func(r reqMsg) {
-				defer wg.Done()
-				var posted func(postedMsg) error
-				if r.Sender == SenderFirst || r.Sender == SenderExpose {
-					posted = func(pm postedMsg) error { return c.send(message{Posted: &pm}) }
+			// Send and Expose return at once: the request runs in the engine while this loop
+			// reads on, and its outcome waits for the round's report.
+			a, pm := p.post(ctx, *m.Req)
+			asked = append(asked, a)
+			if pm != nil {
+				if err := c.send(message{Posted: pm}); err != nil {
+					return err
 				}
-				_ = c.send(message{Sent: p.post(ctx, r, posted)})
-			}(*m.Req)
+			}
+		case m.Report:
+			sent := p.report(ctx, asked)
+			asked = asked[:0]
+			if err := c.send(message{Sent: sent}); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -196,50 +211,76 @@ func (p *prefillEnd) plan1(tokens, layers int64) (readyMsg, error) {
 	return ready, nil
 }
 
+// postedSend is one request the prefill end was asked for: its handle and mover, or why it
+// could not be posted.
+type postedSend struct {
+	id  uint64
+	h   pendingXfer // nil where err is set
+	m   *timedMover
+	err error
+}
+
+func (a postedSend) release() {
+	if a.h != nil {
+		a.h.Release()
+	}
+}
+
 // post posts one request's sending side as r.Sender says (an Expose for expose, else a Send
-// to the decode end), tells posted (first and expose; nil for after) what it posted, runs it
-// to its end and reports it.
-func (p *prefillEnd) post(ctx context.Context, r reqMsg, posted func(postedMsg) error) *sentMsg {
-	id := r.ID
-	m := &timedMover{pool: p.pool}
-	var h pendingXfer
-	var err error
-	pm := postedMsg{ID: id}
+// to the decode end) and returns it, with the posted message to answer for first and expose
+// (nil for after). It does not wait for the Send to end: report does.
+func (p *prefillEnd) post(ctx context.Context, r reqMsg) (postedSend, *postedMsg) {
+	a := postedSend{id: r.ID, m: &timedMover{pool: p.pool}}
+	pm := &postedMsg{ID: r.ID}
 	var plan *layout.Plan
 	if r.DecodeRank >= 0 && r.DecodeRank < len(p.plans) {
 		plan = p.plans[r.DecodeRank]
 	}
 	switch {
 	case plan == nil:
-		err = fmt.Errorf("prefill rank %d: request %d for decode rank %d of %d", p.rank, id, r.DecodeRank, len(p.plans))
+		a.err = fmt.Errorf("prefill rank %d: request %d for decode rank %d of %d", p.rank, r.ID, r.DecodeRank, len(p.plans))
 	case r.Sender == SenderExpose:
 		x, ok := p.eng.(exposer)
 		if !ok {
-			err = fmt.Errorf("prefill rank %d: this engine cannot expose a request", p.rank)
+			a.err = fmt.Errorf("prefill rank %d: this engine cannot expose a request", p.rank)
 		} else {
-			h, pm.Params, pm.Secret, err = x.Expose(ctx, id, plan, m)
+			a.h, pm.Params, pm.Secret, a.err = x.Expose(ctx, r.ID, plan, a.m)
 		}
 	default:
-		h, err = p.eng.Send(ctx, id, r.Secret, p.peer, plan, m)
+		a.h, a.err = p.eng.Send(ctx, r.ID, r.Secret, p.peer, plan, a.m)
 	}
-	if posted != nil {
-		if err != nil {
-			pm.Err = err.Error()
+	if a.err != nil {
+		a.h = nil
+		pm.Err = a.err.Error()
+	}
+	if r.Sender != SenderFirst && r.Sender != SenderExpose {
+		pm = nil
+	}
+	return a, pm
+}
+
+// report waits for each asked request's Send to end (or ctx's end), releases it, and reports
+// them all, in the order asked.
+func (p *prefillEnd) report(ctx context.Context, asked []postedSend) *sentReport {
+	out := &sentReport{Sends: make([]sentMsg, 0, len(asked))}
+	for _, a := range asked {
+		s := sentMsg{ID: a.id}
+		switch {
+		case a.err != nil:
+			s.Err = a.err.Error()
+		default:
+			select {
+			case <-a.h.Done():
+				s.GatherNs = a.m.gatherNs.Load()
+				if err := a.h.Err(); err != nil {
+					s.Err = err.Error()
+				}
+			case <-ctx.Done():
+				s.Err = fmt.Sprintf("send %d: %v", a.id, ctx.Err())
+			}
 		}
-		_ = posted(pm) // a lost control connection fails the decode end's wait for it
-	}
-	if err != nil {
-		return &sentMsg{ID: id, Err: err.Error()}
-	}
-	defer h.Release()
-	select {
-	case <-h.Done():
-	case <-ctx.Done():
-		return &sentMsg{ID: id, Err: fmt.Sprintf("send %d: %v", id, ctx.Err())}
-	}
-	out := &sentMsg{ID: id, GatherNs: m.gatherNs.Load()}
-	if err := h.Err(); err != nil {
-		out.Err = err.Error()
+		a.release()
+		out.Sends = append(out.Sends, s)
 	}
 	return out
 }
@@ -544,7 +585,7 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 			return nil, 0, 0, 0, err
 		}
 	}
-	reqs := make([]int, len(d.ctrls)) // requests sent to each prefill rank: each answers one Sent
+	asked := make([][]uint64, len(d.ctrls)) // the requests asked of each prefill rank, reported after the round
 	start := time.Now()
 	for _, op := range ops {
 		id := op.req.ID
@@ -566,7 +607,7 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 		}
 		ps = append(ps, posted{id: id, of: op.of, h: h, m: m, start: t})
 		for _, sub := range op.subs {
-			reqs[sub.prefillRank]++
+			asked[sub.prefillRank] = append(asked[sub.prefillRank], id)
 			if sendersFirst {
 				continue
 			}
@@ -635,24 +676,59 @@ func (d *decodeEnd) round(ctx context.Context, plans [][]recvSub) (latencies, ti
 	for _, p := range ps {
 		scatterNs += p.m.scatterNs.Load()
 	}
-	// The prefill ends report each Send; collect them, bounded by the control timeout.
+	// The clock has stopped: ask each prefill end how its Sends ended, bounded by the control
+	// timeout. Asking only now keeps the reports' messages out of the measured window.
 	var gatherNs int64
 	for r, c := range d.ctrls {
-		for range reqs[r] {
-			m, err := c.recvMessage(0)
-			if err != nil {
-				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", r, err)
-			}
-			if m.Sent == nil {
-				return nil, 0, 0, 0, fmt.Errorf("%w: prefill rank %d sent something else than a send report", errPeerNotKvxbench, r)
-			}
-			if m.Sent.Err != "" {
-				return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: send %d: %s", r, m.Sent.ID, m.Sent.Err)
-			}
-			gatherNs += m.Sent.GatherNs
+		if len(asked[r]) == 0 {
+			continue
 		}
+		if err := c.send(message{Report: true}); err != nil {
+			return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", r, err)
+		}
+		m, err := c.recvMessage(0)
+		if err != nil {
+			return nil, 0, 0, 0, fmt.Errorf("prefill rank %d: %w", r, err)
+		}
+		if m.Sent == nil {
+			return nil, 0, 0, 0, fmt.Errorf("%w: prefill rank %d sent something else than a send report", errPeerNotKvxbench, r)
+		}
+		g, err := checkSent(r, asked[r], m.Sent.Sends)
+		if err != nil {
+			return nil, 0, 0, 0, err
+		}
+		gatherNs += g
 	}
 	return lat, wall, gatherNs, scatterNs, nil
+}
+
+// checkSent checks prefill rank r's report of a round against the requests asked of it: each
+// reported exactly once, none failed, no gather time below zero. It returns the gather time.
+func checkSent(r int, asked []uint64, got []sentMsg) (int64, error) {
+	if len(got) != len(asked) {
+		return 0, fmt.Errorf("%w: prefill rank %d reported %d sends of the %d asked", errPeerNotKvxbench, r, len(got), len(asked))
+	}
+	open := make(map[uint64]bool, len(asked))
+	for _, id := range asked {
+		open[id] = true
+	}
+	seen := make(map[uint64]bool, len(got))
+	var gatherNs int64
+	for _, s := range got {
+		switch {
+		case seen[s.ID]:
+			return 0, fmt.Errorf("%w: prefill rank %d reported request %d twice", errPeerNotKvxbench, r, s.ID)
+		case !open[s.ID]:
+			return 0, fmt.Errorf("%w: prefill rank %d reported request %d, which was not asked of it", errPeerNotKvxbench, r, s.ID)
+		case s.Err != "":
+			return 0, fmt.Errorf("prefill rank %d: send %d: %s", r, s.ID, s.Err)
+		case s.GatherNs < 0:
+			return 0, fmt.Errorf("%w: prefill rank %d said request %d gathered for %d ns", errPeerNotKvxbench, r, s.ID, s.GatherNs)
+		}
+		seen[s.ID] = true
+		gatherNs += s.GatherNs
+	}
+	return gatherNs, nil
 }
 
 // postSendersFirst (--sender first or expose) asks every prefill end to post its side of each
