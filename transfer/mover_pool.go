@@ -40,11 +40,12 @@ type moverPool struct {
 	// standbyUntil (Unix ns): until then a worker that finds no copy waits for one awake,
 	// yielding its P, instead of asleep (standby, for standbyFor: standbySpin); spinning
 	// counts the workers that do, which a queued copy needs no wake for. wakes counts the
-	// wakes of sleeping workers.
+	// wakes of sleeping workers, standbys the standby windows opened or extended.
 	standbyFor   time.Duration
 	standbyUntil int64
 	spinning     int
 	wakes        int
+	standbys     int
 }
 
 // standbySpin is how long a worker readied by standby waits awake for its copy: about the
@@ -151,6 +152,7 @@ func (p *moverPool) standby() {
 	now := time.Now().UnixNano()
 	readied := p.standbyUntil > now
 	p.standbyUntil = now + int64(p.standbyFor)
+	p.standbys++
 	start := false
 	switch {
 	case readied || p.spinning > 0:

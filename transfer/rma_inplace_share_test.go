@@ -163,8 +163,9 @@ func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
 		x := &xfer{pool: make([]byte, len(src))}
 		p.submit(x, &opRec{buf: src, batch: []rmaRegion{{0, 0, 16}}})
 		p.mu.Lock()
-		require.Zero(t, p.wakes, "no worker woken for it")
+		wakes := p.wakes
 		p.mu.Unlock()
+		require.Zero(t, wakes, "no worker woken for it")
 		eventually(t, func() bool { return x.box.Len() == 1 }, "the copy ran")
 		require.Equal(t, src, x.pool)
 		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.idle == 1 && p.spinning == 0 },
@@ -184,8 +185,9 @@ func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
 			p.standby()
 		}
 		p.mu.Lock()
-		require.Equal(t, 1, p.running)
+		running := p.running
 		p.mu.Unlock()
+		require.Equal(t, 1, running)
 	})
 	for _, c := range []struct {
 		desc  string

@@ -87,10 +87,14 @@ func TestL10_UCXOneHopRead(t *testing.T) {
 					// readied as the Receive started (moverPool.standby); every copy's event
 					// came back.
 					if p.dst.e.tr.(transport.RMALanes).GetLanes() > 1 {
+						// Counted, not standbyUntil: the first copy a worker takes ends the
+						// window. Read under the lock, asserted after it: a failed assertion
+						// must not leave the pool locked for Engine.Close's fence.
 						m := p.dst.e.movers
 						m.mu.Lock()
-						require.NotZero(t, m.standbyUntil, "no mover readied for the copy")
+						standbys := m.standbys
 						m.mu.Unlock()
+						require.NotZero(t, standbys, "no mover readied for the copy")
 					}
 					require.Zero(t, hr.subs[0].moving)
 				}
