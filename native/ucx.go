@@ -290,8 +290,9 @@ type Worker struct {
 	awaited     int         // loop-owned: pending IOV receives, each awaiting a message (spin)
 	lastCommand time.Time   // loop-owned: when the loop last ran a command (commandSpin)
 	sched       *schedWatch // loop-owned: whether goroutines wait for a P (spin)
-	// emptyRounds counts the loop's progress rounds that found nothing to do (for tests).
-	emptyRounds atomic.Uint64
+	// emptyRounds counts the loop's progress rounds that found nothing to do, yields those
+	// that gave the core away (spinYield) (for tests).
+	emptyRounds, yields atomic.Uint64
 
 	address []byte
 	stats   atomic.Pointer[WorkerStats]
@@ -409,6 +410,9 @@ func (w *Worker) loop(ready chan<- error) {
 			quiet = time.Now()
 		}
 		if w.spin(empty, quiet) {
+			if empty > spinYieldRounds {
+				w.spinYield()
+			}
 			continue
 		}
 		w.publishStats()

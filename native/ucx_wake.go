@@ -209,3 +209,20 @@ func (k *waker) close() {
 		_ = unix.Close(k.ev)
 	}
 }
+
+// spinYieldRounds is how many empty rounds in a row a spinning worker makes before each
+// further one gives its core away (spinYield).
+const spinYieldRounds = 64
+
+// spinYield (the loop, in an empty round past spinYieldRounds while it spins) gives the OS
+// thread's core to any other thread waiting for one, and takes it back at once when none is
+// (sched_yield: a system call of about a microsecond). A spinning worker holds a core while it
+// waits for a peer or for this process's movers; on a host with fewer cores than busy threads
+// (the 2-core VM: two processes' workers, engine loops and movers) the thread that would end
+// the wait may be the one waiting for that core, and Go's Gosched gives away only the P, not
+// the core. Over TCP (docs/benchmarks.md, "TCP 32 tokens: an arrival spin loses, a yielding
+// spin to try") it lowered the 32-token p99 in 4 of 4 loaded pairs.
+func (w *Worker) spinYield() {
+	w.yields.Add(1)
+	_, _, _ = syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+}

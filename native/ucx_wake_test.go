@@ -466,3 +466,68 @@ func TestWorker_NoCommandSpinWhileAMessageIsAwaited(t *testing.T) {
 		}
 	}
 }
+
+// A worker spinning with nothing to do gives its core away, each empty round past
+// spinYieldRounds (sched_yield): on a host with fewer cores than busy threads the peer process
+// or this one's own movers wait for the core it holds (Go's Gosched yields only the P). Counted
+// after each of three commands, from one sleep of the loop to the next: a polling worker (no
+// UCP_FEATURE_WAKEUP) with a receive pending spins SpinRounds empty rounds after a command and
+// yields in every one past the threshold (a keepalive in the window starts another spin, and
+// more); one whose spin ends by the threshold, or that arms at once (an IOV receive awaits its
+// message, the spin after activity shortened to nothing), never yields. Every yield is an empty
+// round's.
+func TestWorker_ASpinPastYieldRoundsYieldsItsCore(t *testing.T) {
+	for _, tr := range transports {
+		for _, tc := range []struct {
+			name     string
+			polling  bool // a context without UCP_FEATURE_WAKEUP
+			spin     int  // WorkerConfig.SpinRounds
+			awaiting bool // an IOV receive is pending besides the standing one
+			least    uint64
+			none     bool
+		}{
+			{"polling, 512-round spin: yields past the threshold", true, 512, false, 512 - 1 - spinYieldRounds, false},
+			{"polling, spin ends at the threshold: never yields", true, spinYieldRounds, false, 0, true},
+			{"wakeable, arms at once: never yields", false, 0, true, 0, true},
+		} {
+			t.Run(tr.name+"/"+tc.name, func(t *testing.T) {
+				cfg := ContextConfig{TLS: tr.tls, noWakeup: tc.polling}
+				p := newPairWith(t, cfg, cfg, WorkerConfig{SpinRounds: tc.spin, MaxSleep: 5 * time.Millisecond, wakeSpin: time.Nanosecond})
+				require.Equal(t, !tc.polling, p.b.wakeable)
+				dst := alloc(t, p.ctxB, 4096)
+				// Never matched: receives are pending. Cancelled before dst's Close (cleanups run
+				// last first).
+				pending := []*Request{p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0))}
+				if tc.awaiting {
+					pending = append(pending, p.ba.TagRecvIOV(dst, []Segment{{0, 1024}, {2048, 1024}}, 8, ^uint64(0)))
+				}
+				t.Cleanup(func() {
+					for _, r := range pending {
+						require.True(t, r.Cancel())
+						select {
+						case <-r.Done():
+						case <-time.After(10 * time.Second):
+							t.Error("a cancelled receive never completed")
+						}
+					}
+				})
+				for i := range 3 {
+					asleep(t, p.b)
+					rounds, yields := p.b.emptyRounds.Load(), p.b.yields.Load()
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					require.NoError(t, p.b.call(ctx, func() {}))
+					cancel()
+					asleep(t, p.b)
+					rounds, yields = p.b.emptyRounds.Load()-rounds, p.b.yields.Load()-yields
+					t.Logf("command %d: %d empty rounds, %d yields", i, rounds, yields)
+					require.LessOrEqual(t, yields, rounds, "yields outside empty rounds")
+					if tc.none {
+						require.Zero(t, yields, "a worker that spun no further than the threshold yielded")
+					} else {
+						require.GreaterOrEqual(t, yields, tc.least, "a spinning worker kept its core past the threshold")
+					}
+				}
+			})
+		}
+	}
+}
