@@ -310,7 +310,12 @@ func TestPullValidatedRead_SenderReusesASlotMidRead(t *testing.T) {
 		return mem.Fault{}
 	})
 	hs, hr := p.startStaged(t, 1, src, dst)
-	eventually(t, func() bool { return p.net.OnWire() >= 1 && hr.Status().Bytes > 0 }, "the last chunk's get on the wire")
+	// The last chunk's get on the wire and every other chunk moved: the sender's movers may
+	// lease the last chunk before an earlier one, and a chunk not leased before the false alarm
+	// never is (the receiver would wait out its deadline, not read a torn slot).
+	before := int64(last.Load()) * int64(capB) // the bytes of every chunk but the last
+	eventually(t, func() bool { return p.net.OnWire() >= 1 && hr.Status().Bytes == before },
+		"the last chunk's get on the wire, every other chunk moved")
 	p.net.ReportPeerLost(p.net.Endpoint("prefill"), "decode", fmt.Errorf("%w: false alarm", ErrPeerLost))
 	waitClosed(t, hs.Quiesced(), "sender quiesced")
 	requireState(t, hs, Failed)
