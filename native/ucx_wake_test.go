@@ -192,6 +192,28 @@ func TestWorker_ReceivesAloneSpinBriefly(t *testing.T) {
 	}
 }
 
+// pendReceives posts receives on p.ba that nothing matches, so the worker has receives
+// pending: the standing one's stand-in, and with awaiting an IOV receive awaiting its message.
+// They are cancelled before their memory's Close (cleanups run last first).
+func pendReceives(t *testing.T, p *ucxPair, awaiting bool) {
+	t.Helper()
+	dst := alloc(t, p.ctxB, 4096)
+	pending := []*Request{p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0))}
+	if awaiting {
+		pending = append(pending, p.ba.TagRecvIOV(dst, []Segment{{0, 1024}, {2048, 1024}}, 8, ^uint64(0)))
+	}
+	t.Cleanup(func() {
+		for _, r := range pending {
+			require.True(t, r.Cancel())
+			select {
+			case <-r.Done():
+			case <-time.After(10 * time.Second):
+				t.Error("a cancelled receive never completed")
+			}
+		}
+	})
+}
+
 // roundsAfterCommands runs n empty commands on w, each from one sleep of its loop to the next,
 // and returns the empty progress rounds the loop made after each: a spin after a command makes
 // over a hundred, an arm at once a few.
@@ -432,23 +454,7 @@ func TestWorker_NoCommandSpinWhileAMessageIsAwaited(t *testing.T) {
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
 				p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{wakeSpin: time.Nanosecond})
 				require.True(t, p.b.wakeable)
-				dst := alloc(t, p.ctxB, 4096)
-				// Never matched: receives are pending. Cancelled before dst's Close (cleanups
-				// run last first).
-				pending := []*Request{p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0))}
-				if tc.awaiting {
-					pending = append(pending, p.ba.TagRecvIOV(dst, []Segment{{0, 1024}, {2048, 1024}}, 8, ^uint64(0)))
-				}
-				t.Cleanup(func() {
-					for _, r := range pending {
-						require.True(t, r.Cancel())
-						select {
-						case <-r.Done():
-						case <-time.After(10 * time.Second):
-							t.Error("a cancelled receive never completed")
-						}
-					}
-				})
+				pendReceives(t, p, tc.awaiting)
 				each := roundsAfterCommands(t, p.b, 5)
 				t.Logf("empty rounds after each command: %v", each)
 				if tc.awaiting {
@@ -494,23 +500,7 @@ func TestWorker_ASpinPastYieldRoundsYieldsItsCore(t *testing.T) {
 				cfg := ContextConfig{TLS: tr.tls, noWakeup: tc.polling}
 				p := newPairWith(t, cfg, cfg, WorkerConfig{SpinRounds: tc.spin, MaxSleep: 5 * time.Millisecond, wakeSpin: time.Nanosecond})
 				require.Equal(t, !tc.polling, p.b.wakeable)
-				dst := alloc(t, p.ctxB, 4096)
-				// Never matched: receives are pending. Cancelled before dst's Close (cleanups run
-				// last first).
-				pending := []*Request{p.ba.TagRecv(dst, 0, 64, 7, ^uint64(0))}
-				if tc.awaiting {
-					pending = append(pending, p.ba.TagRecvIOV(dst, []Segment{{0, 1024}, {2048, 1024}}, 8, ^uint64(0)))
-				}
-				t.Cleanup(func() {
-					for _, r := range pending {
-						require.True(t, r.Cancel())
-						select {
-						case <-r.Done():
-						case <-time.After(10 * time.Second):
-							t.Error("a cancelled receive never completed")
-						}
-					}
-				})
+				pendReceives(t, p, tc.awaiting)
 				for i := range 3 {
 					asleep(t, p.b)
 					rounds, yields := p.b.emptyRounds.Load(), p.b.yields.Load()
