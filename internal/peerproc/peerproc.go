@@ -77,6 +77,11 @@ func buildPeer(t testing.TB, env, name, pkg string) string {
 	if b, ok := shared.built[pkg]; ok {
 		return b
 	}
+	if shared.built != nil && shared.dir == "" { // the binary's first build makes the directory
+		if dir, err := os.MkdirTemp("", "kvxfer-peers-"); err == nil {
+			shared.dir = dir
+		}
+	}
 	dir := shared.dir
 	if dir == "" {
 		dir = t.TempDir()
@@ -93,29 +98,29 @@ func buildPeer(t testing.TB, env, name, pkg string) string {
 // shared holds the peers built once for a whole test binary (SharedBuilds).
 var shared struct {
 	sync.Mutex
-	dir   string            // "" unless SharedBuilds runs
-	built map[string]string // package path to binary
+	dir   string            // "" until SharedBuilds' first build
+	built map[string]string // package path to binary; nil unless SharedBuilds runs
 }
 
 // SharedBuilds wraps a TestMain's m (goleak.VerifyTestMain(peerproc.SharedBuilds(m)), or
 // os.Exit(peerproc.SharedBuilds(m).Run())): while it runs, Build, BuildEnginePeer and
 // BuildHostilePeer build each peer once for the test binary, not once per test (a link of a
-// cgo binary takes seconds), and it removes them when m.Run returns.
+// cgo binary takes seconds), and it removes them when m.Run returns. Their directory is made
+// at the first build: a test binary that builds none (the child a test re-runs itself as, often
+// killed or ended by os.Exit, which skips the removal) leaves nothing in $TMPDIR.
 func SharedBuilds(m interface{ Run() int }) interface{ Run() int } { return sharedBuilds{m} }
 
 type sharedBuilds struct{ m interface{ Run() int } }
 
 func (s sharedBuilds) Run() int {
-	dir, err := os.MkdirTemp("", "kvxfer-peers-")
-	if err != nil { // each test builds its own, as without SharedBuilds
-		return s.m.Run()
-	}
-	defer func() { _ = os.RemoveAll(dir) }()
 	shared.Lock()
-	shared.dir, shared.built = dir, map[string]string{}
+	shared.dir, shared.built = "", map[string]string{}
 	shared.Unlock()
 	defer func() {
 		shared.Lock()
+		if shared.dir != "" {
+			_ = os.RemoveAll(shared.dir)
+		}
 		shared.dir, shared.built = "", nil
 		shared.Unlock()
 	}()

@@ -68,3 +68,50 @@ func TestPrebuiltPeer_RefusesWhatCannotRun(t *testing.T) {
 		})
 	}
 }
+
+// runFunc is a test binary's m whose Run is a function.
+type runFunc func() int
+
+func (f runFunc) Run() int { return f() }
+
+// peerDirs lists the shared build directories in dir.
+func peerDirs(t *testing.T, dir string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "kvxfer-peers-*"))
+	require.NoError(t, err)
+	return m
+}
+
+// SharedBuilds makes its directory only when a peer is built, and removes it when m.Run
+// returns. A test binary that builds no peer (the child a test re-runs itself as, often
+// killed or ended with os.Exit, which skips every deferred removal) leaves nothing in $TMPDIR.
+func TestSharedBuilds_MakesItsDirectoryOnlyForABuild(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	cases := []struct {
+		desc  string
+		build bool
+	}{{"no peer built", false}, {"one peer built twice", true}}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			var during []string
+			rc := SharedBuilds(runFunc(func() int {
+				if c.build {
+					a := buildPeer(t, "KVX_TINYPEER_BIN_UNSET", "tinypeer", "./testdata/tinypeer")
+					b := buildPeer(t, "KVX_TINYPEER_BIN_UNSET", "tinypeer", "./testdata/tinypeer")
+					require.Equal(t, a, b, "built once for the binary")
+					require.FileExists(t, a)
+				}
+				during = peerDirs(t, tmp)
+				return 7
+			})).Run()
+			require.Equal(t, 7, rc)
+			if c.build {
+				require.Len(t, during, 1)
+			} else {
+				require.Empty(t, during, "nothing built: no directory")
+			}
+			require.Empty(t, peerDirs(t, tmp), "removed when m.Run returns")
+		})
+	}
+}
