@@ -389,6 +389,7 @@ type cpReader struct {
 	err error
 }
 
+// take's slice has no room past its n bytes, so an append to it never writes into what follows.
 func (r *cpReader) take(n int, what string) []byte {
 	if r.err != nil {
 		return nil
@@ -397,7 +398,7 @@ func (r *cpReader) take(n int, what string) []byte {
 		r.err = fmt.Errorf("%w: truncated in %s: need %d bytes, %d left", ErrBadMetadata, what, n, len(r.b))
 		return nil
 	}
-	v := r.b[:n]
+	v := r.b[:n:n]
 	r.b = r.b[n:]
 	return v
 }
@@ -446,10 +447,10 @@ func (r *cpReader) exposure() *transport.Exposure {
 		}
 	}
 	if nk > 0 {
-		x.Key = append([]byte(nil), r.take(nk, "exposure key")...)
+		x.Key = r.take(nk, "exposure key")
 	}
 	if ngk > 0 {
-		x.GenKey = append([]byte(nil), r.take(ngk, "exposure generation key")...)
+		x.GenKey = r.take(ngk, "exposure generation key")
 	}
 	return x
 }
@@ -480,13 +481,15 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 		return nil, fmt.Errorf("%w: header says %d bytes, blob has %d", ErrBadMetadata, n, len(blob))
 	}
 	want := le.Uint32(blob[cpCRCOffset:])
-	zeroed := append([]byte(nil), blob...)
-	le.PutUint32(zeroed[cpCRCOffset:], 0)
-	if got := crc32.Checksum(zeroed, cpCRCTable); got != want {
+	// The params' byte fields (address, secret, the exposure's keys) are slices of this one
+	// copy of the blob, which nothing else holds: one allocation for all of them.
+	own := append([]byte(nil), blob...)
+	le.PutUint32(own[cpCRCOffset:], 0)
+	if got := crc32.Checksum(own, cpCRCTable); got != want {
 		return nil, fmt.Errorf("%w: checksum %#08x, computed %#08x", ErrBadMetadata, want, got)
 	}
 
-	r := &cpReader{b: blob[cpHeaderSize:]}
+	r := &cpReader{b: own[cpHeaderSize:]}
 	c := &ContextParams{}
 	c.RequestID = transport.RequestID(r.u64("request id"))
 	c.Incarnation = r.u64("incarnation")
@@ -516,9 +519,9 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	if r.err == nil && na > wire.ParamsMaxAddress {
 		return nil, fmt.Errorf("%w: %d-byte address, at most %d", ErrBadMetadata, na, wire.ParamsMaxAddress)
 	}
-	c.WorkerAddress = append([]byte(nil), r.take(int(na), "worker address")...)
+	c.WorkerAddress = r.take(int(na), "worker address")
 	if flags&contextParamsFlagSecret != 0 {
-		c.Secret = append([]byte(nil), r.take(wire.ParamsSecretBytes, "secret")...)
+		c.Secret = r.take(wire.ParamsSecretBytes, "secret")
 	}
 	if flags&contextParamsFlagExposure != 0 {
 		if c.exposure = r.exposure(); r.err != nil {

@@ -37,9 +37,10 @@ func TestContextParams_CodecAllocations(t *testing.T) {
 		// The blob itself and Validate's plan (layout.NewPlan: the plan and its block list).
 		// binary.Write's reflection made it 40.
 		{"MarshalBinary", 3, func() { _, _ = c.MarshalBinary() }},
-		// The params, their blocks, address, secret, exposure (and its regions and two
-		// keys), the seal, and Validate's plan.
-		{"UnmarshalContextParams", 13, func() { _, _ = UnmarshalContextParams(blob) }},
+		// The params, their blocks, one buffer for the address, secret and the exposure's two
+		// keys, the exposure and its regions, the seal, and Validate's plan. A copy of the blob
+		// for its checksum and a buffer per byte field made it 12.
+		{"UnmarshalContextParams", 8, func() { _, _ = UnmarshalContextParams(blob) }},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			got := testing.AllocsPerRun(100, tc.run)
@@ -128,4 +129,26 @@ func TestContextParams_EncodingIsTheReference(t *testing.T) {
 			require.Equal(t, encodeReference(tc.in), got)
 		})
 	}
+}
+
+// TestContextParams_DecodedFieldsDoNotOverlap: the decoded byte fields share one buffer, so an
+// append to one of them must not write into the next (the address into the secret, the key into
+// the generation key) nor the caller's blob be kept.
+func TestContextParams_DecodedFieldsDoNotOverlap(t *testing.T) {
+	blob, err := oneHopParams(t).MarshalBinary()
+	require.NoError(t, err)
+	keep := bytes.Clone(blob)
+	out, err := UnmarshalContextParams(blob)
+	require.NoError(t, err)
+	clear(blob) // the caller may reuse its buffer
+	want, err := UnmarshalContextParams(keep)
+	require.NoError(t, err)
+	require.Equal(t, want, out, "decoded params do not read the caller's blob")
+	for _, f := range []*[]byte{&out.WorkerAddress, &out.Secret, &out.exposure.Key, &out.exposure.GenKey} {
+		_ = append(*f, 0xee, 0xee, 0xee, 0xee)
+	}
+	require.Equal(t, want, out, "an append to a field leaves the others as they were")
+	again, err := out.MarshalBinary()
+	require.NoError(t, err)
+	require.Equal(t, keep, again)
 }
