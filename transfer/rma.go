@@ -331,8 +331,9 @@ func sortByDst(p []rmaRegion) []rmaRegion {
 
 // radixSortByDst is sortByDst's radix sort, stable. It sorts the offsets less their least
 // one, less the low bits they all share (a run's size aligns them: 32 KiB for Llama-3-8B),
-// on digits of about log2(len(p)) bits (4 to 11): a 32-token request's 128 pieces, which lie
-// within its two blocks, take one pass over 128 counts, not three over 2048 (BenchmarkSortByDst).
+// on digits of about log2(len(p)) bits (4 to 11): a 32-token Llama-3-8B request's 64 pieces,
+// which lie within its one 4 MiB block, take one pass over 128 counts, not three over 2048
+// (BenchmarkSortByDst).
 // The counts are on the heap: in its frame, 16 KiB of them grew every short request's
 // transfer goroutine's stack (TestShortOfferPairsWithinASmallStack).
 func radixSortByDst(p []rmaRegion) []rmaRegion {
