@@ -149,7 +149,8 @@ func (h *Handle) applyLocked(ev Event, cause error) bool {
 		return false
 	}
 	if cause != nil && (h.err.Load() == nil || ev == evQuarantine) {
-		h.err.Store(&cause)
+		kept := cause // taking cause's own address put every call's cause on the heap, nil or not
+		h.err.Store(&kept)
 	}
 	h.eng.account(from, r.next, h.queuedAt, h.unclaimed.Load())
 	if r.next == Quarantined {

@@ -66,10 +66,13 @@ func TestRMARegionsMoveWhatGatherAndScatterWould(t *testing.T) {
 func TestSortByDstSortsAnyOffsets(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 3))
 	for _, n := range []int{0, 1, 63, 64, 65, 1000, 20000} {
-		for _, top := range []int64{1, 1 << 11, 1 << 22, 1 << 40, 1<<62 + 12345} {
+		for _, top := range []int64{1, 1 << 11, 1 << 22, 1 << 40, 1<<62 + 12345, -1} {
 			p := make([]rmaRegion, n)
 			for i := range p {
-				p[i] = rmaRegion{src: int64(i), dst: r.Int64N(top), n: 1}
+				p[i] = rmaRegion{src: int64(i), dst: r.Int64N(max(top, 1)), n: 1}
+				if top < 0 { // above a large offset, 32 KiB apart, some equal: runs of a pool
+					p[i].dst = 1<<40 + r.Int64N(max(int64(n)/2, 1))<<15
+				}
 			}
 			want := slices.Clone(p)
 			slices.SortStableFunc(want, func(a, b rmaRegion) int { return cmp.Compare(a.dst, b.dst) })
@@ -107,6 +110,29 @@ func TestShortOfferPairsWithinASmallStack(t *testing.T) {
 			debug.SetMaxStack(old)
 			require.NotEmpty(t, regions)
 			require.Less(t, len(regions), 64, "%v: few enough pieces for the comparison sort", o)
+		}
+		// A 32-token Llama-3-8B request (1 block of 32 tokens) has 64 pieces (one per layer
+		// and K/V) in either order, as many as the radix sort takes: it too must fit a small
+		// stack, and so must a 64-token one (2 blocks, 128 pieces).
+		l8 := layouttest.Llama3_8B(1024).Dims()
+		for o, want := range map[layout.Order]int{layout.BlockMajor: 1, layout.LayerMajor: 64} {
+			l := layout.Packed(l8, o)
+			for _, ids := range [][2][]int32{{{3}, {700}}, {{3, 4}, {700, 9}}} {
+				src, err := layout.NewPlan(l, l.All(), ids[0])
+				require.NoError(t, err)
+				dst, err := layout.NewPlan(l, l.All(), ids[1])
+				require.NoError(t, err)
+				var regions []rmaRegion
+				done := make(chan struct{})
+				old := debug.SetMaxStack(32 << 10)
+				go func() {
+					defer close(done)
+					regions, _ = rmaRegions(src, dst)
+				}()
+				<-done
+				debug.SetMaxStack(old)
+				require.Len(t, regions, want*len(ids[0]), "%v: one range per block (block-major), or per layer, K/V and block", o)
+			}
 		}
 		return
 	}

@@ -213,31 +213,37 @@ func BenchmarkUCXOneHop32Tokens(b *testing.B) {
 			r := mappedKV(b, dst, ucxExposeDims, layout.BlockMajor, seqBlocks(30, 2), 0)
 			b.ResetTimer()
 			for i := range b.N {
-				hs, p, err := src.e.Expose(bg, Spec{ID: RequestID(1000 + i), Plan: s.plan, Pool: s.mem})
-				if err != nil {
-					b.Fatal(err)
-				}
-				blob, err := p.MarshalBinary()
-				if err != nil {
-					b.Fatal(err)
-				}
-				cp, err := ucx.UnmarshalContextParams(blob)
-				if err != nil {
-					b.Fatal(err)
-				}
-				hr, err := dst.e.Receive(bg, Spec{ID: cp.RequestID, Peer: ucx.PeerFromAddress(cp.WorkerAddress), Plan: r.plan, Pool: r.mem,
-					Secret: cp.Secret, Params: cp})
-				if err != nil {
-					b.Fatal(err)
-				}
-				<-hr.Quiesced()
-				<-hs.Quiesced()
-				if hr.Status().State != Completed || hs.Status().State != Completed {
-					b.Fatalf("%v / %v", hr.Status().Err, hs.Status().Err)
-				}
-				_ = hr.Release()
-				_ = hs.Release()
+				oneHopRequest(b, src, dst, s, r, RequestID(1000+i))
 			}
 		})
 	}
+}
+
+// oneHopRequest exposes s's blocks on src as request id, receives them into r's on dst from the
+// params' blob, waits for both handles to quiesce, and releases them.
+func oneHopRequest(tb testing.TB, src, dst *ucxEngine, s, r *ucxKV, id RequestID) {
+	hs, p, err := src.e.Expose(bg, Spec{ID: id, Plan: s.plan, Pool: s.mem})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	blob, err := p.MarshalBinary()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cp, err := ucx.UnmarshalContextParams(blob)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	hr, err := dst.e.Receive(bg, Spec{ID: cp.RequestID, Peer: ucx.PeerFromAddress(cp.WorkerAddress), Plan: r.plan, Pool: r.mem,
+		Secret: cp.Secret, Params: cp})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	<-hr.Quiesced()
+	<-hs.Quiesced()
+	if hr.Status().State != Completed || hs.Status().State != Completed {
+		tb.Fatalf("%v / %v", hr.Status().Err, hs.Status().Err)
+	}
+	_ = hr.Release()
+	_ = hs.Release()
 }

@@ -3,8 +3,6 @@
 package wire
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"math/bits"
@@ -260,24 +258,6 @@ const (
 	claimBytes      = 8 + ClaimProofBytes
 	claimLabel      = "kvxfer claim"
 )
-
-// ClaimProof is HMAC-SHA256(secret, "kvxfer claim" | request u64 | sub u16 | nonce u64 |
-// incarnation u64), little-endian, truncated to ClaimProofBytes (docs/protocol.md,
-// "ContextParams v3"). Bound to the nonce, a recorded claim proves nothing for another
-// transfer; bound to the incarnation, nothing for another life of the receiver.
-func ClaimProof(secret []byte, request transport.RequestID, sub uint16, nonce, incarnation uint64) [ClaimProofBytes]byte {
-	h := hmac.New(sha256.New, secret)
-	b := append([]byte(claimLabel), make([]byte, 8+2+8+8)...)
-	at := len(claimLabel)
-	binary.LittleEndian.PutUint64(b[at:], uint64(request))
-	binary.LittleEndian.PutUint16(b[at+8:], sub)
-	binary.LittleEndian.PutUint64(b[at+10:], nonce)
-	binary.LittleEndian.PutUint64(b[at+18:], incarnation)
-	h.Write(b)
-	var p [ClaimProofBytes]byte
-	copy(p[:], h.Sum(nil))
-	return p
-}
 
 // RequestFlags are options of a request-info message.
 type RequestFlags uint32

@@ -3,7 +3,6 @@
 package ucx
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -233,70 +232,76 @@ func (c *ContextParams) encode(seal *paramsSeal) ([]byte, error) {
 	return c.encodeUnchecked(seal)
 }
 
-// encodeUnchecked writes the params as they are, valid or not (encode checks them first).
+// encodeUnchecked writes the params as they are, valid or not (encode checks them first), into
+// one buffer of their exact size: the prefill encodes each request's params, so the encoder
+// allocates nothing else (TestContextParams_CodecAllocations).
 func (c *ContextParams) encodeUnchecked(seal *paramsSeal) ([]byte, error) {
-	var b bytes.Buffer
 	le := binary.LittleEndian
-	put := func(v any) { _ = binary.Write(&b, le, v) } // bytes.Buffer writes cannot fail
 	var flags uint16
+	n := cpHeaderSize + 16 + 16*8 + 4 + 4*len(c.Blocks) + 4 + len(c.WorkerAddress) + len(c.Secret)
 	if c.Secret != nil {
 		flags |= contextParamsFlagSecret
 	}
-	if c.exposure != nil {
+	if x := c.exposure; x != nil {
 		flags |= contextParamsFlagExposure
+		n += contextParamsExposureFixed + 16*len(x.Regions) + len(x.Key) + len(x.GenKey)
 	}
 	if c.anonymous {
 		flags |= contextParamsFlagAnonymous
 	}
 	if seal != nil {
 		flags |= contextParamsFlagMAC
+		n += contextParamsSealBytes
 	}
 	version := uint16(contextParamsVersion)
 	if flags == 0 {
 		version = contextParamsMinVersion // the oldest format that carries them (docs/deploy.md, section 7)
 	}
-	b.WriteString(cpMagic)
-	put(version)
-	put(flags)
-	put(uint32(0)) // length, patched below
-	put(uint32(0)) // crc, patched below
-	put(uint64(c.RequestID))
-	put(c.Incarnation)
+	b := make([]byte, 0, n)
+	b = append(b, cpMagic...)
+	b = le.AppendUint16(b, version)
+	b = le.AppendUint16(b, flags)
+	b = le.AppendUint32(b, 0) // length, patched below
+	b = le.AppendUint32(b, 0) // crc, patched by MarshalBinary
+	b = le.AppendUint64(b, uint64(c.RequestID))
+	b = le.AppendUint64(b, c.Incarnation)
 	l := c.Layout
-	for _, v := range []int64{l.NumLayers, l.KVFactor, l.NumHeads, l.HeadDim, l.ElemSize, l.TokensPerBlock,
+	for _, v := range [...]int64{l.NumLayers, l.KVFactor, l.NumHeads, l.HeadDim, l.ElemSize, l.TokensPerBlock,
 		l.NumBlocks, l.StrideBlock, l.StrideLayer, l.StrideKV, l.StrideHead, l.StrideToken} {
-		put(v)
+		b = le.AppendUint64(b, uint64(v))
 	}
 	s := c.Selection
-	for _, v := range []int64{s.LayerBegin, s.LayerEnd, s.HeadBegin, s.HeadEnd} {
-		put(v)
+	for _, v := range [...]int64{s.LayerBegin, s.LayerEnd, s.HeadBegin, s.HeadEnd} {
+		b = le.AppendUint64(b, uint64(v))
 	}
-	put(uint32(len(c.Blocks)))
-	put(c.Blocks)
-	put(uint32(len(c.WorkerAddress)))
-	b.Write(c.WorkerAddress)
-	b.Write(c.Secret)
+	b = le.AppendUint32(b, uint32(len(c.Blocks)))
+	for _, v := range c.Blocks {
+		b = le.AppendUint32(b, uint32(v))
+	}
+	b = le.AppendUint32(b, uint32(len(c.WorkerAddress)))
+	b = append(b, c.WorkerAddress...)
+	b = append(b, c.Secret...)
 	if x := c.exposure; x != nil {
-		put(x.Addr)
-		put(x.GenAddr)
-		put(x.Generation)
-		put(uint16(len(x.Key)))
-		put(uint16(len(x.GenKey)))
-		put(uint16(len(x.Regions)))
-		put(uint16(0)) // reserved
+		b = le.AppendUint64(b, x.Addr)
+		b = le.AppendUint64(b, x.GenAddr)
+		b = le.AppendUint64(b, x.Generation)
+		b = le.AppendUint16(b, uint16(len(x.Key)))
+		b = le.AppendUint16(b, uint16(len(x.GenKey)))
+		b = le.AppendUint16(b, uint16(len(x.Regions)))
+		b = le.AppendUint16(b, 0) // reserved
 		for _, r := range x.Regions {
-			put(r)
+			b = le.AppendUint64(b, r[0])
+			b = le.AppendUint64(b, r[1])
 		}
-		b.Write(x.Key)
-		b.Write(x.GenKey)
+		b = append(b, x.Key...)
+		b = append(b, x.GenKey...)
 	}
 	if seal != nil {
-		b.Write(seal.KeyID[:])
-		b.Write(seal.MAC[:])
+		b = append(b, seal.KeyID[:]...)
+		b = append(b, seal.MAC[:]...)
 	}
-	out := b.Bytes()
-	le.PutUint32(out[8:], uint32(len(out)))
-	return out, nil
+	le.PutUint32(b[8:], uint32(len(b)))
+	return b, nil
 }
 
 // OneHop is what a one-hop read of these params needs (transfer.Spec.Params): their Exposure
@@ -384,6 +389,7 @@ type cpReader struct {
 	err error
 }
 
+// take's slice has no room past its n bytes, so an append to it never writes into what follows.
 func (r *cpReader) take(n int, what string) []byte {
 	if r.err != nil {
 		return nil
@@ -392,7 +398,7 @@ func (r *cpReader) take(n int, what string) []byte {
 		r.err = fmt.Errorf("%w: truncated in %s: need %d bytes, %d left", ErrBadMetadata, what, n, len(r.b))
 		return nil
 	}
-	v := r.b[:n]
+	v := r.b[:n:n]
 	r.b = r.b[n:]
 	return v
 }
@@ -441,10 +447,10 @@ func (r *cpReader) exposure() *transport.Exposure {
 		}
 	}
 	if nk > 0 {
-		x.Key = append([]byte(nil), r.take(nk, "exposure key")...)
+		x.Key = r.take(nk, "exposure key")
 	}
 	if ngk > 0 {
-		x.GenKey = append([]byte(nil), r.take(ngk, "exposure generation key")...)
+		x.GenKey = r.take(ngk, "exposure generation key")
 	}
 	return x
 }
@@ -475,13 +481,15 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 		return nil, fmt.Errorf("%w: header says %d bytes, blob has %d", ErrBadMetadata, n, len(blob))
 	}
 	want := le.Uint32(blob[cpCRCOffset:])
-	zeroed := append([]byte(nil), blob...)
-	le.PutUint32(zeroed[cpCRCOffset:], 0)
-	if got := crc32.Checksum(zeroed, cpCRCTable); got != want {
+	// The params' byte fields (address, secret, the exposure's keys) are slices of this one
+	// copy of the blob, which nothing else holds: one allocation for all of them.
+	own := append([]byte(nil), blob...)
+	le.PutUint32(own[cpCRCOffset:], 0)
+	if got := crc32.Checksum(own, cpCRCTable); got != want {
 		return nil, fmt.Errorf("%w: checksum %#08x, computed %#08x", ErrBadMetadata, want, got)
 	}
 
-	r := &cpReader{b: blob[cpHeaderSize:]}
+	r := &cpReader{b: own[cpHeaderSize:]}
 	c := &ContextParams{}
 	c.RequestID = transport.RequestID(r.u64("request id"))
 	c.Incarnation = r.u64("incarnation")
@@ -511,9 +519,9 @@ func UnmarshalContextParams(blob []byte) (*ContextParams, error) {
 	if r.err == nil && na > wire.ParamsMaxAddress {
 		return nil, fmt.Errorf("%w: %d-byte address, at most %d", ErrBadMetadata, na, wire.ParamsMaxAddress)
 	}
-	c.WorkerAddress = append([]byte(nil), r.take(int(na), "worker address")...)
+	c.WorkerAddress = r.take(int(na), "worker address")
 	if flags&contextParamsFlagSecret != 0 {
-		c.Secret = append([]byte(nil), r.take(wire.ParamsSecretBytes, "secret")...)
+		c.Secret = r.take(wire.ParamsSecretBytes, "secret")
 	}
 	if flags&contextParamsFlagExposure != 0 {
 		if c.exposure = r.exposure(); r.err != nil {

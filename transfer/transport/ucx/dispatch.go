@@ -162,7 +162,26 @@ func (t *ucxTransport) deliverControl(in transport.Inbound, b []byte) {
 	if t.probe.Load().arrived(b[2:2+n], b[2+n:]) || t.answerChallenge(b[2+n:]) {
 		return
 	}
-	in.OnControl(PeerFromAddress(b[2:2+n]), b[2+n:])
+	in.OnControl(t.peerOf(b[2:2+n]), b[2+n:])
+}
+
+// peerNamesMax bounds the senders peerOf remembers: a transport has a few peers, and a sender
+// that makes up addresses only empties the cache now and then.
+const peerNamesMax = 64
+
+// peerOf is PeerFromAddress(addr), remembered: every control message names its sender by
+// address, and hex-encoding it cost two allocations of about 1 KiB a message, in both engines.
+// Only the dispatch goroutine calls it.
+func (t *ucxTransport) peerOf(addr []byte) transport.Peer {
+	if p, ok := t.peerNames[string(addr)]; ok {
+		return p
+	}
+	if t.peerNames == nil || len(t.peerNames) >= peerNamesMax {
+		t.peerNames = make(map[string]transport.Peer, peerNamesMax)
+	}
+	p := PeerFromAddress(addr)
+	t.peerNames[string(addr)] = p
+	return p
 }
 
 // ucxError maps native errors onto the engine's sentinels, keeping the UCX detail.

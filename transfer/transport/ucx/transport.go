@@ -105,9 +105,12 @@ type ucxTransport struct {
 	tagOwners map[uint64]ucxTagOwner
 
 	reports queue.Queue[ucxReport] // the report queue (dispatch.go)
-	stop    chan struct{}
-	exited  chan struct{}
-	once    sync.Once
+	// peerNames are the control senders' names by address (dispatch.go, peerOf): only the
+	// dispatch goroutine touches them.
+	peerNames map[string]transport.Peer
+	stop      chan struct{}
+	exited    chan struct{}
+	once      sync.Once
 }
 
 type ucxOp struct {
