@@ -422,8 +422,11 @@ func (w *Worker) loop(ready chan<- error) {
 				// Every transport will signal the set when anything arrives or completes:
 				// sleep until then (or a command, Close, MaxSleep), no back-off.
 				hopstamp.MarkLast("worker sleeps")
-				w.wake.sleepArmed(w.armedSleep(), w.idle)
+				why := w.wake.sleepArmed(w.armedSleep(), w.idle)
 				hopstamp.MarkLast("worker woke")
+				if hopstamp.On() {
+					hopstamp.MarkLast("worker woke for " + why.String())
+				}
 				sleep = 0
 				continue
 			case C.UCS_ERR_BUSY:
@@ -441,7 +444,11 @@ func (w *Worker) loop(ready chan<- error) {
 		} else if sleep *= 2; sleep > w.cfg.MaxSleep {
 			sleep = w.cfg.MaxSleep
 		}
-		w.wake.sleep(sleep, w.idle)
+		hopstamp.MarkLast("worker backs off")
+		why := w.wake.sleep(sleep, w.idle)
+		if hopstamp.On() {
+			hopstamp.MarkLast("worker back-off ended by " + why.String())
+		}
 	}
 }
 

@@ -46,6 +46,7 @@ type waker struct {
 	own waitSet            // the timer and the eventfd
 	set waitSet            // the same and UCX's fds (setfd -1: the worker cannot be woken by UCX)
 	evs [8]unix.EpollEvent // the loop's: what a look at a set returns
+	nev int                // how many of evs the last look filled
 
 	mu     sync.Mutex // settime and the eventfd's write against close: never an fd number reused elsewhere
 	closed bool
@@ -165,34 +166,69 @@ func (k *waker) beginSleep(d time.Duration) {
 // wait parks in the poller until something in s is ready. The runtime's poller reports the
 // set by edges; the look before each park sees what is ready already, so nothing that came
 // before the park is slept through.
-func (k *waker) wait(s waitSet) {
+func (k *waker) wait(s waitSet) wakeReason {
+	k.nev = 0
 	_ = s.setrc.Read(func(uintptr) bool {
 		n, err := unix.EpollWait(s.setfd, k.evs[:], 0)
+		k.nev = max(n, 0)
 		return n > 0 || (err != nil && !errors.Is(err, unix.EINTR))
 	})
+	why := wokeUCX // whatever else is in the set is UCX's
+	if k.nev == 0 {
+		return wokeError
+	}
+	for _, e := range k.evs[:k.nev] {
+		switch int(e.Fd) {
+		case k.ev:
+			return wokeCommand // a command, or Close: it goes first
+		case k.fd:
+			why = wokeTimer
+		}
+	}
+	return why
+}
+
+// wakeReason is what ended a sleep of the loop (its hop stamps name it: kvxbench --hops).
+type wakeReason uint8
+
+const (
+	wokeWork    wakeReason = iota // work was queued before the loop parked: it did not sleep
+	wokeCommand                   // a wake: a command or Close
+	wokeTimer                     // the timer: the sleep's bound, or the back-off's step
+	wokeUCX                       // one of UCX's fds: a message landed, an operation completed, a keepalive is due
+	wokeError                     // the poller reported an error, no fd
+)
+
+func (r wakeReason) String() string {
+	return [...]string{"work queued", "a command", "its timer", "UCX", "an error"}[r]
 }
 
 // sleep (the loop) waits up to d, unless idle reports there is work after all, or until
-// wake.
-func (k *waker) sleep(d time.Duration, idle func() bool) {
+// wake, and says which ended it.
+func (k *waker) sleep(d time.Duration, idle func() bool) wakeReason {
 	k.beginSleep(d)
+	why := wokeWork
 	if idle() {
-		k.wait(k.own)
+		why = k.wait(k.own)
 	}
 	k.sleeping.Store(false)
+	return why
 }
 
 // sleepArmed (the loop, after ucp_worker_arm returned UCS_OK) waits up to d, unless idle
 // reports there is work after all, until wake, or until one of UCX's fds in the set is
-// ready: a message landed, an operation completed, UCX's keepalive is due.
-func (k *waker) sleepArmed(d time.Duration, idle func() bool) {
+// ready: a message landed, an operation completed, UCX's keepalive is due. It says which
+// ended it.
+func (k *waker) sleepArmed(d time.Duration, idle func() bool) wakeReason {
 	k.armed.Store(true)
 	k.beginSleep(d)
+	why := wokeWork
 	if idle() {
-		k.wait(k.set)
+		why = k.wait(k.set)
 	}
 	k.sleeping.Store(false)
 	k.armed.Store(false)
+	return why
 }
 
 func (k *waker) close() {

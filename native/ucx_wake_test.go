@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // An idle worker sleeps MaxSleep at a time between progress rounds; a command must end the
@@ -354,7 +355,7 @@ func TestWaker_OneWakePerSleep(t *testing.T) {
 var wakerSleeps = []struct {
 	name  string
 	set   bool
-	sleep func(k *waker, d time.Duration, idle func() bool)
+	sleep func(k *waker, d time.Duration, idle func() bool) wakeReason
 }{
 	{"timer", false, (*waker).sleep},
 	{"set-timer", true, (*waker).sleep},
@@ -395,6 +396,54 @@ func TestWaker_AWakeEndsOneSleep(t *testing.T) {
 			require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond,
 				"a sleep ended early: a wake was left pending")
 		})
+	}
+}
+
+// A sleep says what ended it, which the worker's hop stamps name (kvxbench --hops: what woke
+// a worker in the middle of a request): a wake, the timer, one of UCX's fds (an armed sleep
+// only: an fd of ours added to the set as UCX adds its own), or work queued before it parked.
+func TestWaker_ASleepSaysWhatEndedIt(t *testing.T) {
+	for _, tc := range wakerSleeps {
+		t.Run(tc.name, func(t *testing.T) {
+			k, err := newWaker(tc.set)
+			require.NoError(t, err)
+			defer k.close()
+
+			var c wakeFor
+			got := make(chan wakeReason, 1)
+			go func() { got <- tc.sleep(k, 20*time.Second, c.idle) }()
+			require.Eventually(t, k.sleeping.Load, 10*time.Second, 100*time.Microsecond)
+			c.send(k)
+			require.Equal(t, wokeCommand, waitReason(t, got))
+
+			require.Equal(t, wokeTimer, tc.sleep(k, time.Millisecond, func() bool { return true }))
+			require.Equal(t, wokeWork, tc.sleep(k, 20*time.Second, func() bool { return false }))
+
+			if tc.name != "set-armed" {
+				return
+			}
+			ucx, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC) // as UCX adds its fd to the set
+			require.NoError(t, err)
+			defer func() { _ = unix.Close(ucx) }()
+			require.NoError(t, unix.EpollCtl(k.eventFD(), unix.EPOLL_CTL_ADD, ucx, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(ucx)}))
+			go func() { got <- tc.sleep(k, 20*time.Second, func() bool { return true }) }()
+			require.Eventually(t, k.sleeping.Load, 10*time.Second, 100*time.Microsecond)
+			one := [8]byte{1}
+			_, err = unix.Write(ucx, one[:])
+			require.NoError(t, err)
+			require.Equal(t, wokeUCX, waitReason(t, got))
+		})
+	}
+}
+
+func waitReason(t *testing.T, got <-chan wakeReason) wakeReason {
+	t.Helper()
+	select {
+	case r := <-got:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sleep did not end")
+		return 0
 	}
 }
 
