@@ -52,7 +52,11 @@ type Spec struct {
 	// (the pool named by Addr).
 	Device DevicePool
 	// Timeout is the transfer's deadline, counted from its first staging slot lease.
-	// Default Config.TransferTimeout.
+	// Default Config.TransferTimeout. It does not bound the queued phase before that (a
+	// slot, admission, and on a Send the receiver's request): that wait ends at
+	// Config.QueueTimeout or the Send/Receive context's deadline, whichever comes first,
+	// with ErrQueueTimeout. A Send whose receiver never asks so ends at QueueTimeout, whatever
+	// Timeout says; to bound that wait by Timeout too, pass a context with that deadline.
 	Timeout time.Duration
 	// Subs, for a Receive only, splits the request over several peers (heterogeneous TP or
 	// PP: a TP=1 rank receiving from two TP=2 ranks names each with the plan of its share of

@@ -19,7 +19,8 @@ import (
 // and over TCP. Over TCP this is where UCX 1.13 completed a zero-copy send piece twice and
 // aborted the survivor (docs/ucx.md, "TCP without zero-copy"): the process must live on. The
 // send handle is done within its deadline and quiesced within the quarantine bound; every
-// slot is free or poisoned, none leased (L5, L9); a new peer then receives every byte.
+// slot is free or poisoned, none leased (L5, L9); a new peer then receives every byte, or,
+// over shared memory, the survivor reports the receive queue the kill wedged (servedOrWedged).
 func TestUCXTransport_ReceiverKilledWhileWeSend(t *testing.T) {
 	const blocks = 256 // 512 MiB: far more than moves before the kill
 	bin := peerproc.BuildEnginePeer(t)
@@ -50,8 +51,12 @@ func TestUCXTransport_ReceiverKilledWhileWeSend(t *testing.T) {
 			want := bytes.Clone(pool2)
 			h2, err := local.e.Send(bg, Spec{ID: 32, Peer: Peer(peer2.Addr), Plan: plan2, Pool: pool2, Timeout: 30 * time.Second})
 			require.NoError(t, err)
-			waitQuiesced(t, h2, 35*time.Second)
-			require.Equal(t, Completed, h2.Status().State, "%v", h2.Status().Err)
+			// The killed peer may have died mid-write into this worker's shared-memory receive
+			// queue, which wedges it for good (a UCX limitation, docs/ucx.md): peer2's request
+			// then never arrives, and the survivor must say so through Health (servedOrWedged).
+			if !servedOrWedged(t, local, h2, 35*time.Second, tr.name == "shm") {
+				return
+			}
 			require.Equal(t, Completed.String()+" OK", peer2.Expect(t, "DONE ", 30*time.Second), "the peer checks every byte")
 			require.True(t, bytes.Equal(want, pool2), "a send leaves its pool as it was")
 		})

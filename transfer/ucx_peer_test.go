@@ -209,6 +209,9 @@ func servedOrWedged(t *testing.T, u *ucxEngine, h *Handle, d time.Duration, wedg
 		return false
 	}
 	waitQuiesced(t, h, time.Until(start.Add(d))+time.Second)
-	require.Equal(t, Completed, h.Status().State, "the new peer's request after %v: %v", time.Since(start), h.Status().Err)
+	// A request still queued here, with the transport healthy, is a peer that asked and was
+	// never served: say what the survivor saw, for the log.
+	require.Equal(t, Completed, h.Status().State, "the new peer's request after %v: %+v; transport health: %v",
+		time.Since(start), h.Status(), ucxOf(u.tr).TransportHealth())
 	return true
 }
