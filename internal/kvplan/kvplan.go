@@ -52,14 +52,26 @@ func Units(p *layout.Plan) int64 { return p.Bytes() / p.Layout().RowBytes() }
 func RunUnits(p *layout.Plan) int64 { return runUnits(p.Layout(), p.Selection()) }
 
 func runUnits(l layout.Layout, s layout.Selection) int64 {
-	row := l.RowBytes()
-	if l.TokensPerBlock > 1 && l.StrideToken != row {
+	switch runLevel(l, s) {
+	case 0:
 		return 1
-	}
-	if s.Heads() > 1 && l.StrideHead != row*l.TokensPerBlock {
+	case 1:
 		return l.TokensPerBlock
 	}
 	return s.Heads() * l.TokensPerBlock
+}
+
+// runLevel is which stream digit a run spans: 0, one row; 1, a head's tokens; 2, a block's
+// heads and tokens.
+func runLevel(l layout.Layout, s layout.Selection) int {
+	row := l.RowBytes()
+	if l.TokensPerBlock > 1 && l.StrideToken != row {
+		return 0
+	}
+	if s.Heads() > 1 && l.StrideHead != row*l.TokensPerBlock {
+		return 1
+	}
+	return 2
 }
 
 // UnitOffset is the byte offset in the pool of stream unit u (see kvx_unit_offset).
@@ -119,15 +131,16 @@ func Runs(p *layout.Plan, off, n int64, fn func(poolOff, streamOff, length int64
 	}
 	l, s, blocks := p.Layout(), p.Selection(), p.Blocks()
 	row := l.RowBytes()
-	run := runUnits(l, s)
+	level := runLevel(l, s)
+	// Divide once, at the start; from there the walk carries the unit's digits forward (the
+	// pieces after the first start at run boundaries, in = 0).
+	w := newUnitWalk(l, s, blocks, off/row)
+	in := off % row
 	var curPool, curStream, curLen int64 // the range being merged; curLen 0: none yet
 	for pos := int64(0); pos < n; {
 		st := off + pos
-		unit, in := st/row, st%row
-		// Runs start at multiples of run in the stream (see kvx_run_units).
-		left := (run - unit%run) * row
-		k := min(left-in, n-pos)
-		at := unitOffset(l, s, blocks, unit) + in
+		k := min(w.unitsLeft(level)*row-in, n-pos)
+		at := w.offset() + in
 		if curLen > 0 && curPool+curLen == at {
 			curLen += k
 		} else {
@@ -137,11 +150,87 @@ func Runs(p *layout.Plan, off, n int64, fn func(poolOff, streamOff, length int64
 			curPool, curStream, curLen = at, st, k
 		}
 		pos += k
+		in = 0
+		w.next(level)
 	}
 	if curLen > 0 {
 		fn(curPool, curStream, curLen)
 	}
 	return nil
+}
+
+// unitWalk is a stream unit as its digits (see unitOffset), stepped run by run without
+// dividing.
+type unitWalk struct {
+	blocks                        []int32
+	tokens, heads, nblocks, kvf   int64
+	sBlock, sLayer, sKV, sH, sTok int64
+	layerBegin, headBegin         int64
+	t, h, b, kv, layer            int64
+}
+
+func newUnitWalk(l layout.Layout, s layout.Selection, blocks []int32, u int64) unitWalk {
+	w := unitWalk{blocks: blocks, tokens: l.TokensPerBlock, heads: s.Heads(),
+		nblocks: int64(len(blocks)), kvf: l.KVFactor,
+		sBlock: l.StrideBlock, sLayer: l.StrideLayer, sKV: l.StrideKV, sH: l.StrideHead, sTok: l.StrideToken,
+		layerBegin: s.LayerBegin, headBegin: s.HeadBegin}
+	w.t = u % l.TokensPerBlock
+	u /= l.TokensPerBlock
+	w.h = u % w.heads
+	u /= w.heads
+	w.b = u % w.nblocks
+	u /= w.nblocks
+	w.kv = u % l.KVFactor
+	w.layer = u / l.KVFactor
+	return w
+}
+
+// unitsLeft is how many units remain from w to the end of its run (runs start at multiples of
+// the run length in the stream: see kvx_run_units).
+func (w *unitWalk) unitsLeft(level int) int64 {
+	switch level {
+	case 0:
+		return 1
+	case 1:
+		return w.tokens - w.t
+	}
+	return (w.heads-w.h)*w.tokens - w.t
+}
+
+// next moves w to the start of the next run.
+func (w *unitWalk) next(level int) {
+	switch level {
+	case 0:
+		w.t++
+	case 1:
+		w.t = 0
+		w.h++
+	default:
+		w.t, w.h = 0, 0
+		w.b++
+	}
+	if w.t == w.tokens {
+		w.t = 0
+		w.h++
+	}
+	if w.h == w.heads {
+		w.h = 0
+		w.b++
+	}
+	if w.b == w.nblocks {
+		w.b = 0
+		w.kv++
+	}
+	if w.kv == w.kvf {
+		w.kv = 0
+		w.layer++
+	}
+}
+
+// offset is unitOffset of w's unit.
+func (w *unitWalk) offset() int64 {
+	return int64(w.blocks[w.b])*w.sBlock + (w.layerBegin+w.layer)*w.sLayer +
+		w.kv*w.sKV + (w.headBegin+w.h)*w.sH + w.t*w.sTok
 }
 
 // CompatibleShapes is layout.Compatible for two shapes, as a peer reports its own: the same
