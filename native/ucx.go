@@ -179,9 +179,11 @@ type WorkerConfig struct {
 	// A worker UCX can wake (docs/ucx.md, "An idle worker sleeps until UCX has work for it")
 	// with only receives pending spins at most 20 us of them: their messages wake it.
 	SpinRounds int
-	// MaxSleep caps the sleep between progress rounds. On a worker UCX can wake, a message or
-	// a completion ends the sleep; on one it cannot, MaxSleep bounds the delay before an
-	// incoming message or a keepalive is noticed. Default 1ms; at most 100ms.
+	// MaxSleep caps the sleep between progress rounds of a worker UCX cannot wake, and the
+	// timer back-off of one that can: it bounds the delay before an incoming message or a
+	// keepalive is noticed. A worker UCX can wake sleeps armed until a message, a completion,
+	// a command or Close ends the sleep, for at most 20 ms (or MaxSleep if longer, and no more
+	// than a quarter of the context's KeepaliveInterval). Default 1ms; at most 100ms.
 	MaxSleep time.Duration
 	// CloseTimeout bounds Close: how long it progresses to let cancelled and force-closed
 	// operations report back before it destroys the worker. Default 2s.
@@ -293,6 +295,7 @@ type Worker struct {
 	// emptyRounds counts the loop's progress rounds that found nothing to do, yields those
 	// that gave the core away (spinYield) (for tests).
 	emptyRounds, yields atomic.Uint64
+	timerWakes          atomic.Uint64 // armed sleeps its timer ended (armedSleep's bound)
 
 	address []byte
 	stats   atomic.Pointer[WorkerStats]
@@ -423,6 +426,9 @@ func (w *Worker) loop(ready chan<- error) {
 				// sleep until then (or a command, Close, MaxSleep), no back-off.
 				hopstamp.MarkLast("worker sleeps")
 				why := w.wake.sleepArmed(w.armedSleep(), w.idle)
+				if why == wokeTimer {
+					w.timerWakes.Add(1)
+				}
 				hopstamp.MarkLast("worker woke")
 				if hopstamp.On() {
 					hopstamp.MarkLast("worker woke for " + why.String())
@@ -452,13 +458,28 @@ func (w *Worker) loop(ready chan<- error) {
 	}
 }
 
-// armedSleep is how long an armed sleep may last: MaxSleep, or a test's fixedSleep.
+// armedSleep is how long an armed sleep may last: armedSleepMax (or MaxSleep, if longer), but
+// no more than a quarter of the context's keepalive interval, which UCX checks only when the
+// worker progresses; or a test's fixedSleep.
 func (w *Worker) armedSleep() time.Duration {
 	if w.cfg.fixedSleep > 0 {
 		return w.cfg.fixedSleep
 	}
-	return w.cfg.MaxSleep
+	d := max(w.cfg.MaxSleep, armedSleepMax)
+	if ka := w.ctx.cfg.KeepaliveInterval / 4; ka > 0 {
+		d = min(d, max(ka, w.cfg.MaxSleep))
+	}
+	return d
 }
+
+// armedSleepMax bounds a sleep UCX can end (a message landed, an operation completed) and a
+// command or Close ends at once: the bound is a safety net, not what wakes the worker. It was
+// MaxSleep (1 ms) until 2026-11-29: every idle worker of a process (the transport's, the RMA
+// lanes', the probe's) then woke a thousand times a second for nothing, and on the 2-core VM
+// those wakes took the core a 32-token read in place was copied on: 20 ms took the one-hop
+// row's p50 from 401-428 to 349-364 us in 4 of 4 pairs (docs/benchmarks.md, "The armed
+// sleep's bound").
+const armedSleepMax = 20 * time.Millisecond
 
 // armBusyRounds is how many times in a row ucp_worker_arm may say BUSY, each followed by an
 // empty round, before the loop backs off on its timer.

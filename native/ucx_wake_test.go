@@ -119,6 +119,42 @@ func TestWorker_UCXWakesTheSleepForAMessage(t *testing.T) {
 	}
 }
 
+// An idle worker UCX can wake sleeps up to armedSleepMax at a time, not MaxSleep (1 ms): its
+// sleep ends for a message, a completion or a command, and a timer that ended it every
+// millisecond woke the thread a thousand times a second for nothing, in each idle worker of
+// each process (on the 2-core VM those wakes took the core a read in place was being copied
+// on: docs/benchmarks.md, "The armed sleep's bound"). Over 300 ms a worker with a receive
+// pending and nothing else to do may end at most 30 armed sleeps by its timer (300 at 1 ms).
+func TestWorker_AnIdleArmedWorkerSleepsPastMaxSleep(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			cfg := ContextConfig{TLS: tr.tls}
+			if tr.name == "tcp" {
+				cfg.NetDevices = "lo"
+			}
+			c, err := NewContext(cfg)
+			require.NoError(t, err)
+			w, err := c.NewWorker(WorkerConfig{})
+			require.NoError(t, err)
+			require.True(t, w.wakeable)
+			require.Equal(t, time.Millisecond, w.cfg.MaxSleep)
+			m, err := c.Allocate(64)
+			require.NoError(t, err)
+			recv := w.TagRecv(m, 0, 64, 1, ^uint64(0))
+			asleepArmed(t, w)
+			before := w.timerWakes.Load()
+			time.Sleep(300 * time.Millisecond)
+			n := w.timerWakes.Load() - before
+			require.LessOrEqual(t, n, uint64(30), "armed sleeps ended by the timer in 300 ms")
+			require.NoError(t, w.Close())
+			require.True(t, recv.Completed())
+			require.Error(t, recv.Err(), "cancelled by Close")
+			require.NoError(t, m.Close())
+			require.NoError(t, c.Close())
+		})
+	}
+}
+
 // Close ends an armed sleep too, with a receive still pending (it completes cancelled).
 func TestWorker_CloseEndsAnArmedSleep(t *testing.T) {
 	for _, tr := range transports {
