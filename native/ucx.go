@@ -472,13 +472,11 @@ func (w *Worker) armedSleep() time.Duration {
 	return d
 }
 
-// armedSleepMax bounds a sleep UCX can end (a message landed, an operation completed) and a
-// command or Close ends at once: the bound is a safety net, not what wakes the worker. It was
-// MaxSleep (1 ms) until 2026-11-29: every idle worker of a process (the transport's, the RMA
-// lanes', the probe's) then woke a thousand times a second for nothing, and on the 2-core VM
-// those wakes took the core a 32-token read in place was copied on: 20 ms took the one-hop
-// row's p50 from 401-428 to 349-364 us in 4 of 4 pairs (docs/benchmarks.md, "The armed
-// sleep's bound").
+// armedSleepMax bounds a sleep UCX, a command or Close ends at once: a safety net, not what
+// wakes the worker. At MaxSleep (1 ms, until 2026-11-29) every idle worker of a process woke a
+// thousand times a second for nothing, taking the 2-core VM's core a read in place was copied
+// on: 20 ms took the one-hop 32-token p50 from 401-428 to 349-364 us in 4 of 4 pairs
+// (docs/benchmarks.md, "The armed sleep's bound").
 const armedSleepMax = 20 * time.Millisecond
 
 // armBusyRounds is how many times in a row ucp_worker_arm may say BUSY, each followed by an
