@@ -173,10 +173,10 @@ func (k *waker) wait(s waitSet) wakeReason {
 		k.nev = max(n, 0)
 		return n > 0 || (err != nil && !errors.Is(err, unix.EINTR))
 	})
-	why := wokeUCX // whatever else is in the set is UCX's
 	if k.nev == 0 {
 		return wokeError
 	}
+	why := wokeUCX // whatever else is in the set is UCX's
 	for _, e := range k.evs[:k.nev] {
 		switch int(e.Fd) {
 		case k.ev:

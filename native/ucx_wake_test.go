@@ -128,62 +128,69 @@ func TestWorker_UCXWakesTheSleepForAMessage(t *testing.T) {
 func TestWorker_AnIdleArmedWorkerSleepsPastMaxSleep(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			cfg := ContextConfig{TLS: tr.tls}
-			if tr.name == "tcp" {
-				cfg.NetDevices = "lo"
-			}
-			c, err := NewContext(cfg)
-			require.NoError(t, err)
-			w, err := c.NewWorker(WorkerConfig{})
-			require.NoError(t, err)
-			require.True(t, w.wakeable)
-			require.Equal(t, time.Millisecond, w.cfg.MaxSleep)
-			m, err := c.Allocate(64)
-			require.NoError(t, err)
-			recv := w.TagRecv(m, 0, 64, 1, ^uint64(0))
-			asleepArmed(t, w)
-			before := w.timerWakes.Load()
+			a := newArmedIdle(t, tr.name, tr.tls, WorkerConfig{})
+			require.Equal(t, time.Millisecond, a.w.cfg.MaxSleep)
+			before := a.w.timerWakes.Load()
 			time.Sleep(300 * time.Millisecond)
-			n := w.timerWakes.Load() - before
+			n := a.w.timerWakes.Load() - before
 			require.LessOrEqual(t, n, uint64(30), "armed sleeps ended by the timer in 300 ms")
-			require.NoError(t, w.Close())
-			require.True(t, recv.Completed())
-			require.Error(t, recv.Err(), "cancelled by Close")
-			require.NoError(t, m.Close())
-			require.NoError(t, c.Close())
+			require.NoError(t, a.w.Close())
+			a.closed(t)
 		})
 	}
+}
+
+// armedIdle is a worker UCX can wake, asleep armed with one receive pending and nothing else
+// to do.
+type armedIdle struct {
+	c    *Context
+	w    *Worker
+	m    *Memory
+	recv *Request
+}
+
+func newArmedIdle(t *testing.T, name, tls string, wcfg WorkerConfig) armedIdle {
+	t.Helper()
+	cfg := ContextConfig{TLS: tls}
+	if name == "tcp" {
+		cfg.NetDevices = "lo"
+	}
+	c, err := NewContext(cfg)
+	require.NoError(t, err)
+	w, err := c.NewWorker(wcfg)
+	require.NoError(t, err)
+	require.True(t, w.wakeable)
+	m, err := c.Allocate(64)
+	require.NoError(t, err)
+	recv := w.TagRecv(m, 0, 64, 1, ^uint64(0))
+	asleepArmed(t, w)
+	return armedIdle{c: c, w: w, m: m, recv: recv}
+}
+
+// closed checks, after the worker's Close, that the pending receive completed cancelled, and
+// frees the rest.
+func (a armedIdle) closed(t *testing.T) {
+	t.Helper()
+	require.True(t, a.recv.Completed())
+	require.Error(t, a.recv.Err(), "cancelled by Close")
+	require.NoError(t, a.m.Close())
+	require.NoError(t, a.c.Close())
 }
 
 // Close ends an armed sleep too, with a receive still pending (it completes cancelled).
 func TestWorker_CloseEndsAnArmedSleep(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			cfg := ContextConfig{TLS: tr.tls}
-			if tr.name == "tcp" {
-				cfg.NetDevices = "lo"
-			}
-			c, err := NewContext(cfg)
-			require.NoError(t, err)
-			w, err := c.NewWorker(WorkerConfig{fixedSleep: 20 * time.Second})
-			require.NoError(t, err)
-			require.True(t, w.wakeable)
-			m, err := c.Allocate(64)
-			require.NoError(t, err)
-			recv := w.TagRecv(m, 0, 64, 1, ^uint64(0))
-			asleepArmed(t, w)
+			a := newArmedIdle(t, tr.name, tr.tls, WorkerConfig{fixedSleep: 20 * time.Second})
 			done := make(chan error, 1)
-			go func() { done <- w.Close() }()
+			go func() { done <- a.w.Close() }()
 			select {
 			case err := <-done:
 				require.NoError(t, err)
 			case <-time.After(10 * time.Second):
 				t.Fatal("Close waited out the armed sleep")
 			}
-			require.True(t, recv.Completed())
-			require.Error(t, recv.Err())
-			require.NoError(t, m.Close())
-			require.NoError(t, c.Close())
+			a.closed(t)
 		})
 	}
 }

@@ -80,16 +80,8 @@ func UnitOffset(p *layout.Plan, u int64) int64 {
 }
 
 func unitOffset(l layout.Layout, s layout.Selection, blocks []int32, u int64) int64 {
-	t := u % l.TokensPerBlock
-	u /= l.TokensPerBlock
-	h := u % s.Heads()
-	u /= s.Heads()
-	b := u % int64(len(blocks))
-	u /= int64(len(blocks))
-	k := u % l.KVFactor
-	layer := u / l.KVFactor
-	return int64(blocks[b])*l.StrideBlock + (s.LayerBegin+layer)*l.StrideLayer +
-		k*l.StrideKV + (s.HeadBegin+h)*l.StrideHead + t*l.StrideToken
+	w := newUnitWalk(l, s, blocks, u)
+	return w.offset()
 }
 
 // Chunks splits p's stream into consecutive ranges of at most maxBytes, cut on element
@@ -159,8 +151,8 @@ func Runs(p *layout.Plan, off, n int64, fn func(poolOff, streamOff, length int64
 	return nil
 }
 
-// unitWalk is a stream unit as its digits (see unitOffset), stepped run by run without
-// dividing.
+// unitWalk is a stream unit as its digits (token, head, block, kv, layer: the stream's order,
+// kvx_unit_offset), stepped run by run without dividing.
 type unitWalk struct {
 	blocks                        []int32
 	tokens, heads, nblocks, kvf   int64
