@@ -141,8 +141,12 @@ func (p *moverPool) work() {
 // copied the whole request itself (docs/benchmarks.md). One standby at a time: a later one
 // only extends the window, and the first copy a worker takes ends it. The wait yields the P
 // (runtime.Gosched): a wait that kept it delayed the request's own loop by 150 us at the
-// median, the other P being busy with the UCX workers' goroutines. Nothing while copies are queued or running (the workers are
-// awake), after fence or close.
+// median, the other P being busy with the UCX workers' goroutines. It does not yield the
+// core: on the 2-core VM the kernel often puts the woken worker's thread on the waker's vCPU,
+// where its wait holds the Receive's thread off for about 200 us while the other vCPU idles;
+// a yielding wait, or a worker moved off that vCPU, only moved the time into the copy
+// (docs/benchmarks.md, "A one-hop read's 200 us stall before its copy"). Nothing while copies
+// are queued or running (the workers are awake), after fence or close.
 func (p *moverPool) standby() {
 	p.mu.Lock()
 	if p.fenced || p.closed || p.busy > 0 || p.head < len(p.jobs) {
