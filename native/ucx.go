@@ -425,7 +425,7 @@ func (w *Worker) loop(ready chan<- error) {
 				// Every transport will signal the set when anything arrives or completes:
 				// sleep until then (or a command, Close, MaxSleep), no back-off.
 				hopstamp.MarkLast("worker sleeps")
-				why := w.wake.sleepArmed(w.armedSleep(), w.idle)
+				why := w.wake.sleepArmed(w.armedSleep(), w.cw.stats.unexp_held > 0, w.idle)
 				if why == wokeTimer {
 					w.timerWakes.Add(1)
 				}
@@ -451,7 +451,7 @@ func (w *Worker) loop(ready chan<- error) {
 			sleep = w.cfg.MaxSleep
 		}
 		hopstamp.MarkLast("worker backs off")
-		why := w.wake.sleep(sleep, w.idle)
+		why := w.wake.sleep(sleep, w.cw.stats.unexp_held > 0, w.idle)
 		if hopstamp.On() {
 			hopstamp.MarkLast("worker back-off ended by " + why.String())
 		}
@@ -623,24 +623,8 @@ func (w *Worker) Stats() WorkerStats {
 // Address is the worker's UCX address, what a peer passes to Connect.
 func (w *Worker) Address() []byte { return append([]byte(nil), w.address...) }
 
-// submit queues f for the loop. It fails with ErrClosed once Close has begun, and never
-// blocks past that.
-func (w *Worker) submit(f func()) error {
-	select {
-	case <-w.stopReq:
-		return ErrClosed
-	default:
-	}
-	select {
-	case w.cmds <- f:
-		hopstamp.MarkLast("submit queued")
-		w.wake.wake() // a full queue was woken for by whoever filled it
-		hopstamp.MarkLast("submit woke")
-		return nil
-	case <-w.stopReq:
-		return ErrClosed
-	}
-}
+// submit queues f for the loop and wakes it (queue).
+func (w *Worker) submit(f func()) error { return w.queue(f, w.wake.wake) }
 
 // call runs f on the loop and waits for it, bounded by ctx.
 func (w *Worker) call(ctx context.Context, f func()) error {

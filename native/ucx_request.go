@@ -16,6 +16,8 @@ import (
 	"runtime/cgo"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/kvxfer/kvxfer/internal/hopstamp"
 )
 
 type opKind int
@@ -304,10 +306,35 @@ func (r *Request) onCallback(status C.int, length C.size_t) {
 	r.finish(statusErr(r.kind.String(), C.ucs_status_t(status)), int64(length))
 }
 
+// queue queues f for the loop, then calls wake (waker.wake, or for a receive's post
+// waker.wakeForReceive). It fails with ErrClosed once Close has begun, and never blocks past
+// that.
+func (w *Worker) queue(f func(), wake func()) error {
+	select {
+	case <-w.stopReq:
+		return ErrClosed
+	default:
+	}
+	select {
+	case w.cmds <- f:
+		hopstamp.MarkLast("submit queued")
+		wake() // a full queue was woken for by whoever filled it
+		hopstamp.MarkLast("submit woke")
+		return nil
+	case <-w.stopReq:
+		return ErrClosed
+	}
+}
+
 // post hands a prepared request to the loop. do runs there and returns what the nbx call
-// returned. If the worker is closed, the request completes with ErrClosed at once.
+// returned. If the worker is closed, the request completes with ErrClosed at once. A receive's
+// post wakes a sleeping loop only where it may match at once (waker.wakeForReceive).
 func (r *Request) post(do func() (C.ucs_status_t, unsafe.Pointer, C.size_t)) *Request {
-	err := r.w.submit(func() {
+	wake := r.w.wake.wake
+	if r.kind == opTagRecv {
+		wake = r.w.wake.wakeForReceive
+	}
+	err := r.w.queue(func() {
 		if r.w.dead {
 			r.finish(ErrClosed, 0)
 			return
@@ -324,7 +351,7 @@ func (r *Request) post(do func() (C.ucs_status_t, unsafe.Pointer, C.size_t)) *Re
 			st, creq, n := do()
 			r.w.track(r, st, creq, n)
 		})
-	})
+	}, wake)
 	if err != nil {
 		r.finish(err, 0)
 	}
