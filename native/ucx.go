@@ -276,6 +276,8 @@ type Worker struct {
 	dead       bool                  // loop-owned: the C worker is destroyed; commands must not touch it
 	destroying bool                  // loop-owned: inside ucp_worker_destroy; callbacks must not call UCX
 	cancelling *Request              // loop-owned: the request inside kvx_ucx_cancel now
+	restand    []*Request            // loop-owned: standing receives' successors to post (postStanding)
+	stopping   bool                  // loop-owned: shutdown has begun; no standing receive stands again
 	suspects   map[*Request]struct{} // loop-owned: receives pinned until the worker is gone
 
 	// inUCX (loop-owned) is how deep the loop is in UCX calls that post or cancel; an
@@ -401,6 +403,9 @@ func (w *Worker) loop(ready chan<- error) {
 		}
 		ran := w.runCommands()
 		busy := C.kvx_ucx_progress(w.cw, 64)
+		if w.postStanding() {
+			busy++ // a successor posted may have taken a held message: progress again
+		}
 		if ran {
 			w.lastCommand = time.Now()
 		}
@@ -681,6 +686,7 @@ const shutdownSettle = 20 * time.Millisecond
 func (w *Worker) shutdown() {
 	defer close(w.stopped)
 	defer func() { _ = w.ctx.acquire(-1, 0) }()
+	w.endStanding()
 	// Commands already queued run first, so their requests exist and are accounted for.
 	w.runCommands()
 	for ep := range w.endpoints {

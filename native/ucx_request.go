@@ -58,12 +58,15 @@ type Request struct {
 	cbuf        unsafe.Pointer // C memory the operation owns: a message copy or an iov array
 	copyOut     bool           // cbuf is a TagRecvBytes buffer: copy it into data on success
 	awaited     bool           // a TagRecvIOV receive: its message wakes the worker (Worker.awaited)
+	recv        recvSpec       // a TagRecvBytes receive's length, tag and mask
+	standing    bool           // a standing receive: its loop posts the next when it completes
 	onDone      func(error)
 
 	// Final once done is closed.
 	err    error
 	length int64
-	data   []byte // what TagRecvBytes received
+	data   []byte   // what TagRecvBytes received
+	next   *Request // a standing receive's successor (Next)
 }
 
 func (w *Worker) newRequest(kind opKind, mem *Memory, ep *Endpoint) *Request {
@@ -215,6 +218,9 @@ func (r *Request) finish(err error, length int64) {
 	}
 	r.err = err
 	r.length = length
+	if r.standing && err == nil {
+		r.next = r.w.standAgain(r)
+	}
 	if r.onDone != nil {
 		r.onDone(err)
 	}
