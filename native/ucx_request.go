@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/cgo"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -59,7 +60,9 @@ type Request struct {
 	copyOut     bool           // cbuf is a TagRecvBytes buffer: copy it into data on success
 	awaited     bool           // a TagRecvIOV receive: its message wakes the worker (Worker.awaited)
 	recv        recvSpec       // a TagRecvBytes receive's length, tag and mask
-	standing    bool           // a standing receive: its loop posts the next when it completes
+	standing    *standingChain // a standing receive's chain: its loop posts the next when it completes
+	late        bool           // a standing receive that completed too far ahead: Next posts the next
+	nextOnce    sync.Once      // Next's take of a standing receive
 	onDone      func(error)
 
 	// Final once done is closed.
@@ -218,8 +221,8 @@ func (r *Request) finish(err error, length int64) {
 	}
 	r.err = err
 	r.length = length
-	if r.standing && err == nil {
-		r.next = r.w.standAgain(r)
+	if r.standing != nil && err == nil {
+		r.next, r.late = r.w.standAgain(r)
 	}
 	if r.onDone != nil {
 		r.onDone(err)

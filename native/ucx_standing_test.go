@@ -71,6 +71,44 @@ func TestWorker_AStandingReceiveEndsAtClose(t *testing.T) {
 	}
 }
 
+// A standing receive takes at most standingAhead messages more than its consumer has taken
+// (called Next on): a peer that sends faster than this process reads must not grow it past
+// what it holds for messages nobody received (WorkerConfig.UnexpectedBytes, docs/ucx.md,
+// "Unexpected messages"). 3*standingAhead messages to a consumer that takes none: at most
+// standingAhead+1 receives complete and the rest stay held, counted; then the consumer walks the
+// chain and gets every message, in order; over shm and TCP.
+func TestWorker_AStandingReceiveTakesABoundedLeadOverItsConsumer(t *testing.T) {
+	const bound, n = 10 * time.Second, 3 * standingAhead
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			p := newPairWith(t, ContextConfig{TLS: tr.tls}, ContextConfig{TLS: tr.tls}, WorkerConfig{})
+			src := alloc(t, p.ctxA, n)
+			dst := alloc(t, p.ctxB, 64)
+			waitAll(t, bound, p.ba.TagRecv(dst, 0, 64, 1, ^uint64(0)), p.ab.TagSend(src, 0, 64, 1))
+			first := p.b.TagRecvBytesStanding(8, 0x700, 0xf00)
+			sends := make([]*Request, n)
+			for i := range sends {
+				src.Bytes()[i] = byte(i)
+				sends[i] = p.ab.TagSend(src, int64(i), 1, 0x700|uint64(i%256))
+			}
+			waitAll(t, bound, sends...)
+			require.Eventually(t, func() bool { return p.b.Stats().UnexpectedHeld >= n-standingAhead-1 }, bound, time.Millisecond,
+				"messages past the lead held: %+v", p.b.Stats())
+			r := first
+			for i := range n {
+				waitAll(t, bound, r)
+				require.Equal(t, []byte{byte(i)}, r.Data(), "message %d", i)
+				r = r.Next()
+				require.NotNil(t, r, "no receive after message %d", i)
+			}
+			require.Eventually(t, func() bool { return p.b.Stats().UnexpectedHeld == 0 }, bound, time.Millisecond,
+				"messages still held: %+v", p.b.Stats()) // the counts are published as the worker sleeps
+			require.True(t, r.Cancel())
+			waitClosed(t, bound, r)
+		})
+	}
+}
+
 // waitClosed waits up to d for r's Done, which an error may close.
 func waitClosed(t *testing.T, d time.Duration, r *Request) {
 	t.Helper()
