@@ -276,6 +276,8 @@ type Worker struct {
 	dead       bool                  // loop-owned: the C worker is destroyed; commands must not touch it
 	destroying bool                  // loop-owned: inside ucp_worker_destroy; callbacks must not call UCX
 	cancelling *Request              // loop-owned: the request inside kvx_ucx_cancel now
+	restand    []*Request            // loop-owned: standing receives' successors to post (postStanding)
+	stopping   bool                  // loop-owned: shutdown has begun; no standing receive stands again
 	suspects   map[*Request]struct{} // loop-owned: receives pinned until the worker is gone
 
 	// inUCX (loop-owned) is how deep the loop is in UCX calls that post or cancel; an
@@ -401,6 +403,9 @@ func (w *Worker) loop(ready chan<- error) {
 		}
 		ran := w.runCommands()
 		busy := C.kvx_ucx_progress(w.cw, 64)
+		if w.postStanding() {
+			busy++ // a successor posted may have taken a held message: progress again
+		}
 		if ran {
 			w.lastCommand = time.Now()
 		}
@@ -425,7 +430,7 @@ func (w *Worker) loop(ready chan<- error) {
 				// Every transport will signal the set when anything arrives or completes:
 				// sleep until then (or a command, Close, MaxSleep), no back-off.
 				hopstamp.MarkLast("worker sleeps")
-				why := w.wake.sleepArmed(w.armedSleep(), w.idle)
+				why := w.wake.sleepArmed(w.armedSleep(), w.cw.stats.unexp_held > 0, w.idle)
 				if why == wokeTimer {
 					w.timerWakes.Add(1)
 				}
@@ -451,7 +456,7 @@ func (w *Worker) loop(ready chan<- error) {
 			sleep = w.cfg.MaxSleep
 		}
 		hopstamp.MarkLast("worker backs off")
-		why := w.wake.sleep(sleep, w.idle)
+		why := w.wake.sleep(sleep, w.cw.stats.unexp_held > 0, w.idle)
 		if hopstamp.On() {
 			hopstamp.MarkLast("worker back-off ended by " + why.String())
 		}
@@ -623,24 +628,8 @@ func (w *Worker) Stats() WorkerStats {
 // Address is the worker's UCX address, what a peer passes to Connect.
 func (w *Worker) Address() []byte { return append([]byte(nil), w.address...) }
 
-// submit queues f for the loop. It fails with ErrClosed once Close has begun, and never
-// blocks past that.
-func (w *Worker) submit(f func()) error {
-	select {
-	case <-w.stopReq:
-		return ErrClosed
-	default:
-	}
-	select {
-	case w.cmds <- f:
-		hopstamp.MarkLast("submit queued")
-		w.wake.wake() // a full queue was woken for by whoever filled it
-		hopstamp.MarkLast("submit woke")
-		return nil
-	case <-w.stopReq:
-		return ErrClosed
-	}
-}
+// submit queues f for the loop and wakes it (queue).
+func (w *Worker) submit(f func()) error { return w.queue(f, w.wake.wake) }
 
 // call runs f on the loop and waits for it, bounded by ctx.
 func (w *Worker) call(ctx context.Context, f func()) error {
@@ -697,6 +686,7 @@ const shutdownSettle = 20 * time.Millisecond
 func (w *Worker) shutdown() {
 	defer close(w.stopped)
 	defer func() { _ = w.ctx.acquire(-1, 0) }()
+	w.endStanding()
 	// Commands already queued run first, so their requests exist and are accounted for.
 	w.runCommands()
 	for ep := range w.endpoints {

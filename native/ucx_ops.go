@@ -164,16 +164,26 @@ func (w *Worker) TagRecvBytes(ep *Endpoint, maxLen int, tag, mask uint64) *Reque
 	if maxLen < 0 {
 		return w.failed(opTagRecv, fmt.Errorf("%w: tag recv: negative length", ErrInvalidArgument))
 	}
+	r := w.newRecvBytes(ep, maxLen, tag, mask)
+	return r.post(r.recvBytes)
+}
+
+// newRecvBytes makes a TagRecvBytes request, its C buffer allocated, not yet posted.
+func (w *Worker) newRecvBytes(ep *Endpoint, maxLen int, tag, mask uint64) *Request {
 	r := w.newRequest(opTagRecv, nil, ep)
 	r.cbuf = C.malloc(C.size_t(max(maxLen, 1)))
 	r.copyOut = true
-	return r.post(func() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
-		var creq unsafe.Pointer
-		var got C.size_t
-		st := C.kvx_ucx_tag_recv(w.cw, C.uint64_t(tag), C.uint64_t(mask), r.cbuf, C.size_t(maxLen),
-			C.uint64_t(r.handle), &creq, &got)
-		return st, creq, got
-	})
+	r.recv = recvSpec{maxLen: maxLen, tag: tag, mask: mask}
+	return r
+}
+
+// recvBytes (the loop) posts a newRecvBytes request to UCX.
+func (r *Request) recvBytes() (C.ucs_status_t, unsafe.Pointer, C.size_t) {
+	var creq unsafe.Pointer
+	var got C.size_t
+	st := C.kvx_ucx_tag_recv(r.w.cw, C.uint64_t(r.recv.tag), C.uint64_t(r.recv.mask), r.cbuf, C.size_t(r.recv.maxLen),
+		C.uint64_t(r.handle), &creq, &got)
+	return st, creq, got
 }
 
 // Put writes mem[off, off+n) to the peer's registered memory at remoteAddr. It is locally

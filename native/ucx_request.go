@@ -14,8 +14,11 @@ import (
 	"context"
 	"fmt"
 	"runtime/cgo"
+	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/kvxfer/kvxfer/internal/hopstamp"
 )
 
 type opKind int
@@ -56,12 +59,17 @@ type Request struct {
 	cbuf        unsafe.Pointer // C memory the operation owns: a message copy or an iov array
 	copyOut     bool           // cbuf is a TagRecvBytes buffer: copy it into data on success
 	awaited     bool           // a TagRecvIOV receive: its message wakes the worker (Worker.awaited)
+	recv        recvSpec       // a TagRecvBytes receive's length, tag and mask
+	standing    *standingChain // a standing receive's chain: its loop posts the next when it completes
+	late        bool           // a standing receive that completed too far ahead: Next posts the next
+	nextOnce    sync.Once      // Next's take of a standing receive
 	onDone      func(error)
 
 	// Final once done is closed.
 	err    error
 	length int64
-	data   []byte // what TagRecvBytes received
+	data   []byte   // what TagRecvBytes received
+	next   *Request // a standing receive's successor (Next)
 }
 
 func (w *Worker) newRequest(kind opKind, mem *Memory, ep *Endpoint) *Request {
@@ -213,6 +221,9 @@ func (r *Request) finish(err error, length int64) {
 	}
 	r.err = err
 	r.length = length
+	if r.standing != nil && err == nil {
+		r.next, r.late = r.w.standAgain(r)
+	}
 	if r.onDone != nil {
 		r.onDone(err)
 	}
@@ -304,10 +315,35 @@ func (r *Request) onCallback(status C.int, length C.size_t) {
 	r.finish(statusErr(r.kind.String(), C.ucs_status_t(status)), int64(length))
 }
 
+// queue queues f for the loop, then calls wake (waker.wake, or for a receive's post
+// waker.wakeForReceive). It fails with ErrClosed once Close has begun, and never blocks past
+// that.
+func (w *Worker) queue(f func(), wake func()) error {
+	select {
+	case <-w.stopReq:
+		return ErrClosed
+	default:
+	}
+	select {
+	case w.cmds <- f:
+		hopstamp.MarkLast("submit queued")
+		wake() // a full queue was woken for by whoever filled it
+		hopstamp.MarkLast("submit woke")
+		return nil
+	case <-w.stopReq:
+		return ErrClosed
+	}
+}
+
 // post hands a prepared request to the loop. do runs there and returns what the nbx call
-// returned. If the worker is closed, the request completes with ErrClosed at once.
+// returned. If the worker is closed, the request completes with ErrClosed at once. A receive's
+// post wakes a sleeping loop only where it may match at once (waker.wakeForReceive).
 func (r *Request) post(do func() (C.ucs_status_t, unsafe.Pointer, C.size_t)) *Request {
-	err := r.w.submit(func() {
+	wake := r.w.wake.wake
+	if r.kind == opTagRecv {
+		wake = r.w.wake.wakeForReceive
+	}
+	err := r.w.queue(func() {
 		if r.w.dead {
 			r.finish(ErrClosed, 0)
 			return
@@ -324,7 +360,7 @@ func (r *Request) post(do func() (C.ucs_status_t, unsafe.Pointer, C.size_t)) *Re
 			st, creq, n := do()
 			r.w.track(r, st, creq, n)
 		})
-	})
+	}, wake)
 	if err != nil {
 		r.finish(err, 0)
 	}

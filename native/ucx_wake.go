@@ -39,6 +39,7 @@ type waker struct {
 	fd       int
 	ev       int         // the eventfd, non-blocking: a wake writes it, each sleep drains it
 	sleeping atomic.Bool // set by the loop before it looks for work, then sleeps
+	held     atomic.Bool // the loop holds an unexpected message this sleep (wakeForReceive)
 	armed    atomic.Bool // sleeping in sleepArmed: UCX's fds can end this sleep
 	woken    atomic.Bool // a wake wrote the eventfd since the loop began this sleep
 	wakes    atomic.Uint64
@@ -152,13 +153,31 @@ func (k *waker) wake() {
 	}
 }
 
+// wakeForReceive (any goroutine, after queueing a receive's post) ends the loop's sleep only
+// if the loop holds an unexpected message, which the receive may match at once. Otherwise the
+// post waits in the queue: the message it is for wakes the loop when it lands (a sleep UCX can
+// end), or lands unnoticed until the sleep's timer (one it cannot, MaxSleep at most), and the
+// loop runs every queued command before it progresses, so the receive is posted before its
+// message is matched either way. Waking for it bought an extra sleep and wake of the locked
+// thread per message: the transport re-posts its standing control receive after each
+// (docs/benchmarks.md, "Receives that wait for their message"). It reads sleeping before held:
+// held was set before sleeping, so a sleep seen is a sleep whose held is seen; a post queued
+// before the loop marked itself asleep is seen by the loop's idle check instead.
+func (k *waker) wakeForReceive() {
+	if k.sleeping.Load() && k.held.Load() {
+		k.wake()
+	}
+}
+
 // beginSleep (the loop) drains the eventfd and marks the loop asleep, with no wake on its way
 // (a wake left over from an earlier sleep, one that raced the loop's waking, must not stand
-// for this one's), then sets the timer.
-func (k *waker) beginSleep(d time.Duration) {
+// for this one's), and whether it holds an unexpected message (wakeForReceive), then sets the
+// timer.
+func (k *waker) beginSleep(d time.Duration, held bool) {
 	k.woken.Store(false)
 	var b [8]byte
 	_, _ = unix.Read(k.ev, b[:]) // EAGAIN: nothing to drain
+	k.held.Store(held)
 	k.sleeping.Store(true)
 	k.arm(d)
 }
@@ -204,9 +223,9 @@ func (r wakeReason) String() string {
 }
 
 // sleep (the loop) waits up to d, unless idle reports there is work after all, or until
-// wake, and says which ended it.
-func (k *waker) sleep(d time.Duration, idle func() bool) wakeReason {
-	k.beginSleep(d)
+// wake, and says which ended it. held: the loop holds an unexpected message (wakeForReceive).
+func (k *waker) sleep(d time.Duration, held bool, idle func() bool) wakeReason {
+	k.beginSleep(d, held)
 	why := wokeWork
 	if idle() {
 		why = k.wait(k.own)
@@ -218,10 +237,10 @@ func (k *waker) sleep(d time.Duration, idle func() bool) wakeReason {
 // sleepArmed (the loop, after ucp_worker_arm returned UCS_OK) waits up to d, unless idle
 // reports there is work after all, until wake, or until one of UCX's fds in the set is
 // ready: a message landed, an operation completed, UCX's keepalive is due. It says which
-// ended it.
-func (k *waker) sleepArmed(d time.Duration, idle func() bool) wakeReason {
+// ended it. held: as for sleep.
+func (k *waker) sleepArmed(d time.Duration, held bool, idle func() bool) wakeReason {
 	k.armed.Store(true)
-	k.beginSleep(d)
+	k.beginSleep(d, held)
 	why := wokeWork
 	if idle() {
 		why = k.wait(k.set)

@@ -348,7 +348,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive, expose bool) (*H
 		e.movers.standby()
 	}
 	for _, x := range xs {
-		go x.run()
+		goGrown(x.run)
 	}
 	return h, params, nil
 }

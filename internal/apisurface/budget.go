@@ -14,7 +14,7 @@ var Budgets = map[string]int{
 	"cuda/gpuinfo":                     27,
 	"layout":                           59,  // -21 issue 27: the plan arithmetic (Runs, UnitOffset, Chunks, Shape, ...) in internal/kvplan
 	"layout/layouttest":                9,   // +2 ReferenceGather, ReferenceScatter (from layout: test ground truth)
-	"native":                           166, // +1 Endpoint.ForceCloseDeparted (the goodbye's close over shared memory, called by transfer/transport/ucx); +1 MaxLanes (ucx.Config.Lanes' bound, for kvxbench's flag check); +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages; +1 Settings (kvxbench's env.ucx_settings, bench-paths' perftest baseline)
+	"native":                           168, // +2 Worker.TagRecvBytesStanding and Request.Next (the transport's control receive, posted again by its worker as each message completes it: docs/ucx.md, "Standing receives"); +1 Endpoint.ForceCloseDeparted (the goodbye's close over shared memory, called by transfer/transport/ucx); +1 MaxLanes (ucx.Config.Lanes' bound, for kvxbench's flag check); +4: WorkerConfig.UnexpectedBytes and the WorkerStats counts of held and discarded unexpected messages; +1 Settings (kvxbench's env.ucx_settings, bench-paths' perftest baseline)
 	"transfer":                         150, // +1 Transport.Close: Transport is what New takes, not the whole contract; issue 27: tuning knobs to transfer/tuning, health numbers to transfer/health; observer plumbing, transport-owned and misuse errors, HostMover, SealableParams unexported or gone (CHANGELOG)
 	"transfer/discovery":               39,  // -4 issue 27: Serve and Server in internal/registryserver (kvxbench, stress, tests)
 	"transfer/discovery/discoverytest": 8,

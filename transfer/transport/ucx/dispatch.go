@@ -84,8 +84,8 @@ func (t *ucxTransport) deliverRequest(req *native.Request) {
 	t.mu.Lock()
 	if req == t.ctrl {
 		in := t.in
-		if !t.closed {
-			t.postControlLocked()
+		if t.ctrl = req.Next(); t.ctrl == nil && !t.closed {
+			t.postControlLocked() // the chain ended: the receive failed
 		}
 		t.mu.Unlock()
 		if req.Err() == nil && in != nil {

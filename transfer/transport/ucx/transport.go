@@ -237,8 +237,11 @@ func (t *ucxTransport) Bind(in transport.Inbound) error {
 	return nil
 }
 
+// postControlLocked posts the standing control receive: its worker posts the next one itself
+// as each message completes it (native's TagRecvBytesStanding), so a burst of control messages
+// is taken in one wake of the worker; deliverRequest follows the chain.
 func (t *ucxTransport) postControlLocked() {
-	t.ctrl = t.w.TagRecvBytes(nil, t.cfg.maxControlBytes, ucxKindCtrl, ucxKindMask)
+	t.ctrl = t.w.TagRecvBytesStanding(t.cfg.maxControlBytes, ucxKindCtrl, ucxKindMask)
 }
 
 // ensureEndpoint makes the endpoint to peer if there is none (first use, or the old one
