@@ -452,10 +452,19 @@ func TestWaker_ASleepSaysWhatEndedIt(t *testing.T) {
 			require.NoError(t, err)
 			defer k.close()
 
+			// The command goes once the sleeper has looked for work and found none: sent
+			// between its sleeping mark and that look, it is work queued, not a wake.
 			var c wakeFor
+			looked := make(chan struct{})
+			var once sync.Once
+			idle := func() bool { defer once.Do(func() { close(looked) }); return c.idle() }
 			got := make(chan wakeReason, 1)
-			go func() { got <- tc.sleep(k, 20*time.Second, c.idle) }()
-			require.Eventually(t, k.sleeping.Load, 10*time.Second, 100*time.Microsecond)
+			go func() { got <- tc.sleep(k, 20*time.Second, idle) }()
+			select {
+			case <-looked:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the sleeper never looked for work")
+			}
 			c.send(k)
 			require.Equal(t, wokeCommand, waitReason(t, got))
 
