@@ -23,6 +23,7 @@ func cmdRun(ctx context.Context, args []string, out *outputs) error {
 	f.register(fs, time.Second)
 	sf.register(fs)
 	hops := fs.Bool("hops", false, "stamp each request's hops in both processes (the engine's steps, the UCX workers' wakes) and print each row's per-hop medians on stderr, joined by wall clock (docs/benchmarks.md); a worker's stamps are right at concurrency 1 only")
+	hopsRaw := fs.String("hops-raw", "", "with --hops (which it implies), also write every stamp of both processes and each timed row's request ids to this file, as JSON: a row's tail taken apart request by request (docs/bench.md)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -48,7 +49,7 @@ func cmdRun(ctx context.Context, args []string, out *outputs) error {
 		return err
 	}
 	pr := bench.NewPrinter(out.Stdout, f.out.JSON)
-	cfg.Hops = *hops
+	cfg.Hops, cfg.HopsRaw = *hops || *hopsRaw != "", *hopsRaw
 	if err := bench.Loopback(ctx, cfg, f.out.Output, perftest, out, pr.Add); err != nil {
 		return err
 	}

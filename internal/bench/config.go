@@ -123,6 +123,9 @@ type RunConfig struct {
 	HopsDir string `json:"hops_dir,omitempty"`
 	// Hops asks Loopback for the hop stamps (--hops): it makes HopsDir.
 	Hops bool `json:"-"`
+	// HopsRaw, with Hops, is a file the decode end writes every stamp of both ends to, with
+	// each timed row's request ids (--hops-raw; hops.go's rawHops).
+	HopsRaw string `json:"-"`
 	// processHTTP is the endpoint serve opened at start on HTTP, for its engine to report
 	// through once made; nil: the engine opens its own.
 	processHTTP *observability

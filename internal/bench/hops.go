@@ -3,11 +3,14 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/kvxfer/kvxfer/internal/hopstamp"
 )
@@ -60,6 +63,11 @@ func printHops(w io.Writer, cfg RunConfig, rows []hopRow) {
 		}
 		stamps = append(stamps, theirs...)
 	}
+	if cfg.HopsRaw != "" {
+		if err := writeRawHops(cfg.HopsRaw, rows, stamps); err != nil {
+			fmt.Fprintf(w, "kvxbench: note: --hops-raw: %v\n", err)
+		}
+	}
 	for _, r := range rows {
 		hops := hopstamp.Summarize(stamps, r.ids)
 		fmt.Fprintf(w, "hops: %s (%d requests; us from the hop above, at p50 and p90; at: from the first stamp, median request)\n", r.name, len(r.ids))
@@ -67,4 +75,31 @@ func printHops(w io.Writer, cfg RunConfig, rows []hopRow) {
 			fmt.Fprintf(w, "  %-52s %6d %9.1f %9.1f %9.1f\n", h.Name, h.Requests, h.P50us, h.P90us, h.AtP50us)
 		}
 	}
+}
+
+// rawHops is what --hops-raw writes: each timed row's request ids, and every stamp of both
+// ends (a stamp's hop prefixed by its end, as printHops names them), in wall-clock order.
+type rawHops struct {
+	Rows   []rawHopRow      `json:"rows"`
+	Stamps []hopstamp.Stamp `json:"stamps"`
+}
+
+type rawHopRow struct {
+	Name string   `json:"name"`
+	IDs  []uint64 `json:"ids"`
+}
+
+// writeRawHops writes rows and stamps to path (--hops-raw).
+func writeRawHops(path string, rows []hopRow, stamps []hopstamp.Stamp) error {
+	raw := rawHops{Stamps: slices.Clone(stamps)}
+	slices.SortStableFunc(raw.Stamps, func(a, b hopstamp.Stamp) int { return cmp.Compare(a.Unix, b.Unix) })
+	for _, r := range rows {
+		ids := slices.Sorted(maps.Keys(r.ids))
+		raw.Rows = append(raw.Rows, rawHopRow{Name: r.name, IDs: ids})
+	}
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
 }

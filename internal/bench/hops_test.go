@@ -4,13 +4,20 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvxfer/kvxfer/internal/hopstamp"
 )
 
 // lockedBuffer is a bytes.Buffer the progress bar and the run may write at once.
@@ -34,7 +41,8 @@ func (l *lockedBuffer) String() string {
 // run --hops prints, for every timed row, the hops of both processes: the decode end's own
 // (the bench's clock, the engine's steps, its worker's wakes) and the prefill peer's, which
 // only reach the decode end through the file the peer writes at bye. Without --hops nothing
-// is stamped or printed.
+// is stamped or printed. With --hops-raw every stamp of both processes and each row's request
+// ids go to a file as well: each row's ids are its requests, and each has stamps of both ends.
 func TestRunLoopback_Hops(t *testing.T) {
 	skipWithoutHostCopy(t)
 	for _, hops := range []bool{true, false} {
@@ -42,6 +50,10 @@ func TestRunLoopback_Hops(t *testing.T) {
 			cfg := runFor(t, runSpec{layers: 4, prompts: []int64{64}, concurrency: []int{1}, slotBytes: 256 << 10,
 				memCap: 512 << 20, tls: "posix,cma,self", sender: SenderExpose})
 			cfg.Hops = hops
+			raw := filepath.Join(t.TempDir(), "hops.json")
+			if hops {
+				cfg.HopsRaw = raw
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			var stderr lockedBuffer
@@ -72,6 +84,26 @@ func TestRunLoopback_Hops(t *testing.T) {
 					require.Contains(t, table, "  "+hop+" ", "row %s", n)
 				}
 			}
+			b, err := os.ReadFile(raw)
+			require.NoError(t, err)
+			var got rawHops
+			require.NoError(t, json.Unmarshal(b, &got))
+			require.Len(t, got.Rows, len(names))
+			ends := map[uint64]map[string]bool{}
+			for _, s := range got.Stamps {
+				if ends[s.ID] == nil {
+					ends[s.ID] = map[string]bool{}
+				}
+				ends[s.ID][strings.SplitN(s.Hop, ":", 2)[0]] = true
+			}
+			for i, r := range got.Rows {
+				require.Equal(t, names[i], r.Name)
+				require.NotEmpty(t, r.IDs, "row %s", r.Name)
+				for _, id := range r.IDs {
+					require.True(t, ends[id]["decode"] && ends[id]["prefill0"], "request %d of %s: stamps of both ends", id, r.Name)
+				}
+			}
+			require.True(t, slices.IsSortedFunc(got.Stamps, func(a, b hopstamp.Stamp) int { return cmp.Compare(a.Unix, b.Unix) }))
 		})
 	}
 }
