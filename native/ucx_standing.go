@@ -86,11 +86,14 @@ func (w *Worker) standAgain(r *Request) (next *Request, late bool) {
 }
 
 // postStanding (the loop, after each round of progress) posts the successors of the standing
-// receives that completed, and theirs if they complete at once (a held message), a bounded
-// number per round; it reports whether it posted any.
+// receives that completed, and theirs if they complete at once (a held message); it reports
+// whether it posted any. Every successor is posted in the round that made it, so none waits
+// unposted where a Cancel, which reaches only a posted receive, would miss it. The loop is
+// bounded without a count: a chain makes at most standingAhead successors before its consumer
+// takes them, and only messages already held complete a post at once.
 func (w *Worker) postStanding() bool {
-	n := 0
-	for ; len(w.restand) > 0 && n < 256; n++ {
+	posted := len(w.restand) > 0
+	for len(w.restand) > 0 {
 		r := w.restand[0]
 		w.restand[0] = nil
 		w.restand = w.restand[1:]
@@ -99,10 +102,8 @@ func (w *Worker) postStanding() bool {
 			w.track(r, st, creq, got)
 		})
 	}
-	if len(w.restand) == 0 {
-		w.restand = nil
-	}
-	return n > 0
+	w.restand = nil
+	return posted
 }
 
 // endStanding (the loop, as it stops) completes the successors not yet posted with ErrClosed:
