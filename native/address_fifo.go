@@ -57,17 +57,9 @@ func findPosixFIFO(addr []byte, withName bool) (f posixFIFO, ok bool) {
 // through procfs, which UCX itself opens to attach them. Whatever cannot be read (another host,
 // a peer gone, no permission, a layout this check does not know) is left to UCX.
 func checkPeerFIFO(addr, local []byte) error {
-	withName, err := addressHasName(local)
-	if err != nil {
+	peer, mine, ok := localPeerFIFO(addr, local)
+	if !ok {
 		return nil
-	}
-	mine, ok := findPosixFIFO(local, withName)
-	if !ok || mine.pid != uint64(os.Getpid()) {
-		return nil // not this process's pid: a layout this check does not know
-	}
-	peer, ok := findPosixFIFO(addr, withName)
-	if !ok || !bytes.Equal(peer.dev, mine.dev) || peer.nsFlag != mine.nsFlag || !bytes.Equal(peer.rest, mine.rest) {
-		return nil // no posix transport, another host, or another pid namespace: its pid is not ours to look up
 	}
 	a, errA := os.Stat(mine.path())
 	b, errB := os.Stat(peer.path())
@@ -77,4 +69,23 @@ func checkPeerFIFO(addr, local []byte) error {
 	return &AddressError{peer.at, fmt.Sprintf("the peer's shared-memory receive FIFO is a %d-byte segment, this process's %d bytes: "+
 		"both must run with the same UCX_MM_FIFO_SIZE (ContextConfig.ShmFIFOSize), or UCX overruns or loses the other's messages",
 		b.Size(), a.Size())}
+}
+
+// localPeerFIFO returns the posix FIFOs of addr, a peer's worker address, and of local, this
+// process's, when both are on this host, in this pid namespace, named through procfs: the
+// peer's pid is then a process this one can look up.
+func localPeerFIFO(addr, local []byte) (peer, mine posixFIFO, ok bool) {
+	withName, err := addressHasName(local)
+	if err != nil {
+		return peer, mine, false
+	}
+	mine, ok = findPosixFIFO(local, withName)
+	if !ok || mine.pid != uint64(os.Getpid()) {
+		return peer, mine, false // not this process's pid: a layout this check does not know
+	}
+	peer, ok = findPosixFIFO(addr, withName)
+	if !ok || !bytes.Equal(peer.dev, mine.dev) || peer.nsFlag != mine.nsFlag || !bytes.Equal(peer.rest, mine.rest) {
+		return peer, mine, false // no posix transport, another host, or another pid namespace: its pid is not ours to look up
+	}
+	return peer, mine, true
 }

@@ -7,6 +7,7 @@ package native
 /*
 #include <stdlib.h>
 #include "ucx.h"
+#include "ucx_fifo.h"
 */
 import "C"
 
@@ -41,7 +42,7 @@ func (w *Worker) Connect(ctx context.Context, addr []byte) (*Endpoint, error) {
 		return nil, err
 	}
 	ep := &Endpoint{w: w, peerAddr: append([]byte(nil), addr...), failed: make(chan struct{}), closed: make(chan struct{}),
-		recvs: make(map[*Request]struct{}), ops: make(map[*Request]struct{})}
+		recvs: make(map[*Request]struct{}), ops: make(map[*Request]struct{}), peerFIFO: recordPeerFIFO(addr, w.address)}
 	var err error
 	caddr := C.CBytes(addr)
 	callErr := w.call(ctx, func() {
@@ -86,6 +87,7 @@ type Endpoint struct {
 	released   bool                  // loop-owned
 	recvs      map[*Request]struct{} // loop-owned: receives bound to the endpoint
 	ops        map[*Request]struct{} // loop-owned: sends, puts, gets, flushes not yet completed
+	peerFIFO   *peerFIFOSeg          // a local peer's receive FIFO, emptied once its process is gone; nil when not local
 }
 
 // Failed is closed once the endpoint can no longer be used: the peer failed, or Close or
@@ -164,6 +166,9 @@ func (ep *Endpoint) onError(status C.int) {
 // flush-and-close, or a forced close that completes its pending sends with an error.
 func (ep *Endpoint) startClose(force bool, why error) {
 	ep.fail(why)
+	if force || ep.peerFailed {
+		ep.releaseDeadPeerFIFO()
+	}
 	for r := range ep.recvs {
 		ep.w.cancel(r)
 	}
@@ -302,4 +307,43 @@ func (ep *Endpoint) Info(ctx context.Context) (string, error) {
 		return "", callErr
 	}
 	return s, err
+}
+
+// fifoSizeOnce is shmFIFOSize as the process's contexts run with it: UCX takes it from the
+// environment, which the first context sets (NewContext) and later ones keep.
+var fifoSizeOnce = sync.OnceValue(shmFIFOSize)
+
+// releaseDeadPeerFIFO (loop only) empties the shared-memory receive FIFO of a peer whose
+// process has ended, in every mapping of it this process holds. UCX completes the sends of a
+// failed or force-closed endpoint only once its flush of the endpoint's lanes has, and the
+// flush of a shared-memory lane waits for room in the peer's FIFO: a dead peer's stays full
+// for good (its reader is gone), and the sends then stay with UCX, their memory pinned, until
+// the worker closes (docs/ucx.md, "Sends to a killed shared-memory peer"). With the FIFO's
+// tail moved to its head the flush completes, and UCX fails the sends. A live peer's FIFO is
+// never touched (a frozen one resumes reading it), nor a block that is not the dead pid's.
+func (ep *Endpoint) releaseDeadPeerFIFO() {
+	s := ep.peerFIFO
+	if s == nil || !s.gone() {
+		return
+	}
+	ep.peerFIFO = nil // the process is gone for good: once is enough
+	maps, err := s.segMappings()
+	if err != nil {
+		ep.w.log.Warn("ucx: cannot read this process's mappings to empty a dead peer's FIFO", zap.Error(err))
+		return
+	}
+	for _, m := range maps {
+		if n, ok := fifoRelease(m, s.pid, uint64(fifoSizeOnce())); ok && n > 0 {
+			ep.w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer",
+				zap.Int("pid", s.pid), zap.Uint64("unread", n))
+		}
+	}
+}
+
+// fifoRelease moves the tail of the FIFO whose segment is mapped at m to its head, if m holds
+// the FIFO control block of pid (kvx_ucx_mm_fifo_release): ok, and how many elements were unread.
+func fifoRelease(m mapping, pid int, size uint64) (unread uint64, ok bool) {
+	var n C.uint64_t
+	r := C.kvx_ucx_mm_fifo_release(C.uintptr_t(m.base), C.size_t(m.len), C.int32_t(pid), C.uint64_t(size), &n)
+	return uint64(n), r == C.KVX_FIFO_RELEASED
 }

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package native
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// A local peer's shared-memory receive FIFO, recorded at Connect while the peer lives, so
+// that once its process is gone the FIFO can be emptied (Endpoint.releaseDeadPeerFIFO):
+// UCX's flush of an endpoint to a dead peer waits for room in that FIFO, which nobody reads
+// any more, and only after the flush does UCX fail the endpoint's sends (docs/ucx.md, "Sends
+// to a killed shared-memory peer").
+type peerFIFOSeg struct {
+	pid     int
+	started uint64 // the process's start time (/proc/PID/stat, field 22): a reused pid is another process
+	dev     uint64 // the segment file's device and inode, which name its mappings in /proc/self/maps
+	ino     uint64
+}
+
+// recordPeerFIFO returns the FIFO segment of the peer at addr, or nil where there is none to
+// record: another host or pid namespace, no posix transport, or a peer already gone.
+func recordPeerFIFO(addr, local []byte) *peerFIFOSeg {
+	peer, _, ok := localPeerFIFO(addr, local)
+	if !ok || peer.pid == 0 || peer.pid > 1<<22 {
+		return nil
+	}
+	fi, err := os.Stat(peer.path())
+	if err != nil {
+		return nil
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	started, _, err := procStat(int(peer.pid))
+	if err != nil {
+		return nil
+	}
+	return &peerFIFOSeg{pid: int(peer.pid), started: started, dev: uint64(st.Dev), ino: st.Ino}
+}
+
+// gone reports whether the process that owned the FIFO has ended: no such pid any more, a
+// zombie or dead one, or a pid another process now holds. A process that cannot be read for
+// another reason counts as alive: emptying a live reader's FIFO would lose its messages.
+func (s *peerFIFOSeg) gone() bool {
+	started, state, err := procStat(s.pid)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	return state == 'Z' || state == 'X' || started != s.started
+}
+
+// procStat reads a process's start time and state from /proc/PID/stat.
+func procStat(pid int) (started uint64, state byte, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseProcStat(b)
+}
+
+// parseProcStat takes the state (field 3) and start time (field 22) out of a /proc/PID/stat
+// line. The command name (field 2) is in parentheses and may hold spaces and parentheses:
+// the fields resume after the last ')'.
+func parseProcStat(b []byte) (started uint64, state byte, err error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, fmt.Errorf("%w: /proc stat line without a command name", ErrInvalidArgument)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, fmt.Errorf("%w: /proc stat line with %d fields after the name", ErrInvalidArgument, len(f))
+	}
+	started, err = strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: /proc stat start time: %w", ErrInvalidArgument, err)
+	}
+	return started, f[0][0], nil
+}
+
+// mapping is one range of this process's address space.
+type mapping struct {
+	base, len uintptr
+}
+
+// segMappings returns where this process maps the file with device dev and inode ino from its
+// first byte, as /proc/self/maps lists them.
+func (s *peerFIFOSeg) segMappings() ([]mapping, error) {
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return parseMaps(f, s.dev, s.ino)
+}
+
+// parseMaps picks out of /proc/PID/maps lines ("start-end perms offset major:minor inode
+// path") the mappings of device dev, inode ino at offset 0.
+func parseMaps(r interface{ Read([]byte) (int, error) }, dev, ino uint64) ([]mapping, error) {
+	major, minor := devMajor(dev), devMinor(dev)
+	want := fmt.Sprintf("%02x:%02x", major, minor)
+	var out []mapping
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 5 || f[4] != strconv.FormatUint(ino, 10) || f[3] != want {
+			continue
+		}
+		if off, err := strconv.ParseUint(f[2], 16, 64); err != nil || off != 0 {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		if !ok {
+			continue
+		}
+		a, errA := strconv.ParseUint(lo, 16, 64)
+		b, errB := strconv.ParseUint(hi, 16, 64)
+		if errA != nil || errB != nil || b <= a {
+			continue
+		}
+		out = append(out, mapping{uintptr(a), uintptr(b - a)})
+	}
+	return out, sc.Err()
+}
+
+// devMajor and devMinor split a Linux dev_t (glibc's gnu_dev_major and gnu_dev_minor).
+func devMajor(dev uint64) uint64 { return (dev>>8)&0xfff | (dev>>32)&^0xfff }
+func devMinor(dev uint64) uint64 { return dev&0xff | (dev>>12)&^0xff }
