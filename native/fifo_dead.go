@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // A local peer's shared-memory receive FIFO, recorded at Connect while the peer lives, so
@@ -141,3 +142,46 @@ func parseMaps(r interface{ Read([]byte) (int, error) }, dev, ino uint64) ([]map
 // devMajor and devMinor split a Linux dev_t (glibc's gnu_dev_major and gnu_dev_minor).
 func devMajor(dev uint64) uint64 { return (dev>>8)&0xfff | (dev>>32)&^0xfff }
 func devMinor(dev uint64) uint64 { return dev&0xff | (dev>>12)&^0xff }
+
+// fifoWatch (loop-owned) holds the FIFOs of local peers whose endpoints closed with sends UCX
+// still held while the peer lived (frozen, or not yet known dead): should the process end
+// later, its FIFO is emptied then, and UCX lets go of those sends. An entry goes once its FIFO
+// is emptied, or once this process no longer maps it (UCX destroyed its endpoint: the peer
+// resumed and read its FIFO).
+type fifoWatch struct {
+	segs []*peerFIFOSeg
+	next time.Time // the next look (fifoWatchEvery)
+}
+
+// fifoWatchEvery is how often the watch looks; a dead peer's sends are let go of within about
+// that much more than UCX's own keepalive would take to tell.
+const fifoWatchEvery = 250 * time.Millisecond
+
+func (f *fifoWatch) add(s *peerFIFOSeg) { f.segs = append(f.segs, s) }
+
+// poll looks at the watched FIFOs if it is time: release empties a dead one's mappings; an
+// entry whose segment is no longer mapped is dropped.
+func (f *fifoWatch) poll(release func(*peerFIFOSeg, []mapping)) {
+	if len(f.segs) == 0 {
+		return
+	}
+	now := time.Now()
+	if now.Before(f.next) {
+		return
+	}
+	f.next = now.Add(fifoWatchEvery)
+	keep := f.segs[:0]
+	for _, s := range f.segs {
+		maps, err := s.segMappings()
+		switch {
+		case err == nil && len(maps) == 0:
+			// UCX let go of the segment: nothing waits on it any more.
+		case err == nil && s.gone():
+			release(s, maps)
+		default:
+			keep = append(keep, s)
+		}
+	}
+	clear(f.segs[len(keep):])
+	f.segs = keep
+}

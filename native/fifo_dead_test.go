@@ -168,3 +168,40 @@ func TestFIFORelease_ReadsTheLayoutOfThisUCX(t *testing.T) {
 		require.Zero(t, n, "an idle FIFO: everything sent to it was read")
 	}
 }
+
+// The watch empties a watched FIFO once its process is gone, drops an entry whose segment this
+// process no longer maps (UCX let go: the peer resumed), keeps one of a live peer, and looks
+// at most every fifoWatchEvery.
+func TestFIFOWatch_EmptiesTheDeadDropsTheUnmappedKeepsTheLive(t *testing.T) {
+	uc, err := NewContext(ContextConfig{TLS: "posix,self"})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, uc.Close()) }()
+	w, err := uc.NewWorker(WorkerConfig{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close()) }()
+	live := recordPeerFIFO(w.Address(), w.Address()) // this process's own FIFO: mapped, alive
+	require.NotNil(t, live)
+	dead := *live
+	dead.started++ // the same segment, as if its pid now named another process
+	unmapped := *live
+	unmapped.ino += 1 << 40 // no file of this process (the next inodes may be UCX's other segments)
+
+	var f fifoWatch
+	f.add(live)
+	f.add(&dead)
+	f.add(&unmapped)
+	var emptied []*peerFIFOSeg
+	release := func(s *peerFIFOSeg, maps []mapping) {
+		require.NotEmpty(t, maps)
+		emptied = append(emptied, s)
+	}
+	f.poll(release)
+	require.Equal(t, []*peerFIFOSeg{&dead}, emptied)
+	require.Equal(t, []*peerFIFOSeg{live}, f.segs, "the live one stays watched")
+	f.add(&dead)
+	f.poll(release)
+	require.Len(t, emptied, 1, "not before fifoWatchEvery")
+	f.next = time.Time{}
+	f.poll(release)
+	require.Len(t, emptied, 2)
+}

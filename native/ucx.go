@@ -279,6 +279,7 @@ type Worker struct {
 	restand    []*Request            // loop-owned: standing receives' successors to post (postStanding)
 	stopping   bool                  // loop-owned: shutdown has begun; no standing receive stands again
 	suspects   map[*Request]struct{} // loop-owned: receives pinned until the worker is gone
+	fifos      fifoWatch             // loop-owned: FIFOs of live local peers whose endpoints closed with sends held
 
 	// inUCX (loop-owned) is how deep the loop is in UCX calls that post or cancel; an
 	// endpoint failure UCX reports from inside one waits in lateErrs until the outermost
@@ -602,6 +603,7 @@ func (w *Worker) runCommands() bool {
 }
 
 func (w *Worker) publishStats() {
+	w.fifos.poll(w.emptyDeadFIFO)
 	s := w.cw.stats
 	w.stats.Store(&WorkerStats{
 		InlineDone: uint64(s.inline_done), Requests: uint64(s.requests), Callbacks: uint64(s.callbacks),

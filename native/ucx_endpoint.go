@@ -214,6 +214,9 @@ func (ep *Endpoint) release() {
 		for r := range ep.recvs {
 			left = append(left, r)
 		}
+		if ep.peerFIFO != nil {
+			ep.w.fifos.add(ep.peerFIFO) // a local peer that lived at the close: should it die, let go of these
+		}
 		time.AfterFunc(ep.w.cfg.AbandonGrace, func() {
 			_ = ep.w.submit(func() {
 				for _, r := range left {
@@ -332,9 +335,15 @@ func (ep *Endpoint) releaseDeadPeerFIFO() {
 		ep.w.log.Warn("ucx: cannot read this process's mappings to empty a dead peer's FIFO", zap.Error(err))
 		return
 	}
+	ep.w.emptyDeadFIFO(s, maps)
+}
+
+// emptyDeadFIFO (loop only) empties the FIFO of s, a peer whose process is gone, in each of
+// this process's mappings of it.
+func (w *Worker) emptyDeadFIFO(s *peerFIFOSeg, maps []mapping) {
 	for _, m := range maps {
 		if n, ok := fifoRelease(m, s.pid, uint64(fifoSizeOnce())); ok && n > 0 {
-			ep.w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer",
+			w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer",
 				zap.Int("pid", s.pid), zap.Uint64("unread", n))
 		}
 	}
