@@ -21,12 +21,16 @@ import (
 // that once its process is gone the FIFO can be emptied (Endpoint.releaseDeadPeerFIFO):
 // UCX's flush of an endpoint to a dead peer waits for room in that FIFO, which nobody reads
 // any more, and only after the flush does UCX fail the endpoint's sends (docs/ucx.md, "Sends
-// to a killed shared-memory peer").
+// to a killed shared-memory peer"). The segment is held open (as UCX opens it, through the
+// peer's /proc/PID/fd) from the start, since a dead process's file descriptors can no longer
+// be reached, and it is written through a mapping of this package's own: a mapping of UCX's
+// may go at any moment (another worker of the process destroying its endpoint to the peer).
 type peerFIFOSeg struct {
 	pid     int
 	started uint64 // the process's start time (/proc/PID/stat, field 22): a reused pid is another process
-	dev     uint64 // the segment file's device and inode, which name its mappings in /proc/self/maps
+	dev     uint64 // the segment file's device and inode, which name its mappings in /proc/PID/maps
 	ino     uint64
+	file    *os.File // the segment, open until close
 }
 
 // recordPeerFIFO returns the FIFO segment of the peer at addr, or nil where there is none to
@@ -36,19 +40,45 @@ func recordPeerFIFO(addr, local []byte) *peerFIFOSeg {
 	if !ok || peer.pid == 0 || peer.pid > 1<<22 {
 		return nil
 	}
-	fi, err := os.Stat(peer.path())
+	f, err := os.OpenFile(peer.path(), os.O_RDWR, 0)
 	if err != nil {
 		return nil
 	}
+	fi, err := f.Stat()
 	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
+	if err != nil || !ok {
+		f.Close()
 		return nil
 	}
 	started, _, err := procStat(int(peer.pid))
 	if err != nil {
+		f.Close()
 		return nil
 	}
-	return &peerFIFOSeg{pid: int(peer.pid), started: started, dev: uint64(st.Dev), ino: st.Ino}
+	return &peerFIFOSeg{pid: int(peer.pid), started: started, dev: uint64(st.Dev), ino: st.Ino, file: f}
+}
+
+// close lets go of the segment; the record is of no more use.
+func (s *peerFIFOSeg) close() {
+	if s != nil && s.file != nil {
+		s.file.Close()
+		s.file = nil
+	}
+}
+
+// mapSeg maps the whole segment for reading and writing, shared with its other mappings.
+func (s *peerFIFOSeg) mapSeg() ([]byte, error) {
+	if s.file == nil {
+		return nil, os.ErrClosed
+	}
+	fi, err := s.file.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Size() <= 0 || fi.Size() > 1<<30 {
+		return nil, fmt.Errorf("%w: a FIFO segment of %d bytes", ErrInvalidArgument, fi.Size())
+	}
+	return syscall.Mmap(int(s.file.Fd()), 0, int(fi.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 }
 
 // gone reports whether the process that owned the FIFO has ended: no such pid any more, a
@@ -98,8 +128,9 @@ type mapping struct {
 	base, len uintptr
 }
 
-// segMappings returns where this process maps the file with device dev and inode ino from its
-// first byte, as /proc/self/maps lists them.
+// segMappings returns where this process maps the segment from its first byte, as
+// /proc/self/maps lists them (by device and inode). Only to learn whether UCX still maps it: a
+// mapping of UCX's may be gone by the time it is read.
 func (s *peerFIFOSeg) segMappings() ([]mapping, error) {
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
@@ -159,9 +190,10 @@ const fifoWatchEvery = 250 * time.Millisecond
 
 func (f *fifoWatch) add(s *peerFIFOSeg) { f.segs = append(f.segs, s) }
 
-// poll looks at the watched FIFOs if it is time: release empties a dead one's mappings; an
-// entry whose segment is no longer mapped is dropped.
-func (f *fifoWatch) poll(release func(*peerFIFOSeg, []mapping)) {
+// poll looks at the watched FIFOs if it is time: release empties a dead one's FIFO; an entry
+// whose segment UCX no longer maps (UCX destroyed its endpoint: the peer resumed and read its
+// FIFO) is dropped.
+func (f *fifoWatch) poll(release func(*peerFIFOSeg)) {
 	if len(f.segs) == 0 {
 		return
 	}
@@ -175,13 +207,81 @@ func (f *fifoWatch) poll(release func(*peerFIFOSeg, []mapping)) {
 		maps, err := s.segMappings()
 		switch {
 		case err == nil && len(maps) == 0:
-			// UCX let go of the segment: nothing waits on it any more.
+			s.close() // UCX let go of the segment: nothing waits on it any more
 		case err == nil && s.gone():
-			release(s, maps)
+			release(s)
+			s.close()
 		default:
 			keep = append(keep, s)
 		}
 	}
 	clear(f.segs[len(keep):])
 	f.segs = keep
+}
+
+// close lets go of every watched segment (the worker is closing).
+func (f *fifoWatch) close() {
+	for _, s := range f.segs {
+		s.close()
+	}
+	f.segs = nil
+}
+
+// pausedMapper returns a process other than this one that maps the segment and is paused, so
+// may yet resume and write into it: stopped or traced (SIGSTOP, a debugger), in an
+// uninterruptible sleep, or in a frozen cgroup (cgroup v2's freezer: `docker pause`, which
+// /proc shows as sleeping). 0 when there is none. A process whose maps cannot be read is
+// passed over: UCX reaches a segment through /proc/PID/fd, which takes the same access.
+func (s *peerFIFOSeg) pausedMapper() (int, error) {
+	dir, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	self := os.Getpid()
+	for _, e := range dir {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		f, err := os.Open("/proc/" + e.Name() + "/maps")
+		if err != nil {
+			continue
+		}
+		maps, err := parseMaps(f, s.dev, s.ino)
+		f.Close()
+		if err != nil || len(maps) == 0 {
+			continue
+		}
+		if _, state, err := procStat(pid); err == nil && (state == 'T' || state == 't' || state == 'D') {
+			return pid, nil
+		}
+		if cgroupFrozen(pid) {
+			return pid, nil
+		}
+	}
+	return 0, nil
+}
+
+// cgroupFrozen reports whether pid's cgroup is frozen: cgroup v2's cgroup.events says
+// "frozen 1", or cgroup v1's freezer.state is not THAWED. What cannot be read counts as not
+// frozen (no freezer there to ask).
+func cgroupFrozen(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	if err != nil {
+		return false // gone, or not ours to read
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if path, ok := strings.CutPrefix(line, "0::"); ok {
+			if ev, err := os.ReadFile("/sys/fs/cgroup" + path + "/cgroup.events"); err == nil &&
+				(strings.Contains(string(ev), "\nfrozen 1") || strings.HasPrefix(string(ev), "frozen 1")) {
+				return true
+			}
+		} else if _, path, ok := strings.Cut(line, ":freezer:"); ok {
+			if st, err := os.ReadFile("/sys/fs/cgroup/freezer" + path + "/freezer.state"); err == nil &&
+				strings.TrimSpace(string(st)) != "THAWED" {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -155,7 +155,7 @@ int kvx_ucx_protocols_v2(void) {
   return v2;
 }
 
-int kvx_ucx_mm_fifo_size(void) {
+int kvx_ucx_mm_config(const char *name) {
   uct_component_h *comps = NULL;
   unsigned n = 0;
   if (uct_query_components(&comps, &n) != UCS_OK) return -1;
@@ -174,7 +174,7 @@ int kvx_ucx_mm_fifo_size(void) {
     uct_iface_config_t *iface_config = NULL;
     if (uct_md_iface_config_read(md, "posix", NULL, NULL, &iface_config) == UCS_OK) {
       char value[32];
-      if (uct_config_get(iface_config, "MM_FIFO_SIZE", value, sizeof(value)) == UCS_OK) {
+      if (uct_config_get(iface_config, name, value, sizeof(value)) == UCS_OK) {
         char *end = NULL;
         long v = strtol(value, &end, 10);
         if (end != value && *end == '\0' && v > 0 && v <= 1 << 30) size = (int)v;

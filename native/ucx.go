@@ -280,6 +280,7 @@ type Worker struct {
 	stopping   bool                  // loop-owned: shutdown has begun; no standing receive stands again
 	suspects   map[*Request]struct{} // loop-owned: receives pinned until the worker is gone
 	fifos      fifoWatch             // loop-owned: FIFOs of live local peers whose endpoints closed with sends held
+	ownFIFO    ownFIFO               // loop-owned: this worker's own FIFO, looked at for an element a dead writer left
 
 	// inUCX (loop-owned) is how deep the loop is in UCX calls that post or cancel; an
 	// endpoint failure UCX reports from inside one waits in lateErrs until the outermost
@@ -299,6 +300,7 @@ type Worker struct {
 	// that gave the core away (spinYield) (for tests).
 	emptyRounds, yields atomic.Uint64
 	timerWakes          atomic.Uint64 // armed sleeps its timer ended (armedSleep's bound)
+	fifoFills           atomic.Uint64 // elements of its own FIFO it wrote for a dead writer (ownFIFO)
 
 	address []byte
 	stats   atomic.Pointer[WorkerStats]
@@ -603,7 +605,7 @@ func (w *Worker) runCommands() bool {
 }
 
 func (w *Worker) publishStats() {
-	w.fifos.poll(w.emptyDeadFIFO)
+	w.watchFIFOs()
 	s := w.cw.stats
 	w.stats.Store(&WorkerStats{
 		InlineDone: uint64(s.inline_done), Requests: uint64(s.requests), Callbacks: uint64(s.callbacks),
@@ -731,6 +733,7 @@ func (w *Worker) shutdown() {
 	for r := range w.suspects {
 		r.settleSuspect()
 	}
+	w.closeFIFOs()
 	if s := w.stats.Load(); s != nil {
 		final := *s
 		final.Pending, final.Dropped = 0, dropped

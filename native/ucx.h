@@ -111,11 +111,11 @@ void kvx_ucx_context_destroy(ucp_context_h ctx);
  * configuration cannot be read. */
 int kvx_ucx_protocols_v2(void);
 
-/* The number of elements in the shared-memory (posix) receive FIFO of a worker created now:
- * UCX_MM_FIFO_SIZE as the environment and UCX's own default say (64 in 1.13, 256 in 1.22),
- * read through UCT's configuration of the posix transport; -1 when this UCX has no posix
- * transport or it cannot be read. */
-int kvx_ucx_mm_fifo_size(void);
+/* An integer setting of the shared-memory (posix) transport for a worker created now, e.g.
+ * "MM_FIFO_SIZE" (UCX_MM_FIFO_SIZE: 64 in 1.13, 256 in 1.22) or "MM_FIFO_ELEM_SIZE", as the
+ * environment and UCX's own default say, read through UCT's configuration of the posix
+ * transport; -1 when this UCX has no posix transport or it cannot be read. */
+int kvx_ucx_mm_config(const char *name);
 
 /* Worker: single-threaded (see the top of this file). The callbacks may be NULL. */
 ucs_status_t kvx_ucx_worker_create(ucp_context_h ctx, kvx_ucx_done_fn on_done,

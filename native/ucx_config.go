@@ -142,7 +142,17 @@ func protocolsV2() bool { return C.kvx_ucx_protocols_v2() == 1 }
 // now (UCX_MM_FIFO_SIZE: ContextConfig.ShmFIFOSize or the environment where set, else UCX's
 // default, which is 64 in 1.13 and 256 in 1.22), as UCX's configuration of its posix transport
 // says; 0 when this UCX has no posix transport.
-func shmFIFOSize() int { return max(int(C.kvx_ucx_mm_fifo_size()), 0) }
+func shmFIFOSize() int { return posixSetting("MM_FIFO_SIZE") }
+
+// shmFIFOElemSize is the size in bytes of an element of that FIFO (UCX_MM_FIFO_ELEM_SIZE,
+// UCX's default 128); 0 when this UCX has no posix transport.
+func shmFIFOElemSize() int { return posixSetting("MM_FIFO_ELEM_SIZE") }
+
+func posixSetting(name string) int {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	return max(int(C.kvx_ucx_mm_config(cname)), 0)
+}
 
 // lastSettings is what the most recent context of this process opened with (Settings).
 var lastSettings struct {

@@ -7,7 +7,6 @@ package native
 /*
 #include <stdlib.h>
 #include "ucx.h"
-#include "ucx_fifo.h"
 */
 import "C"
 
@@ -214,8 +213,9 @@ func (ep *Endpoint) release() {
 		for r := range ep.recvs {
 			left = append(left, r)
 		}
-		if ep.peerFIFO != nil {
+		if ep.peerFIFO != nil && !dead {
 			ep.w.fifos.add(ep.peerFIFO) // a local peer that lived at the close: should it die, let go of these
+			ep.peerFIFO = nil
 		}
 		time.AfterFunc(ep.w.cfg.AbandonGrace, func() {
 			_ = ep.w.submit(func() {
@@ -225,6 +225,8 @@ func (ep *Endpoint) release() {
 			})
 		})
 	}
+	ep.peerFIFO.close() // nil, or a FIFO nobody waits on any more
+	ep.peerFIFO = nil
 	if dead {
 		C.kvx_ucx_ep_free(ep.cep) // the worker, which the C record points to, is gone
 	} else {
@@ -310,49 +312,4 @@ func (ep *Endpoint) Info(ctx context.Context) (string, error) {
 		return "", callErr
 	}
 	return s, err
-}
-
-// fifoSizeOnce is shmFIFOSize as the process's contexts run with it: UCX takes it from the
-// environment, which the first context sets (NewContext) and later ones keep.
-var fifoSizeOnce = sync.OnceValue(shmFIFOSize)
-
-// releaseDeadPeerFIFO (loop only) empties the shared-memory receive FIFO of a peer whose
-// process has ended, in every mapping of it this process holds. UCX completes the sends of a
-// failed or force-closed endpoint only once its flush of the endpoint's lanes has, and the
-// flush of a shared-memory lane waits for room in the peer's FIFO: a dead peer's stays full
-// for good (its reader is gone), and the sends then stay with UCX, their memory pinned, until
-// the worker closes (docs/ucx.md, "Sends to a killed shared-memory peer"). With the FIFO's
-// tail moved to its head the flush completes, and UCX fails the sends. A live peer's FIFO is
-// never touched (a frozen one resumes reading it), nor a block that is not the dead pid's.
-func (ep *Endpoint) releaseDeadPeerFIFO() {
-	s := ep.peerFIFO
-	if s == nil || !s.gone() {
-		return
-	}
-	ep.peerFIFO = nil // the process is gone for good: once is enough
-	maps, err := s.segMappings()
-	if err != nil {
-		ep.w.log.Warn("ucx: cannot read this process's mappings to empty a dead peer's FIFO", zap.Error(err))
-		return
-	}
-	ep.w.emptyDeadFIFO(s, maps)
-}
-
-// emptyDeadFIFO (loop only) empties the FIFO of s, a peer whose process is gone, in each of
-// this process's mappings of it.
-func (w *Worker) emptyDeadFIFO(s *peerFIFOSeg, maps []mapping) {
-	for _, m := range maps {
-		if n, ok := fifoRelease(m, s.pid, uint64(fifoSizeOnce())); ok && n > 0 {
-			w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer",
-				zap.Int("pid", s.pid), zap.Uint64("unread", n))
-		}
-	}
-}
-
-// fifoRelease moves the tail of the FIFO whose segment is mapped at m to its head, if m holds
-// the FIFO control block of pid (kvx_ucx_mm_fifo_release): ok, and how many elements were unread.
-func fifoRelease(m mapping, pid int, size uint64) (unread uint64, ok bool) {
-	var n C.uint64_t
-	r := C.kvx_ucx_mm_fifo_release(C.uintptr_t(m.base), C.size_t(m.len), C.int32_t(pid), C.uint64_t(size), &n)
-	return uint64(n), r == C.KVX_FIFO_RELEASED
 }

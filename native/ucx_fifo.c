@@ -47,3 +47,68 @@ int kvx_ucx_mm_fifo_release(uintptr_t base, size_t len, int32_t pid, uint64_t fi
   *released = used;
   return KVX_FIFO_RELEASED;
 }
+
+/* The elements follow the control block (UCT_MM_FIFO_CTL_SIZE: the block's 140 bytes, aligned
+ * to 64, in both versions); each is fifo_elem_size bytes (UCX_MM_FIFO_ELEM_SIZE) and starts
+ * with its flags (bit 0: the owner bit, bit 1: inline data), its active message id and a
+ * 16-bit length (uct_mm_fifo_element_t). A writer claims index i by moving the head past it,
+ * writes the element, and sets its owner bit to lap parity (i / fifo_size) & 1 last; the
+ * reader waits at its index for that bit (uct_mm_iface_fifo_has_new_data). */
+enum {
+  fifo_elems_offset = 192,
+  elem_flag_owner = 1,
+  elem_flag_inline = 2,
+};
+
+static unsigned char *fifo_ctl_of(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t elem_size) {
+  if (base == 0 || base % 64 != 0 || pid <= 0 || fifo_size == 0 || (fifo_size & (fifo_size - 1)) != 0 ||
+      elem_size < 8 || elem_size > 1 << 20 || len < fifo_elems_offset ||
+      fifo_size > (len - fifo_elems_offset) / elem_size) {
+    return NULL;
+  }
+  unsigned char *ctl = (unsigned char *)base;
+  int32_t owner;
+  memcpy(&owner, ctl + fifo_pid_offset, sizeof(owner));
+  return owner == pid ? ctl : NULL;
+}
+
+static volatile uint8_t *elem_flags(unsigned char *ctl, uint64_t fifo_size, uint64_t elem_size, uint64_t index) {
+  return (volatile uint8_t *)(ctl + fifo_elems_offset + (index & (fifo_size - 1)) * elem_size);
+}
+
+static int elem_written(unsigned char *ctl, uint64_t fifo_size, uint64_t elem_size, uint64_t index) {
+  uint8_t lap = (uint8_t)((index / fifo_size) & 1);
+  return (__atomic_load_n(elem_flags(ctl, fifo_size, elem_size, index), __ATOMIC_ACQUIRE) & elem_flag_owner) == lap;
+}
+
+int kvx_ucx_mm_fifo_unwritten(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t elem_size,
+                              uint64_t *index, uint64_t *head_out) {
+  unsigned char *ctl = fifo_ctl_of(base, len, pid, fifo_size, elem_size);
+  if (ctl == NULL) return KVX_FIFO_NOT_A_FIFO;
+  uint64_t tail = __atomic_load_n((volatile uint64_t *)(ctl + fifo_tail_offset), __ATOMIC_ACQUIRE);
+  uint64_t head = __atomic_load_n((volatile uint64_t *)(ctl + fifo_head_offset), __ATOMIC_ACQUIRE) & ~FIFO_HEAD_EVENT_ARMED;
+  if (head - tail > fifo_size) return KVX_FIFO_NOT_A_FIFO;
+  uint64_t i = tail;
+  while (i != head && elem_written(ctl, fifo_size, elem_size, i)) i++;
+  *index = i;
+  *head_out = head;
+  return KVX_FIFO_RELEASED;
+}
+
+int kvx_ucx_mm_fifo_fill(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t elem_size,
+                         uint64_t index, uint8_t am_id) {
+  unsigned char *ctl = fifo_ctl_of(base, len, pid, fifo_size, elem_size);
+  if (ctl == NULL) return KVX_FIFO_NOT_A_FIFO;
+  uint64_t tail = __atomic_load_n((volatile uint64_t *)(ctl + fifo_tail_offset), __ATOMIC_ACQUIRE);
+  uint64_t head = __atomic_load_n((volatile uint64_t *)(ctl + fifo_head_offset), __ATOMIC_ACQUIRE) & ~FIFO_HEAD_EVENT_ARMED;
+  if (head - tail > fifo_size || index - tail >= head - tail || elem_written(ctl, fifo_size, elem_size, index)) {
+    return KVX_FIFO_NOT_A_FIFO; /* not a claimed, unwritten element of this FIFO */
+  }
+  volatile uint8_t *flags = elem_flags(ctl, fifo_size, elem_size, index);
+  uint16_t length = 0;
+  flags[1] = am_id;
+  memcpy((void *)(flags + 2), &length, sizeof(length));
+  uint8_t lap = (uint8_t)((index / fifo_size) & 1);
+  __atomic_store_n(flags, (uint8_t)(elem_flag_inline | lap), __ATOMIC_RELEASE);
+  return KVX_FIFO_RELEASED;
+}

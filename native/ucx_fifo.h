@@ -20,4 +20,19 @@ enum {
  * is. *released is how many elements were still unread. */
 int kvx_ucx_mm_fifo_release(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t *released);
 
+/* kvx_ucx_mm_fifo_unwritten finds, in the receive FIFO of pid mapped at [base, base+len), the
+ * first element between its tail and its head that a writer claimed and has not written yet
+ * (its owner bit not yet at the element's lap): *index, or *head_out (the head) when every
+ * claimed element is written. fifo_size and elem_size are UCX_MM_FIFO_SIZE and
+ * UCX_MM_FIFO_ELEM_SIZE. KVX_FIFO_NOT_A_FIFO when the bytes are not such a FIFO. */
+int kvx_ucx_mm_fifo_unwritten(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t elem_size,
+                              uint64_t *index, uint64_t *head_out);
+
+/* kvx_ucx_mm_fifo_fill writes element index of that FIFO, claimed and never written, as an
+ * empty inline message with active message id am_id, its owner bit last: the reader takes it
+ * and goes on to the elements after it. Nothing is written unless index lies between the tail
+ * and the head and is still unwritten. */
+int kvx_ucx_mm_fifo_fill(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t elem_size,
+                         uint64_t index, uint8_t am_id);
+
 #endif

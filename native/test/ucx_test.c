@@ -432,8 +432,10 @@ int main(int argc, char **argv) {
   test_transports(&p, tls, expect);
   /* UCX's posix FIFO, as UCT's configuration reads it: a power of two of at least 64 (UCX's
    * default, 64 in 1.13 and 256 in 1.22, or UCX_MM_FIFO_SIZE). */
-  int fifo = kvx_ucx_mm_fifo_size();
+  int fifo = kvx_ucx_mm_config("MM_FIFO_SIZE");
   CHECK(fifo >= 64 && (fifo & (fifo - 1)) == 0, "posix FIFO size");
+  int elem = kvx_ucx_mm_config("MM_FIFO_ELEM_SIZE"); /* UCX's default 128 */
+  CHECK(elem > 16 && elem <= 65536, "posix FIFO element size %d", elem);
   size_t sizes[] = {0, 1, 100, 8192, 65536 + 3, 1 << 20, 16 << 20};
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
     test_tag_roundtrip(&p, sizes[i], 0);

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package native
+
+/*
+#include "ucx_fifo.h"
+*/
+import "C"
+
+import (
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+)
+
+// The shared-memory receive FIFOs UCX leaves stuck when a local peer dies (docs/ucx.md): a
+// dead peer's FIFO, which UCX's flush of an endpoint to it waits on, and this worker's own,
+// which a peer killed in the middle of a write leaves at an element nobody will finish.
+
+// fifoSizeOnce is shmFIFOSize as the process's contexts run with it: UCX takes it from the
+// environment, which the first context sets (NewContext) and later ones keep.
+var fifoSizeOnce = sync.OnceValue(shmFIFOSize)
+
+// releaseDeadPeerFIFO (loop only) empties the shared-memory receive FIFO of a peer whose
+// process has ended. UCX completes the sends of a failed or force-closed endpoint only once
+// its flush of the endpoint's lanes has, and the flush of a shared-memory lane waits for room
+// in the peer's FIFO: a dead peer's stays full for good (its reader is gone), and the sends
+// then stay with UCX, their memory pinned, until the worker closes (docs/ucx.md, "Sends to a
+// killed shared-memory peer"). With the FIFO's tail moved to its head the flush completes,
+// and UCX fails the sends. A live peer's FIFO is never touched (a frozen one resumes reading
+// it), nor a block that is not the dead pid's.
+func (ep *Endpoint) releaseDeadPeerFIFO() {
+	s := ep.peerFIFO
+	if s == nil || !s.gone() {
+		return
+	}
+	ep.peerFIFO = nil // the process is gone for good: once is enough
+	ep.w.emptyDeadFIFO(s)
+	s.close()
+}
+
+// emptyDeadFIFO (loop only) empties the FIFO of s, a peer whose process is gone, through a
+// mapping of its own.
+func (w *Worker) emptyDeadFIFO(s *peerFIFOSeg) {
+	b, err := s.mapSeg()
+	if err != nil {
+		w.log.Warn("ucx: cannot map a dead shared-memory peer's FIFO to empty it", zap.Int("pid", s.pid), zap.Error(err))
+		return
+	}
+	defer func() { _ = syscall.Munmap(b) }()
+	if n, ok := fifoRelease(mapping{uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))}, s.pid, uint64(fifoSizeOnce())); ok && n > 0 {
+		w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer", zap.Int("pid", s.pid), zap.Uint64("unread", n))
+	}
+}
+
+// closeFIFOs (loop only, the worker destroyed) lets go of every FIFO segment it holds open.
+func (w *Worker) closeFIFOs() {
+	w.fifos.close()
+	w.ownFIFO.close()
+}
+
+// fifoRelease moves the tail of the FIFO whose segment is mapped at m to its head, if m holds
+// the FIFO control block of pid (kvx_ucx_mm_fifo_release): ok, and how many elements were unread.
+func fifoRelease(m mapping, pid int, size uint64) (unread uint64, ok bool) {
+	var n C.uint64_t
+	r := C.kvx_ucx_mm_fifo_release(C.uintptr_t(m.base), C.size_t(m.len), C.int32_t(pid), C.uint64_t(size), &n)
+	return uint64(n), r == C.KVX_FIFO_RELEASED
+}
+
+// watchFIFOs (loop only, as the worker goes idle) runs the watch of dead peers' FIFOs and
+// the look at this worker's own.
+func (w *Worker) watchFIFOs() {
+	w.fifos.poll(w.emptyDeadFIFO)
+	w.ownFIFO.poll(w)
+}
+
+// fifoStuckAfter is how long an element of this worker's FIFO must stay claimed and unwritten,
+// with no process that maps the FIFO paused, before the worker writes it itself: a running
+// writer writes an element a few instructions after it claims it.
+const fifoStuckAfter = 2 * time.Second
+
+// fifoFillAMID is the active message id of the empty message written into an element a dead
+// writer left: one no UCP protocol uses (UCX 1.13 uses 0-26, 1.22 0-28, of UCT's 32), which
+// UCT hands to its stub handler (a warning, nothing else).
+const fifoFillAMID = 31
+
+// ownFIFO (loop-owned) looks at this worker's own shared-memory receive FIFO for the wedge a
+// local peer killed between claiming an element and writing it leaves: the worker reads in
+// order and waits at that element for good, so nothing more arrives over shared memory from
+// anyone (docs/ucx.md, "A killed local peer can wedge the survivor's shared-memory receive
+// queue"). When the same element has stayed claimed and unwritten for fifoStuckAfter and no
+// process that maps the FIFO is stopped (which could resume and finish the write), the
+// writer is gone: the worker writes the element as an empty message and reads on.
+type ownFIFO struct {
+	set        bool // looked up (seg, b and m valid when found)
+	seg        *peerFIFOSeg
+	b          []byte  // the FIFO segment, mapped by this package (UCX's own mapping is UCX's)
+	m          mapping // b's range
+	size, elem uint64
+	next       time.Time // the next look (fifoWatchEvery)
+	stuck      uint64    // the element seen claimed and unwritten since since
+	since      time.Time
+	paused     bool // a look found a process that maps the FIFO paused (logged once)
+}
+
+func (o *ownFIFO) poll(w *Worker) {
+	if o.set && o.seg == nil {
+		return // no posix FIFO of ours to look at
+	}
+	now := time.Now()
+	if now.Before(o.next) {
+		return
+	}
+	o.next = now.Add(fifoWatchEvery)
+	if !o.set {
+		o.set = true
+		o.size, o.elem = uint64(fifoSizeOnce()), uint64(shmFIFOElemSize())
+		if o.seg = recordPeerFIFO(w.address, w.address); o.seg == nil || o.size == 0 || o.elem == 0 {
+			o.close()
+			return
+		}
+		b, err := o.seg.mapSeg()
+		if err != nil {
+			o.close()
+			return
+		}
+		o.b, o.m = b, mapping{uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))}
+	}
+	idx, head, ok := fifoUnwritten(o.m, o.seg.pid, o.size, o.elem)
+	if !ok || idx == head {
+		o.since, o.paused = time.Time{}, false
+		return
+	}
+	if o.since.IsZero() || idx != o.stuck {
+		o.stuck, o.since, o.paused = idx, now, false
+		return
+	}
+	if now.Sub(o.since) < fifoStuckAfter {
+		return
+	}
+	if who, err := o.seg.pausedMapper(); err != nil || who != 0 {
+		if !o.paused {
+			o.paused = true
+			w.log.Warn("ucx: this worker's shared-memory receive FIFO waits at an element a writer claimed and has not written; "+
+				"a process that maps it is paused and may finish it, so it is left alone",
+				zap.Uint64("element", idx), zap.Duration("for", now.Sub(o.since)), zap.Int("paused pid", who), zap.Error(err))
+		}
+		return
+	}
+	if !fifoFill(o.m, o.seg.pid, o.size, o.elem, idx) {
+		return
+	}
+	w.fifoFills.Add(1)
+	w.log.Warn("ucx: wrote an element of this worker's shared-memory receive FIFO that a writer claimed and never wrote "+
+		"(a local peer killed in the middle of a message): the worker reads on",
+		zap.Uint64("element", idx), zap.Uint64("head", head), zap.Duration("stuck for", now.Sub(o.since)))
+	o.since = time.Time{}
+}
+
+// close unmaps the FIFO and lets go of its file; the look is over for good.
+func (o *ownFIFO) close() {
+	if o.b != nil {
+		_ = syscall.Munmap(o.b)
+		o.b, o.m = nil, mapping{}
+	}
+	o.seg.close()
+	o.set, o.seg = true, nil
+}
+
+// fifoUnwritten is kvx_ucx_mm_fifo_unwritten: the first element of the FIFO at m claimed and
+// not yet written, or head when there is none.
+func fifoUnwritten(m mapping, pid int, size, elem uint64) (index, head uint64, ok bool) {
+	var i, h C.uint64_t
+	r := C.kvx_ucx_mm_fifo_unwritten(C.uintptr_t(m.base), C.size_t(m.len), C.int32_t(pid), C.uint64_t(size), C.uint64_t(elem), &i, &h)
+	return uint64(i), uint64(h), r == C.KVX_FIFO_RELEASED
+}
+
+// fifoFill is kvx_ucx_mm_fifo_fill with fifoFillAMID.
+func fifoFill(m mapping, pid int, size, elem, index uint64) bool {
+	return C.kvx_ucx_mm_fifo_fill(C.uintptr_t(m.base), C.size_t(m.len), C.int32_t(pid), C.uint64_t(size), C.uint64_t(elem),
+		C.uint64_t(index), fifoFillAMID) == C.KVX_FIFO_RELEASED
+}
