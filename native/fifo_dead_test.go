@@ -5,6 +5,7 @@
 package native
 
 import (
+	"context"
 	"encoding/binary"
 	"os"
 	"os/exec"
@@ -208,4 +209,35 @@ func TestFIFOWatch_EmptiesTheDeadDropsTheUnmappedKeepsTheLive(t *testing.T) {
 	f.next = time.Time{}
 	f.poll(release)
 	require.Len(t, emptied, 2)
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	d, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(d)
+}
+
+// An endpoint to a local peer holds the peer's FIFO segment open (a dead process's descriptors
+// cannot be reached later) and lets go of it with the endpoint: connecting and closing leaves
+// no descriptor behind.
+func TestPeerFIFOSeg_HeldOnlyWhileTheEndpointLives(t *testing.T) {
+	p := newPairConfig(t, ContextConfig{TLS: "posix,self"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before := openFDs(t)
+	var eps []*Endpoint
+	for range 20 {
+		ep, err := p.a.Connect(ctx, p.b.Address())
+		require.NoError(t, err)
+		eps = append(eps, ep)
+	}
+	if _, ok := findPosixFIFO(p.b.Address(), mustHaveName(t, p.b.Address())); ok {
+		require.GreaterOrEqual(t, openFDs(t), before+20, "each endpoint holds the peer's FIFO")
+	}
+	for _, ep := range eps {
+		require.NoError(t, ep.Close(ctx))
+	}
+	require.Eventually(t, func() bool { return openFDs(t) <= before }, 5*time.Second, 10*time.Millisecond,
+		"descriptors left after the endpoints closed: %d, %d before", openFDs(t), before)
 }

@@ -47,12 +47,14 @@ func (w *Worker) Connect(ctx context.Context, addr []byte) (*Endpoint, error) {
 	callErr := w.call(ctx, func() {
 		defer C.free(caddr)
 		if w.dead {
+			ep.peerFIFO.close()
 			err = ErrClosed
 			return
 		}
 		ep.handle = cgo.NewHandle(ep)
 		if st := C.kvx_ucx_ep_create(w.cw, caddr, C.size_t(len(addr)), C.uint64_t(ep.handle), &ep.cep); st != C.UCS_OK {
 			ep.handle.Delete()
+			ep.peerFIFO.close()
 			err = statusErr("create endpoint", st)
 			return
 		}
