@@ -84,6 +84,9 @@ func (w *Worker) watchFIFOs() {
 // writer writes an element a few instructions after it claims it.
 const fifoStuckAfter = 2 * time.Second
 
+// fifoPausedEvery is how often the look goes on while a paused process maps the FIFO.
+const fifoPausedEvery = 5 * time.Second
+
 // fifoFillAMID is the active message id of the empty message written into an element a dead
 // writer left: one no UCP protocol uses (UCX 1.13 uses 0-26, 1.22 0-28, of UCT's 32), which
 // UCT hands to its stub handler (a warning, nothing else).
@@ -144,6 +147,7 @@ func (o *ownFIFO) poll(w *Worker) {
 		return
 	}
 	if who, err := o.seg.pausedMapper(); err != nil || who != 0 {
+		o.next = now.Add(fifoPausedEvery) // reading every process's maps is not for every 250 ms
 		if !o.paused {
 			o.paused = true
 			w.log.Warn("ucx: this worker's shared-memory receive FIFO waits at an element a writer claimed and has not written; "+
