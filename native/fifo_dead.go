@@ -13,6 +13,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -36,6 +37,9 @@ type peerFIFOSeg struct {
 // recordPeerFIFO returns the FIFO segment of the peer at addr, or nil where there is none to
 // record: another host or pid namespace, no posix transport, or a peer already gone.
 func recordPeerFIFO(addr, local []byte) *peerFIFOSeg {
+	if !fifoLayoutKnownOnce() {
+		return nil // another UCX may lay its FIFO out otherwise: nothing of it is written
+	}
 	peer, _, ok := localPeerFIFO(addr, local)
 	if !ok || peer.pid == 0 || peer.pid > 1<<22 {
 		return nil
@@ -57,6 +61,22 @@ func recordPeerFIFO(addr, local []byte) *peerFIFOSeg {
 	}
 	return &peerFIFOSeg{pid: int(peer.pid), started: started, dev: uint64(st.Dev), ino: st.Ino, file: f}
 }
+
+// fifoLayoutKnown reports whether the UCX of version v (UCXVersion, "1.13.1") lays out its
+// posix FIFO as ucx_fifo.c reads and writes it: the control block, the elements and the
+// active message ids UCP uses were read from the source of 1.13.1 and 1.22.0, which agree,
+// and the releases between them. Any other UCX is left alone.
+func fifoLayoutKnown(v string) bool {
+	f := strings.SplitN(v, ".", 3)
+	if len(f) < 2 {
+		return false
+	}
+	major, err1 := strconv.Atoi(f[0])
+	minor, err2 := strconv.Atoi(f[1])
+	return err1 == nil && err2 == nil && major == 1 && minor >= 13 && minor <= 22
+}
+
+var fifoLayoutKnownOnce = sync.OnceValue(func() bool { return fifoLayoutKnown(UCXVersion()) })
 
 // close lets go of the segment; the record is of no more use.
 func (s *peerFIFOSeg) close() {

@@ -241,3 +241,12 @@ func TestPeerFIFOSeg_HeldOnlyWhileTheEndpointLives(t *testing.T) {
 	require.Eventually(t, func() bool { return openFDs(t) <= before }, 5*time.Second, 10*time.Millisecond,
 		"descriptors left after the endpoints closed: %d, %d before", openFDs(t), before)
 }
+
+// The FIFO is read and written only under a UCX whose layout it was read from.
+func TestFIFOLayoutKnown_OnlyTheReleasesReadFrom(t *testing.T) {
+	for v, want := range map[string]bool{"1.13.1": true, "1.22.0": true, "1.17.0": true, "1.12.1": false,
+		"1.23.0": false, "2.0.0": false, "": false, "x.y": false, "1": false} {
+		require.Equal(t, want, fifoLayoutKnown(v), v)
+	}
+	require.True(t, fifoLayoutKnown(UCXVersion()), "the UCX these tests run against (%s)", UCXVersion())
+}
