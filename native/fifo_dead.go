@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // A local peer's shared-memory receive FIFO, recorded at Connect while the peer lives, so
@@ -40,22 +42,24 @@ func recordPeerFIFO(addr, local []byte) *peerFIFOSeg {
 	if !fifoLayoutKnownOnce() {
 		return nil // another UCX may lay its FIFO out otherwise: nothing of it is written
 	}
-	peer, _, ok := localPeerFIFO(addr, local)
+	peer, mine, ok := localPeerFIFO(addr, local)
 	if !ok || peer.pid == 0 || peer.pid > 1<<22 {
+		return nil
+	}
+	// The pid and descriptor come from the peer's address: what they name must be a file on
+	// the device this process's own FIFO segment is on (UCX's shared-memory directory), not
+	// whatever file that process has open.
+	var own syscall.Stat_t
+	if syscall.Stat(mine.path(), &own) != nil {
 		return nil
 	}
 	f, err := os.OpenFile(peer.path(), os.O_RDWR, 0)
 	if err != nil {
 		return nil
 	}
-	fi, err := f.Stat()
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if err != nil || !ok {
-		f.Close()
-		return nil
-	}
-	started, _, err := procStat(int(peer.pid))
-	if err != nil {
+	var st syscall.Stat_t
+	started, _, errProc := procStat(int(peer.pid))
+	if syscall.Fstat(int(f.Fd()), &st) != nil || st.Dev != own.Dev || st.Mode&syscall.S_IFMT != syscall.S_IFREG || errProc != nil {
 		f.Close()
 		return nil
 	}
@@ -148,6 +152,9 @@ type mapping struct {
 	base, len uintptr
 }
 
+// mappingOf is the range b, a mapping of this package's own, covers.
+func mappingOf(b []byte) mapping { return mapping{uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))} }
+
 // segMappings returns where this process maps the segment from its first byte, as
 // /proc/self/maps lists them (by device and inode). Only to learn whether UCX still maps it: a
 // mapping of UCX's may be gone by the time it is read.
@@ -162,15 +169,15 @@ func (s *peerFIFOSeg) segMappings() ([]mapping, error) {
 
 // parseMaps picks out of /proc/PID/maps lines ("start-end perms offset major:minor inode
 // path") the mappings of device dev, inode ino at offset 0.
-func parseMaps(r interface{ Read([]byte) (int, error) }, dev, ino uint64) ([]mapping, error) {
-	major, minor := devMajor(dev), devMinor(dev)
-	want := fmt.Sprintf("%02x:%02x", major, minor)
+func parseMaps(r io.Reader, dev, ino uint64) ([]mapping, error) {
+	wantDev := fmt.Sprintf("%02x:%02x", devMajor(dev), devMinor(dev))
+	wantIno := strconv.FormatUint(ino, 10)
 	var out []mapping
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) < 5 || f[4] != strconv.FormatUint(ino, 10) || f[3] != want {
+		if len(f) < 5 || f[4] != wantIno || f[3] != wantDev {
 			continue
 		}
 		if off, err := strconv.ParseUint(f[2], 16, 64); err != nil || off != 0 {

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -105,7 +104,21 @@ func fakeFIFO(t *testing.T, pid int32, head, tail uint64) (mapping, []byte) {
 	binary.LittleEndian.PutUint64(b[0:], head)
 	binary.LittleEndian.PutUint64(b[128:], tail)
 	binary.LittleEndian.PutUint32(b[136:], uint32(pid))
-	return mapping{uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))}, b
+	return mappingOf(b), b
+}
+
+// posixWorker opens a context over posix and a worker on it, closed when the test ends.
+func posixWorker(t *testing.T) *Worker {
+	t.Helper()
+	uc, err := NewContext(ContextConfig{TLS: "posix,self"})
+	require.NoError(t, err)
+	w, err := uc.NewWorker(WorkerConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, w.Close())
+		require.NoError(t, uc.Close())
+	})
+	return w
 }
 
 // The FIFO's tail moves to its head (the reader's wake-up bit left out) only in the control
@@ -147,12 +160,7 @@ func TestFIFORelease_OnlyTheDeadPidsBlockAndOnlyPlausibleCounters(t *testing.T) 
 // segment's device and inode, this process's mappings), holds this pid where
 // kvx_ucx_mm_fifo_release reads it, and an idle FIFO's counters are equal.
 func TestFIFORelease_ReadsTheLayoutOfThisUCX(t *testing.T) {
-	uc, err := NewContext(ContextConfig{TLS: "posix,self"})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, uc.Close()) }()
-	w, err := uc.NewWorker(WorkerConfig{})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, w.Close()) }()
+	w := posixWorker(t)
 	seg := recordPeerFIFO(w.Address(), w.Address())
 	require.NotNil(t, seg, "this UCX names its posix FIFO through procfs")
 	require.Equal(t, os.Getpid(), seg.pid)
@@ -166,7 +174,7 @@ func TestFIFORelease_ReadsTheLayoutOfThisUCX(t *testing.T) {
 	b, err := seg.mapSeg()
 	require.NoError(t, err)
 	defer func() { require.NoError(t, syscall.Munmap(b)) }()
-	m := mapping{uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))}
+	m := mappingOf(b)
 	_, ok := fifoRelease(m, os.Getpid()+1, size)
 	require.False(t, ok, "another pid's block")
 	n, ok := fifoRelease(m, os.Getpid(), size)
@@ -181,12 +189,7 @@ func TestFIFORelease_ReadsTheLayoutOfThisUCX(t *testing.T) {
 // process no longer maps (UCX let go: the peer resumed), keeps one of a live peer, and looks
 // at most every fifoWatchEvery.
 func TestFIFOWatch_EmptiesTheDeadDropsTheUnmappedKeepsTheLive(t *testing.T) {
-	uc, err := NewContext(ContextConfig{TLS: "posix,self"})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, uc.Close()) }()
-	w, err := uc.NewWorker(WorkerConfig{})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, w.Close()) }()
+	w := posixWorker(t)
 	live := recordPeerFIFO(w.Address(), w.Address()) // this process's own FIFO: mapped, alive
 	require.NotNil(t, live)
 	defer live.close()
@@ -264,4 +267,36 @@ func TestFIFOLayoutKnown_OnlyTheReleasesReadFrom(t *testing.T) {
 		require.Equal(t, want, fifoLayoutKnown(v), v)
 	}
 	require.True(t, fifoLayoutKnown(UCXVersion()), "the UCX these tests run against (%s)", UCXVersion())
+}
+
+// The pid and descriptor a peer's address names are checked before the file is kept: a file of
+// that process outside the device UCX's own FIFO segment is on (here a file on disk this
+// process has open) is not recorded, so nothing of it is ever written; this process's own FIFO
+// named the same way is.
+func TestRecordPeerFIFO_OnlyASegmentOnTheDeviceOfOurOwn(t *testing.T) {
+	w := posixWorker(t)
+	local := w.Address()
+	withName := mustHaveName(t, local)
+	mine, ok := findPosixFIFO(local, withName)
+	if !ok {
+		t.Skip("this UCX names its posix FIFO without procfs (UCX_POSIX_USE_PROC_LINK=n)")
+	}
+	other, err := os.CreateTemp(t.TempDir(), "not-a-fifo")
+	require.NoError(t, err)
+	defer other.Close()
+	var a, b syscall.Stat_t
+	require.NoError(t, syscall.Stat(mine.path(), &a))
+	require.NoError(t, syscall.Fstat(int(other.Fd()), &b))
+	if a.Dev == b.Dev {
+		t.Skip("the temporary directory is on UCX's shared-memory device")
+	}
+	addr := append([]byte(nil), local...)
+	seg := addr[mine.at : mine.at+8]
+	id := binary.LittleEndian.Uint64(seg)
+	id = id&^(uint64(1<<posixProcIDBits-1)<<posixProcIDBits) | uint64(other.Fd())<<posixProcIDBits
+	binary.LittleEndian.PutUint64(seg, id)
+	require.Nil(t, recordPeerFIFO(addr, local), "a file on another device")
+	own := recordPeerFIFO(local, local)
+	require.NotNil(t, own, "this process's own FIFO segment")
+	own.close()
 }

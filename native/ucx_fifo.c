@@ -21,31 +21,31 @@ enum {
 };
 #define FIFO_HEAD_EVENT_ARMED (UINT64_C(1) << 63)
 
-int kvx_ucx_mm_fifo_release(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t *released) {
-  *released = 0;
-  if (base == 0 || base % 64 != 0 || len < fifo_ctl_bytes || pid <= 0 || fifo_size == 0) {
-    return KVX_FIFO_NOT_A_FIFO;
-  }
+/* ctl_block returns the control block at base if [base, base+len) holds one of pid's, with
+ * head and tail (the wake-up bit left out) no more than fifo_size apart; NULL otherwise. */
+static unsigned char *ctl_block(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t *head,
+                                uint64_t *tail) {
+  if (base == 0 || base % 64 != 0 || len < fifo_ctl_bytes || pid <= 0 || fifo_size == 0) return NULL;
   unsigned char *ctl = (unsigned char *)base;
   int32_t owner;
   memcpy(&owner, ctl + fifo_pid_offset, sizeof(owner));
-  if (owner != pid) {
-    return KVX_FIFO_NOT_A_FIFO; /* another segment, or another process's FIFO */
-  }
-  volatile uint64_t *head_p = (volatile uint64_t *)(ctl + fifo_head_offset);
-  volatile uint64_t *tail_p = (volatile uint64_t *)(ctl + fifo_tail_offset);
-  uint64_t head = __atomic_load_n(head_p, __ATOMIC_ACQUIRE) & ~FIFO_HEAD_EVENT_ARMED;
-  uint64_t tail = __atomic_load_n(tail_p, __ATOMIC_ACQUIRE);
-  uint64_t used = head - tail;
-  if (used > fifo_size) {
-    return KVX_FIFO_NOT_A_FIFO; /* not the counters of a FIFO this size: leave it */
-  }
+  if (owner != pid) return NULL; /* another segment, or another process's FIFO */
+  *tail = __atomic_load_n((volatile uint64_t *)(ctl + fifo_tail_offset), __ATOMIC_ACQUIRE);
+  *head = __atomic_load_n((volatile uint64_t *)(ctl + fifo_head_offset), __ATOMIC_ACQUIRE) & ~FIFO_HEAD_EVENT_ARMED;
+  return *head - *tail <= fifo_size ? ctl : NULL; /* else not the counters of a FIFO this size */
+}
+
+int kvx_ucx_mm_fifo_release(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t *released) {
+  *released = 0;
+  uint64_t head, tail;
+  unsigned char *ctl = ctl_block(base, len, pid, fifo_size, &head, &tail);
+  if (ctl == NULL) return KVX_FIFO_NOT_A_FIFO;
   /* Only the reader moves the tail, and the reader is dead: every element the senders have
    * claimed up to head counts as consumed. A sender that claims one meanwhile moves head
    * past this value, which leaves the tail behind it, as a live reader would. */
-  __atomic_store_n(tail_p, head, __ATOMIC_RELEASE);
-  *released = used;
-  return KVX_FIFO_RELEASED;
+  __atomic_store_n((volatile uint64_t *)(ctl + fifo_tail_offset), head, __ATOMIC_RELEASE);
+  *released = head - tail;
+  return KVX_FIFO_OK;
 }
 
 /* The elements follow the control block (UCT_MM_FIFO_CTL_SIZE: the block's 140 bytes, aligned
@@ -60,16 +60,15 @@ enum {
   elem_flag_inline = 2,
 };
 
-static unsigned char *fifo_ctl_of(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t elem_size) {
-  if (base == 0 || base % 64 != 0 || pid <= 0 || fifo_size == 0 || (fifo_size & (fifo_size - 1)) != 0 ||
-      elem_size < 8 || elem_size > 1 << 20 || len < fifo_elems_offset ||
+/* fifo_of is ctl_block for a FIFO whose elements (fifo_size of elem_size bytes, a power of
+ * two of them) lie within [base, base+len). */
+static unsigned char *fifo_of(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t elem_size,
+                              uint64_t *head, uint64_t *tail) {
+  if ((fifo_size & (fifo_size - 1)) != 0 || elem_size < 8 || elem_size > 1 << 20 || len < fifo_elems_offset ||
       fifo_size > (len - fifo_elems_offset) / elem_size) {
     return NULL;
   }
-  unsigned char *ctl = (unsigned char *)base;
-  int32_t owner;
-  memcpy(&owner, ctl + fifo_pid_offset, sizeof(owner));
-  return owner == pid ? ctl : NULL;
+  return ctl_block(base, len, pid, fifo_size, head, tail);
 }
 
 static volatile uint8_t *elem_flags(unsigned char *ctl, uint64_t fifo_size, uint64_t elem_size, uint64_t index) {
@@ -83,25 +82,21 @@ static int elem_written(unsigned char *ctl, uint64_t fifo_size, uint64_t elem_si
 
 int kvx_ucx_mm_fifo_unwritten(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t elem_size,
                               uint64_t *index, uint64_t *head_out) {
-  unsigned char *ctl = fifo_ctl_of(base, len, pid, fifo_size, elem_size);
+  uint64_t head, tail;
+  unsigned char *ctl = fifo_of(base, len, pid, fifo_size, elem_size, &head, &tail);
   if (ctl == NULL) return KVX_FIFO_NOT_A_FIFO;
-  uint64_t tail = __atomic_load_n((volatile uint64_t *)(ctl + fifo_tail_offset), __ATOMIC_ACQUIRE);
-  uint64_t head = __atomic_load_n((volatile uint64_t *)(ctl + fifo_head_offset), __ATOMIC_ACQUIRE) & ~FIFO_HEAD_EVENT_ARMED;
-  if (head - tail > fifo_size) return KVX_FIFO_NOT_A_FIFO;
   uint64_t i = tail;
   while (i != head && elem_written(ctl, fifo_size, elem_size, i)) i++;
   *index = i;
   *head_out = head;
-  return KVX_FIFO_RELEASED;
+  return KVX_FIFO_OK;
 }
 
 int kvx_ucx_mm_fifo_fill(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_size, uint64_t elem_size,
                          uint64_t index, uint8_t am_id) {
-  unsigned char *ctl = fifo_ctl_of(base, len, pid, fifo_size, elem_size);
-  if (ctl == NULL) return KVX_FIFO_NOT_A_FIFO;
-  uint64_t tail = __atomic_load_n((volatile uint64_t *)(ctl + fifo_tail_offset), __ATOMIC_ACQUIRE);
-  uint64_t head = __atomic_load_n((volatile uint64_t *)(ctl + fifo_head_offset), __ATOMIC_ACQUIRE) & ~FIFO_HEAD_EVENT_ARMED;
-  if (head - tail > fifo_size || index - tail >= head - tail || elem_written(ctl, fifo_size, elem_size, index)) {
+  uint64_t head, tail;
+  unsigned char *ctl = fifo_of(base, len, pid, fifo_size, elem_size, &head, &tail);
+  if (ctl == NULL || index - tail >= head - tail || elem_written(ctl, fifo_size, elem_size, index)) {
     return KVX_FIFO_NOT_A_FIFO; /* not a claimed, unwritten element of this FIFO */
   }
   volatile uint8_t *flags = elem_flags(ctl, fifo_size, elem_size, index);
@@ -110,5 +105,5 @@ int kvx_ucx_mm_fifo_fill(uintptr_t base, size_t len, int32_t pid, uint64_t fifo_
   memcpy((void *)(flags + 2), &length, sizeof(length));
   uint8_t lap = (uint8_t)((index / fifo_size) & 1);
   __atomic_store_n(flags, (uint8_t)(elem_flag_inline | lap), __ATOMIC_RELEASE);
-  return KVX_FIFO_RELEASED;
+  return KVX_FIFO_OK;
 }

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"go.uber.org/zap"
 )
@@ -53,7 +52,7 @@ func (w *Worker) emptyDeadFIFO(s *peerFIFOSeg) {
 		return
 	}
 	defer func() { _ = syscall.Munmap(b) }()
-	if n, ok := fifoRelease(mapping{uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))}, s.pid, uint64(fifoSizeOnce())); ok && n > 0 {
+	if n, ok := fifoRelease(mappingOf(b), s.pid, uint64(fifoSizeOnce())); ok && n > 0 {
 		w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer", zap.Int("pid", s.pid), zap.Uint64("unread", n))
 	}
 }
@@ -69,7 +68,7 @@ func (w *Worker) closeFIFOs() {
 func fifoRelease(m mapping, pid int, size uint64) (unread uint64, ok bool) {
 	var n C.uint64_t
 	r := C.kvx_ucx_mm_fifo_release(C.uintptr_t(m.base), C.size_t(m.len), C.int32_t(pid), C.uint64_t(size), &n)
-	return uint64(n), r == C.KVX_FIFO_RELEASED
+	return uint64(n), r == C.KVX_FIFO_OK
 }
 
 // watchFIFOs (loop only, as the worker goes idle) runs the watch of dead peers' FIFOs and
@@ -100,10 +99,9 @@ const fifoFillAMID = 31
 // process that maps the FIFO is stopped (which could resume and finish the write), the
 // writer is gone: the worker writes the element as an empty message and reads on.
 type ownFIFO struct {
-	set        bool // looked up (seg, b and m valid when found)
+	set        bool // looked up (seg and b valid when found)
 	seg        *peerFIFOSeg
-	b          []byte  // the FIFO segment, mapped by this package (UCX's own mapping is UCX's)
-	m          mapping // b's range
+	b          []byte // the FIFO segment, mapped by this package (UCX's own mapping is UCX's)
 	size, elem uint64
 	next       time.Time // the next look (fifoWatchEvery)
 	stuck      uint64    // the element seen claimed and unwritten since since
@@ -132,9 +130,9 @@ func (o *ownFIFO) poll(w *Worker) {
 			o.close()
 			return
 		}
-		o.b, o.m = b, mapping{uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))}
+		o.b = b
 	}
-	idx, head, ok := fifoUnwritten(o.m, o.seg.pid, o.size, o.elem)
+	idx, head, ok := fifoUnwritten(mappingOf(o.b), o.seg.pid, o.size, o.elem)
 	if !ok || idx == head {
 		o.since, o.paused = time.Time{}, false
 		return
@@ -156,7 +154,7 @@ func (o *ownFIFO) poll(w *Worker) {
 		}
 		return
 	}
-	if !fifoFill(o.m, o.seg.pid, o.size, o.elem, idx) {
+	if !fifoFill(mappingOf(o.b), o.seg.pid, o.size, o.elem, idx) {
 		return
 	}
 	w.fifoFills.Add(1)
@@ -170,7 +168,7 @@ func (o *ownFIFO) poll(w *Worker) {
 func (o *ownFIFO) close() {
 	if o.b != nil {
 		_ = syscall.Munmap(o.b)
-		o.b, o.m = nil, mapping{}
+		o.b = nil
 	}
 	o.seg.close()
 	o.set, o.seg = true, nil
@@ -181,11 +179,11 @@ func (o *ownFIFO) close() {
 func fifoUnwritten(m mapping, pid int, size, elem uint64) (index, head uint64, ok bool) {
 	var i, h C.uint64_t
 	r := C.kvx_ucx_mm_fifo_unwritten(C.uintptr_t(m.base), C.size_t(m.len), C.int32_t(pid), C.uint64_t(size), C.uint64_t(elem), &i, &h)
-	return uint64(i), uint64(h), r == C.KVX_FIFO_RELEASED
+	return uint64(i), uint64(h), r == C.KVX_FIFO_OK
 }
 
 // fifoFill is kvx_ucx_mm_fifo_fill with fifoFillAMID.
 func fifoFill(m mapping, pid int, size, elem, index uint64) bool {
 	return C.kvx_ucx_mm_fifo_fill(C.uintptr_t(m.base), C.size_t(m.len), C.int32_t(pid), C.uint64_t(size), C.uint64_t(elem),
-		C.uint64_t(index), fifoFillAMID) == C.KVX_FIFO_RELEASED
+		C.uint64_t(index), fifoFillAMID) == C.KVX_FIFO_OK
 }

@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 enum {
-  KVX_FIFO_RELEASED = 0,   /* the tail now equals the head */
+  KVX_FIFO_OK = 0,         /* done (for a release: the tail now equals the head) */
   KVX_FIFO_NOT_A_FIFO = 1, /* the bytes are not the FIFO control block of pid: untouched */
 };
 

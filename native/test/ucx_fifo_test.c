@@ -54,7 +54,7 @@ static void write_elems(uint64_t from, uint64_t to) {
 static void test_release(void) {
   uint64_t n = 99;
   set_ctl(ARMED | 20, 14, pid);
-  CHECK(kvx_ucx_mm_fifo_release((uintptr_t)fifo, fifo_len, pid, fifo_size, &n) == KVX_FIFO_RELEASED, "release");
+  CHECK(kvx_ucx_mm_fifo_release((uintptr_t)fifo, fifo_len, pid, fifo_size, &n) == KVX_FIFO_OK, "release");
   CHECK(n == 6 && tail_of() == 20, "unread %llu, tail %llu", (unsigned long long)n, (unsigned long long)tail_of());
   set_ctl(20, 14, pid + 1);
   CHECK(kvx_ucx_mm_fifo_release((uintptr_t)fifo, fifo_len, pid, fifo_size, &n) == KVX_FIFO_NOT_A_FIFO, "another pid");
@@ -73,7 +73,7 @@ static void test_unwritten_and_fill(void) {
   write_elems(10, 13); /* 10..12 in lap 1; 9 claimed and never written */
   set_ctl(ARMED | 13, 6, pid); /* the reader released up to 6 */
   uint64_t idx = 0, head = 0;
-  CHECK(kvx_ucx_mm_fifo_unwritten((uintptr_t)fifo, fifo_len, pid, fifo_size, elem_size, &idx, &head) == KVX_FIFO_RELEASED, "scan");
+  CHECK(kvx_ucx_mm_fifo_unwritten((uintptr_t)fifo, fifo_len, pid, fifo_size, elem_size, &idx, &head) == KVX_FIFO_OK, "scan");
   CHECK(idx == 9 && head == 13, "first unwritten %llu of head %llu", (unsigned long long)idx, (unsigned long long)head);
 
   CHECK(kvx_ucx_mm_fifo_fill((uintptr_t)fifo, fifo_len, pid, fifo_size, elem_size, 10, 31) == KVX_FIFO_NOT_A_FIFO, "written");
@@ -83,11 +83,11 @@ static void test_unwritten_and_fill(void) {
   unsigned char before[elem_size];
   memcpy(before, elem(9), elem_size);
   memset(elem(9) + 1, 0xab, 3);
-  CHECK(kvx_ucx_mm_fifo_fill((uintptr_t)fifo, fifo_len, pid, fifo_size, elem_size, 9, 31) == KVX_FIFO_RELEASED, "fill");
+  CHECK(kvx_ucx_mm_fifo_fill((uintptr_t)fifo, fifo_len, pid, fifo_size, elem_size, 9, 31) == KVX_FIFO_OK, "fill");
   CHECK(elem(9)[0] == (2 | 1) && elem(9)[1] == 31 && elem(9)[2] == 0 && elem(9)[3] == 0,
         "element 9 (lap 1): flags %x id %d length %d %d", elem(9)[0], elem(9)[1], elem(9)[2], elem(9)[3]);
   CHECK(memcmp(elem(9) + 4, before + 4, elem_size - 4) == 0, "the descriptor fields after the length untouched");
-  CHECK(kvx_ucx_mm_fifo_unwritten((uintptr_t)fifo, fifo_len, pid, fifo_size, elem_size, &idx, &head) == KVX_FIFO_RELEASED, "scan");
+  CHECK(kvx_ucx_mm_fifo_unwritten((uintptr_t)fifo, fifo_len, pid, fifo_size, elem_size, &idx, &head) == KVX_FIFO_OK, "scan");
   CHECK(idx == 13 && head == 13, "all written: %llu", (unsigned long long)idx);
   CHECK(kvx_ucx_mm_fifo_unwritten((uintptr_t)fifo, fifo_len, pid, 6, elem_size, &idx, &head) == KVX_FIFO_NOT_A_FIFO, "size not a power of two");
   CHECK(kvx_ucx_mm_fifo_unwritten((uintptr_t)fifo, fifo_len - 1, pid, fifo_size, elem_size, &idx, &head) == KVX_FIFO_NOT_A_FIFO, "elements past the end");
