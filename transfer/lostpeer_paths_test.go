@@ -97,3 +97,71 @@ func TestL9_PeerLostMidTransferOnEveryPath(t *testing.T) {
 		}
 	}
 }
+
+// TestL9_PeerLostWhileQuarantinedOnEveryPath: a hung peer a supervisor ends. Every data
+// operation hangs on the wire, the survivor's request passes its deadline and quarantines
+// with them outstanding (a sender's RMA exposure or announced slots still read by the
+// receiver); then the transport reports the peer lost and cuts them, their ends known. The
+// survivor resolves at once, Failed with its deadline's error: nothing poisoned, Quiesced
+// closed, long before the quarantine's clock (30 s) would poison what was held. It used to
+// wait out that clock on the RMA path (the exposure ended with its lost reader, but the
+// transfer, aborting already, never looked again). Over UCX:
+// TestL9_UCXPeerFrozenPastItsDeadlineThenKilledOnEveryPath.
+func TestL9_PeerLostWhileQuarantinedOnEveryPath(t *testing.T) {
+	for _, pc := range closePaths {
+		for _, survivorSends := range []bool{true, false} {
+			role := map[bool]string{true: "the survivor sends", false: "the survivor receives"}[survivorSends]
+			t.Run(pc.name+"/"+role, func(t *testing.T) {
+				cfg := pipelineConfig()
+				cfg.Tuning.DirectChunkBytes, cfg.Tuning.RMAMinRegionBytes = 2048, 512
+				cfg.Tuning.QuarantineTimeout = 30 * time.Second
+				n := mem.NewNetwork()
+				src, dst := memPathSide(t, n, "prefill", pc, cfg), memPathSide(t, n, "decode", pc, cfg)
+				n.SetFault(func(fp mem.FaultPoint) mem.Fault { return mem.Fault{Hang: fp.Kind == wire.KindData} })
+				spool, splan := src.kv(t, seqBlocks(0, 16), 5)
+				dpool, dplan := dst.kv(t, seqBlocks(32, 16), 0)
+				const deadline = 300 * time.Millisecond
+				sTimeout, rTimeout := time.Minute, time.Minute
+				if survivorSends {
+					sTimeout = deadline
+				} else {
+					rTimeout = deadline
+				}
+				hs, err := src.e.Send(bg, Spec{ID: 9, Peer: dst.self, Plan: splan, Pool: spool, Timeout: sTimeout})
+				require.NoError(t, err)
+				hr, err := dst.e.Receive(bg, Spec{ID: 9, Peer: src.self, Plan: dplan, Pool: dpool, Timeout: rTimeout})
+				require.NoError(t, err)
+				eventually(t, func() bool { return n.OnWire() > 0 }, "an operation hung on the wire")
+				require.Equal(t, pc.path, hr.Path(), "the transfer is on the path under test")
+
+				survivor, h, lost := dst, hr, src.self
+				if survivorSends {
+					survivor, h, lost = src, hs, dst.self
+				}
+				waitClosed(t, h.Done(), "the survivor's handle done at its deadline")
+				st := h.Status()
+				if st.State == Completed { // a receiver that read every byte in place first
+					require.False(t, survivorSends, "a sender completes only when its receiver said so: %+v", st)
+					return
+				}
+				require.ErrorIs(t, st.Err, ErrDeadline)
+				// Past the abort's grace: what the hung peer holds keeps the transfer quarantined.
+				time.Sleep(cfg.Tuning.CancelGrace + 50*time.Millisecond)
+				quarantined := h.Status().State == Quarantined
+				n.LosePeer(lost)
+				lostAt := time.Now()
+				waitClosed(t, h.Quiesced(), "the survivor's blocks quiesced once its peer was lost")
+				t.Logf("quarantined before the loss %v; quiesced %v after it", quarantined, time.Since(lostAt).Round(time.Millisecond))
+				require.Less(t, time.Since(lostAt), cfg.Tuning.QuarantineTimeout/2, "resolved by the loss, not the quarantine's clock")
+				st = h.Status()
+				require.Equal(t, Failed, st.State, "%v", st.Err)
+				require.ErrorIs(t, st.Err, ErrDeadline)
+				require.False(t, st.BlocksPoisoned)
+				eventually(t, func() bool { return survivor.e.pool.Stats().Leased == 0 }, "every slot lease ended")
+				requireSlotsAccounted(t, survivor.e)
+				require.Zero(t, survivor.e.pool.Stats().Poisoned, "slots poisoned")
+				eventually(t, func() bool { return survivor.e.Health().Numbers.InFlight == 0 }, "nothing left in flight")
+			})
+		}
+	}
+}

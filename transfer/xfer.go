@@ -660,6 +660,13 @@ func (x *xfer) handleEvent(ev event) {
 		if p, ok := x.path.(peerTalk); ok {
 			p.peerLost()
 		}
+		if x.aborting {
+			// Already aborting (its deadline, a cancel): the abort below is a no-op, and what the
+			// lost peer could still read ended just now (an RMA exposure): resolve on it, or a
+			// transfer quarantined before its peer died waits out its quarantine into poison.
+			x.maybeResolve()
+			return
+		}
 		x.abort(&requestError{ID: x.h.id, Err: ev.lost}, 0, x.eng.cfg.Tuning.CancelGrace)
 	case ev.ready:
 		x.onReady()
