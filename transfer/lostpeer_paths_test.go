@@ -106,7 +106,7 @@ func TestL9_PeerLostMidTransferOnEveryPath(t *testing.T) {
 // closed, long before the quarantine's clock (30 s) would poison what was held. It used to
 // wait out that clock on the RMA path (the exposure ended with its lost reader, but the
 // transfer, aborting already, never looked again). Over UCX:
-// TestL9_UCXPeerFrozenPastItsDeadlineThenKilledOnEveryPath.
+// TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath.
 func TestL9_PeerLostWhileQuarantinedOnEveryPath(t *testing.T) {
 	for _, pc := range closePaths {
 		for _, survivorSends := range []bool{true, false} {

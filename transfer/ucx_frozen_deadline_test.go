@@ -18,18 +18,20 @@ import (
 	"github.com/kvxfer/kvxfer/layout"
 )
 
-// TestL9_UCXPeerFrozenPastItsDeadlineThenKilledOnEveryPath is the hung peer a supervisor ends:
-// the peer process is stopped (SIGSTOP) while a request moves on the path (ucxCancelPaths),
-// this side sending or receiving, and stays stopped past the request's deadline, so that this
-// side aborts with operations the frozen peer holds (sends queued behind it, receives it had
-// begun to fill, an exposure it reads) and quarantines; then the peer is killed, as a liveness
-// probe's restart does, before the quarantine's clock runs out. A dead process touches no memory
-// any more and UCX ends every operation with it (for shared memory, once kvxfer emptied the dead
-// peer's receive FIFO: docs/ucx.md), so every end becomes known: the request quiesces within the
-// loss bound, nothing is poisoned, no slot stays leased, and health is back. A receiver that reads
-// a stopped sender's memory without it (RMA and CMA over shared memory) may complete instead:
-// then with every byte.
-func TestL9_UCXPeerFrozenPastItsDeadlineThenKilledOnEveryPath(t *testing.T) {
+// TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath is the hung peer: the peer process is stopped
+// (SIGSTOP) while a request moves on the path (ucxCancelPaths), this side sending or receiving,
+// and stays stopped past the request's deadline, so that this side aborts with operations the
+// frozen peer holds (sends queued behind it, receives it had begun to fill, an exposure it
+// reads) and quarantines. Then, before the quarantine's clock runs out, the peer is killed, as a
+// liveness probe's restart does, or it resumes. A dead process touches no memory any more and
+// UCX ends every operation with it (for shared memory, once kvxfer emptied the dead peer's
+// receive FIFO: docs/ucx.md); a resumed one reads the abort and ends its side. Either way every
+// end becomes known: the request quiesces within the loss bound, Failed with its deadline's
+// error, nothing is poisoned, no slot stays leased, and health is back. A receiver that reads a
+// stopped sender's memory without it (RMA and CMA over shared memory) may complete instead: then
+// with every byte. The killed rows failed on the RMA paths with the receiver frozen until the
+// loss resolved a transfer already aborting (2026-11-29).
+func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 	const blocks = 32                  // 64 MiB, in 4 MiB gets or messages
 	const deadline = time.Second       // the request's Spec.Timeout
 	const lossBound = 10 * time.Second // docs/ucx.md, "A killed peer"
@@ -41,9 +43,10 @@ func TestL9_UCXPeerFrozenPastItsDeadlineThenKilledOnEveryPath(t *testing.T) {
 			if pc.shmOnly && tr.name != "shm" {
 				continue
 			}
-			for _, frozen := range []string{"sender", "receiver"} {
-				t.Run(tr.name+"/"+pc.name+"/frozen "+frozen, func(t *testing.T) {
-					if tr.name == "tcp" && frozen == "receiver" && (pc.name == "pull" || pc.name == "rma") {
+			for _, c := range []struct{ frozen, then string }{{"sender", "killed"}, {"receiver", "killed"}, {"sender", "resumed"}, {"receiver", "resumed"}} {
+				frozen := c.frozen
+				t.Run(tr.name+"/"+pc.name+"/frozen "+frozen+"/"+c.then, func(t *testing.T) {
+					if tr.name == "tcp" && frozen == "receiver" && c.then == "killed" && (pc.name == "pull" || pc.name == "rma") {
 						// As in TestL9_UCXPeerKilledMidTransferOnEveryPath: UCX 1.13 may abort this
 						// process when a peer whose gets over TCP it emulates dies with replies
 						// pending. Shared memory covers these paths.
@@ -115,17 +118,18 @@ func TestL9_UCXPeerFrozenPastItsDeadlineThenKilledOnEveryPath(t *testing.T) {
 					}
 					time.Sleep(cfg.Tuning.CancelGrace + 200*time.Millisecond) // past the abort's grace: quarantined, if anything is held
 					quiescedBefore := isClosed(h.Quiesced())
-					peer.Signal(t, syscall.SIGKILL)
-					killed := time.Now()
+					sig := map[string]syscall.Signal{"killed": syscall.SIGKILL, "resumed": syscall.SIGCONT}[c.then]
+					peer.Signal(t, sig)
+					ended := time.Now()
 					select {
 					case <-h.Quiesced():
 					case <-time.After(lossBound + 5*time.Second):
 					}
 					st = h.Status()
-					t.Logf("quiesced before the kill %v; %v after it: quiesced %v, poisoned %v", quiescedBefore,
-						time.Since(killed).Round(time.Millisecond), isClosed(h.Quiesced()), st.BlocksPoisoned)
-					require.False(t, st.BlocksPoisoned, "the dead peer can touch nothing: %+v", st)
-					require.True(t, isClosed(h.Quiesced()), "not quiesced %v after the kill: %+v", time.Since(killed), st)
+					t.Logf("quiesced before the %v %v; %v after it: quiesced %v, poisoned %v", sig, quiescedBefore,
+						time.Since(ended).Round(time.Millisecond), isClosed(h.Quiesced()), st.BlocksPoisoned)
+					require.False(t, st.BlocksPoisoned, "every end is known: %+v", st)
+					require.True(t, isClosed(h.Quiesced()), "not quiesced %v after the %v: %+v", time.Since(ended), sig, st)
 					require.True(t, st.State.Terminal(), "%+v", st)
 					if st.State != Completed {
 						require.Equal(t, Failed, st.State, "%v", st.Err)
@@ -134,7 +138,7 @@ func TestL9_UCXPeerFrozenPastItsDeadlineThenKilledOnEveryPath(t *testing.T) {
 					requireSlotsAccounted(t, local.e)
 					require.Zero(t, local.e.pool.Stats().Poisoned, "staging slots poisoned")
 					require.Zero(t, local.e.Health().Numbers.PoisonedBlocks)
-					eventually(t, func() bool { return local.e.Health().Healthy }, "healthy once the dead peer's request quiesced")
+					eventually(t, func() bool { return local.e.Health().Healthy }, "healthy once the request quiesced")
 				})
 			}
 		}
