@@ -29,7 +29,8 @@ import (
 // end becomes known: the request quiesces within the loss bound, Failed with its deadline's
 // error, nothing is poisoned, no slot stays leased, and health is back. A receiver that reads a
 // stopped sender's memory without it (RMA and CMA over shared memory) may complete instead: then
-// with every byte. The killed rows failed on the RMA paths with the receiver frozen until the
+// with every byte. While the peer is frozen past the deadline, Status, Path, Health and Cancel
+// answer at once (L4), Cancel truthfully (L10). The killed rows failed on the RMA paths with the receiver frozen until the
 // loss resolved a transfer already aborting (2026-11-29).
 func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 	const blocks = 32                  // 64 MiB, in 4 MiB gets or messages
@@ -118,6 +119,18 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 					}
 					time.Sleep(cfg.Tuning.CancelGrace + 200*time.Millisecond) // past the abort's grace: quarantined, if anything is held
 					quiescedBefore := isClosed(h.Quiesced())
+					// The peer still frozen, every call answers at once (L4), and Cancel's answer is
+					// true (L10): FreeNow only with Quiesced closed.
+					returnsAtOnce(t, "Status", func() { _ = h.Status() })
+					returnsAtOnce(t, "Path", func() { _ = h.Path() })
+					returnsAtOnce(t, "Health", func() { _ = local.e.Health() })
+					returnsAtOnce(t, "Cancel", func() {
+						if out := local.e.Cancel(710); out.FreeNow() {
+							require.True(t, isClosed(h.Quiesced()), "Cancel answered %v with Quiesced open", out)
+						} else if !isClosed(h.Quiesced()) {
+							require.Equal(t, NotCancellable, out, "a quarantined transfer")
+						}
+					})
 					sig := map[string]syscall.Signal{"killed": syscall.SIGKILL, "resumed": syscall.SIGCONT}[c.then]
 					peer.Signal(t, sig)
 					ended := time.Now()
