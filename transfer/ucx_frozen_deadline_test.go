@@ -29,13 +29,15 @@ import (
 // end becomes known: the request quiesces within the loss bound, Failed with its deadline's
 // error, nothing is poisoned, no slot stays leased, and health is back. A receiver that reads a
 // stopped sender's memory without it (RMA and CMA over shared memory) may complete instead: then
-// with every byte. While the peer is frozen past the deadline, Status, Path, Health and Cancel
+// with every byte. Or this side's engine is closed with the peer still frozen (a rolling
+// restart of the survivor): Close returns within its bound, the request ends terminal or
+// quarantined for good with its blocks poisoned, and no slot is lost (L1). While the peer is frozen past the deadline, Status, Path, Health and Cancel
 // answer at once (L4), Cancel truthfully (L10). The killed rows failed on the RMA paths with the receiver frozen until the
 // loss resolved a transfer already aborting (2026-11-29).
 func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
-	const blocks = 32                  // 64 MiB, in 4 MiB gets or messages
-	const deadline = time.Second       // the request's Spec.Timeout
-	const lossBound = 10 * time.Second // docs/ucx.md, "A killed peer"
+	const blocks = 32                       // 64 MiB, in 4 MiB gets or messages
+	const deadline = 500 * time.Millisecond // the request's Spec.Timeout
+	const lossBound = 10 * time.Second      // docs/ucx.md, "A killed peer"
 	bin := peerproc.BuildEnginePeer(t)
 	ids := seqBlocks(0, blocks)
 	want := newUCXKV(t, engineDims(blocks), layout.BlockMajor, ids, 5).mem // enginepeer's -seed (ucxPeerArgs)
@@ -44,7 +46,7 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 			if pc.shmOnly && tr.name != "shm" {
 				continue
 			}
-			for _, c := range []struct{ frozen, then string }{{"sender", "killed"}, {"receiver", "killed"}, {"sender", "resumed"}, {"receiver", "resumed"}} {
+			for _, c := range []struct{ frozen, then string }{{"sender", "killed"}, {"receiver", "killed"}, {"sender", "resumed"}, {"receiver", "resumed"}, {"sender", "closed"}, {"receiver", "closed"}} {
 				frozen := c.frozen
 				t.Run(tr.name+"/"+pc.name+"/frozen "+frozen+"/"+c.then, func(t *testing.T) {
 					if tr.name == "tcp" && frozen == "receiver" && c.then == "killed" && (pc.name == "pull" || pc.name == "rma") {
@@ -117,7 +119,7 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 						require.Contains(t, []State{Failed, Quarantined}, st.State, "%v", st.Err)
 						require.True(t, errors.Is(st.Err, ErrDeadline), "%v", st.Err)
 					}
-					time.Sleep(cfg.Tuning.CancelGrace + 200*time.Millisecond) // past the abort's grace: quarantined, if anything is held
+					time.Sleep(cfg.Tuning.CancelGrace + 100*time.Millisecond) // past the abort's grace: quarantined, if anything is held
 					quiescedBefore := isClosed(h.Quiesced())
 					// The peer still frozen, every call answers at once (L4), and Cancel's answer is
 					// true (L10): FreeNow only with Quiesced closed.
@@ -131,6 +133,10 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 							require.Equal(t, NotCancellable, out, "a quarantined transfer")
 						}
 					})
+					if c.then == "closed" {
+						closeWithPeerFrozen(t, local, h, cfg.CloseTimeout)
+						return
+					}
 					sig := map[string]syscall.Signal{"killed": syscall.SIGKILL, "resumed": syscall.SIGCONT}[c.then]
 					peer.Signal(t, sig)
 					ended := time.Now()
@@ -156,4 +162,26 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 			}
 		}
 	}
+}
+
+// closeWithPeerFrozen closes u's engine while the peer of h, quarantined past its deadline, is
+// still frozen: Close returns within closeTimeout and a margin for the transport's own close,
+// h ends terminal or quarantined for good with its blocks poisoned (UCX keeps what the frozen
+// peer holds until the worker is gone, L9), and no slot is lost (L1, L5).
+func closeWithPeerFrozen(t *testing.T, u *ucxEngine, h *Handle, closeTimeout time.Duration) {
+	t.Helper()
+	start := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- u.e.Close() }()
+	select {
+	case err := <-closed:
+		t.Logf("Close took %v with the peer frozen (%v)", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(closeTimeout + 20*time.Second):
+		require.FailNow(t, "Close did not return with the peer frozen", "%v: %+v", time.Since(start), h.Status())
+	}
+	st := h.Status()
+	require.True(t, isClosed(h.Done()), "%+v", st)
+	require.True(t, st.State.Terminal() || st.State == Quarantined && st.BlocksPoisoned,
+		"terminal, or quarantined for good with its blocks poisoned: %+v", st)
+	requireSlotsAccounted(t, u.e)
 }
