@@ -461,6 +461,9 @@ func TestCloseTakesQueuedCompletionsBeforePoisoning(t *testing.T) {
 		src, dst := pools(t, uint64(round+1))
 		cfg := directConfig()
 		cfg.TransferTimeout, cfg.Tuning.QuarantineTimeout = time.Minute, time.Minute
+		// Close waits an eighth of CloseTimeout for operations to end before it closes the
+		// connections (settleBeforeGoodbye), and these never end: 30 s made each round 3.8 s.
+		cfg.CloseTimeout = 8 * time.Second
 		cfg.MaxConcurrent = perRound
 		p, w := directPair(t, cfg, cfg, src, dst)
 		w.fault = mem.Fault{Hang: true} // on the wire until the force close ends it, memory done
