@@ -25,7 +25,8 @@ import (
 // reads) and quarantines. Then, before the quarantine's clock runs out, the peer is killed, as a
 // liveness probe's restart does, or it resumes. A dead process touches no memory any more and
 // UCX ends every operation with it (for shared memory, once kvxfer emptied the dead peer's
-// receive FIFO: docs/ucx.md); a resumed one reads the abort and ends its side. Either way every
+// receive FIFO: docs/ucx.md); a resumed one reads the abort and ends its side, quiescent with
+// nothing poisoned there either. Either way every
 // end becomes known: the request quiesces within the loss bound, Failed with its deadline's
 // error, nothing is poisoned, no slot stays leased, and health is back. A receiver that reads a
 // stopped sender's memory without it (RMA and CMA over shared memory) may complete instead: then
@@ -71,6 +72,9 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 					args = append(args, pc.peer...)
 					if localSends {
 						args = append(args, "-freeze") // it stops itself at its first bytes
+					}
+					if c.then == "resumed" {
+						args = append(args, "-quiesce-bound", "20s") // its own verdict, once resumed
 					}
 					peer := peerproc.Start(t, bin, args...)
 					defer func() { _ = peer.Cmd.Process.Signal(syscall.SIGKILL) }()
@@ -158,6 +162,13 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 					require.Zero(t, local.e.pool.Stats().Poisoned, "staging slots poisoned")
 					require.Zero(t, local.e.Health().Numbers.PoisonedBlocks)
 					eventually(t, func() bool { return local.e.Health().Healthy }, "healthy once the request quiesced")
+					if c.then == "resumed" {
+						// The peer that was frozen ends its side too: done, quiescent, nothing poisoned.
+						done := peer.Expect(t, "DONE ", 30*time.Second)
+						q := peer.Expect(t, "QUIESCED ", 30*time.Second)
+						t.Logf("the resumed peer: DONE %s, QUIESCED %s", done, q)
+						require.Equal(t, "true 0 false", q, "the resumed peer quiesced, no slot or block poisoned (DONE %s)", done)
+					}
 				})
 			}
 		}
