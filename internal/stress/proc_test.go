@@ -103,3 +103,52 @@ func TestProcessSoak_RequestsToADeadPeerFailWithinTheBound(t *testing.T) {
 	require.GreaterOrEqual(t, rep.DeadPeerRequests, 4*rep.FaultsInjected[FaultDeadPeer], "two Receives and two Sends per dead peer")
 	require.Less(t, rep.LongestDeadPeerSeconds, DefaultDeadPeerBound.Seconds())
 }
+
+// The hung peer, focused: a prefill process is stopped (SIGSTOP) past decode's deadline and
+// cancel grace, so decode's transfers with it (its receives, and its RMA sends of route
+// rma-send, whose exposed blocks the stopped process reads) abort, and those whose operations
+// it holds quarantine; it is then killed (SIGKILL) before their quarantine runs out, as a
+// supervisor kills a hung pod, and started again. Decode must end every one of those handles
+// within the loss bound after the kill, and poison nothing of theirs once it heard the peer
+// was lost. Before a transfer already aborting resolved on its peer's loss (2026-11-29), the
+// quarantined rma-send handles waited out their quarantine and poisoned decode's blocks. The
+// first cycle hangs prefill 0, so the rows take its routes; TP=1 only: a TP=2 receive on the
+// direct path is still poisoned at times after the loss over UCX (docs/stress.md, "The hung
+// peer").
+func TestL9_ProcessSoakHungPeerKilledLeavesDecodeNothingPoisoned(t *testing.T) {
+	for _, c := range []struct {
+		desc            string
+		routes          []Route
+		needQuarantined bool // the route's transfers reliably quarantine while the peer hangs
+	}{
+		{"rma-send: decode the RMA sender the hung process reads", []Route{RouteRMASend}, true},
+		{"every route of the hung process", []Route{RoutePull, RouteRMA, RouteCMA, RouteRMASend}, false},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := shortSoak(10 * time.Second)
+			cfg.Concurrency = 32
+			cfg.Faults = []Fault{FaultHungPeer}
+			cfg.Routes = c.routes
+			cfg.TPFraction = 1e-9
+			if testing.Verbose() {
+				cfg.Logger = zap.NewExample()
+			}
+			rep, err := RunProcesses(context.Background(), cfg, os.Getenv("STRESS_TLS"), "")
+			require.NotNil(t, rep, "%v", err)
+			var table bytes.Buffer
+			require.NoError(t, rep.WriteTable(&table))
+			t.Log("\n" + table.String())
+			require.NoError(t, err)
+			require.Equal(t, int64(1), rep.FaultsInjected[FaultHungPeer])
+			// Not vacuous: decode had handles with the hung peer on every route, and (rma-send)
+			// some in quarantine when it was killed.
+			for _, r := range c.routes {
+				require.Positive(t, rep.HungPeerHandles[string(r)], "route %s: %v", r, rep.HungPeerHandles)
+			}
+			if c.needQuarantined {
+				require.Positive(t, rep.HungPeerQuarantined)
+			}
+			require.Less(t, rep.LongestHungPeerQuiesceSeconds, hungPeerLossBound.Seconds())
+		})
+	}
+}
