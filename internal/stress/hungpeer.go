@@ -47,11 +47,11 @@ func (c Config) hungFor() time.Duration {
 
 // hungEndSlack is how long after decode heard the hung peer was lost every handle with it must
 // have quiesced: the loss ends them at once, but for a transfer not yet aborting an abort's
-// cancel grace and the transport's reports of its operations' ends (0.35 s at most after the
-// kill on this 2-core VM). A quarter of QuarantineTimeout: a transfer quarantined while the
-// peer hung and left to its quarantine's clock (the defect this fault was made for) ends
-// only QuarantineTimeout after its quarantine began, later than that for every transfer
-// quarantined in the last three quarters of it before the loss.
+// cancel grace and the transport's reports of its operations' ends (0.22 s at most after the
+// kill on this 2-core VM, under -race). A quarter of QuarantineTimeout: a transfer
+// quarantined while the peer hung and left to its quarantine's clock (the defect this fault
+// was made for) ends only QuarantineTimeout after its quarantine began, later than that for
+// every transfer quarantined in the last three quarters of it before the loss.
 func (c Config) hungEndSlack() time.Duration { return c.QuarantineTimeout / 4 }
 
 // hungWatch follows decode's handles for the hung-peer fault: those in flight and their peers,
@@ -267,7 +267,8 @@ func (ps *procSoak) hangPeer(i int) {
 // every handle decode had with it to quiesce within hungEndSlack of that: the loss ends them
 // (an abort's grace, the ends the transport reports), where a quarantine's own clock would
 // take up to three quarters of QuarantineTimeout more. A handle whose blocks were poisoned
-// before the loss never quiesces, by design (L9); checkHungPoisons judges its poison.
+// never quiesces, by design (L9); checkHungPoisons judges whether its poison came before the
+// loss.
 func (ps *procSoak) awaitHungHandles(ev *hungEvent, dec *node) {
 	lossAt, by := ev.killedAt, ev.killedAt.Add(hungPeerLossBound) // decode never heard: the latest they may end
 	if ok, credit := waitCredited(dec.peerLost(ev.peer), ev.killedAt, by); ok {
@@ -278,8 +279,7 @@ func (ps *procSoak) awaitHungHandles(ev *hungEvent, dec *node) {
 		ps.addBreach(fmt.Sprintf("hung-peer: decode did not hear within %v of its kill that %s, killed after it hung, was lost%s",
 			hungPeerLossBound, ev.what, creditNote(credit)))
 	}
-	time.Sleep(time.Until(lossAt.Add(hungPoisonSlack))) // a poison due before the loss has come by then
-	var last time.Duration
+	var last time.Duration // when the last of them quiesced: waited on in turn, each returns as it closes
 	for id, t := range ps.hung.handles(ev) {
 		if t.h.Status().BlocksPoisoned {
 			continue
@@ -287,8 +287,11 @@ func (ps *procSoak) awaitHungHandles(ev *hungEvent, dec *node) {
 		ok, credit := waitCredited(t.h.Quiesced(), lossAt, by)
 		if !ok {
 			st := t.h.Status()
+			if st.BlocksPoisoned {
+				continue // its quarantine ran out meanwhile: checkHungPoisons judges when
+			}
 			ps.addBreach(fmt.Sprintf("hung-peer: request %d (route %s, %d sender(s)) on decode not quiescent %v after decode heard that %s, hung past its deadline and killed, was lost: the loss ends it (state %v, path %v, blocks poisoned %v, err %v)%s",
-				id, t.route, len(t.peers), by.Add(credit).Sub(lossAt), ev.what, st.State, t.h.Path(), st.BlocksPoisoned, st.Err, creditNote(credit)))
+				id, t.route, len(t.peers), by.Add(credit).Sub(lossAt).Round(time.Millisecond), ev.what, st.State, t.h.Path(), st.BlocksPoisoned, st.Err, creditNote(credit)))
 			continue
 		}
 		last = max(last, time.Since(ev.killedAt))
