@@ -290,8 +290,9 @@ func (ps *procSoak) awaitHungHandles(ev *hungEvent, dec *node) {
 			if st.BlocksPoisoned {
 				continue // its quarantine ran out meanwhile: checkHungPoisons judges when
 			}
-			ps.addBreach(fmt.Sprintf("hung-peer: request %d (route %s, %d sender(s)) on decode not quiescent %v after decode heard that %s, hung past its deadline and killed, was lost: the loss ends it (state %v, path %v, blocks poisoned %v, err %v)%s",
-				id, t.route, len(t.peers), by.Add(credit).Sub(lossAt).Round(time.Millisecond), ev.what, st.State, t.h.Path(), st.BlocksPoisoned, st.Err, creditNote(credit)))
+			ps.addBreach(fmt.Sprintf("hung-peer: request %d (route %s, %d sender(s)) on decode not quiescent %v after decode heard that %s, hung past its deadline and killed, was lost: the loss ends it (state %v, path %v, %d of %d bytes, blocks poisoned %v, err %v)%s",
+				id, t.route, len(t.peers), by.Add(credit).Sub(lossAt).Round(time.Millisecond), ev.what, st.State, t.h.Path(), st.Bytes, st.Total,
+				st.BlocksPoisoned, st.Err, creditNote(credit)))
 			continue
 		}
 		last = max(last, time.Since(ev.killedAt))
