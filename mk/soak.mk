@@ -29,8 +29,11 @@ soak-ci: soak-build ## 2-minute fault soak: cancel storms, deadlines, hung/late/
 # runs with them crashed the soak process itself (SIGSEGV at 0x38 in C code). That was UCX 1.13
 # failing to attach the segment of a remote key whose peer had just released it or died, after
 # native had checked it; native now holds the segment from its check until UCX attached it
-# (docs/security.md, "Remote keys"), and the lifecycle faults are back. `make soak` runs every
-# fault (its default, all).
+# (docs/security.md, "Remote keys"), and the lifecycle faults are back. hung-peer (a prefill
+# process stopped past decode's deadline, then killed) fits the 60 s run's cycle but is left to
+# `make soak` for now: a receive on the direct path from the hung sender (the mix's TP=2 halves)
+# is still poisoned after the sender's loss over UCX, a breach in 5 of 6 such 60 s runs
+# (docs/stress.md, "The hung peer"). `make soak` runs every fault (its default, all).
 SOAK_CI_PROCESS_FAULTS ?= cancel,deadline,freeze,lost-peer,partition,restart,dead-peer,freeze-paths
 
 soak: soak-build ## 30-minute fault soak; prints the summary tables, exits non-zero on any breach.

@@ -64,11 +64,18 @@ const (
 	// forgery must be refused and counted and no canary byte may change. It needs the
 	// hostilepeer binary ($KVX_HOSTILEPEER_BIN, or next to this executable).
 	FaultHostile Fault = "hostile"
+	// FaultHungPeer (--processes only): once a cycle one prefill process (in turn) is stopped
+	// with SIGSTOP past decode's TransferTimeout and cancel grace, so decode's transfers with it
+	// pass their deadline and quarantine, then killed with SIGKILL before their quarantine can
+	// run out (as a supervisor kills a hung pod) and started again. Decode must end every one
+	// of its handles with that peer within the loss bound after the kill, and poison nothing
+	// of theirs once it heard the peer was lost.
+	FaultHungPeer Fault = "hung-peer"
 )
 
 // AllFaults lists every fault, in the order the report prints them.
 var AllFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultPartition,
-	FaultRestart, FaultDeadPeer, FaultFreezePaths, FaultHostile}
+	FaultRestart, FaultDeadPeer, FaultFreezePaths, FaultHostile, FaultHungPeer}
 
 // memFaults are the faults the in-process soak (Run) injects.
 var memFaults = []Fault{FaultCancel, FaultDeadline, FaultHang, FaultLate, FaultNeverQuiesce, FaultFreeze, FaultLostPeer, FaultRestart}

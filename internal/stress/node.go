@@ -31,6 +31,10 @@ type node struct {
 
 	lostMu sync.Mutex
 	lost   map[transfer.Peer]chan struct{} // closed once the transport reported the peer lost
+	lostAt map[transfer.Peer]time.Time     // when the observer heard it
+	// onPoison, when set (before the engine starts), hears every poison the observer does,
+	// slots and callers' blocks alike (fault hung-peer attributes them to requests).
+	onPoison func(id transfer.RequestID, slot int, reason string)
 	// maxPoisoned is the most poisoned slots Health has reported; it may only grow.
 	maxPoisoned atomic.Int64
 }
@@ -206,7 +210,10 @@ func (n *node) OnCancel(transfer.RequestID, transfer.CancelOutcome) {}
 func (n *node) OnQuarantine(transfer.RequestID, int, error) { n.quarantines.Add(1) }
 
 // OnPoison implements transfer.Observer.
-func (n *node) OnPoison(_ transfer.RequestID, slot int, _ string) {
+func (n *node) OnPoison(id transfer.RequestID, slot int, reason string) {
+	if n.onPoison != nil {
+		n.onPoison(id, slot, reason)
+	}
 	if slot < 0 { // the caller's KV blocks of a one-copy transfer, not a slot: the handle counts them
 		return
 	}
@@ -230,8 +237,20 @@ func (n *node) OnPeerLost(peer transfer.Peer, _ error) {
 	select {
 	case <-ch:
 	default:
+		if n.lostAt == nil {
+			n.lostAt = map[transfer.Peer]time.Time{}
+		}
+		n.lostAt[peer] = time.Now()
 		close(ch)
 	}
+}
+
+// heardLostAt is when the observer heard that peer was lost (ok false before it did).
+func (n *node) heardLostAt(peer transfer.Peer) (at time.Time, ok bool) {
+	n.lostMu.Lock()
+	defer n.lostMu.Unlock()
+	at, ok = n.lostAt[peer]
+	return at, ok
 }
 
 // peerLost returns a channel closed once the engine's transport has reported peer lost.

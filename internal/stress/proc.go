@@ -34,7 +34,7 @@ import (
 // procFaults are the faults the process mode injects; the chunk-level ones need the
 // in-memory transport's hooks.
 var procFaults = []Fault{FaultCancel, FaultDeadline, FaultFreeze, FaultLostPeer, FaultPartition, FaultRestart, FaultDeadPeer, FaultFreezePaths,
-	FaultHostile}
+	FaultHostile, FaultHungPeer}
 
 func init() { runProcesses = RunProcesses }
 
@@ -79,6 +79,7 @@ type procSoak struct {
 	frozenSeen  map[Route]time.Duration
 	retiredCMA  cmastats.Stats // CMA reads of decode's retired incarnations
 	retiredRepl int64          // workers they replaced
+	hung        *hungWatch     // fault hung-peer (hungpeer.go)
 }
 
 // RunProcesses is Run with the prefill side in two peer processes over UCX (TLS tls; empty
@@ -106,7 +107,8 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 		s.injected[f] = new(atomic.Int64)
 	}
 	s.numSlots = 2*cfg.MaxConcurrent + 16
-	ps := &procSoak{soak: s, tls: tls, exe: exe, inflight: map[Route]*atomic.Int64{}, frozenSeen: map[Route]time.Duration{}}
+	ps := &procSoak{soak: s, tls: tls, exe: exe, inflight: map[Route]*atomic.Int64{}, frozenSeen: map[Route]time.Duration{},
+		hung: newHungWatch(cfg.has(FaultHungPeer))}
 	for _, r := range AllRoutes {
 		ps.inflight[r] = new(atomic.Int64)
 	}
@@ -181,11 +183,13 @@ func RunProcesses(ctx context.Context, cfg Config, tls, exe string) (*Report, er
 	<-monitorDone
 	<-announceDone
 	ps.checkMix()
+	hungPoisonedBeforeLoss := ps.checkHungPoisons()
 	s.closeAll()
 	ps.closeMix()
 	goroutinesEnd := s.waitGoroutines(goroutinesStart)
 	rep := s.report(goroutinesStart, goroutinesEnd)
 	ps.fillReport(rep)
+	ps.fillHung(rep, hungPoisonedBeforeLoss)
 	if len(rep.Breaches) > 0 {
 		return rep, fmt.Errorf("%w: %d breaches, first: %s", ErrBreach, len(rep.Breaches), rep.Breaches[0])
 	}
@@ -361,7 +365,8 @@ func (ps *procSoak) checkPeerPool(p *procPeer, line string) {
 }
 
 // schedule: per cycle (a minute, or the signal phase if shorter), at 15% both peers are stopped (SIGSTOP) for FreezeFor, at 45% one is
-// killed (SIGKILL) and started again, at 70% every side is restarted in turn (SIGTERM, drain,
+// killed (SIGKILL) and started again, at 57% one hangs (SIGSTOP past decode's deadline) and
+// is then killed and started again, at 70% every side is restarted in turn (SIGTERM, drain,
 // close, a new incarnation: a rolling update).
 func (ps *procSoak) schedule(ctx context.Context) {
 	c := min(ps.cycle(), ps.signalPhase)
@@ -378,6 +383,12 @@ func (ps *procSoak) schedule(ctx context.Context) {
 				return
 			}
 			ps.killPeer(k % 2)
+		}
+		if ps.cfg.has(FaultHungPeer) {
+			if !sleepUntil(ctx, base.Add(c*57/100)) {
+				return
+			}
+			ps.hangPeer(k % 2)
 		}
 		if ps.cfg.has(FaultRestart) {
 			if !sleepUntil(ctx, base.Add(c*70/100)) {
@@ -592,6 +603,8 @@ func (ps *procSoak) request(r *rand.Rand) {
 		return
 	}
 	sd.h = h
+	ps.hung.track(id, h, route, use...)
+	defer ps.hung.untrack(id)
 	ps.started.Add(1)
 	for i, p := range use {
 		if err := p.send(lines[i]); err != nil {

@@ -103,3 +103,66 @@ func TestProcessSoak_RequestsToADeadPeerFailWithinTheBound(t *testing.T) {
 	require.GreaterOrEqual(t, rep.DeadPeerRequests, 4*rep.FaultsInjected[FaultDeadPeer], "two Receives and two Sends per dead peer")
 	require.Less(t, rep.LongestDeadPeerSeconds, DefaultDeadPeerBound.Seconds())
 }
+
+// The hung peer, focused: a prefill process is stopped (SIGSTOP) past decode's deadline and
+// cancel grace, so decode's transfers with it (its receives, and its RMA sends of route
+// rma-send, whose exposed blocks the stopped process reads) abort, and those whose operations
+// it holds quarantine; it is then killed (SIGKILL) before their quarantine runs out, as a
+// supervisor kills a hung pod, and started again. Decode must end every one of those handles
+// within the loss bound after the kill, and poison nothing of theirs once it heard the peer
+// was lost. Before a transfer already aborting resolved on its peer's loss (2026-11-29), the
+// quarantined rma-send handles waited out their quarantine and poisoned decode's blocks. The
+// first cycle hangs prefill 0, so the rows take its routes, TP=1 only: TP=2 halves take the
+// direct path, where a receive from the hung sender at times outlives its death (open:
+// docs/stress.md, "The hung peer").
+func TestL9_ProcessSoakHungPeerKilledLeavesDecodeNothingPoisoned(t *testing.T) {
+	for _, c := range []struct {
+		desc        string
+		routes      []Route
+		concurrency int
+		// needQuarantined: the row is there for the transfers in quarantine at the kill. Only
+		// an RMA send being read when the peer stops quarantines (1 to 27 of 125 here, fewest
+		// under -race), so a run that caught none checked nothing the fix changed, and the
+		// row runs again, three runs at most.
+		needQuarantined bool
+	}{
+		{"rma-send: decode the RMA sender the hung process reads", []Route{RouteRMASend}, 64, true},
+		{"every route of the hung process", []Route{RoutePull, RouteRMA, RouteCMA, RouteRMASend}, 32, false},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := shortSoak(10 * time.Second)
+			cfg.Concurrency, cfg.MaxConcurrent = c.concurrency, c.concurrency
+			if c.needQuarantined {
+				cfg.LargeFraction = 1 // the most blocks a request has, to be read when the peer stops
+			}
+			cfg.Faults = []Fault{FaultHungPeer}
+			cfg.Routes = c.routes
+			cfg.TPFraction = 1e-9
+			if testing.Verbose() {
+				cfg.Logger = zap.NewExample()
+			}
+			var rep *Report
+			for run := 1; run <= 3; run++ {
+				var err error
+				rep, err = RunProcesses(context.Background(), cfg, os.Getenv("STRESS_TLS"), "")
+				require.NotNil(t, rep, "%v", err)
+				var table bytes.Buffer
+				require.NoError(t, rep.WriteTable(&table))
+				t.Logf("run %d:\n%s", run, table.String())
+				require.NoError(t, err)
+				require.Equal(t, int64(1), rep.FaultsInjected[FaultHungPeer])
+				// Not vacuous: decode had handles with the hung peer on every route.
+				for _, r := range c.routes {
+					require.Positive(t, rep.HungPeerHandles[string(r)], "route %s: %v", r, rep.HungPeerHandles)
+				}
+				require.Less(t, rep.LongestHungPeerQuiesceSeconds, hungPeerLossBound.Seconds())
+				if !c.needQuarantined || rep.HungPeerQuarantined > 0 {
+					break
+				}
+			}
+			if c.needQuarantined {
+				require.Positive(t, rep.HungPeerQuarantined, "no RMA send was in quarantine at the kill in three runs")
+			}
+		})
+	}
+}

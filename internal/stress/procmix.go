@@ -93,6 +93,8 @@ func (ps *procSoak) requestToPeer(r *rand.Rand, id transfer.RequestID) {
 		return
 	}
 	sd.h = h
+	ps.hung.track(id, h, RouteRMASend, p)
+	defer ps.hung.untrack(id)
 	ps.started.Add(1)
 	if err := p.send(fmt.Sprintf("RECV %d %d %d %d %d %s %s alloc", id, kvHeads, nb, seed, timeout.Milliseconds(),
 		blocksString(src), blocksString(dst))); err != nil {
@@ -249,7 +251,7 @@ func (ps *procSoak) newDecode(name transfer.Peer) (*node, *ucx.Transport, error)
 		return nil, nil, fmt.Errorf("stress: registering decode's KV pool: %w", err)
 	}
 	tracked := newUCXTracked(tr, cfg.SlotBytes)
-	n := &node{name: name, slot: tracked.slots}
+	n := &node{name: name, slot: tracked.slots, onPoison: ps.hung.poisoned}
 	if n.eng, err = transfer.New(tracked, transfer.Config{
 		SlotBytes:        cfg.SlotBytes,
 		MaxConcurrent:    cfg.MaxConcurrent,

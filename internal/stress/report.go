@@ -95,6 +95,17 @@ type Report struct {
 	// to turn decode unhealthy (fault freeze-paths; each must be under ProgressDeadline +
 	// Config.FrozenSeenSlack, or a breach says so).
 	FrozenSeenSeconds map[string]float64 `json:"frozen_seen_seconds,omitempty"`
+	// HungPeerHandles splits, by route, decode's handles with a prefill process that hung
+	// past their deadline and was then killed (fault hung-peer; FaultsInjected counts the hung
+	// peers), and HungPeerQuarantined counts those in quarantine at the kill: the loss must end
+	// each of them within the loss bound, with nothing of theirs poisoned after decode heard of
+	// it (a breach). HungPeerPoisonedBeforeLoss counts those poisoned before (a quarantine that
+	// ran out while the peer was stopped: L9, allowed), and LongestHungPeerQuiesceSeconds is
+	// the longest from a kill to decode's last handle with the peer quiescent.
+	HungPeerHandles               map[string]int64 `json:"hung_peer_handles,omitempty"`
+	HungPeerQuarantined           int64            `json:"hung_peer_quarantined,omitempty"`
+	HungPeerPoisonedBeforeLoss    int64            `json:"hung_peer_poisoned_before_loss,omitempty"`
+	LongestHungPeerQuiesceSeconds float64          `json:"longest_hung_peer_quiesce_seconds,omitempty"`
 	// SecondsUnhealthy is the time any live engine reported unhealthy.
 	SecondsUnhealthy float64 `json:"seconds_unhealthy"`
 	// LongestDetectSeconds is the longest time from a freeze to the stalled engines
@@ -179,6 +190,15 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if r.DeadPeerRequests > 0 {
 		row("requests to a dead peer / longest", fmt.Sprintf("%d / %.2fs", r.DeadPeerRequests, r.LongestDeadPeerSeconds))
+	}
+	if n, ok := r.FaultsInjected[FaultHungPeer]; ok && n > 0 {
+		var handles int64
+		for _, v := range r.HungPeerHandles {
+			handles += v
+		}
+		row("hung peers killed / their handles on decode / quarantined at the kill", fmt.Sprintf("%d / %d / %d", n, handles, r.HungPeerQuarantined))
+		counts("  with a hung peer, route ", r.HungPeerHandles)
+		row("  poisoned before the loss / longest kill to quiescent", fmt.Sprintf("%d / %.2fs", r.HungPeerPoisonedBeforeLoss, r.LongestHungPeerQuiesceSeconds))
 	}
 	for _, k := range slices.Sorted(maps.Keys(r.FrozenSeenSeconds)) {
 		row("  frozen peer seen, "+k+" in flight", fmt.Sprintf("%.2fs", r.FrozenSeenSeconds[k]))

@@ -443,7 +443,8 @@ func (s *soak) report(goroutinesStart, goroutinesEnd int) *Report {
 // whether it let go of its memory: the only cause of poisoned blocks (or slots).
 func leavesQuiescenceUnknown(f Fault) bool {
 	switch f {
-	case FaultHang, FaultNeverQuiesce, FaultLate, FaultFreeze, FaultLostPeer, FaultPartition, FaultRestart, FaultFreezePaths:
+	case FaultHang, FaultNeverQuiesce, FaultLate, FaultFreeze, FaultLostPeer, FaultPartition, FaultRestart, FaultFreezePaths,
+		FaultHungPeer: // a quarantine that runs out while the peer is stopped, before the kill
 		return true
 	}
 	return false
