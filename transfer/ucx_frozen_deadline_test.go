@@ -31,7 +31,7 @@ import (
 // error, nothing is poisoned, no slot stays leased, and health is back. A receiver that reads a
 // stopped sender's memory without it (RMA and CMA over shared memory) may complete instead: then
 // with every byte. Or this side's engine is closed with the peer still frozen (a rolling
-// restart of the survivor): Close returns within its bound, the request ends terminal or
+// restart of the survivor; shared memory only): Close returns within its bound, the request ends terminal or
 // quarantined for good with its blocks poisoned, and no slot is lost (L1). While the peer is frozen past the deadline, Status, Path, Health and Cancel
 // answer at once (L4), Cancel truthfully (L10). The killed rows failed on the RMA paths with the receiver frozen until the
 // loss resolved a transfer already aborting (2026-11-29).
@@ -50,6 +50,12 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 			for _, c := range []struct{ frozen, then string }{{"sender", "killed"}, {"receiver", "killed"}, {"sender", "resumed"}, {"receiver", "resumed"}, {"sender", "closed"}, {"receiver", "closed"}} {
 				frozen := c.frozen
 				t.Run(tr.name+"/"+pc.name+"/frozen "+frozen+"/"+c.then, func(t *testing.T) {
+					if tr.name == "tcp" && c.then == "closed" {
+						// A close with the peer frozen is Close's forced path, the same over TCP
+						// (all 8 passed, 2026-11-29); shared memory, where UCX holds what a frozen
+						// peer has not read, keeps it in make test's time.
+						t.Skip("closing with the peer frozen: shared memory only in the suite")
+					}
 					if tr.name == "tcp" && frozen == "receiver" && c.then == "killed" && (pc.name == "pull" || pc.name == "rma") {
 						// As in TestL9_UCXPeerKilledMidTransferOnEveryPath: UCX 1.13 may abort this
 						// process when a peer whose gets over TCP it emulates dies with replies
