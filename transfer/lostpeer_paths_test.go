@@ -103,7 +103,7 @@ func TestL9_PeerLostMidTransferOnEveryPath(t *testing.T) {
 // with them outstanding (a sender's RMA exposure or announced slots still read by the
 // receiver); then the transport reports the peer lost and cuts them, their ends known. The
 // survivor resolves at once, Failed with its deadline's error: nothing poisoned, Quiesced
-// closed, long before the quarantine's clock (30 s) would poison what was held. It used to
+// closed, long before the quarantine's clock (30 s) runs out. It used to
 // wait out that clock on the RMA path (the exposure ended with its lost reader, but the
 // transfer, aborting already, never looked again). Over UCX:
 // TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath.

@@ -663,7 +663,8 @@ func (x *xfer) handleEvent(ev event) {
 		if x.aborting {
 			// Already aborting (its deadline, a cancel): the abort below is a no-op, and what the
 			// lost peer could still read ended just now (an RMA exposure): resolve on it, or a
-			// transfer quarantined before its peer died waits out its quarantine into poison.
+			// transfer quarantined before its peer died holds its blocks until its quarantine's
+			// timeout.
 			x.maybeResolve()
 			return
 		}
