@@ -111,7 +111,7 @@ func TestProcessSoak_RequestsToADeadPeerFailWithinTheBound(t *testing.T) {
 // supervisor kills a hung pod, and started again. Decode must end every one of those handles
 // within the loss bound after the kill, and poison nothing of theirs once it heard the peer
 // was lost. Before a transfer already aborting resolved on its peer's loss (2026-11-29), the
-// quarantined rma-send handles waited out their quarantine and poisoned decode's blocks. The
+// quarantined rma-send handles waited out their quarantine, decode's blocks held. The
 // first cycle hangs prefill 0, so the rows take its routes, TP=1 only: TP=2 halves take the
 // direct path, where a receive from the hung sender at times outlives its death (open:
 // docs/stress.md, "The hung peer").
