@@ -480,7 +480,8 @@ func (s *rmaSend) released(done bool) {
 }
 
 // peerLost: a lost peer cannot read the pool any more (the Transport's word on a lost peer),
-// so the exposure ends; the abort that follows fails the transfer.
+// so the exposure ends; the abort that follows fails the transfer (one already aborting,
+// handleEvent resolves).
 func (s *rmaSend) peerLost() {
 	if !s.offered || s.exposure.final {
 		return

@@ -144,13 +144,14 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 					returnsAtOnce(t, "Status", func() { _ = h.Status() })
 					returnsAtOnce(t, "Path", func() { _ = h.Path() })
 					returnsAtOnce(t, "Health", func() { _ = local.e.Health() })
-					returnsAtOnce(t, "Cancel", func() {
-						if out := local.e.Cancel(710); out.FreeNow() {
-							require.True(t, isClosed(h.Quiesced()), "Cancel answered %v with Quiesced open", out)
-						} else if !isClosed(h.Quiesced()) {
-							require.Equal(t, NotCancellable, out, "a quarantined transfer")
-						}
-					})
+					var out CancelOutcome
+					var quiescedAtCancel bool
+					returnsAtOnce(t, "Cancel", func() { out = local.e.Cancel(710); quiescedAtCancel = isClosed(h.Quiesced()) })
+					if out.FreeNow() {
+						require.True(t, quiescedAtCancel, "Cancel answered %v with Quiesced open", out)
+					} else if !quiescedAtCancel {
+						require.Equal(t, NotCancellable, out, "a quarantined transfer")
+					}
 					if c.then == "closed" {
 						closeWithPeerFrozen(t, local, h, cfg.CloseTimeout)
 						return

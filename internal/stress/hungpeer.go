@@ -12,6 +12,8 @@ package stress
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -129,14 +131,7 @@ func (w *hungWatch) untrack(id transfer.RequestID) {
 	w.mu.Unlock()
 }
 
-func (t hungTracked) has(peer transfer.Peer) bool {
-	for _, p := range t.peers {
-		if p == peer {
-			return true
-		}
-	}
-	return false
-}
+func (t hungTracked) has(peer transfer.Peer) bool { return slices.Contains(t.peers, peer) }
 
 // begin starts following p's handles on decode: those in flight now, and those started until
 // end.
@@ -186,11 +181,7 @@ func (w *hungWatch) heardLoss(ev *hungEvent, at time.Time) {
 func (w *hungWatch) handles(ev *hungEvent) map[transfer.RequestID]hungTracked {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := make(map[transfer.RequestID]hungTracked, len(ev.handles))
-	for id, t := range ev.handles {
-		out[id] = t
-	}
-	return out
+	return maps.Clone(ev.handles)
 }
 
 // poisoned is decode's node's poison hook: it keeps the poisons of handles a hung peer had.
@@ -251,14 +242,7 @@ func (ps *procSoak) hangPeer(i int) {
 	}
 	checked := make(chan struct{})
 	go func() { defer close(checked); ps.awaitHungHandles(ev, dec) }()
-	fresh, err := ps.startPeer(i, p.gen+1)
-	if err != nil {
-		ps.addBreach(fmt.Sprintf("hung-peer: restarting peer %d: %v", i, err))
-	} else {
-		ps.peerMu.Lock()
-		ps.peers[i] = fresh
-		ps.peerMu.Unlock()
-	}
+	ps.replacePeer(i, p.gen+1, "hung-peer: restarting peer")
 	<-checked
 	ps.awaitRecovery(fmt.Sprintf("the restart of hung peer %d", i), time.Now())
 }

@@ -523,16 +523,24 @@ func (ps *procSoak) killPeer(i int) {
 	if ps.cfg.has(FaultDeadPeer) {
 		ps.requestToDeadPeer(old)
 	}
-	fresh, err := ps.startPeer(i, old.gen+1)
+	if ps.replacePeer(i, old.gen+1, "restarting peer") {
+		ps.awaitRecovery(fmt.Sprintf("the restart of peer %d", i), time.Now())
+	}
+}
+
+// replacePeer starts prefill process i's incarnation gen and puts it in the peers' table, where
+// requests find it; a start that fails is a breach, what saying what the start was for.
+func (ps *procSoak) replacePeer(i, gen int, what string) bool {
+	fresh, err := ps.startPeer(i, gen)
 	if err != nil {
-		ps.addBreach(fmt.Sprintf("restarting peer %d: %v", i, err))
-		return
+		ps.addBreach(fmt.Sprintf("%s %d: %v", what, i, err))
+		return false
 	}
 	ps.peerMu.Lock()
 	ps.peers[i] = fresh
 	ps.peerMu.Unlock()
-	ps.log.Info("peer restarted", zap.Int("peer", i), zap.Int("gen", fresh.gen))
-	ps.awaitRecovery(fmt.Sprintf("the restart of peer %d", i), time.Now())
+	ps.log.Info("peer restarted", zap.Int("peer", i), zap.Int("gen", gen))
+	return true
 }
 
 // request runs one request: decode receives here, the peers send, by a route of the mix

@@ -447,14 +447,7 @@ func (ps *procSoak) restartPeer(i int) {
 		ps.addBreach(fmt.Sprintf("restart: SIGTERM to peer %d.gen%d: %v", old.idx, old.gen, err))
 	}
 	ps.log.Info("peer terminated (SIGTERM)", zap.Int("peer", i), zap.Int("gen", old.gen))
-	fresh, err := ps.startPeer(i, old.gen+1)
-	if err != nil {
-		ps.addBreach(fmt.Sprintf("restart: starting peer %d's next incarnation: %v", i, err))
-	} else {
-		ps.peerMu.Lock()
-		ps.peers[i] = fresh
-		ps.peerMu.Unlock()
-	}
+	ps.replacePeer(i, old.gen+1, "restart: starting the next incarnation of peer")
 	select {
 	case n := <-old.term:
 		if n > 0 {
