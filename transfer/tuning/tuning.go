@@ -85,7 +85,10 @@ type Config struct {
 	// own even where its transport maps the sender's slots into this process (transport.RMAMapper: UCX
 	// over shared memory). By default the scatter then reads the chunk in place, one copy
 	// fewer; only a Spec without a Mover (the engine's own host mover reads
-	// any host memory) reads in place.
+	// any host memory) reads in place. On UCX 1.22 over shared memory those gets are UCX's
+	// emulation, served by the sender's worker, which UCX's defect may crash if this process is
+	// lost with replies queued to it (docs/ucx.md, "UCX purges the replies to a peer's emulated
+	// gets with a stale datatype"): leave it off there.
 	DisableInPlaceReads bool
 	// RMAWhereEmulated keeps the RMA mode where the transport says its gets to the peer are
 	// emulated (transport.RMAEmulation: UCX 1.13 over TCP). By default such a receiver takes the direct
