@@ -10,6 +10,7 @@ package native
 import "C"
 
 import (
+	"cmp"
 	"sync"
 	"syscall"
 	"time"
@@ -25,35 +26,45 @@ import (
 // environment, which the first context sets (NewContext) and later ones keep.
 var fifoSizeOnce = sync.OnceValue(shmFIFOSize)
 
-// releaseDeadPeerFIFO (loop only) empties the shared-memory receive FIFO of a peer whose
-// process has ended. UCX completes the sends of a failed or force-closed endpoint only once
-// its flush of the endpoint's lanes has, and the flush of a shared-memory lane waits for room
-// in the peer's FIFO: a dead peer's stays full for good (its reader is gone), and the sends
-// then stay with UCX, their memory pinned, until the worker closes (docs/ucx.md, "Sends to a
-// killed shared-memory peer"). With the FIFO's tail moved to its head the flush completes,
-// and UCX fails the sends. A live peer's FIFO is never touched (a frozen one resumes reading
-// it), nor a block that is not the dead pid's.
+// releaseDeadPeerFIFO (loop only) empties the shared-memory receive FIFOs of a peer whose
+// process has ended. UCX completes the requests of a failed or force-closed endpoint (its
+// sends, and the receives that matched a rendezvous of the peer's) only once its flush of the
+// endpoint's lanes has, and the flush of a shared-memory lane waits for room in the peer's
+// FIFO: a dead peer's stays full for good (its reader is gone), and the requests then stay
+// with UCX, their memory pinned, until the worker closes (docs/ucx.md, "Sends to a killed
+// shared-memory peer"). With the FIFO's tail moved to its head the flush completes, and UCX
+// fails the requests. Both FIFOs a lane may write into are emptied, posix's and sysv's. A live
+// peer's FIFO is never touched (a frozen one resumes reading it), nor a block that is not the
+// dead pid's.
 func (ep *Endpoint) releaseDeadPeerFIFO() {
-	s := ep.peerFIFO
-	if s == nil || !s.gone() {
-		return
+	keep := ep.peerFIFOs[:0]
+	for _, s := range ep.peerFIFOs {
+		if !s.gone() {
+			keep = append(keep, s)
+			continue
+		}
+		ep.w.emptyDeadFIFO(s) // the process is gone for good: once is enough
+		s.close()
 	}
-	ep.peerFIFO = nil // the process is gone for good: once is enough
-	ep.w.emptyDeadFIFO(s)
-	s.close()
+	clear(ep.peerFIFOs[len(keep):])
+	ep.peerFIFOs = keep
 }
 
 // emptyDeadFIFO (loop only) empties the FIFO of s, a peer whose process is gone, through a
-// mapping of its own.
+// mapping of its own: the sysv segment s holds attached, or a mapping of the posix file.
 func (w *Worker) emptyDeadFIFO(s *peerFIFOSeg) {
-	b, err := s.mapSeg()
-	if err != nil {
-		w.log.Warn("ucx: cannot map a dead shared-memory peer's FIFO to empty it", zap.Int("pid", s.pid), zap.Error(err))
-		return
+	b := s.shm
+	if b == nil {
+		var err error
+		if b, err = s.mapSeg(); err != nil {
+			w.log.Warn("ucx: cannot map a dead shared-memory peer's FIFO to empty it", zap.Int("pid", s.pid), zap.Error(err))
+			return
+		}
+		defer func() { _ = syscall.Munmap(b) }()
 	}
-	defer func() { _ = syscall.Munmap(b) }()
 	if n, ok := fifoRelease(mappingOf(b), s.pid, uint64(fifoSizeOnce())); ok && n > 0 {
-		w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer", zap.Int("pid", s.pid), zap.Uint64("unread", n))
+		w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer", zap.Int("pid", s.pid),
+			zap.String("transport", cmp.Or(s.transport, "posix")), zap.Uint64("unread", n))
 	}
 }
 
