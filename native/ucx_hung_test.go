@@ -17,7 +17,7 @@ import (
 )
 
 // A sender stopped (SIGSTOP) once its rendezvous requests had reached this worker, where
-// receives posted then matched them and asked it for the data (the direct path's IOV
+// receives posted then match them and ask it for the data (the direct path's IOV
 // receives: no get reads an IOV, so each waits for the sender's fragments); this worker's own
 // messages to the stopped peer fill its shared-memory receive FIFO, as a receiver's requests,
 // answers and control messages to a hung sender do; then the sender is killed, as a supervisor
@@ -48,10 +48,9 @@ func TestUCX_HungSenderKilledEndsTheReceivesThatMatched(t *testing.T) {
 			halves := func(i int) []Segment { // two pieces, as the direct path posts a chunk
 				return []Segment{{int64(i) * chunk, chunk / 2}, {int64(i)*chunk + chunk/2, chunk / 2}}
 			}
-			// Chunk 0 arrives: the sender runs, and the rendezvous requests of chunks 1 to
-			// window-1, sent right behind chunk 0's through this worker's FIFO (read in
-			// order), were taken before chunk 0's data.
-			require.NoError(t, l.ep.TagRecvIOV(mem, halves(0), peerTagBase, ^uint64(0)).Wait(ctx))
+			// The sender's window of rendezvous requests waits at this worker, no receive posted.
+			require.Eventually(t, func() bool { return l.w.Stats().UnexpectedHeld >= window }, bound, time.Millisecond,
+				"the sender's %d rendezvous requests never all arrived: %d held", window, l.w.Stats().UnexpectedHeld)
 			info, err := l.ep.Info(ctx)
 			require.NoError(t, err)
 			require.Contains(t, info, tc.lane, "the endpoint's lanes")
@@ -59,7 +58,7 @@ func TestUCX_HungSenderKilledEndsTheReceivesThatMatched(t *testing.T) {
 			peer.Signal(t, syscall.SIGSTOP)
 			procState(t, peer.Cmd.Process.Pid, 'T')
 			var recvs []*Request
-			for i := 1; i < window; i++ {
+			for i := range window {
 				recvs = append(recvs, l.ep.TagRecvIOV(mem, halves(i), peerTagBase|uint64(i), ^uint64(0)))
 			}
 			// The receiver gives up (its deadline): a receive that matched stays with UCX.
