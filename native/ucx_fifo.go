@@ -102,17 +102,31 @@ const fifoPausedEvery = 5 * time.Second
 // UCT hands to its stub handler (a warning, nothing else).
 const fifoFillAMID = 31
 
-// ownFIFO (loop-owned) looks at this worker's own shared-memory receive FIFO for the wedge a
-// local peer killed between claiming an element and writing it leaves: the worker reads in
-// order and waits at that element for good, so nothing more arrives over shared memory from
-// anyone (docs/ucx.md, "A killed local peer can wedge the survivor's shared-memory receive
-// queue"). When the same element has stayed claimed and unwritten for fifoStuckAfter and no
-// process that maps the FIFO is stopped (which could resume and finish the write), the
+// ownFIFOs (loop-owned) are the looks at this worker's own receive FIFOs: posix's, and sysv's,
+// which local peers write into wherever UCX gives their endpoints' active messages to sysv.
+type ownFIFOs struct{ posix, sysv ownFIFO }
+
+func (o *ownFIFOs) poll(w *Worker) {
+	o.posix.poll(w, recordPeerFIFO, "posix")
+	o.sysv.poll(w, recordPeerSysvFIFO, "sysv")
+}
+
+func (o *ownFIFOs) close() {
+	o.posix.close()
+	o.sysv.close()
+}
+
+// ownFIFO (loop-owned) looks at one of this worker's own shared-memory receive FIFOs for the
+// wedge a local peer killed between claiming an element and writing it leaves: the worker
+// reads in order and waits at that element for good, so nothing more arrives over shared
+// memory from anyone (docs/ucx.md, "A killed local peer can wedge the survivor's shared-memory
+// receive queue"). When the same element has stayed claimed and unwritten for fifoStuckAfter
+// and no process that maps the FIFO is stopped (which could resume and finish the write), the
 // writer is gone: the worker writes the element as an empty message and reads on.
 type ownFIFO struct {
 	set        bool // looked up (seg and b valid when found)
 	seg        *peerFIFOSeg
-	b          []byte // the FIFO segment, mapped by this package (UCX's own mapping is UCX's)
+	b          []byte // the FIFO segment, mapped or attached by this package (UCX's own mapping is UCX's)
 	size, elem uint64
 	next       time.Time // the next look (fifoWatchEvery)
 	stuck      uint64    // the element seen claimed and unwritten since since
@@ -120,9 +134,11 @@ type ownFIFO struct {
 	paused     bool // a look found a process that maps the FIFO paused (logged once)
 }
 
-func (o *ownFIFO) poll(w *Worker) {
+// poll looks at the FIFO record finds in this worker's address (recordPeerFIFO or
+// recordPeerSysvFIFO), if it is time.
+func (o *ownFIFO) poll(w *Worker, record func(addr, local []byte) *peerFIFOSeg, transport string) {
 	if o.set && o.seg == nil {
-		return // no posix FIFO of ours to look at
+		return // no FIFO of ours of this transport to look at
 	}
 	now := time.Now()
 	if now.Before(o.next) {
@@ -132,16 +148,18 @@ func (o *ownFIFO) poll(w *Worker) {
 	if !o.set {
 		o.set = true
 		o.size, o.elem = uint64(fifoSizeOnce()), uint64(shmFIFOElemSize())
-		if o.seg = recordPeerFIFO(w.address, w.address); o.seg == nil || o.size == 0 || o.elem == 0 {
+		if o.seg = record(w.address, w.address); o.seg == nil || o.size == 0 || o.elem == 0 {
 			o.close()
 			return
 		}
-		b, err := o.seg.mapSeg()
-		if err != nil {
-			o.close()
-			return
+		if o.b = o.seg.shm; o.b == nil {
+			b, err := o.seg.mapSeg()
+			if err != nil {
+				o.close()
+				return
+			}
+			o.b = b
 		}
-		o.b = b
 	}
 	idx, head, ok := fifoUnwritten(mappingOf(o.b), o.seg.pid, o.size, o.elem)
 	if !ok || idx == head {
@@ -160,7 +178,7 @@ func (o *ownFIFO) poll(w *Worker) {
 		if !o.paused {
 			o.paused = true
 			w.log.Warn("ucx: this worker's shared-memory receive FIFO waits at an element a writer claimed and has not written; "+
-				"a process that maps it is paused and may finish it, so it is left alone",
+				"a process that maps it is paused and may finish it, so it is left alone", zap.String("transport", transport),
 				zap.Uint64("element", idx), zap.Duration("for", now.Sub(o.since)), zap.Int("paused pid", who), zap.Error(err))
 		}
 		return
@@ -170,17 +188,18 @@ func (o *ownFIFO) poll(w *Worker) {
 	}
 	w.fifoFills.Add(1)
 	w.log.Warn("ucx: wrote an element of this worker's shared-memory receive FIFO that a writer claimed and never wrote "+
-		"(a local peer killed in the middle of a message): the worker reads on",
+		"(a local peer killed in the middle of a message): the worker reads on", zap.String("transport", transport),
 		zap.Uint64("element", idx), zap.Uint64("head", head), zap.Duration("stuck for", now.Sub(o.since)))
 	o.since = time.Time{}
 }
 
-// close unmaps the FIFO and lets go of its file; the look is over for good.
+// close unmaps the FIFO and lets go of its file (or detaches the sysv segment); the look is
+// over for good.
 func (o *ownFIFO) close() {
-	if o.b != nil {
+	if o.b != nil && (o.seg == nil || o.seg.shm == nil) {
 		_ = syscall.Munmap(o.b)
-		o.b = nil
 	}
+	o.b = nil
 	o.seg.close()
 	o.set, o.seg = true, nil
 }
