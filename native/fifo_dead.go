@@ -12,12 +12,15 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // A local peer's shared-memory receive FIFO, recorded at Connect while the peer lives, so
@@ -29,11 +32,13 @@ import (
 // be reached, and it is written through a mapping of this package's own: a mapping of UCX's
 // may go at any moment (another worker of the process destroying its endpoint to the peer).
 type peerFIFOSeg struct {
-	pid     int
-	started uint64 // the process's start time (/proc/PID/stat, field 22): a reused pid is another process
-	dev     uint64 // the segment file's device and inode, which name its mappings in /proc/PID/maps
-	ino     uint64
-	file    *os.File // the segment, open until close
+	pid       int
+	started   uint64 // the process's start time (/proc/PID/stat, field 22): a reused pid is another process
+	dev       uint64 // the segment file's device and inode, which name its mappings in /proc/PID/maps
+	ino       uint64
+	file      *os.File // posix: the segment, open until close
+	shm       []byte   // sysv: the segment as this process attached it, until close (fifo_sysv.go)
+	transport string   // "sysv", or "" for posix (for logs)
 }
 
 // recordPeerFIFO returns the FIFO segment of the peer at addr, or nil where there is none to
@@ -84,9 +89,16 @@ var fifoLayoutKnownOnce = sync.OnceValue(func() bool { return fifoLayoutKnown(UC
 
 // close lets go of the segment; the record is of no more use.
 func (s *peerFIFOSeg) close() {
-	if s != nil && s.file != nil {
+	if s == nil {
+		return
+	}
+	if s.file != nil {
 		s.file.Close()
 		s.file = nil
+	}
+	if s.shm != nil {
+		_ = unix.SysvShmDetach(s.shm)
+		s.shm = nil
 	}
 }
 
@@ -156,15 +168,21 @@ type mapping struct {
 func mappingOf(b []byte) mapping { return mapping{uintptr(unsafe.Pointer(&b[0])), uintptr(len(b))} }
 
 // segMappings returns where this process maps the segment from its first byte, as
-// /proc/self/maps lists them (by device and inode). Only to learn whether UCX still maps it: a
-// mapping of UCX's may be gone by the time it is read.
+// /proc/self/maps lists them (by device and inode), other than the attachment of a sysv
+// segment the record holds. Only to learn whether UCX still maps it: a mapping of UCX's may be
+// gone by the time it is read.
 func (s *peerFIFOSeg) segMappings() ([]mapping, error) {
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return parseMaps(f, s.dev, s.ino)
+	maps, err := parseMaps(f, s.dev, s.ino)
+	if s.shm != nil {
+		own := mappingOf(s.shm).base
+		maps = slices.DeleteFunc(maps, func(m mapping) bool { return m.base == own })
+	}
+	return maps, err
 }
 
 // parseMaps picks out of /proc/PID/maps lines ("start-end perms offset major:minor inode

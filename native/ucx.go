@@ -280,7 +280,7 @@ type Worker struct {
 	stopping   bool                  // loop-owned: shutdown has begun; no standing receive stands again
 	suspects   map[*Request]struct{} // loop-owned: receives pinned until the worker is gone
 	fifos      fifoWatch             // loop-owned: FIFOs of live local peers whose endpoints closed with sends held
-	ownFIFO    ownFIFO               // loop-owned: this worker's own FIFO, looked at for an element a dead writer left
+	ownFIFO    ownFIFOs              // loop-owned: this worker's own FIFOs, looked at for an element a dead writer left
 
 	// inUCX (loop-owned) is how deep the loop is in UCX calls that post or cancel; an
 	// endpoint failure UCX reports from inside one waits in lateErrs until the outermost

@@ -41,20 +41,20 @@ func (w *Worker) Connect(ctx context.Context, addr []byte) (*Endpoint, error) {
 		return nil, err
 	}
 	ep := &Endpoint{w: w, peerAddr: append([]byte(nil), addr...), failed: make(chan struct{}), closed: make(chan struct{}),
-		recvs: make(map[*Request]struct{}), ops: make(map[*Request]struct{}), peerFIFO: recordPeerFIFO(addr, w.address)}
+		recvs: make(map[*Request]struct{}), ops: make(map[*Request]struct{}), peerFIFOs: recordPeerFIFOs(addr, w.address)}
 	var err error
 	caddr := C.CBytes(addr)
 	callErr := w.call(ctx, func() {
 		defer C.free(caddr)
 		if w.dead {
-			ep.peerFIFO.close()
+			closeFIFOSegs(ep.peerFIFOs)
 			err = ErrClosed
 			return
 		}
 		ep.handle = cgo.NewHandle(ep)
 		if st := C.kvx_ucx_ep_create(w.cw, caddr, C.size_t(len(addr)), C.uint64_t(ep.handle), &ep.cep); st != C.UCS_OK {
 			ep.handle.Delete()
-			ep.peerFIFO.close()
+			closeFIFOSegs(ep.peerFIFOs)
 			err = statusErr("create endpoint", st)
 			return
 		}
@@ -88,7 +88,7 @@ type Endpoint struct {
 	released   bool                  // loop-owned
 	recvs      map[*Request]struct{} // loop-owned: receives bound to the endpoint
 	ops        map[*Request]struct{} // loop-owned: sends, puts, gets, flushes not yet completed
-	peerFIFO   *peerFIFOSeg          // a local peer's receive FIFO, emptied once its process is gone; nil when not local
+	peerFIFOs  []*peerFIFOSeg        // a local peer's receive FIFOs (posix, sysv), emptied once its process is gone; none when not local
 }
 
 // Failed is closed once the endpoint can no longer be used: the peer failed, or Close or
@@ -215,9 +215,11 @@ func (ep *Endpoint) release() {
 		for r := range ep.recvs {
 			left = append(left, r)
 		}
-		if ep.peerFIFO != nil && !dead {
-			ep.w.fifos.add(ep.peerFIFO) // a local peer that lived at the close: should it die, let go of these
-			ep.peerFIFO = nil
+		if !dead {
+			for _, s := range ep.peerFIFOs {
+				ep.w.fifos.add(s) // a local peer that lived at the close: should it die, let go of these
+			}
+			ep.peerFIFOs = nil
 		}
 		time.AfterFunc(ep.w.cfg.AbandonGrace, func() {
 			_ = ep.w.submit(func() {
@@ -227,8 +229,8 @@ func (ep *Endpoint) release() {
 			})
 		})
 	}
-	ep.peerFIFO.close() // nil, or a FIFO nobody waits on any more
-	ep.peerFIFO = nil
+	closeFIFOSegs(ep.peerFIFOs) // none, or FIFOs nobody waits on any more
+	ep.peerFIFOs = nil
 	if dead {
 		C.kvx_ucx_ep_free(ep.cep) // the worker, which the C record points to, is gone
 	} else {

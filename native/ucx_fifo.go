@@ -10,6 +10,7 @@ package native
 import "C"
 
 import (
+	"cmp"
 	"sync"
 	"syscall"
 	"time"
@@ -25,35 +26,45 @@ import (
 // environment, which the first context sets (NewContext) and later ones keep.
 var fifoSizeOnce = sync.OnceValue(shmFIFOSize)
 
-// releaseDeadPeerFIFO (loop only) empties the shared-memory receive FIFO of a peer whose
-// process has ended. UCX completes the sends of a failed or force-closed endpoint only once
-// its flush of the endpoint's lanes has, and the flush of a shared-memory lane waits for room
-// in the peer's FIFO: a dead peer's stays full for good (its reader is gone), and the sends
-// then stay with UCX, their memory pinned, until the worker closes (docs/ucx.md, "Sends to a
-// killed shared-memory peer"). With the FIFO's tail moved to its head the flush completes,
-// and UCX fails the sends. A live peer's FIFO is never touched (a frozen one resumes reading
-// it), nor a block that is not the dead pid's.
+// releaseDeadPeerFIFO (loop only) empties the shared-memory receive FIFOs of a peer whose
+// process has ended. UCX completes the requests of a failed or force-closed endpoint (its
+// sends, and the receives that matched a rendezvous of the peer's) only once its flush of the
+// endpoint's lanes has, and the flush of a shared-memory lane waits for room in the peer's
+// FIFO: a dead peer's stays full for good (its reader is gone), and the requests then stay
+// with UCX, their memory pinned, until the worker closes (docs/ucx.md, "Sends to a killed
+// shared-memory peer"). With the FIFO's tail moved to its head the flush completes, and UCX
+// fails the requests. Both FIFOs a lane may write into are emptied, posix's and sysv's. A live
+// peer's FIFO is never touched (a frozen one resumes reading it), nor a block that is not the
+// dead pid's.
 func (ep *Endpoint) releaseDeadPeerFIFO() {
-	s := ep.peerFIFO
-	if s == nil || !s.gone() {
-		return
+	keep := ep.peerFIFOs[:0]
+	for _, s := range ep.peerFIFOs {
+		if !s.gone() {
+			keep = append(keep, s)
+			continue
+		}
+		ep.w.emptyDeadFIFO(s) // the process is gone for good: once is enough
+		s.close()
 	}
-	ep.peerFIFO = nil // the process is gone for good: once is enough
-	ep.w.emptyDeadFIFO(s)
-	s.close()
+	clear(ep.peerFIFOs[len(keep):])
+	ep.peerFIFOs = keep
 }
 
 // emptyDeadFIFO (loop only) empties the FIFO of s, a peer whose process is gone, through a
-// mapping of its own.
+// mapping of its own: the sysv segment s holds attached, or a mapping of the posix file.
 func (w *Worker) emptyDeadFIFO(s *peerFIFOSeg) {
-	b, err := s.mapSeg()
-	if err != nil {
-		w.log.Warn("ucx: cannot map a dead shared-memory peer's FIFO to empty it", zap.Int("pid", s.pid), zap.Error(err))
-		return
+	b := s.shm
+	if b == nil {
+		var err error
+		if b, err = s.mapSeg(); err != nil {
+			w.log.Warn("ucx: cannot map a dead shared-memory peer's FIFO to empty it", zap.Int("pid", s.pid), zap.Error(err))
+			return
+		}
+		defer func() { _ = syscall.Munmap(b) }()
 	}
-	defer func() { _ = syscall.Munmap(b) }()
 	if n, ok := fifoRelease(mappingOf(b), s.pid, uint64(fifoSizeOnce())); ok && n > 0 {
-		w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer", zap.Int("pid", s.pid), zap.Uint64("unread", n))
+		w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer", zap.Int("pid", s.pid),
+			zap.String("transport", cmp.Or(s.transport, "posix")), zap.Uint64("unread", n))
 	}
 }
 
@@ -91,17 +102,31 @@ const fifoPausedEvery = 5 * time.Second
 // UCT hands to its stub handler (a warning, nothing else).
 const fifoFillAMID = 31
 
-// ownFIFO (loop-owned) looks at this worker's own shared-memory receive FIFO for the wedge a
-// local peer killed between claiming an element and writing it leaves: the worker reads in
-// order and waits at that element for good, so nothing more arrives over shared memory from
-// anyone (docs/ucx.md, "A killed local peer can wedge the survivor's shared-memory receive
-// queue"). When the same element has stayed claimed and unwritten for fifoStuckAfter and no
-// process that maps the FIFO is stopped (which could resume and finish the write), the
+// ownFIFOs (loop-owned) are the looks at this worker's own receive FIFOs: posix's, and sysv's,
+// which local peers write into wherever UCX gives their endpoints' active messages to sysv.
+type ownFIFOs struct{ posix, sysv ownFIFO }
+
+func (o *ownFIFOs) poll(w *Worker) {
+	o.posix.poll(w, recordPeerFIFO, "posix")
+	o.sysv.poll(w, recordPeerSysvFIFO, "sysv")
+}
+
+func (o *ownFIFOs) close() {
+	o.posix.close()
+	o.sysv.close()
+}
+
+// ownFIFO (loop-owned) looks at one of this worker's own shared-memory receive FIFOs for the
+// wedge a local peer killed between claiming an element and writing it leaves: the worker
+// reads in order and waits at that element for good, so nothing more arrives over shared
+// memory from anyone (docs/ucx.md, "A killed local peer can wedge the survivor's shared-memory
+// receive queue"). When the same element has stayed claimed and unwritten for fifoStuckAfter
+// and no process that maps the FIFO is stopped (which could resume and finish the write), the
 // writer is gone: the worker writes the element as an empty message and reads on.
 type ownFIFO struct {
 	set        bool // looked up (seg and b valid when found)
 	seg        *peerFIFOSeg
-	b          []byte // the FIFO segment, mapped by this package (UCX's own mapping is UCX's)
+	b          []byte // the FIFO segment, mapped or attached by this package (UCX's own mapping is UCX's)
 	size, elem uint64
 	next       time.Time // the next look (fifoWatchEvery)
 	stuck      uint64    // the element seen claimed and unwritten since since
@@ -109,9 +134,11 @@ type ownFIFO struct {
 	paused     bool // a look found a process that maps the FIFO paused (logged once)
 }
 
-func (o *ownFIFO) poll(w *Worker) {
+// poll looks at the FIFO record finds in this worker's address (recordPeerFIFO or
+// recordPeerSysvFIFO), if it is time.
+func (o *ownFIFO) poll(w *Worker, record func(addr, local []byte) *peerFIFOSeg, transport string) {
 	if o.set && o.seg == nil {
-		return // no posix FIFO of ours to look at
+		return // no FIFO of ours of this transport to look at
 	}
 	now := time.Now()
 	if now.Before(o.next) {
@@ -121,16 +148,18 @@ func (o *ownFIFO) poll(w *Worker) {
 	if !o.set {
 		o.set = true
 		o.size, o.elem = uint64(fifoSizeOnce()), uint64(shmFIFOElemSize())
-		if o.seg = recordPeerFIFO(w.address, w.address); o.seg == nil || o.size == 0 || o.elem == 0 {
+		if o.seg = record(w.address, w.address); o.seg == nil || o.size == 0 || o.elem == 0 {
 			o.close()
 			return
 		}
-		b, err := o.seg.mapSeg()
-		if err != nil {
-			o.close()
-			return
+		if o.b = o.seg.shm; o.b == nil {
+			b, err := o.seg.mapSeg()
+			if err != nil {
+				o.close()
+				return
+			}
+			o.b = b
 		}
-		o.b = b
 	}
 	idx, head, ok := fifoUnwritten(mappingOf(o.b), o.seg.pid, o.size, o.elem)
 	if !ok || idx == head {
@@ -149,7 +178,7 @@ func (o *ownFIFO) poll(w *Worker) {
 		if !o.paused {
 			o.paused = true
 			w.log.Warn("ucx: this worker's shared-memory receive FIFO waits at an element a writer claimed and has not written; "+
-				"a process that maps it is paused and may finish it, so it is left alone",
+				"a process that maps it is paused and may finish it, so it is left alone", zap.String("transport", transport),
 				zap.Uint64("element", idx), zap.Duration("for", now.Sub(o.since)), zap.Int("paused pid", who), zap.Error(err))
 		}
 		return
@@ -159,17 +188,18 @@ func (o *ownFIFO) poll(w *Worker) {
 	}
 	w.fifoFills.Add(1)
 	w.log.Warn("ucx: wrote an element of this worker's shared-memory receive FIFO that a writer claimed and never wrote "+
-		"(a local peer killed in the middle of a message): the worker reads on",
+		"(a local peer killed in the middle of a message): the worker reads on", zap.String("transport", transport),
 		zap.Uint64("element", idx), zap.Uint64("head", head), zap.Duration("stuck for", now.Sub(o.since)))
 	o.since = time.Time{}
 }
 
-// close unmaps the FIFO and lets go of its file; the look is over for good.
+// close unmaps the FIFO and lets go of its file (or detaches the sysv segment); the look is
+// over for good.
 func (o *ownFIFO) close() {
-	if o.b != nil {
+	if o.b != nil && (o.seg == nil || o.seg.shm == nil) {
 		_ = syscall.Munmap(o.b)
-		o.b = nil
 	}
+	o.b = nil
 	o.seg.close()
 	o.set, o.seg = true, nil
 }

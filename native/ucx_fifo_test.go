@@ -20,10 +20,12 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // fifoClaimerEnv carries to TestFIFOClaimerChild the FIFO to claim an element of and what to do
-// then: "PATH SIZE ELEMSIZE die" or "PATH SIZE ELEMSIZE stop".
+// then: "SEGMENT SIZE ELEMSIZE die" or "SEGMENT SIZE ELEMSIZE stop", where SEGMENT is a posix
+// segment's path or "sysv:SHMID".
 const fifoClaimerEnv = "KVX_FIFO_CLAIMER"
 
 // TestFIFOClaimerChild is the child side of TestL12_UCXWorkerReadsOnPastAnElementADeadWriterLeft:
@@ -41,12 +43,20 @@ func TestFIFOClaimerChild(t *testing.T) {
 	require.NoError(t, err)
 	elem, err := strconv.ParseUint(f[2], 10, 64)
 	require.NoError(t, err)
-	file, err := os.OpenFile(f[0], os.O_RDWR, 0)
-	require.NoError(t, err)
-	fi, err := file.Stat()
-	require.NoError(t, err)
-	b, err := syscall.Mmap(int(file.Fd()), 0, int(fi.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	require.NoError(t, err)
+	var b []byte
+	if id, ok := strings.CutPrefix(f[0], "sysv:"); ok {
+		shmid, err := strconv.Atoi(id)
+		require.NoError(t, err)
+		b, err = unix.SysvShmAttach(shmid, 0, 0)
+		require.NoError(t, err)
+	} else {
+		file, err := os.OpenFile(f[0], os.O_RDWR, 0)
+		require.NoError(t, err)
+		fi, err := file.Stat()
+		require.NoError(t, err)
+		b, err = syscall.Mmap(int(file.Fd()), 0, int(fi.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+		require.NoError(t, err)
+	}
 	headp := (*uint64)(unsafe.Pointer(&b[0]))
 	const armed = uint64(1) << 63
 	var idx uint64
@@ -72,13 +82,22 @@ func TestFIFOClaimerChild(t *testing.T) {
 	fmt.Println("WROTE")
 }
 
-// startFIFOClaimer runs TestFIFOClaimerChild against w's own FIFO and waits for its claim.
-func startFIFOClaimer(t *testing.T, w *Worker, mode string) *exec.Cmd {
+// startFIFOClaimer runs TestFIFOClaimerChild against w's own FIFO of transport (posix or
+// sysv) and waits for its claim.
+func startFIFOClaimer(t *testing.T, w *Worker, transport, mode string) *exec.Cmd {
 	t.Helper()
-	seg, ok := findPosixFIFO(w.Address(), mustHaveName(t, w.Address()))
-	require.True(t, ok)
+	var segment string
+	if transport == "sysv" {
+		seg, ok := findSysvFIFO(w.Address(), mustHaveName(t, w.Address()))
+		require.True(t, ok)
+		segment = fmt.Sprintf("sysv:%d", seg.shmid)
+	} else {
+		seg, ok := findPosixFIFO(w.Address(), mustHaveName(t, w.Address()))
+		require.True(t, ok)
+		segment = seg.path()
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFIFOClaimerChild$", "-test.v")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %s", fifoClaimerEnv, seg.path(), shmFIFOSize(), shmFIFOElemSize(), mode))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d %s", fifoClaimerEnv, segment, shmFIFOSize(), shmFIFOElemSize(), mode))
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
@@ -121,10 +140,11 @@ func startFIFOClaimer(t *testing.T, w *Worker, mode string) *exec.Cmd {
 // message sent after it arrives. A writer that is stopped (it may resume and write) is left
 // alone: nothing arrives while it is stopped, everything once it has written.
 func TestL12_UCXWorkerReadsOnPastAnElementADeadWriterLeft(t *testing.T) {
-	for _, mode := range []string{"die", "stop"} {
-		t.Run(mode, func(t *testing.T) {
-			p := newPairConfig(t, ContextConfig{TLS: "posix,self"})
-			if _, ok := findPosixFIFO(p.b.Address(), mustHaveName(t, p.b.Address())); !ok {
+	for _, c := range []struct{ transport, mode string }{{"posix", "die"}, {"posix", "stop"}, {"sysv", "die"}, {"sysv", "stop"}} {
+		mode := c.mode
+		t.Run(c.transport+"/"+mode, func(t *testing.T) {
+			p := newPairConfig(t, ContextConfig{TLS: c.transport + ",self"})
+			if _, ok := findPosixFIFO(p.b.Address(), mustHaveName(t, p.b.Address())); !ok && c.transport == "posix" {
 				t.Skip("this UCX names its posix FIFO without procfs (UCX_POSIX_USE_PROC_LINK=n)")
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -134,7 +154,7 @@ func TestL12_UCXWorkerReadsOnPastAnElementADeadWriterLeft(t *testing.T) {
 			require.NoError(t, p.ab.TagSendBytes([]byte("warm"), 1).Wait(ctx))
 			require.NoError(t, warm.Wait(ctx))
 
-			claimer := startFIFOClaimer(t, p.b, mode)
+			claimer := startFIFOClaimer(t, p.b, c.transport, mode)
 			sent := time.Now()
 			recv := p.b.TagRecvBytes(p.ba, 64, 2, ^uint64(0))
 			require.NoError(t, p.ab.TagSendBytes([]byte("after the claim"), 2).Wait(ctx))

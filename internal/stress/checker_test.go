@@ -37,6 +37,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"slot too small", Config{SlotBytes: 100}, "SlotBytes"},
 		{"freeze shorter than the progress deadline", Config{FreezeFor: time.Second, ProgressDeadline: 2 * time.Second}, "FreezeFor"},
 		{"loss over half the packets", Config{LossPercent: 60}, "LossPercent"},
+		{"a third prefill process to hang", Config{HungPeerFirst: 2}, "HungPeerFirst"},
 		{"negative drain deadline", Config{DrainFor: -time.Second}, "DrainFor"},
 		{"negative dead-peer bound", Config{DeadPeerBound: -time.Second}, "DeadPeerBound"},
 		{"dead-peer without lost-peer", Config{Faults: []Fault{FaultDeadPeer}}, "Faults"},

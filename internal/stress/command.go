@@ -48,6 +48,7 @@ func Command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&cfg.DeadPeerBound, "dead-peer-bound", DefaultDeadPeerBound, "a request to a peer known dead must fail within this (fault dead-peer)")
 	fs.DurationVar(&cfg.FrozenSeenSlack, "frozen-seen-slack", DefaultFrozenSeenSlack, "a freeze with one path in flight must be seen within the progress deadline plus this (fault freeze-paths)")
 	fs.IntVar(&cfg.LossPercent, "loss", DefaultLossPercent, "percent of packets the lossy link drops (fault partition)")
+	fs.IntVar(&cfg.HungPeerFirst, "hung-peer-first", 0, "--processes: the prefill process (0 or 1) the first hung peer stops; 1 is the direct route's TP=1 sender (fault hung-peer)")
 	maxHeapMiB := fs.Uint64("max-heap-mib", DefaultMaxHeapBytes>>20, "heap bound, MiB")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
 	processes := fs.Bool("processes", false, "run the prefill side as two peer processes over UCX (SIGSTOP, SIGKILL) instead of in-process engines")

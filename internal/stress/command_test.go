@@ -25,6 +25,7 @@ func TestCommandRefusesBadInput(t *testing.T) {
 		{"impossible config", []string{"--cancel-fraction", "2"}, "CancelFraction"},
 		{"unknown path", []string{"--paths", "staging,rdma"}, "rdma"},
 		{"loss past half the packets", []string{"--loss", "90"}, "LossPercent"},
+		{"a prefill process that is not there", []string{"--hung-peer-first", "-1"}, "HungPeerFirst"},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {

@@ -210,6 +210,10 @@ type Config struct {
 	// LossPercent is the share of packets the lossy link drops at random (fault partition).
 	// Default 3; at most 50.
 	LossPercent int
+	// HungPeerFirst is the prefill process the first cycle's hung peer stops (fault hung-peer):
+	// 0 (the default) or 1; later cycles take the other in turn. Prefill 1 is the direct
+	// route's TP=1 sender, so 1 puts the direct path's receives in the first hang.
+	HungPeerFirst int
 	// Faults lists the faults to inject. Default (nil): AllFaults. Use NoFaults for none.
 	Faults []Fault
 	// NoFaults turns every fault off (Faults is then ignored).
@@ -375,6 +379,8 @@ func (c Config) validate() error {
 		return bad("Duration", c.Duration, "must be at least 2s")
 	case c.LossPercent < 0 || c.LossPercent > 50:
 		return bad("LossPercent", c.LossPercent, "must be between 1 and 50")
+	case c.HungPeerFirst < 0 || c.HungPeerFirst > 1:
+		return bad("HungPeerFirst", c.HungPeerFirst, "must be 0 or 1 (a prefill process)")
 	case len(c.Routes) == 0:
 		return bad("Routes", c.Routes, "needs at least one route")
 	case c.has(FaultDeadPeer) && !c.has(FaultLostPeer):

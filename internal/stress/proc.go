@@ -388,7 +388,7 @@ func (ps *procSoak) schedule(ctx context.Context) {
 			if !sleepUntil(ctx, base.Add(c*57/100)) {
 				return
 			}
-			ps.hangPeer(k % 2)
+			ps.hangPeer((k + ps.cfg.HungPeerFirst) % 2)
 		}
 		if ps.cfg.has(FaultRestart) {
 			if !sleepUntil(ctx, base.Add(c*70/100)) {

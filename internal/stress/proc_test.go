@@ -111,33 +111,39 @@ func TestProcessSoak_RequestsToADeadPeerFailWithinTheBound(t *testing.T) {
 // supervisor kills a hung pod, and started again. Decode must end every one of those handles
 // within the loss bound after the kill, and poison nothing of theirs once it heard the peer
 // was lost. Before a transfer already aborting resolved on its peer's loss (2026-11-29), the
-// quarantined rma-send handles waited out their quarantine, decode's blocks held. The
-// first cycle hangs prefill 0, so the rows take its routes, TP=1 only: TP=2 halves take the
-// direct path, where a receive from the hung sender at times outlives its death (open:
-// docs/stress.md, "The hung peer").
+// quarantined rma-send handles waited out their quarantine, decode's blocks held. The rows
+// are TP=1, each hanging the prefill process its routes take: prefill 0 for the RMA routes,
+// prefill 1 for the direct route, whose IOV receives, where they had matched the hung sender's
+// rendezvous, stayed with UCX after its death and were poisoned before the dead peer's sysv
+// FIFO was emptied (2026-11-29; docs/stress.md, "The hung peer").
 func TestL9_ProcessSoakHungPeerKilledLeavesDecodeNothingPoisoned(t *testing.T) {
 	for _, c := range []struct {
 		desc        string
 		routes      []Route
 		concurrency int
+		hung        int  // the prefill process hung (Config.HungPeerFirst)
+		large       bool // the most blocks a request has, to be read when the peer stops
 		// needQuarantined: the row is there for the transfers in quarantine at the kill. Only
-		// an RMA send being read when the peer stops quarantines (1 to 27 of 125 here, fewest
-		// under -race), so a run that caught none checked nothing the fix changed, and the
+		// an RMA send being read when the peer stops, or a direct receive that matched its
+		// message, quarantines (1 to 27 RMA sends of 125 here, fewest under -race; 0 to 23
+		// direct receives), so a run that caught none checked nothing the fix changed, and the
 		// row runs again, three runs at most.
 		needQuarantined bool
 	}{
-		{"rma-send: decode the RMA sender the hung process reads", []Route{RouteRMASend}, 64, true},
-		{"every route of the hung process", []Route{RoutePull, RouteRMA, RouteCMA, RouteRMASend}, 32, false},
+		{"rma-send: decode the RMA sender the hung process reads", []Route{RouteRMASend}, 64, 0, true, true},
+		{"direct: decode receives from the hung process", []Route{RouteDirect}, 32, 1, false, true},
+		{"every route of the hung process", []Route{RoutePull, RouteRMA, RouteCMA, RouteRMASend}, 32, 0, false, false},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			cfg := shortSoak(10 * time.Second)
 			cfg.Concurrency, cfg.MaxConcurrent = c.concurrency, c.concurrency
-			if c.needQuarantined {
-				cfg.LargeFraction = 1 // the most blocks a request has, to be read when the peer stops
+			if c.large {
+				cfg.LargeFraction = 1
 			}
 			cfg.Faults = []Fault{FaultHungPeer}
 			cfg.Routes = c.routes
 			cfg.TPFraction = 1e-9
+			cfg.HungPeerFirst = c.hung
 			if testing.Verbose() {
 				cfg.Logger = zap.NewExample()
 			}
@@ -163,7 +169,7 @@ func TestL9_ProcessSoakHungPeerKilledLeavesDecodeNothingPoisoned(t *testing.T) {
 			if c.needQuarantined && rep.HungPeerQuarantined == 0 {
 				// About one run in three catches none (fewest under -race): three in a row is rare,
 				// and says nothing about the fix either way.
-				t.Skip("no RMA send was in quarantine at the kill in three runs: nothing the fix changed was checked")
+				t.Skip("no transfer was in quarantine at the kill in three runs: nothing the fix changed was checked")
 			}
 		})
 	}
