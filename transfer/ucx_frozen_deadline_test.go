@@ -41,6 +41,9 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 	bin := peerproc.BuildEnginePeer(t)
 	ids := seqBlocks(0, blocks)
 	want := newUCXKV(t, engineDims(blocks), layout.BlockMajor, ids, 5).mem // enginepeer's -seed (ucxPeerArgs)
+	// Each row has its own engine and peer process, and mostly waits: a few at once.
+	rows := newRowGroup(t, ucxRowsAtOnce)
+	defer rows.wait()
 	for _, tr := range ucxTransports {
 		for _, pc := range ucxCancelPaths {
 			if pc.shmOnly && tr.name != "shm" {
@@ -48,7 +51,7 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 			}
 			for _, c := range []struct{ frozen, then string }{{"sender", "killed"}, {"receiver", "killed"}, {"sender", "resumed"}, {"receiver", "resumed"}, {"sender", "closed"}, {"receiver", "closed"}} {
 				frozen := c.frozen
-				t.Run(tr.name+"/"+pc.name+"/frozen "+frozen+"/"+c.then, func(t *testing.T) {
+				rows.run(tr.name+"/"+pc.name+"/frozen "+frozen+"/"+c.then, func(t *testing.T) {
 					if tr.name == "tcp" && c.then == "closed" {
 						// A close with the peer frozen is Close's forced path, the same over TCP
 						// (all 8 passed, 2026-11-29); shared memory, where UCX holds what a frozen

@@ -33,13 +33,16 @@ func TestL9_UCXPeerKilledMidTransferOnEveryPath(t *testing.T) {
 	bin := peerproc.BuildEnginePeer(t)
 	ids := seqBlocks(0, blocks)
 	want := newUCXKV(t, engineDims(blocks), layout.BlockMajor, ids, 5).mem // enginepeer's -seed (ucxPeerArgs)
+	// Each row has its own engine and peer process, and mostly waits: a few at once.
+	rows := newRowGroup(t, ucxRowsAtOnce)
+	defer rows.wait()
 	for _, tr := range ucxTransports {
 		for _, pc := range ucxCancelPaths {
 			if pc.shmOnly && tr.name != "shm" {
 				continue
 			}
 			for _, killed := range []string{"sender", "receiver"} {
-				t.Run(tr.name+"/"+pc.name+"/killed "+killed, func(t *testing.T) {
+				rows.run(tr.name+"/"+pc.name+"/killed "+killed, func(t *testing.T) {
 					if tr.name == "tcp" && killed == "receiver" && (pc.name == "pull" || pc.name == "rma") {
 						// This engine serves the dead receiver's gets through UCX's emulation over
 						// TCP: UCX 1.13 aborts the process (uct_tcp_ep_pending_purge: stubs.c
