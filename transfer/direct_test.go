@@ -280,8 +280,11 @@ func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
 		{"quarantine timeout", false},
 		{"engine closed", true},
 	}
+	// Each case has its own network and engines, and waits for its quarantine and Close: both at once.
+	rows := newRowGroup(t, len(cases))
+	defer rows.wait()
 	for _, c := range cases {
-		t.Run(c.desc, func(t *testing.T) {
+		rows.run(c.desc, func(t *testing.T) {
 			src, dst := pools(t, 5)
 			cfg := directConfig()
 			dcfg := cfg
