@@ -3,7 +3,9 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
+	"crypto/subtle"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -203,3 +205,13 @@ func (g *rowGroup) run(name string, f func(t *testing.T)) {
 
 // wait returns once every row started has ended.
 func (g *rowGroup) wait() { g.rows.Wait() }
+
+// flipEveryByte inverts every byte of b, a word at a time (crypto/subtle's XOR): a byte loop
+// over a 256 MiB pool takes seconds of CPU under -race.
+func flipEveryByte(b []byte) {
+	ones := bytes.Repeat([]byte{0xff}, 1<<20)
+	for off := 0; off < len(b); off += len(ones) {
+		n := min(len(ones), len(b)-off)
+		subtle.XORBytes(b[off:off+n], b[off:off+n], ones[:n])
+	}
+}

@@ -3,7 +3,9 @@
 package transfer
 
 import (
+	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -59,4 +61,20 @@ func TestRowGroupRunsItsWidthOfRowsAtOnce(t *testing.T) {
 			}
 			return out
 		}())
+}
+
+// TestFlipEveryByteInvertsEachByteOnce: flipEveryByte inverts every byte of a buffer that is
+// not a whole number of its steps, as a byte loop does, and twice gives the buffer back.
+func TestFlipEveryByteInvertsEachByteOnce(t *testing.T) {
+	b := make([]byte, 3<<20+5)
+	_, _ = rand.NewChaCha8([32]byte{7}).Read(b)
+	want := make([]byte, len(b))
+	for i := range b {
+		want[i] = ^b[i]
+	}
+	orig := bytes.Clone(b)
+	flipEveryByte(b)
+	require.True(t, bytes.Equal(want, b), "every byte inverted")
+	flipEveryByte(b)
+	require.True(t, bytes.Equal(orig, b), "twice: the buffer back")
 }
