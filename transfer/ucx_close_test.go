@@ -25,14 +25,11 @@ func TestL1_UCXCloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 	// closePaths are mem's too; CMA (process_vm_readv of pools the test mapped and registered)
 	// exists only over UCX shared memory.
 	cma := closePath{name: "CMA", cfg: func(*Config) {}, path: PathRMA}
-	// Each row has its own engines, and waits for its transfers and Close: a few at once.
-	rows := newRowGroup(t, ucxRowsAtOnce)
-	defer rows.wait()
 	for _, tr := range ucxTransports {
 		for _, pc := range append(closePaths[:len(closePaths):len(closePaths)], cma) {
 			for _, closeSender := range []bool{true, false} {
 				side := map[bool]string{true: "sender", false: "receiver"}[closeSender]
-				rows.run(tr.name+"/"+pc.name+"/close the "+side, func(t *testing.T) {
+				t.Run(tr.name+"/"+pc.name+"/close the "+side, func(t *testing.T) {
 					if tr.name == "tcp" && (pc.path == PathRMA || pc.pull) {
 						// Gets over TCP are UCX's emulation (RMAWhereEmulated, off by default): UCX
 						// 1.13 aborted the whole test process in its get handler ("Fatal: unexpected
