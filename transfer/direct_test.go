@@ -280,8 +280,11 @@ func TestL9_DirectUnknownQuiescenceNeverQuiescesTheCallersBlocks(t *testing.T) {
 		{"quarantine timeout", false},
 		{"engine closed", true},
 	}
+	// Each case has its own network and engines, and waits for its quarantine and Close: both at once.
+	rows := newRowGroup(t, len(cases))
+	defer rows.wait()
 	for _, c := range cases {
-		t.Run(c.desc, func(t *testing.T) {
+		rows.run(c.desc, func(t *testing.T) {
 			src, dst := pools(t, 5)
 			cfg := directConfig()
 			dcfg := cfg
@@ -462,8 +465,10 @@ func TestCloseTakesQueuedCompletionsBeforePoisoning(t *testing.T) {
 		cfg := directConfig()
 		cfg.TransferTimeout, cfg.Tuning.QuarantineTimeout = time.Minute, time.Minute
 		// Close waits an eighth of CloseTimeout for operations to end before it closes the
-		// connections (settleBeforeGoodbye), and these never end: 30 s made each round 3.8 s.
-		cfg.CloseTimeout = 8 * time.Second
+		// connections (settleBeforeGoodbye), and these never end: 30 s made each round 3.8 s,
+		// 8 s 1 s. 4 s leaves Close's end share (the handles' verdicts after the force close)
+		// more than 3 s.
+		cfg.CloseTimeout = 4 * time.Second
 		cfg.MaxConcurrent = perRound
 		p, w := directPair(t, cfg, cfg, src, dst)
 		w.fault = mem.Fault{Hang: true} // on the wire until the force close ends it, memory done

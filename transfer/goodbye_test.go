@@ -132,8 +132,11 @@ func TestGoodbyeOnlyToPeersThatTakeIt(t *testing.T) {
 		{"a wire-3 peer", old, false},
 		{"a wire-4 peer without the feature", speech{min: wire.MinVersion, max: wire.Version, features: wire.KnownFeatures &^ wire.FeatureGoodbye}, false},
 	}
+	// Each case has its own network and engines, and waits out its Close's settle: all at once.
+	rows := newRowGroup(t, len(cases))
+	defer rows.wait()
 	for _, c := range cases {
-		t.Run(c.desc, func(t *testing.T) {
+		rows.run(c.desc, func(t *testing.T) {
 			n := mem.NewNetwork()
 			n.SetFault(dataOnly(mem.Fault{Hang: true}))
 			leaving, err := New(n.Transport("prefill"), fastConfig())

@@ -3,8 +3,11 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
+	"crypto/subtle"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -168,5 +171,47 @@ func waitQuiesced(t testing.TB, h *Handle, d time.Duration) {
 	case <-h.Quiesced():
 	case <-time.After(d):
 		t.Fatalf("request %d not quiesced within %v: %+v", h.ID(), d, h.Status())
+	}
+}
+
+// rowGroup runs a test's rows a few at a time, each a subtest on a goroutine of its own
+// (t.Run may be called from several goroutines): rows that mostly wait, on a peer process, a
+// deadline or a grace, overlap their waits, and the test takes less wall time for the same
+// checks. A row in a group must hold its own engines and peers and share nothing it changes
+// (no t.Setenv, no package state). Its width is the group's, not go test's -parallel (the
+// host's cores, for t.Parallel), and its rows run while the parent's loop goes on: the
+// parent defers wait, so that every row ends before the parent does.
+type rowGroup struct {
+	t     *testing.T
+	slots chan struct{}
+	rows  sync.WaitGroup
+}
+
+// newRowGroup is a group of t's rows, width at once.
+func newRowGroup(t *testing.T, width int) *rowGroup {
+	return &rowGroup{t: t, slots: make(chan struct{}, width)}
+}
+
+// run starts row f as the subtest name once fewer than the width run, and returns.
+func (g *rowGroup) run(name string, f func(t *testing.T)) {
+	g.slots <- struct{}{}
+	g.rows.Add(1)
+	go func() {
+		defer g.rows.Done()
+		defer func() { <-g.slots }()
+		g.t.Run(name, f)
+	}()
+}
+
+// wait returns once every row started has ended.
+func (g *rowGroup) wait() { g.rows.Wait() }
+
+// flipEveryByte inverts every byte of b, a word at a time (crypto/subtle's XOR): a byte loop
+// over a 256 MiB pool takes seconds of CPU under -race.
+func flipEveryByte(b []byte) {
+	ones := bytes.Repeat([]byte{0xff}, 1<<20)
+	for off := 0; off < len(b); off += len(ones) {
+		n := min(len(ones), len(b)-off)
+		subtle.XORBytes(b[off:off+n], b[off:off+n], ones[:n])
 	}
 }

@@ -68,9 +68,7 @@ func TestUCXRMA_SenderReusesBlocksMidReadFailsTheReceiver(t *testing.T) {
 			ucxhooks.Hooks.InjectPeerLost(src.tr, dst.tr.Self(), fmt.Errorf("%w: false alarm", ErrPeerLost))
 			waitQuiesced(t, hs, 20*time.Second)
 			require.Equal(t, Failed, hs.Status().State, "%v", hs.Status().Err)
-			for i := range s.mem { // the caller reuses its blocks, as Quiesced allows
-				s.mem[i] = ^s.mem[i]
-			}
+			flipEveryByte(s.mem) // the caller reuses its blocks, as Quiesced allows
 			close(release)
 			require.NoError(t, <-held)
 			waitQuiesced(t, hr, 30*time.Second)

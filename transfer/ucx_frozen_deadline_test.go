@@ -7,7 +7,6 @@ package transfer
 import (
 	"bytes"
 	"errors"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -42,6 +41,9 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 	bin := peerproc.BuildEnginePeer(t)
 	ids := seqBlocks(0, blocks)
 	want := newUCXKV(t, engineDims(blocks), layout.BlockMajor, ids, 5).mem // enginepeer's -seed (ucxPeerArgs)
+	// Each row has its own engine and peer process, and mostly waits: a few at once.
+	rows := newRowGroup(t, ucxRowsAtOnce)
+	defer rows.wait()
 	for _, tr := range ucxTransports {
 		for _, pc := range ucxCancelPaths {
 			if pc.shmOnly && tr.name != "shm" {
@@ -49,7 +51,7 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 			}
 			for _, c := range []struct{ frozen, then string }{{"sender", "killed"}, {"receiver", "killed"}, {"sender", "resumed"}, {"receiver", "resumed"}, {"sender", "closed"}, {"receiver", "closed"}} {
 				frozen := c.frozen
-				t.Run(tr.name+"/"+pc.name+"/frozen "+frozen+"/"+c.then, func(t *testing.T) {
+				rows.run(tr.name+"/"+pc.name+"/frozen "+frozen+"/"+c.then, func(t *testing.T) {
 					if tr.name == "tcp" && c.then == "closed" {
 						// A close with the peer frozen is Close's forced path, the same over TCP
 						// (all 8 passed, 2026-11-29); shared memory, where UCX holds what a frozen
@@ -70,53 +72,21 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 					}
 					cfg := ucxPeerTestConfig()
 					cfg.ProgressDeadline = 200 * time.Millisecond
-					cfg.Tuning.DirectChunkBytes = 4 << 20
 					// The kill comes after the deadline's abort, within the quarantine: long
 					// enough that poison, if any, would be the engine's choice, not the clock's.
 					cfg.Tuning.QuarantineTimeout = 30 * time.Second
-					pc.cfg(&cfg)
-					local := newUCXEngine(t, tr.tls, tr.dev, cfg)
-					mode, localSends := "engine-send", false
-					if frozen == "receiver" {
-						mode, localSends = "engine-recv", true
-					}
-					args := append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 710, 120*time.Second), "-direct-chunk", strconv.Itoa(4<<20))
-					args = append(args, pc.peer...)
-					if localSends {
-						args = append(args, "-freeze") // it stops itself at its first bytes
-					}
+					localSends := frozen == "receiver"
+					var peerFlags []string
 					if c.then == "resumed" {
-						args = append(args, "-quiesce-bound", "20s") // its own verdict, once resumed
+						peerFlags = []string{"-quiesce-bound", "20s"} // its own verdict, once resumed
 					}
-					peer := peerproc.Start(t, bin, args...)
+					m := startMidTransfer(t, bin, tr.tls, tr.dev, pc, cfg, localSends, 710, want, deadline, peerFlags...)
+					local, peer, k, h := m.local, m.peer, m.k, m.h
 					defer func() { _ = peer.Cmd.Process.Signal(syscall.SIGKILL) }()
-					peer.Connect(t, string(local.tr.Self()))
-					k := pc.kv(t, local, engineDims(blocks), ids, 0)
-					if localSends {
-						copy(k.mem, want)
-					}
-					spec := Spec{ID: 710, Peer: Peer(peer.Addr), Plan: k.plan, Pool: k.mem, Timeout: deadline}
-					var h *Handle
-					var err error
-					if localSends {
-						h, err = local.e.Send(bg, spec)
-						require.NoError(t, err)
-						if peer.Expect(t, "FREEZE ", 60*time.Second) == "missed" {
-							waitQuiesced(t, h, 30*time.Second)
-							t.Skip("the request ended before the peer's first bytes were seen: nothing to check")
-						}
-					} else {
-						h, err = local.e.Receive(bg, spec)
-						require.NoError(t, err)
-						require.Eventually(t, func() bool { return h.Status().Bytes > 0 || isClosed(h.Done()) }, 60*time.Second, 20*time.Microsecond,
-							"bytes moving")
-						if isClosed(h.Done()) {
-							t.Skip("the request ended before any byte was seen here: nothing to check")
-						}
+					if !localSends { // the sending peer stops now (a receiving one stopped itself at its first bytes)
 						peer.Signal(t, syscall.SIGSTOP)
 					}
 					froze := time.Now()
-					require.Equal(t, pc.want, h.Path())
 					select { // the deadline ends it (or, a reader of the stopped sender's pool, every byte)
 					case <-h.Done():
 					case <-time.After(deadline + 20*time.Second):

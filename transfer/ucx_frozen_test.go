@@ -31,8 +31,11 @@ import (
 func TestL12_UCXFrozenPeerTurnsTheOtherSideUnhealthyOnEveryPath(t *testing.T) {
 	const blocks = 32 // 64 MiB, in 4 MiB gets or messages: far more than moves before the freeze
 	bin := peerproc.BuildEnginePeer(t)
+	// Each transport has its own peer process, and its cases mostly wait: both at once.
+	rows := newRowGroup(t, len(ucxTransports))
+	defer rows.wait()
 	for _, tr := range ucxTransports {
-		t.Run(tr.name, func(t *testing.T) {
+		rows.run(tr.name, func(t *testing.T) {
 			peer := peerproc.StartServing(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-recv", blocks, 0, 120*time.Second)...)
 			want := newUCXKV(t, engineDims(blocks), layout.BlockMajor, seqBlocks(0, blocks), 5).mem // enginepeer's -seed (ucxPeerArgs)
 			id := RequestID(600)

@@ -7,7 +7,6 @@ package transfer
 import (
 	"bytes"
 	"errors"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -34,13 +33,16 @@ func TestL9_UCXPeerKilledMidTransferOnEveryPath(t *testing.T) {
 	bin := peerproc.BuildEnginePeer(t)
 	ids := seqBlocks(0, blocks)
 	want := newUCXKV(t, engineDims(blocks), layout.BlockMajor, ids, 5).mem // enginepeer's -seed (ucxPeerArgs)
+	// Each row has its own engine and peer process, and mostly waits: a few at once.
+	rows := newRowGroup(t, ucxRowsAtOnce)
+	defer rows.wait()
 	for _, tr := range ucxTransports {
 		for _, pc := range ucxCancelPaths {
 			if pc.shmOnly && tr.name != "shm" {
 				continue
 			}
 			for _, killed := range []string{"sender", "receiver"} {
-				t.Run(tr.name+"/"+pc.name+"/killed "+killed, func(t *testing.T) {
+				rows.run(tr.name+"/"+pc.name+"/killed "+killed, func(t *testing.T) {
 					if tr.name == "tcp" && killed == "receiver" && (pc.name == "pull" || pc.name == "rma") {
 						// This engine serves the dead receiver's gets through UCX's emulation over
 						// TCP: UCX 1.13 aborts the process (uct_tcp_ep_pending_purge: stubs.c
@@ -53,54 +55,18 @@ func TestL9_UCXPeerKilledMidTransferOnEveryPath(t *testing.T) {
 						t.Skip(ucxEmulatedGetsSkip) // the same purge of the dead reader's replies, on UCX 1.22
 					}
 					cfg := ucxPeerTestConfig()
-					cfg.TransferTimeout = 60 * time.Second // the loss, not a deadline, ends it
-					cfg.Tuning.DirectChunkBytes = 4 << 20
+					cfg.TransferTimeout = 60 * time.Second          // the loss, not a deadline, ends it
 					cfg.Tuning.QuarantineTimeout = 15 * time.Second // a net for verdicts late under load
 					// The dead peer's operations end when UCX fails its endpoint and purges them:
 					// at load 6 to 15 a staging sender's sends ended after ucxTestConfig's 50 ms
 					// grace (quarantined 51 ms after the loss, CI on the 2-core VM). A send
 					// stranded for good still outlives 5 s, and is counted.
 					cfg.Tuning.CancelGrace = 5 * time.Second
-					pc.cfg(&cfg)
 					q := &quarantineCounter{}
 					cfg.Observer = q
-					local := newUCXEngine(t, tr.tls, tr.dev, cfg)
-					mode, localSends := "engine-send", false
-					if killed == "receiver" {
-						mode, localSends = "engine-recv", true
-					}
-					args := append(ucxPeerArgs(tr.tls, tr.dev, mode, blocks, 700, 120*time.Second), "-direct-chunk", strconv.Itoa(4<<20))
-					args = append(args, pc.peer...)
-					if localSends {
-						args = append(args, "-freeze")
-					}
-					peer := peerproc.Start(t, bin, args...)
-					defer func() { _ = peer.Cmd.Process.Signal(syscall.SIGCONT) }()
-					peer.Connect(t, string(local.tr.Self()))
-					k := pc.kv(t, local, engineDims(blocks), ids, 0)
-					if localSends {
-						copy(k.mem, want) // the bytes the peer checks
-					}
-					spec := Spec{ID: 700, Peer: Peer(peer.Addr), Plan: k.plan, Pool: k.mem}
-					var h *Handle
-					var err error
-					if localSends {
-						h, err = local.e.Send(bg, spec)
-						require.NoError(t, err)
-						if peer.Expect(t, "FREEZE ", 60*time.Second) == "missed" {
-							waitQuiesced(t, h, 30*time.Second)
-							t.Skip("the request ended before the peer's first bytes were seen: nothing to check")
-						}
-					} else {
-						h, err = local.e.Receive(bg, spec)
-						require.NoError(t, err)
-						require.Eventually(t, func() bool { return h.Status().Bytes > 0 || isClosed(h.Done()) }, 60*time.Second, 20*time.Microsecond,
-							"bytes moving (the peer fills its pool first: slow on a loaded box)")
-						if isClosed(h.Done()) {
-							t.Skip("the request ended before any byte was seen here: nothing to check")
-						}
-					}
-					require.Equal(t, pc.want, h.Path())
+					localSends := killed == "receiver"
+					m := startMidTransfer(t, bin, tr.tls, tr.dev, pc, cfg, localSends, 700, want, 0)
+					local, peer, k, h := m.local, m.peer, m.k, m.h
 					peer.Signal(t, syscall.SIGKILL)
 					killed := time.Now()
 					select {

@@ -104,9 +104,12 @@ func TestUCXTransport_TwoProcessesEveryByteChecked(t *testing.T) {
 func TestUCXTransport_PeerKilledOrFrozenMidTransfer(t *testing.T) {
 	const blocks = 256 // 512 MiB: far more than moves before the signal
 	bin := peerproc.BuildEnginePeer(t)
+	// Each row has its own engine and peer processes, and mostly waits: a few at once.
+	rows := newRowGroup(t, ucxBigRowsAtOnce)
+	defer rows.wait()
 	for _, tr := range ucxTransports {
 		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
-			t.Run(fmt.Sprintf("%s/%v", tr.name, sig), func(t *testing.T) {
+			rows.run(fmt.Sprintf("%s/%v", tr.name, sig), func(t *testing.T) {
 				cfg := ucxPeerTestConfig()
 				// The peer fills its 512 MiB pool before it sends: at load 22 on 2 cores that
 				// outlasted the 10 s queue phase, the Receive failed with no byte moved and the

@@ -23,8 +23,11 @@ import (
 // probe's messages stop arriving, Health turns unhealthy naming errTransportWedged, and turns
 // healthy again once they arrive. The probe's messages never reach the engine.
 func TestL12_UCXProbeReportsAWedgedReceiveQueue(t *testing.T) {
+	// Each transport has its own engine, and waits for its probe's timeout: both at once.
+	rows := newRowGroup(t, len(ucxTransports))
+	defer rows.wait()
 	for _, tr := range ucxTransports {
-		t.Run(tr.name, func(t *testing.T) {
+		rows.run(tr.name, func(t *testing.T) {
 			u := newUCXEngine(t, tr.tls, tr.dev, Config{SlotBytes: 1 << 20, MaxConcurrent: 2})
 			require.Eventually(t, func() bool { on, seen := ucxhooks.Hooks.ProbeSeen(u.tr); return on && seen >= 2 }, 10*time.Second, 10*time.Millisecond,
 				"the probe's messages arrive")

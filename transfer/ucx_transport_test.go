@@ -225,8 +225,11 @@ func TestUCXTransport_Request4096Tokens(t *testing.T) {
 func TestUCXTransport_SenderLostMidTransfer(t *testing.T) {
 	dims := layout.Dims{NumLayers: 8, KVFactor: 2, NumHeads: 8, HeadDim: 128, ElemSize: 2, TokensPerBlock: 16, NumBlocks: 128}
 	const stallAfter = 4 // chunks the sender sends before it stalls
+	// Each transport has its own engines, and waits for the loss: both at once.
+	rows := newRowGroup(t, len(ucxTransports))
+	defer rows.wait()
 	for _, tr := range ucxTransports {
-		t.Run(tr.name, func(t *testing.T) {
+		rows.run(tr.name, func(t *testing.T) {
 			cfg := ucxTestConfig()
 			cfg.TransferTimeout = 2 * time.Second
 			cfg.Tuning.DisablePull = true // the stall holds sends: the chunks must go as messages
