@@ -135,7 +135,10 @@ func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
 			if tc.wantPull {
 				require.Equal(t, chunks, k.count(wire.KindSlotReady), "every chunk announced once")
 				require.Equal(t, chunks, k.count(wire.KindSlotTaken), "every chunk taken once")
-				require.Equal(t, 1, k.count(wire.KindSlots))
+				// One Slots answer per request: a receiver whose request moved nothing within its
+				// retry timer asks again (a loaded host: ci26 saw 2), and the sender answers again.
+				require.Positive(t, k.count(wire.KindSlots))
+				require.LessOrEqual(t, k.count(wire.KindSlots), k.count(wire.KindRequestInfo), "at most one Slots answer per request")
 				gets := chunks
 				if tc.inPlace {
 					gets = 0 // the scatter read each slot where it lies
@@ -147,7 +150,9 @@ func TestPull_ChunksAreReadOutOfTheSendersSlots(t *testing.T) {
 				require.Zero(t, k.count(wire.KindSlotTaken))
 				require.Equal(t, chunks, k.count(wire.KindData))
 				if tc.wantOf {
-					require.Equal(t, 1, k.count(wire.KindSlots), "the decline")
+					// The decline, once, or again for a repeated request (as above).
+					require.Positive(t, k.count(wire.KindSlots), "the decline")
+					require.LessOrEqual(t, k.count(wire.KindSlots), k.count(wire.KindRequestInfo), "at most one decline per request")
 				} else {
 					require.Zero(t, k.count(wire.KindSlots))
 				}
