@@ -117,6 +117,19 @@ func (s *peerFIFOSeg) mapSeg() ([]byte, error) {
 	return syscall.Mmap(int(s.file.Fd()), 0, int(fi.Size()), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 }
 
+// view is the whole segment, for reading and writing, and how to let go of it: the
+// attachment a sysv record holds (detached with the record, by close), or a mapping of the
+// posix file made here for the caller (unmapped by release).
+func (s *peerFIFOSeg) view() (b []byte, release func(), err error) {
+	if s.shm != nil {
+		return s.shm, func() {}, nil
+	}
+	if b, err = s.mapSeg(); err != nil {
+		return nil, nil, err
+	}
+	return b, func() { _ = syscall.Munmap(b) }, nil
+}
+
 // gone reports whether the process that owned the FIFO has ended: no such pid any more, a
 // zombie or dead one, or a pid another process now holds. A process that cannot be read for
 // another reason counts as alive: emptying a live reader's FIFO would lose its messages.

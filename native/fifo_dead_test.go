@@ -107,10 +107,11 @@ func fakeFIFO(t *testing.T, pid int32, head, tail uint64) (mapping, []byte) {
 	return mappingOf(b), b
 }
 
-// posixWorker opens a context over posix and a worker on it, closed when the test ends.
-func posixWorker(t *testing.T) *Worker {
+// tlsWorker opens a context over tls ("posix,self", "sysv,self") and a worker on it, closed
+// when the test ends.
+func tlsWorker(t *testing.T, tls string) *Worker {
 	t.Helper()
-	uc, err := NewContext(ContextConfig{TLS: "posix,self"})
+	uc, err := NewContext(ContextConfig{TLS: tls})
 	require.NoError(t, err)
 	w, err := uc.NewWorker(WorkerConfig{})
 	require.NoError(t, err)
@@ -160,7 +161,7 @@ func TestFIFORelease_OnlyTheDeadPidsBlockAndOnlyPlausibleCounters(t *testing.T) 
 // segment's device and inode, this process's mappings), holds this pid where
 // kvx_ucx_mm_fifo_release reads it, and an idle FIFO's counters are equal.
 func TestFIFORelease_ReadsTheLayoutOfThisUCX(t *testing.T) {
-	w := posixWorker(t)
+	w := tlsWorker(t, "posix,self")
 	seg := recordPeerFIFO(w.Address(), w.Address())
 	require.NotNil(t, seg, "this UCX names its posix FIFO through procfs")
 	require.Equal(t, os.Getpid(), seg.pid)
@@ -189,7 +190,7 @@ func TestFIFORelease_ReadsTheLayoutOfThisUCX(t *testing.T) {
 // process no longer maps (UCX let go: the peer resumed), keeps one of a live peer, and looks
 // at most every fifoWatchEvery.
 func TestFIFOWatch_EmptiesTheDeadDropsTheUnmappedKeepsTheLive(t *testing.T) {
-	w := posixWorker(t)
+	w := tlsWorker(t, "posix,self")
 	live := recordPeerFIFO(w.Address(), w.Address()) // this process's own FIFO: mapped, alive
 	require.NotNil(t, live)
 	defer live.close()
@@ -274,7 +275,7 @@ func TestFIFOLayoutKnown_OnlyTheReleasesReadFrom(t *testing.T) {
 // process has open) is not recorded, so nothing of it is ever written; this process's own FIFO
 // named the same way is.
 func TestRecordPeerFIFO_OnlyASegmentOnTheDeviceOfOurOwn(t *testing.T) {
-	w := posixWorker(t)
+	w := tlsWorker(t, "posix,self")
 	local := w.Address()
 	withName := mustHaveName(t, local)
 	mine, ok := findPosixFIFO(local, withName)

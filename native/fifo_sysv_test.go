@@ -15,20 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sysvWorker opens a context over sysv and a worker on it, closed when the test ends.
-func sysvWorker(t *testing.T) *Worker {
-	t.Helper()
-	uc, err := NewContext(ContextConfig{TLS: "sysv,self"})
-	require.NoError(t, err)
-	w, err := uc.NewWorker(WorkerConfig{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, w.Close())
-		require.NoError(t, uc.Close())
-	})
-	return w
-}
-
 // testSegment makes a System V segment of n bytes whose FIFO control block names owner as
 // its reader (0: all zeros; none where it is too small to hold one), removed when the test
 // ends.
@@ -61,7 +47,7 @@ func withSysvSegment(t *testing.T, addr []byte, id uint64) []byte {
 // kvx_ucx_mm_fifo_release reads it, UCX maps it besides the record's own attachment, and an
 // idle FIFO's counters are equal.
 func TestRecordPeerSysvFIFO_ReadsTheLayoutOfThisUCX(t *testing.T) {
-	w := sysvWorker(t)
+	w := tlsWorker(t, "sysv,self")
 	seg := recordPeerSysvFIFO(w.Address(), w.Address())
 	require.NotNil(t, seg, "this worker's own sysv FIFO")
 	defer seg.close()
@@ -88,7 +74,7 @@ func TestRecordPeerSysvFIFO_ReadsTheLayoutOfThisUCX(t *testing.T) {
 // another process, one that does not exist, and a device address of another host are not
 // recorded, so nothing of them is ever written.
 func TestRecordPeerSysvFIFO_OnlyAFIFOOfTheProcessThatMadeIt(t *testing.T) {
-	w := sysvWorker(t)
+	w := tlsWorker(t, "sysv,self")
 	local := w.Address()
 	gone := testSegment(t, 4096, int32(os.Getpid()))
 	_, err := unix.SysvShmCtl(gone, unix.IPC_RMID, nil)
@@ -156,7 +142,7 @@ func TestPeerSysvFIFO_HeldOnlyWhileTheEndpointLives(t *testing.T) {
 // drops it once UCX no longer maps the segment (the record's own attachment does not count),
 // and keeps a live peer's.
 func TestFIFOWatch_SysvEmptiesTheDeadDropsTheUnmappedKeepsTheLive(t *testing.T) {
-	w := sysvWorker(t)
+	w := tlsWorker(t, "sysv,self")
 	live := recordPeerSysvFIFO(w.Address(), w.Address()) // this process's own FIFO: UCX maps it, alive
 	require.NotNil(t, live)
 	defer live.close()

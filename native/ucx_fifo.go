@@ -12,7 +12,6 @@ import "C"
 import (
 	"cmp"
 	"sync"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -53,15 +52,12 @@ func (ep *Endpoint) releaseDeadPeerFIFO() {
 // emptyDeadFIFO (loop only) empties the FIFO of s, a peer whose process is gone, through a
 // mapping of its own: the sysv segment s holds attached, or a mapping of the posix file.
 func (w *Worker) emptyDeadFIFO(s *peerFIFOSeg) {
-	b := s.shm
-	if b == nil {
-		var err error
-		if b, err = s.mapSeg(); err != nil {
-			w.log.Warn("ucx: cannot map a dead shared-memory peer's FIFO to empty it", zap.Int("pid", s.pid), zap.Error(err))
-			return
-		}
-		defer func() { _ = syscall.Munmap(b) }()
+	b, release, err := s.view()
+	if err != nil {
+		w.log.Warn("ucx: cannot map a dead shared-memory peer's FIFO to empty it", zap.Int("pid", s.pid), zap.Error(err))
+		return
 	}
+	defer release()
 	if n, ok := fifoRelease(mappingOf(b), s.pid, uint64(fifoSizeOnce())); ok && n > 0 {
 		w.log.Info("ucx: emptied the receive FIFO of a dead shared-memory peer", zap.Int("pid", s.pid),
 			zap.String("transport", cmp.Or(s.transport, "posix")), zap.Uint64("unread", n))
@@ -127,6 +123,7 @@ type ownFIFO struct {
 	set        bool // looked up (seg and b valid when found)
 	seg        *peerFIFOSeg
 	b          []byte // the FIFO segment, mapped or attached by this package (UCX's own mapping is UCX's)
+	release    func() // lets go of b (peerFIFOSeg.view)
 	size, elem uint64
 	next       time.Time // the next look (fifoWatchEvery)
 	stuck      uint64    // the element seen claimed and unwritten since since
@@ -152,13 +149,10 @@ func (o *ownFIFO) poll(w *Worker, record func(addr, local []byte) *peerFIFOSeg, 
 			o.close()
 			return
 		}
-		if o.b = o.seg.shm; o.b == nil {
-			b, err := o.seg.mapSeg()
-			if err != nil {
-				o.close()
-				return
-			}
-			o.b = b
+		var err error
+		if o.b, o.release, err = o.seg.view(); err != nil {
+			o.close()
+			return
 		}
 	}
 	idx, head, ok := fifoUnwritten(mappingOf(o.b), o.seg.pid, o.size, o.elem)
@@ -196,10 +190,10 @@ func (o *ownFIFO) poll(w *Worker, record func(addr, local []byte) *peerFIFOSeg, 
 // close unmaps the FIFO and lets go of its file (or detaches the sysv segment); the look is
 // over for good.
 func (o *ownFIFO) close() {
-	if o.b != nil && (o.seg == nil || o.seg.shm == nil) {
-		_ = syscall.Munmap(o.b)
+	if o.release != nil {
+		o.release()
 	}
-	o.b = nil
+	o.b, o.release = nil, nil
 	o.seg.close()
 	o.set, o.seg = true, nil
 }

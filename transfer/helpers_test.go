@@ -195,12 +195,10 @@ func newRowGroup(t *testing.T, width int) *rowGroup {
 // run starts row f as the subtest name once fewer than the width run, and returns.
 func (g *rowGroup) run(name string, f func(t *testing.T)) {
 	g.slots <- struct{}{}
-	g.rows.Add(1)
-	go func() {
-		defer g.rows.Done()
+	g.rows.Go(func() {
 		defer func() { <-g.slots }()
 		g.t.Run(name, f)
-	}()
+	})
 }
 
 // wait returns once every row started has ended.

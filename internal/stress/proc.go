@@ -529,7 +529,7 @@ func (ps *procSoak) killPeer(i int) {
 }
 
 // replacePeer starts prefill process i's incarnation gen and puts it in the peers' table, where
-// requests find it; a start that fails is a breach, what saying what the start was for.
+// requests find it; a start that fails is a breach, named by what (what the start was for).
 func (ps *procSoak) replacePeer(i, gen int, what string) bool {
 	fresh, err := ps.startPeer(i, gen)
 	if err != nil {
