@@ -5,6 +5,7 @@
 package native
 
 import (
+	"bufio"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -24,31 +25,53 @@ const addrChildEnv = "KVX_ADDRESS_CHILD"
 
 // TestAddressChild is the child side of connectInChild: it connects a fresh worker to the
 // address in addrChildEnv and says how that went. A crash inside UCX kills only this process.
+// With addrChildEnv "-" it says "ready", then connects the same worker to each address read
+// from its standard input, one hex line each (addressTable), until the input ends.
 func TestAddressChild(t *testing.T) {
 	h, ok := os.LookupEnv(addrChildEnv)
 	if !ok {
 		t.Skip("run by connectInChild only")
 	}
-	addr, err := hex.DecodeString(h)
-	require.NoError(t, err)
 	c, err := NewContext(ContextConfig{TLS: os.Getenv(addrChildEnv + "_TLS")})
 	require.NoError(t, err)
 	defer func() { _ = c.Close() }()
 	w, err := c.NewWorker(WorkerConfig{})
 	require.NoError(t, err)
 	defer func() { _ = w.Close() }()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, err = w.Connect(ctx, addr)
-	switch {
-	case errors.Is(err, ErrBadAddress):
-		fmt.Println("CHILD: refused:", err)
-	case err != nil:
-		fmt.Println("CHILD: failed:", err)
-	default:
-		fmt.Println("CHILD: connected")
+	connect := func(h string) {
+		addr, err := hex.DecodeString(h)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = w.Connect(ctx, addr)
+		switch {
+		case errors.Is(err, ErrBadAddress):
+			fmt.Println("CHILD: refused:", err)
+		case err != nil:
+			fmt.Println("CHILD: failed:", err)
+		default:
+			fmt.Println("CHILD: connected")
+		}
 	}
-	os.Exit(0) // what mattered is that UCX did not abort; an endpoint to garbage need not close
+	if h != "-" {
+		connect(h)
+		os.Exit(0) // what mattered is that UCX did not abort; an endpoint to garbage need not close
+	}
+	fmt.Println("CHILD: ready")
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<16), 1<<20)
+	for in.Scan() {
+		connect(in.Text())
+	}
+	os.Exit(0)
+}
+
+// addressTable is a tableChild of TestAddressChild's over tls, whose every line is an address
+// to connect to; owner is the table.
+func addressTable(owner testing.TB, tls string) *tableChild {
+	return &tableChild{start: func(t testing.TB) *rkeyChild {
+		return startLineChild(t, owner, "TestAddressChild", addrChildEnv+"=-", addrChildEnv+"_TLS="+tls)
+	}}
 }
 
 // connectInChild connects to addr from a child process and returns what it printed; a child
@@ -95,6 +118,7 @@ func TestConnectRefusesABadWorkerAddress(t *testing.T) {
 				}
 				return b
 			}
+			child := addressTable(t, tr.tls)
 			edit := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
 			for _, tc := range []struct {
 				desc string
@@ -112,11 +136,11 @@ func TestConnectRefusesABadWorkerAddress(t *testing.T) {
 				{"random, 4096 bytes", random(4096)},
 			} {
 				t.Run(tc.desc, func(t *testing.T) {
-					got := connectInChild(t, tr.tls, tc.addr)
+					got := child.ask(t, hex.EncodeToString(tc.addr), 2*time.Minute)
 					require.True(t, strings.HasPrefix(got, "refused:"), "the child: %s", got)
 				})
 			}
-			require.Equal(t, "connected", connectInChild(t, tr.tls, good))
+			require.Equal(t, "connected", child.ask(t, hex.EncodeToString(good), 2*time.Minute))
 		})
 	}
 }

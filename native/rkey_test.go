@@ -180,11 +180,26 @@ func (l *lockedBuffer) String() string {
 }
 
 // startRKeyChild starts a child and waits (at most a minute: a loaded host starts processes
-// slowly) until it is connected and ready.
+// slowly) until it is connected and ready. It lives until t ends.
 func startRKeyChild(t testing.TB, tls string, peer []byte) *rkeyChild {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRemoteKeyChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), rkeyChildEnv+"="+hex.EncodeToString(peer), rkeyChildEnv+"_TLS="+tls)
+	return startRKeyChildFor(t, t, tls, peer)
+}
+
+// startRKeyChildFor is startRKeyChild for a child that outlives t, the test that waits for it
+// to start: it lives until owner (t or one of t's parents) ends.
+func startRKeyChildFor(t, owner testing.TB, tls string, peer []byte) *rkeyChild {
+	t.Helper()
+	return startLineChild(t, owner, "TestRemoteKeyChild", rkeyChildEnv+"="+hex.EncodeToString(peer), rkeyChildEnv+"_TLS="+tls)
+}
+
+// startLineChild starts this test binary as a child running only test (a child side that takes
+// one input per line and answers each with a "CHILD: " line) with env added, and waits for its
+// "ready" line as startRKeyChild does.
+func startLineChild(t, owner testing.TB, test string, env ...string) *rkeyChild {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env...)
 	ch := &rkeyChild{cmd: cmd, lines: make(chan string, 1), output: &lockedBuffer{}}
 	var err error
 	ch.stdin, err = cmd.StdinPipe()
@@ -203,9 +218,50 @@ func startRKeyChild(t testing.TB, tls string, peer []byte) *rkeyChild {
 			}
 		}
 	}()
-	t.Cleanup(ch.stop)
+	owner.Cleanup(ch.stop)
 	require.Equal(t, "ready", ch.next(t, time.Minute), "the child did not start")
 	return ch
+}
+
+// tableChild serves the cases of one table from one child, started (by start) at the first
+// case and again after any case that failed (its child may have died on the input, or be stuck
+// in UCX), so a crash of one case still never hides the next, and the cases that pass share a
+// start. Starting a child (a -race test binary and a UCX context) costs about a second on the
+// 2-core CI host; a case, milliseconds.
+type tableChild struct {
+	start func(t testing.TB) *rkeyChild // a child that lives until the table ends
+	ch    *rkeyChild
+}
+
+// rkeyTable is a tableChild of TestRemoteKeyChild's, connected to peer; owner is the table.
+func rkeyTable(owner testing.TB, tls string, peer []byte) *tableChild {
+	return &tableChild{start: func(t testing.TB) *rkeyChild { return startRKeyChildFor(t, owner, tls, peer) }}
+}
+
+// try is rkeyChild.try in the table's child; t is the case.
+func (c *tableChild) try(t testing.TB, key []byte, op string) string {
+	t.Helper()
+	if op == "" {
+		op = "-"
+	}
+	return c.ask(t, fmt.Sprintf("%s %s", op, hex.EncodeToString(key)), 8*time.Second)
+}
+
+// ask sends the table's child one line and returns its answer, waiting at most d.
+func (c *tableChild) ask(t testing.TB, line string, d time.Duration) string {
+	t.Helper()
+	if c.ch == nil {
+		c.ch = c.start(t)
+	}
+	passed := false
+	defer func() {
+		if !passed || t.Failed() {
+			c.ch = nil // stopped when the table ends
+		}
+	}()
+	got := c.ch.ask(t, line, d)
+	passed = true
+	return got
 }
 
 // next is the child's next line, or fails the test when it died or said nothing within d.
@@ -229,9 +285,16 @@ func (ch *rkeyChild) next(t testing.TB, d time.Duration) string {
 // test with its output.
 func (ch *rkeyChild) try(t testing.TB, key []byte, op string) string {
 	t.Helper()
-	_, err := fmt.Fprintf(ch.stdin, "%s %s\n", op, hex.EncodeToString(key))
+	return ch.ask(t, fmt.Sprintf("%s %s", op, hex.EncodeToString(key)), 8*time.Second) // under the fuzzing worker's 10 s per input
+}
+
+// ask sends the child one line and returns its answer, waiting at most d; a child that is gone
+// or dies on the line fails the test with its output.
+func (ch *rkeyChild) ask(t testing.TB, line string, d time.Duration) string {
+	t.Helper()
+	_, err := fmt.Fprintf(ch.stdin, "%s\n", line)
 	require.NoError(t, err, "the child is gone:\n%s", ch.output)
-	return ch.next(t, 8*time.Second) // under the fuzzing worker's 10 s per input
+	return ch.next(t, d)
 }
 
 // stop ends the child: its standard input closes and it exits; killed if it does not.
@@ -250,17 +313,6 @@ func (ch *rkeyChild) stop() {
 		_ = ch.cmd.Process.Kill()
 		<-done
 	}
-}
-
-// unpackInChild unpacks key in a child process of its own (a crash of one case must not hide
-// the next), connected to the worker at peer (nil: one in the child), runs op there, and
-// returns what the child said.
-func unpackInChild(t testing.TB, tls string, peer, key []byte, op string) string {
-	t.Helper()
-	if op == "" {
-		op = "-"
-	}
-	return startRKeyChild(t, tls, peer).try(t, key, op)
 }
 
 // rkeyPeer is the parent side: a live worker (the peer a child connects to over shared memory)
@@ -455,6 +507,7 @@ func TestRemoteKey_ReadPastTheSegmentIsRefusedNotAFault(t *testing.T) {
 		t.Run(tr.name, func(t *testing.T) {
 			p := newRKeyPeer(t, tr.tls, tr.kind, 1<<20)
 			end := p.mem.Addr() + uint64(p.mem.Len())
+			child := rkeyTable(t, p.tls, p.addr)
 			for _, c := range []struct {
 				desc, op, want string
 			}{
@@ -464,7 +517,7 @@ func TestRemoteKey_ReadPastTheSegmentIsRefusedNotAFault(t *testing.T) {
 				{"a get from the last page to 1 MiB past the end", fmt.Sprintf("get:%x:%d", end-4096, 4096+1<<20), "get failed:"},
 			} {
 				t.Run(c.desc, func(t *testing.T) {
-					got := unpackInChild(t, p.tls, p.addr, p.key, c.op)
+					got := child.try(t, p.key, c.op)
 					require.True(t, strings.HasPrefix(got, c.want), "the child: %s", got)
 					if c.want == "get failed:" {
 						require.Contains(t, got, ErrOutOfBounds.Error())
@@ -657,14 +710,15 @@ func TestRemoteKey_RefusesABadKey(t *testing.T) {
 					{"an owner address whose segment end wraps", mapped(func(b []byte, at int) { binary.LittleEndian.PutUint64(b[at+4:], ^uint64(0)-4096) })},
 				}...)
 			}
+			child := rkeyTable(t, p.tls, p.addr)
 			for _, c := range cases {
 				t.Run(c.desc, func(t *testing.T) {
-					got := unpackInChild(t, p.tls, p.addr, c.key, "")
+					got := child.try(t, c.key, "")
 					t.Logf("the child: %s", got)
 					require.True(t, strings.HasPrefix(got, "refused:"), "the child: %s", got)
 				})
 			}
-			got := unpackInChild(t, p.tls, p.addr, good, "")
+			got := child.try(t, good, "")
 			want := "unpacked, mapped false read 0"
 			if p.kind != "" {
 				want = fmt.Sprintf("unpacked, mapped true read %d", p.mem.Len())
