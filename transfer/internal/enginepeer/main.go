@@ -343,8 +343,11 @@ func engineRequest(ctx context.Context, o options, eng *transfer.Engine, peer tr
 	return nil
 }
 
-// freezeMidway is -freeze: it stops this process (SIGSTOP) as soon as h has moved bytes and
-// is not done, printing "FREEZE stopped" first, or prints "FREEZE missed" when h ended first.
+// freezeMidway is -freeze: it stops this process (SIGSTOP) as soon as h has moved some bytes
+// but not all, printing "FREEZE stopped" first, or prints "FREEZE missed" when h ended first.
+// A receiver that already has every byte is not stopped: its end may be on the wire (an RMA
+// receiver sends Done right after its last get), and a sender completing on it while this
+// process is stopped would be told the truth, not held back by the freeze.
 // Once continued it prints "THAW <done>": whether h was done at that moment, which says the
 // request may have ended in the instant before the stop (a test then cannot tell what the
 // freeze held back).
@@ -360,7 +363,7 @@ func freezeMidway(ctx context.Context, h *transfer.Handle) error {
 			return fmt.Errorf("request %d moved no byte before its bound", h.ID())
 		case <-tick.C:
 		}
-		if h.Status().Bytes > 0 {
+		if st := h.Status(); st.Bytes > 0 && st.Bytes < st.Total {
 			break
 		}
 	}
