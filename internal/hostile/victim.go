@@ -224,13 +224,22 @@ func (v *victim) start(ctx context.Context) error {
 	if _, err := fmt.Sscanf(at, "%d %d", &poolAddr, &poolLen); err != nil {
 		return fmt.Errorf("POOL %q: %w", at, err)
 	}
-	// The third process, its canary where the peer's pool lies; and this process's.
-	if v.third, err = startLines(context.Background(), v.cfg.PeerBin, "-mode", "canary", "-at", fmt.Sprint(poolAddr), "-len", fmt.Sprint(poolLen)); err != nil {
-		return err
-	}
-	thirdPid, err := v.third.expect("CANARY ", 10*time.Second)
-	if err != nil {
-		return err
+	// The third process, its canary where the peer's pool lies; and this process's. That
+	// address is where the peer's layout put its pool, and now and then a new process has
+	// something of its own there (EEXIST: its heap, a library); another start has another
+	// layout, so a few are tried.
+	var thirdPid string
+	for try := 1; ; try++ {
+		if v.third, err = startLines(context.Background(), v.cfg.PeerBin, "-mode", "canary", "-at", fmt.Sprint(poolAddr), "-len", fmt.Sprint(poolLen)); err != nil {
+			return err
+		}
+		if thirdPid, err = v.third.expect("CANARY ", 10*time.Second); err == nil {
+			break
+		}
+		_ = v.third.child.Stop(time.Second, 5*time.Second) // it exits after its ERR
+		if try == 5 || !strings.Contains(err.Error(), unix.EEXIST.Error()) {
+			return err
+		}
 	}
 	if own, err := forgery.MapAt(uintptr(poolAddr), poolLen); err == nil {
 		v.own = own
