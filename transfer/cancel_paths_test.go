@@ -31,7 +31,7 @@ func TestL10_CancelOutcomeIsTruthfulOnEveryPath(t *testing.T) {
 	}
 	spec := func(t *testing.T, side closeSide, peer Peer, blocks []int32, seed uint64) Spec {
 		pool, plan := side.kv(t, blocks, seed)
-		return Spec{ID: 7, Peer: peer, Plan: plan, Pool: pool}
+		return side.spec(Spec{ID: 7, Peer: peer, Plan: plan}, pool)
 	}
 	phases := []phase{
 		{"asked by one side only", func(t *testing.T, src, dst closeSide, _ *mem.Network, cancelSender bool) (*Handle, *Handle) {

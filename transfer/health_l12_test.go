@@ -109,7 +109,8 @@ type memPath struct {
 
 // memPaths are the paths a mem.Network pair can take: staging through data messages, the pull
 // wire (the receiver's gets of the sender's slots), the direct path's IOV messages, its RMA
-// mode with gets, and the RMA mode read in place where the sender's pool is mapped here.
+// mode with gets, the RMA mode read in place where the sender's pool is mapped here, and
+// device pools (Spec.Device on a fakeDevice) moved by device gets or staged through Movers.
 func memPaths() []memPath {
 	direct := func(t *testing.T, scfg, rcfg Config, mapped bool, src, dst *kvPool) (*pair, func(RequestID) (*Handle, *Handle)) {
 		p, _ := directPair(t, scfg, rcfg, src, dst)
@@ -155,6 +156,17 @@ func memPaths() []memPath {
 			src, dst := rmaPools(t, 7)
 			return direct(t, scfg, rcfg, true, src, dst)
 		}, PathRMA, false},
+		{"device gets", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			for _, c := range []*Config{&scfg, &rcfg} {
+				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
+			}
+			src, dst := rmaPools(t, 8)
+			return devicePathPair(t, scfg, rcfg, true, src, dst)
+		}, PathRMA, false},
+		{"device staging", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			src, dst := pools(t, 9)
+			return devicePathPair(t, scfg, rcfg, false, src, dst)
+		}, PathStaging, false},
 	}
 }
 

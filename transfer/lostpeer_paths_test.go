@@ -42,9 +42,9 @@ func TestL9_PeerLostMidTransferOnEveryPath(t *testing.T) {
 					})
 					spool, splan := src.kv(t, seqBlocks(0, 16), 5)
 					dpool, dplan := dst.kv(t, seqBlocks(32, 16), 0)
-					hs, err := src.e.Send(bg, Spec{ID: 9, Peer: dst.self, Plan: splan, Pool: spool})
+					hs, err := src.e.Send(bg, src.spec(Spec{ID: 9, Peer: dst.self, Plan: splan}, spool))
 					require.NoError(t, err)
-					hr, err := dst.e.Receive(bg, Spec{ID: 9, Peer: src.self, Plan: dplan, Pool: dpool})
+					hr, err := dst.e.Receive(bg, dst.spec(Spec{ID: 9, Peer: src.self, Plan: dplan}, dpool))
 					require.NoError(t, err)
 					eventually(t, func() bool { return n.OnWire() > 0 }, "an operation hung on the wire")
 					require.Equal(t, pc.path, hr.Path(), "the transfer is on the path under test")
@@ -127,9 +127,9 @@ func TestL9_PeerLostWhileQuarantinedOnEveryPath(t *testing.T) {
 				} else {
 					rTimeout = deadline
 				}
-				hs, err := src.e.Send(bg, Spec{ID: 9, Peer: dst.self, Plan: splan, Pool: spool, Timeout: sTimeout})
+				hs, err := src.e.Send(bg, src.spec(Spec{ID: 9, Peer: dst.self, Plan: splan, Timeout: sTimeout}, spool))
 				require.NoError(t, err)
-				hr, err := dst.e.Receive(bg, Spec{ID: 9, Peer: src.self, Plan: dplan, Pool: dpool, Timeout: rTimeout})
+				hr, err := dst.e.Receive(bg, dst.spec(Spec{ID: 9, Peer: src.self, Plan: dplan, Timeout: rTimeout}, dpool))
 				require.NoError(t, err)
 				eventually(t, func() bool { return n.OnWire() > 0 }, "an operation hung on the wire")
 				require.Equal(t, pc.path, hr.Path(), "the transfer is on the path under test")
