@@ -84,6 +84,7 @@ func TestL10_FreeNowCancelFindsDoneAndQuiescedClosed(t *testing.T) {
 			require.True(t, isClosed(obs.entered), "the observer was stuck all along")
 			require.True(t, isClosed(h.Done()), "Cancel answered %v with Done open", out)
 			require.True(t, isClosed(h.Quiesced()), "Cancel answered %v with Quiesced open", out)
+			requireDeviceHolds(t, dst, h)
 
 			let()
 			final := map[CancelOutcome]State{CancelledBeforeAdvertise: Cancelled, AlreadyComplete: Completed}[c.want]

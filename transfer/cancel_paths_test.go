@@ -114,6 +114,14 @@ func TestL10_CancelOutcomeIsTruthfulOnEveryPath(t *testing.T) {
 						require.False(t, ost.BlocksPoisoned, "%+v", ost)
 					}
 					require.Equal(t, AlreadyComplete, e.Cancel(h.ID()), "a second cancel finds the transfer ended")
+					hSide, otherSide := dst, src
+					if cancelSender {
+						hSide, otherSide = src, dst
+					}
+					requireDeviceHolds(t, hSide, h)
+					if other != nil {
+						requireDeviceHolds(t, otherSide, other)
+					}
 					for _, eng := range []*Engine{src.e, dst.e} {
 						eventually(t, func() bool { st := eng.pool.Stats(); return st.Leased == 0 }, "every slot lease ended")
 						requireSlotsAccounted(t, eng)

@@ -176,6 +176,28 @@ type closeSide struct {
 	// device registers a pool from kv as device memory of the side's transport (a fakeDevice
 	// over mem): its Specs name it as Spec.Device. Nil: the pool is host memory, Spec.Pool.
 	device func(pool []byte) DevicePool
+	// deviceHolds counts the device registrations its transfers hold now (HoldDevice, taken
+	// on a transport with device gets only); nil where none are taken.
+	deviceHolds func() int64
+}
+
+// requireDeviceHolds checks, on a side whose transfers hold their device registrations, that
+// exactly the handles hs of that side not yet quiescent hold theirs: a handle lets go of its
+// device memory when Quiesced closes, and never while it may still be written (L9, L10).
+func requireDeviceHolds(t testing.TB, side closeSide, hs ...*Handle) {
+	t.Helper()
+	if side.deviceHolds == nil {
+		return
+	}
+	open := func() (n int64) {
+		for _, h := range hs {
+			if !isClosed(h.Quiesced()) {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, func() bool { return side.deviceHolds() == open() }, "a device registration held while, and only while, its handle is not quiescent")
 }
 
 // spec is s with the side's pool (from kv) in it, as Spec.Pool or, on a device side,
@@ -289,6 +311,16 @@ func closeMidTransfer(t *testing.T, src, dst closeSide, pc closePath, closeSende
 	for _, e := range []*Engine{src.e, dst.e} {
 		requireSlotsAccounted(t, e)
 	}
+	var sent, received []*Handle // closeMidTransfer appended each Send, then its Receive
+	for i, h := range hs {
+		if i%2 == 0 {
+			sent = append(sent, h)
+		} else {
+			received = append(received, h)
+		}
+	}
+	requireDeviceHolds(t, src, sent...)
+	requireDeviceHolds(t, dst, received...)
 	return hs
 }
 
@@ -354,7 +386,9 @@ func memPathSideOver(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg 
 	}}
 	if dev != nil {
 		side.device = dev.register
-		if pc.path == PathStaging {
+		if dev.gets {
+			side.deviceHolds = dev.holds.Load
+		} else {
 			side.mover = newHostMover
 		}
 	}

@@ -123,6 +123,9 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 	waitClosed(t, h2.Quiesced(), "the second claim's Receive quiesced")
 	requireState(t, h2, Failed, ErrAlreadyClaimed)
 	eventually(t, func() bool { return refusals.auth("claim", "claimed") >= 1 }, "the second claim counted")
+	requireDeviceHolds(t, src, hs)
+	requireDeviceHolds(t, dst, hr)
+	requireDeviceHolds(t, other) // its refused claims quiesced: nothing held
 	for _, e := range []*Engine{src.e, dst.e, other.e} {
 		requireSlotsAccounted(t, e)
 	}

@@ -91,6 +91,7 @@ func TestL9_PeerLostMidTransferOnEveryPath(t *testing.T) {
 					} else {
 						waitClosed(t, h.Quiesced(), "the survivor's blocks quiesced")
 					}
+					requireDeviceHolds(t, survivor, h) // a poisoned device pool stays held
 					eventually(t, func() bool { return survivor.e.Health().Numbers.InFlight == 0 }, "nothing left in flight")
 				})
 			}
@@ -157,6 +158,7 @@ func TestL9_PeerLostWhileQuarantinedOnEveryPath(t *testing.T) {
 				require.Equal(t, Failed, st.State, "%v", st.Err)
 				require.ErrorIs(t, st.Err, ErrDeadline)
 				require.False(t, st.BlocksPoisoned)
+				requireDeviceHolds(t, survivor, h)
 				eventually(t, func() bool { return survivor.e.pool.Stats().Leased == 0 }, "every slot lease ended")
 				requireSlotsAccounted(t, survivor.e)
 				require.Zero(t, survivor.e.pool.Stats().Poisoned, "slots poisoned")
