@@ -217,21 +217,24 @@ func (c closeSide) spec(s Spec, pool []byte) Spec {
 // closePath is one path closeMidTransfer runs on: cfg adds what picks it (over the transport's
 // own base configuration), in: the receiver reads the sender's memory where it is mapped;
 // device: the pools are device memory (Spec.Device) of a fakeDevice over mem, moved by its
-// device gets (path RMA) or, on a transport without them, staged through the Specs' Movers.
+// device gets (path RMA) or, on a transport without them, staged through the Specs' Movers;
+// declined: only the receivers' transports have device gets (the sender is the side named
+// "prefill" in every test of the table), so the sender declines the rma route and both stage.
 type closePath struct {
-	name   string
-	cfg    func(*Config)
-	path   Path
-	pull   bool
-	in     bool
-	device bool
+	name     string
+	cfg      func(*Config)
+	path     Path
+	pull     bool
+	in       bool
+	device   bool
+	declined bool
 }
 
 // closePaths are the paths a Close may find transfers on: the staging slots with the chunks as
 // messages or pulled (with gets, or read in place out of the sender's slot mapped here), the
 // one-copy paths (IOV messages, RMA gets, RMA ranges read in place), and device pools (device
-// gets, or staged through their Movers). The device rows run over mem only (memPathSide): a
-// real device needs a GPU, and the UCX tables skip them.
+// gets, staged through their Movers, or staged after the sender declined the gets). The device
+// rows run over mem only (memPathSide): a real device needs a GPU, and the UCX tables skip them.
 var closePaths = []closePath{
 	{name: "staging", cfg: func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, path: PathStaging},
 	{name: "pull", cfg: func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisableInPlaceReads = true, true }, path: PathStaging, pull: true},
@@ -241,6 +244,7 @@ var closePaths = []closePath{
 	{name: "RMA in place", cfg: func(*Config) {}, path: PathRMA, in: true},
 	{name: "device gets", cfg: func(*Config) {}, path: PathRMA, device: true},
 	{name: "device staging", cfg: func(c *Config) { c.Tuning.DisablePull = true }, path: PathStaging, device: true},
+	{name: "device staging after a decline", cfg: func(c *Config) { c.Tuning.DisablePull = true }, path: PathStaging, device: true, declined: true},
 }
 
 // closeMidTransfer starts transfers from src to dst, closes one engine (the sender's when
@@ -368,8 +372,9 @@ func memPathSideOver(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg 
 	case pc.device && wrap != nil:
 		t.Fatal("memPathSideOver: a wrapped transport has no device gets")
 	case pc.device:
-		// Device gets on the RMA row; none on the staging row, whose Movers then stage.
-		dev = &fakeDevice{Transport: tr, gets: pc.path == PathRMA}
+		// Device gets on the RMA row; none on the staging row, whose Movers then stage; on the
+		// receivers' only after a decline.
+		dev = &fakeDevice{Transport: tr, gets: pc.path == PathRMA || pc.declined && name != "prefill"}
 		engTr = dev
 	case wrap != nil:
 		engTr = wrap(tr)
@@ -388,7 +393,8 @@ func memPathSideOver(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg 
 		side.device = dev.register
 		if dev.gets {
 			side.deviceHolds = dev.holds.Load
-		} else {
+		}
+		if pc.path == PathStaging {
 			side.mover = newHostMover
 		}
 	}

@@ -133,15 +133,16 @@ func newDevicePair(t *testing.T, scfg, rcfg Config, srcGets, dstGets bool) (*dev
 }
 
 // devicePathPair is newDevicePair for memPaths: src and dst are device pools (Spec.Device) of
-// transports with device gets (path RMA), or without them, each Spec then with a host Mover
-// to stage through (path staging). start sends src to dst.
-func devicePathPair(t *testing.T, scfg, rcfg Config, gets bool, src, dst *kvPool) (*pair, func(RequestID) (hs, hr *Handle)) {
-	p, _ := newDevicePair(t, scfg, rcfg, gets, gets)
+// transports with device gets (path RMA), or without them on the sender's (srcGets false),
+// each Spec then with a host Mover to stage through (path staging; after the sender's decline
+// when the receiver's transport has device gets). start sends src to dst.
+func devicePathPair(t *testing.T, scfg, rcfg Config, srcGets, dstGets bool, src, dst *kvPool) (*pair, func(RequestID) (hs, hr *Handle)) {
+	p, _ := newDevicePair(t, scfg, rcfg, srcGets, dstGets)
 	sdev, ddev := p.srcT.register(src.mem), p.dstT.register(dst.mem)
 	return p.pair, func(id RequestID) (*Handle, *Handle) {
 		sspec := Spec{ID: id, Peer: "decode", Plan: src.plan, Device: sdev}
 		rspec := Spec{ID: id, Peer: "prefill", Plan: dst.plan, Device: ddev}
-		if !gets {
+		if !srcGets {
 			sspec.Mover, rspec.Mover = newHostMover(src.mem), newHostMover(dst.mem)
 		}
 		hs, err := p.src.Send(bg, sspec)
