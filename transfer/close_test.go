@@ -315,7 +315,7 @@ func closeMidTransfer(t *testing.T, src, dst closeSide, pc closePath, closeSende
 	for _, e := range []*Engine{src.e, dst.e} {
 		requireSlotsAccounted(t, e)
 	}
-	var sent, received []*Handle // closeMidTransfer appended each Send, then its Receive
+	var sent, received []*Handle // hs holds each Send, then its Receive
 	for i, h := range hs {
 		if i%2 == 0 {
 			sent = append(sent, h)
