@@ -27,9 +27,9 @@ func TestL10_FreeNowCancelFindsDoneAndQuiescedClosed(t *testing.T) {
 	completed := func(t *testing.T, src, dst closeSide, stuck <-chan struct{}) (*Handle, CancelOutcome) {
 		smem, splan := src.kv(t, seqBlocks(0, 4), 7)
 		dmem, dplan := dst.kv(t, seqBlocks(8, 4), 0)
-		_, err := src.e.Send(bg, Spec{ID: 1, Peer: dst.self, Plan: splan, Pool: smem})
+		_, err := src.e.Send(bg, src.spec(Spec{ID: 1, Peer: dst.self, Plan: splan}, smem))
 		require.NoError(t, err)
-		hr, err := dst.e.Receive(bg, Spec{ID: 1, Peer: src.self, Plan: dplan, Pool: dmem})
+		hr, err := dst.e.Receive(bg, dst.spec(Spec{ID: 1, Peer: src.self, Plan: dplan}, dmem))
 		require.NoError(t, err)
 		eventually(t, func() bool { return hr.Status().State == Completed }, "completed") // Status does not wait on the observer
 		waitClosed(t, stuck, "the observer held in its first callback")
@@ -84,6 +84,7 @@ func TestL10_FreeNowCancelFindsDoneAndQuiescedClosed(t *testing.T) {
 			require.True(t, isClosed(obs.entered), "the observer was stuck all along")
 			require.True(t, isClosed(h.Done()), "Cancel answered %v with Done open", out)
 			require.True(t, isClosed(h.Quiesced()), "Cancel answered %v with Quiesced open", out)
+			requireDeviceHolds(t, dst, h)
 
 			let()
 			final := map[CancelOutcome]State{CancelledBeforeAdvertise: Cancelled, AlreadyComplete: Completed}[c.want]

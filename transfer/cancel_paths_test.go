@@ -31,7 +31,7 @@ func TestL10_CancelOutcomeIsTruthfulOnEveryPath(t *testing.T) {
 	}
 	spec := func(t *testing.T, side closeSide, peer Peer, blocks []int32, seed uint64) Spec {
 		pool, plan := side.kv(t, blocks, seed)
-		return Spec{ID: 7, Peer: peer, Plan: plan, Pool: pool}
+		return side.spec(Spec{ID: 7, Peer: peer, Plan: plan}, pool)
 	}
 	phases := []phase{
 		{"asked by one side only", func(t *testing.T, src, dst closeSide, _ *mem.Network, cancelSender bool) (*Handle, *Handle) {
@@ -114,6 +114,14 @@ func TestL10_CancelOutcomeIsTruthfulOnEveryPath(t *testing.T) {
 						require.False(t, ost.BlocksPoisoned, "%+v", ost)
 					}
 					require.Equal(t, AlreadyComplete, e.Cancel(h.ID()), "a second cancel finds the transfer ended")
+					hSide, otherSide := dst, src
+					if cancelSender {
+						hSide, otherSide = src, dst
+					}
+					requireDeviceHolds(t, hSide, h)
+					if other != nil {
+						requireDeviceHolds(t, otherSide, other)
+					}
 					for _, eng := range []*Engine{src.e, dst.e} {
 						eventually(t, func() bool { st := eng.pool.Stats(); return st.Leased == 0 }, "every slot lease ended")
 						requireSlotsAccounted(t, eng)

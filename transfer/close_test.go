@@ -173,21 +173,68 @@ type closeSide struct {
 	self  Peer                    // its name to the other engine
 	mover func(pool []byte) Mover // the Spec's Mover, or nil for none
 	kv    func(t testing.TB, blocks []int32, seed uint64) ([]byte, *layout.Plan)
+	// device registers a pool from kv as device memory of the side's transport (a fakeDevice
+	// over mem): its Specs name it as Spec.Device. Nil: the pool is host memory, Spec.Pool.
+	device func(pool []byte) DevicePool
+	// deviceHolds counts the device registrations its transfers hold now (HoldDevice, taken
+	// on a transport with device gets only); nil where none are taken.
+	deviceHolds func() int64
+}
+
+// requireDeviceHolds checks, on a side whose transfers hold their device registrations, that
+// exactly the handles hs of that side not yet quiescent hold theirs: a handle lets go of its
+// device memory when Quiesced closes, and never while it may still be written (L9, L10).
+func requireDeviceHolds(t testing.TB, side closeSide, hs ...*Handle) {
+	t.Helper()
+	if side.deviceHolds == nil {
+		return
+	}
+	open := func() (n int64) {
+		for _, h := range hs {
+			if !isClosed(h.Quiesced()) {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, func() bool { return side.deviceHolds() == open() }, "a device registration held while, and only while, its handle is not quiescent")
+}
+
+// spec is s with the side's pool (from kv) in it, as Spec.Pool or, on a device side,
+// Spec.Device, and the side's Mover for it, if it has one.
+func (c closeSide) spec(s Spec, pool []byte) Spec {
+	if c.device != nil {
+		s.Device = c.device(pool)
+	} else {
+		s.Pool = pool
+	}
+	if c.mover != nil {
+		s.Mover = c.mover(pool)
+	}
+	return s
 }
 
 // closePath is one path closeMidTransfer runs on: cfg adds what picks it (over the transport's
-// own base configuration), in: the receiver reads the sender's memory where it is mapped.
+// own base configuration), in: the receiver reads the sender's memory where it is mapped;
+// device: the pools are device memory (Spec.Device) of a fakeDevice over mem, moved by its
+// device gets (path RMA) or, on a transport without them, staged through the Specs' Movers;
+// declined: only the receivers' transports have device gets (the sender is the side named
+// "prefill" in every test of the table), so the sender declines the rma route and both stage.
 type closePath struct {
-	name string
-	cfg  func(*Config)
-	path Path
-	pull bool
-	in   bool
+	name     string
+	cfg      func(*Config)
+	path     Path
+	pull     bool
+	in       bool
+	device   bool
+	declined bool
 }
 
 // closePaths are the paths a Close may find transfers on: the staging slots with the chunks as
-// messages or pulled (with gets, or read in place out of the sender's slot mapped here), and the
-// one-copy paths (IOV messages, RMA gets, RMA ranges read in place).
+// messages or pulled (with gets, or read in place out of the sender's slot mapped here), the
+// one-copy paths (IOV messages, RMA gets, RMA ranges read in place), and device pools (device
+// gets, staged through their Movers, or staged after the sender declined the gets). The device
+// rows run over mem only (memPathSide): a real device needs a GPU, and the UCX tables skip them.
 var closePaths = []closePath{
 	{name: "staging", cfg: func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisablePull = true, true }, path: PathStaging},
 	{name: "pull", cfg: func(c *Config) { c.Tuning.DisableDirect, c.Tuning.DisableInPlaceReads = true, true }, path: PathStaging, pull: true},
@@ -195,6 +242,9 @@ var closePaths = []closePath{
 	{name: "direct", cfg: func(c *Config) { c.Tuning.DisableRMA = true }, path: PathDirect},
 	{name: "RMA", cfg: func(c *Config) { c.Tuning.DisableInPlaceReads = true }, path: PathRMA},
 	{name: "RMA in place", cfg: func(*Config) {}, path: PathRMA, in: true},
+	{name: "device gets", cfg: func(*Config) {}, path: PathRMA, device: true},
+	{name: "device staging", cfg: func(c *Config) { c.Tuning.DisablePull = true }, path: PathStaging, device: true},
+	{name: "device staging after a decline", cfg: func(c *Config) { c.Tuning.DisablePull = true }, path: PathStaging, device: true, declined: true},
 }
 
 // closeMidTransfer starts transfers from src to dst, closes one engine (the sender's when
@@ -210,16 +260,9 @@ func closeMidTransfer(t *testing.T, src, dst closeSide, pc closePath, closeSende
 		smem, splan := src.kv(t, seqBlocks(i*nBlocks%64, nBlocks), uint64(i+1))
 		dmem, dplan := dst.kv(t, seqBlocks(64-nBlocks, nBlocks), 0)
 		id := RequestID(500 + i)
-		sspec, rspec := Spec{ID: id, Peer: dst.self, Plan: splan, Pool: smem}, Spec{ID: id, Peer: src.self, Plan: dplan, Pool: dmem}
-		if src.mover != nil {
-			sspec.Mover = src.mover(smem)
-		}
-		if dst.mover != nil {
-			rspec.Mover = dst.mover(dmem)
-		}
-		s, err := src.e.Send(bg, sspec)
+		s, err := src.e.Send(bg, src.spec(Spec{ID: id, Peer: dst.self, Plan: splan}, smem))
 		require.NoError(t, err)
-		r, err := dst.e.Receive(bg, rspec)
+		r, err := dst.e.Receive(bg, dst.spec(Spec{ID: id, Peer: src.self, Plan: dplan}, dmem))
 		require.NoError(t, err)
 		hs = append(hs, s, r)
 	}
@@ -267,10 +310,21 @@ func closeMidTransfer(t *testing.T, src, dst closeSide, pc closePath, closeSende
 		if h.Path() != PathUndecided { // a pull may be cut short before the sender answered it
 			require.Equal(t, pc.path, h.Path(), "request %d", h.ID())
 		}
+		require.Equal(t, pc.device, h.subs[0].dev.set(), "request %d: a device pool", h.ID())
 	}
 	for _, e := range []*Engine{src.e, dst.e} {
 		requireSlotsAccounted(t, e)
 	}
+	var sent, received []*Handle // hs holds each Send, then its Receive
+	for i, h := range hs {
+		if i%2 == 0 {
+			sent = append(sent, h)
+		} else {
+			received = append(received, h)
+		}
+	}
+	requireDeviceHolds(t, src, sent...)
+	requireDeviceHolds(t, dst, received...)
 	return hs
 }
 
@@ -313,19 +367,38 @@ func memPathSideOver(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg 
 	}
 	n.Endpoint(name).MapPeers(pc.in)
 	var engTr Transport = tr
-	if wrap != nil {
+	var dev *fakeDevice
+	switch {
+	case pc.device && wrap != nil:
+		t.Fatal("memPathSideOver: a wrapped transport has no device gets")
+	case pc.device:
+		// Device gets on the RMA row; none on the staging row, whose Movers then stage; on the
+		// receivers' only after a decline.
+		dev = &fakeDevice{Transport: tr, gets: pc.path == PathRMA || pc.declined && name != "prefill"}
+		engTr = dev
+	case wrap != nil:
 		engTr = wrap(tr)
 	}
 	e, err := New(engTr, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
-	return closeSide{e: e, self: name, kv: func(t testing.TB, ids []int32, seed uint64) ([]byte, *layout.Plan) {
+	side := closeSide{e: e, self: name, kv: func(t testing.TB, ids []int32, seed uint64) ([]byte, *layout.Plan) {
 		k := newKVPool(t, testDims, layout.BlockMajor, nil, ids, seed)
-		if pc.path != PathStaging {
+		if pc.path != PathStaging && !pc.device {
 			tr.AllowDirect(k.mem)
 		}
 		return k.mem, k.plan
 	}}
+	if dev != nil {
+		side.device = dev.register
+		if dev.gets {
+			side.deviceHolds = dev.holds.Load
+		}
+		if pc.path == PathStaging {
+			side.mover = newHostMover
+		}
+	}
+	return side
 }
 
 // slowMover is the host mover with every copy taking at least delay, as a large chunk's does

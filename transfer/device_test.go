@@ -132,6 +132,27 @@ func newDevicePair(t *testing.T, scfg, rcfg Config, srcGets, dstGets bool) (*dev
 	return &devicePair{pair: &pair{net: n, src: a, dst: b}, srcT: st, dstT: dt}, w
 }
 
+// devicePathPair is newDevicePair for memPaths: src and dst are device pools (Spec.Device) of
+// transports with device gets (path RMA), or without them on the sender's (srcGets false),
+// each Spec then with a host Mover to stage through (path staging; after the sender's decline
+// when the receiver's transport has device gets). start sends src to dst.
+func devicePathPair(t *testing.T, scfg, rcfg Config, srcGets, dstGets bool, src, dst *kvPool) (*pair, func(RequestID) (hs, hr *Handle)) {
+	p, _ := newDevicePair(t, scfg, rcfg, srcGets, dstGets)
+	sdev, ddev := p.srcT.register(src.mem), p.dstT.register(dst.mem)
+	return p.pair, func(id RequestID) (*Handle, *Handle) {
+		sspec := Spec{ID: id, Peer: "decode", Plan: src.plan, Device: sdev}
+		rspec := Spec{ID: id, Peer: "prefill", Plan: dst.plan, Device: ddev}
+		if !srcGets {
+			sspec.Mover, rspec.Mover = newHostMover(src.mem), newHostMover(dst.mem)
+		}
+		hs, err := p.src.Send(bg, sspec)
+		require.NoError(t, err)
+		hr, err := p.dst.Receive(bg, rspec)
+		require.NoError(t, err)
+		return hs, hr
+	}
+}
+
 // A device pool moves by gets when both engines and the peer allow it (path rma, no staging:
 // the Mover is never called, and only the stream's bytes cross, once), stages through its
 // Mover where the rma route cannot run, and otherwise fails on both sides with a

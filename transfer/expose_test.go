@@ -76,7 +76,7 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 	const id = RequestID(700)
 	smem, splan := src.kv(t, seqBlocks(0, nBlocks), 7)
 	specSecret := rig.specSecret()
-	hs, p, err := src.e.Expose(bg, Spec{ID: id, Plan: splan, Pool: smem, Secret: specSecret})
+	hs, p, err := src.e.Expose(bg, src.spec(Spec{ID: id, Plan: splan, Secret: specSecret}, smem))
 	require.NoError(t, err)
 	peer, secret := rig.claimOf(t, p, id, src, specSecret)
 	require.Len(t, secret, claimSecretBytes)
@@ -88,7 +88,7 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 		reason string
 	}{{bytes.Repeat([]byte{0x3a}, claimSecretBytes), "bad-mac"}, {nil, "unsealed"}} {
 		h := startOnceFree(t, func() (*Handle, error) {
-			return other.e.Receive(bg, Spec{ID: id, Peer: peer, Plan: oplan, Pool: omem, Secret: c.secret})
+			return other.e.Receive(bg, other.spec(Spec{ID: id, Peer: peer, Plan: oplan, Secret: c.secret}, omem))
 		})
 		waitClosed(t, h.Quiesced(), "a refused claim's Receive quiesced")
 		requireState(t, h, Failed, ErrUnauthenticated)
@@ -101,7 +101,7 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 
 	// The claim: the transfer runs as a Send to this receiver would.
 	dmem, dplan := dst.kv(t, seqBlocks(int32(dims.NumBlocks)-nBlocks, nBlocks), 0)
-	hr, err := dst.e.Receive(bg, Spec{ID: id, Peer: peer, Plan: dplan, Pool: dmem, Secret: secret})
+	hr, err := dst.e.Receive(bg, dst.spec(Spec{ID: id, Peer: peer, Plan: dplan, Secret: secret}, dmem))
 	require.NoError(t, err)
 	waitClosedWithin(t, hr.Quiesced(), "the claiming receiver quiesced", time.Minute)
 	requireState(t, hr, Completed)
@@ -118,11 +118,14 @@ func exposeClaimed(t *testing.T, rig exposeRig, pc closePath, base Config, dims 
 
 	// A second claim, with the right secret: already claimed, counted.
 	h2 := startOnceFree(t, func() (*Handle, error) {
-		return other.e.Receive(bg, Spec{ID: id, Peer: peer, Plan: oplan, Pool: omem, Secret: secret})
+		return other.e.Receive(bg, other.spec(Spec{ID: id, Peer: peer, Plan: oplan, Secret: secret}, omem))
 	})
 	waitClosed(t, h2.Quiesced(), "the second claim's Receive quiesced")
 	requireState(t, h2, Failed, ErrAlreadyClaimed)
 	eventually(t, func() bool { return refusals.auth("claim", "claimed") >= 1 }, "the second claim counted")
+	requireDeviceHolds(t, src, hs)
+	requireDeviceHolds(t, dst, hr)
+	requireDeviceHolds(t, other) // its refused claims quiesced: nothing held
 	for _, e := range []*Engine{src.e, dst.e, other.e} {
 		requireSlotsAccounted(t, e)
 	}

@@ -105,11 +105,16 @@ type memPath struct {
 	setup  func(t *testing.T, src, dst Config) (p *pair, start func(id RequestID) (hs, hr *Handle))
 	want   Path
 	pulled bool // the staging path runs on the pull wire (Handle.Pulled)
+	// declined: the sender declines the receiver's rma route first and then stages, with a
+	// staging slot free at that moment or not at all, never waiting for one (path_device_stage.go).
+	declined bool
 }
 
 // memPaths are the paths a mem.Network pair can take: staging through data messages, the pull
 // wire (the receiver's gets of the sender's slots), the direct path's IOV messages, its RMA
-// mode with gets, and the RMA mode read in place where the sender's pool is mapped here.
+// mode with gets, the RMA mode read in place where the sender's pool is mapped here, and
+// device pools (Spec.Device on a fakeDevice) moved by device gets, staged through Movers, or
+// staged after the sender declined the receiver's device gets.
 func memPaths() []memPath {
 	direct := func(t *testing.T, scfg, rcfg Config, mapped bool, src, dst *kvPool) (*pair, func(RequestID) (*Handle, *Handle)) {
 		p, _ := directPair(t, scfg, rcfg, src, dst)
@@ -124,7 +129,7 @@ func memPaths() []memPath {
 			p := newPair(t, scfg, rcfg)
 			src, dst := pools(t, 3)
 			return p, func(id RequestID) (*Handle, *Handle) { return p.start(t, id, src, dst) }
-		}, PathStaging, false},
+		}, PathStaging, false, false},
 		{"pull", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
 			for _, c := range []*Config{&scfg, &rcfg} {
 				c.Tuning.DisableDirect, c.Tuning.DisableInPlaceReads = true, true
@@ -133,28 +138,47 @@ func memPaths() []memPath {
 			p := newPullPair(t, scfg, rcfg)
 			src, dst := pools(t, 4)
 			return p, func(id RequestID) (*Handle, *Handle) { return p.startStaged(t, id, src, dst) }
-		}, PathStaging, true},
+		}, PathStaging, true, false},
 		{"direct", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
 			for _, c := range []*Config{&scfg, &rcfg} {
 				c.Tuning.DisableRMA, c.Tuning.DirectChunkBytes = true, 512
 			}
 			src, dst := pools(t, 5)
 			return direct(t, scfg, rcfg, false, src, dst)
-		}, PathDirect, false},
+		}, PathDirect, false, false},
 		{"rma", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
 			for _, c := range []*Config{&scfg, &rcfg} {
 				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
 			}
 			src, dst := rmaPools(t, 6)
 			return direct(t, scfg, rcfg, false, src, dst)
-		}, PathRMA, false},
+		}, PathRMA, false, false},
 		{"rma in place", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
 			for _, c := range []*Config{&scfg, &rcfg} {
 				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
 			}
 			src, dst := rmaPools(t, 7)
 			return direct(t, scfg, rcfg, true, src, dst)
-		}, PathRMA, false},
+		}, PathRMA, false, false},
+		{"device gets", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			for _, c := range []*Config{&scfg, &rcfg} {
+				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
+			}
+			src, dst := rmaPools(t, 8)
+			return devicePathPair(t, scfg, rcfg, true, true, src, dst)
+		}, PathRMA, false, false},
+		{"device staging", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			src, dst := pools(t, 9)
+			return devicePathPair(t, scfg, rcfg, false, false, src, dst)
+		}, PathStaging, false, false},
+		// The receiver takes the rma route, the sender (no device gets) declines it: both stage.
+		{"device staging after a decline", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
+			for _, c := range []*Config{&scfg, &rcfg} {
+				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
+			}
+			src, dst := rmaPools(t, 10)
+			return devicePathPair(t, scfg, rcfg, false, true, src, dst)
+		}, PathStaging, false, true},
 	}
 }
 

@@ -42,9 +42,9 @@ func TestL9_PeerLostMidTransferOnEveryPath(t *testing.T) {
 					})
 					spool, splan := src.kv(t, seqBlocks(0, 16), 5)
 					dpool, dplan := dst.kv(t, seqBlocks(32, 16), 0)
-					hs, err := src.e.Send(bg, Spec{ID: 9, Peer: dst.self, Plan: splan, Pool: spool})
+					hs, err := src.e.Send(bg, src.spec(Spec{ID: 9, Peer: dst.self, Plan: splan}, spool))
 					require.NoError(t, err)
-					hr, err := dst.e.Receive(bg, Spec{ID: 9, Peer: src.self, Plan: dplan, Pool: dpool})
+					hr, err := dst.e.Receive(bg, dst.spec(Spec{ID: 9, Peer: src.self, Plan: dplan}, dpool))
 					require.NoError(t, err)
 					eventually(t, func() bool { return n.OnWire() > 0 }, "an operation hung on the wire")
 					require.Equal(t, pc.path, hr.Path(), "the transfer is on the path under test")
@@ -91,6 +91,7 @@ func TestL9_PeerLostMidTransferOnEveryPath(t *testing.T) {
 					} else {
 						waitClosed(t, h.Quiesced(), "the survivor's blocks quiesced")
 					}
+					requireDeviceHolds(t, survivor, h) // a poisoned device pool stays held
 					eventually(t, func() bool { return survivor.e.Health().Numbers.InFlight == 0 }, "nothing left in flight")
 				})
 			}
@@ -127,9 +128,9 @@ func TestL9_PeerLostWhileQuarantinedOnEveryPath(t *testing.T) {
 				} else {
 					rTimeout = deadline
 				}
-				hs, err := src.e.Send(bg, Spec{ID: 9, Peer: dst.self, Plan: splan, Pool: spool, Timeout: sTimeout})
+				hs, err := src.e.Send(bg, src.spec(Spec{ID: 9, Peer: dst.self, Plan: splan, Timeout: sTimeout}, spool))
 				require.NoError(t, err)
-				hr, err := dst.e.Receive(bg, Spec{ID: 9, Peer: src.self, Plan: dplan, Pool: dpool, Timeout: rTimeout})
+				hr, err := dst.e.Receive(bg, dst.spec(Spec{ID: 9, Peer: src.self, Plan: dplan, Timeout: rTimeout}, dpool))
 				require.NoError(t, err)
 				eventually(t, func() bool { return n.OnWire() > 0 }, "an operation hung on the wire")
 				require.Equal(t, pc.path, hr.Path(), "the transfer is on the path under test")
@@ -157,6 +158,7 @@ func TestL9_PeerLostWhileQuarantinedOnEveryPath(t *testing.T) {
 				require.Equal(t, Failed, st.State, "%v", st.Err)
 				require.ErrorIs(t, st.Err, ErrDeadline)
 				require.False(t, st.BlocksPoisoned)
+				requireDeviceHolds(t, survivor, h)
 				eventually(t, func() bool { return survivor.e.pool.Stats().Leased == 0 }, "every slot lease ended")
 				requireSlotsAccounted(t, survivor.e)
 				require.Zero(t, survivor.e.pool.Stats().Poisoned, "slots poisoned")

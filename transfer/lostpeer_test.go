@@ -196,7 +196,7 @@ func TestL11_ASendToALostPeerFailsAtOnceOnEveryPath(t *testing.T) {
 		desc string
 		// hold keeps the Send queued once it has its request (nil: it waits for the request).
 		hold    func(t *testing.T, e *Engine)
-		staging bool // only a path that leases staging slots waits for one
+		staging bool // only a path that leases staging slots waits for one (not after a decline: memPath.declined)
 		before  bool // the loss is reported before the Send is made
 	}
 	holdAdmission := func(t *testing.T, e *Engine) {
@@ -228,7 +228,7 @@ func TestL11_ASendToALostPeerFailsAtOnceOnEveryPath(t *testing.T) {
 	}
 	for _, mp := range memPaths() {
 		for _, c := range cases {
-			staged := mp.want == PathStaging
+			staged := mp.want == PathStaging && !mp.declined
 			if c.staging && !staged {
 				continue
 			}

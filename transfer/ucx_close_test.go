@@ -30,6 +30,9 @@ func TestL1_UCXCloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 			for _, closeSender := range []bool{true, false} {
 				side := map[bool]string{true: "sender", false: "receiver"}[closeSender]
 				t.Run(tr.name+"/"+pc.name+"/close the "+side, func(t *testing.T) {
+					if pc.device {
+						t.Skip("a device pool over UCX needs a GPU (ucx.NewDevice); the device rows run over mem with a fake device")
+					}
 					if tr.name == "tcp" && (pc.path == PathRMA || pc.pull) {
 						// Gets over TCP are UCX's emulation (RMAWhereEmulated, off by default): UCX
 						// 1.13 aborted the whole test process in its get handler ("Fatal: unexpected
