@@ -14,7 +14,7 @@ package transfer
 // stale datatype"): the closed rma row died inside ucp_ep_close_nbx in ci23 and under gdb.
 // UCX 1.13 reads over shared memory with native gets and queues no reply.
 func ucxEmulatedGetsMayCrash(transport string, pc ucxPathCase) bool {
-	return transport == "shm" && !ucxNativeShmGets() && (pc.name == "rma" || pc.name == "pull")
+	return ucxShm(transport) && !ucxNativeShmGets() && (pc.name == "rma" || pc.name == "pull")
 }
 
 // ucxEmulatedGetsSkip is the skip message of the rows ucxEmulatedGetsMayCrash names.

@@ -44,9 +44,9 @@ func TestL9_UCXPeerFrozenPastItsDeadlineOnEveryPath(t *testing.T) {
 	// Each row has its own engine and peer process, and mostly waits: a few at once.
 	rows := newRowGroup(t, ucxRowsAtOnce)
 	defer rows.wait()
-	for _, tr := range ucxTransports {
+	for _, tr := range ucxLifecycleTransports {
 		for _, pc := range ucxCancelPaths {
-			if pc.shmOnly && tr.name != "shm" {
+			if pc.shmOnly && !ucxShm(tr.name) {
 				continue
 			}
 			for _, c := range []struct{ frozen, then string }{{"sender", "killed"}, {"receiver", "killed"}, {"sender", "resumed"}, {"receiver", "resumed"}, {"sender", "closed"}, {"receiver", "closed"}} {

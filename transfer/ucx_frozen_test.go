@@ -32,15 +32,15 @@ func TestL12_UCXFrozenPeerTurnsTheOtherSideUnhealthyOnEveryPath(t *testing.T) {
 	const blocks = 32 // 64 MiB, in 4 MiB gets or messages: far more than moves before the freeze
 	bin := peerproc.BuildEnginePeer(t)
 	// Each transport has its own peer process, and its cases mostly wait: both at once.
-	rows := newRowGroup(t, len(ucxTransports))
+	rows := newRowGroup(t, len(ucxLifecycleTransports))
 	defer rows.wait()
-	for _, tr := range ucxTransports {
+	for _, tr := range ucxLifecycleTransports {
 		rows.run(tr.name, func(t *testing.T) {
 			peer := peerproc.StartServing(t, bin, ucxPeerArgs(tr.tls, tr.dev, "engine-recv", blocks, 0, 120*time.Second)...)
 			want := newUCXKV(t, engineDims(blocks), layout.BlockMajor, seqBlocks(0, blocks), 5).mem // enginepeer's -seed (ucxPeerArgs)
 			id := RequestID(600)
 			for _, pc := range ucxCancelPaths {
-				if pc.shmOnly && tr.name != "shm" {
+				if pc.shmOnly && !ucxShm(tr.name) {
 					continue
 				}
 				for _, frozen := range []string{"sender", "receiver"} {

@@ -36,9 +36,9 @@ func TestL9_UCXPeerKilledMidTransferOnEveryPath(t *testing.T) {
 	// Each row has its own engine and peer process, and mostly waits: a few at once.
 	rows := newRowGroup(t, ucxRowsAtOnce)
 	defer rows.wait()
-	for _, tr := range ucxTransports {
+	for _, tr := range ucxLifecycleTransports {
 		for _, pc := range ucxCancelPaths {
-			if pc.shmOnly && tr.name != "shm" {
+			if pc.shmOnly && !ucxShm(tr.name) {
 				continue
 			}
 			for _, killed := range []string{"sender", "receiver"} {
