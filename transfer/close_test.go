@@ -255,7 +255,7 @@ var closePaths = []closePath{
 func closeMidTransfer(t *testing.T, src, dst closeSide, pc closePath, closeSender bool, nBlocks int32) []*Handle {
 	t.Helper()
 	const transfers = 6
-	var hs []*Handle
+	var hs, sent, received []*Handle // hs: each Send, then its Receive
 	for i := range int32(transfers) {
 		smem, splan := src.kv(t, seqBlocks(i*nBlocks%64, nBlocks), uint64(i+1))
 		dmem, dplan := dst.kv(t, seqBlocks(64-nBlocks, nBlocks), 0)
@@ -264,7 +264,7 @@ func closeMidTransfer(t *testing.T, src, dst closeSide, pc closePath, closeSende
 		require.NoError(t, err)
 		r, err := dst.e.Receive(bg, dst.spec(Spec{ID: id, Peer: src.self, Plan: dplan}, dmem))
 		require.NoError(t, err)
-		hs = append(hs, s, r)
+		hs, sent, received = append(hs, s, r), append(sent, s), append(received, r)
 	}
 	onPath := func(h *Handle) bool { return h.Path() == pc.path && (!pc.pull || h.Pulled()) }
 	eventually(t, func() bool {
@@ -314,14 +314,6 @@ func closeMidTransfer(t *testing.T, src, dst closeSide, pc closePath, closeSende
 	}
 	for _, e := range []*Engine{src.e, dst.e} {
 		requireSlotsAccounted(t, e)
-	}
-	var sent, received []*Handle // hs holds each Send, then its Receive
-	for i, h := range hs {
-		if i%2 == 0 {
-			sent = append(sent, h)
-		} else {
-			received = append(received, h)
-		}
 	}
 	requireDeviceHolds(t, src, sent...)
 	requireDeviceHolds(t, dst, received...)

@@ -123,6 +123,12 @@ func memPaths() []memPath {
 		}
 		return p, func(id RequestID) (*Handle, *Handle) { return p.start(t, id, src, dst) }
 	}
+	// rmaMode lets the direct path take the RMA mode over the test pools' small ranges.
+	rmaMode := func(cs ...*Config) {
+		for _, c := range cs {
+			c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
+		}
+	}
 	return []memPath{
 		{"staging", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
 			scfg.Tuning.DisableDirect, rcfg.Tuning.DisableDirect = true, true
@@ -147,23 +153,17 @@ func memPaths() []memPath {
 			return direct(t, scfg, rcfg, false, src, dst)
 		}, PathDirect, false, false},
 		{"rma", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			for _, c := range []*Config{&scfg, &rcfg} {
-				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
-			}
+			rmaMode(&scfg, &rcfg)
 			src, dst := rmaPools(t, 6)
 			return direct(t, scfg, rcfg, false, src, dst)
 		}, PathRMA, false, false},
 		{"rma in place", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			for _, c := range []*Config{&scfg, &rcfg} {
-				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
-			}
+			rmaMode(&scfg, &rcfg)
 			src, dst := rmaPools(t, 7)
 			return direct(t, scfg, rcfg, true, src, dst)
 		}, PathRMA, false, false},
 		{"device gets", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			for _, c := range []*Config{&scfg, &rcfg} {
-				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
-			}
+			rmaMode(&scfg, &rcfg)
 			src, dst := rmaPools(t, 8)
 			return devicePathPair(t, scfg, rcfg, true, true, src, dst)
 		}, PathRMA, false, false},
@@ -173,9 +173,7 @@ func memPaths() []memPath {
 		}, PathStaging, false, false},
 		// The receiver takes the rma route, the sender (no device gets) declines it: both stage.
 		{"device staging after a decline", func(t *testing.T, scfg, rcfg Config) (*pair, func(RequestID) (*Handle, *Handle)) {
-			for _, c := range []*Config{&scfg, &rcfg} {
-				c.Tuning.RMAMinRegionBytes, c.Tuning.DirectChunkBytes = 512, 1<<20
-			}
+			rmaMode(&scfg, &rcfg)
 			src, dst := rmaPools(t, 10)
 			return devicePathPair(t, scfg, rcfg, false, true, src, dst)
 		}, PathStaging, false, true},
