@@ -198,7 +198,7 @@ func (r *rmaReceive) offered(m *wire.RMAOffer) {
 			r.inPlace = nil
 		}
 		if err == nil && r.inPlace != nil { // every lane copies a share (rma_inplace.go)
-			gets, r.inPlace.batch = splitForLanes(gets, r.inPlace.limit)
+			gets, r.inPlace.batch = splitForLanes(gets, r.inPlace.limit, x.eng.othersActive())
 		}
 	}
 	if err != nil {

@@ -38,6 +38,16 @@ const inPlaceLoopBytes = 16 << 20
 // copying it (a 256 KiB copy takes about 20 us on one core of the 2-core host).
 const inPlacePieceBytes = 256 << 10
 
+// inPlaceCrowdedPieceBytes is the range of a short request read in place while other
+// transfers run on the engine (Engine.othersActive): their destinations together
+// outgrow the cache, and at 1 MiB and more Go's copy on amd64 with AVX (not where it prefers
+// REP MOVSB: Intel CPUs with ERMS and FSRM) stores past the cache (non-temporal stores)
+// instead of reading each destination line in before writing it. Sixteen 32-token requests
+// at once moved 1.5 to 1.9 times the bytes so on the 2-core AMD EPYC VM, where a lone
+// request, whose destination the benchmark's rounds keep in the cache, copied faster in
+// ranges of inPlacePieceBytes (docs/benchmarks.md, "Sixteen short reads in place at once").
+const inPlaceCrowdedPieceBytes = 1 << 20
+
 // inPlaceSplitMin is the smallest job splitForLanes makes outside a share (a request over
 // inPlaceLoopBytes, or over one lane): below it a job's hand-off to a mover costs about what
 // its copy takes.
@@ -114,6 +124,13 @@ func (r *rmaReceive) mapOffer(m *wire.RMAOffer) {
 	}
 	r.inPlace.view, r.inPlace.release = view, release
 }
+
+// othersActive reports whether sub-transfers other than the caller's run on the engine, queued
+// or moving (each has its goroutine: liveDrivers): as a short read in place splits its ranges
+// (splitForLanes), a sign that the destinations of several requests are being written. The
+// admission tokens would not say it: sixteen Receives at once on two cores mostly run one
+// after another, each admitted only when its goroutine gets a core.
+func (e *Engine) othersActive() bool { return e.liveDrivers.Load() > 1 }
 
 // copyInPlace copies the next ranges out of the sender's mapped pool. A short request's
 // (inPlaceLoopBytes or less) all go to one share (copyShared). A large request's go to the
@@ -205,21 +222,25 @@ func (s *inPlaceShare) run() ([]rmaRegion, error) {
 
 // splitForLanes cuts ranges read in place so that every lane copies a share: a short request's
 // (inPlaceLoopBytes or less, over more than one lane) into ranges of at most inPlacePieceBytes,
+// or inPlaceCrowdedPieceBytes when crowded (other transfers run: Engine.othersActive),
 // which its loop and movers take from one cursor (inPlaceShare); a large request's so that its
 // bytes make at least lanes jobs where each would still copy inPlaceSplitMin or more, and no
 // job more than inPlaceBatchBytes. It returns the ranges (each inside one of gets, together
 // exactly gets' bytes, in order) and the job size copyInPlace batches them by. Every piece
 // keeps its range's source and destination offsets, so the checks the ranges passed (the
 // offer's, a one-hop read's regions) hold for it.
-func splitForLanes(gets []rmaRegion, lanes int) ([]rmaRegion, int64) {
+func splitForLanes(gets []rmaRegion, lanes int, crowded bool) ([]rmaRegion, int64) {
 	var total int64
 	for _, g := range gets {
 		total += g.n
 	}
 	var batch int64
-	if lanes > 1 && total <= inPlaceLoopBytes {
+	switch {
+	case lanes > 1 && total <= inPlaceLoopBytes && crowded:
+		batch = inPlaceCrowdedPieceBytes
+	case lanes > 1 && total <= inPlaceLoopBytes:
 		batch = inPlacePieceBytes
-	} else {
+	default:
 		batch = (total + int64(max(lanes, 1)) - 1) / int64(max(lanes, 1))
 		batch = (batch + 4095) &^ 4095 // whole pages, where the ranges allow
 		batch = min(max(batch, inPlaceSplitMin), inPlaceBatchBytes)

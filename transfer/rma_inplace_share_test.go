@@ -217,3 +217,15 @@ func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
 		})
 	}
 }
+
+// othersActive (what a short read in place asks as it splits its ranges, splitForLanes) is
+// true only while another sub-transfer's goroutine than the caller's runs, queued or moving.
+func TestEngine_OthersActive(t *testing.T) {
+	e := &Engine{}
+	e.liveDrivers.Add(1) // the caller's own
+	require.False(t, e.othersActive(), "the caller alone")
+	e.liveDrivers.Add(1)
+	require.True(t, e.othersActive(), "another transfer running")
+	e.liveDrivers.Add(-1)
+	require.False(t, e.othersActive(), "the other one ended")
+}

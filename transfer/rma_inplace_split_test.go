@@ -10,7 +10,8 @@ import (
 )
 
 // splitForLanes: a short request's large ranges are cut into ranges of inPlacePieceBytes that
-// its loop and movers share (copyShared), a large request's so every lane has a job; the
+// its loop and movers share (copyShared), or of inPlaceCrowdedPieceBytes while other copies run
+// (crowded), a large request's so every lane has a job, crowded or not; the
 // pieces cover exactly the ranges' bytes, in order, each inside its range (so the offer's and
 // a one-hop read's checks hold for it); ranges too small to cut are left whole, and no job
 // exceeds inPlaceBatchBytes.
@@ -19,23 +20,29 @@ func TestRMAInPlace_SplitForLanes(t *testing.T) {
 		desc      string
 		gets      []rmaRegion
 		lanes     int
+		crowded   bool
 		wantN     int
 		wantBatch int64
 	}{
-		{"one 32-token block (4 MiB), two lanes: ranges of inPlacePieceBytes", []rmaRegion{{src: 1 << 30, dst: 8 << 20, n: 4 << 20}}, 2, 16, inPlacePieceBytes},
-		{"one 4 MiB range, four lanes: ranges of inPlacePieceBytes", []rmaRegion{{src: 0, dst: 0, n: 4 << 20}}, 4, 16, inPlacePieceBytes},
-		{"one lane: whole", []rmaRegion{{src: 0, dst: 4096, n: 4 << 20}}, 1, 1, 4 << 20},
-		{"one block's layer (128 KiB): one range", []rmaRegion{{src: 64 << 10, dst: 0, n: 128 << 10}}, 2, 1, inPlacePieceBytes},
-		{"many small ranges: left whole", []rmaRegion{{0, 0, 64 << 10}, {1 << 20, 1 << 20, 64 << 10}, {3 << 20, 2 << 20, 64 << 10}}, 2, 3, inPlacePieceBytes},
-		{"a short request's largest (inPlaceLoopBytes), two lanes: ranges of inPlacePieceBytes", []rmaRegion{{0, 0, 10 << 20}, {20 << 20, 10 << 20, 6 << 20}}, 2, 64, inPlacePieceBytes},
-		{"a 512 MiB request: jobs of inPlaceBatchBytes", []rmaRegion{{0, 0, 200 << 20}, {300 << 20, 200 << 20, 312 << 20}}, 2, 25 + 39, inPlaceBatchBytes},
-		{"a large request, one lane: jobs of inPlaceBatchBytes", []rmaRegion{{0, 0, 20 << 20}}, 1, 3, inPlaceBatchBytes},
-		{"an odd size: the last piece ends where the range does", []rmaRegion{{src: 100, dst: 200, n: 3<<20 + 6}}, 2, 13, inPlacePieceBytes},
-		{"a large odd size: pieces end where the range does", []rmaRegion{{src: 100, dst: 200, n: 17<<20 + 6}}, 2, 3, inPlaceBatchBytes},
+		{"one 32-token block (4 MiB), two lanes: ranges of inPlacePieceBytes", []rmaRegion{{src: 1 << 30, dst: 8 << 20, n: 4 << 20}}, 2, false, 16, inPlacePieceBytes},
+		{"one 4 MiB range, four lanes: ranges of inPlacePieceBytes", []rmaRegion{{src: 0, dst: 0, n: 4 << 20}}, 4, false, 16, inPlacePieceBytes},
+		{"one lane: whole", []rmaRegion{{src: 0, dst: 4096, n: 4 << 20}}, 1, false, 1, 4 << 20},
+		{"one block's layer (128 KiB): one range", []rmaRegion{{src: 64 << 10, dst: 0, n: 128 << 10}}, 2, false, 1, inPlacePieceBytes},
+		{"many small ranges: left whole", []rmaRegion{{0, 0, 64 << 10}, {1 << 20, 1 << 20, 64 << 10}, {3 << 20, 2 << 20, 64 << 10}}, 2, false, 3, inPlacePieceBytes},
+		{"a short request's largest (inPlaceLoopBytes), two lanes: ranges of inPlacePieceBytes", []rmaRegion{{0, 0, 10 << 20}, {20 << 20, 10 << 20, 6 << 20}}, 2, false, 64, inPlacePieceBytes},
+		{"a 512 MiB request: jobs of inPlaceBatchBytes", []rmaRegion{{0, 0, 200 << 20}, {300 << 20, 200 << 20, 312 << 20}}, 2, false, 25 + 39, inPlaceBatchBytes},
+		{"a large request, one lane: jobs of inPlaceBatchBytes", []rmaRegion{{0, 0, 20 << 20}}, 1, false, 3, inPlaceBatchBytes},
+		{"an odd size: the last piece ends where the range does", []rmaRegion{{src: 100, dst: 200, n: 3<<20 + 6}}, 2, false, 13, inPlacePieceBytes},
+		{"a large odd size: pieces end where the range does", []rmaRegion{{src: 100, dst: 200, n: 17<<20 + 6}}, 2, false, 3, inPlaceBatchBytes},
+		{"one 32-token block, two lanes, crowded: ranges of inPlaceCrowdedPieceBytes", []rmaRegion{{src: 1 << 30, dst: 8 << 20, n: 4 << 20}}, 2, true, 4, inPlaceCrowdedPieceBytes},
+		{"a short request's largest, crowded: ranges of inPlaceCrowdedPieceBytes", []rmaRegion{{0, 0, 10 << 20}, {20 << 20, 10 << 20, 6 << 20}}, 2, true, 16, inPlaceCrowdedPieceBytes},
+		{"one block's layer (128 KiB), crowded: one range", []rmaRegion{{src: 64 << 10, dst: 0, n: 128 << 10}}, 2, true, 1, inPlaceCrowdedPieceBytes},
+		{"one lane, crowded: whole", []rmaRegion{{src: 0, dst: 4096, n: 4 << 20}}, 1, true, 1, 4 << 20},
+		{"a 512 MiB request, crowded: jobs of inPlaceBatchBytes", []rmaRegion{{0, 0, 200 << 20}, {300 << 20, 200 << 20, 312 << 20}}, 2, true, 25 + 39, inPlaceBatchBytes},
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
-			got, batch := splitForLanes(c.gets, c.lanes)
+			got, batch := splitForLanes(c.gets, c.lanes, c.crowded)
 			require.Equal(t, c.wantBatch, batch)
 			require.Len(t, got, c.wantN)
 			i := 0
