@@ -14,13 +14,15 @@ import "time"
 // peer that resumes may still write into it (UCX 1.13 was seen to, over TCP), so its memory
 // stays pinned until the worker closes. A local peer's process that has ended writes nothing
 // more, and what it wrote before reaches this worker through its own shared-memory receive
-// FIFOs, read in order: once the process is seen gone, and at a later look this worker has
-// read every element written to its FIFOs (it went idle, its progress finding none to read,
-// and no element waits claimed and unwritten), nothing of that peer can reach the receive any
-// more. The watch then lets go of the endpoint's suspended receives, with the worker open, and
-// a receive UCX fails later on that endpoint (purged once the dead peer's FIFO was emptied) is
-// released at once, as for a peer UCX reported dead. A peer over TCP has no such record: its
-// suspended receives stay pinned until the worker closes.
+// FIFOs, read in order. So the watch lets go of the endpoint's suspended receives, with the
+// worker open, in three looks (fifoWatchEvery apart, each as the worker goes idle): one sees
+// the process gone; a later one sees no element of this worker's FIFOs claimed and unwritten,
+// so every element the dead process claimed has been written; and the next one comes after a
+// progress that found no written element unread (UCX's shared-memory progress reads every
+// element whose owner bit says written, uct_mm_iface_poll_fifo), so all of them have been read.
+// A receive UCX fails later on that endpoint (its rendezvous purged once the dead peer's FIFO
+// was emptied) is released at once, as for a peer UCX reported dead. A peer over TCP has no
+// such record: its suspended receives stay pinned until the worker closes.
 
 // localProc is a local peer's process as its FIFO records name it at Connect (the kernel's
 // view: procfs, IPC_STAT), and which of this worker's own FIFOs it writes into.
@@ -49,10 +51,12 @@ func localProcOf(segs []*peerFIFOSeg) *localProc {
 	return p
 }
 
-// suspectPeer is an endpoint to a local peer with suspended receives.
+// suspectPeer is an endpoint to a local peer with suspended receives: gone, a look found its
+// process gone; written, a later look found every element claimed in this worker's FIFOs
+// written. Its receives go at the look after that.
 type suspectPeer struct {
-	ep   *Endpoint
-	gone bool // a look found the process gone; its receives go at a later look
+	ep            *Endpoint
+	gone, written bool
 }
 
 // watchSuspect (loop only) watches the endpoint of a receive just suspended, once, where its
@@ -66,8 +70,9 @@ func (w *Worker) watchSuspect(ep *Endpoint) {
 }
 
 // pollSuspects (loop only, as the worker goes idle, after watchFIFOs' looks) looks at the
-// watched endpoints, at most every fifoWatchEvery: a peer seen gone at an earlier look, with
-// this worker's own FIFOs drained now, has its endpoint's suspended receives let go of.
+// watched endpoints, at most every fifoWatchEvery: a peer seen gone, and then every element
+// claimed in this worker's own FIFOs written, at two earlier looks has its endpoint's
+// suspended receives let go of.
 func (w *Worker) pollSuspects() {
 	f := &w.fifos
 	if len(f.peers) == 0 {
@@ -85,7 +90,8 @@ func (w *Worker) pollSuspects() {
 		case !s.gone:
 			s.gone = (&peerFIFOSeg{pid: p.pid, started: p.started}).gone()
 			keep = append(keep, s)
-		case !w.ownFIFO.drained(p.posix, p.sysv):
+		case !s.written:
+			s.written = w.ownFIFO.written(p.posix, p.sysv)
 			keep = append(keep, s)
 		default:
 			s.ep.peerGone = true
@@ -101,15 +107,14 @@ func (w *Worker) pollSuspects() {
 	f.peers = keep
 }
 
-// drained (loop only, as the worker goes idle) reports whether every element written to this
-// worker's own FIFOs of the transports asked for has been read: each is looked up and no
-// element of it waits claimed and unwritten (the last progress found none ready to read, so
-// the reader is at the head). A FIFO that cannot be looked at is not drained.
-func (o *ownFIFOs) drained(posix, sysv bool) bool {
-	return (!posix || o.posix.drained()) && (!sysv || o.sysv.drained())
+// written (loop only) reports whether every element claimed so far in this worker's own FIFOs
+// of the transports asked for has been written: each is looked up and no element of it waits
+// claimed and unwritten (fifoUnwritten). A FIFO that cannot be looked at is not.
+func (o *ownFIFOs) written(posix, sysv bool) bool {
+	return (!posix || o.posix.written()) && (!sysv || o.sysv.written())
 }
 
-func (o *ownFIFO) drained() bool {
+func (o *ownFIFO) written() bool {
 	if !o.set || o.seg == nil || o.b == nil {
 		return false
 	}
