@@ -22,14 +22,19 @@ import (
 )
 
 // postCMAProven is postCMA, except that a read outside the ranges proven for k's key asks the
-// peer once more which ranges the key covers (reproveCMA) before it is refused.
+// peer again which ranges the key covers (reproveCMA) before it is refused: twice at most, since
+// the first may only wait for another read's proof, which the peer may have answered before it
+// registered the memory this read names.
 func (t *ucxTransport) postCMAProven(from transport.Peer, k *ucxRemoteKey, key []byte, remote []unix.RemoteIovec, local [][]byte, total int, done func(transport.Completion)) (transport.OpID, bool, error) {
 	id, taken, err := t.postCMA(from, k, remote, local, total, done)
-	var re *cmaRangeError
-	if !errors.As(err, &re) || !t.reproveCMA(from, k, key) {
-		return id, taken, err
+	for range 2 {
+		var re *cmaRangeError
+		if !errors.As(err, &re) || !t.reproveCMA(from, k, key) {
+			break
+		}
+		id, taken, err = t.postCMA(from, k, remote, local, total, done)
 	}
-	return t.postCMA(from, k, remote, local, total, done)
+	return id, taken, err
 }
 
 // reproveCMA asks from again which ranges key covers (proveCMA, bounded as the first proof),
@@ -38,8 +43,9 @@ func (t *ucxTransport) postCMAProven(from transport.Peer, k *ucxRemoteKey, key [
 // is not given to another process while its process lives). The answer's pidfd is closed: the
 // route keeps the first. It reports whether the caller should check the read again: the
 // ranges were proven anew, here or by another read's proof that it waited for. One proof per
-// key at a time (k.proving). A peer that names memory it never registered costs itself a
-// proof per read, and its reads are refused as before.
+// key at a time (k.proving). A peer that names memory it never registered costs itself up to
+// two proofs per read (each bounded by cmaProofTimeout, on the goroutine posting the read), and
+// its reads are refused as before.
 func (t *ucxTransport) reproveCMA(from transport.Peer, k *ucxRemoteKey, key []byte) bool {
 	t.mu.Lock()
 	if wait := k.proving; wait != nil {
