@@ -240,6 +240,10 @@ func devMinor(dev uint64) uint64 { return dev&0xff | (dev>>12)&^0xff }
 type fifoWatch struct {
 	segs []*peerFIFOSeg
 	next time.Time // the next look (fifoWatchEvery)
+	// peers are the endpoints to local peers with suspended receives, nextPeers their next
+	// look (fifo_dead_recvs.go).
+	peers     []*suspectPeer
+	nextPeers time.Time
 }
 
 // fifoWatchEvery is how often the watch looks; a dead peer's sends are let go of within about
@@ -282,7 +286,7 @@ func (f *fifoWatch) close() {
 	for _, s := range f.segs {
 		s.close()
 	}
-	f.segs = nil
+	f.segs, f.peers = nil, nil
 }
 
 // pausedMapper returns a process other than this one that maps the segment and is paused, so

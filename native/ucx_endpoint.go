@@ -42,6 +42,7 @@ func (w *Worker) Connect(ctx context.Context, addr []byte) (*Endpoint, error) {
 	}
 	ep := &Endpoint{w: w, peerAddr: append([]byte(nil), addr...), failed: make(chan struct{}), closed: make(chan struct{}),
 		recvs: make(map[*Request]struct{}), ops: make(map[*Request]struct{}), peerFIFOs: recordPeerFIFOs(addr, w.address)}
+	ep.peerProc = localProcOf(ep.peerFIFOs)
 	var err error
 	caddr := C.CBytes(addr)
 	callErr := w.call(ctx, func() {
@@ -89,6 +90,13 @@ type Endpoint struct {
 	recvs      map[*Request]struct{} // loop-owned: receives bound to the endpoint
 	ops        map[*Request]struct{} // loop-owned: sends, puts, gets, flushes not yet completed
 	peerFIFOs  []*peerFIFOSeg        // a local peer's receive FIFOs (posix, sysv), emptied once its process is gone; none when not local
+	// peerProc is the local peer's process its FIFO records named at Connect (nil when not
+	// local); peerGone (loop-owned): it was seen gone with this worker's FIFOs drained since, so
+	// nothing it sent can still arrive; suspectWatched (loop-owned): the watch has the endpoint
+	// for its suspended receives (fifo_dead_recvs.go).
+	peerProc       *localProc
+	peerGone       bool
+	suspectWatched bool
 }
 
 // Failed is closed once the endpoint can no longer be used: the peer failed, or Close or

@@ -78,11 +78,12 @@ func fifoRelease(m mapping, pid int, size uint64) (unread uint64, ok bool) {
 	return uint64(n), r == C.KVX_FIFO_OK
 }
 
-// watchFIFOs (loop only, as the worker goes idle) runs the watch of dead peers' FIFOs and
-// the look at this worker's own.
+// watchFIFOs (loop only, as the worker goes idle) runs the watch of dead peers' FIFOs, the
+// look at this worker's own, and the watch of suspended receives' peers.
 func (w *Worker) watchFIFOs() {
 	w.fifos.poll(w.emptyDeadFIFO)
 	w.ownFIFO.poll(w)
+	w.pollSuspects()
 }
 
 // fifoStuckAfter is how long an element of this worker's FIFO must stay claimed and unwritten,

@@ -199,7 +199,7 @@ func (r *Request) finish(err error, length int64) {
 	if r.tracked && r.w.cancelling == r {
 		r.cleanCancel = true
 	}
-	if r.kind == opTagRecv && err != nil && !r.cleanCancel && r.ep != nil && r.ep.closing && !r.ep.peerFailed && !r.ep.departed {
+	if r.kind == opTagRecv && err != nil && !r.cleanCancel && r.ep != nil && r.ep.closing && !r.ep.peerFailed && !r.ep.departed && !r.ep.peerGone {
 		r.suspend(err)
 		return
 	}
@@ -235,9 +235,12 @@ func (r *Request) finish(err error, length int64) {
 // after it had matched a message, while the peer may still be alive (frozen, not dead): UCX
 // 1.13 was seen, over TCP, to keep writing such a receive's fragments into its buffer when the
 // peer resumed. The caller learns now, as for an abandoned request; the memory (and any C
-// buffer) stays pinned until the worker is closed, when nothing can write any more.
+// buffer) stays pinned until the worker is closed, when nothing can write any more, or, for a
+// local peer, until its process is seen gone and this worker's FIFOs drained after
+// (pollSuspects).
 func (r *Request) suspend(err error) {
 	r.w.suspects[r] = struct{}{}
+	r.w.watchSuspect(r.ep)
 	if r.abandoned {
 		return // the caller was told when it was abandoned
 	}

@@ -5,6 +5,7 @@
 package transfer
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kvxfer/kvxfer/layout"
 	"github.com/kvxfer/kvxfer/transfer/internal/ucxhooks"
+	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/ucx"
 )
 
@@ -53,8 +55,15 @@ func TestL1_UCXCloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 					cfg.Tuning.QuarantineTimeout = 10 * time.Second // Close, not the timer, ends what is left
 					pc.cfg(&cfg)
 					var trs []*ucx.Transport
+					var wrap func(ucxImpl) Transport
+					if pc.path == PathRMA || pc.path == PathDirect {
+						// These paths move a transfer's 4 MiB in a few milliseconds: some
+						// completions are held, so Close finds the transfers with their bytes
+						// moved and an operation outstanding (heldCompletions).
+						wrap = func(u ucxImpl) Transport { return &heldCompletions{ucxImpl: u} }
+					}
 					mk := func() closeSide {
-						u := newUCXEngine(t, tr.tls, tr.dev, cfg)
+						u := newUCXEngineOver(t, tr.tls, tr.dev, cfg, wrap)
 						trs = append(trs, u.tr)
 						if pc.name == cma.name {
 							ucxhooks.Hooks.AllowSameProcessCMA(u.tr) // both engines in this process
@@ -88,4 +97,120 @@ func TestL1_UCXCloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 			}
 		}
 	}
+}
+
+// heldCompletions is a UCX transport on which the engine hears some operations' completions
+// only once it cancels them or the transport closes: every read of an RMA receiver's generation
+// word (rma_gen.go), which it reads with a get, never through a mapping of it; and every receive
+// of a direct transfer's chunks but its first. UCX has ended them (a completion held is UCX's
+// own), and the engine has not heard yet, as on a loaded host: the transfer stays in flight,
+// its bytes moved (all of them on the RMA path) and an operation outstanding, and the
+// sender's pool exposed or its chunks sent, until Close. Over shared memory and TCP those
+// paths move a transfer's 4 MiB in a few milliseconds, too fast for closeMidTransfer to find
+// them moving otherwise.
+type heldCompletions struct {
+	ucxImpl
+	mu     sync.Mutex
+	ops    map[*heldOp]bool // the operations whose completions are held, or will be
+	closed bool
+}
+
+// heldOp is an operation whose completions are held: its id, and its callbacks not yet
+// delivered.
+type heldOp struct {
+	id    transport.OpID
+	calls []func()
+	let   bool // its held callbacks were delivered; any later one goes straight through
+}
+
+// hold posts an operation (post, whose callbacks call deliver) with its completions held.
+func (h *heldCompletions) hold(post func(deliver func(call func())) (transport.OpID, error)) (transport.OpID, error) {
+	r := &heldOp{}
+	h.mu.Lock()
+	if h.ops == nil {
+		h.ops = map[*heldOp]bool{}
+	}
+	r.let = h.closed
+	if !r.let {
+		h.ops[r] = true
+	}
+	h.mu.Unlock()
+	id, err := post(func(call func()) {
+		h.mu.Lock()
+		if !r.let {
+			r.calls = append(r.calls, call)
+			h.mu.Unlock()
+			return
+		}
+		h.mu.Unlock()
+		call() // on the transport's goroutine, as it came
+	})
+	h.mu.Lock()
+	r.id = id
+	if err != nil {
+		delete(h.ops, r)
+	}
+	h.mu.Unlock()
+	return id, err
+}
+
+// letLocked delivers r's held callbacks, in order, on a goroutine of its own: never inside a
+// Transport method the engine called (transport.Transport's callback rules). h.mu is held.
+func (h *heldCompletions) letLocked(r *heldOp) {
+	calls := r.calls
+	r.calls, r.let = nil, true
+	delete(h.ops, r)
+	go func() {
+		for _, f := range calls {
+			f()
+		}
+	}()
+}
+
+// MapRemote maps what the inner transport maps, but the 8-byte generation word: readMapped
+// then reads it with PostReadGeneration (the pools the tests read are never 8 bytes).
+func (h *heldCompletions) MapRemote(from Peer, key []byte, addr uint64, n int) ([]byte, func(), error) {
+	if n == 8 {
+		return nil, nil, nil
+	}
+	return h.ucxImpl.MapRemote(from, key, addr, n)
+}
+
+func (h *heldCompletions) PostReadGeneration(from Peer, tag transport.Tag, key []byte, addr uint64, done func(transport.Completion, uint64)) (transport.OpID, error) {
+	return h.hold(func(deliver func(func())) (transport.OpID, error) {
+		return h.ucxImpl.PostReadGeneration(from, tag, key, addr, func(c transport.Completion, v uint64) { deliver(func() { done(c, v) }) })
+	})
+}
+
+func (h *heldCompletions) PostRecvIOV(from Peer, tag transport.Tag, iov [][]byte, done func(transport.Completion)) (transport.OpID, error) {
+	if tag.Seq == 0 { // the first chunk: the transfer's bytes are seen moving
+		return h.ucxImpl.PostRecvIOV(from, tag, iov, done)
+	}
+	return h.hold(func(deliver func(func())) (transport.OpID, error) {
+		return h.ucxImpl.PostRecvIOV(from, tag, iov, func(c transport.Completion) { deliver(func() { done(c) }) })
+	})
+}
+
+// Cancel lets a held operation's completions go (UCX's own reach the engine), and cancels the
+// operation in UCX as well, where it may still run.
+func (h *heldCompletions) Cancel(id transport.OpID) {
+	h.mu.Lock()
+	for r := range h.ops {
+		if r.id == id {
+			h.letLocked(r)
+		}
+	}
+	h.mu.Unlock()
+	h.ucxImpl.Cancel(id)
+}
+
+// Close lets every held completion go, and any later one through, then closes the transport.
+func (h *heldCompletions) Close(force bool) error {
+	h.mu.Lock()
+	h.closed = true
+	for r := range h.ops {
+		h.letLocked(r)
+	}
+	h.mu.Unlock()
+	return h.ucxImpl.Close(force)
 }

@@ -55,6 +55,13 @@ type ucxEngine struct {
 // newUCXEngine is an Engine over a ucx.Transport; mods adjust the transport's configuration.
 func newUCXEngine(t testing.TB, tls, dev string, cfg Config, mods ...func(*ucx.Config)) *ucxEngine {
 	t.Helper()
+	return newUCXEngineOver(t, tls, dev, cfg, nil, mods...)
+}
+
+// newUCXEngineOver is newUCXEngine with the engine over wrap(the transport's implementation)
+// when wrap is not nil: a test's wrapper, which embeds ucxImpl and so keeps every capability.
+func newUCXEngineOver(t testing.TB, tls, dev string, cfg Config, wrap func(ucxImpl) Transport, mods ...func(*ucx.Config)) *ucxEngine {
+	t.Helper()
 	cfg = cfg.withDefaults()
 	if cfg.Tuning.NumSlots == 0 {
 		cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
@@ -68,7 +75,11 @@ func newUCXEngine(t testing.TB, tls, dev string, cfg Config, mods ...func(*ucx.C
 	tr, err := ucx.New(uc)
 	require.NoError(t, err)
 	cfg.StagingMemory = tr.StagingMemory()
-	e, err := New(tr, cfg)
+	var engTr Transport = tr
+	if wrap != nil {
+		engTr = wrap(ucxOf(tr))
+	}
+	e, err := New(engTr, cfg)
 	require.NoError(t, err)
 	u := &ucxEngine{tr: tr, e: e}
 	t.Cleanup(func() { _ = e.Close() })

@@ -329,9 +329,10 @@ func (t *ucxTransport) cmaPeer(peer transport.Peer) (int, bool) {
 
 // postCMAGet posts a get that process_vm_readv serves; taken is false when dst cannot be read
 // into that way (device memory), or no new read may start (ucxCMA.shut), and the caller posts a
-// UCX get. A get outside the ranges the peer proved is refused (*cmaRangeError).
-func (t *ucxTransport) postCMAGet(from transport.Peer, k *ucxRemoteKey, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
-	return t.postCMA(from, k, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}, [][]byte{dst}, len(dst), done)
+// UCX get. A get outside the ranges the peer proves for key (asked again first,
+// cma_reprove.go) is refused (*cmaRangeError).
+func (t *ucxTransport) postCMAGet(from transport.Peer, k *ucxRemoteKey, key []byte, addr uint64, dst []byte, done func(transport.Completion)) (id transport.OpID, taken bool, err error) {
+	return t.postCMAProven(from, k, key, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(dst)}}, [][]byte{dst}, len(dst), done)
 }
 
 // postCMA posts a read of remote, in order, into local (total bytes each, every entry
@@ -459,7 +460,7 @@ func (t *ucxTransport) postGetVector(from transport.Peer, _ transport.Tag, key [
 	if !ok {
 		return 0, fmt.Errorf("%w: %s: no process_vm_readv route to this peer's key, which vector gets need", transport.ErrBadRegion, from.Short())
 	}
-	id, taken, err := t.postCMA(from, k, remote, local, rtotal, done)
+	id, taken, err := t.postCMAProven(from, k, key, remote, local, rtotal, done)
 	if !taken {
 		return 0, fmt.Errorf("%w: %s: the process_vm_readv route is shut (a read blocked) or the destination is not host memory", transport.ErrBadRegion, from.Short())
 	}

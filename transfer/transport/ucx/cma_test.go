@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -327,4 +328,45 @@ func TestUCXCMA_PidfdClosedWithTheKey(t *testing.T) {
 	require.NoError(t, b.Close(true))
 	_, err = unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
 	require.ErrorIs(t, err, unix.EBADF, "closed with the key")
+}
+
+// UCX packs no address into the key of host memory registered over shared memory: every pool
+// a peer registers has the same key, and the proof taken at the first read through it names
+// the ranges registered then. A pool the peer registers after that proof is read by
+// process_vm_readv too, every byte (the reader asks the peer again before it refuses a range
+// outside those proven); a read of the peer's memory outside every pool it registered is still
+// refused, nothing read.
+func TestUCXCMA_PoolRegisteredAfterTheProofIsRead(t *testing.T) {
+	const n = 1 << 20
+	a, b, rb, pool, dst := cmaPair(t, n, nil)
+	id := cmaGet(t, a, b, rb, pool, 0, dst)
+	cs := awaitCMAFinal(t, rb, id)
+	require.NoError(t, cs[len(cs)-1].Err)
+	require.Equal(t, pool, dst)
+
+	later := registered(t, a, mmapRegion(t, n))
+	fill(later, 21)
+	_, k1, err := a.RMAKey(pool)
+	require.NoError(t, err)
+	_, k2, err := a.RMAKey(later)
+	require.NoError(t, err)
+	require.Equal(t, k1, k2, "one key for both pools: the case this test is about")
+	dst2 := registered(t, b, mmapRegion(t, n))
+	id = cmaGet(t, a, b, rb, later, 0, dst2)
+	cs = awaitCMAFinal(t, rb, id)
+	require.NoError(t, cs[len(cs)-1].Err)
+	require.Equal(t, later, dst2, "every byte")
+	require.Equal(t, cmastats.Stats{Gets: 2, Bytes: 2 * n}, b.CMAStats(), "both read by process_vm_readv")
+
+	secret := mmapRegion(t, n) // a's memory, never registered
+	fill(secret, 33)
+	clear(dst2)
+	_, err = post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) {
+		return b.PostGet(a.Self(), transport.Tag{Request: 7, Seq: 2}, k1, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(secret)))), dst2, d)
+	})
+	var re *cmaRangeError
+	require.ErrorAs(t, err, &re)
+	require.ErrorIs(t, err, transport.ErrProtocol)
+	require.Equal(t, make([]byte, n), dst2, "nothing read")
+	require.Equal(t, uint64(2), b.CMAStats().Gets)
 }

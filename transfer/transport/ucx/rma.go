@@ -127,7 +127,7 @@ func (t *ucxTransport) PostGet(from transport.Peer, tag transport.Tag, key []byt
 		return 0, err
 	}
 	if k, ok := t.cmaRoute(from, key, false); ok {
-		if id, taken, err := t.postCMAGet(from, k, addr, dst, done); taken {
+		if id, taken, err := t.postCMAGet(from, k, key, addr, dst, done); taken {
 			return id, err
 		}
 	}
