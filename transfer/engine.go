@@ -345,7 +345,9 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive, expose bool) (*H
 	notifyStart(e.obs, h, receive) // under e.mu: no Cancel can report a transition before it
 	e.mu.Unlock()
 	if len(xs) == 1 && xs[0].inPlaceSoon() { // rma_inplace.go
-		e.movers.standby()
+		if xs[0].standbyUntil = e.movers.standby(); xs[0].standbyUntil != 0 {
+			xs[0].standbyFrom = time.Now().UnixNano()
+		}
 	}
 	for _, x := range xs {
 		goGrown(x.run)

@@ -42,16 +42,24 @@ type moverPool struct {
 	// counts the workers that do, which a queued copy needs no wake for. wakes counts the
 	// wakes of sleeping workers, standbys the standby windows opened or extended.
 	standbyFor   time.Duration
+	lead         time.Duration // the moving average of standbyLead's leads; 0: none yet
 	standbyUntil int64
 	spinning     int
 	wakes        int
 	standbys     int
 }
 
-// standbySpin is how long a worker readied by standby waits awake for its copy: about the
-// time from a one-hop Receive's start to its first copy on the 2-core host (55-80 us at the
-// median when quiet, docs/benchmarks.md), with room for a busy host.
+// standbySpin is the longest a worker readied by standby waits awake for its copy, and the
+// window before any copy came after a standby: the time from a one-hop Receive's start to its
+// first copy was 55-80 us at the median on the 2-core Xeon VM when quiet, 25-35 us on the
+// AMD EPYC one (docs/benchmarks.md). After the first, the window is twice the leads' moving
+// average (standbyLead), at least standbyMin: a window much longer than the lead kept a core
+// from the request's own threads, and its p99 (the 32-token row's 2.25-2.59 times its p50
+// with 250 us on the AMD VM, 1.79-2.17 with 60, docs/benchmarks.md, "The mover's standby").
 const standbySpin = 250 * time.Microsecond
+
+// standbyMin is the shortest standby window: a lead measured short once is not a promise.
+const standbyMin = 20 * time.Microsecond
 
 // moveJob is one copy: a gather of rec's chunk into its slot (sender) or a scatter of its
 // payload out of it (receiver).
@@ -147,15 +155,18 @@ func (p *moverPool) work() {
 // a yielding wait, or a worker moved off that vCPU, only moved the time into the copy
 // (docs/benchmarks.md, "A one-hop read's 200 us stall before its copy"). Nothing while copies
 // are queued or running (the workers are awake), after fence or close.
-func (p *moverPool) standby() {
+//
+// It returns the window's end as set, for endStandby; 0 where it readied nothing.
+func (p *moverPool) standby() int64 {
 	p.mu.Lock()
 	if p.fenced || p.closed || p.busy > 0 || p.head < len(p.jobs) {
 		p.mu.Unlock()
-		return
+		return 0
 	}
 	now := time.Now().UnixNano()
 	readied := p.standbyUntil > now
 	p.standbyUntil = now + int64(p.standbyFor)
+	until := p.standbyUntil
 	p.standbys++
 	start := false
 	switch {
@@ -172,6 +183,36 @@ func (p *moverPool) standby() {
 	if start {
 		go p.work()
 	}
+	return until
+}
+
+// endStandby ends the standby window that standby opened with the end until, once the copy it
+// readied a worker for has been copied (copyShared): a waiting worker then sleeps at once
+// instead of holding a core for the rest of the window. A window another standby has extended
+// since (another Receive's) stays open.
+func (p *moverPool) endStandby(until int64) {
+	if until == 0 {
+		return
+	}
+	p.mu.Lock()
+	if p.standbyUntil == until {
+		p.standbyUntil = 0
+	}
+	p.mu.Unlock()
+}
+
+// standbyLead takes the time from a standby to the first copy of the Receive that opened it
+// (copyShared): the window becomes twice the leads' moving average (each new lead an eighth of
+// it), between standbyMin and standbySpin.
+func (p *moverPool) standbyLead(lead time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lead == 0 {
+		p.lead = lead
+	} else {
+		p.lead += (lead - p.lead) / 8
+	}
+	p.standbyFor = min(max(2*p.lead, standbyMin), standbySpin)
 }
 
 // runHere runs one copy on the calling goroutine (a transfer's loop), for a copy so short

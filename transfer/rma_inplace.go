@@ -15,6 +15,7 @@ package transfer
 
 import (
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -79,9 +80,12 @@ func (x *xfer) rmaInPlaceLikely() bool {
 // 55-80 us away, worth a mover's standby (moverPool.standby): its params carry a one-hop
 // exposure, so the offer is in hand; the transport maps peers' memory and has more than one
 // lane; and the request is short (copyShared), so its loop copies too and would otherwise
-// copy alone while a mover wakes.
+// copy alone while a mover wakes, but larger than one range (inPlacePieceBytes): a 128 KiB
+// block layer is one range, which its loop copies alone, and a worker readied for it only
+// held a core through its window (the 128 KiB row's p99 313-316 us with it, 140-158 us
+// without, docs/benchmarks.md, "The mover's standby after the copy").
 func (x *xfer) inPlaceSoon() bool {
-	if !x.receive || !x.hostPool || x.eng.cfg.Tuning.DisableInPlaceReads || x.plan.Bytes() > inPlaceLoopBytes {
+	if !x.receive || !x.hostPool || x.eng.cfg.Tuning.DisableInPlaceReads || x.plan.Bytes() > inPlaceLoopBytes || x.plan.Bytes() <= inPlacePieceBytes {
 		return false
 	}
 	if _, maps := x.eng.tr.(transport.RMAMapper); !maps {
@@ -175,9 +179,15 @@ func (r *rmaReceive) copyShared() {
 	}
 	x.moving++ // as toMover counts it: the copy's event settles it (movedDone)
 	x.movingPeer++
+	if x.standbyFrom != 0 {
+		x.eng.movers.standbyLead(time.Duration(time.Now().UnixNano() - x.standbyFrom))
+		x.standbyFrom = 0
+	}
 	x.stamp("loop copy begins")
 	x.eng.movers.runHere(x, &opRec{seq: first, share: s})
 	x.eng.movers.help(x)
+	x.eng.movers.endStandby(x.standbyUntil) // nothing left to take: a worker still waiting sleeps
+	x.standbyUntil = 0
 	x.stamp("loop copy ended")
 }
 

@@ -177,6 +177,34 @@ func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
 		p.standby()
 		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.idle == 1 && p.spinning == 0 }, "the worker asleep again")
 	})
+	t.Run("ended by its copy's end: the worker sleeps at once", func(t *testing.T) {
+		p := newMoverPool()
+		p.standbyFor = time.Minute
+		defer p.close()
+		until := p.standby()
+		require.NotZero(t, until)
+		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.spinning == 1 }, "a worker waits awake")
+		p.endStandby(until)
+		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.idle == 1 && p.spinning == 0 },
+			"the worker asleep again long before its minute")
+	})
+	t.Run("a window another standby extended stays open", func(t *testing.T) {
+		p := newMoverPool()
+		p.standbyFor = time.Minute
+		defer p.close()
+		first := p.standby()
+		time.Sleep(time.Millisecond) // the second window ends later than the first
+		second := p.standby()
+		require.Greater(t, second, first)
+		p.endStandby(first)
+		p.mu.Lock()
+		open, spinning := p.standbyUntil, p.spinning
+		p.mu.Unlock()
+		require.Equal(t, second, open, "the later window still open")
+		require.LessOrEqual(t, spinning, 1)
+		p.endStandby(second)
+		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.idle == 1 && p.spinning == 0 }, "ended by its own end")
+	})
 	t.Run("one standby at a time", func(t *testing.T) {
 		p := newMoverPool()
 		p.limit = 4
@@ -209,13 +237,33 @@ func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
 			p.mu.Lock()
 			running := p.running
 			p.mu.Unlock()
-			p.standby()
+			require.Zero(t, p.standby(), "no window to end")
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			require.Equal(t, running, p.running, "no worker started")
 			require.Zero(t, p.standbyUntil)
 		})
 	}
+}
+
+// standbyLead: the standby window is standbySpin until a lead is known, then twice the leads'
+// moving average, never under standbyMin nor over standbySpin.
+func TestMoverPool_StandbyWindowFollowsTheLead(t *testing.T) {
+	p := newMoverPool()
+	defer p.close()
+	require.Equal(t, standbySpin, p.standbyFor, "no lead yet")
+	p.standbyLead(30 * time.Microsecond)
+	require.Equal(t, 60*time.Microsecond, p.standbyFor, "the first lead, twice")
+	p.standbyLead(110 * time.Microsecond)
+	require.Equal(t, 80*time.Microsecond, p.standbyFor, "an eighth of the way to the new lead: 40 us, twice")
+	for range 100 {
+		p.standbyLead(time.Millisecond)
+	}
+	require.Equal(t, standbySpin, p.standbyFor, "long leads: at most standbySpin")
+	for range 200 {
+		p.standbyLead(time.Microsecond)
+	}
+	require.Equal(t, standbyMin, p.standbyFor, "short leads: at least standbyMin")
 }
 
 // othersActive (what a short read in place asks as it splits its ranges, splitForLanes) is

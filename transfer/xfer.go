@@ -114,9 +114,13 @@ type xfer struct {
 	queuedCause error          // why it left Queued ended (queuedExit), for the abort a Send owes its receiver
 	drainPosted bool           // an aborting staging receiver posted and cancelled its next receive (drainAhead)
 	movingPeer  int            // copies on the movers that read the peer's memory in place (of moving)
-	cause       error
-	quarantined bool
-	ended       bool
+	// standbyUntil is the end of the movers' standby window its Engine.start opened for its
+	// read in place (moverPool.standby) at standbyFrom (Unix ns), which its copy ends
+	// (copyShared); 0: none.
+	standbyUntil, standbyFrom int64
+	cause                     error
+	quarantined               bool
+	ended                     bool
 	// path moves the bytes (path.go): staging, direct or RMA, on this side; nil until picked.
 	path path
 	// blocksUnknown: a direct operation's memory verdict was unknown; the transfer never
