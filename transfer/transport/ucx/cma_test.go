@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvxfer/kvxfer/internal/cmastats"
+	"github.com/kvxfer/kvxfer/transfer/internal/vectorget"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 	"github.com/kvxfer/kvxfer/transfer/transport/transporttest"
 )
@@ -369,4 +370,24 @@ func TestUCXCMA_PoolRegisteredAfterTheProofIsRead(t *testing.T) {
 	require.ErrorIs(t, err, transport.ErrProtocol)
 	require.Equal(t, make([]byte, n), dst2, "nothing read")
 	require.Equal(t, uint64(2), b.CMAStats().Gets)
+
+	// A vector get (PostGetVector) of a pool registered later still is read too: it asks the
+	// peer again as a get does.
+	third := registered(t, a, mmapRegion(t, n))
+	fill(third, 27)
+	addr3, k3, err := a.RMAKey(third)
+	require.NoError(t, err)
+	require.Equal(t, k1, k3)
+	dst3 := registered(t, b, mmapRegion(t, n))
+	src := []vectorget.Range{{Addr: addr3 + n/2, Len: n / 2}, {Addr: addr3, Len: n / 2}}
+	local := [][]byte{dst3[: n/2 : n/2], dst3[n/2:]}
+	id, err = post(t, rb, func(d func(transport.Completion)) (transport.OpID, error) {
+		return b.postGetVector(a.Self(), transport.Tag{Request: 7, Seq: 3}, k3, src, local, d)
+	})
+	require.NoError(t, err)
+	cs = awaitCMAFinal(t, rb, id)
+	require.NoError(t, cs[len(cs)-1].Err)
+	require.Equal(t, third[n/2:], dst3[:n/2], "every byte, in the vector's order")
+	require.Equal(t, third[:n/2], dst3[n/2:])
+	require.Equal(t, uint64(3), b.CMAStats().Gets, "read by process_vm_readv")
 }
