@@ -252,18 +252,24 @@ const fifoWatchEvery = 250 * time.Millisecond
 
 func (f *fifoWatch) add(s *peerFIFOSeg) { f.segs = append(f.segs, s) }
 
+// watchDue reports whether a look whose next time is *next is due now, and if so sets the one
+// after it, fifoWatchEvery later.
+func watchDue(next *time.Time) bool {
+	now := time.Now()
+	if now.Before(*next) {
+		return false
+	}
+	*next = now.Add(fifoWatchEvery)
+	return true
+}
+
 // poll looks at the watched FIFOs if it is time: release empties a dead one's FIFO; an entry
 // whose segment UCX no longer maps (UCX destroyed its endpoint: the peer resumed and read its
 // FIFO) is dropped.
 func (f *fifoWatch) poll(release func(*peerFIFOSeg)) {
-	if len(f.segs) == 0 {
+	if len(f.segs) == 0 || !watchDue(&f.next) {
 		return
 	}
-	now := time.Now()
-	if now.Before(f.next) {
-		return
-	}
-	f.next = now.Add(fifoWatchEvery)
 	keep := f.segs[:0]
 	for _, s := range f.segs {
 		maps, err := s.segMappings()

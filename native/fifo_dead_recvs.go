@@ -4,8 +4,6 @@
 
 package native
 
-import "time"
-
 // Receives a frozen local peer's death lets go of (docs/ucx.md, "A frozen peer that is killed
 // later").
 //
@@ -75,14 +73,9 @@ func (w *Worker) watchSuspect(ep *Endpoint) {
 // suspended receives let go of.
 func (w *Worker) pollSuspects() {
 	f := &w.fifos
-	if len(f.peers) == 0 {
+	if len(f.peers) == 0 || !watchDue(&f.nextPeers) {
 		return
 	}
-	now := time.Now()
-	if now.Before(f.nextPeers) {
-		return
-	}
-	f.nextPeers = now.Add(fifoWatchEvery)
 	keep := f.peers[:0]
 	for _, s := range f.peers {
 		p := s.ep.peerProc
