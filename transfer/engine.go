@@ -345,9 +345,7 @@ func (e *Engine) start(ctx context.Context, spec Spec, receive, expose bool) (*H
 	notifyStart(e.obs, h, receive) // under e.mu: no Cancel can report a transition before it
 	e.mu.Unlock()
 	if len(xs) == 1 && xs[0].inPlaceSoon() { // rma_inplace.go
-		if xs[0].standbyUntil = e.movers.standby(); xs[0].standbyUntil != 0 {
-			xs[0].standbyFrom = time.Now().UnixNano()
-		}
+		xs[0].standbyFrom, xs[0].standbyUntil = e.movers.standby()
 	}
 	for _, x := range xs {
 		goGrown(x.run)

@@ -156,17 +156,18 @@ func (p *moverPool) work() {
 // (docs/benchmarks.md, "A one-hop read's 200 us stall before its copy"). Nothing while copies
 // are queued or running (the workers are awake), after fence or close.
 //
-// It returns the window's end as set, for endStandby; 0 where it readied nothing.
-func (p *moverPool) standby() int64 {
+// It returns when it opened the window and the window's end as set (Unix ns), for
+// standbyLead and endStandby; zeros where it readied nothing.
+func (p *moverPool) standby() (from, until int64) {
 	p.mu.Lock()
 	if p.fenced || p.closed || p.busy > 0 || p.head < len(p.jobs) {
 		p.mu.Unlock()
-		return 0
+		return 0, 0
 	}
 	now := time.Now().UnixNano()
 	readied := p.standbyUntil > now
 	p.standbyUntil = now + int64(p.standbyFor)
-	until := p.standbyUntil
+	until = p.standbyUntil
 	p.standbys++
 	start := false
 	switch {
@@ -183,7 +184,7 @@ func (p *moverPool) standby() int64 {
 	if start {
 		go p.work()
 	}
-	return until
+	return now, until
 }
 
 // endStandby ends the standby window that standby opened with the end until, once the copy it

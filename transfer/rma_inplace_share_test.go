@@ -181,7 +181,7 @@ func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
 		p := newMoverPool()
 		p.standbyFor = time.Minute
 		defer p.close()
-		until := p.standby()
+		_, until := p.standby()
 		require.NotZero(t, until)
 		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.spinning == 1 }, "a worker waits awake")
 		p.endStandby(until)
@@ -192,9 +192,9 @@ func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
 		p := newMoverPool()
 		p.standbyFor = time.Minute
 		defer p.close()
-		first := p.standby()
+		_, first := p.standby()
 		time.Sleep(time.Millisecond) // the second window ends later than the first
-		second := p.standby()
+		_, second := p.standby()
 		require.Greater(t, second, first)
 		p.endStandby(first)
 		p.mu.Lock()
@@ -237,7 +237,9 @@ func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
 			p.mu.Lock()
 			running := p.running
 			p.mu.Unlock()
-			require.Zero(t, p.standby(), "no window to end")
+			from, until := p.standby()
+			require.Zero(t, until, "no window to end")
+			require.Zero(t, from)
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			require.Equal(t, running, p.running, "no worker started")
