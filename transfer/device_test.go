@@ -166,11 +166,17 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 		dstMover, srcMover   bool
 		disableRMAOnRecv     bool
 		disableRMAOnSend     bool
+		smallRanges          bool // the receiver's RMAMinRegionBytes above every range (a host pool would stage)
 		wantPath             Path
 		wantErr              error // both sides fail with it
 	}{
 		{desc: "device to device: gets", srcDevice: true, dstDevice: true, srcGets: true, dstGets: true,
 			dstMover: true, wantPath: PathRMA},
+		// A host receiver stages ranges under RMAMinRegionBytes; a device pool has no staging
+		// once its rma route began (deviceNoFallback), so it reads them by gets all the same:
+		// one layer of a block, or a model's small blocks, is never refused for its size.
+		{desc: "device to device, ranges under RMAMinRegionBytes: gets all the same", srcDevice: true, dstDevice: true,
+			srcGets: true, dstGets: true, dstMover: true, smallRanges: true, wantPath: PathRMA},
 		{desc: "host pool to device pool: gets", dstDevice: true, srcGets: true, dstGets: true, wantPath: PathRMA},
 		{desc: "device pool to host pool: gets", srcDevice: true, srcGets: true, dstGets: true, wantPath: PathRMA},
 		{desc: "no device gets here, Movers given: staging", srcDevice: true, dstDevice: true, dstMover: true, srcMover: true,
@@ -200,6 +206,9 @@ func TestDevicePoolTakesRMAOrStagesOrRefuses(t *testing.T) {
 			scfg, rcfg := rmaConfig(), rmaConfig()
 			rcfg.Tuning.DisableRMA = c.disableRMAOnRecv
 			scfg.Tuning.DisableRMA = c.disableRMAOnSend
+			if c.smallRanges {
+				rcfg.Tuning.RMAMinRegionBytes = 1 << 30
+			}
 			if c.wantErr != nil && c.disableRMAOnRecv {
 				// The receiver refuses before it sends its request (runReceiveDevice), and the
 				// sender does not trust an abort naming a request it never saw (runSend): it

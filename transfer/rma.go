@@ -156,7 +156,8 @@ func (p *rmaParts) add(m *wire.RMAOffer) (*wire.RMAOffer, error) {
 
 // checkOffer validates the offer against the advertised pool and this side's plan, and
 // returns the gets to make, or nil when the ranges are too small for the RMA mode: under
-// RMAMinRegionBytes on average, or InPlaceMinRegionBytes when they are read in place.
+// RMAMinRegionBytes on average, or InPlaceMinRegionBytes when they are read in place (for a
+// device pool, only where they also outnumber its blocks).
 func (x *xfer) checkOffer(m *wire.RMAOffer, inPlace bool) ([]rmaRegion, error) {
 	bad := func(field string, err error, format string, args ...any) error {
 		return &rmaOfferError{Field: field, Reason: fmt.Sprintf(format, args...), Err: err}
@@ -170,7 +171,15 @@ func (x *xfer) checkOffer(m *wire.RMAOffer, inPlace bool) ([]rmaRegion, error) {
 	if inPlace {
 		least = min(least, x.eng.cfg.Tuning.InPlaceMinRegionBytes)
 	}
-	if !ok || x.plan.Bytes()/int64(len(regions)) < least {
+	// A device pool's rma route has no staging to fall back to once it began
+	// (deviceNoFallback): ranges small because its blocks are (a small model, one layer of a
+	// block) cost more gets, never a refused transfer. Small ranges and more of them than
+	// blocks is a layout conversion, which a device pool stages (a Mover's kernels) or is refused.
+	small := x.plan.Bytes()/int64(len(regions)) < least
+	if x.dev.set() {
+		small = small && len(regions) > len(x.plan.Blocks())
+	}
+	if !ok || small {
 		x.log().Debug("rma offer declined: pool ranges too small", zap.Int("ranges", len(regions)), zap.Bool("too many pieces", !ok))
 		return nil, nil
 	}
