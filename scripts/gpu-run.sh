@@ -16,14 +16,15 @@
 #   3. the GPU check: without an NVIDIA GPU, one line "gpu-run: no NVIDIA GPU ..." and exit 3
 #   4. with a GPU: the kernel tests, BenchmarkGPU_Llama3_8B (gather/scatter beside cudaMemcpy
 #      device-to-device), the device transfer tests of native/, transfer/ and
-#      transfer/transport/ucx/, ucx_perftest -t ucp_get -m cuda,cuda, one short kvxbench run
+#      transfer/transport/ucx/, the cross-path promises on the device routes (DeviceOverUCX:
+#      Close, Cancel and a killed peer mid-transfer), ucx_perftest -t ucp_get -m cuda,cuda, one short kvxbench run
 #      with UCX_PROTO_INFO=y (which transports carry device memory: cuda_ipc or cuda_copy),
 #      `kvxbench run --memory device` (registered pools as Spec.Device: the rma route a serving
 #      process takes; each row's path says which route ran) and one 4k row of the same run with
 #      --staging (device slots and kernels), for comparison
 #
 # Every step is bounded by `timeout`; a failing step does not stop the others (GPU time is
-# scarce: one run should show everything). The step timeouts add up to at most 8 minutes, which
+# scarce: one run should show everything). The step timeouts add up to at most 9 minutes, which
 # the script checks before it starts. Exit: 0 all passed, 3 no GPU (after a clean preflight),
 # 1 any step failed, 2 usage.
 set -uo pipefail
@@ -44,11 +45,11 @@ declare -A limit=(
 	[unpack]=15
 	[pre-ucx-info]=5 [pre-perftest-host]=15 [pre-list]=10 [pre-cuda-load]=15 [pre-peers]=40
 	[pre-kvxbench]=20
-	[gpu-smi]=5 [gpu-cuda-tests]=50 [gpu-cuda-bench]=45 [gpu-native-device]=30
-	[gpu-transfer-device]=45 [gpu-ucx-device]=30 [gpu-ucx-transports]=5 [gpu-perftest-cuda]=30
+	[gpu-smi]=5 [gpu-cuda-tests]=35 [gpu-cuda-bench]=30 [gpu-native-device]=30
+	[gpu-transfer-device]=45 [gpu-transfer-promises]=75 [gpu-ucx-device]=30 [gpu-ucx-transports]=5 [gpu-perftest-cuda]=30
 	[gpu-devices]=10 [gpu-proto-info]=20 [gpu-run-device]=38 [gpu-run-device-staging]=10
 )
-budget=480 grace=2
+budget=540 grace=2
 total=0
 for s in "${!limit[@]}"; do total=$((total + limit[$s] + grace)); done
 [ "$total" -le "$budget" ] || { echo "gpu-run: the step timeouts add up to $total s, over the $budget s budget" >&2; exit 2; }
@@ -196,8 +197,11 @@ figures "$OUT/gpu-cuda-bench.log" '^Benchmark|^cpu:'
 device_tests='MemoryType|DeviceMemory|UCXDevice|UCXRegion_Device'
 step gpu-native-device pkgtest native "$b/bin/native.test" -test.count=1 -test.v -test.timeout 25s -test.run "$device_tests"
 step gpu-transfer-device pkgtest transfer "$b/bin/transfer.test" -test.count=1 -test.v -test.timeout 40s -test.run "$device_tests"
+# The cross-path promises on the device routes (transfer/ucx_device_promises_gpu_test.go): Close
+# mid-transfer (L1), Cancel's outcome (L10, L3), a peer killed mid-transfer (L9).
+step gpu-transfer-promises pkgtest transfer "$b/bin/transfer.test" -test.count=1 -test.v -test.timeout 70s -test.run 'DeviceOverUCX'
 step gpu-ucx-device pkgtest transfer/transport/ucx "$b/bin/ucx.test" -test.count=1 -test.v -test.timeout 25s -test.run "$device_tests"
-for l in gpu-native-device gpu-transfer-device gpu-ucx-device; do
+for l in gpu-native-device gpu-transfer-device gpu-transfer-promises gpu-ucx-device; do
 	figures "$OUT/$l.log" 'device-rma|^--- (PASS|FAIL|SKIP)|^(ok|FAIL|PASS)$'
 done
 step gpu-ucx-transports bash -c "ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c" &&

@@ -25,7 +25,7 @@ echo "gpu-test-ucx: UCX $(pkg-config --modversion ucx) from $root; ucx_info sees
 ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c || true
 
 rc=0
-"$GO" test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice|UCXRegion_Device' ./native/ ./transfer/ ./transfer/transport/ucx/ || rc=1
+"$GO" test -tags gpu -race -count=1 -timeout 10m -v -run 'MemoryType|DeviceMemory|UCXDevice|UCXRegion_Device|DeviceOverUCX' ./native/ ./transfer/ ./transfer/transport/ucx/ || rc=1
 echo "gpu-test-ucx: registered cudaMalloc memory moved by gets GPU to GPU, two processes (the 'device-rma two-process' lines above),"
 echo "gpu-test-ucx: beside ucx_perftest ucp_get, cuda memory on both sides, 2 MiB messages (one Llama-3-8B KV block), $build/perftest-cuda-get.log:"
 port=$((20000 + RANDOM % 10000))

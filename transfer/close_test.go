@@ -174,8 +174,8 @@ func TestL2_CloseUnmapsNothingUnderACopy(t *testing.T) {
 // blocks (filled from seed when seed != 0) that its transport can move on the path under test.
 type closeSide struct {
 	e     *Engine
-	self  Peer                    // its name to the other engine
-	mover func(pool []byte) Mover // the Spec's Mover, or nil for none
+	self  Peer                                  // its name to the other engine
+	mover func(id RequestID, pool []byte) Mover // the Mover of the Spec of request id, or nil for none
 	kv    func(t testing.TB, blocks []int32, seed uint64) ([]byte, *layout.Plan)
 	// device registers a pool from kv as device memory of the side's transport (a fakeDevice
 	// over mem): its Specs name it as Spec.Device. Nil: the pool is host memory, Spec.Pool.
@@ -213,7 +213,7 @@ func (c closeSide) spec(s Spec, pool []byte) Spec {
 		s.Pool = pool
 	}
 	if c.mover != nil {
-		s.Mover = c.mover(pool)
+		s.Mover = c.mover(s.ID, pool)
 	}
 	return s
 }
@@ -466,7 +466,7 @@ func memPathSideOver(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg 
 			side.deviceHolds = dev.holds.Load
 		}
 		if pc.path == PathStaging {
-			side.mover = newHostMover
+			side.mover = func(_ RequestID, pool []byte) Mover { return newHostMover(pool) }
 		}
 	}
 	return side

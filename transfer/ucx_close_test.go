@@ -70,7 +70,9 @@ func TestL1_UCXCloseWithTransfersInFlightOnEveryPath(t *testing.T) {
 						}
 						side := closeSide{e: u.e, self: u.tr.Self()}
 						if pc.path == PathStaging { // copies on the mover workers that take a while
-							side.mover = func(pool []byte) Mover { return slowMover{Mover: newHostMover(pool), delay: 20 * time.Millisecond} }
+							side.mover = func(_ RequestID, pool []byte) Mover {
+								return slowMover{Mover: newHostMover(pool), delay: 20 * time.Millisecond}
+							}
 						}
 						side.kv = func(t testing.TB, ids []int32, seed uint64) ([]byte, *layout.Plan) {
 							k := newUCXKV(t, dims, layout.BlockMajor, ids, seed)
