@@ -32,9 +32,10 @@ import (
 // the receiver's (ucxhooks.WrapCMAReadv). These copies take about a millisecond unheld, too
 // short for closeMidTransfer to catch one running.
 //
-// Closing the receiver: its transport's close destroys the peer's keys it unpacked, which
-// unmaps the sender's memory mapped here, and releases its own registrations; so while the
-// copy is held Close must not return, the receiver's handle must not be quiescent (its pool is
+// Closing the receiver: its transport's close frees the pools it allocated, the receiver's
+// among them on the in-place rows (mappedKV), and releases its registrations (the sender's
+// memory mapped here stays mapped while a view holds its key, ucx.Transport.MapRemote); so
+// while the copy is held Close must not return, the receiver's handle must not be quiescent (its pool is
 // still being written), and on the in-place rows the transport's close must not even begin
 // (Close's fence of its mover pool waits for the copy); on the CMA row it begins, and waits in
 // the transport for the read (closeCMA). Closing the sender: its Close returns within its bound
