@@ -76,6 +76,10 @@ type Engine struct {
 
 	closing chan struct{} // closed once the transport is force-closed during Close
 
+	// peerCopy is nil but in tests, which set it before the first transfer to hold a read in
+	// place mid-copy (copyFromPeer, rma_inplace.go).
+	peerCopy func(dst, src []byte)
+
 	liveDrivers atomic.Int64
 	inFlight    atomic.Int64
 	quarantined atomic.Int64

@@ -226,7 +226,7 @@ func (x *xfer) move(rec *opRec) {
 		rec.moveErr = copyPieces(rec.vec, x.plan, rec.buf, x.pool, rec.batch)
 	case rec.batch != nil: // RMA ranges read in place (rma_inplace.go): plain copies
 		for _, g := range rec.batch {
-			copy(x.pool[g.dst:g.dst+g.n], rec.buf[g.src:g.src+g.n])
+			x.eng.copyFromPeer(x.pool[g.dst:g.dst+g.n], rec.buf[g.src:g.src+g.n])
 		}
 	case x.receive:
 		rec.moveErr = x.mover.Scatter(x.plan, rec.buf, rec.off)

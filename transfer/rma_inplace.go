@@ -198,10 +198,24 @@ func (r *rmaReceive) copyRange() func(rmaRegion) error {
 	if src, dst := r.vecSrc, r.x.plan; src != nil {
 		return func(g rmaRegion) error { return copyPieces(src, dst, view, pool, []rmaRegion{g}) }
 	}
+	e := r.x.eng
 	return func(g rmaRegion) error {
-		copy(pool[g.dst:g.dst+g.n], view[g.src:g.src+g.n])
+		e.copyFromPeer(pool[g.dst:g.dst+g.n], view[g.src:g.src+g.n])
 		return nil
 	}
+}
+
+// copyFromPeer copies src, a range of the peer's memory as mapped here, into dst: every range
+// read in place as bytes as they are (copyRange, and the movers' batches, xfer.move) goes
+// through it; a vector's pieces (copyPieces) do not. Engine.peerCopy, where a test set it
+// before the engine's first transfer, copies instead: the test holds a copy there, mid-read,
+// to close an engine under it (TestL1_UCXCloseWaitsForACopyReadingThePeer).
+func (e *Engine) copyFromPeer(dst, src []byte) {
+	if f := e.peerCopy; f != nil {
+		f(dst, src)
+		return
+	}
+	copy(dst, src)
 }
 
 // inPlaceShare is a short request's ranges read in place (copyShared), which its loop and its

@@ -10,6 +10,8 @@
 package ucxhooks
 
 import (
+	"golang.org/x/sys/unix"
+
 	"github.com/kvxfer/kvxfer/native"
 	"github.com/kvxfer/kvxfer/transfer/transport"
 )
@@ -38,6 +40,10 @@ var Hooks struct {
 	// process_vm_readv route, which every other process refuses: for tests whose two engines
 	// share a process. Call it before the first get.
 	AllowSameProcessCMA func(tr any)
+	// WrapCMAReadv has the transport's process_vm_readv gets and probes call wrap(readv)
+	// where they called readv (unix.ProcessVMReadv): a test holds a read there, mid-get, to
+	// close an engine under it. Call it before the first get.
+	WrapCMAReadv func(tr any, wrap func(readv CMAReadv) CMAReadv)
 	// CMAReadsStuck counts the process_vm_readv calls declared blocked that have not
 	// returned yet (each holds a thread).
 	CMAReadsStuck func(tr any) int
@@ -50,3 +56,6 @@ var Hooks struct {
 	// registration holding it: what a peer's gets of the region name.
 	RegionKey func(region any) (addr uint64, key []byte)
 }
+
+// CMAReadv is unix.ProcessVMReadv's signature: one process_vm_readv call.
+type CMAReadv = func(pid int, local []unix.Iovec, remote []unix.RemoteIovec, flags uint) (int, error)

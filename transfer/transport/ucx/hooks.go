@@ -78,6 +78,10 @@ func init() {
 	h.Registrations = func(tr any) int { return hookImpl(tr).registrations() }
 	h.ReplacesWedgedWorker = func(tr any) bool { return hookImpl(tr).cfg.ReplaceWedgedWorker }
 	h.AllowSameProcessCMA = func(tr any) { hookImpl(tr).cma.allowSelf = true }
+	h.WrapCMAReadv = func(tr any, wrap func(ucxhooks.CMAReadv) ucxhooks.CMAReadv) {
+		t := hookImpl(tr)
+		t.cma.readv = wrap(t.cma.readv)
+	}
 	h.CMAReadsStuck = func(tr any) int { return int(hookImpl(tr).cma.stuck.Load()) }
 	h.Endpoints = func(tr any, peer transport.Peer) int {
 		t := hookImpl(tr)
