@@ -216,10 +216,13 @@ note "which UCX protocols carry device memory (UCX_PROTO_INFO=y, one short run):
 step gpu-proto-info env UCX_PROTO_INFO=y "$b/bin/kvxbench" run --memory device --prompts 1k \
 	--concurrency 1 --duration 100ms --baseline=false
 grep -iE 'cuda|rendezvous|eager' "$OUT/gpu-proto-info.log" | sort -u | sed -n 1,20p | sed 's/^/    /' | tee -a "$summary"
+# UCX 1.22 prints its tables for tagged messages and memory-type copies, not for the rma route's
+# gets (2026-11-29, H200: "cuda_copy" only, while the rma rows moved 258 GB/s, which only
+# cuda_ipc does): the rma rows' GB/s say what carried their gets.
 if grep cuda_ipc "$OUT/gpu-proto-info.log" >/dev/null; then
 	note "device memory carried by cuda_ipc"
 elif grep cuda_copy "$OUT/gpu-proto-info.log" >/dev/null; then
-	note "device memory carried by cuda_copy only, not cuda_ipc (see $OUT/gpu-proto-info.log)"
+	note "UCX_PROTO_INFO named cuda_copy, not cuda_ipc (tagged messages and copies; its tables leave the rma gets out: see the rma rows' GB/s)"
 else
 	note "UCX_PROTO_INFO named neither cuda_ipc nor cuda_copy (see $OUT/gpu-proto-info.log)"
 fi

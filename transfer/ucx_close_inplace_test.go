@@ -113,7 +113,9 @@ func TestL1_UCXCloseWaitsForACopyReadingThePeer(t *testing.T) {
 					}
 					switch {
 					case pc.pull:
-						side.mover = func(_ RequestID, pool []byte) Mover { return heldScatter{Mover: newHostMover(pool), pool: pool, read: read} }
+						side.mover = func(_ RequestID, pool []byte) Mover {
+							return heldScatter{Mover: newHostMover(pool), pool: pool, read: read}
+						}
 					case row.cma:
 						ucxhooks.Hooks.WrapCMAReadv(u.tr, read.wrapReadv)
 					default:

@@ -4,7 +4,8 @@
 
 // GPU-only, like ucx_device_gpu_test.go: `make gpu-test` runs these against the CUDA-enabled UCX
 // of the libucx-cu12 wheel with KVX_EXPECT_UCX_CUDA=1 (scripts/gpu-test-ucx.sh); `go vet -tags
-// gpu` compiles them everywhere. They have not run on a GPU yet (docs/gpu-results.md).
+// gpu` compiles them everywhere. They ran on an H200 on 2026-11-27 and 2026-11-29
+// (docs/gpu-results.md).
 
 package transfer
 
