@@ -43,10 +43,10 @@ summary=$OUT/summary.txt
 # kill may take, is checked against the 8-minute budget before anything runs.
 declare -A limit=(
 	[unpack]=15
-	[pre-ucx-info]=5 [pre-perftest-host]=15 [pre-list]=10 [pre-cuda-load]=15 [pre-peers]=40
+	[pre-ucx-info]=5 [pre-perftest-host]=15 [pre-list]=10 [pre-cuda-load]=15 [pre-peers]=30
 	[pre-kvxbench]=20
-	[gpu-smi]=5 [gpu-cuda-tests]=35 [gpu-cuda-bench]=30 [gpu-native-device]=30
-	[gpu-transfer-device]=45 [gpu-transfer-promises]=75 [gpu-ucx-device]=30 [gpu-ucx-transports]=5 [gpu-perftest-cuda]=30
+	[gpu-smi]=5 [gpu-cuda-tests]=35 [gpu-cuda-bench]=30 [gpu-native-device]=20
+	[gpu-transfer-device]=45 [gpu-transfer-promises]=120 [gpu-ucx-device]=20 [gpu-ucx-transports]=5 [gpu-perftest-cuda]=20
 	[gpu-devices]=10 [gpu-proto-info]=20 [gpu-run-device]=38 [gpu-run-device-staging]=10
 )
 budget=540 grace=2
@@ -195,12 +195,13 @@ step gpu-cuda-bench pkgtest cuda "$b/bin/cuda-bench.test" -test.count=1 -test.ru
 	-test.bench 'BenchmarkGPU_Llama3_8B' -test.benchtime 20x -test.timeout 40s
 figures "$OUT/gpu-cuda-bench.log" '^Benchmark|^cpu:'
 device_tests='MemoryType|DeviceMemory|UCXDevice|UCXRegion_Device'
-step gpu-native-device pkgtest native "$b/bin/native.test" -test.count=1 -test.v -test.timeout 25s -test.run "$device_tests"
+step gpu-native-device pkgtest native "$b/bin/native.test" -test.count=1 -test.v -test.timeout 18s -test.run "$device_tests"
 step gpu-transfer-device pkgtest transfer "$b/bin/transfer.test" -test.count=1 -test.v -test.timeout 40s -test.run "$device_tests"
-# The cross-path promises on the device routes (transfer/ucx_device_promises_gpu_test.go): Close
-# mid-transfer (L1), Cancel's outcome (L10, L3), a peer killed mid-transfer (L9).
-step gpu-transfer-promises pkgtest transfer "$b/bin/transfer.test" -test.count=1 -test.v -test.timeout 70s -test.run 'DeviceOverUCX'
-step gpu-ucx-device pkgtest transfer/transport/ucx "$b/bin/ucx.test" -test.count=1 -test.v -test.timeout 25s -test.run "$device_tests"
+# The cross-path promises on the device routes (transfer/ucx_device_*_gpu_test.go): Close
+# mid-transfer (L1), Cancel's outcome (L10, L3), a peer killed mid-transfer (L9) or before any
+# byte (L11), a frozen peer (L12).
+step gpu-transfer-promises pkgtest transfer "$b/bin/transfer.test" -test.count=1 -test.v -test.timeout 115s -test.run 'DeviceOverUCX'
+step gpu-ucx-device pkgtest transfer/transport/ucx "$b/bin/ucx.test" -test.count=1 -test.v -test.timeout 18s -test.run "$device_tests"
 for l in gpu-native-device gpu-transfer-device gpu-transfer-promises gpu-ucx-device; do
 	figures "$OUT/$l.log" 'device-rma|^--- (PASS|FAIL|SKIP)|^(ok|FAIL|PASS)$'
 done
