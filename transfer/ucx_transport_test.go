@@ -62,13 +62,15 @@ func newUCXEngine(t testing.TB, tls, dev string, cfg Config, mods ...func(*ucx.C
 // when wrap is not nil: a test's wrapper, which embeds ucxImpl and so keeps every capability.
 func newUCXEngineOver(t testing.TB, tls, dev string, cfg Config, wrap func(ucxImpl) Transport, mods ...func(*ucx.Config)) *ucxEngine {
 	t.Helper()
-	cfg = cfg.withDefaults()
+	// The transport's sizes come from the defaults; New takes cfg as given and applies them
+	// itself: applied twice, a count set to tuning.None (zero) would turn into its default.
+	d := cfg.withDefaults()
 	if cfg.Tuning.NumSlots == 0 {
-		cfg.Tuning.NumSlots = cfg.MaxConcurrent * cfg.Tuning.PipelineDepth
+		cfg.Tuning.NumSlots = d.MaxConcurrent * d.Tuning.PipelineDepth
 	}
 	uc := ucx.Config{TLS: tls, NetDevices: dev, KeepaliveInterval: 200 * time.Millisecond,
-		StagingBytes: int64(cfg.Tuning.NumSlots) * cfg.SlotBytes, CloseTimeout: 2 * time.Second,
-		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second, ServeEmulatedRMA: cfg.Tuning.RMAWhereEmulated}
+		StagingBytes: int64(cfg.Tuning.NumSlots) * d.SlotBytes, CloseTimeout: 2 * time.Second,
+		ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 3 * time.Second, ServeEmulatedRMA: d.Tuning.RMAWhereEmulated}
 	for _, m := range mods {
 		m(&uc)
 	}
