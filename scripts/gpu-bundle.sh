@@ -11,6 +11,9 @@
 #   bin/native.test, bin/transfer.test, bin/ucx.test
 #                         native/, transfer/, transfer/transport/ucx/ with the gpu tag and
 #                         -race, against the wheel's UCX (gpu-test-ucx.sh's device tests)
+#   bin/transfer-norace.test
+#                         transfer/ the same without -race: the two-process device rma test
+#                         beside the race build's (its reader ran 100 times slower, 2026-11-29)
 #   bin/ucxpeer, bin/enginepeer
 #                         the two-process tests' peers (internal/peerproc: KVX_UCXPEER_BIN,
 #                         KVX_ENGINEPEER_BIN), built as `go build` builds them at test time
@@ -54,6 +57,7 @@ strip=(-ldflags='-s -w')
 "$GO" test -c -tags gpu "${strip[@]}" -o "$dir/bin/cuda-bench.test" ./cuda
 "$GO" test -c -tags gpu -race "${strip[@]}" -o "$dir/bin/native.test" ./native
 "$GO" test -c -tags gpu -race "${strip[@]}" -o "$dir/bin/transfer.test" ./transfer
+"$GO" test -c -tags gpu "${strip[@]}" -o "$dir/bin/transfer-norace.test" ./transfer
 "$GO" test -c -tags gpu -race "${strip[@]}" -o "$dir/bin/ucx.test" ./transfer/transport/ucx
 "$GO" build "${strip[@]}" -o "$dir/bin/ucxpeer" ./native/internal/ucxpeer
 "$GO" build "${strip[@]}" -o "$dir/bin/enginepeer" ./transfer/internal/enginepeer

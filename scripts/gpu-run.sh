@@ -44,10 +44,11 @@ summary=$OUT/summary.txt
 declare -A limit=(
 	[unpack]=15
 	[pre-ucx-info]=5 [pre-perftest-host]=15 [pre-list]=10 [pre-cuda-load]=15 [pre-peers]=30
-	[pre-kvxbench]=20
+	[pre-kvxbench]=12
 	[gpu-smi]=5 [gpu-cuda-tests]=35 [gpu-cuda-bench]=30 [gpu-native-device]=20
 	[gpu-transfer-device]=45 [gpu-transfer-promises]=120 [gpu-ucx-device]=20 [gpu-ucx-transports]=5 [gpu-perftest-cuda]=20
-	[gpu-devices]=10 [gpu-proto-info]=20 [gpu-run-device]=38 [gpu-run-device-staging]=10
+	[gpu-devices]=10 [gpu-proto-info]=12 [gpu-run-device]=30 [gpu-run-device-staging]=10
+	[gpu-rma-norace]=25
 )
 budget=540 grace=2
 total=0
@@ -154,6 +155,7 @@ step pre-list bash -c "set -e
 	pkgtest cuda '$b/bin/cuda-bench.test' -test.list .
 	pkgtest native '$b/bin/native.test' -test.list .
 	pkgtest transfer '$b/bin/transfer.test' -test.list .
+	pkgtest transfer '$b/bin/transfer-norace.test' -test.list .
 	pkgtest transfer/transport/ucx '$b/bin/ucx.test' -test.list ."
 for t in BenchmarkGPU_Llama3_8B TestUCXDevice_ TestUCXRegion_Device; do
 	grep "^$t" "$OUT/pre-list.log" >/dev/null || { note "pre-list: no $t in the test binaries"; failed+=(pre-list-$t); }
@@ -201,8 +203,13 @@ step gpu-transfer-device pkgtest transfer "$b/bin/transfer.test" -test.count=1 -
 # mid-transfer (L1), Cancel's outcome (L10, L3), a peer killed mid-transfer (L9) or before any
 # byte (L11), a frozen peer (L12).
 step gpu-transfer-promises pkgtest transfer "$b/bin/transfer.test" -test.count=1 -test.v -test.timeout 115s -test.run 'DeviceOverUCX'
+# The two-process device rma test again from a build without -race: on 2026-11-29 the race
+# build's process read the peer's pool at 0.5-0.6 GB/s and the peer read its at about 50
+# (docs/gpu-results.md); this says whether the instrumentation is why.
+step gpu-rma-norace pkgtest transfer "$b/bin/transfer-norace.test" -test.count=1 -test.v -test.timeout 22s \
+	-test.run '^TestUCXRegion_DeviceTwoProcessesGPUToGPU$'
 step gpu-ucx-device pkgtest transfer/transport/ucx "$b/bin/ucx.test" -test.count=1 -test.v -test.timeout 18s -test.run "$device_tests"
-for l in gpu-native-device gpu-transfer-device gpu-transfer-promises gpu-ucx-device; do
+for l in gpu-native-device gpu-transfer-device gpu-transfer-promises gpu-rma-norace gpu-ucx-device; do
 	figures "$OUT/$l.log" 'device-rma|^--- (PASS|FAIL|SKIP)|^(ok|FAIL|PASS)$'
 done
 step gpu-ucx-transports bash -c "ucx_info -d | grep -E 'Transport: (cuda|posix|cma|tcp)' | sort | uniq -c" &&
