@@ -84,7 +84,7 @@ func TestMoverPool_ASlowMoverHoldsOnlyTheRangeItTook(t *testing.T) {
 	p.limit = 1
 	defer p.close()
 	src := []byte("0123456789abcdef")
-	x := &xfer{pool: make([]byte, len(src))}
+	x := &xfer{eng: &Engine{}, pool: make([]byte, len(src))}
 	g := newGate(t)
 	ranges := make([]rmaRegion, 8)
 	for i := range ranges {
@@ -129,7 +129,7 @@ func TestMoverPool_HelpTakesBackAnEmptyShare(t *testing.T) {
 	waitClosed(t, g.entered, "the worker held")
 
 	src := []byte("0123456789abcdef")
-	x := &xfer{pool: make([]byte, len(src))}
+	x := &xfer{eng: &Engine{}, pool: make([]byte, len(src))}
 	s := &inPlaceShare{ranges: []rmaRegion{{0, 0, 8}, {8, 8, 8}}, copyRange: func(r rmaRegion) error {
 		copy(x.pool[r.dst:r.dst+r.n], src[r.src:r.src+r.n])
 		return nil
@@ -160,7 +160,7 @@ func TestMoverPool_StandbyWaitsAwakeForTheNextCopy(t *testing.T) {
 		p.standby()
 		eventually(t, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.spinning == 1 }, "a worker waits awake")
 		src := []byte("0123456789abcdef")
-		x := &xfer{pool: make([]byte, len(src))}
+		x := &xfer{eng: &Engine{}, pool: make([]byte, len(src))}
 		p.submit(x, &opRec{buf: src, batch: []rmaRegion{{0, 0, 16}}})
 		p.mu.Lock()
 		wakes := p.wakes

@@ -76,7 +76,7 @@ func TestMoverPool_RunHereIsFenced(t *testing.T) {
 				require.Zero(t, p.fence(context.Background()))
 			}
 			src := []byte("0123456789abcdef")
-			x := &xfer{pool: make([]byte, len(src))}
+			x := &xfer{eng: &Engine{}, pool: make([]byte, len(src))}
 			rec := &opRec{buf: src, batch: []rmaRegion{{src: 4, dst: 0, n: 8}}}
 			p.runHere(x, rec)
 			evs := x.box.Take(nil)
@@ -108,8 +108,8 @@ func TestMoverPool_HelpTakesBackOnlyItsOwnUnbegunCopies(t *testing.T) {
 	waitClosed(t, g.entered, "the worker held")
 
 	src := []byte("0123456789abcdef")
-	x := &xfer{pool: make([]byte, len(src))}
-	y := &xfer{pool: make([]byte, len(src))}
+	x := &xfer{eng: &Engine{}, pool: make([]byte, len(src))}
+	y := &xfer{eng: &Engine{}, pool: make([]byte, len(src))}
 	x1 := &opRec{buf: src, batch: []rmaRegion{{src: 0, dst: 0, n: 4}}}
 	yr := &opRec{buf: src, batch: []rmaRegion{{src: 8, dst: 8, n: 8}}}
 	x2 := &opRec{buf: src, batch: []rmaRegion{{src: 4, dst: 4, n: 4}}}
