@@ -472,8 +472,8 @@ func memPathSideOver(t *testing.T, n *mem.Network, name Peer, pc closePath, cfg 
 	return side
 }
 
-// slowMover is the host mover with every copy taking at least delay, as a large chunk's does
-// on a busy host: Close then finds copies running on the mover workers.
+// slowMover is a Mover (the host mover, or a device one) with every copy taking at least delay,
+// as a large chunk's does on a busy host: Close then finds copies running on the mover workers.
 type slowMover struct {
 	Mover
 	delay time.Duration
@@ -489,5 +489,9 @@ func (m slowMover) Scatter(p *layout.Plan, src []byte, off int64) error {
 	return m.Mover.Scatter(p, src, off)
 }
 
-// ScatterReadsAnyHostMemory implements anySourceScatterer, as the host mover does.
-func (slowMover) ScatterReadsAnyHostMemory() bool { return true }
+// ScatterReadsAnyHostMemory implements anySourceScatterer as the Mover it wraps does: true for
+// the host mover, false for a device one, whose scatter reads only its device slots.
+func (m slowMover) ScatterReadsAnyHostMemory() bool {
+	a, ok := m.Mover.(anySourceScatterer)
+	return ok && a.ScatterReadsAnyHostMemory()
+}

@@ -97,7 +97,7 @@ func newDeviceUCXSide(t *testing.T, rt *cuda.Runtime, row deviceUCXRow, cfg Conf
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = m.Close() })
 			if copyDelay > 0 {
-				return slowDeviceMover{Mover: m, delay: copyDelay}
+				return slowMover{Mover: m, delay: copyDelay}
 			}
 			return m
 		}
@@ -164,23 +164,6 @@ func (c *deviceHoldCounter) HoldDevice(addr uint64, n int64) func() {
 	c.n.Add(1)
 	var once sync.Once
 	return func() { once.Do(func() { c.n.Add(-1); release() }) }
-}
-
-// slowDeviceMover is a device Mover whose every copy takes at least delay longer (never
-// claiming, as slowMover does for the host mover, that its scatter reads host memory).
-type slowDeviceMover struct {
-	Mover
-	delay time.Duration
-}
-
-func (m slowDeviceMover) Gather(p *layout.Plan, off int64, dst []byte) error {
-	time.Sleep(m.delay)
-	return m.Mover.Gather(p, off, dst)
-}
-
-func (m slowDeviceMover) Scatter(p *layout.Plan, src []byte, off int64) error {
-	time.Sleep(m.delay)
-	return m.Mover.Scatter(p, src, off)
 }
 
 // TestL1_DeviceOverUCXCloseWithTransfersInFlight is TestL1_UCXCloseWithTransfersInFlightOnEveryPath
@@ -312,9 +295,7 @@ func TestL9_DeviceOverUCXPeerKilledMidTransfer(t *testing.T) {
 			cfg.Tuning.CancelGrace = 5 * time.Second
 			q := &quarantineCounter{}
 			cfg.Observer = q
-			holds := &deviceHoldCounter{}
-			local := newUCXEngineOver(t, "", "", cfg, func(u ucxImpl) Transport { holds.ucxImpl = u; return holds })
-			requireDeviceUCX(t, ucxOf(local.tr).DeviceMemory())
+			local, holds := deviceGetsEngine(t, cfg)
 			mode := map[bool]string{true: "engine-recv", false: "engine-send"}[localSends] // the peer's
 			args := append(ucxPeerArgs("", "", mode, blocks, 84, 2*time.Minute), "-device")
 			if localSends {
@@ -322,17 +303,11 @@ func TestL9_DeviceOverUCXPeerKilledMidTransfer(t *testing.T) {
 			}
 			peer := peerproc.Start(t, bin, args...)
 			peer.Connect(t, string(local.tr.Self()))
-			host, plan := ucxEnginePool(t, blocks, 5, localSends)
-			buf, err := rt.Alloc(int64(len(host)))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = buf.Free() })
-			require.NoError(t, rt.CopyToDevice(buf.Mem(), host))
-			reg, err := local.tr.RegisterDevice(buf.Mem().Addr, int64(len(host)))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = reg.Unregister() })
-			spec := Spec{ID: 84, Peer: Peer(peer.Addr), Plan: plan, Device: DevicePool{Addr: reg.Addr(), Len: reg.Len()}}
+			plan, pool, buf := enginePoolOnDevice(t, rt, local, blocks, 5, localSends)
+			spec := Spec{ID: 84, Peer: Peer(peer.Addr), Plan: plan, Device: pool}
 			peer.Expect(t, "FILLED", 60*time.Second)
 			var h *Handle
+			var err error
 			if localSends {
 				h, err = local.e.Send(bg, spec)
 				require.NoError(t, err)
